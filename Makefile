@@ -1,0 +1,46 @@
+# Thin wrapper so a fresh Debian 12 machine needs one command for each job.
+#   make demo   install deps, build, run gateway + simulated engines, stream a request
+#   make test   install deps, build, run the whole suite (ctest)
+#   make bench  install bench deps, build, run the benchmarks of tests/bench/
+BUILD     ?= build
+SAN_BUILD ?= build-sanitize
+JOBS      ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps build test test-sanitize demo bench clean format
+
+all: build
+
+deps:
+	@./deploy/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+$(SAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPDGW_SANITIZE=ON
+
+test-sanitize: deps $(SAN_BUILD)/CMakeCache.txt
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    ctest --output-on-failure -j $(JOBS) -LE nosanitize $(CTEST_ARGS)
+
+demo: build
+	./deploy/demo.sh $(BUILD)/bin
+
+bench: build
+	PDGW_DEPS_BENCH=1 ./deploy/install-deps.sh
+	./tests/bench/run_all.sh $(BUILD)/bin
+
+format:
+	find gateway forwarders kvtransfer scheduler tests -name '*.[ch]' -print0 | xargs -0 clang-format -i
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD)

@@ -1,0 +1,234 @@
+"""Helpers for pdgw integration tests: real processes on 127.0.0.1.
+
+Every process started through a Stack is killed when the test ends, passes
+or fails (atexit + signal handlers), and its log is printed on failure.
+Only the standard library is used here; tests that need msgpack or zmq
+import them themselves (Debian's python3-msgpack / python3-zmq).
+"""
+
+import atexit
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+BIN_DIR = os.environ.get("PDGW_BIN_DIR", os.path.join(os.getcwd(), "bin"))
+SOURCE_DIR = os.environ.get("PDGW_SOURCE_DIR", os.getcwd())
+
+_live = []
+
+
+def _cleanup(*_):
+    for p in list(_live):
+        p.kill()
+
+
+atexit.register(_cleanup)
+for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(_sig, lambda s, f: (_cleanup(), sys.exit(128 + s)))
+
+
+def free_port():
+    """An ephemeral port that was free a moment ago (bind to 0, read, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def binary(name):
+    path = os.path.join(BIN_DIR, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not built")
+    return path
+
+
+class Proc:
+    """One child process with its output captured to a temporary log file."""
+
+    def __init__(self, name, argv, env=None):
+        self.name = name
+        self.argv = argv
+        self.log = tempfile.NamedTemporaryFile(prefix=f"pdgwtest-{name}-", suffix=".log",
+                                               delete=False)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                      env=full_env, start_new_session=True)
+        _live.append(self)
+
+    @property
+    def pid(self):
+        return self.popen.pid
+
+    def alive(self):
+        return self.popen.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            os.killpg(self.popen.pid, sig)
+
+    def wait(self, timeout):
+        return self.popen.wait(timeout=timeout)
+
+    def kill(self):
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait()
+        if self in _live:
+            _live.remove(self)
+
+    def output(self):
+        self.log.flush()
+        with open(self.log.name, "r", errors="replace") as f:
+            return f.read()
+
+
+def wait_http(port, path="/health", timeout=10.0, proc=None, expect=200):
+    """Poll GET path on 127.0.0.1:port until it answers expect (or raise)."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited early:\n{proc.output()}")
+        try:
+            status, _, _ = request("GET", port, path, timeout=1.0)
+            if status == expect:
+                return
+            last = status
+        except OSError as e:
+            last = e
+        time.sleep(0.05)
+    raise TimeoutError(f"127.0.0.1:{port}{path} not ready: {last}")
+
+
+def request(method, port, path, body=None, headers=None, timeout=30.0):
+    """One HTTP request. body: dict (sent as JSON), bytes or str.
+    Returns (status, headers as a lower-cased dict, body bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hdrs = dict(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+        hdrs.setdefault("Content-Type", "application/json")
+    elif isinstance(body, str):
+        body = body.encode()
+    try:
+        conn.request(method, path, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+    finally:
+        conn.close()
+
+
+def post_json(port, path, body, headers=None, timeout=30.0):
+    status, hdrs, data = request("POST", port, path, body, headers, timeout)
+    try:
+        parsed = json.loads(data) if data else None
+    except ValueError:
+        parsed = None
+    return status, hdrs, parsed, data
+
+
+def sse_events(port, path, body, headers=None, timeout=30.0):
+    """POST body and yield the `data:` payloads of the SSE response as strings,
+    in order, including the final "[DONE]". Also yields nothing more once the
+    server closes. Raises on a non-200 status."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    hdrs.update(headers or {})
+    conn.request("POST", path, body=json.dumps(body).encode(), headers=hdrs)
+    resp = conn.getresponse()
+    if resp.status != 200:
+        data = resp.read()
+        conn.close()
+        raise HTTPError(resp.status, data)
+    buf = b""
+    try:
+        while True:
+            chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data:"):
+                        yield line[5:].strip().decode()
+    finally:
+        conn.close()
+
+
+class HTTPError(Exception):
+    def __init__(self, status, body):
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+        self.status = status
+        self.body = body
+
+
+def stream_text(events):
+    """Concatenate the content of OpenAI completion / chat chunks."""
+    out = []
+    for ev in events:
+        if ev == "[DONE]":
+            break
+        obj = json.loads(ev)
+        for ch in obj.get("choices", []):
+            if "text" in ch:
+                out.append(ch["text"] or "")
+            delta = ch.get("delta") or {}
+            out.append(delta.get("content") or "")
+    return "".join(out)
+
+
+def metric_value(text, name, labels=None):
+    """The value of one Prometheus sample in exposition text (None if absent).
+    labels: dict that must be a subset of the sample's labels."""
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric != name:
+            continue
+        if labels:
+            have = {}
+            for part in rest.rstrip("}").split(","):
+                if "=" in part:
+                    k, v = part.split("=", 1)
+                    have[k.strip()] = v.strip().strip('"')
+            if any(have.get(k) != str(v) for k, v in labels.items()):
+                continue
+        return float(value)
+    return None
+
+
+def run(tests):
+    """Run test functions in order, print each result and the closing count line,
+    and exit non-zero if any failed. On failure every live process log is shown."""
+    passed = failed = 0
+    for t in tests:
+        start = time.time()
+        try:
+            t()
+            passed += 1
+            print(f"[ PASS ] {t.__name__} ({time.time() - start:.2f}s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"[ FAIL ] {t.__name__}", flush=True)
+            traceback.print_exc()
+            for p in list(_live):
+                print(f"---- log of {p.name} ({' '.join(p.argv)}) ----")
+                print(p.output()[-8000:])
+        finally:
+            _cleanup()
+    print(f"{passed} passed, {failed} failed", flush=True)
+    sys.exit(1 if failed else 0)
