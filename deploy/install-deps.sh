@@ -8,7 +8,7 @@ PACKAGES=(
     build-essential cmake pkg-config clang
     libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzmq3-dev
     libmsgpack-dev libyaml-dev libibverbs-dev libcmocka-dev libxxhash-dev
-    curl iproute2 procps python3 python3-msgpack python3-zmq
+    curl iproute2 procps python3 python3-msgpack python3-zmq python3-yaml
     prometheus kubectl
 )
 # Node.js (with npm) validates the Kubernetes manifests; some images ship it from

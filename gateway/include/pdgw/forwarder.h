@@ -1,0 +1,324 @@
+/*
+ * pdgw forwarder API.
+ *
+ * A forwarder teaches the gateway one prefill/decode (PD) protocol. It is a
+ * `const` ops table plus a separate descriptor, registered from the bottom of
+ * its own file with PDGW_FORWARDER_REGISTER(). The gateway's workflow engine
+ * runs the stages (instance selection, HTTP legs, SSE relay, retries,
+ * deadlines, cancellation); a forwarder only:
+ *   - parses its `protocol_options`                       (configure)
+ *   - says which dispatch pattern it uses for a mode        (plan)
+ *   - keeps per-attempt state                               (attempt_init / attempt_cleanup)
+ *   - builds each leg's JSON body                           (build_leg)
+ *   - reads the prefill response                            (on_prefill_response)
+ *   - optionally gates a stage on an external event         (gate)
+ *   - optionally narrows what a retry may re-pick           (retry_scope)
+ * Forwarders never see the HTTP server's internals. See forwarders/README.md
+ * for the request lifecycle and a worked example.
+ *
+ * Threading: every op of one request runs on the worker thread that owns the
+ * request. `configure`/`destroy` run on the main thread at start-up and exit.
+ * Only pdgw_fwd_waker_wake() and pdgw_fwd_waker_unref() may be called from
+ * other threads.
+ */
+#ifndef PDGW_FORWARDER_H
+#define PDGW_FORWARDER_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on every incompatible change of this header. A plugin built
+ * against another version is refused at load time with a clear error. */
+#define PDGW_FWD_ABI_VERSION 1
+
+/* Result of every forwarder op. */
+typedef enum {
+    PDGW_FWD_OK = 0,
+    PDGW_FWD_PENDING = 1,    /* gate: not yet; wake me through the waker */
+    PDGW_FWD_ERR = -1,       /* failure; details in the pdgw_fwd_error_t */
+    PDGW_FWD_ERR_CONFIG = -2 /* configure/plan: bad options or unsupported mode */
+} pdgw_fwd_status_t;
+
+/* Workflow modes (bit flags in the descriptor). */
+typedef enum {
+    PDGW_MODE_BATCH = 1u << 0, /* prefill and decode picked and booked before any send */
+    PDGW_MODE_STAGED = 1u << 1 /* prefill first; decode picked when prefill completes */
+} pdgw_mode_t;
+
+/* Dispatch patterns (bit flags in the descriptor). */
+typedef enum {
+    PDGW_DISPATCH_SINGLE = 1u << 0,  /* one leg (decode/both); it drives any remote prefill */
+    PDGW_DISPATCH_SERIAL = 1u << 1,  /* prefill leg, then decode leg with what prefill returned */
+    PDGW_DISPATCH_PARALLEL = 1u << 2 /* both legs at once; only decode is relayed */
+} pdgw_dispatch_t;
+
+typedef enum {
+    PDGW_FWD_ROLE_PREFILL = 0,
+    PDGW_FWD_ROLE_DECODE = 1,
+    PDGW_FWD_ROLE_BOTH = 2
+} pdgw_fwd_role_t;
+
+/* The leg a build_leg call is for. */
+typedef enum { PDGW_LEG_PREFILL = 0, PDGW_LEG_DECODE = 1 } pdgw_leg_kind_t;
+
+/* Where a failure happened (access log, metrics, retry decision). */
+typedef enum {
+    PDGW_PHASE_NONE = 0,
+    PDGW_PHASE_PREFILL,
+    PDGW_PHASE_KV_TRANSFER,
+    PDGW_PHASE_DECODE
+} pdgw_phase_t;
+
+/* Gate points: where the engine asks the forwarder's gate op for permission. */
+typedef enum {
+    PDGW_GATE_BEFORE_PREFILL = 0, /* after instances are booked, before the first leg */
+    PDGW_GATE_BEFORE_DECODE = 1   /* serial: after on_prefill_response, before the decode leg */
+} pdgw_gate_point_t;
+
+/* Which sides a retry re-picks (bit flags, returned by retry_scope). */
+enum { PDGW_REPICK_NONE = 0, PDGW_REPICK_PREFILL = 1u << 0, PDGW_REPICK_DECODE = 1u << 1 };
+
+/* Why an attempt ends (attempt_cleanup). */
+typedef enum {
+    PDGW_END_OK = 0,    /* the response was relayed completely */
+    PDGW_END_FAILED,    /* a leg or op failed; the client got an error */
+    PDGW_END_RETRY,     /* failed; another attempt follows */
+    PDGW_END_CANCELLED, /* client went away or the gateway is shutting down */
+    PDGW_END_TIMEOUT    /* a deadline passed */
+} pdgw_end_reason_t;
+
+/*
+ * One instance, as chosen by the scheduler. Read-only for forwarders and valid
+ * for the whole attempt. Strings are never NULL (empty when unset).
+ */
+typedef struct pdgw_instance {
+    const char *id;
+    const char *url;  /* base URL, e.g. "http://10.0.0.5:8100" */
+    const char *host; /* host part of url */
+    int port;         /* port part of url */
+    pdgw_fwd_role_t role;
+    const char *zone;
+    const char *kv_host; /* KV side-channel host (defaults to host) */
+    int kv_port;         /* vllm-kvt side channel */
+    int bootstrap_port;  /* sglang / mooncake bootstrap */
+    const char *engine_id;
+    const int *alloc_ports; /* lmcache receiver alloc port per TP rank */
+    size_t n_alloc_ports;
+    const int *init_ports; /* lmcache receiver init port per TP rank */
+    size_t n_init_ports;
+    int tp_size;
+    int dp_rank;
+    int dp_size;
+    int weight;
+} pdgw_instance_t;
+
+/* Thread-safe handle that re-runs a pending gate. */
+typedef struct pdgw_fwd_waker pdgw_fwd_waker_t;
+
+/* Everything the forwarder may read about the request. Valid for the attempt. */
+typedef struct pdgw_fwd_request {
+    const char *request_id; /* X-Request-Id sent on every leg */
+    const char *path;       /* "/v1/completions" or "/v1/chat/completions" */
+    const json_t *body;     /* the client's parsed body (borrowed, read-only) */
+    int stream;             /* client asked for stream: true */
+    int is_chat;            /* chat completions */
+    pdgw_mode_t mode;       /* configured scheduling mode */
+    pdgw_dispatch_t dispatch;
+    unsigned attempt;        /* 0 for the first attempt, 1.. for retries */
+    int64_t deadline_ms;     /* absolute CLOCK_MONOTONIC ms when the request expires */
+    pdgw_fwd_waker_t *waker; /* borrowed; take a ref to keep it beyond the attempt */
+    const char *model;       /* the body's "model" */
+    int64_t prompt_tokens;   /* estimate: token ids counted, else ceil(prompt bytes / 4) */
+    int64_t max_tokens;      /* max_completion_tokens, else max_tokens; -1 when absent */
+} pdgw_fwd_request_t;
+
+/* The instances of this attempt. Members are NULL when not (yet) chosen:
+ * in staged mode `decode` is NULL while building the prefill leg. */
+typedef struct pdgw_fwd_peers {
+    const pdgw_instance_t *prefill;
+    const pdgw_instance_t *decode; /* the `both` instance for neutral single-stage */
+} pdgw_fwd_peers_t;
+
+/* Output of build_leg. The engine owns `body` after the call. */
+#define PDGW_FWD_LEG_MAX_HEADERS 4
+typedef struct pdgw_fwd_leg {
+    json_t *body;     /* new reference set by the forwarder (required) */
+    const char *path; /* NULL = the client's path */
+    /* Extra request headers ("Name: value"), copied by the engine. */
+    char headers[PDGW_FWD_LEG_MAX_HEADERS][256];
+    size_t n_headers;
+} pdgw_fwd_leg_t;
+
+/* Failure details an op fills when it returns PDGW_FWD_ERR. */
+typedef struct pdgw_fwd_error {
+    pdgw_phase_t phase;
+    int retryable;   /* a retry on other instances may succeed */
+    int http_status; /* status for the client when no retry follows (0 = 502) */
+    char message[256];
+} pdgw_fwd_error_t;
+
+/* Start-up result of plan(). */
+typedef struct pdgw_fwd_plan {
+    pdgw_dispatch_t dispatch;
+    /* SINGLE only: the role of the one instance the request goes to
+     * (PDGW_FWD_ROLE_BOTH for a plain proxy, PDGW_FWD_ROLE_DECODE for PD engines
+     * that pull from a prefill themselves). */
+    pdgw_fwd_role_t single_role;
+    /* SINGLE only: also pick and book a prefill instance, whose endpoints the
+     * forwarder puts into the decode body. */
+    int single_needs_prefill;
+    /* Per-request timeout of a pending gate in ms (0 = the request deadline). */
+    int64_t gate_timeout_ms;
+} pdgw_fwd_plan_t;
+
+/* Services the gateway offers to a forwarder in configure(). */
+typedef struct pdgw_fwd_env {
+    unsigned abi_version; /* PDGW_FWD_ABI_VERSION of the running gateway */
+    const char *protocol; /* the configured protocol name */
+    pdgw_mode_t mode;     /* configured scheduling mode */
+    unsigned n_workers;   /* worker threads */
+} pdgw_fwd_env_t;
+
+/*
+ * The ops table. Only build_leg is required; every other op may be NULL and
+ * then has the default written next to it.
+ */
+typedef struct pdgw_fwd_ops {
+    /* Parse `options` (the config's protocol_options as a JSON object, borrowed,
+     * never NULL; values that look like integers or true/false are JSON integers
+     * and booleans, everything else a string)
+     * and create the forwarder's global context. Called once at start-up,
+     * after registration and config loading, before workers start. On error
+     * write a message naming the bad key into err (size errlen).
+     * Default: no context, options must be empty. */
+    pdgw_fwd_status_t (*configure)(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
+                                   char *err, size_t errlen);
+    /* Free the global context at exit (after all requests ended). */
+    void (*destroy)(void *ctx);
+
+    /* Choose the dispatch pattern for `mode`, once at start-up. Return
+     * PDGW_FWD_ERR_CONFIG with a message for an unsupported combination.
+     * Default: the lowest dispatch bit of the descriptor, single_role BOTH. */
+    pdgw_fwd_status_t (*plan)(void *ctx, pdgw_mode_t mode, pdgw_fwd_plan_t *plan, char *err,
+                              size_t errlen);
+
+    /* Create per-attempt state (*state, may stay NULL). Called once per
+     * attempt, after the instances of the first stage are chosen.
+     * Default: no state. */
+    pdgw_fwd_status_t (*attempt_init)(void *ctx, const pdgw_fwd_request_t *req,
+                                      const pdgw_fwd_peers_t *peers, void **state,
+                                      pdgw_fwd_error_t *err);
+
+    /* Build one leg's body (REQUIRED). For SINGLE only the DECODE leg is built;
+     * SERIAL builds PREFILL, then (after on_prefill_response and the
+     * BEFORE_DECODE gate) DECODE; PARALLEL builds PREFILL then DECODE before
+     * either is sent. The helpers pdgw_fwd_body_copy() and
+     * pdgw_fwd_body_prefill() make the usual starting points. */
+    pdgw_fwd_status_t (*build_leg)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                   pdgw_leg_kind_t kind, const pdgw_fwd_peers_t *peers,
+                                   pdgw_fwd_leg_t *leg, pdgw_fwd_error_t *err);
+
+    /* The prefill leg completed with HTTP `status` and body `resp` (parsed
+     * JSON, borrowed; NULL if the body was not JSON). SERIAL: before the decode
+     * leg is built; copy what decode needs into the state. PARALLEL: when the
+     * drained prefill ends; an error aborts the decode leg if the client has
+     * not received a byte yet, else ends the stream with an error event.
+     * Called only for 2xx prefill responses; other statuses fail the attempt
+     * in the engine (phase prefill). Default: OK. */
+    pdgw_fwd_status_t (*on_prefill_response)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                             long status, const json_t *resp,
+                                             pdgw_fwd_error_t *err);
+
+    /* Gate a stage on an external event. Return OK to proceed, PENDING to
+     * wait: the engine calls gate again (same point) after
+     * pdgw_fwd_waker_wake(req->waker), and fails the attempt with 504, phase
+     * kv_transfer, when plan.gate_timeout_ms (or the request deadline)
+     * passes. Default: always OK. */
+    pdgw_fwd_status_t (*gate)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                              pdgw_gate_point_t point, pdgw_fwd_error_t *err);
+
+    /* Which sides a retry re-picks after `failure` (retryable, before the first
+     * byte reached the client). The failed instance is always excluded.
+     * Return PDGW_REPICK_NONE to forbid the retry.
+     * Default: the side whose phase failed (kv_transfer: both). */
+    unsigned (*retry_scope)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                            const pdgw_fwd_error_t *failure);
+
+    /* Called exactly once per attempt that ran attempt_init, whatever the
+     * outcome, after every leg of the attempt has stopped: release
+     * reservations, send cancel notices, free *state. */
+    void (*attempt_cleanup)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                            pdgw_end_reason_t reason);
+} pdgw_fwd_ops_t;
+
+/* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
+typedef struct pdgw_fwd_desc {
+    unsigned abi_version; /* PDGW_FWD_ABI_VERSION at build time */
+    const char *name;     /* protocol name used by --protocol */
+    const char *summary;  /* one line for --help / logs */
+    unsigned modes;       /* PDGW_MODE_* bits supported */
+    unsigned dispatch;    /* PDGW_DISPATCH_* bits it may use */
+    const pdgw_fwd_ops_t *ops;
+} pdgw_fwd_desc_t;
+
+/* Register a forwarder (normally through PDGW_FORWARDER_REGISTER). Does no
+ * I/O: refusals (duplicate name, ABI mismatch, missing ops) are recorded and
+ * reported when the gateway starts or the plugin loader returns.
+ * Returns 0 on success, -1 when refused. */
+int pdgw_fwd_register(const pdgw_fwd_desc_t *desc);
+
+/* Self-registration: one line at the bottom of the forwarder's file. */
+#define PDGW_FORWARDER_REGISTER(desc_)                                                             \
+    __attribute__((constructor)) static void pdgw_fwd_register_##desc_(void)                       \
+    {                                                                                              \
+        (void)pdgw_fwd_register(&(desc_));                                                         \
+    }
+
+/* ---- helpers exported by the gateway for forwarders ---- */
+
+/* A deep copy of the client body (new reference). */
+json_t *pdgw_fwd_body_copy(const pdgw_fwd_request_t *req);
+
+/* The hardened prefill body (new reference): a copy of the client body with
+ * max_tokens 1 (max_completion_tokens 1 if present), stream false,
+ * stream_options/min_tokens/min_completion_tokens removed, ignore_eos true,
+ * stop/stop_token_ids removed. */
+json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req);
+
+/* Fill an error: pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 1, 502, "...%s", x). */
+void pdgw_fwd_error_set(pdgw_fwd_error_t *err, pdgw_phase_t phase, int retryable, int http_status,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Waker: re-run a pending gate. wake() may be called from any thread, any
+ * number of times, also after the request ended (then it does nothing).
+ * Keep it past the attempt with ref(); every ref() needs one unref(). */
+void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *w);
+pdgw_fwd_waker_t *pdgw_fwd_waker_ref(pdgw_fwd_waker_t *w);
+void pdgw_fwd_waker_unref(pdgw_fwd_waker_t *w);
+
+/* Logging and a forwarder-specific counter (exposed on /metrics as
+ * pdgw_fwd_<name>_total{protocol="..."}); both thread-safe. */
+typedef enum {
+    PDGW_FWD_LOG_DEBUG,
+    PDGW_FWD_LOG_INFO,
+    PDGW_FWD_LOG_WARN,
+    PDGW_FWD_LOG_ERROR
+} pdgw_fwd_log_level_t;
+void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help);
+
+/* Names for logs. */
+const char *pdgw_phase_name(pdgw_phase_t phase);
+const char *pdgw_fwd_role_name(pdgw_fwd_role_t role);
+const char *pdgw_fwd_strerror(pdgw_fwd_status_t status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PDGW_FORWARDER_H */

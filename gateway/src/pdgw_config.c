@@ -1,0 +1,900 @@
+/*
+ * pdgw_config.c - the option table, defaults, typed setters, instances and cross-field
+ * checks. YAML loading is in pdgw_config_yaml.c, env/CLI/help in pdgw_config_cli.c.
+ */
+#include "pdgw_config.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_config_int.h"
+#include "pdgw_util.h"
+
+/* ---------------------------------------------------------------- names */
+
+static const char *const role_names[] = {"prefill", "decode", "both", NULL};
+static const char *const sched_names[] = {"batch", "staged", NULL};
+static const char *const policy_names[] = {"round-robin",  "random",   "least-load", "power-of-two",
+                                           "prefix-aware", "weighted", NULL};
+static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
+static const char *const format_names[] = {"text", "json", NULL};
+
+static const char *name_of(const char *const *names, size_t n, int v)
+{
+    return v >= 0 && (size_t)v < n ? names[v] : "unknown";
+}
+
+const char *pdgw_role_name(pdgw_role_t role)
+{
+    return name_of(role_names, 3, (int)role);
+}
+
+const char *pdgw_sched_mode_name(pdgw_sched_mode_t mode)
+{
+    return name_of(sched_names, 2, (int)mode);
+}
+
+const char *pdgw_policy_name(pdgw_policy_t policy)
+{
+    return name_of(policy_names, 6, (int)policy);
+}
+
+static int enum_index(const char *const *names, const char *s)
+{
+    for (int i = 0; names[i] != NULL; i++) {
+        if (strcasecmp(names[i], s) == 0)
+            return i;
+    }
+    return -1;
+}
+
+pdgw_status_t pdgw_role_parse(const char *s, pdgw_role_t *out)
+{
+    int i = enum_index(role_names, s);
+    if (i < 0)
+        return PDGW_ERR_PARSE;
+    *out = (pdgw_role_t)i;
+    return PDGW_OK;
+}
+
+pdgw_status_t pdgw_policy_parse(const char *s, pdgw_policy_t *out)
+{
+    int i = enum_index(policy_names, s);
+    if (i < 0)
+        return PDGW_ERR_PARSE;
+    *out = (pdgw_policy_t)i;
+    return PDGW_OK;
+}
+
+/* ---------------------------------------------------------------- the table */
+
+#define C(field) offsetof(pdgw_config_t, field)
+#define I(field) offsetof(pdgw_instance_config_t, field)
+#define SA_TOKEN "/var/run/secrets/kubernetes.io/serviceaccount/token"
+#define SA_CA    "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+/* clang-format off */
+static const pdgw_config_option_t options[] = {
+    {"listen", "listen", "PDGW_LISTEN", PDGW_OPT_HOSTPORT, NULL, 1, 0, "0.0.0.0:8000",
+     "HOST:PORT", "Address and port the HTTP front end listens on.", C(listen)},
+    {"workers", "workers", "PDGW_WORKERS", PDGW_OPT_INT, NULL, 0, 1024, "0", "N",
+     "Worker threads, each with its own event loop; 0 = number of CPU cores.", C(workers)},
+    {"protocol", "protocol", "PDGW_PROTOCOL", PDGW_OPT_STRING, NULL, 0, 0, "neutral", "NAME",
+     "Forwarder protocol: neutral, vllm-nixl, vllm-mooncake, vllm-kvt, sglang, lmcache or "
+     "one registered by a plugin.", C(protocol)},
+    {"scheduling", "scheduling", "PDGW_SCHEDULING", PDGW_OPT_ENUM, sched_names, 0, 0, "batch",
+     "MODE", "batch: choose prefill and decode together; staged: choose decode when "
+     "prefill completes.", C(scheduling)},
+    {"protocol_options", "protocol-opt", "PDGW_PROTOCOL_OPTIONS", PDGW_OPT_MAP, NULL, 0, 0,
+     NULL, "KEY=VALUE", "Option handed to the forwarder (repeatable; env: comma-separated "
+     "k=v list).", C(protocol_options)},
+    {"plugins", "plugin", "PDGW_PLUGINS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "PATH",
+     "Out-of-tree forwarder plugin (.so) to load (repeatable).", C(plugins)},
+    {"max_body_bytes", "max-body-bytes", "PDGW_MAX_BODY_BYTES", PDGW_OPT_SIZE, NULL, 1, 0,
+     "16MiB", "SIZE", "Largest accepted request body (bytes or 16MiB-style); larger gives "
+     "413.", C(max_body_bytes)},
+    {"request_timeout", "request-timeout", "PDGW_REQUEST_TIMEOUT", PDGW_OPT_DURATION, NULL,
+     1, 0, "600s", "DURATION", "Deadline of a whole request; header X-Request-Timeout "
+     "(seconds) overrides it per request.", C(request_timeout_ms)},
+    {"connect_timeout", "connect-timeout", "PDGW_CONNECT_TIMEOUT", PDGW_OPT_DURATION, NULL, 0,
+     0, "3s", "DURATION", "Upstream connect timeout per leg (0 = only the request "
+     "deadline).", C(connect_timeout_ms)},
+    {"first_byte_timeout", "first-byte-timeout", "PDGW_FIRST_BYTE_TIMEOUT", PDGW_OPT_DURATION,
+     NULL, 0, 0, "300s", "DURATION", "Time allowed until an upstream leg sends its first "
+     "byte (0 = only the request deadline).", C(first_byte_timeout_ms)},
+    {"idle_timeout", "idle-timeout", "PDGW_IDLE_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0, "60s",
+     "DURATION", "Longest silence allowed between upstream bytes (0 = only the request "
+     "deadline).", C(idle_timeout_ms)},
+    {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
+     "Retries on another instance, only before the first byte reached the client.",
+     C(retries)},
+    {"drain_timeout", "drain-timeout", "PDGW_DRAIN_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0,
+     "30s", "DURATION", "On SIGTERM, how long in-flight requests may finish.",
+     C(drain_timeout_ms)},
+    {"api_keys", "api-key", "PDGW_API_KEYS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "KEY",
+     "Accepted API key for \"Authorization: Bearer\" (repeatable; none = no auth).",
+     C(api_keys)},
+    {"api_key_file", "api-key-file", "PDGW_API_KEY_FILE", PDGW_OPT_STRING, NULL, 0, 0, "",
+     "PATH", "File of API keys, one per line ('#' comments).", C(api_key_file)},
+    {"log_level", "log-level", "PDGW_LOG_LEVEL", PDGW_OPT_ENUM, level_names, 0, 0, "info",
+     "LEVEL", "Log level.", C(log_level)},
+    {"log_format", "log-format", "PDGW_LOG_FORMAT", PDGW_OPT_ENUM, format_names, 0, 0, "text",
+     "FORMAT", "Log format: text lines or JSON lines.", C(log_format)},
+    {"access_log", "access-log", "PDGW_ACCESS_LOG", PDGW_OPT_BOOL, NULL, 0, 0, "true", NULL,
+     "One log line per request (--no-access-log to disable).", C(access_log)},
+    {"models", "model", "PDGW_MODELS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAME",
+     "Model name served by /v1/models (repeatable; none = aggregate from instances).",
+     C(models)},
+    {"prefill_policy", "prefill-policy", "PDGW_PREFILL_POLICY", PDGW_OPT_ENUM, policy_names, 0,
+     0, "least-load", "POLICY", "How a prefill instance is chosen.", C(prefill_policy)},
+    {"decode_policy", "decode-policy", "PDGW_DECODE_POLICY", PDGW_OPT_ENUM, policy_names, 0, 0,
+     "least-load", "POLICY", "How a decode instance is chosen.", C(decode_policy)},
+    {"health_interval", "health-interval", "PDGW_HEALTH_INTERVAL", PDGW_OPT_DURATION, NULL, 1,
+     0, "2s", "DURATION", "Period of active health probes (GET /health).",
+     C(health_interval_ms)},
+    {"health_timeout", "health-timeout", "PDGW_HEALTH_TIMEOUT", PDGW_OPT_DURATION, NULL, 1, 0,
+     "1s", "DURATION", "Timeout of one health probe.", C(health_timeout_ms)},
+    {"healthy_threshold", "healthy-threshold", "PDGW_HEALTHY_THRESHOLD", PDGW_OPT_INT, NULL, 1,
+     100, "1", "N", "Successful probes before an instance is usable again.",
+     C(healthy_threshold)},
+    {"unhealthy_threshold", "unhealthy-threshold", "PDGW_UNHEALTHY_THRESHOLD", PDGW_OPT_INT,
+     NULL, 1, 100, "2", "N", "Failed probes before an instance is taken out.",
+     C(unhealthy_threshold)},
+    {"metrics_scrape_interval", "metrics-scrape-interval", "PDGW_METRICS_SCRAPE_INTERVAL",
+     PDGW_OPT_DURATION, NULL, 0, 0, "2s", "DURATION", "Period of engine /metrics scrapes for "
+     "load (0 = off).", C(metrics_scrape_interval_ms)},
+    {"breaker_failures", "breaker-failures", "PDGW_BREAKER_FAILURES", PDGW_OPT_INT, NULL, 0,
+     1000, "5", "N", "Consecutive failures that open an instance's circuit breaker (0 = "
+     "never).", C(breaker_failures)},
+    {"breaker_open_time", "breaker-open-time", "PDGW_BREAKER_OPEN_TIME", PDGW_OPT_DURATION,
+     NULL, 0, 0, "10s", "DURATION", "How long an open breaker waits before a half-open try.",
+     C(breaker_open_time_ms)},
+    {"discovery.dns.prefill", "discovery-dns-prefill", "PDGW_DISCOVERY_DNS_PREFILL",
+     PDGW_OPT_HOSTPORT, NULL, 0, 0, "", "HOST:PORT", "DNS name whose addresses are prefill "
+     "instances (re-resolved).", C(dns.prefill)},
+    {"discovery.dns.decode", "discovery-dns-decode", "PDGW_DISCOVERY_DNS_DECODE",
+     PDGW_OPT_HOSTPORT, NULL, 0, 0, "", "HOST:PORT", "DNS name whose addresses are decode "
+     "instances.", C(dns.decode)},
+    {"discovery.dns.both", "discovery-dns-both", "PDGW_DISCOVERY_DNS_BOTH", PDGW_OPT_HOSTPORT,
+     NULL, 0, 0, "", "HOST:PORT", "DNS name whose addresses serve both roles.", C(dns.both)},
+    {"discovery.dns.interval", "discovery-dns-interval", "PDGW_DISCOVERY_DNS_INTERVAL",
+     PDGW_OPT_DURATION, NULL, 1, 0, "5s", "DURATION", "Re-resolution period.",
+     C(dns.interval_ms)},
+    {"discovery.kubernetes.namespace", "discovery-kubernetes-namespace",
+     "PDGW_DISCOVERY_KUBERNETES_NAMESPACE", PDGW_OPT_STRING, NULL, 0, 0, "", "NS",
+     "Namespace to watch; empty = the pod's own namespace.", C(k8s.namespace_name)},
+    {"discovery.kubernetes.prefill_selector", "discovery-kubernetes-prefill-selector",
+     "PDGW_DISCOVERY_KUBERNETES_PREFILL_SELECTOR", PDGW_OPT_STRING, NULL, 0, 0, "", "SELECTOR",
+     "Label selector of the prefill Services (EndpointSlices).", C(k8s.prefill_selector)},
+    {"discovery.kubernetes.decode_selector", "discovery-kubernetes-decode-selector",
+     "PDGW_DISCOVERY_KUBERNETES_DECODE_SELECTOR", PDGW_OPT_STRING, NULL, 0, 0, "", "SELECTOR",
+     "Label selector of the decode Services.", C(k8s.decode_selector)},
+    {"discovery.kubernetes.both_selector", "discovery-kubernetes-both-selector",
+     "PDGW_DISCOVERY_KUBERNETES_BOTH_SELECTOR", PDGW_OPT_STRING, NULL, 0, 0, "", "SELECTOR",
+     "Label selector of Services serving both roles.", C(k8s.both_selector)},
+    {"discovery.kubernetes.port_name", "discovery-kubernetes-port-name",
+     "PDGW_DISCOVERY_KUBERNETES_PORT_NAME", PDGW_OPT_STRING, NULL, 0, 0, "http", "NAME",
+     "EndpointSlice port name of the engines' HTTP port.", C(k8s.port_name)},
+    {"discovery.kubernetes.api_server", "discovery-kubernetes-api-server",
+     "PDGW_DISCOVERY_KUBERNETES_API_SERVER", PDGW_OPT_STRING, NULL, 0, 0, "", "URL",
+     "API server URL; empty = https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.",
+     C(k8s.api_server)},
+    {"discovery.kubernetes.token_file", "discovery-kubernetes-token-file",
+     "PDGW_DISCOVERY_KUBERNETES_TOKEN_FILE", PDGW_OPT_STRING, NULL, 0, 0, SA_TOKEN, "PATH",
+     "Service-account token file.", C(k8s.token_file)},
+    {"discovery.kubernetes.ca_file", "discovery-kubernetes-ca-file",
+     "PDGW_DISCOVERY_KUBERNETES_CA_FILE", PDGW_OPT_STRING, NULL, 0, 0, SA_CA, "PATH",
+     "CA bundle of the API server.", C(k8s.ca_file)},
+    /* CLI-only actions */
+    {NULL, "config", "PDGW_CONFIG", PDGW_OPT_ACTION, NULL, 0, 0, NULL, "FILE",
+     "Load this YAML config file (short: -c).", 0},
+    {NULL, "both", "PDGW_BOTH", PDGW_OPT_ACTION, NULL, 0, 0, NULL, "URL",
+     "Add an instance serving prefill and decode (repeatable; env: comma-separated).", 0},
+    {NULL, "prefill", "PDGW_PREFILL", PDGW_OPT_ACTION, NULL, 0, 0, NULL, "URL",
+     "Add a prefill instance (repeatable).", 0},
+    {NULL, "decode", "PDGW_DECODE", PDGW_OPT_ACTION, NULL, 0, 0, NULL, "URL",
+     "Add a decode instance (repeatable).", 0},
+    {NULL, "check-config", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, "FILE",
+     "Validate FILE (defaults + file, with cross-field checks), print \"config OK\" or the "
+     "error, exit 0/1.", 0},
+    {NULL, "print-config", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
+     "Print the effective configuration as YAML and exit.", 0},
+    {NULL, "help", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
+     "Show this help and exit (short: -h).", 0},
+    {NULL, "version", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
+     "Print the version and exit (short: -V).", 0},
+};
+
+static const pdgw_config_option_t instance_options[] = {
+    {"id", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ID",
+     "Unique instance id; default host:port of url.", I(id)},
+    {"url", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "URL",
+     "Engine HTTP base URL (required), e.g. http://10.0.0.5:8000.", I(url)},
+    {"role", NULL, NULL, PDGW_OPT_ENUM, role_names, 0, 0, "both", "ROLE",
+     "prefill, decode or both.", I(role)},
+    {"zone", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ZONE",
+     "Zone label (shorthand for labels.zone), used to pair prefill and decode.", I(zone)},
+    {"weight", NULL, NULL, PDGW_OPT_INT, NULL, 1, 1000000, "1", "N",
+     "Weight for the weighted policy.", I(weight)},
+    {"kv_host", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "HOST",
+     "Host of the KV side channels; default the host of url.", I(kv_host)},
+    {"kv_port", NULL, NULL, PDGW_OPT_INT, NULL, 0, 65535, "0", "PORT",
+     "KV transfer side-channel port (vllm-kvt); 0 = unset.", I(kv_port)},
+    {"bootstrap_port", NULL, NULL, PDGW_OPT_INT, NULL, 0, 65535, "0", "PORT",
+     "Bootstrap port (sglang, vllm-mooncake); 0 = unset.", I(bootstrap_port)},
+    {"engine_id", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ID",
+     "Engine id used by the KV connector (e.g. NIXL engine id).", I(engine_id)},
+    {"alloc_ports", NULL, NULL, PDGW_OPT_INT_LIST, NULL, 1, 65535, NULL, "PORTS",
+     "lmcache receiver allocation port per TP rank.", I(alloc_ports)},
+    {"init_ports", NULL, NULL, PDGW_OPT_INT_LIST, NULL, 1, 65535, NULL, "PORTS",
+     "lmcache receiver init port per TP rank.", I(init_ports)},
+    {"tp_size", NULL, NULL, PDGW_OPT_INT, NULL, 1, 1024, "1", "N", "Tensor-parallel size.",
+     I(tp_size)},
+    {"dp_rank", NULL, NULL, PDGW_OPT_INT, NULL, 0, 65535, "0", "N", "Data-parallel rank.",
+     I(dp_rank)},
+    {"dp_size", NULL, NULL, PDGW_OPT_INT, NULL, 1, 65536, "1", "N", "Data-parallel size.",
+     I(dp_size)},
+    {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
+     "Free-form labels (zone, rack, ...).", I(labels)},
+};
+/* clang-format on */
+
+const pdgw_config_option_t *pdgw_config_options(size_t *n_out)
+{
+    *n_out = sizeof(options) / sizeof(options[0]);
+    return options;
+}
+
+const pdgw_config_option_t *pdgw_config_instance_options(size_t *n_out)
+{
+    *n_out = sizeof(instance_options) / sizeof(instance_options[0]);
+    return instance_options;
+}
+
+/* ---------------------------------------------------------------- errors, suggestions */
+
+pdgw_status_t pdgw_cfg_fail(pdgw_cfg_src_t *src, const char *key, const char *fmt, ...)
+{
+    if (src == NULL || src->err == NULL)
+        return PDGW_ERR_INVALID;
+    pdgw_config_error_t *e = src->err;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    snprintf(e->key, sizeof(e->key), "%s", key != NULL ? key : "");
+    snprintf(e->file, sizeof(e->file), "%s", src->file != NULL ? src->file : "");
+    e->line = src->file != NULL ? src->line : 0;
+    const char *name = src->label != NULL ? src->label : key;
+    size_t cap = sizeof(e->message), off = 0;
+    int n = 0;
+    e->message[0] = '\0';
+    if (src->file != NULL && src->line > 0)
+        n = snprintf(e->message, cap, "%.255s:%d: ", src->file, src->line);
+    else if (src->file != NULL)
+        n = snprintf(e->message, cap, "%.255s: ", src->file);
+    off = n > 0 ? (size_t)n : 0;
+    if (name != NULL && name[0] != '\0' && off < cap) {
+        n = snprintf(e->message + off, cap - off, "%.127s: ", name);
+        off += n > 0 ? (size_t)n : 0;
+    }
+    if (off < cap)
+        snprintf(e->message + off, cap - off, "%.*s", (int)(cap - off - 1), msg);
+    return PDGW_ERR_INVALID;
+}
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64)
+        return 99;
+    size_t prev[65], cur[65];
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(size_t) * (lb + 1));
+    }
+    return prev[lb];
+}
+
+const char *pdgw_cfg_suggest(const char *word, const char *const *cands, size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = 4;
+    for (size_t i = 0; i < n; i++) {
+        if (cands[i] == NULL)
+            continue;
+        size_t d = edit_distance(word, cands[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = cands[i];
+        }
+    }
+    return best;
+}
+
+void pdgw_cfg_suggest_key(const pdgw_config_option_t *tab, size_t n, const char *prefix,
+                          const char *word, char *out, size_t out_len)
+{
+    const char *cands[128];
+    char store[128][64];
+    size_t nc = 0, pl = strlen(prefix);
+    for (size_t i = 0; i < n && nc < 128; i++) {
+        const char *k = tab[i].key;
+        if (k == NULL || strncmp(k, prefix, pl) != 0)
+            continue;
+        /* the next path component below prefix */
+        const char *rest = k + pl;
+        size_t cl = strcspn(rest, ".");
+        if (cl == 0 || cl >= 64)
+            continue;
+        memcpy(store[nc], rest, cl);
+        store[nc][cl] = '\0';
+        cands[nc] = store[nc];
+        nc++;
+    }
+    const char *s = pdgw_cfg_suggest(word, cands, nc);
+    if (s != NULL)
+        snprintf(out, out_len, " (did you mean '%s'?)", s);
+    else if (out_len > 0)
+        out[0] = '\0';
+}
+
+const pdgw_config_option_t *pdgw_cfg_find_key(const pdgw_config_option_t *tab, size_t n,
+                                              const char *key)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (tab[i].key != NULL && strcmp(tab[i].key, key) == 0)
+            return &tab[i];
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- containers */
+
+pdgw_status_t pdgw_cfg_str_set(char **field, const char *s)
+{
+    char *copy = pdgw_strdup(s != NULL ? s : "");
+    if (copy == NULL)
+        return PDGW_ERR_NOMEM;
+    pdgw_free(*field);
+    *field = copy;
+    return PDGW_OK;
+}
+
+pdgw_status_t pdgw_cfg_list_append(pdgw_str_list_t *l, const char *s)
+{
+    char *copy = pdgw_strdup(s);
+    if (copy == NULL)
+        return PDGW_ERR_NOMEM;
+    char **items = pdgw_realloc(l->items, (l->count + 1) * sizeof(char *));
+    if (items == NULL) {
+        pdgw_free(copy);
+        return PDGW_ERR_NOMEM;
+    }
+    items[l->count++] = copy;
+    l->items = items;
+    return PDGW_OK;
+}
+
+void pdgw_cfg_list_free(pdgw_str_list_t *l)
+{
+    for (size_t i = 0; i < l->count; i++)
+        pdgw_free(l->items[i]);
+    pdgw_free(l->items);
+    l->items = NULL;
+    l->count = 0;
+}
+
+pdgw_status_t pdgw_cfg_map_set(pdgw_kv_list_t *m, const char *k, const char *v)
+{
+    for (size_t i = 0; i < m->count; i++) {
+        if (strcmp(m->items[i].key, k) == 0)
+            return pdgw_cfg_str_set(&m->items[i].value, v);
+    }
+    char *kc = pdgw_strdup(k), *vc = pdgw_strdup(v);
+    pdgw_kv_t *items = NULL;
+    if (kc != NULL && vc != NULL)
+        items = pdgw_realloc(m->items, (m->count + 1) * sizeof(pdgw_kv_t));
+    if (items == NULL) {
+        pdgw_free(kc);
+        pdgw_free(vc);
+        return PDGW_ERR_NOMEM;
+    }
+    items[m->count].key = kc;
+    items[m->count].value = vc;
+    m->items = items;
+    m->count++;
+    return PDGW_OK;
+}
+
+void pdgw_cfg_map_free(pdgw_kv_list_t *m)
+{
+    for (size_t i = 0; i < m->count; i++) {
+        pdgw_free(m->items[i].key);
+        pdgw_free(m->items[i].value);
+    }
+    pdgw_free(m->items);
+    m->items = NULL;
+    m->count = 0;
+}
+
+const char *pdgw_kv_list_get(const pdgw_kv_list_t *list, const char *key)
+{
+    for (size_t i = 0; list != NULL && i < list->count; i++) {
+        if (strcmp(list->items[i].key, key) == 0)
+            return list->items[i].value;
+    }
+    return NULL;
+}
+
+pdgw_status_t pdgw_cfg_int_list_append(pdgw_int_list_t *l, int v)
+{
+    int *items = pdgw_realloc(l->items, (l->count + 1) * sizeof(int));
+    if (items == NULL)
+        return PDGW_ERR_NOMEM;
+    items[l->count++] = v;
+    l->items = items;
+    return PDGW_OK;
+}
+
+/* ---------------------------------------------------------------- typed setters */
+
+static void *field_at(void *base, const pdgw_config_option_t *o)
+{
+    return (char *)base + o->offset;
+}
+
+static void enum_list(const char *const *names, char *out, size_t out_len)
+{
+    size_t off = 0;
+    out[0] = '\0';
+    for (size_t i = 0; names[i] != NULL && off < out_len; i++)
+        off += (size_t)snprintf(out + off, out_len - off, "%s%s", i ? ", " : "", names[i]);
+}
+
+void pdgw_cfg_opt_clear(const pdgw_config_option_t *o, void *base)
+{
+    if (o->type == PDGW_OPT_LIST)
+        pdgw_cfg_list_free(field_at(base, o));
+    else if (o->type == PDGW_OPT_MAP)
+        pdgw_cfg_map_free(field_at(base, o));
+    else if (o->type == PDGW_OPT_INT_LIST) {
+        pdgw_int_list_t *l = field_at(base, o);
+        pdgw_free(l->items);
+        l->items = NULL;
+        l->count = 0;
+    }
+}
+
+pdgw_status_t pdgw_cfg_opt_set_text(const pdgw_config_option_t *o, void *base, const char *text,
+                                    const char *key, pdgw_cfg_src_t *src)
+{
+    void *f = field_at(base, o);
+    pdgw_status_t st;
+    switch (o->type) {
+    case PDGW_OPT_STRING:
+        return pdgw_cfg_str_set(f, text);
+    case PDGW_OPT_HOSTPORT: {
+        if (text[0] == '\0') {
+            if (o->min > 0)
+                return pdgw_cfg_fail(src, key, "expected host:port, got an empty value");
+            return pdgw_cfg_str_set(f, text);
+        }
+        char host[256];
+        int port;
+        st = pdgw_hostport_parse(text, false, host, sizeof(host), &port);
+        if (st != PDGW_OK)
+            return pdgw_cfg_fail(
+                src, key, "expected host:port (port 1..65535, IPv6 in brackets), got \"%s\"", text);
+        return pdgw_cfg_str_set(f, text);
+    }
+    case PDGW_OPT_INT: {
+        int64_t v;
+        if (pdgw_int_parse(text, o->min, o->max, &v) != PDGW_OK)
+            return pdgw_cfg_fail(src, key, "expected an integer in %ld..%ld, got \"%s\"", o->min,
+                                 o->max, text);
+        *(int *)f = (int)v;
+        return PDGW_OK;
+    }
+    case PDGW_OPT_BOOL: {
+        bool b;
+        if (pdgw_bool_parse(text, &b) != PDGW_OK)
+            return pdgw_cfg_fail(src, key, "expected true or false, got \"%s\"", text);
+        *(bool *)f = b;
+        return PDGW_OK;
+    }
+    case PDGW_OPT_DURATION: {
+        uint64_t ms;
+        if (pdgw_duration_parse(text, &ms) != PDGW_OK)
+            return pdgw_cfg_fail(src, key,
+                                 "expected a duration such as 500ms, 30s, 2m or a number of "
+                                 "seconds, got \"%s\"",
+                                 text);
+        if (o->min > 0 && ms < (uint64_t)o->min)
+            return pdgw_cfg_fail(src, key, "must be at least %ldms, got \"%s\"", o->min, text);
+        *(uint64_t *)f = ms;
+        return PDGW_OK;
+    }
+    case PDGW_OPT_SIZE: {
+        uint64_t b;
+        if (pdgw_size_parse(text, &b) != PDGW_OK)
+            return pdgw_cfg_fail(src, key,
+                                 "expected a size such as 16MiB, 512KiB or a number of bytes, got "
+                                 "\"%s\"",
+                                 text);
+        if (o->min > 0 && b < (uint64_t)o->min)
+            return pdgw_cfg_fail(src, key, "must be at least %ld bytes, got \"%s\"", o->min, text);
+        *(uint64_t *)f = b;
+        return PDGW_OK;
+    }
+    case PDGW_OPT_ENUM: {
+        int i = enum_index(o->enum_names, text);
+        if (i < 0) {
+            char list[256];
+            enum_list(o->enum_names, list, sizeof(list));
+            return pdgw_cfg_fail(src, key, "expected one of %s, got \"%s\"", list, text);
+        }
+        *(int *)f = i;
+        return PDGW_OK;
+    }
+    case PDGW_OPT_LIST:
+        if (text[0] == '\0')
+            return pdgw_cfg_fail(src, key, "empty list item");
+        return pdgw_cfg_list_append(f, text);
+    case PDGW_OPT_MAP: {
+        const char *eq = strchr(text, '=');
+        if (eq == NULL || eq == text)
+            return pdgw_cfg_fail(src, key, "expected key=value, got \"%s\"", text);
+        char k[256];
+        size_t kl = (size_t)(eq - text);
+        if (kl >= sizeof(k))
+            return pdgw_cfg_fail(src, key, "key too long in \"%s\"", text);
+        memcpy(k, text, kl);
+        k[kl] = '\0';
+        return pdgw_cfg_map_set(f, k, eq + 1);
+    }
+    case PDGW_OPT_INT_LIST: {
+        int64_t v;
+        if (pdgw_int_parse(text, o->min, o->max, &v) != PDGW_OK)
+            return pdgw_cfg_fail(src, key, "expected an integer in %ld..%ld, got \"%s\"", o->min,
+                                 o->max, text);
+        return pdgw_cfg_int_list_append(f, (int)v);
+    }
+    case PDGW_OPT_ACTION:
+        break;
+    }
+    return PDGW_ERR_INVALID;
+}
+
+/* Apply the defaults of <tab> to <base>. */
+static pdgw_status_t apply_defaults(const pdgw_config_option_t *tab, size_t n, void *base)
+{
+    for (size_t i = 0; i < n; i++) {
+        const pdgw_config_option_t *o = &tab[i];
+        if (o->key == NULL || o->type == PDGW_OPT_ACTION)
+            continue;
+        if (o->def == NULL)
+            continue;
+        pdgw_status_t st = pdgw_cfg_opt_set_text(o, base, o->def, o->key, NULL);
+        if (st != PDGW_OK)
+            return st == PDGW_ERR_NOMEM ? st : PDGW_ERR_INVALID;
+    }
+    return PDGW_OK;
+}
+
+/* Free every owned member of <base> described by <tab>. */
+static void free_fields(const pdgw_config_option_t *tab, size_t n, void *base)
+{
+    for (size_t i = 0; i < n; i++) {
+        const pdgw_config_option_t *o = &tab[i];
+        if (o->key == NULL)
+            continue;
+        if (o->type == PDGW_OPT_STRING || o->type == PDGW_OPT_HOSTPORT) {
+            char **p = field_at(base, o);
+            pdgw_free(*p);
+            *p = NULL;
+        } else {
+            pdgw_cfg_opt_clear(o, base);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- instances */
+
+pdgw_status_t pdgw_cfg_instance_init(pdgw_instance_config_t *inst)
+{
+    memset(inst, 0, sizeof(*inst));
+    pdgw_status_t st = apply_defaults(instance_options,
+                                      sizeof(instance_options) / sizeof(instance_options[0]), inst);
+    if (st != PDGW_OK)
+        pdgw_cfg_instance_free(inst);
+    return st;
+}
+
+void pdgw_cfg_instance_free(pdgw_instance_config_t *inst)
+{
+    free_fields(instance_options, sizeof(instance_options) / sizeof(instance_options[0]), inst);
+    pdgw_free(inst->host);
+    inst->host = NULL;
+}
+
+pdgw_status_t pdgw_cfg_instance_add(pdgw_config_t *cfg, pdgw_instance_config_t *inst)
+{
+    pdgw_instance_config_t *arr =
+        pdgw_realloc(cfg->instances, (cfg->n_instances + 1) * sizeof(*arr));
+    if (arr == NULL)
+        return PDGW_ERR_NOMEM;
+    arr[cfg->n_instances++] = *inst;
+    cfg->instances = arr;
+    memset(inst, 0, sizeof(*inst));
+    return PDGW_OK;
+}
+
+pdgw_status_t pdgw_cfg_instance_finalize(pdgw_instance_config_t *inst, size_t index,
+                                         pdgw_cfg_src_t *src)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "instances[%zu].url", index);
+    if (inst->url == NULL || inst->url[0] == '\0')
+        return pdgw_cfg_fail(src, key, "missing required url");
+    pdgw_url_t u;
+    if (pdgw_url_parse(inst->url, &u) != PDGW_OK)
+        return pdgw_cfg_fail(
+            src, key, "expected an http:// or https:// URL with a host, got \"%s\"", inst->url);
+    pdgw_status_t st = pdgw_cfg_str_set(&inst->host, u.host);
+    if (st != PDGW_OK)
+        return st;
+    inst->port = u.port;
+    if (inst->id == NULL || inst->id[0] == '\0') {
+        char id[300];
+        bool v6 = strchr(u.host, ':') != NULL;
+        snprintf(id, sizeof(id), v6 ? "[%s]:%d" : "%s:%d", u.host, u.port);
+        st = pdgw_cfg_str_set(&inst->id, id);
+        if (st != PDGW_OK)
+            return st;
+    }
+    if (inst->kv_host == NULL || inst->kv_host[0] == '\0') {
+        st = pdgw_cfg_str_set(&inst->kv_host, u.host);
+        if (st != PDGW_OK)
+            return st;
+    }
+    if (inst->zone != NULL && inst->zone[0] != '\0') {
+        const char *lz = pdgw_kv_list_get(&inst->labels, "zone");
+        if (lz == NULL) {
+            st = pdgw_cfg_map_set(&inst->labels, "zone", inst->zone);
+            if (st != PDGW_OK)
+                return st;
+        } else if (strcmp(lz, inst->zone) != 0) {
+            snprintf(key, sizeof(key), "instances[%zu].zone", index);
+            return pdgw_cfg_fail(src, key, "zone \"%s\" contradicts labels.zone \"%s\"", inst->zone,
+                                 lz);
+        }
+    } else {
+        const char *lz = pdgw_kv_list_get(&inst->labels, "zone");
+        if (lz != NULL) {
+            st = pdgw_cfg_str_set(&inst->zone, lz);
+            if (st != PDGW_OK)
+                return st;
+        }
+    }
+    return PDGW_OK;
+}
+
+pdgw_status_t pdgw_cfg_instance_quick(pdgw_config_t *cfg, pdgw_role_t role, const char *url,
+                                      pdgw_cfg_src_t *src)
+{
+    pdgw_instance_config_t inst;
+    pdgw_status_t st = pdgw_cfg_instance_init(&inst);
+    if (st != PDGW_OK)
+        return st;
+    inst.role = role;
+    st = pdgw_cfg_str_set(&inst.url, url);
+    if (st == PDGW_OK)
+        st = pdgw_cfg_instance_finalize(&inst, cfg->n_instances, src);
+    if (st == PDGW_OK)
+        st = pdgw_cfg_instance_add(cfg, &inst);
+    if (st != PDGW_OK)
+        pdgw_cfg_instance_free(&inst);
+    return st;
+}
+
+/* ---------------------------------------------------------------- whole config */
+
+pdgw_status_t pdgw_config_init(pdgw_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    pdgw_status_t st = apply_defaults(options, sizeof(options) / sizeof(options[0]), cfg);
+    if (st == PDGW_OK)
+        st = pdgw_cfg_finalize(cfg, NULL);
+    if (st != PDGW_OK)
+        pdgw_config_free(cfg);
+    return st;
+}
+
+void pdgw_config_free(pdgw_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    free_fields(options, sizeof(options) / sizeof(options[0]), cfg);
+    for (size_t i = 0; i < cfg->n_instances; i++)
+        pdgw_cfg_instance_free(&cfg->instances[i]);
+    pdgw_free(cfg->instances);
+    pdgw_free(cfg->listen_host);
+    pdgw_free(cfg->config_file);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+pdgw_status_t pdgw_cfg_finalize(pdgw_config_t *cfg, pdgw_cfg_src_t *src)
+{
+    char host[256];
+    int port;
+    if (pdgw_hostport_parse(cfg->listen, false, host, sizeof(host), &port) != PDGW_OK)
+        return pdgw_cfg_fail(src, "listen", "expected host:port, got \"%s\"", cfg->listen);
+    pdgw_status_t st = pdgw_cfg_str_set(&cfg->listen_host, host);
+    if (st != PDGW_OK)
+        return st;
+    cfg->listen_port = port;
+    cfg->dns_enabled = cfg->dns.prefill[0] || cfg->dns.decode[0] || cfg->dns.both[0];
+    cfg->k8s_enabled =
+        cfg->k8s.prefill_selector[0] || cfg->k8s.decode_selector[0] || cfg->k8s.both_selector[0];
+    return PDGW_OK;
+}
+
+int pdgw_config_workers(const pdgw_config_t *cfg)
+{
+    if (cfg->workers > 0)
+        return cfg->workers;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* ---------------------------------------------------------------- protocols, checks */
+
+pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *cfg,
+                                                pdgw_protocol_info_t *info, char *err,
+                                                size_t errlen)
+{
+    static const char *const pd[] = {"vllm-nixl", "vllm-mooncake", "vllm-kvt", "sglang", "lmcache"};
+    (void)ctx;
+    pdgw_protocol_info_t r = {.supports_batch = true, .supports_staged = true};
+    if (strcmp(cfg->protocol, "neutral") == 0) {
+        r.needs_both = true;
+        *info = r;
+        return PDGW_OK;
+    }
+    for (size_t i = 0; i < sizeof(pd) / sizeof(pd[0]); i++) {
+        if (strcmp(cfg->protocol, pd[i]) == 0) {
+            r.needs_prefill = true;
+            r.needs_decode = true;
+            *info = r;
+            return PDGW_OK;
+        }
+    }
+    snprintf(err, errlen,
+             "unknown protocol \"%s\" (built in: neutral, vllm-nixl, vllm-mooncake, vllm-kvt, "
+             "sglang, lmcache)",
+             cfg->protocol);
+    return PDGW_ERR_NOT_FOUND;
+}
+
+pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
+                                pdgw_config_error_t *err)
+{
+    pdgw_cfg_src_t src = {.err = err};
+    char key[96];
+    size_t n_prefill = 0, n_decode = 0, n_both = 0;
+
+    for (size_t i = 0; i < cfg->n_instances; i++) {
+        const pdgw_instance_config_t *in = &cfg->instances[i];
+        for (size_t k = 0; k < i; k++) {
+            if (strcmp(cfg->instances[k].id, in->id) == 0) {
+                snprintf(key, sizeof(key), "instances[%zu].id", i);
+                return pdgw_cfg_fail(
+                    &src, key, "duplicate instance id \"%s\" (also instances[%zu])", in->id, k);
+            }
+        }
+        if (in->dp_rank >= in->dp_size) {
+            snprintf(key, sizeof(key), "instances[%zu].dp_rank", i);
+            return pdgw_cfg_fail(&src, key, "dp_rank %d must be below dp_size %d", in->dp_rank,
+                                 in->dp_size);
+        }
+        if (in->alloc_ports.count != 0 && in->alloc_ports.count != (size_t)in->tp_size) {
+            snprintf(key, sizeof(key), "instances[%zu].alloc_ports", i);
+            return pdgw_cfg_fail(&src, key, "needs one port per TP rank (tp_size %d), got %zu",
+                                 in->tp_size, in->alloc_ports.count);
+        }
+        if (in->init_ports.count != 0 && in->init_ports.count != (size_t)in->tp_size) {
+            snprintf(key, sizeof(key), "instances[%zu].init_ports", i);
+            return pdgw_cfg_fail(&src, key, "needs one port per TP rank (tp_size %d), got %zu",
+                                 in->tp_size, in->init_ports.count);
+        }
+        if (in->role == PDGW_ROLE_PREFILL)
+            n_prefill++;
+        else if (in->role == PDGW_ROLE_DECODE)
+            n_decode++;
+        else
+            n_both++;
+    }
+    for (size_t i = 0; i < cfg->api_keys.count; i++) {
+        const char *k = cfg->api_keys.items[i];
+        snprintf(key, sizeof(key), "api_keys[%zu]", i);
+        if (strlen(k) > 256)
+            return pdgw_cfg_fail(&src, key, "longer than 256 bytes");
+        for (const char *c = k; *c; c++) {
+            if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+                return pdgw_cfg_fail(&src, key, "contains blanks or non-printable characters");
+        }
+    }
+    if (cfg->api_key_file[0] != '\0' && access(cfg->api_key_file, R_OK) != 0)
+        return pdgw_cfg_fail(&src, "api_key_file", "cannot read \"%s\"", cfg->api_key_file);
+    for (size_t i = 0; i < cfg->plugins.count; i++) {
+        if (access(cfg->plugins.items[i], R_OK) != 0) {
+            snprintf(key, sizeof(key), "plugins[%zu]", i);
+            return pdgw_cfg_fail(&src, key, "cannot read \"%s\"", cfg->plugins.items[i]);
+        }
+    }
+    if (cfg->health_timeout_ms > cfg->health_interval_ms)
+        return pdgw_cfg_fail(&src, "health_timeout", "must not exceed health_interval");
+    if (cfg->k8s.api_server[0] != '\0') {
+        pdgw_url_t u;
+        if (pdgw_url_parse(cfg->k8s.api_server, &u) != PDGW_OK)
+            return pdgw_cfg_fail(&src, "discovery.kubernetes.api_server",
+                                 "expected an http(s):// URL, got \"%s\"", cfg->k8s.api_server);
+    }
+    if (cfg->protocol[0] == '\0')
+        return pdgw_cfg_fail(&src, "protocol", "must not be empty");
+
+    pdgw_config_protocol_fn fn = pdgw_config_builtin_protocol_info;
+    void *ctx = NULL;
+    if (hooks != NULL && hooks->protocol_info != NULL) {
+        fn = hooks->protocol_info;
+        ctx = hooks->ctx;
+    }
+    pdgw_protocol_info_t info;
+    memset(&info, 0, sizeof(info));
+    char perr[400] = "";
+    pdgw_status_t st = fn(ctx, cfg, &info, perr, sizeof(perr));
+    if (st != PDGW_OK) {
+        if (perr[0] == '\0')
+            snprintf(perr, sizeof(perr), "unknown protocol \"%s\"", cfg->protocol);
+        return pdgw_cfg_fail(&src, "protocol", "%s", perr);
+    }
+    if (cfg->scheduling == PDGW_SCHED_STAGED && !info.supports_staged)
+        return pdgw_cfg_fail(&src, "scheduling", "protocol %s does not support staged scheduling",
+                             cfg->protocol);
+    if (cfg->scheduling == PDGW_SCHED_BATCH && !info.supports_batch)
+        return pdgw_cfg_fail(&src, "scheduling", "protocol %s does not support batch scheduling",
+                             cfg->protocol);
+    bool dyn_prefill = cfg->dns.prefill[0] || cfg->k8s.prefill_selector[0];
+    bool dyn_decode = cfg->dns.decode[0] || cfg->k8s.decode_selector[0];
+    bool dyn_both = cfg->dns.both[0] || cfg->k8s.both_selector[0];
+    if (info.needs_both && n_both == 0 && !dyn_both)
+        return pdgw_cfg_fail(&src, "instances",
+                             "protocol %s forwards each request to one instance that serves both "
+                             "roles: add --both URL, an instance with role: both, or "
+                             "discovery.*.both",
+                             cfg->protocol);
+    bool have_p = n_prefill + n_both > 0 || dyn_prefill || dyn_both;
+    bool have_d = n_decode + n_both > 0 || dyn_decode || dyn_both;
+    if ((info.needs_prefill && !have_p) || (info.needs_decode && !have_d))
+        return pdgw_cfg_fail(&src, "instances",
+                             "protocol %s needs prefill and decode instances, but no %s instance "
+                             "is configured (add --%s URL, instances with role: %s, or "
+                             "discovery)",
+                             cfg->protocol, !have_p ? "prefill" : "decode",
+                             !have_p ? "prefill" : "decode", !have_p ? "prefill" : "decode");
+    return PDGW_OK;
+}

@@ -1,0 +1,258 @@
+/*
+ * pdgw_fwd_api.c - the services the gateway exports to forwarders (forwarder.h): body
+ * helpers, errors, the cross-thread waker, logging and counters.
+ */
+#include "pdgw_server_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+/* ---------------------------------------------------------------- names */
+
+const char *pdgw_phase_name(pdgw_phase_t phase)
+{
+    switch (phase) {
+    case PDGW_PHASE_PREFILL:
+        return "prefill";
+    case PDGW_PHASE_KV_TRANSFER:
+        return "kv_transfer";
+    case PDGW_PHASE_DECODE:
+        return "decode";
+    default:
+        return "gateway";
+    }
+}
+
+const char *pdgw_fwd_role_name(pdgw_fwd_role_t role)
+{
+    switch (role) {
+    case PDGW_FWD_ROLE_PREFILL:
+        return "prefill";
+    case PDGW_FWD_ROLE_DECODE:
+        return "decode";
+    default:
+        return "both";
+    }
+}
+
+const char *pdgw_fwd_strerror(pdgw_fwd_status_t status)
+{
+    switch (status) {
+    case PDGW_FWD_OK:
+        return "ok";
+    case PDGW_FWD_PENDING:
+        return "pending";
+    case PDGW_FWD_ERR:
+        return "forwarder error";
+    case PDGW_FWD_ERR_CONFIG:
+        return "bad forwarder configuration";
+    default:
+        return "unknown forwarder status";
+    }
+}
+
+/* ---------------------------------------------------------------- bodies */
+
+json_t *pdgw_fwd_body_copy(const pdgw_fwd_request_t *req)
+{
+    return req->body ? json_deep_copy(req->body) : json_object();
+}
+
+json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req)
+{
+    json_t *b = pdgw_fwd_body_copy(req);
+    if (b == NULL || !json_is_object(b)) {
+        json_decref(b);
+        return NULL;
+    }
+    json_object_set_new(b, "max_tokens", json_integer(1));
+    if (json_object_get(b, "max_completion_tokens"))
+        json_object_set_new(b, "max_completion_tokens", json_integer(1));
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+    json_object_del(b, "min_tokens");
+    json_object_del(b, "min_completion_tokens");
+    /* A single prefill token that is EOS or a stop string would end the request as
+     * "stopped" and engines then return no kv_transfer_params. */
+    json_object_set_new(b, "ignore_eos", json_true());
+    json_object_del(b, "stop");
+    json_object_del(b, "stop_token_ids");
+    return b;
+}
+
+void pdgw_fwd_error_set(pdgw_fwd_error_t *err, pdgw_phase_t phase, int retryable, int http_status,
+                        const char *fmt, ...)
+{
+    va_list ap;
+    if (err == NULL)
+        return;
+    err->phase = phase;
+    err->retryable = retryable;
+    err->http_status = http_status;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+}
+
+json_t *pdgw_fwd_option_value(const char *text)
+{
+    char *end = NULL;
+    long long v;
+    if (text == NULL)
+        return json_null();
+    if (strcmp(text, "true") == 0)
+        return json_true();
+    if (strcmp(text, "false") == 0)
+        return json_false();
+    if (text[0] != '\0') {
+        errno = 0;
+        v = strtoll(text, &end, 10);
+        if (errno == 0 && end && *end == '\0')
+            return json_integer((json_int_t)v);
+    }
+    return json_string(text);
+}
+
+/* ---------------------------------------------------------------- waker */
+
+pdgw_fwd_waker_t *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    pdgw_fwd_waker_t *wk = pdgw_calloc(1, sizeof(*wk));
+    if (wk == NULL)
+        return NULL;
+    atomic_init(&wk->refs, 1);
+    pthread_mutex_init(&wk->lock, NULL);
+    wk->worker = w;
+    wk->req = r;
+    return wk;
+}
+
+pdgw_fwd_waker_t *pdgw_fwd_waker_ref(pdgw_fwd_waker_t *w)
+{
+    if (w)
+        atomic_fetch_add(&w->refs, 1);
+    return w;
+}
+
+void pdgw_fwd_waker_unref(pdgw_fwd_waker_t *w)
+{
+    if (w == NULL)
+        return;
+    if (atomic_fetch_sub(&w->refs, 1) == 1) {
+        pthread_mutex_destroy(&w->lock);
+        pdgw_free(w);
+    }
+}
+
+void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *wk)
+{
+    pdgw_worker_t *w;
+    bool kick = false;
+    if (wk == NULL)
+        return;
+    pthread_mutex_lock(&wk->lock);
+    w = wk->worker;
+    if (wk->req != NULL && !wk->queued) {
+        wk->queued = true;
+        atomic_fetch_add(&wk->refs, 1); /* the queue's reference */
+        pthread_mutex_lock(&w->wake_lock);
+        wk->next = w->wake_queue;
+        w->wake_queue = wk;
+        pthread_mutex_unlock(&w->wake_lock);
+        kick = true;
+    }
+    pthread_mutex_unlock(&wk->lock);
+    if (kick) {
+        uint64_t one = 1;
+        if (write(w->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+            pdgw_log_warn("waker", "eventfd write: %s", strerror(errno));
+    }
+}
+
+void pdgw_waker_detach(pdgw_fwd_waker_t *wk)
+{
+    pthread_mutex_lock(&wk->lock);
+    wk->req = NULL;
+    pthread_mutex_unlock(&wk->lock);
+    pdgw_fwd_waker_unref(wk);
+}
+
+void pdgw_waker_run_queue(pdgw_worker_t *w)
+{
+    pdgw_fwd_waker_t *list;
+    pthread_mutex_lock(&w->wake_lock);
+    list = w->wake_queue;
+    w->wake_queue = NULL;
+    pthread_mutex_unlock(&w->wake_lock);
+    while (list) {
+        pdgw_fwd_waker_t *wk = list;
+        pdgw_req_t *r;
+        list = wk->next;
+        pthread_mutex_lock(&wk->lock);
+        wk->queued = false;
+        wk->next = NULL;
+        r = wk->req;
+        pthread_mutex_unlock(&wk->lock);
+        /* The request can only end on this thread, so r stays valid during the call. */
+        if (r)
+            pdgw_wf_on_wake(r);
+        pdgw_fwd_waker_unref(wk);
+    }
+}
+
+/* ---------------------------------------------------------------- log, counters */
+
+void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    pdgw_log_level_t l = level == PDGW_FWD_LOG_DEBUG  ? PDGW_LOG_LEVEL_DEBUG
+                         : level == PDGW_FWD_LOG_INFO ? PDGW_LOG_LEVEL_INFO
+                         : level == PDGW_FWD_LOG_WARN ? PDGW_LOG_LEVEL_WARN
+                                                      : PDGW_LOG_LEVEL_ERROR;
+    if (!pdgw_log_enabled(l))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pdgw_log_write(l, "forwarder", "%s", msg);
+}
+
+/* Forwarder counters live in the process-wide registry set by the server's creator. */
+static pdgw_metrics_t *fwd_metrics_reg;
+static pthread_mutex_t fwd_metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void pdgw_fwd_api_set_metrics(pdgw_metrics_t *reg)
+{
+    pthread_mutex_lock(&fwd_metrics_lock);
+    fwd_metrics_reg = reg;
+    pthread_mutex_unlock(&fwd_metrics_lock);
+}
+
+void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help)
+{
+    char full[160];
+    pdgw_metric_family_t *fam;
+    static const char *const labels[] = {"protocol"};
+    pthread_mutex_lock(&fwd_metrics_lock);
+    if (fwd_metrics_reg == NULL || name == NULL || protocol == NULL) {
+        pthread_mutex_unlock(&fwd_metrics_lock);
+        return;
+    }
+    snprintf(full, sizeof(full), "pdgw_fwd_%s_total", name);
+    fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    if (fam == NULL && pdgw_metrics_family_add(fwd_metrics_reg, PDGW_METRIC_COUNTER, full,
+                                               help ? help : "Forwarder event count.", labels, 1,
+                                               NULL, 0, &fam) != PDGW_OK)
+        fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    pthread_mutex_unlock(&fwd_metrics_lock);
+    if (fam)
+        pdgw_counter_inc(pdgw_metric_family_series1(fam, protocol));
+}

@@ -1,0 +1,696 @@
+/*
+ * pdgw_http.c - the client side: libmicrohttpd access handler, routing, request body,
+ * replies, and the streaming response callback.
+ *
+ * A request that needs upstream work suspends its connection; whoever decides the answer
+ * (workflow engine, on the same worker thread) fills the reply and resumes it, and MHD calls
+ * the handler again, which queues the reply. A stream is a callback response that reads the
+ * request's `out` buffer and suspends the connection while the buffer is empty.
+ */
+#include "pdgw_server_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+#define OUT_HIGH_WATER (256u * 1024u) /* pause the upstream above this */
+
+/* ---------------------------------------------------------------- replies */
+
+void pdgw_req_resume(pdgw_req_t *r)
+{
+    if (!r->suspended)
+        return;
+    pdgw_worker_hup_unwatch(r->w, r);
+    r->suspended = false;
+    MHD_resume_connection(r->conn);
+    r->w->mhd_kick = true;
+}
+
+static void req_suspend(pdgw_req_t *r)
+{
+    if (r->suspended)
+        return;
+    MHD_suspend_connection(r->conn);
+    r->suspended = true;
+    pdgw_worker_hup_watch(r->w, r);
+}
+
+void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype)
+{
+    if (r->reply_ready || r->queued || r->committed) {
+        pdgw_free(body);
+        return;
+    }
+    r->reply_status = status;
+    r->reply_body = body;
+    r->reply_len = len;
+    snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s", ctype ? ctype : "application/json");
+    r->reply_ready = true;
+    r->final_status = status;
+    pdgw_req_resume(r);
+}
+
+void pdgw_req_reply_error(pdgw_req_t *r, const pdgw_api_error_t *err)
+{
+    size_t len = 0;
+    char *body = pdgw_api_error_body(err, &len);
+    if (r->error_text[0] == '\0')
+        snprintf(r->error_text, sizeof(r->error_text), "%s", err->message);
+    if (err->kind == PDGW_API_ERR_UNAUTHORIZED)
+        r->reply_www_auth = true;
+    pdgw_req_reply(r, pdgw_api_error_http_status(err), body, body ? len : 0, "application/json");
+}
+
+void pdgw_req_reply_errorf(pdgw_req_t *r, pdgw_api_err_kind_t kind, const char *code,
+                           const char *fmt, ...)
+{
+    pdgw_api_error_t err;
+    va_list ap;
+    char msg[PDGW_API_ERR_MESSAGE_MAX];
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pdgw_api_error_set(&err, kind, NULL, "%s", msg);
+    if (code)
+        pdgw_api_error_set_code(&err, code);
+    pdgw_req_reply_error(r, &err);
+}
+
+void pdgw_req_commit_stream(pdgw_req_t *r)
+{
+    if (r->committed || r->reply_ready || r->queued)
+        return;
+    r->committed = true;
+    r->final_status = 200;
+    pdgw_req_resume(r);
+}
+
+size_t pdgw_req_out_pending(const pdgw_req_t *r)
+{
+    return r->out.len - r->out_off;
+}
+
+void pdgw_req_out_append(pdgw_req_t *r, const char *data, size_t len)
+{
+    if (r->out_done || r->client_gone)
+        return;
+    if (pdgw_buf_append(&r->out, data, len) != PDGW_OK) {
+        /* Out of memory: the stream cannot continue intact; end it. */
+        r->out_done = true;
+    }
+    pdgw_req_resume(r);
+}
+
+void pdgw_req_out_end(pdgw_req_t *r)
+{
+    r->out_done = true;
+    pdgw_req_resume(r);
+}
+
+void pdgw_req_client_hup(pdgw_req_t *r)
+{
+    r->client_gone = true;
+    pdgw_req_resume(r);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    pdgw_req_t *r = cls;
+    size_t avail;
+    (void)pos;
+    if (r->client_gone)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    avail = r->out.len - r->out_off;
+    if (avail > 0) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, r->out.data + r->out_off, n);
+        r->out_off += n;
+        r->bytes_out += n;
+        if (r->out_off == r->out.len) {
+            pdgw_buf_reset(&r->out);
+            r->out_off = 0;
+            /* A long stream keeps a small buffer only. */
+            if (r->out.cap > 64 * 1024)
+                pdgw_buf_free(&r->out);
+        }
+        if (pdgw_req_out_pending(r) < OUT_HIGH_WATER / 2) {
+            if (r->legs[PDGW_LEG_DECODE].paused)
+                pdgw_leg_unpause(&r->legs[PDGW_LEG_DECODE]);
+        }
+        return (ssize_t)n;
+    }
+    if (r->out_done)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    req_suspend(r);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- headers */
+
+static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
+{
+    static const char *const drop[] = {"connection",
+                                       "keep-alive",
+                                       "proxy-connection",
+                                       "proxy-authenticate",
+                                       "proxy-authorization",
+                                       "te",
+                                       "trailer",
+                                       "trailers",
+                                       "transfer-encoding",
+                                       "upgrade",
+                                       "host",
+                                       "content-length",
+                                       "content-type",
+                                       "expect",
+                                       "accept-encoding",
+                                       "x-request-id",
+                                       "traceparent",
+                                       "x-request-timeout",
+                                       NULL};
+    size_t i;
+    for (i = 0; drop[i]; i++)
+        if (strcasecmp(name, drop[i]) == 0)
+            return true;
+    /* The gateway's own key is not the engine's business. */
+    if (strcasecmp(name, "authorization") == 0 && pdgw_auth_key_count(r->w->srv->opts.auth) > 0)
+        return true;
+    return false;
+}
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    pdgw_req_t *r = cls;
+    (void)kind;
+    if (key == NULL || value == NULL || header_is_hop_or_own(r, key))
+        return MHD_YES;
+    if (strchr(value, '\r') || strchr(value, '\n'))
+        return MHD_YES;
+    if (pdgw_buf_appendf(&r->fwd_headers, "%s: %s", key, value) != PDGW_OK ||
+        pdgw_buf_append_char(&r->fwd_headers, '\0') != PDGW_OK)
+        return MHD_NO;
+    return MHD_YES;
+}
+
+static void req_identity(pdgw_req_t *r)
+{
+    const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
+    const char *tp = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "traceparent");
+    pdgw_traceparent_t parent, child;
+
+    if (id && pdgw_request_id_is_valid(id, strlen(id)))
+        snprintf(r->id, sizeof(r->id), "%s", id);
+    else if (pdgw_uuid4(r->id) != PDGW_OK)
+        snprintf(r->id, sizeof(r->id), "req-%llu", (unsigned long long)r->t_start_ns);
+    if (tp && pdgw_traceparent_parse(tp, strlen(tp), &parent) == PDGW_OK &&
+        pdgw_traceparent_child(&parent, &child) == PDGW_OK)
+        pdgw_traceparent_format(&child, r->traceparent);
+    else if (pdgw_traceparent_new(&child) == PDGW_OK)
+        pdgw_traceparent_format(&child, r->traceparent);
+}
+
+static void req_deadline(pdgw_req_t *r)
+{
+    const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Timeout");
+    uint64_t ms = r->w->srv->opts.request_timeout_ms;
+    if (h) {
+        uint64_t v;
+        if (pdgw_duration_parse(h, &v) == PDGW_OK && v > 0)
+            ms = v;
+    }
+    r->deadline_ms = r->t_start_ms + ms;
+}
+
+/* ---------------------------------------------------------------- queueing */
+
+static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *resp)
+{
+    if (r->id[0])
+        MHD_add_response_header(resp, "X-Request-Id", r->id);
+    return MHD_YES;
+}
+
+static enum MHD_Result queue_reply(pdgw_req_t *r)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    resp = MHD_create_response_from_buffer(r->reply_len, r->reply_body ? r->reply_body : "",
+                                           MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL)
+        return MHD_NO;
+    if (r->reply_body == NULL) {
+        /* MHD_RESPMEM_MUST_FREE of a literal would be wrong; only "" with len 0 here. */
+        MHD_destroy_response(resp);
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        if (resp == NULL)
+            return MHD_NO;
+    }
+    r->reply_body = NULL; /* owned by MHD now */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+    if (r->reply_www_auth)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->w->srv->draining)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    add_common_headers(r, resp);
+    r->bytes_out = r->reply_len;
+    ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
+    MHD_destroy_response(resp);
+    r->queued = true;
+    return ret;
+}
+
+static enum MHD_Result queue_stream(pdgw_req_t *r)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, r, NULL);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    add_common_headers(r, resp);
+    ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    r->queued = true;
+    return ret;
+}
+
+/* ---------------------------------------------------------------- local endpoints */
+
+static void reply_json(pdgw_req_t *r, int status, json_t *obj)
+{
+    char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (text == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    /* json_dumps uses jansson's allocator (malloc by default): free() is right. */
+    pdgw_req_reply(r, status, text, strlen(text), "application/json");
+}
+
+static void serve_ready(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    json_t *o;
+    bool ready;
+    if (srv->draining) {
+        o = json_pack("{s:s}", "status", "draining");
+        reply_json(r, 503, o);
+        return;
+    }
+    ready = sched_pool_ready(srv->opts.pool, srv->ready_roles);
+    o = json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "no usable instance", "prefill",
+                  (json_int_t)sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL), "decode",
+                  (json_int_t)sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_DECODE));
+    reply_json(r, ready ? 200 : 503, o);
+}
+
+static void serve_metrics(pdgw_req_t *r)
+{
+    pdgw_buf_t out = PDGW_BUF_INIT;
+    char *text;
+    size_t len;
+    if (pdgw_metrics_render(r->w->srv->opts.metrics->reg, &out) != PDGW_OK) {
+        pdgw_buf_free(&out);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "cannot render metrics");
+        return;
+    }
+    text = pdgw_buf_steal(&out, &len);
+    pdgw_req_reply(r, 200, text, len, PDGW_METRICS_CONTENT_TYPE);
+}
+
+static void serve_models_local(pdgw_req_t *r)
+{
+    const pdgw_server_opts_t *o = &r->w->srv->opts;
+    json_t *data = json_array();
+    size_t i;
+    for (i = 0; i < o->n_models; i++)
+        json_array_append_new(data,
+                              json_pack("{s:s,s:s,s:I,s:s}", "id", o->models[i], "object", "model",
+                                        "created", (json_int_t)0, "owned_by", "pdgw"));
+    reply_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
+}
+
+static void serve_admin(pdgw_req_t *r)
+{
+    sched_pool_t *pool = r->w->srv->opts.pool;
+    const char *sub = r->admin_path; /* after "/admin/instances" */
+    char err[256] = "";
+
+    if (sub[0] == '\0' || strcmp(sub, "/") == 0) {
+        if (strcmp(r->method, "GET") == 0) {
+            reply_json(r, 200, sched_admin_list(pool));
+            return;
+        }
+        if (strcmp(r->method, "POST") == 0) {
+            json_error_t jerr;
+            json_t *body = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &jerr);
+            json_t *created = NULL;
+            sched_status_t st;
+            if (body == NULL) {
+                pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_json",
+                                      "body is not valid JSON: %s", jerr.text);
+                return;
+            }
+            st = sched_admin_add(pool, body, &created, err, sizeof(err));
+            json_decref(body);
+            if (st == SCHED_OK) {
+                reply_json(r, 201, created);
+                return;
+            }
+            json_decref(created);
+            if (st == SCHED_ERR_EXISTS) {
+                pdgw_api_error_t e;
+                pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL, "%s",
+                                   err[0] ? err : "instance id already exists");
+                pdgw_api_error_set_code(&e, "instance_exists");
+                {
+                    size_t len;
+                    char *b = pdgw_api_error_body(&e, &len);
+                    pdgw_req_reply(r, 409, b, b ? len : 0, "application/json");
+                }
+                return;
+            }
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_instance", "%s",
+                                  err[0] ? err : sched_strerror(st));
+            return;
+        }
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
+                              "method %s not allowed on /admin/instances", r->method);
+        return;
+    }
+    if (sub[0] == '/') {
+        char id[SCHED_ID_MAX];
+        const char *action = NULL;
+        const char *slash = strchr(sub + 1, '/');
+        size_t idlen = slash ? (size_t)(slash - sub - 1) : strlen(sub + 1);
+        sched_status_t st;
+        if (idlen == 0 || idlen >= sizeof(id)) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no such instance");
+            return;
+        }
+        memcpy(id, sub + 1, idlen);
+        id[idlen] = '\0';
+        if (slash)
+            action = slash + 1;
+        if (action == NULL && strcmp(r->method, "GET") == 0) {
+            json_t *j = sched_admin_get(pool, id);
+            if (j == NULL)
+                pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
+            else
+                reply_json(r, 200, j);
+            return;
+        }
+        if (action == NULL && strcmp(r->method, "DELETE") == 0) {
+            st = sched_pool_remove(pool, id);
+        } else if (action && (strcmp(action, "drain") == 0 || strcmp(action, "undrain") == 0)) {
+            if (strcmp(r->method, "POST") != 0) {
+                pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL, "use POST for %s",
+                                      action);
+                return;
+            }
+            st = action[0] == 'd' ? sched_pool_drain(pool, id) : sched_pool_undrain(pool, id);
+        } else if (action == NULL) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
+                                  "method %s not allowed here", r->method);
+            return;
+        } else {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
+            return;
+        }
+        if (st == SCHED_ERR_NOT_FOUND) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
+            return;
+        }
+        if (st != SCHED_OK) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, NULL, "%s", sched_strerror(st));
+            return;
+        }
+        reply_json(r, 200, json_pack("{s:s,s:s}", "id", id, "status", "ok"));
+        return;
+    }
+    pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
+}
+
+/* ---------------------------------------------------------------- routing */
+
+static void route(pdgw_req_t *r, const char *url)
+{
+    const char *q = strchr(url, '?');
+    size_t len = q ? (size_t)(q - url) : strlen(url);
+    if (len >= sizeof(r->path))
+        len = sizeof(r->path) - 1;
+    memcpy(r->path, url, len);
+    r->path[len] = '\0';
+    if (strcmp(r->path, "/v1/completions") == 0) {
+        r->route = PDGW_ROUTE_INFER;
+        r->kind = PDGW_API_COMPLETIONS;
+    } else if (strcmp(r->path, "/v1/chat/completions") == 0) {
+        r->route = PDGW_ROUTE_INFER;
+        r->kind = PDGW_API_CHAT_COMPLETIONS;
+    } else if (strcmp(r->path, "/v1/models") == 0) {
+        r->route = PDGW_ROUTE_MODELS;
+    } else if (strcmp(r->path, "/health") == 0) {
+        r->route = PDGW_ROUTE_HEALTH;
+    } else if (strcmp(r->path, "/ready") == 0) {
+        r->route = PDGW_ROUTE_READY;
+    } else if (strcmp(r->path, "/metrics") == 0) {
+        r->route = PDGW_ROUTE_METRICS;
+    } else if (strncmp(r->path, "/admin/instances", 16) == 0 &&
+               (r->path[16] == '\0' || r->path[16] == '/')) {
+        r->route = PDGW_ROUTE_ADMIN;
+        snprintf(r->admin_path, sizeof(r->admin_path), "%s", url + 16);
+        {
+            char *qq = strchr(r->admin_path, '?');
+            if (qq)
+                *qq = '\0';
+        }
+    } else {
+        r->route = PDGW_ROUTE_NONE;
+    }
+}
+
+static bool method_ok(const pdgw_req_t *r)
+{
+    switch (r->route) {
+    case PDGW_ROUTE_INFER:
+        return strcmp(r->method, "POST") == 0;
+    case PDGW_ROUTE_MODELS:
+    case PDGW_ROUTE_HEALTH:
+    case PDGW_ROUTE_READY:
+    case PDGW_ROUTE_METRICS:
+        return strcmp(r->method, "GET") == 0 || strcmp(r->method, "HEAD") == 0;
+    case PDGW_ROUTE_ADMIN:
+        return strcmp(r->method, "GET") == 0 || strcmp(r->method, "POST") == 0 ||
+               strcmp(r->method, "DELETE") == 0;
+    default:
+        return true;
+    }
+}
+
+static bool route_needs_auth(const pdgw_req_t *r)
+{
+    return r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
+           r->route == PDGW_ROUTE_ADMIN || r->route == PDGW_ROUTE_NONE;
+}
+
+/* Everything is read: decide. */
+static void dispatch(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    pdgw_gateway_metrics_t *gm = srv->opts.metrics;
+
+    if (r->route == PDGW_ROUTE_NONE) {
+        pdgw_gateway_metrics_rejected(gm, "not_found");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, "unknown_url", "no route for %s %s",
+                              r->method, r->path);
+        return;
+    }
+    if (!method_ok(r)) {
+        pdgw_gateway_metrics_rejected(gm, "method");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, "method_not_allowed",
+                              "method %s not allowed on %s", r->method, r->path);
+        return;
+    }
+    if (route_needs_auth(r)) {
+        const char *h =
+            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        pdgw_auth_result_t ar = pdgw_auth_check(srv->opts.auth, h);
+        if (!pdgw_auth_allowed(ar)) {
+            pdgw_api_error_t e;
+            pdgw_auth_result_to_error(ar, &e);
+            pdgw_gateway_metrics_rejected(gm, "auth");
+            pdgw_req_reply_error(r, &e);
+            return;
+        }
+    }
+    if (r->too_large) {
+        pdgw_gateway_metrics_rejected(gm, "body_too_large");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
+                              "request body exceeds the limit of %llu bytes",
+                              (unsigned long long)srv->opts.max_body_bytes);
+        return;
+    }
+    switch (r->route) {
+    case PDGW_ROUTE_HEALTH:
+        pdgw_req_reply(r, 200, pdgw_strdup("{\"status\":\"ok\"}"), 15, "application/json");
+        return;
+    case PDGW_ROUTE_READY:
+        serve_ready(r);
+        return;
+    case PDGW_ROUTE_METRICS:
+        serve_metrics(r);
+        return;
+    case PDGW_ROUTE_ADMIN:
+        serve_admin(r);
+        return;
+    case PDGW_ROUTE_MODELS:
+        if (srv->opts.n_models > 0) {
+            serve_models_local(r);
+            return;
+        }
+        break;
+    default:
+        break;
+    }
+    if (r->route == PDGW_ROUTE_INFER) {
+        pdgw_api_error_t e;
+        if (pdgw_request_parse(r->body.data ? r->body.data : "", r->body.len, &r->json, &e) !=
+            PDGW_OK) {
+            pdgw_gateway_metrics_rejected(gm, "bad_json");
+            pdgw_req_reply_error(r, &e);
+            return;
+        }
+        if (pdgw_request_validate(r->kind, r->json, &r->info, &e) != PDGW_OK) {
+            pdgw_gateway_metrics_rejected(gm, "invalid");
+            pdgw_req_reply_error(r, &e);
+            return;
+        }
+        r->info_valid = true;
+    }
+    if (srv->draining) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "shutting_down",
+                              "the gateway is shutting down");
+        return;
+    }
+    /* Upstream work: collect the headers to forward, then run the workflow. */
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
+    pdgw_wf_start(r);
+}
+
+/* ---------------------------------------------------------------- the handler */
+
+static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
+                           const char *method)
+{
+    pdgw_req_t *r = pdgw_calloc(1, sizeof(*r));
+    const union MHD_ConnectionInfo *ci;
+    if (r == NULL)
+        return NULL;
+    r->w = w;
+    r->conn = conn;
+    r->t_start_ns = pdgw_time_mono_ns();
+    r->t_start_ms = r->t_start_ns / 1000000u;
+    r->method = method;
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    r->fd = ci ? ci->connect_fd : -1;
+    r->body.limit = 0;
+    pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL);
+    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
+    route(r, url);
+    req_identity(r);
+    req_deadline(r);
+    if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS) {
+        atomic_fetch_add(&w->srv->inflight, 1);
+        r->counted = true;
+        pdgw_gauge_inc(w->srv->opts.metrics->inflight);
+    }
+    return r;
+}
+
+enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls)
+{
+    pdgw_worker_t *w = cls;
+    pdgw_req_t *r = *con_cls;
+    (void)version;
+
+    if (r == NULL) {
+        const char *cl;
+        r = req_new(w, conn, url, method);
+        if (r == NULL)
+            return MHD_NO;
+        *con_cls = r;
+        cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            unsigned long long n = strtoull(cl, NULL, 10);
+            if (n > w->srv->opts.max_body_bytes) {
+                /* Refuse before reading: MHD closes the connection after the reply. */
+                r->too_large = true;
+                if (r->route == PDGW_ROUTE_NONE || !method_ok(r)) {
+                    /* still answer with the routing error first */
+                }
+                pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "body_too_large");
+                pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
+                                      "request body exceeds the limit of %llu bytes",
+                                      (unsigned long long)w->srv->opts.max_body_bytes);
+                return queue_reply(r);
+            }
+        }
+        return MHD_YES;
+    }
+    if (r->client_gone)
+        return MHD_NO;
+    if (*upload_data_size > 0) {
+        if (!r->too_large && !r->reply_ready) {
+            if (r->body.len + *upload_data_size > w->srv->opts.max_body_bytes) {
+                r->too_large = true;
+                pdgw_buf_free(&r->body);
+            } else if (pdgw_buf_append(&r->body, upload_data, *upload_data_size) != PDGW_OK) {
+                *upload_data_size = 0;
+                return MHD_NO;
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->queued)
+        return MHD_YES;
+    if (r->reply_ready)
+        return queue_reply(r);
+    if (r->committed)
+        return queue_stream(r);
+    if (r->stage == PDGW_WF_NONE && !r->suspended) {
+        dispatch(r);
+        if (r->reply_ready)
+            return queue_reply(r);
+        if (r->committed)
+            return queue_stream(r);
+    }
+    /* The answer is not known yet: wait for the workflow. */
+    req_suspend(r);
+    return MHD_YES;
+}
+
+void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    pdgw_req_t *r = *con_cls;
+    bool disconnected;
+    (void)cls;
+    (void)conn;
+    if (r == NULL)
+        return;
+    *con_cls = NULL;
+    pdgw_worker_hup_unwatch(r->w, r);
+    disconnected = r->client_gone || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    pdgw_wf_finalize(r, disconnected);
+}

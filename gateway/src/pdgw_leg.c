@@ -1,0 +1,309 @@
+/*
+ * pdgw_leg.c - one upstream HTTP leg: a curl easy handle on the worker's multi handle.
+ *
+ * Response bytes either feed the SSE parser (the relayed decode leg of a stream; events go
+ * to the workflow engine one by one) or are buffered (prefill legs, non-stream replies).
+ * Connections stay in the worker's multi connection cache for reuse.
+ */
+#include "pdgw_server_int.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+#define LEG_MAX_BUFFERED   (64u << 20) /* largest non-streamed upstream body */
+#define LEG_OUT_HIGH_WATER (256u * 1024u)
+
+const char *pdgw_leg_err_name(pdgw_leg_err_t e)
+{
+    switch (e) {
+    case PDGW_LEGERR_CONNECT:
+        return "connect";
+    case PDGW_LEGERR_TIMEOUT:
+        return "timeout";
+    case PDGW_LEGERR_STATUS:
+        return "status";
+    case PDGW_LEGERR_RESET:
+        return "reset";
+    case PDGW_LEGERR_PROTOCOL:
+        return "protocol";
+    default:
+        return "none";
+    }
+}
+
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind)
+{
+    memset(leg, 0, sizeof(*leg));
+    leg->req = r;
+    leg->kind = kind;
+    pdgw_sse_init(&leg->parser);
+}
+
+static int leg_on_event(void *arg, const pdgw_sse_event_t *ev)
+{
+    pdgw_leg_t *leg = arg;
+    return pdgw_wf_relay_event(leg->req, leg, ev);
+}
+
+static void leg_capture_status(pdgw_leg_t *leg)
+{
+    if (!leg->got_status) {
+        curl_easy_getinfo(leg->easy, CURLINFO_RESPONSE_CODE, &leg->status);
+        leg->got_status = true;
+    }
+}
+
+static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    pdgw_leg_t *leg = userdata;
+    pdgw_req_t *r = leg->req;
+    size_t len = size * nmemb;
+    uint64_t now = pdgw_now_ms();
+
+    leg_capture_status(leg);
+    if (leg->t_first_ms == 0)
+        leg->t_first_ms = now;
+    leg->t_last_ms = now;
+    if (leg->relay && leg->sse && leg->status == 200) {
+        pdgw_status_t st;
+        /* Slow client: stop reading upstream until it catches up. */
+        if (r->committed && pdgw_req_out_pending(r) > LEG_OUT_HIGH_WATER) {
+            leg->paused = true;
+            return CURL_WRITEFUNC_PAUSE;
+        }
+        st = pdgw_sse_feed(&leg->parser, ptr, len, leg_on_event, leg);
+        if (st == PDGW_ERR_CANCELLED)
+            return 0; /* the engine stopped this leg (error event sent) */
+        if (st != PDGW_OK) {
+            leg->err = PDGW_LEGERR_PROTOCOL;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream SSE stream: %s",
+                     pdgw_strerror(st));
+            return 0;
+        }
+        return len;
+    }
+    if (leg->resp.len + len > LEG_MAX_BUFFERED) {
+        leg->err = PDGW_LEGERR_PROTOCOL;
+        snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream body larger than %u bytes",
+                 LEG_MAX_BUFFERED);
+        return 0;
+    }
+    if (pdgw_buf_append(&leg->resp, ptr, len) != PDGW_OK)
+        return 0;
+    return len;
+}
+
+static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdata)
+{
+    pdgw_leg_t *leg = userdata;
+    size_t len = size * nitems;
+    if (len > 13 && strncasecmp(buf, "content-type:", 13) == 0) {
+        const char *v = buf + 13;
+        size_t n;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        n = len - (size_t)(v - buf);
+        while (n > 0 && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' '))
+            n--;
+        if (n >= sizeof(leg->content_type))
+            n = sizeof(leg->content_type) - 1;
+        memcpy(leg->content_type, v, n);
+        leg->content_type[n] = '\0';
+    } else if (len > 12 && strncasecmp(buf, "retry-after:", 12) == 0) {
+        long s = strtol(buf + 12, NULL, 10);
+        if (s > 0 && s < 3600)
+            leg->retry_after_ms = (uint64_t)s * 1000u;
+    } else if (len >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
+        /* A new status line (e.g. after 100 Continue): forget earlier headers. */
+        leg->content_type[0] = '\0';
+        leg->got_status = false;
+    }
+    return len;
+}
+
+pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
+                             const char *method, char *body, size_t body_len,
+                             const pdgw_fwd_leg_t *fl)
+{
+    pdgw_req_t *r = leg->req;
+    pdgw_server_t *srv = r->w->srv;
+    char url[1024];
+    char hdr[256];
+    size_t off;
+    struct curl_slist *h = NULL;
+    CURL *easy;
+
+    leg->inst = inst;
+    leg->body = body;
+    leg->body_len = body_len;
+    leg->status = 0;
+    leg->got_status = false;
+    leg->saw_done = false;
+    leg->paused = false;
+    leg->err = PDGW_LEGERR_NONE;
+    leg->errmsg[0] = '\0';
+    leg->content_type[0] = '\0';
+    leg->retry_after_ms = 0;
+    leg->t_start_ms = pdgw_now_ms();
+    leg->t_first_ms = leg->t_end_ms = 0;
+    leg->t_last_ms = leg->t_start_ms;
+    pdgw_buf_reset(&leg->resp);
+
+    easy = curl_easy_init();
+    if (easy == NULL)
+        return PDGW_ERR_NOMEM;
+    snprintf(url, sizeof(url), "%s%s", inst->url, path);
+    curl_easy_setopt(easy, CURLOPT_URL, url);
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, leg);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)srv->opts.connect_timeout_ms);
+    /* Small receive buffers for streams (thousands are open at once, events are small);
+     * larger ones for buffered bodies. */
+    curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, leg->relay && leg->sse ? 4096L : 16384L);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, leg_on_write);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, leg);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, leg_on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, leg);
+    if (strcmp(method, "GET") == 0) {
+        curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+    } else {
+        curl_easy_setopt(easy, CURLOPT_POST, 1L);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+        h = curl_slist_append(h, "Content-Type: application/json");
+    }
+    /* No "Expect: 100-continue" round trip on large bodies. */
+    h = curl_slist_append(h, "Expect:");
+    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->id);
+    h = curl_slist_append(h, hdr);
+    if (r->traceparent[0]) {
+        snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);
+        h = curl_slist_append(h, hdr);
+    }
+    if (leg->relay && leg->sse)
+        h = curl_slist_append(h, "Accept: text/event-stream");
+    for (off = 0; off < r->fwd_headers.len;) {
+        const char *line = r->fwd_headers.data + off;
+        if (!(leg->relay && leg->sse && strncasecmp(line, "accept:", 7) == 0))
+            h = curl_slist_append(h, line);
+        off += strlen(line) + 1;
+    }
+    if (fl) {
+        size_t i;
+        for (i = 0; i < fl->n_headers && i < PDGW_FWD_LEG_MAX_HEADERS; i++)
+            if (fl->headers[i][0] && !strchr(fl->headers[i], '\n'))
+                h = curl_slist_append(h, fl->headers[i]);
+    }
+    if (h == NULL) {
+        curl_easy_cleanup(easy);
+        return PDGW_ERR_NOMEM;
+    }
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
+    leg->headers = h;
+    leg->easy = easy;
+    if (curl_multi_add_handle(r->w->multi, easy) != CURLM_OK) {
+        curl_slist_free_all(h);
+        curl_easy_cleanup(easy);
+        leg->headers = NULL;
+        leg->easy = NULL;
+        return PDGW_ERR_SYSTEM;
+    }
+    leg->state = PDGW_LEG_RUNNING;
+    return PDGW_OK;
+}
+
+static void leg_free_transfer(pdgw_leg_t *leg)
+{
+    if (leg->easy) {
+        curl_multi_remove_handle(leg->req->w->multi, leg->easy);
+        curl_easy_cleanup(leg->easy);
+        leg->easy = NULL;
+    }
+    if (leg->headers) {
+        curl_slist_free_all(leg->headers);
+        leg->headers = NULL;
+    }
+    pdgw_free(leg->body);
+    leg->body = NULL;
+}
+
+void pdgw_leg_abort(pdgw_leg_t *leg)
+{
+    if (leg->state != PDGW_LEG_RUNNING)
+        return;
+    /* Removing the handle mid-transfer closes its connection right away. */
+    leg_free_transfer(leg);
+    leg->state = PDGW_LEG_DONE;
+    leg->t_end_ms = pdgw_now_ms();
+}
+
+void pdgw_leg_release(pdgw_leg_t *leg)
+{
+    pdgw_leg_abort(leg);
+    leg_free_transfer(leg);
+    pdgw_buf_free(&leg->resp);
+    pdgw_sse_free(&leg->parser);
+}
+
+void pdgw_leg_unpause(pdgw_leg_t *leg)
+{
+    if (!leg->paused || leg->easy == NULL)
+        return;
+    leg->paused = false;
+    curl_easy_pause(leg->easy, CURLPAUSE_CONT);
+}
+
+void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
+{
+    pdgw_req_t *r = leg->req;
+    leg_capture_status(leg);
+    leg->t_end_ms = pdgw_now_ms();
+    if (leg->err == PDGW_LEGERR_NONE) {
+        switch (rc) {
+        case CURLE_OK:
+            if (leg->status >= 400) {
+                leg->err = PDGW_LEGERR_STATUS;
+                snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream %s answered HTTP %ld",
+                         leg->inst->id, leg->status);
+            }
+            break;
+        case CURLE_COULDNT_CONNECT:
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_COULDNT_RESOLVE_PROXY:
+            leg->err = PDGW_LEGERR_CONNECT;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "cannot connect to %s: %s", leg->inst->id,
+                     curl_easy_strerror(rc));
+            break;
+        case CURLE_OPERATION_TIMEDOUT: {
+            long connected = 0;
+            curl_easy_getinfo(leg->easy, CURLINFO_PRIMARY_PORT, &connected);
+            leg->err =
+                leg->t_first_ms == 0 && connected == 0 ? PDGW_LEGERR_CONNECT : PDGW_LEGERR_TIMEOUT;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: %s", leg->inst->id,
+                     curl_easy_strerror(rc));
+            break;
+        }
+        default:
+            leg->err = PDGW_LEGERR_RESET;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: %s", leg->inst->id,
+                     curl_easy_strerror(rc));
+            break;
+        }
+    }
+    if (leg->relay && leg->sse && leg->err == PDGW_LEGERR_NONE && leg->status == 200) {
+        if (pdgw_sse_finish(&leg->parser, leg_on_event, leg) && !leg->saw_done) {
+            leg->err = PDGW_LEGERR_RESET;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: stream cut in the middle of an event",
+                     leg->inst->id);
+        }
+    }
+    leg_free_transfer(leg);
+    leg->state = PDGW_LEG_DONE;
+    pdgw_wf_leg_done(r, leg);
+}

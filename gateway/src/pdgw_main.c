@@ -1,0 +1,328 @@
+/*
+ * pdgw_main.c - the gateway binary. Start-up in stages:
+ *   1. register: forwarders registered themselves from constructors (no I/O);
+ *   2. read config: defaults < YAML < env < CLI, plugins loaded while checking the protocol;
+ *   3. allocate: logger, API keys, metrics, instance pool, server (binds the port);
+ *   4. start: pool threads, workers; then wait for SIGTERM/SIGINT and drain.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <pdsched/sched.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_auth.h"
+#include "pdgw_config.h"
+#include "pdgw_log.h"
+#include "pdgw_metrics.h"
+#include "pdgw_registry.h"
+#include "pdgw_server.h"
+#include "pdgw_server_int.h"
+
+extern char **environ;
+
+/* ---------------------------------------------------------------- config hook */
+
+static bool plugins_loaded;
+
+static pdgw_status_t main_protocol_info(void *ctx, const pdgw_config_t *cfg,
+                                        pdgw_protocol_info_t *info, char *err, size_t errlen)
+{
+    const pdgw_fwd_desc_t *desc;
+    size_t i;
+    (void)ctx;
+    if (!plugins_loaded) {
+        plugins_loaded = true;
+        for (i = 0; i < cfg->plugins.count; i++) {
+            pdgw_status_t st = pdgw_registry_load_plugin(cfg->plugins.items[i], err, errlen);
+            if (st != PDGW_OK)
+                return st;
+        }
+    }
+    desc = pdgw_registry_find(cfg->protocol);
+    if (desc == NULL) {
+        char names[512];
+        pdgw_registry_names(names, sizeof(names));
+        snprintf(err, errlen, "protocol: unknown forwarder '%s' (registered: %s)", cfg->protocol,
+                 names);
+        return PDGW_ERR_NOT_FOUND;
+    }
+    memset(info, 0, sizeof(*info));
+    info->supports_batch = (desc->modes & PDGW_MODE_BATCH) != 0;
+    info->supports_staged = (desc->modes & PDGW_MODE_STAGED) != 0;
+    if (desc->dispatch == PDGW_DISPATCH_SINGLE) {
+        info->needs_decode = true; /* a decode-capable (both) instance */
+    } else {
+        info->needs_prefill = true;
+        info->needs_decode = true;
+    }
+    return PDGW_OK;
+}
+
+/* ---------------------------------------------------------------- pool */
+
+static sched_policy_t map_policy(pdgw_policy_t p)
+{
+    sched_policy_t out = SCHED_POLICY_LEAST_LOAD;
+    (void)sched_policy_parse(pdgw_policy_name(p), &out);
+    return out;
+}
+
+static sched_role_t map_role(pdgw_role_t r)
+{
+    return r == PDGW_ROLE_PREFILL  ? SCHED_ROLE_PREFILL
+           : r == PDGW_ROLE_DECODE ? SCHED_ROLE_DECODE
+                                   : SCHED_ROLE_BOTH;
+}
+
+static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t *d)
+{
+    size_t j;
+    sched_instance_desc_init(d);
+    d->id = ic->id;
+    d->url = ic->url;
+    d->role = map_role(ic->role);
+    d->weight = ic->weight > 0 ? (unsigned)ic->weight : 1;
+    d->kv_host = ic->kv_host;
+    d->kv_port = ic->kv_port;
+    d->bootstrap_port = ic->bootstrap_port;
+    d->engine_id = ic->engine_id;
+    for (j = 0; j < ic->alloc_ports.count && j < SCHED_MAX_TP; j++)
+        d->alloc_ports[j] = ic->alloc_ports.items[j];
+    d->n_alloc_ports = j;
+    for (j = 0; j < ic->init_ports.count && j < SCHED_MAX_TP; j++)
+        d->init_ports[j] = ic->init_ports.items[j];
+    d->n_init_ports = j;
+    d->tp_size = ic->tp_size;
+    d->dp_rank = ic->dp_rank;
+    d->dp_size = ic->dp_size;
+    d->zone = ic->zone;
+    for (j = 0; j < ic->labels.count && j < SCHED_MAX_LABELS; j++) {
+        d->labels[j].key = ic->labels.items[j].key;
+        d->labels[j].value = ic->labels.items[j].value;
+    }
+    d->n_labels = j;
+    d->source = SCHED_SOURCE_STATIC;
+}
+
+static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, char *err,
+                               size_t errlen)
+{
+    sched_config_t sc;
+    sched_instance_desc_t *descs = NULL;
+    sched_status_t st;
+    size_t i;
+
+    sched_config_init(&sc);
+    sc.prefill_policy = map_policy(cfg->prefill_policy);
+    sc.decode_policy = map_policy(cfg->decode_policy);
+    sc.health_interval_ms = cfg->health_interval_ms;
+    sc.health_timeout_ms = cfg->health_timeout_ms;
+    sc.healthy_threshold = (unsigned)cfg->healthy_threshold;
+    sc.unhealthy_threshold = (unsigned)cfg->unhealthy_threshold;
+    sc.metrics_scrape_interval_ms = cfg->metrics_scrape_interval_ms;
+    sc.breaker_failures = (unsigned)cfg->breaker_failures;
+    sc.breaker_open_ms = cfg->breaker_open_time_ms;
+    if (cfg->n_instances > 0) {
+        descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
+        if (descs == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return PDGW_ERR_NOMEM;
+        }
+        for (i = 0; i < cfg->n_instances; i++)
+            map_instance(&cfg->instances[i], &descs[i]);
+    }
+    sc.instances = descs;
+    sc.n_instances = cfg->n_instances;
+    if (cfg->dns_enabled) {
+        sc.dns.prefill = cfg->dns.prefill;
+        sc.dns.decode = cfg->dns.decode;
+        sc.dns.both = cfg->dns.both;
+        sc.dns.interval_ms = cfg->dns.interval_ms;
+    }
+    if (cfg->k8s_enabled) {
+        sc.kubernetes.namespace_ = cfg->k8s.namespace_name;
+        sc.kubernetes.prefill_selector = cfg->k8s.prefill_selector;
+        sc.kubernetes.decode_selector = cfg->k8s.decode_selector;
+        sc.kubernetes.both_selector = cfg->k8s.both_selector;
+        sc.kubernetes.port_name = cfg->k8s.port_name;
+        sc.kubernetes.api_server = cfg->k8s.api_server;
+        sc.kubernetes.token_file = cfg->k8s.token_file;
+        sc.kubernetes.ca_file = cfg->k8s.ca_file;
+    }
+    st = sched_pool_create(&sc, out);
+    pdgw_free(descs);
+    if (st != SCHED_OK) {
+        snprintf(err, errlen, "instances: %s", sched_strerror(st));
+        return PDGW_ERR_INVALID;
+    }
+    return PDGW_OK;
+}
+
+static pdgw_status_t collect_sched_metrics(void *ctx, pdgw_buf_t *out)
+{
+    char *text = sched_metrics_text(ctx);
+    pdgw_status_t st;
+    if (text == NULL)
+        return PDGW_ERR_NOMEM;
+    st = pdgw_buf_append_str(out, text);
+    free(text);
+    return st;
+}
+
+static json_t *options_json(const pdgw_config_t *cfg)
+{
+    json_t *o = json_object();
+    size_t i;
+    if (o == NULL)
+        return NULL;
+    for (i = 0; i < cfg->protocol_options.count; i++)
+        json_object_set_new(o, cfg->protocol_options.items[i].key,
+                            pdgw_fwd_option_value(cfg->protocol_options.items[i].value));
+    return o;
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    pdgw_config_t cfg;
+    pdgw_config_hooks_t hooks;
+    pdgw_config_action_t action = PDGW_CONFIG_RUN;
+    pdgw_config_error_t cerr;
+    pdgw_auth_t *auth = NULL;
+    pdgw_metrics_t *reg = NULL;
+    pdgw_gateway_metrics_t gm;
+    sched_pool_t *pool = NULL;
+    pdgw_server_t *srv = NULL;
+    pdgw_server_opts_t so;
+    json_t *options = NULL;
+    sigset_t sigs;
+    char err[768];
+    int rc = 1;
+    int sig = 0;
+
+    /* Stage 1 happened before main(). Signals are handled by this thread only. */
+    signal(SIGPIPE, SIG_IGN);
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    /* Stage 2: configuration. */
+    memset(&hooks, 0, sizeof(hooks));
+    hooks.protocol_info = main_protocol_info;
+    hooks.progname = "pdgw";
+    memset(&cerr, 0, sizeof(cerr));
+    if (pdgw_config_from_args(&cfg, argc, argv, environ, &hooks, &action, &cerr) != PDGW_OK)
+        goto out_cfg;
+    if (action == PDGW_CONFIG_EXIT) {
+        rc = 0;
+        goto out_cfg;
+    }
+
+    /* Stage 3: allocate. */
+    pdgw_log_init(cfg.log_level, cfg.log_format, -1);
+    pdgw_log_set_access(cfg.access_log);
+    if (pdgw_registry_log() > 0)
+        pdgw_log_warn("main", "some forwarder registrations were refused (see above)");
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        pdgw_log_error("main", "curl_global_init failed");
+        goto out_cfg;
+    }
+    if (pdgw_auth_create((const char *const *)cfg.api_keys.items, cfg.api_keys.count,
+                         cfg.api_key_file, err, sizeof(err), &auth) != PDGW_OK) {
+        pdgw_log_error("main", "api keys: %s", err);
+        goto out_curl;
+    }
+    if (pdgw_metrics_create(0, &reg) != PDGW_OK ||
+        pdgw_gateway_metrics_init(reg, PDGW_VERSION_STRING, &gm) != PDGW_OK) {
+        pdgw_log_error("main", "cannot create the metrics registry");
+        goto out_auth;
+    }
+    if (make_pool(&cfg, &pool, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_metrics;
+    }
+    pdgw_metrics_collector_add(reg, collect_sched_metrics, pool);
+    options = options_json(&cfg);
+
+    pdgw_server_opts_init(&so);
+    so.listen_host = cfg.listen_host;
+    so.listen_port = cfg.listen_port;
+    so.workers = (unsigned)pdgw_config_workers(&cfg);
+    so.protocol = cfg.protocol;
+    so.mode = cfg.scheduling == PDGW_SCHED_STAGED ? PDGW_MODE_STAGED : PDGW_MODE_BATCH;
+    so.protocol_options = options;
+    so.max_body_bytes = cfg.max_body_bytes;
+    so.request_timeout_ms = cfg.request_timeout_ms;
+    so.connect_timeout_ms = cfg.connect_timeout_ms;
+    so.first_byte_timeout_ms = cfg.first_byte_timeout_ms;
+    so.idle_timeout_ms = cfg.idle_timeout_ms;
+    so.retries = cfg.retries > 0 ? (unsigned)cfg.retries : 0;
+    so.auth = auth;
+    so.models = (const char *const *)cfg.models.items;
+    so.n_models = cfg.models.count;
+    so.pool = pool;
+    so.metrics = &gm;
+    if (pdgw_server_create(&so, &srv, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_pool;
+    }
+
+    /* Stage 4: start. */
+    if (sched_pool_start(pool) != SCHED_OK) {
+        pdgw_log_error("main", "cannot start the instance pool");
+        goto out_server;
+    }
+    if (pdgw_server_start(srv) != PDGW_OK)
+        goto out_server;
+    if (pdgw_auth_key_count(auth) > 0)
+        pdgw_log_info("main", "API keys required (%zu configured)", pdgw_auth_key_count(auth));
+
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    pdgw_log_info("main", "%s: draining (up to %llu ms, %llu request(s) in flight)",
+                  sig == SIGTERM ? "SIGTERM" : "SIGINT", (unsigned long long)cfg.drain_timeout_ms,
+                  (unsigned long long)pdgw_server_inflight(srv));
+    pdgw_server_drain(srv);
+    {
+        uint64_t end = pdgw_time_mono_ms() + cfg.drain_timeout_ms;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        while (pdgw_server_inflight(srv) > 0 && pdgw_time_mono_ms() < end) {
+            int s = sigtimedwait(&sigs, NULL, &ts);
+            if (s == SIGINT || s == SIGTERM) {
+                pdgw_log_warn("main", "second signal: stopping now");
+                break;
+            }
+        }
+    }
+    if (pdgw_server_inflight(srv) > 0)
+        pdgw_log_warn("main", "drain timeout: cancelling %llu request(s)",
+                      (unsigned long long)pdgw_server_inflight(srv));
+    else
+        pdgw_log_info("main", "drained");
+    rc = 0;
+
+out_server:
+    pdgw_server_destroy(srv);
+out_pool:
+    json_decref(options);
+    if (pool)
+        pdgw_metrics_collector_remove(reg, collect_sched_metrics, pool);
+    sched_pool_destroy(pool);
+out_metrics:
+    pdgw_metrics_destroy(reg);
+out_auth:
+    pdgw_auth_destroy(auth);
+out_curl:
+    curl_global_cleanup();
+out_cfg:
+    pdgw_config_free(&cfg);
+    return rc;
+}

@@ -1,0 +1,190 @@
+/*
+ * pdgw_metrics.h - a small Prometheus registry (text exposition format 0.0.4).
+ *
+ * A registry holds families (name, help, type, label names, buckets); a family holds series
+ * (one per set of label values). Series are created on first use and live as long as the
+ * registry; their handles (pdgw_metric_t *) may be cached and used from any thread.
+ *
+ * Hot path: counter/gauge/histogram updates are lock-free atomics on the series. Looking a
+ * series up by label values is lock-free too (append-only table); only creating a new
+ * series takes the family mutex. Each family holds at most `max_series` series: beyond the
+ * cap a lookup returns NULL, the refusal is counted in pdgw_metrics_series_refused_total,
+ * and every update function accepts NULL as a no-op - so a hostile label value can never
+ * grow memory without bound.
+ *
+ * Names must match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]* and not
+ * start with "__"; "le" is reserved for histograms. Label values are escaped on output.
+ */
+#ifndef PDGW_METRICS_H
+#define PDGW_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pdgw_errors.h"
+#include "pdgw_util.h"
+
+typedef struct pdgw_metrics pdgw_metrics_t;
+typedef struct pdgw_metric_family pdgw_metric_family_t;
+typedef struct pdgw_metric pdgw_metric_t;
+
+typedef enum pdgw_metric_type {
+    PDGW_METRIC_COUNTER = 0,
+    PDGW_METRIC_GAUGE = 1,
+    PDGW_METRIC_HISTOGRAM = 2,
+} pdgw_metric_type_t;
+
+#define PDGW_METRICS_MAX_LABELS         8
+#define PDGW_METRICS_MAX_BUCKETS        64
+#define PDGW_METRICS_DEFAULT_MAX_SERIES 1000
+
+/*
+ * Collector: appends already formatted exposition text (its own HELP/TYPE lines) at the end
+ * of every render, e.g. scheduler or libkvt metrics. Called under the registry's render
+ * lock; must not call back into the same registry's render.
+ */
+typedef pdgw_status_t (*pdgw_metrics_collect_fn)(void *ctx, pdgw_buf_t *out);
+
+/* New empty registry; <max_series_per_family> 0 = PDGW_METRICS_DEFAULT_MAX_SERIES. */
+pdgw_status_t pdgw_metrics_create(size_t max_series_per_family, pdgw_metrics_t **out);
+/* Frees the registry, its families and series (all handles become invalid). NULL is a no-op. */
+void pdgw_metrics_destroy(pdgw_metrics_t *reg);
+
+/*
+ * Add a family. <label_names> (n_labels <= PDGW_METRICS_MAX_LABELS) and <help> are copied.
+ * For histograms <buckets> are the finite upper bounds, strictly increasing, n_buckets <=
+ * PDGW_METRICS_MAX_BUCKETS (+Inf is implicit); NULL/0 = the default latency buckets
+ * (0.005 .. 10 s). Ignored for other types. PDGW_ERR_EXISTS for a duplicate name,
+ * PDGW_ERR_INVALID for a bad name/label/bucket list. <out> is borrowed from the registry.
+ */
+pdgw_status_t pdgw_metrics_family_add(pdgw_metrics_t *reg, pdgw_metric_type_t type,
+                                      const char *name, const char *help,
+                                      const char *const *label_names, size_t n_labels,
+                                      const double *buckets, size_t n_buckets,
+                                      pdgw_metric_family_t **out);
+
+/* Find a family by name; NULL if none. */
+pdgw_metric_family_t *pdgw_metrics_family_find(pdgw_metrics_t *reg, const char *name);
+
+/*
+ * The series of <fam> for <label_values> (one per label name, in order; NULL array for a
+ * family without labels), created on first use. Returns NULL when the cardinality cap is
+ * reached, on OOM, or when a value is NULL or longer than 256 bytes. Never blocks other
+ * lookups; safe from any thread.
+ */
+pdgw_metric_t *pdgw_metric_family_series(pdgw_metric_family_t *fam,
+                                         const char *const *label_values);
+/* Convenience for families with one or two labels. */
+pdgw_metric_t *pdgw_metric_family_series1(pdgw_metric_family_t *fam, const char *v1);
+pdgw_metric_t *pdgw_metric_family_series2(pdgw_metric_family_t *fam, const char *v1,
+                                          const char *v2);
+/* Number of series the family has now. */
+size_t pdgw_metric_family_size(const pdgw_metric_family_t *fam);
+
+/* Shortcuts: family without labels and its single series. NULL on error (logged). */
+pdgw_metric_t *pdgw_metrics_counter_new(pdgw_metrics_t *reg, const char *name, const char *help);
+pdgw_metric_t *pdgw_metrics_gauge_new(pdgw_metrics_t *reg, const char *name, const char *help);
+pdgw_metric_t *pdgw_metrics_histogram_new(pdgw_metrics_t *reg, const char *name, const char *help,
+                                          const double *buckets, size_t n_buckets);
+
+/* Updates. <m> may be NULL (no-op). Using the wrong type's function is a no-op. */
+void pdgw_counter_inc(pdgw_metric_t *m);
+void pdgw_counter_add(pdgw_metric_t *m, uint64_t n);
+/* Non-integer increments (e.g. seconds); negative or NaN values are ignored. */
+void pdgw_counter_add_f(pdgw_metric_t *m, double v);
+void pdgw_gauge_set(pdgw_metric_t *m, double v);
+void pdgw_gauge_add(pdgw_metric_t *m, double v);
+void pdgw_gauge_inc(pdgw_metric_t *m);
+void pdgw_gauge_dec(pdgw_metric_t *m);
+void pdgw_histogram_observe(pdgw_metric_t *m, double v);
+
+/* Reads (tests, /admin): counter or gauge value; histogram: its sum. 0 for NULL. */
+double pdgw_metric_value(const pdgw_metric_t *m);
+uint64_t pdgw_histogram_count(const pdgw_metric_t *m);
+double pdgw_histogram_sum(const pdgw_metric_t *m);
+
+/* Register/unregister an external text collector (see pdgw_metrics_collect_fn). */
+pdgw_status_t pdgw_metrics_collector_add(pdgw_metrics_t *reg, pdgw_metrics_collect_fn fn,
+                                         void *ctx);
+void pdgw_metrics_collector_remove(pdgw_metrics_t *reg, pdgw_metrics_collect_fn fn, void *ctx);
+
+/*
+ * Append the whole exposition (families in registration order, series in creation order,
+ * then collectors) to <out>. Each family: "# HELP", "# TYPE", samples; histograms give
+ * cumulative name_bucket{...,le="..."} lines ending with le="+Inf", then name_sum and
+ * name_count (count equals the +Inf bucket). Families without series print only HELP/TYPE
+ * (the *_new shortcuts create the single series of a label-free family right away).
+ */
+pdgw_status_t pdgw_metrics_render(pdgw_metrics_t *reg, pdgw_buf_t *out);
+
+/* Content-Type of the rendered text. */
+#define PDGW_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* ---------------------------------------------------------------- the gateway's metrics */
+
+/* Default buckets (seconds) used by the gateway's standard histograms. */
+extern const double pdgw_metrics_duration_buckets[]; /* request duration, 0.005..600 s */
+extern const size_t pdgw_metrics_duration_buckets_n;
+extern const double pdgw_metrics_ttft_buckets[]; /* 0.001..60 s */
+extern const size_t pdgw_metrics_ttft_buckets_n;
+extern const double pdgw_metrics_tpot_buckets[]; /* 0.001..5 s */
+extern const size_t pdgw_metrics_tpot_buckets_n;
+
+/*
+ * Ready-made handles of the gateway's standard metrics (all in one registry):
+ *   pdgw_requests_total{protocol,status}                counter   status = HTTP code "200"
+ *   pdgw_request_duration_seconds{protocol}             histogram whole request
+ *   pdgw_ttft_seconds{protocol}                         histogram first content event
+ *   pdgw_tpot_seconds{protocol}                         histogram gap between tokens
+ *   pdgw_phase_duration_seconds{protocol,phase}         histogram phase = queue|prefill|
+ *                                                                 kv_transfer|decode
+ *   pdgw_inflight_requests                              gauge
+ *   pdgw_instance_inflight_requests{instance,role}      gauge
+ *   pdgw_upstream_errors_total{protocol,instance,kind}  counter   kind = connect|timeout|
+ *                                                                 status|protocol|reset
+ *   pdgw_client_disconnects_total{protocol}             counter
+ *   pdgw_retries_total{protocol}                        counter
+ *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
+ *                                                                 bad_json|invalid|auth|
+ *                                                                 not_found|method|overload
+ *   pdgw_build_info{version}                            gauge     always 1
+ *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
+ * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).
+ */
+typedef struct pdgw_gateway_metrics {
+    pdgw_metrics_t *reg;
+    pdgw_metric_family_t *requests_total;
+    pdgw_metric_family_t *request_duration;
+    pdgw_metric_family_t *ttft;
+    pdgw_metric_family_t *tpot;
+    pdgw_metric_family_t *phase_duration;
+    pdgw_metric_t *inflight;
+    pdgw_metric_family_t *instance_inflight;
+    pdgw_metric_family_t *upstream_errors;
+    pdgw_metric_family_t *client_disconnects;
+    pdgw_metric_family_t *retries;
+    pdgw_metric_family_t *rejected;
+    pdgw_metric_t *build_info;
+} pdgw_gateway_metrics_t;
+
+/* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
+pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version,
+                                        pdgw_gateway_metrics_t *gm);
+
+/* Helpers over the families above (lookups are lock-free; NULL-safe). */
+void pdgw_gateway_metrics_request_done(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                       int http_status, double duration_s);
+void pdgw_gateway_metrics_observe_ttft(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                       double seconds);
+void pdgw_gateway_metrics_observe_tpot(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                       double seconds);
+void pdgw_gateway_metrics_observe_phase(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                        const char *phase, double seconds);
+void pdgw_gateway_metrics_upstream_error(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                         const char *instance, const char *kind);
+void pdgw_gateway_metrics_client_disconnect(pdgw_gateway_metrics_t *gm, const char *protocol);
+void pdgw_gateway_metrics_retry(pdgw_gateway_metrics_t *gm, const char *protocol);
+void pdgw_gateway_metrics_rejected(pdgw_gateway_metrics_t *gm, const char *reason);
+
+#endif /* PDGW_METRICS_H */

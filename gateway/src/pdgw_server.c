@@ -1,0 +1,622 @@
+/*
+ * pdgw_server.c - server life cycle and the per-worker epoll loop.
+ *
+ * One loop per worker serves three kinds of file descriptors: the libmicrohttpd daemon's
+ * own epoll fd (client side), the sockets libcurl asks for through CURLMOPT_SOCKETFUNCTION
+ * (upstream side), and an eventfd for wake-ups from other threads. Suspended client
+ * connections are watched for hang-up (EPOLLRDHUP) so a client that leaves while its
+ * request waits upstream is noticed at once.
+ */
+#include "pdgw_server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+#include "pdgw_registry.h"
+
+#define SCAN_INTERVAL_MS 50
+#define MAX_EVENTS       128
+
+uint64_t pdgw_now_ms(void)
+{
+    return pdgw_time_mono_ms();
+}
+
+void pdgw_server_opts_init(pdgw_server_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->listen_host = "127.0.0.1";
+    o->listen_port = 8000;
+    o->workers = 1;
+    o->protocol = "neutral";
+    o->mode = PDGW_MODE_BATCH;
+    o->max_body_bytes = 16u << 20;
+    o->request_timeout_ms = 600000;
+    o->connect_timeout_ms = 3000;
+    o->first_byte_timeout_ms = 300000;
+    o->idle_timeout_ms = 60000;
+    o->retries = 1;
+}
+
+static uint64_t tag(int kind, int fd)
+{
+    return ((uint64_t)(unsigned)kind << 32) | (uint32_t)fd;
+}
+
+/* ---------------------------------------------------------------- active list */
+
+void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    if (r->in_active)
+        return;
+    r->prev = NULL;
+    r->next = w->active;
+    if (w->active)
+        w->active->prev = r;
+    w->active = r;
+    r->in_active = true;
+}
+
+void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    if (!r->in_active)
+        return;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        w->active = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+    r->in_active = false;
+}
+
+/* ---------------------------------------------------------------- hang-up watches */
+
+void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    struct epoll_event ev;
+    if (r->hup_watched || r->fd < 0)
+        return;
+    if (r->fd >= w->hup_cap) {
+        int cap = w->hup_cap ? w->hup_cap : 1024;
+        pdgw_req_t **n;
+        while (cap <= r->fd)
+            cap *= 2;
+        n = pdgw_realloc(w->hup_reqs, (size_t)cap * sizeof(*n));
+        if (n == NULL)
+            return; /* disconnects are then seen when the stream resumes */
+        memset(n + w->hup_cap, 0, (size_t)(cap - w->hup_cap) * sizeof(*n));
+        w->hup_reqs = n;
+        w->hup_cap = cap;
+    }
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLRDHUP;
+    ev.data.u64 = tag(PDGW_EV_HUP, r->fd);
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, r->fd, &ev) != 0)
+        return;
+    w->hup_reqs[r->fd] = r;
+    r->hup_watched = true;
+}
+
+void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    if (!r->hup_watched)
+        return;
+    (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, r->fd, NULL);
+    if (r->fd < w->hup_cap && w->hup_reqs[r->fd] == r)
+        w->hup_reqs[r->fd] = NULL;
+    r->hup_watched = false;
+}
+
+/* ---------------------------------------------------------------- curl glue */
+
+static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    pdgw_worker_t *w = userp;
+    struct epoll_event ev;
+    (void)easy;
+    memset(&ev, 0, sizeof(ev));
+    ev.data.u64 = tag(PDGW_EV_CURL, s);
+    if (what == CURL_POLL_REMOVE) {
+        (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
+        curl_multi_assign(w->multi, s, NULL);
+        return 0;
+    }
+    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
+        ev.events |= EPOLLIN;
+    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
+        ev.events |= EPOLLOUT;
+    if (socketp == NULL) {
+        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev) != 0 && errno == EEXIST)
+            (void)epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev);
+        curl_multi_assign(w->multi, s, (void *)1);
+    } else {
+        if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
+            (void)epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev);
+    }
+    return 0;
+}
+
+static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
+{
+    pdgw_worker_t *w = userp;
+    (void)multi;
+    w->curl_timer_ms = timeout_ms < 0 ? -1 : (int64_t)(pdgw_now_ms() + (uint64_t)timeout_ms);
+    return 0;
+}
+
+static void worker_curl_done(pdgw_worker_t *w)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(w->multi, &left)) != NULL) {
+        pdgw_leg_t *leg = NULL;
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&leg);
+        if (leg)
+            pdgw_leg_on_done(leg, msg->data.result);
+    }
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static void worker_scan(pdgw_worker_t *w, uint64_t now)
+{
+    pdgw_req_t *r = w->active;
+    while (r) {
+        pdgw_req_t *next = r->next; /* r may leave the list */
+        pdgw_wf_check_deadlines(r, now);
+        r = next;
+    }
+    w->next_scan_ms = now + SCAN_INTERVAL_MS;
+}
+
+static int worker_timeout(pdgw_worker_t *w)
+{
+    uint64_t now = pdgw_now_ms();
+    int64_t t = 1000;
+    MHD_UNSIGNED_LONG_LONG mhd_to;
+    if (w->curl_timer_ms >= 0) {
+        int64_t d = w->curl_timer_ms - (int64_t)now;
+        if (d < t)
+            t = d;
+    }
+    if (w->active) {
+        int64_t d = (int64_t)w->next_scan_ms - (int64_t)now;
+        if (d < t)
+            t = d;
+    }
+    if (w->mhd_kick)
+        t = 0;
+    if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
+        t = (int64_t)mhd_to;
+    return t < 0 ? 0 : (int)t;
+}
+
+static void *worker_main(void *arg)
+{
+    pdgw_worker_t *w = arg;
+    struct epoll_event evs[MAX_EVENTS];
+
+    while (!atomic_load(&w->stop)) {
+        int n = epoll_wait(w->epfd, evs, MAX_EVENTS, worker_timeout(w));
+        bool run_mhd = false;
+        int running;
+        uint64_t now;
+        int i;
+
+        if (n < 0 && errno != EINTR) {
+            pdgw_log_error("worker", "epoll_wait: %s", strerror(errno));
+            break;
+        }
+        for (i = 0; i < n; i++) {
+            int kind = (int)(evs[i].data.u64 >> 32);
+            int fd = (int)(uint32_t)evs[i].data.u64;
+            switch (kind) {
+            case PDGW_EV_MHD:
+                run_mhd = true;
+                break;
+            case PDGW_EV_WAKE: {
+                uint64_t v;
+                if (read(w->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                    pdgw_log_warn("worker", "eventfd read: %s", strerror(errno));
+                pdgw_waker_run_queue(w);
+                break;
+            }
+            case PDGW_EV_CURL: {
+                int flags = 0;
+                if (evs[i].events & EPOLLIN)
+                    flags |= CURL_CSELECT_IN;
+                if (evs[i].events & EPOLLOUT)
+                    flags |= CURL_CSELECT_OUT;
+                if (evs[i].events & (EPOLLERR | EPOLLHUP))
+                    flags |= CURL_CSELECT_ERR;
+                curl_multi_socket_action(w->multi, fd, flags, &running);
+                worker_curl_done(w);
+                break;
+            }
+            case PDGW_EV_HUP:
+                if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {
+                    pdgw_req_t *r = w->hup_reqs[fd];
+                    pdgw_worker_hup_unwatch(w, r);
+                    pdgw_req_client_hup(r);
+                    run_mhd = true;
+                }
+                break;
+            default:
+                break;
+            }
+        }
+        now = pdgw_now_ms();
+        if (w->curl_timer_ms >= 0 && (int64_t)now >= w->curl_timer_ms) {
+            w->curl_timer_ms = -1;
+            curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+            worker_curl_done(w);
+        }
+        if (w->active && now >= w->next_scan_ms)
+            worker_scan(w, now);
+        if (atomic_load(&w->srv->draining) && !w->quiesced) {
+            MHD_socket s = MHD_quiesce_daemon(w->mhd);
+            if (s != MHD_INVALID_SOCKET)
+                close(s);
+            w->quiesced = true;
+        }
+        /* MHD has its own epoll set (edge-triggered inside); running it when its fd is
+         * ready or its timeout says so is enough. */
+        {
+            MHD_UNSIGNED_LONG_LONG to;
+            if (!run_mhd && MHD_get_timeout(w->mhd, &to) == MHD_YES && to == 0)
+                run_mhd = true;
+        }
+        /* Resumed connections are handled by the next MHD_run; loop while handlers keep
+         * resuming others so no reply waits for an unrelated event. */
+        if (run_mhd || n == 0 || w->mhd_kick) {
+            int rounds = 0;
+            do {
+                w->mhd_kick = false;
+                MHD_run(w->mhd);
+            } while (w->mhd_kick && ++rounds < 4);
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- create / destroy */
+
+static void worker_close(pdgw_worker_t *w)
+{
+    if (w->mhd) {
+        MHD_stop_daemon(w->mhd);
+        w->mhd = NULL;
+    }
+    if (w->multi) {
+        curl_multi_cleanup(w->multi);
+        w->multi = NULL;
+    }
+    if (w->wakefd >= 0)
+        close(w->wakefd);
+    if (w->epfd >= 0)
+        close(w->epfd);
+    w->wakefd = w->epfd = -1;
+    pdgw_free(w->hup_reqs);
+    w->hup_reqs = NULL;
+    pthread_mutex_destroy(&w->wake_lock);
+}
+
+static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned index,
+                                 const struct sockaddr *addr, char *err, size_t errlen)
+{
+    struct epoll_event ev;
+    const union MHD_DaemonInfo *info;
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO;
+
+    memset(w, 0, sizeof(*w));
+    w->srv = srv;
+    w->index = index;
+    w->epfd = -1;
+    w->wakefd = -1;
+    w->curl_timer_ms = -1;
+    pthread_mutex_init(&w->wake_lock, NULL);
+
+    w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    w->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->epfd < 0 || w->wakefd < 0) {
+        snprintf(err, errlen, "worker %u: epoll/eventfd: %s", index, strerror(errno));
+        goto err_close;
+    }
+    if (addr->sa_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    w->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_NOTIFY_COMPLETED,
+        pdgw_http_completed, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)60000, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024), MHD_OPTION_END);
+    if (w->mhd == NULL) {
+        snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",
+                 ntohs(((const struct sockaddr_in *)addr)->sin_port), index);
+        goto err_close;
+    }
+    info = MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    w->mhd_epfd = info ? info->epoll_fd : -1;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag(PDGW_EV_MHD, w->mhd_epfd);
+    if (w->mhd_epfd < 0 || epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->mhd_epfd, &ev) != 0) {
+        snprintf(err, errlen, "worker %u: cannot watch the HTTP daemon", index);
+        goto err_close;
+    }
+    ev.data.u64 = tag(PDGW_EV_WAKE, w->wakefd);
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->wakefd, &ev) != 0) {
+        snprintf(err, errlen, "worker %u: epoll_ctl: %s", index, strerror(errno));
+        goto err_close;
+    }
+    w->multi = curl_multi_init();
+    if (w->multi == NULL) {
+        snprintf(err, errlen, "worker %u: curl_multi_init failed", index);
+        goto err_close;
+    }
+    curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
+    curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
+    curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+    curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
+    /* Keep idle upstream connections for reuse (one cache per worker). */
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, 2048L);
+    curl_multi_setopt(w->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+    return PDGW_OK;
+
+err_close:
+    worker_close(w);
+    return PDGW_ERR_SYSTEM;
+}
+
+static pdgw_status_t resolve_listen(const char *host, int port, struct sockaddr_storage *ss,
+                                    char *err, size_t errlen)
+{
+    struct addrinfo hints, *res = NULL;
+    char portbuf[16];
+    int rc;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(portbuf, sizeof(portbuf), "%d", port);
+    rc = getaddrinfo(host && host[0] ? host : NULL, portbuf, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        snprintf(err, errlen, "listen: cannot resolve '%s': %s", host ? host : "",
+                 gai_strerror(rc));
+        return PDGW_ERR_INVALID;
+    }
+    memset(ss, 0, sizeof(*ss));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return PDGW_OK;
+}
+
+static void set_port(struct sockaddr_storage *ss, int port)
+{
+    if (ss->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+}
+
+pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t **out, char *err,
+                                 size_t errlen)
+{
+    pdgw_server_t *srv;
+    pdgw_fwd_env_t env;
+    json_t *empty = NULL;
+    const json_t *options;
+    struct sockaddr_storage ss;
+    pdgw_status_t status;
+    unsigned i;
+
+    if (opts->pool == NULL || opts->metrics == NULL || opts->workers == 0) {
+        snprintf(err, errlen, "server: pool, metrics and workers >= 1 are required");
+        return PDGW_ERR_INVALID;
+    }
+    srv = pdgw_calloc(1, sizeof(*srv));
+    if (srv == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PDGW_ERR_NOMEM;
+    }
+    srv->opts = *opts;
+    pdgw_fwd_api_set_metrics(opts->metrics->reg);
+    atomic_init(&srv->draining, false);
+    atomic_init(&srv->inflight, 0);
+
+    /* The forwarder: descriptor, configure, plan. */
+    srv->desc = pdgw_registry_find(opts->protocol);
+    if (srv->desc == NULL) {
+        char names[512];
+        pdgw_registry_names(names, sizeof(names));
+        snprintf(err, errlen, "protocol: unknown forwarder '%s' (registered: %s)",
+                 opts->protocol ? opts->protocol : "", names);
+        status = PDGW_ERR_NOT_FOUND;
+        goto err_free;
+    }
+    if (!(srv->desc->modes & (unsigned)opts->mode)) {
+        snprintf(err, errlen, "scheduling: forwarder '%s' does not support %s mode",
+                 srv->desc->name, opts->mode == PDGW_MODE_BATCH ? "batch" : "staged");
+        status = PDGW_ERR_UNSUPPORTED;
+        goto err_free;
+    }
+    memset(&env, 0, sizeof(env));
+    env.abi_version = PDGW_FWD_ABI_VERSION;
+    env.protocol = srv->desc->name;
+    env.mode = opts->mode;
+    env.n_workers = opts->workers;
+    options = opts->protocol_options;
+    if (options == NULL) {
+        empty = json_object();
+        options = empty;
+    }
+    if (srv->desc->ops->configure) {
+        pdgw_fwd_status_t fs;
+        char ferr[256] = "";
+        fs = srv->desc->ops->configure(options, &env, &srv->fwd_ctx, ferr, sizeof(ferr));
+        if (fs != PDGW_FWD_OK) {
+            snprintf(err, errlen, "protocol_options: %s: %s", srv->desc->name,
+                     ferr[0] ? ferr : pdgw_fwd_strerror(fs));
+            status = PDGW_ERR_INVALID;
+            goto err_free;
+        }
+    } else if (json_object_size(options) > 0) {
+        snprintf(err, errlen, "protocol_options: forwarder '%s' takes no options", srv->desc->name);
+        status = PDGW_ERR_INVALID;
+        goto err_free;
+    }
+    memset(&srv->plan, 0, sizeof(srv->plan));
+    srv->plan.single_role = PDGW_FWD_ROLE_BOTH;
+    if (srv->desc->ops->plan) {
+        char ferr[256] = "";
+        if (srv->desc->ops->plan(srv->fwd_ctx, opts->mode, &srv->plan, ferr, sizeof(ferr)) !=
+            PDGW_FWD_OK) {
+            snprintf(err, errlen, "protocol: %s: %s", srv->desc->name,
+                     ferr[0] ? ferr : "unsupported mode");
+            status = PDGW_ERR_UNSUPPORTED;
+            goto err_ctx;
+        }
+    } else {
+        unsigned d = srv->desc->dispatch;
+        srv->plan.dispatch = (d & PDGW_DISPATCH_SINGLE)   ? PDGW_DISPATCH_SINGLE
+                             : (d & PDGW_DISPATCH_SERIAL) ? PDGW_DISPATCH_SERIAL
+                                                          : PDGW_DISPATCH_PARALLEL;
+    }
+    if (srv->plan.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
+        srv->ready_roles = SCHED_ROLE_DECODE;
+    else
+        srv->ready_roles = SCHED_ROLE_BOTH;
+
+    /* Workers: the first binds (maybe an ephemeral port), the others join its port. */
+    status = resolve_listen(opts->listen_host, opts->listen_port, &ss, err, errlen);
+    if (status != PDGW_OK)
+        goto err_ctx;
+    srv->workers = pdgw_calloc(opts->workers, sizeof(*srv->workers));
+    if (srv->workers == NULL) {
+        snprintf(err, errlen, "out of memory");
+        status = PDGW_ERR_NOMEM;
+        goto err_ctx;
+    }
+    for (i = 0; i < opts->workers; i++) {
+        status = worker_open(srv, &srv->workers[i], i, (struct sockaddr *)&ss, err, errlen);
+        if (status != PDGW_OK)
+            goto err_workers;
+        srv->n_workers = i + 1;
+        if (i == 0) {
+            const union MHD_DaemonInfo *di =
+                MHD_get_daemon_info(srv->workers[0].mhd, MHD_DAEMON_INFO_BIND_PORT);
+            srv->port = di ? di->port : opts->listen_port;
+            set_port(&ss, srv->port);
+        }
+    }
+    json_decref(empty);
+    *out = srv;
+    return PDGW_OK;
+
+err_workers:
+    for (i = 0; i < srv->n_workers; i++)
+        worker_close(&srv->workers[i]);
+    pdgw_free(srv->workers);
+err_ctx:
+    if (srv->desc->ops->destroy && srv->fwd_ctx)
+        srv->desc->ops->destroy(srv->fwd_ctx);
+err_free:
+    json_decref(empty);
+    pdgw_free(srv);
+    return status;
+}
+
+pdgw_status_t pdgw_server_start(pdgw_server_t *srv)
+{
+    unsigned i;
+    for (i = 0; i < srv->n_workers; i++) {
+        if (pthread_create(&srv->workers[i].thread, NULL, worker_main, &srv->workers[i]) != 0) {
+            pdgw_log_error("server", "cannot start worker %u: %s", i, strerror(errno));
+            return PDGW_ERR_SYSTEM;
+        }
+        srv->workers[i].thread_started = true;
+    }
+    srv->started = true;
+    pdgw_log_info("server", "listening on %s:%d with %u worker(s), protocol %s (%s, %s)",
+                  srv->opts.listen_host && srv->opts.listen_host[0] ? srv->opts.listen_host : "*",
+                  srv->port, srv->n_workers, srv->desc->name,
+                  srv->opts.mode == PDGW_MODE_BATCH ? "batch" : "staged",
+                  srv->plan.dispatch == PDGW_DISPATCH_SINGLE   ? "single-stage"
+                  : srv->plan.dispatch == PDGW_DISPATCH_SERIAL ? "two-stage serial"
+                                                               : "two-stage parallel");
+    return PDGW_OK;
+}
+
+int pdgw_server_port(const pdgw_server_t *srv)
+{
+    return srv->port;
+}
+
+static void worker_kick(pdgw_worker_t *w)
+{
+    uint64_t one = 1;
+    if (write(w->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        pdgw_log_warn("worker", "eventfd write: %s", strerror(errno));
+}
+
+void pdgw_server_drain(pdgw_server_t *srv)
+{
+    unsigned i;
+    if (atomic_exchange(&srv->draining, true))
+        return;
+    for (i = 0; i < srv->n_workers; i++)
+        worker_kick(&srv->workers[i]);
+}
+
+uint64_t pdgw_server_inflight(const pdgw_server_t *srv)
+{
+    return atomic_load(&((pdgw_server_t *)srv)->inflight);
+}
+
+bool pdgw_server_wait_idle(pdgw_server_t *srv, uint64_t timeout_ms)
+{
+    uint64_t end = pdgw_now_ms() + timeout_ms;
+    while (atomic_load(&srv->inflight) > 0) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        if (pdgw_now_ms() >= end)
+            return false;
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
+void pdgw_server_destroy(pdgw_server_t *srv)
+{
+    unsigned i;
+    if (srv == NULL)
+        return;
+    for (i = 0; i < srv->n_workers; i++) {
+        atomic_store(&srv->workers[i].stop, true);
+        worker_kick(&srv->workers[i]);
+    }
+    for (i = 0; i < srv->n_workers; i++) {
+        if (srv->workers[i].thread_started)
+            pthread_join(srv->workers[i].thread, NULL);
+    }
+    /* Closing a daemon completes (and so cancels) every connection it still holds, on
+     * this thread; the worker threads are gone, so nothing races. */
+    for (i = 0; i < srv->n_workers; i++)
+        worker_close(&srv->workers[i]);
+    pdgw_free(srv->workers);
+    if (srv->desc->ops->destroy && srv->fwd_ctx)
+        srv->desc->ops->destroy(srv->fwd_ctx);
+    pdgw_free(srv);
+}

@@ -1,0 +1,71 @@
+/*
+ * pdgw_server.h - the gateway's serving core: N shared-nothing workers, each with its own
+ * libmicrohttpd daemon (external epoll, SO_REUSEPORT on the common port), its own libcurl
+ * multi handle (socket API) and one epoll loop serving both.
+ *
+ * Life cycle (staged start-up): pdgw_server_create() (configures the forwarder, binds every
+ * worker's listening socket; no thread yet) -> pdgw_server_start() (threads) ->
+ * pdgw_server_drain() on SIGTERM (stop accepting, /ready 503) -> pdgw_server_wait_idle() ->
+ * pdgw_server_destroy().
+ */
+#ifndef PDGW_SERVER_H
+#define PDGW_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <pdsched/sched.h>
+
+#include "pdgw/forwarder.h"
+#include "pdgw_auth.h"
+#include "pdgw_errors.h"
+#include "pdgw_metrics.h"
+
+typedef struct pdgw_server pdgw_server_t;
+
+/* Everything the server needs; pointers are borrowed and must outlive the server. */
+typedef struct pdgw_server_opts {
+    const char *listen_host; /* "" or NULL = any address */
+    int listen_port;         /* 0 = ephemeral (see pdgw_server_port) */
+    unsigned workers;        /* >= 1 */
+    const char *protocol;    /* registered forwarder name */
+    pdgw_mode_t mode;
+    const json_t *protocol_options; /* JSON object; NULL = {} */
+    uint64_t max_body_bytes;
+    uint64_t request_timeout_ms;
+    uint64_t connect_timeout_ms;
+    uint64_t first_byte_timeout_ms;
+    uint64_t idle_timeout_ms;
+    unsigned retries;
+    const pdgw_auth_t *auth;   /* NULL = open */
+    const char *const *models; /* served model names; NULL/0 = ask the instances */
+    size_t n_models;
+    sched_pool_t *pool;              /* instance selection (required) */
+    pdgw_gateway_metrics_t *metrics; /* required */
+} pdgw_server_opts_t;
+
+/* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry). */
+void pdgw_server_opts_init(pdgw_server_opts_t *opts);
+
+/*
+ * Resolve and configure the forwarder, plan its dispatch, create and bind every worker.
+ * On error a message is written to <err> and nothing stays allocated.
+ */
+pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t **out, char *err,
+                                 size_t errlen);
+/* Start the worker threads. */
+pdgw_status_t pdgw_server_start(pdgw_server_t *srv);
+/* The bound port (useful with listen_port 0). */
+int pdgw_server_port(const pdgw_server_t *srv);
+/* Stop accepting new connections, make /ready answer 503. Idempotent; any thread. */
+void pdgw_server_drain(pdgw_server_t *srv);
+/* Requests being served right now (all workers). */
+uint64_t pdgw_server_inflight(const pdgw_server_t *srv);
+/* Wait until no request is in flight or <timeout_ms> passed; true when idle. */
+bool pdgw_server_wait_idle(pdgw_server_t *srv, uint64_t timeout_ms);
+/* Stop the workers (in-flight requests are cancelled), free everything. NULL-safe. */
+void pdgw_server_destroy(pdgw_server_t *srv);
+
+#endif /* PDGW_SERVER_H */

@@ -1,0 +1,291 @@
+/*
+ * pdgw_server_int.h - internals shared by the serving core's files:
+ *   pdgw_server.c    life cycle, worker threads, the epoll loop
+ *   pdgw_http.c      libmicrohttpd handler: routing, body, replies, streaming to the client
+ *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
+ *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
+ *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
+ * Everything of one request runs on the worker thread that accepted its connection.
+ */
+#ifndef PDGW_SERVER_INT_H
+#define PDGW_SERVER_INT_H
+
+#include <curl/curl.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "pdgw_server.h"
+#include "pdgw_sse.h"
+#include "pdgw_util.h"
+#include "pdgw_validate.h"
+
+typedef struct pdgw_worker pdgw_worker_t;
+typedef struct pdgw_req pdgw_req_t;
+typedef struct pdgw_leg pdgw_leg_t;
+
+/* epoll tags: kind in the high 32 bits of epoll_data.u64, fd in the low ones. Pointers are
+ * never stored in epoll, so an event for a socket closed earlier in the same batch is
+ * harmless. */
+enum { PDGW_EV_MHD = 1, PDGW_EV_WAKE = 2, PDGW_EV_CURL = 3, PDGW_EV_HUP = 4 };
+
+/* ---------------------------------------------------------------- server */
+
+struct pdgw_server {
+    pdgw_server_opts_t opts;
+    const pdgw_fwd_desc_t *desc;
+    void *fwd_ctx;
+    pdgw_fwd_plan_t plan;
+    sched_role_t ready_roles;
+    int port;
+    unsigned n_workers;
+    pdgw_worker_t *workers;
+    atomic_bool draining;
+    atomic_uint_fast64_t inflight;
+    bool started;
+};
+
+/* ---------------------------------------------------------------- worker */
+
+struct pdgw_fwd_waker {
+    atomic_int refs;
+    pthread_mutex_t lock;
+    pdgw_worker_t *worker;
+    pdgw_req_t *req; /* NULL once the request ended */
+    bool queued;
+    struct pdgw_fwd_waker *next; /* in worker->wake_queue */
+};
+
+struct pdgw_worker {
+    pdgw_server_t *srv;
+    unsigned index;
+    pthread_t thread;
+    bool thread_started;
+    int epfd;
+    int wakefd; /* eventfd: wakers, drain, stop */
+    struct MHD_Daemon *mhd;
+    int mhd_epfd;
+    CURLM *multi;
+    int64_t curl_timer_ms; /* absolute mono ms, -1 = none */
+    atomic_bool stop;
+    bool quiesced;
+    bool mhd_kick; /* a connection was resumed: run MHD this iteration */
+    /* Requests with a workflow, for deadline scans. */
+    pdgw_req_t *active;
+    uint64_t next_scan_ms;
+    /* Client sockets watched for hang-up while their connection is suspended. */
+    pdgw_req_t **hup_reqs;
+    int hup_cap;
+    /* Wakers queued from any thread. */
+    pthread_mutex_t wake_lock;
+    struct pdgw_fwd_waker *wake_queue;
+};
+
+/* ---------------------------------------------------------------- legs */
+
+typedef enum { PDGW_LEG_IDLE = 0, PDGW_LEG_RUNNING, PDGW_LEG_DONE } pdgw_leg_state_t;
+
+/* Why a leg failed (also the metric's kind label). */
+typedef enum {
+    PDGW_LEGERR_NONE = 0,
+    PDGW_LEGERR_CONNECT,  /* could not connect (retryable) */
+    PDGW_LEGERR_TIMEOUT,  /* connect / first byte / idle deadline */
+    PDGW_LEGERR_STATUS,   /* HTTP status >= 400 */
+    PDGW_LEGERR_RESET,    /* connection broke mid-response */
+    PDGW_LEGERR_PROTOCOL, /* malformed response (SSE too large, body too large) */
+} pdgw_leg_err_t;
+
+struct pdgw_leg {
+    pdgw_req_t *req;
+    pdgw_leg_kind_t kind;
+    pdgw_leg_state_t state;
+    const pdgw_instance_t *inst;
+    bool relay; /* this leg's response goes to the client */
+    bool sse;   /* relay as SSE (client asked for stream) */
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body; /* request body text */
+    size_t body_len;
+    long status;
+    bool got_status;
+    char content_type[96];
+    uint64_t retry_after_ms;
+    pdgw_buf_t resp; /* buffered response (not relayed as SSE) */
+    pdgw_sse_t parser;
+    bool saw_done;
+    bool paused;
+    uint64_t t_start_ms;
+    uint64_t t_first_ms; /* first response byte, 0 = none */
+    uint64_t t_last_ms;  /* last progress */
+    uint64_t t_end_ms;
+    pdgw_leg_err_t err;
+    char errmsg[160];
+};
+
+/* ---------------------------------------------------------------- requests */
+
+typedef enum {
+    PDGW_ROUTE_NONE = 0,
+    PDGW_ROUTE_INFER, /* completions / chat completions */
+    PDGW_ROUTE_MODELS,
+    PDGW_ROUTE_HEALTH,
+    PDGW_ROUTE_READY,
+    PDGW_ROUTE_METRICS,
+    PDGW_ROUTE_ADMIN,
+} pdgw_route_t;
+
+typedef enum {
+    PDGW_WF_NONE = 0,
+    PDGW_WF_GATE,     /* waiting for the forwarder's gate */
+    PDGW_WF_PREFILL,  /* serial: prefill leg running */
+    PDGW_WF_DECODE,   /* decode (or single, or parallel) legs running */
+    PDGW_WF_FINISHED, /* the outcome is decided */
+} pdgw_wf_stage_t;
+
+struct pdgw_req {
+    pdgw_worker_t *w;
+    struct MHD_Connection *conn;
+    int fd;
+    uint64_t t_start_ns;
+    uint64_t t_start_ms;
+    pdgw_route_t route;
+    const char *method;
+    char path[128];
+    char admin_path[192];
+    /* body */
+    pdgw_buf_t body;
+    bool too_large;
+    bool counted; /* counted in server->inflight */
+    /* identity */
+    char id[132];
+    char traceparent[PDGW_TRACEPARENT_LEN + 1];
+    pdgw_buf_t fwd_headers; /* "Name: value\0" client headers to forward */
+    json_t *json;
+    pdgw_request_info_t info;
+    bool info_valid;
+    pdgw_api_kind_t kind;
+    uint64_t deadline_ms;
+    /* client side */
+    bool suspended;
+    bool hup_watched;
+    bool client_gone;
+    bool reply_ready; /* reply_* filled, queue on the next handler call */
+    bool queued;      /* a response was queued */
+    bool committed;   /* the client got (or will get) the 200 stream */
+    int reply_status;
+    char *reply_body;
+    size_t reply_len;
+    char reply_ctype[96];
+    bool reply_www_auth;
+    pdgw_buf_t out; /* streamed bytes not yet taken by MHD */
+    size_t out_off;
+    bool out_done;
+    uint64_t bytes_out;
+    /* workflow */
+    pdgw_wf_stage_t stage;
+    pdgw_gate_point_t gate_point;
+    uint64_t gate_deadline_ms;
+    sched_booking_t *booking;
+    pdgw_instance_t inst_view[2]; /* [PDGW_LEG_PREFILL], [PDGW_LEG_DECODE] */
+    bool inst_set[2];
+    pdgw_fwd_request_t freq;
+    pdgw_fwd_peers_t peers;
+    void *fwd_state;
+    bool attempt_live; /* attempt_init ran, cleanup pending */
+    bool passthrough;  /* not a forwarder workflow (GET /v1/models) */
+    unsigned attempt;
+    pdgw_leg_t legs[2];
+    struct pdgw_fwd_waker *waker;
+    char failed_ids[4][SCHED_ID_MAX];
+    size_t n_failed;
+    /* outcome */
+    int final_status;
+    char error_text[640];
+    uint64_t t_first_token_ms;
+    uint64_t t_last_token_ms;
+    uint64_t t_prefill_us;
+    uint64_t t_decode_us;
+    char prefill_id[SCHED_ID_MAX];
+    char decode_id[SCHED_ID_MAX];
+    bool finalized;
+    /* active list */
+    pdgw_req_t *prev, *next;
+    bool in_active;
+};
+
+/* ---- pdgw_server.c */
+uint64_t pdgw_now_ms(void);
+void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r);
+void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r);
+/* Watch / unwatch the client socket for hang-up while the connection is suspended. */
+void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
+void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
+
+/* ---- pdgw_http.c */
+enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls);
+void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe);
+/* Reply (before commit) with a buffer; takes ownership of <body> (malloc'd). */
+void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype);
+/* Reply with an OpenAI error. */
+void pdgw_req_reply_error(pdgw_req_t *r, const pdgw_api_error_t *err);
+void pdgw_req_reply_errorf(pdgw_req_t *r, pdgw_api_err_kind_t kind, const char *code,
+                           const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Streaming: commit the 200 SSE response; append bytes; end the stream. */
+void pdgw_req_commit_stream(pdgw_req_t *r);
+void pdgw_req_out_append(pdgw_req_t *r, const char *data, size_t len);
+void pdgw_req_out_end(pdgw_req_t *r);
+/* Resume the connection if suspended (the handler or reader then runs again). */
+void pdgw_req_resume(pdgw_req_t *r);
+/* Bytes queued for the client not yet taken. */
+size_t pdgw_req_out_pending(const pdgw_req_t *r);
+/* The client went away (hang-up while suspended). */
+void pdgw_req_client_hup(pdgw_req_t *r);
+
+/* ---- pdgw_leg.c */
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind);
+/* Start <leg> to <inst> with <body> (taken) and the forwarder's extra headers. */
+pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
+                             const char *method, char *body, size_t body_len,
+                             const pdgw_fwd_leg_t *fl);
+/* Stop a running leg now (connection closed), free its transfer state. */
+void pdgw_leg_abort(pdgw_leg_t *leg);
+/* Free everything (aborts if running). */
+void pdgw_leg_release(pdgw_leg_t *leg);
+/* Called by the worker loop for each finished transfer. */
+void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc);
+/* Let a paused leg continue (client drained). */
+void pdgw_leg_unpause(pdgw_leg_t *leg);
+/* Metric kind label of an error. */
+const char *pdgw_leg_err_name(pdgw_leg_err_t e);
+
+/* ---- pdgw_workflow.c */
+/* Start the workflow of a validated inference request. */
+void pdgw_wf_start(pdgw_req_t *r);
+/* A leg ended (success or error); called from pdgw_leg_on_done / deadline checks. */
+void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
+/* Relay: one SSE event of the decode leg (from the leg's parser). Returns non-zero to stop. */
+int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev);
+/* Deadlines of <r> at <now_ms>. */
+void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
+/* The forwarder's waker fired. */
+void pdgw_wf_on_wake(pdgw_req_t *r);
+/* The client is gone or the request is being torn down: stop all, cleanup once. */
+void pdgw_wf_cancel(pdgw_req_t *r);
+/* Final bookkeeping at connection completion (access log, metrics, free). */
+void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected);
+
+/* ---- pdgw_fwd_api.c */
+struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);
+/* Detach from the request (wake becomes a no-op) and drop the request's reference. */
+void pdgw_waker_detach(struct pdgw_fwd_waker *wk);
+/* Worker: run every queued waker. */
+void pdgw_waker_run_queue(pdgw_worker_t *w);
+/* Registry in which pdgw_fwd_counter_inc() creates forwarder counters. */
+void pdgw_fwd_api_set_metrics(pdgw_metrics_t *reg);
+/* protocol_options kv pairs are converted by main; this converts one text value. */
+json_t *pdgw_fwd_option_value(const char *text);
+
+#endif /* PDGW_SERVER_INT_H */

@@ -1,0 +1,566 @@
+/*
+ * pdgw_validate.c - OpenAI request body validation and scheduling hints.
+ *
+ * Optional fields are checked from one table (name, applicable API, rule, bounds) so adding
+ * a field is one row. null is accepted for every optional field and means "absent".
+ * Bounds are the ones every engine enforces (vLLM's SamplingParams); limits an engine may
+ * configure (max_logprobs, n) are left to the engine, so the gateway never refuses what the
+ * engine behind it would accept.
+ */
+#include "pdgw_validate.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_util.h"
+
+#define API_CMPL (1u << PDGW_API_COMPLETIONS)
+#define API_CHAT (1u << PDGW_API_CHAT_COMPLETIONS)
+#define API_ANY  (API_CMPL | API_CHAT)
+
+typedef enum rule {
+    R_BOOL,
+    R_INT, /* integer within [imin, imax] */
+    R_NUM, /* number within [dmin, dmax]; open bounds via flags */
+    R_STRING,
+    R_STOP,      /* string | array of strings */
+    R_INT_ARRAY, /* array of integers */
+    R_OBJECT,
+    R_NUM_MAP,   /* object whose values are numbers */
+    R_ARRAY_OBJ, /* array of objects */
+    R_STR_OBJ,   /* string | object */
+} rule_t;
+
+typedef struct field_rule {
+    const char *name;
+    unsigned apis;
+    rule_t rule;
+    int64_t imin, imax;
+    double dmin, dmax;
+    bool min_open; /* dmin excluded */
+} field_rule_t;
+
+#define BIG INT64_MAX
+
+static const field_rule_t field_rules[] = {
+    {"stream", API_ANY, R_BOOL, 0, 0, 0, 0, false},
+    {"echo", API_CMPL, R_BOOL, 0, 0, 0, 0, false},
+    {"ignore_eos", API_ANY, R_BOOL, 0, 0, 0, 0, false},
+    {"skip_special_tokens", API_ANY, R_BOOL, 0, 0, 0, 0, false},
+    {"include_stop_str_in_output", API_ANY, R_BOOL, 0, 0, 0, 0, false},
+    {"parallel_tool_calls", API_CHAT, R_BOOL, 0, 0, 0, 0, false},
+    {"logprobs", API_CHAT, R_BOOL, 0, 0, 0, 0, false},
+    {"max_tokens", API_ANY, R_INT, 1, BIG, 0, 0, false},
+    {"max_completion_tokens", API_CHAT, R_INT, 1, BIG, 0, 0, false},
+    {"min_tokens", API_ANY, R_INT, 0, BIG, 0, 0, false},
+    {"n", API_ANY, R_INT, 1, BIG, 0, 0, false},
+    {"best_of", API_ANY, R_INT, 1, BIG, 0, 0, false},
+    {"logprobs", API_CMPL, R_INT, 0, BIG, 0, 0, false},
+    {"top_logprobs", API_CHAT, R_INT, 0, BIG, 0, 0, false},
+    {"top_k", API_ANY, R_INT, -1, BIG, 0, 0, false},
+    {"seed", API_ANY, R_INT, INT64_MIN, BIG, 0, 0, false},
+    {"temperature", API_ANY, R_NUM, 0, 0, 0.0, HUGE_VAL, false},
+    {"top_p", API_ANY, R_NUM, 0, 0, 0.0, 1.0, true},
+    {"min_p", API_ANY, R_NUM, 0, 0, 0.0, 1.0, false},
+    {"presence_penalty", API_ANY, R_NUM, 0, 0, -2.0, 2.0, false},
+    {"frequency_penalty", API_ANY, R_NUM, 0, 0, -2.0, 2.0, false},
+    {"repetition_penalty", API_ANY, R_NUM, 0, 0, 0.0, HUGE_VAL, true},
+    {"user", API_ANY, R_STRING, 0, 0, 0, 0, false},
+    {"suffix", API_CMPL, R_STRING, 0, 0, 0, 0, false},
+    {"stop", API_ANY, R_STOP, 0, 0, 0, 0, false},
+    {"stop_token_ids", API_ANY, R_INT_ARRAY, 0, 0, 0, 0, false},
+    {"stream_options", API_ANY, R_OBJECT, 0, 0, 0, 0, false},
+    {"response_format", API_ANY, R_OBJECT, 0, 0, 0, 0, false},
+    {"metadata", API_ANY, R_OBJECT, 0, 0, 0, 0, false},
+    {"logit_bias", API_ANY, R_NUM_MAP, 0, 0, 0, 0, false},
+    {"tools", API_CHAT, R_ARRAY_OBJ, 0, 0, 0, 0, false},
+    {"tool_choice", API_CHAT, R_STR_OBJ, 0, 0, 0, 0, false},
+};
+
+/* ---------------------------------------------------------------- error helpers */
+
+static pdgw_status_t fail(pdgw_api_error_t *err, const char *param, const char *code,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static pdgw_status_t fail(pdgw_api_error_t *err, const char *param, const char *code,
+                          const char *fmt, ...)
+{
+    char msg[PDGW_API_ERR_MESSAGE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pdgw_api_error_set(err, PDGW_API_ERR_BAD_REQUEST, param, "%s", msg);
+    pdgw_api_error_set_code(err, code);
+    return PDGW_ERR_INVALID;
+}
+
+static pdgw_status_t fail_type(pdgw_api_error_t *err, const char *param, const char *expected)
+{
+    return fail(err, param, "invalid_type", "Invalid type for '%s': expected %s.", param, expected);
+}
+
+static const char *json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------------- parse */
+
+pdgw_status_t pdgw_request_parse(const char *body, size_t len, json_t **out, pdgw_api_error_t *err)
+{
+    if (body == NULL || len == 0) {
+        pdgw_api_error_set(err, PDGW_API_ERR_BAD_REQUEST, NULL,
+                           "Request body is empty: expected a JSON object.");
+        pdgw_api_error_set_code(err, "invalid_json");
+        return PDGW_ERR_PARSE;
+    }
+    json_error_t jerr;
+    json_t *j = json_loadb(body, len, 0, &jerr);
+    if (j == NULL) {
+        pdgw_api_error_set(err, PDGW_API_ERR_BAD_REQUEST, NULL,
+                           "Invalid JSON in request body at line %d, column %d: %s", jerr.line,
+                           jerr.column, jerr.text);
+        pdgw_api_error_set_code(err, "invalid_json");
+        return PDGW_ERR_PARSE;
+    }
+    if (!json_is_object(j)) {
+        pdgw_api_error_set(err, PDGW_API_ERR_BAD_REQUEST, NULL,
+                           "Request body must be a JSON object, got %s.", json_type_name(j));
+        pdgw_api_error_set_code(err, "invalid_json");
+        json_decref(j);
+        return PDGW_ERR_PARSE;
+    }
+    *out = j;
+    return PDGW_OK;
+}
+
+pdgw_status_t pdgw_api_kind_from_path(const char *path, pdgw_api_kind_t *out)
+{
+    if (path == NULL)
+        return PDGW_ERR_NOT_FOUND;
+    if (strcmp(path, "/v1/completions") == 0) {
+        *out = PDGW_API_COMPLETIONS;
+        return PDGW_OK;
+    }
+    if (strcmp(path, "/v1/chat/completions") == 0) {
+        *out = PDGW_API_CHAT_COMPLETIONS;
+        return PDGW_OK;
+    }
+    return PDGW_ERR_NOT_FOUND;
+}
+
+/* ---------------------------------------------------------------- optional fields */
+
+static pdgw_status_t check_rule(const field_rule_t *r, const json_t *v, pdgw_api_error_t *err)
+{
+    const char *p = r->name;
+    char sub[PDGW_API_ERR_PARAM_MAX];
+    switch (r->rule) {
+    case R_BOOL:
+        return json_is_boolean(v) ? PDGW_OK : fail_type(err, p, "a boolean");
+    case R_INT: {
+        if (!json_is_integer(v))
+            return fail_type(err, p, "an integer");
+        json_int_t x = json_integer_value(v);
+        if (x < r->imin || x > r->imax) {
+            if (r->imax == BIG)
+                return fail(err, p, "invalid_value", "'%s' must be >= %lld, got %lld.", p,
+                            (long long)r->imin, (long long)x);
+            return fail(err, p, "invalid_value", "'%s' must be between %lld and %lld, got %lld.", p,
+                        (long long)r->imin, (long long)r->imax, (long long)x);
+        }
+        return PDGW_OK;
+    }
+    case R_NUM: {
+        if (!json_is_number(v))
+            return fail_type(err, p, "a number");
+        double x = json_number_value(v);
+        bool low = r->min_open ? !(x > r->dmin) : !(x >= r->dmin);
+        if (low || !(x <= r->dmax)) {
+            if (isinf(r->dmax))
+                return fail(err, p, "invalid_value", "'%s' must be > %g, got %g.", p, r->dmin, x);
+            return fail(err, p, "invalid_value", "'%s' must be in %s%g, %g], got %g.", p,
+                        r->min_open ? "(" : "[", r->dmin, r->dmax, x);
+        }
+        return PDGW_OK;
+    }
+    case R_STRING:
+        return json_is_string(v) ? PDGW_OK : fail_type(err, p, "a string");
+    case R_STOP:
+        if (json_is_string(v))
+            return PDGW_OK;
+        if (!json_is_array(v))
+            return fail_type(err, p, "a string or an array of strings");
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (!json_is_string(json_array_get(v, i))) {
+                snprintf(sub, sizeof(sub), "%s[%zu]", p, i);
+                return fail_type(err, sub, "a string");
+            }
+        }
+        return PDGW_OK;
+    case R_INT_ARRAY:
+        if (!json_is_array(v))
+            return fail_type(err, p, "an array of integers");
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (!json_is_integer(json_array_get(v, i))) {
+                snprintf(sub, sizeof(sub), "%s[%zu]", p, i);
+                return fail_type(err, sub, "an integer");
+            }
+        }
+        return PDGW_OK;
+    case R_OBJECT:
+        return json_is_object(v) ? PDGW_OK : fail_type(err, p, "an object");
+    case R_NUM_MAP: {
+        if (!json_is_object(v))
+            return fail_type(err, p, "an object");
+        const char *k;
+        const json_t *x;
+        json_object_foreach((json_t *)v, k, x)
+        {
+            if (!json_is_number(x)) {
+                snprintf(sub, sizeof(sub), "%s.%s", p, k);
+                return fail_type(err, sub, "a number");
+            }
+        }
+        return PDGW_OK;
+    }
+    case R_ARRAY_OBJ:
+        if (!json_is_array(v))
+            return fail_type(err, p, "an array of objects");
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (!json_is_object(json_array_get(v, i))) {
+                snprintf(sub, sizeof(sub), "%s[%zu]", p, i);
+                return fail_type(err, sub, "an object");
+            }
+        }
+        return PDGW_OK;
+    case R_STR_OBJ:
+        return json_is_string(v) || json_is_object(v) ? PDGW_OK
+                                                      : fail_type(err, p, "a string or an object");
+    }
+    return PDGW_OK;
+}
+
+static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, pdgw_api_error_t *err)
+{
+    unsigned api = 1u << kind;
+    for (size_t i = 0; i < sizeof(field_rules) / sizeof(field_rules[0]); i++) {
+        const field_rule_t *r = &field_rules[i];
+        if (!(r->apis & api))
+            continue;
+        const json_t *v = json_object_get(body, r->name);
+        if (v == NULL || json_is_null(v))
+            continue;
+        pdgw_status_t st = check_rule(r, v, err);
+        if (st != PDGW_OK)
+            return st;
+    }
+    const json_t *so = json_object_get(body, "stream_options");
+    if (so != NULL && !json_is_null(so)) {
+        if (!json_is_true(json_object_get(body, "stream")))
+            return fail(err, "stream_options", "invalid_value",
+                        "'stream_options' is only allowed when 'stream' is true.");
+        static const char *const so_bools[] = {"include_usage", "continuous_usage_stats"};
+        for (size_t i = 0; i < 2; i++) {
+            const json_t *b = json_object_get(so, so_bools[i]);
+            if (b != NULL && !json_is_null(b) && !json_is_boolean(b)) {
+                char sub[64];
+                snprintf(sub, sizeof(sub), "stream_options.%s", so_bools[i]);
+                return fail_type(err, sub, "a boolean");
+            }
+        }
+    }
+    const json_t *rf = json_object_get(body, "response_format");
+    if (rf != NULL && json_is_object(rf) && !json_is_string(json_object_get(rf, "type")))
+        return fail_type(err, "response_format.type", "a string");
+    return PDGW_OK;
+}
+
+/* ---------------------------------------------------------------- prompts */
+
+/* Token id arrays: every element an integer in [0, INT32_MAX]; <name> for messages. */
+static pdgw_status_t check_ids(const json_t *arr, const char *name, pdgw_api_error_t *err)
+{
+    char sub[PDGW_API_ERR_PARAM_MAX];
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        const json_t *x = json_array_get(arr, i);
+        snprintf(sub, sizeof(sub), "%s[%zu]", name, i);
+        if (!json_is_integer(x))
+            return fail_type(err, sub, "an integer token id");
+        json_int_t t = json_integer_value(x);
+        if (t < 0 || t > INT32_MAX)
+            return fail(err, sub, "invalid_value", "Token id %lld in '%s' is out of range.",
+                        (long long)t, sub);
+    }
+    return PDGW_OK;
+}
+
+static pdgw_status_t copy_ids(const json_t *arr, pdgw_request_info_t *info)
+{
+    size_t n = json_array_size(arr);
+    info->prompt_tokens = pdgw_malloc((n ? n : 1) * sizeof(int32_t));
+    if (info->prompt_tokens == NULL)
+        return PDGW_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        info->prompt_tokens[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+    info->n_prompt_tokens = n;
+    return PDGW_OK;
+}
+
+static int64_t est_tokens(size_t bytes)
+{
+    return (int64_t)((bytes + 3) / 4);
+}
+
+static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *info,
+                                     pdgw_api_error_t *err)
+{
+    const json_t *prompt = json_object_get(body, "prompt");
+    if (prompt == NULL || json_is_null(prompt))
+        return fail(err, "prompt", "missing_required_parameter",
+                    "Missing required parameter: 'prompt'.");
+    const char *expected =
+        "a string, an array of strings, an array of token ids or an array of token id arrays";
+    if (json_is_string(prompt)) {
+        size_t len = json_string_length(prompt);
+        info->prompt_text = pdgw_strndup(json_string_value(prompt), len);
+        if (info->prompt_text == NULL)
+            return PDGW_ERR_NOMEM;
+        info->prompt_text_len = len;
+        info->n_prompts = 1;
+        info->est_prompt_tokens = est_tokens(len);
+        return PDGW_OK;
+    }
+    if (!json_is_array(prompt))
+        return fail_type(err, "prompt", expected);
+    size_t n = json_array_size(prompt);
+    if (n == 0)
+        return fail(err, "prompt", "invalid_value", "'prompt' must not be empty.");
+    const json_t *first = json_array_get(prompt, 0);
+    char sub[PDGW_API_ERR_PARAM_MAX];
+    pdgw_status_t st;
+    if (json_is_integer(first)) {
+        st = check_ids(prompt, "prompt", err);
+        if (st != PDGW_OK)
+            return st;
+        info->n_prompts = 1;
+        info->est_prompt_tokens = (int64_t)n;
+        return copy_ids(prompt, info);
+    }
+    if (json_is_string(first)) {
+        int64_t est = 0;
+        for (size_t i = 0; i < n; i++) {
+            const json_t *x = json_array_get(prompt, i);
+            if (!json_is_string(x)) {
+                snprintf(sub, sizeof(sub), "prompt[%zu]", i);
+                return fail_type(err, sub, "a string");
+            }
+            est += est_tokens(json_string_length(x));
+        }
+        size_t len = json_string_length(first);
+        info->prompt_text = pdgw_strndup(json_string_value(first), len);
+        if (info->prompt_text == NULL)
+            return PDGW_ERR_NOMEM;
+        info->prompt_text_len = len;
+        info->n_prompts = n;
+        info->est_prompt_tokens = est;
+        return PDGW_OK;
+    }
+    if (json_is_array(first)) {
+        int64_t est = 0;
+        for (size_t i = 0; i < n; i++) {
+            const json_t *x = json_array_get(prompt, i);
+            snprintf(sub, sizeof(sub), "prompt[%zu]", i);
+            if (!json_is_array(x))
+                return fail_type(err, sub, "an array of token ids");
+            if (json_array_size(x) == 0)
+                return fail(err, sub, "invalid_value", "'%s' must not be empty.", sub);
+            st = check_ids(x, sub, err);
+            if (st != PDGW_OK)
+                return st;
+            est += (int64_t)json_array_size(x);
+        }
+        info->n_prompts = n;
+        info->est_prompt_tokens = est;
+        return copy_ids(first, info);
+    }
+    return fail_type(err, "prompt[0]", "a string, a token id or an array of token ids");
+}
+
+static pdgw_status_t validate_messages(const json_t *body, pdgw_request_info_t *info,
+                                       pdgw_api_error_t *err)
+{
+    const json_t *msgs = json_object_get(body, "messages");
+    if (msgs == NULL || json_is_null(msgs))
+        return fail(err, "messages", "missing_required_parameter",
+                    "Missing required parameter: 'messages'.");
+    if (!json_is_array(msgs))
+        return fail_type(err, "messages", "an array of message objects");
+    if (json_array_size(msgs) == 0)
+        return fail(err, "messages", "invalid_value", "'messages' must not be empty.");
+
+    pdgw_buf_t text = PDGW_BUF_INIT;
+    pdgw_status_t st = PDGW_OK;
+    char sub[PDGW_API_ERR_PARAM_MAX];
+    for (size_t i = 0; i < json_array_size(msgs) && st == PDGW_OK; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m)) {
+            snprintf(sub, sizeof(sub), "messages[%zu]", i);
+            st = fail_type(err, sub, "an object");
+            break;
+        }
+        const json_t *role = json_object_get(m, "role");
+        snprintf(sub, sizeof(sub), "messages[%zu].role", i);
+        if (role == NULL || json_is_null(role)) {
+            st = fail(err, sub, "missing_required_parameter", "Missing required parameter: '%s'.",
+                      sub);
+            break;
+        }
+        if (!json_is_string(role) || json_string_length(role) == 0) {
+            st = json_is_string(role) ? fail(err, sub, "invalid_value", "'%s' is empty.", sub)
+                                      : fail_type(err, sub, "a string");
+            break;
+        }
+        const char *r = json_string_value(role);
+        const json_t *content = json_object_get(m, "content");
+        snprintf(sub, sizeof(sub), "messages[%zu].content", i);
+        bool may_omit = strcmp(r, "assistant") == 0;
+        if (content == NULL || json_is_null(content)) {
+            if (!may_omit) {
+                st = fail(err, sub, "missing_required_parameter",
+                          "Missing required parameter: '%s'.", sub);
+                break;
+            }
+        } else if (!json_is_string(content) && !json_is_array(content)) {
+            st = fail_type(err, sub, "a string or an array of content parts");
+            break;
+        }
+        st = pdgw_buf_appendf(&text, "%s\n", r);
+        if (st != PDGW_OK)
+            break;
+        if (json_is_string(content)) {
+            st = pdgw_buf_append(&text, json_string_value(content), json_string_length(content));
+            if (st == PDGW_OK)
+                st = pdgw_buf_append_char(&text, '\n');
+        } else if (json_is_array(content)) {
+            for (size_t k = 0; k < json_array_size(content) && st == PDGW_OK; k++) {
+                const json_t *part = json_array_get(content, k);
+                snprintf(sub, sizeof(sub), "messages[%zu].content[%zu]", i, k);
+                if (!json_is_object(part)) {
+                    st = fail_type(err, sub, "a content part object");
+                    break;
+                }
+                const json_t *type = json_object_get(part, "type");
+                if (!json_is_string(type)) {
+                    snprintf(sub, sizeof(sub), "messages[%zu].content[%zu].type", i, k);
+                    st = fail_type(err, sub, "a string");
+                    break;
+                }
+                if (strcmp(json_string_value(type), "text") != 0)
+                    continue;
+                const json_t *t = json_object_get(part, "text");
+                if (!json_is_string(t)) {
+                    snprintf(sub, sizeof(sub), "messages[%zu].content[%zu].text", i, k);
+                    st = fail_type(err, sub, "a string");
+                    break;
+                }
+                st = pdgw_buf_append(&text, json_string_value(t), json_string_length(t));
+                if (st == PDGW_OK)
+                    st = pdgw_buf_append_char(&text, '\n');
+            }
+        }
+    }
+    if (st != PDGW_OK) {
+        pdgw_buf_free(&text);
+        return st;
+    }
+    info->prompt_text_len = text.len;
+    info->prompt_text = pdgw_buf_steal(&text, NULL);
+    if (info->prompt_text == NULL)
+        return PDGW_ERR_NOMEM;
+    info->n_prompts = 1;
+    info->est_prompt_tokens = est_tokens(info->prompt_text_len);
+    return PDGW_OK;
+}
+
+/* ---------------------------------------------------------------- entry point */
+
+pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
+                                    pdgw_request_info_t *info, pdgw_api_error_t *err)
+{
+    if (kind != PDGW_API_COMPLETIONS && kind != PDGW_API_CHAT_COMPLETIONS)
+        return PDGW_ERR_INVALID;
+    if (!json_is_object(body))
+        return fail(err, NULL, "invalid_type", "Request body must be a JSON object.");
+    const json_t *model = json_object_get(body, "model");
+    if (model == NULL || json_is_null(model))
+        return fail(err, "model", "missing_required_parameter",
+                    "Missing required parameter: 'model'.");
+    if (!json_is_string(model))
+        return fail_type(err, "model", "a string");
+    if (json_string_length(model) == 0)
+        return fail(err, "model", "invalid_value", "'model' must not be empty.");
+
+    pdgw_status_t st = check_optional(kind, body, err);
+    if (st != PDGW_OK)
+        return st;
+
+    pdgw_request_info_t r;
+    memset(&r, 0, sizeof(r));
+    r.kind = kind;
+    r.model = json_string_value(model);
+    r.stream = json_is_true(json_object_get(body, "stream"));
+    const json_t *so = json_object_get(body, "stream_options");
+    r.include_usage = so != NULL && json_is_true(json_object_get(so, "include_usage"));
+    r.max_tokens = -1;
+    const json_t *mt = json_object_get(body, "max_completion_tokens");
+    if (kind != PDGW_API_CHAT_COMPLETIONS || !json_is_integer(mt))
+        mt = json_object_get(body, "max_tokens");
+    if (json_is_integer(mt))
+        r.max_tokens = json_integer_value(mt);
+    const json_t *n = json_object_get(body, "n");
+    r.n = json_is_integer(n) ? json_integer_value(n) : 1;
+
+    st = kind == PDGW_API_COMPLETIONS ? validate_prompt(body, &r, err)
+                                      : validate_messages(body, &r, err);
+    if (st != PDGW_OK) {
+        pdgw_request_info_release(&r);
+        if (st == PDGW_ERR_NOMEM)
+            pdgw_api_error_set(err, PDGW_API_ERR_INTERNAL, NULL, "Out of memory.");
+        return st;
+    }
+    *info = r;
+    return PDGW_OK;
+}
+
+void pdgw_request_info_release(pdgw_request_info_t *info)
+{
+    if (info == NULL)
+        return;
+    pdgw_free(info->prompt_text);
+    pdgw_free(info->prompt_tokens);
+    info->prompt_text = NULL;
+    info->prompt_tokens = NULL;
+    info->prompt_text_len = 0;
+    info->n_prompt_tokens = 0;
+}

@@ -1,0 +1,88 @@
+/*
+ * pdgw_validate.h - validation of OpenAI completions / chat completions request bodies and
+ * extraction of what scheduling needs (stream flag, prompt for prefix hashing, token
+ * estimates).
+ *
+ * The body is parsed once by the caller (pdgw_request_parse is offered for that); the
+ * validator only reads the json_t. Rules follow what vLLM's OpenAI server accepts:
+ *   - body is an object; "model" is a required non-empty string;
+ *   - completions: "prompt" required: string | array of strings | array of ints (token ids)
+ *     | array of arrays of ints; non-empty;
+ *   - chat: "messages" required non-empty array of objects, each with a string "role" and a
+ *     "content" that is a string, an array of content parts (objects with a string "type"),
+ *     or null (assistant messages with tool_calls / tool messages);
+ *   - optional fields, when present and not null, must have the right type/range:
+ *     stream, echo, ignore_eos, logprobs(chat), skip_special_tokens: bool;
+ *     max_tokens, max_completion_tokens: int >= 1; n, best_of: int >= 1; min_tokens: int >= 0;
+ *     temperature: number >= 0; top_p: number in (0,1]; top_k: int >= -1;
+ *     min_p: number 0..1; presence_penalty, frequency_penalty: number -2..2;
+ *     repetition_penalty: number > 0; seed: int; stop: string | array of strings;
+ *     stop_token_ids: array of ints; stream_options: object (only with stream=true) whose
+ *     include_usage / continuous_usage_stats are bools; logprobs (completions): int >= 0;
+ *     top_logprobs (chat): int >= 0; user, suffix: string; logit_bias: object of numbers;
+ *     response_format: object with a string "type"; tool_choice: string | object;
+ *     tools: array of objects; metadata: object.
+ *   Limits an engine may configure (max_logprobs, n) are left to the engine.
+ * Errors are 400 invalid_request_error with "param" naming the field ("messages[1].role",
+ * "prompt[2]", "stream_options.include_usage") and code "invalid_type",
+ * "missing_required_parameter" or "invalid_value".
+ */
+#ifndef PDGW_VALIDATE_H
+#define PDGW_VALIDATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "pdgw_errors.h"
+
+typedef enum pdgw_api_kind {
+    PDGW_API_COMPLETIONS = 0,      /* POST /v1/completions */
+    PDGW_API_CHAT_COMPLETIONS = 1, /* POST /v1/chat/completions */
+} pdgw_api_kind_t;
+
+/* Owned results of a successful validation; release with pdgw_request_info_release(). */
+typedef struct pdgw_request_info {
+    pdgw_api_kind_t kind;
+    const char *model; /* borrowed from the body: valid while the body lives */
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    int64_t max_tokens; /* max_completion_tokens, else max_tokens; -1 when absent */
+    int64_t n;          /* 1 when absent */
+    /*
+     * Prompt text for prefix hashing: completions string prompt (first one of an array of
+     * strings); chat: concatenation of "<role>\n<text>\n" of every message (text parts of
+     * content arrays joined). NULL when the prompt is token ids. Owned (malloc).
+     */
+    char *prompt_text;
+    size_t prompt_text_len;
+    /* Token ids when the completions prompt is ids (first prompt of a batch). Owned. */
+    int32_t *prompt_tokens;
+    size_t n_prompt_tokens;
+    size_t n_prompts;          /* completions batch size (1 for chat) */
+    int64_t est_prompt_tokens; /* ids count, else ceil(bytes / 4) over all prompts */
+} pdgw_request_info_t;
+
+/*
+ * Parse <len> bytes of <body> as a JSON object. On success *out is a new reference.
+ * Otherwise fills <err> (400, code "invalid_json", message with line/column) and returns
+ * PDGW_ERR_PARSE.
+ */
+pdgw_status_t pdgw_request_parse(const char *body, size_t len, json_t **out, pdgw_api_error_t *err);
+
+/*
+ * Validate <body> (borrowed) as a request of <kind>. PDGW_OK and *info filled (caller
+ * releases it), or PDGW_ERR_INVALID with <err> filled (*info untouched), or PDGW_ERR_NOMEM.
+ */
+pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
+                                    pdgw_request_info_t *info, pdgw_api_error_t *err);
+
+/* Free what <info> owns; the struct may be reused. NULL-safe. */
+void pdgw_request_info_release(pdgw_request_info_t *info);
+
+/* "/v1/completions" / "/v1/chat/completions" -> kind. PDGW_ERR_NOT_FOUND for other paths. */
+pdgw_status_t pdgw_api_kind_from_path(const char *path, pdgw_api_kind_t *out);
+
+#endif /* PDGW_VALIDATE_H */

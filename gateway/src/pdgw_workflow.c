@@ -1,0 +1,873 @@
+/*
+ * pdgw_workflow.c - the workflow engine: runs one inference request through the forwarder.
+ *
+ *   book instances (batch: P+D together; staged: P now, D after prefill; single: one)
+ *   -> attempt_init -> gate(BEFORE_PREFILL)
+ *   -> SINGLE:   decode leg (relayed)
+ *      SERIAL:   prefill leg (buffered) -> on_prefill_response -> [staged: book D]
+ *                -> gate(BEFORE_DECODE) -> decode leg (relayed)
+ *      PARALLEL: prefill leg (drained) and decode leg (relayed) at once; either failing
+ *                aborts the other
+ *   -> relay: SSE events pass through unchanged, [DONE] guaranteed; or the buffered reply
+ *   -> attempt_cleanup exactly once per attempt; bookings finished exactly once per leg.
+ * A failure before the first byte reached the client may be retried on other instances.
+ */
+#include "pdgw_server_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg);
+static void wf_start_attempt(pdgw_req_t *r);
+static void wf_run_decode_stage(pdgw_req_t *r);
+
+static const char *protocol_of(const pdgw_req_t *r)
+{
+    return r->w->srv->desc->name;
+}
+
+static const pdgw_fwd_ops_t *ops_of(const pdgw_req_t *r)
+{
+    return r->w->srv->desc->ops;
+}
+
+/* ---------------------------------------------------------------- instances */
+
+static void view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
+{
+    const sched_instance_desc_t *d = sched_instance_desc(si);
+    memset(v, 0, sizeof(*v));
+    v->id = d->id ? d->id : "";
+    v->url = sched_instance_url(si);
+    v->host = d->host ? d->host : "";
+    v->port = d->port;
+    v->role = d->role == SCHED_ROLE_PREFILL  ? PDGW_FWD_ROLE_PREFILL
+              : d->role == SCHED_ROLE_DECODE ? PDGW_FWD_ROLE_DECODE
+                                             : PDGW_FWD_ROLE_BOTH;
+    v->zone = d->zone ? d->zone : "";
+    v->kv_host = d->kv_host && d->kv_host[0] ? d->kv_host : v->host;
+    v->kv_port = d->kv_port;
+    v->bootstrap_port = d->bootstrap_port;
+    v->engine_id = d->engine_id ? d->engine_id : "";
+    v->alloc_ports = d->alloc_ports;
+    v->n_alloc_ports = d->n_alloc_ports;
+    v->init_ports = d->init_ports;
+    v->n_init_ports = d->n_init_ports;
+    v->tp_size = d->tp_size > 0 ? d->tp_size : 1;
+    v->dp_rank = d->dp_rank;
+    v->dp_size = d->dp_size > 0 ? d->dp_size : 1;
+    v->weight = (int)d->weight;
+}
+
+/* Refresh the peer views from the booking. */
+static void wf_refresh_peers(pdgw_req_t *r)
+{
+    int k;
+    r->peers.prefill = r->peers.decode = NULL;
+    for (k = 0; k < 2; k++) {
+        sched_instance_t *si;
+        r->inst_set[k] = false;
+        if (r->booking == NULL)
+            continue;
+        si = sched_booking_instance(r->booking, k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE);
+        if (si == NULL)
+            continue;
+        view_from_sched(&r->inst_view[k], si);
+        r->inst_set[k] = true;
+        snprintf(k == 0 ? r->prefill_id : r->decode_id, SCHED_ID_MAX, "%s", r->inst_view[k].id);
+    }
+    if (r->inst_set[0])
+        r->peers.prefill = &r->inst_view[0];
+    if (r->inst_set[1])
+        r->peers.decode = &r->inst_view[1];
+}
+
+static void wf_sched_request(pdgw_req_t *r, sched_request_t *sr, const char **excl)
+{
+    size_t i;
+    memset(sr, 0, sizeof(*sr));
+    if (r->info_valid) {
+        sr->text = r->info.prompt_text;
+        sr->text_len = r->info.prompt_text_len;
+        if (r->info.prompt_tokens && r->info.n_prompt_tokens) {
+            sr->tokens = (const uint32_t *)r->info.prompt_tokens;
+            sr->n_tokens = r->info.n_prompt_tokens;
+        }
+        sr->prompt_tokens = r->info.est_prompt_tokens > 0 && r->info.est_prompt_tokens < UINT32_MAX
+                                ? (uint32_t)r->info.est_prompt_tokens
+                                : 0;
+        sr->max_tokens = r->info.max_tokens > 0 && r->info.max_tokens < UINT32_MAX
+                             ? (uint32_t)r->info.max_tokens
+                             : 0;
+    }
+    for (i = 0; i < r->n_failed; i++)
+        excl[i] = r->failed_ids[i];
+    sr->exclude_ids = excl;
+    sr->n_exclude_ids = r->n_failed;
+}
+
+static sched_outcome_t leg_outcome(const pdgw_leg_t *leg)
+{
+    switch (leg->err) {
+    case PDGW_LEGERR_NONE:
+        return SCHED_OUTCOME_SUCCESS;
+    case PDGW_LEGERR_CONNECT:
+        return SCHED_OUTCOME_CONNECT_ERROR;
+    case PDGW_LEGERR_TIMEOUT:
+        return SCHED_OUTCOME_TIMEOUT;
+    case PDGW_LEGERR_STATUS:
+        return sched_outcome_from_http((int)leg->status);
+    default:
+        return SCHED_OUTCOME_TRANSFER_ERROR;
+    }
+}
+
+/* Finish one booked leg exactly once. */
+static void wf_finish_booking(pdgw_req_t *r, pdgw_leg_kind_t k, sched_outcome_t outcome,
+                              const pdgw_leg_t *leg)
+{
+    sched_leg_t sl = k == PDGW_LEG_PREFILL ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE;
+    sched_result_t res;
+    if (r->booking == NULL || !sched_booking_leg_open(r->booking, sl))
+        return;
+    memset(&res, 0, sizeof(res));
+    res.outcome = outcome;
+    if (leg) {
+        res.http_status = (int)leg->status;
+        res.retry_after_ms = leg->retry_after_ms;
+        res.detail = leg->errmsg[0] ? leg->errmsg : NULL;
+    }
+    (void)sched_booking_finish(r->booking, sl, &res);
+}
+
+/* ---------------------------------------------------------------- attempts */
+
+static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
+{
+    int k;
+    for (k = 0; k < 2; k++) {
+        if (r->legs[k].state == PDGW_LEG_RUNNING) {
+            pdgw_leg_abort(&r->legs[k]);
+            wf_finish_booking(r, (pdgw_leg_kind_t)k, SCHED_OUTCOME_CANCELLED, NULL);
+        }
+    }
+    if (r->attempt_live) {
+        r->attempt_live = false;
+        if (ops_of(r)->attempt_cleanup)
+            ops_of(r)->attempt_cleanup(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, reason);
+        r->fwd_state = NULL;
+    }
+}
+
+static void wf_set_finished(pdgw_req_t *r)
+{
+    r->stage = PDGW_WF_FINISHED;
+    pdgw_worker_active_remove(r->w, r);
+}
+
+/* Success of the whole request: the relay is complete. */
+static void wf_succeed(pdgw_req_t *r)
+{
+    int k;
+    for (k = 0; k < 2; k++)
+        wf_finish_booking(r, (pdgw_leg_kind_t)k, SCHED_OUTCOME_SUCCESS, NULL);
+    wf_attempt_end(r, PDGW_END_OK);
+    wf_set_finished(r);
+}
+
+static char *json_text(json_t *body, size_t *len)
+{
+    char *s = json_dumps(body, JSON_COMPACT);
+    *len = s ? strlen(s) : 0;
+    return s;
+}
+
+static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    pdgw_fwd_leg_t fl;
+    pdgw_fwd_error_t e;
+    pdgw_leg_t *leg = &r->legs[k];
+    const pdgw_instance_t *inst = k == PDGW_LEG_PREFILL ? r->peers.prefill : r->peers.decode;
+    char *text;
+    size_t len;
+    pdgw_status_t st;
+
+    memset(&fl, 0, sizeof(fl));
+    memset(&e, 0, sizeof(e));
+    if (inst == NULL) {
+        pdgw_fwd_error_set(&e, k == PDGW_LEG_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_DECODE, 0,
+                           503, "no %s instance booked",
+                           k == PDGW_LEG_PREFILL ? "prefill" : "decode");
+        wf_fail(r, &e, NULL);
+        return false;
+    }
+    if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
+            PDGW_FWD_OK ||
+        fl.body == NULL) {
+        json_decref(fl.body);
+        if (e.message[0] == '\0')
+            pdgw_fwd_error_set(&e, k == PDGW_LEG_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_DECODE,
+                               0, 500, "forwarder %s could not build the %s leg", protocol_of(r),
+                               k == PDGW_LEG_PREFILL ? "prefill" : "decode");
+        wf_fail(r, &e, NULL);
+        return false;
+    }
+    text = json_text(fl.body, &len);
+    json_decref(fl.body);
+    if (text == NULL) {
+        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "out of memory");
+        wf_fail(r, &e, NULL);
+        return false;
+    }
+    leg->relay = k == PDGW_LEG_DECODE;
+    leg->sse = leg->relay && r->info.stream;
+    st = pdgw_leg_start(leg, inst, fl.path ? fl.path : r->path, "POST", text, len, &fl);
+    if (st != PDGW_OK) {
+        free(text);
+        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "cannot start upstream request: %s",
+                           pdgw_strerror(st));
+        wf_fail(r, &e, NULL);
+        return false;
+    }
+    return true;
+}
+
+/* Run the gate at <point>; true to go on now. */
+static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    pdgw_fwd_error_t e;
+    pdgw_fwd_status_t fs;
+    if (ops->gate == NULL)
+        return true;
+    memset(&e, 0, sizeof(e));
+    fs = ops->gate(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, point, &e);
+    if (fs == PDGW_FWD_OK)
+        return true;
+    if (fs == PDGW_FWD_PENDING) {
+        uint64_t now = pdgw_now_ms();
+        if (r->stage != PDGW_WF_GATE || r->gate_point != point) {
+            int64_t gt = r->w->srv->plan.gate_timeout_ms;
+            r->gate_deadline_ms = gt > 0 ? now + (uint64_t)gt : r->deadline_ms;
+            if (r->gate_deadline_ms > r->deadline_ms)
+                r->gate_deadline_ms = r->deadline_ms;
+        }
+        r->stage = PDGW_WF_GATE;
+        r->gate_point = point;
+        return false;
+    }
+    if (e.message[0] == '\0')
+        pdgw_fwd_error_set(
+            &e, point == PDGW_GATE_BEFORE_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_KV_TRANSFER, 0,
+            503, "forwarder %s refused the request at its gate", protocol_of(r));
+    wf_fail(r, &e, NULL);
+    return false;
+}
+
+static void wf_run_first_stage(pdgw_req_t *r)
+{
+    switch (r->freq.dispatch) {
+    case PDGW_DISPATCH_SINGLE:
+        wf_run_decode_stage(r);
+        return;
+    case PDGW_DISPATCH_SERIAL:
+        r->stage = PDGW_WF_PREFILL;
+        (void)wf_build_and_start(r, PDGW_LEG_PREFILL);
+        return;
+    case PDGW_DISPATCH_PARALLEL:
+        r->stage = PDGW_WF_DECODE;
+        /* Both bodies are built before either leg is sent. */
+        if (!wf_build_and_start(r, PDGW_LEG_PREFILL))
+            return;
+        (void)wf_build_and_start(r, PDGW_LEG_DECODE);
+        return;
+    }
+}
+
+/* Book what this attempt needs up front. false when it failed (reply sent). */
+static bool wf_book(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    sched_request_t sr;
+    const char *excl[4];
+    sched_status_t st = SCHED_OK;
+    pdgw_fwd_error_t e;
+
+    if (r->booking != NULL)
+        return true; /* retry: rebooked by wf_retry */
+    wf_sched_request(r, &sr, excl);
+    switch (r->freq.dispatch) {
+    case PDGW_DISPATCH_SINGLE:
+        st = srv->plan.single_needs_prefill ? sched_book_pd(srv->opts.pool, &sr, &r->booking)
+                                            : sched_book_decode(srv->opts.pool, &sr, &r->booking);
+        break;
+    case PDGW_DISPATCH_SERIAL:
+        st = r->freq.mode == PDGW_MODE_STAGED ? sched_book_prefill(srv->opts.pool, &sr, &r->booking)
+                                              : sched_book_pd(srv->opts.pool, &sr, &r->booking);
+        break;
+    case PDGW_DISPATCH_PARALLEL:
+        st = sched_book_pd(srv->opts.pool, &sr, &r->booking);
+        break;
+    }
+    if (st != SCHED_OK) {
+        memset(&e, 0, sizeof(e));
+        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "no usable instance: %s",
+                           sched_strerror(st));
+        r->booking = NULL;
+        wf_fail(r, &e, NULL);
+        return false;
+    }
+    return true;
+}
+
+static void wf_start_attempt(pdgw_req_t *r)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    pdgw_fwd_error_t e;
+
+    r->freq.attempt = r->attempt;
+    if (!wf_book(r))
+        return;
+    wf_refresh_peers(r);
+    memset(&e, 0, sizeof(e));
+    r->fwd_state = NULL;
+    if (ops->attempt_init) {
+        if (ops->attempt_init(r->w->srv->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) !=
+            PDGW_FWD_OK) {
+            if (e.message[0] == '\0')
+                pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "forwarder %s: attempt_init",
+                                   protocol_of(r));
+            wf_fail(r, &e, NULL);
+            return;
+        }
+    }
+    r->attempt_live = true;
+    r->stage = PDGW_WF_NONE;
+    if (!wf_gate(r, PDGW_GATE_BEFORE_PREFILL))
+        return;
+    wf_run_first_stage(r);
+}
+
+/* GET /v1/models without configured names: ask one decode-capable instance. */
+static void wf_start_models(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    sched_request_t sr;
+    const char *excl[4];
+    sched_status_t st;
+    pdgw_status_t ps;
+
+    r->passthrough = true;
+    r->stage = PDGW_WF_DECODE;
+    pdgw_worker_active_add(r->w, r);
+    wf_sched_request(r, &sr, excl);
+    st = sched_book_decode(srv->opts.pool, &sr, &r->booking);
+    if (st != SCHED_OK) {
+        r->booking = NULL;
+        wf_set_finished(r);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance", "no usable instance: %s",
+                              sched_strerror(st));
+        return;
+    }
+    wf_refresh_peers(r);
+    r->legs[PDGW_LEG_DECODE].relay = true;
+    r->legs[PDGW_LEG_DECODE].sse = false;
+    ps = pdgw_leg_start(&r->legs[PDGW_LEG_DECODE], r->peers.decode, "/v1/models", "GET", NULL, 0,
+                        NULL);
+    if (ps != PDGW_OK) {
+        wf_set_finished(r);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "cannot start upstream request");
+    }
+}
+
+void pdgw_wf_start(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    if (r->route == PDGW_ROUTE_MODELS) {
+        wf_start_models(r);
+        return;
+    }
+    memset(&r->freq, 0, sizeof(r->freq));
+    r->freq.request_id = r->id;
+    r->freq.path = r->path;
+    r->freq.body = r->json;
+    r->freq.stream = r->info.stream;
+    r->freq.is_chat = r->kind == PDGW_API_CHAT_COMPLETIONS;
+    r->freq.mode = srv->opts.mode;
+    r->freq.dispatch = srv->plan.dispatch;
+    r->freq.deadline_ms = (int64_t)r->deadline_ms;
+    r->freq.model = r->info.model ? r->info.model : "";
+    r->freq.prompt_tokens = r->info.est_prompt_tokens;
+    r->freq.max_tokens = r->info.max_tokens;
+    r->waker = pdgw_waker_create(r->w, r);
+    r->freq.waker = r->waker;
+    r->stage = PDGW_WF_NONE;
+    pdgw_worker_active_add(r->w, r);
+    wf_start_attempt(r);
+}
+
+/* ---------------------------------------------------------------- stages */
+
+static void wf_run_decode_stage(pdgw_req_t *r)
+{
+    r->stage = PDGW_WF_DECODE;
+    (void)wf_build_and_start(r, PDGW_LEG_DECODE);
+}
+
+/* Serial: prefill answered 2xx. */
+static void wf_after_prefill(pdgw_req_t *r, pdgw_leg_t *leg)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    pdgw_fwd_error_t e;
+    json_t *resp;
+
+    memset(&e, 0, sizeof(e));
+    resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+    if (ops->on_prefill_response &&
+        ops->on_prefill_response(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, leg->status, resp,
+                                 &e) != PDGW_FWD_OK) {
+        json_decref(resp);
+        if (e.message[0] == '\0')
+            pdgw_fwd_error_set(&e, PDGW_PHASE_KV_TRANSFER, 1, 502,
+                               "forwarder %s rejected the prefill response", protocol_of(r));
+        wf_fail(r, &e, NULL);
+        return;
+    }
+    json_decref(resp);
+    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL)
+        return; /* decode is already running */
+    if (r->freq.mode == PDGW_MODE_STAGED && !sched_booking_leg_open(r->booking, SCHED_LEG_DECODE) &&
+        sched_booking_instance(r->booking, SCHED_LEG_DECODE) == NULL) {
+        sched_status_t st = sched_booking_book_decode(r->booking);
+        if (st != SCHED_OK) {
+            pdgw_fwd_error_set(&e, PDGW_PHASE_DECODE, 0, 503, "no usable decode instance: %s",
+                               sched_strerror(st));
+            wf_fail(r, &e, NULL);
+            return;
+        }
+        wf_refresh_peers(r);
+    }
+    if (!wf_gate(r, PDGW_GATE_BEFORE_DECODE))
+        return;
+    wf_run_decode_stage(r);
+}
+
+static void wf_add_failed(pdgw_req_t *r, const char *id)
+{
+    size_t i;
+    for (i = 0; i < r->n_failed; i++)
+        if (strcmp(r->failed_ids[i], id) == 0)
+            return;
+    if (r->n_failed < 4)
+        snprintf(r->failed_ids[r->n_failed++], SCHED_ID_MAX, "%s", id);
+}
+
+/* Error from a leg that failed (transport or status). */
+static void wf_leg_error(pdgw_req_t *r, pdgw_leg_t *leg, pdgw_fwd_error_t *e)
+{
+    pdgw_phase_t phase = leg->kind == PDGW_LEG_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_DECODE;
+    int status = 502;
+    int retryable = 0;
+    switch (leg->err) {
+    case PDGW_LEGERR_CONNECT:
+        retryable = 1;
+        break;
+    case PDGW_LEGERR_TIMEOUT:
+        status = 504;
+        break;
+    case PDGW_LEGERR_STATUS:
+        if (leg->status == 429 || leg->status == 503) {
+            retryable = 1;
+            status = (int)leg->status;
+        } else if (leg->status >= 500) {
+            retryable = 1;
+        } else {
+            status = (int)leg->status; /* the engine's own verdict on the request */
+        }
+        break;
+    case PDGW_LEGERR_RESET:
+        retryable = 1;
+        break;
+    default:
+        break;
+    }
+    pdgw_fwd_error_set(e, phase, retryable, status, "%s",
+                       leg->errmsg[0] ? leg->errmsg : "upstream failed");
+}
+
+void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
+{
+    pdgw_fwd_error_t e;
+    uint64_t dur_us = (leg->t_end_ms - leg->t_start_ms) * 1000u;
+
+    if (leg->kind == PDGW_LEG_PREFILL)
+        r->t_prefill_us = dur_us;
+    else
+        r->t_decode_us = dur_us;
+    if (r->stage == PDGW_WF_FINISHED)
+        return;
+    if (leg->err != PDGW_LEGERR_NONE) {
+        pdgw_gateway_metrics_upstream_error(r->w->srv->opts.metrics, protocol_of(r), leg->inst->id,
+                                            pdgw_leg_err_name(leg->err));
+        memset(&e, 0, sizeof(e));
+        wf_leg_error(r, leg, &e);
+        wf_fail(r, &e, leg);
+        return;
+    }
+    if (leg->kind == PDGW_LEG_PREFILL) {
+        wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, leg);
+        pdgw_gateway_metrics_observe_phase(r->w->srv->opts.metrics, protocol_of(r), "prefill",
+                                           (double)dur_us / 1e6);
+        wf_after_prefill(r, leg);
+        return;
+    }
+    /* Decode (relayed) leg completed. */
+    pdgw_gateway_metrics_observe_phase(r->w->srv->opts.metrics, protocol_of(r), "decode",
+                                       (double)dur_us / 1e6);
+    if (leg->sse) {
+        if (!r->committed) {
+            /* 200 but not one event: still a valid (empty) stream. */
+            pdgw_req_commit_stream(r);
+        }
+        if (!leg->saw_done)
+            pdgw_req_out_append(r, "data: [DONE]\n\n", 14);
+        pdgw_req_out_end(r);
+    } else {
+        size_t len;
+        char *body = pdgw_buf_steal(&leg->resp, &len);
+        pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
+                       leg->content_type[0] ? leg->content_type : "application/json");
+    }
+    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL &&
+        r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_RUNNING) {
+        /* The drained prefill is of no use any more. */
+        pdgw_leg_abort(&r->legs[PDGW_LEG_PREFILL]);
+        wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, NULL);
+    }
+    wf_succeed(r);
+}
+
+/* ---------------------------------------------------------------- failure and retry */
+
+static unsigned default_scope(const pdgw_fwd_error_t *e)
+{
+    switch (e->phase) {
+    case PDGW_PHASE_PREFILL:
+        return PDGW_REPICK_PREFILL;
+    case PDGW_PHASE_DECODE:
+        return PDGW_REPICK_DECODE;
+    default:
+        return PDGW_REPICK_PREFILL | PDGW_REPICK_DECODE;
+    }
+}
+
+/* Try another attempt; true when one was started. */
+static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg)
+{
+    pdgw_server_t *srv = r->w->srv;
+    unsigned scope;
+    int k;
+
+    if (r->passthrough || !e->retryable || r->committed || r->attempt >= srv->opts.retries ||
+        r->booking == NULL || pdgw_now_ms() >= r->deadline_ms || r->client_gone)
+        return false;
+    scope = ops_of(r)->retry_scope ? ops_of(r)->retry_scope(srv->fwd_ctx, r->fwd_state, &r->freq, e)
+                                   : default_scope(e);
+    if (r->freq.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
+        scope &= PDGW_REPICK_DECODE;
+    if (scope == PDGW_REPICK_NONE)
+        return false;
+    /* Close this attempt: failed leg with its outcome, the rest cancelled. */
+    if (failed_leg) {
+        wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
+        wf_add_failed(r, failed_leg->inst->id);
+    }
+    wf_attempt_end(r, PDGW_END_RETRY);
+    for (k = 0; k < 2; k++) {
+        sched_leg_t sl = k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE;
+        unsigned bit = k == 0 ? PDGW_REPICK_PREFILL : PDGW_REPICK_DECODE;
+        if (!(scope & bit) || sched_booking_instance(r->booking, sl) == NULL)
+            continue;
+        wf_finish_booking(r, (pdgw_leg_kind_t)k, SCHED_OUTCOME_CANCELLED, NULL);
+        if (sched_booking_rebook(r->booking, sl) != SCHED_OK)
+            return false; /* nothing left: the caller reports the original failure */
+    }
+    r->attempt++;
+    pdgw_gateway_metrics_retry(srv->opts.metrics, protocol_of(r));
+    pdgw_log_info("workflow", "req=%s retry %u after %s failure: %s", r->id, r->attempt,
+                  pdgw_phase_name(e->phase), e->message);
+    for (k = 0; k < 2; k++) {
+        pdgw_leg_release(&r->legs[k]);
+        pdgw_leg_init(&r->legs[k], r, (pdgw_leg_kind_t)k);
+    }
+    wf_start_attempt(r);
+    return true;
+}
+
+static pdgw_api_err_kind_t kind_for_status(int status)
+{
+    switch (status) {
+    case 400:
+        return PDGW_API_ERR_BAD_REQUEST;
+    case 429:
+        return PDGW_API_ERR_RATE_LIMITED;
+    case 503:
+        return PDGW_API_ERR_UNAVAILABLE;
+    case 504:
+        return PDGW_API_ERR_TIMEOUT;
+    case 500:
+        return PDGW_API_ERR_INTERNAL;
+    default:
+        return status >= 400 && status < 500 ? pdgw_api_err_kind_from_http(status)
+                                             : PDGW_API_ERR_BAD_GATEWAY;
+    }
+}
+
+static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg)
+{
+    pdgw_api_error_t api;
+    int status;
+    int k;
+
+    if (r->stage == PDGW_WF_FINISHED)
+        return;
+    if (wf_retry(r, e, failed_leg))
+        return;
+    snprintf(r->error_text, sizeof(r->error_text), "%s: %s", pdgw_phase_name(e->phase), e->message);
+    /* Stop everything; finish bookings with what happened. */
+    if (failed_leg)
+        wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
+    for (k = 0; k < 2; k++) {
+        if (r->legs[k].state == PDGW_LEG_RUNNING) {
+            pdgw_leg_abort(&r->legs[k]);
+            wf_finish_booking(r, (pdgw_leg_kind_t)k, SCHED_OUTCOME_CANCELLED, NULL);
+        }
+    }
+    wf_attempt_end(r, e->http_status == 504 ? PDGW_END_TIMEOUT : PDGW_END_FAILED);
+    wf_set_finished(r);
+
+    status = e->http_status ? e->http_status : 502;
+    pdgw_api_error_set(&api, kind_for_status(status), NULL, "%s", e->message);
+    if (r->committed) {
+        /* The stream already started: one error event, then [DONE]. */
+        size_t len;
+        char *ev = pdgw_api_error_sse(&api, 1, &len);
+        if (ev) {
+            pdgw_req_out_append(r, ev, len);
+            free(ev);
+        }
+        pdgw_req_out_end(r);
+        return;
+    }
+    /* An upstream 4xx is the engine's verdict on the request: relay it as is. */
+    if (failed_leg && failed_leg->err == PDGW_LEGERR_STATUS && failed_leg->status >= 400 &&
+        failed_leg->status < 500 && failed_leg->resp.len > 0) {
+        size_t len;
+        char *body = pdgw_buf_steal(&failed_leg->resp, &len);
+        pdgw_req_reply(r, (int)failed_leg->status, body, len,
+                       failed_leg->content_type[0] ? failed_leg->content_type : "application/json");
+        return;
+    }
+    if (status == 504)
+        pdgw_api_error_set_code(&api, "upstream_timeout");
+    {
+        size_t len;
+        char *body = pdgw_api_error_body(&api, &len);
+        pdgw_req_reply(r, status, body, body ? len : 0, "application/json");
+    }
+}
+
+/* ---------------------------------------------------------------- relay */
+
+int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
+{
+    uint64_t now = pdgw_now_ms();
+    if (r->stage == PDGW_WF_FINISHED)
+        return 1;
+    if (ev->is_done) {
+        if (leg->saw_done)
+            return 0; /* one [DONE] only */
+        leg->saw_done = true;
+    } else if (ev->has_data) {
+        if (r->t_first_token_ms == 0) {
+            r->t_first_token_ms = now;
+            pdgw_gateway_metrics_observe_ttft(r->w->srv->opts.metrics, protocol_of(r),
+                                              (double)(now - r->t_start_ms) / 1e3);
+        } else {
+            pdgw_gateway_metrics_observe_tpot(r->w->srv->opts.metrics, protocol_of(r),
+                                              (double)(now - r->t_last_token_ms) / 1e3);
+        }
+        r->t_last_token_ms = now;
+    }
+    /* Pass the event through byte for byte. */
+    pdgw_req_out_append(r, ev->raw, ev->raw_len);
+    if (!r->committed)
+        pdgw_req_commit_stream(r);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- deadlines, wake, end */
+
+void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
+{
+    pdgw_server_t *srv = r->w->srv;
+    pdgw_fwd_error_t e;
+    int k;
+
+    if (r->stage == PDGW_WF_FINISHED)
+        return;
+    memset(&e, 0, sizeof(e));
+    if (now >= r->deadline_ms) {
+        pdgw_fwd_error_set(&e,
+                           r->stage == PDGW_WF_PREFILL ? PDGW_PHASE_PREFILL
+                           : r->stage == PDGW_WF_GATE  ? PDGW_PHASE_KV_TRANSFER
+                                                       : PDGW_PHASE_DECODE,
+                           0, 504, "request deadline passed");
+        wf_fail(r, &e, NULL);
+        return;
+    }
+    if (r->stage == PDGW_WF_GATE) {
+        if (now >= r->gate_deadline_ms) {
+            pdgw_fwd_error_set(
+                &e, PDGW_PHASE_KV_TRANSFER, 0, 504, "timed out waiting for the %s gate of %s",
+                r->gate_point == PDGW_GATE_BEFORE_PREFILL ? "prefill" : "decode", protocol_of(r));
+            wf_fail(r, &e, NULL);
+        }
+        return;
+    }
+    for (k = 0; k < 2; k++) {
+        pdgw_leg_t *leg = &r->legs[k];
+        uint64_t limit;
+        if (leg->state != PDGW_LEG_RUNNING || leg->paused)
+            continue;
+        if (leg->t_first_ms == 0) {
+            limit = srv->opts.first_byte_timeout_ms;
+            if (limit && now >= leg->t_start_ms + limit) {
+                snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: no response within %llu ms",
+                         leg->inst->id, (unsigned long long)limit);
+            } else {
+                continue;
+            }
+        } else {
+            limit = srv->opts.idle_timeout_ms;
+            if (limit && now >= leg->t_last_ms + limit) {
+                snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: idle for %llu ms", leg->inst->id,
+                         (unsigned long long)limit);
+            } else {
+                continue;
+            }
+        }
+        leg->err = PDGW_LEGERR_TIMEOUT;
+        pdgw_leg_abort(leg);
+        pdgw_gateway_metrics_upstream_error(srv->opts.metrics, protocol_of(r), leg->inst->id,
+                                            "timeout");
+        wf_leg_error(r, leg, &e);
+        wf_fail(r, &e, leg);
+        return;
+    }
+}
+
+void pdgw_wf_on_wake(pdgw_req_t *r)
+{
+    pdgw_gate_point_t point = r->gate_point;
+    if (r->stage != PDGW_WF_GATE)
+        return;
+    if (!wf_gate(r, point))
+        return;
+    if (point == PDGW_GATE_BEFORE_PREFILL)
+        wf_run_first_stage(r);
+    else
+        wf_run_decode_stage(r);
+}
+
+void pdgw_wf_cancel(pdgw_req_t *r)
+{
+    if (r->stage == PDGW_WF_FINISHED || r->stage == PDGW_WF_NONE) {
+        if (r->attempt_live)
+            wf_attempt_end(r, PDGW_END_CANCELLED);
+        wf_set_finished(r);
+        return;
+    }
+    snprintf(r->error_text, sizeof(r->error_text), "client disconnected");
+    wf_attempt_end(r, PDGW_END_CANCELLED);
+    wf_set_finished(r);
+}
+
+void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
+{
+    pdgw_server_t *srv = r->w->srv;
+    pdgw_gateway_metrics_t *gm = srv->opts.metrics;
+    bool was_running = r->stage != PDGW_WF_FINISHED && r->stage != PDGW_WF_NONE;
+    bool stream_cut = r->committed && !r->out_done;
+    uint64_t now_ns = pdgw_time_mono_ns();
+    int k;
+
+    if (r->finalized)
+        return;
+    r->finalized = true;
+    if (client_disconnected && (was_running || stream_cut) && r->route == PDGW_ROUTE_INFER) {
+        pdgw_gateway_metrics_client_disconnect(gm, protocol_of(r));
+        if (r->final_status == 0 || r->committed)
+            r->final_status = r->committed ? r->final_status : 499;
+        snprintf(r->error_text, sizeof(r->error_text), "client disconnected");
+    }
+    pdgw_wf_cancel(r);
+    if (r->waker) {
+        pdgw_waker_detach(r->waker);
+        r->waker = NULL;
+    }
+    sched_booking_destroy(&r->booking);
+
+    if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
+        r->route == PDGW_ROUTE_NONE) {
+        int status = r->final_status ? r->final_status : r->reply_status;
+        double dur = (double)(now_ns - r->t_start_ns) / 1e9;
+        if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS)
+            pdgw_gateway_metrics_request_done(gm, protocol_of(r), status, dur);
+        if (pdgw_log_access_enabled()) {
+            pdgw_access_entry_t a;
+            pdgw_access_entry_init(&a);
+            a.request_id = r->id;
+            a.method = r->method;
+            a.path = r->path;
+            a.protocol = protocol_of(r);
+            a.model = r->info_valid ? r->info.model : NULL;
+            a.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
+            a.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
+            a.error = r->error_text[0] ? r->error_text : NULL;
+            a.status = status;
+            a.retries = r->attempt;
+            a.stream = r->info_valid && r->info.stream;
+            a.client_disconnected = client_disconnected && (was_running || stream_cut);
+            a.total_us = (int64_t)((now_ns - r->t_start_ns) / 1000u);
+            if (r->t_first_token_ms)
+                a.ttft_us = (int64_t)(r->t_first_token_ms - r->t_start_ms) * 1000;
+            if (r->t_prefill_us)
+                a.prefill_us = (int64_t)r->t_prefill_us;
+            if (r->t_decode_us)
+                a.decode_us = (int64_t)r->t_decode_us;
+            a.bytes_in = r->body.len;
+            a.bytes_out = r->bytes_out;
+            pdgw_access_log(&a);
+        }
+    }
+    for (k = 0; k < 2; k++)
+        pdgw_leg_release(&r->legs[k]);
+    pdgw_worker_active_remove(r->w, r);
+    if (r->counted) {
+        atomic_fetch_sub(&srv->inflight, 1);
+        pdgw_gauge_dec(gm->inflight);
+    }
+    if (r->info_valid)
+        pdgw_request_info_release(&r->info);
+    json_decref(r->json);
+    pdgw_buf_free(&r->body);
+    pdgw_buf_free(&r->fwd_headers);
+    pdgw_buf_free(&r->out);
+    pdgw_free(r->reply_body);
+    pdgw_free(r);
+}

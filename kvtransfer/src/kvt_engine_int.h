@@ -1,0 +1,379 @@
+/*
+ * kvt_engine_int.h - internals of the engine (progress thread, control
+ * plane, flows). Not installed.
+ *
+ * Threads: user threads submit (thread-safe); ONE progress thread owns every
+ * ZeroMQ socket and runs every flow state machine; transport threads only
+ * queue completions (kvt_engine_tl_complete) and wake the progress thread.
+ *
+ * Locks: e->lock guards tasks, the command queue and the completion queue;
+ * e->rx_lock guards the receiver's key dictionary and request table (users
+ * read it directly for load/lookup/release). Lock order rx_lock -> lock.
+ */
+#ifndef KVT_ENGINE_INT_H
+#define KVT_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "kvt/kvt_breaker.h"
+#include "kvt/kvt_engine.h"
+#include "kvt/kvt_msg.h"
+#include "kvt/kvt_pending.h"
+#include "kvt/kvt_reserve.h"
+#include "kvt_transport.h"
+
+/* ---- small string map (kvt_engine_map.c) ------------------------------- */
+typedef struct kvt_map_ent {
+    struct kvt_map_ent *next;
+    char *key;
+    void *val;
+} kvt_map_ent_t;
+
+typedef struct kvt_map {
+    kvt_map_ent_t **b;
+    size_t nb;
+    size_t n;
+} kvt_map_t;
+
+kvt_status_t kvt_map_init(kvt_map_t *m, size_t nb);
+void kvt_map_fini(kvt_map_t *m); /* frees entries, not values */
+void *kvt_map_get(const kvt_map_t *m, const char *key);
+kvt_status_t kvt_map_put(kvt_map_t *m, const char *key, void *val); /* EXISTS if present */
+void *kvt_map_del(kvt_map_t *m, const char *key);                   /* returns value */
+/* Iterate: call fn for every value; fn may not modify the map. */
+void kvt_map_each(const kvt_map_t *m, void (*fn)(void *arg, const char *key, void *val), void *arg);
+
+/* ---- tasks (kvt_task.c) ------------------------------------------------ */
+typedef struct kvt_task {
+    struct kvt_task *next; /* done list */
+    kvt_task_id_t id;
+    kvt_task_kind_t kind;
+    kvt_status_t status;
+    uint32_t nkeys;
+    uint8_t *bitmap;
+    void *user;
+    int done;
+    uint64_t start_ns;
+} kvt_task_t;
+
+kvt_task_t *kvt_task_new(kvt_engine_t *e, kvt_task_kind_t kind, uint32_t nkeys, void *user);
+/* Complete: moves to the done list, signals the eventfd. Takes e->lock. */
+void kvt_task_complete(kvt_engine_t *e, kvt_task_t *t, kvt_status_t st);
+/* Drop every task (destroy). */
+void kvt_task_fini(kvt_engine_t *e);
+
+/* ---- sender ------------------------------------------------------------ */
+typedef enum {
+    SREQ_QUEUED = 0,
+    SREQ_WAIT_REPLY, /* AllocRequest / PullReadyNotif sent */
+    SREQ_WRITING,    /* push writes posted */
+    SREQ_DONE,
+} kvt_sreq_state_t;
+
+typedef struct kvt_speer kvt_speer_t;
+
+typedef struct kvt_sreq {
+    struct kvt_sreq *next;
+    kvt_task_t *task;
+    kvt_speer_t *peer;
+    char *req_id;
+    char **keys;
+    size_t *lens;
+    kvt_page_t *pages; /* staging pages (pinned while in use) */
+    uint32_t n;
+    kvt_pool_t *pool; /* pool of <pages> */
+    int32_t fmt;
+    int64_t shape[KVT_MAX_DIMS];
+    uint32_t ndim;
+    char dtype[KVT_DTYPE_MAX];
+    int64_t last_chunk_toks;
+    int is_last;
+    uint32_t total_chunks;
+    int pull;
+    char pull_id[320];
+    kvt_sreq_state_t state;
+    uint64_t deadline_ns;
+    uint8_t *sent_bm; /* keys not to release at completion (pull: still pinned) */
+    int cancelled;
+} kvt_sreq_t;
+
+/* One receiver endpoint (host:alloc_port) as seen by a sender. */
+struct kvt_speer {
+    kvt_speer_t *next;
+    char addr[300]; /* "host:alloc_port" */
+    char host[256];
+    uint16_t alloc_port;
+    uint16_t init_port;
+    char peer_id[KVT_TL_PEER_ID_MAX + 1]; /* receiver node id (handshake) */
+    void *dealer;                         /* alloc channel */
+    void *init_dealer;                    /* handshake channel */
+    int hs_state;                         /* 0 none, 1 sent, 2 done, -1 failed */
+    uint64_t hs_deadline_ns;
+    kvt_sreq_t *q_head, *q_tail; /* waiting for the channel */
+    kvt_sreq_t *active;          /* request awaiting its reply */
+    uint32_t dealer_gen;
+};
+
+/* Request-level bookkeeping on the sender (ProxyNotif after every batch). */
+typedef struct kvt_sgroup {
+    char *req_id;
+    uint32_t outstanding;
+    int last_seen;
+    kvt_speer_t *peer;
+} kvt_sgroup_t;
+
+/* ---- receiver ---------------------------------------------------------- */
+typedef enum {
+    RENT_ALLOCATED = 1, /* push: waiting for the sender's writes */
+    RENT_READING,       /* pull-eager: read in flight */
+    RENT_LANDED,        /* bytes here */
+    RENT_PROXY,         /* pull-delay: bytes still at the sender */
+    RENT_CONSUMED,      /* pull-delay: read once by a load, gone */
+} kvt_rent_state_t;
+
+typedef struct kvt_rpull kvt_rpull_t;
+
+typedef struct kvt_rent {
+    char *key;
+    char *req_id;
+    kvt_rent_state_t state;
+    kvt_page_t page; /* KVT_PAGE_NONE for proxies */
+    size_t len;
+    uint32_t locks;
+    int release_pending;              /* free at last unlock / end of read */
+    int granted;                      /* WRITE grant to <writer> outstanding */
+    char *writer;                     /* sender node id (push) */
+    kvt_rpull_t *pull;                /* pull it belongs to (pull modes) */
+    char ruuid[KVT_UUID_STR_LEN + 1]; /* sender ref (pull) */
+    uint64_t roff;
+    int busy; /* a load is reading it (delay) */
+} kvt_rent_t;
+
+struct kvt_rpull {
+    char *pull_id;
+    char *req_id;
+    char *sender_id;
+    char *done_url;
+    uint32_t remaining; /* keys still to read */
+    uint32_t refs;      /* entries pointing here */
+    int done_sent;
+};
+
+typedef struct kvt_rreq {
+    char *req_id;
+    int notified;     /* sender's ProxyNotif arrived */
+    uint32_t reading; /* pull-eager reads in flight */
+    int cancelled;
+    kvt_task_t **waiters;
+    uint64_t *waiter_deadline;
+    uint32_t nwaiters;
+    uint64_t touched_ns;
+} kvt_rreq_t;
+
+/* Parked AllocRequest / PullReadyNotif waiting for space. */
+typedef struct kvt_parked {
+    struct kvt_parked *next;
+    void *sock;
+    void *ident;
+    size_t ident_len;
+    int delim;
+    kvt_msg_t msg;
+    uint64_t deadline_ns;
+} kvt_parked_t;
+
+/* ---- commands and completions ------------------------------------------ */
+typedef enum {
+    CMD_STORE = 1,
+    CMD_LOAD_DELAY,
+    CMD_CANCEL,
+    CMD_WAIT_REQ,
+} kvt_cmd_kind_t;
+
+typedef struct kvt_load_job kvt_load_job_t;
+
+typedef struct kvt_cmd {
+    struct kvt_cmd *next;
+    kvt_cmd_kind_t kind;
+    kvt_sreq_t *sreq;
+    kvt_load_job_t *job;
+    kvt_task_t *task;
+    char *req_id;
+    int notify;
+    char host[256];
+    uint16_t port;
+    int timeout_ms;
+} kvt_cmd_t;
+
+typedef enum {
+    CK_PUSH_WRITE = 1, /* ptr = sreq */
+    CK_PULL_READ,      /* ptr = read ctx */
+    CK_DELAY_READ,     /* ptr = load job */
+} kvt_cookie_kind_t;
+
+typedef struct kvt_compl {
+    struct kvt_compl *next;
+    uint64_t cookie;
+    kvt_status_t status;
+    char *peer_failed; /* non-NULL: a peer failure report */
+} kvt_compl_t;
+
+/* A pull-eager read in flight on the receiver. */
+typedef struct kvt_rread {
+    kvt_rpull_t *pull;
+    kvt_rent_t **ents;
+    uint32_t n;
+    uint64_t start_ns;
+} kvt_rread_t;
+
+/* A load touching pull-delay proxies (ping-pong through two chunk pools). */
+struct kvt_load_job {
+    struct kvt_load_job *next;
+    kvt_task_t *task;
+    kvt_rent_t **ents; /* the proxy entries, in order */
+    uint32_t *slot;    /* index of each entry in the caller's arrays */
+    uint32_t n;
+    void **bufs;
+    size_t *caps;
+    size_t *lens_out;
+    uint32_t next_post; /* first entry not yet posted */
+    uint32_t inflight_first, inflight_n, inflight_half;
+    uint32_t ready_first, ready_n, ready_half; /* landed, to copy */
+    int posted;
+    kvt_status_t status;
+    uint64_t start_ns;
+};
+
+/* ---- the engine -------------------------------------------------------- */
+struct kvt_engine {
+    kvt_config_t cfg;
+    kvt_role_t role;
+    char id[KVT_TL_PEER_ID_MAX + 1];
+    char bind_host[256];
+    char advertise[256];
+    size_t page_size;
+    kvt_clock_t clock;
+    uint32_t ctrl_timeout_ms;
+    uint32_t delay_chunks;
+
+    kvt_pool_t *pool;     /* KV pages (receiver landing / sender staging) */
+    kvt_pool_t *cpu_pool; /* sender CPU offload staging (pd_use_cpu_offload) */
+    kvt_pool_t *pp_pool;  /* pull-delay ping-pong pages (2 * delay_chunks) */
+    kvt_pool_t *stage;    /* pool sender batches are staged in */
+
+    const kvt_transport_desc_t *tdesc;
+    kvt_tl_t *tl;
+    kvt_tl_region_t *regions[3 * KVT_POOL_MAX_REGIONS];
+    uint32_t nregions;
+
+    void *zctx;
+    void *router;     /* receiver alloc ROUTER */
+    void *init_rt;    /* receiver handshake ROUTER */
+    void *done_pull;  /* sender PULL for PullDoneSignal / CancelNotif */
+    void *proxy_push; /* sender PUSH to pd_proxy */
+    kvt_engine_ports_t ports;
+    kvt_map_t done_pushes; /* receiver: done url -> PUSH socket */
+
+    pthread_t thread;
+    int wake_fd;
+    int event_fd;
+    atomic_int stop;
+
+    pthread_mutex_t lock;
+    pthread_cond_t task_cond;
+    kvt_map_t tasks; /* "id" -> task (pending and done-unharvested) */
+    kvt_task_t *done_head, *done_tail;
+    kvt_task_id_t next_id;
+    kvt_cmd_t *cmd_head, *cmd_tail;
+    kvt_compl_t *compl_head, *compl_tail;
+
+    /* sender (progress thread only) */
+    kvt_speer_t *speers;
+    kvt_map_t sgroups; /* req_id -> kvt_sgroup_t */
+    kvt_breaker_t *breaker;
+    kvt_pending_t *pending;
+
+    /* receiver (rx_lock) */
+    pthread_mutex_t rx_lock;
+    kvt_map_t rents; /* key -> kvt_rent_t */
+    kvt_map_t rreqs; /* req_id -> kvt_rreq_t */
+    kvt_reserve_t *reserve;
+    kvt_parked_t *parked;
+    kvt_load_job_t *jobs_head, *jobs_tail; /* delay loads, one active at a time */
+
+    /* metrics */
+    pthread_mutex_t mlock;
+    kvt_metrics_t m;
+    uint64_t pull_seq;
+};
+
+/* engine core (kvt_engine.c) */
+void kvt_engine_wake(kvt_engine_t *e);
+uint64_t kvt_engine_now(const kvt_engine_t *e);
+void kvt_engine_count(kvt_engine_t *e, uint64_t *field, uint64_t n);
+void kvt_engine_observe(kvt_engine_t *e, uint64_t start_ns);
+uint64_t kvt_cookie(kvt_cookie_kind_t kind, void *ptr);
+kvt_status_t kvt_engine_region_of(kvt_engine_t *e, kvt_pool_t *pool, kvt_page_t page,
+                                  kvt_tl_region_t **region_out, uint64_t *off_out,
+                                  char uuid_out[KVT_UUID_STR_LEN + 1]);
+kvt_status_t kvt_engine_grant(kvt_engine_t *e, const char *peer, kvt_pool_t *pool,
+                              const kvt_page_t *pages, uint32_t n, unsigned access, int revoke);
+
+kvt_status_t kvt_engine_post_cmd(kvt_engine_t *e, kvt_cmd_t *c);
+/* transport post; KVT_ERR_CLOSED once the transport is gone */
+kvt_status_t kvt_engine_post(kvt_engine_t *e, const char *peer, kvt_tl_op_t op,
+                             const kvt_tl_xfer_t *x, size_t n, uint64_t cookie);
+
+/* control plane helpers (kvt_ctrl.c) */
+void *kvt_ctrl_socket(kvt_engine_t *e, int type);
+void kvt_ctrl_close(void *sock);
+kvt_status_t kvt_ctrl_bind(void *sock, const char *host, uint16_t port, uint16_t *bound_out);
+kvt_status_t kvt_ctrl_send_msg(void *sock, const kvt_msg_t *m, int flags);
+/* Send a reply on a ROUTER: identity, [empty delimiter], payload. */
+kvt_status_t kvt_ctrl_reply(void *router, const void *ident, size_t ident_len, int delim,
+                            const kvt_msg_t *m);
+kvt_status_t kvt_ctrl_reply_raw(void *router, const void *ident, size_t ident_len, int delim,
+                                const void *data, size_t len);
+/* Receive one multipart message without blocking. For a ROUTER <ident> gets
+ * the identity (kvt_malloc'd) and <delim> whether an empty frame followed.
+ * The last frame is returned in *data and *len (kvt_malloc'd). KVT_ERR_TIMEOUT
+ * when nothing is there. */
+kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_len, int *delim,
+                           void **data, size_t *len);
+void *kvt_ctrl_done_push(kvt_engine_t *e, const char *url);
+
+/* flows */
+void kvt_flow_sender_submit(kvt_engine_t *e, kvt_sreq_t *r);
+void kvt_flow_sender_route(kvt_engine_t *e, kvt_sreq_t *r, const char *host, uint16_t port,
+                           uint16_t init_port);
+void kvt_flow_sender_tick(kvt_engine_t *e);
+/* drain the peers' DEALER sockets */
+void kvt_flow_sender_poll(kvt_engine_t *e);
+/* fire-and-forget message on the DEALER of receiver host:alloc_port */
+void kvt_flow_sender_notify(kvt_engine_t *e, const char *host, uint16_t port, const kvt_msg_t *m);
+void kvt_flow_sender_on_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data, size_t len);
+void kvt_flow_sender_on_hs_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data, size_t len);
+void kvt_flow_sender_on_write_done(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st);
+void kvt_flow_sender_on_done_sock(kvt_engine_t *e, const void *data, size_t len);
+void kvt_flow_sender_cancel(kvt_engine_t *e, const char *req_id);
+void kvt_flow_sender_peer_failed(kvt_engine_t *e, const char *peer_id);
+void kvt_flow_sender_fini(kvt_engine_t *e);
+void kvt_sreq_free(kvt_sreq_t *r);
+
+void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
+                             const void *data, size_t len);
+void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
+                           const void *data, size_t len);
+void kvt_flow_recv_tick(kvt_engine_t *e);
+void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st);
+void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward);
+void kvt_flow_recv_wait_req(kvt_engine_t *e, kvt_task_t *t, const char *req_id, int timeout_ms);
+void kvt_flow_recv_fini(kvt_engine_t *e);
+void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r);
+
+void kvt_flow_delay_start(kvt_engine_t *e, kvt_load_job_t *job);
+void kvt_flow_delay_on_read_done(kvt_engine_t *e, kvt_load_job_t *job, kvt_status_t st);
+void kvt_flow_delay_fini(kvt_engine_t *e);
+
+#endif /* KVT_ENGINE_INT_H */

@@ -1,0 +1,1060 @@
+/*
+ * kvt_flow_recv.c - the receiver side: the alloc ROUTER (AllocRequest,
+ * PullReadyNotif, ProxyNotif from the sender, CancelNotif, ReserveRequest),
+ * the transport handshake ROUTER, pull-eager reads, and the user calls on
+ * the landed data (load / lookup / release / wait for a request).
+ *
+ * Every request on the ROUTER gets a reply, even on error. When the pool
+ * is full the request is parked (no busy loop) and retried until the
+ * backoff TTL passes; then the receiver gives what it has (partial) or
+ * answers alloc_failed.
+ *
+ * A chunk becomes visible (LANDED) only when its bytes are here: after the
+ * sender's ProxyNotif for push (sent once every batch's writes completed),
+ * after our own read for pull-eager.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "kvt/kvt_uuid.h"
+#include "kvt_engine_int.h"
+
+/* ---- entries ------------------------------------------------------------ */
+
+static void rpull_put(kvt_rpull_t *pl)
+{
+    if (pl == NULL || pl->refs > 0 || pl->remaining > 0)
+        return;
+    kvt_free(pl->pull_id);
+    kvt_free(pl->req_id);
+    kvt_free(pl->sender_id);
+    kvt_free(pl->done_url);
+    kvt_free(pl);
+}
+
+static void send_done_signal(kvt_engine_t *e, kvt_rpull_t *pl)
+{
+    void *s;
+    kvt_msg_t m;
+
+    if (pl->done_sent)
+        return;
+    pl->done_sent = 1;
+    s = kvt_ctrl_done_push(e, pl->done_url);
+    if (s == NULL)
+        return;
+    kvt_msg_init(&m, KVT_MSG_PULL_DONE_SIGNAL);
+    m.u.pull_done.pull_id = pl->pull_id;
+    (void)kvt_ctrl_send_msg(s, &m, ZMQ_DONTWAIT);
+}
+
+/* One key of <pl> will not be read (any more): done signal after the last. */
+static void rpull_key_done(kvt_engine_t *e, kvt_rpull_t *pl)
+{
+    if (pl->remaining > 0 && --pl->remaining == 0)
+        send_done_signal(e, pl);
+}
+
+/* Detach <r> from its pull. <consumed>: its key counts as done. */
+static void rent_drop_pull(kvt_engine_t *e, kvt_rent_t *r)
+{
+    kvt_rpull_t *pl = r->pull;
+
+    if (pl == NULL)
+        return;
+    r->pull = NULL;
+    if (r->state == RENT_PROXY || r->state == RENT_READING || r->state == RENT_CONSUMED)
+        rpull_key_done(e, pl);
+    pl->refs--;
+    rpull_put(pl);
+}
+
+void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r)
+{
+    kvt_map_del(&e->rents, r->key);
+    if (r->granted && r->page != KVT_PAGE_NONE)
+        kvt_engine_grant(e, r->writer, e->pool, &r->page, 1, KVT_TL_ACCESS_WRITE, 1);
+    if (r->page != KVT_PAGE_NONE)
+        kvt_pool_free(e->pool, &r->page, 1);
+    rent_drop_pull(e, r);
+    kvt_free(r->key);
+    kvt_free(r->req_id);
+    kvt_free(r->writer);
+    kvt_free(r);
+}
+
+/* Free <r> now, or when its lock/read ends. */
+static void rent_release_locked(kvt_engine_t *e, kvt_rent_t *r)
+{
+    if (r->locks > 0 || r->busy || r->state == RENT_READING)
+        r->release_pending = 1;
+    else
+        kvt_rent_free_locked(e, r);
+}
+
+static kvt_rreq_t *rreq_get(kvt_engine_t *e, const char *req_id, int create)
+{
+    kvt_rreq_t *q;
+
+    if (req_id == NULL || req_id[0] == '\0')
+        return NULL;
+    q = kvt_map_get(&e->rreqs, req_id);
+    if (q != NULL || !create)
+        return q;
+    q = kvt_calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    q->req_id = kvt_strdup(req_id);
+    if (q->req_id == NULL || kvt_map_put(&e->rreqs, req_id, q) != KVT_OK) {
+        kvt_free(q->req_id);
+        kvt_free(q);
+        return NULL;
+    }
+    q->touched_ns = kvt_engine_now(e);
+    return q;
+}
+
+static void rreq_free(kvt_engine_t *e, kvt_rreq_t *q, kvt_status_t waiters_st)
+{
+    kvt_map_del(&e->rreqs, q->req_id);
+    for (uint32_t i = 0; i < q->nwaiters; i++)
+        kvt_task_complete(e, q->waiters[i], waiters_st);
+    kvt_free(q->waiters);
+    kvt_free(q->waiter_deadline);
+    kvt_free(q->req_id);
+    kvt_free(q);
+}
+
+/* Complete the waiters of <q> if all its chunks landed. */
+static void rreq_check(kvt_engine_t *e, kvt_rreq_t *q)
+{
+    if (q == NULL || !q->notified || q->reading > 0)
+        return;
+    for (uint32_t i = 0; i < q->nwaiters; i++)
+        kvt_task_complete(e, q->waiters[i], KVT_OK);
+    q->nwaiters = 0;
+    (void)kvt_reserve_release(e->reserve, q->req_id);
+}
+
+/* ---- replies ------------------------------------------------------------ */
+
+typedef struct rctx {
+    void *sock;
+    const void *ident;
+    size_t ident_len;
+    int delim;
+} rctx_t;
+
+static void reply(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m)
+{
+    if (kvt_ctrl_reply(c->sock, c->ident, c->ident_len, c->delim, m) != KVT_OK)
+        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+}
+
+static void reply_alloc_failed(kvt_engine_t *e, const rctx_t *c, kvt_msg_type_t req, uint32_t n)
+{
+    kvt_msg_t m;
+
+    if (req == KVT_MSG_PULL_READY_NOTIF) {
+        kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
+        m.u.pull_ack.alloc_failed = 1;
+    } else {
+        kvt_msg_init(&m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+        m.u.alloc_resp.alloc_failed = 1;
+        for (uint32_t i = 0; i < n; i++) {
+            if (kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1) != KVT_OK ||
+                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "") != KVT_OK)
+                break;
+        }
+    }
+    reply(e, c, &m);
+    kvt_msg_clear(&m);
+    kvt_engine_count(e, &e->m.alloc_failures_total, n);
+}
+
+/* "<sender>-to-<receiver>" -> sender. */
+static void ident_sender(const void *ident, size_t len, char *out, size_t cap)
+{
+    char buf[KVT_TL_PEER_ID_MAX + 320];
+    char *cut = NULL, *p;
+
+    if (len >= sizeof(buf))
+        len = sizeof(buf) - 1;
+    memcpy(buf, ident, len);
+    buf[len] = '\0';
+    for (p = strstr(buf, "-to-"); p != NULL; p = strstr(p + 1, "-to-"))
+        cut = p;
+    if (cut != NULL)
+        *cut = '\0';
+    len = strnlen(buf, cap - 1);
+    memcpy(out, buf, len);
+    out[len] = '\0';
+}
+
+/* ---- AllocRequest / PullReadyNotif -------------------------------------- */
+
+/* Returns 1 when the request must be parked (no space yet, not final). */
+static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int final)
+{
+    int pull = msg->type == KVT_MSG_PULL_READY_NOTIF;
+    kvt_str_list_t *keys = pull ? &msg->u.pull_ready.keys : &msg->u.alloc_req.keys;
+    const char *req_id = "";
+    char sender[KVT_TL_PEER_ID_MAX + 1];
+    kvt_chunk_geom_t g;
+    uint32_t n = keys->n, nnew = 0, nalloc = 0;
+    uint32_t *newidx = NULL;
+    kvt_page_t *pages = NULL;
+    uint8_t *already = NULL;
+    kvt_rpull_t *pl = NULL;
+    kvt_msg_t m;
+    kvt_status_t st;
+    int delay = pull && e->cfg.pd_delay_pull;
+    kvt_rreq_t *q;
+
+    kvt_msg_init(&m, KVT_MSG_NONE);
+    if (pull) {
+        kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
+        const char *bar = strchr(pr->pull_id, '|');
+        req_id = bar != NULL ? bar + 1 : "";
+        snprintf(sender, sizeof(sender), "%s", pr->sender_id);
+        st = kvt_chunk_geom_init(&g, (int32_t)pr->fmt, pr->shape.v, pr->shape.n, pr->dtype);
+        if (st == KVT_OK &&
+            (pr->sender_buffer_uuids.n != n || pr->sender_mem_indexes.n != n || sender[0] == '\0' ||
+             pr->pull_id[0] == '\0' || strncmp(pr->sender_done_url, "tcp://", 6) != 0))
+            st = KVT_ERR_MSG_FIELD;
+    } else {
+        req_id = msg->u.alloc_req.req_id;
+        ident_sender(c->ident, c->ident_len, sender, sizeof(sender));
+        st = kvt_chunk_geom_init(&g, (int32_t)msg->u.alloc_req.fmt, msg->u.alloc_req.shape.v,
+                                 msg->u.alloc_req.shape.n, msg->u.alloc_req.dtype);
+    }
+    if (st != KVT_OK || kvt_chunk_bytes(&g) > e->page_size) {
+        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        reply_alloc_failed(e, c, msg->type, n);
+        return 0;
+    }
+    newidx = kvt_calloc(n + 1, sizeof(*newidx));
+    pages = kvt_calloc(n + 1, sizeof(*pages));
+    already = kvt_calloc(kvt_bitmap_bytes(n) + 1, 1);
+    if (newidx == NULL || pages == NULL || already == NULL)
+        goto fail;
+
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_rent_t *r = kvt_map_get(&e->rents, keys->v[i]);
+        int dup = 0;
+        if (r != NULL && r->state == RENT_CONSUMED)
+            r = NULL;
+        for (uint32_t k = 0; k < nnew && r == NULL && !dup; k++)
+            dup = strcmp(keys->v[newidx[k]], keys->v[i]) == 0;
+        if (r != NULL || dup)
+            kvt_bitmap_set(already, i);
+        else
+            newidx[nnew++] = i;
+    }
+    if (!delay && nnew > kvt_pool_total_pages(e->pool)) {
+        /* larger than the whole buffer: fail fast, no waiting */
+        pthread_mutex_unlock(&e->rx_lock);
+        kvt_free(newidx);
+        kvt_free(pages);
+        kvt_free(already);
+        reply_alloc_failed(e, c, msg->type, n);
+        return 0;
+    }
+    if (!delay && nnew > 0) {
+        st = kvt_reserve_alloc(e->reserve, req_id, nnew, final ? KVT_ALLOC_PARTIAL : 0, pages, NULL,
+                               &nalloc);
+        if (st == KVT_ERR_NOSPACE && !final) {
+            pthread_mutex_unlock(&e->rx_lock);
+            kvt_free(newidx);
+            kvt_free(pages);
+            kvt_free(already);
+            return 1;
+        }
+        if (st != KVT_OK)
+            nalloc = 0;
+        if (st != KVT_OK || nalloc == 0) {
+            pthread_mutex_unlock(&e->rx_lock);
+            kvt_free(newidx);
+            kvt_free(pages);
+            kvt_free(already);
+            reply_alloc_failed(e, c, msg->type, n);
+            return 0;
+        }
+        if (st != KVT_OK || nalloc < nnew)
+            kvt_engine_count(e, &e->m.alloc_failures_total, nnew - nalloc);
+    } else {
+        for (uint32_t k = 0; k < nnew; k++)
+            pages[k] = KVT_PAGE_NONE;
+    }
+    if (pull) {
+        kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
+        pl = kvt_calloc(1, sizeof(*pl));
+        if (pl != NULL) {
+            pl->pull_id = kvt_strdup(pr->pull_id);
+            pl->req_id = kvt_strdup(req_id);
+            pl->sender_id = kvt_strdup(sender);
+            pl->done_url = kvt_strdup(pr->sender_done_url);
+        }
+        if (pl == NULL || pl->pull_id == NULL || pl->req_id == NULL || pl->sender_id == NULL ||
+            pl->done_url == NULL) {
+            if (pl != NULL) {
+                kvt_free(pl->pull_id);
+                kvt_free(pl->req_id);
+                kvt_free(pl->sender_id);
+                kvt_free(pl->done_url);
+                kvt_free(pl);
+            }
+            pl = NULL;
+            if (nalloc > 0)
+                kvt_pool_free(e->pool, pages, nnew);
+            pthread_mutex_unlock(&e->rx_lock);
+            goto fail;
+        }
+    }
+
+    /* create the entries and build the reply */
+    if (pull) {
+        kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
+    } else {
+        kvt_msg_init(&m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (kvt_bitmap_test(already, i)) {
+            if (pull)
+                kvt_int_list_push(&m.u.pull_ack.already_sent_indexes, i);
+            else
+                kvt_int_list_push(&m.u.alloc_resp.already_sent_indexes, i);
+        }
+    }
+    kvt_engine_count(e, &e->m.already_sent_total, n - nnew);
+    q = rreq_get(e, req_id, 1);
+    for (uint32_t k = 0; k < nnew; k++) {
+        uint32_t i = newidx[k];
+        kvt_rent_t *r = NULL;
+        char uuid[KVT_UUID_STR_LEN + 1] = "";
+        kvt_tl_region_t *reg;
+        uint64_t off = 0;
+        int ok = delay || pages[k] != KVT_PAGE_NONE;
+
+        if (ok && !delay)
+            ok = kvt_engine_region_of(e, e->pool, pages[k], &reg, &off, uuid) == KVT_OK;
+        if (ok) {
+            r = kvt_calloc(1, sizeof(*r));
+            if (r != NULL) {
+                r->key = kvt_strdup(keys->v[i]);
+                r->req_id = kvt_strdup(req_id);
+                r->writer = kvt_strdup(sender);
+            }
+            if (r == NULL || r->key == NULL || r->req_id == NULL || r->writer == NULL ||
+                kvt_map_put(&e->rents, keys->v[i], r) != KVT_OK) {
+                if (r != NULL) {
+                    kvt_free(r->key);
+                    kvt_free(r->req_id);
+                    kvt_free(r->writer);
+                    kvt_free(r);
+                }
+                r = NULL;
+                ok = 0;
+            }
+        }
+        if (!ok && pages[k] != KVT_PAGE_NONE) {
+            kvt_pool_free(e->pool, &pages[k], 1);
+            pages[k] = KVT_PAGE_NONE;
+        }
+        if (r != NULL) {
+            r->page = delay ? KVT_PAGE_NONE : pages[k];
+            r->len = (i + 1 == n)
+                         ? kvt_chunk_bytes_toks(&g, pull ? msg->u.pull_ready.last_chunk_toks
+                                                         : msg->u.alloc_req.last_chunk_toks)
+                         : kvt_chunk_bytes(&g);
+            if (pull) {
+                kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
+                kvt_uuid_t u;
+                if (kvt_uuid_parse(pr->sender_buffer_uuids.v[i],
+                                   strlen(pr->sender_buffer_uuids.v[i]), &u) != KVT_OK ||
+                    pr->sender_mem_indexes.v[i] < 0) {
+                    kvt_rent_free_locked(e, r);
+                    continue;
+                }
+                snprintf(r->ruuid, sizeof(r->ruuid), "%s", pr->sender_buffer_uuids.v[i]);
+                r->roff = (uint64_t)pr->sender_mem_indexes.v[i] * e->page_size;
+                r->pull = pl;
+                pl->refs++;
+                pl->remaining++;
+                r->state = delay ? RENT_PROXY : RENT_READING;
+            } else {
+                r->state = req_id[0] != '\0' ? RENT_ALLOCATED : RENT_LANDED;
+                if (kvt_engine_grant(e, sender, e->pool, &r->page, 1, KVT_TL_ACCESS_WRITE, 0) ==
+                    KVT_OK)
+                    r->granted = 1;
+                kvt_int_list_push(&m.u.alloc_resp.remote_indexes, (int64_t)(off / e->page_size));
+                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, uuid);
+            }
+        } else if (!pull) {
+            kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1);
+            kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "");
+        }
+    }
+    if (q != NULL)
+        q->touched_ns = kvt_engine_now(e);
+    pthread_mutex_unlock(&e->rx_lock);
+    reply(e, c, &m);
+    kvt_msg_clear(&m);
+
+    if (pl != NULL) {
+        /* pull-eager: read everything now; pull-delay: reads happen in load */
+        if (!delay && pl->remaining > 0) {
+            kvt_rread_t *rd = kvt_calloc(1, sizeof(*rd));
+            kvt_tl_xfer_t *x = kvt_calloc(pl->remaining, sizeof(*x));
+            kvt_status_t pst = KVT_ERR_NOMEM;
+
+            pthread_mutex_lock(&e->rx_lock);
+            if (rd != NULL && x != NULL)
+                rd->ents = kvt_calloc(pl->remaining, sizeof(kvt_rent_t *));
+            if (rd != NULL && rd->ents != NULL) {
+                for (uint32_t i = 0; i < n; i++) {
+                    kvt_rent_t *r = kvt_map_get(&e->rents, keys->v[i]);
+                    uint64_t off;
+                    if (r == NULL || r->pull != pl || r->state != RENT_READING)
+                        continue;
+                    if (kvt_engine_region_of(e, e->pool, r->page, &x[rd->n].local, &off, NULL) !=
+                        KVT_OK)
+                        continue;
+                    x[rd->n].local_offset = off;
+                    memcpy(x[rd->n].remote_uuid, r->ruuid, KVT_UUID_STR_LEN + 1);
+                    x[rd->n].remote_offset = r->roff;
+                    x[rd->n].length = r->len;
+                    rd->ents[rd->n++] = r;
+                }
+                rd->pull = pl;
+                pl->refs++; /* the read context holds the pull until it is done */
+                rd->start_ns = kvt_clock_monotonic_ns();
+                q = rreq_get(e, pl->req_id, 1);
+                if (q != NULL)
+                    q->reading++;
+                pst = rd->n > 0 ? kvt_engine_post(e, pl->sender_id, KVT_TL_OP_READ, x, rd->n,
+                                                  kvt_cookie(CK_PULL_READ, rd))
+                                : KVT_ERR_INVALID;
+            }
+            pthread_mutex_unlock(&e->rx_lock);
+            kvt_free(x);
+            if (pst != KVT_OK && rd != NULL)
+                kvt_flow_recv_on_read_done(e, rd, pst == KVT_ERR_INVALID ? KVT_OK : pst);
+            else if (rd == NULL)
+                kvt_engine_count(e, &e->m.transfer_errors_total, 1);
+        } else if (pl->remaining == 0) {
+            send_done_signal(e, pl); /* nothing to read: release the sender now */
+            rpull_put(pl);
+        }
+    }
+    kvt_free(newidx);
+    kvt_free(pages);
+    kvt_free(already);
+    return 0;
+
+fail:
+    kvt_free(newidx);
+    kvt_free(pages);
+    kvt_free(already);
+    reply_alloc_failed(e, c, msg->type, n);
+    return 0;
+}
+
+void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st)
+{
+    kvt_rreq_t *q;
+    uint64_t bytes = 0;
+
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t i = 0; i < rd->n; i++) {
+        kvt_rent_t *r = rd->ents[i];
+        bytes += r->len;
+        rent_drop_pull(e, r); /* the key is read (or failed): done-signal bookkeeping */
+        if (st == KVT_OK && !r->release_pending) {
+            r->state = RENT_LANDED;
+        } else {
+            r->state = RENT_LANDED;
+            kvt_rent_free_locked(e, r);
+        }
+    }
+    q = rreq_get(e, rd->pull != NULL ? rd->pull->req_id : NULL, 0);
+    if (q != NULL && q->reading > 0)
+        q->reading--;
+    rreq_check(e, q);
+    if (rd->pull != NULL) {
+        rd->pull->refs--;
+        rpull_put(rd->pull);
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+    if (st == KVT_OK) {
+        kvt_engine_count(e, &e->m.bytes_read, bytes);
+        kvt_engine_observe(e, rd->start_ns);
+    } else {
+        kvt_engine_count(e, &e->m.transfer_errors_total, 1);
+    }
+    kvt_free(rd->ents);
+    kvt_free(rd);
+}
+
+/* ---- other messages ----------------------------------------------------- */
+
+typedef struct land_ctx {
+    kvt_engine_t *e;
+    const char *req_id;
+} land_ctx_t;
+
+static void land_one(void *arg, const char *key, void *val)
+{
+    land_ctx_t *lc = arg;
+    kvt_rent_t *r = val;
+    (void)key;
+    if (r->state != RENT_ALLOCATED || strcmp(r->req_id, lc->req_id) != 0)
+        return;
+    r->state = RENT_LANDED;
+    if (r->granted) {
+        kvt_engine_grant(lc->e, r->writer, lc->e->pool, &r->page, 1, KVT_TL_ACCESS_WRITE, 1);
+        r->granted = 0;
+    }
+}
+
+/* The sender's ProxyNotif: every batch of <req_id> completed. */
+static void handle_landed(kvt_engine_t *e, const char *req_id)
+{
+    land_ctx_t lc = {.e = e, .req_id = req_id};
+    kvt_rreq_t *q;
+
+    if (req_id[0] == '\0')
+        return;
+    pthread_mutex_lock(&e->rx_lock);
+    kvt_map_each(&e->rents, land_one, &lc);
+    q = rreq_get(e, req_id, 1);
+    if (q != NULL) {
+        q->notified = 1;
+        q->touched_ns = kvt_engine_now(e);
+        rreq_check(e, q);
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+}
+
+typedef struct cancel_ctx {
+    kvt_engine_t *e;
+    const char *req_id;
+    kvt_rent_t **victims;
+    uint32_t n, cap;
+} cancel_ctx_t;
+
+static void collect_req(void *arg, const char *key, void *val)
+{
+    cancel_ctx_t *cc = arg;
+    kvt_rent_t *r = val;
+    (void)key;
+    if (strcmp(r->req_id, cc->req_id) != 0)
+        return;
+    if (cc->n == cc->cap) {
+        uint32_t nc = cc->cap ? cc->cap * 2 : 64;
+        kvt_rent_t **nv = kvt_realloc(cc->victims, nc * sizeof(*nv));
+        if (nv == NULL)
+            return;
+        cc->victims = nv;
+        cc->cap = nc;
+    }
+    cc->victims[cc->n++] = r;
+}
+
+/* Release every entry of <req_id>; returns how many. rx_lock held. */
+static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forward)
+{
+    cancel_ctx_t cc = {.e = e, .req_id = req_id};
+    char *urls[16];
+    uint32_t nurls = 0;
+
+    kvt_map_each(&e->rents, collect_req, &cc);
+    for (uint32_t i = 0; i < cc.n; i++) {
+        kvt_rent_t *r = cc.victims[i];
+        if (forward && r->pull != NULL && nurls < 16) {
+            int seen = 0;
+            for (uint32_t k = 0; k < nurls; k++)
+                seen |= strcmp(urls[k], r->pull->done_url) == 0;
+            if (!seen && (urls[nurls] = kvt_strdup(r->pull->done_url)) != NULL)
+                nurls++;
+        }
+        rent_release_locked(e, r);
+    }
+    kvt_free(cc.victims);
+    /* tell the senders of pulls of this request: they unpin everything */
+    for (uint32_t k = 0; k < nurls; k++) {
+        void *s = kvt_ctrl_done_push(e, urls[k]);
+        if (s != NULL) {
+            kvt_msg_t m;
+            kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
+            m.u.cancel.req_id = (char *)req_id;
+            (void)kvt_ctrl_send_msg(s, &m, ZMQ_DONTWAIT);
+        }
+        kvt_free(urls[k]);
+    }
+    return cc.n;
+}
+
+void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward)
+{
+    kvt_rreq_t *q;
+
+    if (!(e->role & KVT_ROLE_RECEIVER) || req_id == NULL || req_id[0] == '\0')
+        return;
+    pthread_mutex_lock(&e->rx_lock);
+    release_req_locked(e, req_id, forward);
+    q = rreq_get(e, req_id, 0);
+    if (q != NULL)
+        rreq_free(e, q, KVT_ERR_CANCELLED);
+    (void)kvt_reserve_release(e->reserve, req_id);
+    pthread_mutex_unlock(&e->rx_lock);
+    /* parked requests of that req_id are answered by their deadline */
+    kvt_engine_count(e, &e->m.cancels_total, 1);
+}
+
+static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
+{
+    kvt_msg_t m;
+    int granted = 0;
+    int64_t free_chunks = 0;
+    kvt_status_t st;
+
+    st = kvt_reserve_request(e->reserve, msg->u.reserve_req.req_id, msg->u.reserve_req.total_chunks,
+                             msg->u.reserve_req.ttl_ms, &granted, &free_chunks);
+    if (st != KVT_OK) {
+        granted = 0;
+        free_chunks = kvt_reserve_free_chunks(e->reserve);
+    }
+    kvt_engine_count(e, granted ? &e->m.reserve_granted_total : &e->m.reserve_refused_total, 1);
+    kvt_msg_init(&m, KVT_MSG_RESERVE_RESPONSE);
+    m.u.reserve_resp.req_id = msg->u.reserve_req.req_id;
+    m.u.reserve_resp.granted = granted;
+    m.u.reserve_resp.free_chunks = free_chunks;
+    reply(e, c, &m); /* borrowed strings: nothing to clear */
+}
+
+static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
+{
+    kvt_parked_t *pk = kvt_calloc(1, sizeof(*pk));
+    kvt_parked_t **tail;
+
+    if (pk == NULL || (pk->ident = kvt_malloc(c->ident_len ? c->ident_len : 1)) == NULL) {
+        kvt_free(pk);
+        reply_alloc_failed(e, c, msg->type,
+                           msg->type == KVT_MSG_PULL_READY_NOTIF ? msg->u.pull_ready.keys.n
+                                                                 : msg->u.alloc_req.keys.n);
+        kvt_msg_clear(msg);
+        return;
+    }
+    memcpy(pk->ident, c->ident, c->ident_len);
+    pk->ident_len = c->ident_len;
+    pk->delim = c->delim;
+    pk->sock = c->sock;
+    pk->msg = *msg; /* takes ownership */
+    kvt_msg_init(msg, KVT_MSG_NONE);
+    pk->deadline_ns = kvt_engine_now(e) + kvt_sec_to_ns(e->cfg.pd_alloc_fail_backoff_ttl);
+    for (tail = &e->parked; *tail != NULL; tail = &(*tail)->next)
+        ;
+    *tail = pk;
+}
+
+void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
+                             const void *data, size_t len)
+{
+    rctx_t c = {.sock = e->router, .ident = ident, .ident_len = ident_len, .delim = delim};
+    kvt_msg_type_t type = KVT_MSG_NONE;
+    kvt_msg_t m;
+    kvt_status_t st = kvt_msg_decode(data, len, &m, NULL);
+
+    if (st != KVT_OK) {
+        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        /* a request we can name still gets its (failure) reply */
+        if (kvt_msg_peek_type(data, len, &type) == KVT_OK &&
+            (type == KVT_MSG_ALLOC_REQUEST || type == KVT_MSG_PULL_READY_NOTIF))
+            reply_alloc_failed(e, &c, type, 0);
+        return;
+    }
+    switch (m.type) {
+    case KVT_MSG_ALLOC_REQUEST:
+    case KVT_MSG_PULL_READY_NOTIF:
+        if (e->parked != NULL || handle_alloc(e, &c, &m, 0)) {
+            park(e, &c, &m); /* keep arrival order behind parked ones */
+            return;
+        }
+        break;
+    case KVT_MSG_PROXY_NOTIF:
+        handle_landed(e, m.u.proxy_notif.req_id);
+        break;
+    case KVT_MSG_CANCEL_NOTIF:
+        kvt_flow_sender_cancel(e, m.u.cancel.req_id);
+        kvt_flow_recv_cancel(e, m.u.cancel.req_id, 1);
+        break;
+    case KVT_MSG_RESERVE_REQUEST:
+        handle_reserve(e, &c, &m);
+        break;
+    default:
+        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        break;
+    }
+    kvt_msg_clear(&m);
+}
+
+void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
+                           const void *data, size_t len)
+{
+    kvt_msg_t m;
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
+    char peer[KVT_TL_PEER_ID_MAX + 1];
+    kvt_status_t st = kvt_msg_decode(data, len, &m, NULL);
+
+    if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0' ||
+        strlen(m.u.tinit.node_id) > KVT_TL_PEER_ID_MAX) {
+        if (st == KVT_OK)
+            kvt_msg_clear(&m);
+        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
+        return;
+    }
+    snprintf(peer, sizeof(peer), "%s", m.u.tinit.node_id);
+    kvt_msg_clear(&m);
+    st = e->tl != NULL ? e->tdesc->ops->peer_prepare(e->tl, peer, blob, &bl) : KVT_ERR_CLOSED;
+    if (st == KVT_OK)
+        st = e->tdesc->ops->peer_connect(e->tl, peer, data, len);
+    if (st != KVT_OK) {
+        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
+        return;
+    }
+    (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, blob, bl);
+}
+
+static void expire_waiters(void *arg, const char *key, void *val)
+{
+    kvt_engine_t *e = arg;
+    kvt_rreq_t *q = val;
+    uint64_t now = kvt_engine_now(e);
+    uint32_t k = 0;
+
+    (void)key;
+    for (uint32_t i = 0; i < q->nwaiters; i++) {
+        if (q->waiter_deadline[i] != 0 && now >= q->waiter_deadline[i]) {
+            kvt_task_complete(e, q->waiters[i], KVT_ERR_TIMEOUT);
+        } else {
+            q->waiters[k] = q->waiters[i];
+            q->waiter_deadline[k++] = q->waiter_deadline[i];
+        }
+    }
+    q->nwaiters = k;
+}
+
+void kvt_flow_recv_tick(kvt_engine_t *e)
+{
+    kvt_parked_t *list = e->parked, **tail;
+    uint64_t now = kvt_engine_now(e);
+
+    if (!(e->role & KVT_ROLE_RECEIVER))
+        return;
+    /* parked requests, in order; stop at the first that still has to wait */
+    e->parked = NULL;
+    while (list != NULL) {
+        kvt_parked_t *pk = list;
+        rctx_t c = {
+            .sock = pk->sock, .ident = pk->ident, .ident_len = pk->ident_len, .delim = pk->delim};
+        int final = now >= pk->deadline_ns;
+        list = pk->next;
+        if (handle_alloc(e, &c, &pk->msg, final)) {
+            pk->next = list;
+            e->parked = pk;
+            break;
+        }
+        kvt_msg_clear(&pk->msg);
+        kvt_free(pk->ident);
+        kvt_free(pk);
+    }
+    (void)tail;
+    pthread_mutex_lock(&e->rx_lock);
+    kvt_map_each(&e->rreqs, expire_waiters, e);
+    pthread_mutex_unlock(&e->rx_lock);
+    (void)kvt_reserve_sweep(e->reserve, NULL);
+}
+
+/* ---- user calls ------------------------------------------------------------ */
+
+kvt_status_t kvt_submit_wait_req(kvt_engine_t *e, const char *req_id, int timeout_ms, void *user,
+                                 kvt_task_id_t *id_out)
+{
+    kvt_task_t *t;
+    kvt_rreq_t *q;
+
+    if (e == NULL || req_id == NULL || req_id[0] == '\0' || id_out == NULL ||
+        !(e->role & KVT_ROLE_RECEIVER))
+        return KVT_ERR_INVALID;
+    t = kvt_task_new(e, KVT_TASK_WAIT_REQ, 0, user);
+    if (t == NULL)
+        return KVT_ERR_NOMEM;
+    *id_out = t->id;
+    pthread_mutex_lock(&e->rx_lock);
+    q = rreq_get(e, req_id, 1);
+    if (q == NULL) {
+        pthread_mutex_unlock(&e->rx_lock);
+        kvt_task_complete(e, t, KVT_ERR_NOMEM);
+        return KVT_OK;
+    }
+    if (q->notified && q->reading == 0) {
+        pthread_mutex_unlock(&e->rx_lock);
+        kvt_task_complete(e, t, KVT_OK);
+        return KVT_OK;
+    }
+    {
+        kvt_task_t **nw = kvt_realloc(q->waiters, (q->nwaiters + 1) * sizeof(*nw));
+        uint64_t *nd =
+            nw != NULL ? kvt_realloc(q->waiter_deadline, (q->nwaiters + 1) * sizeof(*nd)) : NULL;
+        if (nw != NULL)
+            q->waiters = nw;
+        if (nd == NULL) {
+            pthread_mutex_unlock(&e->rx_lock);
+            kvt_task_complete(e, t, KVT_ERR_NOMEM);
+            return KVT_OK;
+        }
+        q->waiter_deadline = nd;
+        q->waiters[q->nwaiters] = t;
+        q->waiter_deadline[q->nwaiters] =
+            timeout_ms < 0 ? 0 : kvt_engine_now(e) + (uint64_t)timeout_ms * KVT_NSEC_PER_MSEC + 1;
+        q->nwaiters++;
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+    return KVT_OK;
+}
+
+kvt_status_t kvt_submit_load(kvt_engine_t *e, const char *const *keys, void *const *bufs,
+                             const size_t *caps, size_t *lens_out, uint32_t n, void *user,
+                             kvt_task_id_t *id_out)
+{
+    kvt_task_t *t;
+    kvt_rent_t **copy = NULL, **prox = NULL;
+    uint32_t *cidx = NULL, *pidx = NULL, nc = 0, np = 0;
+    kvt_load_job_t *job = NULL;
+
+    if (e == NULL || id_out == NULL || (n > 0 && (keys == NULL || bufs == NULL || caps == NULL)))
+        return KVT_ERR_INVALID;
+    t = kvt_task_new(e, KVT_TASK_LOAD, n, user);
+    copy = kvt_calloc(n + 1, sizeof(*copy));
+    prox = kvt_calloc(n + 1, sizeof(*prox));
+    cidx = kvt_calloc(n + 1, sizeof(*cidx));
+    pidx = kvt_calloc(n + 1, sizeof(*pidx));
+    if (t == NULL || copy == NULL || prox == NULL || cidx == NULL || pidx == NULL) {
+        kvt_free(copy);
+        kvt_free(prox);
+        kvt_free(cidx);
+        kvt_free(pidx);
+        if (t != NULL)
+            kvt_task_complete(e, t, KVT_ERR_NOMEM);
+        return t != NULL ? (*id_out = t->id, KVT_OK) : KVT_ERR_NOMEM;
+    }
+    *id_out = t->id;
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_rent_t *r = keys[i] != NULL ? kvt_map_get(&e->rents, keys[i]) : NULL;
+        if (r == NULL || bufs[i] == NULL || caps[i] < r->len || r->busy)
+            continue;
+        if (r->state == RENT_LANDED) {
+            r->locks++; /* hold it while copying outside the lock */
+            copy[nc] = r;
+            cidx[nc++] = i;
+        } else if (r->state == RENT_PROXY && e->pp_pool != NULL) {
+            r->busy = 1;
+            prox[np] = r;
+            pidx[np++] = i;
+        }
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+    for (uint32_t k = 0; k < nc; k++) {
+        kvt_rent_t *r = copy[k];
+        if (kvt_pool_read(e->pool, r->page, 0, bufs[cidx[k]], r->len) == KVT_OK) {
+            kvt_bitmap_set(t->bitmap, cidx[k]);
+            if (lens_out != NULL)
+                lens_out[cidx[k]] = r->len;
+        }
+    }
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t k = 0; k < nc; k++) {
+        kvt_rent_t *r = copy[k];
+        if (--r->locks == 0 && r->release_pending)
+            kvt_rent_free_locked(e, r);
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+    kvt_free(copy);
+    kvt_free(cidx);
+    if (np == 0) {
+        kvt_free(prox);
+        kvt_free(pidx);
+        kvt_task_complete(e, t, KVT_OK);
+        return KVT_OK;
+    }
+    /* pull-delay chunks: the progress thread reads them, ping-pong */
+    job = kvt_calloc(1, sizeof(*job));
+    kvt_cmd_t *c = kvt_calloc(1, sizeof(*c));
+    if (job != NULL) {
+        job->bufs = kvt_calloc(n + 1, sizeof(void *));
+        job->caps = kvt_calloc(n + 1, sizeof(size_t));
+    }
+    if (job == NULL || c == NULL || job->bufs == NULL || job->caps == NULL) {
+        pthread_mutex_lock(&e->rx_lock);
+        for (uint32_t k = 0; k < np; k++)
+            prox[k]->busy = 0;
+        pthread_mutex_unlock(&e->rx_lock);
+        if (job != NULL) {
+            kvt_free(job->bufs);
+            kvt_free(job->caps);
+        }
+        kvt_free(job);
+        kvt_free(c);
+        kvt_free(prox);
+        kvt_free(pidx);
+        kvt_task_complete(e, t, KVT_ERR_NOMEM);
+        return KVT_OK;
+    }
+    memcpy(job->bufs, bufs, n * sizeof(void *));
+    memcpy(job->caps, caps, n * sizeof(size_t));
+    job->task = t;
+    job->ents = prox;
+    job->slot = pidx;
+    job->n = np;
+    job->lens_out = lens_out;
+    c->kind = CMD_LOAD_DELAY;
+    c->job = job;
+    return kvt_engine_post_cmd(e, c);
+}
+
+kvt_status_t kvt_submit_lookup(kvt_engine_t *e, const char *const *keys, uint32_t n, void *user,
+                               kvt_task_id_t *id_out)
+{
+    kvt_task_t *t;
+
+    if (e == NULL || id_out == NULL || (n > 0 && keys == NULL))
+        return KVT_ERR_INVALID;
+    t = kvt_task_new(e, KVT_TASK_LOOKUP, n, user);
+    if (t == NULL)
+        return KVT_ERR_NOMEM;
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_rent_t *r = keys[i] != NULL ? kvt_map_get(&e->rents, keys[i]) : NULL;
+        if (r != NULL && !r->release_pending &&
+            (r->state == RENT_LANDED || r->state == RENT_PROXY)) {
+            r->locks++;
+            kvt_bitmap_set(t->bitmap, i);
+        }
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+    *id_out = t->id;
+    kvt_task_complete(e, t, KVT_OK);
+    return KVT_OK;
+}
+
+void kvt_unlock(kvt_engine_t *e, const char *const *keys, uint32_t n)
+{
+    if (e == NULL || keys == NULL)
+        return;
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_rent_t *r = keys[i] != NULL ? kvt_map_get(&e->rents, keys[i]) : NULL;
+        if (r == NULL || r->locks == 0)
+            continue;
+        if (--r->locks == 0 && r->release_pending && !r->busy && r->state != RENT_READING)
+            kvt_rent_free_locked(e, r);
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+}
+
+uint32_t kvt_release(kvt_engine_t *e, const char *const *keys, uint32_t n)
+{
+    uint32_t known = 0;
+
+    if (e == NULL || keys == NULL)
+        return 0;
+    pthread_mutex_lock(&e->rx_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_rent_t *r = keys[i] != NULL ? kvt_map_get(&e->rents, keys[i]) : NULL;
+        if (r == NULL || r->release_pending)
+            continue;
+        known++;
+        rent_release_locked(e, r);
+    }
+    pthread_mutex_unlock(&e->rx_lock);
+    return known;
+}
+
+uint32_t kvt_release_req(kvt_engine_t *e, const char *req_id)
+{
+    uint32_t n;
+    kvt_rreq_t *q;
+
+    if (e == NULL || req_id == NULL || req_id[0] == '\0')
+        return 0;
+    pthread_mutex_lock(&e->rx_lock);
+    n = release_req_locked(e, req_id, 0);
+    q = rreq_get(e, req_id, 0);
+    if (q != NULL)
+        rreq_free(e, q, KVT_ERR_CANCELLED);
+    (void)kvt_reserve_release(e->reserve, req_id);
+    pthread_mutex_unlock(&e->rx_lock);
+    return n;
+}
+
+static void unbusy_cb(void *arg, const char *key, void *val)
+{
+    kvt_rent_t *r = val;
+    (void)arg;
+    (void)key;
+    r->busy = 0;
+    r->locks = 0;
+}
+
+typedef struct collect_all {
+    kvt_rent_t **v;
+    uint32_t n, cap;
+} collect_all_t;
+
+static void collect_any(void *arg, const char *key, void *val)
+{
+    collect_all_t *ca = arg;
+    (void)key;
+    if (ca->n == ca->cap) {
+        uint32_t nc = ca->cap ? ca->cap * 2 : 256;
+        kvt_rent_t **nv = kvt_realloc(ca->v, nc * sizeof(*nv));
+        if (nv == NULL)
+            return;
+        ca->v = nv;
+        ca->cap = nc;
+    }
+    ca->v[ca->n++] = val;
+}
+
+void kvt_flow_recv_fini(kvt_engine_t *e)
+{
+    collect_all_t ca = {0};
+
+    while (e->parked != NULL) {
+        kvt_parked_t *pk = e->parked;
+        e->parked = pk->next;
+        kvt_msg_clear(&pk->msg);
+        kvt_free(pk->ident);
+        kvt_free(pk);
+    }
+    if (e->rents.b == NULL)
+        return;
+    pthread_mutex_lock(&e->rx_lock);
+    kvt_map_each(&e->rents, unbusy_cb, NULL);
+    kvt_map_each(&e->rents, collect_any, &ca);
+    for (uint32_t i = 0; i < ca.n; i++)
+        kvt_rent_free_locked(e, ca.v[i]);
+    ca.n = 0;
+    kvt_map_each(&e->rreqs, collect_any, &ca);
+    for (uint32_t i = 0; i < ca.n; i++)
+        rreq_free(e, (kvt_rreq_t *)ca.v[i], KVT_ERR_CLOSED);
+    pthread_mutex_unlock(&e->rx_lock);
+    kvt_free(ca.v);
+}

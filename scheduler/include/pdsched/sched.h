@@ -1,0 +1,487 @@
+/*
+ * libpdsched — the prefill/decode scheduler of pdgw.
+ *
+ * An instance pool (static, DNS and pluggable discovery), active health
+ * probes and engine metric scrapes on a background thread (libcurl multi),
+ * local load accounting, per-role selection policies, per-instance circuit
+ * breakers and P/D bookings with exactly-once release. The library serves
+ * no HTTP; the gateway routes its admin and metrics surfaces to the
+ * functions at the end of this header.
+ *
+ * Start-up: sched_config_init() → fill the config → sched_pool_create() →
+ * sched_pool_add() for extra instances → sched_pool_start() → picks/bookings
+ * from any thread → sched_pool_destroy().
+ *
+ * Thread safety: every function taking a sched_pool_t, sched_instance_t or
+ * sched_booking_t may be called from any thread, except that one booking
+ * must not be used by two threads at the same moment (a booking belongs to
+ * one request).
+ */
+#ifndef PDSCHED_SCHED_H
+#define PDSCHED_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Status                                                              */
+/* ------------------------------------------------------------------ */
+
+/* 0 OK, > 0 in progress / informational, < 0 errors. */
+typedef enum sched_status {
+    SCHED_OK = 0,
+    SCHED_INPROGRESS = 1,
+    SCHED_ERR_INVALID = -1,          /* bad argument or bad descriptor/config */
+    SCHED_ERR_NO_MEMORY = -2,        /* allocation failed */
+    SCHED_ERR_NOT_FOUND = -3,        /* no instance with that id */
+    SCHED_ERR_EXISTS = -4,           /* id already present (add) / name registered */
+    SCHED_ERR_NO_INSTANCE = -5,      /* no usable instance for the role */
+    SCHED_ERR_ALREADY_RELEASED = -6, /* booking leg already finished (counted) */
+    SCHED_ERR_UNSUPPORTED = -7,      /* unknown policy / discovery back-end */
+    SCHED_ERR_STATE = -8,            /* wrong state (e.g. pool not started, leg not booked) */
+    SCHED_ERR_IO = -9,               /* resolver / system call failure */
+    SCHED_ERR_CLOSED = -10,          /* pool is shutting down */
+} sched_status_t;
+
+/* Static English text for a status; never NULL. */
+const char *sched_strerror(sched_status_t status);
+
+/* ------------------------------------------------------------------ */
+/* Instances                                                           */
+/* ------------------------------------------------------------------ */
+
+typedef enum sched_role {
+    SCHED_ROLE_PREFILL = 1,
+    SCHED_ROLE_DECODE = 2,
+    SCHED_ROLE_BOTH = 3, /* PREFILL | DECODE: serves either leg */
+} sched_role_t;
+
+typedef enum sched_state {
+    SCHED_STATE_UP = 0,       /* selectable (unless its breaker is open) */
+    SCHED_STATE_DRAINING = 1, /* no new bookings; in-flight ones finish */
+    SCHED_STATE_DOWN = 2,     /* failed health probes; not selectable */
+} sched_state_t;
+
+typedef enum sched_source {
+    SCHED_SOURCE_STATIC = 0, /* gateway config / quick-start flags */
+    SCHED_SOURCE_DNS = 1,
+    SCHED_SOURCE_K8S = 2,
+    SCHED_SOURCE_ADMIN = 3, /* POST /admin/instances */
+} sched_source_t;
+
+typedef enum sched_breaker_state {
+    SCHED_BREAKER_CLOSED = 0,
+    SCHED_BREAKER_OPEN = 1,
+    SCHED_BREAKER_HALF_OPEN = 2, /* one probe booking allowed */
+} sched_breaker_state_t;
+
+#define SCHED_ID_MAX     128 /* ids are at most 127 bytes */
+#define SCHED_MAX_TP     64  /* alloc/init ports per TP rank */
+#define SCHED_MAX_LABELS 16
+
+typedef struct sched_label {
+    const char *key;
+    const char *value;
+} sched_label_t;
+
+/*
+ * Everything known about one engine instance. As input (sched_pool_add,
+ * sched_pool_upsert) the strings are borrowed and copied by the pool; the
+ * "parsed" fields are ignored. As output (sched_instance_desc) the whole
+ * struct is owned by the instance, immutable, and valid while the caller
+ * holds a reference to the instance.
+ */
+typedef struct sched_instance_desc {
+    const char *id;  /* NULL/"" → derived from the URL ("host:port") */
+    const char *url; /* http://host:port[/base], required */
+    sched_role_t role;
+    unsigned weight;     /* 0 → 1 */
+    const char *kv_host; /* NULL/"" → host of url */
+    int kv_port;         /* vllm-kvt side channel, 0 = none */
+    int bootstrap_port;  /* sglang / mooncake bootstrap, 0 = none */
+    const char *engine_id;
+    int alloc_ports[SCHED_MAX_TP]; /* lmcache receiver alloc port per TP rank */
+    size_t n_alloc_ports;
+    int init_ports[SCHED_MAX_TP]; /* lmcache receiver init port per TP rank */
+    size_t n_init_ports;
+    int tp_size; /* 0 → number of alloc_ports, at least 1 */
+    int dp_rank;
+    int dp_size;      /* 0 → 1 */
+    const char *zone; /* shorthand for labels.zone; wins over labels */
+    sched_label_t labels[SCHED_MAX_LABELS];
+    size_t n_labels;
+    sched_source_t source;
+
+    /* Parsed from url by the pool (output only). */
+    const char *scheme;    /* "http" or "https" */
+    const char *host;      /* without IPv6 brackets */
+    int port;              /* explicit or scheme default */
+    const char *base_path; /* "" or "/prefix" without trailing slash */
+} sched_instance_desc_t;
+
+/* Zero the descriptor (role BOTH, weight 1, dp size 1, source static). */
+void sched_instance_desc_init(sched_instance_desc_t *desc);
+
+/*
+ * Fill <desc> from a JSON object with the instance keys of the config
+ * schema (id, url, role, zone, weight, kv_host, kv_port, bootstrap_port,
+ * engine_id, alloc_ports, init_ports, tp_size, dp_rank, dp_size, labels).
+ * Strings in <desc> are borrowed from <obj> (keep it alive). Unknown keys
+ * and bad values are SCHED_ERR_INVALID with a message naming the key in
+ * <err> (may be NULL).
+ */
+sched_status_t sched_instance_desc_from_json(const json_t *obj, sched_instance_desc_t *desc,
+                                             char *err, size_t err_len);
+
+/* Check a descriptor (URL parses, ports in range, sizes...) without adding it. */
+sched_status_t sched_instance_desc_validate(const sched_instance_desc_t *desc, char *err,
+                                            size_t err_len);
+
+const char *sched_role_name(sched_role_t role);
+sched_status_t sched_role_parse(const char *name, sched_role_t *role_out);
+const char *sched_state_name(sched_state_t state);
+const char *sched_source_name(sched_source_t source);
+const char *sched_breaker_state_name(sched_breaker_state_t state);
+
+typedef struct sched_instance sched_instance_t; /* opaque, ref-counted */
+
+/* Take / drop a reference. An instance stays valid (descriptor included)
+ * while referenced, even after it was removed from the pool. */
+sched_instance_t *sched_instance_ref(sched_instance_t *inst);
+void sched_instance_unref(sched_instance_t *inst);
+
+/* The immutable descriptor (owned by the instance). */
+const sched_instance_desc_t *sched_instance_desc(const sched_instance_t *inst);
+const char *sched_instance_id(const sched_instance_t *inst);
+const char *sched_instance_url(const sched_instance_t *inst); /* normalised, no trailing '/' */
+/* Value of label <key>, or NULL. "zone" is always answered from the zone. */
+const char *sched_instance_label(const sched_instance_t *inst, const char *key);
+sched_state_t sched_instance_state(const sched_instance_t *inst);
+sched_breaker_state_t sched_instance_breaker_state(const sched_instance_t *inst);
+uint32_t sched_instance_inflight(const sched_instance_t *inst);
+
+/*
+ * KV free-space hint for a decode instance, from libkvt's ReserveResponse
+ * (free chunks after the reservation). The decode choice avoids instances
+ * whose last hint said they are full. Expires after 4 × the scrape
+ * interval (at least 5 s).
+ */
+void sched_instance_set_kv_free_chunks(sched_instance_t *inst, uint64_t free_chunks);
+
+/* ------------------------------------------------------------------ */
+/* Policies and configuration                                          */
+/* ------------------------------------------------------------------ */
+
+typedef enum sched_policy {
+    SCHED_POLICY_ROUND_ROBIN = 0,
+    SCHED_POLICY_RANDOM = 1,
+    SCHED_POLICY_LEAST_LOAD = 2,
+    SCHED_POLICY_POWER_OF_TWO = 3,
+    SCHED_POLICY_PREFIX_AWARE = 4,
+    SCHED_POLICY_WEIGHTED = 5,
+} sched_policy_t;
+
+#define SCHED_POLICY_COUNT 6
+
+/* Names of the config schema: round-robin, random, least-load,
+ * power-of-two, prefix-aware, weighted. */
+const char *sched_policy_name(sched_policy_t policy);
+sched_status_t sched_policy_parse(const char *name, sched_policy_t *policy_out);
+
+/*
+ * Resolver used by DNS discovery: write up to <max_addrs> numeric
+ * addresses of <host> (IPv4 dotted or IPv6 without brackets, each < 64
+ * bytes) to <addrs>, set *n_out. SCHED_OK with *n_out == 0 means "the
+ * name has no addresses" (all its instances drain); an error status keeps
+ * the previous set unchanged. The default uses getaddrinfo().
+ */
+typedef struct sched_addr {
+    char ip[64];
+} sched_addr_t;
+typedef sched_status_t (*sched_resolve_fn)(void *arg, const char *host, sched_addr_t *addrs,
+                                           size_t max_addrs, size_t *n_out);
+
+/* Monotonic milliseconds; injectable for tests. */
+typedef uint64_t (*sched_clock_fn)(void *arg);
+
+/* Log levels of sched_log_fn. */
+typedef enum sched_log_level {
+    SCHED_LOG_DEBUG = 0,
+    SCHED_LOG_INFO = 1,
+    SCHED_LOG_WARN = 2,
+    SCHED_LOG_ERROR = 3,
+} sched_log_level_t;
+
+/* One log line (no trailing newline); called from any pool thread. */
+typedef void (*sched_log_fn)(void *arg, sched_log_level_t level, const char *msg);
+
+typedef struct sched_dns_config {
+    const char *prefill; /* "host:port" or "" */
+    const char *decode;
+    const char *both;
+    uint64_t interval_ms;     /* default 5000 */
+    sched_resolve_fn resolve; /* NULL → getaddrinfo */
+    void *resolve_arg;
+} sched_dns_config_t;
+
+/* Read by the Kubernetes EndpointSlice back-end (see discovery.h). */
+typedef struct sched_k8s_config {
+    const char *namespace_; /* "" → the pod's namespace file */
+    const char *prefill_selector;
+    const char *decode_selector;
+    const char *both_selector;
+    const char *port_name;  /* default "http" */
+    const char *api_server; /* "" → https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT */
+    const char *token_file;
+    const char *ca_file;
+} sched_k8s_config_t;
+
+/*
+ * Pool configuration; sched_config_init() sets the schema defaults. All
+ * strings and arrays are borrowed for the duration of sched_pool_create()
+ * only (the pool copies what it keeps), except the dns.resolve_arg and
+ * clock_arg pointers, which must outlive the pool.
+ */
+typedef struct sched_config {
+    sched_policy_t prefill_policy; /* default least-load */
+    sched_policy_t decode_policy;  /* default least-load */
+
+    uint64_t health_interval_ms; /* default 2000; 0 disables probes */
+    uint64_t health_timeout_ms;  /* default 1000 */
+    unsigned healthy_threshold;  /* default 1 */
+    unsigned unhealthy_threshold;
+    uint64_t metrics_scrape_interval_ms; /* default 2000; 0 disables scrapes */
+    uint64_t metrics_stale_ms;           /* 0 → 3 × scrape interval */
+    const char *health_path;             /* default "/health" */
+    const char *metrics_path;            /* default "/metrics" */
+
+    unsigned breaker_failures;    /* consecutive failures that open; default 5 */
+    uint64_t breaker_open_ms;     /* default 10000 */
+    uint64_t overload_penalty_ms; /* weight cut without Retry-After; default 5000 */
+
+    unsigned prefix_block_tokens; /* tokens per hashed block; default 16 (text: ×4 bytes) */
+    size_t prefix_max_blocks;     /* bounded index size per role; default 65536 */
+    double prefix_load_slack;     /* best match is "overloaded" when its load exceeds the
+                                     least load by more than this (requests); default 4 */
+    double zone_load_slack;       /* same-zone decode preferred if within this; default 1 */
+    uint32_t default_max_tokens;  /* projected decode tokens when max_tokens is 0; 512 */
+
+    /* Static instances (config `instances:`), added at sched_pool_start(). */
+    const sched_instance_desc_t *instances;
+    size_t n_instances;
+
+    sched_dns_config_t dns;
+    sched_k8s_config_t kubernetes;
+
+    sched_clock_fn clock; /* NULL → CLOCK_MONOTONIC */
+    void *clock_arg;
+    sched_log_fn log; /* NULL → warnings and errors to stderr */
+    void *log_arg;
+    uint64_t seed; /* random policies; 0 → time-based */
+} sched_config_t;
+
+void sched_config_init(sched_config_t *cfg);
+
+/* Validate a config (policies, thresholds, static instances, DNS names)
+ * for `pdgw --check-config`; message in <err> names the key. */
+sched_status_t sched_config_validate(const sched_config_t *cfg, char *err, size_t err_len);
+
+/* ------------------------------------------------------------------ */
+/* Pool                                                                */
+/* ------------------------------------------------------------------ */
+
+typedef struct sched_pool sched_pool_t;
+
+/* Allocate a pool (no threads, no I/O). *pool_out set on success only. */
+sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_out);
+
+/* Add the static instances, start discovery back-ends and the background
+ * thread (probes, scrapes, discovery ticks, idle removals). */
+sched_status_t sched_pool_start(sched_pool_t *pool);
+
+/*
+ * Run one iteration of the background work in the calling thread, waiting
+ * at most <timeout_ms> for network events. Only for a pool that was not
+ * started (tests, single-threaded tools); SCHED_ERR_STATE otherwise.
+ */
+sched_status_t sched_pool_poll(sched_pool_t *pool, int timeout_ms);
+
+/* Stop the thread and discovery, drop every instance reference the pool
+ * holds. Instances still referenced elsewhere live on until unref'd;
+ * bookings must be destroyed before the pool. */
+void sched_pool_destroy(sched_pool_t *pool);
+
+/* Add one instance (source as in desc). SCHED_ERR_EXISTS if the id is taken. */
+sched_status_t sched_pool_add(sched_pool_t *pool, const sched_instance_desc_t *desc, char *err,
+                              size_t err_len);
+
+/* Look up by id; returns a new reference (unref it) or NULL. */
+sched_instance_t *sched_pool_get(sched_pool_t *pool, const char *id);
+
+/* Administrative state changes by id. Drain: no new bookings. Undrain:
+ * back to up (probes decide from there). Remove: leaves the pool now;
+ * bookings holding it finish normally. */
+sched_status_t sched_pool_drain(sched_pool_t *pool, const char *id);
+sched_status_t sched_pool_undrain(sched_pool_t *pool, const char *id);
+sched_status_t sched_pool_remove(sched_pool_t *pool, const char *id);
+
+/* Number of instances that could take a booking of <role> now (up,
+ * breaker not open). PREFILL counts prefill+both, DECODE decode+both. */
+size_t sched_pool_usable_count(sched_pool_t *pool, sched_role_t role);
+size_t sched_pool_size(sched_pool_t *pool);
+
+/* /ready: true when every role in <roles> (PREFILL, DECODE or BOTH = both
+ * legs) has at least one usable instance. */
+bool sched_pool_ready(sched_pool_t *pool, sched_role_t roles);
+
+/* ------------------------------------------------------------------ */
+/* Requests, bookings, outcomes                                        */
+/* ------------------------------------------------------------------ */
+
+/*
+ * What the policies need to know about one request. Borrowed for the call.
+ * Prefix-aware uses <tokens> when given, else <text> (the prompt, or the
+ * chat messages' contents concatenated by the caller).
+ */
+typedef struct sched_request {
+    const uint32_t *tokens; /* prompt token ids, or NULL */
+    size_t n_tokens;
+    const char *text;       /* prompt text, or NULL */
+    size_t text_len;        /* 0 → strlen(text) */
+    uint32_t prompt_tokens; /* estimate for accounting; 0 → n_tokens or text_len / 4 */
+    uint32_t max_tokens;    /* 0 → config default_max_tokens */
+    /* Ids never to pick for this request (e.g. failed on an earlier try). */
+    const char *const *exclude_ids;
+    size_t n_exclude_ids;
+} sched_request_t;
+
+typedef enum sched_leg {
+    SCHED_LEG_PREFILL = 0,
+    SCHED_LEG_DECODE = 1,
+} sched_leg_t;
+
+typedef enum sched_outcome {
+    SCHED_OUTCOME_SUCCESS = 0,
+    SCHED_OUTCOME_CANCELLED = 1,      /* client went away / request aborted: no judgement */
+    SCHED_OUTCOME_CLIENT_ERROR = 2,   /* 4xx other than 429: not the instance's fault */
+    SCHED_OUTCOME_OVERLOADED = 3,     /* 429 / 503: weight cut, breaker untouched */
+    SCHED_OUTCOME_CONNECT_ERROR = 4,  /* breaker failure */
+    SCHED_OUTCOME_SERVER_ERROR = 5,   /* 5xx except 503: breaker failure */
+    SCHED_OUTCOME_TRANSFER_ERROR = 6, /* broken stream, KV transfer failure: breaker failure */
+    SCHED_OUTCOME_TIMEOUT = 7,        /* deadline hit upstream: breaker failure */
+} sched_outcome_t;
+
+const char *sched_outcome_name(sched_outcome_t outcome);
+
+/* Map an upstream HTTP status to an outcome (2xx/3xx success, 429/503
+ * overloaded, other 4xx client error, 5xx server error, 0 connect error). */
+sched_outcome_t sched_outcome_from_http(int http_status);
+
+/* How one leg ended. */
+typedef struct sched_result {
+    sched_outcome_t outcome;
+    int http_status;         /* 0 if none */
+    uint64_t retry_after_ms; /* from Retry-After on 429/503; 0 = absent */
+    const char *detail;      /* short text kept as the instance's last error; may be NULL */
+} sched_result_t;
+
+/*
+ * A booking: the instances chosen for one request, with their load
+ * counted until each leg is finished. One owner (the request). Every
+ * booked leg is released exactly once: by sched_booking_finish(), or by
+ * sched_booking_destroy() for legs still open (counted as cancelled).
+ * Finishing a leg twice returns SCHED_ERR_ALREADY_RELEASED and bumps the
+ * pool's double-release counter; it never changes the load twice.
+ */
+typedef struct sched_booking sched_booking_t;
+
+/* Batch: choose and book prefill and decode together (decode preferring
+ * the prefill's zone); if either role has no usable instance nothing
+ * stays booked. */
+sched_status_t sched_book_pd(sched_pool_t *pool, const sched_request_t *req,
+                             sched_booking_t **booking_out);
+
+/* Staged, step 1: book prefill only; add decode later with
+ * sched_booking_book_decode(). */
+sched_status_t sched_book_prefill(sched_pool_t *pool, const sched_request_t *req,
+                                  sched_booking_t **booking_out);
+
+/* Single-stage protocols (decode drives its own prefill): decode only. */
+sched_status_t sched_book_decode(sched_pool_t *pool, const sched_request_t *req,
+                                 sched_booking_t **booking_out);
+
+/* Staged, step 2: book the decode leg of an existing booking (the request
+ * is the one given at step 1). SCHED_ERR_STATE if decode is booked and
+ * not finished. On failure the booking is unchanged. */
+sched_status_t sched_booking_book_decode(sched_booking_t *booking);
+
+/*
+ * Retry: book a new instance for <leg>, excluding every instance that
+ * already failed (or was finished) on this leg of this booking and the
+ * request's exclude list. The leg must have been finished first
+ * (SCHED_ERR_STATE otherwise). On failure the leg stays unbooked.
+ */
+sched_status_t sched_booking_rebook(sched_booking_t *booking, sched_leg_t leg);
+
+/* The instance currently booked for <leg> (borrowed: valid until the
+ * booking is destroyed), or NULL if that leg was never booked. */
+sched_instance_t *sched_booking_instance(const sched_booking_t *booking, sched_leg_t leg);
+
+/* True while <leg> is booked and not yet finished. */
+bool sched_booking_leg_open(const sched_booking_t *booking, sched_leg_t leg);
+
+/*
+ * Finish one leg: release its load and report <result> (NULL = success)
+ * to that leg's instance (breaker, overload weight, last error).
+ */
+sched_status_t sched_booking_finish(sched_booking_t *booking, sched_leg_t leg,
+                                    const sched_result_t *result);
+
+/* Finish any still-open leg as cancelled, free the booking and set
+ * *booking to NULL. NULL or *booking == NULL is a no-op. */
+void sched_booking_destroy(sched_booking_t **booking);
+
+/* ------------------------------------------------------------------ */
+/* Admin and metrics surfaces (routed by the gateway)                  */
+/* ------------------------------------------------------------------ */
+
+/* GET /admin/instances: new JSON array (caller owns the reference). Each
+ * element: id, url, role, state, source, weight, effective_weight, zone,
+ * labels, kv fields, load {inflight, prompt_tokens, kv_tokens,
+ * kv_free_chunks, scraped {running, waiting, kv_cache_usage, age_ms,
+ * stale}}, health {consecutive_ok, consecutive_fail, last_probe_ms},
+ * breaker {state, consecutive_failures}, last_error. */
+json_t *sched_admin_list(sched_pool_t *pool);
+
+/* One instance as above (new reference), or NULL if absent. */
+json_t *sched_admin_get(sched_pool_t *pool, const char *id);
+
+/* POST /admin/instances with a body in the config's instance shape.
+ * SCHED_ERR_INVALID (message in err naming the key) → 400, SCHED_ERR_EXISTS
+ * → 409. On success *created_out (may be NULL) is a new reference to the
+ * instance's JSON. */
+sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **created_out,
+                               char *err, size_t err_len);
+
+/* Prometheus text: pdgw_instance_inflight{instance,role},
+ * pdgw_instance_healthy{instance,role}, pdgw_breaker_state{instance},
+ * pdgw_schedule_seconds histogram, pdgw_no_instance_total{role},
+ * pdgw_sched_double_release_total. Returns a malloc'd NUL-terminated string
+ * the caller frees, or NULL on allocation failure. */
+char *sched_metrics_text(sched_pool_t *pool);
+
+/* Debug counter: finishes that hit an already released leg (should stay 0). */
+uint64_t sched_pool_double_releases(sched_pool_t *pool);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PDSCHED_SCHED_H */

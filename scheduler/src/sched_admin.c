@@ -1,0 +1,180 @@
+/* Admin surface: instances as JSON, add from a JSON body. */
+#include <string.h>
+
+#include "sched_int.h"
+
+#define RELAXED memory_order_relaxed
+
+static json_t *ports_json(const int *ports, size_t n)
+{
+    json_t *arr = json_array();
+
+    for (size_t i = 0; arr && i < n; i++)
+        json_array_append_new(arr, json_integer(ports[i]));
+    return arr;
+}
+
+json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint64_t now)
+{
+    const sched_instance_desc_t *d = &inst->desc;
+    json_t *o, *labels, *load, *scraped, *health, *breaker;
+    uint64_t free_at = atomic_load_explicit(&inst->kv_free_at_ms, RELAXED);
+    uint64_t ov_until = atomic_load_explicit(&inst->overload_until_ms, RELAXED);
+    uint64_t br_until = atomic_load_explicit(&inst->breaker_until_ms, RELAXED);
+    sched_breaker_state_t br = sched_instance_breaker_state(inst);
+
+    o = json_object();
+    labels = json_object();
+    load = json_object();
+    health = json_object();
+    breaker = json_object();
+    if (!o || !labels || !load || !health || !breaker)
+        goto err_free;
+    for (size_t i = 0; i < d->n_labels; i++)
+        json_object_set_new(labels, d->labels[i].key, json_string(d->labels[i].value));
+    if (d->zone[0])
+        json_object_set_new(labels, "zone", json_string(d->zone));
+
+    json_object_set_new(o, "id", json_string(d->id));
+    json_object_set_new(o, "url", json_string(d->url));
+    json_object_set_new(o, "role", json_string(sched_role_name(d->role)));
+    json_object_set_new(o, "state", json_string(sched_state_name(sched_instance_state(inst))));
+    json_object_set_new(o, "source", json_string(sched_source_name(d->source)));
+    json_object_set_new(o, "weight", json_integer(d->weight));
+    json_object_set_new(o, "effective_weight",
+                        json_real(sched_instance_effective_weight(inst, now) / 1024.0));
+    json_object_set_new(o, "overloaded", json_boolean(ov_until > now));
+    json_object_set_new(o, "zone", json_string(d->zone));
+    json_object_set_new(o, "labels", labels);
+    labels = NULL;
+    json_object_set_new(o, "kv_host", json_string(d->kv_host));
+    json_object_set_new(o, "kv_port", json_integer(d->kv_port));
+    json_object_set_new(o, "bootstrap_port", json_integer(d->bootstrap_port));
+    json_object_set_new(o, "engine_id", json_string(d->engine_id));
+    json_object_set_new(o, "alloc_ports", ports_json(d->alloc_ports, d->n_alloc_ports));
+    json_object_set_new(o, "init_ports", ports_json(d->init_ports, d->n_init_ports));
+    json_object_set_new(o, "tp_size", json_integer(d->tp_size));
+    json_object_set_new(o, "dp_rank", json_integer(d->dp_rank));
+    json_object_set_new(o, "dp_size", json_integer(d->dp_size));
+
+    json_object_set_new(load, "inflight", json_integer(atomic_load(&inst->inflight)));
+    json_object_set_new(load, "prompt_tokens",
+                        json_integer((json_int_t)atomic_load(&inst->prompt_tokens)));
+    json_object_set_new(load, "kv_tokens", json_integer((json_int_t)atomic_load(&inst->kv_tokens)));
+    if (free_at && now < free_at + sched_pool_kv_ttl_ms(pool))
+        json_object_set_new(load, "kv_free_chunks",
+                            json_integer((json_int_t)atomic_load(&inst->kv_free_chunks)));
+    else
+        json_object_set_new(load, "kv_free_chunks", json_null());
+    json_object_set_new(
+        load, "score",
+        json_real((double)sched_instance_score(inst, now) / (double)SCHED_LOAD_UNIT));
+
+    pthread_mutex_lock(&inst->mu);
+    if (inst->scraped_at_ms) {
+        uint64_t age = now > inst->scraped_at_ms ? now - inst->scraped_at_ms : 0;
+        scraped = json_object();
+        if (scraped) {
+            json_object_set_new(scraped, "running", json_real(inst->scraped_running));
+            json_object_set_new(scraped, "waiting", json_real(inst->scraped_waiting));
+            json_object_set_new(scraped, "kv_cache_usage", json_real(inst->scraped_kv_usage));
+            json_object_set_new(scraped, "age_ms", json_integer((json_int_t)age));
+            json_object_set_new(scraped, "stale", json_boolean(age > pool->stale_ms));
+            json_object_set_new(load, "scraped", scraped);
+        }
+    } else {
+        json_object_set_new(load, "scraped", json_null());
+    }
+    json_object_set_new(health, "up", json_boolean(!sched_gate_down(inst)));
+    json_object_set_new(health, "consecutive_ok", json_integer(inst->health_ok));
+    json_object_set_new(health, "consecutive_fail", json_integer(inst->health_fail));
+    json_object_set_new(health, "last_status", json_integer(inst->last_probe_status));
+    if (inst->last_probe_ms)
+        json_object_set_new(
+            health, "last_probe_age_ms",
+            json_integer((json_int_t)(now > inst->last_probe_ms ? now - inst->last_probe_ms : 0)));
+    else
+        json_object_set_new(health, "last_probe_age_ms", json_null());
+    json_object_set_new(breaker, "state", json_string(sched_breaker_state_name(br)));
+    json_object_set_new(breaker, "consecutive_failures", json_integer(inst->breaker_failures));
+    json_object_set_new(breaker, "retry_in_ms",
+                        json_integer(br == SCHED_BREAKER_OPEN && br_until > now
+                                         ? (json_int_t)(br_until - now)
+                                         : 0));
+    json_object_set_new(o, "last_error",
+                        inst->last_error[0] ? json_string(inst->last_error) : json_null());
+    pthread_mutex_unlock(&inst->mu);
+
+    json_object_set_new(o, "load", load);
+    json_object_set_new(o, "health", health);
+    json_object_set_new(o, "breaker", breaker);
+    return o;
+
+err_free:
+    json_decref(o);
+    json_decref(labels);
+    json_decref(load);
+    json_decref(health);
+    json_decref(breaker);
+    return NULL;
+}
+
+json_t *sched_admin_list(sched_pool_t *pool)
+{
+    sched_instance_t **arr;
+    size_t n;
+    json_t *list = json_array();
+    uint64_t now = sched_pool_now(pool);
+
+    if (!list)
+        return NULL;
+    if (sched_pool_collect(pool, &arr, &n) != SCHED_OK) {
+        json_decref(list);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = sched_instance_to_json(pool, arr[i], now);
+        if (!o || json_array_append_new(list, o) != 0) {
+            json_decref(list);
+            list = NULL;
+            break;
+        }
+    }
+    sched_pool_release_collected(arr, n);
+    return list;
+}
+
+json_t *sched_admin_get(sched_pool_t *pool, const char *id)
+{
+    sched_instance_t *inst = sched_pool_get(pool, id);
+    json_t *o;
+
+    if (!inst)
+        return NULL;
+    o = sched_instance_to_json(pool, inst, sched_pool_now(pool));
+    sched_instance_unref(inst);
+    return o;
+}
+
+sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **created_out,
+                               char *err, size_t err_len)
+{
+    sched_instance_desc_t d;
+    sched_instance_t *inst;
+    sched_status_t status;
+
+    status = sched_instance_desc_from_json(body, &d, err, err_len);
+    if (status != SCHED_OK)
+        return status;
+    d.source = SCHED_SOURCE_ADMIN;
+    status = sched_instance_create(pool, &d, err, err_len, &inst);
+    if (status != SCHED_OK)
+        return status;
+    status = sched_pool_add(pool, &d, err, err_len);
+    if (status == SCHED_OK && created_out) {
+        json_t *o = sched_admin_get(pool, inst->desc.id);
+        *created_out = o;
+    }
+    sched_instance_unref(inst);
+    return status;
+}

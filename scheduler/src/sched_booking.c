@@ -1,0 +1,374 @@
+/*
+ * Bookings: the prefill/decode instances of one request and the load they
+ * carry until each leg is finished.
+ *
+ * Exactly-once release: each leg has an atomic "open" flag that only one
+ * finisher can clear (atomic exchange); a second finish is refused,
+ * counted (pdgw_sched_double_release_total) and never touches the load.
+ * sched_booking_destroy() takes the caller's pointer by address and sets
+ * it to NULL, so the owner cannot destroy twice through it.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "sched_int.h"
+
+#define RELAXED         memory_order_relaxed
+#define LEG_MAX_EXCLUDE 16
+#define PICK_ATTEMPTS   4
+
+typedef struct booking_leg {
+    sched_instance_t *inst; /* reference held until rebook/destroy */
+    _Atomic bool open;
+    bool probe; /* this leg holds its instance's half-open probe slot */
+    uint64_t prompt_charge, kv_charge, milli_charge;
+    uint64_t excluded[LEG_MAX_EXCLUDE];
+    size_t n_excluded;
+} booking_leg_t;
+
+struct sched_booking {
+    sched_pool_t *pool;
+    sched_request_t req; /* tokens/text dropped; exclude ids point into exclude_store */
+    char **exclude_store;
+    uint64_t *hashes;
+    size_t n_hashes;
+    booking_leg_t legs[2];
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void booking_free(sched_booking_t *b)
+{
+    for (int l = 0; l < 2; l++)
+        sched_instance_unref(b->legs[l].inst);
+    for (size_t i = 0; i < b->req.n_exclude_ids; i++)
+        sched_free(b->exclude_store[i]);
+    sched_free(b->exclude_store);
+    sched_free(b->hashes);
+    sched_free(b);
+}
+
+static sched_status_t booking_new(sched_pool_t *pool, const sched_request_t *in,
+                                  sched_booking_t **out)
+{
+    sched_booking_t *b;
+    sched_request_t local;
+    const sched_request_t *req = &local;
+    uint64_t prompt;
+
+    if (!pool || !in || !out)
+        return SCHED_ERR_INVALID;
+    local = *in;
+    if (local.text && !local.text_len)
+        local.text_len = strlen(local.text);
+    b = sched_calloc(1, sizeof(*b));
+    if (!b)
+        return SCHED_ERR_NO_MEMORY;
+    b->pool = pool;
+    prompt = req->prompt_tokens ? req->prompt_tokens
+                                : (req->n_tokens ? req->n_tokens : (req->text_len + 3) / 4);
+    b->req.prompt_tokens = (uint32_t)(prompt > UINT32_MAX ? UINT32_MAX : prompt);
+    b->req.max_tokens = req->max_tokens ? req->max_tokens : pool->default_max_tokens;
+    if (req->n_exclude_ids) {
+        b->exclude_store = sched_calloc(req->n_exclude_ids, sizeof(char *));
+        if (!b->exclude_store)
+            goto err_nomem;
+        for (size_t i = 0; i < req->n_exclude_ids; i++) {
+            b->exclude_store[i] = sched_strdup(req->exclude_ids[i]);
+            if (!b->exclude_store[i])
+                goto err_nomem;
+            b->req.n_exclude_ids = i + 1;
+        }
+        b->req.exclude_ids = (const char *const *)b->exclude_store;
+    }
+    if (pool->policy[0] == SCHED_POLICY_PREFIX_AWARE ||
+        pool->policy[1] == SCHED_POLICY_PREFIX_AWARE) {
+        uint64_t tmp[SCHED_PREFIX_MAX_BLOCKS_PER_REQUEST];
+        size_t n = sched_prefix_hash_request(req, pool->prefix_block_tokens, tmp,
+                                             SCHED_PREFIX_MAX_BLOCKS_PER_REQUEST);
+        if (n) {
+            b->hashes = sched_malloc(n * sizeof(uint64_t));
+            if (!b->hashes)
+                goto err_nomem;
+            memcpy(b->hashes, tmp, n * sizeof(uint64_t));
+            b->n_hashes = n;
+        }
+    }
+    *out = b;
+    return SCHED_OK;
+
+err_nomem:
+    booking_free(b);
+    return SCHED_ERR_NO_MEMORY;
+}
+
+static void leg_exclude(booking_leg_t *leg, uint64_t uid)
+{
+    for (size_t i = 0; i < leg->n_excluded; i++) {
+        if (leg->excluded[i] == uid)
+            return;
+    }
+    if (leg->n_excluded < LEG_MAX_EXCLUDE)
+        leg->excluded[leg->n_excluded++] = uid;
+}
+
+/* Take back the load of an open leg (caller won the open flag). */
+static void leg_unload(booking_leg_t *leg)
+{
+    sched_instance_t *inst = leg->inst;
+
+    atomic_fetch_sub_explicit(&inst->inflight, 1, RELAXED);
+    atomic_fetch_sub_explicit(&inst->token_milli, leg->milli_charge, RELAXED);
+    if (leg->prompt_charge)
+        atomic_fetch_sub_explicit(&inst->prompt_tokens, leg->prompt_charge, RELAXED);
+    if (leg->kv_charge)
+        atomic_fetch_sub_explicit(&inst->kv_tokens, leg->kv_charge, RELAXED);
+}
+
+/* Choose and book <which> for <b>. Decode prefers the prefill's zone. */
+static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
+{
+    sched_pool_t *pool = b->pool;
+    booking_leg_t *leg = &b->legs[which];
+    const sched_instance_t *pair =
+        which == SCHED_LEG_DECODE ? b->legs[SCHED_LEG_PREFILL].inst : NULL;
+    uint64_t excl[LEG_MAX_EXCLUDE + PICK_ATTEMPTS];
+    sched_pick_ctx_t ctx;
+    sched_instance_t *chosen = NULL;
+    bool probe = false;
+    int ridx = which == SCHED_LEG_PREFILL ? SCHED_RIDX_PREFILL : SCHED_RIDX_DECODE;
+
+    memcpy(excl, leg->excluded, leg->n_excluded * sizeof(uint64_t));
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.pool = pool;
+    ctx.req = &b->req;
+    ctx.block_hashes = b->hashes;
+    ctx.n_blocks = b->n_hashes;
+    ctx.exclude_uids = excl;
+    ctx.n_exclude_uids = leg->n_excluded;
+    ctx.now_ms = sched_pool_now(pool);
+    ctx.rng = sched_thread_rng();
+    ctx.any_exclude = leg->n_excluded > 0 || b->req.n_exclude_ids > 0;
+
+    pthread_rwlock_rdlock(&pool->lock);
+    for (int attempt = 0; attempt < PICK_ATTEMPTS; attempt++) {
+        sched_instance_t *c = sched_policy_pick(pool->snap, ridx, pool->policy[ridx], &ctx);
+        if (!c)
+            break;
+        if (pair && pair->desc.zone[0] && strcmp(c->desc.zone, pair->desc.zone) != 0) {
+            uint64_t zscore;
+            sched_instance_t *z =
+                sched_policy_least_in_zone(pool->snap, ridx, pair->desc.zone, &ctx, &zscore);
+            if (z && zscore <= sched_instance_score(c, ctx.now_ms) + pool->zone_slack)
+                c = z;
+        }
+        if (sched_breaker_acquire(c, ctx.now_ms, &probe)) {
+            chosen = c;
+            break;
+        }
+        excl[ctx.n_exclude_uids++] = c->uid; /* lost the probe race: pick again */
+        ctx.any_exclude = true;
+    }
+    if (chosen) {
+        sched_instance_ref(chosen);
+        atomic_fetch_add_explicit(&chosen->inflight, 1, RELAXED);
+        leg->prompt_charge = leg->kv_charge = 0;
+        if (which == SCHED_LEG_PREFILL) {
+            leg->prompt_charge = b->req.prompt_tokens;
+            leg->milli_charge = sched_prefill_milli(leg->prompt_charge);
+            atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
+        } else {
+            leg->kv_charge = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
+            leg->milli_charge = sched_decode_milli(leg->kv_charge);
+            atomic_fetch_add_explicit(&chosen->kv_tokens, leg->kv_charge, RELAXED);
+        }
+        atomic_fetch_add_explicit(&chosen->token_milli, leg->milli_charge, RELAXED);
+    }
+    pthread_rwlock_unlock(&pool->lock);
+
+    if (!chosen) {
+        atomic_fetch_add_explicit(&pool->no_instance[ridx], 1, RELAXED);
+        return SCHED_ERR_NO_INSTANCE;
+    }
+    if (pool->prefix[ridx] && b->n_hashes)
+        sched_prefix_record(pool->prefix[ridx], b->hashes, b->n_hashes, chosen->uid);
+    sched_instance_unref(leg->inst); /* previous (finished) instance of a rebook */
+    leg->inst = chosen;
+    leg->probe = probe;
+    atomic_store_explicit(&leg->open, true, memory_order_release);
+    return SCHED_OK;
+}
+
+/* Undo a booked leg without judging the instance (batch revert). */
+static void leg_revert(sched_booking_t *b, sched_leg_t which)
+{
+    booking_leg_t *leg = &b->legs[which];
+
+    if (!atomic_exchange(&leg->open, false))
+        return;
+    leg_unload(leg);
+    if (leg->probe)
+        sched_breaker_release_probe(leg->inst, sched_pool_now(b->pool));
+    leg->probe = false;
+}
+
+typedef enum { BOOK_PD, BOOK_P, BOOK_D } book_kind_t;
+
+static sched_status_t book(sched_pool_t *pool, const sched_request_t *req, book_kind_t kind,
+                           sched_booking_t **booking_out)
+{
+    uint64_t t0 = mono_ns();
+    sched_booking_t *b;
+    sched_status_t status;
+
+    status = booking_new(pool, req, &b);
+    if (status != SCHED_OK)
+        return status;
+    if (kind != BOOK_D) {
+        status = book_leg(b, SCHED_LEG_PREFILL);
+        if (status != SCHED_OK)
+            goto err_free;
+    }
+    if (kind != BOOK_P) {
+        status = book_leg(b, SCHED_LEG_DECODE);
+        if (status != SCHED_OK)
+            goto err_revert;
+    }
+    atomic_fetch_add_explicit(&pool->bookings, 1, RELAXED);
+    sched_metrics_observe_schedule(pool, mono_ns() - t0);
+    *booking_out = b;
+    return SCHED_OK;
+
+err_revert:
+    leg_revert(b, SCHED_LEG_PREFILL);
+err_free:
+    sched_metrics_observe_schedule(pool, mono_ns() - t0);
+    booking_free(b);
+    return status;
+}
+
+sched_status_t sched_book_pd(sched_pool_t *pool, const sched_request_t *req,
+                             sched_booking_t **booking_out)
+{
+    return book(pool, req, BOOK_PD, booking_out);
+}
+
+sched_status_t sched_book_prefill(sched_pool_t *pool, const sched_request_t *req,
+                                  sched_booking_t **booking_out)
+{
+    return book(pool, req, BOOK_P, booking_out);
+}
+
+sched_status_t sched_book_decode(sched_pool_t *pool, const sched_request_t *req,
+                                 sched_booking_t **booking_out)
+{
+    return book(pool, req, BOOK_D, booking_out);
+}
+
+sched_status_t sched_booking_book_decode(sched_booking_t *b)
+{
+    uint64_t t0;
+    sched_status_t status;
+
+    if (!b)
+        return SCHED_ERR_INVALID;
+    if (atomic_load(&b->legs[SCHED_LEG_DECODE].open))
+        return SCHED_ERR_STATE;
+    t0 = mono_ns();
+    if (b->legs[SCHED_LEG_DECODE].inst)
+        leg_exclude(&b->legs[SCHED_LEG_DECODE], b->legs[SCHED_LEG_DECODE].inst->uid);
+    status = book_leg(b, SCHED_LEG_DECODE);
+    sched_metrics_observe_schedule(b->pool, mono_ns() - t0);
+    return status;
+}
+
+sched_status_t sched_booking_rebook(sched_booking_t *b, sched_leg_t which)
+{
+    booking_leg_t *leg;
+    uint64_t t0;
+    sched_status_t status;
+
+    if (!b || (which != SCHED_LEG_PREFILL && which != SCHED_LEG_DECODE))
+        return SCHED_ERR_INVALID;
+    leg = &b->legs[which];
+    if (!leg->inst || atomic_load(&leg->open))
+        return SCHED_ERR_STATE;
+    t0 = mono_ns();
+    leg_exclude(leg, leg->inst->uid);
+    status = book_leg(b, which);
+    sched_metrics_observe_schedule(b->pool, mono_ns() - t0);
+    return status;
+}
+
+sched_instance_t *sched_booking_instance(const sched_booking_t *b, sched_leg_t which)
+{
+    if (!b || (which != SCHED_LEG_PREFILL && which != SCHED_LEG_DECODE))
+        return NULL;
+    return b->legs[which].inst;
+}
+
+bool sched_booking_leg_open(const sched_booking_t *b, sched_leg_t which)
+{
+    if (!b || (which != SCHED_LEG_PREFILL && which != SCHED_LEG_DECODE))
+        return false;
+    return atomic_load(&b->legs[which].open);
+}
+
+static bool outcome_excludes(sched_outcome_t o)
+{
+    return o != SCHED_OUTCOME_SUCCESS && o != SCHED_OUTCOME_CANCELLED &&
+           o != SCHED_OUTCOME_CLIENT_ERROR;
+}
+
+sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
+                                    const sched_result_t *result)
+{
+    booking_leg_t *leg;
+    bool probe;
+
+    if (!b || (which != SCHED_LEG_PREFILL && which != SCHED_LEG_DECODE))
+        return SCHED_ERR_INVALID;
+    leg = &b->legs[which];
+    if (!leg->inst)
+        return SCHED_ERR_STATE;
+    if (!atomic_exchange(&leg->open, false)) {
+        atomic_fetch_add(&b->pool->double_release, 1);
+        sched_pool_logf(b->pool, SCHED_LOG_ERROR, "booking on %s: %s leg finished twice (ignored)",
+                        leg->inst->desc.id, which == SCHED_LEG_PREFILL ? "prefill" : "decode");
+        return SCHED_ERR_ALREADY_RELEASED;
+    }
+    probe = leg->probe;
+    leg->probe = false;
+    leg_unload(leg);
+    sched_breaker_report(b->pool, leg->inst, probe, sched_pool_now(b->pool), result);
+    if (result && outcome_excludes(result->outcome))
+        leg_exclude(leg, leg->inst->uid);
+    return SCHED_OK;
+}
+
+void sched_booking_destroy(sched_booking_t **bp)
+{
+    static const sched_result_t cancelled = {.outcome = SCHED_OUTCOME_CANCELLED};
+    sched_booking_t *b;
+
+    if (!bp || !*bp)
+        return;
+    b = *bp;
+    *bp = NULL;
+    for (int l = 0; l < 2; l++) {
+        booking_leg_t *leg = &b->legs[l];
+        if (leg->inst && atomic_exchange(&leg->open, false)) {
+            bool probe = leg->probe;
+            leg->probe = false;
+            leg_unload(leg);
+            sched_breaker_report(b->pool, leg->inst, probe, sched_pool_now(b->pool), &cancelled);
+        }
+    }
+    booking_free(b);
+}

@@ -1,0 +1,144 @@
+/* Instance objects: creation, references, accessors, load score. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sched_int.h"
+
+#define RELAXED memory_order_relaxed
+
+sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_desc_t *desc,
+                                     char *err, size_t err_len, sched_instance_t **inst_out)
+{
+    sched_instance_t *inst;
+    sched_status_t status;
+
+    inst = sched_aligned_calloc(64, sizeof(*inst));
+    if (!inst) {
+        sched_set_err(err, err_len, "out of memory");
+        return SCHED_ERR_NO_MEMORY;
+    }
+    status = sched_desc_copy(desc, &inst->desc, err, err_len);
+    if (status != SCHED_OK)
+        goto err_free;
+    if (pthread_mutex_init(&inst->mu, NULL) != 0) {
+        sched_set_err(err, err_len, "mutex init failed");
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_desc;
+    }
+    atomic_init(&inst->refcnt, 1);
+    inst->uid = atomic_fetch_add(&pool->next_uid, 1);
+    inst->weight = inst->desc.weight;
+    inst->inv_weight = ((1ull << 32) + inst->weight - 1) / inst->weight;
+    inst->roles = (uint8_t)inst->desc.role;
+    inst->kv_ttl_ms = sched_pool_kv_ttl_ms(pool);
+    inst->clock = pool->clock;
+    inst->clock_arg = pool->clock_arg;
+    *inst_out = inst;
+    return SCHED_OK;
+
+err_desc:
+    sched_desc_free(&inst->desc);
+err_free:
+    sched_free(inst);
+    return status;
+}
+
+sched_instance_t *sched_instance_ref(sched_instance_t *inst)
+{
+    if (inst)
+        atomic_fetch_add_explicit(&inst->refcnt, 1, RELAXED);
+    return inst;
+}
+
+void sched_instance_unref(sched_instance_t *inst)
+{
+    if (!inst)
+        return;
+    if (atomic_fetch_sub_explicit(&inst->refcnt, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_mutex_destroy(&inst->mu);
+    sched_desc_free(&inst->desc);
+    sched_free(inst);
+}
+
+const sched_instance_desc_t *sched_instance_desc(const sched_instance_t *inst)
+{
+    return &inst->desc;
+}
+
+const char *sched_instance_id(const sched_instance_t *inst)
+{
+    return inst->desc.id;
+}
+
+const char *sched_instance_url(const sched_instance_t *inst)
+{
+    return inst->desc.url;
+}
+
+const char *sched_instance_label(const sched_instance_t *inst, const char *key)
+{
+    if (strcmp(key, "zone") == 0)
+        return inst->desc.zone[0] ? inst->desc.zone : NULL;
+    for (size_t i = 0; i < inst->desc.n_labels; i++) {
+        if (strcmp(inst->desc.labels[i].key, key) == 0)
+            return inst->desc.labels[i].value;
+    }
+    return NULL;
+}
+
+sched_state_t sched_instance_state_now(const sched_instance_t *inst)
+{
+    if (sched_gate_drain(inst))
+        return SCHED_STATE_DRAINING;
+    if (sched_gate_down(inst))
+        return SCHED_STATE_DOWN;
+    return SCHED_STATE_UP;
+}
+
+sched_state_t sched_instance_state(const sched_instance_t *inst)
+{
+    return sched_instance_state_now(inst);
+}
+
+sched_breaker_state_t sched_instance_breaker_state(const sched_instance_t *inst)
+{
+    return (sched_breaker_state_t)sched_gate_breaker(inst);
+}
+
+uint32_t sched_instance_inflight(const sched_instance_t *inst)
+{
+    return atomic_load_explicit(&inst->inflight, RELAXED);
+}
+
+void sched_instance_set_kv_free_chunks(sched_instance_t *inst, uint64_t free_chunks)
+{
+    uint64_t now = inst->clock(inst->clock_arg);
+
+    atomic_store_explicit(&inst->kv_free_chunks, free_chunks, RELAXED);
+    atomic_store_explicit(&inst->kv_free_at_ms, now ? now : 1, RELAXED);
+    atomic_store_explicit(&inst->kv_full_until_ms, free_chunks ? 0 : now + inst->kv_ttl_ms,
+                          RELAXED);
+}
+
+uint32_t sched_instance_effective_weight(const sched_instance_t *inst, uint64_t now_ms)
+{
+    uint32_t shift = 0;
+
+    if (atomic_load_explicit(&inst->overload_until_ms, RELAXED) > now_ms)
+        shift = atomic_load_explicit(&inst->overload_shift, RELAXED);
+    return (inst->weight * 1024u) >> shift;
+}
+
+void sched_instance_set_error(sched_instance_t *inst, uint64_t now_ms, const char *fmt, ...)
+{
+    va_list ap;
+
+    pthread_mutex_lock(&inst->mu);
+    va_start(ap, fmt);
+    vsnprintf(inst->last_error, sizeof(inst->last_error), fmt, ap);
+    va_end(ap);
+    inst->last_error_ms = now_ms;
+    pthread_mutex_unlock(&inst->mu);
+}

@@ -1,0 +1,368 @@
+/*
+ * Internal types of libpdsched: instance, pool, snapshot, booking.
+ *
+ * Concurrency model:
+ *  - The set of instances is a snapshot (arrays per role) guarded by a
+ *    writer-preferring rwlock. Picks hold the read lock for the few
+ *    microseconds of a choice plus its booking, so an instance found in
+ *    the snapshot cannot be freed under them. Membership changes build new
+ *    arrays and swap them under the write lock.
+ *  - Everything a pick reads on an instance is an atomic in one cache
+ *    line (load counters, drain/health flags, breaker state, overload).
+ *  - Cold per-instance state (breaker counters, last error, scraped
+ *    values) sits under the instance's mutex.
+ *  - Probe/scrape bookkeeping is touched only by the pool thread.
+ */
+#ifndef PDSCHED_SCHED_INT_H
+#define PDSCHED_SCHED_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <pdsched/discovery.h>
+#include <pdsched/sched.h>
+
+#include "sched_alloc_int.h"
+
+/* Role index of the per-role arrays: 0 = can prefill, 1 = can decode. */
+#define SCHED_RIDX_PREFILL 0
+#define SCHED_RIDX_DECODE  1
+
+/* Bits of an instance's gate word: everything that can keep it from
+ * being picked, so the hot path tests one word (0 = selectable). */
+#define SCHED_DRAIN_ADMIN     0x1u
+#define SCHED_DRAIN_DISCOVERY 0x2u
+#define SCHED_DRAIN_RETIRING  0x4u
+#define SCHED_GATE_DRAIN_MASK 0x7u
+#define SCHED_GATE_DOWN       0x8u /* failed unhealthy_threshold probes */
+#define SCHED_GATE_BR_SHIFT   4u   /* sched_breaker_state_t in bits 4-5 */
+#define SCHED_GATE_BR_MASK    0x30u
+
+/* Loads are integers in milli-requests. */
+#define SCHED_LOAD_UNIT 1000ull
+/* In-flight prompt tokens per request-equivalent of prefill load. */
+#define SCHED_PREFILL_TOKENS_PER_UNIT 2048ull
+/* Projected KV tokens per request-equivalent of decode load. */
+#define SCHED_DECODE_TOKENS_PER_UNIT 8192ull
+/* Extra load of an instance whose last KV hint said it is full. */
+#define SCHED_KV_FULL_PENALTY    (100ull * SCHED_LOAD_UNIT)
+#define SCHED_OVERLOAD_MAX_SHIFT 4u
+
+#define SCHED_LAST_ERROR_MAX 192
+
+struct sched_instance {
+    /* ---- hot: everything a pick reads (first cache line + inv_weight) ---- */
+    _Alignas(64) _Atomic uint32_t inflight;
+    _Atomic uint32_t gate;        /* SCHED_DRAIN_* | SCHED_GATE_DOWN | breaker << 4 */
+    _Atomic uint64_t token_milli; /* milli-load of in-flight prompt and projected KV tokens */
+    _Atomic uint64_t scraped;     /* milli (running + waiting) << 32 | milli extras; 0 stale */
+    _Atomic uint64_t overload_until_ms;
+    _Atomic uint64_t kv_full_until_ms; /* last KV hint said "no free chunks" until then */
+    _Atomic uint32_t overload_shift;   /* effective weight = weight >> shift while overloaded */
+    uint32_t weight;
+    uint64_t inv_weight; /* ceil(2^32 / weight): scores divide by a multiply */
+
+    /* ---- immutable ------------------------------------------------ */
+    _Atomic uint64_t breaker_until_ms; /* OPEN: earliest half-open probe */
+    _Atomic uint32_t refcnt;
+    uint64_t uid;         /* unique per pool object, never reused */
+    uint8_t roles;        /* SCHED_ROLE_* bits */
+    sched_clock_fn clock; /* the pool's clock (for hints set by the gateway) */
+    void *clock_arg;
+    uint64_t kv_ttl_ms;
+    _Atomic uint64_t kv_free_chunks; /* last hint, for the admin view */
+    _Atomic uint64_t kv_free_at_ms;  /* 0 = no hint */
+    _Atomic uint64_t prompt_tokens; /* in-flight prompt tokens (prefill legs), for the admin view */
+    _Atomic uint64_t kv_tokens;     /* projected KV tokens (decode legs), for the admin view */
+
+    /* ---- cold, under mu ------------------------------------------- */
+    pthread_mutex_t mu;
+    unsigned breaker_failures; /* consecutive */
+    char last_error[SCHED_LAST_ERROR_MAX];
+    uint64_t last_error_ms;
+    double scraped_running, scraped_waiting, scraped_kv_usage;
+    uint64_t scraped_at_ms; /* 0 = never */
+    unsigned health_ok, health_fail;
+    uint64_t last_probe_ms;
+    int last_probe_status;
+    bool removed;
+
+    /* ---- pool thread only ------------------------------------------ */
+    uint64_t next_probe_ms, next_scrape_ms;
+    bool probe_busy, scrape_busy;
+
+    sched_instance_desc_t desc; /* owned copy, immutable */
+};
+
+/* Immutable view of the instance set; replaced as a whole. */
+typedef struct sched_snapshot {
+    size_t n_all;
+    sched_instance_t **all; /* pool holds one reference per entry */
+    size_t n_role[2];
+    sched_instance_t **role[2]; /* borrowed from all[] */
+} sched_snapshot_t;
+
+typedef struct sched_prefix_index sched_prefix_index_t;
+typedef struct sched_discovery_slot {
+    const sched_discovery_ops_t *ops;
+    void *state;
+} sched_discovery_slot_t;
+
+#define SCHED_HIST_BUCKETS  12
+#define SCHED_MAX_DISCOVERY 8
+
+typedef struct sched_health sched_health_t;
+
+struct sched_pool {
+    /* configuration (owned copies) */
+    sched_policy_t policy[2];
+    uint64_t health_interval_ms, health_timeout_ms;
+    unsigned healthy_threshold, unhealthy_threshold;
+    uint64_t scrape_interval_ms, stale_ms;
+    char *health_path, *metrics_path;
+    unsigned breaker_failures;
+    uint64_t breaker_open_ms, overload_penalty_ms;
+    unsigned prefix_block_tokens;
+    size_t prefix_max_blocks;
+    uint64_t prefix_slack, zone_slack; /* milli */
+    uint32_t default_max_tokens;
+    sched_clock_fn clock;
+    void *clock_arg;
+    sched_log_fn log;
+    void *log_arg;
+
+    /* instance set */
+    pthread_rwlock_t lock;
+    sched_snapshot_t *snap;
+    pthread_mutex_t write_mu; /* serialises writers building snapshots */
+    _Atomic uint64_t next_uid;
+    _Atomic uint64_t rr[2];
+
+    sched_prefix_index_t *prefix[2];
+
+    /* discovery */
+    sched_discovery_slot_t discovery[SCHED_MAX_DISCOVERY];
+    size_t n_discovery;
+
+    /* background */
+    sched_health_t *health;
+    pthread_t thread;
+    bool started;
+    _Atomic bool stopping;
+
+    /* metrics */
+    _Atomic uint64_t hist[SCHED_HIST_BUCKETS + 1]; /* last = +Inf */
+    _Atomic uint64_t hist_sum_ns;
+    _Atomic uint64_t hist_count;
+    _Atomic uint64_t no_instance[2];
+    _Atomic uint64_t double_release;
+    _Atomic uint64_t bookings;
+};
+
+/* ---- sched_instance.c ---- */
+sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_desc_t *desc,
+                                     char *err, size_t err_len, sched_instance_t **inst_out);
+
+/* ---- gate word -------------------------------------------------- */
+static inline uint32_t sched_gate_drain(const sched_instance_t *inst)
+{
+    return atomic_load_explicit(&inst->gate, memory_order_relaxed) & SCHED_GATE_DRAIN_MASK;
+}
+
+static inline bool sched_gate_down(const sched_instance_t *inst)
+{
+    return (atomic_load_explicit(&inst->gate, memory_order_relaxed) & SCHED_GATE_DOWN) != 0;
+}
+
+static inline uint32_t sched_gate_breaker(const sched_instance_t *inst)
+{
+    return (atomic_load_explicit(&inst->gate, memory_order_acquire) & SCHED_GATE_BR_MASK) >>
+           SCHED_GATE_BR_SHIFT;
+}
+
+/* Set the breaker bits to <to>; if <from> is not UINT32_MAX, only when
+ * they are <from> now. True when the word was changed that way. */
+static inline bool sched_gate_set_breaker(sched_instance_t *inst, uint32_t from, uint32_t to)
+{
+    uint32_t g = atomic_load_explicit(&inst->gate, memory_order_relaxed);
+
+    for (;;) {
+        uint32_t next = (g & ~SCHED_GATE_BR_MASK) | (to << SCHED_GATE_BR_SHIFT);
+        if (from != UINT32_MAX && ((g & SCHED_GATE_BR_MASK) >> SCHED_GATE_BR_SHIFT) != from)
+            return false;
+        if (atomic_compare_exchange_weak_explicit(&inst->gate, &g, next, memory_order_acq_rel,
+                                                  memory_order_relaxed))
+            return true;
+    }
+}
+
+/* Could take a new booking now (up, not draining, breaker closed or due
+ * for its half-open probe). Hot path: inline. */
+static inline bool sched_instance_selectable(const sched_instance_t *inst, uint64_t now_ms)
+{
+    uint32_t g = atomic_load_explicit(&inst->gate, memory_order_relaxed);
+
+    if (g == 0)
+        return true;
+    if (g & (SCHED_GATE_DRAIN_MASK | SCHED_GATE_DOWN))
+        return false;
+    if ((g & SCHED_GATE_BR_MASK) >> SCHED_GATE_BR_SHIFT == SCHED_BREAKER_OPEN)
+        return now_ms >= atomic_load_explicit(&inst->breaker_until_ms, memory_order_relaxed);
+    return false; /* half-open: its single probe is out */
+}
+
+/*
+ * Load score in milli-requests per unit of weight (lower is better):
+ * max(local in-flight, scraped running + waiting) + scraped extras
+ * (waiting again, KV usage) + in-flight prompt and projected KV tokens +
+ * a KV-full penalty + 1 (so weights order idle instances too), shifted
+ * left by the overload level and divided by the weight.
+ */
+static inline uint64_t sched_instance_score(const sched_instance_t *inst, uint64_t now_ms)
+{
+    uint64_t local =
+        (uint64_t)atomic_load_explicit(&inst->inflight, memory_order_relaxed) * SCHED_LOAD_UNIT;
+    uint64_t scraped = atomic_load_explicit(&inst->scraped, memory_order_relaxed);
+    uint64_t sreq = scraped >> 32;
+    uint64_t load = (local > sreq ? local : sreq) + (scraped & 0xffffffffu) + SCHED_LOAD_UNIT +
+                    atomic_load_explicit(&inst->token_milli, memory_order_relaxed);
+
+    if (atomic_load_explicit(&inst->kv_full_until_ms, memory_order_relaxed) > now_ms)
+        load += SCHED_KV_FULL_PENALTY;
+    if (atomic_load_explicit(&inst->overload_until_ms, memory_order_relaxed) > now_ms)
+        load <<= atomic_load_explicit(&inst->overload_shift, memory_order_relaxed);
+    return (uint64_t)(((unsigned __int128)load * inst->inv_weight) >> 32);
+}
+
+/* Milli-load charged for a prefill leg of <prompt> tokens / a decode leg
+ * projecting <kv> tokens. */
+static inline uint64_t sched_prefill_milli(uint64_t prompt)
+{
+    return prompt * SCHED_LOAD_UNIT / SCHED_PREFILL_TOKENS_PER_UNIT;
+}
+
+static inline uint64_t sched_decode_milli(uint64_t kv)
+{
+    return kv * SCHED_LOAD_UNIT / SCHED_DECODE_TOKENS_PER_UNIT;
+}
+
+static inline uint32_t sched_scraped_reqs(const sched_instance_t *inst)
+{
+    return (uint32_t)(atomic_load_explicit(&inst->scraped, memory_order_relaxed) >> 32);
+}
+
+static inline uint32_t sched_scraped_extra(const sched_instance_t *inst)
+{
+    return (uint32_t)atomic_load_explicit(&inst->scraped, memory_order_relaxed);
+}
+
+/* weight × 1024, halved per overload step while the overload lasts */
+uint32_t sched_instance_effective_weight(const sched_instance_t *inst, uint64_t now_ms);
+void sched_instance_set_error(sched_instance_t *inst, uint64_t now_ms, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+sched_state_t sched_instance_state_now(const sched_instance_t *inst);
+
+/* ---- sched_desc.c ---- */
+/* Validate, deep-copy and normalise <src> into <dst> (url normalised to
+ * scheme://host:port/base, id derived, defaults applied). */
+sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_desc_t *dst,
+                               char *err, size_t err_len);
+void sched_desc_free(sched_instance_desc_t *desc);
+bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_t *b);
+/* Split "host:port" / "[v6]:port"; host copied into <host> (NUL-terminated). */
+sched_status_t sched_split_hostport(const char *in, char *host, size_t host_len, int *port_out);
+
+/* ---- sched_breaker.c ---- */
+/* Try to take <inst> for a new booking; *probe_out set when this booking is
+ * the half-open probe. False when the breaker refuses. */
+bool sched_breaker_acquire(sched_instance_t *inst, uint64_t now_ms, bool *probe_out);
+/* Give back an unused probe slot (booking reverted or cancelled). */
+void sched_breaker_release_probe(sched_instance_t *inst, uint64_t now_ms);
+void sched_breaker_report(sched_pool_t *pool, sched_instance_t *inst, bool probe, uint64_t now_ms,
+                          const sched_result_t *result);
+
+/* ---- sched_pool.c ---- */
+uint64_t sched_pool_now(const sched_pool_t *pool);
+uint64_t sched_pool_kv_ttl_ms(const sched_pool_t *pool);
+/* Remove retiring instances with nothing in flight (pool thread). */
+void sched_pool_reap_retired(sched_pool_t *pool);
+/* Copy the current snapshot's instances with a reference each; caller
+ * unrefs every entry and frees the array. */
+sched_status_t sched_pool_collect(sched_pool_t *pool, sched_instance_t ***out, size_t *n_out);
+void sched_pool_release_collected(sched_instance_t **arr, size_t n);
+
+/* ---- sched_policy.c ---- */
+typedef struct sched_pick_ctx {
+    sched_pool_t *pool;
+    const sched_request_t *req;
+    const uint64_t *block_hashes; /* NULL when not computed */
+    size_t n_blocks;
+    const uint64_t *exclude_uids; /* extra uids to skip */
+    size_t n_exclude_uids;
+    uint64_t now_ms;
+    uint64_t *rng;    /* per-thread state */
+    bool any_exclude; /* exclude_uids or req->exclude_ids non-empty */
+} sched_pick_ctx_t;
+
+/* Choose an instance for role index <ridx> from <snap> (read lock held).
+ * NULL when none is usable. Does not book. */
+sched_instance_t *sched_policy_pick(const sched_snapshot_t *snap, int ridx, sched_policy_t policy,
+                                    const sched_pick_ctx_t *ctx);
+bool sched_pick_allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ctx);
+/* Least-score selectable instance of <ridx> whose zone is <zone>, or NULL. */
+sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int ridx,
+                                             const char *zone, const sched_pick_ctx_t *ctx,
+                                             uint64_t *score_out);
+uint64_t *sched_thread_rng(void);
+/* Seed of every thread's generator (first non-zero call wins). */
+void sched_rng_seed_base(uint64_t seed);
+uint64_t sched_rng_next(uint64_t *state);
+
+/* ---- sched_prefix.c ---- */
+sched_status_t sched_prefix_create(size_t max_blocks, sched_prefix_index_t **out);
+void sched_prefix_destroy(sched_prefix_index_t *idx);
+/* Block hashes of the request prompt (tokens, else text); at most max_out. */
+size_t sched_prefix_hash_request(const sched_request_t *req, unsigned block_tokens, uint64_t *out,
+                                 size_t max_out);
+/* Longest indexed prefix: number of matched blocks; up to 2 instance uids
+ * that served it (most recent first, 0 = none). */
+size_t sched_prefix_match(sched_prefix_index_t *idx, const uint64_t *hashes, size_t n,
+                          uint64_t uids_out[2]);
+void sched_prefix_record(sched_prefix_index_t *idx, const uint64_t *hashes, size_t n, uint64_t uid);
+size_t sched_prefix_size(sched_prefix_index_t *idx);
+size_t sched_prefix_capacity(sched_prefix_index_t *idx);
+
+#define SCHED_PREFIX_MAX_BLOCKS_PER_REQUEST 1024
+
+/* ---- sched_health.c ---- */
+sched_status_t sched_health_create(sched_pool_t *pool, sched_health_t **out);
+void sched_health_destroy(sched_health_t *h);
+/* One iteration of background work; waits at most timeout_ms. */
+void sched_health_run_once(sched_pool_t *pool, int timeout_ms);
+void sched_health_wakeup(sched_health_t *h);
+
+/* ---- sched_prom.c ---- */
+typedef struct sched_engine_metrics {
+    double running, waiting, kv_usage; /* kv_usage in 0..1 */
+    bool have_running, have_waiting, have_kv_usage;
+} sched_engine_metrics_t;
+/* Parse Prometheus text; sums samples across label sets. */
+sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metrics_t *out);
+
+/* ---- sched_discovery.c ---- */
+sched_status_t sched_discovery_create_all(sched_pool_t *pool, const sched_config_t *cfg);
+sched_status_t sched_discovery_start_all(sched_pool_t *pool);
+void sched_discovery_tick_all(sched_pool_t *pool, uint64_t now_ms);
+void sched_discovery_destroy_all(sched_pool_t *pool);
+
+/* ---- sched_metrics.c ---- */
+void sched_metrics_observe_schedule(sched_pool_t *pool, uint64_t ns);
+
+/* ---- sched_admin.c ---- */
+json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint64_t now_ms);
+
+/* small helpers */
+void sched_set_err(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif /* PDSCHED_SCHED_INT_H */

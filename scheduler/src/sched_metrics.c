@@ -1,0 +1,177 @@
+/* Prometheus text of the scheduler (appended by the gateway to /metrics). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched_int.h"
+
+/* Upper bounds of pdgw_schedule_seconds, in nanoseconds and as text. */
+static const uint64_t bucket_ns[SCHED_HIST_BUCKETS] = {
+    1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 5000000, 10000000,
+};
+static const char *const bucket_le[SCHED_HIST_BUCKETS] = {
+    "1e-06",  "2.5e-06", "5e-06",  "1e-05", "2.5e-05", "5e-05",
+    "0.0001", "0.00025", "0.0005", "0.001", "0.005",   "0.01",
+};
+
+void sched_metrics_observe_schedule(sched_pool_t *pool, uint64_t ns)
+{
+    size_t b = 0;
+
+    while (b < SCHED_HIST_BUCKETS && ns > bucket_ns[b])
+        b++;
+    atomic_fetch_add_explicit(&pool->hist[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->hist_sum_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->hist_count, 1, memory_order_relaxed);
+}
+
+typedef struct strbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} strbuf_t;
+
+static void sb_printf(strbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sb_printf(strbuf_t *sb, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (sb->failed)
+        return;
+    for (;;) {
+        size_t room = sb->cap - sb->len;
+        va_start(ap, fmt);
+        n = vsnprintf(sb->p + sb->len, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            sb->failed = true;
+            return;
+        }
+        if ((size_t)n < room) {
+            sb->len += (size_t)n;
+            return;
+        }
+        {
+            size_t cap = sb->cap * 2 + (size_t)n;
+            char *np = sched_realloc(sb->p, cap);
+            if (!np) {
+                sb->failed = true;
+                return;
+            }
+            sb->p = np;
+            sb->cap = cap;
+        }
+    }
+}
+
+/* Label value escaped per the exposition format into <out>. */
+static const char *esc(const char *in, char *out, size_t out_len)
+{
+    size_t o = 0;
+
+    for (; *in && o + 3 < out_len; in++) {
+        if (*in == '\\' || *in == '"') {
+            out[o++] = '\\';
+            out[o++] = *in;
+        } else if (*in == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+        } else {
+            out[o++] = *in;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+char *sched_metrics_text(sched_pool_t *pool)
+{
+    strbuf_t sb = {0};
+    sched_instance_t **arr;
+    size_t n;
+    char id[2 * SCHED_ID_MAX + 4];
+    uint64_t cum = 0;
+
+    sb.cap = 4096;
+    sb.p = sched_malloc(sb.cap);
+    if (!sb.p)
+        return NULL;
+    sb.p[0] = '\0';
+    if (sched_pool_collect(pool, &arr, &n) != SCHED_OK) {
+        sched_free(sb.p);
+        return NULL;
+    }
+
+    sb_printf(&sb, "# HELP pdgw_instance_inflight Booked requests in flight on an instance.\n"
+                   "# TYPE pdgw_instance_inflight gauge\n");
+    for (size_t i = 0; i < n; i++)
+        sb_printf(&sb, "pdgw_instance_inflight{instance=\"%s\",role=\"%s\"} %u\n",
+                  esc(arr[i]->desc.id, id, sizeof(id)), sched_role_name(arr[i]->desc.role),
+                  atomic_load(&arr[i]->inflight));
+    sb_printf(&sb, "# HELP pdgw_instance_healthy 1 when health probes report the instance up.\n"
+                   "# TYPE pdgw_instance_healthy gauge\n");
+    for (size_t i = 0; i < n; i++)
+        sb_printf(&sb, "pdgw_instance_healthy{instance=\"%s\",role=\"%s\"} %d\n",
+                  esc(arr[i]->desc.id, id, sizeof(id)), sched_role_name(arr[i]->desc.role),
+                  sched_gate_down(arr[i]) ? 0 : 1);
+    sb_printf(&sb, "# HELP pdgw_instance_draining 1 while the instance takes no new requests.\n"
+                   "# TYPE pdgw_instance_draining gauge\n");
+    for (size_t i = 0; i < n; i++)
+        sb_printf(&sb, "pdgw_instance_draining{instance=\"%s\",role=\"%s\"} %d\n",
+                  esc(arr[i]->desc.id, id, sizeof(id)), sched_role_name(arr[i]->desc.role),
+                  sched_gate_drain(arr[i]) ? 1 : 0);
+    sb_printf(&sb, "# HELP pdgw_breaker_state Circuit breaker: 0 closed, 1 open, 2 half-open.\n"
+                   "# TYPE pdgw_breaker_state gauge\n");
+    for (size_t i = 0; i < n; i++)
+        sb_printf(&sb, "pdgw_breaker_state{instance=\"%s\"} %u\n",
+                  esc(arr[i]->desc.id, id, sizeof(id)), sched_gate_breaker(arr[i]));
+    sched_pool_release_collected(arr, n);
+
+    sb_printf(&sb, "# HELP pdgw_schedule_seconds Time to choose and book instances.\n"
+                   "# TYPE pdgw_schedule_seconds histogram\n");
+    for (size_t b = 0; b < SCHED_HIST_BUCKETS; b++) {
+        cum += atomic_load(&pool->hist[b]);
+        sb_printf(&sb, "pdgw_schedule_seconds_bucket{le=\"%s\"} %llu\n", bucket_le[b],
+                  (unsigned long long)cum);
+    }
+    cum += atomic_load(&pool->hist[SCHED_HIST_BUCKETS]);
+    sb_printf(&sb, "pdgw_schedule_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    sb_printf(&sb, "pdgw_schedule_seconds_sum %.9f\n",
+              (double)atomic_load(&pool->hist_sum_ns) / 1e9);
+    sb_printf(&sb, "pdgw_schedule_seconds_count %llu\n", (unsigned long long)cum);
+
+    sb_printf(&sb,
+              "# HELP pdgw_no_instance_total Bookings that found no usable instance.\n"
+              "# TYPE pdgw_no_instance_total counter\n"
+              "pdgw_no_instance_total{role=\"prefill\"} %llu\n"
+              "pdgw_no_instance_total{role=\"decode\"} %llu\n",
+              (unsigned long long)atomic_load(&pool->no_instance[SCHED_RIDX_PREFILL]),
+              (unsigned long long)atomic_load(&pool->no_instance[SCHED_RIDX_DECODE]));
+    sb_printf(&sb,
+              "# HELP pdgw_sched_double_release_total Booking legs finished twice "
+              "(refused).\n"
+              "# TYPE pdgw_sched_double_release_total counter\n"
+              "pdgw_sched_double_release_total %llu\n",
+              (unsigned long long)atomic_load(&pool->double_release));
+    for (size_t i = 0; i < pool->n_discovery; i++) {
+        const sched_discovery_slot_t *s = &pool->discovery[i];
+        char *text;
+        if (!s->ops->metrics_text)
+            continue;
+        text = s->ops->metrics_text(s->state);
+        if (text) {
+            sb_printf(&sb, "%s", text);
+            if (sb.len && sb.p[sb.len - 1] != '\n')
+                sb_printf(&sb, "\n");
+            free(text);
+        }
+    }
+    if (sb.failed) {
+        sched_free(sb.p);
+        return NULL;
+    }
+    return sb.p;
+}

@@ -1,0 +1,582 @@
+/*
+ * The instance pool: life cycle, the snapshot of instances, membership and
+ * administrative state changes.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "sched_int.h"
+
+#define RELAXED memory_order_relaxed
+
+static uint64_t default_clock(void *arg)
+{
+    struct timespec ts;
+
+    (void)arg;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void default_log(void *arg, sched_log_level_t level, const char *msg)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+
+    (void)arg;
+    if (level >= SCHED_LOG_WARN)
+        fprintf(stderr, "pdsched %s: %s\n", names[level], msg);
+}
+
+uint64_t sched_pool_now(const sched_pool_t *pool)
+{
+    return pool->clock(pool->clock_arg);
+}
+
+uint64_t sched_pool_now_ms(sched_pool_t *pool)
+{
+    return sched_pool_now(pool);
+}
+
+void sched_pool_logf(const sched_pool_t *pool, sched_log_level_t level, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    pool->log(pool->log_arg, level, buf);
+}
+
+uint64_t sched_pool_kv_ttl_ms(const sched_pool_t *pool)
+{
+    uint64_t ttl = pool->scrape_interval_ms * 4;
+
+    return ttl < 5000 ? 5000 : ttl;
+}
+
+/* ---- snapshots ---------------------------------------------------- */
+
+static void snapshot_free(sched_snapshot_t *snap)
+{
+    if (!snap)
+        return;
+    for (size_t i = 0; i < snap->n_all; i++)
+        sched_instance_unref(snap->all[i]);
+    sched_free(snap);
+}
+
+/* New snapshot holding a reference to each of arr[0..n) (sorted by uid). */
+static sched_snapshot_t *snapshot_build(sched_instance_t *const *arr, size_t n)
+{
+    sched_snapshot_t *snap;
+    size_t cap = n ? n : 1;
+
+    snap = sched_calloc(1, sizeof(*snap) + 3 * cap * sizeof(sched_instance_t *));
+    if (!snap)
+        return NULL;
+    snap->all = (sched_instance_t **)(snap + 1);
+    snap->role[0] = snap->all + cap;
+    snap->role[1] = snap->role[0] + cap;
+    for (size_t i = 0; i < n; i++) {
+        sched_instance_t *inst = sched_instance_ref(arr[i]);
+        snap->all[snap->n_all++] = inst;
+        if (inst->roles & SCHED_ROLE_PREFILL)
+            snap->role[SCHED_RIDX_PREFILL][snap->n_role[SCHED_RIDX_PREFILL]++] = inst;
+        if (inst->roles & SCHED_ROLE_DECODE)
+            snap->role[SCHED_RIDX_DECODE][snap->n_role[SCHED_RIDX_DECODE]++] = inst;
+    }
+    return snap;
+}
+
+/* Swap in <next> (write_mu held), free the previous snapshot. */
+static void snapshot_install(sched_pool_t *pool, sched_snapshot_t *next)
+{
+    sched_snapshot_t *prev;
+
+    pthread_rwlock_wrlock(&pool->lock);
+    prev = pool->snap;
+    pool->snap = next;
+    pthread_rwlock_unlock(&pool->lock);
+    snapshot_free(prev);
+}
+
+/* Index of id in the current snapshot (write_mu held), or -1. */
+static long find_index(const sched_pool_t *pool, const char *id)
+{
+    const sched_snapshot_t *snap = pool->snap;
+
+    for (size_t i = 0; i < snap->n_all; i++) {
+        if (strcmp(snap->all[i]->desc.id, id) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+/* Build the instance list: current minus index <drop> (-1 none) plus
+ * <append> (NULL none), and install it. write_mu held. */
+static sched_status_t rebuild(sched_pool_t *pool, long drop, sched_instance_t *append)
+{
+    const sched_snapshot_t *cur = pool->snap;
+    sched_instance_t **list;
+    sched_snapshot_t *next;
+    size_t n = 0;
+
+    list = sched_malloc((cur->n_all + 1) * sizeof(*list));
+    if (!list)
+        return SCHED_ERR_NO_MEMORY;
+    for (size_t i = 0; i < cur->n_all; i++) {
+        if ((long)i != drop)
+            list[n++] = cur->all[i];
+    }
+    if (append)
+        list[n++] = append;
+    next = snapshot_build(list, n);
+    sched_free(list);
+    if (!next)
+        return SCHED_ERR_NO_MEMORY;
+    if (drop >= 0) {
+        sched_instance_t *gone = cur->all[drop];
+        pthread_mutex_lock(&gone->mu);
+        gone->removed = true;
+        pthread_mutex_unlock(&gone->mu);
+    }
+    snapshot_install(pool, next);
+    return SCHED_OK;
+}
+
+/* ---- life cycle --------------------------------------------------- */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init_once(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_out)
+{
+    sched_pool_t *pool;
+    sched_status_t status;
+    pthread_rwlockattr_t attr;
+    char err[256];
+
+    if (!cfg || !pool_out)
+        return SCHED_ERR_INVALID;
+    status = sched_config_validate(cfg, err, sizeof(err));
+    if (status != SCHED_OK) {
+        (cfg->log ? cfg->log : default_log)(cfg->log_arg, SCHED_LOG_ERROR, err);
+        return status;
+    }
+    pthread_once(&curl_once, curl_init_once);
+
+    pool = sched_calloc(1, sizeof(*pool));
+    if (!pool)
+        return SCHED_ERR_NO_MEMORY;
+    pool->policy[SCHED_RIDX_PREFILL] = cfg->prefill_policy;
+    pool->policy[SCHED_RIDX_DECODE] = cfg->decode_policy;
+    pool->health_interval_ms = cfg->health_interval_ms;
+    pool->health_timeout_ms = cfg->health_timeout_ms ? cfg->health_timeout_ms : 1000;
+    pool->healthy_threshold = cfg->healthy_threshold ? cfg->healthy_threshold : 1;
+    pool->unhealthy_threshold = cfg->unhealthy_threshold ? cfg->unhealthy_threshold : 1;
+    pool->scrape_interval_ms = cfg->metrics_scrape_interval_ms;
+    pool->stale_ms =
+        cfg->metrics_stale_ms
+            ? cfg->metrics_stale_ms
+            : 3 * (cfg->metrics_scrape_interval_ms ? cfg->metrics_scrape_interval_ms : 2000);
+    pool->breaker_failures = cfg->breaker_failures ? cfg->breaker_failures : 1;
+    pool->breaker_open_ms = cfg->breaker_open_ms;
+    pool->overload_penalty_ms = cfg->overload_penalty_ms;
+    pool->prefix_block_tokens = cfg->prefix_block_tokens ? cfg->prefix_block_tokens : 16;
+    pool->prefix_max_blocks = cfg->prefix_max_blocks ? cfg->prefix_max_blocks : 65536;
+    pool->prefix_slack = (uint64_t)(cfg->prefix_load_slack * (double)SCHED_LOAD_UNIT);
+    pool->zone_slack = (uint64_t)(cfg->zone_load_slack * (double)SCHED_LOAD_UNIT);
+    pool->default_max_tokens = cfg->default_max_tokens ? cfg->default_max_tokens : 512;
+    pool->clock = cfg->clock ? cfg->clock : default_clock;
+    pool->clock_arg = cfg->clock_arg;
+    pool->log = cfg->log ? cfg->log : default_log;
+    pool->log_arg = cfg->log_arg;
+    atomic_init(&pool->next_uid, 1);
+    sched_rng_seed_base(cfg->seed);
+
+    pool->health_path = sched_strdup(cfg->health_path ? cfg->health_path : "/health");
+    pool->metrics_path = sched_strdup(cfg->metrics_path ? cfg->metrics_path : "/metrics");
+    if (!pool->health_path || !pool->metrics_path) {
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_strings;
+    }
+
+    pool->snap = snapshot_build(NULL, 0);
+    if (!pool->snap) {
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_strings;
+    }
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    if (pthread_rwlock_init(&pool->lock, &attr) != 0) {
+        pthread_rwlockattr_destroy(&attr);
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_snap;
+    }
+    pthread_rwlockattr_destroy(&attr);
+    if (pthread_mutex_init(&pool->write_mu, NULL) != 0) {
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_rwlock;
+    }
+    for (int r = 0; r < 2; r++) {
+        if (pool->policy[r] != SCHED_POLICY_PREFIX_AWARE)
+            continue;
+        status = sched_prefix_create(pool->prefix_max_blocks, &pool->prefix[r]);
+        if (status != SCHED_OK)
+            goto err_prefix;
+    }
+    status = sched_health_create(pool, &pool->health);
+    if (status != SCHED_OK)
+        goto err_prefix;
+    status = sched_discovery_create_all(pool, cfg);
+    if (status != SCHED_OK)
+        goto err_health;
+    *pool_out = pool;
+    return SCHED_OK;
+
+err_health:
+    sched_health_destroy(pool->health);
+err_prefix:
+    sched_prefix_destroy(pool->prefix[0]);
+    sched_prefix_destroy(pool->prefix[1]);
+    pthread_mutex_destroy(&pool->write_mu);
+err_rwlock:
+    pthread_rwlock_destroy(&pool->lock);
+err_snap:
+    snapshot_free(pool->snap);
+err_strings:
+    sched_free(pool->health_path);
+    sched_free(pool->metrics_path);
+    sched_free(pool);
+    return status;
+}
+
+static void *pool_thread_main(void *arg)
+{
+    sched_pool_t *pool = arg;
+
+    while (!atomic_load(&pool->stopping))
+        sched_health_run_once(pool, 100);
+    return NULL;
+}
+
+sched_status_t sched_pool_start(sched_pool_t *pool)
+{
+    sched_status_t status;
+
+    if (pool->started)
+        return SCHED_ERR_STATE;
+    status = sched_discovery_start_all(pool);
+    if (status != SCHED_OK)
+        return status;
+    if (pthread_create(&pool->thread, NULL, pool_thread_main, pool) != 0) {
+        sched_pool_logf(pool, SCHED_LOG_ERROR, "cannot start the scheduler thread");
+        return SCHED_ERR_IO;
+    }
+    pool->started = true;
+    return SCHED_OK;
+}
+
+sched_status_t sched_pool_poll(sched_pool_t *pool, int timeout_ms)
+{
+    if (pool->started)
+        return SCHED_ERR_STATE;
+    sched_health_run_once(pool, timeout_ms);
+    return SCHED_OK;
+}
+
+void sched_pool_destroy(sched_pool_t *pool)
+{
+    if (!pool)
+        return;
+    atomic_store(&pool->stopping, true);
+    if (pool->started) {
+        sched_health_wakeup(pool->health);
+        pthread_join(pool->thread, NULL);
+    }
+    sched_discovery_destroy_all(pool);
+    sched_health_destroy(pool->health);
+    sched_prefix_destroy(pool->prefix[0]);
+    sched_prefix_destroy(pool->prefix[1]);
+    snapshot_free(pool->snap);
+    pthread_mutex_destroy(&pool->write_mu);
+    pthread_rwlock_destroy(&pool->lock);
+    sched_free(pool->health_path);
+    sched_free(pool->metrics_path);
+    sched_free(pool);
+}
+
+/* ---- membership --------------------------------------------------- */
+
+static sched_status_t add_instance(sched_pool_t *pool, sched_instance_t *inst, bool upsert)
+{
+    sched_status_t status;
+    long at;
+
+    pthread_mutex_lock(&pool->write_mu);
+    at = find_index(pool, inst->desc.id);
+    if (at >= 0) {
+        sched_instance_t *old = pool->snap->all[at];
+        if (!upsert) {
+            pthread_mutex_unlock(&pool->write_mu);
+            return SCHED_ERR_EXISTS;
+        }
+        if (sched_desc_equal(&old->desc, &inst->desc)) {
+            atomic_fetch_and(&old->gate, ~(uint32_t)(SCHED_DRAIN_RETIRING | SCHED_DRAIN_DISCOVERY));
+            pthread_mutex_unlock(&pool->write_mu);
+            return SCHED_INPROGRESS; /* unchanged; caller drops its copy */
+        }
+    }
+    status = rebuild(pool, at, inst);
+    pthread_mutex_unlock(&pool->write_mu);
+    if (status == SCHED_OK) {
+        sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s (%s, %s) %s", inst->desc.id,
+                        sched_role_name(inst->desc.role), inst->desc.url,
+                        at >= 0 ? "replaced" : "added");
+        sched_health_wakeup(pool->health);
+    }
+    return status;
+}
+
+sched_status_t sched_pool_add(sched_pool_t *pool, const sched_instance_desc_t *desc, char *err,
+                              size_t err_len)
+{
+    sched_instance_t *inst;
+    sched_status_t status;
+
+    status = sched_instance_create(pool, desc, err, err_len, &inst);
+    if (status != SCHED_OK)
+        return status;
+    status = add_instance(pool, inst, false);
+    if (status == SCHED_ERR_EXISTS)
+        sched_set_err(err, err_len, "id: instance %s already exists", inst->desc.id);
+    else if (status == SCHED_ERR_NO_MEMORY)
+        sched_set_err(err, err_len, "out of memory");
+    sched_instance_unref(inst);
+    return status;
+}
+
+sched_status_t sched_pool_upsert(sched_pool_t *pool, const sched_instance_desc_t *desc, char *err,
+                                 size_t err_len)
+{
+    sched_instance_t *inst;
+    sched_status_t status;
+
+    if (!desc || !desc->id || !*desc->id) {
+        sched_set_err(err, err_len, "id: required for upsert");
+        return SCHED_ERR_INVALID;
+    }
+    status = sched_instance_create(pool, desc, err, err_len, &inst);
+    if (status != SCHED_OK)
+        return status;
+    status = add_instance(pool, inst, true);
+    if (status == SCHED_ERR_NO_MEMORY)
+        sched_set_err(err, err_len, "out of memory");
+    sched_instance_unref(inst);
+    return status == SCHED_INPROGRESS ? SCHED_OK : status;
+}
+
+sched_instance_t *sched_pool_get(sched_pool_t *pool, const char *id)
+{
+    sched_instance_t *found = NULL;
+    const sched_snapshot_t *snap;
+
+    if (!id)
+        return NULL;
+    pthread_rwlock_rdlock(&pool->lock);
+    snap = pool->snap;
+    for (size_t i = 0; i < snap->n_all; i++) {
+        if (strcmp(snap->all[i]->desc.id, id) == 0) {
+            found = sched_instance_ref(snap->all[i]);
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&pool->lock);
+    return found;
+}
+
+static sched_status_t change_flags(sched_pool_t *pool, const char *id, uint32_t set, uint32_t clear)
+{
+    sched_instance_t *inst = sched_pool_get(pool, id);
+
+    if (!inst)
+        return SCHED_ERR_NOT_FOUND;
+    if (clear)
+        atomic_fetch_and(&inst->gate, ~clear);
+    if (set)
+        atomic_fetch_or(&inst->gate, set);
+    sched_instance_unref(inst);
+    return SCHED_OK;
+}
+
+sched_status_t sched_pool_drain(sched_pool_t *pool, const char *id)
+{
+    sched_status_t st = change_flags(pool, id, SCHED_DRAIN_ADMIN, 0);
+
+    if (st == SCHED_OK)
+        sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s draining", id);
+    return st;
+}
+
+sched_status_t sched_pool_undrain(sched_pool_t *pool, const char *id)
+{
+    sched_status_t st = change_flags(pool, id, 0, SCHED_DRAIN_ADMIN | SCHED_DRAIN_DISCOVERY);
+
+    if (st == SCHED_OK)
+        sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s undrained", id);
+    return st;
+}
+
+sched_status_t sched_pool_discovery_drain(sched_pool_t *pool, const char *id)
+{
+    return change_flags(pool, id, SCHED_DRAIN_DISCOVERY, 0);
+}
+
+sched_status_t sched_pool_retire(sched_pool_t *pool, const char *id)
+{
+    sched_status_t st = change_flags(pool, id, SCHED_DRAIN_RETIRING, 0);
+
+    if (st == SCHED_OK)
+        sched_health_wakeup(pool->health);
+    return st;
+}
+
+sched_status_t sched_pool_remove(sched_pool_t *pool, const char *id)
+{
+    sched_status_t status;
+    long at;
+
+    if (!id)
+        return SCHED_ERR_INVALID;
+    pthread_mutex_lock(&pool->write_mu);
+    at = find_index(pool, id);
+    status = at < 0 ? SCHED_ERR_NOT_FOUND : rebuild(pool, at, NULL);
+    pthread_mutex_unlock(&pool->write_mu);
+    if (status == SCHED_OK)
+        sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s removed", id);
+    return status;
+}
+
+void sched_pool_reap_retired(sched_pool_t *pool)
+{
+    sched_instance_t **arr;
+    size_t n;
+
+    if (sched_pool_collect(pool, &arr, &n) != SCHED_OK)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        sched_instance_t *inst = arr[i];
+        if ((sched_gate_drain(inst) & SCHED_DRAIN_RETIRING) && atomic_load(&inst->inflight) == 0) {
+            long at;
+            pthread_mutex_lock(&pool->write_mu);
+            at = find_index(pool, inst->desc.id);
+            /* still the same object, still retiring, still idle */
+            if (at >= 0 && pool->snap->all[at] == inst &&
+                (sched_gate_drain(inst) & SCHED_DRAIN_RETIRING) &&
+                atomic_load(&inst->inflight) == 0 && rebuild(pool, at, NULL) == SCHED_OK)
+                sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s retired", inst->desc.id);
+            pthread_mutex_unlock(&pool->write_mu);
+        }
+    }
+    sched_pool_release_collected(arr, n);
+}
+
+sched_status_t sched_pool_collect(sched_pool_t *pool, sched_instance_t ***out, size_t *n_out)
+{
+    sched_instance_t **arr;
+    const sched_snapshot_t *snap;
+    size_t n;
+
+    pthread_rwlock_rdlock(&pool->lock);
+    snap = pool->snap;
+    n = snap->n_all;
+    arr = sched_malloc((n ? n : 1) * sizeof(*arr));
+    if (!arr) {
+        pthread_rwlock_unlock(&pool->lock);
+        return SCHED_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++)
+        arr[i] = sched_instance_ref(snap->all[i]);
+    pthread_rwlock_unlock(&pool->lock);
+    *out = arr;
+    *n_out = n;
+    return SCHED_OK;
+}
+
+void sched_pool_release_collected(sched_instance_t **arr, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        sched_instance_unref(arr[i]);
+    sched_free(arr);
+}
+
+void sched_pool_foreach(sched_pool_t *pool, sched_instance_visit_fn fn, void *arg)
+{
+    sched_instance_t **arr;
+    size_t n;
+
+    if (sched_pool_collect(pool, &arr, &n) != SCHED_OK)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (!fn(arg, arr[i]))
+            break;
+    }
+    sched_pool_release_collected(arr, n);
+}
+
+size_t sched_pool_size(sched_pool_t *pool)
+{
+    size_t n;
+
+    pthread_rwlock_rdlock(&pool->lock);
+    n = pool->snap->n_all;
+    pthread_rwlock_unlock(&pool->lock);
+    return n;
+}
+
+size_t sched_pool_usable_count(sched_pool_t *pool, sched_role_t role)
+{
+    int ridx = role == SCHED_ROLE_PREFILL ? SCHED_RIDX_PREFILL : SCHED_RIDX_DECODE;
+    uint64_t now = sched_pool_now(pool);
+    const sched_snapshot_t *snap;
+    size_t n = 0;
+
+    pthread_rwlock_rdlock(&pool->lock);
+    snap = pool->snap;
+    if (role == SCHED_ROLE_BOTH) {
+        for (size_t i = 0; i < snap->n_all; i++) {
+            if (snap->all[i]->roles == SCHED_ROLE_BOTH &&
+                sched_instance_selectable(snap->all[i], now))
+                n++;
+        }
+    } else {
+        for (size_t i = 0; i < snap->n_role[ridx]; i++) {
+            if (sched_instance_selectable(snap->role[ridx][i], now))
+                n++;
+        }
+    }
+    pthread_rwlock_unlock(&pool->lock);
+    return n;
+}
+
+bool sched_pool_ready(sched_pool_t *pool, sched_role_t roles)
+{
+    if ((roles & SCHED_ROLE_PREFILL) && sched_pool_usable_count(pool, SCHED_ROLE_PREFILL) == 0)
+        return false;
+    if ((roles & SCHED_ROLE_DECODE) && sched_pool_usable_count(pool, SCHED_ROLE_DECODE) == 0)
+        return false;
+    return true;
+}
+
+uint64_t sched_pool_double_releases(sched_pool_t *pool)
+{
+    return atomic_load(&pool->double_release);
+}

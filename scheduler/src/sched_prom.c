@@ -1,0 +1,126 @@
+/*
+ * A small Prometheus text-format reader for the engine metrics the
+ * scheduler uses (PROTOCOLS.md §D). Samples of one name are summed over
+ * their label sets (several models or DP ranks behind one endpoint).
+ * Malformed lines are skipped; nothing in the input can make it read
+ * outside [text, text + len).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched_int.h"
+
+static bool name_char(char c, bool first)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* Parse one sample line [p, end); false when malformed. */
+static bool parse_line(const char *p, const char *end, const char **name, size_t *name_len,
+                       double *value)
+{
+    const char *n0 = p;
+    char num[64];
+    size_t nl;
+    char *stop;
+
+    if (p >= end || !name_char(*p, true))
+        return false;
+    while (p < end && name_char(*p, false))
+        p++;
+    *name = n0;
+    *name_len = (size_t)(p - n0);
+    if (p < end && *p == '{') {
+        bool in_str = false;
+        p++;
+        while (p < end) {
+            if (in_str) {
+                if (*p == '\\')
+                    p++;
+                else if (*p == '"')
+                    in_str = false;
+            } else if (*p == '"') {
+                in_str = true;
+            } else if (*p == '}') {
+                break;
+            }
+            p++;
+        }
+        if (p >= end)
+            return false;
+        p++;
+    }
+    if (p >= end || (*p != ' ' && *p != '\t'))
+        return false;
+    while (p < end && (*p == ' ' || *p == '\t'))
+        p++;
+    nl = 0;
+    while (p < end && *p != ' ' && *p != '\t' && nl < sizeof(num) - 1)
+        num[nl++] = *p++;
+    num[nl] = '\0';
+    if (nl == 0)
+        return false;
+    *value = strtod(num, &stop);
+    return *stop == '\0' && isfinite(*value);
+}
+
+static bool is(const char *name, size_t len, const char *want)
+{
+    return strlen(want) == len && memcmp(name, want, len) == 0;
+}
+
+sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metrics_t *out)
+{
+    const char *p = text, *end = text + len;
+    double gpu_usage = 0;
+    bool have_gpu = false;
+
+    memset(out, 0, sizeof(*out));
+    if (!text)
+        return SCHED_ERR_INVALID;
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        const char *line_end = eol ? eol : end;
+        const char *name;
+        size_t nlen;
+        double v;
+
+        while (p < line_end && (*p == ' ' || *p == '\t'))
+            p++;
+        if (p < line_end && *p != '#' && parse_line(p, line_end, &name, &nlen, &v)) {
+            if (is(name, nlen, "vllm:num_requests_running")) {
+                out->running += v;
+                out->have_running = true;
+            } else if (is(name, nlen, "vllm:num_requests_waiting")) {
+                out->waiting += v;
+                out->have_waiting = true;
+            } else if (is(name, nlen, "vllm:kv_cache_usage_perc")) {
+                out->kv_usage = out->have_kv_usage && out->kv_usage > v ? out->kv_usage : v;
+                out->have_kv_usage = true;
+            } else if (is(name, nlen, "vllm:gpu_cache_usage_perc")) {
+                gpu_usage = have_gpu && gpu_usage > v ? gpu_usage : v;
+                have_gpu = true;
+            }
+        }
+        p = eol ? eol + 1 : end;
+    }
+    if (!out->have_kv_usage && have_gpu) {
+        out->kv_usage = gpu_usage;
+        out->have_kv_usage = true;
+    }
+    /* The *_perc gauges are fractions; accept percents from odd exporters. */
+    if (out->kv_usage > 1.0)
+        out->kv_usage /= 100.0;
+    if (out->kv_usage < 0)
+        out->kv_usage = 0;
+    if (out->kv_usage > 1.0)
+        out->kv_usage = 1.0;
+    if (out->running < 0)
+        out->running = 0;
+    if (out->waiting < 0)
+        out->waiting = 0;
+    return (out->have_running || out->have_waiting || out->have_kv_usage) ? SCHED_OK
+                                                                          : SCHED_ERR_NOT_FOUND;
+}

@@ -1,0 +1,576 @@
+"""Offline validation of deploy/k8s: every overlay renders with
+`kubectl kustomize`, every rendered object validates against the Kubernetes
+schemas (npm package kubernetes-models, installed by this test into the build
+directory), the deployment rules hold (probes, security context, drain timing,
+RBAC, selectors that really select), and the pdgw config of every ConfigMap
+passes `pdgw --check-config`. A broken copy of an overlay, made in a temp
+dir, proves each layer rejects what it should.
+
+Needs: kubectl, node + npm (the npm registry is contacted once; the install
+is cached in <build>/node-validate), python3-yaml, the pdgw binary.
+"""
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pdgwtest
+
+try:
+    import yaml
+except ImportError as e:  # python3-yaml (deploy/install-deps.sh)
+    raise SystemExit(f"python3-yaml is required: {e}")
+
+SRC = pdgwtest.SOURCE_DIR
+K8S_DIR = os.path.join(SRC, "deploy", "k8s")
+BUILD_DIR = os.environ.get("PDGW_BUILD_DIR", os.getcwd())
+NODE_DIR = os.path.join(BUILD_DIR, "node-validate")
+VALIDATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_validate.js")
+KUBERNETES_MODELS = "kubernetes-models@4.5.1"
+OVERLAYS = ["sim-1p1d", "sim-2p2d", "vllm-nixl", "sglang", "lmcache"]
+
+# What each overlay must configure (protocol of the gateway; engine flavour).
+EXPECT = {
+    "sim-1p1d": {"protocol": "vllm-kvt", "engines": 2},
+    "sim-2p2d": {"protocol": "vllm-kvt", "engines": 4},
+    "vllm-nixl": {"protocol": "vllm-nixl", "engines": 2},
+    "sglang": {"protocol": "sglang", "engines": 2},
+    "lmcache": {"protocol": "lmcache", "engines": 2},
+}
+
+
+class ValidationError(AssertionError):
+    pass
+
+
+# ---------------------------------------------------------------- tooling
+
+
+def _need(cmd):
+    path = shutil.which(cmd)
+    if path is None:
+        raise AssertionError(f"{cmd} not found in PATH (deploy/install-deps.sh installs it)")
+    return path
+
+
+def node_modules():
+    """Install kubernetes-models once per build dir; fail clearly without npm access."""
+    marker = os.path.join(NODE_DIR, "node_modules", "kubernetes-models", "package.json")
+    if os.path.exists(marker):
+        return os.path.join(NODE_DIR, "node_modules")
+    _need("node")
+    npm = _need("npm")
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix="node-validate.", dir=BUILD_DIR)
+    try:
+        proc = subprocess.run([npm, "install", "--prefix", staging, "--no-audit", "--no-fund",
+                               "--no-save", "--loglevel=error", KUBERNETES_MODELS],
+                              capture_output=True, text=True, timeout=240)
+        if proc.returncode != 0 or not os.path.exists(
+                os.path.join(staging, "node_modules", "kubernetes-models", "package.json")):
+            raise AssertionError(
+                f"cannot install {KUBERNETES_MODELS} from the npm registry (needed to validate "
+                f"manifests; is the registry reachable?):\n{proc.stdout}\n{proc.stderr}")
+        if os.path.exists(NODE_DIR):
+            shutil.rmtree(NODE_DIR)
+        os.rename(staging, NODE_DIR)
+        staging = None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return os.path.join(NODE_DIR, "node_modules")
+
+
+def render(overlay_dir):
+    """kubectl kustomize → list of objects (raises ValidationError on failure)."""
+    proc = subprocess.run([_need("kubectl"), "kustomize", overlay_dir], capture_output=True,
+                          text=True, timeout=60)
+    if proc.returncode != 0:
+        raise ValidationError(f"kubectl kustomize {overlay_dir} failed:\n{proc.stderr}")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+
+
+def schema_errors(objects):
+    """Errors of kubernetes-models validation (schema + unknown fields)."""
+    proc = subprocess.run([_need("node"), VALIDATOR, node_modules()], input=json.dumps(objects),
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode not in (0, 1):
+        raise AssertionError(f"validator failed to run: {proc.stderr}")
+    result = json.loads(proc.stdout)
+    assert result["checked"] == len(objects), result
+    return [f"{e['kind']}/{e['name']}: {e['message']}" for e in result["errors"]]
+
+
+def check_config(text):
+    """Run pdgw --check-config on a config text; returns (ok, output)."""
+    pdgw = pdgwtest.binary("pdgw")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+        path = f.name
+    try:
+        proc = subprocess.run([pdgw, "--check-config", path], capture_output=True, text=True,
+                              timeout=30, env={k: v for k, v in os.environ.items()
+                                               if not k.startswith("PDGW_")})
+        return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+    finally:
+        os.unlink(path)
+
+
+# ------------------------------------------------------- deployment rules
+
+
+def duration_s(v):
+    if isinstance(v, (int, float)):
+        return float(v)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", str(v))
+    if not m:
+        raise ValidationError(f"bad duration {v!r}")
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def parse_selector(sel):
+    out = {}
+    for part in sel.split(","):
+        k, eq, v = part.strip().partition("=")
+        if not eq:
+            raise ValidationError(f"selector {sel!r}: only key=value terms are used here")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def by_kind(objects, kind):
+    return [o for o in objects if o.get("kind") == kind]
+
+
+def pod_templates(objects):
+    return [o for o in objects if o.get("kind") in ("Deployment", "StatefulSet", "DaemonSet")]
+
+
+def matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def semantic_errors(name, objects):
+    """The rules of the issue and of common sense, as a list of messages."""
+    errs = []
+    cms = {o["metadata"]["name"]: o for o in by_kind(objects, "ConfigMap")}
+    services = by_kind(objects, "Service")
+    workloads = pod_templates(objects)
+    sas = {o["metadata"]["name"] for o in by_kind(objects, "ServiceAccount")}
+
+    for w in workloads:
+        wname = w["metadata"]["name"]
+        tmpl = w["spec"]["template"]
+        labels = tmpl["metadata"].get("labels", {})
+        if not matches(w["spec"]["selector"].get("matchLabels", {}), labels):
+            errs.append(f"{wname}: selector does not match its pod template labels")
+        pod = tmpl["spec"]
+        sa = pod.get("serviceAccountName")
+        if sa and sa not in sas:
+            errs.append(f"{wname}: serviceAccountName {sa} not defined")
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        for v in vols.values():
+            ref = (v.get("configMap") or {}).get("name")
+            if ref and ref not in cms:
+                errs.append(f"{wname}: volume {v['name']} refers to missing ConfigMap {ref}")
+        for c in pod.get("containers", []):
+            ports = {p.get("name") for p in c.get("ports", []) if p.get("name")}
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in vols:
+                    errs.append(f"{wname}/{c.get('name')}: mount of undefined volume {m['name']}")
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                port = ((c.get(probe) or {}).get("httpGet") or {}).get("port")
+                if isinstance(port, str) and port not in ports:
+                    errs.append(f"{wname}/{c.get('name')}: {probe} uses unknown port {port}")
+            if "resources" not in c or not c["resources"].get("requests") \
+                    or not c["resources"].get("limits"):
+                errs.append(f"{wname}/{c.get('name')}: resources requests and limits required")
+
+    for s in services:
+        sel = s["spec"].get("selector", {})
+        pods = [w for w in workloads if matches(sel, w["spec"]["template"]["metadata"]
+                                                .get("labels", {}))]
+        if not pods:
+            errs.append(f"Service {s['metadata']['name']}: selector matches no workload")
+            continue
+        for p in s["spec"].get("ports", []):
+            tp = p.get("targetPort")
+            if isinstance(tp, str):
+                names = {cp.get("name") for w in pods
+                         for c in w["spec"]["template"]["spec"]["containers"]
+                         for cp in c.get("ports", [])}
+                if tp not in names:
+                    errs.append(f"Service {s['metadata']['name']}: targetPort {tp} not a "
+                                f"container port name")
+
+    # RBAC: read-only, endpointslices (+ pods) only.
+    for r in by_kind(objects, "Role") + by_kind(objects, "ClusterRole"):
+        for rule in r.get("rules", []):
+            if set(rule.get("verbs", [])) - {"get", "list", "watch"}:
+                errs.append(f"Role {r['metadata']['name']}: verbs beyond get/list/watch")
+            allowed = {("discovery.k8s.io", "endpointslices"), ("", "pods")}
+            for g in rule.get("apiGroups", []):
+                for res in rule.get("resources", []):
+                    if (g, res) not in allowed:
+                        errs.append(f"Role {r['metadata']['name']}: access to {g}/{res}")
+
+    # The gateway.
+    gws = [w for w in workloads if w["metadata"]["name"] == "pdgw"]
+    if len(gws) != 1:
+        return errs + ["exactly one gateway Deployment 'pdgw' expected"]
+    gw = gws[0]
+    pod = gw["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    ann = gw["spec"]["template"]["metadata"].get("annotations", {})
+    if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/path") != "/metrics":
+        errs.append("gateway: Prometheus scrape annotations missing")
+    if (ctr.get("readinessProbe") or {}).get("httpGet", {}).get("path") != "/ready":
+        errs.append("gateway: readiness probe must GET /ready")
+    if (ctr.get("livenessProbe") or {}).get("httpGet", {}).get("path") != "/health":
+        errs.append("gateway: liveness probe must GET /health")
+    psc, csc = pod.get("securityContext", {}), ctr.get("securityContext", {})
+    if not (psc.get("runAsNonRoot") or csc.get("runAsNonRoot")):
+        errs.append("gateway: runAsNonRoot not set")
+    if not csc.get("readOnlyRootFilesystem"):
+        errs.append("gateway: readOnlyRootFilesystem not set")
+    if csc.get("allowPrivilegeEscalation") is not False:
+        errs.append("gateway: allowPrivilegeEscalation must be false")
+    if not pod.get("serviceAccountName"):
+        errs.append("gateway: no serviceAccountName (discovery needs the token)")
+    pre = ((ctr.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command", [])
+    if len(pre) != 2 or pre[0] != "sleep":
+        errs.append("gateway: preStop must be ['sleep', N]")
+        pre_s = 0.0
+    else:
+        pre_s = float(pre[1])
+    cfg_vol = next((v for v in pod.get("volumes", []) if v.get("configMap")), None)
+    cfg_cm = cms.get((cfg_vol or {}).get("configMap", {}).get("name"))
+    if cfg_cm is None or "pdgw.yaml" not in cfg_cm.get("data", {}):
+        return errs + ["gateway: no ConfigMap with pdgw.yaml mounted"]
+    args = ctr.get("args", [])
+    if "--config" not in args or args[args.index("--config") + 1] != "/etc/pdgw/pdgw.yaml":
+        errs.append("gateway: must run with --config /etc/pdgw/pdgw.yaml")
+    cfg = yaml.safe_load(cfg_cm["data"]["pdgw.yaml"])
+    drain = duration_s(cfg.get("drain_timeout", "30s"))
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    if grace < pre_s + drain:
+        errs.append(f"gateway: terminationGracePeriodSeconds {grace} < preStop {pre_s} + "
+                    f"drain_timeout {drain}")
+    if grace > pre_s + drain + 30:
+        errs.append(f"gateway: terminationGracePeriodSeconds {grace} far above the drain")
+    pdbs = [p for p in by_kind(objects, "PodDisruptionBudget")
+            if matches(p["spec"]["selector"]["matchLabels"],
+                       gw["spec"]["template"]["metadata"]["labels"])]
+    if not pdbs:
+        errs.append("gateway: no PodDisruptionBudget selects it")
+    if name == "base" and gw["spec"].get("replicas") != 2:
+        errs.append("gateway: base runs 2 replicas")
+
+    # Discovery selectors must select engine Services that name the port.
+    k8s = (cfg.get("discovery") or {}).get("kubernetes") or {}
+    port_name = k8s.get("port_name", "http")
+    if name in EXPECT:
+        exp = EXPECT[name]
+        if cfg.get("protocol") != exp["protocol"]:
+            errs.append(f"gateway protocol {cfg.get('protocol')} != {exp['protocol']}")
+        engines = sum(w["spec"].get("replicas", 1) for w in workloads
+                      if w["metadata"]["name"] != "pdgw")
+        if engines != exp["engines"]:
+            errs.append(f"{engines} engine replicas, expected {exp['engines']}")
+        for role in ("prefill", "decode"):
+            sel = k8s.get(f"{role}_selector")
+            if not sel:
+                errs.append(f"discovery.kubernetes.{role}_selector empty")
+                continue
+            want = parse_selector(sel)
+            hits = [s for s in services if matches(want, s["metadata"].get("labels", {}))]
+            if not hits:
+                errs.append(f"{role}_selector {sel!r} selects no Service")
+            for s in hits:
+                if port_name not in {p.get("name") for p in s["spec"].get("ports", [])}:
+                    errs.append(f"Service {s['metadata']['name']} has no port {port_name}")
+                if s["spec"].get("clusterIP") != "None":
+                    errs.append(f"Service {s['metadata']['name']}: engines use headless "
+                                f"Services")
+    errs += engine_errors(name, objects, cfg, cms)
+    return errs
+
+
+def _args(c):
+    return [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
+
+
+def _flag(args, name):
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1:]
+    return None
+
+
+def engine_errors(name, objects, cfg, cms):
+    """Protocol-specific wiring of the engine pods."""
+    errs = []
+    for w in pod_templates(objects):
+        if w["metadata"]["name"] == "pdgw":
+            continue
+        wname = w["metadata"]["name"]
+        meta = w["spec"]["template"]["metadata"]
+        pod = w["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        args = _args(c)
+        ann = meta.get("annotations", {})
+        role = meta.get("labels", {}).get("app.kubernetes.io/component")
+        env = {e["name"]: e for e in c.get("env", [])}
+        res = c.get("resources", {}).get("limits", {})
+        gpu = name in ("vllm-nixl", "sglang", "lmcache")
+        if gpu:
+            if "nvidia.com/gpu" not in res or not any(k.startswith("rdma/") for k in res):
+                errs.append(f"{wname}: GPU and RDMA resources required")
+            ib = [v for v in pod.get("volumes", [])
+                  if (v.get("hostPath") or {}).get("path") == "/dev/infiniband"]
+            if not ib:
+                errs.append(f"{wname}: /dev/infiniband hostPath missing")
+            if "IPC_LOCK" not in (c.get("securityContext", {}).get("capabilities", {})
+                                  .get("add", [])):
+                errs.append(f"{wname}: IPC_LOCK capability needed to register memory")
+        if name in ("vllm-nixl", "lmcache"):
+            raw = _flag(args, "--kv-transfer-config")
+            try:
+                ktc = json.loads(raw or "")
+            except ValueError:
+                errs.append(f"{wname}: --kv-transfer-config is not JSON: {raw!r}")
+                continue
+            want = "NixlConnector" if name == "vllm-nixl" else "LMCacheConnectorV1"
+            if ktc.get("kv_connector") != want:
+                errs.append(f"{wname}: kv_connector {ktc.get('kv_connector')} != {want}")
+            if name == "vllm-nixl":
+                if ktc.get("kv_role") != "kv_both":
+                    errs.append(f"{wname}: NixlConnector kv_role must be kv_both")
+                for var in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"):
+                    if var not in env:
+                        errs.append(f"{wname}: {var} missing")
+            else:
+                want_role = "kv_producer" if role == "prefill" else "kv_consumer"
+                if ktc.get("kv_role") != want_role:
+                    errs.append(f"{wname}: kv_role {ktc.get('kv_role')} != {want_role}")
+                errs += lmcache_errors(wname, role, pod, c, env, ann, cfg, cms)
+        if name == "sglang":
+            if _flag(args, "--disaggregation-mode") != role:
+                errs.append(f"{wname}: --disaggregation-mode must be {role}")
+            if role == "prefill":
+                bp = _flag(args, "--disaggregation-bootstrap-port")
+                if bp is None or ann.get("sglang.ai/bootstrap-port") != bp:
+                    errs.append(f"{wname}: sglang.ai/bootstrap-port annotation must equal "
+                                f"--disaggregation-bootstrap-port ({bp})")
+        if name.startswith("sim-"):
+            if args[:1] != ["pdgw-sim"] or _flag(args, "--role") != role:
+                errs.append(f"{wname}: must run pdgw-sim --role {role}")
+            if cfg.get("protocol") == "vllm-kvt" and role == "prefill" and \
+                    "pdgw.io/kv-port" not in ann:
+                errs.append(f"{wname}: vllm-kvt prefill needs the pdgw.io/kv-port annotation")
+    return errs
+
+
+def lmcache_errors(wname, role, pod, c, env, ann, cfg, cms):
+    errs = []
+    path = (env.get("LMCACHE_CONFIG_FILE") or {}).get("value")
+    if not path:
+        return [f"{wname}: LMCACHE_CONFIG_FILE not set"]
+    mount = next((m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")),
+                 None)
+    vol = next((v for v in pod.get("volumes", []) if mount and v["name"] == mount["name"]), None)
+    cm = cms.get(((vol or {}).get("configMap") or {}).get("name"))
+    key = path.rsplit("/", 1)[1]
+    if cm is None or key not in cm.get("data", {}):
+        return [f"{wname}: LMCache config {path} is not backed by a ConfigMap key"]
+    lc = yaml.safe_load(cm["data"][key])
+    if lc.get("enable_pd") is not True:
+        errs.append(f"{wname}: enable_pd must be true")
+    want = "sender" if role == "prefill" else "receiver"
+    if lc.get("pd_role") != want:
+        errs.append(f"{wname}: pd_role {lc.get('pd_role')} != {want}")
+    for k in ("pd_buffer_size", "pd_buffer_device"):
+        if k not in lc:
+            errs.append(f"{wname}: {k} missing")
+    opts = cfg.get("protocol_options") or {}
+    if want == "sender":
+        if str(lc.get("pd_proxy_port")) != str(opts.get("proxy_port")):
+            errs.append(f"{wname}: pd_proxy_port {lc.get('pd_proxy_port')} != gateway "
+                        f"proxy_port {opts.get('proxy_port')}")
+        if not lc.get("pd_proxy_host"):
+            errs.append(f"{wname}: pd_proxy_host missing")
+    else:
+        init, alloc = lc.get("pd_peer_init_port"), lc.get("pd_peer_alloc_port")
+        if not lc.get("pd_peer_host") or not isinstance(init, list) or \
+                not isinstance(alloc, list) or len(init) != len(alloc) or not init:
+            errs.append(f"{wname}: receiver needs pd_peer_host and equal-length "
+                        f"pd_peer_init_port / pd_peer_alloc_port lists")
+        else:
+            if ann.get("pdgw.io/init-ports") != ",".join(map(str, init)) or \
+                    ann.get("pdgw.io/alloc-ports") != ",".join(map(str, alloc)):
+                errs.append(f"{wname}: pdgw.io/init-ports / alloc-ports annotations must list "
+                            f"the LMCache receiver ports")
+    return errs
+
+
+_HELP = {}
+
+
+def binary_flags(name):
+    """The --flags a binary of this build documents in its --help."""
+    if name not in _HELP:
+        proc = subprocess.run([pdgwtest.binary(name), "--help"], capture_output=True, text=True,
+                              timeout=10)
+        _HELP[name] = set(re.findall(r"(--[a-z][a-z0-9-]*)", proc.stdout + proc.stderr))
+        assert _HELP[name], f"{name} --help lists no flags"
+    return _HELP[name]
+
+
+def flag_errors(objects):
+    """Containers of our image may only pass flags the binaries know."""
+    errs = []
+    for w in pod_templates(objects):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if not str(c.get("image", "")).startswith("pdgw"):
+                continue
+            args = _args(c)
+            prog = args[0] if args and args[0] in ("pdgw", "pdgw-sim", "kvt-bench") else "pdgw"
+            known = binary_flags(prog)
+            for a in args:
+                if a.startswith("--") and a.split("=", 1)[0] not in known:
+                    errs.append(f"{w['metadata']['name']}: {prog} has no flag {a}")
+    return errs
+
+
+def validate_overlay(name, path):
+    """Every layer; returns the list of problems (empty = valid)."""
+    objects = render(path)
+    problems = schema_errors(objects)
+    try:
+        problems += semantic_errors(name, objects)
+        problems += flag_errors(objects)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        problems.append(f"deployment rules cannot be checked: {type(e).__name__} {e}")
+    for cm in by_kind(objects, "ConfigMap"):
+        if cm["metadata"]["name"].startswith("pdgw-config"):
+            ok, out = check_config(cm["data"]["pdgw.yaml"])
+            if not ok:
+                problems.append(f"pdgw --check-config rejects {cm['metadata']['name']}: {out}")
+    return objects, problems
+
+
+# ------------------------------------------------------------------ tests
+
+
+def test_node_validator_installed():
+    modules = node_modules()
+    assert os.path.exists(os.path.join(modules, "kubernetes-models", "package.json"))
+
+
+def test_every_overlay_valid():
+    failures = {}
+    seen_protocols = set()
+    for name in ["base"] + OVERLAYS:
+        path = os.path.join(K8S_DIR, "base" if name == "base" else f"overlays/{name}")
+        assert os.path.exists(os.path.join(path, "README.md")) or name == "base", \
+            f"{name}: README.md missing"
+        objects, problems = validate_overlay(name, path)
+        kinds = {o["kind"] for o in objects}
+        for k in ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount",
+                  "Role", "RoleBinding"):
+            if k not in kinds:
+                problems.append(f"no {k} rendered")
+        for cm in by_kind(objects, "ConfigMap"):
+            if cm["metadata"]["name"].startswith("pdgw-config"):
+                seen_protocols.add(yaml.safe_load(cm["data"]["pdgw.yaml"]).get("protocol"))
+        if problems:
+            failures[name] = problems
+        print(f"  {name}: {len(objects)} objects valid" if not problems else
+              f"  {name}: {len(problems)} problems")
+    assert not failures, json.dumps(failures, indent=1)
+    assert {"vllm-kvt", "vllm-nixl", "sglang", "lmcache"} <= seen_protocols, seen_protocols
+
+
+def test_image_default_config_valid():
+    with open(os.path.join(SRC, "deploy", "docker", "pdgw.yaml")) as f:
+        ok, out = check_config(f.read())
+    assert ok, out
+
+
+def _broken_copy():
+    tmp = tempfile.mkdtemp(prefix="pdgw-k8s-broken.")
+    shutil.copytree(K8S_DIR, os.path.join(tmp, "k8s"))
+    return tmp, os.path.join(tmp, "k8s", "overlays", "sim-1p1d")
+
+
+def _edit(path, old, new):
+    with open(path) as f:
+        text = f.read()
+    assert old in text, f"{old!r} not in {path}"
+    with open(path, "w") as f:
+        f.write(text.replace(old, new, 1))
+
+
+def test_broken_overlay_rejected():
+    """The same checks must fail on deliberately broken copies of sim-1p1d."""
+    cases = [
+        # (description, file, old, new, which layer must complain)
+        ("wrong type", "sim-prefill.yaml", "containerPort: 8100", 'containerPort: "8100"',
+         "must be integer"),
+        ("unknown field", "sim-decode.yaml", "readinessProbe:", "readinesProbe:",
+         "unknown field"),
+        ("missing required", "sim-decode.yaml", "- name: sim\n", "- nom: sim\n",
+         "required property"),
+        ("selector selects nothing", "pdgw.yaml", "pdgw.io/role=decode,pdgw.io/pool=sim",
+         "pdgw.io/role=decoder,pdgw.io/pool=sim", "selects no Service"),
+        ("bad pdgw config", "pdgw.yaml", "prefill_policy: least-load",
+         "prefill_policy: least-loaded", "--check-config rejects"),
+        ("unknown pdgw config key", "pdgw.yaml", "health_interval: 2s",
+         "health_intervall: 2s", "--check-config rejects"),
+        ("unknown simulator flag", "sim-decode.yaml", '"--kv-port", "28000"',
+         '"--kv-prot", "28000"', "has no flag --kv-prot"),
+    ]
+    for desc, fname, old, new, expect in cases:
+        tmp, overlay = _broken_copy()
+        try:
+            _edit(os.path.join(overlay, fname), old, new)
+            _, problems = validate_overlay("sim-1p1d", overlay)
+            assert problems, f"{desc}: broken overlay was accepted"
+            hits = [p for p in problems if expect in p]
+            assert hits, f"{desc}: {problems}"
+            print(f"  {desc}: rejected ({hits[0][:160]})")
+        finally:
+            shutil.rmtree(tmp)
+    # A kustomization that cannot render.
+    tmp, overlay = _broken_copy()
+    try:
+        _edit(os.path.join(overlay, "kustomization.yaml"), "- sim-decode.yaml",
+              "- sim-decoder.yaml")
+        try:
+            render(overlay)
+        except ValidationError as e:
+            assert "sim-decoder.yaml" in str(e), e
+        else:
+            raise AssertionError("kustomize rendered a missing resource")
+    finally:
+        shutil.rmtree(tmp)
+    # The gateway's drain timing: a drain longer than the grace period.
+    tmp, overlay = _broken_copy()
+    try:
+        _edit(os.path.join(overlay, "pdgw.yaml"), "drain_timeout: 30s", "drain_timeout: 2m")
+        _, problems = validate_overlay("sim-1p1d", overlay)
+        assert any("terminationGracePeriodSeconds" in p for p in problems), problems
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    pdgwtest.run([test_node_validator_installed, test_every_overlay_valid,
+                  test_image_default_config_valid, test_broken_overlay_rejected])

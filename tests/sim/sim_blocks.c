@@ -1,0 +1,241 @@
+/*
+ * KV capacity model and prefix cache (the vLLM block manager in miniature).
+ *
+ * The KV space is total_blocks blocks of --block-size tokens. A full prompt
+ * block gets a chained hash (hash of the previous block's hash and its token
+ * ids). Blocks are ref-counted; a block whose count drops to zero goes to the
+ * tail of an LRU free queue but keeps its hash, so a later request with the
+ * same prefix finds it (a hit) until it is evicted for a new allocation.
+ * Everything here runs under the engine lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "sim_int.h"
+
+typedef struct blk {
+    int ref;
+    int has_hash;
+    uint64_t hash;
+    int prev, next; /* free queue (LRU: head = evict first) */
+    int hnext;      /* hash bucket chain */
+    int in_free;
+} blk_t;
+
+static blk_t *blks;
+static int nblk, nused;
+static int free_head = -1, free_tail = -1;
+static int *buckets;
+static int nbuckets;
+
+static void free_unlink(int b)
+{
+    blk_t *k = &blks[b];
+    if (!k->in_free)
+        return;
+    if (k->prev >= 0)
+        blks[k->prev].next = k->next;
+    else
+        free_head = k->next;
+    if (k->next >= 0)
+        blks[k->next].prev = k->prev;
+    else
+        free_tail = k->prev;
+    k->prev = k->next = -1;
+    k->in_free = 0;
+}
+
+static void free_append(int b)
+{
+    blk_t *k = &blks[b];
+    k->prev = free_tail;
+    k->next = -1;
+    if (free_tail >= 0)
+        blks[free_tail].next = b;
+    else
+        free_head = b;
+    free_tail = b;
+    k->in_free = 1;
+}
+
+static void hash_remove(int b)
+{
+    blk_t *k = &blks[b];
+    if (!k->has_hash)
+        return;
+    int *pp = &buckets[k->hash % (uint64_t)nbuckets];
+    while (*pp >= 0) {
+        if (*pp == b) {
+            *pp = k->hnext;
+            break;
+        }
+        pp = &blks[*pp].hnext;
+    }
+    k->has_hash = 0;
+    k->hnext = -1;
+}
+
+static int hash_find(uint64_t h)
+{
+    for (int b = buckets[h % (uint64_t)nbuckets]; b >= 0; b = blks[b].hnext)
+        if (blks[b].hash == h)
+            return b;
+    return -1;
+}
+
+static void hash_insert(int b, uint64_t h)
+{
+    blk_t *k = &blks[b];
+    k->hash = h;
+    k->has_hash = 1;
+    size_t i = h % (uint64_t)nbuckets;
+    k->hnext = buckets[i];
+    buckets[i] = b;
+}
+
+int sim_blocks_init(int total_blocks)
+{
+    nblk = total_blocks;
+    nbuckets = total_blocks * 2 + 1;
+    blks = calloc((size_t)nblk, sizeof(*blks));
+    buckets = malloc((size_t)nbuckets * sizeof(int));
+    if (!blks || !buckets) {
+        free(blks);
+        free(buckets);
+        blks = NULL;
+        buckets = NULL;
+        return -1;
+    }
+    for (int i = 0; i < nbuckets; i++)
+        buckets[i] = -1;
+    for (int i = 0; i < nblk; i++) {
+        blks[i].hnext = -1;
+        free_append(i);
+    }
+    return 0;
+}
+
+void sim_blocks_fini(void)
+{
+    free(blks);
+    free(buckets);
+    blks = NULL;
+    buckets = NULL;
+    nblk = nused = 0;
+    free_head = free_tail = -1;
+}
+
+static uint64_t block_hash(uint64_t prev, const uint32_t *ids, int n)
+{
+    XXH64_state_t *st = XXH64_createState();
+    uint64_t h;
+    if (!st)
+        return prev * 31 + 7;
+    XXH64_reset(st, 0xb10c);
+    XXH64_update(st, &prev, sizeof(prev));
+    XXH64_update(st, ids, (size_t)n * sizeof(uint32_t));
+    h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+int sim_blocks_needed(size_t n_tokens)
+{
+    return (int)((n_tokens + (size_t)sim_cfg.block_size - 1) / (size_t)sim_cfg.block_size);
+}
+
+int sim_blocks_total(void)
+{
+    return nblk;
+}
+
+int sim_blocks_used(void)
+{
+    return nused;
+}
+
+static void take(int b)
+{
+    if (blks[b].ref++ == 0) {
+        free_unlink(b);
+        nused++;
+    }
+}
+
+int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, size_t *n_blocks,
+                     size_t *cached_tokens)
+{
+    int need = sim_blocks_needed(n_tokens);
+    int bs = sim_cfg.block_size;
+    /* at least one prompt token is always computed */
+    int max_hit = prompt->n ? (int)((prompt->n - 1) / (size_t)bs) : 0;
+    int hits = 0;
+    uint64_t h = 0;
+    int *out = malloc((size_t)(need ? need : 1) * sizeof(int));
+    if (!out)
+        return -1;
+    if (!sim_cfg.no_prefix_cache) {
+        for (int i = 0; i < max_hit && i < need; i++) {
+            h = block_hash(h, prompt->ids + (size_t)i * (size_t)bs, bs);
+            int b = hash_find(h);
+            if (b < 0)
+                break;
+            out[hits++] = b;
+        }
+    }
+    /* free blocks not among the hits */
+    int avail = nblk - nused;
+    for (int i = 0; i < hits; i++)
+        if (blks[out[i]].ref == 0)
+            avail--;
+    if (avail < need - hits) {
+        free(out);
+        return -1;
+    }
+    for (int i = 0; i < hits; i++)
+        take(out[i]);
+    for (int i = hits; i < need; i++) {
+        int b = free_head;
+        hash_remove(b);
+        take(b);
+        out[i] = b;
+    }
+    *blocks = out;
+    *n_blocks = (size_t)need;
+    *cached_tokens = (size_t)hits * (size_t)bs;
+    return 0;
+}
+
+void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_blocks)
+{
+    if (sim_cfg.no_prefix_cache)
+        return;
+    int bs = sim_cfg.block_size;
+    size_t full = prompt->n / (size_t)bs;
+    uint64_t h = 0;
+    for (size_t i = 0; i < full && i < n_blocks; i++) {
+        h = block_hash(h, prompt->ids + i * (size_t)bs, bs);
+        int b = blocks[i];
+        if (blks[b].has_hash && blks[b].hash == h)
+            continue;
+        if (hash_find(h) >= 0)
+            continue; /* another block already caches this prefix */
+        hash_remove(b);
+        hash_insert(b, h);
+    }
+}
+
+void sim_blocks_release(int *blocks, size_t n_blocks)
+{
+    /* release in reverse so a request's tail blocks are evicted first */
+    for (size_t i = n_blocks; i-- > 0;) {
+        int b = blocks[i];
+        if (b < 0 || b >= nblk || blks[b].ref <= 0)
+            continue;
+        if (--blks[b].ref == 0) {
+            nused--;
+            free_append(b);
+        }
+    }
+}

@@ -1,0 +1,503 @@
+/* pdgw-sim command line. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sim_int.h"
+
+sim_config_t sim_cfg;
+
+const char *sim_role_name(sim_role_t role)
+{
+    switch (role) {
+    case SIM_ROLE_PREFILL:
+        return "prefill";
+    case SIM_ROLE_DECODE:
+        return "decode";
+    default:
+        return "both";
+    }
+}
+
+const char *sim_kv_mode_name(sim_kv_mode_t mode)
+{
+    switch (mode) {
+    case SIM_KV_MODE_PUSH:
+        return "push";
+    case SIM_KV_MODE_PULL_EAGER:
+        return "pull-eager";
+    case SIM_KV_MODE_PULL_DELAY:
+        return "pull-delay";
+    default:
+        return "auto";
+    }
+}
+
+uint64_t sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t sim_wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pdgw-sim [options]\n"
+            "A vLLM-compatible engine simulator (OpenAI API, vLLM metrics, PD roles).\n\n"
+            "  --role both|prefill|decode   instance role (both)\n"
+            "  --host ADDR                  listen address (127.0.0.1)\n"
+            "  --port N                     HTTP port (8100)\n"
+            "  --model NAME                 served model name (sim-model)\n"
+            "  --ttft-ms MS                 base time to first token (20)\n"
+            "  --tpot-ms MS                 time per output token (10)\n"
+            "  --prefill-ms-per-token MS    extra TTFT per uncached prompt token (0.02)\n"
+            "  --max-tokens-default N       max_tokens when the request has none (16)\n"
+            "  --max-model-len N            prompt + max_tokens limit (8192)\n"
+            "  --zero-delay                 no waits at all (benchmarks)\n"
+            "  --emit-timestamps            add \"sim_emit_ns\" to every streamed chunk\n"
+            "  --max-batch N                running requests; the rest wait (256)\n"
+            "  --block-size N               tokens per KV block (16)\n"
+            "  --kv-bytes-per-token N       KV bytes per token over all layers (1024)\n"
+            "  --kv-capacity-tokens N       KV capacity in tokens (262144)\n"
+            "  --eos-period N               about 1 in N output tokens is EOS; 0 = never (64)\n"
+            "  --no-prefix-cache            disable the prefix cache\n"
+            "  --record-capacity N          requests kept for GET /sim/requests (1024)\n"
+            "PD / KV transfer:\n"
+            "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
+            "127.0.0.1)\n"
+            "  --kv-port N                  KV side channel (vllm-kvt / nixl / mooncake serial)\n"
+            "  --bootstrap-port N           bootstrap server (sglang, mooncake parallel)\n"
+            "  --alloc-port N[,N...]        lmcache receiver alloc port per TP rank\n"
+            "  --init-port N[,N...]         lmcache receiver init port per TP rank\n"
+            "  --engine-id ID               engine id (sim-<role>-<port>)\n"
+            "  --proxy-host ADDR --proxy-port N   where lmcache ProxyNotif goes\n"
+            "  --kv-mode push|pull-eager|pull-delay   force a transfer mode\n"
+            "  --layers N                   layers (4)\n"
+            "  --no-layerwise               push KV only after the last layer\n"
+            "  --kv-hold-timeout-ms MS      free unclaimed prefill KV after MS (30000)\n"
+            "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
+            "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
+            "Faults:\n"
+            "  --fail-rate P --fail-status S  fail a fraction P of requests with S (500)\n"
+            "  --stall-after-tokens N       streams stop after N tokens (never finish)\n"
+            "  --crash-after-ms MS          die MS after the first inference request\n"
+            "  --kv-corrupt-rate P          corrupt a fraction P of sent KV pages\n"
+            "  --fault-seed N               seed of the fault dice (1)\n");
+}
+
+enum {
+    O_ROLE = 256,
+    O_HOST,
+    O_PORT,
+    O_MODEL,
+    O_TTFT,
+    O_TPOT,
+    O_PREFILL_MS,
+    O_MAXTOK,
+    O_MAXLEN,
+    O_ZERO,
+    O_EMIT,
+    O_BATCH,
+    O_BLOCK,
+    O_KVBPT,
+    O_KVCAP,
+    O_EOS,
+    O_NOPC,
+    O_RECCAP,
+    O_KVHOST,
+    O_KVPORT,
+    O_BOOT,
+    O_ALLOC,
+    O_INIT,
+    O_ENGINE,
+    O_PROXYH,
+    O_PROXYP,
+    O_KVMODE,
+    O_LAYERS,
+    O_NOLW,
+    O_HOLD,
+    O_KVWAIT,
+    O_KVBUF,
+    O_FAILRATE,
+    O_FAILSTATUS,
+    O_STALL,
+    O_CRASH,
+    O_CORRUPT,
+    O_FSEED,
+    O_HELP,
+};
+
+static const struct option opts[] = {
+    {"role", required_argument, 0, O_ROLE},
+    {"host", required_argument, 0, O_HOST},
+    {"port", required_argument, 0, O_PORT},
+    {"model", required_argument, 0, O_MODEL},
+    {"ttft-ms", required_argument, 0, O_TTFT},
+    {"tpot-ms", required_argument, 0, O_TPOT},
+    {"prefill-ms-per-token", required_argument, 0, O_PREFILL_MS},
+    {"max-tokens-default", required_argument, 0, O_MAXTOK},
+    {"max-model-len", required_argument, 0, O_MAXLEN},
+    {"zero-delay", no_argument, 0, O_ZERO},
+    {"emit-timestamps", no_argument, 0, O_EMIT},
+    {"max-batch", required_argument, 0, O_BATCH},
+    {"block-size", required_argument, 0, O_BLOCK},
+    {"kv-bytes-per-token", required_argument, 0, O_KVBPT},
+    {"kv-capacity-tokens", required_argument, 0, O_KVCAP},
+    {"eos-period", required_argument, 0, O_EOS},
+    {"no-prefix-cache", no_argument, 0, O_NOPC},
+    {"record-capacity", required_argument, 0, O_RECCAP},
+    {"kv-host", required_argument, 0, O_KVHOST},
+    {"kv-port", required_argument, 0, O_KVPORT},
+    {"bootstrap-port", required_argument, 0, O_BOOT},
+    {"alloc-port", required_argument, 0, O_ALLOC},
+    {"init-port", required_argument, 0, O_INIT},
+    {"engine-id", required_argument, 0, O_ENGINE},
+    {"proxy-host", required_argument, 0, O_PROXYH},
+    {"proxy-port", required_argument, 0, O_PROXYP},
+    {"kv-mode", required_argument, 0, O_KVMODE},
+    {"layers", required_argument, 0, O_LAYERS},
+    {"no-layerwise", no_argument, 0, O_NOLW},
+    {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
+    {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
+    {"kv-buffer-mb", required_argument, 0, O_KVBUF},
+    {"fail-rate", required_argument, 0, O_FAILRATE},
+    {"fail-status", required_argument, 0, O_FAILSTATUS},
+    {"stall-after-tokens", required_argument, 0, O_STALL},
+    {"crash-after-ms", required_argument, 0, O_CRASH},
+    {"kv-corrupt-rate", required_argument, 0, O_CORRUPT},
+    {"fault-seed", required_argument, 0, O_FSEED},
+    {"help", no_argument, 0, O_HELP},
+    {0, 0, 0, 0},
+};
+
+static int parse_long(const char *name, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "pdgw-sim: --%s: '%s' is not an integer in [%ld, %ld]\n", name, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *name, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "pdgw-sim: --%s: '%s' is not a number in [%g, %g]\n", name, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_ports(const char *name, const char *s, int *ports, int *n)
+{
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (*n >= SIM_MAX_TP) {
+            fprintf(stderr, "pdgw-sim: --%s: at most %d ports\n", name, SIM_MAX_TP);
+            return -1;
+        }
+        if (parse_long(name, tok, 1, 65535, &v))
+            return -1;
+        ports[(*n)++] = (int)v;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "pdgw-sim: --%s: empty port list\n", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int copy_str(const char *name, char *dst, size_t cap, const char *s)
+{
+    if (strlen(s) >= cap || !*s) {
+        fprintf(stderr, "pdgw-sim: --%s: value empty or longer than %zu\n", name, cap - 1);
+        return -1;
+    }
+    memcpy(dst, s, strlen(s) + 1);
+    return 0;
+}
+
+/* Parse argv into cfg; returns 0, 1 for --help (exit 0), -1 on error. */
+int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->role = SIM_ROLE_BOTH;
+    snprintf(cfg->host, sizeof(cfg->host), "127.0.0.1");
+    cfg->port = 8100;
+    snprintf(cfg->model, sizeof(cfg->model), "sim-model");
+    cfg->ttft_ms = 20;
+    cfg->tpot_ms = 10;
+    cfg->prefill_ms_per_token = 0.02;
+    cfg->max_tokens_default = 16;
+    cfg->max_model_len = 8192;
+    cfg->max_batch = 256;
+    cfg->block_size = 16;
+    cfg->kv_bytes_per_token = 1024;
+    cfg->kv_capacity_tokens = 262144;
+    cfg->eos_period = 64;
+    cfg->record_capacity = 1024;
+    cfg->layers = 4;
+    cfg->layerwise = 1;
+    cfg->kv_hold_timeout_ms = 30000;
+    cfg->kv_wait_timeout_ms = 10000;
+    cfg->kv_buffer_mb = 64;
+    cfg->fail_status = 500;
+    cfg->stall_after_tokens = -1;
+    cfg->crash_after_ms = -1;
+    cfg->fault_seed = 1;
+
+    long v;
+    double d;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        const char *name = NULL;
+        for (const struct option *o = opts; o->name; o++)
+            if (o->val == c)
+                name = o->name;
+        switch (c) {
+        case O_ROLE:
+            if (!strcmp(optarg, "both"))
+                cfg->role = SIM_ROLE_BOTH;
+            else if (!strcmp(optarg, "prefill"))
+                cfg->role = SIM_ROLE_PREFILL;
+            else if (!strcmp(optarg, "decode"))
+                cfg->role = SIM_ROLE_DECODE;
+            else {
+                fprintf(stderr, "pdgw-sim: --role: '%s' is not both|prefill|decode\n", optarg);
+                return -1;
+            }
+            break;
+        case O_HOST:
+            if (copy_str(name, cfg->host, sizeof(cfg->host), optarg))
+                return -1;
+            break;
+        case O_PORT:
+            if (parse_long(name, optarg, 0, 65535, &v))
+                return -1;
+            cfg->port = (int)v;
+            break;
+        case O_MODEL:
+            if (copy_str(name, cfg->model, sizeof(cfg->model), optarg))
+                return -1;
+            break;
+        case O_TTFT:
+            if (parse_double(name, optarg, 0, 3600000, &cfg->ttft_ms))
+                return -1;
+            break;
+        case O_TPOT:
+            if (parse_double(name, optarg, 0, 3600000, &cfg->tpot_ms))
+                return -1;
+            break;
+        case O_PREFILL_MS:
+            if (parse_double(name, optarg, 0, 60000, &cfg->prefill_ms_per_token))
+                return -1;
+            break;
+        case O_MAXTOK:
+            if (parse_long(name, optarg, 1, 1 << 20, &v))
+                return -1;
+            cfg->max_tokens_default = (int)v;
+            break;
+        case O_MAXLEN:
+            if (parse_long(name, optarg, 2, 1 << 24, &v))
+                return -1;
+            cfg->max_model_len = (int)v;
+            break;
+        case O_ZERO:
+            cfg->zero_delay = 1;
+            break;
+        case O_EMIT:
+            cfg->emit_timestamps = 1;
+            break;
+        case O_BATCH:
+            if (parse_long(name, optarg, 1, 1 << 20, &v))
+                return -1;
+            cfg->max_batch = (int)v;
+            break;
+        case O_BLOCK:
+            if (parse_long(name, optarg, 1, 4096, &v))
+                return -1;
+            cfg->block_size = (int)v;
+            break;
+        case O_KVBPT:
+            if (parse_long(name, optarg, 1, 1 << 24, &v))
+                return -1;
+            cfg->kv_bytes_per_token = (int)v;
+            break;
+        case O_KVCAP:
+            if (parse_long(name, optarg, 1, 1 << 28, &v))
+                return -1;
+            cfg->kv_capacity_tokens = (int)v;
+            break;
+        case O_EOS:
+            if (parse_long(name, optarg, 0, 1 << 30, &v))
+                return -1;
+            cfg->eos_period = (int)v;
+            break;
+        case O_NOPC:
+            cfg->no_prefix_cache = 1;
+            break;
+        case O_RECCAP:
+            if (parse_long(name, optarg, 1, 1 << 20, &v))
+                return -1;
+            cfg->record_capacity = (int)v;
+            break;
+        case O_KVHOST:
+            if (copy_str(name, cfg->kv_host, sizeof(cfg->kv_host), optarg))
+                return -1;
+            break;
+        case O_KVPORT:
+            if (parse_long(name, optarg, 1, 65535, &v))
+                return -1;
+            cfg->kv_port = (int)v;
+            break;
+        case O_BOOT:
+            if (parse_long(name, optarg, 1, 65535, &v))
+                return -1;
+            cfg->bootstrap_port = (int)v;
+            break;
+        case O_ALLOC:
+            if (parse_ports(name, optarg, cfg->alloc_ports, &cfg->n_alloc_ports))
+                return -1;
+            break;
+        case O_INIT:
+            if (parse_ports(name, optarg, cfg->init_ports, &cfg->n_init_ports))
+                return -1;
+            break;
+        case O_ENGINE:
+            if (copy_str(name, cfg->engine_id, sizeof(cfg->engine_id), optarg))
+                return -1;
+            break;
+        case O_PROXYH:
+            if (copy_str(name, cfg->proxy_host, sizeof(cfg->proxy_host), optarg))
+                return -1;
+            break;
+        case O_PROXYP:
+            if (parse_long(name, optarg, 1, 65535, &v))
+                return -1;
+            cfg->proxy_port = (int)v;
+            break;
+        case O_KVMODE:
+            if (!strcmp(optarg, "push"))
+                cfg->kv_mode = SIM_KV_MODE_PUSH;
+            else if (!strcmp(optarg, "pull-eager"))
+                cfg->kv_mode = SIM_KV_MODE_PULL_EAGER;
+            else if (!strcmp(optarg, "pull-delay"))
+                cfg->kv_mode = SIM_KV_MODE_PULL_DELAY;
+            else {
+                fprintf(stderr, "pdgw-sim: --kv-mode: '%s' is not push|pull-eager|pull-delay\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case O_LAYERS:
+            if (parse_long(name, optarg, 1, 1024, &v))
+                return -1;
+            cfg->layers = (int)v;
+            break;
+        case O_NOLW:
+            cfg->layerwise = 0;
+            break;
+        case O_HOLD:
+            if (parse_long(name, optarg, 1, 86400000, &v))
+                return -1;
+            cfg->kv_hold_timeout_ms = (int)v;
+            break;
+        case O_KVWAIT:
+            if (parse_long(name, optarg, 1, 86400000, &v))
+                return -1;
+            cfg->kv_wait_timeout_ms = (int)v;
+            break;
+        case O_KVBUF:
+            if (parse_long(name, optarg, 1, 65536, &v))
+                return -1;
+            cfg->kv_buffer_mb = (int)v;
+            break;
+        case O_FAILRATE:
+            if (parse_double(name, optarg, 0, 1, &cfg->fail_rate))
+                return -1;
+            break;
+        case O_FAILSTATUS:
+            if (parse_long(name, optarg, 400, 599, &v))
+                return -1;
+            cfg->fail_status = (int)v;
+            break;
+        case O_STALL:
+            if (parse_long(name, optarg, 0, 1 << 30, &v))
+                return -1;
+            cfg->stall_after_tokens = (int)v;
+            break;
+        case O_CRASH:
+            if (parse_long(name, optarg, 0, 86400000, &v))
+                return -1;
+            cfg->crash_after_ms = (int)v;
+            break;
+        case O_CORRUPT:
+            if (parse_double(name, optarg, 0, 1, &cfg->kv_corrupt_rate))
+                return -1;
+            break;
+        case O_FSEED:
+            if (parse_double(name, optarg, 0, 1e18, &d))
+                return -1;
+            cfg->fault_seed = (uint64_t)d;
+            break;
+        case O_HELP:
+        case 'h':
+            usage(stdout);
+            return 1;
+        default:
+            usage(stderr);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "pdgw-sim: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (cfg->kv_bytes_per_token % cfg->layers) {
+        fprintf(stderr, "pdgw-sim: --kv-bytes-per-token (%d) must be a multiple of --layers (%d)\n",
+                cfg->kv_bytes_per_token, cfg->layers);
+        return -1;
+    }
+    if (cfg->kv_capacity_tokens < cfg->block_size) {
+        fprintf(stderr, "pdgw-sim: --kv-capacity-tokens must hold at least one block\n");
+        return -1;
+    }
+    if (!cfg->kv_host[0]) {
+        const char *h = cfg->host;
+        if (!strcmp(h, "0.0.0.0") || !strcmp(h, "::"))
+            h = "127.0.0.1";
+        snprintf(cfg->kv_host, sizeof(cfg->kv_host), "%s", h);
+    }
+    if (!cfg->engine_id[0])
+        snprintf(cfg->engine_id, sizeof(cfg->engine_id), "sim-%s-%d", sim_role_name(cfg->role),
+                 cfg->port);
+    if (cfg->n_init_ports && cfg->n_alloc_ports && cfg->n_init_ports != cfg->n_alloc_ports) {
+        fprintf(stderr, "pdgw-sim: --init-port and --alloc-port need one port per TP rank each\n");
+        return -1;
+    }
+    return 0;
+}

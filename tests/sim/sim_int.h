@@ -1,0 +1,317 @@
+/*
+ * pdgw-sim internals: configuration, the request object shared by the HTTP
+ * front end and the engine thread, and the module entry points.
+ *
+ * Threads: one libmicrohttpd thread (epoll, suspended connections), one
+ * engine thread (admission, timing, token emission) and, for PD roles, the
+ * KV threads of sim_kv.c. All engine-visible request state is guarded by the
+ * engine lock (sim_engine_lock()).
+ */
+#ifndef PDGW_SIM_INT_H
+#define PDGW_SIM_INT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+struct MHD_Connection;
+
+typedef enum {
+    SIM_ROLE_BOTH = 0,
+    SIM_ROLE_PREFILL,
+    SIM_ROLE_DECODE,
+} sim_role_t;
+
+typedef enum {
+    SIM_KV_MODE_AUTO = 0, /* the protocol's natural mode */
+    SIM_KV_MODE_PUSH,
+    SIM_KV_MODE_PULL_EAGER,
+    SIM_KV_MODE_PULL_DELAY,
+} sim_kv_mode_t;
+
+#define SIM_MAX_TP 8
+
+typedef struct sim_config {
+    sim_role_t role;
+    char host[64];
+    int port;
+    char model[128];
+    double ttft_ms;              /* base time to first token */
+    double tpot_ms;              /* time per output token */
+    double prefill_ms_per_token; /* extra TTFT per uncached prompt token */
+    int max_tokens_default;
+    int max_model_len;
+    int zero_delay;
+    int emit_timestamps;
+    int max_batch;
+    int block_size;
+    int kv_bytes_per_token;
+    int kv_capacity_tokens;
+    int eos_period; /* 0 = never EOS */
+    int no_prefix_cache;
+    int record_capacity;
+    int kv_buffer_mb; /* libkvt buffer per engine */
+    /* KV side channels */
+    char kv_host[64]; /* advertised host of this instance's KV endpoints */
+    int kv_port;
+    int bootstrap_port;
+    int alloc_ports[SIM_MAX_TP];
+    int n_alloc_ports;
+    int init_ports[SIM_MAX_TP];
+    int n_init_ports;
+    char engine_id[64];
+    char proxy_host[64];
+    int proxy_port;
+    sim_kv_mode_t kv_mode;
+    int layers;
+    int layerwise;
+    int kv_hold_timeout_ms;
+    int kv_wait_timeout_ms; /* decode: deadline for remote KV */
+    /* faults */
+    double fail_rate;
+    int fail_status;
+    int stall_after_tokens; /* -1 = off */
+    int crash_after_ms;     /* -1 = off */
+    double kv_corrupt_rate;
+    uint64_t fault_seed;
+} sim_config_t;
+
+extern sim_config_t sim_cfg;
+
+/* sim_config.c */
+int sim_config_parse(int argc, char **argv, sim_config_t *cfg);
+const char *sim_role_name(sim_role_t role);
+const char *sim_kv_mode_name(sim_kv_mode_t mode);
+
+/* ---- time ---- */
+uint64_t sim_now_ns(void);  /* CLOCK_MONOTONIC */
+uint64_t sim_wall_ns(void); /* CLOCK_REALTIME */
+
+/* ---- deterministic tokenizer and output (sim_text.c) ---- */
+typedef struct sim_tokens {
+    uint32_t *ids;
+    size_t n, cap;
+} sim_tokens_t;
+
+int sim_tokens_push(sim_tokens_t *t, uint32_t id);
+void sim_tokens_free(sim_tokens_t *t);
+/* Split text on whitespace and punctuation; append one id per piece. */
+int sim_tokenize(const char *text, size_t len, sim_tokens_t *out);
+/* Chat template: "<|role|>\n" content "\n" per message, then "<|assistant|>\n". */
+char *sim_chat_template(json_t *messages);
+
+typedef struct sim_sampling {
+    int64_t seed;
+    int has_seed;
+    double temperature;
+    int ignore_eos;
+    int min_tokens;
+    int max_tokens;
+    char **stop;
+    size_t n_stop;
+} sim_sampling_t;
+
+/* The planned output of a request. text holds the visible text; off[i] is
+ * where the piece revealed with token i starts (off[n] = strlen(text)). */
+typedef struct sim_output {
+    char *text;
+    size_t *off;
+    size_t n;                  /* completion tokens (incl. an EOS token) */
+    const char *finish_reason; /* "length" | "stop" */
+    char *stop_reason;         /* matched stop string or NULL */
+} sim_output_t;
+
+uint64_t sim_prompt_hash(const sim_tokens_t *prompt);
+int sim_output_plan(const sim_tokens_t *prompt, const sim_sampling_t *sp, sim_output_t *out);
+void sim_output_free(sim_output_t *out);
+
+/* ---- the request ---- */
+typedef enum {
+    SIM_RS_NEW = 0,
+    SIM_RS_KV_WAIT, /* decode: waiting for remote KV before it may run */
+    SIM_RS_WAITING, /* queued for a batch slot / KV capacity */
+    SIM_RS_PREFILL,
+    SIM_RS_DECODE,
+    SIM_RS_DONE,
+    SIM_RS_FAILED,
+    SIM_RS_CANCELLED,
+} sim_req_state_t;
+
+struct sim_kv_req; /* sim_kv.c */
+
+typedef struct sim_req {
+    int refs; /* under the engine lock */
+    uint64_t seq;
+    char *request_id; /* X-Request-Id (in or generated) */
+    char *resp_id;    /* cmpl-... / chatcmpl-... */
+    int is_chat;
+    int stream;
+    int include_usage;
+    int64_t created;
+    sim_tokens_t prompt;
+    uint64_t prompt_hash;
+    sim_sampling_t sp;
+    sim_output_t out;
+
+    /* engine state */
+    sim_req_state_t state;
+    size_t heap_idx;
+    struct sim_req *wq_prev, *wq_next;
+    uint64_t t_arrive, t_admit, t_first, t_done, t_next;
+    size_t tokens_ready;
+    int *blocks; /* KV block ids held while running */
+    size_t n_blocks;
+    size_t cached_tokens; /* prefix-cache hit tokens */
+    uint64_t prefill_ns;
+    int layer_i; /* next layer to finish (layer-wise prefill) */
+    int response_ready; /* headers may be sent (first token / done / error) */
+    int http_status;    /* != 200 → error_msg */
+    char *error_msg;
+    const char *error_type;
+    int stalled; /* fault: stream stops after N tokens */
+
+    /* connection (MHD thread; guarded by the engine lock) */
+    struct MHD_Connection *conn;
+    int suspended;
+    int conn_gone;
+    size_t emitted; /* stream: token chunks formatted */
+    int head_sent, tail_sent;
+    char *pend;
+    size_t pend_len, pend_off, pend_cap;
+
+    /* PD */
+    struct sim_kv_req *kv;
+    json_t *resp_kv_params; /* kv_transfer_params returned in the response */
+    size_t rec_idx;         /* slot in /sim/requests */
+    uint64_t rec_seq;
+} sim_req_t;
+
+/* ---- engine (sim_engine.c) ---- */
+int sim_engine_start(void);
+void sim_engine_stop(void);
+void sim_engine_lock(void);
+void sim_engine_unlock(void);
+/* Hand a planned request to the engine (takes a reference). */
+void sim_engine_submit(sim_req_t *req);
+/* Under the lock: let a KV_WAIT request proceed (kv_ok) or fail it. */
+void sim_engine_kv_ready_locked(sim_req_t *req, int kv_ok, int status, const char *msg);
+/* Under the lock: the connection went away. */
+void sim_engine_cancel_locked(sim_req_t *req);
+/* Under the lock: capacity was freed outside the engine thread. */
+void sim_engine_signal_locked(void);
+/* Under the lock: schedule MHD_resume_connection after the lock drops. */
+void sim_engine_wake_conn_locked(sim_req_t *req);
+void sim_req_unref_locked(sim_req_t *req);
+void sim_req_free(sim_req_t *req);
+
+typedef struct sim_engine_stats {
+    int running, waiting;
+    double kv_usage;
+    int blocks_total, blocks_used;
+} sim_engine_stats_t;
+void sim_engine_stats(sim_engine_stats_t *st);
+
+/* ---- KV blocks and prefix cache (sim_blocks.c), under the engine lock ---- */
+int sim_blocks_init(int total_blocks);
+void sim_blocks_fini(void);
+/* Allocate blocks for n_tokens of which the prompt prefix may hit the cache.
+ * Returns 0 and fills blocks/cached_tokens, or -1 if not enough free blocks. */
+int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, size_t *n_blocks,
+                     size_t *cached_tokens);
+/* Make the full prompt blocks of a computed prefill discoverable. */
+void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_blocks);
+void sim_blocks_release(int *blocks, size_t n_blocks);
+int sim_blocks_total(void);
+int sim_blocks_used(void);
+int sim_blocks_needed(size_t n_tokens);
+
+/* ---- metrics (sim_metrics.c) ---- */
+typedef struct sim_counters {
+    atomic_ullong prompt_tokens;
+    atomic_ullong generation_tokens;
+    atomic_ullong prefix_queries;
+    atomic_ullong prefix_hits;
+    atomic_ullong req_finished_length;
+    atomic_ullong req_finished_stop;
+    atomic_ullong req_finished_abort;
+    atomic_ullong req_errors;
+    atomic_ullong http_requests;
+    atomic_ullong http_4xx;
+    atomic_ullong http_5xx;
+    atomic_ullong faults_injected;
+    atomic_ullong client_disconnects;
+    atomic_ullong kv_bytes_received;
+    atomic_ullong kv_bytes_sent;
+    atomic_ullong kv_verify_failures;
+    atomic_ullong kv_transfers_ok;
+    atomic_ullong kv_transfers_failed;
+    atomic_ullong kv_hold_timeouts;
+    atomic_ullong kv_corruptions_injected;
+    atomic_llong active_connections;
+    atomic_llong open_streams;
+    atomic_llong inflight; /* inference requests with a live connection */
+    atomic_ullong ttft_us_sum;
+    atomic_ullong ttft_count;
+} sim_counters_t;
+
+extern sim_counters_t sim_ctr;
+char *sim_metrics_render(void);
+
+/* ---- /sim/requests ring (sim_record.c) ---- */
+int sim_record_init(int capacity);
+void sim_record_fini(void);
+/* Store one received request; takes ownership of entry. Returns its seq. */
+uint64_t sim_record_add(json_t *entry);
+/* Attach key=value (stolen) to the entry with seq (if still in the ring). */
+void sim_record_set(uint64_t seq, const char *key, json_t *value);
+char *sim_record_dump(const char *request_id_filter);
+void sim_record_clear(void);
+
+/* ---- HTTP (sim_http.c) ---- */
+int sim_http_start(void);
+void sim_http_stop(void);
+void sim_http_resume(struct MHD_Connection *conn);
+
+/* ---- OpenAI request parsing / response formatting (sim_openai.c) ---- */
+/* Parse and validate a completions/chat body into req. On error returns the
+ * HTTP status (400/404) and sets *msg (malloc'd) and *param. */
+int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, const char **param);
+char *sim_openai_error_json(int status, const char *msg, const char *type, const char *param);
+char *sim_openai_full_response(sim_req_t *req);
+/* Append the next SSE events of a stream to req->pend; returns 1 if something
+ * was produced, 0 if nothing is ready yet, -1 when the stream is finished. */
+int sim_openai_stream_next(sim_req_t *req);
+
+/* ---- faults (sim_fault.c) ---- */
+int sim_fault_roll(double rate);
+void sim_fault_arm_crash(void);
+
+/* ---- KV / PD (sim_kv.c) ---- */
+int sim_kv_start(void);
+void sim_kv_stop(void);
+/* Decide what a request's kv_transfer_params / bootstrap fields ask for.
+ * Returns 0, or an HTTP status with *msg set on bad fields. */
+int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg);
+/* Does this request's prefill run layer by layer (KV leaves per layer)? */
+int sim_kv_layered(const sim_req_t *req);
+/* Under the lock: layer <layer> of a layered prefill was computed. */
+void sim_kv_on_layer_done_locked(sim_req_t *req, int layer);
+/* Under the lock, when a request finished its prefill compute. */
+void sim_kv_on_prefill_done_locked(sim_req_t *req);
+/* Under the lock, a request left the engine (done/failed/cancelled). */
+void sim_kv_on_finish_locked(sim_req_t *req);
+void sim_kv_req_free(struct sim_kv_req *kv);
+/* Did the prompt's KV come from a remote prefill (no prompt compute)? */
+int sim_kv_remote_filled(const sim_req_t *req);
+/* Does this request wait for remote KV before running? */
+int sim_kv_needs_remote(const sim_req_t *req);
+/* Start fetching remote KV for a KV_WAIT request (called without the lock). */
+void sim_kv_begin_remote(sim_req_t *req);
+/* Timing: KV compute per layer for a prefill (ns per layer), used for
+ * layer-wise pushes. */
+char *sim_kv_metrics_render(void);
+/* KV transfer pages in use / pinned (libkvt pools + KV held for a reader). */
+void sim_kv_pages(long long *used, long long *pinned);
+
+#endif

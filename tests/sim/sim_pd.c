@@ -1,0 +1,791 @@
+/*
+ * PD roles: what each protocol's fields (PROTOCOLS.md section A) ask of this
+ * instance, and the prefill-side table of exports (KV computed here that a
+ * decode instance will read or receive).
+ *
+ * Prefill side: a request with do_remote_decode (no transfer_id) holds its
+ * KV after it finished and returns the vllm-nixl kv_transfer_params block;
+ * one with transfer_id or bootstrap_room waits for a decode to register at
+ * the bootstrap port; one with disagg_spec pushes to the named receiver. All
+ * exports are freed when their transfer completes or, unclaimed, after
+ * --kv-hold-timeout-ms.
+ *
+ * Decode side: the fields say where the KV is and how to get it; the request
+ * waits in KV_WAIT (not counted as running) until sim_pd_kvt.c has loaded
+ * and verified every page, then runs with its prefill already done.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_pd_int.h"
+
+sim_kv_geom_t sim_geom;
+static sim_export_t *exports;
+static uint64_t xfer_seq;
+
+const char *sim_pd_kind_name(sim_pd_kind_t k)
+{
+    switch (k) {
+    case SIM_PD_P_HOLD:
+        return "hold";
+    case SIM_PD_P_RENDEZVOUS:
+        return "rendezvous";
+    case SIM_PD_P_LMCACHE:
+        return "lmcache-send";
+    case SIM_PD_P_COMPUTE:
+        return "kvt-compute";
+    case SIM_PD_D_PULL_PARAMS:
+        return "pull-params";
+    case SIM_PD_D_KVT_STAGED:
+        return "kvt-staged";
+    case SIM_PD_D_KVT_BATCH:
+        return "kvt-batch";
+    case SIM_PD_D_MOONCAKE_PAR:
+        return "mooncake-parallel";
+    case SIM_PD_D_SGLANG:
+        return "sglang";
+    case SIM_PD_D_LMCACHE:
+        return "lmcache-receive";
+    default:
+        return "none";
+    }
+}
+
+/* ---- exports (engine lock held) ---- */
+static void export_free(sim_export_t *e)
+{
+    free(e->hold_id);
+    free(e->req_id);
+    free(e->rv_key);
+    sim_tokens_free(&e->prompt);
+    free(e->blocks);
+    free(e->block_ids);
+    free(e->hashes);
+    free(e);
+}
+
+void sim_pd_export_unref_locked(sim_export_t *e)
+{
+    if (--e->refs == 0)
+        export_free(e);
+}
+
+void sim_pd_export_remove_locked(sim_export_t *e)
+{
+    if (!e->in_table)
+        return;
+    for (sim_export_t **pp = &exports; *pp; pp = &(*pp)->next) {
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    }
+    e->in_table = 0;
+    e->next = NULL;
+    sim_pd_export_unref_locked(e);
+}
+
+/* The transfer ended (or never will): free the held blocks, leave the table. */
+void sim_pd_export_finish_locked(sim_export_t *e, int ok)
+{
+    if (e->done)
+        return;
+    e->done = 1;
+    if (ok) {
+        atomic_fetch_add(&sim_ctr.kv_transfers_ok, 1);
+    } else if (e->have_dest) {
+        atomic_fetch_add(&sim_ctr.kv_transfers_failed, 1);
+    }
+    if (e->blocks) {
+        sim_blocks_release(e->blocks, e->n_blocks);
+        free(e->blocks);
+        e->blocks = NULL;
+        e->n_blocks = 0;
+    }
+    sim_pd_export_remove_locked(e);
+    sim_engine_signal_locked(); /* freed capacity */
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return a && b && !strcmp(a, b);
+}
+
+sim_export_t *sim_pd_export_find_locked(const char *hold_id, const char *req_id,
+                                        uint64_t prompt_hash, const char *rv_key)
+{
+    sim_export_t *e;
+    if (rv_key) {
+        for (e = exports; e; e = e->next)
+            if (!e->done && !e->have_dest && same_str(e->rv_key, rv_key))
+                return e;
+        return NULL;
+    }
+    if (hold_id) {
+        for (e = exports; e; e = e->next)
+            if (!e->done && e->kind == SIM_PD_P_HOLD && !e->have_dest &&
+                same_str(e->hold_id, hold_id))
+                return e;
+        return NULL; /* an explicit id that is not here */
+    }
+    if (req_id) {
+        for (e = exports; e; e = e->next)
+            if (!e->done && e->kind == SIM_PD_P_HOLD && !e->have_dest &&
+                same_str(e->req_id, req_id))
+                return e;
+    }
+    for (e = exports; e; e = e->next)
+        if (!e->done && e->kind == SIM_PD_P_HOLD && !e->have_dest &&
+            e->prompt_hash == prompt_hash && e->computed)
+            return e;
+    return NULL;
+}
+
+sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind)
+{
+    sim_export_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->kind = kind;
+    e->refs = 1; /* the table's */
+    e->in_table = 1;
+    e->hold_id = strdup(req->request_id);
+    e->req_id = strdup(req->request_id);
+    e->prompt_hash = req->prompt_hash;
+    e->nchunks = sim_kv_nchunks(&sim_geom, req->prompt.n);
+    e->hashes = calloc(e->nchunks ? e->nchunks : 1, sizeof(uint64_t));
+    for (size_t i = 0; i < req->prompt.n; i++)
+        if (sim_tokens_push(&e->prompt, req->prompt.ids[i]))
+            goto err;
+    if (!e->hold_id || !e->req_id || !e->hashes)
+        goto err;
+    sim_kv_chunk_hashes(&e->prompt, &sim_geom, e->hashes);
+    e->next = exports;
+    exports = e;
+    return e;
+err:
+    export_free(e);
+    return NULL;
+}
+
+void sim_pd_exports_expire_locked(uint64_t now)
+{
+    sim_export_t *e = exports, *next;
+    for (; e; e = next) {
+        next = e->next;
+        if (e->t_expire && now >= e->t_expire && !e->have_dest && !e->done) {
+            atomic_fetch_add(&sim_ctr.kv_hold_timeouts, 1);
+            fprintf(stderr, "pdgw-sim: KV of request %s unclaimed after %d ms, freed\n",
+                    e->req_id, sim_cfg.kv_hold_timeout_ms);
+            sim_pd_export_finish_locked(e, 0);
+        }
+    }
+}
+
+void sim_pd_exports_drop_all_locked(void)
+{
+    while (exports) {
+        sim_export_t *e = exports;
+        e->done = 1;
+        if (e->blocks) {
+            sim_blocks_release(e->blocks, e->n_blocks);
+            free(e->blocks);
+            e->blocks = NULL;
+        }
+        sim_pd_export_remove_locked(e);
+    }
+}
+
+int sim_pd_held_pages_locked(void)
+{
+    int n = 0;
+    for (sim_export_t *e = exports; e; e = e->next)
+        if (e->blocks)
+            n += (int)e->nchunks * sim_cfg.layers;
+    return n;
+}
+
+/* ---- field parsing ---- */
+static int fail400(char **msg, const char *fmt, const char *a)
+{
+    if (asprintf(msg, fmt, a) < 0)
+        *msg = NULL;
+    return 400;
+}
+
+static const char *opt_str(json_t *o, const char *k, int *bad)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return NULL;
+    if (!json_is_string(v)) {
+        *bad = 1;
+        return NULL;
+    }
+    return json_string_value(v);
+}
+
+/* Integer or integer-valued string (ids travel as either). Returns 1 if present. */
+static int opt_id(json_t *o, const char *k, char *out, size_t cap, int *bad)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_integer(v)) {
+        snprintf(out, cap, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return 1;
+    }
+    if (json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < cap) {
+        snprintf(out, cap, "%s", json_string_value(v));
+        return 1;
+    }
+    *bad = 1;
+    return 0;
+}
+
+static int opt_port(json_t *o, const char *k, int *out, int *bad)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535) {
+        *bad = 1;
+        return 0;
+    }
+    *out = (int)json_integer_value(v);
+    return 1;
+}
+
+static int port_list(json_t *a, uint16_t *out, int *n)
+{
+    size_t i;
+    json_t *v;
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > SIM_MAX_TP)
+        return -1;
+    json_array_foreach(a, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535)
+            return -1;
+        out[i] = (uint16_t)json_integer_value(v);
+    }
+    *n = (int)json_array_size(a);
+    return 0;
+}
+
+/* "http://host:port" (or host:port) → tcp://host:port */
+static int parse_bootstrap_addr(const char *s, char *ep, size_t cap)
+{
+    const char *p = s;
+    if (!strncmp(p, "http://", 7))
+        p += 7;
+    else if (!strncmp(p, "https://", 8))
+        p += 8;
+    const char *colon = strrchr(p, ':');
+    if (!colon || colon == p)
+        return -1;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (port < 1 || port > 65535 || (*end && *end != '/'))
+        return -1;
+    int hl = (int)(colon - p);
+    if (hl >= 100)
+        return -1;
+    snprintf(ep, cap, "tcp://%.*s:%ld", hl, p, port);
+    return 0;
+}
+
+static sim_kv_mode_t choose_mode(sim_pd_kind_t kind)
+{
+    sim_kv_mode_t forced = sim_cfg.kv_mode;
+    switch (kind) {
+    case SIM_PD_D_PULL_PARAMS:
+    case SIM_PD_D_KVT_STAGED:
+        /* the decode reads: pull-eager unless pull-delay is forced */
+        return forced == SIM_KV_MODE_PULL_DELAY ? SIM_KV_MODE_PULL_DELAY
+                                                : SIM_KV_MODE_PULL_EAGER;
+    case SIM_PD_P_LMCACHE:
+        return forced == SIM_KV_MODE_AUTO ? SIM_KV_MODE_PUSH : forced;
+    case SIM_PD_D_LMCACHE:
+        /* the sender picks push or pull; this receiver only decides on delay */
+        return forced == SIM_KV_MODE_PULL_DELAY ? SIM_KV_MODE_PULL_DELAY : SIM_KV_MODE_AUTO;
+    default:
+        return SIM_KV_MODE_PUSH; /* the prefill writes into decode pages */
+    }
+}
+
+static struct sim_kv_req *kv_new(sim_pd_kind_t kind)
+{
+    struct sim_kv_req *kv = calloc(1, sizeof(*kv));
+    if (!kv)
+        return NULL;
+    kv->kind = kind;
+    kv->mode = choose_mode(kind);
+    kv->info = json_pack("{s:s,s:s,s:s}", "side",
+                         kind >= SIM_PD_D_PULL_PARAMS ? "decode" : "prefill", "kind",
+                         sim_pd_kind_name(kind), "mode", sim_kv_mode_name(kv->mode));
+    return kv;
+}
+
+static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
+{
+    int bad = 0;
+    sim_pd_kind_t kind = SIM_PD_NONE;
+    char rv[96] = "";
+    sim_receiver_t dest;
+    const char *lmc_req = NULL;
+    memset(&dest, 0, sizeof(dest));
+
+    json_t *spec = kvp ? json_object_get(kvp, "disagg_spec") : NULL;
+    json_t *drd = kvp ? json_object_get(kvp, "do_remote_decode") : NULL;
+    if (drd && !json_is_null(drd) && !json_is_boolean(drd))
+        return fail400(msg, "kv_transfer_params.%s must be a boolean", "do_remote_decode");
+    if (spec && !json_is_null(spec)) {
+        const char *host;
+        int na = 0, ni = 0;
+        if (!json_is_object(spec))
+            return fail400(msg, "kv_transfer_params.%s must be an object", "disagg_spec");
+        lmc_req = opt_str(spec, "req_id", &bad);
+        host = opt_str(spec, "receiver_host", &bad);
+        if (bad || !lmc_req || !*lmc_req || !host || !*host)
+            return fail400(msg, "kv_transfer_params.disagg_spec needs %s",
+                           "req_id and receiver_host strings");
+        if (port_list(json_object_get(spec, "receiver_alloc_port"), dest.alloc_ports, &na) ||
+            port_list(json_object_get(spec, "receiver_init_port"), dest.init_ports, &ni) ||
+            na != ni)
+            return fail400(msg, "kv_transfer_params.disagg_spec needs %s",
+                           "receiver_alloc_port and receiver_init_port lists of equal length");
+        if (strlen(host) >= sizeof(dest.host) || strlen(lmc_req) >= 100)
+            return fail400(msg, "kv_transfer_params.disagg_spec.%s too long", "req_id/host");
+        snprintf(dest.host, sizeof(dest.host), "%s", host);
+        dest.nranks = na;
+        sim_kv_geom_t g;
+        if (sim_kv_geom_init(&g, na))
+            return fail400(msg, "%s does not divide this engine's KV bytes per layer",
+                           "the receiver's TP size");
+        kind = SIM_PD_P_LMCACHE;
+    } else if (drd && json_is_true(drd)) {
+        if (opt_id(kvp, "transfer_id", rv + 4, sizeof(rv) - 4, &bad)) {
+            memcpy(rv, "tid:", 4);
+            kind = SIM_PD_P_RENDEZVOUS;
+        } else if (bad) {
+            return fail400(msg, "kv_transfer_params.%s must be a string or an integer",
+                           "transfer_id");
+        } else {
+            kind = SIM_PD_P_HOLD;
+        }
+    } else if (json_object_get(body, "bootstrap_room")) {
+        int port;
+        const char *h = opt_str(body, "bootstrap_host", &bad);
+        int has_port = opt_port(body, "bootstrap_port", &port, &bad);
+        json_t *room = json_object_get(body, "bootstrap_room");
+        if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0)
+            return fail400(msg, "%s",
+                           "bootstrap_host (string), bootstrap_port (integer) and "
+                           "bootstrap_room (non-negative integer) are required together");
+        snprintf(rv, sizeof(rv), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
+        kind = SIM_PD_P_RENDEZVOUS;
+    }
+    if (kind == SIM_PD_NONE)
+        return 0;
+    if (kind == SIM_PD_P_HOLD && !sim_cfg.kv_port)
+        return fail400(msg, "%s", "this prefill instance has no --kv-port to serve its KV from");
+    if (kind == SIM_PD_P_RENDEZVOUS && !sim_cfg.bootstrap_port && !sim_cfg.kv_port)
+        return fail400(msg, "%s", "this prefill instance has no --bootstrap-port");
+
+    struct sim_kv_req *kv = kv_new(kind);
+    if (!kv)
+        return 500;
+    req->kv = kv;
+    sim_engine_lock();
+    sim_export_t *e = sim_pd_export_new_locked(req, kind);
+    if (!e) {
+        sim_engine_unlock();
+        return 500;
+    }
+    e->refs++; /* the request's */
+    kv->exp = e;
+    if (rv[0]) {
+        e->rv_key = strdup(rv);
+        json_object_set_new(kv->info, "rendezvous", json_string(rv));
+        sim_pd_rendezvous_attach_locked(e);
+    }
+    if (kind == SIM_PD_P_LMCACHE) {
+        e->dest = dest;
+        e->have_dest = 1;
+        e->lmcache = 1;
+        e->mode = kv->mode;
+        snprintf(e->xfer, sizeof(e->xfer), "%s", lmc_req);
+        json_object_set_new(kv->info, "req_id", json_string(lmc_req));
+    }
+    sim_engine_unlock();
+    return 0;
+}
+
+static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
+{
+    int bad = 0, port = 0;
+    sim_pd_kind_t kind = SIM_PD_NONE;
+    char ep[160] = "", key[96] = "";
+    const char *expect_engine = NULL;
+    json_t *ctl = NULL;
+    json_t *drp = kvp ? json_object_get(kvp, "do_remote_prefill") : NULL;
+    if (drp && !json_is_null(drp) && !json_is_boolean(drp))
+        return fail400(msg, "kv_transfer_params.%s must be a boolean", "do_remote_prefill");
+
+    if (json_object_get(body, "bootstrap_room")) {
+        const char *h = opt_str(body, "bootstrap_host", &bad);
+        int has_port = opt_port(body, "bootstrap_port", &port, &bad);
+        json_t *room = json_object_get(body, "bootstrap_room");
+        if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0 ||
+            strlen(h) > 100)
+            return fail400(msg, "%s",
+                           "bootstrap_host (string), bootstrap_port (integer) and "
+                           "bootstrap_room (non-negative integer) are required together");
+        snprintf(ep, sizeof(ep), "tcp://%s:%d", h, port);
+        snprintf(key, sizeof(key), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
+        kind = SIM_PD_D_SGLANG;
+    } else if (drp && json_is_true(drp)) {
+        char tid[80];
+        if (opt_id(kvp, "transfer_id", tid, sizeof(tid), &bad)) {
+            const char *addr = opt_str(kvp, "remote_bootstrap_addr", &bad);
+            const char *bh = opt_str(kvp, "bootstrap_server_host", &bad);
+            int has_bp = opt_port(kvp, "bootstrap_server_port", &port, &bad);
+            if (addr) {
+                if (parse_bootstrap_addr(addr, ep, sizeof(ep)))
+                    return fail400(msg, "kv_transfer_params.remote_bootstrap_addr '%s' is not "
+                                        "http://host:port",
+                                   addr);
+            } else if (bh && has_bp && strlen(bh) <= 100) {
+                snprintf(ep, sizeof(ep), "tcp://%s:%d", bh, port);
+            } else {
+                return fail400(msg, "kv_transfer_params with %s",
+                               "transfer_id needs remote_bootstrap_addr");
+            }
+            expect_engine = opt_str(kvp, "remote_engine_id", &bad);
+            snprintf(key, sizeof(key), "tid:%s", tid);
+            kind = SIM_PD_D_MOONCAKE_PAR;
+        } else if (bad) {
+            return fail400(msg, "kv_transfer_params.%s must be a string or an integer",
+                           "transfer_id");
+        } else {
+            const char *host = opt_str(kvp, "remote_host", &bad);
+            int has_port = opt_port(kvp, "remote_port", &port, &bad);
+            int nixl = json_object_get(kvp, "remote_engine_id") ||
+                       json_object_get(kvp, "remote_request_id") ||
+                       json_object_get(kvp, "remote_block_ids");
+            if (bad || !host || !has_port || strlen(host) > 100)
+                return fail400(msg, "kv_transfer_params.%s",
+                               "remote_host (string) and remote_port (integer) are required");
+            snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
+            if (nixl) {
+                json_t *ids = json_object_get(kvp, "remote_block_ids");
+                const char *rid = opt_str(kvp, "remote_request_id", &bad);
+                expect_engine = opt_str(kvp, "remote_engine_id", &bad);
+                if (bad || !rid || !expect_engine || !json_is_array(ids))
+                    return fail400(msg, "kv_transfer_params: %s",
+                                   "remote_block_ids (list), remote_engine_id and "
+                                   "remote_request_id (strings) are required");
+                size_t i;
+                json_t *v;
+                json_array_foreach(ids, i, v)
+                {
+                    if (!json_is_integer(v))
+                        return fail400(msg, "kv_transfer_params.%s must be a list of integers",
+                                       "remote_block_ids");
+                }
+                kind = SIM_PD_D_PULL_PARAMS;
+                ctl = json_pack("{s:s,s:s,s:O,s:s}", "op", "pull", "remote_request_id", rid,
+                                "remote_block_ids", ids, "remote_engine_id", expect_engine);
+            } else {
+                kind = SIM_PD_D_KVT_STAGED;
+                ctl = json_pack("{s:s}", "op", "pull");
+            }
+        }
+    } else if (kvp && json_object_get(kvp, "remote_host")) {
+        const char *host = opt_str(kvp, "remote_host", &bad);
+        int has_port = opt_port(kvp, "remote_port", &port, &bad);
+        if (bad || !host || !has_port || strlen(host) > 100)
+            return fail400(msg, "kv_transfer_params.%s",
+                           "remote_host (string) and remote_port (integer) are required");
+        snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
+        kind = SIM_PD_D_KVT_BATCH;
+        /* the prefill computes this very request: send it the body */
+        json_t *copy = json_deep_copy(body);
+        ctl = json_pack("{s:s,s:o,s:b}", "op", "compute", "body", copy, "is_chat", req->is_chat);
+    } else if (sim_cfg.n_alloc_ports > 0) {
+        kind = SIM_PD_D_LMCACHE;
+    }
+    if (kind == SIM_PD_NONE)
+        return 0;
+    if ((kind == SIM_PD_D_SGLANG || kind == SIM_PD_D_MOONCAKE_PAR) && !ctl)
+        ctl = json_pack("{s:s,s:s}", "op", "register", "key", key);
+    if (kind != SIM_PD_D_LMCACHE && !ctl)
+        return 500;
+
+    struct sim_kv_req *kv = kv_new(kind);
+    sim_import_t *imp = calloc(1, sizeof(*imp));
+    if (!kv || !imp) {
+        free(kv);
+        free(imp);
+        json_decref(ctl);
+        return 500;
+    }
+    req->kv = kv;
+    kv->imp = imp;
+    imp->kind = kind;
+    imp->mode = kv->mode;
+    imp->ctl = ctl;
+    imp->nranks = kind == SIM_PD_D_LMCACHE ? sim_cfg.n_alloc_ports : 1;
+    snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", ep);
+    if (expect_engine)
+        imp->expect_engine_id = strdup(expect_engine);
+    sim_engine_lock();
+    snprintf(imp->xfer, sizeof(imp->xfer), "%.63s#%" PRIu64, sim_cfg.engine_id, ++xfer_seq);
+    req->refs++;
+    imp->req = req;
+    sim_engine_unlock();
+    if (ctl) {
+        char ph[32];
+        snprintf(ph, sizeof(ph), "%016" PRIx64, req->prompt_hash);
+        json_object_set_new(ctl, "xfer", json_string(imp->xfer));
+        json_object_set_new(ctl, "mode", json_string(sim_kv_mode_name(imp->mode)));
+        json_object_set_new(ctl, "request_id", json_string(req->request_id));
+        json_object_set_new(ctl, "prompt_hash", json_string(ph));
+        json_object_set_new(ctl, "engine_id", json_string(sim_cfg.engine_id));
+        json_object_set_new(kv->info, "endpoint", json_string(ep));
+    }
+    json_object_set_new(kv->info, "xfer", json_string(imp->xfer));
+    return 0;
+}
+
+int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
+{
+    json_t *kvp = json_object_get(body, "kv_transfer_params");
+    int rc;
+    if (kvp && !json_is_null(kvp) && !json_is_object(kvp))
+        return fail400(msg, "%s must be an object", "kv_transfer_params");
+    if (kvp && json_is_null(kvp))
+        kvp = NULL;
+    if (sim_cfg.role == SIM_ROLE_PREFILL)
+        rc = prepare_prefill(req, body, kvp, msg);
+    else if (sim_cfg.role == SIM_ROLE_DECODE)
+        rc = prepare_decode(req, body, kvp, msg);
+    else
+        rc = 0;
+    if (!rc && req->kv && req->kv->info)
+        sim_record_set(req->rec_seq, "kv", json_incref(req->kv->info));
+    return rc;
+}
+
+/* ---- engine hooks ---- */
+int sim_kv_layered(const sim_req_t *req)
+{
+    return sim_cfg.layerwise && req->kv && req->kv->exp;
+}
+
+int sim_kv_needs_remote(const sim_req_t *req)
+{
+    return req->kv && req->kv->imp && !req->kv->remote_filled && !req->kv->imp->recompute;
+}
+
+int sim_kv_remote_filled(const sim_req_t *req)
+{
+    return req->kv && req->kv->remote_filled;
+}
+
+void sim_kv_begin_remote(sim_req_t *req)
+{
+    sim_pd_kick_import(req->kv->imp);
+}
+
+void sim_kv_on_layer_done_locked(sim_req_t *req, int layer)
+{
+    sim_export_t *e = req->kv ? req->kv->exp : NULL;
+    if (!e)
+        return;
+    e->layers_done = layer + 1;
+    if (e->have_dest)
+        sim_pd_kick_export(e);
+}
+
+void sim_kv_on_prefill_done_locked(sim_req_t *req)
+{
+    sim_export_t *e = req->kv ? req->kv->exp : NULL;
+    if (!e)
+        return;
+    e->layers_done = sim_cfg.layers;
+    e->computed = 1;
+    if (e->kind == SIM_PD_P_HOLD) {
+        if (!strcmp(req->out.finish_reason, "stop")) {
+            /* like vLLM: a prefill that stopped (EOS / stop string) returns no
+             * kv_transfer_params, and its KV is not kept */
+            sim_pd_export_finish_locked(e, 0);
+            return;
+        }
+        json_t *ids = json_array();
+        e->block_ids = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof(int));
+        e->n_block_ids = e->block_ids ? req->n_blocks : 0;
+        for (size_t i = 0; i < req->n_blocks; i++) {
+            json_array_append_new(ids, json_integer(req->blocks[i]));
+            if (e->block_ids)
+                e->block_ids[i] = req->blocks[i];
+        }
+        req->resp_kv_params = json_pack(
+            "{s:b,s:b,s:o,s:s,s:s,s:s,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
+            "remote_block_ids", ids, "remote_engine_id", sim_cfg.engine_id, "remote_request_id",
+            e->hold_id, "remote_host", sim_cfg.kv_host, "remote_port", sim_cfg.kv_port,
+            "tp_size", 1);
+        if (req->resp_kv_params)
+            sim_record_set(req->rec_seq, "response_kv_transfer_params",
+                           json_incref(req->resp_kv_params));
+    }
+    if (e->have_dest)
+        sim_pd_kick_export(e);
+}
+
+void sim_kv_on_finish_locked(sim_req_t *req)
+{
+    if (!req->kv)
+        return;
+    sim_export_t *e = req->kv->exp;
+    if (e) {
+        req->kv->exp = NULL;
+        e->req_gone = 1;
+        if (req->state == SIM_RS_DONE && e->computed && !e->done) {
+            /* keep the prompt's KV until it is read / pushed, or the timeout */
+            e->blocks = req->blocks;
+            e->n_blocks = req->n_blocks;
+            req->blocks = NULL;
+            req->n_blocks = 0;
+            if (!e->have_dest)
+                e->t_expire = sim_now_ns() + (uint64_t)sim_cfg.kv_hold_timeout_ms * 1000000ull;
+            else
+                sim_pd_kick_export(e);
+        } else if (!e->done) {
+            e->failed = 1;
+            if (e->have_dest)
+                sim_pd_kick_export(e); /* tells the decode, cancels sends */
+            else
+                sim_pd_export_finish_locked(e, 0);
+        }
+        sim_pd_export_unref_locked(e);
+    }
+    sim_import_t *imp = req->kv->imp;
+    if (imp && req->state != SIM_RS_DONE && !imp->cancelled && imp->phase != 3) {
+        imp->cancelled = 1;
+        sim_pd_kick_import(imp);
+    }
+}
+
+void sim_kv_req_free(struct sim_kv_req *kv)
+{
+    json_decref(kv->info);
+    free(kv);
+}
+
+char *sim_kv_metrics_render(void)
+{
+    return sim_pd_kvt_metrics();
+}
+
+/* ---- kvt batch: a decode asks this prefill to compute its request ---- */
+int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, const char *xfer,
+                           const sim_receiver_t *dest, sim_kv_mode_t mode, const uint8_t *ident,
+                           size_t ident_len, char **err)
+{
+    char *msg = NULL;
+    const char *param = NULL;
+    json_t *b = json_deep_copy(body);
+    sim_req_t *req = calloc(1, sizeof(*req));
+    if (!b || !req)
+        goto err_mem;
+    /* the hardened prefill leg of PROTOCOLS.md A.1 */
+    json_object_set_new(b, "max_tokens", json_integer(1));
+    if (json_object_get(b, "max_completion_tokens"))
+        json_object_set_new(b, "max_completion_tokens", json_integer(1));
+    json_object_set_new(b, "stream", json_false());
+    json_object_set_new(b, "ignore_eos", json_true());
+    json_object_del(b, "stream_options");
+    json_object_del(b, "min_tokens");
+    json_object_del(b, "min_completion_tokens");
+    json_object_del(b, "stop");
+    req->refs = 1;
+    req->request_id = strdup(request_id && *request_id ? request_id : xfer);
+    req->created = (int64_t)sim_wall_ns() / 1000000000;
+    if (!req->request_id || asprintf(&req->resp_id, "cmpl-%s", req->request_id) < 0)
+        goto err_mem;
+    json_t *entry = json_pack("{s:I,s:s,s:s,s:s,s:s,s:n,s:b,s:{},s:O,s:n}", "time_ns",
+                              (json_int_t)sim_wall_ns(), "method", "KV", "path", "kvt:compute",
+                              "role", sim_role_name(sim_cfg.role), "request_id", req->request_id,
+                              "traceparent", "authorization", 0, "headers", "body", body,
+                              "status");
+    if (entry)
+        req->rec_seq = sim_record_add(entry);
+    sim_fault_arm_crash();
+    int rc = sim_openai_parse(b, is_chat, req, &msg, &param);
+    if (rc) {
+        *err = msg ? msg : strdup("invalid request");
+        goto err;
+    }
+    struct sim_kv_req *kv = kv_new(SIM_PD_P_COMPUTE);
+    if (!kv)
+        goto err_mem;
+    req->kv = kv;
+    sim_engine_lock();
+    sim_export_t *e = sim_pd_export_new_locked(req, SIM_PD_P_COMPUTE);
+    if (!e) {
+        sim_engine_unlock();
+        goto err_mem;
+    }
+    e->refs++;
+    kv->exp = e;
+    e->dest = *dest;
+    e->have_dest = 1;
+    e->mode = mode;
+    snprintf(e->xfer, sizeof(e->xfer), "%s", xfer);
+    if (ident_len <= sizeof(e->ident)) {
+        memcpy(e->ident, ident, ident_len);
+        e->ident_len = ident_len;
+    }
+    json_object_set_new(kv->info, "xfer", json_string(xfer));
+    sim_engine_unlock();
+    sim_record_set(req->rec_seq, "kv", json_incref(kv->info));
+    sim_record_set(req->rec_seq, "status", json_integer(200));
+    json_decref(b);
+    sim_engine_submit(req);
+    sim_engine_lock();
+    sim_req_unref_locked(req);
+    sim_engine_unlock();
+    return 0;
+err_mem:
+    *err = strdup("out of memory");
+err:
+    json_decref(b);
+    if (req) {
+        sim_engine_lock();
+        sim_req_unref_locked(req);
+        sim_engine_unlock();
+    }
+    return -1;
+}
+
+int sim_kv_start(void)
+{
+    if (sim_cfg.role == SIM_ROLE_BOTH)
+        return 0;
+    if (sim_kv_geom_init(&sim_geom, 1)) {
+        fprintf(stderr,
+                "pdgw-sim: --kv-bytes-per-token / --layers must be a multiple of 4 "
+                "(bfloat16 K and V)\n");
+        return -1;
+    }
+    return sim_pd_kvt_start();
+}
+
+void sim_kv_stop(void)
+{
+    if (sim_cfg.role != SIM_ROLE_BOTH)
+        sim_pd_kvt_stop();
+}

@@ -1,0 +1,187 @@
+/*
+ * PD internals of pdgw-sim: KV chunk naming and content (sim_kv_data.c),
+ * per-request PD state (sim_pd.c) and the KV thread that drives libkvt and
+ * the control side channel between instances (sim_pd_kvt.c).
+ *
+ * KV layout: a prompt of n tokens is cut into chunks of --block-size tokens
+ * (the last one may be short). Each (TP rank, layer, chunk) is one libkvt
+ * key and one page: shape [2, 1, tokens, hidden] bfloat16 (K then V), where
+ * hidden = kv_bytes_per_token / layers / tp / 4. Every byte is a
+ * deterministic function of (token id, position, layer, rank, K|V), so the
+ * receiver can check every byte it loads.
+ */
+#ifndef PDGW_SIM_PD_INT_H
+#define PDGW_SIM_PD_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sim_int.h"
+
+/* ---- sim_kv_data.c ---- */
+typedef struct sim_kv_geom {
+    int layers;
+    int ntp;
+    int block_size;
+    size_t tok_bytes;  /* bytes per token per layer per rank (K+V) */
+    size_t page_bytes; /* bytes of a full chunk */
+    int64_t hidden;    /* bfloat16 elements per token per K|V */
+} sim_kv_geom_t;
+
+int sim_kv_geom_init(sim_kv_geom_t *g, int ntp);
+size_t sim_kv_nchunks(const sim_kv_geom_t *g, size_t ntokens);
+/* Tokens held by chunk c of a prompt of n tokens. */
+size_t sim_kv_chunk_tokens(const sim_kv_geom_t *g, size_t ntokens, size_t c);
+/* Chained hashes of the prompt up to the end of each chunk (content
+ * addresses); out has sim_kv_nchunks() entries. */
+void sim_kv_chunk_hashes(const sim_tokens_t *prompt, const sim_kv_geom_t *g, uint64_t *out);
+/* Key of (scope, rank, layer, chunk); snprintf-style into buf. */
+int sim_kv_key(char *buf, size_t cap, const char *scope, int rank, int layer, size_t chunk,
+               uint64_t chunk_hash);
+/* Fill buf (>= page bytes) with chunk c of layer/rank; returns its length. */
+size_t sim_kv_fill(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer,
+                   size_t c, uint8_t *buf);
+/* 1 if buf/len is exactly what sim_kv_fill produces. */
+int sim_kv_verify(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer,
+                  size_t c, const uint8_t *buf, size_t len, uint8_t *scratch);
+
+/* ---- protocol kinds seen by an instance ---- */
+typedef enum {
+    SIM_PD_NONE = 0,
+    /* prefill side */
+    SIM_PD_P_HOLD,       /* do_remote_decode: keep KV for a reader (nixl, mooncake serial,
+                            kvt staged) */
+    SIM_PD_P_RENDEZVOUS, /* transfer_id / bootstrap_room: push when decode registers */
+    SIM_PD_P_LMCACHE,    /* disagg_spec: push to receiver, ProxyNotif */
+    SIM_PD_P_COMPUTE,    /* kvt batch: computed on a decode's request */
+    /* decode side */
+    SIM_PD_D_PULL_PARAMS, /* do_remote_prefill + remote_* (nixl, mooncake serial) */
+    SIM_PD_D_KVT_STAGED,  /* do_remote_prefill + remote_host/port */
+    SIM_PD_D_KVT_BATCH,   /* remote_host/port only: ask prefill to compute and push */
+    SIM_PD_D_MOONCAKE_PAR,/* transfer_id + remote_bootstrap_addr */
+    SIM_PD_D_SGLANG,      /* bootstrap_host/port/room */
+    SIM_PD_D_LMCACHE,     /* plain request on a receiver: KV looked up by content */
+} sim_pd_kind_t;
+
+const char *sim_pd_kind_name(sim_pd_kind_t k);
+
+typedef struct sim_receiver {
+    char host[64];
+    int nranks;
+    uint16_t alloc_ports[SIM_MAX_TP];
+    uint16_t init_ports[SIM_MAX_TP];
+} sim_receiver_t;
+
+/* Prefill-side export of one request's KV. Guarded by the engine lock. */
+typedef struct sim_export {
+    struct sim_export *next;
+    int refs;      /* table + queued work + running submissions */
+    int in_table;
+    char *hold_id; /* remote_request_id handed out (nixl etc.) */
+    char *req_id;  /* X-Request-Id of the prefill leg */
+    char *rv_key;  /* "tid:<T>" / "room:<R>" */
+    sim_pd_kind_t kind;
+    sim_tokens_t prompt;
+    uint64_t prompt_hash;
+    size_t nchunks;
+    uint64_t *hashes; /* chunk content hashes */
+    int *blocks;      /* held after the request left the engine */
+    size_t n_blocks;
+    int *block_ids; /* remote_block_ids handed out */
+    size_t n_block_ids;
+    int layers_done;
+    int computed;
+    int req_gone;
+    /* destination, once known */
+    int have_dest;
+    sim_receiver_t dest;
+    char xfer[128]; /* libkvt req_id and key scope */
+    int lmcache;
+    sim_kv_mode_t mode;
+    int layers_submitted;
+    int submitting;
+    int stores_outstanding;
+    int failed;
+    int done;
+    uint64_t bytes_sent;
+    /* who to tell about a late failure (ROUTER identity) */
+    uint8_t ident[64];
+    size_t ident_len;
+    uint64_t t_expire; /* monotonic ns; 0 = no expiry */
+    char err[160];
+} sim_export_t;
+
+/* Decode-side import. */
+typedef struct sim_import {
+    struct sim_import *next;
+    sim_req_t *req; /* referenced */
+    sim_pd_kind_t kind;
+    sim_kv_mode_t mode;
+    char xfer[128];
+    char endpoint[160]; /* tcp://host:port of the prefill side channel */
+    json_t *ctl;        /* message to send (owned) */
+    char *expect_engine_id;
+    int nranks;
+    int phase; /* 0 new, 1 waiting, 2 loading, 3 done */
+    int outstanding;
+    int failed;
+    int cancelled;
+    int recompute;
+    int lookup_hits;
+    uint64_t deadline;
+    uint64_t t_start;
+    uint64_t bytes;
+    size_t pages;
+    size_t verify_failures;
+    /* per rank keys and load buffers */
+    sim_kv_geom_t geom;
+    size_t nchunks, nkeys;
+    char *keys[SIM_MAX_TP];  /* nkeys x KEY_MAX */
+    char **keyp[SIM_MAX_TP]; /* into keys */
+    uint8_t *bufs[SIM_MAX_TP];
+    uint8_t **bufp[SIM_MAX_TP];
+    size_t *lens[SIM_MAX_TP];
+    size_t *caps[SIM_MAX_TP];
+    int locked[SIM_MAX_TP]; /* lmcache: lookup locks held */
+} sim_import_t;
+
+struct sim_kv_req {
+    sim_pd_kind_t kind;
+    sim_kv_mode_t mode;
+    sim_export_t *exp;
+    sim_import_t *imp;
+    int remote_filled; /* decode: the prompt's KV came from remote */
+    json_t *info;      /* what the record shows under "kv" */
+};
+
+/* sim_pd.c (engine lock held where noted) */
+extern sim_kv_geom_t sim_geom;
+sim_export_t *sim_pd_export_find_locked(const char *hold_id, const char *req_id,
+                                        uint64_t prompt_hash, const char *rv_key);
+void sim_pd_export_unref_locked(sim_export_t *e);
+void sim_pd_export_remove_locked(sim_export_t *e);
+void sim_pd_export_finish_locked(sim_export_t *e, int ok);
+sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind);
+void sim_pd_exports_expire_locked(uint64_t now);
+/* A decode may have registered for e->rv_key before the prefill arrived. */
+void sim_pd_rendezvous_attach_locked(sim_export_t *e);
+void sim_pd_import_free(sim_import_t *imp);
+int sim_pd_held_pages_locked(void);
+/* kvt batch: start an internal prefill for a decode's request. */
+int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, const char *xfer,
+                           const sim_receiver_t *dest, sim_kv_mode_t mode, const uint8_t *ident,
+                           size_t ident_len, char **err);
+/* Shutdown: free every export. */
+void sim_pd_exports_drop_all_locked(void);
+
+/* sim_pd_kvt.c */
+int sim_pd_kvt_start(void);
+void sim_pd_kvt_stop(void);
+void sim_pd_kick_export(sim_export_t *e); /* engine lock held; takes a ref */
+void sim_pd_kick_import(sim_import_t *imp);
+void sim_pd_kvt_stats(uint64_t *used, uint64_t *pinned);
+char *sim_pd_kvt_metrics(void);
+/* Receiver ports of this decode instance for <mode> (lazily created). */
+int sim_pd_receiver(sim_kv_mode_t mode, int nranks, sim_receiver_t *out);
+
+#endif

@@ -1,0 +1,188 @@
+/*
+ * test_registry.c - forwarder registry and plugin loading: built-in forwarders are
+ * registered by their constructors, duplicates and bad descriptors are refused, a plugin
+ * loads and its forwarder works through the ops table, a plugin built for another ABI
+ * version or re-using a built-in name is refused with a clear error.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "pdgw_log.h"
+#include "pdgw_registry.h"
+
+static pdgw_fwd_status_t dummy_build(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                     pdgw_leg_kind_t kind, const pdgw_fwd_peers_t *peers,
+                                     pdgw_fwd_leg_t *leg, pdgw_fwd_error_t *err)
+{
+    (void)ctx;
+    (void)state;
+    (void)kind;
+    (void)peers;
+    (void)err;
+    leg->body = pdgw_fwd_body_copy(req);
+    return PDGW_FWD_OK;
+}
+
+static const pdgw_fwd_ops_t dummy_ops = {.build_leg = dummy_build};
+static const pdgw_fwd_ops_t empty_ops = {.build_leg = NULL};
+
+static void test_builtin_registered(void **state)
+{
+    const pdgw_fwd_desc_t *d = pdgw_registry_find("neutral");
+    char names[256];
+    (void)state;
+    assert_non_null(d);
+    assert_int_equal(d->abi_version, PDGW_FWD_ABI_VERSION);
+    assert_int_equal(d->dispatch, PDGW_DISPATCH_SINGLE);
+    assert_null(pdgw_registry_find("no-such-protocol"));
+    pdgw_registry_names(names, sizeof(names));
+    assert_non_null(strstr(names, "neutral"));
+}
+
+static void test_duplicates_and_bad_descriptors(void **state)
+{
+    static const pdgw_fwd_desc_t dup = {PDGW_FWD_ABI_VERSION, "neutral", "dup", PDGW_MODE_BATCH,
+                                        PDGW_DISPATCH_SINGLE, &dummy_ops};
+    static const pdgw_fwd_desc_t fresh = {PDGW_FWD_ABI_VERSION, "t-fresh", "fresh", PDGW_MODE_BATCH,
+                                          PDGW_DISPATCH_SINGLE, &dummy_ops};
+    static const pdgw_fwd_desc_t wrong_abi = {
+        PDGW_FWD_ABI_VERSION + 1, "t-abi",   "abi", PDGW_MODE_BATCH,
+        PDGW_DISPATCH_SINGLE,     &dummy_ops};
+    static const pdgw_fwd_desc_t no_build = {
+        PDGW_FWD_ABI_VERSION, "t-nobuild",          "nobuild",
+        PDGW_MODE_BATCH,      PDGW_DISPATCH_SINGLE, &empty_ops};
+    const pdgw_fwd_desc_t *before = pdgw_registry_find("neutral");
+    (void)state;
+    assert_int_equal(pdgw_fwd_register(&dup), -1);
+    /* The original stays. */
+    assert_ptr_equal(pdgw_registry_find("neutral"), before);
+    assert_int_equal(pdgw_fwd_register(&fresh), 0);
+    assert_int_equal(pdgw_fwd_register(&fresh), -1);
+    assert_int_equal(pdgw_fwd_register(&wrong_abi), -1);
+    assert_null(pdgw_registry_find("t-abi"));
+    assert_int_equal(pdgw_fwd_register(&no_build), -1);
+    assert_int_equal(pdgw_fwd_register(NULL), -1);
+    /* Five refusals are reported once each. */
+    assert_int_equal(pdgw_registry_log(), 5);
+    assert_int_equal(pdgw_registry_log(), 0);
+}
+
+static void test_plugin_loads_and_works(void **state)
+{
+    char err[512] = "";
+    const pdgw_fwd_desc_t *d;
+    pdgw_fwd_request_t req;
+    pdgw_fwd_peers_t peers;
+    pdgw_fwd_leg_t leg;
+    pdgw_fwd_error_t ferr;
+    pdgw_fwd_env_t env;
+    json_t *body, *opts, *resp;
+    void *ctx = NULL, *st = NULL;
+    (void)state;
+
+    assert_int_equal(pdgw_registry_load_plugin(PLUGIN_DIR "/fwd_example_ok.so", err, sizeof(err)),
+                     PDGW_OK);
+    d = pdgw_registry_find("example-serial");
+    assert_non_null(d);
+    assert_int_equal(d->dispatch, PDGW_DISPATCH_SERIAL);
+
+    /* Drive its ops as the workflow engine does. */
+    memset(&env, 0, sizeof(env));
+    env.abi_version = PDGW_FWD_ABI_VERSION;
+    opts = json_pack("{s:i}", "bogus", 1);
+    assert_int_equal(d->ops->configure(opts, &env, &ctx, err, sizeof(err)), PDGW_FWD_ERR_CONFIG);
+    assert_non_null(strstr(err, "bogus"));
+    json_decref(opts);
+    opts = json_pack("{s:s}", "leg_header", "X-Example: 1");
+    assert_int_equal(d->ops->configure(opts, &env, &ctx, err, sizeof(err)), PDGW_FWD_OK);
+    json_decref(opts);
+
+    body = json_pack("{s:s,s:s,s:i,s:b,s:[s]}", "model", "m", "prompt", "hi", "max_tokens", 9,
+                     "stream", 1, "stop", "x");
+    memset(&req, 0, sizeof(req));
+    req.request_id = "r1";
+    req.body = body;
+    memset(&peers, 0, sizeof(peers));
+    memset(&ferr, 0, sizeof(ferr));
+    assert_int_equal(d->ops->attempt_init(ctx, &req, &peers, &st, &ferr), PDGW_FWD_OK);
+
+    memset(&leg, 0, sizeof(leg));
+    assert_int_equal(d->ops->build_leg(ctx, st, &req, PDGW_LEG_PREFILL, &peers, &leg, &ferr),
+                     PDGW_FWD_OK);
+    assert_int_equal(json_integer_value(json_object_get(leg.body, "max_tokens")), 1);
+    assert_true(json_is_false(json_object_get(leg.body, "stream")));
+    assert_null(json_object_get(leg.body, "stop"));
+    assert_true(json_is_true(
+        json_object_get(json_object_get(leg.body, "kv_transfer_params"), "do_remote_decode")));
+    assert_string_equal(leg.headers[0], "X-Example: 1");
+    json_decref(leg.body);
+
+    /* A prefill response without params is a retryable kv_transfer failure. */
+    resp = json_pack("{s:s}", "id", "x");
+    assert_int_equal(d->ops->on_prefill_response(ctx, st, &req, 200, resp, &ferr), PDGW_FWD_ERR);
+    assert_int_equal(ferr.phase, PDGW_PHASE_KV_TRANSFER);
+    assert_true(ferr.retryable);
+    json_decref(resp);
+    resp = json_pack("{s:{s:[i,i],s:s}}", "kv_transfer_params", "remote_block_ids", 1, 2,
+                     "remote_engine_id", "e1");
+    assert_int_equal(d->ops->on_prefill_response(ctx, st, &req, 200, resp, &ferr), PDGW_FWD_OK);
+    json_decref(resp);
+
+    memset(&leg, 0, sizeof(leg));
+    assert_int_equal(d->ops->build_leg(ctx, st, &req, PDGW_LEG_DECODE, &peers, &leg, &ferr),
+                     PDGW_FWD_OK);
+    assert_int_equal(json_integer_value(json_object_get(leg.body, "max_tokens")), 9);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(leg.body, "kv_transfer_params"), "remote_engine_id")),
+                        "e1");
+    json_decref(leg.body);
+    d->ops->attempt_cleanup(ctx, st, &req, PDGW_END_OK);
+    d->ops->destroy(ctx);
+    json_decref(body);
+}
+
+static void test_plugin_wrong_abi(void **state)
+{
+    char err[512] = "";
+    (void)state;
+    assert_int_equal(
+        pdgw_registry_load_plugin(PLUGIN_DIR "/fwd_example_badabi.so", err, sizeof(err)),
+        PDGW_ERR_ABI);
+    /* The message names the plugin and both versions. */
+    assert_non_null(strstr(err, "fwd_example_badabi.so"));
+    assert_non_null(strstr(err, "ABI version 99"));
+    assert_non_null(strstr(err, "provides ABI version 1"));
+    assert_null(pdgw_registry_find("example-badabi"));
+}
+
+static void test_plugin_duplicate_and_missing(void **state)
+{
+    char err[512] = "";
+    (void)state;
+    assert_int_equal(pdgw_registry_load_plugin(PLUGIN_DIR "/fwd_example_dup.so", err, sizeof(err)),
+                     PDGW_ERR_EXISTS);
+    assert_non_null(strstr(err, "'neutral'"));
+    assert_non_null(strstr(err, "already registered"));
+    assert_int_equal(pdgw_registry_load_plugin(PLUGIN_DIR "/no_such_plugin.so", err, sizeof(err)),
+                     PDGW_ERR_IO);
+    assert_non_null(strstr(err, "cannot load"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_builtin_registered),
+        cmocka_unit_test(test_duplicates_and_bad_descriptors),
+        cmocka_unit_test(test_plugin_loads_and_works),
+        cmocka_unit_test(test_plugin_wrong_abi),
+        cmocka_unit_test(test_plugin_duplicate_and_missing),
+    };
+    pdgw_log_set_level(PDGW_LOG_LEVEL_ERROR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,370 @@
+/*
+ * test_metrics.c - Prometheus registry: golden exposition text, histogram semantics,
+ * label escaping, cardinality cap, concurrent updates, collectors, and `promtool check
+ * metrics` on the output (Debian package prometheus, installed by deploy/install-deps.sh).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include <cmocka.h>
+
+#include "pdgw_metrics.h"
+
+static const char *promtool_path(void)
+{
+    static const char *const cands[] = {"/usr/bin/promtool", "/usr/local/bin/promtool"};
+    for (size_t i = 0; i < 2; i++) {
+        if (access(cands[i], X_OK) == 0)
+            return cands[i];
+    }
+    return NULL;
+}
+
+/* Run promtool check metrics on <text>; returns its exit status, output in <out>. */
+static int promtool_check(const char *text, char *out, size_t out_len)
+{
+    const char *tool = promtool_path();
+    if (tool == NULL)
+        fail_msg("promtool not found: install the Debian package prometheus "
+                 "(deploy/install-deps.sh does)");
+    char path[] = "/tmp/pdgw_metrics_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    size_t len = strlen(text);
+    assert_int_equal(write(fd, text, len), (ssize_t)len);
+    close(fd);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s check metrics < %s 2>&1", tool, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, out_len - 1, p);
+    out[n] = '\0';
+    int rc = pclose(p);
+    unlink(path);
+    return rc;
+}
+
+static void test_golden(void **state)
+{
+    (void)state;
+    pdgw_metrics_t *reg;
+    assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+    static const char *const lbl[] = {"protocol", "status"};
+    pdgw_metric_family_t *req, *lat;
+    assert_int_equal(pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "t_requests_total",
+                                             "Requests.\nSecond \\ line.", lbl, 2, NULL, 0, &req),
+                     PDGW_OK);
+    static const double buckets[] = {0.1, 0.5, 1};
+    static const char *const l1[] = {"protocol"};
+    assert_int_equal(pdgw_metrics_family_add(reg, PDGW_METRIC_HISTOGRAM, "t_latency_seconds",
+                                             "Latency.", l1, 1, buckets, 3, &lat),
+                     PDGW_OK);
+    pdgw_metric_t *g = pdgw_metrics_gauge_new(reg, "t_inflight", "In flight.");
+    assert_non_null(g);
+
+    pdgw_counter_add(pdgw_metric_family_series2(req, "neutral", "200"), 3);
+    pdgw_counter_inc(pdgw_metric_family_series2(req, "we\"ird\\p\nx", "502"));
+    pdgw_metric_t *h = pdgw_metric_family_series1(lat, "neutral");
+    pdgw_histogram_observe(h, 0.1); /* le is inclusive */
+    pdgw_histogram_observe(h, 0.3);
+    pdgw_histogram_observe(h, 7);
+    pdgw_gauge_inc(g);
+    pdgw_gauge_inc(g);
+    pdgw_gauge_dec(g);
+    pdgw_gauge_add(g, 0.5);
+
+    pdgw_buf_t out = PDGW_BUF_INIT;
+    assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
+    const char *expected =
+        "# HELP pdgw_metrics_series_refused_total Label sets refused because a metric family "
+        "reached its series cap.\n"
+        "# TYPE pdgw_metrics_series_refused_total counter\n"
+        "pdgw_metrics_series_refused_total 0\n"
+        "# HELP t_requests_total Requests.\\nSecond \\\\ line.\n"
+        "# TYPE t_requests_total counter\n"
+        "t_requests_total{protocol=\"neutral\",status=\"200\"} 3\n"
+        "t_requests_total{protocol=\"we\\\"ird\\\\p\\nx\",status=\"502\"} 1\n"
+        "# HELP t_latency_seconds Latency.\n"
+        "# TYPE t_latency_seconds histogram\n"
+        "t_latency_seconds_bucket{protocol=\"neutral\",le=\"0.1\"} 1\n"
+        "t_latency_seconds_bucket{protocol=\"neutral\",le=\"0.5\"} 2\n"
+        "t_latency_seconds_bucket{protocol=\"neutral\",le=\"1\"} 2\n"
+        "t_latency_seconds_bucket{protocol=\"neutral\",le=\"+Inf\"} 3\n"
+        "t_latency_seconds_sum{protocol=\"neutral\"} 7.4\n"
+        "t_latency_seconds_count{protocol=\"neutral\"} 3\n"
+        "# HELP t_inflight In flight.\n"
+        "# TYPE t_inflight gauge\n"
+        "t_inflight 1.5\n";
+    assert_string_equal(out.data, expected);
+    assert_int_equal(pdgw_histogram_count(h), 3);
+    assert_true(pdgw_metric_value(g) == 1.5);
+
+    char msg[4096];
+    int rc = promtool_check(out.data, msg, sizeof(msg));
+    if (rc != 0)
+        fail_msg("promtool: %s", msg);
+    pdgw_buf_free(&out);
+    pdgw_metrics_destroy(reg);
+}
+
+static void test_invalid_and_null(void **state)
+{
+    (void)state;
+    pdgw_metrics_t *reg;
+    assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+    pdgw_metric_family_t *f;
+    static const char *const le[] = {"le"};
+    static const char *const dunder[] = {"__x"};
+    static const char *const dup[] = {"a", "a"};
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "1bad", "", NULL, 0, NULL, 0, &f),
+        PDGW_ERR_INVALID);
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "bad-name", "", NULL, 0, NULL, 0, &f),
+        PDGW_ERR_INVALID);
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_HISTOGRAM, "h", "", le, 1, NULL, 0, &f),
+        PDGW_ERR_INVALID);
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_GAUGE, "g", "", dunder, 1, NULL, 0, &f),
+        PDGW_ERR_INVALID);
+    assert_int_equal(pdgw_metrics_family_add(reg, PDGW_METRIC_GAUGE, "g", "", dup, 2, NULL, 0, &f),
+                     PDGW_ERR_INVALID);
+    static const double unsorted[] = {1, 0.5};
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_HISTOGRAM, "h", "", NULL, 0, unsorted, 2, &f),
+        PDGW_ERR_INVALID);
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "c_total", "", NULL, 0, NULL, 0, &f),
+        PDGW_OK);
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "c_total", "", NULL, 0, NULL, 0, &f),
+        PDGW_ERR_EXISTS);
+    assert_ptr_equal(pdgw_metrics_family_find(reg, "c_total"), f);
+    assert_null(pdgw_metrics_family_find(reg, "nope"));
+    /* NULL handles are no-ops; the wrong type's update is a no-op */
+    pdgw_counter_inc(NULL);
+    pdgw_gauge_set(NULL, 1);
+    pdgw_histogram_observe(NULL, 1);
+    pdgw_metric_t *c = pdgw_metric_family_series(f, NULL);
+    pdgw_gauge_set(c, 42);
+    pdgw_histogram_observe(c, 1);
+    pdgw_counter_add_f(c, -1);
+    pdgw_counter_add_f(c, 0.25);
+    assert_true(pdgw_metric_value(c) == 0.25);
+    /* label values: invalid UTF-8 and oversized values are refused */
+    static const char *const l1[] = {"v"};
+    pdgw_metric_family_t *lf;
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "l_total", "", l1, 1, NULL, 0, &lf),
+        PDGW_OK);
+    assert_null(pdgw_metric_family_series1(lf, "\xff\xfe"));
+    assert_null(pdgw_metric_family_series1(lf, NULL));
+    char big[300];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_null(pdgw_metric_family_series1(lf, big));
+    assert_non_null(pdgw_metric_family_series1(lf, "h\xc3\xa9llo"));
+    pdgw_metrics_destroy(reg);
+}
+
+static void test_cardinality_cap(void **state)
+{
+    (void)state;
+    pdgw_metrics_t *reg;
+    assert_int_equal(pdgw_metrics_create(4, &reg), PDGW_OK);
+    static const char *const l1[] = {"path"};
+    pdgw_metric_family_t *f;
+    assert_int_equal(pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "hits_total", "Hits.", l1, 1,
+                                             NULL, 0, &f),
+                     PDGW_OK);
+    char v[16];
+    int accepted = 0;
+    for (int i = 0; i < 10; i++) {
+        snprintf(v, sizeof(v), "p%d", i);
+        pdgw_metric_t *m = pdgw_metric_family_series1(f, v);
+        if (m != NULL) {
+            accepted++;
+            pdgw_counter_inc(m);
+        }
+    }
+    assert_int_equal(accepted, 4);
+    assert_int_equal(pdgw_metric_family_size(f), 4);
+    /* existing series are still found after the cap is reached */
+    assert_non_null(pdgw_metric_family_series1(f, "p0"));
+    pdgw_buf_t out = PDGW_BUF_INIT;
+    assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
+    assert_non_null(strstr(out.data, "pdgw_metrics_series_refused_total 6\n"));
+    assert_null(strstr(out.data, "p4"));
+    pdgw_buf_free(&out);
+    pdgw_metrics_destroy(reg);
+}
+
+#define THREADS 4
+#define ITERS   50000
+
+typedef struct tctx {
+    pdgw_metric_family_t *fam;
+    pdgw_metric_t *hist;
+    pdgw_metric_t *gauge;
+    int id;
+} tctx_t;
+
+static void *hammer(void *arg)
+{
+    tctx_t *t = arg;
+    char v[8];
+    for (int i = 0; i < ITERS; i++) {
+        snprintf(v, sizeof(v), "s%d", i % 8); /* creation races on the first rounds */
+        pdgw_counter_inc(pdgw_metric_family_series1(t->fam, v));
+        pdgw_histogram_observe(t->hist, 0.5);
+        pdgw_gauge_inc(t->gauge);
+        pdgw_gauge_dec(t->gauge);
+    }
+    return NULL;
+}
+
+static void test_concurrent(void **state)
+{
+    (void)state;
+    pdgw_metrics_t *reg;
+    assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+    static const char *const l1[] = {"s"};
+    tctx_t t[THREADS];
+    pdgw_metric_family_t *fam;
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "x_total", "X.", l1, 1, NULL, 0, &fam),
+        PDGW_OK);
+    pdgw_metric_t *hist = pdgw_metrics_histogram_new(reg, "y_seconds", "Y.", NULL, 0);
+    pdgw_metric_t *gauge = pdgw_metrics_gauge_new(reg, "z", "Z.");
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        t[i] = (tctx_t){fam, hist, gauge, i};
+        assert_int_equal(pthread_create(&th[i], NULL, hammer, &t[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(pdgw_metric_family_size(fam), 8);
+    double total = 0;
+    for (int i = 0; i < 8; i++) {
+        char v[8];
+        snprintf(v, sizeof(v), "s%d", i);
+        total += pdgw_metric_value(pdgw_metric_family_series1(fam, v));
+    }
+    assert_true(total == (double)THREADS * ITERS);
+    assert_int_equal(pdgw_histogram_count(hist), THREADS * ITERS);
+    assert_true(pdgw_histogram_sum(hist) == 0.5 * THREADS * ITERS);
+    assert_true(pdgw_metric_value(gauge) == 0);
+    pdgw_metrics_destroy(reg);
+}
+
+static pdgw_status_t ext_collect(void *ctx, pdgw_buf_t *out)
+{
+    int *calls = ctx;
+    (*calls)++;
+    return pdgw_buf_append_str(out, "# HELP kvt_pinned_pages Pinned pages.\n"
+                                    "# TYPE kvt_pinned_pages gauge\n"
+                                    "kvt_pinned_pages 12"); /* no final newline on purpose */
+}
+
+static void test_gateway_metrics_and_collector(void **state)
+{
+    (void)state;
+    pdgw_metrics_t *reg;
+    assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+    pdgw_gateway_metrics_t gm;
+    assert_int_equal(pdgw_gateway_metrics_init(reg, "0.1.0", &gm), PDGW_OK);
+    /* freshly registered: labelled families have no samples yet, still valid text */
+    pdgw_buf_t fresh = PDGW_BUF_INIT;
+    assert_int_equal(pdgw_metrics_render(reg, &fresh), PDGW_OK);
+    assert_non_null(strstr(fresh.data, "# TYPE pdgw_requests_total counter\n"));
+    assert_non_null(strstr(fresh.data, "pdgw_inflight_requests 0\n"));
+    char fmsg[4096];
+    if (promtool_check(fresh.data, fmsg, sizeof(fmsg)) != 0)
+        fail_msg("promtool (fresh registry): %s", fmsg);
+    pdgw_buf_free(&fresh);
+    int calls = 0;
+    assert_int_equal(pdgw_metrics_collector_add(reg, ext_collect, &calls), PDGW_OK);
+
+    pdgw_gauge_inc(gm.inflight);
+    pdgw_gateway_metrics_request_done(&gm, "neutral", 200, 0.25);
+    pdgw_gateway_metrics_request_done(&gm, "neutral", 200, 0.75);
+    pdgw_gateway_metrics_request_done(&gm, "vllm-kvt", 502, 1.0);
+    pdgw_gateway_metrics_observe_ttft(&gm, "neutral", 0.05);
+    pdgw_gateway_metrics_observe_tpot(&gm, "neutral", 0.01);
+    pdgw_gateway_metrics_observe_phase(&gm, "vllm-kvt", "prefill", 0.2);
+    pdgw_gateway_metrics_upstream_error(&gm, "vllm-kvt", "10.0.0.1:8000", "connect");
+    pdgw_gateway_metrics_client_disconnect(&gm, "neutral");
+    pdgw_gateway_metrics_retry(&gm, "vllm-kvt");
+    pdgw_gateway_metrics_rejected(&gm, "bad_json");
+    pdgw_gauge_set(pdgw_metric_family_series2(gm.instance_inflight, "p0", "prefill"), 3);
+
+    pdgw_buf_t out = PDGW_BUF_INIT;
+    assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
+    assert_int_equal(calls, 1);
+    static const char *const must[] = {
+        "pdgw_requests_total{protocol=\"neutral\",status=\"200\"} 2\n",
+        "pdgw_requests_total{protocol=\"vllm-kvt\",status=\"502\"} 1\n",
+        "pdgw_request_duration_seconds_count{protocol=\"neutral\"} 2\n",
+        "pdgw_request_duration_seconds_sum{protocol=\"neutral\"} 1\n",
+        "pdgw_request_duration_seconds_bucket{protocol=\"neutral\",le=\"0.25\"} 1\n",
+        "pdgw_ttft_seconds_count{protocol=\"neutral\"} 1\n",
+        "pdgw_tpot_seconds_count{protocol=\"neutral\"} 1\n",
+        "pdgw_phase_duration_seconds_count{protocol=\"vllm-kvt\",phase=\"prefill\"} 1\n",
+        "pdgw_inflight_requests 1\n",
+        "pdgw_instance_inflight_requests{instance=\"p0\",role=\"prefill\"} 3\n",
+        "pdgw_upstream_errors_total{protocol=\"vllm-kvt\",instance=\"10.0.0.1:8000\","
+        "kind=\"connect\"} 1\n",
+        "pdgw_client_disconnects_total{protocol=\"neutral\"} 1\n",
+        "pdgw_retries_total{protocol=\"vllm-kvt\"} 1\n",
+        "pdgw_rejected_requests_total{reason=\"bad_json\"} 1\n",
+        "pdgw_build_info{version=\"0.1.0\"} 1\n",
+        "# TYPE pdgw_request_duration_seconds histogram\n",
+        "kvt_pinned_pages 12\n",
+    };
+    for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++) {
+        if (strstr(out.data, must[i]) == NULL)
+            fail_msg("missing line: %s\nin:\n%s", must[i], out.data);
+    }
+    char msg[8192];
+    int rc = promtool_check(out.data, msg, sizeof(msg));
+    if (rc != 0)
+        fail_msg("promtool: %s\n%s", msg, out.data);
+
+    pdgw_metrics_collector_remove(reg, ext_collect, &calls);
+    pdgw_buf_reset(&out);
+    assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
+    assert_int_equal(calls, 1);
+    assert_null(strstr(out.data, "kvt_pinned_pages"));
+    pdgw_buf_free(&out);
+    pdgw_metrics_destroy(reg);
+}
+
+static void test_promtool_rejects_garbage(void **state)
+{
+    (void)state;
+    /* The promtool check itself can fail: a bad exposition must be flagged. */
+    char msg[4096];
+    int rc = promtool_check("# TYPE x counter\nx{a=\"1\" 1\n", msg, sizeof(msg));
+    assert_int_not_equal(rc, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_invalid_and_null),
+        cmocka_unit_test(test_cardinality_cap),
+        cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_gateway_metrics_and_collector),
+        cmocka_unit_test(test_promtool_rejects_garbage),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,230 @@
+/*
+ * test_ctrl.c - the control plane seen from the proxy (the gateway):
+ * ProxyNotif through the PULL and its fd in an epoll loop (edge-style
+ * ZMQ_FD handled by draining until KVT_ERR_TIMEOUT), garbage on the PULL
+ * counted and skipped, ReserveRequest with a timeout against a peer that
+ * never answers (the socket is replaced, the next reserve works), and the
+ * sender's ProxyNotif only after the LAST batch of a request completed.
+ */
+#include <sys/epoll.h>
+#include <zmq.h>
+
+#include "test_engine_common.h"
+#include "kvt/kvt_msg.h"
+
+static void push_raw(uint16_t port, const void *data, size_t len)
+{
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
+    char ep[64];
+    int linger = 1000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
+    zmq_connect(s, ep);
+    zmq_send(s, data, len, 0);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
+static void push_notif(uint16_t port, const char *req)
+{
+    kvt_msg_t m;
+    void *data;
+    size_t len;
+    kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
+    m.u.proxy_notif.req_id = (char *)req;
+    assert_int_equal(kvt_msg_encode(&m, &data, &len), KVT_OK);
+    push_raw(port, data, len);
+    kvt_free(data);
+}
+
+static void test_proxy_notif_epoll(void **state)
+{
+    kvt_proxy_t *px;
+    int ep = epoll_create1(0), got = 0;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+    char rid[32];
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_true(kvt_proxy_port(px) > 0);
+    assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, kvt_proxy_fd(px), &ev), 0);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 0), KVT_ERR_TIMEOUT); /* arms */
+    push_raw(kvt_proxy_port(px), "\xc1garbage", 8);
+    push_notif(kvt_proxy_port(px), "r-1");
+    push_notif(kvt_proxy_port(px), "r-2");
+    push_notif(kvt_proxy_port(px), "r-3-with-a-long-request-id-truncated");
+    for (uint64_t end = t_now_ms() + 5000; got < 3 && t_now_ms() < end;) {
+        struct epoll_event out;
+        if (epoll_wait(ep, &out, 1, 100) <= 0)
+            continue;
+        /* edge-style: drain everything that is there */
+        while (kvt_proxy_recv(px, rid, sizeof(rid), 0) == KVT_OK) {
+            got++;
+            if (got == 1)
+                assert_string_equal(rid, "r-1");
+            if (got == 3)
+                assert_int_equal(strlen(rid), sizeof(rid) - 1);
+        }
+    }
+    assert_int_equal(got, 3);
+    assert_int_equal(kvt_proxy_bad_messages(px), 1);
+    close(ep);
+    kvt_proxy_destroy(px);
+}
+
+static void test_reserve_timeout_replaces_socket(void **state)
+{
+    kvt_proxy_t *px;
+    void *ctx = zmq_ctx_new(), *mute = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64];
+    size_t l = sizeof(ep);
+    uint16_t port;
+    int granted = -1, zero = 0;
+    int64_t free_chunks = -1;
+    uint64_t t0;
+    t_pair_t p;
+    (void)state;
+
+    /* a ROUTER that reads and never answers */
+    zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(mute, "tcp://127.0.0.1:*"), 0);
+    zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, ep, &l);
+    port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    t0 = t_now_ms();
+    assert_int_equal(
+        kvt_proxy_reserve(px, "127.0.0.1", port, "q", 1, 1000, 200, &granted, &free_chunks),
+        KVT_ERR_TIMEOUT);
+    assert_true(t_now_ms() - t0 >= 190 && t_now_ms() - t0 < 2000);
+    assert_int_equal(granted, -1); /* outputs untouched on error */
+    /* a real receiver answers on a fresh socket */
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 8 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
+    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "q", 3, 1000, 3000,
+                                       &granted, &free_chunks),
+                     KVT_OK);
+    assert_int_equal(granted, 1);
+    assert_int_equal(free_chunks, 5);
+    /* and the muted one times out again, not hanging on its old socket */
+    assert_int_equal(
+        kvt_proxy_reserve(px, "127.0.0.1", port, "q2", 1, 1000, 100, &granted, &free_chunks),
+        KVT_ERR_TIMEOUT);
+    assert_int_equal(kvt_proxy_reserve(px, NULL, port, "q", 1, 1, 1, &granted, NULL),
+                     KVT_ERR_INVALID);
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    zmq_close(mute);
+    zmq_ctx_term(ctx);
+}
+
+/* Layer-wise: three parts; the ProxyNotif comes once, after the last. */
+static void test_proxy_notif_after_last_batch(void **state)
+{
+    kvt_proxy_t *px;
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    char **keys = t_keys("lw", 9);
+    kvt_task_id_t ids[3], wid;
+    kvt_task_result_t res;
+    kvt_status_t st;
+    char rid[64];
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 32 * T_PAGE, "tcp");
+    snprintf(sc.pd_proxy_host, sizeof(sc.pd_proxy_host), "127.0.0.1");
+    sc.pd_proxy_port = kvt_proxy_port(px);
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    assert_int_equal(kvt_submit_wait_req(p.r, "lw", 10000, NULL, &wid), KVT_OK);
+    ids[0] = t_store(p.s, "lw", keys, 0, 3, 0, 0, 9, &st);
+    assert_int_equal(st, KVT_OK);
+    ids[1] = t_store(p.s, "lw", keys, 3, 3, 0, 0, 9, &st);
+    assert_int_equal(st, KVT_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(t_wait(p.s, ids[i], 5000, &res), KVT_OK);
+        assert_int_equal(res.status, KVT_OK);
+        kvt_task_result_clear(&res);
+    }
+    /* two parts done, the request is not: no ProxyNotif, receiver waits */
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 200), KVT_ERR_TIMEOUT);
+    assert_int_equal(kvt_task_wait(p.r, wid, 0, &res), KVT_ERR_TIMEOUT);
+    ids[2] = t_store(p.s, "lw", keys, 6, 3, 9, 1, 9, &st);
+    assert_int_equal(st, KVT_OK);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 5000), KVT_OK);
+    assert_string_equal(rid, "lw");
+    assert_int_equal(t_wait(p.s, ids[2], 5000, &res), KVT_OK);
+    kvt_task_result_clear(&res);
+    assert_int_equal(t_wait(p.r, wid, 5000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 200), KVT_ERR_TIMEOUT); /* just one */
+    kvt_release_req(p.r, "lw");
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 9);
+}
+
+/* The receiver is gone: the sender's request times out, the DEALER is
+ * replaced, and a new receiver on the same port is served. */
+static void test_dead_receiver_timeout(void **state)
+{
+    kvt_config_t sc;
+    kvt_engine_t *s;
+    kvt_engine_params_t ep = {
+        .page_size = T_PAGE, .bind_host = "127.0.0.1", .ctrl_timeout_ms = 300};
+    void *ctx = zmq_ctx_new(), *mute = zmq_socket(ctx, ZMQ_ROUTER), *mute_i;
+    char e1[64];
+    size_t l = sizeof(e1);
+    uint16_t port, iport;
+    char **keys = t_keys("dead", 2);
+    kvt_task_result_t res;
+    kvt_task_id_t id;
+    kvt_status_t st;
+    kvt_metrics_t m;
+    int zero = 0;
+    uint64_t t0;
+    (void)state;
+
+    zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_bind(mute, "tcp://127.0.0.1:*");
+    zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, e1, &l);
+    port = (uint16_t)atoi(strrchr(e1, ':') + 1);
+    mute_i = zmq_socket(ctx, ZMQ_ROUTER);
+    zmq_setsockopt(mute_i, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_bind(mute_i, "tcp://127.0.0.1:*");
+    l = sizeof(e1);
+    zmq_getsockopt(mute_i, ZMQ_LAST_ENDPOINT, e1, &l);
+    iport = (uint16_t)atoi(strrchr(e1, ':') + 1);
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 8 * T_PAGE, "tcp");
+    sc.pd_peer_alloc_port.v[0] = port;
+    sc.pd_peer_init_port.v[0] = iport;
+    sc.pd_alloc_fail_backoff_ttl = 0.1;
+    ep.cfg = &sc;
+    assert_int_equal(kvt_engine_create(&ep, &s), KVT_OK);
+    t0 = t_now_ms();
+    id = t_store(s, "dead-1", keys, 0, 2, 0, 1, 2, &st);
+    assert_int_equal(st, KVT_OK);
+    assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_ERR_TIMEOUT); /* the handshake was never answered */
+    kvt_task_result_clear(&res);
+    assert_true(t_now_ms() - t0 < 3000);
+    kvt_engine_metrics(s, &m);
+    assert_true(m.ctrl_timeouts_total >= 1);
+    assert_true(t_pool_drained(s, 1000));
+    kvt_engine_destroy(s);
+    zmq_close(mute);
+    zmq_close(mute_i);
+    zmq_ctx_term(ctx);
+    t_keys_free(keys, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_proxy_notif_epoll),
+        cmocka_unit_test(test_reserve_timeout_replaces_socket),
+        cmocka_unit_test(test_proxy_notif_after_last_batch),
+        cmocka_unit_test(test_dead_receiver_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

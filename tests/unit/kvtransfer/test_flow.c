@@ -1,0 +1,491 @@
+/*
+ * test_flow.c - the safety nets, through real engines on loopback:
+ * already-sent dedup leaves nothing pinned (push and pull); a request
+ * larger than the receiver's whole buffer fails fast; the circuit breaker
+ * skips a backed-off peer (ProxyNotif still sent) and resumes after its TTL;
+ * partial allocation after the receiver waited the backoff TTL for space;
+ * the TTL sweep releases pulls of a receiver that never answers; backpressure
+ * refuses pulls above the high-water mark; an early PullDoneSignal still
+ * releases; CancelNotif releases everything of a request on both sides;
+ * decode admission reservations; garbage on the control sockets.
+ */
+#include <zmq.h>
+
+#include "test_engine_common.h"
+#include "kvt/kvt_msg.h"
+
+static kvt_task_result_t store_wait(kvt_engine_t *s, const char *req, char **keys, uint32_t first,
+                                    uint32_t n, int64_t toks)
+{
+    kvt_status_t st;
+    kvt_task_result_t res;
+    kvt_task_id_t id = t_store(s, req, keys, first, n, toks, 1, n, &st);
+    assert_int_equal(st, KVT_OK);
+    assert_int_equal(t_wait(s, id, 10000, &res), KVT_OK);
+    return res;
+}
+
+static void wait_landed(kvt_engine_t *r, const char *req)
+{
+    kvt_task_id_t wid;
+    kvt_task_result_t res;
+    assert_int_equal(kvt_submit_wait_req(r, req, 5000, NULL, &wid), KVT_OK);
+    assert_int_equal(t_wait(r, wid, 6000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+}
+
+static void dedup_case(t_mode_t mode)
+{
+    t_pair_t p;
+    char **keys = t_keys("dup", 12);
+    kvt_task_result_t res;
+    kvt_metrics_t m;
+    kvt_pool_stats_t ps;
+
+    assert_int_equal(t_pair_open(&p, mode, 32 * T_PAGE, 32 * T_PAGE, "tcp"), KVT_OK);
+    res = store_wait(p.s, "dup-a", keys, 0, 10, 0);
+    assert_int_equal(t_bits(&res), 10);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "dup-a");
+    /* keys 0..9 again plus two new ones */
+    res = store_wait(p.s, "dup-b", keys, 0, 12, 0);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 12);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "dup-b");
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.already_sent_total, 10);
+    if (mode == MODE_PUSH) {
+        assert_int_equal(m.bytes_write, 12 * T_PAGE); /* the duplicates never moved */
+        assert_true(t_pool_drained(p.s, 2000));
+    } else {
+        /* pulls pin until the receiver reads; duplicates are unpinned at once */
+        kvt_engine_pool_stats(p.s, &ps);
+        assert_true(ps.pinned_pages <= 12);
+        kvt_release_req(p.r, "dup-a");
+        kvt_release_req(p.r, "dup-b");
+        assert_true(t_pool_drained(p.s, 3000));
+    }
+    kvt_release_req(p.r, "dup-a");
+    kvt_release_req(p.r, "dup-b");
+    assert_true(t_pool_drained(p.r, 2000));
+    t_pair_close(&p);
+    t_keys_free(keys, 12);
+}
+
+static void test_dedup_push(void **state)
+{
+    (void)state;
+    dedup_case(MODE_PUSH);
+}
+
+static void test_dedup_pull(void **state)
+{
+    (void)state;
+    dedup_case(MODE_PULL_EAGER);
+}
+
+/* Larger than the receiver's buffer: alloc_failed at once, breaker trips,
+ * the next batch is skipped (with its ProxyNotif), and after the TTL the
+ * peer is used again. */
+static void test_too_large_breaker(void **state)
+{
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    kvt_proxy_t *px;
+    char **keys = t_keys("big", 40);
+    kvt_task_result_t res;
+    kvt_metrics_t m;
+    char rid[64];
+    uint64_t t0;
+    kvt_status_t st;
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 64 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
+    snprintf(sc.pd_proxy_host, sizeof(sc.pd_proxy_host), "127.0.0.1");
+    sc.pd_proxy_port = kvt_proxy_port(px);
+    sc.pd_alloc_fail_backoff_ttl = 0.5;
+    rc.pd_alloc_fail_backoff_ttl = 0.5;
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+
+    /* the sender's own buffer: refused before anything is sent */
+    {
+        char **k2 = t_keys("huge", 65);
+        kvt_task_id_t id = t_store(p.s, "huge", k2, 0, 65, 0, 1, 65, &st);
+        assert_int_equal(st, KVT_ERR_TOO_LARGE);
+        (void)id;
+        t_keys_free(k2, 65);
+    }
+    t0 = t_now_ms();
+    res = store_wait(p.s, "big-1", keys, 0, 12, 0); /* 12 > 8 pages on the receiver */
+    assert_int_equal(res.status, KVT_ERR_ALLOC_FAILED);
+    assert_int_equal(t_bits(&res), 0);
+    kvt_task_result_clear(&res);
+    assert_true(t_now_ms() - t0 < 400); /* no waiting out a TTL or timeout */
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 3000), KVT_OK);
+    /* ProxyNotif of a failed request still goes out: the decoder recomputes */
+    assert_string_equal(rid, "big-1");
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.breaker_open, 1);
+
+    /* backed off: skipped at once, still a ProxyNotif */
+    res = store_wait(p.s, "skip-1", keys, 20, 2, 0);
+    assert_int_equal(res.status, KVT_ERR_BACKOFF);
+    assert_int_equal(t_bits(&res), 0);
+    kvt_task_result_clear(&res);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 3000), KVT_OK);
+    assert_string_equal(rid, "skip-1");
+    kvt_engine_metrics(p.s, &m);
+    assert_true(m.breaker_skips_total >= 1);
+    assert_true(t_pool_drained(p.s, 1000));
+
+    /* after the TTL the peer is used again */
+    usleep(600 * 1000);
+    res = store_wait(p.s, "after", keys, 30, 2, 0);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 2);
+    kvt_task_result_clear(&res);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 3000), KVT_OK);
+    assert_string_equal(rid, "after");
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.breaker_open, 0);
+    assert_int_equal(m.proxy_notifs_total, 3);
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 40);
+}
+
+/* The receiver has 8 pages, 6 taken: a batch of 6 waits the backoff TTL for
+ * space, then gets the 2 pages there are. */
+static void test_partial_after_wait(void **state)
+{
+    t_pair_t p;
+    char **keys = t_keys("part", 12);
+    kvt_task_result_t res;
+    uint64_t t0;
+    (void)state;
+
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 32 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
+    res = store_wait(p.s, "part-a", keys, 0, 6, 0);
+    assert_int_equal(t_bits(&res), 6);
+    kvt_task_result_clear(&res);
+    t0 = t_now_ms();
+    res = store_wait(p.s, "part-b", keys, 6, 6, 0);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 2);
+    kvt_task_result_clear(&res);
+    assert_true(t_now_ms() - t0 >= 250); /* waited (backoff TTL 0.3 s) ... */
+    assert_true(t_now_ms() - t0 < 2500); /* ... but not the whole timeout */
+    wait_landed(p.r, "part-b");
+    kvt_release_req(p.r, "part-a");
+    kvt_release_req(p.r, "part-b");
+    assert_true(t_pool_drained(p.r, 1000));
+    assert_true(t_pool_drained(p.s, 1000));
+    t_pair_close(&p);
+    t_keys_free(keys, 12);
+}
+
+/* Space freed while a request is parked: it proceeds in full. */
+static void test_parked_gets_space(void **state)
+{
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    char **keys = t_keys("park", 12);
+    kvt_task_result_t res;
+    kvt_task_id_t id;
+    kvt_status_t st;
+    (void)state;
+
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
+    rc.pd_alloc_fail_backoff_ttl = 2.0;
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    res = store_wait(p.s, "park-a", keys, 0, 6, 0);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "park-a");
+    id = t_store(p.s, "park-b", keys, 6, 6, 0, 1, 6, &st);
+    assert_int_equal(st, KVT_OK);
+    usleep(100 * 1000);
+    assert_int_equal(kvt_task_wait(p.s, id, 0, &res), KVT_ERR_TIMEOUT); /* parked */
+    kvt_release_req(p.r, "park-a");
+    assert_int_equal(t_wait(p.s, id, 3000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 6);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "park-b");
+    kvt_release_req(p.r, "park-b");
+    assert_true(t_pool_drained(p.r, 1000));
+    t_pair_close(&p);
+    t_keys_free(keys, 12);
+}
+
+/* pull-delay receiver that never loads: the sender's pins go by the TTL. */
+static void test_sweep_releases(void **state)
+{
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    char **keys = t_keys("sweep", 6);
+    kvt_task_result_t res;
+    kvt_pool_stats_t ps;
+    kvt_metrics_t m;
+    (void)state;
+
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PULL_DELAY, 32 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PULL_DELAY, 32 * T_PAGE, "tcp");
+    sc.pd_pull_pending_ttl = 0.3;
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    res = store_wait(p.s, "sweep-a", keys, 0, 6, 0);
+    assert_int_equal(t_bits(&res), 6);
+    kvt_task_result_clear(&res);
+    kvt_engine_pool_stats(p.s, &ps);
+    assert_int_equal(ps.pinned_pages, 6);
+    assert_true(t_pool_drained(p.s, 3000));
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.pull_expired_total, 1);
+    t_pair_close(&p);
+    t_keys_free(keys, 6);
+}
+
+static void test_backpressure(void **state)
+{
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    char **keys = t_keys("bp", 12);
+    kvt_task_result_t res;
+    kvt_status_t st;
+    kvt_metrics_t m;
+    (void)state;
+
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PULL_DELAY, 20 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PULL_DELAY, 20 * T_PAGE, "tcp");
+    sc.pd_pull_backpressure_reserve_pct = 50.0; /* high-water mark: 10 pinned pages */
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    res = store_wait(p.s, "bp-a", keys, 0, 8, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    t_store(p.s, "bp-b", keys, 8, 4, 0, 1, 4, &st);
+    assert_int_equal(st, KVT_ERR_BACKPRESSURE);
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.backpressure_total, 1);
+    /* the receiver consumes (releases) bp-a: pins drop, the store goes */
+    kvt_release_req(p.r, "bp-a");
+    assert_true(t_pool_drained(p.s, 3000));
+    res = store_wait(p.s, "bp-b", keys, 8, 4, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    t_pair_close(&p);
+    t_keys_free(keys, 12);
+}
+
+/* A PullDoneSignal that arrives before the sender registered its pull. */
+static void test_early_done(void **state)
+{
+    t_pair_t p;
+    char **keys = t_keys("early", 3);
+    kvt_task_result_t res;
+    kvt_metrics_t m;
+    void *ctx = zmq_ctx_new(), *push = zmq_socket(ctx, ZMQ_PUSH);
+    kvt_engine_ports_t sp;
+    char ep[64], pull_id[400];
+    kvt_msg_t msg;
+    void *data;
+    size_t len;
+    int zero = 0;
+    (void)state;
+
+    assert_int_equal(t_pair_open(&p, MODE_PULL_DELAY, 16 * T_PAGE, 16 * T_PAGE, "tcp"), KVT_OK);
+    kvt_engine_ports(p.s, &sp);
+    zmq_setsockopt(push, ZMQ_LINGER, &zero, sizeof(zero));
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", sp.done_port);
+    assert_int_equal(zmq_connect(push, ep), 0);
+    /* the first pull of this sender will be called p1-<id>|early-req */
+    snprintf(pull_id, sizeof(pull_id), "p1-%s|early-req", kvt_engine_id(p.s));
+    kvt_msg_init(&msg, KVT_MSG_PULL_DONE_SIGNAL);
+    msg.u.pull_done.pull_id = pull_id;
+    assert_int_equal(kvt_msg_encode(&msg, &data, &len), KVT_OK);
+    zmq_send(push, data, len, 0);
+    kvt_free(data);
+    usleep(100 * 1000);
+    res = store_wait(p.s, "early-req", keys, 0, 3, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    /* pull-delay receiver never loaded, yet the pins are gone */
+    assert_true(t_pool_drained(p.s, 1000));
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.pull_early_done_total, 1);
+    zmq_close(push);
+    zmq_ctx_term(ctx);
+    t_pair_close(&p);
+    t_keys_free(keys, 3);
+}
+
+/* CancelNotif from the proxy: the receiver drops the request's proxies and
+ * forwards the cancel; the sender unpins. */
+static void test_cancel_both_sides(void **state)
+{
+    t_pair_t p;
+    kvt_proxy_t *px;
+    char **keys = t_keys("cxl", 5);
+    kvt_task_result_t res;
+    kvt_task_id_t wid;
+    kvt_pool_stats_t ps;
+    kvt_metrics_t m;
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_int_equal(t_pair_open(&p, MODE_PULL_DELAY, 16 * T_PAGE, 16 * T_PAGE, "tcp"), KVT_OK);
+    res = store_wait(p.s, "cxl-1", keys, 0, 5, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    kvt_engine_pool_stats(p.s, &ps);
+    assert_int_equal(ps.pinned_pages, 5);
+    /* a waiter on another request that never comes is cancelled too */
+    assert_int_equal(kvt_submit_wait_req(p.r, "cxl-2", -1, NULL, &wid), KVT_OK);
+    assert_int_equal(kvt_proxy_cancel(px, "127.0.0.1", p.rp.alloc_port, "cxl-1", NULL, 0), KVT_OK);
+    assert_int_equal(kvt_proxy_cancel(px, "127.0.0.1", p.rp.alloc_port, "cxl-2", NULL, 0), KVT_OK);
+    assert_int_equal(t_wait(p.r, wid, 3000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_ERR_CANCELLED);
+    kvt_task_result_clear(&res);
+    assert_true(t_pool_drained(p.s, 3000));
+    assert_true(t_pool_drained(p.r, 3000));
+    kvt_engine_metrics(p.r, &m);
+    assert_int_equal(m.cancels_total, 2);
+    kvt_engine_metrics(p.s, &m);
+    assert_true(m.cancels_total >= 1);
+    /* push: cancel through the engine API after landing frees the pages */
+    t_pair_close(&p);
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 16 * T_PAGE, 16 * T_PAGE, "tcp"), KVT_OK);
+    res = store_wait(p.s, "cxl-3", keys, 0, 5, 0);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "cxl-3");
+    kvt_engine_pool_stats(p.r, &ps);
+    assert_int_equal(ps.used_pages, 5);
+    assert_int_equal(kvt_engine_cancel(p.s, "cxl-3", 1, NULL, 0), KVT_OK);
+    assert_true(t_pool_drained(p.r, 3000));
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 5);
+}
+
+static void test_reserve(void **state)
+{
+    t_pair_t p;
+    kvt_proxy_t *px;
+    char **keys = t_keys("rsv", 8);
+    kvt_task_result_t res;
+    int granted = -1;
+    int64_t free_chunks = -1;
+    kvt_metrics_t m;
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 16 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
+    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "rsv-a", 6, 5000, 3000,
+                                       &granted, &free_chunks),
+                     KVT_OK);
+    assert_int_equal(granted, 1);
+    assert_int_equal(free_chunks, 2);
+    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "rsv-b", 4, 5000, 3000,
+                                       &granted, &free_chunks),
+                     KVT_OK);
+    assert_int_equal(granted, 0);
+    /* another request cannot eat the reserved pages: it gets 2 after waiting */
+    res = store_wait(p.s, "rsv-c", keys, 0, 4, 0);
+    assert_int_equal(t_bits(&res), 2);
+    kvt_task_result_clear(&res);
+    /* the reserved request gets all six */
+    res = store_wait(p.s, "rsv-a", keys, 2, 6, 0);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 6);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "rsv-a");
+    kvt_engine_metrics(p.r, &m);
+    assert_int_equal(m.reserve_granted_total, 1);
+    assert_int_equal(m.reserve_refused_total, 1);
+    kvt_release_req(p.r, "rsv-a");
+    kvt_release_req(p.r, "rsv-c");
+    assert_true(t_pool_drained(p.r, 1000));
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 8);
+}
+
+static void test_control_garbage(void **state)
+{
+    t_pair_t p;
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER), *d2 = zmq_socket(ctx, ZMQ_DEALER);
+    char ep[64];
+    kvt_metrics_t m;
+    zmq_pollitem_t it = {.socket = d2, .events = ZMQ_POLLIN};
+    zmq_msg_t f;
+    kvt_msg_t r;
+    char **keys = t_keys("gb", 2);
+    kvt_task_result_t res;
+    int zero = 0;
+    /* AllocRequest with an unknown dtype: must still be answered */
+    static const uint8_t bad_alloc[] = {
+        0x86, 0xa4, 't', 'y',  'p',  'e',  0xac, 'A', 'l',  'l', 'o',  'c',  'R',  'e',
+        'q',  'u',  'e', 's',  't',  0xa4, 'k',  'e', 'y',  's', 0x91, 0xa1, 'k',  0xa3,
+        'f',  'm',  't', 0x01, 0xa5, 's',  'h',  'a', 'p',  'e', 0x91, 0x04, 0xa5, 'd',
+        't',  'y',  'p', 'e',  0xa3, 'x',  'y',  'z', 0xaf, 'l', 'a',  's',  't',  '_',
+        'c',  'h',  'u', 'n',  'k',  '_',  't',  'o', 'k',  's', 0x00};
+    (void)state;
+
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 16 * T_PAGE, 16 * T_PAGE, "tcp"), KVT_OK);
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(d2, ZMQ_LINGER, &zero, sizeof(zero));
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", p.rp.alloc_port);
+    zmq_connect(d, ep);
+    zmq_connect(d2, ep);
+    zmq_send(d, "\xc1\xff garbage", 10, 0);
+    zmq_send(d, "a", 1, ZMQ_SNDMORE);
+    zmq_send(d, "b", 1, ZMQ_SNDMORE);
+    zmq_send(d, "c", 1, ZMQ_SNDMORE);
+    zmq_send(d, "d", 1, 0);
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", p.rp.init_port);
+    {
+        void *di = zmq_socket(ctx, ZMQ_DEALER);
+        zmq_setsockopt(di, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_connect(di, ep);
+        zmq_send(di, "not a blob", 10, 0);
+        usleep(100 * 1000);
+        zmq_close(di);
+    }
+    zmq_send(d2, bad_alloc, sizeof(bad_alloc), 0);
+    assert_int_equal(zmq_poll(&it, 1, 3000), 1);
+    zmq_msg_init(&f);
+    assert_true(zmq_msg_recv(&f, d2, 0) >= 0);
+    assert_int_equal(kvt_msg_decode(zmq_msg_data(&f), zmq_msg_size(&f), &r, NULL), KVT_OK);
+    zmq_msg_close(&f);
+    assert_int_equal(r.type, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    assert_true(r.u.alloc_resp.alloc_failed);
+    kvt_msg_clear(&r);
+    kvt_engine_metrics(p.r, &m);
+    assert_true(m.bad_messages_total >= 4);
+    /* and the engine still works */
+    res = store_wait(p.s, "gb-1", keys, 0, 2, 0);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 2);
+    kvt_task_result_clear(&res);
+    zmq_close(d);
+    zmq_close(d2);
+    zmq_ctx_term(ctx);
+    t_pair_close(&p);
+    t_keys_free(keys, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dedup_push),        cmocka_unit_test(test_dedup_pull),
+        cmocka_unit_test(test_too_large_breaker), cmocka_unit_test(test_partial_after_wait),
+        cmocka_unit_test(test_parked_gets_space), cmocka_unit_test(test_sweep_releases),
+        cmocka_unit_test(test_backpressure),      cmocka_unit_test(test_early_done),
+        cmocka_unit_test(test_cancel_both_sides), cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_control_garbage),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,401 @@
+/*
+ * test_tcp.c - the TCP transport on its own: WRITE/READ land the exact
+ * bytes (multi-frame transfers included), the grant table refuses pages not
+ * granted to that peer (and out-of-bounds / unknown regions), a dead peer
+ * is reported and fails later posts, garbage on the data port is counted
+ * and does not disturb other lanes, and the frame codec rejects bad input.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kvt/kvt_msg.h"
+#include "kvt_tl_tcp_int.h"
+
+#define PAGE   (1u << 20) /* > frame split: every page is several frames */
+#define NPAGES 8
+
+typedef struct ep {
+    kvt_tl_t *tl;
+    uint8_t *mem;
+    kvt_tl_region_t *reg;
+    char uuid[KVT_TL_UUID_LEN + 1];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ncompl;
+    kvt_status_t last;
+    int peer_failed;
+    uint16_t port;
+} ep_t;
+
+static const kvt_tl_ops_t *ops(void)
+{
+    return kvt_tl_tcp_desc.ops;
+}
+
+static void on_complete(void *arg, uint64_t cookie, kvt_status_t st)
+{
+    ep_t *e = arg;
+    (void)cookie;
+    pthread_mutex_lock(&e->mu);
+    e->ncompl++;
+    e->last = st;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void on_peer_failed(void *arg, const char *peer, kvt_status_t st)
+{
+    ep_t *e = arg;
+    (void)peer;
+    (void)st;
+    pthread_mutex_lock(&e->mu);
+    e->peer_failed++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void ep_open(ep_t *e, const char *id, const char *uuid)
+{
+    kvt_tl_config_t c = {
+        .local_id = id, .listen_host = "127.0.0.1", .lanes = 2, .timeout_ms = 3000};
+    kvt_tl_callbacks_t cb = {
+        .on_complete = on_complete, .on_peer_failed = on_peer_failed, .arg = e};
+    kvt_tl_region_params_t rp;
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
+    kvt_msg_t m;
+
+    memset(e, 0, sizeof(*e));
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    assert_int_equal(ops()->create(&c, &cb, &e->tl), KVT_OK);
+    e->mem = calloc(NPAGES, PAGE);
+    snprintf(e->uuid, sizeof(e->uuid), "%s", uuid);
+    rp = (kvt_tl_region_params_t){
+        .uuid = e->uuid, .base = e->mem, .length = NPAGES * PAGE, .page_size = PAGE};
+    assert_int_equal(ops()->reg_region(e->tl, &rp, &e->reg), KVT_OK);
+    assert_int_equal(ops()->peer_prepare(e->tl, "x", blob, &bl), KVT_OK);
+    assert_int_equal(kvt_msg_decode(blob, bl, &m, NULL), KVT_OK);
+    assert_int_equal(m.type, KVT_MSG_TRANSPORT_INIT);
+    assert_string_equal(m.u.tinit.transport, "tcp");
+    e->port = (uint16_t)m.u.tinit.lanes[0].port;
+    kvt_msg_clear(&m);
+}
+
+static void ep_close(ep_t *e)
+{
+    if (e->tl != NULL)
+        ops()->destroy(e->tl);
+    e->tl = NULL;
+    free(e->mem);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+}
+
+static void handshake(ep_t *a, const char *aid, ep_t *b, const char *bid)
+{
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
+    assert_int_equal(ops()->peer_prepare(a->tl, bid, blob, &bl), KVT_OK);
+    assert_int_equal(ops()->peer_connect(b->tl, aid, blob, bl), KVT_OK);
+    bl = sizeof(blob);
+    assert_int_equal(ops()->peer_prepare(b->tl, aid, blob, &bl), KVT_OK);
+    assert_int_equal(ops()->peer_connect(a->tl, bid, blob, bl), KVT_OK);
+}
+
+/* Wait until <e> has seen <n> completions in total; returns the last status. */
+static kvt_status_t wait_compl(ep_t *e, int n)
+{
+    struct timespec ts;
+    kvt_status_t st;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10;
+    pthread_mutex_lock(&e->mu);
+    while (e->ncompl < n) {
+        if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) != 0)
+            break;
+    }
+    assert_int_equal(e->ncompl, n);
+    st = e->last;
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+static kvt_tl_xfer_t xfer(ep_t *local, uint64_t loff, const ep_t *remote, uint64_t roff,
+                          uint64_t len)
+{
+    kvt_tl_xfer_t x = {
+        .local = local->reg, .local_offset = loff, .remote_offset = roff, .length = len};
+    memcpy(x.remote_uuid, remote->uuid, sizeof(x.remote_uuid));
+    return x;
+}
+
+#define UA "11111111-2222-4333-8444-555555555555"
+#define UB "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"
+
+static void test_write_read_verified(void **state)
+{
+    ep_t a, b;
+    uint32_t pages[3] = {1, 2, 5};
+    kvt_tl_xfer_t x[3];
+    kvt_tl_stats_t st;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open(&b, "B", UB);
+    handshake(&a, "A", &b, "B");
+    for (size_t i = 0; i < NPAGES * PAGE; i++)
+        a.mem[i] = (uint8_t)(i * 7 + (i >> 12));
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, pages, 3, KVT_TL_ACCESS_WRITE), KVT_OK);
+    /* A's pages 0,1,2 -> B's pages 1,2,5; the last one short */
+    x[0] = xfer(&a, 0, &b, 1 * PAGE, PAGE);
+    x[1] = xfer(&a, PAGE, &b, 2 * PAGE, PAGE);
+    x[2] = xfer(&a, 2 * PAGE, &b, 5 * PAGE, PAGE / 3);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, x, 3, 42), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    assert_memory_equal(b.mem + PAGE, a.mem, 2 * PAGE);
+    assert_memory_equal(b.mem + 5 * PAGE, a.mem + 2 * PAGE, PAGE / 3);
+    assert_int_equal(b.mem[5 * PAGE + PAGE / 3], 0); /* nothing beyond the length */
+
+    /* READ back from B (granted for reading) into A's page 6 */
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, pages, 3, KVT_TL_ACCESS_READ), KVT_OK);
+    x[0] = xfer(&a, 6 * PAGE, &b, 2 * PAGE, PAGE);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_READ, x, 1, 43), KVT_OK);
+    assert_int_equal(wait_compl(&a, 2), KVT_OK);
+    assert_memory_equal(a.mem + 6 * PAGE, a.mem + PAGE, PAGE);
+
+    ops()->stats(a.tl, &st);
+    assert_int_equal(st.bytes_written, 2 * PAGE + PAGE / 3);
+    assert_int_equal(st.bytes_read, PAGE);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.bytes_served, 3 * PAGE + PAGE / 3);
+    assert_int_equal(st.access_denied, 0);
+    ep_close(&a);
+    ep_close(&b);
+}
+
+static void test_access_denied(void **state)
+{
+    ep_t a, b;
+    uint32_t p1 = 1, p3 = 3;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    uint8_t zero[64] = {0};
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open(&b, "B", UB);
+    handshake(&a, "A", &b, "B");
+    memset(a.mem, 0xab, PAGE);
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, &p1, 1, KVT_TL_ACCESS_WRITE), KVT_OK);
+    /* page 3 was never granted */
+    x = xfer(&a, 0, &b, 3 * PAGE, 4096);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_ERR_ACCESS);
+    assert_memory_equal(b.mem + 3 * PAGE, zero, sizeof(zero));
+    /* spans page 1 (granted) into page 2 (not) */
+    x = xfer(&a, 0, &b, 2 * PAGE - 100, 200);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 2), KVT_OK);
+    assert_int_equal(wait_compl(&a, 2), KVT_ERR_ACCESS);
+    /* granted for WRITE is not granted for READ */
+    x = xfer(&a, 0, &b, PAGE, 100);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_READ, &x, 1, 3), KVT_OK);
+    assert_int_equal(wait_compl(&a, 3), KVT_ERR_ACCESS);
+    /* beyond the region */
+    x = xfer(&a, 0, &b, NPAGES * PAGE - 10, 100);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 4), KVT_OK);
+    assert_int_equal(wait_compl(&a, 4), KVT_ERR_ACCESS);
+    /* unknown region */
+    x = xfer(&a, 0, &b, PAGE, 100);
+    memcpy(x.remote_uuid, UA, sizeof(x.remote_uuid));
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 5), KVT_OK);
+    assert_int_equal(wait_compl(&a, 5), KVT_ERR_ACCESS);
+    /* the lane is still fine: a granted write lands */
+    x = xfer(&a, 0, &b, PAGE, 4096);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 6), KVT_OK);
+    assert_int_equal(wait_compl(&a, 6), KVT_OK);
+    assert_memory_equal(b.mem + PAGE, a.mem, 4096);
+    /* revoked -> refused again */
+    ops()->revoke(b.tl, "A", b.reg, &p1, 1, KVT_TL_ACCESS_WRITE);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 7), KVT_OK);
+    assert_int_equal(wait_compl(&a, 7), KVT_ERR_ACCESS);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.access_denied, 6);
+    /* local arguments are checked at post time */
+    x = xfer(&a, NPAGES * PAGE, &b, PAGE, 1);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 8), KVT_ERR_INVALID);
+    assert_int_equal(ops()->post(a.tl, "nobody", KVT_TL_OP_WRITE, &x, 0, 8), KVT_ERR_INVALID);
+    (void)p3;
+    ep_close(&a);
+    ep_close(&b);
+}
+
+static void test_peer_death(void **state)
+{
+    ep_t a, b;
+    uint32_t p0 = 0;
+    kvt_tl_xfer_t x;
+    struct timespec ts;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open(&b, "B", UB);
+    handshake(&a, "A", &b, "B");
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, &p0, 1, KVT_TL_ACCESS_WRITE), KVT_OK);
+    x = xfer(&a, 0, &b, 0, PAGE);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    ep_close(&b); /* the peer dies */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 5;
+    pthread_mutex_lock(&a.mu);
+    while (a.peer_failed == 0 && pthread_cond_timedwait(&a.cv, &a.mu, &ts) == 0)
+        ;
+    assert_int_equal(a.peer_failed, 1);
+    pthread_mutex_unlock(&a.mu);
+    /* a later post cannot reach it: refused or completed with an error */
+    {
+        kvt_status_t st = ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 2);
+        if (st == KVT_OK)
+            assert_int_not_equal(wait_compl(&a, 2), KVT_OK);
+        else
+            assert_int_equal(st, KVT_ERR_PEER);
+    }
+    ep_close(&a);
+}
+
+static int dial(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+/* Read until EOF (the target closed on us); bounded wait. */
+static int closed_by_peer(int fd)
+{
+    char buf[256];
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    for (;;) {
+        ssize_t r = recv(fd, buf, sizeof(buf), 0);
+        if (r == 0)
+            return 1;
+        if (r < 0)
+            return 0;
+    }
+}
+
+static void test_garbage_frames(void **state)
+{
+    ep_t a, b;
+    uint8_t junk[200], hb[KVT_TCP_HDR_LEN];
+    kvt_tcp_hdr_t h;
+    kvt_tl_stats_t st;
+    uint32_t p0 = 0;
+    kvt_tl_xfer_t x;
+    int fd;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open(&b, "B", UB);
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)(i * 37 + 1);
+    /* 1. plain garbage */
+    fd = dial(b.port);
+    assert_int_equal(send(fd, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    /* 2. a valid HELLO, then a WRITE with an absurd length */
+    fd = dial(b.port);
+    memset(&h, 0, sizeof(h));
+    h.op = KVT_TCP_OP_HELLO;
+    h.length = 5;
+    kvt_tcp_hdr_encode(&h, hb);
+    send(fd, hb, sizeof(hb), 0);
+    send(fd, "evil!", 5, 0);
+    memset(&h, 0, sizeof(h));
+    h.op = KVT_TCP_OP_WRITE;
+    memcpy(h.uuid, UB, KVT_TL_UUID_LEN);
+    h.length = KVT_TCP_MAX_FRAME + 1;
+    kvt_tcp_hdr_encode(&h, hb);
+    send(fd, hb, sizeof(hb), 0);
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.bad_frames, 2);
+    /* 3. the target still serves a real peer */
+    handshake(&a, "A", &b, "B");
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, &p0, 1, KVT_TL_ACCESS_WRITE), KVT_OK);
+    memset(a.mem, 0x5a, 1000);
+    x = xfer(&a, 0, &b, 0, 1000);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    assert_memory_equal(b.mem, a.mem, 1000);
+    /* 4. handshake blobs that are not ours are refused */
+    assert_int_equal(ops()->peer_connect(a.tl, "C", junk, sizeof(junk)) == KVT_OK, 0);
+    ep_close(&a);
+    ep_close(&b);
+}
+
+static void test_frame_codec(void **state)
+{
+    kvt_tcp_hdr_t h, d;
+    kvt_tcp_reply_t r = {.status = KVT_ERR_ACCESS, .seq = 77}, rd;
+    uint8_t b[KVT_TCP_HDR_LEN], rb[KVT_TCP_REPLY_LEN];
+    (void)state;
+
+    memset(&h, 0, sizeof(h));
+    h.op = KVT_TCP_OP_READ;
+    h.seq = 9;
+    memcpy(h.uuid, UA, KVT_TL_UUID_LEN);
+    h.offset = 1ull << 40;
+    h.length = 12345;
+    kvt_tcp_hdr_encode(&h, b);
+    assert_int_equal(kvt_tcp_hdr_decode(b, sizeof(b), &d), KVT_OK);
+    assert_int_equal(d.op, KVT_TCP_OP_READ);
+    assert_int_equal(d.seq, 9);
+    assert_string_equal(d.uuid, UA);
+    assert_int_equal(d.offset, 1ull << 40);
+    assert_int_equal(d.length, 12345);
+    assert_int_equal(kvt_tcp_hdr_decode(b, sizeof(b) - 1, &d), KVT_ERR_PROTO); /* short */
+    b[20] = 'z';                                                               /* bad uuid char */
+    assert_int_equal(kvt_tcp_hdr_decode(b, sizeof(b), &d), KVT_ERR_PROTO);
+    kvt_tcp_hdr_encode(&h, b);
+    b[4] = 99; /* unknown op */
+    assert_int_equal(kvt_tcp_hdr_decode(b, sizeof(b), &d), KVT_ERR_PROTO);
+    kvt_tcp_hdr_encode(&h, b);
+    b[0] ^= 1; /* magic */
+    assert_int_equal(kvt_tcp_hdr_decode(b, sizeof(b), &d), KVT_ERR_PROTO);
+    kvt_tcp_reply_encode(&r, rb);
+    assert_int_equal(kvt_tcp_reply_decode(rb, sizeof(rb), &rd), KVT_OK);
+    assert_int_equal(rd.status, KVT_ERR_ACCESS);
+    assert_int_equal(rd.seq, 77);
+    assert_true(kvt_tcp_range_ok(10, 0, 10));
+    assert_false(kvt_tcp_range_ok(11, 0, 10));
+    assert_false(kvt_tcp_range_ok(5, UINT64_MAX, 10));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_frame_codec),    cmocka_unit_test(test_write_read_verified),
+        cmocka_unit_test(test_access_denied),  cmocka_unit_test(test_peer_death),
+        cmocka_unit_test(test_garbage_frames),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

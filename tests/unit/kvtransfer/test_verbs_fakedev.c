@@ -1,0 +1,513 @@
+/*
+ * The verbs transport end to end over the in-process fake RDMA device of
+ * test_verbs_fake_nic.h. Everything but the hardware runs: device choice, MR registration, the
+ * handshake blobs, RTR/RTS, slicing, chained posts, credits, the completion thread, path failure
+ * and retry, peer failure, rebuild after a peer restart, and flushing at shutdown. What it cannot
+ * show is real NIC behaviour (timing, PSN handling, retransmission, ordering); that is what
+ * test_verbs_conformance covers on a device.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvt_tl_verbs.h"
+#include "kvt_verbs_dev.h"
+
+#include "test_verbs_fake_nic.h"
+
+/* ================================ the tests ============================================== */
+
+#define PAGE   (40u * 1024u) /* slices cut pages that are not 64 KiB multiples */
+#define NPAGES 128u
+#define REGION ((uint64_t)PAGE * NPAGES) /* 5 MiB: several 1 MiB MRs */
+#define MAX_MR (1u << 20)
+
+static const char *UA = "aaaaaaaa-1111-4111-8111-000000000001";
+static const char *UB = "bbbbbbbb-2222-4222-8222-000000000002";
+static const kvt_tl_ops_t *ops;
+
+typedef struct side {
+    kvt_tl_t *tl;
+    kvt_tl_region_t *region;
+    uint8_t *mem;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint64_t last_cookie;
+    kvt_status_t last_status;
+    unsigned completions;
+    unsigned peer_failures;
+} side_t;
+
+static void on_complete(void *arg, uint64_t cookie, kvt_status_t status)
+{
+    side_t *s = arg;
+
+    pthread_mutex_lock(&s->lock);
+    s->last_cookie = cookie;
+    s->last_status = status;
+    s->completions++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void on_peer_failed(void *arg, const char *peer, kvt_status_t status)
+{
+    side_t *s = arg;
+
+    pthread_mutex_lock(&s->lock);
+    s->peer_failures++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static unsigned side_completions(side_t *s)
+{
+    unsigned n;
+
+    pthread_mutex_lock(&s->lock);
+    n = s->completions;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+static void fk_set_hold(bool on)
+{
+    pthread_mutex_lock(&fk.lock);
+    fk.hold = on;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+static void side_open(side_t *s, const char *id, const char *uuid)
+{
+    kvt_tl_config_t cfg = {.local_id = id, .lanes = 0 /* verbs default: 2 QPs */};
+    kvt_tl_callbacks_t cb = {
+        .on_complete = on_complete, .on_peer_failed = on_peer_failed, .arg = s};
+    kvt_tl_region_params_t rp;
+
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    s->mem = aligned_alloc(4096, REGION);
+    assert_non_null(s->mem);
+    memset(s->mem, 0, REGION);
+    assert_int_equal(ops->create(&cfg, &cb, &s->tl), KVT_OK);
+    rp =
+        (kvt_tl_region_params_t){.uuid = uuid, .base = s->mem, .length = REGION, .page_size = PAGE};
+    assert_int_equal(ops->reg_region(s->tl, &rp, &s->region), KVT_OK);
+}
+
+static void side_close(side_t *s)
+{
+    ops->dereg_region(s->tl, s->region);
+    ops->destroy(s->tl);
+    free(s->mem);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->lock);
+}
+
+static void handshake(side_t *a, const char *a_id, side_t *b, const char *b_id)
+{
+    char blob_a[KVT_TL_BLOB_MAX], blob_b[KVT_TL_BLOB_MAX];
+    size_t la = sizeof(blob_a), lb = sizeof(blob_b);
+
+    assert_int_equal(ops->peer_prepare(a->tl, b_id, blob_a, &la), KVT_OK);
+    assert_int_equal(ops->peer_prepare(b->tl, a_id, blob_b, &lb), KVT_OK);
+    assert_int_equal(ops->peer_connect(b->tl, a_id, blob_a, la), KVT_OK);
+    assert_int_equal(ops->peer_connect(a->tl, b_id, blob_b, lb), KVT_OK);
+}
+
+static kvt_status_t wait_done(side_t *s, unsigned n, uint64_t cookie)
+{
+    struct timespec dl;
+    kvt_status_t st;
+
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 10;
+    pthread_mutex_lock(&s->lock);
+    while (s->completions < n)
+        if (pthread_cond_timedwait(&s->cond, &s->lock, &dl) != 0)
+            break;
+    assert_int_equal(s->completions, n);
+    assert_int_equal(s->last_cookie, cookie);
+    st = s->last_status;
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+static void fill(uint8_t *p, size_t len, uint32_t seed)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)((i * 2654435761u + seed) >> 9);
+}
+
+static kvt_tl_xfer_t ref(side_t *local, uint32_t lpage, const char *ruuid, uint32_t rpage,
+                         uint32_t npages)
+{
+    kvt_tl_xfer_t x;
+
+    memset(&x, 0, sizeof(x));
+    x.local = local->region;
+    x.local_offset = (uint64_t)lpage * PAGE;
+    snprintf(x.remote_uuid, sizeof(x.remote_uuid), "%s", ruuid);
+    x.remote_offset = (uint64_t)rpage * PAGE;
+    x.length = (uint64_t)npages * PAGE;
+    return x;
+}
+
+/* Every connected QP pair agrees on numbers and PSNs (what RTR/RTS exchanged). */
+static void assert_pairs_consistent(void)
+{
+    unsigned pairs = 0;
+
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < FK_MAX_QPS; i++) {
+        fk_qp_t *q = fk.qps[i], *p;
+
+        if (q == NULL || q->qp.state != IBV_QPS_RTS)
+            continue;
+        p = fk_qp_by_num(q->dest_qpn);
+        assert_non_null(p);
+        assert_int_equal(p->dest_qpn, q->qp.qp_num);
+        assert_int_equal(q->rq_psn, p->sq_psn);
+        pairs++;
+    }
+    pthread_mutex_unlock(&fk.lock);
+    assert_true(pairs >= 4); /* 2 QPs per peer, both sides */
+}
+
+static int setup(void **state)
+{
+    fk.max_mr_size = MAX_MR;
+    fk.max_qp_wr = 1024;
+    fk.hold = false;
+    fk.violations = 0;
+    fk.bad_transitions = 0;
+    fk.max_chain = 0;
+    fk.max_wr_len = 0;
+    fk.post_calls = 0;
+    return 0;
+}
+
+static void assert_clean_fake(void)
+{
+    if (fk.violations != 0)
+        fail_msg("fake NIC violation: %s", fk.last_violation);
+    assert_int_equal(fk.bad_transitions, 0);
+}
+
+static void test_push_pull_data(void **state)
+{
+    static const uint32_t src[] = {0, 1, 2, 7, 50, 127}, dst[] = {3, 4, 5, 9, 100, 0};
+    kvt_tl_xfer_t x[6];
+    kvt_tl_stats_t st;
+    side_t a, b;
+    unsigned regs_before = fk.mr_regs;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    /* one MR per region, cut at 1 MiB: 5 per 5 MiB region, never one per 40 KiB page */
+    assert_int_equal(fk.mr_regs - regs_before, 2 * 5);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    assert_pairs_consistent();
+    fill(a.mem, REGION, 1);
+    fill(b.mem, REGION, 2);
+
+    /* push: 6 page refs, some consecutive on both sides */
+    for (int i = 0; i < 6; i++)
+        x[i] = ref(&a, src[i], UB, dst[i], 1);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, x, 6, 101), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 101), KVT_OK);
+    for (int i = 0; i < 6; i++)
+        assert_memory_equal(b.mem + (uint64_t)dst[i] * PAGE, a.mem + (uint64_t)src[i] * PAGE, PAGE);
+    /* a large pull over many slices and MR boundaries, B reading from A */
+    x[0] = ref(&b, 10, UA, 20, 100);
+    assert_int_equal(ops->post(b.tl, "prefill-0", KVT_TL_OP_READ, x, 1, 102), KVT_OK);
+    assert_int_equal(wait_done(&b, 1, 102), KVT_OK);
+    assert_memory_equal(b.mem + 10ull * PAGE, a.mem + 20ull * PAGE, 100ull * PAGE);
+
+    assert_true(fk.max_wr_len <= 64 * 1024); /* 64 KiB slices */
+    assert_true(fk.max_chain > 1);           /* chained posts */
+    assert_true(fk.max_chain <= KVT_VERBS_DEFAULT_BATCH);
+    ops->stats(a.tl, &st);
+    assert_int_equal(st.bytes_written, 6ull * PAGE);
+    assert_int_equal(st.ops_completed, 6);
+    assert_int_equal(st.ops_failed, 0);
+    ops->stats(b.tl, &st);
+    assert_int_equal(st.bytes_read, 100ull * PAGE);
+    assert_int_equal(st.ops_completed, 1);
+    /* both QPs of the connection carried traffic */
+    pthread_mutex_lock(&fk.lock);
+    {
+        unsigned busy = 0;
+
+        for (int i = 0; i < FK_MAX_QPS; i++)
+            busy += fk.qps[i] != NULL && fk.qps[i]->posted > 0;
+        assert_true(busy >= 3);
+    }
+    pthread_mutex_unlock(&fk.lock);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+static void test_refused_refs(void **state)
+{
+    kvt_tl_xfer_t x;
+    side_t a, b;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    x = ref(&a, 0, UB, 0, 1);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 1), KVT_ERR_NOT_FOUND);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    x = ref(&a, 0, "cccccccc-3333-4333-8333-000000000003", 0, 1);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 2), KVT_ERR_NOT_FOUND);
+    x = ref(&a, 0, UB, NPAGES - 1, 2);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 3), KVT_ERR_BOUNDS);
+    x = ref(&a, NPAGES, UB, 0, 1);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_READ, &x, 1, 4), KVT_ERR_BOUNDS);
+    x = ref(&a, 0, UB, 0, 1);
+    assert_int_equal(ops->post(a.tl, "decode-0", (kvt_tl_op_t)7, &x, 1, 5), KVT_ERR_INVALID);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 0, 6), KVT_ERR_INVALID);
+    /* a blob that is not a verbs handshake */
+    assert_int_equal(ops->peer_connect(a.tl, "decode-0", "\x81\xa1x\x01", 4) < 0, 1);
+    {
+        kvt_tl_stats_t st;
+
+        ops->stats(a.tl, &st);
+        assert_int_equal(st.bad_frames, 1);
+        assert_int_equal(st.ops_completed + st.ops_failed, 0);
+    }
+    assert_int_equal(a.completions, 0);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+/* QP number <qpn> fails after <n> good WRs. */
+static void fk_fail_qp(uint32_t qpn, int n)
+{
+    pthread_mutex_lock(&fk.lock);
+    fk_qp_by_num(qpn)->fail_after = n;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+/* QP numbers of a's connection (the QPs created last for it are the pair's local side). */
+static void fk_rts_qps(uint32_t *out, int *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < FK_MAX_QPS; i++)
+        if (fk.qps[i] != NULL && fk.qps[i]->qp.state == IBV_QPS_RTS)
+            out[(*n)++] = fk.qps[i]->qp.qp_num;
+    pthread_mutex_unlock(&fk.lock);
+}
+
+static void test_path_failure_retries_on_other_qp(void **state)
+{
+    uint32_t qpns[16];
+    int n;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    side_t a, b;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    fill(a.mem, REGION, 3);
+    fk_rts_qps(qpns, &n);
+    assert_int_equal(n, 4);
+    /* a's QPs were created first (prepare on a ran first): fail a's first QP mid-transfer */
+    fk_fail_qp(qpns[0], 5);
+    x = ref(&a, 0, UB, 0, 120);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 77), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 77), KVT_OK); /* retried on the other QP */
+    assert_memory_equal(b.mem, a.mem, 120ull * PAGE);
+    ops->stats(a.tl, &st);
+    assert_int_equal(st.ops_completed, 1);
+    assert_int_equal(st.peer_failures, 0);
+    assert_int_equal(a.peer_failures, 0);
+    /* the failed QP takes no more work: a second transfer lands entirely on the other one */
+    pthread_mutex_lock(&fk.lock);
+    {
+        uint64_t before = fk_qp_by_num(qpns[0])->posted;
+
+        pthread_mutex_unlock(&fk.lock);
+        fill(a.mem, REGION, 4);
+        x = ref(&a, 0, UB, 0, 30);
+        assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 78), KVT_OK);
+        assert_int_equal(wait_done(&a, 2, 78), KVT_OK);
+        assert_memory_equal(b.mem, a.mem, 30ull * PAGE);
+        pthread_mutex_lock(&fk.lock);
+        assert_int_equal(fk_qp_by_num(qpns[0])->posted, before);
+    }
+    pthread_mutex_unlock(&fk.lock);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+static void test_all_paths_fail_then_rebuild(void **state)
+{
+    uint32_t qpns[16];
+    int n;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    side_t a, b;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    fk_rts_qps(qpns, &n);
+    fk_fail_qp(qpns[0], 0);
+    fk_fail_qp(qpns[1], 2);
+    x = ref(&a, 0, UB, 0, 60);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 90), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 90), KVT_ERR_PEER);
+    ops->stats(a.tl, &st);
+    assert_int_equal(st.ops_failed, 1);
+    assert_int_equal(st.peer_failures, 1);
+    assert_int_equal(a.peer_failures, 1); /* reported once */
+    /* the connection is down until the next handshake */
+    x = ref(&a, 0, UB, 0, 1);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 91), KVT_ERR_PEER);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    fill(a.mem, REGION, 5);
+    x = ref(&a, 0, UB, 0, 60);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 92), KVT_OK);
+    assert_int_equal(wait_done(&a, 2, 92), KVT_OK);
+    assert_memory_equal(b.mem, a.mem, 60ull * PAGE);
+    assert_int_equal(a.peer_failures, 1);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+static void test_remote_access_error_fails_transfer(void **state)
+{
+    kvt_tl_xfer_t x;
+    side_t a, b;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    /* B drops its region: A's rkeys are stale, the NIC refuses every access */
+    ops->dereg_region(b.tl, b.region);
+    b.region = NULL;
+    x = ref(&a, 0, UB, 0, 4);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 5), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 5), KVT_ERR_ACCESS);
+    ops->destroy(b.tl);
+    free(b.mem);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+static void test_peer_restart_rebuilds(void **state)
+{
+    kvt_tl_xfer_t x;
+    side_t a, b;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    fill(a.mem, REGION, 6);
+    x = ref(&a, 1, UB, 1, 3);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 1), KVT_OK);
+    /* decode restarts: new process, new memory, new keys, same region uuid */
+    side_close(&b);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    x = ref(&a, 2, UB, 5, 3);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 2), KVT_OK);
+    assert_int_equal(wait_done(&a, 2, 2), KVT_OK);
+    assert_memory_equal(b.mem + 5ull * PAGE, a.mem + 2ull * PAGE, 3ull * PAGE);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+static void test_outstanding_bound_per_qp(void **state)
+{
+    kvt_tl_xfer_t x;
+    side_t a, b;
+    unsigned max_inflight = 0;
+
+    fk.max_qp_wr = 16; /* the transport clamps its per-QP bound to the device */
+    fk_set_hold(true);
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    fill(a.mem, REGION, 7);
+    x = ref(&a, 0, UB, 0, NPAGES); /* 5 MiB = 80+ slices */
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 55), KVT_OK);
+    assert_int_equal(fk_held_count(), 32); /* 16 per QP, the rest waits in the queues */
+    for (int round = 0; round < 100 && side_completions(&a) == 0; round++) {
+        fk_release();
+        usleep(2000);
+    }
+    fk_set_hold(false);
+    fk_release();
+    assert_int_equal(wait_done(&a, 1, 55), KVT_OK);
+    assert_memory_equal(b.mem, a.mem, REGION);
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < FK_MAX_QPS; i++)
+        if (fk.qps[i] != NULL && fk.qps[i]->max_inflight > max_inflight)
+            max_inflight = fk.qps[i]->max_inflight;
+    pthread_mutex_unlock(&fk.lock);
+    assert_int_equal(max_inflight, 16);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+static void test_destroy_flushes_outstanding(void **state)
+{
+    kvt_tl_xfer_t x;
+    side_t a, b;
+
+    fk_set_hold(true);
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    handshake(&a, "prefill-0", &b, "decode-0");
+    x = ref(&a, 0, UB, 0, 20);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 9), KVT_OK);
+    assert_true(fk_held_count() > 0);
+    ops->destroy(a.tl); /* the post completes with an error before destroy returns */
+    assert_int_equal(a.completions, 1);
+    assert_int_equal(a.last_cookie, 9);
+    assert_true(a.last_status < 0);
+    fk_set_hold(false);
+    ops->dereg_region(b.tl, b.region);
+    ops->destroy(b.tl);
+    free(a.mem);
+    free(b.mem);
+    assert_clean_fake();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_push_pull_data, setup),
+        cmocka_unit_test_setup(test_refused_refs, setup),
+        cmocka_unit_test_setup(test_path_failure_retries_on_other_qp, setup),
+        cmocka_unit_test_setup(test_all_paths_fail_then_rebuild, setup),
+        cmocka_unit_test_setup(test_remote_access_error_fails_transfer, setup),
+        cmocka_unit_test_setup(test_peer_restart_rebuilds, setup),
+        cmocka_unit_test_setup(test_outstanding_bound_per_qp, setup),
+        cmocka_unit_test_setup(test_destroy_flushes_outstanding, setup),
+    };
+
+    ops = kvt_tl_verbs_desc.ops;
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
