@@ -16,11 +16,10 @@ static pdgw_fwd_status_t fwd_neutral_build_leg(void *ctx, void *state,
     (void)state;
     (void)kind;
     (void)peers;
-    leg->body = pdgw_fwd_body_copy(req);
-    if (leg->body == NULL) {
-        pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500, "out of memory");
-        return PDGW_FWD_ERR;
-    }
+    (void)req;
+    (void)err;
+    /* The engine gets exactly what the client sent: no re-encoding. */
+    leg->client_body = 1;
     return PDGW_FWD_OK;
 }
 

@@ -154,8 +154,10 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     pdgw_buf_reset(&leg->resp);
 
     easy = curl_easy_init();
-    if (easy == NULL)
+    if (easy == NULL) {
+        leg->body = NULL; /* still the caller's on failure */
         return PDGW_ERR_NOMEM;
+    }
     snprintf(url, sizeof(url), "%s%s", inst->url, path);
     curl_easy_setopt(easy, CURLOPT_URL, url);
     curl_easy_setopt(easy, CURLOPT_PRIVATE, leg);
@@ -165,7 +167,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)srv->opts.connect_timeout_ms);
     /* Small receive buffers for streams (thousands are open at once, events are small);
      * larger ones for buffered bodies. */
-    curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, leg->relay && leg->sse ? 4096L : 16384L);
+    curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, leg->relay && leg->sse ? 2048L : 16384L);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, leg_on_write);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, leg);
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, leg_on_header);
@@ -202,6 +204,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     }
     if (h == NULL) {
         curl_easy_cleanup(easy);
+        leg->body = NULL; /* still the caller's on failure */
         return PDGW_ERR_NOMEM;
     }
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
@@ -212,6 +215,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
         curl_easy_cleanup(easy);
         leg->headers = NULL;
         leg->easy = NULL;
+        leg->body = NULL; /* still the caller's on failure */
         return PDGW_ERR_SYSTEM;
     }
     leg->state = PDGW_LEG_RUNNING;
@@ -229,8 +233,10 @@ static void leg_free_transfer(pdgw_leg_t *leg)
         curl_slist_free_all(leg->headers);
         leg->headers = NULL;
     }
-    pdgw_free(leg->body);
+    if (!leg->body_borrowed)
+        pdgw_free(leg->body);
     leg->body = NULL;
+    leg->body_borrowed = false;
 }
 
 void pdgw_leg_abort(pdgw_leg_t *leg)

@@ -373,6 +373,11 @@ void pdgw_log_write(pdgw_log_level_t level, const char *component, const char *f
     va_end(ap);
 }
 
+void pdgw_log_vwrite(pdgw_log_level_t level, const char *component, const char *fmt, va_list ap)
+{
+    log_vwrite(level, component, NULL, fmt, ap);
+}
+
 void pdgw_log_write_req(pdgw_log_level_t level, const char *component, const char *request_id,
                         const char *fmt, ...)
 {

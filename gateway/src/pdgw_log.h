@@ -11,6 +11,7 @@
 #ifndef PDGW_LOG_H
 #define PDGW_LOG_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,6 +61,9 @@ bool pdgw_log_enabled(pdgw_log_level_t level);
  */
 void pdgw_log_write(pdgw_log_level_t level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* va_list form of pdgw_log_write (adapters for other libraries' log callbacks). */
+void pdgw_log_vwrite(pdgw_log_level_t level, const char *component, const char *fmt, va_list ap);
 
 /* Like pdgw_log_write, with a request id added ("req=<id>" / "request_id":"<id>"). */
 void pdgw_log_write_req(pdgw_log_level_t level, const char *component, const char *request_id,

@@ -48,8 +48,7 @@ static pdgw_status_t main_protocol_info(void *ctx, const pdgw_config_t *cfg,
     if (desc == NULL) {
         char names[512];
         pdgw_registry_names(names, sizeof(names));
-        snprintf(err, errlen, "protocol: unknown forwarder '%s' (registered: %s)", cfg->protocol,
-                 names);
+        snprintf(err, errlen, "unknown forwarder '%s' (registered: %s)", cfg->protocol, names);
         return PDGW_ERR_NOT_FOUND;
     }
     memset(info, 0, sizeof(*info));

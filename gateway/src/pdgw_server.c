@@ -176,6 +176,8 @@ static void worker_scan(pdgw_worker_t *w, uint64_t now)
     pdgw_req_t *r = w->active;
     while (r) {
         pdgw_req_t *next = r->next; /* r may leave the list */
+        if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + SCAN_INTERVAL_MS)
+            pdgw_worker_hup_watch(w, r);
         pdgw_wf_check_deadlines(r, now);
         r = next;
     }
@@ -342,7 +344,10 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_NOTIFY_COMPLETED,
         pdgw_http_completed, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)60000, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024), MHD_OPTION_END);
+        /* 8 KiB per connection: request headers, upload chunks and the chunked write
+         * buffer of a stream (an 8 KiB header limit, as common proxies have). Small
+         * pools keep 10,000 open streams in a few hundred MiB. */
+        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024), MHD_OPTION_END);
     if (w->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",
                  ntohs(((const struct sockaddr_in *)addr)->sin_port), index);
@@ -372,7 +377,7 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
     curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
     /* Keep idle upstream connections for reuse (one cache per worker). */
-    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, 2048L);
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, 1024L);
     curl_multi_setopt(w->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
     return PDGW_OK;
 

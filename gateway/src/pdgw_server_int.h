@@ -100,11 +100,13 @@ struct pdgw_leg {
     pdgw_leg_kind_t kind;
     pdgw_leg_state_t state;
     const pdgw_instance_t *inst;
-    bool relay; /* this leg's response goes to the client */
-    bool sse;   /* relay as SSE (client asked for stream) */
+    bool relay;  /* this leg's response goes to the client */
+    bool models; /* one of the GET /v1/models fan-out legs */
+    bool sse;    /* relay as SSE (client asked for stream) */
     CURL *easy;
     struct curl_slist *headers;
-    char *body; /* request body text */
+    char *body;         /* request body text */
+    bool body_borrowed; /* body points into the client request (not freed here) */
     size_t body_len;
     long status;
     bool got_status;
@@ -159,7 +161,8 @@ struct pdgw_req {
     /* identity */
     char id[132];
     char traceparent[PDGW_TRACEPARENT_LEN + 1];
-    pdgw_buf_t fwd_headers; /* "Name: value\0" client headers to forward */
+    pdgw_buf_t fwd_headers;  /* "Name: value\0" client headers to forward */
+    const char *conn_tokens; /* the client's Connection header (MHD-owned), while collecting */
     json_t *json;
     pdgw_request_info_t info;
     bool info_valid;
@@ -167,6 +170,7 @@ struct pdgw_req {
     uint64_t deadline_ms;
     /* client side */
     bool suspended;
+    uint64_t suspended_at_ms;
     bool hup_watched;
     bool client_gone;
     bool reply_ready; /* reply_* filled, queue on the next handler call */
@@ -193,6 +197,12 @@ struct pdgw_req {
     void *fwd_state;
     bool attempt_live; /* attempt_init ran, cleanup pending */
     bool passthrough;  /* not a forwarder workflow (GET /v1/models) */
+    /* GET /v1/models without configured names: one leg per usable instance. */
+    pdgw_leg_t *mlegs;
+    pdgw_instance_t *minst;
+    char **mstr; /* owned copies of the instances' ids and urls */
+    size_t n_mlegs;
+    size_t n_mdone;
     unsigned attempt;
     pdgw_leg_t legs[2];
     struct pdgw_fwd_waker *waker;

@@ -56,7 +56,11 @@ char *pdgw_buf_steal(pdgw_buf_t *buf, size_t *len_out);
 
 /* ---------------------------------------------------------------- randomness, ids */
 
-/* Fill <out> with <len> bytes from getrandom(2). PDGW_ERR_SYSTEM if the kernel refuses. */
+/*
+ * Fill <out> with <len> bytes from getrandom(2). Draws up to 64 bytes are served from a
+ * per-thread pool refilled 1 KiB at a time (fork-safe). PDGW_ERR_SYSTEM if the kernel
+ * refuses.
+ */
 pdgw_status_t pdgw_random_bytes(void *out, size_t len);
 
 #define PDGW_UUID_STR_LEN 36 /* without the NUL */

@@ -207,12 +207,27 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
     }
     if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
             PDGW_FWD_OK ||
-        fl.body == NULL) {
+        (fl.body == NULL && !fl.client_body)) {
         json_decref(fl.body);
         if (e.message[0] == '\0')
             pdgw_fwd_error_set(&e, k == PDGW_LEG_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_DECODE,
                                0, 500, "forwarder %s could not build the %s leg", protocol_of(r),
                                k == PDGW_LEG_PREFILL ? "prefill" : "decode");
+        wf_fail(r, &e, NULL);
+        return false;
+    }
+    if (fl.body == NULL) {
+        /* Plain proxying: the client's bytes as received. */
+        leg->relay = k == PDGW_LEG_DECODE;
+        leg->sse = leg->relay && r->info.stream;
+        leg->body_borrowed = true; /* r->body outlives every leg of the request */
+        st = pdgw_leg_start(leg, inst, fl.path ? fl.path : r->path, "POST", r->body.data,
+                            r->body.len, &fl);
+        if (st == PDGW_OK)
+            return true;
+        leg->body_borrowed = false;
+        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "cannot start upstream request: %s",
+                           pdgw_strerror(st));
         wf_fail(r, &e, NULL);
         return false;
     }
@@ -352,35 +367,156 @@ static void wf_start_attempt(pdgw_req_t *r)
     wf_run_first_stage(r);
 }
 
-/* GET /v1/models without configured names: ask one decode-capable instance. */
+/* GET /v1/models without configured names: ask every usable instance (up to 16) at once
+ * and answer with the union of their model lists. */
+#define MODELS_MAX_INSTANCES 16
+#define MODELS_TIMEOUT_MS    5000
+
+static void wf_models_reply(pdgw_req_t *r)
+{
+    json_t *data = json_array();
+    json_t *seen = json_object();
+    size_t i, ok = 0;
+    for (i = 0; i < r->n_mlegs; i++) {
+        pdgw_leg_t *leg = &r->mlegs[i];
+        json_t *resp, *arr, *m;
+        size_t j;
+        if (leg->err != PDGW_LEGERR_NONE || leg->status != 200)
+            continue;
+        resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+        arr = json_object_get(resp, "data");
+        if (json_is_array(arr)) {
+            ok++;
+            json_array_foreach(arr, j, m)
+            {
+                const char *id = json_string_value(json_object_get(m, "id"));
+                if (id == NULL || json_object_get(seen, id))
+                    continue;
+                json_object_set_new(seen, id, json_true());
+                json_array_append(data, m);
+            }
+        }
+        json_decref(resp);
+    }
+    json_decref(seen);
+    wf_set_finished(r);
+    if (ok == 0) {
+        json_decref(data);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_GATEWAY, "upstream_error",
+                              "no instance answered GET /v1/models");
+        return;
+    }
+    {
+        json_t *out = json_pack("{s:s,s:o}", "object", "list", "data", data);
+        char *text = out ? json_dumps(out, JSON_COMPACT) : NULL;
+        json_decref(out);
+        if (text == NULL) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+            return;
+        }
+        pdgw_req_reply(r, 200, text, strlen(text), "application/json");
+    }
+}
+
+static void wf_models_leg_done(pdgw_req_t *r)
+{
+    if (++r->n_mdone == r->n_mlegs && r->stage != PDGW_WF_FINISHED)
+        wf_models_reply(r);
+}
+
+static char *wf_models_keep(pdgw_req_t *r, size_t slot, const char *s)
+{
+    char *c = pdgw_strdup(s ? s : "");
+    size_t n = c ? strlen(c) : 0;
+    while (n > 0 && c[n - 1] == '/')
+        c[--n] = '\0'; /* base URL without a trailing slash */
+    r->mstr[slot] = c;
+    return c;
+}
+
 static void wf_start_models(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
-    sched_request_t sr;
-    const char *excl[4];
-    sched_status_t st;
-    pdgw_status_t ps;
+    json_t *list = sched_admin_list(srv->opts.pool);
+    json_t *inst;
+    size_t i, n = 0;
 
     r->passthrough = true;
     r->stage = PDGW_WF_DECODE;
     pdgw_worker_active_add(r->w, r);
-    wf_sched_request(r, &sr, excl);
-    st = sched_book_decode(srv->opts.pool, &sr, &r->booking);
-    if (st != SCHED_OK) {
-        r->booking = NULL;
+    r->mlegs = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->mlegs));
+    r->minst = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->minst));
+    r->mstr = pdgw_calloc(2 * MODELS_MAX_INSTANCES, sizeof(*r->mstr));
+    if (r->mlegs == NULL || r->minst == NULL || r->mstr == NULL) {
+        json_decref(list);
         wf_set_finished(r);
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance", "no usable instance: %s",
-                              sched_strerror(st));
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
-    wf_refresh_peers(r);
-    r->legs[PDGW_LEG_DECODE].relay = true;
-    r->legs[PDGW_LEG_DECODE].sse = false;
-    ps = pdgw_leg_start(&r->legs[PDGW_LEG_DECODE], r->peers.decode, "/v1/models", "GET", NULL, 0,
-                        NULL);
-    if (ps != PDGW_OK) {
+    json_array_foreach(list, i, inst)
+    {
+        const char *state = json_string_value(json_object_get(inst, "state"));
+        const char *bstate =
+            json_string_value(json_object_get(json_object_get(inst, "breaker"), "state"));
+        pdgw_instance_t *v;
+        if (n == MODELS_MAX_INSTANCES)
+            break;
+        if (state == NULL || strcmp(state, "up") != 0 || (bstate && strcmp(bstate, "open") == 0))
+            continue;
+        v = &r->minst[n];
+        v->id = wf_models_keep(r, 2 * n, json_string_value(json_object_get(inst, "id")));
+        v->url = wf_models_keep(r, 2 * n + 1, json_string_value(json_object_get(inst, "url")));
+        if (v->id == NULL || v->url == NULL)
+            break;
+        pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE);
+        r->mlegs[n].models = true;
+        n++;
+    }
+    json_decref(list);
+    if (n == 0) {
         wf_set_finished(r);
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "cannot start upstream request");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
+                              "no usable instance to list models from");
+        return;
+    }
+    r->n_mlegs = n;
+    for (i = 0; i < n; i++) {
+        if (pdgw_leg_start(&r->mlegs[i], &r->minst[i], "/v1/models", "GET", NULL, 0, NULL) !=
+            PDGW_OK) {
+            r->mlegs[i].err = PDGW_LEGERR_PROTOCOL;
+            r->mlegs[i].state = PDGW_LEG_DONE;
+            wf_models_leg_done(r);
+        }
+    }
+}
+
+static void wf_models_release(pdgw_req_t *r)
+{
+    size_t i;
+    for (i = 0; i < r->n_mlegs; i++)
+        pdgw_leg_release(&r->mlegs[i]);
+    if (r->mstr)
+        for (i = 0; i < 2 * MODELS_MAX_INSTANCES; i++)
+            pdgw_free(r->mstr[i]);
+    pdgw_free(r->mstr);
+    pdgw_free(r->minst);
+    pdgw_free(r->mlegs);
+    r->mstr = NULL;
+    r->minst = NULL;
+    r->mlegs = NULL;
+    r->n_mlegs = 0;
+}
+
+static void wf_models_check_deadlines(pdgw_req_t *r, uint64_t now)
+{
+    size_t i;
+    for (i = 0; i < r->n_mlegs; i++) {
+        pdgw_leg_t *leg = &r->mlegs[i];
+        if (leg->state == PDGW_LEG_RUNNING && now >= leg->t_start_ms + MODELS_TIMEOUT_MS) {
+            pdgw_leg_abort(leg);
+            leg->err = PDGW_LEGERR_TIMEOUT;
+            wf_models_leg_done(r);
+        }
     }
 }
 
@@ -504,6 +640,10 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
     pdgw_fwd_error_t e;
     uint64_t dur_us = (leg->t_end_ms - leg->t_start_ms) * 1000u;
 
+    if (leg->models) {
+        wf_models_leg_done(r);
+        return;
+    }
     if (leg->kind == PDGW_LEG_PREFILL)
         r->t_prefill_us = dur_us;
     else
@@ -720,6 +860,10 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
 
     if (r->stage == PDGW_WF_FINISHED)
         return;
+    if (r->n_mlegs) {
+        wf_models_check_deadlines(r, now);
+        return;
+    }
     memset(&e, 0, sizeof(e));
     if (now >= r->deadline_ms) {
         pdgw_fwd_error_set(&e,
@@ -857,6 +1001,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     }
     for (k = 0; k < 2; k++)
         pdgw_leg_release(&r->legs[k]);
+    wf_models_release(r);
     pdgw_worker_active_remove(r->w, r);
     if (r->counted) {
         atomic_fetch_sub(&srv->inflight, 1);

@@ -373,7 +373,7 @@ kvt_status_t kvt_config_apply(kvt_config_t *cfg, const char *key, const kvt_cfg_
                                    key, s);
         return KVT_OK;
     case K_FLOAT: {
-        double d;
+        double d = 0.0;
         if (parse_double(s, &d) != (int)strlen(s))
             return kvt_config_fail(err, key, line, "'%s' must be a number (got '%s')", key, s);
         *(double *)field = d;
@@ -487,6 +487,30 @@ kvt_status_t kvt_config_set(kvt_config_t *cfg, const char *key, const char *valu
     if (status == KVT_OK)
         *cfg = tmp;
     return status;
+}
+
+kvt_status_t kvt_config_load_env(kvt_config_t *cfg, const char *prefix, kvt_config_err_t *err)
+{
+    kvt_config_t tmp;
+    char name[128];
+
+    if (cfg == NULL || prefix == NULL || strlen(prefix) > 64)
+        return KVT_ERR_INVALID;
+    tmp = *cfg;
+    for (size_t i = 0; i < NKEYS; i++) {
+        const char *v;
+        size_t o = (size_t)snprintf(name, sizeof(name), "%s", prefix);
+        for (const char *k = keys[i].name; *k != '\0' && o + 1 < sizeof(name); k++)
+            name[o++] = (char)toupper((unsigned char)*k);
+        name[o] = '\0';
+        v = getenv(name);
+        if (v == NULL)
+            continue;
+        if (kvt_config_set(&tmp, keys[i].name, v, err) != KVT_OK)
+            return KVT_ERR_CONFIG;
+    }
+    *cfg = tmp;
+    return KVT_OK;
 }
 
 kvt_status_t kvt_config_validate(const kvt_config_t *c, kvt_config_err_t *err)

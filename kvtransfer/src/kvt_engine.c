@@ -49,6 +49,24 @@ void kvt_engine_observe(kvt_engine_t *e, uint64_t start_ns)
     pthread_mutex_unlock(&e->mlock);
 }
 
+void kvt_engine_bad_msg(kvt_engine_t *e, const char *where, kvt_status_t st,
+                        const kvt_msg_err_t *err)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&e->mlock);
+    n = ++e->m.bad_messages_total;
+    pthread_mutex_unlock(&e->mlock);
+    /* the first few, then one in a thousand: a flood cannot fill the log */
+    if (n <= 10 || n % 1000 == 0)
+        fprintf(stderr, "kvt %s: bad message on %s (#%llu): %s%s%s%s%s\n", e->id, where,
+                (unsigned long long)n, kvt_status_name(st),
+                err != NULL && err->field != NULL ? " field " : "",
+                err != NULL && err->field != NULL ? err->field : "",
+                err != NULL && err->reason != NULL ? ": " : "",
+                err != NULL && err->reason != NULL ? err->reason : "");
+}
+
 uint64_t kvt_cookie(kvt_cookie_kind_t kind, void *ptr)
 {
     return (uint64_t)(uintptr_t)ptr | (uint64_t)kind;
@@ -327,6 +345,7 @@ static void *progress_main(void *arg)
         }
         run_commands(e);
         run_completions(e);
+        kvt_engine_flush_out(e);
         if (e->router != NULL)
             drain_socket(e, e->router, 0);
         if (e->init_rt != NULL)
@@ -428,6 +447,7 @@ static void engine_free(kvt_engine_t *e)
     kvt_flow_delay_fini(e);
     kvt_flow_sender_fini(e);
     kvt_flow_recv_fini(e);
+    kvt_engine_flush_out(e); /* the thread is gone: this one owns the sockets */
     if (e->done_pushes.b != NULL) {
         kvt_map_each(&e->done_pushes, close_push, NULL);
         kvt_map_fini(&e->done_pushes);
@@ -661,6 +681,93 @@ void kvt_engine_metrics(kvt_engine_t *e, kvt_metrics_t *out)
     }
     out->breaker_open = bs.open_peers;
     out->breaker_skips_total = bs.skips_total;
+}
+
+static int on_progress_thread(const kvt_engine_t *e)
+{
+    return pthread_equal(pthread_self(), e->thread);
+}
+
+static void out_send(kvt_engine_t *e, kvt_out_t *o)
+{
+    if (o->url != NULL) {
+        void *s = kvt_ctrl_done_push(e, o->url);
+        if (s != NULL)
+            (void)zmq_send(s, o->data, o->len, ZMQ_DONTWAIT);
+    } else if (e->router != NULL) {
+        (void)kvt_ctrl_reply_raw(e->router, o->ident, o->ident_len, o->delim, o->data, o->len);
+    }
+}
+
+static void out_free(kvt_out_t *o)
+{
+    kvt_free(o->url);
+    kvt_free(o->ident);
+    kvt_free(o->data);
+    kvt_free(o);
+}
+
+static void out_submit(kvt_engine_t *e, const char *url, const void *ident, size_t ident_len,
+                       int delim, const kvt_msg_t *m)
+{
+    kvt_out_t *o = kvt_calloc(1, sizeof(*o));
+
+    if (o == NULL || kvt_msg_encode(m, &o->data, &o->len) != KVT_OK)
+        goto err;
+    if (url != NULL && (o->url = kvt_strdup(url)) == NULL)
+        goto err;
+    if (ident != NULL) {
+        o->ident = kvt_malloc(ident_len ? ident_len : 1);
+        if (o->ident == NULL)
+            goto err;
+        memcpy(o->ident, ident, ident_len);
+        o->ident_len = ident_len;
+        o->delim = delim;
+    }
+    if (on_progress_thread(e) || atomic_load(&e->stop)) {
+        out_send(e, o);
+        out_free(o);
+        return;
+    }
+    pthread_mutex_lock(&e->lock);
+    if (e->out_tail != NULL)
+        e->out_tail->next = o;
+    else
+        e->out_head = o;
+    e->out_tail = o;
+    pthread_mutex_unlock(&e->lock);
+    kvt_engine_wake(e);
+    return;
+err:
+    if (o != NULL)
+        out_free(o);
+}
+
+void kvt_engine_send_done(kvt_engine_t *e, const char *url, const kvt_msg_t *m)
+{
+    out_submit(e, url, NULL, 0, 0, m);
+}
+
+void kvt_engine_router_reply(kvt_engine_t *e, const void *ident, size_t ident_len, int delim,
+                             const kvt_msg_t *m)
+{
+    out_submit(e, NULL, ident, ident_len, delim, m);
+}
+
+void kvt_engine_flush_out(kvt_engine_t *e)
+{
+    kvt_out_t *o;
+
+    pthread_mutex_lock(&e->lock);
+    o = e->out_head;
+    e->out_head = e->out_tail = NULL;
+    pthread_mutex_unlock(&e->lock);
+    while (o != NULL) {
+        kvt_out_t *next = o->next;
+        out_send(e, o);
+        out_free(o);
+        o = next;
+    }
 }
 
 /* Queue a command for the progress thread. */

@@ -97,6 +97,10 @@ typedef struct kvt_sreq {
     uint64_t deadline_ns;
     uint8_t *sent_bm; /* keys not to release at completion (pull: still pinned) */
     int cancelled;
+    int landing;            /* not a batch: "has req_id landed?" round trip before ProxyNotif */
+    kvt_tl_xfer_t *retry_x; /* writes to post again after a new handshake */
+    size_t retry_n;
+    int retried;
 } kvt_sreq_t;
 
 /* One receiver endpoint (host:alloc_port) as seen by a sender. */
@@ -121,6 +125,7 @@ typedef struct kvt_sgroup {
     char *req_id;
     uint32_t outstanding;
     int last_seen;
+    int any_ok; /* some batch reached the receiver: confirm landing first */
     kvt_speer_t *peer;
 } kvt_sgroup_t;
 
@@ -170,6 +175,9 @@ typedef struct kvt_rreq {
     uint64_t *waiter_deadline;
     uint32_t nwaiters;
     uint64_t touched_ns;
+    void *ack_ident; /* the sender waiting for "landed" (ProxyNotif echo) */
+    size_t ack_ident_len;
+    int ack_delim;
 } kvt_rreq_t;
 
 /* Parked AllocRequest / PullReadyNotif waiting for space. */
@@ -245,6 +253,19 @@ struct kvt_load_job {
     uint64_t start_ns;
 };
 
+/* A control message produced off the progress thread (a user's release
+ * can finish a pull): ZeroMQ sockets belong to the progress thread, so it
+ * is queued and sent from there. */
+typedef struct kvt_out {
+    struct kvt_out *next;
+    char *url;   /* PUSH to this done URL, or NULL: reply on the ROUTER */
+    void *ident; /* ROUTER identity */
+    size_t ident_len;
+    int delim;
+    void *data;
+    size_t len;
+} kvt_out_t;
+
 /* ---- the engine -------------------------------------------------------- */
 struct kvt_engine {
     kvt_config_t cfg;
@@ -287,6 +308,7 @@ struct kvt_engine {
     kvt_task_id_t next_id;
     kvt_cmd_t *cmd_head, *cmd_tail;
     kvt_compl_t *compl_head, *compl_tail;
+    kvt_out_t *out_head, *out_tail;
 
     /* sender (progress thread only) */
     kvt_speer_t *speers;
@@ -300,6 +322,7 @@ struct kvt_engine {
     kvt_map_t rreqs; /* req_id -> kvt_rreq_t */
     kvt_reserve_t *reserve;
     kvt_parked_t *parked;
+    uint64_t rreq_sweep_ns;
     kvt_load_job_t *jobs_head, *jobs_tail; /* delay loads, one active at a time */
 
     /* metrics */
@@ -314,6 +337,9 @@ uint64_t kvt_engine_now(const kvt_engine_t *e);
 void kvt_engine_count(kvt_engine_t *e, uint64_t *field, uint64_t n);
 void kvt_engine_observe(kvt_engine_t *e, uint64_t start_ns);
 uint64_t kvt_cookie(kvt_cookie_kind_t kind, void *ptr);
+/* Count a malformed message (kvt_bad_messages_total) and log why, rate-limited. */
+void kvt_engine_bad_msg(kvt_engine_t *e, const char *where, kvt_status_t st,
+                        const kvt_msg_err_t *err);
 kvt_status_t kvt_engine_region_of(kvt_engine_t *e, kvt_pool_t *pool, kvt_page_t page,
                                   kvt_tl_region_t **region_out, uint64_t *off_out,
                                   char uuid_out[KVT_UUID_STR_LEN + 1]);
@@ -321,6 +347,12 @@ kvt_status_t kvt_engine_grant(kvt_engine_t *e, const char *peer, kvt_pool_t *poo
                               const kvt_page_t *pages, uint32_t n, unsigned access, int revoke);
 
 kvt_status_t kvt_engine_post_cmd(kvt_engine_t *e, kvt_cmd_t *c);
+/* Send <m> to a sender's done URL (PUSH) / as a reply on the alloc ROUTER,
+ * from any thread (sent at once on the progress thread, queued otherwise). */
+void kvt_engine_send_done(kvt_engine_t *e, const char *url, const kvt_msg_t *m);
+void kvt_engine_router_reply(kvt_engine_t *e, const void *ident, size_t ident_len, int delim,
+                             const kvt_msg_t *m);
+void kvt_engine_flush_out(kvt_engine_t *e);
 /* transport post; KVT_ERR_CLOSED once the transport is gone */
 kvt_status_t kvt_engine_post(kvt_engine_t *e, const char *peer, kvt_tl_op_t op,
                              const kvt_tl_xfer_t *x, size_t n, uint64_t cookie);

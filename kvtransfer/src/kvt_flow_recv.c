@@ -35,18 +35,14 @@ static void rpull_put(kvt_rpull_t *pl)
 
 static void send_done_signal(kvt_engine_t *e, kvt_rpull_t *pl)
 {
-    void *s;
     kvt_msg_t m;
 
     if (pl->done_sent)
         return;
     pl->done_sent = 1;
-    s = kvt_ctrl_done_push(e, pl->done_url);
-    if (s == NULL)
-        return;
     kvt_msg_init(&m, KVT_MSG_PULL_DONE_SIGNAL);
     m.u.pull_done.pull_id = pl->pull_id;
-    (void)kvt_ctrl_send_msg(s, &m, ZMQ_DONTWAIT);
+    kvt_engine_send_done(e, pl->done_url, &m); /* any thread: a release may finish a pull */
 }
 
 /* One key of <pl> will not be read (any more): done signal after the last. */
@@ -115,8 +111,23 @@ static kvt_rreq_t *rreq_get(kvt_engine_t *e, const char *req_id, int create)
     return q;
 }
 
+/* Answer the sender's "landed?" (ProxyNotif echo). */
+static void rreq_ack(kvt_engine_t *e, kvt_rreq_t *q)
+{
+    kvt_msg_t m;
+
+    if (q->ack_ident == NULL)
+        return;
+    kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
+    m.u.proxy_notif.req_id = q->req_id;
+    kvt_engine_router_reply(e, q->ack_ident, q->ack_ident_len, q->ack_delim, &m);
+    kvt_free(q->ack_ident);
+    q->ack_ident = NULL;
+}
+
 static void rreq_free(kvt_engine_t *e, kvt_rreq_t *q, kvt_status_t waiters_st)
 {
+    rreq_ack(e, q); /* nobody waits forever, whatever happened to the request */
     kvt_map_del(&e->rreqs, q->req_id);
     for (uint32_t i = 0; i < q->nwaiters; i++)
         kvt_task_complete(e, q->waiters[i], waiters_st);
@@ -135,6 +146,7 @@ static void rreq_check(kvt_engine_t *e, kvt_rreq_t *q)
         kvt_task_complete(e, q->waiters[i], KVT_OK);
     q->nwaiters = 0;
     (void)kvt_reserve_release(e->reserve, q->req_id);
+    rreq_ack(e, q);
 }
 
 /* ---- replies ------------------------------------------------------------ */
@@ -211,6 +223,7 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
     kvt_status_t st;
     int delay = pull && e->cfg.pd_delay_pull;
     kvt_rreq_t *q;
+    kvt_map_t seen;
 
     kvt_msg_init(&m, KVT_MSG_NONE);
     if (pull) {
@@ -240,19 +253,23 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
     if (newidx == NULL || pages == NULL || already == NULL)
         goto fail;
 
+    if (kvt_map_init(&seen, n / 2 + 16) != KVT_OK)
+        goto fail;
     pthread_mutex_lock(&e->rx_lock);
     for (uint32_t i = 0; i < n; i++) {
         kvt_rent_t *r = kvt_map_get(&e->rents, keys->v[i]);
         int dup = 0;
         if (r != NULL && r->state == RENT_CONSUMED)
             r = NULL;
-        for (uint32_t k = 0; k < nnew && r == NULL && !dup; k++)
-            dup = strcmp(keys->v[newidx[k]], keys->v[i]) == 0;
+        /* a key twice in one request counts once */
+        if (r == NULL)
+            dup = kvt_map_put(&seen, keys->v[i], keys) == KVT_ERR_EXISTS;
         if (r != NULL || dup)
             kvt_bitmap_set(already, i);
         else
             newidx[nnew++] = i;
     }
+    kvt_map_fini(&seen);
     if (!delay && nnew > kvt_pool_total_pages(e->pool)) {
         /* larger than the whole buffer: fail fast, no waiting */
         pthread_mutex_unlock(&e->rx_lock);
@@ -519,23 +536,38 @@ static void land_one(void *arg, const char *key, void *val)
     }
 }
 
-/* The sender's ProxyNotif: every batch of <req_id> completed. */
-static void handle_landed(kvt_engine_t *e, const char *req_id)
+/* The sender's ProxyNotif: every batch of <req_id> completed. It waits for
+ * the echo, which goes out once the bytes are all here (pull-eager reads
+ * may still run). */
+static void handle_landed(kvt_engine_t *e, const rctx_t *c, const char *req_id)
 {
     land_ctx_t lc = {.e = e, .req_id = req_id};
-    kvt_rreq_t *q;
+    kvt_rreq_t *q = NULL;
+    kvt_msg_t m;
 
-    if (req_id[0] == '\0')
-        return;
     pthread_mutex_lock(&e->rx_lock);
-    kvt_map_each(&e->rents, land_one, &lc);
-    q = rreq_get(e, req_id, 1);
+    if (req_id[0] != '\0') {
+        kvt_map_each(&e->rents, land_one, &lc);
+        q = rreq_get(e, req_id, 1);
+    }
     if (q != NULL) {
         q->notified = 1;
         q->touched_ns = kvt_engine_now(e);
-        rreq_check(e, q);
+        kvt_free(q->ack_ident);
+        q->ack_ident = kvt_malloc(c->ident_len ? c->ident_len : 1);
+        if (q->ack_ident != NULL) {
+            memcpy(q->ack_ident, c->ident, c->ident_len);
+            q->ack_ident_len = c->ident_len;
+            q->ack_delim = c->delim;
+        }
+        rreq_check(e, q); /* acks now, or when the last read ends */
     }
     pthread_mutex_unlock(&e->rx_lock);
+    if (q == NULL) {
+        kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
+        m.u.proxy_notif.req_id = (char *)req_id;
+        reply(e, c, &m);
+    }
 }
 
 typedef struct cancel_ctx {
@@ -585,13 +617,10 @@ static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forw
     kvt_free(cc.victims);
     /* tell the senders of pulls of this request: they unpin everything */
     for (uint32_t k = 0; k < nurls; k++) {
-        void *s = kvt_ctrl_done_push(e, urls[k]);
-        if (s != NULL) {
-            kvt_msg_t m;
-            kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
-            m.u.cancel.req_id = (char *)req_id;
-            (void)kvt_ctrl_send_msg(s, &m, ZMQ_DONTWAIT);
-        }
+        kvt_msg_t m;
+        kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
+        m.u.cancel.req_id = (char *)req_id;
+        kvt_engine_send_done(e, urls[k], &m);
         kvt_free(urls[k]);
     }
     return cc.n;
@@ -666,10 +695,11 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
     rctx_t c = {.sock = e->router, .ident = ident, .ident_len = ident_len, .delim = delim};
     kvt_msg_type_t type = KVT_MSG_NONE;
     kvt_msg_t m;
-    kvt_status_t st = kvt_msg_decode(data, len, &m, NULL);
+    kvt_msg_err_t err = {0};
+    kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
 
     if (st != KVT_OK) {
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        kvt_engine_bad_msg(e, "alloc port", st, &err);
         /* a request we can name still gets its (failure) reply */
         if (kvt_msg_peek_type(data, len, &type) == KVT_OK &&
             (type == KVT_MSG_ALLOC_REQUEST || type == KVT_MSG_PULL_READY_NOTIF))
@@ -685,7 +715,7 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
         }
         break;
     case KVT_MSG_PROXY_NOTIF:
-        handle_landed(e, m.u.proxy_notif.req_id);
+        handle_landed(e, &c, m.u.proxy_notif.req_id);
         break;
     case KVT_MSG_CANCEL_NOTIF:
         kvt_flow_sender_cancel(e, m.u.cancel.req_id);
@@ -708,13 +738,14 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
     uint8_t blob[KVT_TL_BLOB_MAX];
     size_t bl = sizeof(blob);
     char peer[KVT_TL_PEER_ID_MAX + 1];
-    kvt_status_t st = kvt_msg_decode(data, len, &m, NULL);
+    kvt_msg_err_t err = {0};
+    kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
 
     if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0' ||
         strlen(m.u.tinit.node_id) > KVT_TL_PEER_ID_MAX) {
         if (st == KVT_OK)
             kvt_msg_clear(&m);
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        kvt_engine_bad_msg(e, "init port", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
         (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
         return;
     }
@@ -750,6 +781,31 @@ static void expire_waiters(void *arg, const char *key, void *val)
     q->nwaiters = k;
 }
 
+typedef struct stale_ctx {
+    uint64_t now, ttl;
+    kvt_rreq_t **v;
+    uint32_t n, cap;
+} stale_ctx_t;
+
+static void collect_stale(void *arg, const char *key, void *val)
+{
+    stale_ctx_t *sc = arg;
+    kvt_rreq_t *q = val;
+    (void)key;
+    if (q->nwaiters > 0 || q->reading > 0 || q->ack_ident != NULL ||
+        sc->now < q->touched_ns + sc->ttl)
+        return;
+    if (sc->n == sc->cap) {
+        uint32_t nc = sc->cap ? sc->cap * 2 : 64;
+        kvt_rreq_t **nv = kvt_realloc(sc->v, nc * sizeof(*nv));
+        if (nv == NULL)
+            return;
+        sc->v = nv;
+        sc->cap = nc;
+    }
+    sc->v[sc->n++] = q;
+}
+
 void kvt_flow_recv_tick(kvt_engine_t *e)
 {
     kvt_parked_t *list = e->parked, **tail;
@@ -777,6 +833,16 @@ void kvt_flow_recv_tick(kvt_engine_t *e)
     (void)tail;
     pthread_mutex_lock(&e->rx_lock);
     kvt_map_each(&e->rreqs, expire_waiters, e);
+    if (now >= e->rreq_sweep_ns) {
+        /* forget request records nobody asked about for a TTL (their
+         * chunks stay until released); keeps the table bounded */
+        stale_ctx_t sc = {.now = now, .ttl = kvt_sec_to_ns(e->cfg.pd_pull_pending_ttl)};
+        kvt_map_each(&e->rreqs, collect_stale, &sc);
+        for (uint32_t i = 0; i < sc.n; i++)
+            rreq_free(e, sc.v[i], KVT_OK);
+        kvt_free(sc.v);
+        e->rreq_sweep_ns = now + KVT_NSEC_PER_SEC;
+    }
     pthread_mutex_unlock(&e->rx_lock);
     (void)kvt_reserve_sweep(e->reserve, NULL);
 }

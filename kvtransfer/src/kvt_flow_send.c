@@ -33,6 +33,7 @@ void kvt_sreq_free(kvt_sreq_t *r)
     kvt_free(r->pages);
     kvt_free(r->req_id);
     kvt_free(r->sent_bm);
+    kvt_free(r->retry_x);
     kvt_free(r);
 }
 
@@ -50,16 +51,52 @@ static void release_pages(kvt_engine_t *e, kvt_sreq_t *r, const uint8_t *keep)
     }
 }
 
-static void send_proxy_notif(kvt_engine_t *e, const char *req_id, kvt_speer_t *p)
+/* ProxyNotif to the proxy (the gateway): the request may be decoded now. */
+static void proxy_notify(kvt_engine_t *e, const char *req_id)
 {
     kvt_msg_t m;
 
+    if (e->proxy_push == NULL)
+        return;
     kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
     m.u.proxy_notif.req_id = (char *)req_id;
-    if (p != NULL && p->dealer != NULL)
-        (void)kvt_ctrl_send_msg(p->dealer, &m, ZMQ_DONTWAIT); /* receiver: request landed */
-    if (e->proxy_push != NULL && kvt_ctrl_send_msg(e->proxy_push, &m, ZMQ_DONTWAIT) == KVT_OK)
-        kvt_engine_count(e, &e->m.proxy_notifs_total, 1);
+    /* counted first: whoever receives it may read the metric at once */
+    kvt_engine_count(e, &e->m.proxy_notifs_total, 1);
+    if (kvt_ctrl_send_msg(e->proxy_push, &m, ZMQ_DONTWAIT) != KVT_OK) {
+        pthread_mutex_lock(&e->mlock);
+        e->m.proxy_notifs_total--;
+        pthread_mutex_unlock(&e->mlock);
+    }
+}
+
+static void enqueue(kvt_speer_t *p, kvt_sreq_t *r)
+{
+    r->next = NULL;
+    if (p->q_tail != NULL)
+        p->q_tail->next = r;
+    else
+        p->q_head = r;
+    p->q_tail = r;
+}
+
+/* Every batch of <g> finished. If something reached the receiver, ask it
+ * (ProxyNotif on the DEALER) to confirm the request landed -- its answer
+ * comes once the bytes are there (push writes done, pull reads done) --
+ * and only then tell the proxy; otherwise tell the proxy now so the
+ * decoder recomputes instead of waiting. */
+static void group_done(kvt_engine_t *e, kvt_sgroup_t *g)
+{
+    kvt_sreq_t *l = NULL;
+
+    if (g->any_ok && g->peer != NULL && (l = kvt_calloc(1, sizeof(*l))) != NULL &&
+        (l->req_id = kvt_strdup(g->req_id)) != NULL) {
+        l->landing = 1;
+        l->peer = g->peer;
+        enqueue(g->peer, l); /* the next kick sends it */
+        return;
+    }
+    kvt_free(l);
+    proxy_notify(e, g->req_id);
 }
 
 /* Writes of a push batch failed: the receiver must not present those pages
@@ -84,6 +121,13 @@ static void sreq_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
 {
     kvt_sgroup_t *g = NULL;
 
+    if (r->landing) {
+        /* confirmed (or given up waiting): the proxy may go ahead */
+        if (!r->cancelled)
+            proxy_notify(e, r->req_id);
+        kvt_sreq_free(r);
+        return;
+    }
     if (r->req_id[0] != '\0')
         g = kvt_map_get(&e->sgroups, r->req_id);
     if (st != KVT_OK && st != KVT_ERR_BACKOFF && st != KVT_ERR_CANCELLED)
@@ -92,9 +136,11 @@ static void sreq_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
     if (g != NULL) {
         if (g->outstanding > 0)
             g->outstanding--;
+        if (st == KVT_OK)
+            g->any_ok = 1;
         if (g->last_seen && g->outstanding == 0) {
             if (!r->cancelled)
-                send_proxy_notif(e, g->req_id, g->peer);
+                group_done(e, g);
             kvt_map_del(&e->sgroups, g->req_id);
             kvt_free(g->req_id);
             kvt_free(g);
@@ -195,6 +241,11 @@ static kvt_status_t send_request(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
     kvt_msg_t m;
     kvt_status_t st = KVT_OK;
 
+    if (r->landing) {
+        kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
+        m.u.proxy_notif.req_id = r->req_id;
+        return kvt_ctrl_send_msg(p->dealer, &m, ZMQ_DONTWAIT);
+    }
     if (r->pull) {
         kvt_msg_init(&m, KVT_MSG_PULL_READY_NOTIF);
         kvt_msg_pull_ready_notif_t *q = &m.u.pull_ready;
@@ -273,6 +324,24 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
         if (p->q_head == NULL)
             p->q_tail = NULL;
         r->next = NULL;
+        if (r->retry_x != NULL) {
+            /* writes of a batch whose receiver needed a new handshake */
+            st = kvt_engine_post(e, p->peer_id, KVT_TL_OP_WRITE, r->retry_x, r->retry_n,
+                                 kvt_cookie(CK_PUSH_WRITE, r));
+            kvt_free(r->retry_x);
+            r->retry_x = NULL;
+            if (st != KVT_OK) {
+                memset(r->sent_bm, 0, kvt_bitmap_bytes(r->n));
+                release_pages(e, r, NULL);
+                memset(r->task->bitmap, 0, kvt_bitmap_bytes(r->n));
+                push_failed(e, r, st);
+                sreq_finish(e, r, st);
+                continue;
+            }
+            r->state = SREQ_WRITING;
+            r->deadline_ns = kvt_clock_monotonic_ns();
+            continue;
+        }
         if (!speer_dealer_ok(e, p)) {
             release_pages(e, r, NULL);
             sreq_finish(e, r, KVT_ERR_IO);
@@ -328,11 +397,8 @@ kvt_status_t kvt_submit_store(kvt_engine_t *e, const kvt_store_desc_t *d, const 
         d->peer_init_port ? d->peer_init_port : kvt_config_port(&e->cfg, &e->cfg.pd_peer_init_port);
     if (host == NULL || host[0] == '\0' || aport == 0)
         return KVT_ERR_INVALID;
-    if (n > kvt_pool_total_pages(e->stage)) {
-        kvt_pool_stats_t ps;
-        kvt_pool_stats(e->stage, &ps);
-        return KVT_ERR_TOO_LARGE;
-    }
+    if (n > kvt_pool_total_pages(e->stage))
+        return KVT_ERR_TOO_LARGE; /* fail fast: it could never fit */
     if (e->cfg.pd_pull_mode && n > 0) {
         st = kvt_backpressure_check_pool(e->stage, e->cfg.pd_pull_backpressure_reserve_pct, n);
         if (st != KVT_OK) {
@@ -447,12 +513,7 @@ void kvt_flow_sender_submit(kvt_engine_t *e, kvt_sreq_t *r)
         return;
     }
     r->state = SREQ_QUEUED;
-    r->next = NULL;
-    if (p->q_tail != NULL)
-        p->q_tail->next = r;
-    else
-        p->q_head = r;
-    p->q_tail = r;
+    enqueue(p, r);
     speer_kick(e, p);
 }
 
@@ -472,22 +533,29 @@ void kvt_flow_sender_route(kvt_engine_t *e, kvt_sreq_t *r, const char *host, uin
 void kvt_flow_sender_on_hs_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data, size_t len)
 {
     kvt_msg_t m;
+    kvt_msg_err_t err = {0};
     kvt_status_t st;
 
     if (p->hs_state != 1)
         return; /* stale */
-    st = kvt_msg_decode(data, len, &m, NULL);
+    st = kvt_msg_decode(data, len, &m, &err);
     if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0') {
         if (st == KVT_OK)
             kvt_msg_clear(&m);
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        kvt_engine_bad_msg(e, "handshake reply", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
         p->hs_state = 0;
         fail_queue(e, p, KVT_ERR_PROTO);
         return;
     }
     snprintf(p->peer_id, sizeof(p->peer_id), "%s", m.u.tinit.node_id);
     kvt_msg_clear(&m);
-    st = e->tl != NULL ? e->tdesc->ops->peer_connect(e->tl, p->peer_id, data, len) : KVT_ERR_CLOSED;
+    st = e->tl != NULL ? KVT_OK : KVT_ERR_CLOSED;
+    /* prepared under the address we dialled; the transport may have bound
+     * state to that name */
+    if (st == KVT_OK && strcmp(p->addr, p->peer_id) != 0 && e->tdesc->ops->peer_rename != NULL)
+        st = e->tdesc->ops->peer_rename(e->tl, p->addr, p->peer_id);
+    if (st == KVT_OK)
+        st = e->tdesc->ops->peer_connect(e->tl, p->peer_id, data, len);
     kvt_ctrl_close(p->init_dealer);
     p->init_dealer = NULL;
     if (st != KVT_OK) {
@@ -534,7 +602,14 @@ static kvt_status_t post_writes(kvt_engine_t *e, kvt_sreq_t *r, const kvt_msg_al
     if (nx > 0)
         st = kvt_engine_post(e, r->peer->peer_id, KVT_TL_OP_WRITE, x, nx,
                              kvt_cookie(CK_PUSH_WRITE, r));
-    kvt_free(x);
+    if ((st == KVT_ERR_NOT_FOUND || st == KVT_ERR_PEER) && !r->retried) {
+        /* the transport lost the peer or does not know its regions (it
+         * restarted): keep the writes, handshake again, post once more */
+        r->retry_x = x;
+        r->retry_n = nx;
+    } else {
+        kvt_free(x);
+    }
     *nposted = nx;
     return st;
 }
@@ -575,6 +650,16 @@ static void on_push_reply(kvt_engine_t *e, kvt_sreq_t *r, kvt_msg_t *m)
     kvt_free(already);
     /* pages not being written (already there, failed slots) go now */
     release_pages(e, r, r->sent_bm);
+    if (st != KVT_OK && r->retry_x != NULL) {
+        kvt_speer_t *p = r->peer;
+        r->retried = 1;
+        p->hs_state = 0;
+        r->next = p->q_head; /* first in line once the handshake is done */
+        p->q_head = r;
+        if (p->q_tail == NULL)
+            p->q_tail = r;
+        return;
+    }
     if (st != KVT_OK) {
         memset(r->sent_bm, 0, kvt_bitmap_bytes(r->n));
         release_pages(e, r, NULL);
@@ -594,6 +679,7 @@ static void on_push_reply(kvt_engine_t *e, kvt_sreq_t *r, kvt_msg_t *m)
 void kvt_flow_sender_on_write_done(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
 {
     uint64_t bytes = 0;
+    kvt_speer_t *p;
 
     for (uint32_t i = 0; i < r->n; i++) {
         if (!kvt_bitmap_test(r->sent_bm, i))
@@ -610,7 +696,9 @@ void kvt_flow_sender_on_write_done(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t 
     }
     memset(r->sent_bm, 0, kvt_bitmap_bytes(r->n));
     release_pages(e, r, NULL);
+    p = r->peer;
     sreq_finish(e, r, r->cancelled ? KVT_ERR_CANCELLED : st);
+    speer_kick(e, p);
 }
 
 static void release_pending_entry(void *arg, kvt_pending_entry_t *pe)
@@ -689,14 +777,27 @@ void kvt_flow_sender_on_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data,
 {
     kvt_sreq_t *r = p->active;
     kvt_msg_t m;
-    kvt_status_t st = kvt_msg_decode(data, len, &m, NULL);
+    kvt_msg_err_t err = {0};
+    kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
 
     if (st != KVT_OK) {
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        kvt_engine_bad_msg(e, "alloc reply", st, &err);
         return;
     }
     if (r == NULL) {
         kvt_msg_clear(&m); /* a reply nobody waits for */
+        return;
+    }
+    if (r->landing) {
+        if (m.type != KVT_MSG_PROXY_NOTIF || strcmp(m.u.proxy_notif.req_id, r->req_id) != 0) {
+            kvt_engine_count(e, &e->m.bad_messages_total, 1);
+            kvt_msg_clear(&m);
+            return;
+        }
+        kvt_msg_clear(&m);
+        p->active = NULL;
+        sreq_finish(e, r, KVT_OK);
+        speer_kick(e, p);
         return;
     }
     if (r->pull ? m.type != KVT_MSG_PULL_READY_DONE_ACK
@@ -784,6 +885,8 @@ void kvt_flow_sender_tick(kvt_engine_t *e)
             speer_kick(e, p);
         }
     }
+    for (kvt_speer_t *p = e->speers; p != NULL; p = p->next)
+        speer_kick(e, p); /* landing confirmations queued by completions */
     if (e->pending != NULL && kvt_pending_next_deadline(e->pending) <= now)
         kvt_pending_sweep(e->pending, sweep_cb, e, NULL);
 }
@@ -791,10 +894,12 @@ void kvt_flow_sender_tick(kvt_engine_t *e)
 void kvt_flow_sender_on_done_sock(kvt_engine_t *e, const void *data, size_t len)
 {
     kvt_msg_t m;
+    kvt_msg_err_t err = {0};
     kvt_pending_entry_t pe;
+    kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
 
-    if (kvt_msg_decode(data, len, &m, NULL) != KVT_OK) {
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+    if (st != KVT_OK) {
+        kvt_engine_bad_msg(e, "done socket", st, &err);
         return;
     }
     if (m.type == KVT_MSG_PULL_DONE_SIGNAL) {

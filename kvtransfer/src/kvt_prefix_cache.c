@@ -427,11 +427,15 @@ kvt_status_t kvt_prefix_cache_lookup(kvt_prefix_cache_t *pc, const kvt_block_has
     return KVT_OK;
 }
 
+#define MATCH_BATCH 32 /* blocks hashed outside the lock per round */
+
 kvt_status_t kvt_prefix_cache_match(kvt_prefix_cache_t *pc, const uint32_t *tokens, size_t ntokens,
                                     uint32_t *pages_out, size_t *nmatched, size_t *matched_tokens)
 {
-    size_t nblocks, i;
+    kvt_block_hash_t hb[MATCH_BATCH];
+    size_t nblocks, i = 0;
     kvt_block_hash_t h;
+    int miss = 0;
 
     if (pc == NULL || nmatched == NULL || (ntokens > 0 && tokens == NULL))
         return KVT_ERR_INVALID;
@@ -439,18 +443,30 @@ kvt_status_t kvt_prefix_cache_match(kvt_prefix_cache_t *pc, const uint32_t *toke
     if (nblocks > 0 && pages_out == NULL)
         return KVT_ERR_INVALID;
     h = pc->seed;
-    pthread_mutex_lock(&pc->lock);
-    for (i = 0; i < nblocks; i++) {
-        uint32_t p;
-        h = kvt_prefix_hash_next(h, tokens + i * pc->block_size, pc->block_size);
-        p = map_get(pc, h);
-        if (p == NIL)
-            break;
-        touch_locked(pc, p);
-        pages_out[i] = p;
+    /* hash a batch without the lock, then look it up under the lock; pages
+     * matched so far are held (ref+1), so they survive between rounds */
+    while (i < nblocks && !miss) {
+        size_t nb = nblocks - i < MATCH_BATCH ? nblocks - i : MATCH_BATCH, k;
+        for (k = 0; k < nb; k++) {
+            h = kvt_prefix_hash_next(h, tokens + (i + k) * pc->block_size, pc->block_size);
+            hb[k] = h;
+        }
+        pthread_mutex_lock(&pc->lock);
+        for (k = 0; k < nb; k++) {
+            uint32_t p = map_get(pc, hb[k]);
+            if (p == NIL) {
+                miss = 1;
+                break;
+            }
+            touch_locked(pc, p);
+            pages_out[i + k] = p;
+        }
+        pc->hits += k;
+        pthread_mutex_unlock(&pc->lock);
+        i += k;
     }
+    pthread_mutex_lock(&pc->lock);
     pc->queries += nblocks;
-    pc->hits += i;
     pthread_mutex_unlock(&pc->lock);
     *nmatched = i;
     if (matched_tokens != NULL)

@@ -1243,6 +1243,7 @@ static const kvt_tl_ops_t tcp_ops = {
     .dereg_region = tcp_dereg_region,
     .peer_prepare = tcp_peer_prepare,
     .peer_connect = tcp_peer_connect,
+    .peer_rename = NULL, /* the TCP blob binds nothing to the id */
     .peer_remove = tcp_peer_remove,
     .grant = tcp_grant,
     .revoke = tcp_revoke,

@@ -130,6 +130,12 @@ typedef struct kvt_tl_ops {
      * known peer replaces the old connection (peer restarted). */
     kvt_status_t (*peer_prepare)(kvt_tl_t *tl, const char *peer_id, void *blob, size_t *len);
     kvt_status_t (*peer_connect)(kvt_tl_t *tl, const char *peer_id, const void *blob, size_t len);
+    /* Rename a peer prepared (or connected) as <old_id> to <new_id>; the
+     * engine calls it when the handshake reply reveals the peer's node id
+     * (the initiator prepares under the address it dialled). May be NULL
+     * (ids are not bound at prepare time). KVT_ERR_NOT_FOUND if <old_id> is
+     * unknown; replaces an existing <new_id>. */
+    kvt_status_t (*peer_rename)(kvt_tl_t *tl, const char *old_id, const char *new_id);
     /* Forget a peer: outstanding posts to it fail, grants are dropped. */
     void (*peer_remove)(kvt_tl_t *tl, const char *peer_id);
 

@@ -85,7 +85,6 @@ struct sched_instance {
     unsigned health_ok, health_fail;
     uint64_t last_probe_ms;
     int last_probe_status;
-    bool removed;
 
     /* ---- pool thread only ------------------------------------------ */
     uint64_t next_probe_ms, next_scrape_ms;

@@ -139,12 +139,6 @@ static sched_status_t rebuild(sched_pool_t *pool, long drop, sched_instance_t *a
     sched_free(list);
     if (!next)
         return SCHED_ERR_NO_MEMORY;
-    if (drop >= 0) {
-        sched_instance_t *gone = cur->all[drop];
-        pthread_mutex_lock(&gone->mu);
-        gone->removed = true;
-        pthread_mutex_unlock(&gone->mu);
-    }
     snapshot_install(pool, next);
     return SCHED_OK;
 }

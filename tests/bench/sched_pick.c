@@ -4,7 +4,10 @@
  * 10,000 instances with random loads, and of the prefix-aware match of a
  * 4,096-token prompt against a warm index.
  *
- * Usage: sched-pick [--quick]   (quick: fewer iterations)
+ * Usage: sched-pick [--quick] [--policy NAME] [--instances N]
+ *   --quick      fewer iterations
+ *   --policy     only this policy (and no match table)
+ *   --instances  only this pool size
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,11 +89,29 @@ static sched_pool_t *make_pool(sched_policy_t policy, size_t n, unsigned seed)
 int main(int argc, char **argv)
 {
     static const size_t sizes[] = {10, 100, 1000, 10000};
-    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    int only_policy = -1;
+    size_t only_size = 0;
     uint32_t *tokens;
     uint64_t *samples;
-    size_t max_iter = quick ? 2000 : 20000;
+    size_t max_iter;
 
+    for (int a = 1; a < argc; a++) {
+        sched_policy_t pol;
+        if (strcmp(argv[a], "--quick") == 0) {
+            quick = true;
+        } else if (strcmp(argv[a], "--policy") == 0 && a + 1 < argc &&
+                   sched_policy_parse(argv[a + 1], &pol) == SCHED_OK) {
+            only_policy = (int)pol;
+            a++;
+        } else if (strcmp(argv[a], "--instances") == 0 && a + 1 < argc && atol(argv[a + 1]) > 0) {
+            only_size = (size_t)atol(argv[++a]);
+        } else {
+            fprintf(stderr, "usage: sched-pick [--quick] [--policy NAME] [--instances N]\n");
+            return 2;
+        }
+    }
+    max_iter = quick ? 2000 : 20000;
     tokens = malloc(4096 * sizeof(uint32_t));
     samples = malloc(max_iter * sizeof(uint64_t));
     if (!tokens || !samples)
@@ -101,8 +122,12 @@ int main(int argc, char **argv)
     printf("one decode pick (choice + booking), microseconds\n");
     printf("%-14s %7s %10s %10s\n", "policy", "inst", "median", "p99");
     for (int p = 0; p < SCHED_POLICY_COUNT; p++) {
+        if (only_policy >= 0 && p != only_policy)
+            continue;
         for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-            size_t n = sizes[s];
+            size_t n = only_size ? only_size : sizes[s];
+            if (only_size && s > 0)
+                break;
             size_t iters = n >= 10000 ? max_iter / 10 : max_iter;
             sched_pool_t *pool = make_pool((sched_policy_t)p, n, 42);
             sched_request_t req = {.prompt_tokens = 4096, .max_tokens = 256};
@@ -131,7 +156,7 @@ int main(int argc, char **argv)
     }
 
     /* Prefix match of a 4,096-token prompt (hash 256 blocks + longest match). */
-    {
+    if (only_policy < 0) {
         sched_prefix_index_t *idx;
         uint64_t hashes[SCHED_PREFIX_MAX_BLOCKS_PER_REQUEST], uids[2];
         sched_request_t req = {.tokens = tokens, .n_tokens = 4096};

@@ -6,7 +6,9 @@
  * ids). Blocks are ref-counted; a block whose count drops to zero goes to the
  * tail of an LRU free queue but keeps its hash, so a later request with the
  * same prefix finds it (a hit) until it is evicted for a new allocation.
- * Everything here runs under the engine lock.
+ * Blocks never used yet are not on any list (a "fresh" range), so a huge
+ * --kv-capacity-tokens costs only what is touched. Everything here runs
+ * under the engine lock.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +28,9 @@ typedef struct blk {
 static blk_t *blks;
 static int nblk, nused;
 static int free_head = -1, free_tail = -1;
-static int *buckets;
+static int *buckets; /* block index + 1, 0 = empty (calloc'd: untouched pages stay free) */
 static int nbuckets;
+static int nfresh; /* blocks [nfresh, nblk) were never used */
 
 static void free_unlink(int b)
 {
@@ -65,22 +68,22 @@ static void hash_remove(int b)
     if (!k->has_hash)
         return;
     int *pp = &buckets[k->hash % (uint64_t)nbuckets];
-    while (*pp >= 0) {
-        if (*pp == b) {
+    while (*pp) {
+        if (*pp - 1 == b) {
             *pp = k->hnext;
             break;
         }
-        pp = &blks[*pp].hnext;
+        pp = &blks[*pp - 1].hnext;
     }
     k->has_hash = 0;
-    k->hnext = -1;
+    k->hnext = 0;
 }
 
 static int hash_find(uint64_t h)
 {
-    for (int b = buckets[h % (uint64_t)nbuckets]; b >= 0; b = blks[b].hnext)
-        if (blks[b].hash == h)
-            return b;
+    for (int b = buckets[h % (uint64_t)nbuckets]; b; b = blks[b - 1].hnext)
+        if (blks[b - 1].hash == h)
+            return b - 1;
     return -1;
 }
 
@@ -91,27 +94,22 @@ static void hash_insert(int b, uint64_t h)
     k->has_hash = 1;
     size_t i = h % (uint64_t)nbuckets;
     k->hnext = buckets[i];
-    buckets[i] = b;
+    buckets[i] = b + 1;
 }
 
 int sim_blocks_init(int total_blocks)
 {
     nblk = total_blocks;
     nbuckets = total_blocks * 2 + 1;
+    nfresh = 0;
     blks = calloc((size_t)nblk, sizeof(*blks));
-    buckets = malloc((size_t)nbuckets * sizeof(int));
+    buckets = calloc((size_t)nbuckets, sizeof(int));
     if (!blks || !buckets) {
         free(blks);
         free(buckets);
         blks = NULL;
         buckets = NULL;
         return -1;
-    }
-    for (int i = 0; i < nbuckets; i++)
-        buckets[i] = -1;
-    for (int i = 0; i < nblk; i++) {
-        blks[i].hnext = -1;
-        free_append(i);
     }
     return 0;
 }
@@ -122,7 +120,7 @@ void sim_blocks_fini(void)
     free(buckets);
     blks = NULL;
     buckets = NULL;
-    nblk = nused = 0;
+    nblk = nused = nfresh = 0;
     free_head = free_tail = -1;
 }
 
@@ -196,8 +194,14 @@ int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, 
     for (int i = 0; i < hits; i++)
         take(out[i]);
     for (int i = hits; i < need; i++) {
-        int b = free_head;
-        hash_remove(b);
+        int b;
+        if (nfresh < nblk) {
+            b = nfresh++; /* never used: nothing cached to evict */
+            blks[b].prev = blks[b].next = -1;
+        } else {
+            b = free_head;
+            hash_remove(b);
+        }
         take(b);
         out[i] = b;
     }
@@ -231,7 +235,7 @@ void sim_blocks_release(int *blocks, size_t n_blocks)
     /* release in reverse so a request's tail blocks are evicted first */
     for (size_t i = n_blocks; i-- > 0;) {
         int b = blocks[i];
-        if (b < 0 || b >= nblk || blks[b].ref <= 0)
+        if (b < 0 || b >= nfresh || blks[b].ref <= 0)
             continue;
         if (--blks[b].ref == 0) {
             nused--;

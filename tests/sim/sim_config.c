@@ -72,7 +72,7 @@ static void usage(FILE *f)
             "  --kv-capacity-tokens N       KV capacity in tokens (262144)\n"
             "  --eos-period N               about 1 in N output tokens is EOS; 0 = never (64)\n"
             "  --no-prefix-cache            disable the prefix cache\n"
-            "  --record-capacity N          requests kept for GET /sim/requests (1024)\n"
+            "  --record-capacity N          requests kept for GET /sim/requests; 0 = off (1024)\n"
             "PD / KV transfer:\n"
             "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
             "127.0.0.1)\n"
@@ -88,6 +88,7 @@ static void usage(FILE *f)
             "  --kv-hold-timeout-ms MS      free unclaimed prefill KV after MS (30000)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
             "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
+            "  --kv-link-gbps G             model a link of G Gbit/s for sent KV (0 = off)\n"
             "Faults:\n"
             "  --fail-rate P --fail-status S  fail a fraction P of requests with S (500)\n"
             "  --stall-after-tokens N       streams stop after N tokens (never finish)\n"
@@ -129,6 +130,7 @@ enum {
     O_HOLD,
     O_KVWAIT,
     O_KVBUF,
+    O_KVLINK,
     O_FAILRATE,
     O_FAILSTATUS,
     O_STALL,
@@ -171,6 +173,7 @@ static const struct option opts[] = {
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
     {"kv-buffer-mb", required_argument, 0, O_KVBUF},
+    {"kv-link-gbps", required_argument, 0, O_KVLINK},
     {"fail-rate", required_argument, 0, O_FAILRATE},
     {"fail-status", required_argument, 0, O_FAILSTATUS},
     {"stall-after-tokens", required_argument, 0, O_STALL},
@@ -361,7 +364,7 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             cfg->no_prefix_cache = 1;
             break;
         case O_RECCAP:
-            if (parse_long(name, optarg, 1, 1 << 20, &v))
+            if (parse_long(name, optarg, 0, 1 << 20, &v))
                 return -1;
             cfg->record_capacity = (int)v;
             break;
@@ -435,6 +438,10 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 1, 65536, &v))
                 return -1;
             cfg->kv_buffer_mb = (int)v;
+            break;
+        case O_KVLINK:
+            if (parse_double(name, optarg, 0, 100000, &cfg->kv_link_gbps))
+                return -1;
             break;
         case O_FAILRATE:
             if (parse_double(name, optarg, 0, 1, &cfg->fail_rate))

@@ -341,7 +341,8 @@ static void step_locked(sim_req_t *req, uint64_t now)
         if (req->state != SIM_RS_PREFILL)
             return; /* the KV hook failed the request */
         if (req->layer_i < L) {
-            req->t_next = req->t_admit + req->prefill_ns * (uint64_t)(req->layer_i + 1) / (uint64_t)L;
+            req->t_next =
+                req->t_admit + req->prefill_ns * (uint64_t)(req->layer_i + 1) / (uint64_t)L;
             heap_push(req);
             return;
         }

@@ -495,14 +495,12 @@ int sim_http_start(void)
         fprintf(stderr, "pdgw-sim: --host: '%s' is not an IPv4/IPv6 address\n", sim_cfg.host);
         return -1;
     }
-    daemon_ = MHD_start_daemon(flags, (uint16_t)sim_cfg.port, NULL, NULL, on_request, NULL,
-                               MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                               NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned)60000,
-                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)4096,
-                               MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                               MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024),
-                               MHD_OPTION_END);
+    daemon_ = MHD_start_daemon(
+        flags, (uint16_t)sim_cfg.port, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, sa,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)60000, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)4096, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+        (unsigned)1, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024), MHD_OPTION_END);
     if (!daemon_) {
         fprintf(stderr, "pdgw-sim: cannot listen on %s:%d\n", sim_cfg.host, sim_cfg.port);
         return -1;

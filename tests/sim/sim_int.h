@@ -51,7 +51,8 @@ typedef struct sim_config {
     int eos_period; /* 0 = never EOS */
     int no_prefix_cache;
     int record_capacity;
-    int kv_buffer_mb; /* libkvt buffer per engine */
+    int kv_buffer_mb;    /* libkvt buffer per engine */
+    double kv_link_gbps; /* link model for KV pushes/pulls; 0 = none */
     /* KV side channels */
     char kv_host[64]; /* advertised host of this instance's KV endpoints */
     int kv_port;
@@ -164,7 +165,7 @@ typedef struct sim_req {
     size_t n_blocks;
     size_t cached_tokens; /* prefix-cache hit tokens */
     uint64_t prefill_ns;
-    int layer_i; /* next layer to finish (layer-wise prefill) */
+    int layer_i;        /* next layer to finish (layer-wise prefill) */
     int response_ready; /* headers may be sent (first token / done / error) */
     int http_status;    /* != 200 → error_msg */
     char *error_msg;

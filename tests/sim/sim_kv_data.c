@@ -57,8 +57,7 @@ int sim_kv_key(char *buf, size_t cap, const char *scope, int rank, int layer, si
 
 static uint64_t seed_of(uint32_t id, size_t pos, int layer, int rank, int half)
 {
-    uint64_t v[4] = {id, pos, ((uint64_t)(uint32_t)layer << 32) | (uint32_t)rank,
-                     (uint64_t)half};
+    uint64_t v[4] = {id, pos, ((uint64_t)(uint32_t)layer << 32) | (uint32_t)rank, (uint64_t)half};
     return XXH64(v, sizeof(v), 0x6b7664617461ull);
 }
 
@@ -92,8 +91,8 @@ size_t sim_kv_fill(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank,
     return 2 * t * row;
 }
 
-int sim_kv_verify(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer,
-                  size_t c, const uint8_t *buf, size_t len, uint8_t *scratch)
+int sim_kv_verify(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer, size_t c,
+                  const uint8_t *buf, size_t len, uint8_t *scratch)
 {
     size_t want = sim_kv_fill(prompt, g, rank, layer, c, scratch);
     return want == len && memcmp(buf, scratch, len) == 0;

@@ -26,9 +26,7 @@ int sim_kv_layered(const sim_req_t *req)
     return 0;
 }
 
-void sim_kv_on_layer_done_locked(sim_req_t *req, int layer)
-{
-}
+void sim_kv_on_layer_done_locked(sim_req_t *req, int layer) {}
 
 void sim_kv_on_prefill_done_locked(sim_req_t *req) {}
 

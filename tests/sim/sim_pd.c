@@ -143,6 +143,14 @@ sim_export_t *sim_pd_export_find_locked(const char *hold_id, const char *req_id,
     return NULL;
 }
 
+sim_export_t *sim_pd_export_find_xfer_locked(const char *xfer)
+{
+    for (sim_export_t *e = exports; e; e = e->next)
+        if (!e->done && e->have_dest && !strcmp(e->xfer, xfer))
+            return e;
+    return NULL;
+}
+
 sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind)
 {
     sim_export_t *e = calloc(1, sizeof(*e));
@@ -177,8 +185,8 @@ void sim_pd_exports_expire_locked(uint64_t now)
         next = e->next;
         if (e->t_expire && now >= e->t_expire && !e->have_dest && !e->done) {
             atomic_fetch_add(&sim_ctr.kv_hold_timeouts, 1);
-            fprintf(stderr, "pdgw-sim: KV of request %s unclaimed after %d ms, freed\n",
-                    e->req_id, sim_cfg.kv_hold_timeout_ms);
+            fprintf(stderr, "pdgw-sim: KV of request %s unclaimed after %d ms, freed\n", e->req_id,
+                    sim_cfg.kv_hold_timeout_ms);
             sim_pd_export_finish_locked(e, 0);
         }
     }
@@ -303,8 +311,7 @@ static sim_kv_mode_t choose_mode(sim_pd_kind_t kind)
     case SIM_PD_D_PULL_PARAMS:
     case SIM_PD_D_KVT_STAGED:
         /* the decode reads: pull-eager unless pull-delay is forced */
-        return forced == SIM_KV_MODE_PULL_DELAY ? SIM_KV_MODE_PULL_DELAY
-                                                : SIM_KV_MODE_PULL_EAGER;
+        return forced == SIM_KV_MODE_PULL_DELAY ? SIM_KV_MODE_PULL_DELAY : SIM_KV_MODE_PULL_EAGER;
     case SIM_PD_P_LMCACHE:
         return forced == SIM_KV_MODE_AUTO ? SIM_KV_MODE_PUSH : forced;
     case SIM_PD_D_LMCACHE:
@@ -322,9 +329,9 @@ static struct sim_kv_req *kv_new(sim_pd_kind_t kind)
         return NULL;
     kv->kind = kind;
     kv->mode = choose_mode(kind);
-    kv->info = json_pack("{s:s,s:s,s:s}", "side",
-                         kind >= SIM_PD_D_PULL_PARAMS ? "decode" : "prefill", "kind",
-                         sim_pd_kind_name(kind), "mode", sim_kv_mode_name(kv->mode));
+    kv->info =
+        json_pack("{s:s,s:s,s:s}", "side", kind >= SIM_PD_D_PULL_PARAMS ? "decode" : "prefill",
+                  "kind", sim_pd_kind_name(kind), "mode", sim_kv_mode_name(kv->mode));
     return kv;
 }
 
@@ -428,7 +435,7 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     int bad = 0, port = 0;
     sim_pd_kind_t kind = SIM_PD_NONE;
     char ep[160] = "", key[96] = "";
-    const char *expect_engine = NULL;
+    const char *expect_engine = NULL, *wait_id = NULL;
     json_t *ctl = NULL;
     json_t *drp = kvp ? json_object_get(kvp, "do_remote_prefill") : NULL;
     if (drp && !json_is_null(drp) && !json_is_boolean(drp))
@@ -454,8 +461,9 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
             int has_bp = opt_port(kvp, "bootstrap_server_port", &port, &bad);
             if (addr) {
                 if (parse_bootstrap_addr(addr, ep, sizeof(ep)))
-                    return fail400(msg, "kv_transfer_params.remote_bootstrap_addr '%s' is not "
-                                        "http://host:port",
+                    return fail400(msg,
+                                   "kv_transfer_params.remote_bootstrap_addr '%s' is not "
+                                   "http://host:port",
                                    addr);
             } else if (bh && has_bp && strlen(bh) <= 100) {
                 snprintf(ep, sizeof(ep), "tcp://%s:%d", bh, port);
@@ -516,6 +524,10 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
         ctl = json_pack("{s:s,s:o,s:b}", "op", "compute", "body", copy, "is_chat", req->is_chat);
     } else if (sim_cfg.n_alloc_ports > 0) {
         kind = SIM_PD_D_LMCACHE;
+        json_t *spec = kvp ? json_object_get(kvp, "disagg_spec") : NULL;
+        wait_id = spec ? opt_str(spec, "req_id", &bad) : NULL;
+        if (bad || (wait_id && (!*wait_id || strlen(wait_id) >= 100)))
+            return fail400(msg, "kv_transfer_params.disagg_spec.%s must be a string", "req_id");
     }
     if (kind == SIM_PD_NONE)
         return 0;
@@ -541,6 +553,10 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", ep);
     if (expect_engine)
         imp->expect_engine_id = strdup(expect_engine);
+    if (wait_id) {
+        imp->wait_id = strdup(wait_id);
+        json_object_set_new(kv->info, "req_id", json_string(wait_id));
+    }
     sim_engine_lock();
     snprintf(imp->xfer, sizeof(imp->xfer), "%.63s#%" PRIu64, sim_cfg.engine_id, ++xfer_seq);
     req->refs++;
@@ -632,11 +648,11 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
             if (e->block_ids)
                 e->block_ids[i] = req->blocks[i];
         }
-        req->resp_kv_params = json_pack(
-            "{s:b,s:b,s:o,s:s,s:s,s:s,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
-            "remote_block_ids", ids, "remote_engine_id", sim_cfg.engine_id, "remote_request_id",
-            e->hold_id, "remote_host", sim_cfg.kv_host, "remote_port", sim_cfg.kv_port,
-            "tp_size", 1);
+        req->resp_kv_params =
+            json_pack("{s:b,s:b,s:o,s:s,s:s,s:s,s:i,s:i}", "do_remote_prefill", 1,
+                      "do_remote_decode", 0, "remote_block_ids", ids, "remote_engine_id",
+                      sim_cfg.engine_id, "remote_request_id", e->hold_id, "remote_host",
+                      sim_cfg.kv_host, "remote_port", sim_cfg.kv_port, "tp_size", 1);
         if (req->resp_kv_params)
             sim_record_set(req->rec_seq, "response_kv_transfer_params",
                            json_incref(req->resp_kv_params));
@@ -719,8 +735,7 @@ int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, co
     json_t *entry = json_pack("{s:I,s:s,s:s,s:s,s:s,s:n,s:b,s:{},s:O,s:n}", "time_ns",
                               (json_int_t)sim_wall_ns(), "method", "KV", "path", "kvt:compute",
                               "role", sim_role_name(sim_cfg.role), "request_id", req->request_id,
-                              "traceparent", "authorization", 0, "headers", "body", body,
-                              "status");
+                              "traceparent", "authorization", 0, "headers", "body", body, "status");
     if (entry)
         req->rec_seq = sim_record_add(entry);
     sim_fault_arm_crash();
@@ -776,9 +791,8 @@ int sim_kv_start(void)
     if (sim_cfg.role == SIM_ROLE_BOTH)
         return 0;
     if (sim_kv_geom_init(&sim_geom, 1)) {
-        fprintf(stderr,
-                "pdgw-sim: --kv-bytes-per-token / --layers must be a multiple of 4 "
-                "(bfloat16 K and V)\n");
+        fprintf(stderr, "pdgw-sim: --kv-bytes-per-token / --layers must be a multiple of 4 "
+                        "(bfloat16 K and V)\n");
         return -1;
     }
     return sim_pd_kvt_start();

@@ -42,8 +42,8 @@ int sim_kv_key(char *buf, size_t cap, const char *scope, int rank, int layer, si
 size_t sim_kv_fill(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer,
                    size_t c, uint8_t *buf);
 /* 1 if buf/len is exactly what sim_kv_fill produces. */
-int sim_kv_verify(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer,
-                  size_t c, const uint8_t *buf, size_t len, uint8_t *scratch);
+int sim_kv_verify(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer, size_t c,
+                  const uint8_t *buf, size_t len, uint8_t *scratch);
 
 /* ---- protocol kinds seen by an instance ---- */
 typedef enum {
@@ -55,12 +55,12 @@ typedef enum {
     SIM_PD_P_LMCACHE,    /* disagg_spec: push to receiver, ProxyNotif */
     SIM_PD_P_COMPUTE,    /* kvt batch: computed on a decode's request */
     /* decode side */
-    SIM_PD_D_PULL_PARAMS, /* do_remote_prefill + remote_* (nixl, mooncake serial) */
-    SIM_PD_D_KVT_STAGED,  /* do_remote_prefill + remote_host/port */
-    SIM_PD_D_KVT_BATCH,   /* remote_host/port only: ask prefill to compute and push */
-    SIM_PD_D_MOONCAKE_PAR,/* transfer_id + remote_bootstrap_addr */
-    SIM_PD_D_SGLANG,      /* bootstrap_host/port/room */
-    SIM_PD_D_LMCACHE,     /* plain request on a receiver: KV looked up by content */
+    SIM_PD_D_PULL_PARAMS,  /* do_remote_prefill + remote_* (nixl, mooncake serial) */
+    SIM_PD_D_KVT_STAGED,   /* do_remote_prefill + remote_host/port */
+    SIM_PD_D_KVT_BATCH,    /* remote_host/port only: ask prefill to compute and push */
+    SIM_PD_D_MOONCAKE_PAR, /* transfer_id + remote_bootstrap_addr */
+    SIM_PD_D_SGLANG,       /* bootstrap_host/port/room */
+    SIM_PD_D_LMCACHE,      /* plain request on a receiver: KV looked up by content */
 } sim_pd_kind_t;
 
 const char *sim_pd_kind_name(sim_pd_kind_t k);
@@ -75,7 +75,7 @@ typedef struct sim_receiver {
 /* Prefill-side export of one request's KV. Guarded by the engine lock. */
 typedef struct sim_export {
     struct sim_export *next;
-    int refs;      /* table + queued work + running submissions */
+    int refs; /* table + queued work + running submissions */
     int in_table;
     char *hold_id; /* remote_request_id handed out (nixl etc.) */
     char *req_id;  /* X-Request-Id of the prefill leg */
@@ -109,6 +109,9 @@ typedef struct sim_export {
     size_t ident_len;
     uint64_t t_expire; /* monotonic ns; 0 = no expiry */
     char err[160];
+    uint64_t pace_ready; /* --kv-link-gbps: next layer may go at */
+    int paced;
+    struct sim_export *pace_next;
 } sim_export_t;
 
 /* Decode-side import. */
@@ -128,6 +131,8 @@ typedef struct sim_import {
     int cancelled;
     int recompute;
     int lookup_hits;
+    char *wait_id;     /* lmcache: disagg_spec.req_id on the decode leg, if any */
+    uint64_t retry_at; /* lmcache: next lookup while pages may still land */
     uint64_t deadline;
     uint64_t t_start;
     uint64_t bytes;
@@ -159,6 +164,7 @@ extern sim_kv_geom_t sim_geom;
 sim_export_t *sim_pd_export_find_locked(const char *hold_id, const char *req_id,
                                         uint64_t prompt_hash, const char *rv_key);
 void sim_pd_export_unref_locked(sim_export_t *e);
+sim_export_t *sim_pd_export_find_xfer_locked(const char *xfer);
 void sim_pd_export_remove_locked(sim_export_t *e);
 void sim_pd_export_finish_locked(sim_export_t *e, int ok);
 sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind);

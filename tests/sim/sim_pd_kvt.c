@@ -67,6 +67,8 @@ static int running;
 static atomic_int stopping;
 
 static sim_import_t *imports; /* KV thread only */
+static sim_export_t *paced;   /* exports waiting for the link model (engine lock) */
+static uint64_t link_free_at; /* --kv-link-gbps: when the link is free again */
 static atomic_ullong bad_ctl;
 
 /* pending rendezvous registrations (engine lock) */
@@ -262,7 +264,9 @@ static dealer_t *dealer_get(const char *ep)
         return NULL;
     d->sock = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
+    int64_t maxmsg = 1 << 20;
     zmq_setsockopt(d->sock, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(d->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     if (!d->sock || zmq_connect(d->sock, ep)) {
         fprintf(stderr, "pdgw-sim: cannot connect to %s: %s\n", ep, zmq_strerror(zmq_errno()));
         if (d->sock)
@@ -283,8 +287,8 @@ static int parse_receiver(json_t *o, sim_receiver_t *r)
     json_t *i = json_object_get(o, "init_ports");
     memset(r, 0, sizeof(*r));
     if (!json_is_string(h) || json_string_length(h) >= sizeof(r->host) || !json_is_array(a) ||
-        !json_is_array(i) || json_array_size(a) != json_array_size(i) ||
-        json_array_size(a) == 0 || json_array_size(a) > SIM_MAX_TP)
+        !json_is_array(i) || json_array_size(a) != json_array_size(i) || json_array_size(a) == 0 ||
+        json_array_size(a) > SIM_MAX_TP)
         return -1;
     snprintf(r->host, sizeof(r->host), "%s", json_string_value(h));
     r->nranks = (int)json_array_size(a);
@@ -358,6 +362,7 @@ void sim_pd_rendezvous_attach_locked(sim_export_t *e)
 }
 
 static void pump_export(sim_export_t *e);
+static void run_paced(void);
 
 static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data, size_t len)
 {
@@ -384,8 +389,15 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
                 free(r);
                 break;
             }
+        e = sim_pd_export_find_xfer_locked(xfer);
+        if (e && !e->failed) {
+            e->failed = 1;
+            snprintf(e->err, sizeof(e->err), "cancelled by the decode instance");
+            e->ident_len = 0; /* nobody to tell */
+            sim_pd_kick_export(e);
+        }
         sim_engine_unlock();
-        /* exports bound to xfer fail at their next pump */
+        /* and whatever libkvt still has of it */
         pthread_mutex_lock(&eng_lock);
         for (int p = 0; p < 2; p++)
             for (int x = 0; x < 2; x++)
@@ -408,8 +420,8 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
         const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
         json_t *ids = json_object_get(m, "remote_block_ids");
         sim_engine_lock();
-        e = sim_pd_export_find_locked(
-            rid, json_string_value(json_object_get(m, "request_id")), hash_of(m), NULL);
+        e = sim_pd_export_find_locked(rid, json_string_value(json_object_get(m, "request_id")),
+                                      hash_of(m), NULL);
         if (!e) {
             snprintf(err, sizeof(err), "no KV held here for %s %s",
                      rid ? "remote_request_id" : "request",
@@ -465,8 +477,8 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
             attach_dest_locked(e, &dest, xfer, mode, ident, ident_len);
             if (e->prompt_hash != hash_of(m)) {
                 e->failed = 1;
-                snprintf(e->err, sizeof(e->err),
-                         "prompt of %s differs between prefill and decode", key);
+                snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
+                         key);
             }
             nchunks = e->nchunks;
             e->refs++;
@@ -501,9 +513,8 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
         if (!json_is_object(body)) {
             reply(ident, ident_len, xfer, 0, "compute without a body", 0);
         } else if (sim_pd_compute_request(body, json_is_true(json_object_get(m, "is_chat")),
-                                          json_string_value(json_object_get(m, "request_id")),
-                                          xfer, &dest, SIM_KV_MODE_PUSH, ident, ident_len,
-                                          &cerr)) {
+                                          json_string_value(json_object_get(m, "request_id")), xfer,
+                                          &dest, SIM_KV_MODE_PUSH, ident, ident_len, &cerr)) {
             reply(ident, ident_len, xfer, 0, cerr ? cerr : "compute failed", 0);
         } else {
             reply(ident, ident_len, xfer, 1, NULL, 0);
@@ -523,8 +534,8 @@ static void fail_export_locked(sim_export_t *e)
         return;
     if (e->ident_len) {
         json_t *m = json_pack("{s:s,s:b,s:s,s:s}", "xfer", e->xfer, "ok", 0, "error",
-                              e->err[0] ? e->err : "KV transfer failed on the prefill",
-                              "engine_id", sim_cfg.engine_id);
+                              e->err[0] ? e->err : "KV transfer failed on the prefill", "engine_id",
+                              sim_cfg.engine_id);
         if (m) {
             send_json(router, e->ident, e->ident_len, m);
             json_decref(m);
@@ -632,6 +643,28 @@ static void pump_export(sim_export_t *e)
             sim_engine_unlock();
             return;
         }
+        if (sim_cfg.kv_link_gbps > 0) {
+            /* link model: one layer at a time, each after the link carried it */
+            uint64_t now = sim_now_ns();
+            last = first + 1;
+            if (!e->pace_ready) {
+                double bytes = (double)e->prompt.n * sim_cfg.kv_bytes_per_token / L;
+                uint64_t start = now > link_free_at ? now : link_free_at;
+                e->pace_ready = start + (uint64_t)(bytes * 8.0 / sim_cfg.kv_link_gbps);
+                link_free_at = e->pace_ready;
+            }
+            if (now < e->pace_ready) {
+                if (!e->paced) {
+                    e->paced = 1;
+                    e->refs++;
+                    e->pace_next = paced;
+                    paced = e;
+                }
+                sim_engine_unlock();
+                return;
+            }
+            e->pace_ready = 0;
+        }
         sim_receiver_t dest = e->dest;
         char xfer[128];
         snprintf(xfer, sizeof(xfer), "%s", e->xfer);
@@ -661,8 +694,8 @@ static void pump_export(sim_export_t *e)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 for (int p = 0; p < 2; p++)
                     if (senders[p][lmcache && sim_cfg.proxy_port][r])
-                        kvt_engine_cancel(senders[p][lmcache && sim_cfg.proxy_port][r]->e, xfer,
-                                          1, dest.host, dest.alloc_ports[0]);
+                        kvt_engine_cancel(senders[p][lmcache && sim_cfg.proxy_port][r]->e, xfer, 1,
+                                          dest.host, dest.alloc_ports[0]);
             pthread_mutex_unlock(&eng_lock);
         }
         sim_engine_unlock();
@@ -679,11 +712,10 @@ static void import_resolve(sim_import_t *imp, int ok, int status, const char *ms
         if (ok && !imp->recompute)
             req->kv->remote_filled = 1;
         uint64_t ms = (sim_now_ns() - imp->t_start) / 1000000ull;
-        json_t *res = json_pack("{s:b,s:I,s:I,s:I,s:b,s:I,s:s}", "ok", ok, "bytes",
-                                (json_int_t)imp->bytes, "pages", (json_int_t)imp->pages,
-                                "verify_failures", (json_int_t)imp->verify_failures,
-                                "recompute", imp->recompute, "ms", (json_int_t)ms, "mode",
-                                sim_kv_mode_name(imp->mode));
+        json_t *res = json_pack(
+            "{s:b,s:I,s:I,s:I,s:b,s:I,s:s}", "ok", ok, "bytes", (json_int_t)imp->bytes, "pages",
+            (json_int_t)imp->pages, "verify_failures", (json_int_t)imp->verify_failures,
+            "recompute", imp->recompute, "ms", (json_int_t)ms, "mode", sim_kv_mode_name(imp->mode));
         if (res && !ok)
             json_object_set_new(res, "error", json_string(msg));
         if (res)
@@ -716,6 +748,7 @@ static void import_free(sim_import_t *imp)
     }
     json_decref(imp->ctl);
     free(imp->expect_engine_id);
+    free(imp->wait_id);
     sim_engine_lock();
     sim_req_unref_locked(imp->req);
     sim_engine_unlock();
@@ -757,6 +790,12 @@ static void import_fail(sim_import_t *imp, int status, const char *msg)
     }
 }
 
+static uint64_t lookup_grace_ns(void)
+{
+    int ms = sim_cfg.kv_wait_timeout_ms < 1000 ? sim_cfg.kv_wait_timeout_ms : 1000;
+    return (uint64_t)ms * 1000000ull;
+}
+
 static void import_maybe_free(sim_import_t *imp)
 {
     if (imp->phase == 3 && imp->outstanding == 0)
@@ -778,9 +817,9 @@ static void import_loads(sim_import_t *imp)
         t->imp = imp;
         t->rank = r;
         t->eng = re;
-        kvt_status_t st = kvt_submit_load(re->e, (const char *const *)imp->keyp[r],
-                                          (void *const *)imp->bufp[r], imp->caps[r],
-                                          imp->lens[r], (uint32_t)imp->nkeys, t, &id);
+        kvt_status_t st =
+            kvt_submit_load(re->e, (const char *const *)imp->keyp[r], (void *const *)imp->bufp[r],
+                            imp->caps[r], imp->lens[r], (uint32_t)imp->nkeys, t, &id);
         if (st != KVT_OK) {
             free(t);
             char m[128];
@@ -810,8 +849,8 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
         imp->bufp[r] = malloc(imp->nkeys * sizeof(void *));
         imp->lens[r] = calloc(imp->nkeys, sizeof(size_t));
         imp->caps[r] = malloc(imp->nkeys * sizeof(size_t));
-        if (!imp->keys[r] || !imp->keyp[r] || !imp->bufs[r] || !imp->bufp[r] ||
-            !imp->lens[r] || !imp->caps[r]) {
+        if (!imp->keys[r] || !imp->keyp[r] || !imp->bufs[r] || !imp->bufp[r] || !imp->lens[r] ||
+            !imp->caps[r]) {
             free(h);
             return -1;
         }
@@ -819,8 +858,8 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
             for (size_t c = 0; c < n; c++) {
                 size_t k = (size_t)l * n + c;
                 char *key = imp->keys[r] + k * KEY_MAX;
-                sim_kv_key(key, KEY_MAX, imp->kind == SIM_PD_D_LMCACHE ? "lmc" : imp->xfer, r,
-                           l, c, h[c]);
+                sim_kv_key(key, KEY_MAX, imp->kind == SIM_PD_D_LMCACHE ? "lmc" : imp->xfer, r, l, c,
+                           h[c]);
                 imp->keyp[r][k] = key;
                 imp->bufp[r][k] = imp->bufs[r] + k * g->page_bytes;
                 imp->caps[r][k] = g->page_bytes;
@@ -829,6 +868,29 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
     free(h);
     imp->geom = *g;
     return 0;
+}
+
+/* lmcache receive: are this prompt's pages here? (content-addressed keys) */
+static void import_lookups(sim_import_t *imp)
+{
+    for (int r = 0; r < imp->nranks; r++) {
+        sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+        tctx_t *t = calloc(1, sizeof(*t));
+        kvt_task_id_t id;
+        if (!re || !t ||
+            kvt_submit_lookup(re->e, (const char *const *)imp->keyp[r], (uint32_t)imp->nkeys, t,
+                              &id) != KVT_OK) {
+            free(t);
+            import_fail(imp, 500, "libkvt lookup failed");
+            return;
+        }
+        t->kind = T_LOOKUP;
+        t->imp = imp;
+        t->rank = r;
+        t->eng = re;
+        imp->outstanding++;
+    }
+    imp->phase = 1;
 }
 
 static void begin_import(sim_import_t *imp)
@@ -841,24 +903,29 @@ static void begin_import(sim_import_t *imp)
         return;
     }
     if (imp->kind == SIM_PD_D_LMCACHE) {
-        for (int r = 0; r < imp->nranks; r++) {
-            sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
-            tctx_t *t = calloc(1, sizeof(*t));
-            kvt_task_id_t id;
-            if (!re || !t ||
-                kvt_submit_lookup(re->e, (const char *const *)imp->keyp[r], (uint32_t)imp->nkeys,
-                                  t, &id) != KVT_OK) {
-                free(t);
-                import_fail(imp, 500, "libkvt lookup failed");
-                return;
+        if (imp->wait_id) {
+            /* the decode leg named the transfer: wait for exactly it */
+            for (int r = 0; r < imp->nranks; r++) {
+                sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+                tctx_t *t = calloc(1, sizeof(*t));
+                kvt_task_id_t id;
+                if (!re || !t ||
+                    kvt_submit_wait_req(re->e, imp->wait_id, sim_cfg.kv_wait_timeout_ms, t, &id) !=
+                        KVT_OK) {
+                    free(t);
+                    import_fail(imp, 500, "libkvt wait failed");
+                    return;
+                }
+                t->kind = T_WAIT;
+                t->imp = imp;
+                t->rank = r;
+                t->eng = re;
+                imp->outstanding++;
             }
-            t->kind = T_LOOKUP;
-            t->imp = imp;
-            t->rank = r;
-            t->eng = re;
-            imp->outstanding++;
+            imp->phase = 1;
+            return;
         }
-        imp->phase = 1;
+        import_lookups(imp);
         return;
     }
     sim_receiver_t me;
@@ -871,8 +938,8 @@ static void begin_import(sim_import_t *imp)
         sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
         tctx_t *t = calloc(1, sizeof(*t));
         kvt_task_id_t id;
-        if (!t || kvt_submit_wait_req(re->e, imp->xfer, sim_cfg.kv_wait_timeout_ms, t, &id) !=
-                      KVT_OK) {
+        if (!t ||
+            kvt_submit_wait_req(re->e, imp->xfer, sim_cfg.kv_wait_timeout_ms, t, &id) != KVT_OK) {
             free(t);
             import_fail(imp, 500, "libkvt wait failed");
             return;
@@ -978,17 +1045,23 @@ static void handle_task(kvt_task_result_t *res)
     char msg[256];
     switch (t->kind) {
     case T_WAIT:
-        if (res->status != KVT_OK) {
+        if (res->status != KVT_OK && imp->kind == SIM_PD_D_LMCACHE) {
+            imp->recompute = 1; /* LMCache recomputes what did not arrive */
+            if (imp->outstanding == 0)
+                import_resolve(imp, 1, 200, NULL);
+        } else if (res->status != KVT_OK) {
             int status = res->status == KVT_ERR_TIMEOUT ? 504 : 500;
             if (res->status == KVT_ERR_TIMEOUT)
                 snprintf(msg, sizeof(msg), "no KV from the prefill instance within %d ms",
                          sim_cfg.kv_wait_timeout_ms);
             else
-                snprintf(msg, sizeof(msg), "KV transfer failed: %s",
-                         kvt_strerror(res->status));
+                snprintf(msg, sizeof(msg), "KV transfer failed: %s", kvt_strerror(res->status));
             import_fail(imp, status, msg);
         } else if (imp->outstanding == 0) {
-            import_loads(imp);
+            if (imp->kind == SIM_PD_D_LMCACHE)
+                import_lookups(imp);
+            else
+                import_loads(imp);
         }
         break;
     case T_LOOKUP: {
@@ -1007,13 +1080,27 @@ static void handle_task(kvt_task_result_t *res)
         }
         if (!all)
             imp->recompute = 1;
+        if (imp->outstanding == 0 && imp->recompute && !imp->wait_id &&
+            sim_now_ns() < imp->t_start + lookup_grace_ns()) {
+            /* the pages may still be landing (the receiver learns that a
+             * request landed in parallel with the proxy): look again soon */
+            for (int r = 0; r < imp->nranks; r++)
+                if (imp->locked[r]) {
+                    kvt_unlock(receiver_eng(imp->mode, r)->e, (const char *const *)imp->keyp[r],
+                               (uint32_t)imp->nkeys);
+                    imp->locked[r] = 0;
+                }
+            imp->recompute = 0;
+            imp->retry_at = sim_now_ns() + 2000000ull;
+            break;
+        }
         if (imp->outstanding == 0) {
             if (imp->recompute) {
                 /* like LMCache: KV that is not here is recomputed */
                 for (int r = 0; r < imp->nranks; r++)
                     if (imp->locked[r]) {
-                        kvt_unlock(receiver_eng(imp->mode, r)->e,
-                                   (const char *const *)imp->keyp[r], (uint32_t)imp->nkeys);
+                        kvt_unlock(receiver_eng(imp->mode, r)->e, (const char *const *)imp->keyp[r],
+                                   (uint32_t)imp->nkeys);
                         imp->locked[r] = 0;
                     }
                 import_resolve(imp, 1, 200, NULL);
@@ -1108,6 +1195,10 @@ static void sweep(uint64_t now)
     sim_engine_unlock();
     for (sim_import_t *imp = imports, *next; imp; imp = next) {
         next = imp->next;
+        if (imp->retry_at && now >= imp->retry_at && imp->outstanding == 0 && !imp->failed) {
+            imp->retry_at = 0;
+            import_lookups(imp);
+        }
         if (imp->phase != 3 && now > imp->deadline + 2000000000ull) {
             import_fail(imp, 504, "KV transfer did not finish before the deadline");
             import_maybe_free(imp);
@@ -1149,10 +1240,10 @@ static void *kv_main(void *arg)
             for (int x = 0; x < 2; x++)
                 for (int r = 0; r < SIM_MAX_TP; r++)
                     if (senders[p][x][r])
-                        items[n++] = (zmq_pollitem_t){.socket = NULL,
-                                                      .fd = kvt_engine_event_fd(
-                                                          senders[p][x][r]->e),
-                                                      .events = ZMQ_POLLIN};
+                        items[n++] =
+                            (zmq_pollitem_t){.socket = NULL,
+                                             .fd = kvt_engine_event_fd(senders[p][x][r]->e),
+                                             .events = ZMQ_POLLIN};
         for (int dl = 0; dl < 2; dl++)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 if (receivers[dl][r])
@@ -1160,7 +1251,17 @@ static void *kv_main(void *arg)
                                                   .fd = kvt_engine_event_fd(receivers[dl][r]->e),
                                                   .events = ZMQ_POLLIN};
         pthread_mutex_unlock(&eng_lock);
-        zmq_poll(items, n, 20);
+        long timeout = 20;
+        sim_engine_lock();
+        for (sim_export_t *x = paced; x; x = x->pace_next) {
+            uint64_t now = sim_now_ns();
+            long ms = x->pace_ready > now ? (long)((x->pace_ready - now) / 1000000ull) : 0;
+            if (ms < timeout)
+                timeout = ms;
+        }
+        sim_engine_unlock();
+        zmq_poll(items, n, timeout);
+        run_paced();
 
         uint64_t v;
         if (read(efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
@@ -1248,6 +1349,30 @@ static void *kv_main(void *arg)
     return NULL;
 }
 
+static void run_paced(void)
+{
+    for (;;) {
+        sim_export_t *due = NULL;
+        uint64_t now = sim_now_ns();
+        sim_engine_lock();
+        for (sim_export_t **pp = &paced; *pp; pp = &(*pp)->pace_next)
+            if ((*pp)->pace_ready <= now || (*pp)->failed || (*pp)->done) {
+                due = *pp;
+                *pp = due->pace_next;
+                due->paced = 0;
+                due->pace_next = NULL;
+                break;
+            }
+        sim_engine_unlock();
+        if (!due)
+            return;
+        pump_export(due);
+        sim_engine_lock();
+        sim_pd_export_unref_locked(due);
+        sim_engine_unlock();
+    }
+}
+
 static int bind_router(int port)
 {
     char ep[128];
@@ -1272,7 +1397,9 @@ int sim_pd_kvt_start(void)
         router = zmq_socket(zctx, ZMQ_ROUTER);
         if (!router)
             goto err;
+        int64_t maxmsg = 64 << 20; /* a decode's request body at most */
         zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
         if (sim_cfg.kv_port && bind_router(sim_cfg.kv_port))
             goto err;
         if (sim_cfg.bootstrap_port && sim_cfg.bootstrap_port != sim_cfg.kv_port &&
@@ -1362,6 +1489,12 @@ void sim_pd_kvt_stop(void)
         import_free(imp);
     }
     sim_engine_lock();
+    while (paced) {
+        sim_export_t *x = paced;
+        paced = x->pace_next;
+        x->paced = 0;
+        sim_pd_export_unref_locked(x);
+    }
     sim_pd_exports_drop_all_locked();
     while (regs) {
         reg_t *r = regs;

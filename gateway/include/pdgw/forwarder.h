@@ -147,7 +147,11 @@ typedef struct pdgw_fwd_peers {
 /* Output of build_leg. The engine owns `body` after the call. */
 #define PDGW_FWD_LEG_MAX_HEADERS 4
 typedef struct pdgw_fwd_leg {
-    json_t *body;     /* new reference set by the forwarder (required) */
+    /* New reference set by the forwarder; required unless client_body is set. */
+    json_t *body;
+    /* Non-zero (with body NULL): send the client's request bytes unchanged, without
+     * re-encoding them (plain proxying). */
+    int client_body;
     const char *path; /* NULL = the client's path */
     /* Extra request headers ("Name: value"), copied by the engine. */
     char headers[PDGW_FWD_LEG_MAX_HEADERS][256];
@@ -214,7 +218,8 @@ typedef struct pdgw_fwd_ops {
                                       const pdgw_fwd_peers_t *peers, void **state,
                                       pdgw_fwd_error_t *err);
 
-    /* Build one leg's body (REQUIRED). For SINGLE only the DECODE leg is built;
+    /* Build one leg's body (REQUIRED), or set leg->client_body to pass the client's bytes
+     * through unchanged. For SINGLE only the DECODE leg is built;
      * SERIAL builds PREFILL, then (after on_prefill_response and the
      * BEFORE_DECODE gate) DECODE; PARALLEL builds PREFILL then DECODE before
      * either is sent. The helpers pdgw_fwd_body_copy() and

@@ -117,6 +117,12 @@ void kvt_config_defaults(kvt_config_t *cfg);
 kvt_status_t kvt_config_set(kvt_config_t *cfg, const char *key, const char *value,
                             kvt_config_err_t *err);
 
+/* Apply environment variables <prefix><KEY> (key upper-cased, e.g. with
+ * prefix "KVT_": KVT_PD_ROLE=receiver, KVT_PD_PEER_ALLOC_PORT=7400,7401) with
+ * kvt_config_set() semantics. Unset variables are skipped. On error <cfg> is
+ * unchanged and <err> names the key. */
+kvt_status_t kvt_config_load_env(kvt_config_t *cfg, const char *prefix, kvt_config_err_t *err);
+
 /* Load a YAML / JSON mapping ON TOP of what <cfg> holds (call
  * kvt_config_defaults first). On error <cfg> is unchanged. */
 kvt_status_t kvt_config_load_yaml_file(kvt_config_t *cfg, const char *path, kvt_config_err_t *err);

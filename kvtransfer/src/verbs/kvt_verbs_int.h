@@ -33,8 +33,7 @@
 #define KVT_VERBS_UUID_LEN        36u
 #define KVT_VERBS_ID_MAX          255u
 
-/* ---- MR planning
- * ---------------------------------------------------------------------- */
+/* ---- MR planning ----------------------------------------------------------------------------- */
 
 /* One memory region of a registered area: [addr, addr + len) with its key. */
 typedef struct kvt_verbs_mr_chunk {
@@ -54,9 +53,7 @@ typedef struct kvt_verbs_mr_map {
     uint32_t *keys; /* owned */
 } kvt_verbs_mr_map_t;
 
-/* ---- slices
- * ---------------------------------------------------------------------------
- */
+/* ---- slices ---------------------------------------------------------------------------------- */
 
 /* A contiguous piece of a transfer: local [laddr, +len) in the area of <lmap>
  * <-> remote [raddr, +len) in the area of <rmap>. */
@@ -93,8 +90,7 @@ typedef struct kvt_verbs_slice {
     struct kvt_verbs_xfer *xfer;  /* owner */
 } kvt_verbs_slice_t;
 
-/* ---- transfers
- * ------------------------------------------------------------------------ */
+/* ---- transfers ------------------------------------------------------------------------------- */
 
 typedef void (*kvt_verbs_xfer_done_cb)(struct kvt_verbs_xfer *xfer, kvt_status_t status, void *arg);
 
@@ -117,8 +113,7 @@ typedef struct kvt_verbs_xfer {
     void *arg;
 } kvt_verbs_xfer_t;
 
-/* ---- paths (QPs of one peer connection)
- * ----------------------------------------------- */
+/* ---- paths (QPs of one peer connection) ------------------------------------------------------ */
 
 typedef struct kvt_verbs_path {
     uint32_t outstanding; /* posted, not completed */
@@ -144,8 +139,7 @@ typedef enum kvt_verbs_wc_action {
     KVT_VERBS_WC_ABANDONED, /* slice given up: transfer fails */
 } kvt_verbs_wc_action_t;
 
-/* ---- QP parameters
- * -------------------------------------------------------------------- */
+/* ---- QP parameters --------------------------------------------------------------------------- */
 
 /* What one side tells the other about one of its QPs and its port. */
 typedef struct kvt_verbs_qp_info {
@@ -174,8 +168,7 @@ typedef struct kvt_verbs_qp_tun {
     uint8_t traffic_class;
 } kvt_verbs_qp_tun_t;
 
-/* ---- handshake payload
- * ---------------------------------------------------------------- */
+/* ---- handshake payload ----------------------------------------------------------------------- */
 
 typedef struct kvt_verbs_hs {
     char id[KVT_VERBS_ID_MAX + 1]; /* the sender's transport identity */
@@ -187,9 +180,7 @@ typedef struct kvt_verbs_hs {
     kvt_verbs_mr_map_t *regions; /* owned */
 } kvt_verbs_hs_t;
 
-/* ---- config
- * ---------------------------------------------------------------------------
- */
+/* ---- config ---------------------------------------------------------------------------------- */
 
 typedef struct kvt_verbs_cfg {
     char device[64];        /* "" = automatic (NUMA-nearest) */
@@ -210,8 +201,7 @@ void kvt_verbs_cfg_defaults(kvt_verbs_cfg_t *cfg);
  */
 kvt_status_t kvt_verbs_cfg_parse_device(const char *s, kvt_verbs_cfg_t *cfg);
 
-/* ---- kvt_verbs_mr.c
- * ------------------------------------------------------------------- */
+/* ---- kvt_verbs_mr.c -------------------------------------------------------------------------- */
 
 /* Number of MRs a region of <len> bytes needs when one MR may cover at most
  * <max_mr_size> bytes (0 = unlimited). */
@@ -235,8 +225,7 @@ kvt_status_t kvt_verbs_mr_map_copy(kvt_verbs_mr_map_t *dst, const kvt_verbs_mr_m
 kvt_status_t kvt_verbs_mr_map_lookup(const kvt_verbs_mr_map_t *map, uint64_t addr, uint64_t len,
                                      uint32_t *key, uint64_t *chunk_left);
 
-/* ---- kvt_verbs_slice.c
- * ---------------------------------------------------------------- */
+/* ---- kvt_verbs_slice.c ----------------------------------------------------------------------- */
 
 /* Merge segments that continue each other on both sides. Returns the new count.
  */
@@ -258,8 +247,7 @@ kvt_status_t kvt_verbs_slice_build(const kvt_verbs_seg_t *segs, size_t nsegs, ui
 void kvt_verbs_chain_build(kvt_verbs_slice_t *const *s, size_t n, struct ibv_send_wr *wrs,
                            struct ibv_sge *sges);
 
-/* ---- kvt_verbs_path.c
- * ----------------------------------------------------------------- */
+/* ---- kvt_verbs_path.c ------------------------------------------------------------------------ */
 
 void kvt_verbs_paths_init(kvt_verbs_paths_t *p, uint32_t npaths, uint32_t max_outstanding,
                           uint32_t retry_limit);
@@ -297,8 +285,7 @@ kvt_verbs_wc_action_t kvt_verbs_paths_complete(kvt_verbs_paths_t *p, kvt_verbs_s
  * transfer just finished (the caller then reports xfer->status). */
 bool kvt_verbs_xfer_account(kvt_verbs_xfer_t *x, kvt_verbs_slice_t *s, kvt_status_t err);
 
-/* ---- kvt_verbs_qp.c (pure part)
- * ------------------------------------------------------- */
+/* ---- kvt_verbs_qp.c (pure part) -------------------------------------------------------------- */
 
 void kvt_verbs_qp_tun_defaults(kvt_verbs_qp_tun_t *t);
 void kvt_verbs_qp_attr_reset(struct ibv_qp_attr *a, int *mask);
@@ -309,8 +296,7 @@ void kvt_verbs_qp_attr_rtr(const kvt_verbs_port_info_t *local, const kvt_verbs_p
 void kvt_verbs_qp_attr_rts(const kvt_verbs_qp_info_t *local_qp, const kvt_verbs_qp_tun_t *t,
                            struct ibv_qp_attr *a, int *mask);
 
-/* ---- kvt_verbs_handshake.c
- * ------------------------------------------------------------ */
+/* ---- kvt_verbs_handshake.c ------------------------------------------------------------------- */
 
 /* The handshake blob is libkvt's TransportInit message (kvt_msg.h) with
  * transport "verbs": one lane per QP (qp_num, psn, lid, gid, mtu in bytes) and
@@ -333,8 +319,7 @@ kvt_status_t kvt_verbs_gid_parse(const char *s, uint8_t gid[16]);
 uint32_t kvt_verbs_mtu_bytes(uint8_t mtu);
 uint8_t kvt_verbs_mtu_enum(uint64_t bytes);
 
-/* ---- kvt_verbs_device.c (pure part)
- * --------------------------------------------------- */
+/* ---- kvt_verbs_device.c (pure part) ---------------------------------------------------------- */
 
 /* NUMA node of a device from <root>/class/infiniband/<dev>/device/numa_node, -1
  * unknown. */

@@ -82,8 +82,7 @@ void kvt_verbs_qp_attr_rts(const kvt_verbs_qp_info_t *local_qp, const kvt_verbs_
             IBV_QP_MAX_QP_RD_ATOMIC;
 }
 
-/* ---- device side
- * ------------------------------------------------------------------------ */
+/* ---- device side ----------------------------------------------------------------------------- */
 
 kvt_status_t kvt_verbs_qp_create(kvt_verbs_dev_t *dev, uint32_t max_wr, struct ibv_qp **out)
 {

@@ -332,8 +332,9 @@ sched_status_t sched_pool_drain(sched_pool_t *pool, const char *id);
 sched_status_t sched_pool_undrain(sched_pool_t *pool, const char *id);
 sched_status_t sched_pool_remove(sched_pool_t *pool, const char *id);
 
-/* Number of instances that could take a booking of <role> now (up,
- * breaker not open). PREFILL counts prefill+both, DECODE decode+both. */
+/* Number of instances that could take a booking of <role> now (up, not
+ * draining, breaker not open). PREFILL counts prefill+both instances,
+ * DECODE decode+both, BOTH only instances of role both. */
 size_t sched_pool_usable_count(sched_pool_t *pool, sched_role_t role);
 size_t sched_pool_size(sched_pool_t *pool);
 

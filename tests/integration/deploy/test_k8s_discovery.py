@@ -10,206 +10,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import tempfile
-import threading
 import time
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import fakekube
 import pdgwtest
+from fakekube import NAMESPACE, FakeKube
 from pdgwtest import Proc, free_port, metric_value, post_json, request, wait_http
 
-NAMESPACE = "pdgw-test"
-TOKEN = "test-token-7f3a"
 SELECTOR_LABELS = {"pdgw.io/pool": "kdisc"}
-
-
-# ----------------------------------------------------------------- fake API
-
-
-class FakeKube:
-    """EndpointSlices of one namespace with a resourceVersion history."""
-
-    def __init__(self):
-        self.cond = threading.Condition()
-        self.rv = 100
-        self.slices = {}  # name -> object
-        self.events = []  # (rv, type, object)
-        self.compacted = 0  # watches from an older resourceVersion get 410
-        self.pods = {}  # name -> annotations
-        self.log = []  # (kind, selector, resourceVersion)
-        self.kick_gen = 0
-        self.kick_action = None
-        self.stopped = False
-        self.open_watches = 0
-
-    # -- state changes (the test's side) --
-    def _bump(self):
-        self.rv += 1
-        return self.rv
-
-    def put(self, obj, silent=False):
-        """Add or modify a slice; silent = the change is not in the watch history."""
-        with self.cond:
-            rv = self._bump()
-            obj = json.loads(json.dumps(obj))
-            obj["metadata"]["resourceVersion"] = str(rv)
-            kind = "MODIFIED" if obj["metadata"]["name"] in self.slices else "ADDED"
-            self.slices[obj["metadata"]["name"]] = obj
-            if not silent:
-                self.events.append((rv, kind, obj))
-            self.cond.notify_all()
-
-    def delete(self, name, silent=False):
-        with self.cond:
-            rv = self._bump()
-            obj = self.slices.pop(name)
-            obj = dict(obj, metadata=dict(obj["metadata"], resourceVersion=str(rv)))
-            if not silent:
-                self.events.append((rv, "DELETED", obj))
-            self.cond.notify_all()
-
-    def kick(self, action):
-        """End every open watch: 'gone' (ERROR 410 event, history compacted),
-        'drop' (connection cut mid-stream), 'garbage' (a line that is not JSON)."""
-        with self.cond:
-            if action == "gone":
-                self.compacted = self.rv  # older resourceVersions are gone
-            self.kick_gen += 1
-            self.kick_action = action
-            self.cond.notify_all()
-
-    def count(self, kind):
-        with self.cond:
-            return sum(1 for k, _, _ in self.log if k == kind)
-
-    def watching(self):
-        with self.cond:
-            return self.open_watches > 0
-
-    # -- queries (the server's side) --
-    @staticmethod
-    def matches(selector, labels):
-        for term in filter(None, selector.split(",")):
-            k, _, v = term.partition("=")
-            if labels.get(k) != v:
-                return False
-        return True
-
-    def list(self, selector):
-        with self.cond:
-            self.log.append(("list", selector, None))
-            items = [o for o in self.slices.values()
-                     if self.matches(selector, o["metadata"].get("labels", {}))]
-            return {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
-                    "metadata": {"resourceVersion": str(self.rv)}, "items": items}
-
-
-def make_handler(kube):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt, *args):
-            if os.environ.get("FAKE_KUBE_DEBUG"):
-                print("%.3f fake-kube: %s" % (time.time(), fmt % args), flush=True)
-
-        def _json(self, status, obj):
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _status(self, code, reason):
-            self._json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                              "reason": reason, "code": code})
-
-        def _chunk(self, data):
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
-
-        def do_GET(self):
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                return self._status(401, "Unauthorized")
-            url = urllib.parse.urlsplit(self.path)
-            q = dict(urllib.parse.parse_qsl(url.query))
-            parts = url.path.strip("/").split("/")
-            if parts[:5] == ["apis", "discovery.k8s.io", "v1", "namespaces", NAMESPACE] and \
-                    parts[5:] == ["endpointslices"]:
-                selector = q.get("labelSelector", "")
-                if q.get("watch") in ("1", "true"):
-                    return self._watch(selector, q)
-                return self._json(200, kube.list(selector))
-            if parts[:4] == ["api", "v1", "namespaces", NAMESPACE] and len(parts) == 6 and \
-                    parts[4] == "pods":
-                with kube.cond:
-                    kube.log.append(("pod", parts[5], None))
-                    ann = kube.pods.get(parts[5])
-                if ann is None:
-                    return self._status(404, "NotFound")
-                return self._json(200, {"kind": "Pod", "apiVersion": "v1",
-                                        "metadata": {"name": parts[5], "namespace": NAMESPACE,
-                                                     "annotations": ann}})
-            return self._status(404, "NotFound")
-
-        def _watch(self, selector, q):
-            rv = int(q.get("resourceVersion", "0") or 0)
-            timeout = min(int(q.get("timeoutSeconds", "30")), 30)
-            with kube.cond:
-                kube.log.append(("watch", selector, rv))
-                gen = kube.kick_gen
-                gone = rv < kube.compacted
-                kube.open_watches += 1
-            try:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                if gone:
-                    return self._gone()
-                deadline = time.time() + timeout
-                pos = rv
-                while True:
-                    with kube.cond:
-                        while True:
-                            pending = [e for e in kube.events if e[0] > pos and kube.matches(
-                                selector, e[2]["metadata"].get("labels", {}))]
-                            action = kube.kick_action if kube.kick_gen != gen else None
-                            left = deadline - time.time()
-                            if pending or action or kube.stopped or left <= 0:
-                                break
-                            kube.cond.wait(min(left, 0.5))
-                    for erv, etype, obj in pending:
-                        self._chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
-                        pos = erv
-                    if action == "gone":
-                        return self._gone()
-                    if action == "drop":
-                        self.close_connection = True
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                        return
-                    if action == "garbage":
-                        self._chunk(b'{"type": "MODIFIED", "object": {not json\n')
-                        gen = kube.kick_gen  # keep serving until the client hangs up
-                        continue
-                    if kube.stopped or time.time() >= deadline:
-                        self.wfile.write(b"0\r\n\r\n")
-                        return
-            except OSError:
-                self.close_connection = True
-            finally:
-                with kube.cond:
-                    kube.open_watches -= 1
-
-        def _gone(self):
-            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                      "message": "too old resource version", "reason": "Expired", "code": 410}
-            self._chunk(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
-            self.wfile.write(b"0\r\n\r\n")
-
-    return Handler
 
 
 def slice_obj(name, role, port, ready=True, terminating=False, pod=None, extra_ports=()):
@@ -280,29 +89,19 @@ def metrics(port):
 
 def test_k8s_discovery():
     kube = FakeKube()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(kube))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server, kport = fakekube.start(kube)
     tmp = tempfile.mkdtemp(prefix="pdgw-k8s.")
     try:
-        _run(kube, server.server_address[1], tmp)
+        _run(kube, kport, tmp)
     finally:
-        with kube.cond:
-            kube.stopped = True
-            kube.cond.notify_all()
-        server.shutdown()
-        server.server_close()
+        fakekube.stop(kube, server)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run(kube, kport, tmp):
     # Service-account files: token, namespace (discovery reads the namespace
     # beside the token when the config leaves it empty), CA (unused over http).
-    with open(os.path.join(tmp, "token"), "w") as f:
-        f.write(TOKEN + "\n")
-    with open(os.path.join(tmp, "namespace"), "w") as f:
-        f.write(NAMESPACE)
+    fakekube.write_service_account(tmp)
     sims = {}
     for name, role in (("sim-a", "both"), ("sim-b", "both"), ("sim-c", "both"),
                        ("sim-p", "both")):  # listed as prefill by its slice
@@ -442,5 +241,61 @@ discovery:
     assert "Sanitizer" not in out, out[-5000:]
 
 
+def test_k8s_discovery_tls():
+    """https API server: the CA file is used, and a wrong CA keeps every
+    instance out (the list fails and is counted) until the right one is there."""
+    kube = FakeKube()
+    tmp = tempfile.mkdtemp(prefix="pdgw-k8s-tls.")
+    server = None
+    try:
+        cert, key = fakekube.make_cert(tmp, "apiserver")
+        other, _ = fakekube.make_cert(tmp, "other")
+        server, kport = fakekube.start(kube, tls=(cert, key))
+        fakekube.write_service_account(tmp)
+        sport = free_port()
+        sim = Proc("sim-tls", [pdgwtest.binary("pdgw-sim"), "--role", "both", "--port",
+                               str(sport), "--zero-delay"])
+        wait_http(sport, "/health", proc=sim)
+        kube.pods["sim-tls"] = {}
+        kube.put(slice_obj("engine-both-tls", "both", sport, pod="sim-tls"))
+        ca = os.path.join(tmp, "ca.crt")
+        shutil.copy(other, ca)  # wrong CA first
+
+        gport = free_port()
+        cfg = os.path.join(tmp, "pdgw.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"""listen: "127.0.0.1:{gport}"
+protocol: neutral
+workers: 1
+discovery:
+  kubernetes:
+    namespace: {NAMESPACE}
+    both_selector: "pdgw.io/role=both,pdgw.io/pool=kdisc"
+    api_server: "https://127.0.0.1:{kport}"
+    token_file: "{tmp}/token"
+    ca_file: "{ca}"
+""")
+        gw = Proc("pdgw", [pdgwtest.binary("pdgw"), "--config", cfg])
+        wait_http(gport, "/health", proc=gw)
+        wait_for("a failed list", lambda: (metric_value(metrics(gport),
+                                                        "pdgw_discovery_k8s_errors_total",
+                                                        {"reason": "list"}) or 0) >= 1)
+        assert instances(gport) == {}
+        assert kube.count("list") == 0  # the TLS handshake failed before any request
+
+        # The CA is read per request: the right one lets the next re-list in.
+        shutil.copy(cert, ca + ".new")
+        os.rename(ca + ".new", ca)
+        wait_for("sim-tls up over https",
+                 lambda: instances(gport).get("sim-tls", {}).get("state") == "up", timeout=40)
+        complete(gport)
+        gw.signal(signal.SIGTERM)
+        assert gw.wait(15) == 0, gw.output()[-3000:]
+    finally:
+        if server is not None:
+            fakekube.stop(kube, server)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    pdgwtest.run([test_k8s_discovery])
+    pdgwtest.run([test_k8s_discovery, test_k8s_discovery_tls])

@@ -129,6 +129,56 @@ def test_text_matches_engine():
     stop_gw(gw)
 
 
+def test_models_aggregated_or_configured():
+    a, aport = start_sim()
+    b, bport = start_sim(["--model", "other-model"])
+    dead = T.free_port()
+    gw, gport = start_gw([f"http://127.0.0.1:{aport}", f"http://127.0.0.1:{bport}",
+                          f"http://127.0.0.1:{dead}"], extra=["--health-interval", "1h"])
+    status, _, body = T.request("GET", gport, "/v1/models")
+    assert_eq(status, 200, "/v1/models")
+    obj = json.loads(body)
+    assert_eq(obj["object"], "list", "object")
+    assert_eq(sorted(m["id"] for m in obj["data"]), ["other-model", MODEL], "union of models")
+    stop_gw(gw)
+    gw, gport = start_gw([f"http://127.0.0.1:{aport}"], extra=["--model", "served-a",
+                                                               "--model", "served-b"])
+    status, _, body = T.request("GET", gport, "/v1/models")
+    assert_eq([m["id"] for m in json.loads(body)["data"]], ["served-a", "served-b"], "config")
+    stop_gw(gw)
+
+
+def test_plugin_forwarder_pd():
+    """The example out-of-tree plugin (tests/unit/forwarders/fwd_example.c) loaded with
+    --plugin drives a prefill and a decode simulator; output equals one `both` engine's."""
+    plugin = os.path.join(os.environ.get("PDGW_BUILD_DIR", os.path.dirname(T.BIN_DIR)),
+                          "tests", "plugins", "fwd_example_ok.so")
+    assert os.path.exists(plugin), plugin
+    both, bport = start_sim()
+    pport, dport, kvport = T.free_port(), T.free_port(), T.free_port()
+    pre = T.Proc("sim-prefill", [T.binary("pdgw-sim"), "--role", "prefill", "--port", str(pport),
+                                 "--kv-port", str(kvport), "--ttft-ms", "5", "--tpot-ms", "2"])
+    dec = T.Proc("sim-decode", [T.binary("pdgw-sim"), "--role", "decode", "--port", str(dport),
+                                "--ttft-ms", "5", "--tpot-ms", "2"])
+    T.wait_http(pport, "/health", proc=pre)
+    T.wait_http(dport, "/health", proc=dec)
+    for mode in ("batch", "staged"):
+        port = T.free_port()
+        gw = T.Proc("pdgw", [T.binary("pdgw"), "--listen", f"127.0.0.1:{port}", "--workers", "2",
+                             "--plugin", plugin, "--protocol", "example-serial",
+                             "--scheduling", mode, "--prefill", f"http://127.0.0.1:{pport}",
+                             "--decode", f"http://127.0.0.1:{dport}"])
+        T.wait_http(port, "/ready", proc=gw)
+        for path, mk in (("/v1/completions", comp_body), ("/v1/chat/completions", chat_body)):
+            s1, _, ref, _ = T.post_json(bport, path, mk(False))
+            s2, _, via, _ = T.post_json(port, path, mk(False))
+            assert_eq((s1, s2), (200, 200), f"{mode} {path}")
+            assert_eq(plain_text(via), plain_text(ref), f"{mode} {path} PD text")
+            events = list(T.sse_events(port, path, mk(True)))
+            assert_eq(T.stream_text(events), plain_text(ref), f"{mode} {path} PD stream")
+        stop_gw(gw)
+
+
 def raw_exchange(port, data, timeout=10):
     """Send raw bytes, return (status, body bytes) of the reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
@@ -477,6 +527,8 @@ def test_metrics_pass_promtool():
 if __name__ == "__main__":
     T.run([
         test_text_matches_engine,
+        test_models_aggregated_or_configured,
+        test_plugin_forwarder_pd,
         test_bad_inputs_table,
         test_client_disconnect_closes_upstream,
         test_upstream_failure_after_first_byte,

@@ -151,28 +151,30 @@ def test_drain_stops_new_requests_inflight_finish():
     s = Stack()
     try:
         expect_ok(s, 3)
-        # three slow streams in flight, round-robin puts one on each engine
+        s2_start = sim_finished(s.sim_ports[2])
         results = []
 
         def stream():
             try:
                 events = list(t.sse_events(s.gw_port, "/v1/completions",
                                            {"model": MODEL, "prompt": "drain me",
-                                            "max_tokens": 200, "stream": True,
+                                            "max_tokens": 300, "stream": True,
                                             "ignore_eos": True}, timeout=60))
                 results.append(events)
             except Exception as e:  # recorded and asserted below
                 results.append(e)
 
-        threads = [threading.Thread(target=stream) for _ in range(3)]
-        for th in threads:
+        # start slow streams until one is in flight on s2 (round-robin: about every third)
+        threads = []
+        for _ in range(6):
+            th = threading.Thread(target=stream)
             th.start()
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            inflight = {k: v["load"]["inflight"] for k, v in s.instances().items()}
-            if inflight.get("s2", 0) >= 1:
+            threads.append(th)
+            deadline = time.time() + 1.0
+            while time.time() < deadline and s.instances()["s2"]["load"]["inflight"] < 1:
+                time.sleep(0.02)
+            if s.instances()["s2"]["load"]["inflight"] >= 1:
                 break
-            time.sleep(0.02)
         assert s.instances()["s2"]["load"]["inflight"] >= 1, s.instances()["s2"]
 
         status, _, body = t.request("POST", s.gw_port, "/admin/instances/s2/drain", timeout=5)
@@ -182,12 +184,13 @@ def test_drain_stops_new_requests_inflight_finish():
 
         for th in threads:
             th.join(60)
-        assert len(results) == 3
+        assert len(results) == len(threads)
         for r in results:
             assert not isinstance(r, Exception), r
             assert r[-1] == "[DONE]", r[-3:]
             assert not any('"error"' in ev for ev in r), r
         assert s.instances()["s2"]["load"]["inflight"] == 0
+        assert sim_finished(s.sim_ports[2]) >= s2_start + 1  # the stream on s2 ended there
 
         drained_before = sim_finished(s.sim_ports[2])
         others_before = sim_finished(s.sim_ports[0]) + sim_finished(s.sim_ports[1])

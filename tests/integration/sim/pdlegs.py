@@ -218,15 +218,21 @@ class Proxy:
         self.ctx.term()
 
 
-def run_lmcache(P, D, body, rid, chat=False, proxy=None):
+def run_lmcache(P, D, body, rid, chat=False, proxy=None, decode_spec=False):
+    """lmcache: prefill pushes to the receiver named in disagg_spec; the decode
+    leg goes after ProxyNotif from every TP rank. decode_spec: the decode leg
+    also carries the disagg_spec (then it waits for exactly that transfer)."""
+    spec = {"req_id": rid, "receiver_host": "127.0.0.1",
+            "receiver_init_port": D.init_ports, "receiver_alloc_port": D.alloc_ports}
     pb = hardened(body)
-    pb["kv_transfer_params"] = {"disagg_spec": {
-        "req_id": rid, "receiver_host": "127.0.0.1",
-        "receiver_init_port": D.init_ports, "receiver_alloc_port": D.alloc_ports}}
+    pb["kv_transfer_params"] = {"disagg_spec": spec}
     st, _, pobj, raw = post(P, pb, rid, chat)
     assert st == 200, raw
     proxy.wait(rid, len(D.init_ports))
-    return decode_leg(D, copy.deepcopy(body), rid, chat)
+    db = copy.deepcopy(body)
+    if decode_spec:
+        db["kv_transfer_params"] = {"disagg_spec": spec}
+    return decode_leg(D, db, rid, chat)
 
 
 def wait_idle(*insts, timeout=5.0):

@@ -205,6 +205,22 @@ static void test_access(void **state)
     assert_int_equal(cap.n, 2);
 }
 
+static void vwrap(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pdgw_log_vwrite(PDGW_LOG_LEVEL_WARN, "sched", fmt, ap);
+    va_end(ap);
+}
+
+static void test_vwrite(void **state)
+{
+    (void)state;
+    vwrap("instance %s left", "d1");
+    assert_int_equal(cap.n, 1);
+    assert_string_equal(cap.lines[0] + 24, " WARN  [sched] instance d1 left\n");
+}
+
 #define WRITERS 4
 #define LINES   500
 
@@ -259,6 +275,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_access, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_vwrite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_fd, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -106,6 +108,41 @@ static void test_uuid(void **state)
     memset(longid, 'a', sizeof(longid));
     assert_false(pdgw_request_id_is_valid(longid, 129));
     assert_true(pdgw_request_id_is_valid(longid, 128));
+}
+
+static void test_random_pool(void **state)
+{
+    (void)state;
+    /* many small draws: all distinct (pool refills) */
+    uint8_t prev[16] = {0}, cur[16];
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(pdgw_random_bytes(cur, sizeof(cur)), PDGW_OK);
+        assert_memory_not_equal(prev, cur, sizeof(cur));
+        memcpy(prev, cur, sizeof(cur));
+    }
+    uint8_t big[4096];
+    assert_int_equal(pdgw_random_bytes(big, sizeof(big)), PDGW_OK);
+    /* a forked child must not replay the parent's pooled bytes */
+    assert_int_equal(pdgw_random_bytes(cur, 8), PDGW_OK); /* pool is warm */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uint8_t child[16];
+        pdgw_random_bytes(child, sizeof(child));
+        ssize_t w = write(fds[1], child, sizeof(child));
+        _exit(w == (ssize_t)sizeof(child) ? 0 : 1);
+    }
+    uint8_t mine[16], theirs[16];
+    assert_int_equal(pdgw_random_bytes(mine, sizeof(mine)), PDGW_OK);
+    assert_int_equal(read(fds[0], theirs, sizeof(theirs)), (ssize_t)sizeof(theirs));
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_memory_not_equal(mine, theirs, sizeof(mine));
+    close(fds[0]);
+    close(fds[1]);
 }
 
 static void test_traceparent(void **state)
@@ -322,11 +359,11 @@ static void test_time(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_buf_basic), cmocka_unit_test(test_buf_limit_and_oom),
-        cmocka_unit_test(test_uuid),      cmocka_unit_test(test_traceparent),
-        cmocka_unit_test(test_duration),  cmocka_unit_test(test_size),
-        cmocka_unit_test(test_numbers),   cmocka_unit_test(test_hostport_url),
-        cmocka_unit_test(test_time),
+        cmocka_unit_test(test_buf_basic),    cmocka_unit_test(test_buf_limit_and_oom),
+        cmocka_unit_test(test_uuid),         cmocka_unit_test(test_random_pool),
+        cmocka_unit_test(test_traceparent),  cmocka_unit_test(test_duration),
+        cmocka_unit_test(test_size),         cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_hostport_url), cmocka_unit_test(test_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

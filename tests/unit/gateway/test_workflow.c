@@ -33,6 +33,10 @@ typedef struct fake_engine {
     int n_requests;
     char last_body[4096];
     char last_request_id[128];
+    char last_traceparent[128];
+    char last_custom[64];
+    char last_leg_header[64];
+    char last_connection[64];
 } fake_engine_t;
 
 typedef struct fake_conn {
@@ -74,6 +78,16 @@ static enum MHD_Result fake_access(void *cls, struct MHD_Connection *conn, const
     }
     rid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
     pthread_mutex_lock(&fe->lock);
+    {
+        const char *tp = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "traceparent");
+        const char *cu = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Custom");
+        const char *lh = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Test-Leg");
+        const char *co = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Hop");
+        snprintf(fe->last_traceparent, sizeof(fe->last_traceparent), "%s", tp ? tp : "");
+        snprintf(fe->last_custom, sizeof(fe->last_custom), "%s", cu ? cu : "");
+        snprintf(fe->last_leg_header, sizeof(fe->last_leg_header), "%s", lh ? lh : "");
+        snprintf(fe->last_connection, sizeof(fe->last_connection), "%s", co ? co : "");
+    }
     fe->n_requests++;
     snprintf(fe->last_body, sizeof(fe->last_body), "%s", fc->body ? fc->body : "");
     snprintf(fe->last_request_id, sizeof(fe->last_request_id), "%s", rid ? rid : "");
@@ -407,6 +421,12 @@ static void post(const fixture_t *f, const char *body, client_resp_t *out)
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1/completions", pdgw_server_port(f->srv));
     h = curl_slist_append(h, "Content-Type: application/json");
     h = curl_slist_append(h, "X-Request-Id: wf-test-1");
+    h = curl_slist_append(h, "X-Custom: kept");
+    /* A header named in Connection is hop-by-hop: not forwarded. */
+    h = curl_slist_append(h, "Connection: keep-alive, X-Hop");
+    h = curl_slist_append(h, "X-Hop: dropped");
+    h = curl_slist_append(h,
+                          "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
@@ -456,6 +476,14 @@ static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
     /* What each engine received. */
     assert_int_equal(f.d.n_requests, 1);
     assert_string_equal(f.d.last_request_id, "wf-test-1");
+    /* Client headers forwarded (hop-by-hop ones not), the forwarder's leg header added,
+     * the trace continued with a new span id. */
+    assert_string_equal(f.d.last_custom, "kept");
+    assert_string_equal(f.d.last_connection, "");
+    assert_string_equal(f.d.last_leg_header, "decode");
+    assert_int_equal(strlen(f.d.last_traceparent), 55);
+    assert_memory_equal(f.d.last_traceparent, "00-0af7651916cd43dd8448eb211c80319c-", 36);
+    assert_string_not_equal(f.d.last_traceparent + 36, "b7ad6b7169203331-01");
     db = json_loads(f.d.last_body, 0, NULL);
     assert_non_null(db);
     assert_int_equal(json_integer_value(json_object_get(db, "max_tokens")), 4);
@@ -467,6 +495,8 @@ static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
             usleep(5000);
         assert_int_equal(f.p.n_requests, 1);
         assert_string_equal(f.p.last_request_id, "wf-test-1");
+        assert_string_equal(f.p.last_leg_header, "prefill");
+        assert_string_equal(f.p.last_traceparent, f.d.last_traceparent);
         pb = json_loads(f.p.last_body, 0, NULL);
         assert_non_null(pb);
         assert_int_equal(json_integer_value(json_object_get(pb, "max_tokens")), 1);
@@ -539,6 +569,24 @@ static void test_single_staged_plain(void **s)
 {
     (void)s;
     run_case("t-single", PDGW_MODE_STAGED, 0);
+}
+
+/* The built-in neutral forwarder passes the client's bytes through unchanged. */
+static void test_neutral_passes_client_bytes(void **s)
+{
+    fixture_t f;
+    client_resp_t r;
+    static const char odd[] = "{ \"model\" : \"m\", \"prompt\":\"hi\" ,\"max_tokens\": 4,"
+                              "\"stream\":true }";
+    (void)s;
+    fixture_start(&f, "neutral", PDGW_MODE_BATCH, 0);
+    post(&f, odd, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, EXPECT_STREAM);
+    assert_int_equal(f.p.n_requests, 0);
+    assert_int_equal(f.d.n_requests, 1);
+    assert_string_equal(f.d.last_body, odd);
+    fixture_stop(&f);
 }
 
 static void *wake_later(void *arg)
@@ -657,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_parallel_staged_stream),
         cmocka_unit_test(test_single_batch_stream),
         cmocka_unit_test(test_single_staged_plain),
+        cmocka_unit_test(test_neutral_passes_client_bytes),
         cmocka_unit_test(test_gate_woken_from_thread),
         cmocka_unit_test(test_gate_timeout),
         cmocka_unit_test(test_retry_after_refused_prefill),

@@ -343,6 +343,30 @@ static void test_to_json(void **state)
     assert_int_equal(strlen(buf), 7);
 }
 
+static void test_env(void **state)
+{
+    kvt_config_t c, before;
+    kvt_config_err_t err;
+
+    kvt_config_defaults(&c);
+    setenv("KVTTEST_PD_ROLE", "receiver", 1);
+    setenv("KVTTEST_PD_PEER_ALLOC_PORT", "7400,7401", 1);
+    setenv("KVTTEST_PD_PULL_PENDING_TTL", "30s", 1);
+    assert_int_equal(kvt_config_load_env(&c, "KVTTEST_", &err), KVT_OK);
+    assert_int_equal(c.pd_role, KVT_ROLE_RECEIVER);
+    assert_int_equal(c.pd_peer_alloc_port.n, 2);
+    assert_true(c.pd_pull_pending_ttl == 30.0);
+    before = c;
+    setenv("KVTTEST_PD_BUFFER_SIZE", "big", 1);
+    assert_int_equal(kvt_config_load_env(&c, "KVTTEST_", &err), KVT_ERR_CONFIG);
+    assert_string_equal(err.key, "pd_buffer_size");
+    assert_memory_equal(&c, &before, sizeof(c));
+    unsetenv("KVTTEST_PD_ROLE");
+    unsetenv("KVTTEST_PD_PEER_ALLOC_PORT");
+    unsetenv("KVTTEST_PD_PULL_PENDING_TTL");
+    unsetenv("KVTTEST_PD_BUFFER_SIZE");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -350,7 +374,7 @@ int main(void)
         cmocka_unit_test(test_yaml_errors),   cmocka_unit_test(test_yaml_null_and_empty),
         cmocka_unit_test(test_json),          cmocka_unit_test(test_files),
         cmocka_unit_test(test_set_key_value), cmocka_unit_test(test_validate_rules),
-        cmocka_unit_test(test_to_json),
+        cmocka_unit_test(test_to_json),       cmocka_unit_test(test_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

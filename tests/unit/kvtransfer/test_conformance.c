@@ -95,7 +95,19 @@ static void test_case(void **state)
 
     st = t_pair_open(&p, c->mode, 64 * T_PAGE, 64 * T_PAGE, c->transport);
     if (st == KVT_ERR_UNSUPPORTED) {
-        printf("SKIP %s: transport not available on this host\n", c->transport);
+        /* one line per transport, not per case */
+        static const char *reported[8];
+        int seen = 0;
+        for (int i = 0; i < 8 && reported[i] != NULL; i++)
+            seen |= strcmp(reported[i], c->transport) == 0;
+        for (int i = 0; i < 8 && !seen; i++) {
+            if (reported[i] == NULL) {
+                reported[i] = c->transport;
+                printf("SKIP %s: not available on this host (create returned %s)\n",
+                       c->transport, kvt_status_name(st));
+                break;
+            }
+        }
         skip();
     }
     assert_int_equal(st, KVT_OK);

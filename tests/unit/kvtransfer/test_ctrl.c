@@ -218,6 +218,56 @@ static void test_dead_receiver_timeout(void **state)
     t_keys_free(keys, 2);
 }
 
+/* When the proxy sees ProxyNotif the receiver already holds every chunk:
+ * a lookup right then finds them all (push and pull-eager). */
+static void notif_means_landed(t_mode_t mode)
+{
+    kvt_proxy_t *px;
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    char rid[64], req[32];
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    t_cfg(&sc, KVT_ROLE_SENDER, mode, 64 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, mode, 64 * T_PAGE, "tcp");
+    snprintf(sc.pd_proxy_host, sizeof(sc.pd_proxy_host), "127.0.0.1");
+    sc.pd_proxy_port = kvt_proxy_port(px);
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    for (int round = 0; round < 8; round++) {
+        char **keys;
+        kvt_task_id_t id;
+        kvt_task_result_t res;
+        kvt_status_t st;
+        snprintf(req, sizeof(req), "nl-%d", round);
+        keys = t_keys(req, 24);
+        id = t_store(p.s, req, keys, 0, 24, 0, 1, 24, &st);
+        assert_int_equal(st, KVT_OK);
+        assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 5000), KVT_OK);
+        assert_string_equal(rid, req);
+        assert_int_equal(kvt_submit_lookup(p.r, (const char *const *)keys, 24, NULL, &id), KVT_OK);
+        assert_int_equal(t_wait(p.r, id, 1000, &res), KVT_OK);
+        assert_int_equal(t_bits(&res), 24);
+        kvt_task_result_clear(&res);
+        kvt_unlock(p.r, (const char *const *)keys, 24);
+        kvt_release_req(p.r, req);
+        t_keys_free(keys, 24);
+    }
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+}
+
+static void test_notif_means_landed_push(void **state)
+{
+    (void)state;
+    notif_means_landed(MODE_PUSH);
+}
+
+static void test_notif_means_landed_pull(void **state)
+{
+    (void)state;
+    notif_means_landed(MODE_PULL_EAGER);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +275,8 @@ int main(void)
         cmocka_unit_test(test_reserve_timeout_replaces_socket),
         cmocka_unit_test(test_proxy_notif_after_last_batch),
         cmocka_unit_test(test_dead_receiver_timeout),
+        cmocka_unit_test(test_notif_means_landed_push),
+        cmocka_unit_test(test_notif_means_landed_pull),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

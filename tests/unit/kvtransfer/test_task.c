@@ -371,6 +371,73 @@ static void test_task_wait_unknown_and_timeout(void **state)
     t_pair_close(&p);
 }
 
+/* A reply that comes after the timeout must never be taken as the answer to
+ * the next request: the DEALER that missed it is closed and replaced. */
+static void test_missed_reply_replaces_dealer(void **state)
+{
+    fake_rx_t f;
+    kvt_engine_t *s;
+    kvt_config_t c;
+    kvt_engine_params_t ep = {
+        .page_size = T_PAGE, .bind_host = "127.0.0.1", .ctrl_timeout_ms = 300};
+    char **keys = t_keys("late", 4);
+    kvt_status_t st;
+    kvt_task_id_t id;
+    char ident[512];
+    size_t il;
+    kvt_msg_t m, r;
+    kvt_task_result_t res;
+    kvt_metrics_t mt;
+    (void)state;
+
+    fake_open(&f);
+    t_cfg(&c, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
+    c.pd_peer_alloc_port.v[0] = f.alloc_port;
+    c.pd_peer_init_port.v[0] = f.init_port;
+    c.pd_alloc_fail_backoff_ttl = 0.1;
+    ep.cfg = &c;
+    assert_int_equal(kvt_engine_create(&ep, &s), KVT_OK);
+    id = t_store(s, "late-1", keys, 0, 2, 0, 1, 2, &st);
+    assert_int_equal(st, KVT_OK);
+    fake_handshake(&f);
+    router_recv(f.alloc, ident, &il, &m); /* ... and no answer in time */
+    kvt_msg_clear(&m);
+    assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_ERR_TIMEOUT);
+    kvt_task_result_clear(&res);
+    /* the late answer: "everything already there" */
+    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 0);
+    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 1);
+    router_send(f.alloc, ident, il, &r);
+    kvt_msg_clear(&r);
+    usleep(100 * 1000);
+    /* the next request gets its own answer: both slots failed */
+    id = t_store(s, "late-2", keys, 2, 2, 0, 1, 2, &st);
+    assert_int_equal(st, KVT_OK);
+    router_recv(f.alloc, ident, &il, &m);
+    assert_string_equal(m.u.alloc_req.req_id, "late-2");
+    kvt_msg_clear(&m);
+    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    for (int i = 0; i < 2; i++) {
+        kvt_int_list_push(&r.u.alloc_resp.remote_indexes, -1);
+        kvt_str_list_push(&r.u.alloc_resp.remote_buffer_uuids, "");
+    }
+    router_send(f.alloc, ident, il, &r);
+    kvt_msg_clear(&r);
+    assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 0); /* not the stale "already sent" */
+    kvt_task_result_clear(&res);
+    kvt_engine_metrics(s, &mt);
+    assert_int_equal(mt.ctrl_timeouts_total, 1);
+    assert_int_equal(mt.already_sent_total, 0);
+    assert_true(t_pool_drained(s, 1000));
+    kvt_engine_destroy(s);
+    fake_close(&f);
+    t_keys_free(keys, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -379,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_receiver_alloc_response),
         cmocka_unit_test(test_store_load_lookup),
         cmocka_unit_test(test_task_wait_unknown_and_timeout),
+        cmocka_unit_test(test_missed_reply_replaces_dealer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

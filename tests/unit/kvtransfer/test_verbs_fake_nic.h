@@ -53,6 +53,7 @@ typedef struct fk_qp {
     uint32_t dest_qpn, rq_psn, sq_psn;
     int fail_after; /* complete this many WRs, then fail with RETRY_EXC_ERR; -1 never */
     uint64_t posted;
+    uint64_t seq; /* creation order */
     fk_held_t *held;
     int nheld;
 } fk_qp_t;
@@ -71,6 +72,7 @@ static struct {
     fk_qp_t *qps[FK_MAX_QPS];
     fk_mr_t *mrs[FK_MAX_MRS];
     uint32_t next_qpn;
+    uint64_t qp_seq;
     uint32_t next_key;
     unsigned mr_regs;
     unsigned violations; /* things a real NIC would refuse or that break the contract */
@@ -464,7 +466,10 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
     if (q == NULL)
         return NULL;
     pthread_mutex_lock(&fk.lock);
-    if (fk.next_qpn >= FK_MAX_QPS) {
+    for (int k = 0; k < FK_MAX_QPS && fk.qps[fk.next_qpn % FK_MAX_QPS] != NULL; k++)
+        fk.next_qpn++;
+    fk.next_qpn %= FK_MAX_QPS;
+    if (fk.qps[fk.next_qpn] != NULL) { /* every QP number in use */
         pthread_mutex_unlock(&fk.lock);
         free(q);
         errno = ENOMEM;
@@ -479,6 +484,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
     q->qp.qp_num = FK_QPN_BASE + fk.next_qpn;
     q->max_send_wr = ia->cap.max_send_wr;
     q->fail_after = -1;
+    q->seq = ++fk.qp_seq;
     fk.qps[fk.next_qpn++] = q;
     if (ia->qp_type != IBV_QPT_RC || ia->cap.max_send_sge < 1)
         fk_violation("QP not RC");

@@ -301,14 +301,26 @@ static void fk_fail_qp(uint32_t qpn, int n)
     pthread_mutex_unlock(&fk.lock);
 }
 
-/* QP numbers of a's connection (the QPs created last for it are the pair's local side). */
+/* Numbers of the connected QPs in creation order: after handshake(a, b) the first two are a's
+ * (a prepares first). */
 static void fk_rts_qps(uint32_t *out, int *n)
 {
+    fk_qp_t *q[FK_MAX_QPS];
+
     *n = 0;
     pthread_mutex_lock(&fk.lock);
     for (int i = 0; i < FK_MAX_QPS; i++)
         if (fk.qps[i] != NULL && fk.qps[i]->qp.state == IBV_QPS_RTS)
-            out[(*n)++] = fk.qps[i]->qp.qp_num;
+            q[(*n)++] = fk.qps[i];
+    for (int i = 1; i < *n; i++) /* insertion sort by creation order */
+        for (int j = i; j > 0 && q[j - 1]->seq > q[j]->seq; j--) {
+            fk_qp_t *t = q[j];
+
+            q[j] = q[j - 1];
+            q[j - 1] = t;
+        }
+    for (int i = 0; i < *n; i++)
+        out[i] = q[i]->qp.qp_num;
     pthread_mutex_unlock(&fk.lock);
 }
 
@@ -331,6 +343,9 @@ static void test_path_failure_retries_on_other_qp(void **state)
     x = ref(&a, 0, UB, 0, 120);
     assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 77), KVT_OK);
     assert_int_equal(wait_done(&a, 1, 77), KVT_OK); /* retried on the other QP */
+    pthread_mutex_lock(&fk.lock);
+    assert_int_equal(fk_qp_by_num(qpns[0])->qp.state, IBV_QPS_ERR); /* the error did happen */
+    pthread_mutex_unlock(&fk.lock);
     assert_memory_equal(b.mem, a.mem, 120ull * PAGE);
     ops->stats(a.tl, &st);
     assert_int_equal(st.ops_completed, 1);
@@ -495,6 +510,93 @@ static void test_destroy_flushes_outstanding(void **state)
     assert_clean_fake();
 }
 
+/* The initiator prepares under the address it dialled and learns the node id from the reply. */
+static void test_rename_after_reply(void **state)
+{
+    char blob_a[KVT_TL_BLOB_MAX], blob_b[KVT_TL_BLOB_MAX];
+    size_t la = sizeof(blob_a), lb = sizeof(blob_b);
+    kvt_tl_xfer_t x;
+    side_t a, b;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    fill(a.mem, REGION, 8);
+    assert_int_equal(ops->peer_prepare(a.tl, "127.0.0.1:7001", blob_a, &la), KVT_OK);
+    assert_int_equal(ops->peer_prepare(b.tl, "prefill-0", blob_b, &lb), KVT_OK);
+    assert_int_equal(ops->peer_connect(b.tl, "prefill-0", blob_a, la), KVT_OK);
+    /* without the rename the reply names a peer nothing was prepared for */
+    assert_int_equal(ops->peer_connect(a.tl, "decode-0", blob_b, lb), KVT_ERR_STATE);
+    assert_int_equal(ops->peer_rename(a.tl, "nobody", "decode-0"), KVT_ERR_NOT_FOUND);
+    la = sizeof(blob_a);
+    assert_int_equal(ops->peer_prepare(a.tl, "127.0.0.1:7001", blob_a, &la), KVT_OK);
+    lb = sizeof(blob_b);
+    assert_int_equal(ops->peer_prepare(b.tl, "prefill-0", blob_b, &lb), KVT_OK);
+    assert_int_equal(ops->peer_connect(b.tl, "prefill-0", blob_a, la), KVT_OK);
+    assert_int_equal(ops->peer_rename(a.tl, "127.0.0.1:7001", "decode-0"), KVT_OK);
+    assert_int_equal(ops->peer_connect(a.tl, "decode-0", blob_b, lb), KVT_OK);
+    x = ref(&a, 3, UB, 4, 5);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 31), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 31), KVT_OK);
+    assert_memory_equal(b.mem + 4ull * PAGE, a.mem + 3ull * PAGE, 5ull * PAGE);
+    assert_int_equal(ops->post(a.tl, "127.0.0.1:7001", KVT_TL_OP_WRITE, &x, 1, 32),
+                     KVT_ERR_NOT_FOUND);
+    /* renaming onto a connected peer replaces its pending half, the live connection stays */
+    la = sizeof(blob_a);
+    assert_int_equal(ops->peer_prepare(a.tl, "127.0.0.1:7001", blob_a, &la), KVT_OK);
+    assert_int_equal(ops->peer_rename(a.tl, "127.0.0.1:7001", "decode-0"), KVT_OK);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 33), KVT_OK);
+    assert_int_equal(wait_done(&a, 2, 33), KVT_OK);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
+/* Every allocation on the handshake and post paths may fail: clean statuses, no leak, and the
+ * transport still works afterwards. */
+static void test_allocation_failures(void **state)
+{
+    char blob_a[KVT_TL_BLOB_MAX], blob_b[KVT_TL_BLOB_MAX];
+    size_t la, lb;
+    kvt_tl_xfer_t x;
+    side_t a, b;
+    unsigned expect = 0;
+    bool done = false;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    for (uint64_t n = 1; n < 300 && !done; n++) {
+        kvt_status_t st;
+
+        la = sizeof(blob_a);
+        lb = sizeof(blob_b);
+        kvt_alloc_fail_at(n, 0);
+        st = ops->peer_prepare(a.tl, "decode-0", blob_a, &la);
+        if (st == KVT_OK)
+            st = ops->peer_prepare(b.tl, "prefill-0", blob_b, &lb);
+        if (st == KVT_OK)
+            st = ops->peer_connect(b.tl, "prefill-0", blob_a, la);
+        if (st == KVT_OK)
+            st = ops->peer_connect(a.tl, "decode-0", blob_b, lb);
+        if (st == KVT_OK) {
+            x = ref(&a, 0, UB, 0, 3);
+            st = ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 500 + n);
+            if (st == KVT_OK) {
+                expect++;
+                kvt_alloc_fail_at(0, 0);
+                assert_int_equal(wait_done(&a, expect, 500 + n), KVT_OK);
+                done = true;
+            }
+        }
+        kvt_alloc_fail_at(0, 0);
+        if (!done)
+            assert_true(st == KVT_ERR_NOMEM || st == KVT_ERR_STATE || st == KVT_ERR_PEER);
+    }
+    assert_true(done);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -506,6 +608,8 @@ int main(void)
         cmocka_unit_test_setup(test_peer_restart_rebuilds, setup),
         cmocka_unit_test_setup(test_outstanding_bound_per_qp, setup),
         cmocka_unit_test_setup(test_destroy_flushes_outstanding, setup),
+        cmocka_unit_test_setup(test_rename_after_reply, setup),
+        cmocka_unit_test_setup(test_allocation_failures, setup),
     };
 
     ops = kvt_tl_verbs_desc.ops;

@@ -323,6 +323,83 @@ static void test_gid_and_mtu_helpers(void **state)
     assert_int_equal(kvt_verbs_mtu_enum(9000), 0);
 }
 
+/* Random corruption of a valid blob: the decoder answers with a status, never reads out of
+ * bounds or leaks (checked under the sanitizers), and what it accepts is self-consistent. */
+static void test_random_corruption(void **state)
+{
+    kvt_verbs_hs_t in, out;
+    void *buf = NULL;
+    size_t len = 0;
+    unsigned seed = 42, accepted = 0;
+
+    make_hs(&in);
+    assert_int_equal(kvt_verbs_hs_encode(&in, &buf, &len), KVT_OK);
+    for (int round = 0; round < 3000; round++) {
+        uint8_t *m = malloc(len);
+        int flips = 1 + rand_r(&seed) % 4;
+
+        assert_non_null(m);
+        memcpy(m, buf, len);
+        for (int f = 0; f < flips; f++)
+            m[(size_t)rand_r(&seed) % len] ^= (uint8_t)(1u << (rand_r(&seed) % 8));
+        if (kvt_verbs_hs_decode(m, len, &out) == KVT_OK) {
+            accepted++;
+            assert_true(out.nqps >= 1 && out.nqps <= KVT_VERBS_MAX_QPS);
+            for (uint32_t r = 0; r < out.nregions; r++) {
+                const kvt_verbs_mr_map_t *map = &out.regions[r];
+
+                assert_int_equal(map->nkeys, kvt_verbs_mr_plan_count(map->len, map->chunk_size));
+                assert_true(map->base + map->len >= map->base);
+            }
+            kvt_verbs_hs_clear(&out);
+        }
+        free(m);
+    }
+    assert_true(accepted < 3000); /* most corruptions are caught */
+    kvt_free(buf);
+    free_hs(&in);
+}
+
+/* Every allocation of encode and decode may fail: a clean KVT_ERR_NOMEM (or a decoder status),
+ * never a crash or a leak (the sanitizer build checks leaks). */
+static void test_allocation_failures(void **state)
+{
+    kvt_verbs_hs_t in, out;
+    void *buf = NULL;
+    size_t len = 0;
+    int ok_enc = 0, ok_dec = 0;
+
+    make_hs(&in);
+    for (uint64_t n = 1; n < 200 && !ok_enc; n++) {
+        kvt_status_t st;
+
+        kvt_alloc_fail_at(n, 0);
+        st = kvt_verbs_hs_encode(&in, &buf, &len);
+        kvt_alloc_fail_at(0, 0);
+        if (st == KVT_OK)
+            ok_enc = 1;
+        else
+            assert_int_equal(st, KVT_ERR_NOMEM);
+    }
+    assert_true(ok_enc);
+    for (uint64_t n = 1; n < 400 && !ok_dec; n++) {
+        kvt_status_t st;
+
+        kvt_alloc_fail_at(n, 0);
+        st = kvt_verbs_hs_decode(buf, len, &out);
+        kvt_alloc_fail_at(0, 0);
+        if (st == KVT_OK)
+            ok_dec = 1;
+        else
+            assert_true(st < 0);
+    }
+    assert_true(ok_dec);
+    assert_int_equal(out.nregions, 2);
+    kvt_verbs_hs_clear(&out);
+    kvt_free(buf);
+    free_hs(&in);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +409,8 @@ int main(void)
         cmocka_unit_test(test_rejects_no_lanes),
         cmocka_unit_test(test_rejects_garbage_and_truncation),
         cmocka_unit_test(test_gid_and_mtu_helpers),
+        cmocka_unit_test(test_random_corruption),
+        cmocka_unit_test(test_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,8 +11,8 @@
 
 static int setup(void **state)
 {
-    char *argv[] = {"pdgw-sim", "--block-size", "4", "--layers", "2", "--kv-bytes-per-token",
-                    "64", NULL};
+    char *argv[] = {"pdgw-sim", "--block-size",         "4",  "--layers",
+                    "2",        "--kv-bytes-per-token", "64", NULL};
     return sim_config_parse(7, argv, &sim_cfg);
 }
 
@@ -70,7 +70,7 @@ static void test_keys(void **state)
     uint64_t hp[3], hq[3];
     sim_kv_chunk_hashes(&p, &g, hp);
     sim_kv_chunk_hashes(&q, &g, hq);
-    assert_true(hp[0] == hq[0]); /* same first chunk */
+    assert_true(hp[0] == hq[0]);                   /* same first chunk */
     assert_true(hp[1] != hq[1] && hp[2] != hq[2]); /* chained */
     char k[256];
     sim_kv_key(k, sizeof(k), "lmc", 1, 3, 2, 0xabcull);

@@ -39,10 +39,11 @@ static void test_tokenize(void **state)
 static void test_chat_template(void **state)
 {
     json_error_t err;
-    json_t *m = json_loads("[{\"role\":\"system\",\"content\":\"be brief\"},"
-                           "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
-                           "{\"type\":\"text\",\"text\":\"b\"}]},{\"role\":\"user\",\"content\":null}]",
-                           0, &err);
+    json_t *m =
+        json_loads("[{\"role\":\"system\",\"content\":\"be brief\"},"
+                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                   "{\"type\":\"text\",\"text\":\"b\"}]},{\"role\":\"user\",\"content\":null}]",
+                   0, &err);
     char *t = sim_chat_template(m);
     assert_non_null(t);
     assert_string_equal(t, "<|system|>\nbe brief\n<|user|>\na b\n<|user|>\n\n<|assistant|>\n");
