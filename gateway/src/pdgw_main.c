@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <curl/curl.h>
@@ -186,6 +187,17 @@ static json_t *options_json(const pdgw_config_t *cfg)
     return o;
 }
 
+/* Every stream holds two sockets (client and engine): use the whole hard limit. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            pdgw_log_warn("main", "cannot raise the open-file limit: %s", strerror(errno));
+    }
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -228,6 +240,7 @@ int main(int argc, char **argv)
     /* Stage 3: allocate. */
     pdgw_log_init(cfg.log_level, cfg.log_format, -1);
     pdgw_log_set_access(cfg.access_log);
+    raise_fd_limit();
     if (pdgw_registry_log() > 0)
         pdgw_log_warn("main", "some forwarder registrations were refused (see above)");
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {

@@ -540,6 +540,7 @@ err_ctx:
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
     json_decref(empty);
+    pdgw_fwd_api_set_metrics(NULL);
     pdgw_free(srv);
     return status;
 }
@@ -623,5 +624,6 @@ void pdgw_server_destroy(pdgw_server_t *srv)
     pdgw_free(srv->workers);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
+    pdgw_fwd_api_set_metrics(NULL); /* the registry may go away after the server */
     pdgw_free(srv);
 }

@@ -61,6 +61,7 @@ typedef struct tcp_frame {
     uint8_t *local;
     uint64_t length;
     uint64_t remote_offset;
+    int sent; /* the tx thread is done with <local> (under the lane lock) */
     char uuid[KVT_TL_UUID_LEN + 1];
 } tcp_frame_t;
 
@@ -99,7 +100,7 @@ struct tcp_peer {
     pthread_mutex_t lock; /* connect / teardown / post */
     int have_addr;
     int connected;
-    int stopping; /* teardown in progress: lane deaths are not failures */
+    atomic_int stopping; /* teardown in progress: lane deaths are not failures */
     atomic_int failed;
     unsigned nlanes;
     tcp_lane_t *lanes;
@@ -663,6 +664,12 @@ static void *lane_tx_main(void *arg)
         why = send_iov(l->fd, iov, (f->op == KVT_TCP_OP_WRITE && f->length > 0) ? 2 : 1);
         if (why != KVT_OK)
             break;
+        /* the reply cannot come before the bytes left, but say so explicitly:
+         * the frame may complete (and its memory be reused) only after this */
+        pthread_mutex_lock(&l->lock);
+        f->sent = 1;
+        pthread_cond_broadcast(&l->cond);
+        pthread_mutex_unlock(&l->lock);
     }
     lane_exit(l, why);
     return NULL;
@@ -724,6 +731,12 @@ static void *lane_rx_main(void *arg)
                 break;
         }
         pthread_mutex_lock(&l->lock);
+        while (!f->sent && !l->dead)
+            pthread_cond_wait(&l->cond, &l->lock);
+        if (!f->sent) {
+            pthread_mutex_unlock(&l->lock);
+            break; /* the lane died: lane_exit fails the frame */
+        }
         l->inf_head = f->next;
         if (l->inf_head == NULL)
             l->inf_tail = NULL;

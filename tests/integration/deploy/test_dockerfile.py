@@ -255,6 +255,21 @@ def test_runtime_stage_user_health_ports():
             assert path in copied, f"{path} is not copied into the image"
 
 
+def test_apt_hygiene():
+    """Every apt-get install: in the same RUN as its update, -y, no recommends,
+    lists removed afterwards (small layers, no stale index baked in)."""
+    _, st = _load()
+    for s in st:
+        for instr, rest, no in s["instrs"]:
+            if instr != "RUN" or "apt-get install" not in rest:
+                continue
+            assert "apt-get update" in rest.split("apt-get install")[0], \
+                f"line {no}: apt-get update must run in the same RUN before install"
+            assert "--no-install-recommends" in rest and " -y" in rest, f"line {no}"
+            assert "rm -rf /var/lib/apt/lists/*" in rest.split("apt-get install")[1], \
+                f"line {no}: apt lists not removed"
+
+
 def test_copy_sources():
     _, st = _load()
     patterns = dockerignore_patterns()
@@ -343,6 +358,8 @@ def test_broken_dockerfile_rejected():
         ("wrong base", "ARG DEBIAN_IMAGE=debian:bookworm-slim", "ARG DEBIAN_IMAGE=ubuntu:24.04",
          test_stages),
         ("COPY from a later stage", "COPY --from=build", "COPY --from=later", test_copy_sources),
+        ("apt lists kept", "    && rm -rf /var/lib/apt/lists/*\n\n# Fixed", "\n# Fixed",
+         test_apt_hygiene),
     ]
     saved = DOCKERFILE
     tmp = tempfile.mkdtemp(prefix="pdgw-dockerfile.")
@@ -367,6 +384,6 @@ def test_broken_dockerfile_rejected():
 
 if __name__ == "__main__":
     pdgwtest.run([test_stages, test_build_stage, test_runtime_packages,
-                  test_runtime_stage_user_health_ports, test_copy_sources,
+                  test_runtime_stage_user_health_ports, test_apt_hygiene, test_copy_sources,
                   test_entrypoint_dispatch, test_image_config_exists,
                   test_broken_dockerfile_rejected])

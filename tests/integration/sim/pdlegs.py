@@ -148,6 +148,11 @@ def run_nixl(P, D, body, rid, chat=False):
     return decode_leg(D, db, rid, chat)
 
 
+# vllm-mooncake serial (PROTOCOLS.md A.3) has exactly the nixl leg shapes: the
+# prefill's kv_transfer_params are copied whole into the decode leg.
+run_mooncake_serial = run_nixl
+
+
 def run_mooncake_parallel(P, D, body, rid, chat=False):
     tid = f"tx-{rid}"
     pb = hardened(body)

@@ -11,7 +11,7 @@ import uuid
 import pdgwtest as T
 from pdlegs import (NIXL_PREFILL_KVP, Inst, Proxy, decode_leg, hardened, path_of, post,
                     run_kvt_batch, run_kvt_staged, run_lmcache, run_mooncake_parallel,
-                    run_nixl, run_sglang, wait_idle)
+                    run_mooncake_serial, run_nixl, run_sglang, wait_idle)
 
 PROMPT = ("Disaggregated serving splits the prompt phase from the token phase so that each "
           "runs on hardware sized for it, and the cache of keys and values moves between.")
@@ -72,6 +72,7 @@ def test_default_modes():
                               "endpoint": f"tcp://127.0.0.1:{P.kv_port}",
                               "xfer": drec["kv"]["xfer"]}
         check(P, D, B, run_nixl, "pull-eager", CHAT_STREAM, chat=True)
+        check(P, D, B, run_mooncake_serial, "pull-eager", CHAT_STREAM, chat=True)
         check(P, D, B, run_mooncake_parallel, "push")
         check(P, D, B, run_mooncake_parallel, "push", CHAT_STREAM, chat=True)
         rid = check(P, D, B, run_kvt_batch, "push")
@@ -89,7 +90,7 @@ def test_default_modes():
         assert D.records(rid)[0]["kv"]["req_id"] == rid
         assert D.metric("sim_kv_bytes_received_total") > sent0
         assert D.metric("sim_kv_verify_failures_total") == 0
-        assert P.metric("sim_kv_transfers_total", {"result": "ok"}) >= 13
+        assert P.metric("sim_kv_transfers_total", {"result": "ok"}) >= 14
         wait_idle(P, D)
         # a decode leg whose KV is not on this receiver recomputes (LMCache's behaviour)
         st, text, _ = decode_leg(D, dict(COMPLETION, prompt="never prefilled"), "r-miss", False)
@@ -111,6 +112,7 @@ def test_pull_delay_and_lmcache_pull():
     B = Inst("both", name="both", kv=False)
     try:
         check(P, D, B, run_nixl, "pull-delay")
+        check(P, D, B, run_mooncake_serial, "pull-delay", CHAT_STREAM, chat=True)
         check(P, D, B, run_kvt_staged, "pull-delay", CHAT_STREAM, chat=True)
         check(P, D, B, run_lmcache, "pull-delay", proxy=proxy)
         wait_idle(P, D)
