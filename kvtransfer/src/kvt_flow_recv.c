@@ -702,8 +702,15 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
         kvt_engine_bad_msg(e, "alloc port", st, &err);
         /* a request we can name still gets its (failure) reply */
         if (kvt_msg_peek_type(data, len, &type) == KVT_OK &&
-            (type == KVT_MSG_ALLOC_REQUEST || type == KVT_MSG_PULL_READY_NOTIF))
+            (type == KVT_MSG_ALLOC_REQUEST || type == KVT_MSG_PULL_READY_NOTIF)) {
             reply_alloc_failed(e, &c, type, 0);
+        } else if (type == KVT_MSG_RESERVE_REQUEST) {
+            kvt_msg_t r;
+            kvt_msg_init(&r, KVT_MSG_RESERVE_RESPONSE);
+            r.u.reserve_resp.req_id = "";
+            r.u.reserve_resp.free_chunks = kvt_reserve_free_chunks(e->reserve);
+            reply(e, &c, &r); /* not granted */
+        }
         return;
     }
     switch (m.type) {
