@@ -37,7 +37,7 @@ demo: build
 
 bench: build
 	PDGW_DEPS_BENCH=1 ./deploy/install-deps.sh
-	./tests/bench/run_all.sh $(BUILD)/bin
+	BENCH_CMD="make bench" ./tests/bench/run_all.sh $(BUILD)/bin
 
 format:
 	find gateway forwarders kvtransfer scheduler tests -name '*.[ch]' -print0 | xargs -0 clang-format -i

@@ -131,6 +131,7 @@ void pdgw_api_error_set(pdgw_api_error_t *err, pdgw_api_err_kind_t kind, const c
     err->kind = kind_ok(kind) ? kind : PDGW_API_ERR_INTERNAL;
     copy_field(err->param, sizeof(err->param), param);
     err->code[0] = '\0';
+    err->type[0] = '\0';
     if (fmt == NULL) {
         err->message[0] = '\0';
         return;
@@ -145,6 +146,12 @@ void pdgw_api_error_set_code(pdgw_api_error_t *err, const char *code)
 {
     if (err != NULL)
         copy_field(err->code, sizeof(err->code), code);
+}
+
+void pdgw_api_error_set_type(pdgw_api_error_t *err, const char *type)
+{
+    if (err != NULL)
+        copy_field(err->type, sizeof(err->type), type);
 }
 
 int pdgw_api_error_http_status(const pdgw_api_error_t *err)
@@ -164,7 +171,9 @@ json_t *pdgw_api_error_json(const pdgw_api_error_t *err)
     if (msg == NULL)
         msg = json_string("invalid request");
     if (json_object_set_new(inner, "message", msg) != 0 ||
-        json_object_set_new(inner, "type", json_string(pdgw_api_err_type(err->kind))) != 0 ||
+        json_object_set_new(
+            inner, "type",
+            json_string(err->type[0] != '\0' ? err->type : pdgw_api_err_type(err->kind))) != 0 ||
         json_object_set_new(inner, "param",
                             err->param[0] != '\0' ? json_string(err->param) : json_null()) != 0 ||
         json_object_set_new(inner, "code", code != NULL ? json_string(code) : json_null()) != 0)

@@ -78,6 +78,8 @@ typedef struct pdgw_api_error {
     char message[PDGW_API_ERR_MESSAGE_MAX];
     char param[PDGW_API_ERR_PARAM_MAX]; /* "" = JSON null */
     char code[PDGW_API_ERR_CODE_MAX];   /* "" = the kind's default code */
+    char type[PDGW_API_ERR_CODE_MAX];   /* "" = the kind's OpenAI type; else an override such
+                                           as "pd_prefill_error" (HTTP status unchanged) */
 } pdgw_api_error_t;
 
 /* HTTP status of <kind> (400..504); 500 for out-of-range values. */
@@ -91,13 +93,16 @@ pdgw_api_err_kind_t pdgw_api_err_kind_from_http(int http_status);
 
 /*
  * Fill <err>: <kind>, <param> (NULL = null), message from printf-style <fmt>.
- * The code is reset to the kind's default; set err->code afterwards to override.
+ * The code and type are reset to the kind's defaults; pdgw_api_error_set_code / _set_type
+ * override them afterwards.
  * Texts longer than the fields are truncated.
  */
 void pdgw_api_error_set(pdgw_api_error_t *err, pdgw_api_err_kind_t kind, const char *param,
                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Set only the code (NULL or "" = default). */
 void pdgw_api_error_set_code(pdgw_api_error_t *err, const char *code);
+/* Override the "type" (NULL or "" = the kind's type); the HTTP status stays the kind's. */
+void pdgw_api_error_set_type(pdgw_api_error_t *err, const char *type);
 /* HTTP status of <err>. */
 int pdgw_api_error_http_status(const pdgw_api_error_t *err);
 

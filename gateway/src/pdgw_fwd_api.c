@@ -153,27 +153,24 @@ void pdgw_fwd_waker_unref(pdgw_fwd_waker_t *w)
 
 void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *wk)
 {
-    pdgw_worker_t *w;
-    bool kick = false;
     if (wk == NULL)
         return;
+    /* Everything under wk->lock: the worker detaches every waker (taking this lock)
+     * before it closes its eventfd, so the worker is alive while we hold it. */
     pthread_mutex_lock(&wk->lock);
-    w = wk->worker;
     if (wk->req != NULL && !wk->queued) {
+        pdgw_worker_t *w = wk->worker;
+        uint64_t one = 1;
         wk->queued = true;
         atomic_fetch_add(&wk->refs, 1); /* the queue's reference */
         pthread_mutex_lock(&w->wake_lock);
         wk->next = w->wake_queue;
         w->wake_queue = wk;
         pthread_mutex_unlock(&w->wake_lock);
-        kick = true;
-    }
-    pthread_mutex_unlock(&wk->lock);
-    if (kick) {
-        uint64_t one = 1;
         if (write(w->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
             pdgw_log_warn("waker", "eventfd write: %s", strerror(errno));
     }
+    pthread_mutex_unlock(&wk->lock);
 }
 
 void pdgw_waker_detach(pdgw_fwd_waker_t *wk)
@@ -203,6 +200,24 @@ void pdgw_waker_run_queue(pdgw_worker_t *w)
         /* The request can only end on this thread, so r stays valid during the call. */
         if (r)
             pdgw_wf_on_wake(r);
+        pdgw_fwd_waker_unref(wk);
+    }
+}
+
+void pdgw_waker_drop_queue(pdgw_worker_t *w)
+{
+    pdgw_fwd_waker_t *list;
+    pthread_mutex_lock(&w->wake_lock);
+    list = w->wake_queue;
+    w->wake_queue = NULL;
+    pthread_mutex_unlock(&w->wake_lock);
+    while (list) {
+        pdgw_fwd_waker_t *wk = list;
+        list = wk->next;
+        pthread_mutex_lock(&wk->lock);
+        wk->queued = false;
+        wk->next = NULL;
+        pthread_mutex_unlock(&wk->lock);
         pdgw_fwd_waker_unref(wk);
     }
 }

@@ -400,6 +400,7 @@ void pdgw_access_entry_init(pdgw_access_entry_t *e)
     e->decode_us = -1;
     e->prompt_tokens = -1;
     e->completion_tokens = -1;
+    e->pd_retryable = -1;
 }
 
 static void access_str(line_t *l, bool json, const char *key, const char *value, bool always)
@@ -465,6 +466,13 @@ void pdgw_access_log(const pdgw_access_entry_t *e)
         access_num(&l, json, "completion_tokens", e->completion_tokens);
     access_str(&l, json, "client", e->client_addr, false);
     access_str(&l, json, "error", e->error, false);
+    access_str(&l, json, "pd_phase", e->pd_phase, false);
+    if (e->pd_phase != NULL && e->pd_retryable >= 0) {
+        if (json)
+            line_printf(&l, ",\"pd_retryable\":%s", e->pd_retryable ? "true" : "false");
+        else
+            line_printf(&l, " pd_retryable=%d", e->pd_retryable ? 1 : 0);
+    }
     if (e->client_disconnected) {
         if (json)
             line_puts(&l, ",\"disconnected\":true");

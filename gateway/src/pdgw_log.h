@@ -94,7 +94,7 @@ void pdgw_log_write_req(pdgw_log_level_t level, const char *component, const cha
  * Text:  access id=<id> method=POST path=/v1/chat/completions protocol=neutral model=m
  *        prefill=<inst> decode=<inst> status=200 retries=0 stream=1 total_ms=12.345
  *        ttft_ms=.. prefill_ms=.. kv_ms=.. decode_ms=.. bytes_in=.. bytes_out=.. [client=..]
- *        [error="..."] [disconnected=1]
+ *        [error="..."] [disconnected=1] [pd_phase=.. pd_retryable=0|1]
  * JSON:  {"ts":..,"level":"info","type":"access","request_id":..,"method":..,...}
  * Values with blanks or quotes are quoted and escaped in the text form.
  */
@@ -122,9 +122,11 @@ typedef struct pdgw_access_entry {
     uint64_t bytes_out;        /* response body bytes sent */
     int64_t prompt_tokens;     /* < 0 unknown */
     int64_t completion_tokens; /* < 0 unknown */
+    const char *pd_phase;      /* failed PD phase (prefill, kv_transfer, decode), NULL = none */
+    int pd_retryable;          /* with pd_phase: 1/0; < 0 = unknown (omitted) */
 } pdgw_access_entry_t;
 
-/* Sets every duration/token field to -1 and everything else to zero/NULL. */
+/* Sets every duration/token field and pd_retryable to -1, everything else to zero/NULL. */
 void pdgw_access_entry_init(pdgw_access_entry_t *e);
 void pdgw_access_log(const pdgw_access_entry_t *e);
 

@@ -836,6 +836,23 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Requests refused before forwarding, by reason.", l_reason, 1, NULL, 0, &g.rejected);
     ADD(PDGW_METRIC_GAUGE, "pdgw_build_info", "Build information; the value is always 1.",
         l_version, 1, NULL, 0, &build);
+    ADD(PDGW_METRIC_HISTOGRAM, "pdgw_prefill_seconds",
+        "Prefill leg duration (leg start to prefill response).", l_proto, 1,
+        pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n, &g.prefill_seconds);
+    ADD(PDGW_METRIC_HISTOGRAM, "pdgw_kv_wait_seconds",
+        "Time from prefill completion to the first relayed decode event (two-stage).", l_proto, 1,
+        pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n, &g.kv_wait_seconds);
+    ADD(PDGW_METRIC_HISTOGRAM, "pdgw_decode_seconds", "Decode leg duration.", l_proto, 1,
+        pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n, &g.decode_seconds);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_pd_failures_total",
+        "Requests that failed for good, by PD phase (prefill, kv_transfer, decode).", l_proto_phase,
+        2, NULL, 0, &g.pd_failures);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_prefill_missing_kv_params_total",
+        "Prefill responses without kv_transfer_params (decode recomputes the prompt).", l_proto, 1,
+        NULL, 0, &g.prefill_missing_kv_params);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_pd_cancel_notifs_total",
+        "KV cancel notices sent to release reservations of abandoned requests.", l_proto, 1, NULL,
+        0, &g.pd_cancel_notifs);
 #undef ADD
 
     g.inflight = pdgw_metric_family_series(inflight, NULL);
@@ -913,4 +930,58 @@ void pdgw_gateway_metrics_rejected(pdgw_gateway_metrics_t *gm, const char *reaso
 {
     if (gm != NULL && reason != NULL)
         pdgw_counter_inc(pdgw_metric_family_series1(gm->rejected, reason));
+}
+
+void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          double seconds)
+{
+    if (gm != NULL && protocol != NULL)
+        pdgw_histogram_observe(pdgw_metric_family_series1(gm->prefill_seconds, protocol), seconds);
+}
+
+void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          double seconds)
+{
+    if (gm != NULL && protocol != NULL)
+        pdgw_histogram_observe(pdgw_metric_family_series1(gm->kv_wait_seconds, protocol), seconds);
+}
+
+void pdgw_gateway_metrics_observe_decode(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                         double seconds)
+{
+    if (gm != NULL && protocol != NULL)
+        pdgw_histogram_observe(pdgw_metric_family_series1(gm->decode_seconds, protocol), seconds);
+}
+
+void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                     const char *phase)
+{
+    if (gm != NULL && protocol != NULL && phase != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series2(gm->pd_failures, protocol, phase));
+}
+
+void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
+                                                    const char *protocol)
+{
+    if (gm != NULL && protocol != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series1(gm->prefill_missing_kv_params, protocol));
+}
+
+void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol)
+{
+    if (gm != NULL && protocol != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series1(gm->pd_cancel_notifs, protocol));
+}
+
+void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char *protocol)
+{
+    if (gm == NULL || protocol == NULL)
+        return;
+    pdgw_metric_family_t *fams[] = {
+        gm->request_duration,   gm->ttft,           gm->tpot,
+        gm->client_disconnects, gm->retries,        gm->prefill_seconds,
+        gm->kv_wait_seconds,    gm->decode_seconds, gm->prefill_missing_kv_params,
+        gm->pd_cancel_notifs};
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
+        (void)pdgw_metric_family_series1(fams[i], protocol);
 }

@@ -148,6 +148,14 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
  *                                                                 not_found|method|overload
+ *   pdgw_prefill_seconds{protocol}                      histogram prefill leg
+ *   pdgw_kv_wait_seconds{protocol}                      histogram prefill done -> first decode
+ *                                                                 event (two-stage only)
+ *   pdgw_decode_seconds{protocol}                       histogram decode leg
+ *   pdgw_pd_failures_total{protocol,phase}              counter   final failures by PD phase
+ *   pdgw_prefill_missing_kv_params_total{protocol}      counter   prefill gave no
+ *                                                                 kv_transfer_params
+ *   pdgw_pd_cancel_notifs_total{protocol}               counter   KV cancel notices sent
  *   pdgw_build_info{version}                            gauge     always 1
  *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
  * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).
@@ -166,6 +174,13 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *retries;
     pdgw_metric_family_t *rejected;
     pdgw_metric_t *build_info;
+    /* PD phases (added for the PD forwarders; all labelled {protocol} unless noted) */
+    pdgw_metric_family_t *prefill_seconds; /* prefill leg start -> prefill leg done */
+    pdgw_metric_family_t *kv_wait_seconds; /* prefill done -> first relayed decode event */
+    pdgw_metric_family_t *decode_seconds;  /* decode leg start -> decode leg done */
+    pdgw_metric_family_t *pd_failures;     /* {protocol,phase} requests failed for good */
+    pdgw_metric_family_t *prefill_missing_kv_params; /* prefill answered without params */
+    pdgw_metric_family_t *pd_cancel_notifs;          /* KV cancel notices sent */
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -186,5 +201,22 @@ void pdgw_gateway_metrics_upstream_error(pdgw_gateway_metrics_t *gm, const char 
 void pdgw_gateway_metrics_client_disconnect(pdgw_gateway_metrics_t *gm, const char *protocol);
 void pdgw_gateway_metrics_retry(pdgw_gateway_metrics_t *gm, const char *protocol);
 void pdgw_gateway_metrics_rejected(pdgw_gateway_metrics_t *gm, const char *reason);
+void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          double seconds);
+void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          double seconds);
+void pdgw_gateway_metrics_observe_decode(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                         double seconds);
+void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                     const char *phase);
+void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
+                                                    const char *protocol);
+void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
+
+/*
+ * Create the {protocol} series of the configured protocol up front, so counters and
+ * histograms without further labels show 0 from the first scrape (rate() works at once).
+ */
+void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char *protocol);
 
 #endif /* PDGW_METRICS_H */

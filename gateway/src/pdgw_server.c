@@ -10,6 +10,7 @@
 #include "pdgw_server_int.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -45,6 +46,18 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->first_byte_timeout_ms = 300000;
     o->idle_timeout_ms = 60000;
     o->retries = 1;
+}
+
+/* libmicrohttpd's messages are per-connection events (client went away, malformed
+ * request): debug level. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    (void)cls;
+    if (!pdgw_log_enabled(PDGW_LOG_LEVEL_DEBUG))
+        return;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    pdgw_log_write(PDGW_LOG_LEVEL_DEBUG, "http", "%s", msg);
 }
 
 static uint64_t tag(int kind, int fd)
@@ -306,6 +319,8 @@ static void worker_close(pdgw_worker_t *w)
         curl_multi_cleanup(w->multi);
         w->multi = NULL;
     }
+    /* Wakes that arrived after the loop stopped still hold a queue reference. */
+    pdgw_waker_drop_queue(w);
     if (w->wakefd >= 0)
         close(w->wakefd);
     if (w->epfd >= 0)
@@ -341,9 +356,9 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
         flags |= MHD_USE_IPv6;
     w->mhd = MHD_start_daemon(
         flags, 0, NULL, NULL, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_NOTIFY_COMPLETED,
-        pdgw_http_completed, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)60000, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+        NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)60000, MHD_OPTION_LISTEN_BACKLOG_SIZE,
         /* 8 KiB per connection: request headers, upload chunks and the chunked write
          * buffer of a stream (an 8 KiB header limit, as common proxies have). Small
          * pools keep 10,000 open streams in a few hundred MiB. */

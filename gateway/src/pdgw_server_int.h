@@ -209,6 +209,11 @@ struct pdgw_req {
     char failed_ids[4][SCHED_ID_MAX];
     size_t n_failed;
     /* outcome */
+    pdgw_phase_t pd_phase; /* failed PD phase of the final failure (NONE = none) */
+    int pd_retryable;
+    uint64_t t_prefill_done_ms;
+    bool kv_wait_observed;
+    sched_instance_t *sched_inst[2]; /* referenced instances behind inst_view */
     int final_status;
     char error_text[640];
     uint64_t t_first_token_ms;
@@ -293,6 +298,8 @@ struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_waker_detach(struct pdgw_fwd_waker *wk);
 /* Worker: run every queued waker. */
 void pdgw_waker_run_queue(pdgw_worker_t *w);
+/* Worker shutdown: drop queued wakers without running them. */
+void pdgw_waker_drop_queue(pdgw_worker_t *w);
 /* Registry in which pdgw_fwd_counter_inc() creates forwarder counters. */
 void pdgw_fwd_api_set_metrics(pdgw_metrics_t *reg);
 /* protocol_options kv pairs are converted by main; this converts one text value. */

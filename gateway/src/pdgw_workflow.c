@@ -70,6 +70,7 @@ static void wf_refresh_peers(pdgw_req_t *r)
     for (k = 0; k < 2; k++) {
         sched_instance_t *si;
         r->inst_set[k] = false;
+        r->sched_inst[k] = NULL;
         if (r->booking == NULL)
             continue;
         si = sched_booking_instance(r->booking, k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE);
@@ -77,6 +78,7 @@ static void wf_refresh_peers(pdgw_req_t *r)
             continue;
         view_from_sched(&r->inst_view[k], si);
         r->inst_set[k] = true;
+        r->sched_inst[k] = si; /* borrowed: valid while the booking lives */
         snprintf(k == 0 ? r->prefill_id : r->decode_id, SCHED_ID_MAX, "%s", r->inst_view[k].id);
     }
     if (r->inst_set[0])
@@ -295,7 +297,9 @@ static void wf_run_first_stage(pdgw_req_t *r)
         return;
     case PDGW_DISPATCH_PARALLEL:
         r->stage = PDGW_WF_DECODE;
-        /* Both bodies are built before either leg is sent. */
+        /* Adding a transfer only arms curl's timer: nothing is sent before this function
+         * returns to the loop, so both bodies are built before either leg goes out (a
+         * failure building the decode body aborts the prefill unsent). */
         if (!wf_build_and_start(r, PDGW_LEG_PREFILL))
             return;
         (void)wf_build_and_start(r, PDGW_LEG_DECODE);
@@ -660,14 +664,27 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
     }
     if (leg->kind == PDGW_LEG_PREFILL) {
         wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, leg);
+        r->t_prefill_done_ms = leg->t_end_ms;
         pdgw_gateway_metrics_observe_phase(r->w->srv->opts.metrics, protocol_of(r), "prefill",
                                            (double)dur_us / 1e6);
+        pdgw_gateway_metrics_observe_prefill(r->w->srv->opts.metrics, protocol_of(r),
+                                             (double)dur_us / 1e6);
         wf_after_prefill(r, leg);
         return;
     }
     /* Decode (relayed) leg completed. */
     pdgw_gateway_metrics_observe_phase(r->w->srv->opts.metrics, protocol_of(r), "decode",
                                        (double)dur_us / 1e6);
+    pdgw_gateway_metrics_observe_decode(r->w->srv->opts.metrics, protocol_of(r),
+                                        (double)dur_us / 1e6);
+    if (!leg->sse && r->t_prefill_done_ms && !r->kv_wait_observed) {
+        /* Non-stream: the KV wait ends with the decode leg's first byte. */
+        r->kv_wait_observed = true;
+        if (leg->t_first_ms >= r->t_prefill_done_ms)
+            pdgw_gateway_metrics_observe_kv_wait(r->w->srv->opts.metrics, protocol_of(r),
+                                                 (double)(leg->t_first_ms - r->t_prefill_done_ms) /
+                                                     1e3);
+    }
     if (leg->sse) {
         if (!r->committed) {
             /* 200 but not one event: still a valid (empty) stream. */
@@ -792,6 +809,18 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
 
     status = e->http_status ? e->http_status : 502;
     pdgw_api_error_set(&api, kind_for_status(status), NULL, "%s", e->message);
+    if (status == 504)
+        pdgw_api_error_set_code(&api, "upstream_timeout");
+    if (e->phase != PDGW_PHASE_NONE && !r->passthrough) {
+        char type[48];
+        r->pd_phase = e->phase;
+        r->pd_retryable = e->retryable ? 1 : 0;
+        snprintf(type, sizeof(type), "pd_%s_error", pdgw_phase_name(e->phase));
+        pdgw_api_error_set_type(&api, type);
+        pdgw_api_error_set_code(&api, e->retryable ? "retryable" : "not_retryable");
+        pdgw_gateway_metrics_pd_failure(r->w->srv->opts.metrics, protocol_of(r),
+                                        pdgw_phase_name(e->phase));
+    }
     if (r->committed) {
         /* The stream already started: one error event, then [DONE]. */
         size_t len;
@@ -812,8 +841,6 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
                        failed_leg->content_type[0] ? failed_leg->content_type : "application/json");
         return;
     }
-    if (status == 504)
-        pdgw_api_error_set_code(&api, "upstream_timeout");
     {
         size_t len;
         char *body = pdgw_api_error_body(&api, &len);
@@ -833,6 +860,12 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
             return 0; /* one [DONE] only */
         leg->saw_done = true;
     } else if (ev->has_data) {
+        if (r->t_prefill_done_ms && !r->kv_wait_observed && now >= r->t_prefill_done_ms) {
+            /* From the prefill's end to the first relayed decode event. */
+            r->kv_wait_observed = true;
+            pdgw_gateway_metrics_observe_kv_wait(r->w->srv->opts.metrics, protocol_of(r),
+                                                 (double)(now - r->t_prefill_done_ms) / 1e3);
+        }
         if (r->t_first_token_ms == 0) {
             r->t_first_token_ms = now;
             pdgw_gateway_metrics_observe_ttft(r->w->srv->opts.metrics, protocol_of(r),
@@ -995,6 +1028,12 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             if (r->t_decode_us)
                 a.decode_us = (int64_t)r->t_decode_us;
             a.bytes_in = r->body.len;
+            if (r->pd_phase != PDGW_PHASE_NONE) {
+                a.pd_phase = pdgw_phase_name(r->pd_phase);
+                a.pd_retryable = r->pd_retryable;
+            }
+            if (r->info_valid)
+                a.prompt_tokens = r->info.est_prompt_tokens;
             a.bytes_out = r->bytes_out;
             pdgw_access_log(&a);
         }

@@ -429,6 +429,13 @@ static void close_push(void *arg, const char *key, void *val)
     kvt_ctrl_close(val);
 }
 
+static void free_val(void *arg, const char *key, void *val)
+{
+    (void)arg;
+    (void)key;
+    kvt_free(val);
+}
+
 static void engine_free(kvt_engine_t *e)
 {
     kvt_pool_t *pools[3] = {e->pp_pool, e->cpu_pool, e->pool};
@@ -474,6 +481,10 @@ static void engine_free(kvt_engine_t *e)
         kvt_map_fini(&e->rents);
     if (e->rreqs.b != NULL)
         kvt_map_fini(&e->rreqs);
+    if (e->tombs.b != NULL) {
+        kvt_map_each(&e->tombs, free_val, NULL);
+        kvt_map_fini(&e->tombs);
+    }
     if (e->sgroups.b != NULL)
         kvt_map_fini(&e->sgroups);
     if (e->wake_fd >= 0)
@@ -549,7 +560,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     st = KVT_ERR_NOMEM;
     if (kvt_map_init(&e->tasks, 256) != KVT_OK || kvt_map_init(&e->rents, 1024) != KVT_OK ||
         kvt_map_init(&e->rreqs, 256) != KVT_OK || kvt_map_init(&e->sgroups, 256) != KVT_OK ||
-        kvt_map_init(&e->done_pushes, 16) != KVT_OK)
+        kvt_map_init(&e->done_pushes, 16) != KVT_OK || kvt_map_init(&e->tombs, 64) != KVT_OK)
         goto err;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

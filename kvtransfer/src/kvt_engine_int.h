@@ -125,7 +125,8 @@ typedef struct kvt_sgroup {
     char *req_id;
     uint32_t outstanding;
     int last_seen;
-    int any_ok; /* some batch reached the receiver: confirm landing first */
+    int any_ok;    /* some batch reached the receiver: confirm landing first */
+    int cancelled; /* CancelNotif: no ProxyNotif, dropped when idle */
     kvt_speer_t *peer;
 } kvt_sgroup_t;
 
@@ -320,6 +321,7 @@ struct kvt_engine {
     pthread_mutex_t rx_lock;
     kvt_map_t rents; /* key -> kvt_rent_t */
     kvt_map_t rreqs; /* req_id -> kvt_rreq_t */
+    kvt_map_t tombs; /* cancelled req_id -> expiry (uint64_t ns, kvt_malloc'd) */
     kvt_reserve_t *reserve;
     kvt_parked_t *parked;
     uint64_t rreq_sweep_ns;

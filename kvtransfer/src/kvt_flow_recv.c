@@ -204,6 +204,100 @@ static void ident_sender(const void *ident, size_t len, char *out, size_t cap)
     out[len] = '\0';
 }
 
+/* ---- tombstones of cancelled requests ------------------------------------ */
+
+#define KVT_TOMBS_MAX 65536u
+
+/* Remember that <req_id> was cancelled (rx_lock held): a prefill that kept
+ * computing must not allocate pages for it afterwards. */
+static void tomb_add(kvt_engine_t *e, const char *req_id)
+{
+    uint64_t *exp = kvt_map_get(&e->tombs, req_id);
+    uint64_t until = kvt_engine_now(e) + kvt_sec_to_ns(e->cfg.pd_pull_pending_ttl);
+
+    if (exp != NULL) {
+        *exp = until;
+        return;
+    }
+    if (e->tombs.n >= KVT_TOMBS_MAX || (exp = kvt_malloc(sizeof(*exp))) == NULL)
+        return;
+    *exp = until;
+    if (kvt_map_put(&e->tombs, req_id, exp) != KVT_OK)
+        kvt_free(exp);
+}
+
+static int tomb_has(kvt_engine_t *e, const char *req_id)
+{
+    uint64_t *exp;
+
+    if (req_id == NULL || req_id[0] == '\0')
+        return 0;
+    exp = kvt_map_get(&e->tombs, req_id);
+    return exp != NULL && kvt_engine_now(e) < *exp;
+}
+
+typedef struct tomb_sweep {
+    uint64_t now;
+    char **v;
+    uint32_t n, cap;
+} tomb_sweep_t;
+
+static void collect_tomb(void *arg, const char *key, void *val)
+{
+    tomb_sweep_t *ts = arg;
+    if (ts->now < *(uint64_t *)val)
+        return;
+    if (ts->n == ts->cap) {
+        uint32_t nc = ts->cap ? ts->cap * 2 : 64;
+        char **nv = kvt_realloc(ts->v, nc * sizeof(*nv));
+        if (nv == NULL)
+            return;
+        ts->v = nv;
+        ts->cap = nc;
+    }
+    ts->v[ts->n++] = (char *)key;
+}
+
+static void tomb_sweep_locked(kvt_engine_t *e, uint64_t now)
+{
+    tomb_sweep_t ts = {.now = now};
+
+    kvt_map_each(&e->tombs, collect_tomb, &ts);
+    for (uint32_t i = 0; i < ts.n; i++) {
+        char *key = kvt_strdup(ts.v[i]); /* the map owns ts.v[i] */
+        if (key != NULL)
+            kvt_free(kvt_map_del(&e->tombs, key));
+        kvt_free(key);
+    }
+    kvt_free(ts.v);
+}
+
+/* A late AllocRequest / PullReadyNotif of a cancelled request: nothing is
+ * allocated and the sender is told without tripping its breaker (push: every
+ * slot -1; pull: every key "already sent", so it unpins at once). */
+static void reply_cancelled(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *msg)
+{
+    kvt_msg_t m;
+    uint32_t n =
+        msg->type == KVT_MSG_PULL_READY_NOTIF ? msg->u.pull_ready.keys.n : msg->u.alloc_req.keys.n;
+
+    if (msg->type == KVT_MSG_PULL_READY_NOTIF) {
+        kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
+        for (uint32_t i = 0; i < n; i++)
+            if (kvt_int_list_push(&m.u.pull_ack.already_sent_indexes, i) != KVT_OK)
+                break;
+    } else {
+        kvt_msg_init(&m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+        for (uint32_t i = 0; i < n; i++) {
+            if (kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1) != KVT_OK ||
+                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "") != KVT_OK)
+                break;
+        }
+    }
+    reply(e, c, &m);
+    kvt_msg_clear(&m);
+}
+
 /* ---- AllocRequest / PullReadyNotif -------------------------------------- */
 
 /* Returns 1 when the request must be parked (no space yet, not final). */
@@ -247,6 +341,13 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
         reply_alloc_failed(e, c, msg->type, n);
         return 0;
     }
+    pthread_mutex_lock(&e->rx_lock);
+    if (tomb_has(e, req_id)) {
+        pthread_mutex_unlock(&e->rx_lock);
+        reply_cancelled(e, c, msg);
+        return 0;
+    }
+    pthread_mutex_unlock(&e->rx_lock);
     newidx = kvt_calloc(n + 1, sizeof(*newidx));
     pages = kvt_calloc(n + 1, sizeof(*pages));
     already = kvt_calloc(kvt_bitmap_bytes(n) + 1, 1);
@@ -633,6 +734,7 @@ void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward)
     if (!(e->role & KVT_ROLE_RECEIVER) || req_id == NULL || req_id[0] == '\0')
         return;
     pthread_mutex_lock(&e->rx_lock);
+    tomb_add(e, req_id);
     release_req_locked(e, req_id, forward);
     q = rreq_get(e, req_id, 0);
     if (q != NULL)
@@ -848,6 +950,7 @@ void kvt_flow_recv_tick(kvt_engine_t *e)
         for (uint32_t i = 0; i < sc.n; i++)
             rreq_free(e, sc.v[i], KVT_OK);
         kvt_free(sc.v);
+        tomb_sweep_locked(e, now);
         e->rreq_sweep_ns = now + KVT_NSEC_PER_SEC;
     }
     pthread_mutex_unlock(&e->rx_lock);

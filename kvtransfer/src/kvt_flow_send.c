@@ -138,8 +138,8 @@ static void sreq_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
             g->outstanding--;
         if (st == KVT_OK)
             g->any_ok = 1;
-        if (g->last_seen && g->outstanding == 0) {
-            if (!r->cancelled)
+        if ((g->last_seen || g->cancelled) && g->outstanding == 0) {
+            if (!r->cancelled && !g->cancelled)
                 group_done(e, g);
             kvt_map_del(&e->sgroups, g->req_id);
             kvt_free(g->req_id);
@@ -943,8 +943,14 @@ void kvt_flow_sender_cancel(kvt_engine_t *e, const char *req_id)
             p->active->cancelled = 1;
     }
     g = kvt_map_get(&e->sgroups, req_id);
-    if (g != NULL)
-        g->last_seen = 0; /* no ProxyNotif for a cancelled request */
+    if (g != NULL) {
+        g->cancelled = 1; /* no ProxyNotif for a cancelled request */
+        if (g->outstanding == 0) {
+            kvt_map_del(&e->sgroups, g->req_id);
+            kvt_free(g->req_id);
+            kvt_free(g);
+        }
+    }
     kvt_engine_count(e, &e->m.cancels_total, 1);
 }
 

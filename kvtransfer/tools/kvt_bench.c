@@ -683,6 +683,26 @@ static int run_recv(const opts_t *o)
     return bad == 0 && (o->bytes == 0 || got >= o->bytes) ? 0 : 1;
 }
 
+/* Harvest store task <id>; adds <bytes> to *sent on success. */
+static int store_done(kvt_engine_t *e, kvt_task_id_t id, uint64_t *sent, uint64_t bytes)
+{
+    kvt_task_result_t res;
+    int rc = 0;
+
+    if (kvt_task_wait(e, id, 60000, &res) != KVT_OK) {
+        fprintf(stderr, "kvt-bench: store did not complete\n");
+        return 1;
+    }
+    if (res.status != KVT_OK) {
+        fprintf(stderr, "kvt-bench: store: %s\n", kvt_strerror(res.status));
+        rc = 1;
+    } else {
+        *sent += bytes;
+    }
+    kvt_task_result_clear(&res);
+    return rc;
+}
+
 static int run_send(const opts_t *o)
 {
     kvt_engine_t *e;
@@ -690,7 +710,8 @@ static int run_send(const opts_t *o)
     char **keys = calloc(batch, sizeof(char *));
     uint8_t **bufs = calloc(batch, sizeof(uint8_t *));
     size_t *lens = calloc(batch, sizeof(size_t));
-    uint64_t req = 0, sent = 0;
+    uint64_t req = 0, sent = 0, submitted = 0;
+    kvt_task_id_t prev = 0;
     kvt_store_desc_t d;
     double t0 = now_s(), t_end = o->duration > 0 ? t0 + o->duration : 1e300;
     int rc = 0;
@@ -708,10 +729,9 @@ static int run_send(const opts_t *o)
         bufs[j] = aligned_alloc(64, o->block);
         lens[j] = o->block;
     }
-    while (!g_stop && now_s() < t_end && (o->bytes == 0 || sent < o->bytes)) {
+    while (!g_stop && now_s() < t_end && (o->bytes == 0 || submitted < o->bytes)) {
         char rid[64];
         kvt_task_id_t id;
-        kvt_task_result_t res;
         kvt_status_t st;
         snprintf(rid, sizeof(rid), "bench-%" PRIu64, req);
         d.req_id = rid;
@@ -723,24 +743,35 @@ static int run_send(const opts_t *o)
         st = kvt_submit_store(e, &d, (const char *const *)keys, (const void *const *)bufs, lens,
                               batch, &id);
         if (st == KVT_ERR_BACKPRESSURE || st == KVT_ERR_NOSPACE) {
-            usleep(1000);
+            if (prev != 0) {
+                if (store_done(e, prev, &sent, (uint64_t)batch * o->block) != 0) {
+                    rc = 1;
+                    prev = 0;
+                    break;
+                }
+                prev = 0;
+            } else {
+                usleep(1000);
+            }
             continue;
         }
-        if (st != KVT_OK || kvt_task_wait(e, id, 60000, &res) != KVT_OK) {
+        if (st != KVT_OK) {
             fprintf(stderr, "kvt-bench: store: %s\n", kvt_strerror(st));
             rc = 1;
             break;
         }
-        if (res.status != KVT_OK) {
-            fprintf(stderr, "kvt-bench: store %s: %s\n", rid, kvt_strerror(res.status));
+        /* two requests in flight: the next one is staged while this one moves */
+        if (prev != 0 && store_done(e, prev, &sent, (uint64_t)batch * o->block) != 0) {
             rc = 1;
-            kvt_task_result_clear(&res);
+            prev = id;
             break;
         }
-        kvt_task_result_clear(&res);
-        sent += (uint64_t)batch * o->block;
+        prev = id;
+        submitted += (uint64_t)batch * o->block;
         req++;
     }
+    if (prev != 0 && store_done(e, prev, &sent, (uint64_t)batch * o->block) != 0)
+        rc = 1;
     {
         double el = now_s() - t0;
         kvt_metrics_t m;

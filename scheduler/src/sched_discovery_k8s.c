@@ -102,7 +102,7 @@ typedef struct k8s_watcher {
     sched_role_t role;
     const char *role_name;
     char *selector; /* URL-escaped label selector */
-    k8s_slice_t *slices;
+    sched_k8s_slice_t *slices;
     size_t n_slices, cap_slices;
     char rv[128];
     k8s_wstate_t wstate;
@@ -125,7 +125,7 @@ typedef struct k8s_pod {
     char name[K8S_NAME_MAX];
     k8s_pod_state_t pstate;
     bool have_kv;
-    k8s_kv_t kv;
+    sched_k8s_kv_t kv;
     uint64_t retry_ms, backoff_ms;
     bool referenced;
     k8s_xfer_t *xfer;
@@ -536,7 +536,7 @@ err_free:
 /* Slices of one role                                                  */
 /* ------------------------------------------------------------------ */
 
-static k8s_slice_t *slice_find(k8s_watcher_t *w, const char *name)
+static sched_k8s_slice_t *slice_find(k8s_watcher_t *w, const char *name)
 {
     size_t i;
     for (i = 0; i < w->n_slices; i++) {
@@ -548,17 +548,17 @@ static k8s_slice_t *slice_find(k8s_watcher_t *w, const char *name)
 }
 
 /* Insert or replace (takes ownership of *s). */
-static bool slice_put(k8s_watcher_t *w, k8s_slice_t *s)
+static bool slice_put(k8s_watcher_t *w, sched_k8s_slice_t *s)
 {
-    k8s_slice_t *old = slice_find(w, s->name);
+    sched_k8s_slice_t *old = slice_find(w, s->name);
     if (old != NULL) {
-        k8s_slice_clear(old);
+        sched_k8s_slice_clear(old);
         *old = *s;
         return true;
     }
     if (w->n_slices == w->cap_slices) {
         size_t cap = w->cap_slices != 0 ? w->cap_slices * 2 : 8;
-        k8s_slice_t *ns = sched_realloc(w->slices, cap * sizeof(*ns));
+        sched_k8s_slice_t *ns = sched_realloc(w->slices, cap * sizeof(*ns));
         if (ns == NULL) {
             return false;
         }
@@ -571,9 +571,9 @@ static bool slice_put(k8s_watcher_t *w, k8s_slice_t *s)
 
 static void slice_del(k8s_watcher_t *w, const char *name)
 {
-    k8s_slice_t *s = slice_find(w, name);
+    sched_k8s_slice_t *s = slice_find(w, name);
     if (s != NULL) {
-        k8s_slice_clear(s);
+        sched_k8s_slice_clear(s);
         *s = w->slices[--w->n_slices];
     }
 }
@@ -582,14 +582,14 @@ static void slices_clear(k8s_watcher_t *w)
 {
     size_t i;
     for (i = 0; i < w->n_slices; i++) {
-        k8s_slice_clear(&w->slices[i]);
+        sched_k8s_slice_clear(&w->slices[i]);
     }
     w->n_slices = 0;
 }
 
 static void set_rv(k8s_watcher_t *w, const json_t *obj)
 {
-    const char *rv = k8s_resource_version(obj);
+    const char *rv = sched_k8s_resource_version(obj);
     if (rv != NULL && strlen(rv) < sizeof(w->rv) &&
         strspn(rv, "0123456789abcdefABCDEF-") == strlen(rv)) {
         strcpy(w->rv, rv);
@@ -599,9 +599,9 @@ static void set_rv(k8s_watcher_t *w, const json_t *obj)
 /* Parse and store one slice object; a bad one keeps the previous version. */
 static void slice_apply(k8s_state_t *st, k8s_watcher_t *w, const json_t *obj)
 {
-    k8s_slice_t s;
+    sched_k8s_slice_t s;
     char err[256];
-    sched_status_t status = k8s_slice_parse(obj, st->port_name, &s, err, sizeof(err));
+    sched_status_t status = sched_k8s_slice_parse(obj, st->port_name, &s, err, sizeof(err));
 
     if (status != SCHED_OK) {
         count_err(st, K8S_ERR_BAD_OBJECT);
@@ -614,7 +614,7 @@ static void slice_apply(k8s_state_t *st, k8s_watcher_t *w, const json_t *obj)
                 w->role_name, s.name, st->port_name);
     }
     if (!slice_put(w, &s)) {
-        k8s_slice_clear(&s);
+        sched_k8s_slice_clear(&s);
         count_err(st, K8S_ERR_BAD_OBJECT);
         return;
     }
@@ -627,7 +627,7 @@ static void watch_handle_line(k8s_xfer_t *x, const char *line, size_t n)
     k8s_watcher_t *w = x->w;
     json_error_t jerr;
     json_t *ev;
-    k8s_event_type_t type;
+    sched_k8s_event_type_t type;
     const json_t *obj;
     char err[256];
 
@@ -645,7 +645,7 @@ static void watch_handle_line(k8s_xfer_t *x, const char *line, size_t n)
         x->corrupt = true;
         return;
     }
-    if (k8s_event_parse(ev, &type, &obj, err, sizeof(err)) != SCHED_OK) {
+    if (sched_k8s_event_parse(ev, &type, &obj, err, sizeof(err)) != SCHED_OK) {
         count_err(st, K8S_ERR_BAD_OBJECT);
         K8S_LOG(st, SCHED_LOG_WARN, "%s: %s; re-listing", w->role_name, err);
         x->corrupt = true;
@@ -674,13 +674,13 @@ static void watch_handle_line(k8s_xfer_t *x, const char *line, size_t n)
         set_rv(w, obj);
         break;
     case K8S_EVENT_ERROR:
-        if (k8s_status_code(obj) == 410) {
+        if (sched_k8s_status_code(obj) == 410) {
             x->gone = true;
         } else {
             const json_t *msg = json_object_get(obj, "message");
             count_err(st, K8S_ERR_WATCH);
             K8S_LOG(st, SCHED_LOG_WARN, "%s: watch error %d: %s; re-listing", w->role_name,
-                    k8s_status_code(obj), json_is_string(msg) ? json_string_value(msg) : "");
+                    sched_k8s_status_code(obj), json_is_string(msg) ? json_string_value(msg) : "");
             x->corrupt = true;
         }
         break;
@@ -759,11 +759,12 @@ static void list_done(k8s_state_t *st, k8s_watcher_t *w, k8s_xfer_t *x, CURLcode
     memset(&fresh, 0, sizeof(fresh));
     json_array_foreach(items, i, it)
     {
-        k8s_slice_t s;
+        sched_k8s_slice_t s;
         char err[256];
-        if (k8s_slice_parse(it, st->port_name, &s, err, sizeof(err)) != SCHED_OK) {
+        if (sched_k8s_slice_parse(it, st->port_name, &s, err, sizeof(err)) != SCHED_OK) {
             const json_t *nm = json_object_get(json_object_get(it, "metadata"), "name");
-            k8s_slice_t *prev = json_is_string(nm) ? slice_find(w, json_string_value(nm)) : NULL;
+            sched_k8s_slice_t *prev =
+                json_is_string(nm) ? slice_find(w, json_string_value(nm)) : NULL;
             count_err(st, K8S_ERR_BAD_OBJECT);
             K8S_LOG(st, SCHED_LOG_WARN, "%s: ignoring EndpointSlice in list: %s", w->role_name,
                     err);
@@ -778,7 +779,7 @@ static void list_done(k8s_state_t *st, k8s_watcher_t *w, k8s_xfer_t *x, CURLcode
                     w->role_name, s.name, st->port_name);
         }
         if (!slice_put(&fresh, &s)) {
-            k8s_slice_clear(&s);
+            sched_k8s_slice_clear(&s);
             slices_clear(&fresh);
             sched_free(fresh.slices);
             count_err(st, K8S_ERR_LIST);
@@ -953,8 +954,8 @@ static void pod_done(k8s_state_t *st, k8s_pod_t *p, k8s_xfer_t *x, CURLcode rc, 
         json_decref(doc);
         goto err_retry;
     }
-    bad = k8s_kv_from_annotations(json_object_get(json_object_get(doc, "metadata"), "annotations"),
-                                  &p->kv, err, sizeof(err));
+    bad = sched_k8s_kv_from_annotations(
+        json_object_get(json_object_get(doc, "metadata"), "annotations"), &p->kv, err, sizeof(err));
     if (bad > 0) {
         atomic_fetch_add(&st->errors[K8S_ERR_ANNOTATION], (uint_fast64_t)bad);
         K8S_LOG(st, SCHED_LOG_WARN, "pod %s: %s (ignored)", p->name, err);
@@ -1035,8 +1036,8 @@ static bool seen_add(k8s_seen_t *s, const char *id)
     return true;
 }
 
-static void reconcile_endpoint(k8s_state_t *st, k8s_watcher_t *w, const k8s_slice_t *sl,
-                               const k8s_endpoint_t *ep, k8s_pod_t *pod)
+static void reconcile_endpoint(k8s_state_t *st, k8s_watcher_t *w, const sched_k8s_slice_t *sl,
+                               const sched_k8s_endpoint_t *ep, k8s_pod_t *pod)
 {
     k8s_reported_t *r = reported_find(st, ep->id);
     sched_instance_desc_t desc;
@@ -1058,8 +1059,8 @@ static void reconcile_endpoint(k8s_state_t *st, k8s_watcher_t *w, const k8s_slic
     if (pod != NULL && pod->pstate != K8S_POD_DONE) {
         return; /* joins once its annotations are known */
     }
-    k8s_endpoint_desc(ep, pod != NULL && pod->have_kv ? &pod->kv : NULL, w->role, sl->service, url,
-                      sizeof(url), &desc);
+    sched_k8s_endpoint_desc(ep, pod != NULL && pod->have_kv ? &pod->kv : NULL, w->role, sl->service,
+                            url, sizeof(url), &desc);
     status = sched_pool_upsert(st->pool, &desc, err, sizeof(err));
     if (status != SCHED_OK) {
         count_err(st, K8S_ERR_UPSERT);
@@ -1090,9 +1091,9 @@ static void reconcile(k8s_state_t *st)
         k8s_watcher_t *w = &st->w[wi];
         uint64_t ready = 0, not_ready = 0;
         for (si = 0; si < w->n_slices; si++) {
-            const k8s_slice_t *sl = &w->slices[si];
+            const sched_k8s_slice_t *sl = &w->slices[si];
             for (ei = 0; ei < sl->n_eps; ei++) {
-                const k8s_endpoint_t *ep = &sl->eps[ei];
+                const sched_k8s_endpoint_t *ep = &sl->eps[ei];
                 k8s_pod_t *pod = NULL;
                 if (seen_has(&seen, ep->id)) {
                     continue;
@@ -1212,8 +1213,9 @@ static void *k8s_thread(void *arg)
         }
         if (st->dirty) {
             reconcile(st);
-            /* New pods want fetching: go round at once. */
-            for (i = 0; i < st->n_pods; i++) {
+            /* New pods want fetching: go round at once if a slot is free
+             * (otherwise a finishing fetch wakes the poll). */
+            for (i = 0; i < st->n_pods && st->pod_fetches < K8S_MAX_POD_FETCHES; i++) {
                 if (st->pods[i]->pstate == K8S_POD_WANTED) {
                     wake = now;
                 }

@@ -3,9 +3,9 @@
  * parsing (sched_discovery_k8s_parse.c) and the list/watch client
  * (sched_discovery_k8s.c).
  *
- * Data flow: list/watch JSON → k8s_slice_t per EndpointSlice (kept per
+ * Data flow: list/watch JSON → sched_k8s_slice_t per EndpointSlice (kept per
  * role, keyed by slice name) → pod annotations fetched once per pod
- * (k8s_kv_t) → desired instance set → sched_pool_upsert / discovery_drain /
+ * (sched_k8s_kv_t) → desired instance set → sched_pool_upsert / discovery_drain /
  * retire.
  */
 #ifndef SCHED_DISCOVERY_K8S_INT_H
@@ -41,7 +41,7 @@
 #define K8S_PORT_BOOTSTRAP "bootstrap"
 
 /* One endpoint of an EndpointSlice, reduced to what an instance needs. */
-typedef struct k8s_endpoint {
+typedef struct sched_k8s_endpoint {
     char id[SCHED_ID_MAX];   /* pod name, else "<address>-<port>" */
     char host[K8S_HOST_MAX]; /* first address */
     char pod[K8S_NAME_MAX];  /* targetRef name when kind == Pod, else "" */
@@ -53,19 +53,19 @@ typedef struct k8s_endpoint {
     bool ipv6;               /* addressType IPv6: bracket in URLs */
     bool ready;              /* conditions.ready (absent = true) */
     bool terminating;        /* conditions.terminating (absent = false) */
-} k8s_endpoint_t;
+} sched_k8s_endpoint_t;
 
 /* One EndpointSlice. */
-typedef struct k8s_slice {
+typedef struct sched_k8s_slice {
     char name[K8S_NAME_MAX];
     char service[K8S_NAME_MAX]; /* label kubernetes.io/service-name */
-    k8s_endpoint_t *eps;        /* owned */
+    sched_k8s_endpoint_t *eps;  /* owned */
     size_t n_eps;
     bool port_missing; /* the slice has no port named port_name */
-} k8s_slice_t;
+} sched_k8s_slice_t;
 
 /* KV fields from pod annotations; has_* says which were present and valid. */
-typedef struct k8s_kv {
+typedef struct sched_k8s_kv {
     int kv_port;
     int bootstrap_port;
     char kv_host[K8S_HOST_MAX];
@@ -78,20 +78,20 @@ typedef struct k8s_kv {
     unsigned weight;
     bool has_kv_port, has_bootstrap_port, has_kv_host, has_engine_id;
     bool has_tp_size, has_dp_rank, has_dp_size, has_weight;
-} k8s_kv_t;
+} sched_k8s_kv_t;
 
 /*
  * Parse one discovery.k8s.io/v1 EndpointSlice object. Endpoints without an
  * address or when the slice has no port named <port_name> are left out
  * (the latter sets out->port_missing). On error <out> is untouched and
  * <err> says what was wrong; on success the caller owns out->eps
- * (k8s_slice_clear()).
+ * (sched_k8s_slice_clear()).
  */
-sched_status_t k8s_slice_parse(const json_t *obj, const char *port_name, k8s_slice_t *out,
-                               char *err, size_t err_len);
+sched_status_t sched_k8s_slice_parse(const json_t *obj, const char *port_name,
+                                     sched_k8s_slice_t *out, char *err, size_t err_len);
 
 /* Free a slice's endpoints and zero it. */
-void k8s_slice_clear(k8s_slice_t *slice);
+void sched_k8s_slice_clear(sched_k8s_slice_t *slice);
 
 /*
  * Read the pdgw.io/ and sglang.ai/ annotations of a pod's
@@ -99,37 +99,38 @@ void k8s_slice_clear(k8s_slice_t *slice);
  * Invalid values are skipped; the number of invalid annotations is
  * returned and the first problem is described in <err>.
  */
-int k8s_kv_from_annotations(const json_t *annotations, k8s_kv_t *kv, char *err, size_t err_len);
+int sched_k8s_kv_from_annotations(const json_t *annotations, sched_k8s_kv_t *kv, char *err,
+                                  size_t err_len);
 
 /*
  * Build the instance descriptor of <ep> (role <role>) into <desc> with
  * strings pointing into <ep>, <kv> and <url_buf> (all must outlive desc).
  * <kv> may be NULL (no pod information).
  */
-void k8s_endpoint_desc(const k8s_endpoint_t *ep, const k8s_kv_t *kv, sched_role_t role,
-                       const char *service, char *url_buf, size_t url_len,
-                       sched_instance_desc_t *desc);
+void sched_k8s_endpoint_desc(const sched_k8s_endpoint_t *ep, const sched_k8s_kv_t *kv,
+                             sched_role_t role, const char *service, char *url_buf, size_t url_len,
+                             sched_instance_desc_t *desc);
 
 /* Watch event types of a watch stream line. */
-typedef enum k8s_event_type {
+typedef enum sched_k8s_event_type {
     K8S_EVENT_ADDED,
     K8S_EVENT_MODIFIED,
     K8S_EVENT_DELETED,
     K8S_EVENT_BOOKMARK,
     K8S_EVENT_ERROR,
-} k8s_event_type_t;
+} sched_k8s_event_type_t;
 
 /*
  * Split one watch event {"type": T, "object": O}: *object_out is borrowed
  * from <event>. SCHED_ERR_INVALID for anything else.
  */
-sched_status_t k8s_event_parse(const json_t *event, k8s_event_type_t *type_out,
-                               const json_t **object_out, char *err, size_t err_len);
+sched_status_t sched_k8s_event_parse(const json_t *event, sched_k8s_event_type_t *type_out,
+                                     const json_t **object_out, char *err, size_t err_len);
 
 /* metadata.resourceVersion of an object (borrowed), or NULL. */
-const char *k8s_resource_version(const json_t *obj);
+const char *sched_k8s_resource_version(const json_t *obj);
 
 /* Status.code of an ERROR event object, 0 if absent. */
-int k8s_status_code(const json_t *obj);
+int sched_k8s_status_code(const json_t *obj);
 
 #endif /* SCHED_DISCOVERY_K8S_INT_H */

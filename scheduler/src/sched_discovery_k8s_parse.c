@@ -97,9 +97,10 @@ static sched_status_t parse_ports(const json_t *ports, const char *port_name, in
     return SCHED_OK;
 }
 
-static sched_status_t parse_endpoint(const json_t *e, const k8s_slice_t *slice, bool ipv6, int port,
-                                     int kv_port, int bootstrap_port, k8s_endpoint_t *ep,
-                                     bool *skip, char *err, size_t err_len)
+static sched_status_t parse_endpoint(const json_t *e, const sched_k8s_slice_t *slice, bool ipv6,
+                                     int port, int kv_port, int bootstrap_port,
+                                     sched_k8s_endpoint_t *ep, bool *skip, char *err,
+                                     size_t err_len)
 {
     const json_t *addrs = json_object_get(e, "addresses");
     const json_t *addr0;
@@ -181,8 +182,8 @@ static sched_status_t parse_endpoint(const json_t *e, const k8s_slice_t *slice, 
     return SCHED_OK;
 }
 
-sched_status_t k8s_slice_parse(const json_t *obj, const char *port_name, k8s_slice_t *out,
-                               char *err, size_t err_len)
+sched_status_t sched_k8s_slice_parse(const json_t *obj, const char *port_name,
+                                     sched_k8s_slice_t *out, char *err, size_t err_len)
 {
     const json_t *meta = json_object_get(obj, "metadata");
     const json_t *name = json_object_get(meta, "name");
@@ -190,7 +191,7 @@ sched_status_t k8s_slice_parse(const json_t *obj, const char *port_name, k8s_sli
     const json_t *svc = json_object_get(labels, K8S_SERVICE_NAME_LABEL);
     const json_t *atype = json_object_get(obj, "addressType");
     const json_t *eps = json_object_get(obj, "endpoints");
-    k8s_slice_t s;
+    sched_k8s_slice_t s;
     int port, kv_port, bootstrap_port;
     bool ipv6 = false;
     sched_status_t status;
@@ -260,7 +261,7 @@ err_free:
     return status;
 }
 
-void k8s_slice_clear(k8s_slice_t *slice)
+void sched_k8s_slice_clear(sched_k8s_slice_t *slice)
 {
     sched_free(slice->eps);
     memset(slice, 0, sizeof(*slice));
@@ -312,7 +313,8 @@ static bool parse_port_list(const char *s, int *ports, size_t *n_out)
     return true;
 }
 
-int k8s_kv_from_annotations(const json_t *annotations, k8s_kv_t *kv, char *err, size_t err_len)
+int sched_k8s_kv_from_annotations(const json_t *annotations, sched_k8s_kv_t *kv, char *err,
+                                  size_t err_len)
 {
     const char *key;
     const json_t *val;
@@ -404,9 +406,9 @@ int k8s_kv_from_annotations(const json_t *annotations, k8s_kv_t *kv, char *err, 
     return bad;
 }
 
-void k8s_endpoint_desc(const k8s_endpoint_t *ep, const k8s_kv_t *kv, sched_role_t role,
-                       const char *service, char *url_buf, size_t url_len,
-                       sched_instance_desc_t *desc)
+void sched_k8s_endpoint_desc(const sched_k8s_endpoint_t *ep, const sched_k8s_kv_t *kv,
+                             sched_role_t role, const char *service, char *url_buf, size_t url_len,
+                             sched_instance_desc_t *desc)
 {
     sched_instance_desc_init(desc);
     if (ep->ipv6) {
@@ -465,12 +467,12 @@ void k8s_endpoint_desc(const k8s_endpoint_t *ep, const k8s_kv_t *kv, sched_role_
     }
 }
 
-sched_status_t k8s_event_parse(const json_t *event, k8s_event_type_t *type_out,
-                               const json_t **object_out, char *err, size_t err_len)
+sched_status_t sched_k8s_event_parse(const json_t *event, sched_k8s_event_type_t *type_out,
+                                     const json_t **object_out, char *err, size_t err_len)
 {
     static const struct {
         const char *name;
-        k8s_event_type_t type;
+        sched_k8s_event_type_t type;
     } types[] = {
         {"ADDED", K8S_EVENT_ADDED},     {"MODIFIED", K8S_EVENT_MODIFIED},
         {"DELETED", K8S_EVENT_DELETED}, {"BOOKMARK", K8S_EVENT_BOOKMARK},
@@ -495,13 +497,13 @@ sched_status_t k8s_event_parse(const json_t *event, k8s_event_type_t *type_out,
     return SCHED_ERR_INVALID;
 }
 
-const char *k8s_resource_version(const json_t *obj)
+const char *sched_k8s_resource_version(const json_t *obj)
 {
     const json_t *rv = json_object_get(json_object_get(obj, "metadata"), "resourceVersion");
     return json_is_string(rv) && json_string_length(rv) > 0 ? json_string_value(rv) : NULL;
 }
 
-int k8s_status_code(const json_t *obj)
+int sched_k8s_status_code(const json_t *obj)
 {
     const json_t *code = json_object_get(obj, "code");
     return json_is_integer(code) ? (int)json_integer_value(code) : 0;

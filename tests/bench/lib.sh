@@ -9,18 +9,36 @@ mkdir -p "$RESULTS_DIR"
 BENCH_TMP=$(mktemp -d /tmp/pdgw-bench.XXXXXX)
 BENCH_PIDS=()
 
+# proc_alive PID: true while PID runs (a zombie waiting to be reaped does not count).
+proc_alive() {
+    local line
+    { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 1
+    line=${line##*) }
+    [[ -n "$line" && "${line%% *}" != Z ]]
+}
+
 bench_cleanup() {
-    local pid
+    local pid i alive
+    trap - EXIT INT TERM
     for pid in "${BENCH_PIDS[@]:-}"; do
         [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true
     done
-    sleep 0.2
+    for ((i = 0; i < 40; i++)); do
+        alive=0
+        for pid in "${BENCH_PIDS[@]:-}"; do
+            [[ -n "$pid" ]] && proc_alive "$pid" && alive=1
+        done
+        ((alive)) || break
+        sleep 0.05
+    done
     for pid in "${BENCH_PIDS[@]:-}"; do
         [[ -n "$pid" ]] && kill -9 "$pid" 2>/dev/null || true
     done
+    { wait; } 2>/dev/null || true
     rm -rf "$BENCH_TMP"
 }
-trap bench_cleanup EXIT INT TERM
+trap bench_cleanup EXIT
+trap 'exit 130' INT TERM
 
 # free_port: prints a TCP port on 127.0.0.1 that was free a moment ago.
 free_port() {
@@ -63,7 +81,73 @@ need() {
 
 # machine_line: one line describing where the figures were taken.
 machine_line() {
-    echo "$(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r)"
+    echo "$(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r), load $(load_avg)"
+}
+
+# load_avg: the 1/5/15-minute load averages (the machine may be shared).
+load_avg() {
+    cut -d' ' -f1-3 /proc/loadavg
+}
+
+# raise_nofile [WANT]: lifts the soft fd limit to the hard one; prints the limit in force.
+raise_nofile() {
+    local want=${1:-0} hard
+    hard=$(ulimit -Hn)
+    if [[ "$hard" == unlimited ]]; then
+        hard=1048576
+    fi
+    ulimit -n "$hard" 2>/dev/null || true
+    if ((want > 0)) && [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < want)); then
+        ulimit -n "$want" 2>/dev/null || true
+    fi
+    ulimit -n
+}
+
+# proc_cpu_s PID...: utime + stime of the processes, in seconds (missing pids count 0).
+proc_cpu_s() {
+    local pid total=0 t
+    for pid in "$@"; do
+        t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+        total=$((total + ${t:-0}))
+    done
+    awk -v t="$total" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", t / hz }'
+}
+
+# check_target BENCH METRIC VALUE OP LIMIT UNIT: appends one row of the summary table
+# to the file summary_begin named and prints it. OP is ge or le. VALUE "-" = not measured.
+check_target() {
+    local bench=$1 metric=$2 value=$3 op=$4 limit=$5 unit=$6 verdict
+    if [[ -z "$value" || "$value" == - ]]; then
+        verdict=n/a
+        value=-
+    else
+        verdict=$(awk -v v="$value" -v l="$limit" -v op="$op" 'BEGIN {
+            ok = (op == "ge") ? (v + 0 >= l + 0) : (v + 0 <= l + 0); print ok ? "met" : "MISSED" }')
+    fi
+    local sym=">="
+    [[ "$op" == le ]] && sym="<="
+    printf '| %-3s | %-46s | %12s %-8s | %s %s %-8s | %-6s | %s |\n' "${bench^^}" "$metric" "$value" \
+        "$unit" "$sym" "$limit" "$unit" "$verdict" "$(load_avg | cut -d' ' -f1)" |
+        tee -a "${BENCH_SUMMARY:-/dev/null}"
+}
+
+# info_row BENCH METRIC VALUE UNIT: a summary row without a target (context for the others).
+info_row() {
+    printf '| %-3s | %-46s | %12s %-8s | %-15s | %-6s | %s |\n' "${1^^}" "$2" "${3:--}" "$4" "(no target)" \
+        info "$(load_avg | cut -d' ' -f1)" | tee -a "${BENCH_SUMMARY:-/dev/null}"
+}
+
+# summary_begin NAME: starts a fresh $RESULTS_DIR/NAME.summary for check_target rows.
+summary_begin() {
+    BENCH_SUMMARY=$RESULTS_DIR/$1.summary
+    : >"$BENCH_SUMMARY"
+}
+
+# pct FILE P: P-th percentile (0..100) of the numbers in FILE (one per line).
+pct() {
+    sort -g "$1" | awk -v p="$2" '{ a[NR] = $1 } END {
+        if (NR == 0) { print "-"; exit }
+        i = int(p / 100 * (NR - 1) + 0.5) + 1; if (i > NR) i = NR; printf "%.3f", a[i] }'
 }
 
 # plot_bars CSV PNG TITLE YLABEL XCOL YCOL: bar chart of column YCOL labelled by XCOL.

@@ -8,8 +8,9 @@
  * run on one machine, so they share the clock.
  *
  * One epoll loop, non-blocking sockets, HTTP/1.1 with chunked decoding. With
- * --pid, the target's RSS is sampled at peak concurrency and its CPU time
- * (utime + stime) over the run is reported.
+ * --pid, the target's RSS and CPU time
+ * (utime + stime) over the run is reported; the RSS is sampled every 100 ms and
+ * the highest value is reported.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -367,6 +368,7 @@ int main(int argc, char **argv)
     int64_t deadline = t0 + (int64_t)(o.timeout_s * 1e9);
     int opened = 0, open_count = 0, peak = 0, connect_failures = 0;
     long rss_at_peak = -1, rss_base = o.pid ? proc_rss_kib(o.pid) : -1;
+    int64_t next_sample = t0;
     struct epoll_event evs[1024];
 
     while (now_ns(CLOCK_MONOTONIC) < deadline) {
@@ -380,10 +382,14 @@ int main(int argc, char **argv)
                 connect_failures++;
             }
         }
-        if (open_count > peak) {
+        if (open_count > peak)
             peak = open_count;
-            if (o.pid && peak == o.streams)
-                rss_at_peak = proc_rss_kib(o.pid);
+        if (o.pid && now_ns(CLOCK_MONOTONIC) >= next_sample) {
+            /* highest RSS seen while streams are open */
+            long rss = proc_rss_kib(o.pid);
+            if (rss > rss_at_peak)
+                rss_at_peak = rss;
+            next_sample = now_ns(CLOCK_MONOTONIC) + 100000000LL;
         }
         if (opened == o.streams && open_count == 0)
             break;

@@ -158,6 +158,7 @@ static enum MHD_Result respond(struct MHD_Connection *conn, sim_conn_t *sc)
         long long eus = (long long)((sim_now_ns() - req->t_arrive) / 1000);
         sim_engine_unlock();
         sim_record_set(sc->rec_seq, "status", json_integer(status));
+        sim_record_set(sc->rec_seq, "engine_time_us", json_integer(eus));
         return send_buf(conn, status, "application/json", body, req->request_id, eus);
     }
     if (req->stream) {
@@ -180,6 +181,7 @@ static enum MHD_Result respond(struct MHD_Connection *conn, sim_conn_t *sc)
         MHD_add_response_header(r, "X-Request-Id", req->request_id);
         MHD_add_response_header(r, "X-Sim-Engine-Time-Us", us);
         sim_record_set(sc->rec_seq, "status", json_integer(200));
+        sim_record_set(sc->rec_seq, "engine_time_us", json_integer(eus));
         enum MHD_Result ret = MHD_queue_response(conn, 200, r);
         MHD_destroy_response(r);
         return ret;
@@ -188,6 +190,7 @@ static enum MHD_Result respond(struct MHD_Connection *conn, sim_conn_t *sc)
     long long eus = (long long)((req->t_done - req->t_arrive) / 1000);
     sim_engine_unlock();
     sim_record_set(sc->rec_seq, "status", json_integer(200));
+    sim_record_set(sc->rec_seq, "engine_time_us", json_integer(eus));
     return send_buf(conn, 200, "application/json", body, req->request_id, eus);
 }
 

@@ -171,7 +171,8 @@ typedef struct pdgw_fwd_plan {
     pdgw_dispatch_t dispatch;
     /* SINGLE only: the role of the one instance the request goes to
      * (PDGW_FWD_ROLE_BOTH for a plain proxy, PDGW_FWD_ROLE_DECODE for PD engines
-     * that pull from a prefill themselves). */
+     * that pull from a prefill themselves). Either way the scheduler books a
+     * decode-capable instance (role decode or both); the field states intent. */
     pdgw_fwd_role_t single_role;
     /* SINGLE only: also pick and book a prefill instance, whose endpoints the
      * forwarder puts into the decode body. */

@@ -11,7 +11,8 @@
  *   kvt_submit_store(keys, bytes) --AllocRequest / PullReadyNotif-->  ROUTER
  *        writes pages (push)      <-- AscendAllocResponse / Ack ---
  *        or pins them (pull)      <== receiver READs (pull) =======
- *        ProxyNotif -> proxy, after the last batch completed
+ *        ProxyNotif -> proxy, once the receiver confirmed the last batch
+ *        landed (ProxyNotif echo on the alloc channel)
  *                                   kvt_submit_wait_req(req_id)  -> landed
  *                                   kvt_submit_load(keys, dst)   -> bytes copied
  *                                   kvt_release(keys)            -> pages freed
@@ -146,13 +147,21 @@ typedef struct kvt_store_desc {
     void *user;              /* copied into the result */
 } kvt_store_desc_t;
 
-/* Submit one batch: copy chunk i (<lens[i]> bytes from <bufs[i]>, at most a
- * page) into the engine's buffer and transfer it to the receiver.
+/* Submit one batch: copy chunk i (<lens[i]> bytes from <bufs[i]>; the
+ * chunk size the geometry gives, the last one sized by last_chunk_toks)
+ * into the engine's buffer and transfer it to the receiver. Both sides must
+ * use the same page_size.
  * Fails fast (no task) with KVT_ERR_TOO_LARGE when n exceeds the whole
- * buffer, KVT_ERR_BACKPRESSURE in pull mode above the high-water mark,
- * KVT_ERR_INVALID for bad arguments. A backed-off peer (breaker) gives a
- * task that completes with KVT_ERR_BACKOFF and an empty bitmap; ProxyNotif
- * is still sent for the last batch so the decoder recomputes. */
+ * buffer, KVT_ERR_NOSPACE when the staging buffer is full right now,
+ * KVT_ERR_BACKPRESSURE in pull mode above the high-water mark,
+ * KVT_ERR_INVALID for bad arguments. Otherwise the task completes with:
+ *   KVT_OK            bitmap = chunks at the receiver (partial if some slots
+ *                     failed there); pull: the receiver acked and reads
+ *   KVT_ERR_BACKOFF   peer backed off by the breaker, nothing sent
+ *   KVT_ERR_ALLOC_FAILED  the receiver had no space (trips the breaker)
+ *   KVT_ERR_TIMEOUT / KVT_ERR_PEER / KVT_ERR_CANCELLED / KVT_ERR_CLOSED
+ * Whatever the outcome, the request's ProxyNotif goes out after its last
+ * batch so the decoder never waits forever (it recomputes what is missing). */
 kvt_status_t kvt_submit_store(kvt_engine_t *e, const kvt_store_desc_t *d, const char *const *keys,
                               const void *const *bufs, const size_t *lens, uint32_t n,
                               kvt_task_id_t *id_out);

@@ -100,6 +100,7 @@ class FakeKube:
 def make_handler(kube):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out as separate writes
 
         def log_message(self, fmt, *args):
             if os.environ.get("FAKE_KUBE_DEBUG"):

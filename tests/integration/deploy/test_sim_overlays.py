@@ -1,13 +1,17 @@
-"""The demo overlays really run: sim-1p1d and sim-2p2d are rendered with
-`kubectl kustomize` and emulated on 127.0.0.1 — every engine pod of the
-rendered Deployments is started with its rendered pdgw-sim arguments (ports
-remapped to free ones, $(POD_IP) = 127.0.0.1), every rendered Service becomes
-the EndpointSlices Kubernetes would publish for it (labels copied, named
-ports), the pods' annotations are served by the fake API server, and pdgw
-runs with the overlay's own ConfigMap (only listen and the API server
-location changed). Requests through pdgw must give the same text as a single
-`both` simulator, and the KV side channel named by the pod annotations must
-be the one the decode leg is told to use.
+"""Every overlay really runs, emulated on 127.0.0.1: it is rendered with
+`kubectl kustomize`; every engine pod of the rendered Deployments is started
+as a local pdgw-sim (ports remapped to free ones, $(POD_IP) = 127.0.0.1) —
+with its rendered arguments for the sim overlays, and for vllm-nixl, sglang
+and lmcache as a stand-in whose flags are read from the rendered engine
+(vLLM/SGLang arguments, NIXL side-channel env, the LMCache config file in its
+ConfigMap); every rendered Service becomes the EndpointSlices Kubernetes
+would publish for it (labels copied, named ports); the pods' annotations are
+served by the fake API server; pdgw runs with the overlay's own ConfigMap
+(only listen and the API server location changed). Requests through pdgw
+must give the same text as a single `both` simulator, and the KV endpoints
+the legs carry must be the ones the overlay's annotations / configs name —
+so a port that disagrees between engine config, annotation and gateway
+config breaks the request.
 """
 
 import json
@@ -16,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
 import fakekube
 import pdgwtest
@@ -43,17 +48,18 @@ def matches(selector, labels):
 
 
 class Pod:
-    def __init__(self, name, workload, remap):
+    def __init__(self, name, workload, remap, args):
         self.name = name
         self.workload = workload
-        self.remap = remap  # rendered containerPort -> local port
+        self.remap = remap  # rendered port number -> local port
         tmpl = workload["spec"]["template"]
         self.labels = tmpl["metadata"].get("labels", {})
+        self.role = self.labels.get("app.kubernetes.io/component")
         self.annotations = {k: self._map_value(v) for k, v in
                             tmpl["metadata"].get("annotations", {}).items()}
         c = tmpl["spec"]["containers"][0]
         self.port_names = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-        self.args = [self._map_arg(a) for a in c.get("args", [])]
+        self.args = [self._map_arg(a) for a in args]
         self.proc = None
 
     def _map_value(self, v):
@@ -74,9 +80,80 @@ class Pod:
         return self.remap[self.port_names[name]]
 
 
+def _flag(args, name):
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a[len(name) + 1:]
+    return None
+
+
+def _lmcache_config(workload, objects):
+    """The LMCache config file of an engine pod, read from its ConfigMap."""
+    c = workload["spec"]["template"]["spec"]["containers"][0]
+    path = next(e["value"] for e in c["env"] if e["name"] == "LMCACHE_CONFIG_FILE")
+    mount = next(m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    vol = next(v for v in workload["spec"]["template"]["spec"]["volumes"]
+               if v["name"] == mount["name"])
+    cm = next(o for o in objects if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"] == vol["configMap"]["name"])
+    return yaml.safe_load(cm["data"][path.rsplit("/", 1)[1]])
+
+
+def served_model(overlay, workload):
+    """The model name the engine serves (what clients put in "model")."""
+    c = workload["spec"]["template"]["spec"]["containers"][0]
+    args = [str(a) for a in c.get("args") or []]
+    if overlay.startswith("sim-"):
+        return _flag(args, "--model") or "sim-model"
+    if overlay == "sglang":
+        return _flag(args, "--model-path")
+    return args[0]  # vllm serve <model>
+
+
+def sim_args(overlay, workload, objects, gw_remap):
+    """pdgw-sim arguments for one engine pod (rendered port numbers)."""
+    c = workload["spec"]["template"]["spec"]["containers"][0]
+    role = workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+    args = [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
+    if overlay.startswith("sim-"):
+        return [str(a) for a in c["args"]]
+    out = ["pdgw-sim", "--role", role, "--host", "0.0.0.0", "--kv-host", "$(POD_IP)",
+           "--model", served_model(overlay, workload), "--port", _flag(args, "--port")]
+    if overlay == "vllm-nixl":
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        out += ["--kv-port", env["VLLM_NIXL_SIDE_CHANNEL_PORT"]]
+    elif overlay == "sglang":
+        if role == "prefill":
+            out += ["--bootstrap-port", _flag(args, "--disaggregation-bootstrap-port")]
+    elif overlay == "lmcache":
+        lc = _lmcache_config(workload, objects)
+        if lc["pd_role"] == "receiver":
+            out += ["--init-port", ",".join(map(str, lc["pd_peer_init_port"])),
+                    "--alloc-port", ",".join(map(str, lc["pd_peer_alloc_port"]))]
+        else:
+            # pd_proxy_host names the gateway Service: here, the local pdgw.
+            out += ["--proxy-host", "127.0.0.1",
+                    "--proxy-port", str(gw_remap[int(lc["pd_proxy_port"])])]
+    return out
+
+
 def emulate(overlay, kube, tmp):
-    """Start the overlay's engine pods; fill <kube>; return (pods, pdgw config path)."""
+    """Start the overlay's engine pods; fill <kube>; return (pods, gateway config)."""
     objects = render(overlay)
+    cm = next(o for o in objects if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"].startswith("pdgw-config"))
+    cfg = yaml.safe_load(cm["data"]["pdgw.yaml"])
+    # Ports the gateway itself listens on besides HTTP (lmcache ProxyNotif).
+    gw = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "pdgw")
+    gw_remap = {p["containerPort"]: free_port()
+                for p in gw["spec"]["template"]["spec"]["containers"][0]["ports"]
+                if p["name"] != "http"}
+    opts = cfg.get("protocol_options") or {}
+    if "proxy_port" in opts:
+        opts["proxy_port"] = gw_remap[int(opts["proxy_port"])]
+        opts["proxy_host"] = "127.0.0.1"
     pods = []
     for w in objects:
         if w["kind"] != "Deployment" or w["metadata"]["name"] == "pdgw":
@@ -84,7 +161,8 @@ def emulate(overlay, kube, tmp):
         c = w["spec"]["template"]["spec"]["containers"][0]
         for i in range(w["spec"].get("replicas", 1)):
             remap = {p["containerPort"]: free_port() for p in c.get("ports", [])}
-            pod = Pod(f"{w['metadata']['name']}-{i}", w, remap)
+            pod = Pod(f"{w['metadata']['name']}-{i}", w, remap,
+                      sim_args(overlay, w, objects, gw_remap))
             assert pod.args[0] == "pdgw-sim", pod.args
             pod.proc = Proc(pod.name, [pdgwtest.binary("pdgw-sim")] + pod.args[1:])
             kube.pods[pod.name] = pod.annotations
@@ -112,11 +190,9 @@ def emulate(overlay, kube, tmp):
                                "targetRef": {"kind": "Pod", "name": pod.name,
                                              "namespace": NAMESPACE}}],
             })
-    # The overlay's own gateway config, pointed at this machine.
-    cm = next(o for o in objects if o["kind"] == "ConfigMap"
-              and o["metadata"]["name"].startswith("pdgw-config"))
-    cfg = yaml.safe_load(cm["data"]["pdgw.yaml"])
-    return pods, cfg
+    models = {served_model(overlay, p.workload) for p in pods}
+    assert len(models) == 1, f"prefill and decode serve different models: {models}"
+    return pods, cfg, models.pop()
 
 
 def run_gateway(cfg, kport, tmp):
@@ -138,12 +214,13 @@ def run_gateway(cfg, kport, tmp):
     return gw, gport
 
 
-def reference_text(max_tokens, stream=False):
+def reference_text(model, max_tokens):
     port = free_port()
-    ref = Proc("reference", [pdgwtest.binary("pdgw-sim"), "--role", "both", "--port", str(port)])
+    ref = Proc("reference", [pdgwtest.binary("pdgw-sim"), "--role", "both", "--port", str(port),
+                             "--model", model])
     try:
         wait_http(port, "/health", proc=ref)
-        body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": max_tokens}
+        body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens}
         status, _, obj, raw = post_json(port, "/v1/completions", body)
         assert status == 200, raw
         return obj["choices"][0]["text"]
@@ -151,27 +228,68 @@ def reference_text(max_tokens, stream=False):
         ref.kill()
 
 
-def decode_params(pods):
-    """kv_transfer_params of every completion the decode pods received."""
+def leg_bodies(pods, role):
+    """(pod, body) of every completion the pods of <role> received."""
     out = []
     for pod in pods:
-        if pod.labels.get("app.kubernetes.io/component") != "decode":
+        if pod.role != role:
             continue
         status, _, body = request("GET", pod.port("http"), "/sim/requests")
         assert status == 200
         for r in json.loads(body)["requests"]:
             if r["path"] == "/v1/completions":
-                out.append((pod.name, (r.get("body") or {}).get("kv_transfer_params") or {}))
+                out.append((pod, r.get("body") or {}))
     return out
 
 
-def prefill_requests(pods):
-    n = 0
-    for pod in pods:
-        if pod.labels.get("app.kubernetes.io/component") == "prefill":
-            status, _, body = request("GET", pod.port("http"), "/sim/requests")
-            n += sum(1 for r in json.loads(body)["requests"] if r["path"] == "/v1/completions")
-    return n
+def _ports(value):
+    return [int(p) for p in str(value).split(",")]
+
+
+def check_wiring(protocol, pods, n):
+    """The KV endpoints on the legs are the ones the overlay names."""
+    prefills = [p for p in pods if p.role == "prefill"]
+    decodes = [p for p in pods if p.role == "decode"]
+    dlegs, plegs = leg_bodies(pods, "decode"), leg_bodies(pods, "prefill")
+    assert len(dlegs) == n, dlegs
+    if protocol == "vllm-kvt":
+        # Side channel from the pdgw.io/kv-port annotation of a prefill pod.
+        kv = {int(p.annotations["pdgw.io/kv-port"]) for p in prefills}
+        for _, b in dlegs:
+            params = b.get("kv_transfer_params") or {}
+            assert params.get("remote_host") == "127.0.0.1", params
+            assert params.get("remote_port") in kv, (params, kv)
+    elif protocol == "vllm-nixl":
+        # Prefill returns its NIXL side channel; decode is sent there.
+        side = {p.port("nixl") for p in prefills}
+        assert len(plegs) == n, plegs
+        for _, b in plegs:
+            assert (b.get("kv_transfer_params") or {}).get("do_remote_decode") is True, b
+        for _, b in dlegs:
+            params = b.get("kv_transfer_params") or {}
+            assert params.get("do_remote_prefill") is True, params
+            assert params.get("remote_port") in side, (params, side)
+    elif protocol == "sglang":
+        # Bootstrap port from the sglang.ai/bootstrap-port annotation.
+        boot = {int(p.annotations["sglang.ai/bootstrap-port"]) for p in prefills}
+        assert len(plegs) == n, plegs
+        for _, b in dlegs + plegs:
+            assert b.get("bootstrap_host") == "127.0.0.1", b
+            assert b.get("bootstrap_port") in boot, (b, boot)
+            assert isinstance(b.get("bootstrap_room"), int), b
+    elif protocol == "lmcache":
+        # Receiver ports from the decode pods' pdgw.io/init-ports / alloc-ports.
+        recv = {(tuple(_ports(p.annotations["pdgw.io/init-ports"])),
+                 tuple(_ports(p.annotations["pdgw.io/alloc-ports"]))) for p in decodes}
+        assert len(plegs) == n, plegs
+        for _, b in plegs:
+            spec = (b.get("kv_transfer_params") or {}).get("disagg_spec") or {}
+            assert spec.get("receiver_host") == "127.0.0.1", spec
+            got = (tuple(spec.get("receiver_init_port", [])),
+                   tuple(spec.get("receiver_alloc_port", [])))
+            assert got in recv, (spec, recv)
+    else:
+        raise AssertionError(f"no wiring check for protocol {protocol}")
 
 
 def check_overlay(overlay, n_requests):
@@ -180,38 +298,29 @@ def check_overlay(overlay, n_requests):
     tmp = tempfile.mkdtemp(prefix=f"pdgw-{overlay}.")
     try:
         fakekube.write_service_account(tmp)
-        pods, cfg = emulate(overlay, kube, tmp)
+        pods, cfg, model = emulate(overlay, kube, tmp)
         gw, gport = run_gateway(cfg, kport, tmp)
-        insts = json.loads(request("GET", gport, "/admin/instances")[2])
-        assert sorted(i["id"] for i in insts) == sorted(p.name for p in pods), insts
-        kv_ports = {p.name: int(p.annotations["pdgw.io/kv-port"]) for p in pods
-                    if p.labels.get("app.kubernetes.io/component") == "prefill"}
-        for i in insts:
-            if i["role"] == "prefill":
-                assert i["kv_port"] == kv_ports[i["id"]], i
+        # /ready needs one instance per role; wait for every pod to join.
+        want_ids = sorted(p.name for p in pods)
+        deadline = time.time() + 15
+        while True:
+            insts = json.loads(request("GET", gport, "/admin/instances")[2])
+            if sorted(i["id"] for i in insts) == want_ids or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert sorted(i["id"] for i in insts) == want_ids, insts
+        assert all(i["state"] == "up" and i["source"] == "kubernetes" for i in insts), insts
 
-        want = reference_text(8)
+        want = reference_text(model, 8)
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 8}
         for _ in range(n_requests):
-            status, _, obj, raw = post_json(gport, "/v1/completions",
-                                            {"model": "sim-model", "prompt": PROMPT,
-                                             "max_tokens": 8})
+            status, _, obj, raw = post_json(gport, "/v1/completions", body)
             assert status == 200, raw[:400]
             assert obj["choices"][0]["text"] == want, (obj, want)
-        events = list(sse_events(gport, "/v1/completions",
-                                 {"model": "sim-model", "prompt": PROMPT, "max_tokens": 8,
-                                  "stream": True}))
+        events = list(sse_events(gport, "/v1/completions", dict(body, stream=True)))
         assert events[-1] == "[DONE]", events[-3:]
         assert stream_text(events) == want
-
-        # Each decode leg was pointed at a prefill KV side channel from the
-        # pod annotations (remapped ports), at the pod's address.
-        params = decode_params(pods)
-        assert len(params) == n_requests + 1, params
-        for name, p in params:
-            assert p.get("remote_host") == "127.0.0.1", p
-            assert p.get("remote_port") in kv_ports.values(), (p, kv_ports)
-        if cfg.get("scheduling") == "staged":
-            assert prefill_requests(pods) == n_requests + 1
+        check_wiring(cfg["protocol"], pods, n_requests + 1)
         gw.signal(signal.SIGTERM)
         assert gw.wait(20) == 0, gw.output()[-3000:]
     finally:
@@ -227,5 +336,17 @@ def test_sim_2p2d():
     check_overlay("sim-2p2d", 6)
 
 
+def test_vllm_nixl():
+    check_overlay("vllm-nixl", 3)
+
+
+def test_sglang():
+    check_overlay("sglang", 3)
+
+
+def test_lmcache():
+    check_overlay("lmcache", 3)
+
+
 if __name__ == "__main__":
-    pdgwtest.run([test_sim_1p1d, test_sim_2p2d])
+    pdgwtest.run([test_sim_1p1d, test_sim_2p2d, test_vllm_nixl, test_sglang, test_lmcache])

@@ -229,6 +229,9 @@ def test_bad_inputs_table():
          "invalid_request_error", "messages"),
         ("POST", "/v1/completions", {"prompt": "x"}, auth, 400, "invalid_request_error",
          "model"),
+        ("GET", "/admin/instances", None, {}, 401, "authentication_error", None),
+        ("GET", "/v1/models", None, {"Authorization": "Bearer sk-wrong"}, 401,
+         "authentication_error", None),
         ("POST", "/v1/nope", comp_body(False), auth, 404, "not_found_error", None),
         ("GET", "/v1/completions", None, auth, 405, "invalid_request_error", None),
         ("DELETE", "/v1/chat/completions", None, auth, 405, "invalid_request_error", None),
@@ -255,6 +258,7 @@ def test_bad_inputs_table():
     # /health and /ready stay open without a key; /metrics is open too.
     assert_eq(T.request("GET", gport, "/health")[0], 200, "/health")
     assert_eq(T.request("GET", gport, "/ready")[0], 200, "/ready")
+    assert_eq(T.request("GET", gport, "/admin/instances", headers=auth)[0], 200, "admin w/ key")
     # Still serving correctly afterwards.
     status, _, obj, _ = T.post_json(gport, "/v1/completions", comp_body(False), headers=auth)
     assert_eq(status, 200, "valid request after bad ones")

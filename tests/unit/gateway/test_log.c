@@ -185,6 +185,8 @@ static void test_access(void **state)
     pdgw_log_set_format(PDGW_LOG_FORMAT_JSON);
     e.error = "upstream \"reset\"";
     e.client_disconnected = true;
+    e.pd_phase = "kv_transfer";
+    e.pd_retryable = 0;
     e.decode_instance = NULL;
     pdgw_access_log(&e);
     assert_int_equal(cap.n, 2);
@@ -198,6 +200,8 @@ static void test_access(void **state)
     assert_true(json_is_true(json_object_get(j, "stream")));
     assert_true(json_is_true(json_object_get(j, "disconnected")));
     assert_string_equal(json_string_value(json_object_get(j, "error")), "upstream \"reset\"");
+    assert_string_equal(json_string_value(json_object_get(j, "pd_phase")), "kv_transfer");
+    assert_true(json_is_false(json_object_get(j, "pd_retryable")));
     json_decref(j);
 
     pdgw_log_set_access(false);

@@ -305,6 +305,13 @@ static void test_gateway_metrics_and_collector(void **state)
     pdgw_gateway_metrics_retry(&gm, "vllm-kvt");
     pdgw_gateway_metrics_rejected(&gm, "bad_json");
     pdgw_gauge_set(pdgw_metric_family_series2(gm.instance_inflight, "p0", "prefill"), 3);
+    pdgw_gateway_metrics_touch_protocol(&gm, "sglang");
+    pdgw_gateway_metrics_observe_prefill(&gm, "vllm-kvt", 0.5);
+    pdgw_gateway_metrics_observe_kv_wait(&gm, "vllm-kvt", 0.02);
+    pdgw_gateway_metrics_observe_decode(&gm, "vllm-kvt", 2);
+    pdgw_gateway_metrics_pd_failure(&gm, "vllm-kvt", "kv_transfer");
+    pdgw_gateway_metrics_prefill_missing_kv_params(&gm, "vllm-kvt");
+    pdgw_gateway_metrics_cancel_notif(&gm, "lmcache");
 
     pdgw_buf_t out = PDGW_BUF_INIT;
     assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
@@ -328,6 +335,16 @@ static void test_gateway_metrics_and_collector(void **state)
         "pdgw_build_info{version=\"0.1.0\"} 1\n",
         "# TYPE pdgw_request_duration_seconds histogram\n",
         "kvt_pinned_pages 12\n",
+        "pdgw_prefill_seconds_sum{protocol=\"vllm-kvt\"} 0.5\n",
+        "pdgw_kv_wait_seconds_count{protocol=\"vllm-kvt\"} 1\n",
+        "pdgw_decode_seconds_bucket{protocol=\"vllm-kvt\",le=\"2.5\"} 1\n",
+        "pdgw_pd_failures_total{protocol=\"vllm-kvt\",phase=\"kv_transfer\"} 1\n",
+        "pdgw_prefill_missing_kv_params_total{protocol=\"vllm-kvt\"} 1\n",
+        "pdgw_pd_cancel_notifs_total{protocol=\"lmcache\"} 1\n",
+        /* touched up front: zero-valued series exist */
+        "pdgw_retries_total{protocol=\"sglang\"} 0\n",
+        "pdgw_prefill_missing_kv_params_total{protocol=\"sglang\"} 0\n",
+        "pdgw_ttft_seconds_count{protocol=\"sglang\"} 0\n",
     };
     for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++) {
         if (strstr(out.data, must[i]) == NULL)

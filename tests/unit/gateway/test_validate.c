@@ -333,6 +333,18 @@ static void test_error_builders(void **state)
     assert_null(strstr(body, "[DONE]"));
     free(body);
 
+    /* type override (PD failure taxonomy) keeps the kind's HTTP status */
+    pdgw_api_error_set(&e, PDGW_API_ERR_BAD_GATEWAY, NULL, "kv lost");
+    pdgw_api_error_set_type(&e, "pd_kv_transfer_error");
+    pdgw_api_error_set_code(&e, "retryable");
+    assert_int_equal(pdgw_api_error_http_status(&e), 502);
+    body = pdgw_api_error_body(&e, NULL);
+    assert_string_equal(body, "{\"error\":{\"message\":\"kv lost\",\"type\":"
+                              "\"pd_kv_transfer_error\",\"param\":null,\"code\":\"retryable\"}}\n");
+    free(body);
+    pdgw_api_error_set(&e, PDGW_API_ERR_BAD_GATEWAY, NULL, "again"); /* resets the override */
+    assert_string_equal(e.type, "");
+
     body = pdgw_api_error_body_make(PDGW_API_ERR_BAD_REQUEST, NULL, "m", NULL);
     json_t *j = json_loads(body, 0, NULL);
     assert_true(json_is_null(json_object_get(json_object_get(j, "error"), "code")));

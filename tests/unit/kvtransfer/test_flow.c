@@ -188,6 +188,49 @@ static void test_partial_after_wait(void **state)
     t_keys_free(keys, 12);
 }
 
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The receiver is full: it waits the backoff TTL for space without
+ * spinning, then answers alloc_failed. */
+static void test_full_waits_then_fails(void **state)
+{
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    char **keys = t_keys("full", 12);
+    kvt_task_result_t res;
+    uint64_t t0;
+    double c0, cpu;
+    (void)state;
+
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
+    rc.pd_alloc_fail_backoff_ttl = 0.8;
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    res = store_wait(p.s, "full-a", keys, 0, 8, 0);
+    assert_int_equal(t_bits(&res), 8);
+    kvt_task_result_clear(&res);
+    t0 = t_now_ms();
+    c0 = cpu_seconds();
+    res = store_wait(p.s, "full-b", keys, 8, 4, 0);
+    cpu = cpu_seconds() - c0;
+    assert_int_equal(res.status, KVT_ERR_ALLOC_FAILED);
+    assert_int_equal(t_bits(&res), 0);
+    kvt_task_result_clear(&res);
+    assert_true(t_now_ms() - t0 >= 700);
+    /* two engines idling/parking for 0.8 s: far from a busy loop */
+    assert_true(cpu < 0.4);
+    kvt_release_req(p.r, "full-a");
+    assert_true(t_pool_drained(p.r, 1000));
+    assert_true(t_pool_drained(p.s, 1000));
+    t_pair_close(&p);
+    t_keys_free(keys, 12);
+}
+
 /* Space freed while a request is parked: it proceeds in full. */
 static void test_parked_gets_space(void **state)
 {
@@ -370,6 +413,63 @@ static void test_cancel_both_sides(void **state)
     t_keys_free(keys, 5);
 }
 
+/* After CancelNotif a late batch of the same request (a prefill that kept
+ * computing) allocates nothing on the receiver, and the sender holds
+ * nothing either -- without tripping the breaker. */
+static void tombstone_case(t_mode_t mode)
+{
+    t_pair_t p;
+    kvt_proxy_t *px;
+    char **keys = t_keys("tomb", 8);
+    kvt_task_result_t res;
+    kvt_metrics_t m;
+    kvt_pool_stats_t ps;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_int_equal(t_pair_open(&p, mode, 16 * T_PAGE, 16 * T_PAGE, "tcp"), KVT_OK);
+    assert_int_equal(kvt_proxy_cancel(px, "127.0.0.1", p.rp.alloc_port, "tomb-1", NULL, 0), KVT_OK);
+    for (uint64_t end = t_now_ms() + 3000; t_now_ms() < end; usleep(2000)) {
+        kvt_engine_metrics(p.r, &m);
+        if (m.cancels_total == 1)
+            break;
+    }
+    assert_int_equal(m.cancels_total, 1);
+    res = store_wait(p.s, "tomb-1", keys, 0, 4, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    kvt_engine_pool_stats(p.r, &ps);
+    assert_int_equal(ps.used_pages, 0);
+    assert_true(t_pool_drained(p.s, 2000));
+    kvt_engine_metrics(p.s, &m);
+    assert_int_equal(m.breaker_open, 0);
+    /* other requests are untouched */
+    res = store_wait(p.s, "tomb-2", keys, 4, 4, 0);
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(t_bits(&res), 4);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "tomb-2");
+    kvt_engine_pool_stats(p.r, &ps);
+    assert_int_equal(ps.used_pages, mode == MODE_PUSH || mode == MODE_PULL_EAGER ? 4 : 0);
+    kvt_release_req(p.r, "tomb-2");
+    assert_true(t_pool_drained(p.r, 2000));
+    assert_true(t_pool_drained(p.s, 3000));
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 8);
+}
+
+static void test_tombstone_push(void **state)
+{
+    (void)state;
+    tombstone_case(MODE_PUSH);
+}
+
+static void test_tombstone_pull(void **state)
+{
+    (void)state;
+    tombstone_case(MODE_PULL_EAGER);
+}
+
 static void test_reserve(void **state)
 {
     t_pair_t p;
@@ -480,11 +580,19 @@ static void test_control_garbage(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dedup_push),        cmocka_unit_test(test_dedup_pull),
-        cmocka_unit_test(test_too_large_breaker), cmocka_unit_test(test_partial_after_wait),
-        cmocka_unit_test(test_parked_gets_space), cmocka_unit_test(test_sweep_releases),
-        cmocka_unit_test(test_backpressure),      cmocka_unit_test(test_early_done),
-        cmocka_unit_test(test_cancel_both_sides), cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_dedup_push),
+        cmocka_unit_test(test_dedup_pull),
+        cmocka_unit_test(test_too_large_breaker),
+        cmocka_unit_test(test_partial_after_wait),
+        cmocka_unit_test(test_full_waits_then_fails),
+        cmocka_unit_test(test_parked_gets_space),
+        cmocka_unit_test(test_sweep_releases),
+        cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_early_done),
+        cmocka_unit_test(test_cancel_both_sides),
+        cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_tombstone_push),
+        cmocka_unit_test(test_tombstone_pull),
         cmocka_unit_test(test_control_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

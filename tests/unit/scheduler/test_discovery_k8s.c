@@ -41,11 +41,11 @@ static const char *SLICE_OK =
 static void test_slice_parse_ok(void **state)
 {
     json_t *j = load(SLICE_OK);
-    k8s_slice_t s;
+    sched_k8s_slice_t s;
     char err[256] = "";
 
     (void)state;
-    assert_int_equal(k8s_slice_parse(j, "http", &s, err, sizeof(err)), SCHED_OK);
+    assert_int_equal(sched_k8s_slice_parse(j, "http", &s, err, sizeof(err)), SCHED_OK);
     assert_string_equal(s.name, "vllm-prefill-abc12");
     assert_string_equal(s.service, "vllm-prefill");
     assert_false(s.port_missing);
@@ -72,8 +72,8 @@ static void test_slice_parse_ok(void **state)
     assert_true(s.eps[3].ready);
     assert_false(s.eps[3].terminating);
 
-    assert_string_equal(k8s_resource_version(j), "42");
-    k8s_slice_clear(&s);
+    assert_string_equal(sched_k8s_resource_version(j), "42");
+    sched_k8s_slice_clear(&s);
     assert_null(s.eps);
     json_decref(j);
 }
@@ -81,13 +81,13 @@ static void test_slice_parse_ok(void **state)
 static void test_slice_port_missing(void **state)
 {
     json_t *j = load(SLICE_OK);
-    k8s_slice_t s;
+    sched_k8s_slice_t s;
 
     (void)state;
-    assert_int_equal(k8s_slice_parse(j, "openai", &s, NULL, 0), SCHED_OK);
+    assert_int_equal(sched_k8s_slice_parse(j, "openai", &s, NULL, 0), SCHED_OK);
     assert_true(s.port_missing);
     assert_int_equal(s.n_eps, 0);
-    k8s_slice_clear(&s);
+    sched_k8s_slice_clear(&s);
     json_decref(j);
 }
 
@@ -96,20 +96,20 @@ static void test_slice_ipv6_url_and_id(void **state)
     json_t *j = load("{\"metadata\": {\"name\": \"s6\"}, \"addressType\": \"IPv6\","
                      " \"ports\": [{\"name\": \"http\", \"port\": 8000}],"
                      " \"endpoints\": [{\"addresses\": [\"fd00::1\"]}]}");
-    k8s_slice_t s;
+    sched_k8s_slice_t s;
     sched_instance_desc_t d;
     char url[300];
 
     (void)state;
-    assert_int_equal(k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_OK);
+    assert_int_equal(sched_k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_OK);
     assert_int_equal(s.n_eps, 1);
     assert_string_equal(s.eps[0].id, "fd00..1-8000"); /* path-safe */
-    k8s_endpoint_desc(&s.eps[0], NULL, SCHED_ROLE_DECODE, s.service, url, sizeof(url), &d);
+    sched_k8s_endpoint_desc(&s.eps[0], NULL, SCHED_ROLE_DECODE, s.service, url, sizeof(url), &d);
     assert_string_equal(d.url, "http://[fd00::1]:8000");
     assert_int_equal(d.role, SCHED_ROLE_DECODE);
     assert_int_equal(d.source, SCHED_SOURCE_K8S);
     assert_int_equal(sched_instance_desc_validate(&d, NULL, 0), SCHED_OK);
-    k8s_slice_clear(&s);
+    sched_k8s_slice_clear(&s);
     json_decref(j);
 }
 
@@ -147,10 +147,10 @@ static void test_slice_parse_rejects(void **state)
     (void)state;
     for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         json_t *j = load(bad[i]);
-        k8s_slice_t s;
+        sched_k8s_slice_t s;
         char err[256] = "";
         memset(&s, 0x5a, sizeof(s));
-        if (k8s_slice_parse(j, "http", &s, err, sizeof(err)) != SCHED_ERR_INVALID) {
+        if (sched_k8s_slice_parse(j, "http", &s, err, sizeof(err)) != SCHED_ERR_INVALID) {
             fail_msg("accepted: %s", bad[i]);
         }
         assert_true(err[0] != '\0');
@@ -162,11 +162,11 @@ static void test_slice_parse_rejects(void **state)
 static void test_slice_parse_alloc_failure(void **state)
 {
     json_t *j = load(SLICE_OK);
-    k8s_slice_t s;
+    sched_k8s_slice_t s;
 
     (void)state;
     sched_alloc_fail_after(0);
-    assert_int_equal(k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_ERR_NO_MEMORY);
+    assert_int_equal(sched_k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_ERR_NO_MEMORY);
     sched_alloc_fail_after(-1);
     json_decref(j);
 }
@@ -184,11 +184,11 @@ static void test_annotations(void **state)
                        " \"pdgw.io/kv-host\": \"10.1.2.3\","
                        " \"pdgw.io/something-else\": \"whatever\","
                        " \"app\": \"vllm\"}");
-    k8s_kv_t kv;
+    sched_k8s_kv_t kv;
     char err[256];
 
     (void)state;
-    assert_int_equal(k8s_kv_from_annotations(ann, &kv, err, sizeof(err)), 0);
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, err, sizeof(err)), 0);
     assert_true(kv.has_kv_port && kv.kv_port == 28001);
     assert_true(kv.has_bootstrap_port && kv.bootstrap_port == 8998);
     assert_string_equal(kv.engine_id, "engine-x");
@@ -205,11 +205,11 @@ static void test_annotations(void **state)
 
     /* pdgw.io/bootstrap-port wins over SGLang's annotation, in any order. */
     ann = load("{\"pdgw.io/bootstrap-port\": \"9000\", \"sglang.ai/bootstrap-port\": \"8998\"}");
-    assert_int_equal(k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
     assert_int_equal(kv.bootstrap_port, 9000);
     json_decref(ann);
     ann = load("{\"sglang.ai/bootstrap-port\": \"8998\", \"pdgw.io/bootstrap-port\": \"9000\"}");
-    assert_int_equal(k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
     assert_int_equal(kv.bootstrap_port, 9000);
     json_decref(ann);
 
@@ -219,7 +219,7 @@ static void test_annotations(void **state)
                " \"pdgw.io/kv-host\": \"a/b\", \"pdgw.io/weight\": 5,"
                " \"pdgw.io/dp-rank\": \"4\", \"pdgw.io/dp-size\": \"4\","
                " \"sglang.ai/bootstrap-port\": \"8998 \"}");
-    assert_int_equal(k8s_kv_from_annotations(ann, &kv, err, sizeof(err)), 7);
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, err, sizeof(err)), 7);
     assert_true(strstr(err, "invalid annotation") != NULL);
     assert_false(kv.has_kv_port);
     assert_false(kv.has_tp_size);
@@ -233,7 +233,7 @@ static void test_annotations(void **state)
     json_decref(ann);
 
     /* No annotations at all. */
-    assert_int_equal(k8s_kv_from_annotations(NULL, &kv, NULL, 0), 0);
+    assert_int_equal(sched_k8s_kv_from_annotations(NULL, &kv, NULL, 0), 0);
     assert_false(kv.has_kv_port);
 }
 
@@ -241,19 +241,19 @@ static void test_endpoint_desc(void **state)
 {
     json_t *j = load(SLICE_OK);
     json_t *ann = load("{\"pdgw.io/kv-port\": \"28001\", \"pdgw.io/engine-id\": \"e0\"}");
-    k8s_slice_t s;
-    k8s_kv_t kv;
+    sched_k8s_slice_t s;
+    sched_k8s_kv_t kv;
     sched_instance_desc_t d;
     char url[300];
     size_t i;
     bool node = false, service = false;
 
     (void)state;
-    assert_int_equal(k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_OK);
-    assert_int_equal(k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
+    assert_int_equal(sched_k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_OK);
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
 
     /* Named ports only. */
-    k8s_endpoint_desc(&s.eps[0], NULL, SCHED_ROLE_PREFILL, s.service, url, sizeof(url), &d);
+    sched_k8s_endpoint_desc(&s.eps[0], NULL, SCHED_ROLE_PREFILL, s.service, url, sizeof(url), &d);
     assert_string_equal(d.id, "vllm-prefill-0");
     assert_string_equal(d.url, "http://10.0.0.5:8100");
     assert_int_equal(d.kv_port, 28000);
@@ -268,12 +268,12 @@ static void test_endpoint_desc(void **state)
     assert_int_equal(sched_instance_desc_validate(&d, NULL, 0), SCHED_OK);
 
     /* Annotations win over named ports. */
-    k8s_endpoint_desc(&s.eps[0], &kv, SCHED_ROLE_PREFILL, s.service, url, sizeof(url), &d);
+    sched_k8s_endpoint_desc(&s.eps[0], &kv, SCHED_ROLE_PREFILL, s.service, url, sizeof(url), &d);
     assert_int_equal(d.kv_port, 28001);
     assert_int_equal(d.bootstrap_port, 8998);
     assert_string_equal(d.engine_id, "e0");
 
-    k8s_slice_clear(&s);
+    sched_k8s_slice_clear(&s);
     json_decref(ann);
     json_decref(j);
 }
@@ -283,7 +283,7 @@ static void test_event_parse(void **state)
     static const struct {
         const char *text;
         sched_status_t status;
-        k8s_event_type_t type;
+        sched_k8s_event_type_t type;
     } cases[] = {
         {"{\"type\": \"ADDED\", \"object\": {}}", SCHED_OK, K8S_EVENT_ADDED},
         {"{\"type\": \"MODIFIED\", \"object\": {}}", SCHED_OK, K8S_EVENT_MODIFIED},
@@ -301,14 +301,14 @@ static void test_event_parse(void **state)
     (void)state;
     for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         json_t *j = load(cases[i].text);
-        k8s_event_type_t type;
+        sched_k8s_event_type_t type;
         const json_t *obj = NULL;
-        assert_int_equal(k8s_event_parse(j, &type, &obj, NULL, 0), cases[i].status);
+        assert_int_equal(sched_k8s_event_parse(j, &type, &obj, NULL, 0), cases[i].status);
         if (cases[i].status == SCHED_OK) {
             assert_int_equal(type, cases[i].type);
             assert_non_null(obj);
             if (type == K8S_EVENT_ERROR) {
-                assert_int_equal(k8s_status_code(obj), 410);
+                assert_int_equal(sched_k8s_status_code(obj), 410);
             }
         }
         json_decref(j);

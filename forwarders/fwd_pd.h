@@ -1,0 +1,124 @@
+/*
+ * fwd_pd.h - helpers shared by the PD forwarders (vllm-nixl, vllm-mooncake, vllm-kvt, sglang,
+ * lmcache): leg bodies with their kv_transfer_params (PROTOCOLS.md section A), option parsing,
+ * the libkvt control thread (ReserveRequest, CancelNotif, ProxyNotif) and the weighted
+ * admission semaphore.
+ *
+ * Data flow: a forwarder's ops build bodies with fwd_pd_body_*(); forwarders whose decode runs
+ * libkvt keep a fwd_pd_kv_t in their context and, per attempt, a fwd_pd_kvreq_t that the gate
+ * drives (admission -> reservation before prefill; ProxyNotif count before decode). Everything
+ * that talks ZeroMQ runs on the control thread (fwd_pd_kvctl.c); request ops never block.
+ */
+#ifndef FWD_PD_H
+#define FWD_PD_H
+
+#include <pdgw/forwarder.h>
+#include <stdint.h>
+
+/* ---- bodies (fwd_pd_body.c) ---- */
+
+/* The vllm-nixl / vllm-mooncake serial prefill kv_transfer_params (new reference). */
+json_t *fwd_pd_kvp_remote_decode(void);
+
+/* Hardened prefill body (PROTOCOLS.md A.1) with kv_transfer_params = kvp (stolen, may be
+ * NULL = no kv_transfer_params). NULL on no memory. */
+json_t *fwd_pd_body_prefill(const pdgw_fwd_request_t *req, json_t *kvp);
+
+/* Copy of the client body with kv_transfer_params = kvp (stolen; NULL = left as the client
+ * sent it). */
+json_t *fwd_pd_body_decode(const pdgw_fwd_request_t *req, json_t *kvp);
+
+/* A prefill response's kv_transfer_params when it is a non-empty object (borrowed), else NULL. */
+json_t *fwd_pd_resp_kvp(const json_t *resp);
+
+/* Count a prefill that returned no kv_transfer_params (pdgw_prefill_missing_kv_params_total). */
+void fwd_pd_count_missing_kv_params(const char *protocol);
+
+/* ---- options (fwd_pd_body.c) ---- */
+
+/* Refuse keys of <options> not in the NULL-terminated <known>. */
+pdgw_fwd_status_t fwd_pd_opts_check(const json_t *options, const char *const *known, char *err,
+                                    size_t errlen);
+/* Integer option in [min, max] (default when absent). */
+pdgw_fwd_status_t fwd_pd_opt_int(const json_t *options, const char *key, int64_t def, int64_t min,
+                                 int64_t max, int64_t *out, char *err, size_t errlen);
+/* Boolean option (true/false). */
+pdgw_fwd_status_t fwd_pd_opt_bool(const json_t *options, const char *key, int def, int *out,
+                                  char *err, size_t errlen);
+/* String option restricted to the NULL-terminated <choices>; *out = index. */
+pdgw_fwd_status_t fwd_pd_opt_enum(const json_t *options, const char *key,
+                                  const char *const *choices, int def, int *out, char *err,
+                                  size_t errlen);
+/* Free-form string option (copied into out). */
+pdgw_fwd_status_t fwd_pd_opt_str(const json_t *options, const char *key, const char *def, char *out,
+                                 size_t cap, char *err, size_t errlen);
+
+/* A random 63-bit integer (never negative). */
+int64_t fwd_pd_random63(void);
+
+/* ---- libkvt side (fwd_pd_kvctl.c) ---- */
+
+typedef enum { FWD_PD_REFUSAL_QUEUE = 0, FWD_PD_REFUSAL_REPICK = 1 } fwd_pd_refusal_t;
+
+/* Options of the libkvt handshake, shared by vllm-kvt and lmcache. */
+typedef struct fwd_pd_kv_opts {
+    int reserve;            /* send ReserveRequest before prefill (batch) */
+    int64_t chunk_tokens;   /* tokens per KV chunk */
+    int64_t reserve_ttl_ms; /* ReserveRequest.ttl_ms */
+    int64_t reserve_timeout_ms;
+    int64_t reserve_retry_ms; /* queue: ask again after this */
+    fwd_pd_refusal_t on_refusal;
+    int proxy; /* bind the ProxyNotif PULL (lmcache) */
+    char proxy_host[128];
+    int64_t proxy_port;
+    int64_t notif_timeout_ms;
+    int64_t admission_chunks; /* weighted admission capacity; 0 = off */
+} fwd_pd_kv_opts_t;
+
+/* Keys fwd_pd_kv_opts_parse understands (for fwd_pd_opts_check). */
+#define FWD_PD_KV_OPT_KEYS                                                                         \
+    "reserve", "chunk_tokens", "reserve_ttl_ms", "reserve_timeout_ms", "reserve_retry_ms",         \
+        "reserve_on_refusal"
+#define FWD_PD_PROXY_OPT_KEYS "proxy_host", "proxy_port", "notif_timeout_ms", "admission_chunks"
+
+pdgw_fwd_status_t fwd_pd_kv_opts_parse(const json_t *options, int reserve_default, int proxy,
+                                       fwd_pd_kv_opts_t *o, char *err, size_t errlen);
+
+typedef struct fwd_pd_kv fwd_pd_kv_t;       /* per forwarder: control thread, admission */
+typedef struct fwd_pd_kvreq fwd_pd_kvreq_t; /* per attempt */
+
+/* Start the control thread (and bind the ProxyNotif PULL when o->proxy). */
+pdgw_fwd_status_t fwd_pd_kv_create(const char *protocol, const fwd_pd_kv_opts_t *o,
+                                   fwd_pd_kv_t **out, char *err, size_t errlen);
+void fwd_pd_kv_destroy(fwd_pd_kv_t *kv);
+const fwd_pd_kv_opts_t *fwd_pd_kv_opts(const fwd_pd_kv_t *kv);
+/* The bound ProxyNotif port (0 when none). */
+int fwd_pd_kv_proxy_port(const fwd_pd_kv_t *kv);
+
+/* Per attempt. <kv_req_id> names the transfer (disagg_spec.req_id / reservation). */
+fwd_pd_kvreq_t *fwd_pd_kvreq_new(fwd_pd_kv_t *kv, const pdgw_fwd_request_t *req,
+                                 const char *kv_req_id);
+const char *fwd_pd_kvreq_id(const fwd_pd_kvreq_t *q);
+
+/* BEFORE_PREFILL: weighted admission (if on), then the reservation on <decode> (if on and
+ * the decode has alloc ports). OK / PENDING / ERR (err filled). */
+pdgw_fwd_status_t fwd_pd_kvreq_before_prefill(fwd_pd_kvreq_t *q, const pdgw_fwd_request_t *req,
+                                              const pdgw_instance_t *decode, pdgw_fwd_error_t *err);
+
+/* BEFORE_DECODE: wait for <count> ProxyNotif{kv_req_id}; ERR 504 kv_transfer at the
+ * notif deadline. */
+pdgw_fwd_status_t fwd_pd_kvreq_wait_notifs(fwd_pd_kvreq_t *q, const pdgw_fwd_request_t *req,
+                                           int count, pdgw_fwd_error_t *err);
+
+/* Whether a refusal error came from the reservation (retry_scope: re-pick the decode). */
+int fwd_pd_kvreq_refused(const fwd_pd_kvreq_t *q);
+
+/* Remember the decode instance (its KV host and alloc ports) for CancelNotif at the end. */
+void fwd_pd_kvreq_set_decode(fwd_pd_kvreq_t *q, const pdgw_instance_t *decode);
+
+/* End of the attempt: release admission slots; CancelNotif{kv_req_id} to the remembered
+ * decode's alloc ports when a reservation was granted or the attempt did not complete
+ * (reason != OK; counted as pdgw_fwd_cancel_notifs_total); frees q. NULL is a no-op. */
+void fwd_pd_kvreq_end(fwd_pd_kvreq_t *q, pdgw_end_reason_t reason);
+
+#endif /* FWD_PD_H */

@@ -1,0 +1,434 @@
+"""B3 PD overhead: the time pdgw adds per request for every PD protocol at 1P1D.
+
+Two pdgw-sim instances (prefill + decode, --zero-delay) per protocol behind one pdgw
+(batch scheduling, YAML config with every instance field the forwarders read). A
+small asyncio HTTP/1.1 keep-alive client sends non-streaming completions with
+`X-Request-Id: b3-...` at 1 and 64 concurrent clients. Per request:
+
+    overhead = client total - engine time of the prefill leg - engine time of the decode leg
+
+The decode's engine time comes from the relayed body (`sim_engine_time_us`); the
+prefill's from the prefill sim's `/sim/requests` record (`engine_time_us`) when the
+simulator records it, else it is counted as 0 (and said so). The client's own cost
+is measured the same way against one `both` sim directly (with more than one
+client: at the request rate the row reached, so the client's event loop is as
+busy in both); the reported figure is the overhead percentile through pdgw minus
+the same percentile direct.
+
+Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64")
+Prints one `B3 ...` line per point and `SKIP <protocol>: <why>` for a protocol that
+this pdgw does not have. Writes b3_pd.csv; the shell wrapper plots and summarises.
+"""
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
+RESULTS = sys.argv[2] if len(sys.argv) > 2 else "."
+DURATION = float(os.environ.get("DURATION", "4"))
+CONCURRENCY = [int(c) for c in os.environ.get("CONCURRENCY", "1 64").split()]
+PROMPT = "Disaggregated serving splits the prompt phase from the token phase " * 2
+BODY = json.dumps({"model": "sim-model", "prompt": PROMPT, "max_tokens": 16,
+                   "ignore_eos": True}).encode()
+
+# protocol -> (row name, protocol options) at 1P1D, batch scheduling
+PD_CONFIGS = {
+    "vllm-nixl": [("vllm-nixl", {})],
+    "vllm-mooncake": [("vllm-mooncake", {}),
+                      ("vllm-mooncake/parallel", {"mooncake_dispatch": "parallel"})],
+    "vllm-kvt": [("vllm-kvt", {})],
+    "sglang": [("sglang", {})],
+    "lmcache": [("lmcache", {"proxy_host": "127.0.0.1"})],
+}
+
+procs = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(name, argv):
+    log = tempfile.TemporaryFile(prefix=f"b3-{name}-")
+    p = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT)
+    p.log = log
+    procs.append(p)
+    return p
+
+
+def output(p):
+    p.log.seek(0)
+    return p.log.read().decode(errors="replace")
+
+
+def stop(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    if p in procs:
+        procs.remove(p)
+
+
+def stop_all():
+    for p in list(procs):
+        stop(p)
+
+
+def http(port, method, path, body=None, timeout=5.0):
+    """One request on a fresh connection; returns (status, body bytes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        hdr = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        if body is not None:
+            hdr += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        s.sendall(hdr.encode() + b"\r\n" + (body or b""))
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    if b"transfer-encoding: chunked" in head.lower():
+        rest = dechunk(rest)
+    return status, rest
+
+
+def dechunk(data):
+    out, pos = b"", 0
+    while True:
+        nl = data.find(b"\r\n", pos)
+        if nl < 0:
+            return out
+        size = int(data[pos:nl].split(b";")[0], 16)
+        if size == 0:
+            return out
+        out += data[nl + 2:nl + 2 + size]
+        pos = nl + 2 + size + 2
+
+
+def wait_http(port, path, proc, timeout=15.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited {proc.returncode}: {output(proc)[-600:]}")
+        try:
+            if http(port, "GET", path, timeout=1.0)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"127.0.0.1:{port}{path} did not answer 200")
+
+
+def sim(role, extra=()):
+    port = free_port()
+    argv = [f"{BIN}/pdgw-sim", "--role", role, "--port", port, "--zero-delay",
+            "--record-capacity", "100000", "--max-batch", "1024", "--eos-period", "0",
+            "--engine-id", f"b3-{role}-{port}", *extra]
+    inst = {"id": f"{role}-0", "url": f"http://127.0.0.1:{port}", "role": role,
+            "engine_id": f"b3-{role}-{port}"}
+    if role == "prefill":
+        kv, boot = free_port(), free_port()
+        argv += ["--kv-port", kv, "--bootstrap-port", boot]
+        inst.update(kv_port=kv, bootstrap_port=boot)
+    if role == "decode":
+        alloc, init = free_port(), free_port()
+        argv += ["--alloc-port", alloc, "--init-port", init]
+        inst.update(alloc_ports=[alloc], init_ports=[init], tp_size=1)
+    p = start(f"sim-{role}", argv)
+    wait_http(port, "/health", p)
+    return p, port, inst
+
+
+def yaml_scalar(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(yaml_scalar(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def gateway(protocol, instances, opts):
+    port = free_port()
+    lines = [f'listen: "127.0.0.1:{port}"', "workers: 2", f"protocol: {protocol}",
+             "scheduling: batch", "retries: 0", "log_level: warn", "access_log: false",
+             "health_interval: 5s", "metrics_scrape_interval: 5s"]
+    if opts:
+        lines.append("protocol_options:")
+        lines += [f"  {k}: {yaml_scalar(v)}" for k, v in opts.items()]
+    lines.append("instances:")
+    for inst in instances:
+        for i, (k, v) in enumerate(inst.items()):
+            lines.append(("  - " if i == 0 else "    ") + f"{k}: {yaml_scalar(v)}")
+    fd, cfg = tempfile.mkstemp(prefix="b3-pdgw-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    p = start(f"pdgw-{protocol}", [f"{BIN}/pdgw", "--config", cfg])
+    try:
+        wait_http(port, "/ready", p)
+    finally:
+        os.unlink(cfg)
+    return p, port
+
+
+async def client(port, tag, deadline, samples, errors, pace):
+    """One keep-alive connection sending requests back to back until the deadline
+    (or, with pace = [next send time, interval], no faster than the shared rate)."""
+    reader = writer = None
+    n = 0
+    while time.monotonic() < deadline:
+        if pace is not None:
+            now = time.monotonic()
+            t = max(now, pace[0])
+            pace[0] = t + pace[1]
+            if t > now:
+                await asyncio.sleep(t - now)
+        if writer is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        rid = f"b3-{tag}-{n}"
+        n += 1
+        req = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               f"Content-Type: application/json\r\nX-Request-Id: {rid}\r\n"
+               f"Content-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+        t0 = time.perf_counter_ns()
+        writer.write(req)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lower = head.lower()
+            m = re.search(rb"content-length: *(\d+)", lower)
+            if m:
+                body = await reader.readexactly(int(m.group(1)))
+            else:
+                body = b""
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    chunk = await reader.readexactly(size + 2)
+                    if size == 0:
+                        break
+                    body += chunk[:-2]
+            t1 = time.perf_counter_ns()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            errors.append(rid)
+            writer.close()
+            writer = None
+            continue
+        status = int(head.split(b" ", 2)[1])
+        if status != 200:
+            errors.append(rid)
+            continue
+        try:
+            eng = json.loads(body).get("sim_engine_time_us")
+        except ValueError:
+            eng = None
+        samples[rid] = ((t1 - t0) / 1000.0, eng)
+        if b"connection: close" in lower:
+            writer.close()
+            writer = None
+    if writer is not None:
+        writer.close()
+
+
+def load(port, conc, tag, rate=None):
+    samples, errors = {}, []
+
+    async def main():
+        deadline = time.monotonic() + DURATION
+        pace = [time.monotonic(), 1.0 / rate] if rate else None
+        await asyncio.gather(*(client(port, f"{tag}-{i}", deadline, samples, errors, pace)
+                               for i in range(conc)))
+
+    asyncio.run(main())
+    return samples, errors
+
+
+def records(port):
+    st, body = http(port, "GET", "/sim/requests", timeout=30)
+    if st != 200:
+        return {}
+    out = {}
+    for r in json.loads(body).get("requests", []):
+        if r.get("request_id"):
+            out[r["request_id"]] = r
+    http(port, "DELETE", "/sim/requests")
+    return out
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100.0 * (len(xs) - 1) + 0.5))]
+
+
+def overheads(samples, prefill_recs):
+    """client total - engine time of both legs, per request (microseconds)."""
+    out, missing_prefill = [], 0
+    for rid, (total, eng_d) in samples.items():
+        eng_p = 0.0
+        if prefill_recs is not None:
+            rec = prefill_recs.get(rid)
+            if rec is not None and rec.get("engine_time_us") is not None:
+                eng_p = float(rec["engine_time_us"])
+            else:
+                missing_prefill += 1
+        out.append(total - float(eng_d or 0) - eng_p)
+    return out, missing_prefill
+
+
+def protocols_of_pdgw():
+    text = subprocess.run([f"{BIN}/pdgw", "--help"], capture_output=True, text=True).stdout
+    m = re.search(r"--protocol NAME\s*\n\s*Forwarder protocol: ([^\n]*)", text)
+    names = re.findall(r"[a-z][a-z0-9-]+", m.group(1).split(" or ")[0]) if m else []
+    return [n for n in names if n != "neutral"]
+
+
+def gw_sums(port):
+    """(sum, count) of pdgw's request / prefill-leg / decode-leg duration histograms."""
+    try:
+        st, body = http(port, "GET", "/metrics")
+    except OSError:
+        return {}
+    out = {}
+    for line in body.decode(errors="replace").splitlines():
+        m = re.match(r"(pdgw_(?:request_duration|prefill|decode)_seconds)_(sum|count)(?:\{[^}]*\})? "
+                     r"([0-9.eE+-]+)$", line)
+        if m:
+            k = (m.group(1), m.group(2))
+            out[k] = out.get(k, 0.0) + float(m.group(3))
+    return out
+
+
+def gw_internal_mean_us(before, after):
+    """pdgw's own mean time per request: request duration minus its prefill and decode
+    leg durations, as pdgw measured them (None when pdgw does not report legs)."""
+    def mean(name):
+        n = after.get((name, "count"), 0) - before.get((name, "count"), 0)
+        if n <= 0:
+            return None
+        return (after.get((name, "sum"), 0) - before.get((name, "sum"), 0)) / n * 1e6
+    req = mean("pdgw_request_duration_seconds")
+    pre = mean("pdgw_prefill_seconds")
+    dec = mean("pdgw_decode_seconds")
+    if req is None or dec is None:
+        return None
+    return req - dec - (pre or 0.0)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
+def main():
+    rows = []
+    both, both_port, both_inst = sim("both")
+
+    def baseline(conc, rate):
+        """The client's own overhead against the sim directly, same concurrency and rate."""
+        records(both_port)
+        samples, errors = load(both_port, conc, f"direct{conc}", rate)
+        ov, _ = overheads(samples, None)
+        records(both_port)
+        return ov
+
+    base1 = baseline(1, None) if 1 in CONCURRENCY else []
+    if base1:
+        print(f"B3 direct-to-sim c=1: {len(base1)} requests, client + sim HTTP overhead "
+              f"p50 {pct(base1, 50):.1f} us p99 {pct(base1, 99):.1f} us", flush=True)
+
+    def measure(row, port, prefill_port):
+        for conc in CONCURRENCY:
+            if prefill_port:
+                records(prefill_port)
+            m0 = gw_sums(port)
+            samples, errors = load(port, conc, f"{row}{conc}")
+            gw_mean = gw_internal_mean_us(m0, gw_sums(port))
+            recs = records(prefill_port) if prefill_port else None
+            ov, missing = overheads(samples, recs)
+            rps = len(samples) / DURATION
+            # one client: the client's cost does not depend on the rate; more clients:
+            # the direct baseline runs at the rate this row reached
+            base = base1 if conc == 1 else baseline(conc, max(rps, 1.0))
+            a50 = pct(ov, 50) - pct(base, 50)
+            a99 = pct(ov, 99) - pct(base, 99)
+            note = ""
+            if prefill_port and missing:
+                note = f" (prefill engine time not recorded for {missing} requests: counted 0)"
+            print(f"B3 {row:24s} c={conc:<3d} {len(samples):6d} req ({rps:7.0f}/s) errors "
+                  f"{len(errors):4d}  pdgw adds p50 {a50 / 1000:7.3f} ms  p99 {a99 / 1000:7.3f} ms"
+                  f"  [baseline p50 {pct(base, 50):.0f} us; pdgw's own mean, its metrics: "
+                  f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}]{note}", flush=True)
+            rows.append((row, conc, len(samples), len(errors), rps, a50, a99,
+                         pct(ov, 50), pct(ov, 99), pct(base, 50), pct(base, 99), missing,
+                         "" if gw_mean is None else "%.1f" % gw_mean, loadavg()))
+
+    # neutral through pdgw to the same both sim: the single-leg reference
+    try:
+        gw, gw_port = gateway("neutral", [both_inst], {})
+        measure("neutral", gw_port, None)
+        stop(gw)
+    except RuntimeError as e:
+        print(f"SKIP neutral: pdgw did not start: {e}", flush=True)
+
+    for proto in protocols_of_pdgw():
+        for row, opts in PD_CONFIGS.get(proto, [(proto, {})]):
+            extra_p = []
+            opts = dict(opts)
+            if proto == "lmcache":
+                opts["proxy_port"] = free_port()
+                extra_p = ["--proxy-host", "127.0.0.1", "--proxy-port", opts["proxy_port"]]
+            started = []
+            try:
+                P, p_port, p_inst = sim("prefill", extra_p)
+                started.append(P)
+                D, d_port, d_inst = sim("decode")
+                started.append(D)
+                gw, gw_port = gateway(proto, [p_inst, d_inst], opts)
+                started.append(gw)
+            except RuntimeError as e:
+                last = str(e).strip().splitlines()[-1] if str(e).strip() else "?"
+                print(f"SKIP {row}: could not start it ({last})", flush=True)
+                for p in started:
+                    stop(p)
+                continue
+            st, body = http(gw_port, "POST", "/v1/completions", BODY, timeout=10)
+            if st != 200:
+                print(f"SKIP {row}: a single request fails with {st}: {body[:200]!r}",
+                      flush=True)
+            else:
+                measure(row, gw_port, p_port)
+            for p in started:
+                stop(p)
+
+    with open(os.path.join(RESULTS, "b3_pd.csv"), "w") as f:
+        f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
+                "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
+                "prefill_time_missing,gw_internal_mean_us,load1\n")
+        for r in rows:
+            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%s\n" % r)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        stop_all()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# B3 PD overhead: for every PD protocol this pdgw has, 1 prefill + 1 decode
+# pdgw-sim (--zero-delay) behind pdgw; the time pdgw adds per request (client total
+# minus the engine time of both legs, minus the same client's overhead measured
+# directly against a sim), p50/p99 at 1 and 64 concurrent clients. `neutral`
+# through pdgw is the single-leg reference row. Protocols this pdgw does not have
+# are skipped with one SKIP line. The load client is b3_pd.py.
+# Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), CONCURRENCY ("1 64")
+source "$(dirname "$0")/lib.sh"
+BIN_DIR=${1:-$BIN_DIR}
+need /usr/bin/python3 "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim"
+raise_nofile >/dev/null
+echo "B3 load before: $(load_avg)"
+DURATION=${DURATION:-4} /usr/bin/python3 "$BENCH_DIR/b3_pd.py" "$BIN_DIR" "$RESULTS_DIR"
+csv=$RESULTS_DIR/b3_pd.csv
+[[ -s "$csv" ]] || { echo "B3: no results" >&2; exit 1; }
+column -s, -t "$csv"
+
+if command -v gnuplot >/dev/null 2>&1; then
+    awk -F, 'NR > 1 { v[$1, $2] = $6 / 1000; if (!($1 in seen)) { seen[$1] = 1; o[++n] = $1 } }
+        END { for (i = 1; i <= n; i++) { p = o[i]; printf "%s %s %s\n", p,
+            (((p, 1) in v) ? v[p, 1] : "NaN"), (((p, 64) in v) ? v[p, 64] : "NaN") } }' "$csv" \
+        >"$BENCH_TMP/b3.dat"
+    gnuplot <<GP
+set terminal pngcairo size 900,500 noenhanced
+set output '$RESULTS_DIR/b3_pd.png'
+set title 'B3: time pdgw adds per request at 1P1D (sim zero-delay), p50'
+set ylabel 'ms'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8
+set xtics rotate by -30
+set grid ytics
+set key top left
+plot '$BENCH_TMP/b3.dat' using 2:xtic(1) title '1 client', '' using 3 title '64 clients'
+GP
+fi
+
+summary_begin b3_pd
+while IFS=, read -r proto clients _ _ _ a50 _; do
+    [[ "$proto" == protocol ]] && continue
+    check_target b3 "$proto c=$clients added p50" \
+        "$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')" le 0.5 ms
+done <"$csv"
+echo "machine: $(machine_line)"

@@ -1,0 +1,289 @@
+"""PD forwarders under failure: a client that disconnects mid-prefill aborts both legs and
+leaves nothing pinned (libkvt protocols also send CancelNotif); prefill and decode failures
+produce the PD error taxonomy (status, error JSON type/code, X-PD-* headers, metric); the
+lmcache path whose ProxyNotif never comes fails at its deadline with a clear 504 and
+releases the KV the decode received."""
+
+import json
+import socket
+import sys
+import time
+import traceback
+import uuid
+
+import pdgwtest as T
+from fwdconf import Gateway, Sim, client_body, path_of, wait_idle
+
+env = {}
+
+DISCONNECT_CONFIGS = [
+    ("vllm-nixl", "batch", {}),
+    ("vllm-mooncake", "staged", {}),
+    ("vllm-mooncake", "batch", {"mooncake_dispatch": "parallel"}),
+    ("vllm-kvt", "batch", {}),
+    ("vllm-kvt", "staged", {}),
+    ("sglang", "batch", {}),
+    ("lmcache", "batch", {"proxy_host": "127.0.0.1"}),
+]
+
+
+def setup():
+    env["proxy_port"] = T.free_port()
+    env["dead_port"] = T.free_port()
+    px = ["--proxy-host", "127.0.0.1", "--proxy-port"]
+    env["slowP"] = Sim("prefill", "prefill-slow", *px, env["proxy_port"], "--ttft-ms", "1500",
+                        "--kv-hold-timeout-ms", "1500")
+    env["noproxyP"] = Sim("prefill", "prefill-noproxy", *px, env["dead_port"])
+    env["failP"] = Sim("prefill", "prefill-fail", "--fail-rate", "1", "--fail-status", "500")
+    env["D"] = Sim("decode", "decode-0")
+    env["failD"] = Sim("decode", "decode-fail", "--fail-rate", "1", "--fail-status", "500")
+
+
+def sims():
+    return [env[k] for k in ("slowP", "noproxyP", "failP", "D", "failD")]
+
+
+def disconnect_mid_prefill(gw, rid):
+    """Send a streaming request, hang up while the prefill is still computing."""
+    body = json.dumps(client_body(False, True)).encode()
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"X-Request-Id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(0.3)
+    s.close()
+
+
+def poll(fn, what, timeout=5.0):
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def make_disconnect_test(protocol, mode, opts):
+    def t():
+        o = dict(opts)
+        if protocol == "lmcache":
+            o["proxy_port"] = env["proxy_port"]
+        P, D = env["slowP"], env["D"]
+        gw = Gateway(protocol, mode, [P.instance(), D.instance()], o, retries=0)
+        try:
+            t0 = time.time()
+            rid = "dc-" + uuid.uuid4().hex[:12]
+            disconnect_mid_prefill(gw, rid)
+            # pdgw noticed at once and ended the attempt (legs aborted, bookings cancelled)
+            poll(lambda: gw.metric("pdgw_client_disconnects_total", {"protocol": protocol}) >= 1,
+                 "pdgw did not count the disconnect", timeout=1.0)
+            assert time.time() - t0 < 1.4, time.time() - t0
+            if protocol in ("vllm-kvt", "lmcache") and mode == "batch":
+                poll(lambda: gw.metric("pdgw_fwd_cancel_notifs_total",
+                                       {"protocol": protocol}) >= 1, "no CancelNotif counted")
+            # the decode leg never started for serial protocols
+            if protocol in ("vllm-nixl", "lmcache") or (protocol == "vllm-mooncake" and
+                                                        mode == "staged"):
+                assert not D.records(rid), D.records(rid)
+            wait_idle(sims(), timeout=8.0)
+        finally:
+            gw.stop()
+    t.__name__ = f"test_disconnect_{protocol}_{opts.get('mooncake_dispatch', '')}{mode}"
+    t.__name__ = t.__name__.replace("-", "_")
+    return t
+
+
+def check_taxonomy(gw, protocol, phase, stream, want_status=502):
+    rid = "tx-" + uuid.uuid4().hex[:12]
+    body = client_body(False, stream)
+    st, hdrs, data = T.request("POST", gw.port, path_of(False), body, {"X-Request-Id": rid})
+    assert st == want_status, (st, data)
+    err = json.loads(data)["error"]
+    assert err["type"] == f"pd_{phase}_error", err
+    assert err["code"] in ("retryable", "not_retryable"), err
+    assert hdrs.get("x-pd-failure-phase") == phase, hdrs
+    assert hdrs.get("x-pd-retryable") in ("true", "false"), hdrs
+    assert (hdrs["x-pd-retryable"] == "true") == (err["code"] == "retryable"), (hdrs, err)
+    poll(lambda: gw.metric("pdgw_pd_failures_total", {"protocol": protocol, "phase": phase}) >= 1,
+         f"pdgw_pd_failures_total{{{protocol},{phase}}} not counted")
+    return err, hdrs
+
+
+def test_prefill_failure_taxonomy():
+    for protocol, opts in (("vllm-nixl", {}), ("sglang", {})):
+        gw = Gateway(protocol, "batch", [env["failP"].instance(), env["D"].instance()], opts,
+                     retries=0)
+        try:
+            err, hdrs = check_taxonomy(gw, protocol, "prefill", False)
+            assert hdrs["x-pd-retryable"] == "true", hdrs  # a 5xx may succeed elsewhere
+            check_taxonomy(gw, protocol, "prefill", True)
+            wait_idle(sims())
+        finally:
+            gw.stop()
+
+
+def test_decode_failure_taxonomy():
+    for protocol, mode, opts in (("vllm-nixl", "staged", {}), ("vllm-kvt", "batch", {})):
+        gw = Gateway(protocol, mode, [env["noproxyP"].instance(), env["failD"].instance()], opts,
+                     retries=0)
+        try:
+            check_taxonomy(gw, protocol, "decode", False)
+            check_taxonomy(gw, protocol, "decode", True)
+            wait_idle(sims(), timeout=8.0)
+        finally:
+            gw.stop()
+
+
+def test_lmcache_proxynotif_never_comes():
+    """The prefill pushes its KV but sends ProxyNotif elsewhere: 504 at the notif deadline,
+    phase kv_transfer, and the KV the decode received is released (CancelNotif)."""
+    P, D = env["noproxyP"], env["D"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"],
+                  "notif_timeout_ms": 400}, retries=0)
+    try:
+        rid = "nn-" + uuid.uuid4().hex[:12]
+        t0 = time.time()
+        st, hdrs, data = T.request("POST", gw.port, path_of(False), client_body(False, False),
+                                   {"X-Request-Id": rid})
+        took = time.time() - t0
+        assert st == 504, (st, data)
+        assert 0.35 < took < 3.0, took
+        err = json.loads(data)["error"]
+        assert "ProxyNotif{req_id=" + rid + "} arrived from 0 of 1 TP ranks" in err["message"], err
+        assert hdrs.get("x-pd-failure-phase", "kv_transfer") == "kv_transfer", hdrs
+        assert not D.records(rid), "the decode leg must not be sent"
+        assert gw.metric("pdgw_fwd_notif_timeouts_total", {"protocol": "lmcache"}) == 1
+        assert gw.metric("pdgw_fwd_cancel_notifs_total", {"protocol": "lmcache"}) >= 1
+        wait_idle(sims(), timeout=8.0)
+    finally:
+        gw.stop()
+
+
+
+class FakeAllocPort:
+    """A libkvt receiver's alloc port that answers ReserveRequest as told (ZMQ ROUTER,
+    msgpack maps with "type" first) and records every message."""
+
+    def __init__(self, grant_after):
+        import threading
+        import msgpack
+        import zmq
+        self.msgpack, self.zmq = msgpack, zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.grant_after = grant_after  # refuse this many ReserveRequests first (None = never)
+        self.msgs = []
+        self.stop = False
+        self.th = threading.Thread(target=self.serve, daemon=True)
+        self.th.start()
+
+    def serve(self):
+        while not self.stop:
+            if not self.sock.poll(50):
+                continue
+            ident, payload = self.sock.recv_multipart()[:2]
+            m = self.msgpack.unpackb(payload, raw=False)
+            self.msgs.append(m)
+            if m.get("type") == "ReserveRequest":
+                n = sum(1 for x in self.msgs if x.get("type") == "ReserveRequest")
+                ok = self.grant_after is not None and n > self.grant_after
+                self.sock.send_multipart([ident, self.msgpack.packb(
+                    {"type": "ReserveResponse", "req_id": m["req_id"], "granted": ok,
+                     "free_chunks": 100 if ok else 0})])
+
+    def of(self, typ):
+        return [m for m in self.msgs if m.get("type") == typ]
+
+    def close(self):
+        self.stop = True
+        self.th.join()
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_reservation_queue_then_granted():
+    """vllm-kvt batch: a refused ReserveRequest is asked again until granted (queue); the
+    request then runs; the reservation is released with CancelNotif at the end."""
+    fake = FakeAllocPort(grant_after=3)
+    P = env["noproxyP"]
+    D = dict(env["D"].instance(), alloc_ports=[fake.port])
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), D], {"reserve_retry_ms": 20}, retries=0)
+    try:
+        rid = "rq-" + uuid.uuid4().hex[:12]
+        st, _, obj, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                      {"X-Request-Id": rid})
+        assert st == 200, raw
+        reqs = fake.of("ReserveRequest")
+        assert len(reqs) == 4, reqs
+        assert list(reqs[0].keys())[0] == "type", reqs[0]
+        assert reqs[0]["req_id"] == rid and reqs[0]["total_chunks"] >= 1, reqs[0]
+        assert reqs[0]["ttl_ms"] == 30000, reqs[0]
+        poll(lambda: fake.of("CancelNotif"), "reservation not released")
+        assert fake.of("CancelNotif")[0]["req_id"] == rid
+        assert gw.metric("pdgw_fwd_reserve_refused_total", {"protocol": "vllm-kvt"}) == 3
+        assert gw.metric("pdgw_fwd_reserve_granted_total", {"protocol": "vllm-kvt"}) == 1
+        wait_idle(sims())
+    finally:
+        gw.stop()
+        fake.close()
+
+
+def test_reservation_refused_repicks_decode():
+    """reserve_on_refusal=repick: a decode without room is replaced by another decode."""
+    fake = FakeAllocPort(grant_after=None)
+    P = env["noproxyP"]
+    full = dict(env["failD"].instance(), alloc_ports=[fake.port])  # never reached by a leg
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), full, env["D"].instance()],
+                 {"reserve_on_refusal": "repick"}, retries=1,
+                 top={"decode_policy": "round-robin"})
+    try:
+        for _ in range(2):  # round-robin: one of the two starts on the full decode
+            rid = "rp-" + uuid.uuid4().hex[:12]
+            st, _, obj, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                          {"X-Request-Id": rid})
+            assert st == 200, raw
+            assert env["D"].records(rid), "served by the decode with room"
+            assert not env["failD"].records(rid)
+        n = len(fake.of("ReserveRequest"))
+        assert n in (1, 2), fake.msgs
+        assert gw.metric("pdgw_fwd_reserve_refused_total", {"protocol": "vllm-kvt"}) == n
+        # each refusal's (empty) reservation is released too
+        poll(lambda: len(fake.of("CancelNotif")) == n, "refused reservations not released")
+        wait_idle(sims())
+    finally:
+        gw.stop()
+        fake.close()
+
+def main():
+    setup()
+    tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
+    tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
+              test_reservation_refused_repicks_decode, test_prefill_failure_taxonomy,
+              test_decode_failure_taxonomy]
+    passed = failed = 0
+    try:
+        for t in tests:
+            start = time.time()
+            try:
+                t()
+                passed += 1
+                print(f"[ PASS ] {t.__name__} ({time.time() - start:.2f}s)", flush=True)
+            except Exception:
+                failed += 1
+                print(f"[ FAIL ] {t.__name__}", flush=True)
+                traceback.print_exc()
+                for p in list(T._live):
+                    out = p.output()
+                    if p.name.startswith("pdgw") or "Sanitizer" in out or not p.alive():
+                        print(f"---- log of {p.name} (alive={p.alive()}) ----")
+                        print(out[-4000:])
+    finally:
+        T._cleanup()
+    print(f"{passed} passed, {failed} failed", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
