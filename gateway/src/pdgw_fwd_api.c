@@ -240,15 +240,50 @@ void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
     pdgw_log_write(l, "forwarder", "%s", msg);
 }
 
-/* Forwarder counters live in the process-wide registry set by the server's creator. */
+/* Forwarder counters live in the registry of the running server (set by its creator). */
 static pdgw_metrics_t *fwd_metrics_reg;
+static pdgw_gateway_metrics_t *fwd_gm;
+static sched_pool_t *fwd_pool;
 static pthread_mutex_t fwd_metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void pdgw_fwd_api_set_metrics(pdgw_metrics_t *reg)
+void pdgw_fwd_api_set_services(pdgw_gateway_metrics_t *gm, sched_pool_t *pool)
 {
     pthread_mutex_lock(&fwd_metrics_lock);
-    fwd_metrics_reg = reg;
+    fwd_gm = gm;
+    fwd_metrics_reg = gm ? gm->reg : NULL;
+    fwd_pool = pool;
     pthread_mutex_unlock(&fwd_metrics_lock);
+}
+
+void pdgw_fwd_prefill_missing_kv_params(const char *protocol)
+{
+    pthread_mutex_lock(&fwd_metrics_lock);
+    if (fwd_gm && protocol)
+        pdgw_gateway_metrics_prefill_missing_kv_params(fwd_gm, protocol);
+    pthread_mutex_unlock(&fwd_metrics_lock);
+}
+
+void pdgw_fwd_cancel_notif_sent(const char *protocol)
+{
+    pthread_mutex_lock(&fwd_metrics_lock);
+    if (fwd_gm && protocol)
+        pdgw_gateway_metrics_cancel_notif(fwd_gm, protocol);
+    pthread_mutex_unlock(&fwd_metrics_lock);
+}
+
+void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t free_chunks)
+{
+    sched_instance_t *si = NULL;
+    if (inst == NULL || inst->id == NULL || free_chunks < 0)
+        return;
+    pthread_mutex_lock(&fwd_metrics_lock);
+    if (fwd_pool)
+        si = sched_pool_get(fwd_pool, inst->id); /* new reference */
+    pthread_mutex_unlock(&fwd_metrics_lock);
+    if (si) {
+        sched_instance_set_kv_free_chunks(si, (uint64_t)free_chunks);
+        sched_instance_unref(si);
+    }
 }
 
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help)

@@ -250,6 +250,10 @@ static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *re
 {
     if (r->id[0])
         MHD_add_response_header(resp, "X-Request-Id", r->id);
+    if (r->pd_phase != PDGW_PHASE_NONE) {
+        MHD_add_response_header(resp, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
+        MHD_add_response_header(resp, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
+    }
     return MHD_YES;
 }
 

@@ -110,6 +110,18 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
     d->source = SCHED_SOURCE_STATIC;
 }
 
+/* libpdsched's messages (discovery, probes, breakers) through pdgw's logger. */
+static void sched_log_adapter(void *arg, sched_log_level_t level, const char *msg)
+{
+    pdgw_log_level_t l = level == SCHED_LOG_DEBUG  ? PDGW_LOG_LEVEL_DEBUG
+                         : level == SCHED_LOG_INFO ? PDGW_LOG_LEVEL_INFO
+                         : level == SCHED_LOG_WARN ? PDGW_LOG_LEVEL_WARN
+                                                   : PDGW_LOG_LEVEL_ERROR;
+    (void)arg;
+    if (pdgw_log_enabled(l))
+        pdgw_log_write(l, "sched", "%s", msg);
+}
+
 static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, char *err,
                                size_t errlen)
 {
@@ -119,6 +131,8 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, cha
     size_t i;
 
     sched_config_init(&sc);
+    sc.log = sched_log_adapter;
+    sc.log_arg = NULL;
     sc.prefill_policy = map_policy(cfg->prefill_policy);
     sc.decode_policy = map_policy(cfg->decode_policy);
     sc.health_interval_ms = cfg->health_interval_ms;
@@ -257,6 +271,7 @@ int main(int argc, char **argv)
         pdgw_log_error("main", "cannot create the metrics registry");
         goto out_auth;
     }
+    pdgw_gateway_metrics_touch_protocol(&gm, cfg.protocol);
     if (make_pool(&cfg, &pool, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_metrics;

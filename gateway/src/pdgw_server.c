@@ -453,7 +453,7 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         return PDGW_ERR_NOMEM;
     }
     srv->opts = *opts;
-    pdgw_fwd_api_set_metrics(opts->metrics->reg);
+    pdgw_fwd_api_set_services(opts->metrics, opts->pool);
     atomic_init(&srv->draining, false);
     atomic_init(&srv->inflight, 0);
 
@@ -555,7 +555,7 @@ err_ctx:
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
     json_decref(empty);
-    pdgw_fwd_api_set_metrics(NULL);
+    pdgw_fwd_api_set_services(NULL, NULL);
     pdgw_free(srv);
     return status;
 }
@@ -639,6 +639,6 @@ void pdgw_server_destroy(pdgw_server_t *srv)
     pdgw_free(srv->workers);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
-    pdgw_fwd_api_set_metrics(NULL); /* the registry may go away after the server */
+    pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */
     pdgw_free(srv);
 }

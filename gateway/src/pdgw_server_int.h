@@ -300,8 +300,8 @@ void pdgw_waker_detach(struct pdgw_fwd_waker *wk);
 void pdgw_waker_run_queue(pdgw_worker_t *w);
 /* Worker shutdown: drop queued wakers without running them. */
 void pdgw_waker_drop_queue(pdgw_worker_t *w);
-/* Registry in which pdgw_fwd_counter_inc() creates forwarder counters. */
-void pdgw_fwd_api_set_metrics(pdgw_metrics_t *reg);
+/* Metrics and pool behind the forwarder helpers (counters, KV hints); NULLs detach. */
+void pdgw_fwd_api_set_services(pdgw_gateway_metrics_t *gm, sched_pool_t *pool);
 /* protocol_options kv pairs are converted by main; this converts one text value. */
 json_t *pdgw_fwd_option_value(const char *text);
 

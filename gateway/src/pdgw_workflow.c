@@ -811,7 +811,9 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
     pdgw_api_error_set(&api, kind_for_status(status), NULL, "%s", e->message);
     if (status == 504)
         pdgw_api_error_set_code(&api, "upstream_timeout");
-    if (e->phase != PDGW_PHASE_NONE && !r->passthrough) {
+    /* PD protocols tag the failure with its phase; a plain proxy keeps OpenAI's types. */
+    if (e->phase != PDGW_PHASE_NONE && !r->passthrough &&
+        (r->freq.dispatch != PDGW_DISPATCH_SINGLE || r->w->srv->plan.single_needs_prefill)) {
         char type[48];
         r->pd_phase = e->phase;
         r->pd_retryable = e->retryable ? 1 : 0;

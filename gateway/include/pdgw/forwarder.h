@@ -319,6 +319,16 @@ void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help);
 
+/* PD bookkeeping (thread-safe):
+ *  - the prefill answered without the KV parameters decode needs
+ *    (pdgw_prefill_missing_kv_params_total{protocol});
+ *  - a KV cancel notice was sent (pdgw_pd_cancel_notifs_total{protocol});
+ *  - a decode instance reported its free KV chunks (e.g. ReserveResponse.free_chunks): the
+ *    scheduler avoids instances whose last report said they are full. */
+void pdgw_fwd_prefill_missing_kv_params(const char *protocol);
+void pdgw_fwd_cancel_notif_sent(const char *protocol);
+void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t free_chunks);
+
 /* Names for logs. */
 const char *pdgw_phase_name(pdgw_phase_t phase);
 const char *pdgw_fwd_role_name(pdgw_fwd_role_t role);

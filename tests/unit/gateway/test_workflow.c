@@ -650,8 +650,11 @@ static void test_gate_timeout(void **s)
     assert_int_equal(r.status, 504);
     err = json_loads(r.body, 0, NULL);
     assert_non_null(json_object_get(err, "error"));
+    /* A PD failure names its phase and whether a retry could help. */
     assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "type")),
-                        "timeout_error");
+                        "pd_kv_transfer_error");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "code")),
+                        "not_retryable");
     json_decref(err);
     assert_int_equal(f.d.n_requests, 0);
     wait_cleanups(1);
