@@ -7,7 +7,7 @@ SAN_BUILD ?= build-sanitize
 JOBS      ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps build test test-sanitize demo bench clean format
+.PHONY: all deps build test test-sanitize fuzz demo bench clean format
 
 all: build
 
@@ -31,6 +31,16 @@ test-sanitize: deps $(SAN_BUILD)/CMakeCache.txt
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    ctest --output-on-failure -j $(JOBS) -LE nosanitize $(CTEST_ARGS)
+
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TARGETS := $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c)))
+
+# libFuzzer targets (clang) over the message decoder, the config loader and the
+# TCP frame parser, each for a short fixed time.
+fuzz: deps
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDGW_FUZZ=ON
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 demo: build
 	./deploy/demo.sh $(BUILD)/bin

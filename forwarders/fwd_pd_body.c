@@ -52,15 +52,9 @@ json_t *fwd_pd_resp_kvp(const json_t *resp)
     return json_is_object(kvp) && json_object_size(kvp) > 0 ? kvp : NULL;
 }
 
-/* Weak: exported by gateways whose metrics have pdgw_prefill_missing_kv_params_total. */
-extern void pdgw_fwd_prefill_missing_kv_params(const char *protocol) __attribute__((weak));
-
 void fwd_pd_count_missing_kv_params(const char *protocol)
 {
-    if (pdgw_fwd_prefill_missing_kv_params != NULL)
-        pdgw_fwd_prefill_missing_kv_params(protocol);
-    pdgw_fwd_counter_inc(protocol, "prefill_missing_kv_params",
-                         "Prefill legs that answered without kv_transfer_params.");
+    pdgw_fwd_prefill_missing_kv_params(protocol);
 }
 
 /* ---------------------------------------------------------------- options */

@@ -32,12 +32,9 @@
 #define KVCTL_ID_MAX      160
 #define KVCTL_POLL_MS     20
 #define KVCTL_SEEN_TTL_MS 120000
-
-/* Weak: the gateway exports it when the scheduler can take free_chunks hints. */
-extern void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t free_chunks)
-    __attribute__((weak));
-/* Weak: pdgw_pd_cancel_notifs_total{protocol} where the gateway has it. */
-extern void pdgw_fwd_cancel_notif_sent(const char *protocol) __attribute__((weak));
+#define KVCTL_SEEN_MAX    16384 /* ProxyNotifs of unknown requests kept (bounded: network input) */
+#define KVCTL_MUTE_MAX    64
+#define KVCTL_MUTE_MS     5000 /* an alloc port that did not answer is not asked again for this */
 
 typedef enum { RES_NONE = 0, RES_ASKING, RES_GRANTED, RES_REFUSED, RES_FAILED } res_state_t;
 typedef enum { ADM_NONE = 0, ADM_WAITING, ADM_HELD } adm_state_t;
@@ -111,7 +108,14 @@ struct fwd_pd_kv {
     int stop;
     kvctl_job_t *jobs;
     kvctl_seen_t *seen;
+    size_t n_seen;
+    uint64_t dropped; /* ProxyNotifs dropped because the table was full */
     kvctl_tomb_t *tombs;
+    struct {
+        char host[256];
+        int port;
+        int64_t until_ms;
+    } mute[KVCTL_MUTE_MAX]; /* control thread only */
     uint64_t late_releases; /* counted outside the lock */
     fwd_pd_kvreq_t *notif_waiters;
     fwd_pd_kvreq_t *adm_head, *adm_tail;
@@ -188,9 +192,11 @@ static void on_notif_locked(fwd_pd_kv_t *kv, const char *id)
             return;
         }
     }
-    s = calloc(1, sizeof(*s));
-    if (s == NULL)
+    if (kv->n_seen >= KVCTL_SEEN_MAX || (s = calloc(1, sizeof(*s))) == NULL) {
+        kv->dropped++;
         return;
+    }
+    kv->n_seen++;
     snprintf(s->id, sizeof(s->id), "%s", id);
     s->count = 1;
     s->t_ms = now_ms();
@@ -201,7 +207,7 @@ static void on_notif_locked(fwd_pd_kv_t *kv, const char *id)
 static void drain_notifs(fwd_pd_kv_t *kv)
 {
     char id[KVCTL_ID_MAX];
-    int n = 0;
+    int n = 0, dropped;
     while (kv->o.proxy && kvt_proxy_recv(kv->proxy, id, sizeof(id), 0) == KVT_OK) {
         pthread_mutex_lock(&kv->lock);
         on_notif_locked(kv, id);
@@ -213,10 +219,36 @@ static void drain_notifs(fwd_pd_kv_t *kv)
     pthread_mutex_lock(&kv->lock);
     n = (int)kv->late_releases;
     kv->late_releases = 0;
+    dropped = (int)kv->dropped;
+    kv->dropped = 0;
     pthread_mutex_unlock(&kv->lock);
     while (n-- > 0)
         count(kv, "late_kv_releases",
               "CancelNotifs re-sent for transfers that landed after their request ended.");
+    while (dropped-- > 0)
+        count(kv, "proxy_notifs_dropped",
+              "ProxyNotifs for unknown requests dropped (table of early notices full).");
+}
+
+static int port_muted(fwd_pd_kv_t *kv, const char *host, int port)
+{
+    int64_t now = now_ms();
+    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
+        if (kv->mute[i].port == port && kv->mute[i].until_ms > now &&
+            strcmp(kv->mute[i].host, host) == 0)
+            return 1;
+    return 0;
+}
+
+static void port_mute(fwd_pd_kv_t *kv, const char *host, int port)
+{
+    int slot = 0;
+    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
+        if (kv->mute[i].until_ms < kv->mute[slot].until_ms)
+            slot = i; /* the oldest (or an unused) entry */
+    snprintf(kv->mute[slot].host, sizeof(kv->mute[slot].host), "%s", host);
+    kv->mute[slot].port = port;
+    kv->mute[slot].until_ms = now_ms() + KVCTL_MUTE_MS;
 }
 
 static void run_reserve(fwd_pd_kv_t *kv, kvctl_job_t *j)
@@ -226,12 +258,20 @@ static void run_reserve(fwd_pd_kv_t *kv, kvctl_job_t *j)
     for (i = 0; i < j->dest.nports; i++) {
         int granted = 0;
         int64_t free_chunks = -1;
-        kvt_status_t st =
+        kvt_status_t st;
+        if (port_muted(kv, j->dest.host, j->dest.ports[i])) {
+            failed = 1; /* did not answer lately: go on unreserved without waiting again */
+            break;
+        }
+        st =
             kvt_proxy_reserve(kv->proxy, j->dest.host, (uint16_t)j->dest.ports[i], j->id, j->chunks,
                               j->ttl_ms, (int)kv->o.reserve_timeout_ms, &granted, &free_chunks);
         if (st != KVT_OK) {
-            pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: ReserveRequest %s to %s:%d: %s", kv->protocol,
-                         j->id, j->dest.host, j->dest.ports[i], kvt_strerror(st));
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
+                         "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
+                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], kvt_strerror(st),
+                         KVCTL_MUTE_MS);
+            port_mute(kv, j->dest.host, j->dest.ports[i]);
             failed = 1;
             break;
         }
@@ -315,6 +355,7 @@ static void check_deadlines_locked(fwd_pd_kv_t *kv, int64_t now, int64_t *next_m
         kvctl_seen_t *s = *sp;
         if (now - s->t_ms > KVCTL_SEEN_TTL_MS) {
             *sp = s->next;
+            kv->n_seen--;
             free(s);
         } else {
             sp = &s->next;
@@ -609,8 +650,8 @@ pdgw_fwd_status_t fwd_pd_kvreq_before_prefill(fwd_pd_kvreq_t *q, const pdgw_fwd_
         res = RES_ASKING;
     }
     pthread_mutex_unlock(&kv->lock);
-    if (free_chunks >= 0 && pdgw_fwd_instance_set_kv_free_chunks != NULL)
-        pdgw_fwd_instance_set_kv_free_chunks(decode, free_chunks);
+    if (free_chunks >= 0)
+        pdgw_fwd_instance_set_kv_free_chunks(decode, free_chunks); /* scheduler hint */
     switch (res) {
     case RES_ASKING:
         kick(kv);
@@ -648,6 +689,7 @@ pdgw_fwd_status_t fwd_pd_kvreq_wait_notifs(fwd_pd_kvreq_t *q, const pdgw_fwd_req
                 kvctl_seen_t *s = *sp;
                 q->notif_got = s->count;
                 *sp = s->next;
+                kv->n_seen--;
                 free(s);
                 break;
             }
@@ -735,12 +777,8 @@ void fwd_pd_kvreq_end(fwd_pd_kvreq_t *q, pdgw_end_reason_t reason)
     pthread_mutex_unlock(&kv->lock);
     if (send_cancel) {
         kick(kv);
-        if (reason != PDGW_END_OK) {
-            count(kv, "cancel_notifs",
-                  "CancelNotif messages sent for attempts that did not complete.");
-            if (pdgw_fwd_cancel_notif_sent != NULL)
-                pdgw_fwd_cancel_notif_sent(kv->protocol);
-        }
+        if (reason != PDGW_END_OK)
+            pdgw_fwd_cancel_notif_sent(kv->protocol); /* pdgw_pd_cancel_notifs_total */
     }
     if (drop_notif_ref)
         kvreq_unref(q);

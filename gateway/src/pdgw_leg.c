@@ -153,7 +153,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     leg->t_last_ms = leg->t_start_ms;
     pdgw_buf_reset(&leg->resp);
 
-    easy = curl_easy_init();
+    easy = r->w->n_easy_pool > 0 ? r->w->easy_pool[--r->w->n_easy_pool] : curl_easy_init();
     if (easy == NULL) {
         leg->body = NULL; /* still the caller's on failure */
         return PDGW_ERR_NOMEM;
@@ -225,8 +225,14 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
 static void leg_free_transfer(pdgw_leg_t *leg)
 {
     if (leg->easy) {
-        curl_multi_remove_handle(leg->req->w->multi, leg->easy);
-        curl_easy_cleanup(leg->easy);
+        pdgw_worker_t *w = leg->req->w;
+        curl_multi_remove_handle(w->multi, leg->easy);
+        if (w->n_easy_pool < (int)(sizeof(w->easy_pool) / sizeof(w->easy_pool[0]))) {
+            curl_easy_reset(leg->easy); /* options back to defaults; connections stay */
+            w->easy_pool[w->n_easy_pool++] = leg->easy;
+        } else {
+            curl_easy_cleanup(leg->easy);
+        }
         leg->easy = NULL;
     }
     if (leg->headers) {

@@ -133,10 +133,14 @@ void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- curl glue */
 
+/* The socket's private pointer (curl_multi_assign) encodes the epoll mask set for it,
+ * plus 1 so that "registered" is never NULL: a request for the same mask costs no
+ * syscall. */
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     pdgw_worker_t *w = userp;
     struct epoll_event ev;
+    uintptr_t want;
     (void)easy;
     memset(&ev, 0, sizeof(ev));
     ev.data.u64 = tag(PDGW_EV_CURL, s);
@@ -149,14 +153,17 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         ev.events |= EPOLLIN;
     if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
         ev.events |= EPOLLOUT;
+    want = (uintptr_t)ev.events + 1;
     if (socketp == NULL) {
         if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev) != 0 && errno == EEXIST)
             (void)epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev);
-        curl_multi_assign(w->multi, s, (void *)1);
-    } else {
+    } else if ((uintptr_t)socketp != want) {
         if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
             (void)epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev);
+    } else {
+        return 0;
     }
+    curl_multi_assign(w->multi, s, (void *)want);
     return 0;
 }
 
@@ -294,14 +301,12 @@ static void *worker_main(void *arg)
             if (!run_mhd && MHD_get_timeout(w->mhd, &to) == MHD_YES && to == 0)
                 run_mhd = true;
         }
-        /* Resumed connections are handled by the next MHD_run; loop while handlers keep
-         * resuming others so no reply waits for an unrelated event. */
         if (run_mhd || n == 0 || w->mhd_kick) {
-            int rounds = 0;
-            do {
-                w->mhd_kick = false;
-                MHD_run(w->mhd);
-            } while (w->mhd_kick && ++rounds < 4);
+            /* One MHD_run per iteration: with many suspended streams each run walks them
+             * all, so resumes are batched per iteration. Resumes made during this run keep
+             * mhd_kick set and make the next epoll_wait return at once. */
+            w->mhd_kick = false;
+            MHD_run(w->mhd);
         }
     }
     return NULL;
@@ -315,6 +320,8 @@ static void worker_close(pdgw_worker_t *w)
         MHD_stop_daemon(w->mhd);
         w->mhd = NULL;
     }
+    while (w->n_easy_pool > 0)
+        curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi) {
         curl_multi_cleanup(w->multi);
         w->multi = NULL;

@@ -66,6 +66,9 @@ struct pdgw_worker {
     struct MHD_Daemon *mhd;
     int mhd_epfd;
     CURLM *multi;
+    /* Idle easy handles, reset and reused (saves allocating one per leg). */
+    CURL *easy_pool[64];
+    int n_easy_pool;
     int64_t curl_timer_ms; /* absolute mono ms, -1 = none */
     atomic_bool stop;
     bool quiesced;
@@ -216,8 +219,8 @@ struct pdgw_req {
     sched_instance_t *sched_inst[2]; /* referenced instances behind inst_view */
     int final_status;
     char error_text[640];
-    uint64_t t_first_token_ms;
-    uint64_t t_last_token_ms;
+    uint64_t t_first_token_ns;
+    uint64_t t_last_token_ns;
     uint64_t t_prefill_us;
     uint64_t t_decode_us;
     char prefill_id[SCHED_ID_MAX];

@@ -852,9 +852,35 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
 
 /* ---------------------------------------------------------------- relay */
 
+/* Does this event carry generated text (not only a role delta, usage or an error)? Only
+ * called until the first content event of a stream, so the parse is paid once or twice. */
+static bool event_has_content(const pdgw_sse_event_t *ev)
+{
+    json_t *o = json_loadb(ev->data, ev->data_len, 0, NULL);
+    json_t *choices, *ch;
+    size_t i;
+    bool found = false;
+    if (o == NULL)
+        return false;
+    choices = json_object_get(o, "choices");
+    json_array_foreach(choices, i, ch)
+    {
+        const char *text = json_string_value(json_object_get(ch, "text"));
+        const char *content =
+            json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+        if ((text && text[0]) || (content && content[0])) {
+            found = true;
+            break;
+        }
+    }
+    json_decref(o);
+    return found;
+}
+
 int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
 {
-    uint64_t now = pdgw_now_ms();
+    uint64_t now_ns = pdgw_time_mono_ns();
+    uint64_t now = now_ns / 1000000u;
     if (r->stage == PDGW_WF_FINISHED)
         return 1;
     if (ev->is_done) {
@@ -868,15 +894,20 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
             pdgw_gateway_metrics_observe_kv_wait(r->w->srv->opts.metrics, protocol_of(r),
                                                  (double)(now - r->t_prefill_done_ms) / 1e3);
         }
-        if (r->t_first_token_ms == 0) {
-            r->t_first_token_ms = now;
-            pdgw_gateway_metrics_observe_ttft(r->w->srv->opts.metrics, protocol_of(r),
-                                              (double)(now - r->t_start_ms) / 1e3);
+        if (r->t_first_token_ns == 0) {
+            /* TTFT: the first event with generated text (chat starts with a role delta). */
+            if (event_has_content(ev)) {
+                r->t_first_token_ns = now_ns;
+                r->t_last_token_ns = now_ns;
+                pdgw_gateway_metrics_observe_ttft(r->w->srv->opts.metrics, protocol_of(r),
+                                                  (double)(now_ns - r->t_start_ns) / 1e9);
+            }
         } else {
+            /* TPOT: every later data event is a step of the generation. */
             pdgw_gateway_metrics_observe_tpot(r->w->srv->opts.metrics, protocol_of(r),
-                                              (double)(now - r->t_last_token_ms) / 1e3);
+                                              (double)(now_ns - r->t_last_token_ns) / 1e9);
+            r->t_last_token_ns = now_ns;
         }
-        r->t_last_token_ms = now;
     }
     /* Pass the event through byte for byte. */
     pdgw_req_out_append(r, ev->raw, ev->raw_len);
@@ -1023,8 +1054,8 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             a.stream = r->info_valid && r->info.stream;
             a.client_disconnected = client_disconnected && (was_running || stream_cut);
             a.total_us = (int64_t)((now_ns - r->t_start_ns) / 1000u);
-            if (r->t_first_token_ms)
-                a.ttft_us = (int64_t)(r->t_first_token_ms - r->t_start_ms) * 1000;
+            if (r->t_first_token_ns)
+                a.ttft_us = (int64_t)((r->t_first_token_ns - r->t_start_ns) / 1000u);
             if (r->t_prefill_us)
                 a.prefill_us = (int64_t)r->t_prefill_us;
             if (r->t_decode_us)

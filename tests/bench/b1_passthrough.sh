@@ -142,7 +142,34 @@ awk -F, '{ k = $1 "," $2; if (!(k in n)) order[++m] = k; n[k]++; rps[k] += $4; p
             p50[k] / n[k], p99[k] / n[k], bad[k], cpuset[k] ? sprintf("%.1f", cpu[k] / n[k]) : "-",
             load[k] / n[k] } }' "$raw" >>"$csv"
 column -s, -t "$csv"
-plot_bars "$csv" "$RESULTS_DIR/b1_passthrough.png" "B1 passthrough: req/s (wrk keep-alive, label = target@connections)" "req/s" 1 4
+if command -v gnuplot >/dev/null 2>&1; then
+    # wide table: connections, then req/s, p50 and p99 of direct, nginx, pdgw
+    awk -F, 'NR > 1 { v[$2, $3, "r"] = $4; v[$2, $3, "5"] = $5; v[$2, $3, "9"] = $6;
+        if (!($3 in seen)) { seen[$3] = 1; o[++n] = $3 } }
+        END { for (i = 1; i <= n; i++) { c = o[i]; printf "%s", c;
+            split("r 5 9", ks, " ");
+            for (k = 1; k <= 3; k++) printf " %s %s %s", v["direct", c, ks[k]], v["nginx", c, ks[k]], v["pdgw", c, ks[k]];
+            printf "\n" } }' "$csv" >"$BENCH_TMP/b1.dat"
+    gnuplot <<GP
+set terminal pngcairo size 1200,500 noenhanced
+set output '$RESULTS_DIR/b1_passthrough.png'
+set multiplot layout 1,2 title 'B1 passthrough, wrk keep-alive, non-stream completions (64p = 64 connections, ${THINK_MS} ms think time)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8
+set grid ytics
+set key top left
+set xlabel 'connections'
+set yrange [0:*]
+set title 'throughput'
+set ylabel 'req/s'
+plot '$BENCH_TMP/b1.dat' using 2:xtic(1) title 'direct', '' using 3 title 'nginx', '' using 4 title 'pdgw'
+set title 'latency p99'
+set ylabel 'ms'
+plot '$BENCH_TMP/b1.dat' using 8:xtic(1) title 'direct', '' using 9 title 'nginx', '' using 10 title 'pdgw'
+unset multiplot
+GP
+fi
 
 get() { awk -F, -v l="$1@$2" -v col="$3" '$1 == l { print $col }' "$csv"; }
 summary_begin b1_passthrough

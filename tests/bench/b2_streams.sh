@@ -35,7 +35,7 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 csv=$RESULTS_DIR/b2_streams.csv
 echo "streams,completed,failed,peak_concurrent,rss_kib_per_stream,cpu_s_per_1k_tokens,relay_p50_us,relay_p99_us,direct_p50_us,direct_p99_us,added_p50_us,added_p99_us,load1" >"$csv"
-timeout_s=$(((TOKENS * TPOT_MS) / 1000 + 60))
+timeout_s=$(((TOKENS * TPOT_MS * 3) / 1000 + 60))
 summary_begin b2_streams
 for n in $LEVELS; do
     pdgw_port=$(free_port)
@@ -89,5 +89,30 @@ for n in $LEVELS; do
             "$(awk -v a="$a99" 'BEGIN { printf "%.3f", a / 1000 }')" le 2 ms
     fi
 done
-plot_bars "$csv" "$RESULTS_DIR/b2_streams.png" "B2: pdgw RSS per concurrent SSE stream (x = streams)" "KiB per stream" 1 5
+if command -v gnuplot >/dev/null 2>&1 && (($(wc -l <"$csv") > 1)); then
+    gnuplot <<GP
+set terminal pngcairo size 1200,500 noenhanced
+set output '$RESULTS_DIR/b2_streams.png'
+set datafile separator ','
+set multiplot layout 1,2 title 'B2: concurrent SSE streams of $TOKENS tokens, one every $TPOT_MS ms, through one pdgw'
+set style fill solid 0.8
+set grid ytics
+set xlabel 'concurrent streams'
+set title 'pdgw RSS per stream'
+set ylabel 'KiB'
+set boxwidth 0.5
+set yrange [0:*]
+plot '$csv' every ::1 using 0:5:xtic(1) with boxes notitle
+set title 'per-token delay, sim emit -> client receive'
+set ylabel 'ms'
+set logscale y
+set yrange [*:*]
+set style data histograms
+set style histogram clustered gap 1
+set key top left
+plot '$csv' every ::1 using (\$7/1000):xtic(1) title 'p50 via pdgw', '' every ::1 using (\$8/1000) title 'p99 via pdgw', \
+     '' every ::1 using (\$9/1000) title 'p50 direct', '' every ::1 using (\$10/1000) title 'p99 direct'
+unset multiplot
+GP
+fi
 echo "machine: $(machine_line)"

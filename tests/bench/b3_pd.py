@@ -8,8 +8,10 @@ small asyncio HTTP/1.1 keep-alive client sends non-streaming completions with
     overhead = client total - engine time of the prefill leg - engine time of the decode leg
 
 The decode's engine time comes from the relayed body (`sim_engine_time_us`); the
-prefill's from the prefill sim's `/sim/requests` record (`engine_time_us`) when the
-simulator records it, else it is counted as 0 (and said so). The client's own cost
+prefill's from the prefill sim's `/sim/requests` record (`engine_time_us`); a simulator
+that does not record it counts 0 (and the output says so). A protocol without a prefill
+HTTP leg (vllm-kvt batch: the decode asks the prefill over the KV side channel) has its
+prefill time inside the decode's engine time. The client's own cost
 is measured the same way against one `both` sim directly (with more than one
 client: at the request rate the row reached, so the client's event loop is as
 busy in both); the reported figure is the overhead percentile through pdgw minus
@@ -288,8 +290,10 @@ def overheads(samples, prefill_recs):
             rec = prefill_recs.get(rid)
             if rec is not None and rec.get("engine_time_us") is not None:
                 eng_p = float(rec["engine_time_us"])
-            else:
+            elif rec is not None:
                 missing_prefill += 1
+            # no record at all: no prefill HTTP leg (vllm-kvt batch: the decode asks the
+            # prefill over the KV side channel, and that time is in the decode's engine time)
         out.append(total - float(eng_d or 0) - eng_p)
     return out, missing_prefill
 
@@ -427,7 +431,12 @@ def main():
             f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%s\n" % r)
 
 
+def on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         main()
     finally:

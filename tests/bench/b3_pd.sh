@@ -25,7 +25,8 @@ if command -v gnuplot >/dev/null 2>&1; then
 set terminal pngcairo size 900,500 noenhanced
 set output '$RESULTS_DIR/b3_pd.png'
 set title 'B3: time pdgw adds per request at 1P1D (sim zero-delay), p50'
-set ylabel 'ms'
+set ylabel 'ms (log scale; values <= 0 not drawn)'
+set logscale y
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8

@@ -6,12 +6,14 @@
 # AllocResponse against a receiver engine), p50/p99.
 # Usage: b4_transfer.sh [BIN_DIR]
 #   env: DUR (s per point, default 2), BLOCKS ("4K 16K 64K 256K 1M 4M"),
-#        BATCH (blocks per posted batch, default 16), HEADLINE_BLOCK (1M)
+#        BATCH (blocks per posted batch, default 16), HEADLINE_BLOCK (1M),
+#        ROUNDS (2: every point is the mean of ROUNDS runs, order alternating)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 DUR=${DUR:-2}
 BLOCKS=${BLOCKS:-"4K 16K 64K 256K 1M 4M"}
 BATCH=${BATCH:-16}
+ROUNDS=${ROUNDS:-2}
 HEADLINE_BLOCK=${HEADLINE_BLOCK:-1M}
 need iperf3 "$BIN_DIR/kvt-bench"
 
@@ -67,15 +69,28 @@ kvt_run() {
 echo "B4 load before: $(load_avg)"
 csv=$RESULTS_DIR/b4_transfer.csv
 echo "block,block_bytes,iperf3_1_gbps,kvt_1lane_gbps,kvt_4lane_gbps,kvt1_over_iperf3,kvt4_over_iperf3,kvt1_batch_p50_us,kvt1_batch_p99_us,load1" >"$csv"
+mean() { awk '{ s = 0; n = 0; for (i = 1; i <= NF; i++) if ($i != "-") { s += $i; n++ } printf (n ? "%.3f" : "0"), (n ? s / n : 0) }' <<<"$*"; }
 for b in $BLOCKS; do
-    i1=$(iperf3_gbps 1 "$b")
-    read -r k1 k1p50 k1p99 <<<"$(kvt_run 1 "$b")"
-    read -r k4 _ _ <<<"$(kvt_run 4 "$b")"
+    i1s="" k1s="" k4s="" p50s="" p99s=""
+    for ((r = 0; r < ROUNDS; r++)); do
+        # alternate the order so drift of a shared machine hits both alike
+        if ((r % 2 == 0)); then
+            i1s+=" $(iperf3_gbps 1 "$b")"
+            read -r k1 k1p50 k1p99 <<<"$(kvt_run 1 "$b")"
+            read -r k4 _ _ <<<"$(kvt_run 4 "$b")"
+        else
+            read -r k4 _ _ <<<"$(kvt_run 4 "$b")"
+            read -r k1 k1p50 k1p99 <<<"$(kvt_run 1 "$b")"
+            i1s+=" $(iperf3_gbps 1 "$b")"
+        fi
+        k1s+=" $k1" k4s+=" $k4" p50s+=" $k1p50" p99s+=" $k1p99"
+    done
+    i1=$(mean $i1s) k1=$(mean $k1s) k4=$(mean $k4s) k1p50=$(mean $p50s) k1p99=$(mean $p99s)
     r1=$(awk -v a="$k1" -v b="$i1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
     r4=$(awk -v a="$k4" -v b="$i1" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
     echo "$b,$(bytes_of "$b"),$i1,$k1,$k4,$r1,$r4,$k1p50,$k1p99,$(load_avg | cut -d' ' -f1)" >>"$csv"
-    printf 'B4 block %-5s iperf3 1 stream %7s GB/s  kvt 1 lane %7s GB/s (%s x)  kvt 4 lanes %7s GB/s (%s x)\n' \
-        "$b" "$i1" "$k1" "$r1" "$k4" "$r4"
+    printf 'B4 block %-5s iperf3 1 stream %7s GB/s  kvt 1 lane %7s GB/s (%s x)  kvt 4 lanes %7s GB/s (%s x)   rounds: iperf3%s kvt1%s kvt4%s\n' \
+        "$b" "$i1" "$k1" "$r1" "$k4" "$r4" "$i1s" "$k1s" "$k4s"
 done
 idef=$(iperf3_gbps 1)
 echo "B4 iperf3 1 stream with its default 128 KiB writes: $idef GB/s"
@@ -104,11 +119,10 @@ set title 'B4: loopback bandwidth vs block size (kvt batch $BATCH, ${DUR}s per p
 set xlabel 'block size (bytes)'
 set ylabel 'GB/s'
 set logscale x 2
-set format x '%.0s%cB'
 set grid
 set key top left
 set datafile separator ','
-plot '$csv' every ::1 using 2:3 with linespoints title 'iperf3 1 stream (-l block)', \
+plot '$csv' every ::1 using 2:3:xtic(1) with linespoints title 'iperf3 1 stream (-l block)', \
      '' every ::1 using 2:4 with linespoints title 'kvt 1 lane', \
      '' every ::1 using 2:5 with linespoints title 'kvt 4 lanes'
 GP

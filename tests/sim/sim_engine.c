@@ -69,6 +69,7 @@ void sim_engine_wake_conn_locked(sim_req_t *req)
 {
     if (!req->suspended || !req->conn)
         return;
+    sim_watch_remove_locked(req); /* while the fd is still this connection's */
     if (resume_n == resume_cap) {
         size_t cap = resume_cap ? resume_cap * 2 : 256;
         struct MHD_Connection **l = realloc(resume_list, cap * sizeof(*l));

@@ -150,6 +150,11 @@ static enum MHD_Result respond(struct MHD_Connection *conn, sim_conn_t *sc)
     sim_req_t *req = sc->req;
     char us[32];
     sim_engine_lock();
+    if (req->client_gone) {
+        /* seen by the disconnect watcher: nobody to answer */
+        sim_engine_unlock();
+        return MHD_NO;
+    }
     if (req->http_status && req->http_status != 200) {
         int status = req->http_status;
         char *body =
@@ -331,6 +336,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     }
     sc->req = req;
     req->conn = conn;
+    req->http = 1;
     atomic_fetch_add(&sim_ctr.inflight, 1);
     sim_engine_submit(req);
     sim_engine_lock();
@@ -340,6 +346,11 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     }
     req->suspended = 1;
     MHD_suspend_connection(conn);
+    /* held before its response started: notice a client that goes away */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci)
+        sim_watch_add_locked(req, ci->connect_fd);
     sim_engine_unlock();
     return MHD_YES;
 }
@@ -464,11 +475,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         sim_req_t *req = sc->req;
         atomic_fetch_sub(&sim_ctr.inflight, 1);
         sim_engine_lock();
+        sim_watch_remove_locked(req);
         req->conn = NULL;
         req->conn_gone = 1;
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
-            atomic_fetch_add(&sim_ctr.client_disconnects, 1);
+            if (!req->client_gone) {
+                req->client_gone = 1;
+                atomic_fetch_add(&sim_ctr.client_disconnects, 1);
+            }
             sim_engine_cancel_locked(req);
+            sim_kv_on_client_gone_locked(req); /* e.g. KV held for an answer never delivered */
         }
         sim_req_unref_locked(req);
         sim_engine_unlock();
@@ -508,6 +524,11 @@ int sim_http_start(void)
         fprintf(stderr, "pdgw-sim: cannot listen on %s:%d\n", sim_cfg.host, sim_cfg.port);
         return -1;
     }
+    if (sim_watch_start()) {
+        MHD_stop_daemon(daemon_);
+        daemon_ = NULL;
+        return -1;
+    }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
     if (di && di->port)
         sim_cfg.port = di->port;
@@ -530,7 +551,9 @@ void sim_http_stop(void)
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
-    if (daemon_)
+    if (daemon_) {
         MHD_stop_daemon(daemon_);
+        sim_watch_stop(); /* after the daemon: every connection has ended */
+    }
     daemon_ = NULL;
 }

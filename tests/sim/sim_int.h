@@ -176,7 +176,11 @@ typedef struct sim_req {
     struct MHD_Connection *conn;
     int suspended;
     int conn_gone;
-    size_t emitted; /* stream: token chunks formatted */
+    int http;            /* arrived over HTTP (else an internal request) */
+    int client_gone;     /* the client went away before its answer was sent */
+    uint32_t watch_slot; /* disconnect watcher slot + 1 (0 = not watched) */
+    int watch_fd;        /* the suspended connection's socket while watched */
+    size_t emitted;      /* stream: token chunks formatted */
     int head_sent, tail_sent;
     char *pend;
     size_t pend_len, pend_off, pend_cap;
@@ -274,6 +278,18 @@ int sim_http_start(void);
 void sim_http_stop(void);
 void sim_http_resume(struct MHD_Connection *conn);
 
+/* ---- disconnect watcher (sim_watch.c) ---- */
+int sim_watch_start(void);
+void sim_watch_stop(void);
+/* Under the engine lock: watch the socket fd of a request whose connection
+ * was just suspended before its response started. */
+void sim_watch_add_locked(sim_req_t *req, int fd);
+/* Under the engine lock, before the connection is resumed or ends. */
+void sim_watch_remove_locked(sim_req_t *req);
+/* Under the engine lock: has the client of this request gone away? (Checks
+ * the socket of a watched request directly; counts a newly seen close.) */
+int sim_watch_client_gone_locked(sim_req_t *req);
+
 /* ---- OpenAI request parsing / response formatting (sim_openai.c) ---- */
 /* Parse and validate a completions/chat body into req. On error returns the
  * HTTP status (400/404) and sets *msg (malloc'd) and *param. */
@@ -302,6 +318,9 @@ void sim_kv_on_layer_done_locked(sim_req_t *req, int layer);
 void sim_kv_on_prefill_done_locked(sim_req_t *req);
 /* Under the lock, a request left the engine (done/failed/cancelled). */
 void sim_kv_on_finish_locked(sim_req_t *req);
+/* Under the lock: the client went away before the answer reached it; drop
+ * whatever KV the request still exports. */
+void sim_kv_on_client_gone_locked(sim_req_t *req);
 void sim_kv_req_free(struct sim_kv_req *kv);
 /* Did the prompt's KV come from a remote prefill (no prompt compute)? */
 int sim_kv_remote_filled(const sim_req_t *req);

@@ -31,6 +31,7 @@ void sim_kv_on_layer_done_locked(sim_req_t *req, int layer) {}
 void sim_kv_on_prefill_done_locked(sim_req_t *req) {}
 
 void sim_kv_on_finish_locked(sim_req_t *req) {}
+void sim_kv_on_client_gone_locked(sim_req_t *req) {}
 
 void sim_kv_req_free(struct sim_kv_req *kv) {}
 

@@ -24,6 +24,7 @@
 sim_kv_geom_t sim_geom;
 static sim_export_t *exports;
 static uint64_t xfer_seq;
+static sim_import_t *named; /* in-flight imports named by their X-Request-Id */
 
 const char *sim_pd_kind_name(sim_pd_kind_t k)
 {
@@ -63,6 +64,7 @@ static void export_free(sim_export_t *e)
     free(e->blocks);
     free(e->block_ids);
     free(e->hashes);
+    json_decref(e->rec_kv);
     free(e);
 }
 
@@ -425,9 +427,36 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         e->mode = kv->mode;
         snprintf(e->xfer, sizeof(e->xfer), "%s", lmc_req);
         json_object_set_new(kv->info, "req_id", json_string(lmc_req));
+    } else {
+        /* the record shows the transfer's req_id once a decode names it */
+        e->rec_seq = req->rec_seq;
+        e->rec_kv = json_deep_copy(kv->info);
     }
     sim_engine_unlock();
     return 0;
+}
+
+static int fail409(char **msg, const char *request_id)
+{
+    if (asprintf(msg,
+                 "X-Request-Id '%s' names a KV transfer still in flight on this instance "
+                 "(vllm-kvt uses it as the transfer's req_id); use a unique X-Request-Id",
+                 request_id) < 0)
+        *msg = NULL;
+    return 409;
+}
+
+void sim_pd_import_unname_locked(sim_import_t *imp)
+{
+    if (!imp->named)
+        return;
+    for (sim_import_t **pp = &named; *pp; pp = &(*pp)->named_next)
+        if (*pp == imp) {
+            *pp = imp->named_next;
+            break;
+        }
+    imp->named = 0;
+    imp->named_next = NULL;
 }
 
 static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
@@ -558,7 +587,28 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
         json_object_set_new(kv->info, "req_id", json_string(wait_id));
     }
     sim_engine_lock();
-    snprintf(imp->xfer, sizeof(imp->xfer), "%.63s#%" PRIu64, sim_cfg.engine_id, ++xfer_seq);
+    if (kind == SIM_PD_D_KVT_BATCH || kind == SIM_PD_D_KVT_STAGED) {
+        /* vllm-kvt: the transfer is named by the decode leg's X-Request-Id,
+         * so a gateway's ReserveRequest / CancelNotif for that id address it;
+         * a second request with an id still in flight here is refused */
+        for (sim_import_t *x = named; x; x = x->named_next)
+            if (!strcmp(x->xfer, req->request_id)) {
+                sim_engine_unlock();
+                kv->imp = NULL;
+                json_decref(imp->ctl);
+                free(imp->expect_engine_id);
+                free(imp->wait_id);
+                free(imp);
+                return fail409(msg, req->request_id);
+            }
+        snprintf(imp->xfer, sizeof(imp->xfer), "%s", req->request_id);
+        imp->named = 1;
+        imp->named_next = named;
+        named = imp;
+        json_object_set_new(kv->info, "req_id", json_string(imp->xfer));
+    } else {
+        snprintf(imp->xfer, sizeof(imp->xfer), "%.63s#%" PRIu64, sim_cfg.engine_id, ++xfer_seq);
+    }
     req->refs++;
     imp->req = req;
     sim_engine_unlock();
@@ -669,7 +719,13 @@ void sim_kv_on_finish_locked(sim_req_t *req)
     if (e) {
         req->kv->exp = NULL;
         e->req_gone = 1;
-        if (req->state == SIM_RS_DONE && e->computed && !e->done) {
+        if (req->state == SIM_RS_DONE && e->computed && !e->done &&
+            sim_watch_client_gone_locked(req)) {
+            /* the answer naming this KV can never arrive: do not hold it */
+            e->failed = 1;
+            snprintf(e->err, sizeof(e->err), "the prefill leg's client went away");
+        }
+        if (req->state == SIM_RS_DONE && e->computed && !e->done && !e->failed) {
             /* keep the prompt's KV until it is read / pushed, or the timeout */
             e->blocks = req->blocks;
             e->n_blocks = req->n_blocks;
@@ -679,6 +735,9 @@ void sim_kv_on_finish_locked(sim_req_t *req)
                 e->t_expire = sim_now_ns() + (uint64_t)sim_cfg.kv_hold_timeout_ms * 1000000ull;
             else
                 sim_pd_kick_export(e);
+            /* until the answer reached the client, a late close drops it */
+            req->kv->held = e;
+            e->refs++;
         } else if (!e->done) {
             e->failed = 1;
             if (e->have_dest)
@@ -695,8 +754,26 @@ void sim_kv_on_finish_locked(sim_req_t *req)
     }
 }
 
+void sim_kv_on_client_gone_locked(sim_req_t *req)
+{
+    sim_export_t *e = req->kv ? req->kv->held : NULL;
+    if (!e || e->done || e->failed)
+        return;
+    fprintf(stderr, "pdgw-sim: client of request %s went away before its answer; KV dropped\n",
+            e->req_id);
+    e->failed = 1;
+    snprintf(e->err, sizeof(e->err), "the prefill leg's client went away");
+    if (e->have_dest)
+        sim_pd_kick_export(e); /* cancels the sends, tells the decode */
+    else
+        sim_pd_export_finish_locked(e, 0);
+}
+
+/* Engine lock held (called from sim_req_free). */
 void sim_kv_req_free(struct sim_kv_req *kv)
 {
+    if (kv->held)
+        sim_pd_export_unref_locked(kv->held);
     json_decref(kv->info);
     free(kv);
 }
@@ -765,6 +842,7 @@ int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, co
         e->ident_len = ident_len;
     }
     json_object_set_new(kv->info, "xfer", json_string(xfer));
+    json_object_set_new(kv->info, "req_id", json_string(xfer));
     sim_engine_unlock();
     sim_record_set(req->rec_seq, "kv", json_incref(kv->info));
     sim_record_set(req->rec_seq, "status", json_integer(200));

@@ -18,6 +18,10 @@
 
 #include "sim_int.h"
 
+/* A transfer's name (libkvt req_id and key scope): "<engine_id>#<n>", or for
+ * vllm-kvt the decode leg's X-Request-Id (at most 256 bytes). */
+#define SIM_XFER_MAX 264
+
 /* ---- sim_kv_data.c ---- */
 typedef struct sim_kv_geom {
     int layers;
@@ -95,7 +99,9 @@ typedef struct sim_export {
     /* destination, once known */
     int have_dest;
     sim_receiver_t dest;
-    char xfer[128]; /* libkvt req_id and key scope */
+    char xfer[SIM_XFER_MAX]; /* libkvt req_id and key scope */
+    uint64_t rec_seq;        /* the prefill leg's /sim/requests entry */
+    json_t *rec_kv;          /* its "kv" block, completed with req_id on attach */
     int lmcache;
     sim_kv_mode_t mode;
     int layers_submitted;
@@ -120,12 +126,15 @@ typedef struct sim_import {
     sim_req_t *req; /* referenced */
     sim_pd_kind_t kind;
     sim_kv_mode_t mode;
-    char xfer[128];
-    char endpoint[160]; /* tcp://host:port of the prefill side channel */
-    json_t *ctl;        /* message to send (owned) */
+    char xfer[SIM_XFER_MAX];
+    int named;                     /* xfer is the request's X-Request-Id */
+    struct sim_import *named_next; /* in-flight named transfers (engine lock) */
+    char endpoint[160];            /* tcp://host:port of the prefill side channel */
+    json_t *ctl;                   /* message to send (owned) */
     char *expect_engine_id;
     int nranks;
-    int phase; /* 0 new, 1 waiting, 2 loading, 3 done */
+    int phase;         /* 0 new, 1 waiting, 2 loading, 3 done */
+    atomic_int queued; /* work items naming it in the KV thread's queue */
     int outstanding;
     int failed;
     int cancelled;
@@ -154,6 +163,7 @@ struct sim_kv_req {
     sim_pd_kind_t kind;
     sim_kv_mode_t mode;
     sim_export_t *exp;
+    sim_export_t *held; /* referenced: KV kept after the request finished */
     sim_import_t *imp;
     int remote_filled; /* decode: the prompt's KV came from remote */
     json_t *info;      /* what the record shows under "kv" */
@@ -172,6 +182,8 @@ void sim_pd_exports_expire_locked(uint64_t now);
 /* A decode may have registered for e->rv_key before the prefill arrived. */
 void sim_pd_rendezvous_attach_locked(sim_export_t *e);
 void sim_pd_import_free(sim_import_t *imp);
+/* An import named by its X-Request-Id ended: the name may be used again. */
+void sim_pd_import_unname_locked(sim_import_t *imp);
 int sim_pd_held_pages_locked(void);
 /* kvt batch: start an internal prefill for a decode's request. */
 int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, const char *xfer,

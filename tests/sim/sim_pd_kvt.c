@@ -76,7 +76,7 @@ typedef struct reg {
     struct reg *next;
     char key[96];
     sim_receiver_t dest;
-    char xfer[128];
+    char xfer[SIM_XFER_MAX];
     sim_kv_mode_t mode;
     uint8_t ident[64];
     size_t ident_len;
@@ -198,11 +198,11 @@ static sim_kvt_eng_t *receiver_eng(sim_kv_mode_t mode, int rank)
 }
 
 /* ---- work queue ---- */
-static void enqueue(int type, void *p)
+static int enqueue(int type, void *p)
 {
     work_t *w = malloc(sizeof(*w));
     if (!w)
-        return; /* the deadline sweep still resolves imports */
+        return -1; /* the deadline sweep still resolves imports */
     w->type = type;
     w->p = p;
     w->next = NULL;
@@ -216,6 +216,7 @@ static void enqueue(int type, void *p)
     uint64_t one = 1;
     if (write(efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
         perror("pdgw-sim: eventfd");
+    return 0;
 }
 
 void sim_pd_kick_export(sim_export_t *e)
@@ -226,7 +227,10 @@ void sim_pd_kick_export(sim_export_t *e)
 
 void sim_pd_kick_import(sim_import_t *imp)
 {
-    enqueue(2, imp);
+    /* counted before it is queued: the import outlives its queued work */
+    atomic_fetch_add(&imp->queued, 1);
+    if (enqueue(2, imp))
+        atomic_fetch_sub(&imp->queued, 1);
 }
 
 /* ---- side channel ---- */
@@ -340,6 +344,12 @@ static void attach_dest_locked(sim_export_t *e, const sim_receiver_t *dest, cons
     if (ident_len <= sizeof(e->ident)) {
         memcpy(e->ident, ident, ident_len);
         e->ident_len = ident_len;
+    }
+    json_t *kv = e->rec_kv ? json_deep_copy(e->rec_kv) : NULL;
+    if (kv) {
+        json_object_set_new(kv, "xfer", json_string(xfer));
+        json_object_set_new(kv, "req_id", json_string(xfer));
+        sim_record_set(e->rec_seq, "kv", kv);
     }
 }
 
@@ -666,7 +676,7 @@ static void pump_export(sim_export_t *e)
             e->pace_ready = 0;
         }
         sim_receiver_t dest = e->dest;
-        char xfer[128];
+        char xfer[SIM_XFER_MAX];
         snprintf(xfer, sizeof(xfer), "%s", e->xfer);
         sim_kv_mode_t mode = e->mode;
         int lmcache = e->lmcache;
@@ -750,6 +760,9 @@ static void import_free(sim_import_t *imp)
     free(imp->expect_engine_id);
     free(imp->wait_id);
     sim_engine_lock();
+    sim_pd_import_unname_locked(imp);
+    if (imp->req->kv && imp->req->kv->imp == imp)
+        imp->req->kv->imp = NULL; /* the request may live on (decoding) */
     sim_req_unref_locked(imp->req);
     sim_engine_unlock();
     free(imp);
@@ -798,7 +811,7 @@ static uint64_t lookup_grace_ns(void)
 
 static void import_maybe_free(sim_import_t *imp)
 {
-    if (imp->phase == 3 && imp->outstanding == 0)
+    if (imp->phase == 3 && imp->outstanding == 0 && atomic_load(&imp->queued) == 0)
         import_free(imp);
 }
 
@@ -1176,6 +1189,7 @@ static void handle_work(work_t *w)
     } else if (cancelled && !imp->failed) {
         import_fail(imp, 499, "client went away");
     }
+    atomic_fetch_sub(&imp->queued, 1);
     import_maybe_free(imp);
 }
 

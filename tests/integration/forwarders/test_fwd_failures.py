@@ -33,9 +33,13 @@ def setup():
     px = ["--proxy-host", "127.0.0.1", "--proxy-port"]
     env["slowP"] = Sim("prefill", "prefill-slow", *px, env["proxy_port"], "--ttft-ms", "1500",
                         "--kv-hold-timeout-ms", "1500")
-    env["noproxyP"] = Sim("prefill", "prefill-noproxy", *px, env["dead_port"])
+    # Held KV nobody pulls (a decode failed, or a leg was aborted while the sim could not
+    # notice) is freed by the engine's own timeout (vLLM: VLLM_NIXL_ABORT_REQUEST_TIMEOUT);
+    # short ones here so "nothing stays pinned" is checked within the test.
+    hold = ["--kv-hold-timeout-ms", "1500"]
+    env["noproxyP"] = Sim("prefill", "prefill-noproxy", *px, env["dead_port"], *hold)
     env["failP"] = Sim("prefill", "prefill-fail", "--fail-rate", "1", "--fail-status", "500")
-    env["D"] = Sim("decode", "decode-0")
+    env["D"] = Sim("decode", "decode-0", "--kv-wait-timeout-ms", "1500")
     env["failD"] = Sim("decode", "decode-fail", "--fail-rate", "1", "--fail-status", "500")
 
 
@@ -79,7 +83,7 @@ def make_disconnect_test(protocol, mode, opts):
                  "pdgw did not count the disconnect", timeout=1.0)
             assert time.time() - t0 < 1.4, time.time() - t0
             if protocol in ("vllm-kvt", "lmcache") and mode == "batch":
-                poll(lambda: gw.metric("pdgw_fwd_cancel_notifs_total",
+                poll(lambda: gw.metric("pdgw_pd_cancel_notifs_total",
                                        {"protocol": protocol}) >= 1, "no CancelNotif counted")
             # the decode leg never started for serial protocols
             if protocol in ("vllm-nixl", "lmcache") or (protocol == "vllm-mooncake" and
@@ -117,7 +121,7 @@ def test_prefill_failure_taxonomy():
             err, hdrs = check_taxonomy(gw, protocol, "prefill", False)
             assert hdrs["x-pd-retryable"] == "true", hdrs  # a 5xx may succeed elsewhere
             check_taxonomy(gw, protocol, "prefill", True)
-            wait_idle(sims())
+            wait_idle(sims(), timeout=8.0)
         finally:
             gw.stop()
 
@@ -154,7 +158,7 @@ def test_lmcache_proxynotif_never_comes():
         assert hdrs.get("x-pd-failure-phase", "kv_transfer") == "kv_transfer", hdrs
         assert not D.records(rid), "the decode leg must not be sent"
         assert gw.metric("pdgw_fwd_notif_timeouts_total", {"protocol": "lmcache"}) == 1
-        assert gw.metric("pdgw_fwd_cancel_notifs_total", {"protocol": "lmcache"}) >= 1
+        assert gw.metric("pdgw_pd_cancel_notifs_total", {"protocol": "lmcache"}) >= 1
         wait_idle(sims(), timeout=8.0)
     finally:
         gw.stop()
@@ -256,11 +260,128 @@ def test_reservation_refused_repicks_decode():
         gw.stop()
         fake.close()
 
+
+def test_prefill_without_kv_params_counted():
+    """A prefill that still answers without kv_transfer_params (an engine ending on EOS or a
+    stop despite the hardening): counted in pdgw_prefill_missing_kv_params_total; by default
+    the decode leg goes without params and recomputes, so the answer is still right."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Prefill(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.headers.get("X-Request-Id"), body))
+            out = json.dumps({"id": "x", "object": "text_completion", "choices": [
+                {"index": 0, "text": "", "finish_reason": "stop"}],
+                "kv_transfer_params": None}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Prefill)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    both = Sim("both", "both-ref")
+    P = {"id": "fake-prefill", "url": f"http://127.0.0.1:{srv.server_address[1]}",
+         "role": "prefill"}
+    gw = Gateway("vllm-nixl", "batch", [P, env["D"].instance()], {}, retries=0)
+    try:
+        rid = "mp-" + uuid.uuid4().hex[:12]
+        body = client_body(False, False)
+        st, _, obj, raw = T.post_json(gw.port, path_of(False), body, {"X-Request-Id": rid})
+        assert st == 200, raw
+        st, _, ref, _ = T.post_json(both.port, path_of(False), body)
+        assert obj["choices"][0]["text"] == ref["choices"][0]["text"], (obj, ref)
+        assert seen and seen[0][0] == rid and seen[0][1]["kv_transfer_params"]["do_remote_decode"]
+        drec = env["D"].records(rid)[0]
+        assert "kv_transfer_params" not in drec["body"], drec["body"]
+        assert gw.metric("pdgw_prefill_missing_kv_params_total", {"protocol": "vllm-nixl"}) == 1
+        wait_idle(sims())
+    finally:
+        gw.stop()
+        both.proc.kill()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_reservation_engines_without_libkvt():
+    """A decode without alloc ports is never asked; one whose alloc port does not answer costs
+    one reserve_timeout_ms, then is not asked again for a while: requests go on unreserved."""
+    P, D = env["noproxyP"], env["D"]
+    plain = {k: v for k, v in D.instance().items() if k not in ("alloc_ports", "init_ports")}
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), plain], {}, retries=0)
+    try:
+        st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
+        assert st == 200, raw
+        text = gw.metrics()
+        for name in ("pdgw_fwd_reserve_granted_total", "pdgw_fwd_reserve_errors_total"):
+            assert not T.metric_value(text, name, {"protocol": "vllm-kvt"}), name
+    finally:
+        gw.stop()
+    dead = dict(D.instance(), alloc_ports=[env["dead_port"]])
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), dead], {"reserve_timeout_ms": 300},
+                 retries=0)
+    try:
+        took = []
+        for _ in range(2):
+            t0 = time.time()
+            st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
+            took.append(time.time() - t0)
+            assert st == 200, raw
+        assert took[0] >= 0.3 and took[1] < 0.3, took
+        assert gw.metric("pdgw_fwd_reserve_errors_total", {"protocol": "vllm-kvt"}) == 2
+        wait_idle(sims())
+    finally:
+        gw.stop()
+
+
+def test_decode_retry_reuses_prefill():
+    """A decode that fails before its first byte is replaced by another decode that gets the
+    same prefill's params (the prefill still holds the KV): no second prefill leg."""
+    P, bad, good = env["noproxyP"], env["failD"], env["D"]
+    for protocol, mode in (("vllm-nixl", "batch"), ("vllm-nixl", "staged"),
+                           ("vllm-mooncake", "batch"), ("vllm-kvt", "staged")):
+        gw = Gateway(protocol, mode, [P.instance(), bad.instance(), good.instance()], {},
+                     retries=1, top={"decode_policy": "round-robin"})
+        try:
+            retried = 0
+            for _ in range(2):  # round-robin: one of the two starts on the failing decode
+                rid = "rr-" + uuid.uuid4().hex[:12]
+                st, hdrs, obj, raw = T.post_json(gw.port, path_of(False),
+                                                 client_body(False, False), {"X-Request-Id": rid})
+                assert st == 200, (protocol, mode, raw)
+                precs, brecs, grecs = P.records(rid), bad.records(rid), good.records(rid)
+                assert len(precs) == 1, (protocol, mode, "prefill legs", len(precs))
+                assert len(grecs) == 1 and grecs[0]["kv_result"]["ok"], grecs
+                if brecs:
+                    retried += 1
+                    assert brecs[0]["body"].get("kv_transfer_params") == \
+                        grecs[0]["body"].get("kv_transfer_params"), (brecs, grecs)
+            assert retried == 1, (protocol, mode, retried)
+            wait_idle(sims(), timeout=8.0)
+        finally:
+            gw.stop()
+
 def main():
     setup()
     tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
     tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
-              test_reservation_refused_repicks_decode, test_prefill_failure_taxonomy,
+              test_reservation_refused_repicks_decode, test_reservation_engines_without_libkvt,
+              test_prefill_without_kv_params_counted, test_decode_retry_reuses_prefill,
+              test_prefill_failure_taxonomy,
               test_decode_failure_taxonomy]
     passed = failed = 0
     try:

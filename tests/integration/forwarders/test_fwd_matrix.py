@@ -60,11 +60,27 @@ def run_config(protocol, mode, opts, n):
             counts["cases"] += 1
         wait_idle(all_sims())
         text = gw.metrics()
-        missing = T.metric_value(text, "pdgw_fwd_prefill_missing_kv_params_total",
+        missing = T.metric_value(text, "pdgw_prefill_missing_kv_params_total",
                                  {"protocol": protocol})
         assert not missing, ("prefill without kv_transfer_params", missing)
-        cancels = T.metric_value(text, "pdgw_fwd_cancel_notifs_total", {"protocol": protocol})
+        cancels = T.metric_value(text, "pdgw_pd_cancel_notifs_total", {"protocol": protocol})
         assert not cancels, ("CancelNotif on the success path", cancels)
+        # phase metrics, per protocol, as the gateway saw them
+        ncases = len(SHAPES) * (2 if n > 1 else 1)
+        lab = {"protocol": protocol}
+        dec = T.metric_value(text, "pdgw_decode_seconds_count", lab)
+        pre = T.metric_value(text, "pdgw_prefill_seconds_count", lab) or 0
+        kvw = T.metric_value(text, "pdgw_kv_wait_seconds_count", lab) or 0
+        assert dec == ncases, ("pdgw_decode_seconds", dec, ncases)
+        serial = (protocol in ("vllm-nixl", "lmcache") or
+                  (protocol == "vllm-mooncake" and "mooncake_dispatch" not in opts) or
+                  (protocol == "vllm-kvt" and mode == "staged"))
+        if serial:
+            assert pre == ncases and kvw == ncases, ("prefill/kv_wait", pre, kvw, ncases)
+        elif protocol == "vllm-kvt":
+            assert pre == 0, ("single-stage has no prefill leg", pre)
+        else:
+            assert pre <= ncases and kvw <= ncases, (pre, kvw, ncases)
         if n > 1:
             assert used == {"prefill-0", "prefill-1", "decode-0", "decode-1"}, used
         if protocol in ("vllm-kvt", "lmcache") and mode == "batch":
@@ -120,7 +136,7 @@ def test_stop_on_first_token():
             assert "stop" not in prec["body"] and prec["body"]["ignore_eos"] is True, prec
             assert prec["response_kv_transfer_params"], prec
             assert D.records(rid)[0]["kv_result"]["ok"], D.records(rid)
-            assert not gw.metric("pdgw_fwd_prefill_missing_kv_params_total",
+            assert not gw.metric("pdgw_prefill_missing_kv_params_total",
                                  {"protocol": protocol})
             wait_idle(all_sims())
         finally:

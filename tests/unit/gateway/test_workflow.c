@@ -398,7 +398,21 @@ typedef struct client_resp {
     long status;
     char body[8192];
     size_t len;
+    char headers[2048];
+    size_t hlen;
 } client_resp_t;
+
+static size_t on_header(char *p, size_t s, size_t n, void *u)
+{
+    client_resp_t *r = u;
+    size_t len = s * n;
+    if (r->hlen + len < sizeof(r->headers)) {
+        memcpy(r->headers + r->hlen, p, len);
+        r->hlen += len;
+        r->headers[r->hlen] = '\0';
+    }
+    return len;
+}
 
 static size_t on_body(char *p, size_t s, size_t n, void *u)
 {
@@ -432,6 +446,8 @@ static void post(const fixture_t *f, const char *body, client_resp_t *out)
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, out);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
     assert_int_equal(curl_easy_perform(c), CURLE_OK);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &out->status);
@@ -656,6 +672,9 @@ static void test_gate_timeout(void **s)
     assert_string_equal(json_string_value(json_object_get(json_object_get(err, "error"), "code")),
                         "not_retryable");
     json_decref(err);
+    assert_non_null(strstr(r.headers, "X-PD-Failure-Phase: kv_transfer\r\n"));
+    assert_non_null(strstr(r.headers, "X-PD-Retryable: false\r\n"));
+    assert_non_null(strstr(r.headers, "X-Request-Id: wf-test-1\r\n"));
     assert_int_equal(f.d.n_requests, 0);
     wait_cleanups(1);
     assert_int_equal(last_reason, PDGW_END_TIMEOUT);
