@@ -99,6 +99,7 @@ typedef struct sched_snapshot {
     sched_instance_t **all; /* pool holds one reference per entry */
     size_t n_role[2];
     sched_instance_t **role[2]; /* borrowed from all[] */
+    uint64_t *wsum[2];          /* running sums of role[r][i]->weight (weighted policy) */
 } sched_snapshot_t;
 
 typedef struct sched_prefix_index sched_prefix_index_t;

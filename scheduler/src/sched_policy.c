@@ -161,8 +161,9 @@ static sched_instance_t *pick_power_of_two(sched_instance_t *const *arr, size_t 
     return sched_instance_score(b, ctx->now_ms) < sched_instance_score(a, ctx->now_ms) ? b : a;
 }
 
-static sched_instance_t *pick_weighted(sched_instance_t *const *arr, size_t n,
-                                       const sched_pick_ctx_t *ctx)
+/* Exact weighted draw by effective weight: two passes over the array. */
+static sched_instance_t *pick_weighted_scan(sched_instance_t *const *arr, size_t n,
+                                            const sched_pick_ctx_t *ctx)
 {
     uint64_t total = 0, r;
 
@@ -183,6 +184,42 @@ static sched_instance_t *pick_weighted(sched_instance_t *const *arr, size_t n,
         r -= w;
     }
     return NULL; /* weights changed between the passes and nothing is left */
+}
+
+/*
+ * Weighted by effective weight in O(log n): draw by configured weight
+ * from the snapshot's running sums, then accept with probability
+ * effective / configured weight (0 for instances that cannot be picked).
+ * Accepted draws follow the effective weights exactly; after a few
+ * rejections (many unusable or overloaded instances) the exact scan
+ * decides, which keeps the result exact too.
+ */
+static sched_instance_t *pick_weighted(sched_instance_t *const *arr, const uint64_t *wsum, size_t n,
+                                       const sched_pick_ctx_t *ctx)
+{
+    uint64_t total = wsum[n - 1];
+
+    for (int tries = 0; tries < 16; tries++) {
+        uint64_t r = (sched_rng_next(ctx->rng) >> 11) % total;
+        size_t lo = 0, hi = n - 1;
+        sched_instance_t *c;
+        uint32_t eff, full;
+        while (lo < hi) { /* first i with wsum[i] > r */
+            size_t mid = lo + (hi - lo) / 2;
+            if (wsum[mid] > r)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        c = arr[lo];
+        if (!allowed(c, ctx))
+            continue;
+        eff = sched_instance_effective_weight(c, ctx->now_ms);
+        full = c->weight * 1024u;
+        if (eff >= full || (sched_rng_next(ctx->rng) >> 11) % full < eff)
+            return c;
+    }
+    return pick_weighted_scan(arr, n, ctx);
 }
 
 /* Role arrays are sorted by uid (uids only grow, snapshots keep order). */
@@ -258,7 +295,7 @@ sched_instance_t *sched_policy_pick(const sched_snapshot_t *snap, int ridx, sche
     case SCHED_POLICY_PREFIX_AWARE:
         return pick_prefix(arr, n, ridx, ctx);
     case SCHED_POLICY_WEIGHTED:
-        return pick_weighted(arr, n, ctx);
+        return pick_weighted(arr, snap->wsum[ridx], n, ctx);
     }
     return NULL;
 }

@@ -76,19 +76,26 @@ static sched_snapshot_t *snapshot_build(sched_instance_t *const *arr, size_t n)
     sched_snapshot_t *snap;
     size_t cap = n ? n : 1;
 
-    snap = sched_calloc(1, sizeof(*snap) + 3 * cap * sizeof(sched_instance_t *));
+    snap = sched_calloc(1, sizeof(*snap) + 2 * cap * sizeof(uint64_t) +
+                               3 * cap * sizeof(sched_instance_t *));
     if (!snap)
         return NULL;
-    snap->all = (sched_instance_t **)(snap + 1);
+    snap->wsum[0] = (uint64_t *)(snap + 1);
+    snap->wsum[1] = snap->wsum[0] + cap;
+    snap->all = (sched_instance_t **)(snap->wsum[1] + cap);
     snap->role[0] = snap->all + cap;
     snap->role[1] = snap->role[0] + cap;
     for (size_t i = 0; i < n; i++) {
         sched_instance_t *inst = sched_instance_ref(arr[i]);
         snap->all[snap->n_all++] = inst;
-        if (inst->roles & SCHED_ROLE_PREFILL)
-            snap->role[SCHED_RIDX_PREFILL][snap->n_role[SCHED_RIDX_PREFILL]++] = inst;
-        if (inst->roles & SCHED_ROLE_DECODE)
-            snap->role[SCHED_RIDX_DECODE][snap->n_role[SCHED_RIDX_DECODE]++] = inst;
+        for (int r = 0; r < 2; r++) {
+            size_t k;
+            if (!(inst->roles & (r == SCHED_RIDX_PREFILL ? SCHED_ROLE_PREFILL : SCHED_ROLE_DECODE)))
+                continue;
+            k = snap->n_role[r]++;
+            snap->role[r][k] = inst;
+            snap->wsum[r][k] = (k ? snap->wsum[r][k - 1] : 0) + inst->weight;
+        }
     }
     return snap;
 }

@@ -719,6 +719,7 @@ void sim_kv_on_finish_locked(sim_req_t *req)
     if (e) {
         req->kv->exp = NULL;
         e->req_gone = 1;
+        e->req = NULL;
         if (req->state == SIM_RS_DONE && e->computed && !e->done &&
             sim_watch_client_gone_locked(req)) {
             /* the answer naming this KV can never arrive: do not hold it */
@@ -833,6 +834,7 @@ int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, co
     }
     e->refs++;
     kv->exp = e;
+    e->req = req;
     e->dest = *dest;
     e->have_dest = 1;
     e->mode = mode;

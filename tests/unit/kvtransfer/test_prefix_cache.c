@@ -324,7 +324,7 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static void test_speed_4096_tokens(void **state)
+static void test_match_4096_tokens(void **state)
 {
     enum { NT = 4096, BS = 16, ITERS = 2000 };
     kvt_prefix_cache_t *pc = make_cache(1024, BS);
@@ -350,10 +350,9 @@ static void test_speed_4096_tokens(void **state)
     }
     per_us = (now_s() - t0) / ITERS * 1e6;
     assert_int_equal(mt, NT);
+    /* Informational only: speed is a benchmark's business (sched-pick), not a test's. */
     printf("prefix cache: 4096-token prompt hashed+matched+released in %.2f us (block %d)\n",
            per_us, BS);
-    /* generous bound so sanitizer / loaded CI machines pass; ~2-5 us on a quiet machine */
-    assert_true(per_us < 500.0);
     kvt_prefix_cache_destroy(pc);
 }
 
@@ -426,7 +425,7 @@ int main(void)
         cmocka_unit_test(test_insert_rules),
         cmocka_unit_test(test_map_churn),
         cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_speed_4096_tokens),
+        cmocka_unit_test(test_match_4096_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
