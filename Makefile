@@ -47,7 +47,7 @@ demo: build
 
 bench: build
 	PDGW_DEPS_BENCH=1 ./deploy/install-deps.sh
-	BENCH_CMD="make bench" ./tests/bench/run_all.sh $(BUILD)/bin
+	BENCH_CMD="make bench BUILD=$(BUILD)" ./tests/bench/run_all.sh $(BUILD)/bin
 
 format:
 	find gateway forwarders kvtransfer scheduler tests -name '*.[ch]' -print0 | xargs -0 clang-format -i

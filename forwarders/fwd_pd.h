@@ -34,16 +34,6 @@ json_t *fwd_pd_resp_kvp(const json_t *resp);
 /* Count a prefill that returned no kv_transfer_params (pdgw_prefill_missing_kv_params_total). */
 void fwd_pd_count_missing_kv_params(const char *protocol);
 
-/* ---- prefill params kept across attempts (fwd_pd_stash.c) ---- */
-
-typedef struct fwd_pd_stash fwd_pd_stash_t;
-fwd_pd_stash_t *fwd_pd_stash_create(void);
-void fwd_pd_stash_destroy(fwd_pd_stash_t *s);
-/* Keep <kvp> (stolen) for <request_id>, taken at <t_ms> (monotonic ms). */
-void fwd_pd_stash_put(fwd_pd_stash_t *s, const char *request_id, json_t *kvp, int64_t t_ms);
-/* Remove and return (new reference) what was kept for <request_id>, or NULL. */
-json_t *fwd_pd_stash_take(fwd_pd_stash_t *s, const char *request_id, int64_t *t_ms);
-
 /* ---- options (fwd_pd_body.c) ---- */
 
 /* Refuse keys of <options> not in the NULL-terminated <known>. */
@@ -126,9 +116,10 @@ int fwd_pd_kvreq_refused(const fwd_pd_kvreq_t *q);
 /* Remember the decode instance (its KV host and alloc ports) for CancelNotif at the end. */
 void fwd_pd_kvreq_set_decode(fwd_pd_kvreq_t *q, const pdgw_instance_t *decode);
 
-/* End of the attempt: release admission slots; CancelNotif{kv_req_id} to the remembered
- * decode's alloc ports when a reservation was granted or the attempt did not complete
- * (reason != OK; counted in pdgw_pd_cancel_notifs_total); frees q. NULL is a no-op. */
+/* End of the attempt: release admission slots; when the attempt did not complete (reason !=
+ * OK), CancelNotif{kv_req_id} to the remembered decode's alloc ports (releases its reservation
+ * and pages; counted in pdgw_pd_cancel_notifs_total). A completed transfer's reservation is
+ * released by the receiver itself. Frees q. NULL is a no-op. */
 void fwd_pd_kvreq_end(fwd_pd_kvreq_t *q, pdgw_end_reason_t reason);
 
 #endif /* FWD_PD_H */

@@ -60,7 +60,6 @@ struct fwd_pd_kvreq {
     res_state_t res;
     int64_t res_chunks;
     int64_t free_chunks;
-    int res_was_granted; /* a reservation may be live on the decode */
     int refused;         /* the last failure was a refused reservation */
     int notif_need;      /* > 0 while waiting */
     int notif_got;
@@ -284,8 +283,6 @@ static void run_reserve(fwd_pd_kv_t *kv, kvctl_job_t *j)
     if (!j->q->ended) {
         j->q->free_chunks = min_free;
         j->q->res = failed ? RES_FAILED : granted_all ? RES_GRANTED : RES_REFUSED;
-        /* A partial grant on some ranks is released by the CancelNotif at the end. */
-        j->q->res_was_granted = 1;
         wake(j->q);
     } else if (!failed) {
         /* The attempt ended while we asked: give the pages back at once. */
@@ -752,8 +749,10 @@ void fwd_pd_kvreq_end(fwd_pd_kvreq_t *q, pdgw_end_reason_t reason)
         }
     }
     /* release on the decode */
-    send_cancel =
-        q->have_dest && q->dest.nports > 0 && (q->res_was_granted || reason != PDGW_END_OK);
+    /* A completed transfer releases its reservation on the receiver (all chunks landed), and a
+     * CancelNotif would leave a tombstone for the id there: cancel only attempts that did not
+     * complete. A reservation that is never drawn ends with its TTL. */
+    send_cancel = q->have_dest && q->dest.nports > 0 && reason != PDGW_END_OK;
     if (send_cancel && reason != PDGW_END_OK && kv->o.proxy) {
         kvctl_tomb_t *t = calloc(1, sizeof(*t));
         if (t != NULL) {

@@ -84,17 +84,14 @@ static pdgw_fwd_status_t kvtf_attempt_init(void *ctx, const pdgw_fwd_request_t *
 {
     kvtf_ctx_t *c = ctx;
     kvtf_state_t *s = calloc(1, sizeof(*s));
-    char id[160];
     if (s == NULL) {
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
         return PDGW_FWD_ERR;
     }
     if (c->kv != NULL && req->mode == PDGW_MODE_BATCH) {
-        if (req->attempt == 0)
-            snprintf(id, sizeof(id), "%s", req->request_id);
-        else
-            snprintf(id, sizeof(id), "%s-a%u", req->request_id, req->attempt);
-        s->q = fwd_pd_kvreq_new(c->kv, req, id);
+        /* The decode's transfer is named by the leg's X-Request-Id (the same on every attempt):
+         * the reservation must carry that name to be the one the transfer draws from. */
+        s->q = fwd_pd_kvreq_new(c->kv, req, req->request_id);
         if (s->q == NULL) {
             free(s);
             pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");

@@ -14,6 +14,8 @@
  *              remote_engine_id: E, transfer_id: T}; the prefill pushes into the decode.
  *     Both instances are booked together in either scheduling mode.
  * Option missing_kv_params (serial): recompute (default) | fail.
+ * Option mooncake_bootstrap_fields (parallel): addr (default, remote_bootstrap_addr) |
+ * host_port (older connectors: bootstrap_server_host + bootstrap_server_port).
  */
 #include "fwd_pd.h"
 
@@ -26,6 +28,7 @@
 typedef struct mc_ctx {
     int parallel;
     int fail_on_missing;
+    int old_bootstrap_fields; /* bootstrap_server_host/port instead of remote_bootstrap_addr */
 } mc_ctx_t;
 
 typedef struct mc_state {
@@ -36,15 +39,18 @@ typedef struct mc_state {
 static pdgw_fwd_status_t mc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
                                       char *err, size_t errlen)
 {
-    static const char *const known[] = {"mooncake_dispatch", "missing_kv_params", NULL};
+    static const char *const known[] = {"mooncake_dispatch", "missing_kv_params",
+                                        "mooncake_bootstrap_fields", NULL};
+    static const char *const fields[] = {"addr", "host_port", NULL};
     static const char *const shapes[] = {"serial", "parallel", NULL};
     static const char *const missing[] = {"recompute", "fail", NULL};
     mc_ctx_t *c;
-    int shape = 0, m = 0;
+    int shape = 0, m = 0, f = 0;
     (void)env;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         fwd_pd_opt_enum(options, "mooncake_dispatch", shapes, 0, &shape, err, errlen) ||
-        fwd_pd_opt_enum(options, "missing_kv_params", missing, 0, &m, err, errlen))
+        fwd_pd_opt_enum(options, "missing_kv_params", missing, 0, &m, err, errlen) ||
+        fwd_pd_opt_enum(options, "mooncake_bootstrap_fields", fields, 0, &f, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
@@ -53,6 +59,7 @@ static pdgw_fwd_status_t mc_configure(const json_t *options, const pdgw_fwd_env_
     }
     c->parallel = shape == 1;
     c->fail_on_missing = m == 1;
+    c->old_bootstrap_fields = f == 1;
     *ctx = c;
     return PDGW_FWD_OK;
 }
@@ -90,7 +97,7 @@ static pdgw_fwd_status_t mc_attempt_init(void *ctx, const pdgw_fwd_request_t *re
     return PDGW_FWD_OK;
 }
 
-static json_t *mc_parallel_kvp(const mc_state_t *s, pdgw_leg_kind_t kind,
+static json_t *mc_parallel_kvp(const mc_ctx_t *c, const mc_state_t *s, pdgw_leg_kind_t kind,
                                const pdgw_instance_t *prefill, pdgw_fwd_error_t *err)
 {
     char addr[320];
@@ -104,6 +111,11 @@ static json_t *mc_parallel_kvp(const mc_state_t *s, pdgw_leg_kind_t kind,
                            prefill ? prefill->id : "?");
         return NULL;
     }
+    if (c->old_bootstrap_fields)
+        return json_pack("{s:b,s:b,s:s,s:i,s:s,s:s}", "do_remote_prefill", 1, "do_remote_decode", 0,
+                         "bootstrap_server_host", prefill->host, "bootstrap_server_port",
+                         prefill->bootstrap_port, "remote_engine_id", prefill->engine_id,
+                         "transfer_id", s->transfer_id);
     snprintf(addr, sizeof(addr), "http://%s:%d", prefill->host, prefill->bootstrap_port);
     return json_pack("{s:b,s:b,s:s,s:s,s:s}", "do_remote_prefill", 1, "do_remote_decode", 0,
                      "remote_bootstrap_addr", addr, "remote_engine_id", prefill->engine_id,
@@ -117,7 +129,7 @@ static pdgw_fwd_status_t mc_build_leg(void *ctx, void *state, const pdgw_fwd_req
     mc_ctx_t *c = ctx;
     mc_state_t *s = state;
     if (c->parallel) {
-        json_t *kvp = mc_parallel_kvp(s, kind, peers->prefill, err);
+        json_t *kvp = mc_parallel_kvp(c, s, kind, peers->prefill, err);
         if (kvp == NULL) {
             if (err->message[0] == '\0')
                 pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");

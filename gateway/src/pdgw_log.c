@@ -483,3 +483,20 @@ void pdgw_access_log(const pdgw_access_entry_t *e)
         line_puts(&l, "}");
     line_emit(&l, PDGW_LOG_LEVEL_INFO);
 }
+
+/* ---------------------------------------------------------------- rate limiting */
+
+bool pdgw_log_ratelimit_allow(pdgw_log_ratelimit_t *rl, uint64_t interval_ms,
+                              uint64_t *suppressed_out)
+{
+    uint64_t now = pdgw_time_mono_ms();
+    uint64_t next = atomic_load_explicit(&rl->next_ms, memory_order_relaxed);
+    if (now >= next && atomic_compare_exchange_strong(&rl->next_ms, &next, now + interval_ms)) {
+        uint64_t skipped = atomic_exchange(&rl->suppressed, 0);
+        if (suppressed_out != NULL)
+            *suppressed_out = skipped;
+        return true;
+    }
+    atomic_fetch_add_explicit(&rl->suppressed, 1, memory_order_relaxed);
+    return false;
+}

@@ -12,6 +12,7 @@
 #define PDGW_LOG_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -85,6 +86,29 @@ void pdgw_log_write_req(pdgw_log_level_t level, const char *component, const cha
             pdgw_log_write(PDGW_LOG_LEVEL_WARN, component, __VA_ARGS__);                           \
     } while (0)
 #define pdgw_log_error(component, ...) pdgw_log_write(PDGW_LOG_LEVEL_ERROR, component, __VA_ARGS__)
+
+/*
+ * Rate limiter for records that can repeat at high rate (EMFILE storms, refused upstreams):
+ * at most one record per interval; the skipped ones are counted. Lock-free; one static
+ * instance per call site, e.g.
+ *     static pdgw_log_ratelimit_t rl = PDGW_LOG_RATELIMIT_INIT;
+ *     uint64_t skipped;
+ *     if (pdgw_log_ratelimit_allow(&rl, 1000, &skipped))
+ *         pdgw_log_warn("upstream", "out of descriptors (%llu similar suppressed)", skipped);
+ */
+typedef struct pdgw_log_ratelimit {
+    _Atomic uint64_t next_ms;
+    _Atomic uint64_t suppressed;
+} pdgw_log_ratelimit_t;
+
+#define PDGW_LOG_RATELIMIT_INIT                                                                    \
+    {                                                                                              \
+        0, 0                                                                                       \
+    }
+
+/* True when a record may be written now; *suppressed_out (may be NULL) = skipped since last. */
+bool pdgw_log_ratelimit_allow(pdgw_log_ratelimit_t *rl, uint64_t interval_ms,
+                              uint64_t *suppressed_out);
 
 /*
  * One access-log record per request. Strings may be NULL (omitted / "-"). Durations are in

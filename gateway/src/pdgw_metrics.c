@@ -790,6 +790,7 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     static const char *const l_inst_role[] = {"instance", "role"};
     static const char *const l_upstream[] = {"protocol", "instance", "kind"};
     static const char *const l_reason[] = {"reason"};
+    static const char *const l_kind[] = {"kind"};
     static const char *const l_version[] = {"version"};
     pdgw_gateway_metrics_t g;
     memset(&g, 0, sizeof(g));
@@ -853,6 +854,9 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     ADD(PDGW_METRIC_COUNTER, "pdgw_pd_cancel_notifs_total",
         "KV cancel notices sent to release reservations of abandoned requests.", l_proto, 1, NULL,
         0, &g.pd_cancel_notifs);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_local_resource_errors_total",
+        "Requests refused because the gateway itself ran out of a resource (descriptors, memory).",
+        l_kind, 1, NULL, 0, &g.local_resource_errors);
 #undef ADD
 
     g.inflight = pdgw_metric_family_series(inflight, NULL);
@@ -984,4 +988,10 @@ void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char 
         gm->pd_cancel_notifs};
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
         (void)pdgw_metric_family_series1(fams[i], protocol);
+}
+
+void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind)
+{
+    if (gm != NULL && kind != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series1(gm->local_resource_errors, kind));
 }

@@ -264,16 +264,22 @@ static pdgw_status_t check_rule(const field_rule_t *r, const json_t *v, pdgw_api
 static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, pdgw_api_error_t *err)
 {
     unsigned api = 1u << kind;
-    for (size_t i = 0; i < sizeof(field_rules) / sizeof(field_rules[0]); i++) {
-        const field_rule_t *r = &field_rules[i];
-        if (!(r->apis & api))
+    /* Walk the body's keys (a handful) rather than probing every rule (dozens). */
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)body, key, v)
+    {
+        if (json_is_null(v))
             continue;
-        const json_t *v = json_object_get(body, r->name);
-        if (v == NULL || json_is_null(v))
-            continue;
-        pdgw_status_t st = check_rule(r, v, err);
-        if (st != PDGW_OK)
-            return st;
+        for (size_t i = 0; i < sizeof(field_rules) / sizeof(field_rules[0]); i++) {
+            const field_rule_t *r = &field_rules[i];
+            if (!(r->apis & api) || r->name[0] != key[0] || strcmp(r->name, key) != 0)
+                continue;
+            pdgw_status_t st = check_rule(r, v, err);
+            if (st != PDGW_OK)
+                return st;
+            break;
+        }
     }
     const json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {

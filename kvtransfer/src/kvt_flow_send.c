@@ -182,7 +182,14 @@ static void *open_dealer(kvt_engine_t *e, kvt_speer_t *p, uint16_t port)
 
     if (s == NULL)
         return NULL;
-    snprintf(ident, sizeof(ident), "%s-to-%s", e->id, p->addr);
+    /* "<local>-to-<peer>"; a replacement socket gets a new suffix: a ROUTER
+     * without ZMQ_ROUTER_HANDOVER refuses an identity it still has (the old
+     * connection may not be gone yet), and the suffix keeps the prefix a
+     * receiver reads the sender from */
+    if (p->dealer_gen == 0 || port != p->alloc_port)
+        snprintf(ident, sizeof(ident), "%s-to-%s", e->id, p->addr);
+    else
+        snprintf(ident, sizeof(ident), "%s-to-%s#%u", e->id, p->addr, p->dealer_gen);
     zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, strlen(ident));
     snprintf(ep, sizeof(ep), "tcp://%s:%u", p->host, (unsigned)port);
     if (zmq_connect(s, ep) != 0) {
@@ -879,6 +886,7 @@ void kvt_flow_sender_tick(kvt_engine_t *e)
             kvt_engine_count(e, &e->m.ctrl_timeouts_total, 1);
             kvt_ctrl_close(p->dealer);
             p->dealer = NULL;
+            p->dealer_gen++;
             p->active = NULL;
             release_pages(e, r, NULL);
             sreq_finish(e, r, KVT_ERR_TIMEOUT);

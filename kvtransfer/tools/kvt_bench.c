@@ -51,6 +51,7 @@ typedef struct opts {
     uint64_t block;
     uint32_t batch;
     uint32_t lanes;
+    uint32_t depth;
     double duration;
     uint64_t bytes;
     uint64_t buffer;
@@ -156,8 +157,8 @@ typedef struct bench_tl {
     kvt_tl_t *tl;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int done[2];
-    kvt_status_t st[2];
+    int done[16]; /* per pipeline slot (cookie = slot) */
+    kvt_status_t st[16];
     int failed;
 } bench_tl_t;
 
@@ -165,8 +166,8 @@ static void b_complete(void *arg, uint64_t cookie, kvt_status_t st)
 {
     bench_tl_t *b = arg;
     pthread_mutex_lock(&b->mu);
-    b->done[cookie & 1] = 1;
-    b->st[cookie & 1] = st;
+    b->done[cookie % 16] = 1;
+    b->st[cookie % 16] = st;
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
 }
@@ -289,17 +290,23 @@ static int run_target(const opts_t *o)
                 fill_block(mem + i * o->block, o->block, 0, i);
             rl = (size_t)snprintf(reply, sizeof(reply), "OK");
         } else if (strncmp(msg, "VERIFY ", 7) == 0) {
-            /* VERIFY <batch> <k0> <k1>: half h holds stamp kh in blocks [h*batch, ...) */
-            unsigned long long batch, k[2];
+            /* VERIFY <batch> <depth> <k0> .. <kD-1>: slot h holds stamp kh in
+             * blocks [h*batch, (h+1)*batch); -1 = slot never used */
+            unsigned long long batch = 0, depth = 0;
+            long long k[16];
             uint64_t bad = 0, ok = 0;
-            if (sscanf(msg + 7, "%llu %llu %llu", &batch, &k[0], &k[1]) == 3 &&
-                2 * batch <= npages) {
-                for (int h = 0; h < 2; h++) {
-                    if (k[h] == UINT64_MAX || k[h] == (unsigned long long)-1)
+            char *q = msg + 7;
+            batch = strtoull(q, &q, 10);
+            depth = strtoull(q, &q, 10);
+            for (unsigned i = 0; i < depth && i < 16; i++)
+                k[i] = strtoll(q, &q, 10);
+            if (batch > 0 && depth > 0 && depth <= 16 && depth * batch <= npages) {
+                for (unsigned h = 0; h < depth; h++) {
+                    if (k[h] < 0)
                         continue;
                     for (uint64_t j = 0; j < batch; j++) {
                         uint64_t blk = h * batch + j;
-                        if (check_block(mem + blk * o->block, o->block, k[h], j))
+                        if (check_block(mem + blk * o->block, o->block, (uint64_t)k[h], j))
                             ok += o->block;
                         else
                             bad++;
@@ -379,9 +386,10 @@ static int run_initiator(const opts_t *o)
     uint32_t batch = o->batch;
     uint64_t half_bytes = (uint64_t)batch * o->block;
     kvt_tl_xfer_t *x;
-    double *lat = NULL, t0, t_end, post_t[2] = {0, 0};
+    double *lat = NULL, t0, t_end, post_t[16] = {0};
     size_t nlat = 0, cap_lat = 1 << 16;
-    uint64_t k = 0, last_k[2] = {UINT64_MAX, UINT64_MAX}, moved = 0;
+    uint64_t k = 0, last_k[16], moved = 0;
+    uint32_t depth = o->depth;
     int n, rc = 0;
 
     if (tl_open(&b, o, "kvt-bench-initiator") != 0)
@@ -397,20 +405,20 @@ static int run_initiator(const opts_t *o)
     }
     if (ctl(d, "INFO", 4, reply, sizeof(reply)) < 0 ||
         sscanf(reply, "%63s %llu %llu", ruuid, &rpages, &rblock) != 3 || rblock != o->block ||
-        rpages < 2ull * batch) {
+        rpages < (unsigned long long)depth * batch) {
         fprintf(stderr, "kvt-bench: target region too small or block size differs (%s)\n", reply);
         return 2;
     }
-    mem = region_alloc(2 * half_bytes);
+    mem = region_alloc(depth * half_bytes);
     kvt_uuid_generate(&u);
     kvt_uuid_to_str(&u, uuid);
     {
         kvt_tl_region_params_t rp = {
-            .uuid = uuid, .base = mem, .length = 2 * half_bytes, .page_size = o->block};
+            .uuid = uuid, .base = mem, .length = depth * half_bytes, .page_size = o->block};
         if (mem == NULL || b.ops->reg_region(b.tl, &rp, &reg) != KVT_OK)
             return 2;
     }
-    for (uint32_t j = 0; j < 2 * batch; j++)
+    for (uint32_t j = 0; j < depth * batch; j++)
         fill_block(mem + (uint64_t)j * o->block, o->block, 0, j % batch);
     if (!is_write)
         ctl(d, "FILL ", 5, reply, sizeof(reply));
@@ -418,9 +426,12 @@ static int run_initiator(const opts_t *o)
     lat = malloc(cap_lat * sizeof(double));
     t0 = now_s();
     t_end = o->duration > 0 ? t0 + o->duration : 1e300;
-    b.done[0] = b.done[1] = 1;
+    for (uint32_t h = 0; h < depth; h++) {
+        b.done[h] = 1;
+        last_k[h] = UINT64_MAX;
+    }
     for (;;) {
-        int h = (int)(k & 1);
+        uint32_t h = (uint32_t)(k % depth); /* pipeline slot of this batch */
         int stop = g_stop || now_s() >= t_end || (o->bytes > 0 && moved >= o->bytes);
         /* wait for that half to be free (its previous batch completed) */
         pthread_mutex_lock(&b.mu);
@@ -451,14 +462,17 @@ static int run_initiator(const opts_t *o)
             }
         }
         if (stop) {
-            int other = 1 - h;
-            pthread_mutex_lock(&b.mu);
-            while (!b.done[other] && !b.failed)
-                pthread_cond_wait(&b.cv, &b.mu);
-            pthread_mutex_unlock(&b.mu);
-            if (post_t[other] > 0 && b.st[other] == KVT_OK) {
-                lat[nlat++] = now_s() - post_t[other];
-                moved += half_bytes;
+            /* drain the other slots (h itself was just accounted) */
+            for (uint32_t i = 1; i < depth; i++) {
+                uint32_t other = (h + i) % depth;
+                pthread_mutex_lock(&b.mu);
+                while (!b.done[other] && !b.failed)
+                    pthread_cond_wait(&b.cv, &b.mu);
+                pthread_mutex_unlock(&b.mu);
+                if (post_t[other] > 0 && b.st[other] == KVT_OK && nlat < cap_lat) {
+                    lat[nlat++] = now_s() - post_t[other];
+                    moved += half_bytes;
+                }
             }
             break;
         }
@@ -497,10 +511,11 @@ static int run_initiator(const opts_t *o)
                                                            : nlat - 1];
         }
         if (is_write && rc == 0) {
-            char req[128];
-            int rl = snprintf(req, sizeof(req), "VERIFY %u %lld %lld", batch,
-                              last_k[0] == UINT64_MAX ? -1LL : (long long)last_k[0],
-                              last_k[1] == UINT64_MAX ? -1LL : (long long)last_k[1]);
+            char req[512];
+            int rl = snprintf(req, sizeof(req), "VERIFY %u %u", batch, depth);
+            for (uint32_t h = 0; h < depth; h++)
+                rl += snprintf(req + rl, sizeof(req) - (size_t)rl, " %lld",
+                               last_k[h] == UINT64_MAX ? -1LL : (long long)last_k[h]);
             if (ctl(d, req, (size_t)rl, reply, sizeof(reply)) < 0 || strncmp(reply, "OK", 2) != 0) {
                 fprintf(stderr, "kvt-bench: target verification failed: %s\n", reply);
                 rc = 1;
@@ -882,7 +897,8 @@ static void usage(void)
             "  [--transport tcp|verbs] [--host H] [--port P] [--init-port P] [--bind H]\n"
             "  [--block-size B] [--batch N] [--lanes N] [--duration S] [--bytes N]\n"
             "  [--buffer-size B] [--pull] [--delay] [--hold] [--pending-ttl S] [--linger S]\n"
-            "  [--device DEV]  (verbs: [name][:port[:gid_index]])\n");
+            "  [--device DEV]  (verbs: [name][:port[:gid_index]])  [--depth N]  (batches in\n"
+            "  flight, initiator, 1..16, default 4)\n");
 }
 
 int main(int argc, char **argv)
@@ -892,6 +908,7 @@ int main(int argc, char **argv)
                 .transport = "tcp",
                 .host = "127.0.0.1",
                 .device = "",
+                .depth = 4,
                 .bind = "127.0.0.1",
                 .port = 0,
                 .block = 1 << 20,
@@ -900,14 +917,17 @@ int main(int argc, char **argv)
                 .duration = 0,
                 .bytes = 0,
                 .buffer = 0};
-    static const struct option lo[] = {
-        {"mode", 1, 0, 'm'},        {"op", 1, 0, 'o'},          {"transport", 1, 0, 't'},
-        {"host", 1, 0, 'H'},        {"port", 1, 0, 'p'},        {"init-port", 1, 0, 'i'},
-        {"bind", 1, 0, 'B'},        {"block-size", 1, 0, 'b'},  {"batch", 1, 0, 'n'},
-        {"lanes", 1, 0, 'l'},       {"duration", 1, 0, 'd'},    {"bytes", 1, 0, 'y'},
-        {"buffer-size", 1, 0, 'S'}, {"pull", 0, 0, 'P'},        {"delay", 0, 0, 'D'},
-        {"hold", 0, 0, 'h'},        {"pending-ttl", 1, 0, 'T'}, {"linger", 1, 0, 'L'},
-        {"device", 1, 0, 'v'},      {"help", 0, 0, '?'},        {0, 0, 0, 0}};
+    static const struct option lo[] = {{"mode", 1, 0, 'm'},        {"op", 1, 0, 'o'},
+                                       {"transport", 1, 0, 't'},   {"host", 1, 0, 'H'},
+                                       {"port", 1, 0, 'p'},        {"init-port", 1, 0, 'i'},
+                                       {"bind", 1, 0, 'B'},        {"block-size", 1, 0, 'b'},
+                                       {"batch", 1, 0, 'n'},       {"lanes", 1, 0, 'l'},
+                                       {"duration", 1, 0, 'd'},    {"bytes", 1, 0, 'y'},
+                                       {"buffer-size", 1, 0, 'S'}, {"pull", 0, 0, 'P'},
+                                       {"delay", 0, 0, 'D'},       {"hold", 0, 0, 'h'},
+                                       {"pending-ttl", 1, 0, 'T'}, {"linger", 1, 0, 'L'},
+                                       {"device", 1, 0, 'v'},      {"depth", 1, 0, 'e'},
+                                       {"help", 0, 0, '?'},        {0, 0, 0, 0}};
     int c;
 
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -969,12 +989,16 @@ int main(int argc, char **argv)
         case 'v':
             o.device = optarg;
             break;
+        case 'e':
+            o.depth = (uint32_t)atoi(optarg);
+            break;
         default:
             usage();
             return 2;
         }
     }
-    if (o.mode == NULL || o.block < 4096 || o.block % 4096 || o.batch == 0 || o.lanes == 0) {
+    if (o.mode == NULL || o.block < 4096 || o.block % 4096 || o.batch == 0 || o.lanes == 0 ||
+        o.depth == 0 || o.depth > 16) {
         usage();
         return 2;
     }

@@ -11,14 +11,14 @@
 # delay()), well below saturation: the latency a proxy adds when it is not the
 # bottleneck.
 # Usage: b1_passthrough.sh [BIN_DIR]
-#   env: DURATION (s per wrk run, default 5), CONNS ("1 64 64p 256"), ROUNDS (2),
+#   env: DURATION (s per wrk run, default 5), CONNS ("1 64 64p 256"), ROUNDS (3),
 #        THINK_MS (20), WORKERS (proxy worker threads/processes, default 2), WRK_THREADS (2)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 DURATION=${DURATION:-5}
 CONNS=${CONNS:-"1 64 64p 256"}
 THINK_MS=${THINK_MS:-20}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-3}
 WORKERS=${WORKERS:-2}
 WRK_THREADS=${WRK_THREADS:-2}
 need wrk nginx curl "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim"

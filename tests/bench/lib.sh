@@ -126,14 +126,14 @@ check_target() {
     fi
     local sym=">="
     [[ "$op" == le ]] && sym="<="
-    printf '| %-3s | %-46s | %12s %-8s | %s %s %-8s | %-6s | %s |\n' "${bench^^}" "$metric" "$value" \
-        "$unit" "$sym" "$limit" "$unit" "$verdict" "$(load_avg | cut -d' ' -f1)" |
+    printf '| %-3s | %-46s | %12s %-8s | %-15s | %-7s | %-5s |\n' "${bench^^}" "$metric" "$value" \
+        "$unit" "$sym $limit $unit" "$verdict" "$(load_avg | cut -d' ' -f1)" |
         tee -a "${BENCH_SUMMARY:-/dev/null}"
 }
 
 # info_row BENCH METRIC VALUE UNIT: a summary row without a target (context for the others).
 info_row() {
-    printf '| %-3s | %-46s | %12s %-8s | %-15s | %-6s | %s |\n' "${1^^}" "$2" "${3:--}" "$4" "(no target)" \
+    printf '| %-3s | %-46s | %12s %-8s | %-15s | %-7s | %-5s |\n' "${1^^}" "$2" "${3:--}" "$4" "(no target)" \
         info "$(load_avg | cut -d' ' -f1)" | tee -a "${BENCH_SUMMARY:-/dev/null}"
 }
 

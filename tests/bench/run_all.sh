@@ -44,7 +44,7 @@ done
 machine="$(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), kernel $(uname -r)"
 table=$(
     echo "| B   | figure                                         | value                 | target          | verdict | load1 |"
-    echo "|-----|------------------------------------------------|-----------------------|-----------------|--------|-------|"
+    echo "|-----|------------------------------------------------|-----------------------|-----------------|---------|-------|"
     for name in "${ran[@]}"; do
         cat "$results/$name.summary" 2>/dev/null
     done

@@ -31,20 +31,20 @@ def setup():
     env["proxy_port"] = T.free_port()
     env["dead_port"] = T.free_port()
     px = ["--proxy-host", "127.0.0.1", "--proxy-port"]
-    env["slowP"] = Sim("prefill", "prefill-slow", *px, env["proxy_port"], "--ttft-ms", "1500",
-                        "--kv-hold-timeout-ms", "1500")
+    env["slowP"] = Sim("prefill", "prefill-slow", *px, env["proxy_port"], "--ttft-ms", "1500")
     # Held KV nobody pulls (a decode failed, or a leg was aborted while the sim could not
     # notice) is freed by the engine's own timeout (vLLM: VLLM_NIXL_ABORT_REQUEST_TIMEOUT);
     # short ones here so "nothing stays pinned" is checked within the test.
     hold = ["--kv-hold-timeout-ms", "1500"]
     env["noproxyP"] = Sim("prefill", "prefill-noproxy", *px, env["dead_port"], *hold)
+    env["P2"] = Sim("prefill", "prefill-b", *hold)
     env["failP"] = Sim("prefill", "prefill-fail", "--fail-rate", "1", "--fail-status", "500")
     env["D"] = Sim("decode", "decode-0", "--kv-wait-timeout-ms", "1500")
     env["failD"] = Sim("decode", "decode-fail", "--fail-rate", "1", "--fail-status", "500")
 
 
 def sims():
-    return [env[k] for k in ("slowP", "noproxyP", "failP", "D", "failD")]
+    return [env[k] for k in ("slowP", "noproxyP", "P2", "failP", "D", "failD")]
 
 
 def disconnect_mid_prefill(gw, rid):
@@ -75,9 +75,15 @@ def make_disconnect_test(protocol, mode, opts):
         P, D = env["slowP"], env["D"]
         gw = Gateway(protocol, mode, [P.instance(), D.instance()], o, retries=0)
         try:
+            # the leg in flight: the decode's for single-stage vllm-kvt, else the prefill's
+            watch = D if (protocol == "vllm-kvt" and mode == "batch") else P
+            before = watch.metric("sim_client_disconnects_total")
             t0 = time.time()
             rid = "dc-" + uuid.uuid4().hex[:12]
             disconnect_mid_prefill(gw, rid)
+            # ... is aborted at once, long before the 1.5 s prefill would end
+            poll(lambda: watch.metric("sim_client_disconnects_total") > before,
+                 "the in-flight leg was not aborted", timeout=0.9)
             # pdgw noticed at once and ended the attempt (legs aborted, bookings cancelled)
             poll(lambda: gw.metric("pdgw_client_disconnects_total", {"protocol": protocol}) >= 1,
                  "pdgw did not count the disconnect", timeout=1.0)
@@ -89,7 +95,7 @@ def make_disconnect_test(protocol, mode, opts):
             if protocol in ("vllm-nixl", "lmcache") or (protocol == "vllm-mooncake" and
                                                         mode == "staged"):
                 assert not D.records(rid), D.records(rid)
-            wait_idle(sims(), timeout=8.0)
+            wait_idle(sims(), timeout=1.0)  # released by the aborts, not by a timeout
         finally:
             gw.stop()
     t.__name__ = f"test_disconnect_{protocol}_{opts.get('mooncake_dispatch', '')}{mode}"
@@ -209,7 +215,7 @@ class FakeAllocPort:
 
 def test_reservation_queue_then_granted():
     """vllm-kvt batch: a refused ReserveRequest is asked again until granted (queue); the
-    request then runs; the reservation is released with CancelNotif at the end."""
+    request then runs (named by its X-Request-Id, like the decode's transfer)."""
     fake = FakeAllocPort(grant_after=3)
     P = env["noproxyP"]
     D = dict(env["D"].instance(), alloc_ports=[fake.port])
@@ -224,8 +230,9 @@ def test_reservation_queue_then_granted():
         assert list(reqs[0].keys())[0] == "type", reqs[0]
         assert reqs[0]["req_id"] == rid and reqs[0]["total_chunks"] >= 1, reqs[0]
         assert reqs[0]["ttl_ms"] == 30000, reqs[0]
-        poll(lambda: fake.of("CancelNotif"), "reservation not released")
-        assert fake.of("CancelNotif")[0]["req_id"] == rid
+        # a completed transfer releases its reservation on the receiver: no CancelNotif
+        time.sleep(0.2)
+        assert not fake.of("CancelNotif"), fake.msgs
         assert gw.metric("pdgw_fwd_reserve_refused_total", {"protocol": "vllm-kvt"}) == 3
         assert gw.metric("pdgw_fwd_reserve_granted_total", {"protocol": "vllm-kvt"}) == 1
         wait_idle(sims())
@@ -319,7 +326,8 @@ def test_prefill_without_kv_params_counted():
 
 def test_reservation_engines_without_libkvt():
     """A decode without alloc ports is never asked; one whose alloc port does not answer costs
-    one reserve_timeout_ms, then is not asked again for a while: requests go on unreserved."""
+    one reserve_timeout_ms, then is not asked again for a while (5 s): requests go on
+    unreserved."""
     P, D = env["noproxyP"], env["D"]
     plain = {k: v for k, v in D.instance().items() if k not in ("alloc_ports", "init_ports")}
     gw = Gateway("vllm-kvt", "batch", [P.instance(), plain], {}, retries=0)
@@ -332,7 +340,7 @@ def test_reservation_engines_without_libkvt():
     finally:
         gw.stop()
     dead = dict(D.instance(), alloc_ports=[env["dead_port"]])
-    gw = Gateway("vllm-kvt", "batch", [P.instance(), dead], {"reserve_timeout_ms": 300},
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), dead], {"reserve_timeout_ms": 1500},
                  retries=0)
     try:
         took = []
@@ -341,46 +349,50 @@ def test_reservation_engines_without_libkvt():
             st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
             took.append(time.time() - t0)
             assert st == 200, raw
-        assert took[0] >= 0.3 and took[1] < 0.3, took
+        assert took[0] >= 1.5 and took[1] < 1.0, took
         assert gw.metric("pdgw_fwd_reserve_errors_total", {"protocol": "vllm-kvt"}) == 2
         wait_idle(sims())
     finally:
         gw.stop()
 
 
-def test_decode_retry_reuses_prefill():
-    """A decode that fails before its first byte is replaced by another decode that gets the
-    same prefill's params (the prefill still holds the KV): no second prefill leg."""
-    P, bad, good = env["noproxyP"], env["failD"], env["D"]
+def test_decode_retry_repicks_decode_only():
+    """A decode that fails before its first byte is replaced by another decode; the prefill
+    side is not re-picked (vllm-nixl / mooncake serial / kvt staged: the KV lives on that
+    prefill), the failed decode is not used again, and the answer is verified KV."""
+    Ps, bad, good = [env["noproxyP"], env["P2"]], env["failD"], env["D"]
     for protocol, mode in (("vllm-nixl", "batch"), ("vllm-nixl", "staged"),
                            ("vllm-mooncake", "batch"), ("vllm-kvt", "staged")):
-        gw = Gateway(protocol, mode, [P.instance(), bad.instance(), good.instance()], {},
-                     retries=1, top={"decode_policy": "round-robin"})
+        gw = Gateway(protocol, mode,
+                     [Ps[0].instance(), Ps[1].instance(), bad.instance(), good.instance()], {},
+                     retries=1, top={"decode_policy": "round-robin",
+                                     "prefill_policy": "round-robin"})
         try:
             retried = 0
-            for _ in range(2):  # round-robin: one of the two starts on the failing decode
+            for _ in range(2):  # round-robin: at least one starts on the failing decode
                 rid = "rr-" + uuid.uuid4().hex[:12]
                 st, hdrs, obj, raw = T.post_json(gw.port, path_of(False),
                                                  client_body(False, False), {"X-Request-Id": rid})
                 assert st == 200, (protocol, mode, raw)
-                precs, brecs, grecs = P.records(rid), bad.records(rid), good.records(rid)
-                assert len(precs) == 1, (protocol, mode, "prefill legs", len(precs))
+                used = [p.name for p in Ps if p.records(rid)]
+                assert len(used) == 1, (protocol, mode, "prefill re-picked", used)
+                brecs, grecs = bad.records(rid), good.records(rid)
                 assert len(grecs) == 1 and grecs[0]["kv_result"]["ok"], grecs
-                if brecs:
-                    retried += 1
-                    assert brecs[0]["body"].get("kv_transfer_params") == \
-                        grecs[0]["body"].get("kv_transfer_params"), (brecs, grecs)
-            assert retried == 1, (protocol, mode, retried)
+                assert len(brecs) <= 1, brecs
+                retried += len(brecs)
+            assert retried >= 1, (protocol, mode, retried)
+            assert gw.metric("pdgw_retries_total", {"protocol": protocol}) == retried
             wait_idle(sims(), timeout=8.0)
         finally:
             gw.stop()
+
 
 def main():
     setup()
     tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
     tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
               test_reservation_refused_repicks_decode, test_reservation_engines_without_libkvt,
-              test_prefill_without_kv_params_counted, test_decode_retry_reuses_prefill,
+              test_prefill_without_kv_params_counted, test_decode_retry_repicks_decode_only,
               test_prefill_failure_taxonomy,
               test_decode_failure_taxonomy]
     passed = failed = 0

@@ -304,6 +304,20 @@ static void test_mooncake_parallel(void **state)
     }
 }
 
+static void test_mooncake_parallel_old_fields(void **state)
+{
+    fx_t f;
+    (void)state;
+    fx_open(&f, "vllm-mooncake",
+            "{\"mooncake_dispatch\":\"parallel\",\"mooncake_bootstrap_fields\":\"host_port\"}",
+            PDGW_MODE_BATCH);
+    fx_leg(&f, PDGW_LEG_DECODE,
+           decode_with("{\"do_remote_prefill\":true,\"do_remote_decode\":false,"
+                       "\"bootstrap_server_host\":\"10.0.0.1\",\"bootstrap_server_port\":8998,"
+                       "\"remote_engine_id\":\"eng-p0\",\"transfer_id\":\"rid-1-0\"}"));
+    fx_close(&f, PDGW_END_OK);
+}
+
 static void test_kvt(void **state)
 {
     fx_t f;
@@ -489,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_options_refused),
         cmocka_unit_test(test_mooncake_serial),
         cmocka_unit_test(test_mooncake_parallel),
+        cmocka_unit_test(test_mooncake_parallel_old_fields),
         cmocka_unit_test(test_kvt),
         cmocka_unit_test(test_sglang),
         cmocka_unit_test(test_lmcache),

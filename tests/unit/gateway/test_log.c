@@ -225,6 +225,21 @@ static void test_vwrite(void **state)
     assert_string_equal(cap.lines[0] + 24, " WARN  [sched] instance d1 left\n");
 }
 
+static void test_ratelimit(void **state)
+{
+    (void)state;
+    pdgw_log_ratelimit_t rl = PDGW_LOG_RATELIMIT_INIT;
+    uint64_t skipped = 99;
+    assert_true(pdgw_log_ratelimit_allow(&rl, 200, &skipped));
+    assert_int_equal(skipped, 0);
+    for (int i = 0; i < 10; i++)
+        assert_false(pdgw_log_ratelimit_allow(&rl, 200, &skipped));
+    usleep(250 * 1000);
+    assert_true(pdgw_log_ratelimit_allow(&rl, 200, &skipped));
+    assert_int_equal(skipped, 10);
+    assert_false(pdgw_log_ratelimit_allow(&rl, 200, NULL));
+}
+
 #define WRITERS 4
 #define LINES   500
 
@@ -280,6 +295,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_access, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vwrite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ratelimit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_fd, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

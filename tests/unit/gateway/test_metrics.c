@@ -312,6 +312,7 @@ static void test_gateway_metrics_and_collector(void **state)
     pdgw_gateway_metrics_pd_failure(&gm, "vllm-kvt", "kv_transfer");
     pdgw_gateway_metrics_prefill_missing_kv_params(&gm, "vllm-kvt");
     pdgw_gateway_metrics_cancel_notif(&gm, "lmcache");
+    pdgw_gateway_metrics_local_resource_error(&gm, "fd");
 
     pdgw_buf_t out = PDGW_BUF_INIT;
     assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
@@ -341,6 +342,7 @@ static void test_gateway_metrics_and_collector(void **state)
         "pdgw_pd_failures_total{protocol=\"vllm-kvt\",phase=\"kv_transfer\"} 1\n",
         "pdgw_prefill_missing_kv_params_total{protocol=\"vllm-kvt\"} 1\n",
         "pdgw_pd_cancel_notifs_total{protocol=\"lmcache\"} 1\n",
+        "pdgw_local_resource_errors_total{kind=\"fd\"} 1\n",
         /* touched up front: zero-valued series exist */
         "pdgw_retries_total{protocol=\"sglang\"} 0\n",
         "pdgw_prefill_missing_kv_params_total{protocol=\"sglang\"} 0\n",
