@@ -276,6 +276,11 @@ static enum MHD_Result queue_reply(pdgw_req_t *r)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
     if (r->reply_www_auth)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->reply_retry_after_s > 0) {
+        char secs[16];
+        snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
+    }
     if (r->w->srv->draining)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     add_common_headers(r, resp);

@@ -8,6 +8,8 @@
 #include "pdgw_server_int.h"
 
 #include <stdio.h>
+#include <errno.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <strings.h>
 
@@ -30,9 +32,22 @@ const char *pdgw_leg_err_name(pdgw_leg_err_t e)
         return "reset";
     case PDGW_LEGERR_PROTOCOL:
         return "protocol";
+    case PDGW_LEGERR_LOCAL:
+        return "local";
     default:
         return "none";
     }
+}
+
+/* curl's socket opener, so a failure to get a descriptor is told apart from a peer that
+ * refuses: curl reports both as "could not connect". */
+static curl_socket_t leg_open_socket(void *cls, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    pdgw_leg_t *leg = cls;
+    curl_socket_t fd = socket(a->family, a->socktype, a->protocol);
+    (void)purpose;
+    leg->os_errno = fd == CURL_SOCKET_BAD ? errno : 0;
+    return fd;
 }
 
 void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind)
@@ -172,6 +187,8 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, leg);
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, leg_on_header);
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, leg);
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, leg_open_socket);
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, leg);
     if (strcmp(method, "GET") == 0) {
         curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
     } else {
@@ -271,6 +288,14 @@ void pdgw_leg_unpause(pdgw_leg_t *leg)
     curl_easy_pause(leg->easy, CURLPAUSE_CONT);
 }
 
+/* Did the connect fail because this process ran out of descriptors or buffers? Then the
+ * instance is healthy and must not be blamed (breaker, passive health). */
+static bool leg_local_shortage(const pdgw_leg_t *leg)
+{
+    int e = leg->os_errno;
+    return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
 void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
 {
     pdgw_req_t *r = leg->req;
@@ -285,9 +310,19 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
                          leg->inst->id, leg->status);
             }
             break;
+        case CURLE_OUT_OF_MEMORY:
+            leg->err = PDGW_LEGERR_LOCAL;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "gateway out of memory");
+            break;
         case CURLE_COULDNT_CONNECT:
         case CURLE_COULDNT_RESOLVE_HOST:
         case CURLE_COULDNT_RESOLVE_PROXY:
+            if (leg_local_shortage(leg)) {
+                leg->err = PDGW_LEGERR_LOCAL;
+                snprintf(leg->errmsg, sizeof(leg->errmsg), "gateway has no socket for %s: %s",
+                         leg->inst->id, strerror(leg->os_errno));
+                break;
+            }
             leg->err = PDGW_LEGERR_CONNECT;
             snprintf(leg->errmsg, sizeof(leg->errmsg), "cannot connect to %s: %s", leg->inst->id,
                      curl_easy_strerror(rc));

@@ -96,6 +96,7 @@ typedef enum {
     PDGW_LEGERR_STATUS,   /* HTTP status >= 400 */
     PDGW_LEGERR_RESET,    /* connection broke mid-response */
     PDGW_LEGERR_PROTOCOL, /* malformed response (SSE too large, body too large) */
+    PDGW_LEGERR_LOCAL,    /* the gateway itself ran short (fds, memory): not the instance's fault */
 } pdgw_leg_err_t;
 
 struct pdgw_leg {
@@ -124,6 +125,7 @@ struct pdgw_leg {
     uint64_t t_last_ms;  /* last progress */
     uint64_t t_end_ms;
     pdgw_leg_err_t err;
+    int os_errno; /* errno of a failed connect, when curl reports one */
     char errmsg[160];
 };
 
@@ -184,7 +186,8 @@ struct pdgw_req {
     size_t reply_len;
     char reply_ctype[96];
     bool reply_www_auth;
-    pdgw_buf_t out; /* streamed bytes not yet taken by MHD */
+    unsigned reply_retry_after_s; /* Retry-After on the reply when > 0 */
+    pdgw_buf_t out;               /* streamed bytes not yet taken by MHD */
     size_t out_off;
     bool out_done;
     uint64_t bytes_out;

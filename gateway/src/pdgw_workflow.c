@@ -122,6 +122,8 @@ static sched_outcome_t leg_outcome(const pdgw_leg_t *leg)
         return SCHED_OUTCOME_TIMEOUT;
     case PDGW_LEGERR_STATUS:
         return sched_outcome_from_http((int)leg->status);
+    case PDGW_LEGERR_LOCAL:
+        return SCHED_OUTCOME_CANCELLED; /* no judgement on the instance */
     default:
         return SCHED_OUTCOME_TRANSFER_ERROR;
     }
@@ -632,11 +634,29 @@ static void wf_leg_error(pdgw_req_t *r, pdgw_leg_t *leg, pdgw_fwd_error_t *e)
     case PDGW_LEGERR_RESET:
         retryable = 1;
         break;
+    case PDGW_LEGERR_LOCAL:
+        /* Another instance would not help: the shortage is ours. 503 + Retry-After. */
+        status = 503;
+        r->reply_retry_after_s = 1;
+        break;
     default:
         break;
     }
     pdgw_fwd_error_set(e, phase, retryable, status, "%s",
                        leg->errmsg[0] ? leg->errmsg : "upstream failed");
+}
+
+/* The gateway itself ran short (descriptors, memory): counted as its own trouble and
+ * logged at most once a second, since it comes in storms. */
+static void wf_note_local_shortage(pdgw_req_t *r, const pdgw_leg_t *leg)
+{
+    static pdgw_log_ratelimit_t rl = PDGW_LOG_RATELIMIT_INIT;
+    uint64_t skipped = 0;
+    pdgw_gateway_metrics_local_resource_error(r->w->srv->opts.metrics,
+                                              leg->os_errno ? "fd" : "memory");
+    if (pdgw_log_ratelimit_allow(&rl, 1000, &skipped))
+        pdgw_log_warn("upstream", "req=%s %s (%llu similar suppressed)", r->id, leg->errmsg,
+                      (unsigned long long)skipped);
 }
 
 void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
@@ -654,9 +674,12 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
         r->t_decode_us = dur_us;
     if (r->stage == PDGW_WF_FINISHED)
         return;
+    if (leg->err == PDGW_LEGERR_LOCAL)
+        wf_note_local_shortage(r, leg);
     if (leg->err != PDGW_LEGERR_NONE) {
-        pdgw_gateway_metrics_upstream_error(r->w->srv->opts.metrics, protocol_of(r), leg->inst->id,
-                                            pdgw_leg_err_name(leg->err));
+        if (leg->err != PDGW_LEGERR_LOCAL)
+            pdgw_gateway_metrics_upstream_error(r->w->srv->opts.metrics, protocol_of(r),
+                                                leg->inst->id, pdgw_leg_err_name(leg->err));
         memset(&e, 0, sizeof(e));
         wf_leg_error(r, leg, &e);
         wf_fail(r, &e, leg);

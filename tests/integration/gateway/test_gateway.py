@@ -528,6 +528,54 @@ def test_metrics_pass_promtool():
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
 
 
+def test_fd_shortage_is_not_the_instance_fault():
+    """When pdgw itself runs out of descriptors, the client gets 503 + Retry-After, the
+    shortage is counted as the gateway's own, and the healthy instance keeps its breaker
+    closed and serves again once descriptors are free."""
+    sim, sport = start_sim()
+    port = T.free_port()
+    limit = 40  # an idle single-worker pdgw holds ~15 descriptors
+    argv = ["prlimit", f"--nofile={limit}:{limit}", "--", T.binary("pdgw"),
+            "--listen", f"127.0.0.1:{port}", "--protocol", "neutral", "--workers", "1",
+            "--both", f"http://127.0.0.1:{sport}", "--health-interval", "1h",
+            "--metrics-scrape-interval", "1h", "--breaker-failures", "1"]
+    gw = T.Proc("pdgw", argv)
+    T.wait_http(port, "/ready", proc=gw)
+    body = json.dumps(comp_body(False)).encode()
+    held = socket.create_connection(("127.0.0.1", port))
+    held.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
+    time.sleep(0.3)  # the held request is accepted before the descriptors run out
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(limit)]
+    time.sleep(0.5)
+    held.sendall(body[5:])
+    held.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) == 0:
+        chunk = held.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in
+               (line.decode().partition(":") for line in head.split(b"\r\n")[1:])}
+    assert_eq(status, 503, "status while out of descriptors")
+    assert_eq(headers.get("retry-after"), "1", "Retry-After")
+    assert_eq(json.loads(payload)["error"]["type"], "service_unavailable_error", "error type")
+    held.close()
+    for c in idle:
+        c.close()
+    time.sleep(0.3)
+    m = metrics(port)
+    assert T.metric_value(m, "pdgw_local_resource_errors_total", {"kind": "fd"}) >= 1, m
+    assert (T.metric_value(m, "pdgw_upstream_errors_total", {"kind": "connect"}) or 0) == 0
+    status, _, obj, _ = T.post_json(port, "/v1/completions", comp_body(False))
+    assert_eq(status, 200, "served again: the breaker did not open on the healthy instance")
+    stop_gw(gw)
+
+
 if __name__ == "__main__":
     T.run([
         test_text_matches_engine,
@@ -540,4 +588,5 @@ if __name__ == "__main__":
         test_retry_on_refused_instance_and_errors,
         test_request_deadline,
         test_metrics_pass_promtool,
+        test_fd_shortage_is_not_the_instance_fault,
     ])
