@@ -60,8 +60,8 @@ struct fwd_pd_kvreq {
     res_state_t res;
     int64_t res_chunks;
     int64_t free_chunks;
-    int refused;         /* the last failure was a refused reservation */
-    int notif_need;      /* > 0 while waiting */
+    int refused;    /* the last failure was a refused reservation */
+    int notif_need; /* > 0 while waiting */
     int notif_got;
     int notif_timed_out;
     int64_t notif_deadline_ms;

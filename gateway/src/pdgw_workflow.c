@@ -746,6 +746,42 @@ static unsigned default_scope(const pdgw_fwd_error_t *e)
 }
 
 /* Try another attempt; true when one was started. */
+/* A serial request whose decode failed after its prefill answered may keep that prefill:
+ * its result (e.g. vllm-nixl's kv_transfer_params) stays valid on the prefill until a decode
+ * reads it or it expires, and the forwarder's retry_scope said so by re-picking the decode
+ * only. */
+static bool wf_can_keep_prefill(const pdgw_req_t *r, unsigned scope, const pdgw_leg_t *failed_leg)
+{
+    const pdgw_leg_t *p = &r->legs[PDGW_LEG_PREFILL];
+    return scope == PDGW_REPICK_DECODE && r->freq.dispatch == PDGW_DISPATCH_SERIAL &&
+           failed_leg != NULL && failed_leg->kind == PDGW_LEG_DECODE && p->state == PDGW_LEG_DONE &&
+           p->err == PDGW_LEGERR_NONE;
+}
+
+/* Retry with a new decode inside the same attempt: no new prefill leg, the forwarder's
+ * state (what the prefill returned) carries over, the decode leg is built again for the
+ * newly booked decode. false when no other decode can be booked. */
+static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *e,
+                                         pdgw_leg_t *failed_leg)
+{
+    pdgw_server_t *srv = r->w->srv;
+    wf_finish_booking(r, PDGW_LEG_DECODE, leg_outcome(failed_leg), failed_leg);
+    wf_add_failed(r, failed_leg->inst->id);
+    if (sched_booking_rebook(r->booking, SCHED_LEG_DECODE) != SCHED_OK)
+        return false; /* nothing left: the caller reports the original failure */
+    r->attempt++;
+    r->freq.attempt = r->attempt;
+    pdgw_gateway_metrics_retry(srv->opts.metrics, protocol_of(r));
+    pdgw_log_info("workflow", "req=%s retry %u with a new decode, keeping the prefill: %s", r->id,
+                  r->attempt, e->message);
+    pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
+    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
+    wf_refresh_peers(r);
+    if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
+        wf_run_decode_stage(r);
+    return true;
+}
+
 static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg)
 {
     pdgw_server_t *srv = r->w->srv;
@@ -761,6 +797,8 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
         scope &= PDGW_REPICK_DECODE;
     if (scope == PDGW_REPICK_NONE)
         return false;
+    if (wf_can_keep_prefill(r, scope, failed_leg))
+        return wf_retry_decode_keep_prefill(r, e, failed_leg);
     /* Close this attempt: failed leg with its outcome, the rest cancelled. */
     if (failed_leg) {
         wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);

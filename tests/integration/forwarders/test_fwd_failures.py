@@ -358,8 +358,9 @@ def test_reservation_engines_without_libkvt():
 
 def test_decode_retry_repicks_decode_only():
     """A decode that fails before its first byte is replaced by another decode; the prefill
-    side is not re-picked (vllm-nixl / mooncake serial / kvt staged: the KV lives on that
-    prefill), the failed decode is not used again, and the answer is verified KV."""
+    is neither re-picked nor re-run (vllm-nixl / mooncake serial / kvt staged: the KV lives on
+    that prefill and its params stay valid), the failed decode is not used again, and the
+    answer is verified KV."""
     Ps, bad, good = [env["noproxyP"], env["P2"]], env["failD"], env["D"]
     for protocol, mode in (("vllm-nixl", "batch"), ("vllm-nixl", "staged"),
                            ("vllm-mooncake", "batch"), ("vllm-kvt", "staged")):
@@ -376,6 +377,8 @@ def test_decode_retry_repicks_decode_only():
                 assert st == 200, (protocol, mode, raw)
                 used = [p.name for p in Ps if p.records(rid)]
                 assert len(used) == 1, (protocol, mode, "prefill re-picked", used)
+                prefill_legs = sum(len(p.records(rid)) for p in Ps)
+                assert prefill_legs == 1, (protocol, mode, "prefill leg re-run", prefill_legs)
                 brecs, grecs = bad.records(rid), good.records(rid)
                 assert len(grecs) == 1 and grecs[0]["kv_result"]["ok"], grecs
                 assert len(brecs) <= 1, brecs
