@@ -334,7 +334,10 @@ def gw_internal_mean_us(before, after):
     dec = mean("pdgw_decode_seconds")
     if req is None or dec is None:
         return None
-    return req - dec - (pre or 0.0)
+    own = req - dec - (pre or 0.0)
+    if own < 0:  # parallel dispatch: the legs overlap, so only the longer one is on the path
+        own = req - max(dec, pre or 0.0)
+    return own
 
 
 def loadavg():

@@ -349,7 +349,9 @@ def test_reservation_engines_without_libkvt():
             st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
             took.append(time.time() - t0)
             assert st == 200, raw
-        assert took[0] >= 1.5 and took[1] < 1.0, took
+        # The first request waits out the 1.5 s reserve timeout; the second is not asked at
+        # all (anything short of that timeout shows it, however slow the build).
+        assert took[0] >= 1.5 and took[1] < 1.4, took
         assert gw.metric("pdgw_fwd_reserve_errors_total", {"protocol": "vllm-kvt"}) == 2
         wait_idle(sims())
     finally:
