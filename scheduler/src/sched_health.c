@@ -5,8 +5,10 @@
  * one libcurl multi handle owned by the pool thread, so nothing blocks on
  * a slow engine.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <curl/curl.h>
 
@@ -27,6 +29,7 @@ typedef struct transfer {
     size_t len, cap, max;
     bool overflow;
     char errbuf[CURL_ERROR_SIZE];
+    int os_errno;                 /* errno when this process could not get a socket */
     struct transfer *prev, *next; /* in-flight list */
 } transfer_t;
 
@@ -127,6 +130,22 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
+/* curl's socket opener, so "could not connect" caused by this process running out of
+ * descriptors is told apart from an instance that refuses. */
+static curl_socket_t open_socket(void *cls, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    transfer_t *t = cls;
+    curl_socket_t fd = socket(a->family, a->socktype, a->protocol);
+    (void)purpose;
+    t->os_errno = fd == CURL_SOCKET_BAD ? errno : 0;
+    return fd;
+}
+
+static bool local_shortage(int os_errno)
+{
+    return os_errno == EMFILE || os_errno == ENFILE || os_errno == ENOBUFS || os_errno == ENOMEM;
+}
+
 static bool start_transfer(sched_pool_t *pool, sched_instance_t *inst, xfer_kind_t kind)
 {
     sched_health_t *h = pool->health;
@@ -156,6 +175,8 @@ static bool start_transfer(sched_pool_t *pool, sched_instance_t *inst, xfer_kind
     curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, (long)pool->health_timeout_ms);
     curl_easy_setopt(t->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)pool->health_timeout_ms);
     curl_easy_setopt(t->easy, CURLOPT_USERAGENT, "pdgw-scheduler");
+    curl_easy_setopt(t->easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    curl_easy_setopt(t->easy, CURLOPT_OPENSOCKETDATA, t);
     if (curl_multi_add_handle(h->multi, t->easy) != CURLM_OK)
         goto err_free;
     sched_free(url);
@@ -180,6 +201,15 @@ static void probe_done(sched_pool_t *pool, transfer_t *t, CURLcode rc, long code
     bool ok = rc == CURLE_OK && code >= 200 && code < 300;
     bool went_down = false, came_up = false;
 
+    if (rc != CURLE_OK && local_shortage(t->os_errno)) {
+        /* Says nothing about the instance: this process ran out of descriptors. */
+        pthread_mutex_lock(&inst->mu);
+        snprintf(inst->last_error, sizeof(inst->last_error),
+                 "health probe skipped: gateway has no socket (%s)", strerror(t->os_errno));
+        inst->last_error_ms = now;
+        pthread_mutex_unlock(&inst->mu);
+        return;
+    }
     pthread_mutex_lock(&inst->mu);
     inst->last_probe_ms = now;
     inst->last_probe_status = rc == CURLE_OK ? (int)code : 0;
