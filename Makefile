@@ -2,6 +2,7 @@
 #   make demo   install deps, build, run gateway + simulated engines, stream a request
 #   make test   install deps, build, run the whole suite (ctest)
 #   make bench  install bench deps, build, run the benchmarks of tests/bench/
+MAKEFLAGS += --no-print-directory
 BUILD     ?= build
 SAN_BUILD ?= build-sanitize
 JOBS      ?= $(shell nproc)
