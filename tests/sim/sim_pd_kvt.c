@@ -45,6 +45,7 @@ static sim_kvt_eng_t *senders[2][2][SIM_MAX_TP];
 static sim_kvt_eng_t *receivers[2][SIM_MAX_TP];
 static int main_delay, main_nranks;
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
+#define SIM_MAX_ENGINES (2 * 2 * SIM_MAX_TP + 2 * SIM_MAX_TP)
 
 static void *zctx, *router;
 typedef struct dealer {
@@ -1222,6 +1223,23 @@ static void sweep(uint64_t now)
     }
 }
 
+/* Every libkvt engine this instance runs (senders per protocol kind and TP rank, then
+ * receivers), into all[]; returns how many. Caller holds eng_lock. */
+static int all_engines_locked(sim_kvt_eng_t *all[SIM_MAX_ENGINES])
+{
+    int na = 0;
+    for (int p = 0; p < 2; p++)
+        for (int x = 0; x < 2; x++)
+            for (int r = 0; r < SIM_MAX_TP; r++)
+                if (senders[p][x][r])
+                    all[na++] = senders[p][x][r];
+    for (int dl = 0; dl < 2; dl++)
+        for (int r = 0; r < SIM_MAX_TP; r++)
+            if (receivers[dl][r])
+                all[na++] = receivers[dl][r];
+    return na;
+}
+
 static void harvest(sim_kvt_eng_t *se)
 {
     kvt_task_result_t res[32];
@@ -1240,7 +1258,7 @@ static void harvest(sim_kvt_eng_t *se)
 
 static void *kv_main(void *arg)
 {
-    zmq_pollitem_t items[64 + 2 * 2 * SIM_MAX_TP + 2 * SIM_MAX_TP];
+    zmq_pollitem_t items[64 + SIM_MAX_ENGINES];
     uint64_t last_sweep = 0;
     while (!atomic_load(&stopping)) {
         int n = 0;
@@ -1341,18 +1359,9 @@ static void *kv_main(void *arg)
                 zmq_msg_close(&body);
             }
         }
+        sim_kvt_eng_t *all[SIM_MAX_ENGINES];
         pthread_mutex_lock(&eng_lock);
-        sim_kvt_eng_t *all[2 * 2 * SIM_MAX_TP + 2 * SIM_MAX_TP];
-        int na = 0;
-        for (int p = 0; p < 2; p++)
-            for (int x = 0; x < 2; x++)
-                for (int r = 0; r < SIM_MAX_TP; r++)
-                    if (senders[p][x][r])
-                        all[na++] = senders[p][x][r];
-        for (int dl = 0; dl < 2; dl++)
-            for (int r = 0; r < SIM_MAX_TP; r++)
-                if (receivers[dl][r])
-                    all[na++] = receivers[dl][r];
+        int na = all_engines_locked(all);
         pthread_mutex_unlock(&eng_lock);
         for (int k = 0; k < na; k++)
             harvest(all[k]);
@@ -1579,18 +1588,9 @@ char *sim_pd_kvt_metrics(void)
     kvt_metrics_t sum, m;
     int any = 0;
     memset(&sum, 0, sizeof(sum));
+    sim_kvt_eng_t *all[SIM_MAX_ENGINES];
     pthread_mutex_lock(&eng_lock);
-    sim_kvt_eng_t *all[2 * 2 * SIM_MAX_TP + 2 * SIM_MAX_TP];
-    int na = 0;
-    for (int p = 0; p < 2; p++)
-        for (int x = 0; x < 2; x++)
-            for (int r = 0; r < SIM_MAX_TP; r++)
-                if (senders[p][x][r])
-                    all[na++] = senders[p][x][r];
-    for (int dl = 0; dl < 2; dl++)
-        for (int r = 0; r < SIM_MAX_TP; r++)
-            if (receivers[dl][r])
-                all[na++] = receivers[dl][r];
+    int na = all_engines_locked(all);
     for (int k = 0; k < na; k++) {
         kvt_engine_metrics(all[k]->e, &m);
         any = 1;
