@@ -17,8 +17,6 @@
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
-#define OUT_HIGH_WATER (256u * 1024u) /* pause the upstream above this */
-
 /* ---------------------------------------------------------------- replies */
 
 void pdgw_req_resume(pdgw_req_t *r)
@@ -141,7 +139,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (r->out.cap > 64 * 1024)
                 pdgw_buf_free(&r->out);
         }
-        if (pdgw_req_out_pending(r) < OUT_HIGH_WATER / 2) {
+        if (pdgw_req_out_pending(r) < PDGW_OUT_HIGH_WATER / 2) {
             if (r->legs[PDGW_LEG_DECODE].paused)
                 pdgw_leg_unpause(&r->legs[PDGW_LEG_DECODE]);
         }
@@ -261,17 +259,12 @@ static enum MHD_Result queue_reply(pdgw_req_t *r)
 {
     struct MHD_Response *resp;
     enum MHD_Result ret;
-    resp = MHD_create_response_from_buffer(r->reply_len, r->reply_body ? r->reply_body : "",
-                                           MHD_RESPMEM_MUST_FREE);
+    if (r->reply_body != NULL)
+        resp = MHD_create_response_from_buffer(r->reply_len, r->reply_body, MHD_RESPMEM_MUST_FREE);
+    else /* out of memory while building the body: an empty answer, never a freed literal */
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (resp == NULL)
         return MHD_NO;
-    if (r->reply_body == NULL) {
-        /* MHD_RESPMEM_MUST_FREE of a literal would be wrong; only "" with len 0 here. */
-        MHD_destroy_response(resp);
-        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        if (resp == NULL)
-            return MHD_NO;
-    }
     r->reply_body = NULL; /* owned by MHD now */
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
     if (r->reply_www_auth)
@@ -565,8 +558,10 @@ static void dispatch(pdgw_req_t *r)
         return;
     }
     switch (r->route) {
-    case PDGW_ROUTE_HEALTH:
-        pdgw_req_reply(r, 200, pdgw_strdup("{\"status\":\"ok\"}"), 15, "application/json");
+    case PDGW_ROUTE_HEALTH: {
+        char *ok = pdgw_strdup("{\"status\":\"ok\"}");
+        pdgw_req_reply(r, 200, ok, ok ? strlen(ok) : 0, "application/json");
+    }
         return;
     case PDGW_ROUTE_READY:
         serve_ready(r);

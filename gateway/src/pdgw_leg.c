@@ -16,8 +16,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
-#define LEG_MAX_BUFFERED   (64u << 20) /* largest non-streamed upstream body */
-#define LEG_OUT_HIGH_WATER (256u * 1024u)
+#define LEG_MAX_BUFFERED (64u << 20) /* largest non-streamed upstream body */
 
 const char *pdgw_leg_err_name(pdgw_leg_err_t e)
 {
@@ -86,7 +85,7 @@ static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
     if (leg->relay && leg->sse && leg->status == 200) {
         pdgw_status_t st;
         /* Slow client: stop reading upstream until it catches up. */
-        if (r->committed && pdgw_req_out_pending(r) > LEG_OUT_HIGH_WATER) {
+        if (r->committed && pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
             leg->paused = true;
             return CURL_WRITEFUNC_PAUSE;
         }
@@ -140,6 +139,16 @@ static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdat
     return len;
 }
 
+/* Append one header line; false when out of memory (the list built so far stays valid). */
+static bool hdr_add(struct curl_slist **list, const char *line)
+{
+    struct curl_slist *n = curl_slist_append(*list, line);
+    if (n == NULL)
+        return false;
+    *list = n;
+    return true;
+}
+
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
                              const char *method, char *body, size_t body_len,
                              const pdgw_fwd_leg_t *fl)
@@ -150,6 +159,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     char hdr[256];
     size_t off;
     struct curl_slist *h = NULL;
+    bool hdr_ok = true;
     CURL *easy;
 
     leg->inst = inst;
@@ -195,31 +205,32 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
         curl_easy_setopt(easy, CURLOPT_POST, 1L);
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body ? body : "");
         curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-        h = curl_slist_append(h, "Content-Type: application/json");
+        hdr_ok &= hdr_add(&h, "Content-Type: application/json");
     }
     /* No "Expect: 100-continue" round trip on large bodies. */
-    h = curl_slist_append(h, "Expect:");
+    hdr_ok &= hdr_add(&h, "Expect:");
     snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->id);
-    h = curl_slist_append(h, hdr);
+    hdr_ok &= hdr_add(&h, hdr);
     if (r->traceparent[0]) {
         snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);
-        h = curl_slist_append(h, hdr);
+        hdr_ok &= hdr_add(&h, hdr);
     }
     if (leg->relay && leg->sse)
-        h = curl_slist_append(h, "Accept: text/event-stream");
+        hdr_ok &= hdr_add(&h, "Accept: text/event-stream");
     for (off = 0; off < r->fwd_headers.len;) {
         const char *line = r->fwd_headers.data + off;
         if (!(leg->relay && leg->sse && strncasecmp(line, "accept:", 7) == 0))
-            h = curl_slist_append(h, line);
+            hdr_ok &= hdr_add(&h, line);
         off += strlen(line) + 1;
     }
     if (fl) {
         size_t i;
         for (i = 0; i < fl->n_headers && i < PDGW_FWD_LEG_MAX_HEADERS; i++)
             if (fl->headers[i][0] && !strchr(fl->headers[i], '\n'))
-                h = curl_slist_append(h, fl->headers[i]);
+                hdr_ok &= hdr_add(&h, fl->headers[i]);
     }
-    if (h == NULL) {
+    if (h == NULL || !hdr_ok) {
+        curl_slist_free_all(h);
         curl_easy_cleanup(easy);
         leg->body = NULL; /* still the caller's on failure */
         return PDGW_ERR_NOMEM;

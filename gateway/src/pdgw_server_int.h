@@ -86,6 +86,10 @@ struct pdgw_worker {
 
 /* ---------------------------------------------------------------- legs */
 
+/* Relayed bytes the client has not taken yet above which the upstream leg is paused (and
+ * resumed below half of it). */
+#define PDGW_OUT_HIGH_WATER (256u * 1024u)
+
 typedef enum { PDGW_LEG_IDLE = 0, PDGW_LEG_RUNNING, PDGW_LEG_DONE } pdgw_leg_state_t;
 
 /* Why a leg failed (also the metric's kind label). */

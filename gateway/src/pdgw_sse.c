@@ -99,6 +99,7 @@ static void sse_compact(pdgw_sse_t *p)
         return;
     pdgw_buf_consume(&p->buf, p->ev_start);
     p->line_start -= p->ev_start;
+    p->scan_pos = p->scan_pos > p->ev_start ? p->scan_pos - p->ev_start : 0;
     p->ev_start = 0;
 }
 
@@ -109,12 +110,13 @@ static pdgw_status_t sse_parse(pdgw_sse_t *p, bool eof, pdgw_sse_on_event_t cb, 
 
     for (;;) {
         const char *base = p->buf.data;
-        size_t i = p->line_start;
+        size_t i = p->scan_pos > p->line_start ? p->scan_pos : p->line_start;
         size_t eol_len;
         size_t line_len;
 
         while (i < p->buf.len && base[i] != '\n' && base[i] != '\r')
             i++;
+        p->scan_pos = i;
         if (i == p->buf.len)
             break; /* no line end yet */
         if (base[i] == '\r') {
@@ -170,6 +172,7 @@ bool pdgw_sse_finish(pdgw_sse_t *p, pdgw_sse_on_event_t cb, void *arg)
     }
     pdgw_buf_reset(&p->buf);
     p->line_start = 0;
+    p->scan_pos = 0;
     p->ev_start = 0;
     sse_event_reset(p);
     return cut;

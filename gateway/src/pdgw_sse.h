@@ -31,6 +31,7 @@ typedef struct pdgw_sse {
     pdgw_buf_t buf;    /* unparsed bytes */
     size_t ev_start;   /* start of the current event in buf */
     size_t line_start; /* start of the line being parsed */
+    size_t scan_pos;   /* bytes before this hold no line end (a long line is scanned once) */
     pdgw_buf_t data;   /* data lines of the current event */
     char event[64];    /* event field of the current event */
     bool has_data;

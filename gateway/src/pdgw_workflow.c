@@ -826,30 +826,10 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     return true;
 }
 
-static pdgw_api_err_kind_t kind_for_status(int status)
-{
-    switch (status) {
-    case 400:
-        return PDGW_API_ERR_BAD_REQUEST;
-    case 429:
-        return PDGW_API_ERR_RATE_LIMITED;
-    case 503:
-        return PDGW_API_ERR_UNAVAILABLE;
-    case 504:
-        return PDGW_API_ERR_TIMEOUT;
-    case 500:
-        return PDGW_API_ERR_INTERNAL;
-    default:
-        return status >= 400 && status < 500 ? pdgw_api_err_kind_from_http(status)
-                                             : PDGW_API_ERR_BAD_GATEWAY;
-    }
-}
-
 static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg)
 {
     pdgw_api_error_t api;
     int status;
-    int k;
 
     if (r->stage == PDGW_WF_FINISHED)
         return;
@@ -859,17 +839,11 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
     /* Stop everything; finish bookings with what happened. */
     if (failed_leg)
         wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
-    for (k = 0; k < 2; k++) {
-        if (r->legs[k].state == PDGW_LEG_RUNNING) {
-            pdgw_leg_abort(&r->legs[k]);
-            wf_finish_booking(r, (pdgw_leg_kind_t)k, SCHED_OUTCOME_CANCELLED, NULL);
-        }
-    }
     wf_attempt_end(r, e->http_status == 504 ? PDGW_END_TIMEOUT : PDGW_END_FAILED);
     wf_set_finished(r);
 
     status = e->http_status ? e->http_status : 502;
-    pdgw_api_error_set(&api, kind_for_status(status), NULL, "%s", e->message);
+    pdgw_api_error_set(&api, pdgw_api_err_kind_from_http(status), NULL, "%s", e->message);
     if (status == 504)
         pdgw_api_error_set_code(&api, "upstream_timeout");
     /* PD protocols tag the failure with its phase; a plain proxy keeps OpenAI's types. */
@@ -913,8 +887,9 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
 
 /* ---------------------------------------------------------------- relay */
 
-/* Does this event carry generated text (not only a role delta, usage or an error)? Only
- * called until the first content event of a stream, so the parse is paid once or twice. */
+/* Does this event carry generated output (text, content, reasoning or a tool call; not only a
+ * role delta, usage or an error)? Only called until the first such event of a stream, so the
+ * parse is paid once or twice. */
 static bool event_has_content(const pdgw_sse_event_t *ev)
 {
     json_t *o = json_loadb(ev->data, ev->data_len, 0, NULL);
@@ -926,10 +901,12 @@ static bool event_has_content(const pdgw_sse_event_t *ev)
     choices = json_object_get(o, "choices");
     json_array_foreach(choices, i, ch)
     {
+        const json_t *delta = json_object_get(ch, "delta");
         const char *text = json_string_value(json_object_get(ch, "text"));
-        const char *content =
-            json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
-        if ((text && text[0]) || (content && content[0])) {
+        const char *content = json_string_value(json_object_get(delta, "content"));
+        const char *reasoning = json_string_value(json_object_get(delta, "reasoning_content"));
+        if ((text && text[0]) || (content && content[0]) || (reasoning && reasoning[0]) ||
+            json_array_size(json_object_get(delta, "tool_calls")) > 0) {
             found = true;
             break;
         }

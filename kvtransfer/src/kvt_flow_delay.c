@@ -122,8 +122,11 @@ void kvt_flow_delay_on_read_done(kvt_engine_t *e, kvt_load_job_t *job, kvt_statu
     uint64_t bytes = 0;
     int posted;
 
-    if (st != KVT_OK)
+    if (st != KVT_OK) {
         kvt_engine_count(e, &e->m.transfer_errors_total, 1);
+        if (job->status == KVT_OK)
+            job->status = st; /* the bitmap says which chunks arrived; the status says not all */
+    }
     /* 1. keep the wire busy: the next group goes into the other half */
     job->inflight_n = 0;
     posted = post_group(e, job, 1 - half);

@@ -164,6 +164,26 @@ static kvt_status_t recv_all(int fd, void *buf, size_t len)
     return KVT_OK;
 }
 
+/* Like recv_all for the first bytes of a frame: while none of it has arrived, a receive
+ * timeout only means the lane is idle, so keep waiting; once it started, the frame must
+ * complete within the timeout. */
+static kvt_status_t recv_frame_start(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = recv(fd, p + got, len - got, MSG_WAITALL);
+        if (r <= 0) {
+            if (r < 0 &&
+                (errno == EINTR || (got == 0 && (errno == EAGAIN || errno == EWOULDBLOCK))))
+                continue;
+            return io_status(r);
+        }
+        got += (size_t)r;
+    }
+    return KVT_OK;
+}
+
 static kvt_status_t send_iov(int fd, struct iovec *iov, int iovcnt)
 {
     while (iovcnt > 0) {
@@ -441,7 +461,7 @@ kvt_status_t kvt_tl_tcp_serve_fd(kvt_tl_t *tl, int fd)
         uint8_t *addr = NULL;
         kvt_status_t ast;
 
-        st = recv_all(fd, hb, sizeof(hb));
+        st = recv_frame_start(fd, hb, sizeof(hb));
         if (st != KVT_OK)
             return st == KVT_ERR_PEER ? KVT_OK : st; /* EOF between frames = clean close */
         if (kvt_tcp_hdr_decode(hb, sizeof(hb), &h) != KVT_OK || h.op == KVT_TCP_OP_HELLO) {
@@ -522,9 +542,10 @@ static void *listener_main(void *arg)
         fd = accept4(tl->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
-        /* an idle lane between frames may sit forever; only a frame in
-         * progress is subject to the timeout */
-        set_timeouts(fd, 0);
+        /* a frame in progress (and the HELLO) must arrive within the timeout, so a peer
+         * that hangs mid-frame cannot hold this thread; an idle lane between frames may
+         * sit forever (recv_frame_start) */
+        set_timeouts(fd, tl->timeout_ms);
         c = kvt_calloc(1, sizeof(*c));
         if (c == NULL) {
             close(fd);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -352,6 +353,59 @@ static void test_garbage_frames(void **state)
     ep_close(&b);
 }
 
+/* HELLO as peer <id> on a fresh lane to <port>; returns the fd once the reply arrived. */
+static int hello_lane(uint16_t port, const char *id)
+{
+    uint8_t hb[KVT_TCP_HDR_LEN];
+    kvt_tcp_hdr_t h;
+    int fd = dial(port);
+
+    memset(&h, 0, sizeof(h));
+    h.op = KVT_TCP_OP_HELLO;
+    h.length = (uint32_t)strlen(id);
+    kvt_tcp_hdr_encode(&h, hb);
+    assert_int_equal(send(fd, hb, sizeof(hb), 0), (ssize_t)sizeof(hb));
+    assert_int_equal(send(fd, id, strlen(id), 0), (ssize_t)strlen(id));
+    assert_int_equal(recv(fd, hb, KVT_TCP_REPLY_LEN, MSG_WAITALL), KVT_TCP_REPLY_LEN);
+    return fd;
+}
+
+/* A peer that stops in the middle of a frame (or of its HELLO) loses the lane after the
+ * transport's timeout (3 s here) instead of holding a server thread forever; a lane that is
+ * merely idle between frames stays open. */
+static void test_stalled_frames(void **state)
+{
+    ep_t b;
+    uint8_t hb[KVT_TCP_HDR_LEN];
+    kvt_tcp_hdr_t h;
+    char c;
+    int half_hello, half_write, idle;
+    (void)state;
+
+    ep_open(&b, "B", UB);
+    half_hello = dial(b.port);
+    memset(hb, 0, sizeof(hb));
+    assert_int_equal(send(half_hello, hb, 4, 0), 4);
+    half_write = hello_lane(b.port, "A");
+    memset(&h, 0, sizeof(h));
+    h.op = KVT_TCP_OP_WRITE;
+    memcpy(h.uuid, UB, KVT_TL_UUID_LEN);
+    h.length = 1000;
+    kvt_tcp_hdr_encode(&h, hb);
+    assert_int_equal(send(half_write, hb, sizeof(hb), 0), (ssize_t)sizeof(hb));
+    assert_int_equal(send(half_write, "0123456789", 10, 0), 10); /* then nothing */
+    idle = hello_lane(b.port, "A2");
+    usleep(3500 * 1000);
+    assert_true(closed_by_peer(half_hello));
+    assert_true(closed_by_peer(half_write));
+    assert_int_equal(recv(idle, &c, 1, MSG_DONTWAIT), -1); /* still open, nothing to read */
+    assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+    close(half_hello);
+    close(half_write);
+    close(idle);
+    ep_close(&b);
+}
+
 static void test_frame_codec(void **state)
 {
     kvt_tcp_hdr_t h, d;
@@ -395,7 +449,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_frame_codec),    cmocka_unit_test(test_write_read_verified),
         cmocka_unit_test(test_access_denied),  cmocka_unit_test(test_peer_death),
-        cmocka_unit_test(test_garbage_frames),
+        cmocka_unit_test(test_garbage_frames), cmocka_unit_test(test_stalled_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
