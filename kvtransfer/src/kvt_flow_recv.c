@@ -758,6 +758,13 @@ static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
         granted = 0;
         free_chunks = kvt_reserve_free_chunks(e->reserve);
     }
+    if (granted) {
+        /* A proxy reserving again for a cancelled id starts a new attempt of that request
+         * (a retry keeps its X-Request-Id): its transfer must not meet the old tombstone. */
+        pthread_mutex_lock(&e->rx_lock);
+        kvt_free(kvt_map_del(&e->tombs, msg->u.reserve_req.req_id));
+        pthread_mutex_unlock(&e->rx_lock);
+    }
     kvt_engine_count(e, granted ? &e->m.reserve_granted_total : &e->m.reserve_refused_total, 1);
     kvt_msg_init(&m, KVT_MSG_RESERVE_RESPONSE);
     m.u.reserve_resp.req_id = msg->u.reserve_req.req_id;

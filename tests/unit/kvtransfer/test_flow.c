@@ -448,6 +448,23 @@ static void tombstone_case(t_mode_t mode)
     assert_true(t_pool_drained(p.s, 2000));
     kvt_engine_metrics(p.s, &m);
     assert_int_equal(m.breaker_open, 0);
+    /* a proxy that reserves again for the id (a retry of the request) lifts the tombstone */
+    {
+        int granted = 0;
+        int64_t free_chunks = 0;
+        assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "tomb-1", 4, 5000,
+                                           3000, &granted, &free_chunks),
+                         KVT_OK);
+        assert_true(granted);
+        res = store_wait(p.s, "tomb-1", keys, 0, 4, 0);
+        assert_int_equal(res.status, KVT_OK);
+        assert_int_equal(t_bits(&res), 4);
+        kvt_task_result_clear(&res);
+        wait_landed(p.r, "tomb-1");
+        kvt_release_req(p.r, "tomb-1");
+        assert_true(t_pool_drained(p.r, 2000));
+        assert_true(t_pool_drained(p.s, 3000));
+    }
     /* other requests are untouched */
     res = store_wait(p.s, "tomb-2", keys, 4, 4, 0);
     assert_int_equal(res.status, KVT_OK);
