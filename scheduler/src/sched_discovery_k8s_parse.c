@@ -97,6 +97,21 @@ static sched_status_t parse_ports(const json_t *ports, const char *port_name, in
     return SCHED_OK;
 }
 
+/* A pod name as Kubernetes allows it (DNS-1123 subdomain: lowercase letters, digits, '-' and
+ * '.'). It goes into the API URL of the pod lookup and into /admin/instances/<id> paths, so
+ * anything else from the API server is not trusted as a name. */
+static bool dns1123_name(const char *name)
+{
+    const char *c;
+    if (*name == '\0' || *name == '.' || *name == '-' || strstr(name, "..") != NULL)
+        return false;
+    for (c = name; *c != '\0'; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '.'))
+            return false;
+    }
+    return true;
+}
+
 static sched_status_t parse_endpoint(const json_t *e, const sched_k8s_slice_t *slice, bool ipv6,
                                      int port, int kv_port, int bootstrap_port,
                                      sched_k8s_endpoint_t *ep, bool *skip, char *err,
@@ -163,7 +178,7 @@ static sched_status_t parse_endpoint(const json_t *e, const sched_k8s_slice_t *s
         const json_t *name = json_object_get(ref, "name");
         if (json_is_string(kind) && strcmp(json_string_value(kind), "Pod") == 0 &&
             json_is_string(name) && json_string_length(name) > 0 &&
-            json_string_length(name) < SCHED_ID_MAX) {
+            json_string_length(name) < SCHED_ID_MAX && dns1123_name(json_string_value(name))) {
             copy_str(ep->pod, sizeof(ep->pod), json_string_value(name));
         }
     }

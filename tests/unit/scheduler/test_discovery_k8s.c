@@ -113,6 +113,32 @@ static void test_slice_ipv6_url_and_id(void **state)
     json_decref(j);
 }
 
+/* A pod name that is not a DNS-1123 name (it would reach the pod lookup URL and the admin
+ * paths) is not used: the endpoint keeps its address-based id and no pod is looked up. */
+static void test_slice_unsafe_pod_name(void **state)
+{
+    static const char *const bad[] = {"../../secrets", "a/b", "x?watch=1", "Upper", "-lead"};
+    char text[512];
+    (void)state;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sched_k8s_slice_t s;
+        json_t *j;
+        snprintf(text, sizeof(text),
+                 "{\"metadata\": {\"name\": \"s7\"}, \"addressType\": \"IPv4\","
+                 " \"ports\": [{\"name\": \"http\", \"port\": 8000}],"
+                 " \"endpoints\": [{\"addresses\": [\"10.0.0.7\"],"
+                 " \"targetRef\": {\"kind\": \"Pod\", \"name\": \"%s\"}}]}",
+                 bad[i]);
+        j = load(text);
+        assert_int_equal(sched_k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_OK);
+        assert_int_equal(s.n_eps, 1);
+        assert_string_equal(s.eps[0].pod, "");
+        assert_string_equal(s.eps[0].id, "10.0.0.7-8000");
+        sched_k8s_slice_clear(&s);
+        json_decref(j);
+    }
+}
+
 /* Each of these must be refused with an error message, never crash. */
 static void test_slice_parse_rejects(void **state)
 {
@@ -412,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_slice_parse_ok),
         cmocka_unit_test(test_slice_port_missing),
         cmocka_unit_test(test_slice_ipv6_url_and_id),
+        cmocka_unit_test(test_slice_unsafe_pod_name),
         cmocka_unit_test(test_slice_parse_rejects),
         cmocka_unit_test(test_slice_parse_alloc_failure),
         cmocka_unit_test(test_annotations),
