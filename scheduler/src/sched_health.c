@@ -200,6 +200,7 @@ static void probe_done(sched_pool_t *pool, transfer_t *t, CURLcode rc, long code
     sched_instance_t *inst = t->inst;
     bool ok = rc == CURLE_OK && code >= 200 && code < 300;
     bool went_down = false, came_up = false;
+    char why[sizeof(inst->last_error)];
 
     if (rc != CURLE_OK && local_shortage(t->os_errno)) {
         /* Says nothing about the instance: this process ran out of descriptors. */
@@ -236,12 +237,12 @@ static void probe_done(sched_pool_t *pool, transfer_t *t, CURLcode rc, long code
         if (!sched_gate_down(inst) && inst->health_fail >= pool->unhealthy_threshold) {
             atomic_fetch_or(&inst->gate, SCHED_GATE_DOWN);
             went_down = true;
+            memcpy(why, inst->last_error, sizeof(why)); /* logged after the unlock */
         }
     }
     pthread_mutex_unlock(&inst->mu);
     if (went_down)
-        sched_pool_logf(pool, SCHED_LOG_WARN, "instance %s down: %s", inst->desc.id,
-                        inst->last_error);
+        sched_pool_logf(pool, SCHED_LOG_WARN, "instance %s down: %s", inst->desc.id, why);
     if (came_up)
         sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s up", inst->desc.id);
 }
