@@ -111,6 +111,14 @@ static json_t *mc_parallel_kvp(const mc_ctx_t *c, const mc_state_t *s, pdgw_leg_
                            prefill ? prefill->id : "?");
         return NULL;
     }
+    if (prefill->engine_id[0] == '\0') {
+        /* The decode finds the prefill's KV by remote_engine_id: an empty one cannot match. */
+        pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 0, 500,
+                           "prefill instance %s has no engine_id (needed by mooncake_dispatch "
+                           "parallel)",
+                           prefill->id);
+        return NULL;
+    }
     if (c->old_bootstrap_fields)
         return json_pack("{s:b,s:b,s:s,s:i,s:s,s:s}", "do_remote_prefill", 1, "do_remote_decode", 0,
                          "bootstrap_server_host", prefill->host, "bootstrap_server_port",

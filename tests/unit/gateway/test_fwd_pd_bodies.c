@@ -304,6 +304,33 @@ static void test_mooncake_parallel(void **state)
     }
 }
 
+/* A prefill without engine_id (or bootstrap port) cannot be named to the decode: the decode
+ * leg is refused with an error instead of carrying remote_engine_id "". */
+static void test_mooncake_parallel_needs_prefill_ids(void **state)
+{
+    pdgw_instance_t no_engine = inst_p, no_port = inst_p;
+    const pdgw_instance_t *bad[] = {&no_engine, &no_port};
+    (void)state;
+    no_engine.engine_id = "";
+    no_port.bootstrap_port = 0;
+    for (size_t i = 0; i < 2; i++) {
+        fx_t f;
+        pdgw_fwd_leg_t leg;
+        pdgw_fwd_error_t e;
+        fx_open(&f, "vllm-mooncake", "{\"mooncake_dispatch\":\"parallel\"}", PDGW_MODE_BATCH);
+        f.peers.prefill = bad[i];
+        memset(&leg, 0, sizeof(leg));
+        memset(&e, 0, sizeof(e));
+        assert_int_equal(
+            f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_DECODE, &f.peers, &leg, &e),
+            PDGW_FWD_ERR);
+        assert_null(leg.body);
+        assert_int_equal(e.phase, PDGW_PHASE_PREFILL);
+        assert_non_null(strstr(e.message, i == 0 ? "engine_id" : "bootstrap_port"));
+        fx_close(&f, PDGW_END_FAILED);
+    }
+}
+
 static void test_mooncake_parallel_old_fields(void **state)
 {
     fx_t f;
@@ -502,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_nixl_missing_and_bad_params),
         cmocka_unit_test(test_options_refused),
         cmocka_unit_test(test_mooncake_serial),
+        cmocka_unit_test(test_mooncake_parallel_needs_prefill_ids),
         cmocka_unit_test(test_mooncake_parallel),
         cmocka_unit_test(test_mooncake_parallel_old_fields),
         cmocka_unit_test(test_kvt),
