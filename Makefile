@@ -12,22 +12,26 @@ CTEST_ARGS ?=
 
 all: build
 
-deps:
-	@./deploy/install-deps.sh
+DEPS_JOB ?= build
 
-$(BUILD)/CMakeCache.txt:
+deps:
+	@./deploy/install-deps.sh $(DEPS_JOB)
+
+$(BUILD)/Makefile:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-build: deps $(BUILD)/CMakeCache.txt
+build: deps $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
+test: DEPS_JOB = test
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
-$(SAN_BUILD)/CMakeCache.txt:
+$(SAN_BUILD)/Makefile:
 	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPDGW_SANITIZE=ON
 
-test-sanitize: deps $(SAN_BUILD)/CMakeCache.txt
+test-sanitize: DEPS_JOB = test
+test-sanitize: deps $(SAN_BUILD)/Makefile
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -38,16 +42,18 @@ FUZZ_TARGETS := $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c)))
 
 # libFuzzer targets (clang) over the message decoder, the config loader and the
 # TCP frame parser, each for a short fixed time.
+fuzz: DEPS_JOB = test
 fuzz: deps
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDGW_FUZZ=ON
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
+demo: DEPS_JOB = demo
 demo: build
 	./deploy/demo.sh $(BUILD)/bin
 
+bench: DEPS_JOB = bench
 bench: build
-	PDGW_DEPS_BENCH=1 ./deploy/install-deps.sh
 	BENCH_CMD="make bench BUILD=$(BUILD)" ./tests/bench/run_all.sh $(BUILD)/bin
 
 format:

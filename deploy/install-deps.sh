@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
-# Installs every Debian package that building, the demo and the tests need.
-# Idempotent: packages already present are skipped, and apt is not touched at all
-# when nothing is missing.
+# Installs the Debian 12 packages one job needs, from Debian's archive only.
+#   install-deps.sh [build|demo|test|bench]...   (default: build)
+# build  compiler, CMake and the libraries pdgw links
+# demo   build + curl (the demo streams through it)
+# test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js
+# bench  test + load generators, nginx, iperf3, gnuplot, perf
+# Tools Debian does not ship (kubectl, for example) are never installed here: the
+# tests that need one print a single "SKIP <why>" line when it is absent.
+# Idempotent: apt is not touched at all when nothing is missing.
 set -euo pipefail
 
-PACKAGES=(
-    build-essential cmake pkg-config clang
+BUILD_PKGS=(
+    build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzmq3-dev
-    libmsgpack-dev libyaml-dev libibverbs-dev libcmocka-dev libxxhash-dev
-    curl iproute2 procps python3 python3-msgpack python3-zmq python3-yaml
-    prometheus kubectl
+    libmsgpack-dev libyaml-dev libibverbs-dev libxxhash-dev
 )
-# Node.js (with npm) validates the Kubernetes manifests; some images ship it from
-# elsewhere, so look for the commands before asking dpkg.
-if ! command -v npm >/dev/null 2>&1; then
-    PACKAGES+=(nodejs npm)
+DEMO_PKGS=(curl procps)
+TEST_PKGS=(
+    libcmocka-dev clang iproute2 python3 python3-msgpack python3-zmq python3-yaml
+    prometheus
+)
+BENCH_PKGS=(wrk nginx iperf3 gnuplot-nox linux-perf valgrind)
+
+jobs=("$@")
+if ((${#jobs[@]} == 0)); then
+    jobs=(build)
 fi
+# Older callers asked for the bench set through the environment.
 if [[ "${PDGW_DEPS_BENCH:-0}" == 1 ]]; then
-    PACKAGES+=(wrk nginx iperf3 gnuplot-nox linux-perf valgrind)
+    jobs+=(bench)
 fi
+
+PACKAGES=("${BUILD_PKGS[@]}")
+for job in "${jobs[@]}"; do
+    case "$job" in
+    build) ;;
+    demo) PACKAGES+=("${DEMO_PKGS[@]}") ;;
+    test) PACKAGES+=("${DEMO_PKGS[@]}" "${TEST_PKGS[@]}") ;;
+    bench) PACKAGES+=("${DEMO_PKGS[@]}" "${TEST_PKGS[@]}" "${BENCH_PKGS[@]}") ;;
+    *)
+        echo "install-deps: unknown job '$job' (build, demo, test or bench)" >&2
+        exit 2
+        ;;
+    esac
+    # Node.js validates the Kubernetes manifests; an image may carry it from
+    # elsewhere, so look for the command before asking dpkg.
+    if [[ "$job" == test || "$job" == bench ]] && ! command -v npm >/dev/null 2>&1; then
+        PACKAGES+=(nodejs npm)
+    fi
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -29,6 +59,8 @@ done
 if ((${#missing[@]} == 0)); then
     exit 0
 fi
+# De-duplicate while keeping the order.
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
 
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then

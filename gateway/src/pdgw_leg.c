@@ -209,7 +209,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     }
     /* No "Expect: 100-continue" round trip on large bodies. */
     hdr_ok &= hdr_add(&h, "Expect:");
-    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->id);
+    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->leg_id);
     hdr_ok &= hdr_add(&h, hdr);
     if (r->traceparent[0]) {
         snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);

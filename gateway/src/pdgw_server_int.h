@@ -168,7 +168,10 @@ struct pdgw_req {
     bool too_large;
     bool counted; /* counted in server->inflight */
     /* identity */
-    char id[132];
+    char id[132]; /* the client's X-Request-Id (or one minted for it): echoed and logged only */
+    /* Minted per attempt (uuid4, 122 random bits): the X-Request-Id the engines see and
+     * the name of every KV transfer. Never derived from anything the client sent. */
+    char leg_id[PDGW_UUID_STR_LEN + 1];
     char traceparent[PDGW_TRACEPARENT_LEN + 1];
     pdgw_buf_t fwd_headers;  /* "Name: value\0" client headers to forward */
     const char *conn_tokens; /* the client's Connection header (MHD-owned), while collecting */

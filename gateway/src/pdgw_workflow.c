@@ -351,6 +351,13 @@ static void wf_start_attempt(pdgw_req_t *r)
     pdgw_fwd_error_t e;
 
     r->freq.attempt = r->attempt;
+    if (pdgw_uuid4(r->leg_id) != PDGW_OK) {
+        pdgw_fwd_error_t ue;
+        pdgw_fwd_error_set(&ue, PDGW_PHASE_NONE, 0, 503, "no randomness for a transfer name");
+        wf_fail(r, &ue, NULL);
+        return;
+    }
+    r->freq.request_id = r->leg_id;
     if (!wf_book(r))
         return;
     wf_refresh_peers(r);
@@ -534,7 +541,7 @@ void pdgw_wf_start(pdgw_req_t *r)
         return;
     }
     memset(&r->freq, 0, sizeof(r->freq));
-    r->freq.request_id = r->id;
+    r->freq.client_request_id = r->id;
     r->freq.path = r->path;
     r->freq.body = r->json;
     r->freq.stream = r->info.stream;

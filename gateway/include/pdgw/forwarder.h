@@ -122,7 +122,10 @@ typedef struct pdgw_fwd_waker pdgw_fwd_waker_t;
 
 /* Everything the forwarder may read about the request. Valid for the attempt. */
 typedef struct pdgw_fwd_request {
-    const char *request_id; /* X-Request-Id sent on every leg */
+    /* Minted by the gateway for each attempt (a uuid4: 122 random bits) and sent as
+     * X-Request-Id on every leg of the attempt. Name every KV transfer after it
+     * (transfer_id, disagg_spec.req_id, reservations): it is unique and unguessable. */
+    const char *request_id;
     const char *path;       /* "/v1/completions" or "/v1/chat/completions" */
     const json_t *body;     /* the client's parsed body (borrowed, read-only) */
     int stream;             /* client asked for stream: true */
@@ -135,6 +138,9 @@ typedef struct pdgw_fwd_request {
     const char *model;       /* the body's "model" */
     int64_t prompt_tokens;   /* estimate: token ids counted, else ceil(prompt bytes / 4) */
     int64_t max_tokens;      /* max_completion_tokens, else max_tokens; -1 when absent */
+    /* The client's X-Request-Id (or the one pdgw minted for a client that sent none):
+     * for logs and messages only; never a transfer name, since clients may repeat it. */
+    const char *client_request_id;
 } pdgw_fwd_request_t;
 
 /* The instances of this attempt. Members are NULL when not (yet) chosen:

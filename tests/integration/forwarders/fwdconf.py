@@ -212,6 +212,7 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
     pb = prec["body"] if prec and prec["path"] != "kvt:compute" else None
     db = drec["body"]
     client = client_body(chat, False)
+    leg_id = drec["request_id"]  # transfer names derive from the gateway-minted id
     if pb is not None:
         check_hardened(pb, client)
     if protocol == "vllm-nixl" or (protocol == "vllm-mooncake" and
@@ -225,7 +226,7 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
         assert db["kv_transfer_params"] == back, (db, back)
     elif protocol == "vllm-mooncake":
         tid = pb["kv_transfer_params"]["transfer_id"]
-        assert tid == f"{rid}-0", tid
+        assert tid == f"{leg_id}-0", tid
         assert pb["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False,
                                             "transfer_id": tid}, pb
         assert db["kv_transfer_params"] == {
@@ -251,7 +252,7 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
         assert pb["bootstrap_room"] == room, (pb, db)
     elif protocol == "lmcache":
         assert pb["kv_transfer_params"] == {"disagg_spec": {
-            "req_id": rid, "receiver_host": "127.0.0.1",
+            "req_id": leg_id, "receiver_host": "127.0.0.1",
             "receiver_init_port": D.init_ports, "receiver_alloc_port": D.alloc_ports}}, pb
         assert "kv_transfer_params" not in db, db
     else:
@@ -291,16 +292,21 @@ def run_case(gw, opts, chat, stream, prefills, decodes, both, refs):
     if hdrs:
         assert hdrs.get("x-request-id") == rid, hdrs
     # which instances served it
-    pl = [(p, leg_records(p, rid, chat)) for p in prefills]
     dl = [(d, leg_records(d, rid, chat)) for d in decodes]
-    pl = [(p, r) for p, r in pl if r]
     dl = [(d, r) for d, r in dl if r]
+    # a prefill driven by the decode (vllm-kvt batch) knows only the minted id
+    minted = {r["request_id"] for _, recs in dl for r in recs}
+    pl = [(p, list({r["seq"]: r for key in (rid, *minted)
+                    for r in leg_records(p, key, chat)}.values()))
+          for p in prefills]
+    pl = [(p, r) for p, r in pl if r]
     assert len(pl) == 1 and len(pl[0][1]) == 1, ("prefill legs", pl)
     assert len(dl) == 1 and len(dl[0][1]) == 1, ("decode legs", dl)
     P, prec = pl[0][0], pl[0][1][0]
     D, drec = dl[0][0], dl[0][1][0]
-    # both legs carried the same X-Request-Id
-    assert prec["request_id"] == rid and drec["request_id"] == rid, (prec, drec)
+    # both legs carried the same gateway-minted X-Request-Id, never the client's
+    assert prec["request_id"] == drec["request_id"] != rid, (prec, drec)
+    assert uuid.UUID(drec["request_id"]).version == 4, drec["request_id"]
     # the decode verified its KV
     res = drec.get("kv_result")
     assert res and res["ok"] and not res["recompute"], drec

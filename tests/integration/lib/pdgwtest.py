@@ -110,11 +110,21 @@ def wait_http(port, path="/health", timeout=10.0, proc=None, expect=200):
     raise TimeoutError(f"127.0.0.1:{port}{path} not ready: {last}")
 
 
+def with_tag(headers):
+    """Headers plus X-Sim-Tag = the client's X-Request-Id: pdgw mints its own id for
+    the engines, so the simulator's record is searched by this forwarded tag."""
+    hdrs = dict(headers or {})
+    rid = next((v for k, v in hdrs.items() if k.lower() == "x-request-id"), None)
+    if rid is not None and not any(k.lower() == "x-sim-tag" for k in hdrs):
+        hdrs["X-Sim-Tag"] = rid
+    return hdrs
+
+
 def request(method, port, path, body=None, headers=None, timeout=30.0):
     """One HTTP request. body: dict (sent as JSON), bytes or str.
     Returns (status, headers as a lower-cased dict, body bytes)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    hdrs = dict(headers or {})
+    hdrs = with_tag(headers)
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
         hdrs.setdefault("Content-Type", "application/json")
@@ -144,7 +154,7 @@ def sse_events(port, path, body, headers=None, timeout=30.0):
     server closes. Raises on a non-200 status."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    hdrs.update(headers or {})
+    hdrs.update(with_tag(headers))
     conn.request("POST", path, body=json.dumps(body).encode(), headers=hdrs)
     resp = conn.getresponse()
     if resp.status != 200:
