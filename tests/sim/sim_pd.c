@@ -163,6 +163,7 @@ sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind)
     e->in_table = 1;
     e->hold_id = strdup(req->request_id);
     e->req_id = strdup(req->request_id);
+    e->dp_rank = req->dp_rank;
     e->prompt_hash = req->prompt_hash;
     e->nchunks = sim_kv_nchunks(&sim_geom, req->prompt.n);
     e->hashes = calloc(e->nchunks ? e->nchunks : 1, sizeof(uint64_t));
@@ -284,7 +285,8 @@ static int port_list(json_t *a, uint16_t *out, int *n)
     return 0;
 }
 
-/* "http://host:port" (or host:port) → tcp://host:port */
+/* "http://host:port" (or host:port) → http://host:port, the bootstrap server the KV thread
+ * asks for the prefill's side channel */
 static int parse_bootstrap_addr(const char *s, char *ep, size_t cap)
 {
     const char *p = s;
@@ -302,7 +304,7 @@ static int parse_bootstrap_addr(const char *s, char *ep, size_t cap)
     int hl = (int)(colon - p);
     if (hl >= 100)
         return -1;
-    snprintf(ep, cap, "tcp://%.*s:%ld", hl, p, port);
+    snprintf(ep, cap, "http://%.*s:%ld", hl, p, port);
     return 0;
 }
 
@@ -381,18 +383,33 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         } else if (bad) {
             return fail400(msg, "kv_transfer_params.%s must be a string or an integer",
                            "transfer_id");
+        } else if (sim_cfg.mooncake_prefill) {
+            /* vLLM's MooncakeConnector (mooncake_connector.py, update_state_after_alloc):
+             * without transfer_id it logs a warning and transfers nothing; the request runs
+             * as a plain one and returns no kv_transfer_params */
+            fprintf(stderr,
+                    "pdgw-sim: request %s: missing transfer_id in kv_transfer_params; "
+                    "its KV is not sent\n",
+                    req->request_id);
+            sim_record_set(req->rec_seq, "kv_warning",
+                           json_string("missing transfer_id in kv_transfer_params"));
+            return 0;
         } else {
             kind = SIM_PD_P_HOLD;
         }
     } else if (json_object_get(body, "bootstrap_room")) {
         int port;
         const char *h = opt_str(body, "bootstrap_host", &bad);
-        int has_port = opt_port(body, "bootstrap_port", &port, &bad);
+        int has_port = json_is_null(json_object_get(body, "bootstrap_port")) ||
+                       opt_port(body, "bootstrap_port", &port, &bad);
         json_t *room = json_object_get(body, "bootstrap_room");
         if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0)
             return fail400(msg, "%s",
-                           "bootstrap_host (string), bootstrap_port (integer) and "
+                           "bootstrap_host (string), bootstrap_port (integer or null) and "
                            "bootstrap_room (non-negative integer) are required together");
+        /* SGLang's prefill with DP follows the room: its worker is room % dp_size */
+        if (sim_cfg.dp_size > 1)
+            req->dp_rank = (int)(json_integer_value(room) % sim_cfg.dp_size);
         snprintf(rv, sizeof(rv), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
         kind = SIM_PD_P_RENDEZVOUS;
     }
@@ -400,7 +417,7 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         return 0;
     if (kind == SIM_PD_P_HOLD && !sim_cfg.kv_port)
         return fail400(msg, "%s", "this prefill instance has no --kv-port to serve its KV from");
-    if (kind == SIM_PD_P_RENDEZVOUS && !sim_cfg.bootstrap_port && !sim_cfg.kv_port)
+    if (kind == SIM_PD_P_RENDEZVOUS && !sim_cfg.bootstrap_port)
         return fail400(msg, "%s", "this prefill instance has no --bootstrap-port");
 
     struct sim_kv_req *kv = kv_new(kind);
@@ -415,6 +432,8 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
     }
     e->refs++; /* the request's */
     kv->exp = e;
+    if (e->dp_rank >= 0)
+        json_object_set_new(kv->info, "dp_rank", json_integer(e->dp_rank));
     if (rv[0]) {
         e->rv_key = strdup(rv);
         json_object_set_new(kv->info, "rendezvous", json_string(rv));
@@ -472,14 +491,18 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
 
     if (json_object_get(body, "bootstrap_room")) {
         const char *h = opt_str(body, "bootstrap_host", &bad);
-        int has_port = opt_port(body, "bootstrap_port", &port, &bad);
+        int null_port = json_is_null(json_object_get(body, "bootstrap_port"));
+        int has_port = null_port || opt_port(body, "bootstrap_port", &port, &bad);
         json_t *room = json_object_get(body, "bootstrap_room");
         if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0 ||
             strlen(h) > 100)
             return fail400(msg, "%s",
-                           "bootstrap_host (string), bootstrap_port (integer) and "
+                           "bootstrap_host (string), bootstrap_port (integer or null) and "
                            "bootstrap_room (non-negative integer) are required together");
-        snprintf(ep, sizeof(ep), "tcp://%s:%d", h, port);
+        /* null: the engine's own --disaggregation-bootstrap-port (SGLang default 8998) */
+        if (null_port)
+            port = sim_cfg.bootstrap_port ? sim_cfg.bootstrap_port : 8998;
+        snprintf(ep, sizeof(ep), "http://%s:%d", h, port);
         snprintf(key, sizeof(key), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
         kind = SIM_PD_D_SGLANG;
     } else if (drp && json_is_true(drp)) {
@@ -495,7 +518,7 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
                                    "http://host:port",
                                    addr);
             } else if (bh && has_bp && strlen(bh) <= 100) {
-                snprintf(ep, sizeof(ep), "tcp://%s:%d", bh, port);
+                snprintf(ep, sizeof(ep), "http://%s:%d", bh, port);
             } else {
                 return fail400(msg, "kv_transfer_params with %s",
                                "transfer_id needs remote_bootstrap_addr");
@@ -560,8 +583,11 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     }
     if (kind == SIM_PD_NONE)
         return 0;
-    if ((kind == SIM_PD_D_SGLANG || kind == SIM_PD_D_MOONCAKE_PAR) && !ctl)
+    if ((kind == SIM_PD_D_SGLANG || kind == SIM_PD_D_MOONCAKE_PAR) && !ctl) {
         ctl = json_pack("{s:s,s:s}", "op", "register", "key", key);
+        if (ctl && expect_engine) /* the prefill checks it names the rank that ran it */
+            json_object_set_new(ctl, "remote_engine_id", json_string(expect_engine));
+    }
     if (kind != SIM_PD_D_LMCACHE && !ctl)
         return 500;
 

@@ -84,6 +84,7 @@ typedef struct sim_export {
     char *hold_id; /* remote_request_id handed out (nixl etc.) */
     char *req_id;  /* X-Request-Id of the prefill leg */
     char *rv_key;  /* "tid:<T>" / "room:<R>" */
+    int dp_rank;   /* the DP rank the request ran on (X-data-parallel-rank; -1 = none) */
     sim_pd_kind_t kind;
     sim_tokens_t prompt;
     uint64_t prompt_hash;
