@@ -8,7 +8,7 @@
  *               and connects to worker_addr (here: this instance's ZeroMQ side channel).
  *   GET /route  where an SGLang decode finds the prefill's side channel (SGLang's bootstrap
  *               server answers this path; the answer's fields are only read by pdgw-sim):
- *               {"rank_ip": host, "rank_port": port}.
+ *               {"rank_ip": host, "rank_port": port, "prefill_dp_size": n}.
  *
  * Engine ids: vLLM mints a new engine id at every start, one per DP rank. The sim keeps
  * --engine-id for rank 0 of the first start and derives the others ("<id>-dp<r>", "-g<n>"
@@ -114,7 +114,8 @@ static enum MHD_Result on_boot_request(void *cls, struct MHD_Connection *conn, c
     if (!strcmp(url, "/query"))
         return boot_send(conn, 200, query_json());
     if (!strcmp(url, "/route")) {
-        json_t *o = json_pack("{s:s,s:i}", "rank_ip", sim_cfg.kv_host, "rank_port", sim_side_port);
+        json_t *o = json_pack("{s:s,s:i,s:i}", "rank_ip", sim_cfg.kv_host, "rank_port",
+                              sim_side_port, "prefill_dp_size", sim_cfg.dp_size);
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
         return boot_send(conn, 200, s);

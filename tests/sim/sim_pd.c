@@ -407,9 +407,17 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
             return fail400(msg, "%s",
                            "bootstrap_host (string), bootstrap_port (integer or null) and "
                            "bootstrap_room (non-negative integer) are required together");
-        /* SGLang's prefill with DP follows the room: its worker is room % dp_size */
-        if (sim_cfg.dp_size > 1)
+        /* SGLang's prefill with DP runs a request on routed_dp_rank when the router pinned
+         * one, else it follows the room: worker room % dp_size */
+        json_t *rdr = json_object_get(body, "routed_dp_rank");
+        if (rdr && !json_is_null(rdr)) {
+            if (!json_is_integer(rdr) || json_integer_value(rdr) < 0 ||
+                json_integer_value(rdr) >= sim_cfg.dp_size)
+                return fail400(msg, "%s must be an integer in [0, --dp-size)", "routed_dp_rank");
+            req->dp_rank = (int)json_integer_value(rdr);
+        } else if (sim_cfg.dp_size > 1) {
             req->dp_rank = (int)(json_integer_value(room) % sim_cfg.dp_size);
+        }
         snprintf(rv, sizeof(rv), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
         kind = SIM_PD_P_RENDEZVOUS;
     }
@@ -482,6 +490,8 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
 {
     int bad = 0, port = 0;
     sim_pd_kind_t kind = SIM_PD_NONE;
+    int64_t sgl_room = 0;
+    int sgl_prefill_rank = -1;
     char ep[160] = "", key[96] = "";
     const char *expect_engine = NULL, *wait_id = NULL;
     json_t *ctl = NULL;
@@ -504,6 +514,18 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
             port = sim_cfg.bootstrap_port ? sim_cfg.bootstrap_port : 8998;
         snprintf(ep, sizeof(ep), "http://%s:%d", h, port);
         snprintf(key, sizeof(key), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
+        json_t *rdr = json_object_get(body, "routed_dp_rank");
+        json_t *pdr = json_object_get(body, "disagg_prefill_dp_rank");
+        if (rdr && !json_is_null(rdr) &&
+            (!json_is_integer(rdr) || json_integer_value(rdr) < 0 ||
+             json_integer_value(rdr) >= sim_cfg.dp_size))
+            return fail400(msg, "%s must be an integer in [0, --dp-size)", "routed_dp_rank");
+        if (pdr && !json_is_null(pdr) &&
+            (!json_is_integer(pdr) || json_integer_value(pdr) < 0 ||
+             json_integer_value(pdr) > 65535))
+            return fail400(msg, "%s must be a non-negative integer", "disagg_prefill_dp_rank");
+        sgl_room = json_integer_value(room);
+        sgl_prefill_rank = pdr && json_is_integer(pdr) ? (int)json_integer_value(pdr) : -1;
         kind = SIM_PD_D_SGLANG;
     } else if (drp && json_is_true(drp)) {
         char tid[80];
@@ -605,6 +627,8 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     imp->mode = kv->mode;
     imp->ctl = ctl;
     imp->nranks = kind == SIM_PD_D_LMCACHE ? sim_cfg.n_alloc_ports : 1;
+    imp->room = sgl_room;
+    imp->prefill_rank = sgl_prefill_rank;
     snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", ep);
     if (expect_engine)
         imp->expect_engine_id = strdup(expect_engine);

@@ -134,6 +134,8 @@ typedef struct sim_import {
     char endpoint[160];            /* tcp://host:port of the prefill side channel */
     json_t *ctl;                   /* message to send (owned) */
     char *expect_engine_id;
+    int64_t room;     /* sglang: bootstrap_room */
+    int prefill_rank; /* sglang: disagg_prefill_dp_rank, -1 = room % the prefill's dp_size */
     int nranks;
     int phase;         /* 0 new, 1 waiting, 2 loading, 3 done */
     atomic_int queued; /* work items naming it in the KV thread's queue */

@@ -493,6 +493,9 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
             return;
         }
         int eid_rank = eid ? sim_engine_id_rank(eid) : -1;
+        json_t *pdr = json_object_get(m, "prefill_dp_rank"); /* sglang */
+        if (json_is_integer(pdr))
+            eid_rank = (int)json_integer_value(pdr);
         if (eid && eid_rank < 0) {
             snprintf(err, sizeof(err), "remote_engine_id %s is not an engine of this instance",
                      eid);
@@ -1062,6 +1065,11 @@ static int resolve_bootstrap(sim_import_t *imp)
             return -1;
         }
         snprintf(imp->endpoint, sizeof(imp->endpoint), "tcp://%s:%d", ip, (int)rp);
+        /* the prefill DP rank the KV comes from: disagg_prefill_dp_rank, else the room's */
+        json_int_t pdp = json_integer_value(json_object_get(a, "prefill_dp_size"));
+        int rank =
+            imp->prefill_rank >= 0 ? imp->prefill_rank : (int)(imp->room % (pdp > 0 ? pdp : 1));
+        json_object_set_new(imp->ctl, "prefill_dp_rank", json_integer(rank));
     }
     json_decref(a);
     return 0;

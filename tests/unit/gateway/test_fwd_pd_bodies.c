@@ -405,8 +405,11 @@ static void test_sglang(void **state)
         room = json_object_get(dl.body, "bootstrap_room");
         assert_true(json_is_integer(room));
         assert_true(json_integer_value(room) >= 0);
-        assert_int_equal(json_integer_value(room) % 4, 1); /* decode dp_rank 1 of 4 */
         assert_true(json_equal(room, json_object_get(pl.body, "bootstrap_room")));
+        /* the decode is DP rank 1 of 4: pinned with routed_dp_rank (sgl-model-gateway
+         * pd_router.rs); the prefill has no DP, so nothing else is pinned */
+        assert_int_equal(json_integer_value(json_object_get(dl.body, "routed_dp_rank")), 1);
+        json_object_del(dl.body, "routed_dp_rank");
         /* everything else, field by field */
         json_object_del(pl.body, "bootstrap_room");
         json_object_del(dl.body, "bootstrap_room");
@@ -432,6 +435,47 @@ static void test_sglang(void **state)
     assert_int_equal(fwd_sglang_room(INT64_MAX, 0, 1), INT64_MAX);
     assert_true(fwd_sglang_room(INT64_MAX, 6, 7) >= 0);
     assert_int_equal(fwd_sglang_room(INT64_MAX, 6, 7) % 7, 6);
+}
+
+/* A prefill without a bootstrap port and with DP (rank 2 of 3): bootstrap_port null on both
+ * legs (mini_lb.py / pd_router.rs send None; the engine uses its own port), the room lands on
+ * the prefill's rank, routed_dp_rank on the prefill leg, disagg_prefill_dp_rank (the prefill's)
+ * and routed_dp_rank (the decode's) on the decode leg. */
+static void test_sglang_prefill_dp_null_port(void **state)
+{
+    pdgw_instance_t p = inst_p;
+    pdgw_fwd_leg_t pl, dl;
+    pdgw_fwd_error_t e;
+    fx_t f;
+    (void)state;
+    p.bootstrap_port = 0;
+    p.dp_rank = 2;
+    p.dp_size = 3;
+    for (int n = 0; n < 50; n++) {
+        fx_open(&f, "sglang", "{}", PDGW_MODE_BATCH);
+        f.d->ops->attempt_cleanup(f.ctx, f.st, &f.req, PDGW_END_FAILED);
+        f.st = NULL;
+        f.peers.prefill = &p;
+        assert_int_equal(f.d->ops->attempt_init(f.ctx, &f.req, &f.peers, &f.st, &e), PDGW_FWD_OK);
+        memset(&pl, 0, sizeof(pl));
+        memset(&dl, 0, sizeof(dl));
+        assert_int_equal(
+            f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_PREFILL, &f.peers, &pl, &e),
+            PDGW_FWD_OK);
+        assert_int_equal(
+            f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_DECODE, &f.peers, &dl, &e),
+            PDGW_FWD_OK);
+        assert_true(json_is_null(json_object_get(pl.body, "bootstrap_port")));
+        assert_true(json_is_null(json_object_get(dl.body, "bootstrap_port")));
+        assert_int_equal(json_integer_value(json_object_get(pl.body, "bootstrap_room")) % 3, 2);
+        assert_int_equal(json_integer_value(json_object_get(pl.body, "routed_dp_rank")), 2);
+        assert_null(json_object_get(pl.body, "disagg_prefill_dp_rank"));
+        assert_int_equal(json_integer_value(json_object_get(dl.body, "disagg_prefill_dp_rank")), 2);
+        assert_int_equal(json_integer_value(json_object_get(dl.body, "routed_dp_rank")), 1);
+        json_decref(pl.body);
+        json_decref(dl.body);
+        fx_close(&f, PDGW_END_OK);
+    }
 }
 
 static void test_lmcache(void **state)
@@ -543,6 +587,7 @@ int main(void)
         cmocka_unit_test(test_mooncake_parallel_old_fields),
         cmocka_unit_test(test_kvt),
         cmocka_unit_test(test_sglang),
+        cmocka_unit_test(test_sglang_prefill_dp_null_port),
         cmocka_unit_test(test_lmcache),
         cmocka_unit_test(test_lmcache_admission),
     };
