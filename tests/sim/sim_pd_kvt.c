@@ -1,14 +1,15 @@
 /*
  * The KV thread of a PD instance: libkvt engines (the bytes), the control
- * side channel between instances (ZeroMQ ROUTER on --kv-port and
- * --bootstrap-port of a prefill, DEALERs on a decode; JSON messages), and
- * the state machines of exports (prefill) and imports (decode).
+ * side channel between instances (ZeroMQ ROUTER on --kv-port of a prefill, or
+ * an ephemeral port its HTTP bootstrap server names; DEALERs on a decode; JSON
+ * messages), and the state machines of exports (prefill) and imports (decode).
  *
  * Side-channel messages (decode → prefill), one JSON object per frame:
  *   {"op":"pull", "xfer", "mode", "receiver":{host, alloc_ports, init_ports},
  *    "remote_request_id"?, "remote_block_ids"?, "remote_engine_id"?,
  *    "request_id", "prompt_hash", "engine_id"}      read KV a prefill holds
- *   {"op":"register", "key":"tid:<T>"|"room:<R>", ...same}   parallel rendezvous
+ *   {"op":"register", "key":"tid:<T>"|"room:<R>", "remote_engine_id"?,
+ *    "prefill_dp_rank"?, ...same}    parallel rendezvous (the DP rank it expects)
  *   {"op":"compute", "body", "is_chat", ...same}    vllm-kvt batch: compute + push
  *   {"op":"cancel", "xfer"}                         the decode gave up
  * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks"};
