@@ -16,7 +16,10 @@ Upstream facts (vllm-project/vllm):
   rank from /query, bootstrap port 8998 when none is given.
 """
 
+import http.server
 import json
+import threading
+import time
 import uuid
 
 import pdgwtest as T
@@ -31,13 +34,14 @@ def query(P):
     return json.loads(body)
 
 
-def one(gw, rid, chat=False, stream=False):
+def one(gw, rid, chat=False, stream=False, headers=None):
     body = client_body(chat, stream)
+    hdr = dict(headers or {}, **{"X-Request-Id": rid})
     if stream:
-        evs = list(T.sse_events(gw.port, path_of(chat), body, {"X-Request-Id": rid}))
+        evs = list(T.sse_events(gw.port, path_of(chat), body, hdr))
         assert evs[-1] == "[DONE]", evs[-3:]
         return T.stream_text(evs)
-    st, _, obj, raw = T.post_json(gw.port, path_of(chat), body, {"X-Request-Id": rid})
+    st, _, obj, raw = T.post_json(gw.port, path_of(chat), body, hdr)
     assert st == 200, raw
     ch = obj["choices"][0]
     return ch["message"]["content"] if chat else ch["text"]
@@ -98,7 +102,9 @@ def test_engine_id_refreshed_after_restart():
     stale id and fails (upstream: "remote engine_id ... not found from bootstrap server",
     kv_load_failure_policy fail); pdgw asks /query again and the retry (on the other decode:
     a failed instance is not re-used within a request) carries the new id."""
-    P = Sim("prefill", "prefill-rs", *MC)
+    # the first attempt's prefill KV is never claimed: like vLLM (its abort timeout) the sim
+    # frees it after its hold timeout, short here so the test can wait for idle
+    P = Sim("prefill", "prefill-rs", *MC, "--kv-hold-timeout-ms", "1000")
     Ds = [Sim("decode", "decode-rs1"), Sim("decode", "decode-rs2")]
     gw = Gateway("vllm-mooncake", "batch", [P.instance()] + [d.instance() for d in Ds],
                  retries=1)
@@ -148,9 +154,11 @@ def test_dp_rank_header_and_engine_id():
         gw = Gateway("vllm-mooncake", "batch", [inst, D.instance()])
         try:
             rid = "dp-" + uuid.uuid4().hex[:12]
-            one(gw, rid)
+            # a client's own DP header is not forwarded: the gateway picked the rank
+            one(gw, rid, headers={"X-data-parallel-rank": str(1 - rank)})
             [prec], [drec] = legs(P, rid), legs(D, rid)
             assert prec["headers"].get("x-data-parallel-rank") == str(rank), prec["headers"]
+            assert "x-data-parallel-rank" not in drec["headers"], drec["headers"]
             assert prec["kv"]["dp_rank"] == rank, prec["kv"]
             assert drec["body"]["kv_transfer_params"]["remote_engine_id"] == \
                 q[str(rank)]["engine_id"], drec["body"]
@@ -231,8 +239,56 @@ def test_unreachable_bootstrap_is_a_clear_error():
         gw.stop()
 
 
+def test_garbage_bootstrap_answer_is_a_clear_error():
+    """A bootstrap port that answers something else than a /query map (not JSON, wrong
+    types, an error status): 502 naming the problem, counted, no leg sent, pdgw stays up."""
+    answers = [(200, b"not json"), (200, b'{"0": {"engine_id": 5}}'), (200, b"[]"),
+               (500, b'{"detail": "boom"}')]
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            st, body = answers[0]
+            self.send_response(st)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    P, D = Sim("prefill", "prefill-gb", *MC), Sim("decode", "decode-gb")
+    inst = P.instance()
+    inst["bootstrap_port"] = srv.server_address[1]
+    gw = Gateway("vllm-mooncake", "batch", [inst, D.instance()], retries=0,
+                 opts={"mooncake_bootstrap_ttl_ms": 100})
+    try:
+        lab = {"protocol": "vllm-mooncake"}
+        while answers:
+            want = b"HTTP 500" if answers[0][0] == 500 else b"not a Mooncake bootstrap answer"
+            before = gw.metric("pdgw_fwd_mooncake_bootstrap_query_failures_total", lab)
+            deadline = time.monotonic() + 3
+            while True:  # the previous failure is served from the cache for 500 ms
+                rid = "gb-" + uuid.uuid4().hex[:12]
+                st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                            {"X-Request-Id": rid})
+                assert st == 502, (st, raw)
+                fresh = gw.metric("pdgw_fwd_mooncake_bootstrap_query_failures_total", lab) > before
+                if (fresh and want in raw) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert fresh and want in raw, (answers[0], raw)
+            assert not legs(D, rid) and not legs(P, rid)
+            answers.pop(0)
+    finally:
+        gw.stop()
+        srv.shutdown()
+
+
 if __name__ == "__main__":
     T.run([test_legs_exact_kv_verified, test_engine_id_refreshed_after_restart,
            test_dp_rank_header_and_engine_id,
            test_serial_shape_against_upstream_prefill_transfers_nothing,
-           test_static_engine_id_override, test_unreachable_bootstrap_is_a_clear_error])
+           test_static_engine_id_override, test_unreachable_bootstrap_is_a_clear_error,
+           test_garbage_bootstrap_answer_is_a_clear_error])
