@@ -733,6 +733,16 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
         return;
     e->layers_done = sim_cfg.layers;
     e->computed = 1;
+    if (e->kind == SIM_PD_P_RENDEZVOUS && sim_cfg.mooncake_prefill &&
+        strcmp(req->out.finish_reason, "length")) {
+        /* vLLM's MooncakeConnector (request_finished): only a length-capped prefill sends
+         * its KV; one that stopped (EOS, stop string) drops the transfer */
+        e->failed = 1;
+        snprintf(e->err, sizeof(e->err),
+                 "the prefill finished with '%s', not 'length': its KV is not sent",
+                 req->out.finish_reason);
+        sim_record_set(req->rec_seq, "kv_warning", json_string(e->err));
+    }
     if (e->kind == SIM_PD_P_HOLD) {
         if (!strcmp(req->out.finish_reason, "stop")) {
             /* like vLLM: a prefill that stopped (EOS / stop string) returns no

@@ -286,9 +286,51 @@ def test_garbage_bootstrap_answer_is_a_clear_error():
         srv.shutdown()
 
 
+def test_stop_on_first_token_still_moves_kv():
+    """The MooncakeConnector sends KV only for a length-capped prefill
+    (mooncake_connector.py, request_finished). A client stop string that matches the first
+    token would make the prefill stop: pdgw's prefill leg drops stop and sets ignore_eos, so
+    the KV still moves; the same request sent raw to the prefill sends nothing."""
+    both = Sim("both", "both-st")
+    P, D = Sim("prefill", "prefill-sf", *MC), Sim("decode", "decode-sf",
+                                                  "--kv-wait-timeout-ms", "1500")
+    body = client_body(False, False)
+    st, _, ref, raw = T.post_json(both.port, "/v1/completions", dict(body, stop=None))
+    assert st == 200, raw
+    first = ref["choices"][0]["text"].split()[0]
+    body = dict(body, stop=[first], ignore_eos=False)
+    st, _, ref, raw = T.post_json(both.port, "/v1/completions", body)
+    assert st == 200 and ref["choices"][0]["finish_reason"] == "stop", raw
+    gw = Gateway("vllm-mooncake", "batch", [P.instance(), D.instance()])
+    try:
+        rid = "sf-" + uuid.uuid4().hex[:12]
+        st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body, {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert obj["choices"][0]["text"] == ref["choices"][0]["text"], (obj, ref)
+        check_kv_ok(legs(D, rid)[0])
+    finally:
+        gw.stop()
+    # the raw request on the prefill: stops on the first token, sends nothing
+    tid = "xfer-raw-" + uuid.uuid4().hex[:8]
+    pb = dict(body, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False,
+                                        "transfer_id": tid})
+    rid = "sfr-" + uuid.uuid4().hex[:12]
+    st, _, obj, raw = T.post_json(P.port, "/v1/completions", pb, {"X-Request-Id": rid})
+    assert st == 200 and obj["choices"][0]["finish_reason"] == "stop", raw
+    assert "not 'length'" in legs(P, rid)[0]["kv_warning"], legs(P, rid)[0]
+    db = dict(body, kv_transfer_params={
+        "do_remote_prefill": True, "do_remote_decode": False,
+        "remote_bootstrap_addr": f"http://127.0.0.1:{P.boot_port}",
+        "remote_engine_id": query(P)["0"]["engine_id"], "transfer_id": tid})
+    st, _, _, raw = T.post_json(D.port, "/v1/completions", db, {"X-Request-Id": rid + "d"})
+    assert st >= 500, raw
+    wait_idle([P, D])
+
+
 if __name__ == "__main__":
     T.run([test_legs_exact_kv_verified, test_engine_id_refreshed_after_restart,
            test_dp_rank_header_and_engine_id,
            test_serial_shape_against_upstream_prefill_transfers_nothing,
            test_static_engine_id_override, test_unreachable_bootstrap_is_a_clear_error,
-           test_garbage_bootstrap_answer_is_a_clear_error])
+           test_garbage_bootstrap_answer_is_a_clear_error,
+           test_stop_on_first_token_still_moves_kv])
