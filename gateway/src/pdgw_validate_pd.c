@@ -16,7 +16,8 @@
  *   SGLang python/sglang/srt/managers/io_struct.py (GenerateReqInput) and
  *         python/sglang/srt/entrypoints/openai/protocol.py: bootstrap_host, bootstrap_port,
  *         bootstrap_room, bootstrap_pair_key, decode_tp_size, routed_dp_rank,
- *         disagg_prefill_dp_rank, data_parallel_rank (deprecated alias of routed_dp_rank);
+ *         disagg_prefill_dp_rank, data_parallel_rank (deprecated alias of routed_dp_rank),
+ *         kv_router_hint (names a peer's control endpoint for KV reuse);
  *   the keys of kv_transfer_params that a client could also try at the top level
  *         (transfer_id, disagg_spec, do_remote_prefill, do_remote_decode, remote_*).
  */
@@ -42,6 +43,7 @@ static const pd_rule_t pd_rules[] = {
     {"routed_dp_rank", "pins an engine DP rank"},
     {"disagg_prefill_dp_rank", "names the prefill DP rank holding the KV"},
     {"data_parallel_rank", "pins an engine DP rank"},
+    {"kv_router_hint", "names a peer holding reusable KV"},
     {"remote_*", "names the KV peer"},
 };
 

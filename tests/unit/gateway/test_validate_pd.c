@@ -43,7 +43,7 @@ static void test_each_field_rejected_and_named(void **state)
         "data_parallel_rank",    "remote_host",
         "remote_port",           "remote_engine_id",
         "remote_block_ids",      "remote_request_id",
-        "remote_bootstrap_addr",
+        "remote_bootstrap_addr", "kv_router_hint",
     };
     (void)state;
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
