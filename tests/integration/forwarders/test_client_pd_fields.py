@@ -326,6 +326,27 @@ def test_pass_only_for_plain_proxy():
     assert L.accepted == 0
 
 
+def test_forwarder_declared_fields():
+    """A forwarder's own PD fields (descriptor client_fields, here the example plugin's
+    example_peer and example_route_*) are refused like the built-in ones."""
+    import os
+    plugin = os.path.join(os.path.dirname(T.binary("pdgw")), "..", "tests", "plugins",
+                          "fwd_example_ok.so")
+    if not os.path.exists(plugin):
+        raise FileNotFoundError(plugin)
+    gw = Gateway("example-serial", "batch", [env["P"].instance(), env["D"].instance()], {},
+                 extra=("--plugin", plugin))
+    try:
+        for name in ("example_peer", "example_route_to"):
+            st, _, obj, raw = T.post_json(gw.port, "/v1/completions",
+                                          body(**{name: f"127.0.0.1:{env['L'].port}"}))
+            assert st == 400 and obj["error"]["param"] == name, (name, raw)
+        st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body(example_other=1))
+        assert st == 200, raw
+    finally:
+        gw.stop()
+
+
 def make(kind, protocol, mode, opts):
     fn = {"reject": run_reject, "strip": run_strip, "same_id": run_same_client_id}[kind]
 
@@ -345,6 +366,7 @@ def main():
         for kind in ("reject", "strip", "same_id"):
             tests.append(make(kind, protocol, mode, opts))
     tests.append(test_pass_only_for_plain_proxy)
+    tests.append(test_forwarder_declared_fields)
     from test_fwd_matrix import run
     try:
         run(tests)
