@@ -147,7 +147,8 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_retries_total{protocol}                        counter
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
- *                                                                 not_found|method|overload
+ *                                                                 not_found|method|overload|
+ *                                                                 client_pd_field
  *   pdgw_prefill_seconds{protocol}                      histogram prefill leg
  *   pdgw_kv_wait_seconds{protocol}                      histogram prefill done -> first decode
  *                                                                 event (two-stage only)
