@@ -79,7 +79,9 @@ static void usage(FILE *f)
             "  --kv-port N                  KV side channel (vllm-kvt / nixl / mooncake serial)\n"
             "  --bootstrap-port N           prefill: HTTP bootstrap server (GET /query, /route);\n"
             "                               decode: the port a null sglang bootstrap_port means\n"
-            "  --dp-size N                  data-parallel ranks listed by /query (1)\n"
+            "  --dp-size N                  data-parallel ranks: /query lists them, "
+            "X-data-parallel-rank\n"
+            "                               picks one (without it the header is not read) (1)\n"
             "  --kv-connector NAME          nixl (default) | mooncake: a prefill follows vLLM's\n"
             "                               MooncakeConnector (transfer_id required, no params)\n"
             "  --alloc-port N[,N...]        lmcache receiver alloc port per TP rank\n"
@@ -400,6 +402,7 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 1, 64, &v))
                 return -1;
             cfg->dp_size = (int)v;
+            cfg->dp_size_set = 1;
             break;
         case O_KVCONN:
             if (!strcmp(optarg, "mooncake")) {

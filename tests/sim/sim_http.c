@@ -313,7 +313,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     req->request_id = rid;
     req->dp_rank = -1;
     const char *dph = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-data-parallel-rank");
-    if (dph) {
+    if (dph && sim_cfg.dp_size_set) { /* without --dp-size the sim does not model DP ranks */
         char *end;
         long r = strtol(dph, &end, 10);
         if (*dph == '\0' || *end != '\0' || r < 0 || r >= sim_cfg.dp_size) {

@@ -58,6 +58,7 @@ typedef struct sim_config {
     int kv_port;
     int bootstrap_port;
     int dp_size;          /* data-parallel ranks behind this instance (bootstrap /query) */
+    int dp_size_set;      /* --dp-size given: X-data-parallel-rank is checked and used */
     int mooncake_prefill; /* --kv-connector mooncake: vLLM MooncakeConnector prefill rules */
     int alloc_ports[SIM_MAX_TP];
     int n_alloc_ports;
