@@ -1024,7 +1024,9 @@ static int resolve_bootstrap(sim_import_t *imp)
         memmove(host, host + 1, hl - 2);
         host[hl - 2] = '\0';
     }
-    body = sim_http_get(host, port, mooncake ? "/query" : "/route", 2000, err, sizeof(err));
+    /* bounded by the decode's own KV deadline, as a loaded machine may be slow to answer */
+    body = sim_http_get(host, port, mooncake ? "/query" : "/route", sim_cfg.kv_wait_timeout_ms, err,
+                        sizeof(err));
     if (body)
         a = json_loads(body, 0, NULL);
     free(body);
