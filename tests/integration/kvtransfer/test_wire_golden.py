@@ -96,6 +96,9 @@ GOLDEN = {
 # Defaults applied by the decoder to fields a peer may omit.
 DEFAULTS = {
     "AllocRequest": {"req_id": "", "is_last_batch": False, "total_chunks": 0},
+    # LMCache pd_backend_async.py declares already_sent_indexes = [] (the sync
+    # pd_backend.py requires it): a libkvt sender accepts either reply.
+    "AllocResponse": {"already_sent_indexes": []},
     "AscendAllocResponse": {"alloc_failed": False},
     "PullReadyDoneAck": {"alloc_failed": False},
     "TransportInit": {"regions": [], "version": 1, "epoch": 0},
