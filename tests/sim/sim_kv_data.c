@@ -32,7 +32,9 @@ int sim_kv_geom_init(sim_kv_geom_t *g, int ntp)
     g->hidden = (int64_t)(g->tok_bytes / 4);
     /* one page holds a whole chunk: all layers x chunk tokens, as LMCache
      * sizes its PD buffer (pd_backend_async.py initialize_allocator) */
-    g->page_bytes = g->tok_bytes * (size_t)g->block_size * (size_t)g->layers;
+    /* = kvt_chunk_bytes(kvt_chunk_geom_lmcache(layers, block, hidden, bf16));
+     * this file also builds without libkvt */
+    g->page_bytes = 2 * (size_t)g->layers * (size_t)g->block_size * (size_t)g->hidden * 2;
     g->unit_layers = sim_cfg.layerwise ? 1 : g->layers;
     return 0;
 }

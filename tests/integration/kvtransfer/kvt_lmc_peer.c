@@ -2,7 +2,9 @@
  * kvt-lmc-peer - test helper for the LMCache interop tests
  * (test_lmcache_senders.py). Two roles:
  *
- *   kvt-lmc-peer recv --page-size N --pages P [--flavour F] [--backoff S]
+ *   kvt-lmc-peer recv --layers L --chunk-tokens T --hidden H [--dtype D]
+ *                     --pages P [--flavour F] [--backoff S]
+ *       (pages of one LMCache chunk each; --page-size N overrides)
  *       A libkvt receiver engine on ephemeral ports. Prints one JSON line
  *       {"alloc_port", "init_port", "node_id"}, then answers commands on
  *       stdin, one JSON line each:
@@ -63,10 +65,23 @@ static int run_recv(int argc, char **argv)
     kvt_engine_params_t p;
     kvt_engine_t *e;
     kvt_engine_ports_t ports;
-    size_t page = strtoull(arg(argc, argv, "--page-size", "4096"), NULL, 10);
+    size_t page = strtoull(arg(argc, argv, "--page-size", "0"), NULL, 10);
     uint64_t pages = strtoull(arg(argc, argv, "--pages", "16"), NULL, 10);
     char line[8192];
     kvt_status_t st;
+    kvt_chunk_geom_t cg;
+
+    if (page == 0) {
+        /* pages of one LMCache chunk: --layers x --chunk-tokens x --hidden */
+        if (kvt_chunk_geom_lmcache(&cg, strtoll(arg(argc, argv, "--layers", "4"), NULL, 10),
+                                   strtoll(arg(argc, argv, "--chunk-tokens", "256"), NULL, 10),
+                                   strtoll(arg(argc, argv, "--hidden", "8"), NULL, 10),
+                                   arg(argc, argv, "--dtype", "half"), 0) != KVT_OK) {
+            fprintf(stderr, "bad chunk geometry\n");
+            return 2;
+        }
+        page = kvt_chunk_bytes(&cg);
+    }
 
     kvt_config_defaults(&c);
     c.pd_role = KVT_ROLE_RECEIVER;
@@ -93,8 +108,8 @@ static int run_recv(int argc, char **argv)
         return 2;
     }
     kvt_engine_ports(e, &ports);
-    printf("{\"alloc_port\": %u, \"init_port\": %u, \"node_id\": \"%s\"}\n", ports.alloc_port,
-           ports.init_port, kvt_engine_id(e));
+    printf("{\"alloc_port\": %u, \"init_port\": %u, \"node_id\": \"%s\", \"page_size\": %zu}\n",
+           ports.alloc_port, ports.init_port, kvt_engine_id(e), page);
     fflush(stdout);
     while (fgets(line, sizeof(line), stdin) != NULL) {
         char key[4200];

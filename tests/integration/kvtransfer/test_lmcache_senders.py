@@ -96,8 +96,11 @@ class Rig:
     """A receiver, the data half of a sender, a ZeroMQ context; all closed at the end."""
 
     def __init__(self, flavour="auto", pages=8):
-        self.recv = Peer(["recv", "--page-size", str(PAGE), "--pages", str(pages),
+        self.recv = Peer(["recv", "--layers", str(LAYERS), "--chunk-tokens", str(TOKS),
+                          "--hidden", str(HIDDEN), "--dtype", "half", "--pages", str(pages),
                           "--flavour", flavour, "--backoff", "0.2"])
+        # the receiver sized its pages from LMCache's chunk geometry itself
+        assert self.recv.hello["page_size"] == PAGE, self.recv.hello
         self.alloc = self.recv.hello["alloc_port"]
         self.init = self.recv.hello["init_port"]
         self.data = Peer(["write", "--init-port", str(self.init), "--page-size", str(PAGE),
