@@ -100,6 +100,12 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
         memset(&e->upgraded, 0, sizeof(e->upgraded));
         memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, client_fields));
         desc = &e->upgraded;
+    } else if (desc->abi_version < 3) {
+        /* ABI 2 ends after `client_fields`. */
+        registry_entry_t *e = &registry[registry_count];
+        memset(&e->upgraded, 0, sizeof(e->upgraded));
+        memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, native_paths));
+        desc = &e->upgraded;
     }
     registry[registry_count].desc = desc;
     snprintf(registry[registry_count].origin, sizeof(registry[registry_count].origin), "%s",

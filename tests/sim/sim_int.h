@@ -166,6 +166,8 @@ typedef struct sim_req {
     int dp_rank;      /* X-data-parallel-rank, -1 when absent */
     char *resp_id;    /* cmpl-... / chatcmpl-... */
     int is_chat;
+    int generate;       /* SGLang's native /generate (sim_generate.c) */
+    int return_logprob; /* /generate: meta_info carries token logprobs */
     int stream;
     int include_usage;
     int64_t created;
@@ -316,6 +318,10 @@ int sim_watch_client_gone_locked(sim_req_t *req);
 int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, const char **param);
 char *sim_openai_error_json(int status, const char *msg, const char *type, const char *param);
 char *sim_openai_full_response(sim_req_t *req);
+/* sim_generate.c: SGLang's native /generate (parse, full answer, stream events) */
+int sim_generate_parse(json_t *body, sim_req_t *req, char **msg, const char **param);
+char *sim_generate_full_response(sim_req_t *req);
+int sim_generate_stream_next(sim_req_t *req);
 /* Append the next SSE events of a stream to req->pend; returns 1 if something
  * was produced, 0 if nothing is ready yet, -1 when the stream is finished. */
 int sim_openai_stream_next(sim_req_t *req);

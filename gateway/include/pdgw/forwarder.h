@@ -37,8 +37,9 @@ extern "C" {
  * with a clear error; older accepted versions lack only trailing descriptor fields, which
  * then take their defaults.
  *   1: the first layout.
- *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none). */
-#define PDGW_FWD_ABI_VERSION     2
+ *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none).
+ *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none). */
+#define PDGW_FWD_ABI_VERSION     3
 #define PDGW_FWD_ABI_MIN_VERSION 1
 
 /* Result of every forwarder op. */
@@ -131,7 +132,7 @@ typedef struct pdgw_fwd_request {
      * X-Request-Id on every leg of the attempt. Name every KV transfer after it
      * (transfer_id, disagg_spec.req_id, reservations): it is unique and unguessable. */
     const char *request_id;
-    const char *path;   /* "/v1/completions" or "/v1/chat/completions" */
+    const char *path;   /* "/v1/completions", "/v1/chat/completions" or a native path */
     const json_t *body; /* the client's parsed body (borrowed, read-only) */
     int stream;         /* client asked for stream: true */
     int is_chat;        /* chat completions */
@@ -287,6 +288,11 @@ typedef struct pdgw_fwd_desc {
      * send them: the gateway refuses or strips them (config client_pd_fields) before
      * build_leg runs. NULL = none. */
     const char *const *client_fields;
+    /* ABI 3. Engine-native inference paths this protocol serves besides the OpenAI ones
+     * (NULL-terminated, e.g. "/generate" for SGLang). The gateway answers 404 on such a path
+     * unless the configured protocol lists it; its body is then validated by the path's own
+     * rules and the forwarder sees it in pdgw_fwd_request_t.path. NULL = none. */
+    const char *const *native_paths;
 } pdgw_fwd_desc_t;
 
 /* Register a forwarder (normally through PDGW_FORWARDER_REGISTER). Does no
