@@ -20,7 +20,8 @@
  * SGLang's native POST /generate is served too: both legs get the client's body unchanged
  * (its sampling_params are SGLang's own; the prefill's only hardening is stream false) plus
  * the bootstrap fields, one entry per item for a batch (a list "text" / list of "input_ids"
- * lists), each item with its own room, as mini_lb.py does.
+ * lists), each item with its own room, as mini_lb.py does. With return_logprob the prefill's
+ * meta_info.input_token_logprobs is put in front of the decode's (on_decode_response).
  */
 #include "fwd_pd.h"
 
@@ -33,8 +34,9 @@
 
 typedef struct sgl_state {
     int64_t room;
-    size_t n_items;  /* /generate batch size; 0 = not a batch */
-    int64_t rooms[]; /* one room per batch item */
+    json_t *prefill_logprobs; /* /generate: the prefill's meta_info.input_token_logprobs */
+    size_t n_items;           /* /generate batch size; 0 = not a batch */
+    int64_t rooms[];          /* one room per batch item */
 } sgl_state_t;
 
 /* The batch size of a native /generate body, 0 when it is a single prompt (upstream's
@@ -196,7 +198,73 @@ static void sgl_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     (void)ctx;
     (void)req;
     (void)reason;
+    if (state != NULL)
+        json_decref(((sgl_state_t *)state)->prefill_logprobs);
     free(state);
+}
+
+static int sgl_is_generate(const pdgw_fwd_request_t *req)
+{
+    return req->path != NULL && strcmp(req->path, "/generate") == 0;
+}
+
+/* /generate with return_logprob: keep the prefill's prompt logprobs for the decode's answer. */
+static pdgw_fwd_status_t sgl_on_prefill_response(void *ctx, void *state,
+                                                 const pdgw_fwd_request_t *req, long status,
+                                                 const json_t *resp, pdgw_fwd_error_t *err)
+{
+    sgl_state_t *s = state;
+    const json_t *l;
+    (void)ctx;
+    (void)status;
+    (void)err;
+    if (!sgl_is_generate(req) || !json_is_true(json_object_get(req->body, "return_logprob")))
+        return PDGW_FWD_OK;
+    l = json_object_get(json_object_get(resp, "meta_info"), "input_token_logprobs");
+    if (json_is_array(l)) {
+        json_decref(s->prefill_logprobs);
+        s->prefill_logprobs = json_deep_copy(l);
+    }
+    return PDGW_FWD_OK;
+}
+
+/* The decode computed no logits for the prompt: put the prefill's input_token_logprobs in front
+ * of the decode's, in the answer and in every streamed event (what mini_lb.py does for
+ * /generate). A decode answering before the prefill did is relayed as it is (counted). */
+static pdgw_fwd_status_t sgl_on_decode_response(void *ctx, void *state,
+                                                const pdgw_fwd_request_t *req, json_t *resp,
+                                                int *rewritten, pdgw_fwd_error_t *err)
+{
+    sgl_state_t *s = state;
+    json_t *dl, *merged;
+    (void)ctx;
+    if (!sgl_is_generate(req) || !json_is_true(json_object_get(req->body, "return_logprob")))
+        return PDGW_FWD_OK;
+    if (resp == NULL) {
+        *rewritten = 1; /* hold the answer for the prefill's logprobs */
+        return PDGW_FWD_OK;
+    }
+    dl = json_object_get(json_object_get(resp, "meta_info"), "input_token_logprobs");
+    if (!json_is_array(dl))
+        return PDGW_FWD_OK;
+    if (s->prefill_logprobs == NULL) {
+        pdgw_fwd_counter_inc(SGL_NAME, "logprob_merge_missing_prefill",
+                             "decode answers relayed without the prefill's input_token_logprobs "
+                             "(the prefill had not answered yet)");
+        return PDGW_FWD_OK;
+    }
+    merged = json_deep_copy(s->prefill_logprobs);
+    if (merged == NULL || json_array_extend(merged, dl)) {
+        json_decref(merged);
+        pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500, "out of memory");
+        return PDGW_FWD_ERR;
+    }
+    if (json_object_set_new(json_object_get(resp, "meta_info"), "input_token_logprobs", merged)) {
+        pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500, "out of memory");
+        return PDGW_FWD_ERR;
+    }
+    *rewritten = 1;
+    return PDGW_FWD_OK;
 }
 
 static const pdgw_fwd_ops_t sgl_ops = {
@@ -205,6 +273,8 @@ static const pdgw_fwd_ops_t sgl_ops = {
     .build_leg = sgl_build_leg,
     .retry_scope = sgl_retry_scope,
     .attempt_cleanup = sgl_attempt_cleanup,
+    .on_prefill_response = sgl_on_prefill_response,
+    .on_decode_response = sgl_on_decode_response,
 };
 
 /* SGLang's native generate endpoint (python/sglang/srt/entrypoints/http_server.py). */

@@ -23,6 +23,7 @@
 static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg);
 static void wf_start_attempt(pdgw_req_t *r);
 static void wf_run_decode_stage(pdgw_req_t *r);
+static void wf_decode_finish(pdgw_req_t *r, pdgw_leg_t *leg);
 
 static const char *protocol_of(const pdgw_req_t *r)
 {
@@ -351,6 +352,7 @@ static void wf_start_attempt(pdgw_req_t *r)
     pdgw_fwd_error_t e;
 
     r->freq.attempt = r->attempt;
+    r->decode_parked = false;
     if (pdgw_uuid4(r->leg_id) != PDGW_OK) {
         pdgw_fwd_error_t ue;
         pdgw_fwd_error_set(&ue, PDGW_PHASE_NONE, 0, 503, "no randomness for a transfer name");
@@ -587,8 +589,14 @@ static void wf_after_prefill(pdgw_req_t *r, pdgw_leg_t *leg)
         return;
     }
     json_decref(resp);
-    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL)
-        return; /* decode is already running */
+    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL) {
+        /* decode is already running, or its answer waited for this one */
+        if (r->decode_parked) {
+            r->decode_parked = false;
+            wf_decode_finish(r, &r->legs[PDGW_LEG_DECODE]);
+        }
+        return;
+    }
     if (r->freq.mode == PDGW_MODE_STAGED && !sched_booking_leg_open(r->booking, SCHED_LEG_DECODE) &&
         sched_booking_instance(r->booking, SCHED_LEG_DECODE) == NULL) {
         sched_status_t st = sched_booking_book_decode(r->booking);
@@ -666,6 +674,94 @@ static void wf_note_local_shortage(pdgw_req_t *r, const pdgw_leg_t *leg)
                       (unsigned long long)skipped);
 }
 
+/* The forwarder's on_decode_response over a JSON answer (or one SSE event's data): *text is
+ * replaced by the re-encoded JSON when the forwarder rewrote it. false when it failed (a
+ * non-streamed request has then failed; *text is freed). */
+static bool wf_rewrite_json(pdgw_req_t *r, const char *data, size_t len, char **out)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    pdgw_fwd_error_t e;
+    int rewritten = 0;
+    json_t *j;
+    *out = NULL;
+    if (ops->on_decode_response == NULL || (j = json_loadb(data ? data : "", len, 0, NULL)) == NULL)
+        return true;
+    memset(&e, 0, sizeof(e));
+    if (ops->on_decode_response(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, j, &rewritten, &e) !=
+        PDGW_FWD_OK) {
+        json_decref(j);
+        if (e.message[0] == '\0')
+            pdgw_fwd_error_set(&e, PDGW_PHASE_DECODE, 0, 502,
+                               "forwarder %s rejected the decode response", protocol_of(r));
+        if (!r->info.stream)
+            wf_fail(r, &e, NULL);
+        return false;
+    }
+    if (rewritten)
+        *out = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return true;
+}
+
+static bool wf_rewrite_answer(pdgw_req_t *r, char **body, size_t *len)
+{
+    char *out;
+    if (!wf_rewrite_json(r, *body, *len, &out)) {
+        free(*body);
+        return false;
+    }
+    if (out != NULL) {
+        free(*body);
+        *body = out;
+        *len = strlen(out);
+    }
+    return true;
+}
+
+/* The relayed decode leg completed: hand its answer to the client. */
+static void wf_decode_finish(pdgw_req_t *r, pdgw_leg_t *leg)
+{
+    if (leg->sse) {
+        if (!r->committed) {
+            /* 200 but not one event: still a valid (empty) stream. */
+            pdgw_req_commit_stream(r);
+        }
+        if (!leg->saw_done)
+            pdgw_req_out_append(r, "data: [DONE]\n\n", 14);
+        pdgw_req_out_end(r);
+    } else {
+        size_t len;
+        char *body = pdgw_buf_steal(&leg->resp, &len);
+        if (!wf_rewrite_answer(r, &body, &len))
+            return;
+        pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
+                       leg->content_type[0] ? leg->content_type : "application/json");
+    }
+    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL &&
+        r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_RUNNING) {
+        /* The drained prefill is of no use any more. */
+        pdgw_leg_abort(&r->legs[PDGW_LEG_PREFILL]);
+        wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, NULL);
+    }
+    wf_succeed(r);
+}
+
+/* Parallel: does the forwarder want the prefill's answer before the decode's goes out (asked
+ * with a NULL response), and is the prefill still running? */
+static bool wf_decode_waits(pdgw_req_t *r)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    pdgw_fwd_error_t e;
+    int wants = 0;
+    if (ops->on_decode_response == NULL || r->freq.dispatch != PDGW_DISPATCH_PARALLEL ||
+        r->legs[PDGW_LEG_PREFILL].state != PDGW_LEG_RUNNING)
+        return false;
+    memset(&e, 0, sizeof(e));
+    return ops->on_decode_response(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, NULL, &wants, &e) ==
+               PDGW_FWD_OK &&
+           wants;
+}
+
 void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
 {
     pdgw_fwd_error_t e;
@@ -715,27 +811,11 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
                                                  (double)(leg->t_first_ms - r->t_prefill_done_ms) /
                                                      1e3);
     }
-    if (leg->sse) {
-        if (!r->committed) {
-            /* 200 but not one event: still a valid (empty) stream. */
-            pdgw_req_commit_stream(r);
-        }
-        if (!leg->saw_done)
-            pdgw_req_out_append(r, "data: [DONE]\n\n", 14);
-        pdgw_req_out_end(r);
-    } else {
-        size_t len;
-        char *body = pdgw_buf_steal(&leg->resp, &len);
-        pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
-                       leg->content_type[0] ? leg->content_type : "application/json");
+    if (!leg->sse && wf_decode_waits(r)) {
+        r->decode_parked = true; /* finished by wf_after_prefill */
+        return;
     }
-    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL &&
-        r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_RUNNING) {
-        /* The drained prefill is of no use any more. */
-        pdgw_leg_abort(&r->legs[PDGW_LEG_PREFILL]);
-        wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, NULL);
-    }
-    wf_succeed(r);
+    wf_decode_finish(r, leg);
 }
 
 /* ---------------------------------------------------------------- failure and retry */
@@ -954,8 +1034,18 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
             r->t_last_token_ns = now_ns;
         }
     }
-    /* Pass the event through byte for byte. */
-    pdgw_req_out_append(r, ev->raw, ev->raw_len);
+    /* Pass the event through byte for byte, unless the forwarder rewrote its data. */
+    char *rw = NULL;
+    if (ev->has_data && !ev->is_done && !wf_rewrite_json(r, ev->data, ev->data_len, &rw))
+        rw = NULL;
+    if (rw != NULL) {
+        pdgw_req_out_append(r, "data: ", 6);
+        pdgw_req_out_append(r, rw, strlen(rw));
+        pdgw_req_out_append(r, "\n\n", 2);
+        free(rw);
+    } else {
+        pdgw_req_out_append(r, ev->raw, ev->raw_len);
+    }
     if (!r->committed)
         pdgw_req_commit_stream(r);
     return 0;

@@ -38,7 +38,9 @@ extern "C" {
  * then take their defaults.
  *   1: the first layout.
  *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none).
- *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none). */
+ *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none) and the trailing op
+ *      pdgw_fwd_ops_t.on_decode_response (default: NULL, the answer relayed unchanged); an
+ *      older plugin's shorter ops table is completed with NULL. */
 #define PDGW_FWD_ABI_VERSION     3
 #define PDGW_FWD_ABI_MIN_VERSION 1
 
@@ -272,6 +274,18 @@ typedef struct pdgw_fwd_ops {
      * reservations, send cancel notices, free *state. */
     void (*attempt_cleanup)(void *ctx, void *state, const pdgw_fwd_request_t *req,
                             pdgw_end_reason_t reason);
+
+    /* ABI 3. May rewrite what the client gets from the relayed (decode) leg: called with the
+     * parsed 2xx JSON answer (not streamed) or each parsed SSE data event (streamed; not
+     * [DONE]); `resp` may be changed in place, then set *rewritten and the gateway sends the
+     * re-encoded JSON instead of the engine's bytes. Answers that are not JSON pass as they
+     * are. An error fails a non-streamed request like a decode failure (502); a streamed
+     * event then passes unchanged. Called first with `resp` NULL when a parallel decode's
+     * non-streamed answer is complete while the prefill still runs: set *rewritten to have
+     * the gateway hold the answer until the prefill's has reached on_prefill_response.
+     * Default: NULL, relayed as is. */
+    pdgw_fwd_status_t (*on_decode_response)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                            json_t *resp, int *rewritten, pdgw_fwd_error_t *err);
 } pdgw_fwd_ops_t;
 
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */

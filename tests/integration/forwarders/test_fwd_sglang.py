@@ -243,6 +243,44 @@ def test_generate_gateway_rules():
         other.stop()
 
 
+def test_generate_logprob_merge():
+    """return_logprob on /generate: the client gets the prefill's
+    meta_info.input_token_logprobs followed by the decode's (mini_lb.py generate /
+    generate_stream: non-streamed in the answer, streamed in every data event); the prefill's
+    list covers the prompt, the sim decode's is empty. A non-streamed decode answer that is
+    complete before the prefill's waits for it, so the merge always happens (run it a few
+    times: the order of the two answers varies)."""
+    P = Sim("prefill", "prefill-genm")
+    D = Sim("decode", "decode-genm")
+    B = Sim("both", "both-genm")
+    gw = Gateway("sglang", "batch", [P.instance(), D.instance()])
+    try:
+        body = {"input_ids": [21, 22, 23, 24, 25, 26, 27], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 4}}
+        st, _, ref, raw = T.post_json(B.port, "/generate", body)  # one engine, no PD
+        assert st == 200, raw
+        want = ref["meta_info"]["input_token_logprobs"]
+        assert [e[1] for e in want] == body["input_ids"], want
+        for _ in range(5):
+            rid = "genm-" + uuid.uuid4().hex[:12]
+            st, _, out, raw = T.post_json(gw.port, "/generate", body, {"X-Request-Id": rid})
+            assert st == 200, raw
+            assert out["meta_info"]["input_token_logprobs"] == want, out["meta_info"]
+            _, drec = gen_legs(P, D, rid)
+            assert drec["kv_result"]["ok"], drec["kv_result"]
+        evs = list(T.sse_events(gw.port, "/generate", dict(body, stream=True)))
+        objs = [json.loads(e) for e in evs[:-1]]
+        assert objs and evs[-1] == "[DONE]", evs
+        for o in objs:
+            # Events relayed before the prefill answered cannot carry its list yet.
+            assert o["meta_info"]["input_token_logprobs"] in (want, []), o["meta_info"]
+        st, _, out, raw = T.post_json(gw.port, "/generate", dict(body, return_logprob=False))
+        assert st == 200 and "input_token_logprobs" not in out["meta_info"], raw
+        wait_idle([P, D, B])
+    finally:
+        gw.stop()
+
+
 def test_sim_generate_logprobs():
     """pdgw-sim's /generate in SGLang's shape per role: with return_logprob a prefill (and a
     'both' engine) reports one input_token_logprobs entry per prompt token, a PD decode none;
@@ -269,4 +307,4 @@ def test_sim_generate_logprobs():
 if __name__ == "__main__":
     T.run([test_null_bootstrap_port, test_prefill_dp_alignment, test_decode_routed_dp_rank,
            test_sim_refuses_misrouted_kv, test_generate_pd, test_generate_batch_bootstrap_arrays,
-           test_generate_gateway_rules, test_sim_generate_logprobs])
+           test_generate_gateway_rules, test_generate_logprob_merge, test_sim_generate_logprobs])
