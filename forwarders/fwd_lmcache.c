@@ -32,6 +32,7 @@ typedef struct lmc_ctx {
 typedef struct lmc_state {
     fwd_pd_kvreq_t *q;
     const pdgw_instance_t *decode;
+    int libkvt; /* the decode runs libkvt (instance kv_engine) */
 } lmc_state_t;
 
 static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
@@ -88,7 +89,6 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
     lmc_ctx_t *c = ctx;
     lmc_state_t *s;
     const pdgw_instance_t *d = peers->decode;
-    char id[160];
     if (d == NULL || d->n_init_ports == 0 || d->n_alloc_ports != d->n_init_ports) {
         pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500,
                            "decode instance %s needs init_ports and alloc_ports (one per TP "
@@ -101,19 +101,23 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
         return PDGW_FWD_ERR;
     }
-    /* A retry gets its own transfer id, so late notices of a failed attempt never count. */
-    if (req->attempt == 0)
-        snprintf(id, sizeof(id), "%s", req->request_id);
-    else
-        snprintf(id, sizeof(id), "%s-a%u", req->request_id, req->attempt);
-    s->q = fwd_pd_kvreq_new(c->kv, req, id);
+    /* request_id is minted per attempt (uuid4): late notices of a failed attempt never count
+     * for a retry, and a transfer name cannot be guessed from outside. */
+    s->q = fwd_pd_kvreq_new(c->kv, req, req->request_id);
     if (s->q == NULL) {
         free(s);
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
         return PDGW_FWD_ERR;
     }
     s->decode = d;
-    fwd_pd_kvreq_set_decode(s->q, d);
+    /* pdgw's own control messages (ReserveRequest, CancelNotif without LMCache's delimiter
+     * frame) go only to decodes that run libkvt; an upstream LMCache receiver gets nothing
+     * from the gateway, exactly as behind LMCache's own proxy. */
+    s->libkvt = d->kv_engine == PDGW_KV_ENGINE_LIBKVT;
+    if (s->libkvt)
+        fwd_pd_kvreq_set_decode(s->q, d);
+    /* In flight from now: ProxyNotifs count only for it and only from its prefill. */
+    fwd_pd_kvreq_expect_notifs(s->q, (int)d->n_init_ports, peers->prefill);
     *state = s;
     return PDGW_FWD_OK;
 }
@@ -158,7 +162,7 @@ static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request
     lmc_state_t *s = state;
     (void)ctx;
     if (point == PDGW_GATE_BEFORE_PREFILL)
-        return fwd_pd_kvreq_before_prefill(s->q, req, s->decode, err);
+        return fwd_pd_kvreq_before_prefill(s->q, req, s->libkvt ? s->decode : NULL, err);
     return fwd_pd_kvreq_wait_notifs(s->q, req, (int)s->decode->n_init_ports, err);
 }
 

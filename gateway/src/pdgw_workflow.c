@@ -60,6 +60,8 @@ static void view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
     v->dp_rank = d->dp_rank;
     v->dp_size = d->dp_size > 0 ? d->dp_size : 1;
     v->weight = (int)d->weight;
+    v->kv_engine =
+        d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? PDGW_KV_ENGINE_LIBKVT : PDGW_KV_ENGINE_UPSTREAM;
 }
 
 /* Refresh the peer views from the booking. */

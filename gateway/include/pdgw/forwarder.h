@@ -92,6 +92,9 @@ typedef enum {
     PDGW_END_TIMEOUT    /* a deadline passed */
 } pdgw_end_reason_t;
 
+/* pdgw_instance_t.kv_engine */
+enum { PDGW_KV_ENGINE_UPSTREAM = 0, PDGW_KV_ENGINE_LIBKVT = 1 };
+
 /*
  * One instance, as chosen by the scheduler. Read-only for forwarders and valid
  * for the whole attempt. Strings are never NULL (empty when unset).
@@ -115,6 +118,9 @@ typedef struct pdgw_instance {
     int dp_rank;
     int dp_size;
     int weight;
+    /* The instance's KV engine: only a PDGW_KV_ENGINE_LIBKVT peer may be sent pdgw's
+     * extensions of the LMCache control messages (ReserveRequest, delimiter-less frames). */
+    int kv_engine;
 } pdgw_instance_t;
 
 /* Thread-safe handle that re-runs a pending gate. */
@@ -126,11 +132,11 @@ typedef struct pdgw_fwd_request {
      * X-Request-Id on every leg of the attempt. Name every KV transfer after it
      * (transfer_id, disagg_spec.req_id, reservations): it is unique and unguessable. */
     const char *request_id;
-    const char *path;       /* "/v1/completions" or "/v1/chat/completions" */
-    const json_t *body;     /* the client's parsed body (borrowed, read-only) */
-    int stream;             /* client asked for stream: true */
-    int is_chat;            /* chat completions */
-    pdgw_mode_t mode;       /* configured scheduling mode */
+    const char *path;   /* "/v1/completions" or "/v1/chat/completions" */
+    const json_t *body; /* the client's parsed body (borrowed, read-only) */
+    int stream;         /* client asked for stream: true */
+    int is_chat;        /* chat completions */
+    pdgw_mode_t mode;   /* configured scheduling mode */
     pdgw_dispatch_t dispatch;
     unsigned attempt;        /* 0 for the first attempt, 1.. for retries */
     int64_t deadline_ms;     /* absolute CLOCK_MONOTONIC ms when the request expires */
@@ -324,6 +330,9 @@ typedef enum {
 void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help);
+/* The same with a second label, reason="<reason>" (pdgw_fwd_<name>_total{protocol,reason}). */
+void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const char *help,
+                                 const char *reason);
 
 /* PD bookkeeping (thread-safe):
  *  - the prefill answered without the KV parameters decode needs

@@ -58,8 +58,9 @@ class Sim:
         if self.role == "prefill":
             inst.update(kv_port=self.kv_port, bootstrap_port=self.boot_port)
         if self.role == "decode":
+            # pdgw-sim embeds libkvt: pdgw's extensions (ReserveRequest) are allowed
             inst.update(alloc_ports=self.alloc_ports, init_ports=self.init_ports,
-                        tp_size=len(self.alloc_ports))
+                        tp_size=len(self.alloc_ports), kv_engine="libkvt")
         return inst
 
     def metrics(self):
@@ -91,7 +92,8 @@ def yaml_scalar(v):
 class Gateway:
     """pdgw with a YAML config naming every instance field the forwarders read."""
 
-    def __init__(self, protocol, mode, instances, opts=None, extra=(), retries=1, top=None):
+    def __init__(self, protocol, mode, instances, opts=None, extra=(), retries=1, top=None,
+                 env=None):
         self.protocol, self.mode = protocol, mode
         self.port = T.free_port()
         lines = [f'listen: "127.0.0.1:{self.port}"', "workers: 2",
@@ -115,7 +117,7 @@ class Gateway:
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(lines) + "\n")
         self.proc = T.Proc(f"pdgw-{protocol}-{mode}",
-                           [T.binary("pdgw"), "--config", self.cfg, *extra])
+                           [T.binary("pdgw"), "--config", self.cfg, *extra], env=env)
         try:
             T.wait_http(self.port, "/health", timeout=10, proc=self.proc)
             T.wait_http(self.port, "/ready", timeout=10, proc=self.proc)
