@@ -40,6 +40,7 @@ size_t sim_kv_chunk_tokens(const sim_kv_geom_t *g, size_t ntokens, size_t c);
  * addresses); out has sim_kv_nchunks() entries. */
 void sim_kv_chunk_hashes(const sim_tokens_t *prompt, const sim_kv_geom_t *g, uint64_t *out);
 /* Key of (scope, rank, layer, chunk); snprintf-style into buf. */
+size_t sim_kv_lookup_len(const sim_req_t *req);
 int sim_kv_key(char *buf, size_t cap, const char *scope, int rank, int layer, size_t chunk,
                uint64_t chunk_hash);
 /* Fill buf (>= page bytes) with chunk c of layer/rank; returns its length. */

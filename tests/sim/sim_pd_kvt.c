@@ -850,7 +850,10 @@ static void import_loads(sim_import_t *imp)
 
 static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
 {
-    const sim_tokens_t *prompt = &imp->req->prompt;
+    sim_tokens_t looked = imp->req->prompt; /* a view: prompt[:-skip_last_n_tokens] */
+    const sim_tokens_t *prompt = &looked;
+    if (imp->kind == SIM_PD_D_LMCACHE)
+        looked.n = sim_kv_lookup_len(imp->req);
     size_t n = sim_kv_nchunks(g, prompt->n);
     uint64_t *h = calloc(n ? n : 1, sizeof(uint64_t));
     if (!h)
