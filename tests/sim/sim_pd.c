@@ -639,6 +639,9 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
          * request_finished): "ret_first_tok" in kv_transfer_params -> the answer's
          * kv_transfer_params = {"first_tok": the first output token id} */
         req->resp_kv_params = json_pack("{s:I}", "first_tok", (json_int_t)req->out.ids[0]);
+        if (req->resp_kv_params)
+            sim_record_set(req->rec_seq, "response_kv_transfer_params",
+                           json_incref(req->resp_kv_params));
     }
     if (sim_cfg.role == SIM_ROLE_PREFILL)
         rc = prepare_prefill(req, body, kvp, msg);

@@ -1010,13 +1010,15 @@ static void handle_reply(const char *data, size_t len)
 static void verify_rank(sim_import_t *imp, int r, uint8_t *scratch)
 {
     const sim_kv_geom_t *g = &imp->geom;
+    sim_tokens_t looked = imp->req->prompt; /* the tokens whose KV was looked up */
+    if (imp->kind == SIM_PD_D_LMCACHE)
+        looked.n = sim_kv_lookup_len(imp->req);
     for (int l = 0; l < g->layers; l++)
         for (size_t c = 0; c < imp->nchunks; c++) {
             size_t k = (size_t)l * imp->nchunks + c;
             imp->bytes += imp->lens[r][k];
             imp->pages++;
-            if (!sim_kv_verify(&imp->req->prompt, g, r, l, c, imp->bufp[r][k], imp->lens[r][k],
-                               scratch))
+            if (!sim_kv_verify(&looked, g, r, l, c, imp->bufp[r][k], imp->lens[r][k], scratch))
                 imp->verify_failures++;
         }
 }

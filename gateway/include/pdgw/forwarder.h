@@ -272,6 +272,14 @@ typedef struct pdgw_fwd_ops {
      * reservations, send cancel notices, free *state. */
     void (*attempt_cleanup)(void *ctx, void *state, const pdgw_fwd_request_t *req,
                             pdgw_end_reason_t reason);
+
+    /* Rewrite the decode leg's answer before the client sees it (optional; NULL = relay
+     * unchanged). `resp` is the parsed JSON (borrowed) of one SSE data event (`sse` set;
+     * [DONE] and non-JSON events are never passed) or of a 2xx non-stream answer. Return a new
+     * reference: for an event, a JSON array of objects sent as events in its place (empty =
+     * drop it); for a non-stream answer, the object sent instead. NULL = unchanged. */
+    json_t *(*rewrite_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                              const json_t *resp);
 } pdgw_fwd_ops_t;
 
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
