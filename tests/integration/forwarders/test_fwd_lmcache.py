@@ -8,9 +8,15 @@ Upstream facts encoded here (LMCache/LMCache):
   "type" first) to the proxy after its last chunk; a receiver's alloc port understands only
   LMCache's own message union (AllocRequest, AllocResponse, ProxyNotif; the async backend
   also CancelNotif), each after an empty delimiter frame (REQ/DEALER framing).
+- examples/disagg_prefill/disagg_proxy_server.py (current flow): /tokenize, prefill with
+  kv_transfer_params {ret_first_tok, disagg_spec} answering kv_transfer_params.first_tok
+  (lmcache/integration/vllm/vllm_v1_adapter.py request_finished), decode with prompt
+  ids + [first_tok] and max_tokens - 1; the client first gets a chunk with the prefill's
+  text, id, created and model (chat: a role chunk, then a content chunk).
 ReserveRequest and delimiter-less frames are pdgw extensions: only for kv_engine: libkvt.
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -37,6 +43,12 @@ def setup():
     env["silentP"] = Sim("prefill", "lmc-prefill-silent", *px, env["dead_port"],
                          "--kv-hold-timeout-ms", "1500")
     env["D"] = Sim("decode", "lmc-decode", "--kv-wait-timeout-ms", "3000")
+    env["P"] = Sim("prefill", "lmc-prefill", *px, env["proxy_port"])
+    # the older flow's decoders look up the whole prompt (skip_last_n_tokens 0, the default of
+    # LMCache's connector)
+    env["D0"] = Sim("decode", "lmc-decode-noskip", "--kv-wait-timeout-ms", "3000",
+                    "--skip-last-n-tokens", "0")
+    env["both"] = Sim("both", "lmc-both")
 
 
 class AllocPortRecorder:
@@ -315,9 +327,101 @@ def test_curve_only_listed_clients():
         os.rmdir(tmp)
 
 
+LONG = ("Disaggregated serving splits the prompt phase from the token phase so that each runs "
+        "on hardware sized for it, and the cache of keys and values moves between. ") * 6
+
+
+def body_of(chat, stream, max_tokens=10):
+    b = {"model": "sim-model", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    if chat:
+        b["messages"] = [{"role": "user", "content": LONG}]
+    else:
+        b["prompt"] = LONG
+    if stream:
+        b["stream_options"] = {"include_usage": True}
+    return b
+
+
+def reference(chat, max_tokens=10):
+    st, _, obj, raw = T.post_json(env["both"].port, path_of(chat), body_of(chat, False, max_tokens))
+    assert st == 200, raw
+    ch = obj["choices"][0]
+    return (ch["message"]["content"] if chat else ch["text"]), obj["usage"]
+
+
+def test_first_tok_stream_shape():
+    """Streams start the way LMCache's proxy starts them: the prefill's first token in a chunk
+    with the prefill answer's id (chat: a role chunk first), then the decode's chunks (chat:
+    chat.completion.chunk); text and usage equal a single engine's; the decode used the
+    transferred KV."""
+    P, D = env["P"], env["D"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    try:
+        for chat in (False, True):
+            rid = "fs-" + uuid.uuid4().hex[:12]
+            evs = list(T.sse_events(gw.port, path_of(chat), body_of(chat, True),
+                                    {"X-Request-Id": rid}))
+            assert evs[-1] == "[DONE]", evs[-3:]
+            objs = [json.loads(e) for e in evs[:-1]]
+            prec = [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]
+            drec = [r for r in D.records(rid) if r["path"] == "/v1/completions"][0]
+            head = objs[0]
+            if chat:
+                assert head["object"] == "chat.completion.chunk", head
+                assert head["choices"][0]["delta"] == {"role": "assistant", "content": ""}, head
+                head = objs[1]
+                first_text = head["choices"][0]["delta"]["content"]
+                rest = objs[2:]
+                assert all(o["object"] == "chat.completion.chunk" for o in rest), rest
+            else:
+                assert head["object"] == "text_completion", head
+                first_text = head["choices"][0]["text"]
+                rest = objs[1:]
+            assert head["id"].endswith(prec["request_id"]) or prec["request_id"] in head["id"], \
+                (head["id"], prec["request_id"])
+            assert head["choices"][0]["finish_reason"] is None, head
+            want, want_usage = reference(chat)
+            assert first_text and want.startswith(first_text), (first_text, want)
+            assert T.stream_text(evs) == want, (T.stream_text(evs), want)
+            usage = [o["usage"] for o in objs if o.get("usage")]
+            assert usage and {k: usage[-1][k] for k in ("prompt_tokens", "completion_tokens")} \
+                == {k: want_usage[k] for k in ("prompt_tokens", "completion_tokens")}, \
+                (usage, want_usage)
+            assert drec["body"]["stream"] is True
+            kvr = drec["kv_result"]
+            assert kvr["ok"] and not kvr["recompute"] and kvr["verify_failures"] == 0, kvr
+        assert gw.metric("pdgw_fwd_tokenize_calls_total", {"protocol": "lmcache"}) == 2
+    finally:
+        gw.stop()
+
+
+def test_client_body_flow_option():
+    """flow: client_body is the older proxy: no /tokenize, no ret_first_tok, the decode gets
+    the client's body (skip_last_n_tokens 0 decoders find the prompt's KV)."""
+    P, D = env["P"], env["D0"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"],
+                  "flow": "client_body"}, retries=0)
+    try:
+        rid = "cb-" + uuid.uuid4().hex[:12]
+        st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body_of(False, False),
+                                      {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert obj["choices"][0]["text"] == reference(False)[0]
+        pb = P.records(rid)[0]["body"]
+        db = D.records(rid)[0]
+        assert "ret_first_tok" not in pb["kv_transfer_params"], pb
+        assert db["body"]["prompt"] == LONG and db["body"]["max_tokens"] == 10, db["body"]
+        assert db["kv_result"]["ok"] and not db["kv_result"]["recompute"], db["kv_result"]
+        assert gw.metric("pdgw_fwd_tokenize_calls_total", {"protocol": "lmcache"}) == 0
+    finally:
+        gw.stop()
+
+
 def main():
     setup()
-    tests = [test_upstream_decode_gets_only_upstream_messages,
+    tests = [test_first_tok_stream_shape, test_client_body_flow_option,test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
              test_fallback_decode_and_skip_notification,
              test_default_bind_is_the_pod_address,
