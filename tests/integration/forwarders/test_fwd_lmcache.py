@@ -419,9 +419,66 @@ def test_client_body_flow_option():
         gw.stop()
 
 
+class BrokenTokenizer:
+    """An engine whose /tokenize fails (GET answers 200 so it passes health checks)."""
+
+    def __init__(self):
+        import http.server
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                body = b'{"error":{"message":"tokenizer down"}}'
+                self.send_response(500)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        self.th = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.th.start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_tokenize_failure_is_a_prefill_error():
+    """A prefill whose /tokenize fails: 502 phase prefill, counted, no leg sent."""
+    bt = BrokenTokenizer()
+    D = env["D"]
+    gw = Gateway("lmcache", "batch",
+                 [{"id": "broken-p", "url": f"http://127.0.0.1:{bt.port}", "role": "prefill"},
+                  D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": T.free_port()}, retries=0)
+    try:
+        rid = "tk-" + uuid.uuid4().hex[:12]
+        st, hdrs, data = T.request("POST", gw.port, "/v1/completions", body_of(False, False),
+                                   {"X-Request-Id": rid})
+        assert st == 502, (st, data)
+        assert b"tokenize answered HTTP 500" in data, data
+        assert hdrs.get("x-pd-failure-phase", "prefill") == "prefill", hdrs
+        assert gw.metric("pdgw_fwd_tokenize_errors_total", {"protocol": "lmcache"}) == 1
+        assert not D.records(rid)
+    finally:
+        gw.stop()
+        bt.close()
+
+
 def main():
     setup()
-    tests = [test_first_tok_stream_shape, test_client_body_flow_option,test_upstream_decode_gets_only_upstream_messages,
+    tests = [test_first_tok_stream_shape, test_client_body_flow_option,
+             test_tokenize_failure_is_a_prefill_error,test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
              test_fallback_decode_and_skip_notification,
              test_default_bind_is_the_pod_address,
