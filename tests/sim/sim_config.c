@@ -86,6 +86,9 @@ static void usage(FILE *f)
             "  --layers N                   layers (4)\n"
             "  --no-layerwise               push KV only after the last layer\n"
             "  --kv-hold-timeout-ms MS      free unclaimed prefill KV after MS (30000)\n"
+            "  --nixl-shape newest|older    kv_transfer_params a NIXL prefill returns: vLLM's\n"
+            "                               newest (block ids per KV-cache group, dcp/pp sizes,\n"
+            "                               lease fields, randomized request id) or older (flat)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
             "  --skip-last-n-tokens N       lmcache decode: look up KV for prompt[:-N] (LMCache's\n"
             "                               skip_last_n_tokens; its example decoders use 1) (0)\n"
@@ -130,6 +133,7 @@ enum {
     O_LAYERS,
     O_NOLW,
     O_HOLD,
+    O_NIXLSHAPE,
     O_KVWAIT,
     O_KVBUF,
     O_KVLINK,
@@ -174,6 +178,7 @@ static const struct option opts[] = {
     {"layers", required_argument, 0, O_LAYERS},
     {"no-layerwise", no_argument, 0, O_NOLW},
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
+    {"nixl-shape", required_argument, 0, O_NIXLSHAPE},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
     {"skip-last-n-tokens", required_argument, 0, O_SKIPLAST},
     {"kv-buffer-mb", required_argument, 0, O_KVBUF},
@@ -432,6 +437,16 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 1, 86400000, &v))
                 return -1;
             cfg->kv_hold_timeout_ms = (int)v;
+            break;
+        case O_NIXLSHAPE:
+            if (!strcmp(optarg, "newest"))
+                cfg->nixl_older = 0;
+            else if (!strcmp(optarg, "older"))
+                cfg->nixl_older = 1;
+            else {
+                fprintf(stderr, "pdgw-sim: --nixl-shape must be newest or older\n");
+                return -1;
+            }
             break;
         case O_KVWAIT:
             if (parse_long(name, optarg, 1, 86400000, &v))
