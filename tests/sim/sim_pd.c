@@ -214,7 +214,7 @@ int sim_pd_held_pages_locked(void)
     int n = 0;
     for (sim_export_t *e = exports; e; e = e->next)
         if (e->blocks)
-            n += (int)e->nchunks * sim_cfg.layers;
+            n += (int)e->nchunks * (sim_cfg.layerwise ? sim_cfg.layers : 1); /* pages */
     return n;
 }
 

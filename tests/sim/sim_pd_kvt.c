@@ -11,11 +11,14 @@
  *   {"op":"register", "key":"tid:<T>"|"room:<R>", ...same}   parallel rendezvous
  *   {"op":"compute", "body", "is_chat", ...same}    vllm-kvt batch: compute + push
  *   {"op":"cancel", "xfer"}                         the decode gave up
- * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks"};
+ * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks",
+ * "layers_per_key"} (the prefill's unit: whole chunks, or one layer with
+ * --layerwise -- the decode names its keys after it);
  * a later {"xfer", "ok":false, "error"} if the transfer fails after that.
  *
  * The KV itself always moves through libkvt: the prefill submits stores (one
- * batch per layer and TP rank, with req_id = xfer) to the decode's receiver
+ * batch of LMCache chunks per TP rank -- per layer and rank with --layerwise
+ * -- with req_id = xfer) to the decode's receiver
  * engine in push or pull mode; the decode waits for the request to land,
  * loads every page, verifies every byte and releases the pages.
  */
@@ -109,7 +112,12 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
         return NULL;
     kvt_config_defaults(&c);
     c.pd_role = receiver ? KVT_ROLE_RECEIVER : KVT_ROLE_SENDER;
-    c.pd_buffer_size = (uint64_t)sim_cfg.kv_buffer_mb << 20;
+    /* a page holds a whole LMCache chunk (all layers); a layer-wise push
+     * puts one layer in a page, so the buffer keeps --kv-buffer-mb of KV
+     * with as many pages as layers allow (mmap'd: untouched bytes cost no
+     * memory) */
+    c.pd_buffer_size =
+        ((uint64_t)sim_cfg.kv_buffer_mb << 20) * (uint64_t)(sim_cfg.layerwise ? sim_cfg.layers : 1);
     c.pd_pull_mode = pull || delay;
     c.pd_delay_pull = delay;
     c.chunk_size = (uint32_t)sim_cfg.block_size;
@@ -249,8 +257,9 @@ static void send_json(void *sock, const uint8_t *ident, size_t ident_len, json_t
 static void reply(const uint8_t *ident, size_t ident_len, const char *xfer, int ok,
                   const char *error, size_t nchunks)
 {
-    json_t *m = json_pack("{s:s,s:b,s:s,s:I}", "xfer", xfer ? xfer : "", "ok", ok, "engine_id",
-                          sim_cfg.engine_id, "nchunks", (json_int_t)nchunks);
+    json_t *m = json_pack("{s:s,s:b,s:s,s:I,s:i}", "xfer", xfer ? xfer : "", "ok", ok, "engine_id",
+                          sim_cfg.engine_id, "nchunks", (json_int_t)nchunks, "layers_per_key",
+                          sim_cfg.layerwise ? 1 : sim_cfg.layers);
     if (!m)
         return;
     if (error)
@@ -559,6 +568,8 @@ static void fail_export_locked(sim_export_t *e)
     sim_pd_export_finish_locked(e, 0);
 }
 
+/* One batch: every chunk of the prompt on <rank>, all layers (layer < 0) or
+ * one layer of them (layer-wise). */
 static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int rank,
                          const sim_receiver_t *dest, const char *xfer, sim_kv_mode_t mode,
                          int lmcache, int *nsub, char *err, size_t errcap)
@@ -578,7 +589,8 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
     }
     uint64_t bytes = 0;
     for (size_t c = 0; c < n; c++) {
-        sim_kv_key(keys[c], KEY_MAX, lmcache ? "lmc" : xfer, rank, layer, c, e->hashes[c]);
+        sim_kv_key(keys[c], KEY_MAX, lmcache ? NULL : xfer, dest->nranks, rank, layer,
+                   e->hashes[c]);
         kp[c] = keys[c];
         bp[c] = buf + c * g->page_bytes;
         lens[c] = sim_kv_fill(&e->prompt, g, rank, layer, c, buf + c * g->page_bytes);
@@ -596,15 +608,15 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
     d.peer_init_port = dest->init_ports[rank];
     d.fmt = KVT_FMT_KV_2LTD;
     d.shape[0] = 2;
-    d.shape[1] = 1;
+    d.shape[1] = layer < 0 ? g->layers : 1;
     d.shape[2] = g->block_size;
     d.shape[3] = g->hidden;
     d.ndim = 4;
     d.dtype = "bfloat16";
     size_t last = sim_kv_chunk_tokens(g, e->prompt.n, n - 1);
     d.last_chunk_toks = last < (size_t)g->block_size ? (int64_t)last : 0;
-    d.is_last_batch = layer == g->layers - 1;
-    d.total_chunks = (uint32_t)(n * (size_t)g->layers);
+    d.is_last_batch = layer < 0 || layer == g->layers - 1;
+    d.total_chunks = (uint32_t)(n * (size_t)(g->layers / g->unit_layers));
     t->kind = T_STORE;
     t->exp = e;
     t->rank = rank;
@@ -649,7 +661,10 @@ static void pump_export(sim_export_t *e)
         }
         int L = sim_cfg.layers;
         int first = e->layers_submitted;
-        int last = sim_cfg.layerwise ? e->layers_done : (e->computed ? L : 0);
+        /* LMCache moves whole chunks (all layers) once computed; the other
+         * protocols may stream one layer at a time */
+        int whole = e->lmcache || !sim_cfg.layerwise;
+        int last = !whole ? e->layers_done : ((e->computed || e->layers_done >= L) ? L : 0);
         if (last <= first) {
             if (first == L && e->stores_outstanding == 0)
                 sim_pd_export_finish_locked(e, 1);
@@ -659,9 +674,10 @@ static void pump_export(sim_export_t *e)
         if (sim_cfg.kv_link_gbps > 0) {
             /* link model: one layer at a time, each after the link carried it */
             uint64_t now = sim_now_ns();
-            last = first + 1;
+            last = whole ? L : first + 1; /* a whole chunk holds every layer */
             if (!e->pace_ready) {
-                double bytes = (double)e->prompt.n * sim_cfg.kv_bytes_per_token / L;
+                double bytes =
+                    (double)e->prompt.n * sim_cfg.kv_bytes_per_token * (last - first) / L;
                 uint64_t start = now > link_free_at ? now : link_free_at;
                 e->pace_ready = start + (uint64_t)(bytes * 8.0 / sim_cfg.kv_link_gbps);
                 link_free_at = e->pace_ready;
@@ -691,9 +707,17 @@ static void pump_export(sim_export_t *e)
         int nsub = 0;
         if (sim_kv_geom_init(&g, dest.nranks))
             snprintf(err, sizeof(err), "bad TP size %d", dest.nranks);
-        for (int l = first; l < last && !err[0]; l++)
+        if (whole)
+            g.unit_layers = g.layers;
+        if (!err[0] && g.unit_layers == g.layers) {
+            /* whole chunks (all layers): once the prefill computed them */
             for (int r = 0; r < dest.nranks && !err[0]; r++)
-                submit_layer(e, &g, l, r, &dest, xfer, mode, lmcache, &nsub, err, sizeof(err));
+                submit_layer(e, &g, -1, r, &dest, xfer, mode, lmcache, &nsub, err, sizeof(err));
+        } else {
+            for (int l = first; l < last && !err[0]; l++)
+                for (int r = 0; r < dest.nranks && !err[0]; r++)
+                    submit_layer(e, &g, l, r, &dest, xfer, mode, lmcache, &nsub, err, sizeof(err));
+        }
 
         sim_engine_lock();
         e->submitting = 0;
@@ -744,6 +768,8 @@ static void import_resolve(sim_import_t *imp, int ok, int status, const char *ms
     sim_engine_unlock();
 }
 
+static void import_free_keys(sim_import_t *imp);
+
 static void import_free(sim_import_t *imp)
 {
     for (sim_import_t **pp = &imports; *pp; pp = &(*pp)->next)
@@ -751,14 +777,7 @@ static void import_free(sim_import_t *imp)
             *pp = imp->next;
             break;
         }
-    for (int r = 0; r < SIM_MAX_TP; r++) {
-        free(imp->keys[r]);
-        free(imp->keyp[r]);
-        free(imp->bufs[r]);
-        free(imp->bufp[r]);
-        free(imp->lens[r]);
-        free(imp->caps[r]);
-    }
+    import_free_keys(imp);
     json_decref(imp->ctl);
     free(imp->expect_engine_id);
     free(imp->wait_id);
@@ -848,6 +867,24 @@ static void import_loads(sim_import_t *imp)
     imp->phase = 2;
 }
 
+static void import_free_keys(sim_import_t *imp)
+{
+    for (int r = 0; r < SIM_MAX_TP; r++) {
+        free(imp->keys[r]);
+        free(imp->keyp[r]);
+        free(imp->bufs[r]);
+        free(imp->bufp[r]);
+        free(imp->lens[r]);
+        free(imp->caps[r]);
+        imp->keys[r] = NULL;
+        imp->keyp[r] = NULL;
+        imp->bufs[r] = NULL;
+        imp->bufp[r] = NULL;
+        imp->lens[r] = NULL;
+        imp->caps[r] = NULL;
+    }
+}
+
 static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
 {
     sim_tokens_t looked = imp->req->prompt; /* a view: prompt[:-skip_last_n_tokens] */
@@ -860,7 +897,7 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
         return -1;
     sim_kv_chunk_hashes(prompt, g, h);
     imp->nchunks = n;
-    imp->nkeys = n * (size_t)g->layers;
+    imp->nkeys = n * (size_t)(g->layers / g->unit_layers);
     for (int r = 0; r < imp->nranks; r++) {
         imp->keys[r] = malloc(imp->nkeys * KEY_MAX);
         imp->keyp[r] = malloc(imp->nkeys * sizeof(char *));
@@ -873,12 +910,12 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
             free(h);
             return -1;
         }
-        for (int l = 0; l < g->layers; l++)
+        for (int u = 0; u < g->layers / g->unit_layers; u++)
             for (size_t c = 0; c < n; c++) {
-                size_t k = (size_t)l * n + c;
+                size_t k = (size_t)u * n + c;
                 char *key = imp->keys[r] + k * KEY_MAX;
-                sim_kv_key(key, KEY_MAX, imp->kind == SIM_PD_D_LMCACHE ? "lmc" : imp->xfer, r, l, c,
-                           h[c]);
+                sim_kv_key(key, KEY_MAX, imp->kind == SIM_PD_D_LMCACHE ? NULL : imp->xfer,
+                           imp->nranks, r, g->unit_layers == g->layers ? -1 : u, h[c]);
                 imp->keyp[r][k] = key;
                 imp->bufp[r][k] = imp->bufs[r] + k * g->page_bytes;
                 imp->caps[r][k] = g->page_bytes;
@@ -917,7 +954,10 @@ static void begin_import(sim_import_t *imp)
     sim_kv_geom_t g;
     imp->t_start = sim_now_ns();
     imp->deadline = imp->t_start + (uint64_t)sim_cfg.kv_wait_timeout_ms * 1000000ull;
-    if (sim_kv_geom_init(&g, imp->nranks) || import_setup_keys(imp, &g)) {
+    int bad = sim_kv_geom_init(&g, imp->nranks);
+    if (!bad && imp->kind == SIM_PD_D_LMCACHE)
+        g.unit_layers = g.layers; /* LMCache chunks are whole: all layers */
+    if (bad || import_setup_keys(imp, &g)) {
         import_fail(imp, 500, "cannot lay out the KV pages of this request");
         return;
     }
@@ -1000,6 +1040,24 @@ static void handle_reply(const char *data, size_t len)
             import_fail(imp, 500, msg);
         } else if (imp->expect_engine_id && eid && strcmp(eid, imp->expect_engine_id)) {
             import_fail(imp, 500, "remote_engine_id does not match the prefill instance");
+        } else if (!imp->failed && imp->peer_unit == 0) {
+            /* key the pages as the prefill sends them (whole chunks or layers) */
+            json_int_t u = json_integer_value(json_object_get(m, "layers_per_key"));
+            sim_kv_geom_t g = imp->geom;
+            imp->peer_unit = u > 0 ? (int)u : g.unit_layers;
+            if (imp->peer_unit != g.unit_layers &&
+                (imp->peer_unit != 1 && imp->peer_unit != g.layers)) {
+                import_fail(imp, 500, "the prefill's KV unit does not match this model's layers");
+            } else if (imp->peer_unit != g.unit_layers) {
+                g.unit_layers = imp->peer_unit;
+                import_free_keys(imp);
+                if (import_setup_keys(imp, &g))
+                    import_fail(imp, 500, "out of memory");
+            }
+            if (!imp->failed && imp->loads_waiting) {
+                imp->loads_waiting = 0;
+                import_loads(imp);
+            }
         }
         import_maybe_free(imp);
         break;
@@ -1013,12 +1071,13 @@ static void verify_rank(sim_import_t *imp, int r, uint8_t *scratch)
     sim_tokens_t looked = imp->req->prompt; /* the tokens whose KV was looked up */
     if (imp->kind == SIM_PD_D_LMCACHE)
         looked.n = sim_kv_lookup_len(imp->req);
-    for (int l = 0; l < g->layers; l++)
+    for (int u = 0; u < g->layers / g->unit_layers; u++)
         for (size_t c = 0; c < imp->nchunks; c++) {
-            size_t k = (size_t)l * imp->nchunks + c;
+            size_t k = (size_t)u * imp->nchunks + c;
             imp->bytes += imp->lens[r][k];
             imp->pages++;
-            if (!sim_kv_verify(&looked, g, r, l, c, imp->bufp[r][k], imp->lens[r][k], scratch))
+            if (!sim_kv_verify(&looked, g, r, g->unit_layers == g->layers ? -1 : u, c,
+                               imp->bufp[r][k], imp->lens[r][k], scratch))
                 imp->verify_failures++;
         }
 }
@@ -1081,6 +1140,8 @@ static void handle_task(kvt_task_result_t *res)
         } else if (imp->outstanding == 0) {
             if (imp->kind == SIM_PD_D_LMCACHE)
                 import_lookups(imp);
+            else if (imp->peer_unit == 0)
+                imp->loads_waiting = 1; /* the prefill's reply names its key layout */
             else
                 import_loads(imp);
         }

@@ -193,13 +193,16 @@ class FakeAllocPort:
         while not self.stop:
             if not self.sock.poll(50):
                 continue
-            ident, payload = self.sock.recv_multipart()[:2]
+            # [ident, b"", payload] from a DEALER (the delimiter LMCache's
+            # async receiver also skips: pd_backend_async.py takes frames[-1])
+            frames = self.sock.recv_multipart()
+            ident, payload = frames[0], frames[-1]
             m = self.msgpack.unpackb(payload, raw=False)
             self.msgs.append(m)
             if m.get("type") == "ReserveRequest":
                 n = sum(1 for x in self.msgs if x.get("type") == "ReserveRequest")
                 ok = self.grant_after is not None and n > self.grant_after
-                self.sock.send_multipart([ident, self.msgpack.packb(
+                self.sock.send_multipart([ident, b"", self.msgpack.packb(
                     {"type": "ReserveResponse", "req_id": m["req_id"], "granted": ok,
                      "free_chunks": 100 if ok else 0})])
 
