@@ -92,6 +92,7 @@ typedef struct sim_export {
     char *hold_id; /* remote_request_id handed out (nixl etc.) */
     char *req_id;  /* X-Request-Id of the prefill leg */
     char *rv_key;  /* "tid:<T>" / "room:<R>" */
+    int dp_rank;   /* the DP rank the request ran on (X-data-parallel-rank; -1 = none) */
     sim_pd_kind_t kind;
     sim_tokens_t prompt;
     uint64_t prompt_hash;
@@ -141,6 +142,8 @@ typedef struct sim_import {
     char endpoint[160];            /* tcp://host:port of the prefill side channel */
     json_t *ctl;                   /* message to send (owned) */
     char *expect_engine_id;
+    int64_t room;     /* sglang: bootstrap_room */
+    int prefill_rank; /* sglang: disagg_prefill_dp_rank, -1 = room % the prefill's dp_size */
     int nranks;
     int phase;         /* 0 new, 1 waiting, 2 loading, 3 done */
     int peer_unit;     /* layers per key the prefill sends (0: no reply yet) */

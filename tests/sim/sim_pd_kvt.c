@@ -1,14 +1,15 @@
 /*
  * The KV thread of a PD instance: libkvt engines (the bytes), the control
- * side channel between instances (ZeroMQ ROUTER on --kv-port and
- * --bootstrap-port of a prefill, DEALERs on a decode; JSON messages), and
- * the state machines of exports (prefill) and imports (decode).
+ * side channel between instances (ZeroMQ ROUTER on --kv-port of a prefill, or
+ * an ephemeral port its HTTP bootstrap server names; DEALERs on a decode; JSON
+ * messages), and the state machines of exports (prefill) and imports (decode).
  *
  * Side-channel messages (decode → prefill), one JSON object per frame:
  *   {"op":"pull", "xfer", "mode", "receiver":{host, alloc_ports, init_ports},
  *    "remote_request_id"?, "remote_block_ids"?, "remote_engine_id"?,
  *    "request_id", "prompt_hash", "engine_id"}      read KV a prefill holds
- *   {"op":"register", "key":"tid:<T>"|"room:<R>", ...same}   parallel rendezvous
+ *   {"op":"register", "key":"tid:<T>"|"room:<R>", "remote_engine_id"?,
+ *    "prefill_dp_rank"?, ...same}    parallel rendezvous (the DP rank it expects)
  *   {"op":"compute", "body", "is_chat", ...same}    vllm-kvt batch: compute + push
  *   {"op":"cancel", "xfer"}                         the decode gave up
  * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks",
@@ -86,6 +87,7 @@ typedef struct reg {
     size_t ident_len;
     uint64_t prompt_hash;
     uint64_t expire;
+    int eid_rank; /* DP rank whose engine id the decode named; -1 = none named */
 } reg_t;
 static reg_t *regs;
 
@@ -363,6 +365,19 @@ static void attach_dest_locked(sim_export_t *e, const sim_receiver_t *dest, cons
     }
 }
 
+/* A Mooncake decode names the engine id of the DP rank it expects the KV from; the transfer
+ * fails if this request ran on another rank (upstream: each rank has its own worker). */
+static void rank_check_locked(sim_export_t *e, int eid_rank)
+{
+    int rank = e->dp_rank < 0 ? 0 : e->dp_rank;
+    if (eid_rank < 0 || eid_rank == rank || e->failed)
+        return;
+    e->failed = 1;
+    snprintf(e->err, sizeof(e->err),
+             "transfer %s ran on DP rank %d, the decode named the engine of rank %d", e->rv_key,
+             rank, eid_rank);
+}
+
 void sim_pd_rendezvous_attach_locked(sim_export_t *e)
 {
     for (reg_t **pp = &regs; *pp; pp = &(*pp)->next) {
@@ -371,6 +386,7 @@ void sim_pd_rendezvous_attach_locked(sim_export_t *e)
             continue;
         *pp = r->next;
         attach_dest_locked(e, &r->dest, r->xfer, r->mode, r->ident, r->ident_len);
+        rank_check_locked(e, r->eid_rank);
         if (r->prompt_hash != e->prompt_hash) {
             e->failed = 1;
             snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
@@ -486,9 +502,13 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
             json_decref(m);
             return;
         }
-        if (eid && strcmp(eid, sim_cfg.engine_id)) {
-            snprintf(err, sizeof(err), "remote_engine_id %s is not this engine (%s)", eid,
-                     sim_cfg.engine_id);
+        int eid_rank = eid ? sim_engine_id_rank(eid) : -1;
+        json_t *pdr = json_object_get(m, "prefill_dp_rank"); /* sglang */
+        if (json_is_integer(pdr))
+            eid_rank = (int)json_integer_value(pdr);
+        if (eid && eid_rank < 0) {
+            snprintf(err, sizeof(err), "remote_engine_id %s is not an engine of this instance",
+                     eid);
             reply(ident, ident_len, xfer, 0, err, 0);
             json_decref(m);
             return;
@@ -497,6 +517,7 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
         e = sim_pd_export_find_locked(NULL, NULL, 0, key);
         if (e) {
             attach_dest_locked(e, &dest, xfer, mode, ident, ident_len);
+            rank_check_locked(e, eid_rank);
             if (e->prompt_hash != hash_of(m)) {
                 e->failed = 1;
                 snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
@@ -512,6 +533,7 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
                 r->dest = dest;
                 r->mode = mode;
                 r->prompt_hash = hash_of(m);
+                r->eid_rank = eid_rank;
                 if (ident_len <= sizeof(r->ident)) {
                     memcpy(r->ident, ident, ident_len);
                     r->ident_len = ident_len;
@@ -816,7 +838,7 @@ static void import_fail(sim_import_t *imp, int status, const char *msg)
     imp->failed = 1;
     import_resolve(imp, 0, status, msg);
     import_release_kv(imp, 1);
-    if (imp->ctl && imp->endpoint[0]) {
+    if (imp->ctl && !strncmp(imp->endpoint, "tcp://", 6)) {
         dealer_t *d = dealer_get(imp->endpoint);
         json_t *m = json_pack("{s:s,s:s}", "op", "cancel", "xfer", imp->xfer);
         if (d && m)
@@ -836,6 +858,8 @@ static void import_maybe_free(sim_import_t *imp)
     if (imp->phase == 3 && imp->outstanding == 0 && atomic_load(&imp->queued) == 0)
         import_free(imp);
 }
+
+static int resolve_bootstrap(sim_import_t *imp);
 
 static void import_loads(sim_import_t *imp)
 {
@@ -1010,12 +1034,91 @@ static void begin_import(sim_import_t *imp)
         imp->outstanding++;
     }
     imp->phase = 1;
+    if (!strncmp(imp->endpoint, "http://", 7) && resolve_bootstrap(imp))
+        return;
     dealer_t *d = dealer_get(imp->endpoint);
     if (!d) {
         import_fail(imp, 502, "cannot reach the prefill instance's side channel");
         return;
     }
     send_json(d->sock, NULL, 0, imp->ctl);
+}
+
+/* The decode asks the prefill's bootstrap server where its side channel is, as upstream
+ * decodes do: vLLM Mooncake GET /query and the entry of remote_engine_id (none: the decode
+ * fails the request, "remote engine_id ... not found", vLLM's default kv_load_failure_policy
+ * "fail"); SGLang GET /route. Rewrites imp->endpoint to tcp://; 0 = resolved. */
+static int resolve_bootstrap(sim_import_t *imp)
+{
+    char host[128], err[256], msg[640];
+    const char *p = imp->endpoint + 7, *colon = strrchr(p, ':');
+    int mooncake = imp->kind == SIM_PD_D_MOONCAKE_PAR;
+    int port = colon ? atoi(colon + 1) : 0;
+    size_t hl = colon ? (size_t)(colon - p) : 0;
+    json_t *a = NULL;
+    char *body;
+    if (!hl || hl >= sizeof(host) || port <= 0) {
+        import_fail(imp, 500, "bad bootstrap address");
+        return -1;
+    }
+    memcpy(host, p, hl);
+    host[hl] = '\0';
+    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    /* bounded by the decode's own KV deadline, as a loaded machine may be slow to answer */
+    body = sim_http_get(host, port, mooncake ? "/query" : "/route", sim_cfg.kv_wait_timeout_ms, err,
+                        sizeof(err));
+    if (body)
+        a = json_loads(body, 0, NULL);
+    free(body);
+    if (!a) {
+        snprintf(msg, sizeof(msg), "failed to connect to bootstrap server %s: %s", imp->endpoint,
+                 body ? "not JSON" : err);
+        import_fail(imp, 500, msg);
+        return -1;
+    }
+    const char *addr = NULL;
+    if (mooncake) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(a, k, v)
+        {
+            const char *eid = json_string_value(json_object_get(v, "engine_id"));
+            if (!imp->expect_engine_id ? !strcmp(k, "0")
+                                       : (eid && !strcmp(eid, imp->expect_engine_id))) {
+                json_t *tp0 = json_object_get(json_object_get(v, "worker_addr"), "0");
+                addr = json_string_value(json_object_get(tp0, "0"));
+                break;
+            }
+        }
+        if (addr && strlen(addr) < sizeof(imp->endpoint)) {
+            snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", addr);
+        } else {
+            snprintf(msg, sizeof(msg), "remote engine_id %s not found from bootstrap server %s",
+                     imp->expect_engine_id ? imp->expect_engine_id : "(rank 0)", imp->endpoint);
+            json_decref(a);
+            import_fail(imp, 500, msg);
+            return -1;
+        }
+    } else {
+        const char *ip = json_string_value(json_object_get(a, "rank_ip"));
+        json_int_t rp = json_integer_value(json_object_get(a, "rank_port"));
+        if (!ip || rp <= 0 || rp > 65535 || strlen(ip) > 100) {
+            json_decref(a);
+            import_fail(imp, 500, "the bootstrap server's /route answer has no rank_ip/port");
+            return -1;
+        }
+        snprintf(imp->endpoint, sizeof(imp->endpoint), "tcp://%s:%d", ip, (int)rp);
+        /* the prefill DP rank the KV comes from: disagg_prefill_dp_rank, else the room's */
+        json_int_t pdp = json_integer_value(json_object_get(a, "prefill_dp_size"));
+        int rank =
+            imp->prefill_rank >= 0 ? imp->prefill_rank : (int)(imp->room % (pdp > 0 ? pdp : 1));
+        json_object_set_new(imp->ctl, "prefill_dp_rank", json_integer(rank));
+    }
+    json_decref(a);
+    return 0;
 }
 
 static void handle_reply(const char *data, size_t len)
@@ -1038,7 +1141,8 @@ static void handle_reply(const char *data, size_t len)
             snprintf(msg, sizeof(msg), "prefill instance refused the KV transfer: %s",
                      e ? e : "unknown error");
             import_fail(imp, 500, msg);
-        } else if (imp->expect_engine_id && eid && strcmp(eid, imp->expect_engine_id)) {
+        } else if (imp->kind != SIM_PD_D_MOONCAKE_PAR && imp->expect_engine_id && eid &&
+                   strcmp(eid, imp->expect_engine_id)) {
             import_fail(imp, 500, "remote_engine_id does not match the prefill instance");
         } else if (!imp->failed && imp->peer_unit == 0) {
             /* key the pages as the prefill sends them (whole chunks or layers) */
@@ -1464,16 +1568,24 @@ static void run_paced(void)
     }
 }
 
+/* Bind the side channel on <port> (0: an ephemeral one); sim_side_port says which. */
 static int bind_router(int port)
 {
-    char ep[128];
-    const char *h = sim_cfg.host;
-    snprintf(ep, sizeof(ep), "tcp://%s:%d", strcmp(h, "0.0.0.0") ? h : "*", port);
+    char ep[128], last[128];
+    size_t len = sizeof(last);
+    const char *h = sim_cfg.host, *colon;
+    if (port)
+        snprintf(ep, sizeof(ep), "tcp://%s:%d", strcmp(h, "0.0.0.0") ? h : "*", port);
+    else
+        snprintf(ep, sizeof(ep), "tcp://%s:*", strcmp(h, "0.0.0.0") ? h : "*");
     if (zmq_bind(router, ep)) {
         fprintf(stderr, "pdgw-sim: cannot bind the KV side channel %s: %s\n", ep,
                 zmq_strerror(zmq_errno()));
         return -1;
     }
+    if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, last, &len) == 0 &&
+        (colon = strrchr(last, ':')) != NULL)
+        sim_side_port = atoi(colon + 1);
     return 0;
 }
 
@@ -1483,7 +1595,7 @@ int sim_pd_kvt_start(void)
     zctx = zmq_ctx_new();
     if (efd < 0 || !zctx)
         goto err;
-    if (sim_cfg.kv_port || sim_cfg.bootstrap_port) {
+    if (sim_cfg.kv_port || (sim_cfg.bootstrap_port && sim_cfg.role == SIM_ROLE_PREFILL)) {
         int zero = 0;
         router = zmq_socket(zctx, ZMQ_ROUTER);
         if (!router)
@@ -1491,10 +1603,8 @@ int sim_pd_kvt_start(void)
         int64_t maxmsg = 64 << 20; /* a decode's request body at most */
         zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
         zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-        if (sim_cfg.kv_port && bind_router(sim_cfg.kv_port))
-            goto err;
-        if (sim_cfg.bootstrap_port && sim_cfg.bootstrap_port != sim_cfg.kv_port &&
-            bind_router(sim_cfg.bootstrap_port))
+        /* the bootstrap port serves HTTP (sim_bootstrap.c), which names this channel */
+        if (bind_router(sim_cfg.kv_port))
             goto err;
     }
     if (sim_cfg.role == SIM_ROLE_DECODE) {

@@ -18,8 +18,8 @@ env = {}
 
 DISCONNECT_CONFIGS = [
     ("vllm-nixl", "batch", {}),
-    ("vllm-mooncake", "staged", {}),
-    ("vllm-mooncake", "batch", {"mooncake_dispatch": "parallel"}),
+    ("vllm-mooncake", "staged", {"mooncake_dispatch": "serial"}),
+    ("vllm-mooncake", "batch", {}),
     ("vllm-kvt", "batch", {}),
     ("vllm-kvt", "staged", {}),
     ("sglang", "batch", {}),
@@ -93,7 +93,7 @@ def make_disconnect_test(protocol, mode, opts):
                                        {"protocol": protocol}) >= 1, "no CancelNotif counted")
             # the decode leg never started for serial protocols
             if protocol in ("vllm-nixl", "lmcache") or (protocol == "vllm-mooncake" and
-                                                        mode == "staged"):
+                                                        opts.get("mooncake_dispatch") == "serial"):
                 assert not D.records(rid), D.records(rid)
             wait_idle(sims(), timeout=1.0)  # released by the aborts, not by a timeout
         finally:
@@ -371,7 +371,8 @@ def test_decode_retry_repicks_decode_only():
     for protocol, mode in (("vllm-nixl", "batch"), ("vllm-nixl", "staged"),
                            ("vllm-mooncake", "batch"), ("vllm-kvt", "staged")):
         gw = Gateway(protocol, mode,
-                     [Ps[0].instance(), Ps[1].instance(), bad.instance(), good.instance()], {},
+                     [Ps[0].instance(), Ps[1].instance(), bad.instance(), good.instance()],
+                     {"mooncake_dispatch": "serial"} if protocol == "vllm-mooncake" else {},
                      retries=1, top={"decode_policy": "round-robin",
                                      "prefill_policy": "round-robin"})
         try:
