@@ -21,7 +21,7 @@
  * (its sampling_params are SGLang's own; the prefill's only hardening is stream false) plus
  * the bootstrap fields, one entry per item for a batch (a list "text" / list of "input_ids"
  * lists), each item with its own room, as mini_lb.py does. With return_logprob the prefill's
- * meta_info.input_token_logprobs is put in front of the decode's (on_decode_response).
+ * meta_info.input_token_logprobs is put in front of the decode's (rewrite_decode).
  */
 #include "fwd_pd.h"
 
@@ -230,41 +230,38 @@ static pdgw_fwd_status_t sgl_on_prefill_response(void *ctx, void *state,
 
 /* The decode computed no logits for the prompt: put the prefill's input_token_logprobs in front
  * of the decode's, in the answer and in every streamed event (what mini_lb.py does for
- * /generate). A decode answering before the prefill did is relayed as it is (counted). */
-static pdgw_fwd_status_t sgl_on_decode_response(void *ctx, void *state,
-                                                const pdgw_fwd_request_t *req, json_t *resp,
-                                                int *rewritten, pdgw_fwd_error_t *err)
+ * /generate). Asked with resp NULL, hold a finished decode answer for the prefill's. A decode
+ * event relayed before the prefill answered goes as it is (counted). */
+static json_t *sgl_rewrite_decode(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                                  const json_t *resp)
 {
     sgl_state_t *s = state;
-    json_t *dl, *merged;
+    json_t *out, *merged, *dl;
     (void)ctx;
-    if (!sgl_is_generate(req) || !json_is_true(json_object_get(req->body, "return_logprob")))
-        return PDGW_FWD_OK;
-    if (resp == NULL) {
-        *rewritten = 1; /* hold the answer for the prefill's logprobs */
-        return PDGW_FWD_OK;
-    }
+    if (s == NULL || !sgl_is_generate(req) ||
+        !json_is_true(json_object_get(req->body, "return_logprob")))
+        return NULL;
+    if (resp == NULL)
+        return json_true(); /* hold the answer for the prefill's logprobs */
     dl = json_object_get(json_object_get(resp, "meta_info"), "input_token_logprobs");
     if (!json_is_array(dl))
-        return PDGW_FWD_OK;
+        return NULL;
     if (s->prefill_logprobs == NULL) {
         pdgw_fwd_counter_inc(SGL_NAME, "logprob_merge_missing_prefill",
                              "decode answers relayed without the prefill's input_token_logprobs "
                              "(the prefill had not answered yet)");
-        return PDGW_FWD_OK;
+        return NULL;
     }
+    out = json_deep_copy(resp);
     merged = json_deep_copy(s->prefill_logprobs);
-    if (merged == NULL || json_array_extend(merged, dl)) {
+    if (out == NULL || merged == NULL || json_array_extend(merged, dl) ||
+        json_object_set(json_object_get(out, "meta_info"), "input_token_logprobs", merged)) {
         json_decref(merged);
-        pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500, "out of memory");
-        return PDGW_FWD_ERR;
+        json_decref(out);
+        return NULL; /* out of memory: relayed as it is */
     }
-    if (json_object_set_new(json_object_get(resp, "meta_info"), "input_token_logprobs", merged)) {
-        pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500, "out of memory");
-        return PDGW_FWD_ERR;
-    }
-    *rewritten = 1;
-    return PDGW_FWD_OK;
+    json_decref(merged);
+    return sse ? json_pack("[o]", out) : out;
 }
 
 static const pdgw_fwd_ops_t sgl_ops = {
@@ -274,7 +271,7 @@ static const pdgw_fwd_ops_t sgl_ops = {
     .retry_scope = sgl_retry_scope,
     .attempt_cleanup = sgl_attempt_cleanup,
     .on_prefill_response = sgl_on_prefill_response,
-    .on_decode_response = sgl_on_decode_response,
+    .rewrite_decode = sgl_rewrite_decode,
 };
 
 /* SGLang's native generate endpoint (python/sglang/srt/entrypoints/http_server.py). */

@@ -18,7 +18,7 @@
 typedef struct registry_entry {
     const pdgw_fwd_desc_t *desc;
     pdgw_fwd_desc_t upgraded;    /* an older-ABI descriptor, completed with defaults */
-    pdgw_fwd_ops_t upgraded_ops; /* its ops table (ABI < 3 ends before on_decode_response) */
+    pdgw_fwd_ops_t upgraded_ops; /* its ops table (ABI < 3 ends before rewrite_decode) */
     char origin[256];            /* "built-in" or the plugin path */
     int logged;
 } registry_entry_t;
@@ -109,10 +109,10 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
         desc = &e->upgraded;
     }
     if (desc->abi_version < 3) {
-        /* Its ops table ends before on_decode_response. */
+        /* Its ops table ends before rewrite_decode. */
         registry_entry_t *e = &registry[registry_count];
         memset(&e->upgraded_ops, 0, sizeof(e->upgraded_ops));
-        memcpy(&e->upgraded_ops, desc->ops, offsetof(pdgw_fwd_ops_t, on_decode_response));
+        memcpy(&e->upgraded_ops, desc->ops, offsetof(pdgw_fwd_ops_t, rewrite_decode));
         e->upgraded.ops = &e->upgraded_ops;
     }
     registry[registry_count].desc = desc;

@@ -38,9 +38,8 @@ extern "C" {
  * then take their defaults.
  *   1: the first layout.
  *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none).
- *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none) and the trailing op
- *      pdgw_fwd_ops_t.on_decode_response (default: NULL, the answer relayed unchanged); an
- *      older plugin's shorter ops table is completed with NULL. */
+ *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none); the ops table ends with
+ *      rewrite_decode (an older plugin's shorter table is completed with NULL). */
 #define PDGW_FWD_ABI_VERSION     3
 #define PDGW_FWD_ABI_MIN_VERSION 1
 
@@ -100,6 +99,9 @@ typedef enum {
     PDGW_END_TIMEOUT    /* a deadline passed */
 } pdgw_end_reason_t;
 
+/* pdgw_instance_t.kv_engine */
+enum { PDGW_KV_ENGINE_UPSTREAM = 0, PDGW_KV_ENGINE_LIBKVT = 1 };
+
 /*
  * One instance, as chosen by the scheduler. Read-only for forwarders and valid
  * for the whole attempt. Strings are never NULL (empty when unset).
@@ -123,6 +125,9 @@ typedef struct pdgw_instance {
     int dp_rank;
     int dp_size;
     int weight;
+    /* The instance's KV engine: only a PDGW_KV_ENGINE_LIBKVT peer may be sent pdgw's
+     * extensions of the LMCache control messages (ReserveRequest, delimiter-less frames). */
+    int kv_engine;
 } pdgw_instance_t;
 
 /* Thread-safe handle that re-runs a pending gate. */
@@ -275,17 +280,16 @@ typedef struct pdgw_fwd_ops {
     void (*attempt_cleanup)(void *ctx, void *state, const pdgw_fwd_request_t *req,
                             pdgw_end_reason_t reason);
 
-    /* ABI 3. May rewrite what the client gets from the relayed (decode) leg: called with the
-     * parsed 2xx JSON answer (not streamed) or each parsed SSE data event (streamed; not
-     * [DONE]); `resp` may be changed in place, then set *rewritten and the gateway sends the
-     * re-encoded JSON instead of the engine's bytes. Answers that are not JSON pass as they
-     * are. An error fails a non-streamed request like a decode failure (502); a streamed
-     * event then passes unchanged. Called first with `resp` NULL when a parallel decode's
-     * non-streamed answer is complete while the prefill still runs: set *rewritten to have
-     * the gateway hold the answer until the prefill's has reached on_prefill_response.
-     * Default: NULL, relayed as is. */
-    pdgw_fwd_status_t (*on_decode_response)(void *ctx, void *state, const pdgw_fwd_request_t *req,
-                                            json_t *resp, int *rewritten, pdgw_fwd_error_t *err);
+    /* Rewrite the decode leg's answer before the client sees it (optional; NULL = relay
+     * unchanged). `resp` is the parsed JSON (borrowed) of one SSE data event (`sse` set;
+     * [DONE] and non-JSON events are never passed) or of a 2xx non-stream answer. Return a new
+     * reference: for an event, a JSON array of objects sent as events in its place (empty =
+     * drop it); for a non-stream answer, the object sent instead. NULL = unchanged.
+     * PARALLEL only: called with `resp` NULL (sse 0) when the decode's non-stream answer is
+     * complete while the prefill still runs; a non-NULL return (released by the gateway)
+     * holds the answer until the prefill's has reached on_prefill_response. */
+    json_t *(*rewrite_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                              const json_t *resp);
 } pdgw_fwd_ops_t;
 
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
@@ -355,6 +359,9 @@ typedef enum {
 void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help);
+/* The same with a second label, reason="<reason>" (pdgw_fwd_<name>_total{protocol,reason}). */
+void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const char *help,
+                                 const char *reason);
 
 /* PD bookkeeping (thread-safe):
  *  - the prefill answered without the KV parameters decode needs

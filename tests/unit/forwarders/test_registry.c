@@ -101,7 +101,7 @@ static void test_abi1_descriptor_loads(void **state)
     assert_string_equal(d->summary, "abi 1");
     /* Its ops table is copied up to where ABI 1 ended; the later op reads as NULL. */
     assert_ptr_equal(d->ops->build_leg, dummy_ops.build_leg);
-    assert_null(d->ops->on_decode_response);
+    assert_null(d->ops->rewrite_decode);
     assert_null(d->client_fields);
     (void)pdgw_registry_log();
 }
@@ -114,22 +114,21 @@ typedef struct {
 } abi2_desc_t;
 
 /* Stands for whatever follows an ABI 2 ops table in memory. */
-static pdgw_fwd_status_t junk_op(void *ctx, void *st, const pdgw_fwd_request_t *req, json_t *resp,
-                                 int *rewritten, pdgw_fwd_error_t *err)
+static json_t *junk_op(void *ctx, void *st, const pdgw_fwd_request_t *req, int sse,
+                       const json_t *resp)
 {
     (void)ctx;
     (void)st;
     (void)req;
+    (void)sse;
     (void)resp;
-    (void)rewritten;
-    (void)err;
-    return PDGW_FWD_ERR;
+    return NULL;
 }
 
 static void test_abi2_descriptor_loads(void **state)
 {
     static const pdgw_fwd_ops_t junk_tail_ops = {.build_leg = dummy_build,
-                                                 .on_decode_response = junk_op};
+                                                 .rewrite_decode = junk_op};
     static const char *const fields[] = {"t_abi2_field", NULL};
     static const struct {
         abi2_desc_t d;
@@ -146,7 +145,7 @@ static void test_abi2_descriptor_loads(void **state)
     assert_ptr_equal(d->client_fields, fields);
     assert_null(d->native_paths);
     assert_ptr_equal(d->ops->build_leg, dummy_build);
-    assert_null(d->ops->on_decode_response);
+    assert_null(d->ops->rewrite_decode);
     (void)pdgw_registry_log();
 }
 
