@@ -9,6 +9,7 @@
 #     PROTOCOL=sglang make demo       (vllm-nixl | vllm-mooncake | vllm-kvt | sglang | lmcache | neutral)
 #     SCHEDULING=staged make demo     (batch | staged; lmcache is batch only)
 #     MOONCAKE_DISPATCH=parallel PROTOCOL=vllm-mooncake make demo
+#   PDGW_DEMO_ONCE=1: stop after the first answer instead of serving until Ctrl-C.
 set -euo pipefail
 
 BIN=${1:-build/bin}
@@ -151,8 +152,9 @@ else
     echo "decode   http://127.0.0.1:$DEC_PORT (pdgw-sim)"
 fi
 echo
-echo "Streaming a chat completion through pdgw:"
-echo
+echo "Question: Explain prefill/decode disaggregation in one paragraph."
+echo "Answer (streamed through pdgw, printed as each token arrives):"
+echo "----------------------------------------------------------------"
 REQ=$(printf '{"model":"%s","stream":true,"max_tokens":48,"messages":[{"role":"user","content":"Explain prefill/decode disaggregation in one paragraph."}]}' "$MODEL")
 # Print each token's text the moment its SSE event arrives.
 curl -sN "http://127.0.0.1:$GW_PORT/v1/chat/completions" \
@@ -175,6 +177,7 @@ for line in sys.stdin:
     sys.stdout.flush()
 print()
 '
+echo "----------------------------------------------------------------"
 # What moved: the sims count every KV byte sent, received and checked.
 python3 - "${SIMS[@]}" <<'PY'
 import sys, urllib.request
@@ -203,5 +206,9 @@ echo "  curl -N http://127.0.0.1:$GW_PORT/v1/chat/completions -H 'Content-Type: 
 echo "    -d '{\"model\":\"$MODEL\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
 echo "  curl http://127.0.0.1:$GW_PORT/metrics"
 echo
+# PDGW_DEMO_ONCE=1 stops here instead of serving (tests).
+if [[ "${PDGW_DEMO_ONCE:-0}" == 1 ]]; then
+    exit 0
+fi
 echo "Serving until Ctrl-C (logs in $LOGDIR)."
 wait -n "${PIDS[@]}" || true

@@ -349,4 +349,7 @@ def test_lmcache():
 
 
 if __name__ == "__main__":
+    pdgwtest.skip_unless_tools(
+        "kubectl", why="the overlays are rendered with `kubectl kustomize` and Debian 12 has no "
+        "recent kubectl (install it from the Kubernetes project to run this test)")
     pdgwtest.run([test_sim_1p1d, test_sim_2p2d, test_vllm_nixl, test_sglang, test_lmcache])
