@@ -40,7 +40,6 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
     static const char *const known[] = {FWD_PD_KV_OPT_KEYS, FWD_PD_PROXY_OPT_KEYS, NULL};
     fwd_pd_kv_opts_t o;
     lmc_ctx_t *c;
-    (void)env;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         fwd_pd_kv_opts_parse(options, 1, 1, &o, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
@@ -49,7 +48,7 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
         snprintf(err, errlen, "out of memory");
         return PDGW_FWD_ERR_CONFIG;
     }
-    if (fwd_pd_kv_create(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+    if (!env->check_only && fwd_pd_kv_create(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
@@ -188,6 +187,20 @@ static void lmc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     free(s);
 }
 
+/* The prefill pushes into the decode's LMCache receiver: one init and one alloc port per TP
+ * rank (pd_peer_init_port / pd_peer_alloc_port of the receiver's config). */
+static pdgw_fwd_status_t lmc_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
+                                            size_t errlen)
+{
+    (void)ctx;
+    if (inst->role == PDGW_FWD_ROLE_DECODE &&
+        (inst->n_init_ports == 0 || inst->n_alloc_ports != inst->n_init_ports)) {
+        snprintf(err, errlen, "decode instance needs init_ports and alloc_ports (one per TP rank)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    return PDGW_FWD_OK;
+}
+
 static const pdgw_fwd_ops_t lmc_ops = {
     .configure = lmc_configure,
     .destroy = lmc_destroy,
@@ -197,6 +210,7 @@ static const pdgw_fwd_ops_t lmc_ops = {
     .gate = lmc_gate,
     .retry_scope = lmc_retry_scope,
     .attempt_cleanup = lmc_attempt_cleanup,
+    .check_instance = lmc_check_instance,
 };
 
 static const pdgw_fwd_desc_t fwd_lmcache_desc = {

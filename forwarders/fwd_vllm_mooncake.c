@@ -215,6 +215,23 @@ static void mc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t 
     free(s);
 }
 
+/* Parallel dispatch names the prefill to the decode up front: its bootstrap server and the
+ * engine id the decode matches the pushed KV by. Serial copies both from the prefill's
+ * answer and needs nothing configured. */
+static pdgw_fwd_status_t mc_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
+                                           size_t errlen)
+{
+    const mc_ctx_t *c = ctx;
+    if (c == NULL || !c->parallel || inst->role != PDGW_FWD_ROLE_PREFILL)
+        return PDGW_FWD_OK;
+    if (inst->bootstrap_port <= 0 || inst->engine_id[0] == '\0') {
+        snprintf(err, errlen, "prefill instance needs %s (mooncake_dispatch parallel)",
+                 inst->bootstrap_port <= 0 ? "bootstrap_port" : "engine_id");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    return PDGW_FWD_OK;
+}
+
 static const pdgw_fwd_ops_t mc_ops = {
     .configure = mc_configure,
     .destroy = mc_destroy,
@@ -224,6 +241,7 @@ static const pdgw_fwd_ops_t mc_ops = {
     .on_prefill_response = mc_on_prefill_response,
     .retry_scope = mc_retry_scope,
     .attempt_cleanup = mc_attempt_cleanup,
+    .check_instance = mc_check_instance,
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {

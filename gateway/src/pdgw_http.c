@@ -255,6 +255,28 @@ static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *re
     return MHD_YES;
 }
 
+/* The Allow header of a 405 (RFC 9110 15.5.6): the methods the target answers. */
+static const char *allowed_methods(const pdgw_req_t *r)
+{
+    const char *sub = r->admin_path, *slash;
+    switch (r->route) {
+    case PDGW_ROUTE_INFER:
+        return "POST";
+    case PDGW_ROUTE_MODELS:
+    case PDGW_ROUTE_HEALTH:
+    case PDGW_ROUTE_READY:
+    case PDGW_ROUTE_METRICS:
+        return "GET, HEAD";
+    case PDGW_ROUTE_ADMIN:
+        if (sub[0] == '\0' || strcmp(sub, "/") == 0)
+            return "GET, POST";
+        slash = strchr(sub + 1, '/');
+        return slash == NULL ? "GET, DELETE" : "POST"; /* /<id> or /<id>/(un)drain */
+    default:
+        return NULL;
+    }
+}
+
 static enum MHD_Result queue_reply(pdgw_req_t *r)
 {
     struct MHD_Response *resp;
@@ -269,6 +291,8 @@ static enum MHD_Result queue_reply(pdgw_req_t *r)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
     if (r->reply_www_auth)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->reply_status == 405 && allowed_methods(r) != NULL)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r));
     if (r->reply_retry_after_s > 0) {
         char secs[16];
         snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);

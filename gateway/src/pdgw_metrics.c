@@ -818,8 +818,11 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Time between consecutive content events relayed to the client.", l_proto, 1,
         pdgw_metrics_tpot_buckets, pdgw_metrics_tpot_buckets_n, &g.tpot);
     ADD(PDGW_METRIC_HISTOGRAM, "pdgw_phase_duration_seconds",
-        "Duration of request phases (queue, prefill, kv_transfer, decode).", l_proto_phase, 2,
-        pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n, &g.phase_duration);
+        "Duration of request phases: queue (arrival to the first upstream leg), prefill "
+        "(prefill leg), kv_transfer (prefill done to the first decode event, two-stage only), "
+        "decode (decode leg).",
+        l_proto_phase, 2, pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n,
+        &g.phase_duration);
     ADD(PDGW_METRIC_GAUGE, "pdgw_inflight_requests", "Requests being served now.", NULL, 0, NULL, 0,
         &inflight);
     ADD(PDGW_METRIC_GAUGE, "pdgw_instance_inflight_requests",
@@ -946,8 +949,12 @@ void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char
 void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,
                                           double seconds)
 {
-    if (gm != NULL && protocol != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->kv_wait_seconds, protocol), seconds);
+    if (gm == NULL || protocol == NULL)
+        return;
+    pdgw_histogram_observe(pdgw_metric_family_series1(gm->kv_wait_seconds, protocol), seconds);
+    /* The KV wait is the kv_transfer phase of pdgw_phase_duration_seconds. */
+    pdgw_histogram_observe(pdgw_metric_family_series2(gm->phase_duration, protocol, "kv_transfer"),
+                           seconds);
 }
 
 void pdgw_gateway_metrics_observe_decode(pdgw_gateway_metrics_t *gm, const char *protocol,
@@ -988,6 +995,13 @@ void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char 
         gm->pd_cancel_notifs};
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
         (void)pdgw_metric_family_series1(fams[i], protocol);
+}
+
+void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,
+                                       const char *role, int delta)
+{
+    if (gm != NULL && instance != NULL && role != NULL)
+        pdgw_gauge_add(pdgw_metric_family_series2(gm->instance_inflight, instance, role), delta);
 }
 
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind)

@@ -216,6 +216,10 @@ void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *pro
 void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
                                                     const char *protocol);
 void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
+/* An upstream leg to <instance> (of role <role>: prefill|decode|both) started (+1) or
+ * ended (-1): pdgw_instance_inflight_requests. */
+void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,
+                                       const char *role, int delta);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);
 
 /*

@@ -290,6 +290,8 @@ void pdgw_leg_unpause(pdgw_leg_t *leg);
 const char *pdgw_leg_err_name(pdgw_leg_err_t e);
 
 /* ---- pdgw_workflow.c */
+/* The forwarder's read-only view <v> of scheduler instance <si> (strings borrowed from it). */
+void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si);
 /* Start the workflow of a validated inference request. */
 void pdgw_wf_start(pdgw_req_t *r);
 /* A leg ended (success or error); called from pdgw_leg_on_done / deadline checks. */

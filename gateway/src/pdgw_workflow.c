@@ -36,7 +36,7 @@ static const pdgw_fwd_ops_t *ops_of(const pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- instances */
 
-static void view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
+void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
 {
     const sched_instance_desc_t *d = sched_instance_desc(si);
     memset(v, 0, sizeof(*v));
@@ -76,7 +76,7 @@ static void wf_refresh_peers(pdgw_req_t *r)
         si = sched_booking_instance(r->booking, k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE);
         if (si == NULL)
             continue;
-        view_from_sched(&r->inst_view[k], si);
+        pdgw_instance_view_from_sched(&r->inst_view[k], si);
         r->inst_set[k] = true;
         r->sched_inst[k] = si; /* borrowed: valid while the booking lives */
         snprintf(k == 0 ? r->prefill_id : r->decode_id, SCHED_ID_MAX, "%s", r->inst_view[k].id);
@@ -289,6 +289,9 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
 
 static void wf_run_first_stage(pdgw_req_t *r)
 {
+    if (r->attempt == 0) /* queue: arrival to the first leg (booking, gate waits) */
+        pdgw_gateway_metrics_observe_phase(r->w->srv->opts.metrics, protocol_of(r), "queue",
+                                           (double)(pdgw_now_ms() - r->t_start_ms) / 1e3);
     switch (r->freq.dispatch) {
     case PDGW_DISPATCH_SINGLE:
         wf_run_decode_stage(r);
@@ -336,8 +339,17 @@ static bool wf_book(pdgw_req_t *r)
     }
     if (st != SCHED_OK) {
         memset(&e, 0, sizeof(e));
-        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "no usable instance: %s",
-                           sched_strerror(st));
+        if (st == SCHED_ERR_NO_INSTANCE)
+            pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "no usable %sinstance",
+                               sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL) == 0 &&
+                                       r->freq.dispatch != PDGW_DISPATCH_SINGLE
+                                   ? "prefill "
+                               : sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_DECODE) == 0
+                                   ? "decode "
+                                   : "");
+        else
+            pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "cannot book an instance: %s",
+                               sched_strerror(st));
         r->booking = NULL;
         wf_fail(r, &e, NULL);
         return false;

@@ -126,11 +126,11 @@ typedef struct pdgw_fwd_request {
      * X-Request-Id on every leg of the attempt. Name every KV transfer after it
      * (transfer_id, disagg_spec.req_id, reservations): it is unique and unguessable. */
     const char *request_id;
-    const char *path;       /* "/v1/completions" or "/v1/chat/completions" */
-    const json_t *body;     /* the client's parsed body (borrowed, read-only) */
-    int stream;             /* client asked for stream: true */
-    int is_chat;            /* chat completions */
-    pdgw_mode_t mode;       /* configured scheduling mode */
+    const char *path;   /* "/v1/completions" or "/v1/chat/completions" */
+    const json_t *body; /* the client's parsed body (borrowed, read-only) */
+    int stream;         /* client asked for stream: true */
+    int is_chat;        /* chat completions */
+    pdgw_mode_t mode;   /* configured scheduling mode */
     pdgw_dispatch_t dispatch;
     unsigned attempt;        /* 0 for the first attempt, 1.. for retries */
     int64_t deadline_ms;     /* absolute CLOCK_MONOTONIC ms when the request expires */
@@ -193,6 +193,9 @@ typedef struct pdgw_fwd_env {
     const char *protocol; /* the configured protocol name */
     pdgw_mode_t mode;     /* configured scheduling mode */
     unsigned n_workers;   /* worker threads */
+    /* Non-zero under `pdgw --check-config`: parse and check the options only; open no
+     * socket and start no thread (destroy follows at once). */
+    int check_only;
 } pdgw_fwd_env_t;
 
 /*
@@ -266,6 +269,14 @@ typedef struct pdgw_fwd_ops {
      * reservations, send cancel notices, free *state. */
     void (*attempt_cleanup)(void *ctx, void *state, const pdgw_fwd_request_t *req,
                             pdgw_end_reason_t reason);
+
+    /* Whether `inst` carries what this protocol needs of an instance of its role (a
+     * prefill's bootstrap port, a decode's receiver ports, ...). `pdgw --check-config`
+     * calls it for every configured instance, after configure; on error write a message
+     * naming the missing field into err (size errlen): every request through that instance
+     * would fail. Default: every instance is usable. */
+    pdgw_fwd_status_t (*check_instance)(void *ctx, const pdgw_instance_t *inst, char *err,
+                                        size_t errlen);
 } pdgw_fwd_ops_t;
 
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
