@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
@@ -860,6 +862,13 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     ADD(PDGW_METRIC_COUNTER, "pdgw_local_resource_errors_total",
         "Requests refused because the gateway itself ran out of a resource (descriptors, memory).",
         l_kind, 1, NULL, 0, &g.local_resource_errors);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_prompt_tokens_total",
+        "Prompt tokens the engines reported in usage (non-stream responses, and streams whose "
+        "client asked for stream_options.include_usage).",
+        l_proto, 1, NULL, 0, &g.prompt_tokens);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_completion_tokens_total",
+        "Completion tokens the engines reported in usage (as pdgw_prompt_tokens_total).", l_proto,
+        1, NULL, 0, &g.completion_tokens);
 #undef ADD
 
     g.inflight = pdgw_metric_family_series(inflight, NULL);
@@ -995,6 +1004,44 @@ void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char 
         gm->pd_cancel_notifs};
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
         (void)pdgw_metric_family_series1(fams[i], protocol);
+}
+
+/* Where a JSON text has `"usage"` followed by an object; NULL when it has none. */
+static const char *usage_object_at(const char *s, size_t len)
+{
+    const char *end = s + len, *p = s;
+    while (p < end) {
+        const char *hit = memmem(p, (size_t)(end - p), "\"usage\"", 7);
+        if (hit == NULL)
+            return NULL;
+        p = hit + 7;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ':'))
+            p++;
+        if (p < end && *p == '{')
+            return hit;
+    }
+    return NULL;
+}
+
+void pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len)
+{
+    json_t *root, *usage;
+    json_int_t pt, ct;
+    if (gm == NULL || protocol == NULL || json == NULL || usage_object_at(json, len) == NULL)
+        return;
+    root = json_loadb(json, len, 0, NULL);
+    usage = json_is_object(root) ? json_object_get(root, "usage") : NULL;
+    if (json_is_object(usage)) {
+        pt = json_integer_value(json_object_get(usage, "prompt_tokens"));
+        ct = json_integer_value(json_object_get(usage, "completion_tokens"));
+        if (pt > 0)
+            pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
+        if (ct > 0)
+            pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol),
+                             (uint64_t)ct);
+    }
+    json_decref(root);
 }
 
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

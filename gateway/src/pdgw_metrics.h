@@ -159,6 +159,9 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_local_resource_errors_total{kind}              counter   the gateway ran short itself:
  *                                                                 kind = fd|memory|socket|accept
  *                                                                 (not the instance's fault)
+ *   pdgw_prompt_tokens_total{protocol}                  counter   usage.prompt_tokens the
+ *                                                                 engines reported
+ *   pdgw_completion_tokens_total{protocol}              counter   usage.completion_tokens
  *   pdgw_build_info{version}                            gauge     always 1
  *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
  * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).
@@ -185,6 +188,8 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *prefill_missing_kv_params; /* prefill answered without params */
     pdgw_metric_family_t *pd_cancel_notifs;          /* KV cancel notices sent */
     pdgw_metric_family_t *local_resource_errors;     /* {kind}: the gateway's own shortage */
+    pdgw_metric_family_t *prompt_tokens;             /* engine-reported usage */
+    pdgw_metric_family_t *completion_tokens;
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -216,6 +221,10 @@ void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *pro
 void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
                                                     const char *protocol);
 void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
+/* Count the engine-reported token usage in one relayed response body or SSE event <json>
+ * (<len> bytes; a body without a "usage" object costs one scan and counts nothing). */
+void pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len);
 /* An upstream leg to <instance> (of role <role>: prefill|decode|both) started (+1) or
  * ended (-1): pdgw_instance_inflight_requests. */
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

@@ -738,6 +738,8 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
     } else {
         size_t len;
         char *body = pdgw_buf_steal(&leg->resp, &len);
+        if (body != NULL)
+            pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), body, len);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }
@@ -966,6 +968,8 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
             r->t_last_token_ns = now_ns;
         }
     }
+    if (ev->has_data && !ev->is_done)
+        pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), ev->data, ev->data_len);
     /* Pass the event through byte for byte. */
     pdgw_req_out_append(r, ev->raw, ev->raw_len);
     if (!r->committed)

@@ -8,16 +8,20 @@
 - A 405 names the allowed methods in `Allow`.
 - After PD requests, pdgw_phase_duration_seconds has observations for every phase its help
   text names; pdgw_instance_inflight_requests counts a stream while it runs and drops back
-  to 0 after it.
+  to 0 after it; token counters add up the engines' usage; the engines' scraped load (vLLM
+  and SGLang names) is a gauge per instance.
 - A booking with no usable prefill instance says so once ("no usable prefill instance").
 """
 
 import glob
+import http.server
+import json
 import os
 import re
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 import pdgwtest as T
@@ -243,8 +247,97 @@ def test_no_usable_instance_wording():
     assert "no usable prefill instance" in msg and msg.count("no usable") == 1, msg
 
 
+def test_token_counters():
+    """pdgw_prompt_tokens_total / pdgw_completion_tokens_total add up the usage the engine
+    reported: non-stream bodies, and streams whose client asked for include_usage."""
+    sim, sport = start_sim("both")
+    gw, port = start_gw_config(f'listen: "127.0.0.1:0"\nprotocol: neutral\ninstances:\n'
+                               f'  - {{id: b0, url: "http://127.0.0.1:{sport}", role: both}}\n')
+    T.wait_http(port, "/ready", proc=gw)
+    want_p = want_c = 0
+    body = {"model": MODEL, "prompt": "count the tokens of this prompt", "max_tokens": 5}
+    st, _, obj, raw = T.post_json(port, "/v1/completions", body)
+    assert st == 200, raw
+    want_p += obj["usage"]["prompt_tokens"]
+    want_c += obj["usage"]["completion_tokens"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True}}
+    usage = [json.loads(e)["usage"] for e in T.sse_events(port, "/v1/chat/completions", chat)
+             if e != "[DONE]" and json.loads(e).get("usage")]
+    assert len(usage) == 1, usage
+    want_p += usage[0]["prompt_tokens"]
+    want_c += usage[0]["completion_tokens"]
+    # Without include_usage the engine reports nothing, and nothing is counted.
+    list(T.sse_events(port, "/v1/completions", dict(body, stream=True)))
+    text = metrics(port)
+    got_p = T.metric_value(text, "pdgw_prompt_tokens_total", {"protocol": "neutral"})
+    got_c = T.metric_value(text, "pdgw_completion_tokens_total", {"protocol": "neutral"})
+    assert want_p > 0 and want_c == 12, (want_p, want_c)
+    assert (got_p, got_c) == (want_p, want_c), (got_p, got_c, want_p, want_c)
+
+
+class FakeSGLang(http.server.BaseHTTPRequestHandler):
+    """An engine that answers /health and serves SGLang's metric names (upstream
+    python/sglang/srt/metrics/collector.py): num_running_reqs, num_queue_reqs, the PD
+    prealloc / transfer queues, token_usage (a fraction), one sample per TP rank."""
+    LABELS = '{model_name="m",engine_type="decode",tp_rank="%d",pp_rank="0",moe_ep_rank="0"}'
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            lines = []
+            for rank, (run, queue, transfer, usage) in enumerate([(3, 1, 2, 0.25), (2, 0, 1, 0.5)]):
+                lab = self.LABELS % rank
+                lines += [f"sglang:num_running_reqs{lab} {run}.0",
+                          f"sglang:num_queue_reqs{lab} {queue}.0",
+                          f"sglang:num_decode_transfer_queue_reqs{lab} {transfer}.0",
+                          f"sglang:token_usage{lab} {usage}"]
+            data = ("\n".join(lines) + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+        else:
+            data = b""
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_engine_load_gauges():
+    """The scraped engine load per instance: vLLM names from pdgw-sim, SGLang names from a
+    stand-in; counts summed over ranks, usage the largest."""
+    sim, sport = start_sim("both")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        gw, port = start_gw_config(
+            'listen: "127.0.0.1:0"\nprotocol: neutral\nmetrics_scrape_interval: 100ms\n'
+            'instances:\n'
+            f'  - {{id: vllm0, url: "http://127.0.0.1:{sport}", role: both}}\n'
+            f'  - {{id: sgl0, url: "http://127.0.0.1:{srv.server_address[1]}", role: both}}\n')
+        want = {("sgl0", "pdgw_engine_running_requests"): 5.0,
+                ("sgl0", "pdgw_engine_waiting_requests"): 4.0,
+                ("sgl0", "pdgw_engine_kv_cache_usage_ratio"): 0.5,
+                ("vllm0", "pdgw_engine_running_requests"): 0.0,
+                ("vllm0", "pdgw_engine_kv_cache_usage_ratio"): 0.0}
+        deadline = time.time() + 10
+        while True:
+            text = metrics(port)
+            got = {k: T.metric_value(text, k[1], {"instance": k[0], "role": "both"})
+                   for k in want}
+            if got == want or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert got == want, got
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 if __name__ == "__main__":
     T.run([test_check_config_runs_the_forwarder, test_check_config_equals_startup,
            test_check_config_binds_nothing, test_shipped_configs_pass, test_listen_port_zero,
            test_405_has_allow, test_phase_durations_observed, test_instance_inflight_gauge,
-           test_no_usable_instance_wording])
+           test_no_usable_instance_wording, test_token_counters, test_engine_load_gauges])
