@@ -191,6 +191,17 @@ static const pdgw_config_option_t options[] = {
     {"discovery.kubernetes.ca_file", "discovery-kubernetes-ca-file",
      "PDGW_DISCOVERY_KUBERNETES_CA_FILE", PDGW_OPT_STRING, NULL, 0, 0, SA_CA, "PATH",
      "CA bundle of the API server.", C(k8s.ca_file)},
+    {"tracing.otlp_endpoint", "tracing-otlp-endpoint", "PDGW_TRACING_OTLP_ENDPOINT",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "URL", "OpenTelemetry collector base URL (OTLP/HTTP, "
+     "spans POSTed as JSON to URL/v1/traces); empty = OTEL_EXPORTER_OTLP_ENDPOINT, else no "
+     "tracing.", C(tracing.otlp_endpoint)},
+    {"tracing.service_name", "tracing-service-name", "PDGW_TRACING_SERVICE_NAME",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "NAME", "service.name of the spans; empty = "
+     "OTEL_SERVICE_NAME, else pdgw.", C(tracing.service_name)},
+    {"tracing.sample_ratio", "tracing-sample-ratio", "PDGW_TRACING_SAMPLE_RATIO",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "RATIO", "Share of requests without a sampled parent "
+     "that are traced, 0..1; empty = OTEL_TRACES_SAMPLER_ARG, else 1.",
+     C(tracing.sample_ratio)},
     /* CLI-only actions */
     {NULL, "config", "PDGW_CONFIG", PDGW_OPT_ACTION, NULL, 0, 0, NULL, "FILE",
      "Load this YAML config file (short: -c).", 0},

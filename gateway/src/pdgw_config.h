@@ -172,6 +172,11 @@ typedef struct pdgw_config {
     pdgw_dns_discovery_config_t dns;
     bool k8s_enabled; /* derived: any selector set */
     pdgw_k8s_discovery_config_t k8s;
+    struct {
+        char *otlp_endpoint; /* "" = OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off */
+        char *service_name;  /* "" = OTEL_SERVICE_NAME, else "pdgw" */
+        char *sample_ratio;  /* "" = OTEL_TRACES_SAMPLER_ARG, else 1 */
+    } tracing;
     char *config_file; /* path of the loaded YAML file, NULL if none */
 } pdgw_config_t;
 

@@ -224,9 +224,11 @@ static void req_identity(pdgw_req_t *r)
     else if (pdgw_uuid4(r->id) != PDGW_OK)
         snprintf(r->id, sizeof(r->id), "req-%llu", (unsigned long long)r->t_start_ns);
     if (tp && pdgw_traceparent_parse(tp, strlen(tp), &parent) == PDGW_OK &&
-        pdgw_traceparent_child(&parent, &child) == PDGW_OK)
+        pdgw_traceparent_child(&parent, &child) == PDGW_OK) {
         pdgw_traceparent_format(&child, r->traceparent);
-    else if (pdgw_traceparent_new(&child) == PDGW_OK)
+        r->client_tp = parent;
+        r->has_client_tp = true;
+    } else if (pdgw_traceparent_new(&child) == PDGW_OK)
         pdgw_traceparent_format(&child, r->traceparent);
 }
 

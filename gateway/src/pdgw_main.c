@@ -22,6 +22,7 @@
 #include "pdgw_fwd_setup.h"
 #include "pdgw_log.h"
 #include "pdgw_metrics.h"
+#include "pdgw_otel.h"
 #include "pdgw_registry.h"
 #include "pdgw_server.h"
 #include "pdgw_server_int.h"
@@ -232,7 +233,13 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
     json_decref(options);
     if (st != PDGW_OK)
         return st;
-    st = make_pool(cfg, true, &pool, err, errlen);
+    {
+        pdgw_otel_config_t oc;
+        st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
+                                   cfg->tracing.sample_ratio, environ, &oc, err, errlen);
+    }
+    if (st == PDGW_OK)
+        st = make_pool(cfg, true, &pool, err, errlen);
     for (i = 0; st == PDGW_OK && i < cfg->n_instances; i++) {
         sched_instance_desc_t d;
         sched_instance_t *si;
@@ -294,6 +301,8 @@ int main(int argc, char **argv)
     sched_pool_t *pool = NULL;
     pdgw_server_t *srv = NULL;
     pdgw_server_opts_t so;
+    pdgw_otel_config_t otel_cfg;
+    pdgw_otel_t *otel = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -346,6 +355,15 @@ int main(int argc, char **argv)
         goto out_metrics;
     }
     pdgw_metrics_collector_add(reg, collect_sched_metrics, pool);
+    if (pdgw_otel_config_load(cfg.tracing.otlp_endpoint, cfg.tracing.service_name,
+                              cfg.tracing.sample_ratio, environ, &otel_cfg, err,
+                              sizeof(err)) != PDGW_OK ||
+        pdgw_otel_create(&otel_cfg, &otel, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_pool;
+    }
+    if (otel != NULL)
+        pdgw_metrics_collector_add(reg, pdgw_otel_metrics, otel);
     options = options_json(&cfg);
 
     pdgw_server_opts_init(&so);
@@ -366,6 +384,7 @@ int main(int argc, char **argv)
     so.n_models = cfg.models.count;
     so.pool = pool;
     so.metrics = &gm;
+    so.otel = otel;
     if (pdgw_server_create(&so, &srv, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_pool;
@@ -409,6 +428,10 @@ out_server:
     pdgw_server_destroy(srv);
 out_pool:
     json_decref(options);
+    /* After the server: every request has recorded its spans; the last batch goes out now. */
+    if (otel != NULL)
+        pdgw_metrics_collector_remove(reg, pdgw_otel_metrics, otel);
+    pdgw_otel_destroy(otel);
     if (pool)
         pdgw_metrics_collector_remove(reg, collect_sched_metrics, pool);
     sched_pool_destroy(pool);

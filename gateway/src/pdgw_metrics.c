@@ -1023,13 +1023,14 @@ static const char *usage_object_at(const char *s, size_t len)
     return NULL;
 }
 
-void pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
-                                size_t len)
+bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len, int64_t *prompt_out, int64_t *completion_out)
 {
     json_t *root, *usage;
     json_int_t pt, ct;
+    bool found = false;
     if (gm == NULL || protocol == NULL || json == NULL || usage_object_at(json, len) == NULL)
-        return;
+        return false;
     root = json_loadb(json, len, 0, NULL);
     usage = json_is_object(root) ? json_object_get(root, "usage") : NULL;
     if (json_is_object(usage)) {
@@ -1040,8 +1041,14 @@ void pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol
         if (ct > 0)
             pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol),
                              (uint64_t)ct);
+        if (prompt_out)
+            *prompt_out = pt;
+        if (completion_out)
+            *completion_out = ct;
+        found = true;
     }
     json_decref(root);
+    return found;
 }
 
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

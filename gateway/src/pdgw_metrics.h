@@ -222,9 +222,10 @@ void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
                                                     const char *protocol);
 void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
 /* Count the engine-reported token usage in one relayed response body or SSE event <json>
- * (<len> bytes; a body without a "usage" object costs one scan and counts nothing). */
-void pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
-                                size_t len);
+ * (<len> bytes; a body without a "usage" object costs one scan and counts nothing). Returns
+ * true and sets *prompt_out / *completion_out (when not NULL) when it held usage. */
+bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len, int64_t *prompt_out, int64_t *completion_out);
 /* An upstream leg to <instance> (of role <role>: prefill|decode|both) started (+1) or
  * ended (-1): pdgw_instance_inflight_requests. */
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

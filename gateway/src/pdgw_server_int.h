@@ -173,6 +173,10 @@ struct pdgw_req {
      * the name of every KV transfer. Never derived from anything the client sent. */
     char leg_id[PDGW_UUID_STR_LEN + 1];
     char traceparent[PDGW_TRACEPARENT_LEN + 1];
+    pdgw_traceparent_t client_tp; /* the client's context (tracing), when has_client_tp */
+    bool has_client_tp;
+    bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */
+    int64_t usage_prompt, usage_completion;
     pdgw_buf_t fwd_headers;  /* "Name: value\0" client headers to forward */
     const char *conn_tokens; /* the client's Connection header (MHD-owned), while collecting */
     json_t *json;

@@ -14,6 +14,8 @@
  */
 #include "pdgw_server_int.h"
 
+#include "pdgw_otel.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -739,7 +741,9 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
         size_t len;
         char *body = pdgw_buf_steal(&leg->resp, &len);
         if (body != NULL)
-            pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), body, len);
+            r->usage_seen |=
+                pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), body, len,
+                                           &r->usage_prompt, &r->usage_completion);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }
@@ -969,12 +973,65 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
         }
     }
     if (ev->has_data && !ev->is_done)
-        pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), ev->data, ev->data_len);
+        r->usage_seen |=
+            pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), ev->data,
+                                       ev->data_len, &r->usage_prompt, &r->usage_completion);
     /* Pass the event through byte for byte. */
     pdgw_req_out_append(r, ev->raw, ev->raw_len);
     if (!r->committed)
         pdgw_req_commit_stream(r);
     return 0;
+}
+
+/* ---------------------------------------------------------------- tracing */
+
+/* The spans of a finished request (pdgw_otel.h). Leg times are in ms, the request's in ns. */
+static void wf_trace(pdgw_req_t *r, int status, uint64_t now_ns)
+{
+    const pdgw_leg_t *p = &r->legs[PDGW_LEG_PREFILL], *d = &r->legs[PDGW_LEG_DECODE];
+    pdgw_traceparent_t span;
+    pdgw_otel_request_t t;
+    uint64_t ms = 1000000u;
+
+    if (pdgw_traceparent_parse(r->traceparent, strlen(r->traceparent), &span) != PDGW_OK)
+        return;
+    memset(&t, 0, sizeof(t));
+    t.span = &span;
+    t.parent = r->has_client_tp ? &r->client_tp : NULL;
+    t.path = r->path;
+    t.method = r->method;
+    t.protocol = protocol_of(r);
+    t.model = r->info_valid ? r->info.model : NULL;
+    t.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
+    t.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
+    t.request_id = r->id;
+    t.failure_phase = r->pd_phase != PDGW_PHASE_NONE ? pdgw_phase_name(r->pd_phase) : NULL;
+    t.error = r->error_text[0] ? r->error_text : NULL;
+    t.status = status;
+    t.retries = r->attempt;
+    t.stream = r->info_valid && r->info.stream;
+    t.prompt_tokens = r->usage_seen ? r->usage_prompt : -1;
+    t.completion_tokens = r->usage_seen ? r->usage_completion : -1;
+    t.start_ns = r->t_start_ns;
+    t.end_ns = now_ns;
+    /* The legs of the last attempt (a retry restarts them). */
+    if (p->t_start_ms) {
+        t.prefill_start_ns = p->t_start_ms * ms;
+        t.prefill_end_ns = p->t_end_ms * ms;
+    }
+    if (d->t_start_ms) {
+        t.decode_start_ns = d->t_start_ms * ms;
+        t.decode_end_ns = d->t_end_ms * ms;
+        t.decode_first_ns = d->t_first_ms * ms;
+    }
+    t.first_leg_ns = p->t_start_ms && (!d->t_start_ms || p->t_start_ms <= d->t_start_ms)
+                         ? t.prefill_start_ns
+                         : t.decode_start_ns;
+    if (r->attempt > 0)
+        t.first_leg_ns = 0; /* the queue phase of the first attempt is not known any more */
+    if (!t.prefill_end_ns)
+        t.decode_first_ns = 0; /* no KV wait without a prefill */
+    pdgw_otel_record(r->w->srv->opts.otel, &t);
 }
 
 /* ---------------------------------------------------------------- deadlines, wake, end */
@@ -1131,6 +1188,8 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             a.bytes_out = r->bytes_out;
             pdgw_access_log(&a);
         }
+        if (r->route == PDGW_ROUTE_INFER && srv->opts.otel != NULL)
+            wf_trace(r, status, now_ns);
     }
     for (k = 0; k < 2; k++)
         pdgw_leg_release(&r->legs[k]);
