@@ -9,6 +9,8 @@
  */
 #include "pdgw_server_int.h"
 
+#include "pdgw_otel.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -228,8 +230,13 @@ static void req_identity(pdgw_req_t *r)
         pdgw_traceparent_format(&child, r->traceparent);
         r->client_tp = parent;
         r->has_client_tp = true;
-    } else if (pdgw_traceparent_new(&child) == PDGW_OK)
+    } else if (pdgw_traceparent_new(&child) == PDGW_OK) {
+        /* A new trace the exporter will not sample is forwarded unsampled, so the engines
+         * do not record halves of traces nobody will see. */
+        if (r->w->srv->opts.otel != NULL && !pdgw_otel_sampled(r->w->srv->opts.otel, &child, NULL))
+            child.flags &= (uint8_t)~1u;
         pdgw_traceparent_format(&child, r->traceparent);
+    }
 }
 
 static void req_deadline(pdgw_req_t *r)

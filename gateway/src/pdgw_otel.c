@@ -390,6 +390,16 @@ static bool ratio_sampled(const uint8_t trace_id[16], double ratio)
     return (double)v < ratio * 9223372036854775808.0;
 }
 
+bool pdgw_otel_sampled(const pdgw_otel_t *otel, const pdgw_traceparent_t *span,
+                       const pdgw_traceparent_t *parent)
+{
+    if (otel == NULL || span == NULL)
+        return false;
+    if (otel->cfg.parent_based && parent != NULL)
+        return (parent->flags & 1) != 0;
+    return ratio_sampled(span->trace_id, otel->cfg.sample_ratio);
+}
+
 void pdgw_otel_record(pdgw_otel_t *otel, const pdgw_otel_request_t *req)
 {
     otel_span_t spans[5];
@@ -398,12 +408,8 @@ void pdgw_otel_record(pdgw_otel_t *otel, const pdgw_otel_request_t *req)
     const pdgw_traceparent_t *tp = req->span;
     if (otel == NULL || tp == NULL || req->start_ns == 0 || req->end_ns < req->start_ns)
         return;
-    if (otel->cfg.parent_based && req->parent != NULL) {
-        if (!(req->parent->flags & 1))
-            return;
-    } else if (!ratio_sampled(tp->trace_id, otel->cfg.sample_ratio)) {
+    if (!pdgw_otel_sampled(otel, tp, req->parent))
         return;
-    }
     mono_now = pdgw_time_mono_ns();
     real_now = pdgw_time_real_ns();
     off = real_now > mono_now ? real_now - mono_now : 0;

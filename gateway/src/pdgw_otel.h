@@ -76,6 +76,12 @@ typedef struct pdgw_otel_request {
     uint64_t decode_first_ns;                  /* first byte of the decode leg */
 } pdgw_otel_request_t;
 
+/* Whether a request with context <span> (and the client's <parent>, NULL if none) is
+ * traced: the parent's sampled flag when parent-based, else the trace-id ratio. The same
+ * answer every time for the same ids. false when <otel> is NULL. */
+bool pdgw_otel_sampled(const pdgw_otel_t *otel, const pdgw_traceparent_t *span,
+                       const pdgw_traceparent_t *parent);
+
 /* Sample and queue the spans of one request; never blocks on the network. NULL-safe. */
 void pdgw_otel_record(pdgw_otel_t *otel, const pdgw_otel_request_t *req);
 

@@ -193,13 +193,18 @@ def test_ratio_zero_and_config_keys():
     col = Collector()
     try:
         # Config keys instead of the environment; ratio 0: roots are never sampled.
-        gw, port, _ = pd_gateway({"OTEL_BSP_SCHEDULE_DELAY": "50"},
+        gw, port, dport = pd_gateway({"OTEL_BSP_SCHEDULE_DELAY": "50"},
                                  f'tracing:\n  otlp_endpoint: "http://127.0.0.1:{col.port}"\n'
                                  f'  service_name: keyed\n  sample_ratio: "0"\n')
-        for _ in range(5):
+        for i in range(5):
             st, _, _, _ = T.post_json(port, "/v1/completions",
-                                      {"model": MODEL, "prompt": "z", "max_tokens": 2})
+                                      {"model": MODEL, "prompt": "z", "max_tokens": 2},
+                                      headers={"X-Request-Id": f"unsampled-{i}"})
             assert st == 200
+        # New traces that are not sampled reach the engines unsampled (flags 00).
+        recs = json.loads(T.request("GET", dport, "/sim/requests?request_id=unsampled-0")[2])
+        recs = recs if isinstance(recs, list) else recs.get("requests", [])
+        assert recs and all(r["traceparent"].endswith("-00") for r in recs), recs
         # A sampled parent still wins over the ratio (parent-based sampler).
         tp = traceparent()
         T.post_json(port, "/v1/completions", {"model": MODEL, "prompt": "z", "max_tokens": 2},
