@@ -81,6 +81,23 @@ out:
     return status;
 }
 
+pdgw_status_t pdgw_fwd_check_client_pd_fields(const pdgw_fwd_setup_t *s, pdgw_pd_fields_mode_t mode,
+                                              char *err, size_t errlen)
+{
+    const pdgw_fwd_plan_t *p = &s->plan;
+    if (mode != PDGW_PD_FIELDS_PASS ||
+        (p->dispatch == PDGW_DISPATCH_SINGLE && p->single_role == PDGW_FWD_ROLE_BOTH &&
+         !p->single_needs_prefill))
+        return PDGW_OK;
+    /* A PD forwarder puts its own PD fields into the legs: passing the client's through
+     * would let clients name KV peers. Only a plain proxy may opt in. */
+    snprintf(err, errlen,
+             "client_pd_fields: 'pass' is only allowed for a plain-proxy protocol (such as "
+             "neutral), not for '%s'; use reject or strip",
+             s->desc->name);
+    return PDGW_ERR_INVALID;
+}
+
 void pdgw_fwd_teardown(pdgw_fwd_setup_t *s)
 {
     if (s->desc != NULL && s->desc->ops->destroy && s->ctx != NULL)

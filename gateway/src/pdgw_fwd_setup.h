@@ -13,6 +13,7 @@
 #include <pdgw/forwarder.h>
 
 #include "pdgw_errors.h"
+#include "pdgw_validate.h"
 
 typedef struct pdgw_fwd_setup {
     const pdgw_fwd_desc_t *desc;
@@ -29,6 +30,12 @@ typedef struct pdgw_fwd_setup {
 pdgw_status_t pdgw_fwd_setup(const char *protocol, pdgw_mode_t mode, const json_t *options,
                              unsigned n_workers, bool check_only, pdgw_fwd_setup_t *out, char *err,
                              size_t errlen);
+
+/* Whether <mode> for the client's PD control fields suits the set-up forwarder: 'pass' only
+ * for a plain proxy (a PD forwarder writes those fields itself, and a client must not name
+ * KV peers). PDGW_ERR_INVALID with the reason in <err> otherwise. */
+pdgw_status_t pdgw_fwd_check_client_pd_fields(const pdgw_fwd_setup_t *s, pdgw_pd_fields_mode_t mode,
+                                              char *err, size_t errlen);
 
 /* Free what pdgw_fwd_setup made (the forwarder's destroy). Safe on a zeroed struct. */
 void pdgw_fwd_teardown(pdgw_fwd_setup_t *s);

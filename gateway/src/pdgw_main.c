@@ -233,7 +233,9 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
     json_decref(options);
     if (st != PDGW_OK)
         return st;
-    {
+    st = pdgw_fwd_check_client_pd_fields(&fs, (pdgw_pd_fields_mode_t)cfg->client_pd_fields, err,
+                                         errlen);
+    if (st == PDGW_OK) {
         pdgw_otel_config_t oc;
         st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
                                    cfg->tracing.sample_ratio, environ, &oc, err, errlen);
@@ -379,6 +381,7 @@ int main(int argc, char **argv)
     so.first_byte_timeout_ms = cfg.first_byte_timeout_ms;
     so.idle_timeout_ms = cfg.idle_timeout_ms;
     so.retries = cfg.retries > 0 ? (unsigned)cfg.retries : 0;
+    so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;
     so.n_models = cfg.models.count;

@@ -147,7 +147,8 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_retries_total{protocol}                        counter
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
- *                                                                 not_found|method|overload
+ *                                                                 not_found|method|overload|
+ *                                                                 client_pd_field
  *   pdgw_prefill_seconds{protocol}                      histogram prefill leg
  *   pdgw_kv_wait_seconds{protocol}                      histogram prefill done -> first decode
  *                                                                 event (two-stage only)
@@ -162,6 +163,10 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_prompt_tokens_total{protocol}                  counter   usage.prompt_tokens the
  *                                                                 engines reported
  *   pdgw_completion_tokens_total{protocol}              counter   usage.completion_tokens
+ *   pdgw_client_pd_fields_total{protocol,field,action}  counter   PD control fields a client
+ *                                                                 sent; field = rule name
+ *                                                                 (bounded), action = rejected|
+ *                                                                 stripped|passed
  *   pdgw_build_info{version}                            gauge     always 1
  *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
  * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).
@@ -190,6 +195,7 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *local_resource_errors;     /* {kind}: the gateway's own shortage */
     pdgw_metric_family_t *prompt_tokens;             /* engine-reported usage */
     pdgw_metric_family_t *completion_tokens;
+    pdgw_metric_family_t *client_pd_fields; /* {protocol,field,action} client PD fields */
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -230,6 +236,8 @@ bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol
  * ended (-1): pdgw_instance_inflight_requests. */
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,
                                        const char *role, int delta);
+void pdgw_gateway_metrics_client_pd_field(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          const char *field, const char *action);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);
 
 /*

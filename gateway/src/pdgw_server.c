@@ -473,6 +473,12 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         srv->fwd_ctx = fs.ctx;
         srv->plan = fs.plan;
     }
+    {
+        pdgw_fwd_setup_t fs = {.desc = srv->desc, .ctx = srv->fwd_ctx, .plan = srv->plan};
+        status = pdgw_fwd_check_client_pd_fields(&fs, opts->client_pd_fields, err, errlen);
+        if (status != PDGW_OK)
+            goto err_ctx;
+    }
     if (srv->plan.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
         srv->ready_roles = SCHED_ROLE_DECODE;
     else

@@ -66,6 +66,8 @@ def test_check_config_runs_the_forwarder():
         ("protocol: lmcache\nprotocol_options: {proxy_port: 7500}\n", "", "", 1,
          "d0: decode instance needs init_ports and alloc_ports"),
         ("protocol: vllm-nixl\nprotocol_options: {no_such: 1}\n", "", "", 1, "no_such"),
+        ("protocol: vllm-nixl\nclient_pd_fields: pass\n", "", "", 1,
+         "'pass' is only allowed for a plain-proxy protocol"),
     ]
     for proto, pextra, dextra, want_rc, want in cases:
         text = 'listen: "127.0.0.1:0"\n' + proto + PD_INSTANCES % (pextra, dextra)
