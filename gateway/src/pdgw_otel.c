@@ -55,7 +55,8 @@ struct pdgw_otel {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    otel_span_t *ring; /* max_queue_spans slots */
+    otel_span_t *ring;  /* max_queue_spans slots */
+    otel_span_t *batch; /* max_batch_spans slots, the exporter thread's */
     size_t head, count;
     bool stop;
     atomic_uint_fast64_t exported, dropped, failed;
@@ -228,15 +229,17 @@ static size_t discard_body(char *p, size_t size, size_t n, void *ud)
     return size * n;
 }
 
-static void export_batch(pdgw_otel_t *otel, CURL *easy, const otel_span_t *spans, size_t n)
+/* POST one batch; false when the collector did not take it. */
+static bool export_batch(pdgw_otel_t *otel, CURL *easy, const otel_span_t *spans, size_t n)
 {
     struct curl_slist *h = NULL;
     long code = 0;
     CURLcode rc;
+    bool ok;
     char *body = batch_json(otel, spans, n);
     if (body == NULL) {
         atomic_fetch_add(&otel->failed, n);
-        return;
+        return false;
     }
     h = curl_slist_append(h, "Content-Type: application/json");
     curl_easy_reset(easy);
@@ -251,7 +254,8 @@ static void export_batch(pdgw_otel_t *otel, CURL *easy, const otel_span_t *spans
     rc = curl_easy_perform(easy);
     if (rc == CURLE_OK)
         curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
-    if (rc == CURLE_OK && code >= 200 && code < 300) {
+    ok = rc == CURLE_OK && code >= 200 && code < 300;
+    if (ok) {
         atomic_fetch_add(&otel->exported, n);
     } else {
         atomic_fetch_add(&otel->failed, n);
@@ -260,13 +264,14 @@ static void export_batch(pdgw_otel_t *otel, CURL *easy, const otel_span_t *spans
     }
     curl_slist_free_all(h);
     free(body);
+    return ok;
 }
 
 static void *otel_main(void *arg)
 {
     pdgw_otel_t *otel = arg;
     CURL *easy = curl_easy_init();
-    otel_span_t *batch = pdgw_calloc(otel->cfg.max_batch_spans, sizeof(*batch));
+    otel_span_t *batch = otel->batch;
     for (;;) {
         size_t n = 0;
         bool stop;
@@ -285,23 +290,29 @@ static void *otel_main(void *arg)
                    pthread_cond_timedwait(&otel->cond, &otel->lock, &ts) == 0)
                 ;
         }
-        while (batch != NULL && n < otel->cfg.max_batch_spans && otel->count > 0) {
+        while (n < otel->cfg.max_batch_spans && otel->count > 0) {
             batch[n++] = otel->ring[otel->head];
             otel->head = (otel->head + 1) % otel->cfg.max_queue_spans;
             otel->count--;
         }
         stop = otel->stop && otel->count == 0;
         pthread_mutex_unlock(&otel->lock);
-        if (n > 0) {
-            if (easy != NULL)
-                export_batch(otel, easy, batch, n);
-            else
+        if (n > 0 && (easy == NULL || !export_batch(otel, easy, batch, n))) {
+            if (easy == NULL)
                 atomic_fetch_add(&otel->failed, n);
+            pthread_mutex_lock(&otel->lock);
+            if (otel->stop) {
+                /* Shutting down and the collector is not answering: do not hold the drain
+                 * up one timeout per remaining batch. */
+                atomic_fetch_add(&otel->failed, otel->count);
+                otel->count = 0;
+                stop = true;
+            }
+            pthread_mutex_unlock(&otel->lock);
         }
         if (stop)
             break;
     }
-    pdgw_free(batch);
     if (easy)
         curl_easy_cleanup(easy);
     return NULL;
@@ -316,7 +327,10 @@ pdgw_status_t pdgw_otel_create(const pdgw_otel_config_t *cfg, pdgw_otel_t **out,
         return PDGW_OK;
     otel = pdgw_calloc(1, sizeof(*otel));
     if (otel == NULL ||
-        (otel->ring = pdgw_calloc(cfg->max_queue_spans, sizeof(otel_span_t))) == NULL) {
+        (otel->ring = pdgw_calloc(cfg->max_queue_spans, sizeof(otel_span_t))) == NULL ||
+        (otel->batch = pdgw_calloc(cfg->max_batch_spans, sizeof(otel_span_t))) == NULL) {
+        if (otel != NULL)
+            pdgw_free(otel->ring);
         pdgw_free(otel);
         snprintf(err, errlen, "tracing: out of memory");
         return PDGW_ERR_NOMEM;
@@ -327,6 +341,7 @@ pdgw_status_t pdgw_otel_create(const pdgw_otel_config_t *cfg, pdgw_otel_t **out,
     if (pthread_create(&otel->thread, NULL, otel_main, otel) != 0) {
         pthread_cond_destroy(&otel->cond);
         pthread_mutex_destroy(&otel->lock);
+        pdgw_free(otel->batch);
         pdgw_free(otel->ring);
         pdgw_free(otel);
         snprintf(err, errlen, "tracing: cannot start the exporter thread");
@@ -349,6 +364,7 @@ void pdgw_otel_destroy(pdgw_otel_t *otel)
     pthread_join(otel->thread, NULL);
     pthread_cond_destroy(&otel->cond);
     pthread_mutex_destroy(&otel->lock);
+    pdgw_free(otel->batch);
     pdgw_free(otel->ring);
     pdgw_free(otel);
 }
