@@ -58,11 +58,14 @@ def test_check_config_runs_the_forwarder():
         ("protocol: sglang\n", ", bootstrap_port: 8998", "", 0, "config OK"),
         ("protocol: vllm-kvt\n", "", "", 1, "p0: prefill instance has no kv_port"),
         ("protocol: vllm-kvt\n", ", kv_port: 28000", "", 0, "config OK"),
-        ("protocol: vllm-mooncake\nprotocol_options: {mooncake_dispatch: parallel}\n",
+        # parallel: engine ids from the bootstrap server (port default 8998) or the config
+        ("protocol: vllm-mooncake\n", "", "", 0, "config OK"),
+        ("protocol: vllm-mooncake\nprotocol_options: {mooncake_engine_id: config}\n",
          ", bootstrap_port: 8998", "", 1, "p0: prefill instance needs engine_id"),
-        ("protocol: vllm-mooncake\nprotocol_options: {mooncake_dispatch: parallel}\n",
+        ("protocol: vllm-mooncake\nprotocol_options: {mooncake_engine_id: config}\n",
          ", bootstrap_port: 8998, engine_id: e0", "", 0, "config OK"),
-        ("protocol: vllm-mooncake\n", "", "", 0, "config OK"),  # serial copies the params
+        ("protocol: vllm-mooncake\nprotocol_options: {mooncake_dispatch: serial}\n", "", "", 0,
+         "config OK"),  # serial copies the params
         ("protocol: lmcache\nprotocol_options: {proxy_port: 7500}\n", "", "", 1,
          "d0: decode instance needs init_ports and alloc_ports"),
         ("protocol: vllm-nixl\nprotocol_options: {no_such: 1}\n", "", "", 1, "no_such"),
