@@ -19,8 +19,9 @@
 
 static const char *const role_names[] = {"prefill", "decode", "both", NULL};
 static const char *const sched_names[] = {"batch", "staged", NULL};
-static const char *const policy_names[] = {"round-robin",  "random",   "least-load", "power-of-two",
-                                           "prefix-aware", "weighted", NULL};
+static const char *const policy_names[] = {
+    "round-robin",  "random",   "least-load",     "power-of-two",
+    "prefix-aware", "weighted", "precise-prefix", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"text", "json", NULL};
 /* pdgw_pd_fields_mode_t order */
@@ -43,7 +44,7 @@ const char *pdgw_sched_mode_name(pdgw_sched_mode_t mode)
 
 const char *pdgw_policy_name(pdgw_policy_t policy)
 {
-    return name_of(policy_names, 6, (int)policy);
+    return name_of(policy_names, 7, (int)policy);
 }
 
 static int enum_index(const char *const *names, const char *s)
@@ -235,6 +236,12 @@ static const pdgw_config_option_t instance_options[] = {
      "Bootstrap port (sglang, vllm-mooncake); 0 = unset.", I(bootstrap_port)},
     {"engine_id", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ID",
      "Engine id used by the KV connector (e.g. NIXL engine id).", I(engine_id)},
+    {"kv_events_endpoint", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ENDPOINT",
+     "Engine's KV-event publisher (tcp://host:port) for precise-prefix; \"\" = none.",
+     I(kv_events_endpoint)},
+    {"kv_events_replay_endpoint", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ENDPOINT",
+     "Engine's KV-event replay ROUTER (tcp://host:port); \"\" = none.",
+     I(kv_events_replay_endpoint)},
     {"alloc_ports", NULL, NULL, PDGW_OPT_INT_LIST, NULL, 1, 65535, NULL, "PORTS",
      "lmcache receiver allocation port per TP rank.", I(alloc_ports)},
     {"init_ports", NULL, NULL, PDGW_OPT_INT_LIST, NULL, 1, 65535, NULL, "PORTS",

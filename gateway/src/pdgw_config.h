@@ -85,6 +85,7 @@ typedef enum pdgw_policy {
     PDGW_POLICY_POWER_OF_TWO,
     PDGW_POLICY_PREFIX_AWARE,
     PDGW_POLICY_WEIGHTED,
+    PDGW_POLICY_PRECISE_PREFIX,
 } pdgw_policy_t;
 
 /* "prefill" / "decode" / "both"; "batch" / "staged"; "round-robin" ... "weighted". */
@@ -105,7 +106,9 @@ typedef struct pdgw_instance_config {
     char *kv_host;    /* default: host of url */
     int kv_port;      /* 0 = unset */
     int bootstrap_port;
-    char *engine_id; /* "" = unset */
+    char *engine_id;                 /* "" = unset */
+    char *kv_events_endpoint;        /* "" = unset */
+    char *kv_events_replay_endpoint; /* "" = unset */
     pdgw_int_list_t alloc_ports;
     pdgw_int_list_t init_ports;
     int tp_size; /* >= 1 */

@@ -92,6 +92,8 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
     d->kv_port = ic->kv_port;
     d->bootstrap_port = ic->bootstrap_port;
     d->engine_id = ic->engine_id;
+    d->kv_events_endpoint = ic->kv_events_endpoint;
+    d->kv_events_replay_endpoint = ic->kv_events_replay_endpoint;
     for (j = 0; j < ic->alloc_ports.count && j < SCHED_MAX_TP; j++)
         d->alloc_ports[j] = ic->alloc_ports.items[j];
     d->n_alloc_ports = j;
