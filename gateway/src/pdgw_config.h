@@ -153,6 +153,11 @@ typedef struct pdgw_config {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     int retries;
+    /* precise-prefix (integers like llm-d's scorer weights) */
+    int kv_events_prefix_weight;
+    int kv_events_load_weight;
+    int kv_events_other_tier_percent;
+    int kv_events_max_blocks;
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;

@@ -144,6 +144,10 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, cha
     sc.metrics_scrape_interval_ms = cfg->metrics_scrape_interval_ms;
     sc.breaker_failures = (unsigned)cfg->breaker_failures;
     sc.breaker_open_ms = cfg->breaker_open_time_ms;
+    sc.kv_events_prefix_weight = cfg->kv_events_prefix_weight;
+    sc.kv_events_load_weight = cfg->kv_events_load_weight;
+    sc.kv_events_other_tier_weight = cfg->kv_events_other_tier_percent / 100.0;
+    sc.kv_events_max_blocks = (size_t)cfg->kv_events_max_blocks;
     if (cfg->n_instances > 0) {
         descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
         if (descs == NULL) {

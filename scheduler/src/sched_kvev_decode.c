@@ -57,6 +57,133 @@ static bool get_hash(const msgpack_object *o, uint64_t *out)
     }
 }
 
+static uint64_t rd_be(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/*
+ * Walk the msgpack bytes once before unpacking: true when they form
+ * exactly one object and no container claims more elements than bytes
+ * remain. msgpack-c sizes a container's storage from its header, so a
+ * forged header (an array of 4 billion elements in 5 bytes) would
+ * otherwise ask for tens of gigabytes before failing.
+ */
+static bool precheck(const unsigned char *b, size_t len)
+{
+    uint64_t pending = 1;
+    size_t pos = 0;
+
+    while (pending > 0) {
+        unsigned char c;
+        uint64_t n = 0, skip = 0, items = 0;
+        int hdr = 0;
+        if (pos >= len)
+            return false;
+        c = b[pos++];
+        pending--;
+        if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3) {
+            continue;
+        } else if ((c & 0xf0) == 0x80) {
+            items = 2u * (c & 0x0fu);
+        } else if ((c & 0xf0) == 0x90) {
+            items = c & 0x0fu;
+        } else if ((c & 0xe0) == 0xa0) {
+            skip = c & 0x1fu;
+        } else {
+            switch (c) {
+            case 0xcc:
+            case 0xd0:
+                skip = 1;
+                break;
+            case 0xcd:
+            case 0xd1:
+                skip = 2;
+                break;
+            case 0xca:
+            case 0xce:
+            case 0xd2:
+                skip = 4;
+                break;
+            case 0xcb:
+            case 0xcf:
+            case 0xd3:
+                skip = 8;
+                break;
+            case 0xd4:
+                skip = 2;
+                break;
+            case 0xd5:
+                skip = 3;
+                break;
+            case 0xd6:
+                skip = 5;
+                break;
+            case 0xd7:
+                skip = 9;
+                break;
+            case 0xd8:
+                skip = 17;
+                break;
+            case 0xc4:
+            case 0xd9:
+                hdr = 1;
+                break;
+            case 0xc5:
+            case 0xda:
+                hdr = 2;
+                break;
+            case 0xc6:
+            case 0xdb:
+                hdr = 4;
+                break;
+            case 0xc7:
+                hdr = 1;
+                skip = 1;
+                break; /* ext: length, type */
+            case 0xc8:
+                hdr = 2;
+                skip = 1;
+                break;
+            case 0xc9:
+                hdr = 4;
+                skip = 1;
+                break;
+            case 0xdc:
+            case 0xde:
+                hdr = 2;
+                break;
+            case 0xdd:
+            case 0xdf:
+                hdr = 4;
+                break;
+            default:
+                return false; /* 0xc1: never used */
+            }
+            if (hdr) {
+                if (len - pos < (size_t)hdr)
+                    return false;
+                n = rd_be(b + pos, hdr);
+                pos += (size_t)hdr;
+                if (c == 0xdc || c == 0xdd)
+                    items = n;
+                else if (c == 0xde || c == 0xdf)
+                    items = 2 * n;
+                else
+                    skip += n;
+            }
+        }
+        if (skip > len - pos || items > len - pos)
+            return false;
+        pos += (size_t)skip;
+        pending += items;
+    }
+    return pos == len;
+}
+
 static sched_status_t fail(dec_t *d, const char *what)
 {
     sched_set_err(d->err, d->err_len, "%s", what);
@@ -350,7 +477,8 @@ sched_status_t sched_kvev_decode(const void *buf, size_t len, sched_kvev_batch_t
     if (!up)
         return SCHED_ERR_NO_MEMORY;
     msgpack_unpacked_init(up);
-    if (msgpack_unpack_next(up, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
+    if (!precheck(buf, len) || msgpack_unpack_next(up, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
+        off != len) {
         st = fail(&d, "payload: not exactly one msgpack object");
         goto err_free;
     }

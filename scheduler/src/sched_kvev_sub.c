@@ -35,8 +35,10 @@ typedef struct sub_conn {
     void *sub, *replay;
     char *endpoint, *replay_endpoint;
     bool have_seq;
-    uint64_t next_seq;
+    uint64_t next_seq;  /* next seq to apply (live or replayed) */
+    uint64_t live_next; /* 1 + last seq seen on the SUB socket itself */
     bool replaying;
+    bool want_replay; /* catch up from seq 0 once connected */
     uint64_t replay_deadline_ms;
     bool removed;
 } sub_conn_t;
@@ -190,6 +192,9 @@ sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const cha
     st = conn_open(sub, c);
     if (st != SCHED_OK)
         goto err_free;
+    /* A SUB misses what was published before it joined: ask the replay
+     * buffer for everything so the blocks already cached are known. */
+    c->want_replay = c->replay != NULL;
     sub->conns[sub->n_conns++] = c;
     pthread_mutex_unlock(&sub->mu);
     return SCHED_OK;
@@ -318,16 +323,21 @@ static void on_live(sched_kvev_sub_t *sub, sub_conn_t *c)
         goto out;
     }
     seq = be64(zmq_msg_data(&f[1]));
-    if (c->replaying)
-        goto out; /* the replay brings it */
-    if (c->have_seq && seq < c->next_seq) {
-        /* Sequence went back: a new publisher process, an empty cache. */
+    if (seq < c->live_next) {
+        /* The live stream itself went back: a new publisher process, an
+         * empty cache. */
         atomic_fetch_add(&sub->restarts, 1);
         logf_(sub, SCHED_LOG_INFO, "kv events: %s restarted (seq %llu after %llu)", c->endpoint,
-              (unsigned long long)seq, (unsigned long long)c->next_seq);
+              (unsigned long long)seq, (unsigned long long)c->live_next - 1);
         sched_kvev_index_clear(sub->idx, c->slot, false);
         c->have_seq = false;
+        c->replaying = false;
     }
+    c->live_next = seq + 1;
+    if (c->replaying)
+        goto out; /* the replay brings it */
+    if (c->have_seq && seq < c->next_seq)
+        goto out; /* already applied from a replay */
     /* The first message seen may not be seq 0 (we joined late): with a
      * replay endpoint, ask for what the engine still buffers so the blocks
      * it already holds are known. */
@@ -358,7 +368,7 @@ static void on_replay(sched_kvev_sub_t *sub, sub_conn_t *c)
         return;
     /* [empty, seq, payload] or [empty, topic, seq, payload] */
     s = n == 3 ? 1 : n == 4 ? 2 : -1;
-    if (s < 0 || zmq_msg_size(&f[0]) != 0 || zmq_msg_size(&f[s]) != 8 || !c->replaying) {
+    if (s < 0 || zmq_msg_size(&f[0]) != 0 || zmq_msg_size(&f[s]) != 8) {
         atomic_fetch_add(&sub->bad, 1);
         goto out;
     }
@@ -396,6 +406,10 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
             c->replaying = false;
             atomic_fetch_add(&sub->replay_failed, 1);
             logf_(sub, SCHED_LOG_WARN, "kv events: replay from %s timed out", c->replay_endpoint);
+        }
+        if (c->want_replay) {
+            c->want_replay = false;
+            request_replay(sub, c, 0);
         }
         if (c->replaying && (int)(c->replay_deadline_ms - now) < timeout_ms)
             timeout_ms = (int)(c->replay_deadline_ms - now);

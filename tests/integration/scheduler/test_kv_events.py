@@ -9,8 +9,8 @@ array [ts, events, dp_rank] with ["BlockStored", ...] events in older
 vLLM (array_like structs) and a map {ts, events, data_parallel_rank} with
 {"type": "BlockStored", ...} events now.
 
-- the sims' events decode with python3-msgpack into vLLM's shapes, both
-  layouts;
+- the sims' events, replayed and live, decode with python3-msgpack into
+  vLLM's shapes, both layouts;
 - three sims warmed directly (pdgw never saw those requests) with three
   prompt families: each follow-up through pdgw goes to the sim holding its
   prefix;
@@ -124,27 +124,36 @@ class Fleet:
         return got[0]
 
 
+def replay(ctx, port, start=0):
+    """Batches from <start> on, asked of the replay ROUTER as a subscriber does."""
+    d = ctx.socket(zmq.DEALER)
+    d.connect(f"tcp://127.0.0.1:{port}")
+    d.send_multipart([b"", start.to_bytes(8, "big")])
+    out = []
+    while True:
+        assert d.poll(5000), "replay answer missing"
+        frames = d.recv_multipart()
+        assert frames[0] == b"" and len(frames) == 3, frames
+        seq = int.from_bytes(frames[1], "big", signed=True)
+        if seq == -1:
+            assert frames[2] == b""
+            d.close(linger=0)
+            return out
+        out.append((seq, frames[2]))
+
+
 def test_sim_publishes_vllm_format():
-    """A SUB of our own sees both layouts exactly as vLLM's structs encode them."""
+    """Both layouts exactly as vLLM's structs encode them, live and replayed."""
     fleet = Fleet(layouts=("map", "array"))
     ctx = zmq.Context()
     try:
-        subs = []
-        for port in fleet.ev_ports:
-            s = ctx.socket(zmq.SUB)
-            s.setsockopt(zmq.SUBSCRIBE, b"")
-            s.connect(f"tcp://127.0.0.1:{port}")
-            subs.append(s)
-        time.sleep(0.3)  # a SUB joining late misses PUB messages: let it connect
         prompt = tokens(1, 3 * BLOCK + 5)
-        for i, port in enumerate(fleet.ports):
+        for port in fleet.ports:
             complete(port, prompt)
-        for i, s in enumerate(subs):
-            assert s.poll(5000), f"no KV event from sim{i}"
-            topic, seq, payload = s.recv_multipart()
-            assert topic == b"kv"
-            assert len(seq) == 8 and int.from_bytes(seq, "big") == 0
-            batch = msgpack.unpackb(payload, raw=False)
+        for i, rport in enumerate(fleet.rp_ports):
+            batches = replay(ctx, rport)
+            assert [seq for seq, _ in batches] == list(range(len(batches))) and batches
+            batch = msgpack.unpackb(batches[0][1], raw=False)
             if i == 0:
                 assert isinstance(batch, dict), batch
                 assert set(batch) == {"ts", "events", "data_parallel_rank"}
@@ -162,6 +171,19 @@ def test_sim_publishes_vllm_format():
                 hashes, parent, toks, bs, lora_id, medium, lora_name = ev[1:8]
                 assert parent is None and bs == BLOCK and medium == "GPU"
                 assert toks == prompt[:3 * BLOCK] and len(hashes) == 3
+        # live: [topic, 8-byte seq, payload]; a SUB misses what was sent
+        # before it joined, so new prompts are sent until one arrives
+        s = ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.SUBSCRIBE, b"")
+        s.connect(f"tcp://127.0.0.1:{fleet.ev_ports[0]}")
+        for k in range(100):
+            complete(fleet.ports[0], tokens(2, 2 * BLOCK, salt=k))
+            if s.poll(100):
+                break
+        topic, seq, payload = s.recv_multipart()
+        assert topic == b"kv" and len(seq) == 8 and int.from_bytes(seq, "big") >= 1
+        assert msgpack.unpackb(payload, raw=False)["events"][0]["type"] == "BlockStored"
+        s.close(linger=0)
     finally:
         ctx.destroy(linger=0)
         fleet.close()
