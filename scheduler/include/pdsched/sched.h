@@ -123,6 +123,9 @@ typedef struct sched_instance_desc {
      * replay ROUTER; "" = none. Read by the precise-prefix policy. */
     const char *kv_events_endpoint;
     const char *kv_events_replay_endpoint;
+    /* Which KV engine the instance runs (SCHED_KV_ENGINE_*): pdgw extensions of the
+     * LMCache control messages go only to libkvt peers. */
+    int kv_engine;
 
     /* Parsed from url by the pool (output only). */
     const char *scheme;    /* "http" or "https" */
@@ -130,6 +133,11 @@ typedef struct sched_instance_desc {
     int port;              /* explicit or scheme default */
     const char *base_path; /* "" or "/prefix" without trailing slash */
 } sched_instance_desc_t;
+
+enum {
+    SCHED_KV_ENGINE_UPSTREAM = 0, /* the engine's own KV stack (LMCache, NIXL, ...) */
+    SCHED_KV_ENGINE_LIBKVT = 1    /* pdgw's libkvt (pdgw-sim, engines embedding libkvt) */
+};
 
 /* Zero the descriptor (role BOTH, weight 1, dp size 1, source static). */
 void sched_instance_desc_init(sched_instance_desc_t *desc);
