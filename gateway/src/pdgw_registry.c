@@ -109,7 +109,7 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
         desc = &e->upgraded;
     }
     if (desc->abi_version < 3) {
-        /* Its ops table ends before rewrite_decode. */
+        /* Its ops table ends before rewrite_decode (and check_instance). */
         registry_entry_t *e = &registry[registry_count];
         memset(&e->upgraded_ops, 0, sizeof(e->upgraded_ops));
         memcpy(&e->upgraded_ops, desc->ops, offsetof(pdgw_fwd_ops_t, rewrite_decode));

@@ -38,8 +38,9 @@ extern "C" {
  * then take their defaults.
  *   1: the first layout.
  *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none).
- *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none); the ops table ends with
- *      rewrite_decode (an older plugin's shorter table is completed with NULL). */
+ *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none); the ops rewrite_decode and
+ *      check_instance (an older plugin's table, which ends before them, is completed with
+ *      NULL). */
 #define PDGW_FWD_ABI_VERSION     3
 #define PDGW_FWD_ABI_MIN_VERSION 1
 

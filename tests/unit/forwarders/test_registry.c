@@ -146,6 +146,7 @@ static void test_abi2_descriptor_loads(void **state)
     assert_null(d->native_paths);
     assert_ptr_equal(d->ops->build_leg, dummy_build);
     assert_null(d->ops->rewrite_decode);
+    assert_null(d->ops->check_instance);
     (void)pdgw_registry_log();
 }
 
