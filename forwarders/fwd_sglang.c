@@ -203,20 +203,6 @@ static void sgl_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     free(state);
 }
 
-/* A prefill is found by its bootstrap server (SGLang's --disaggregation-bootstrap-port). */
-static pdgw_fwd_status_t sgl_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
-                                            size_t errlen)
-{
-    (void)ctx;
-    if (inst->role == PDGW_FWD_ROLE_PREFILL && inst->bootstrap_port <= 0) {
-        snprintf(err, errlen,
-                 "prefill instance has no bootstrap_port (the engine's "
-                 "--disaggregation-bootstrap-port)");
-        return PDGW_FWD_ERR_CONFIG;
-    }
-    return PDGW_FWD_OK;
-}
-
 static int sgl_is_generate(const pdgw_fwd_request_t *req)
 {
     return req->path != NULL && strcmp(req->path, "/generate") == 0;
@@ -286,7 +272,6 @@ static const pdgw_fwd_ops_t sgl_ops = {
     .attempt_cleanup = sgl_attempt_cleanup,
     .on_prefill_response = sgl_on_prefill_response,
     .rewrite_decode = sgl_rewrite_decode,
-    .check_instance = sgl_check_instance,
 };
 
 /* SGLang's native generate endpoint (python/sglang/srt/entrypoints/http_server.py). */

@@ -54,7 +54,9 @@ def test_check_config_runs_the_forwarder():
          1, "unknown protocol option 'mooncake_dispach'"),
         ("protocol: vllm-mooncake\nprotocol_options: {mooncake_dispatch: paralel}\n", "", "",
          1, "mooncake_dispatch"),
-        ("protocol: sglang\n", "", "", 1, "p0: prefill instance has no bootstrap_port"),
+        # no bootstrap_port: the legs carry null and the prefill uses its own port, as
+        # SGLang's routers do (python/sglang/srt/disaggregation/mini_lb.py)
+        ("protocol: sglang\n", "", "", 0, "config OK"),
         ("protocol: sglang\n", ", bootstrap_port: 8998", "", 0, "config OK"),
         ("protocol: vllm-kvt\n", "", "", 1, "p0: prefill instance has no kv_port"),
         ("protocol: vllm-kvt\n", ", kv_port: 28000", "", 0, "config OK"),
