@@ -9,6 +9,7 @@
  * allocations, reservation expiry).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,16 @@ kvt_status_t kvt_engine_region_of(kvt_engine_t *e, kvt_pool_t *pool, kvt_page_t 
         return *region_out != NULL ? KVT_OK : KVT_ERR_NOT_FOUND;
     }
     return KVT_ERR_NOT_FOUND;
+}
+
+/* Config seconds to a transport's millisecond field: 0 stays "default", "inf" saturates. */
+static unsigned sec_to_ms(double s)
+{
+    if (!(s > 0.0))
+        return 0;
+    if (s >= (double)UINT_MAX / 1000.0)
+        return UINT_MAX;
+    return s * 1000.0 < 1.0 ? 1u : (unsigned)(s * 1000.0);
 }
 
 kvt_status_t kvt_engine_grant(kvt_engine_t *e, const char *peer, kvt_pool_t *pool,
@@ -582,6 +593,11 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     tc.listen_port = p->data_port;
     tc.advertise_host = e->advertise;
     tc.lanes = e->cfg.transfer_lanes;
+    tc.max_conns = e->cfg.transfer_max_conns;
+    tc.max_conns_per_peer = e->cfg.transfer_max_conns_per_peer;
+    tc.max_pending = e->cfg.transfer_max_pending;
+    tc.hello_timeout_ms = sec_to_ms(e->cfg.transfer_hello_timeout);
+    tc.idle_timeout_ms = sec_to_ms(e->cfg.transfer_idle_timeout);
     tc.timeout_ms = e->ctrl_timeout_ms > 30000 ? e->ctrl_timeout_ms : 30000;
     tc.device = device;
     cb.on_complete = on_tl_complete;
