@@ -708,6 +708,16 @@ void kvt_engine_metrics(kvt_engine_t *e, kvt_metrics_t *out)
     }
     out->breaker_open = bs.open_peers;
     out->breaker_skips_total = bs.skips_total;
+    if (e->tl != NULL && e->tdesc->ops->stats != NULL) {
+        kvt_tl_stats_t ts = {0};
+        e->tdesc->ops->stats(e->tl, &ts);
+        out->lanes_refused_cap = ts.conns_refused;
+        out->lanes_refused_hello = ts.hello_refused;
+        out->lanes_closed_idle = ts.idle_closed;
+        out->lanes_closed_stall = ts.stall_closed;
+        out->data_access_denied = ts.access_denied;
+        out->data_bad_frames = ts.bad_frames;
+    }
 }
 
 static int on_progress_thread(const kvt_engine_t *e)
