@@ -6,14 +6,15 @@
  * spread round-robin over the peer's lanes. Each lane has a tx thread that
  * streams header+payload with one sendmsg and an rx thread that matches the
  * in-order replies (and receives READ payloads straight into the local
- * region). Target side: a listener thread accepts lanes; one thread per
- * lane receives WRITE payloads straight into the region and replies only
- * after the bytes landed. Every access is checked against the region bounds
- * and the grant table (pages granted to that peer).
+ * region). The target side (listener, HELLO check, caps, timeouts) is in
+ * kvt_tl_tcp_serve.c; this file also keeps the regions, the grant table
+ * (pages granted to each peer) and the per-peer HELLO tokens handed out in
+ * the handshake blob.
  *
  * A lane error (EOF, reset, timeout, bad reply) stops both threads of the
  * lane; the last one out fails every queued and in-flight frame and reports
- * the peer as failed. A later post reconnects.
+ * the peer as failed, except when the target closed an idle lane with a BYE.
+ * A later post reconnects.
  */
 #include <errno.h>
 #include <netdb.h>
