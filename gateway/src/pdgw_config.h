@@ -150,6 +150,7 @@ typedef struct pdgw_config {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     int retries;
+    int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
     char *api_key_file; /* "" = none */

@@ -292,6 +292,7 @@ int main(int argc, char **argv)
     so.first_byte_timeout_ms = cfg.first_byte_timeout_ms;
     so.idle_timeout_ms = cfg.idle_timeout_ms;
     so.retries = cfg.retries > 0 ? (unsigned)cfg.retries : 0;
+    so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;
     so.n_models = cfg.models.count;

@@ -22,6 +22,7 @@
 #include "pdgw_auth.h"
 #include "pdgw_errors.h"
 #include "pdgw_metrics.h"
+#include "pdgw_validate.h"
 
 typedef struct pdgw_server pdgw_server_t;
 
@@ -39,8 +40,9 @@ typedef struct pdgw_server_opts {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     unsigned retries;
-    const pdgw_auth_t *auth;   /* NULL = open */
-    const char *const *models; /* served model names; NULL/0 = ask the instances */
+    pdgw_pd_fields_mode_t client_pd_fields; /* PD control fields from clients (reject) */
+    const pdgw_auth_t *auth;                /* NULL = open */
+    const char *const *models;              /* served model names; NULL/0 = ask the instances */
     size_t n_models;
     sched_pool_t *pool;              /* instance selection (required) */
     pdgw_gateway_metrics_t *metrics; /* required */
