@@ -38,14 +38,12 @@ test-sanitize: deps $(SAN_BUILD)/Makefile
 	    ctest --output-on-failure -j $(JOBS) -LE nosanitize $(CTEST_ARGS)
 
 FUZZ_BUILD ?= build-fuzz
-FUZZ_TARGETS := $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c)))
-
-# libFuzzer targets (clang) over the message decoder, the config loader and the
-# TCP frame parser, each for a short fixed time.
+# libFuzzer targets (clang, tests/fuzz/README.md): every parser of network or
+# user input, each for a short fixed time (PDGW_FUZZ_SECONDS, default 10 s).
 fuzz: DEPS_JOB = test
 fuzz: deps
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDGW_FUZZ=ON
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 # The demo builds quietly (one line; the log is shown only when the build fails)

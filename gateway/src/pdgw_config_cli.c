@@ -531,7 +531,11 @@ pdgw_status_t pdgw_config_from_args(pdgw_config_t *cfg, int argc, char **argv, c
     pdgw_status_t st = pdgw_config_init(cfg);
     if (st != PDGW_OK)
         return report(hooks, err, st);
-    cli_item_t *items = pdgw_calloc((size_t)(argc > 0 ? argc : 1), sizeof(*items));
+    /* one argument may hold several short options ("-hV"): room for one per character */
+    size_t cap = 1;
+    for (int i = 0; i < argc; i++)
+        cap += argv[i] != NULL ? strlen(argv[i]) + 1 : 1;
+    cli_item_t *items = pdgw_calloc(cap, sizeof(*items));
     if (items == NULL)
         return report(hooks, err, PDGW_ERR_NOMEM);
     size_t n_items = 0;

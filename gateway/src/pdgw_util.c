@@ -537,7 +537,7 @@ pdgw_status_t pdgw_duration_parse(const char *s, uint64_t *ms_out)
     if (*p != '\0')
         return PDGW_ERR_PARSE;
     double ms = v * mult;
-    if (!(ms < 1.8e19))
+    if (!(ms < 9.2e18)) /* llround's long long ends at 2^63 */
         return PDGW_ERR_PARSE;
     *ms_out = (uint64_t)llround(ms);
     return PDGW_OK;

@@ -64,6 +64,11 @@ static const key_desc_t keys[] = {
     KEY(pd_tp_rank, K_U32),
     KEY(transfer_channel, K_CHANNEL),
     KEY(transfer_lanes, K_U32),
+    KEY(transfer_max_conns, K_U32),
+    KEY(transfer_max_conns_per_peer, K_U32),
+    KEY(transfer_max_pending, K_U32),
+    KEY(transfer_hello_timeout, K_SECONDS),
+    KEY(transfer_idle_timeout, K_SECONDS),
     KEY(verbs_device, K_STR),
     KEY(verbs_gid_index, K_I32),
     KEY(chunk_size, K_U32),
@@ -656,6 +661,12 @@ size_t kvt_config_to_json(const kvt_config_t *c, char *buf, size_t size)
     json_object_set_new(o, "pd_tp_rank", json_integer(c->pd_tp_rank));
     json_object_set_new(o, "transfer_channel", json_string(kvt_channel_name(c->transfer_channel)));
     json_object_set_new(o, "transfer_lanes", json_integer(c->transfer_lanes));
+    json_object_set_new(o, "transfer_max_conns", json_integer(c->transfer_max_conns));
+    json_object_set_new(o, "transfer_max_conns_per_peer",
+                        json_integer(c->transfer_max_conns_per_peer));
+    json_object_set_new(o, "transfer_max_pending", json_integer(c->transfer_max_pending));
+    json_object_set_new(o, "transfer_hello_timeout", json_real(c->transfer_hello_timeout));
+    json_object_set_new(o, "transfer_idle_timeout", json_real(c->transfer_idle_timeout));
     json_object_set_new(o, "verbs_device", json_string(c->verbs_device));
     json_object_set_new(o, "verbs_gid_index", json_integer(c->verbs_gid_index));
     json_object_set_new(o, "chunk_size", json_integer(c->chunk_size));

@@ -9,6 +9,7 @@
  * allocations, reservation expiry).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,6 +149,16 @@ kvt_status_t kvt_engine_region_of(kvt_engine_t *e, kvt_pool_t *pool, kvt_page_t 
         return *region_out != NULL ? KVT_OK : KVT_ERR_NOT_FOUND;
     }
     return KVT_ERR_NOT_FOUND;
+}
+
+/* Config seconds to a transport's millisecond field: 0 stays "default", "inf" saturates. */
+static unsigned sec_to_ms(double s)
+{
+    if (!(s > 0.0))
+        return 0;
+    if (s >= (double)UINT_MAX / 1000.0)
+        return UINT_MAX;
+    return s * 1000.0 < 1.0 ? 1u : (unsigned)(s * 1000.0);
 }
 
 kvt_status_t kvt_engine_grant(kvt_engine_t *e, const char *peer, kvt_pool_t *pool,
@@ -633,6 +644,11 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     tc.listen_port = p->data_port;
     tc.advertise_host = e->advertise;
     tc.lanes = e->cfg.transfer_lanes;
+    tc.max_conns = e->cfg.transfer_max_conns;
+    tc.max_conns_per_peer = e->cfg.transfer_max_conns_per_peer;
+    tc.max_pending = e->cfg.transfer_max_pending;
+    tc.hello_timeout_ms = sec_to_ms(e->cfg.transfer_hello_timeout);
+    tc.idle_timeout_ms = sec_to_ms(e->cfg.transfer_idle_timeout);
     tc.timeout_ms = e->ctrl_timeout_ms > 30000 ? e->ctrl_timeout_ms : 30000;
     tc.device = device;
     cb.on_complete = on_tl_complete;
@@ -743,6 +759,16 @@ void kvt_engine_metrics(kvt_engine_t *e, kvt_metrics_t *out)
     }
     out->breaker_open = bs.open_peers;
     out->breaker_skips_total = bs.skips_total;
+    if (e->tl != NULL && e->tdesc->ops->stats != NULL) {
+        kvt_tl_stats_t ts = {0};
+        e->tdesc->ops->stats(e->tl, &ts);
+        out->lanes_refused_cap = ts.conns_refused;
+        out->lanes_refused_hello = ts.hello_refused;
+        out->lanes_closed_idle = ts.idle_closed;
+        out->lanes_closed_stall = ts.stall_closed;
+        out->data_access_denied = ts.access_denied;
+        out->data_bad_frames = ts.bad_frames;
+    }
 }
 
 static int on_progress_thread(const kvt_engine_t *e)

@@ -111,5 +111,19 @@ size_t kvt_metrics_format(const kvt_metrics_t *m, const char *labels, char *buf,
            (double)m->reserve_granted_total);
     sample(&o, "kvt_reserve_refused_total", "Reservations refused.", "counter", labels, NULL,
            (double)m->reserve_refused_total);
+    sample(&o, "kvt_data_lanes_refused_total",
+           "Data lanes refused: a lane cap (cap) or no valid HELLO in time (hello).", "counter",
+           labels, "reason=\"cap\"", (double)m->lanes_refused_cap);
+    sample(&o, "kvt_data_lanes_refused_total", NULL, NULL, labels, "reason=\"hello\"",
+           (double)m->lanes_refused_hello);
+    sample(&o, "kvt_data_lanes_closed_total",
+           "Served data lanes closed: idle timeout (idle) or stalled mid-frame (stall).", "counter",
+           labels, "reason=\"idle\"", (double)m->lanes_closed_idle);
+    sample(&o, "kvt_data_lanes_closed_total", NULL, NULL, labels, "reason=\"stall\"",
+           (double)m->lanes_closed_stall);
+    sample(&o, "kvt_data_access_denied_total", "Data accesses outside the pages granted to a peer.",
+           "counter", labels, NULL, (double)m->data_access_denied);
+    sample(&o, "kvt_data_bad_frames_total", "Malformed frames on the data port.", "counter", labels,
+           NULL, (double)m->data_bad_frames);
     return o.len;
 }

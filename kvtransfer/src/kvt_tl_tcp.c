@@ -6,14 +6,15 @@
  * spread round-robin over the peer's lanes. Each lane has a tx thread that
  * streams header+payload with one sendmsg and an rx thread that matches the
  * in-order replies (and receives READ payloads straight into the local
- * region). Target side: a listener thread accepts lanes; one thread per
- * lane receives WRITE payloads straight into the region and replies only
- * after the bytes landed. Every access is checked against the region bounds
- * and the grant table (pages granted to that peer).
+ * region). The target side (listener, HELLO check, caps, timeouts) is in
+ * kvt_tl_tcp_serve.c; this file also keeps the regions, the grant table
+ * (pages granted to each peer) and the per-peer HELLO tokens handed out in
+ * the handshake blob.
  *
  * A lane error (EOF, reset, timeout, bad reply) stops both threads of the
  * lane; the last one out fails every queued and in-flight frame and reports
- * the peer as failed. A later post reconnects.
+ * the peer as failed, except when the target closed an idle lane with a BYE.
+ * A later post reconnects.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -32,24 +33,8 @@
 #include <fcntl.h>
 
 #include "kvt/kvt_msg.h"
+#include "kvt/kvt_uuid.h"
 #include "kvt_tl_tcp_int.h"
-
-struct kvt_tl_region {
-    struct kvt_tl_region *next;
-    char uuid[KVT_TL_UUID_LEN + 1];
-    uint8_t *base;
-    uint64_t length;
-    uint64_t page_size;
-    uint32_t npages;
-};
-
-typedef struct tcp_grant {
-    struct tcp_grant *next;
-    char peer_id[KVT_TL_PEER_ID_MAX + 1];
-    kvt_tl_region_t *region;
-    uint16_t *wcnt; /* per page */
-    uint16_t *rcnt;
-} tcp_grant_t;
 
 typedef struct tcp_post tcp_post_t;
 
@@ -74,9 +59,7 @@ struct tcp_post {
     tcp_frame_t frames[];
 };
 
-typedef struct tcp_peer tcp_peer_t;
-
-typedef struct tcp_lane {
+struct tcp_lane {
     tcp_peer_t *peer;
     int fd;
     pthread_t tx, rx;
@@ -89,52 +72,6 @@ typedef struct tcp_lane {
     int dead;
     kvt_status_t why;
     uint32_t next_seq;
-} tcp_lane_t;
-
-struct tcp_peer {
-    struct tcp_peer *next;
-    kvt_tl_t *tl;
-    char id[KVT_TL_PEER_ID_MAX + 1];
-    char host[256];
-    uint16_t port;
-    pthread_mutex_t lock; /* connect / teardown / post */
-    int have_addr;
-    int connected;
-    atomic_int stopping; /* teardown in progress: lane deaths are not failures */
-    atomic_int failed;
-    unsigned nlanes;
-    tcp_lane_t *lanes;
-    unsigned rr;
-};
-
-typedef struct tcp_conn {
-    struct tcp_conn *next;
-    kvt_tl_t *tl;
-    int fd;
-    pthread_t th;
-    atomic_int done;
-} tcp_conn_t;
-
-struct kvt_tl {
-    kvt_tl_callbacks_t cb;
-    char local_id[KVT_TL_PEER_ID_MAX + 1];
-    char advertise[256];
-    uint16_t port;
-    unsigned lanes;
-    unsigned timeout_ms;
-    int listen_fd;
-    int wake_fd;
-    pthread_t listener;
-    pthread_mutex_t lock; /* regions, grants, peers list, conns list */
-    kvt_tl_region_t *regions;
-    tcp_grant_t *grants;
-    tcp_peer_t *peers;
-    tcp_conn_t *conns;
-    atomic_int stopping;
-    struct {
-        atomic_uint_fast64_t bytes_written, bytes_read, bytes_served, ops_completed, ops_failed,
-            access_denied, bad_frames, peer_failures;
-    } st;
 };
 
 /* ---------------------------------------------------------------- I/O helpers */
@@ -164,27 +101,7 @@ static kvt_status_t recv_all(int fd, void *buf, size_t len)
     return KVT_OK;
 }
 
-/* Like recv_all for the first bytes of a frame: while none of it has arrived, a receive
- * timeout only means the lane is idle, so keep waiting; once it started, the frame must
- * complete within the timeout. */
-static kvt_status_t recv_frame_start(int fd, void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = recv(fd, p + got, len - got, MSG_WAITALL);
-        if (r <= 0) {
-            if (r < 0 &&
-                (errno == EINTR || (got == 0 && (errno == EAGAIN || errno == EWOULDBLOCK))))
-                continue;
-            return io_status(r);
-        }
-        got += (size_t)r;
-    }
-    return KVT_OK;
-}
-
-static kvt_status_t send_iov(int fd, struct iovec *iov, int iovcnt)
+kvt_status_t kvt_tcp_send_iov(int fd, struct iovec *iov, int iovcnt)
 {
     while (iovcnt > 0) {
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -210,7 +127,7 @@ static kvt_status_t send_iov(int fd, struct iovec *iov, int iovcnt)
 static kvt_status_t send_all(int fd, const void *buf, size_t len)
 {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    return send_iov(fd, &iov, 1);
+    return kvt_tcp_send_iov(fd, &iov, 1);
 }
 
 static void set_timeouts(int fd, unsigned ms)
@@ -242,9 +159,8 @@ static tcp_grant_t *grant_find_locked(kvt_tl_t *tl, const char *peer, kvt_tl_reg
     return NULL;
 }
 
-/* Check an incoming access of <peer>; returns the target address. */
-static kvt_status_t access_check(kvt_tl_t *tl, const char *peer, const kvt_tcp_hdr_t *h,
-                                 unsigned access, uint8_t **addr)
+kvt_status_t kvt_tl_tcp_access_check(kvt_tl_t *tl, const char *peer, const kvt_tcp_hdr_t *h,
+                                     unsigned access, uint8_t **addr)
 {
     kvt_status_t status = KVT_ERR_ACCESS;
     kvt_tl_region_t *r;
@@ -401,171 +317,6 @@ static void tcp_revoke(kvt_tl_t *tl, const char *peer_id, kvt_tl_region_t *regio
     pthread_mutex_unlock(&tl->lock);
 }
 
-/* ---------------------------------------------------------------- target side */
-
-static kvt_status_t drain(int fd, uint64_t len)
-{
-    uint8_t scratch[16384];
-    while (len > 0) {
-        size_t n = len > sizeof(scratch) ? sizeof(scratch) : (size_t)len;
-        kvt_status_t st = recv_all(fd, scratch, n);
-        if (st != KVT_OK)
-            return st;
-        len -= n;
-    }
-    return KVT_OK;
-}
-
-static kvt_status_t send_reply(int fd, kvt_status_t status, uint32_t seq, const void *payload,
-                               uint64_t len)
-{
-    uint8_t rb[KVT_TCP_REPLY_LEN];
-    kvt_tcp_reply_t r = {.status = status, .seq = seq};
-    struct iovec iov[2];
-
-    kvt_tcp_reply_encode(&r, rb);
-    iov[0].iov_base = rb;
-    iov[0].iov_len = sizeof(rb);
-    iov[1].iov_base = (void *)payload;
-    iov[1].iov_len = (size_t)len;
-    return send_iov(fd, iov, payload != NULL && len > 0 ? 2 : 1);
-}
-
-kvt_status_t kvt_tl_tcp_serve_fd(kvt_tl_t *tl, int fd)
-{
-    uint8_t hb[KVT_TCP_HDR_LEN];
-    char peer[KVT_TL_PEER_ID_MAX + 1];
-    kvt_tcp_hdr_t h;
-    kvt_status_t st;
-
-    st = recv_all(fd, hb, sizeof(hb));
-    if (st != KVT_OK)
-        return st;
-    if (kvt_tcp_hdr_decode(hb, sizeof(hb), &h) != KVT_OK || h.op != KVT_TCP_OP_HELLO) {
-        atomic_fetch_add(&tl->st.bad_frames, 1);
-        return KVT_ERR_PROTO;
-    }
-    st = recv_all(fd, peer, (size_t)h.length);
-    if (st != KVT_OK)
-        return st;
-    peer[h.length] = '\0';
-    if (strlen(peer) != h.length) {
-        atomic_fetch_add(&tl->st.bad_frames, 1);
-        return KVT_ERR_PROTO;
-    }
-    st = send_reply(fd, KVT_OK, h.seq, NULL, 0);
-    if (st != KVT_OK)
-        return st;
-
-    for (;;) {
-        uint8_t *addr = NULL;
-        kvt_status_t ast;
-
-        st = recv_frame_start(fd, hb, sizeof(hb));
-        if (st != KVT_OK)
-            return st == KVT_ERR_PEER ? KVT_OK : st; /* EOF between frames = clean close */
-        if (kvt_tcp_hdr_decode(hb, sizeof(hb), &h) != KVT_OK || h.op == KVT_TCP_OP_HELLO) {
-            atomic_fetch_add(&tl->st.bad_frames, 1);
-            return KVT_ERR_PROTO;
-        }
-        if (h.op == KVT_TCP_OP_WRITE) {
-            ast = access_check(tl, peer, &h, KVT_TL_ACCESS_WRITE, &addr);
-            st = (ast == KVT_OK) ? recv_all(fd, addr, (size_t)h.length) : drain(fd, h.length);
-            if (st != KVT_OK)
-                return st;
-            if (ast == KVT_OK)
-                atomic_fetch_add(&tl->st.bytes_served, h.length);
-            /* the bytes are in the region now: only then acknowledge */
-            st = send_reply(fd, ast, h.seq, NULL, 0);
-        } else {
-            ast = access_check(tl, peer, &h, KVT_TL_ACCESS_READ, &addr);
-            if (ast == KVT_OK)
-                atomic_fetch_add(&tl->st.bytes_served, h.length);
-            st = send_reply(fd, ast, h.seq, ast == KVT_OK ? addr : NULL,
-                            ast == KVT_OK ? h.length : 0);
-        }
-        if (st != KVT_OK)
-            return st;
-    }
-}
-
-static void *conn_main(void *arg)
-{
-    tcp_conn_t *c = arg;
-    (void)kvt_tl_tcp_serve_fd(c->tl, c->fd);
-    shutdown(c->fd, SHUT_RDWR);
-    atomic_store(&c->done, 1);
-    return NULL;
-}
-
-static void reap_conns(kvt_tl_t *tl, int all)
-{
-    tcp_conn_t *dead = NULL;
-
-    pthread_mutex_lock(&tl->lock);
-    for (tcp_conn_t **cp = &tl->conns; *cp != NULL;) {
-        tcp_conn_t *c = *cp;
-        if (all || atomic_load(&c->done)) {
-            *cp = c->next;
-            c->next = dead;
-            dead = c;
-        } else {
-            cp = &c->next;
-        }
-    }
-    pthread_mutex_unlock(&tl->lock);
-    while (dead != NULL) {
-        tcp_conn_t *c = dead;
-        dead = c->next;
-        shutdown(c->fd, SHUT_RDWR);
-        pthread_join(c->th, NULL);
-        close(c->fd);
-        kvt_free(c);
-    }
-}
-
-static void *listener_main(void *arg)
-{
-    kvt_tl_t *tl = arg;
-
-    while (!atomic_load(&tl->stopping)) {
-        struct pollfd pfd[2] = {{.fd = tl->listen_fd, .events = POLLIN},
-                                {.fd = tl->wake_fd, .events = POLLIN}};
-        int fd;
-        tcp_conn_t *c;
-
-        if (poll(pfd, 2, 1000) < 0 && errno != EINTR)
-            break;
-        reap_conns(tl, 0);
-        if (!(pfd[0].revents & POLLIN))
-            continue;
-        fd = accept4(tl->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0)
-            continue;
-        /* a frame in progress (and the HELLO) must arrive within the timeout, so a peer
-         * that hangs mid-frame cannot hold this thread; an idle lane between frames may
-         * sit forever (recv_frame_start) */
-        set_timeouts(fd, tl->timeout_ms);
-        c = kvt_calloc(1, sizeof(*c));
-        if (c == NULL) {
-            close(fd);
-            continue;
-        }
-        c->tl = tl;
-        c->fd = fd;
-        if (pthread_create(&c->th, NULL, conn_main, c) != 0) {
-            close(fd);
-            kvt_free(c);
-            continue;
-        }
-        pthread_mutex_lock(&tl->lock);
-        c->next = tl->conns;
-        tl->conns = c;
-        pthread_mutex_unlock(&tl->lock);
-    }
-    return NULL;
-}
-
 /* ---------------------------------------------------------------- initiator side */
 
 static void frame_done(tcp_frame_t *f, kvt_status_t st)
@@ -625,6 +376,9 @@ static void lane_exit(tcp_lane_t *l, kvt_status_t why)
     if (!peer->stopping) {
         int expect = 0;
         report = atomic_compare_exchange_strong(&peer->failed, &expect, 1);
+        /* the target closed an idle lane (BYE): the next post reconnects, the peer is fine */
+        if (why == KVT_ERR_CLOSED)
+            report = 0;
     }
     while (left != NULL) {
         tcp_frame_t *f = left;
@@ -682,7 +436,7 @@ static void *lane_tx_main(void *arg)
         iov[0].iov_len = sizeof(hb);
         iov[1].iov_base = f->local;
         iov[1].iov_len = (size_t)f->length;
-        why = send_iov(l->fd, iov, (f->op == KVT_TCP_OP_WRITE && f->length > 0) ? 2 : 1);
+        why = kvt_tcp_send_iov(l->fd, iov, (f->op == KVT_TCP_OP_WRITE && f->length > 0) ? 2 : 1);
         if (why != KVT_OK)
             break;
         /* the reply cannot come before the bytes left, but say so explicitly:
@@ -717,11 +471,18 @@ static void *lane_rx_main(void *arg)
             if (pr > 0 && l->inf_head == NULL && !l->dead) {
                 char c;
                 ssize_t pk = recv(l->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                if (pk == 0 || (pk < 0 && errno != EAGAIN && errno != EINTR) ||
-                    (pfd.revents & (POLLERR | POLLHUP))) {
+                if (pk > 0) {
+                    /* bytes nobody asked for: only a BYE (idle lane closed) is fine */
+                    uint8_t bb[KVT_TCP_REPLY_LEN];
+                    kvt_tcp_reply_t bye;
+                    why = KVT_ERR_PROTO;
+                    if (recv_all(l->fd, bb, sizeof(bb)) == KVT_OK &&
+                        kvt_tcp_reply_decode(bb, sizeof(bb), &bye) == KVT_OK &&
+                        (bye.flags & KVT_TCP_REPLY_BYE))
+                        why = KVT_ERR_CLOSED;
+                } else if (pk == 0 || (pk < 0 && errno != EAGAIN && errno != EINTR) ||
+                           (pfd.revents & (POLLERR | POLLHUP))) {
                     why = KVT_ERR_PEER;
-                } else if (pk > 0) {
-                    why = KVT_ERR_PROTO; /* bytes nobody asked for */
                 }
                 if (why != KVT_OK) {
                     pthread_mutex_unlock(&l->lock);
@@ -741,6 +502,10 @@ static void *lane_rx_main(void *arg)
         why = recv_all(l->fd, rb, sizeof(rb));
         if (why != KVT_OK)
             break;
+        if (kvt_tcp_reply_decode(rb, sizeof(rb), &r) == KVT_OK && (r.flags & KVT_TCP_REPLY_BYE)) {
+            why = KVT_ERR_CLOSED; /* idle-closed as we sent: the frame fails, no peer failure */
+            break;
+        }
         if (kvt_tcp_reply_decode(rb, sizeof(rb), &r) != KVT_OK || r.seq != f->seq) {
             atomic_fetch_add(&l->peer->tl->st.bad_frames, 1);
             why = KVT_ERR_PROTO;
@@ -852,6 +617,8 @@ static kvt_status_t lane_open(kvt_tl_t *tl, tcp_peer_t *p, tcp_lane_t *l)
     size_t idlen = strlen(tl->local_id);
     kvt_status_t st;
 
+    if (p->send_token[0] == '\0')
+        return KVT_ERR_NOT_FOUND; /* no handshake blob from that peer yet */
     st = dial(p->host, p->port, tl->timeout_ms, &l->fd);
     if (st != KVT_OK)
         return st;
@@ -859,14 +626,17 @@ static kvt_status_t lane_open(kvt_tl_t *tl, tcp_peer_t *p, tcp_lane_t *l)
     memset(&h, 0, sizeof(h));
     h.op = KVT_TCP_OP_HELLO;
     h.length = idlen;
+    memcpy(h.uuid, p->send_token, sizeof(h.uuid));
     kvt_tcp_hdr_encode(&h, hb);
     st = send_all(l->fd, hb, sizeof(hb));
     if (st == KVT_OK)
         st = send_all(l->fd, tl->local_id, idlen);
     if (st == KVT_OK)
         st = recv_all(l->fd, rb, sizeof(rb));
-    if (st == KVT_OK && (kvt_tcp_reply_decode(rb, sizeof(rb), &r) != KVT_OK || r.status != 0))
+    if (st == KVT_OK && kvt_tcp_reply_decode(rb, sizeof(rb), &r) != KVT_OK)
         st = KVT_ERR_PROTO;
+    if (st == KVT_OK && r.status != KVT_OK)
+        st = (kvt_status_t)r.status; /* refused: ACCESS (token) or LIMIT (lane cap) */
     return st;
 }
 
@@ -922,15 +692,21 @@ static kvt_status_t peer_connect_locked(kvt_tl_t *tl, tcp_peer_t *p)
     return KVT_OK;
 }
 
+tcp_peer_t *kvt_tl_tcp_peer_find_locked(kvt_tl_t *tl, const char *id)
+{
+    for (tcp_peer_t *p = tl->peers; p != NULL; p = p->next) {
+        if (strcmp(p->id, id) == 0)
+            return p;
+    }
+    return NULL;
+}
+
 static tcp_peer_t *peer_get(kvt_tl_t *tl, const char *id, int create)
 {
     tcp_peer_t *p;
 
     pthread_mutex_lock(&tl->lock);
-    for (p = tl->peers; p != NULL; p = p->next) {
-        if (strcmp(p->id, id) == 0)
-            break;
-    }
+    p = kvt_tl_tcp_peer_find_locked(tl, id);
     if (p == NULL && create) {
         p = kvt_calloc(1, sizeof(*p));
         if (p != NULL) {
@@ -945,20 +721,47 @@ static tcp_peer_t *peer_get(kvt_tl_t *tl, const char *id, int create)
     return p;
 }
 
+/* The token <p> must present in its HELLO: made once per peer record and
+ * kept, so handshakes that cross each other all hand out the same one. */
+static kvt_status_t peer_token_locked(tcp_peer_t *p, char out[KVT_TCP_TOKEN_LEN + 1])
+{
+    if (p->token[0] == '\0') {
+        kvt_uuid_t u;
+        kvt_status_t st = kvt_uuid_generate(&u);
+        if (st != KVT_OK)
+            return st;
+        kvt_uuid_to_str(&u, p->token);
+    }
+    memcpy(out, p->token, KVT_TCP_TOKEN_LEN + 1);
+    return KVT_OK;
+}
+
 static kvt_status_t tcp_peer_prepare(kvt_tl_t *tl, const char *peer_id, void *blob, size_t *len)
 {
     kvt_msg_t m;
     kvt_msg_transport_lane_t lane;
+    char token[KVT_TCP_TOKEN_LEN + 1];
     void *data = NULL;
     size_t dlen = 0;
+    tcp_peer_t *p;
     kvt_status_t st;
 
-    if (tl == NULL || peer_id == NULL || blob == NULL || len == NULL)
+    if (tl == NULL || peer_id == NULL || blob == NULL || len == NULL || peer_id[0] == '\0' ||
+        strlen(peer_id) > KVT_TL_PEER_ID_MAX)
         return KVT_ERR_INVALID;
+    p = peer_get(tl, peer_id, 1);
+    if (p == NULL)
+        return KVT_ERR_NOMEM;
+    pthread_mutex_lock(&tl->lock);
+    st = peer_token_locked(p, token);
+    pthread_mutex_unlock(&tl->lock);
+    if (st != KVT_OK)
+        return st;
     kvt_msg_init(&m, KVT_MSG_TRANSPORT_INIT);
     memset(&lane, 0, sizeof(lane));
     lane.host = tl->advertise;
     lane.port = tl->port;
+    lane.gid = token; /* tcp has no GID: the lane's field carries the HELLO token */
     m.u.tinit.node_id = tl->local_id;
     m.u.tinit.transport = "tcp";
     m.u.tinit.lanes = &lane;
@@ -983,6 +786,8 @@ static kvt_status_t tcp_peer_connect(kvt_tl_t *tl, const char *peer_id, const vo
 {
     kvt_msg_t m;
     char host[256];
+    char token[KVT_TCP_TOKEN_LEN + 1];
+    kvt_uuid_t tu;
     int64_t port;
     tcp_peer_t *p;
     kvt_status_t st;
@@ -996,10 +801,13 @@ static kvt_status_t tcp_peer_connect(kvt_tl_t *tl, const char *peer_id, const vo
     if (m.type != KVT_MSG_TRANSPORT_INIT || strcmp(m.u.tinit.transport, "tcp") != 0 ||
         m.u.tinit.nlanes < 1 || m.u.tinit.lanes[0].host == NULL ||
         m.u.tinit.lanes[0].host[0] == '\0' || strlen(m.u.tinit.lanes[0].host) >= sizeof(host) ||
-        m.u.tinit.lanes[0].port <= 0 || m.u.tinit.lanes[0].port > 65535) {
+        m.u.tinit.lanes[0].port <= 0 || m.u.tinit.lanes[0].port > 65535 ||
+        m.u.tinit.lanes[0].gid == NULL || strlen(m.u.tinit.lanes[0].gid) != KVT_TCP_TOKEN_LEN ||
+        kvt_uuid_parse(m.u.tinit.lanes[0].gid, KVT_TCP_TOKEN_LEN, &tu) != KVT_OK) {
         kvt_msg_clear(&m);
         return KVT_ERR_PROTO;
     }
+    memcpy(token, m.u.tinit.lanes[0].gid, sizeof(token));
     snprintf(host, sizeof(host), "%s", m.u.tinit.lanes[0].host);
     port = m.u.tinit.lanes[0].port;
     kvt_msg_clear(&m);
@@ -1007,6 +815,9 @@ static kvt_status_t tcp_peer_connect(kvt_tl_t *tl, const char *peer_id, const vo
     if (p == NULL)
         return KVT_ERR_NOMEM;
     pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&tl->lock);
+    memcpy(p->send_token, token, sizeof(token));
+    pthread_mutex_unlock(&tl->lock);
     if (!p->have_addr || strcmp(p->host, host) != 0 || p->port != port || atomic_load(&p->failed)) {
         p->stopping = 1;
         peer_teardown_locked(p);
@@ -1016,6 +827,38 @@ static kvt_status_t tcp_peer_connect(kvt_tl_t *tl, const char *peer_id, const vo
         atomic_store(&p->failed, 0);
     }
     pthread_mutex_unlock(&p->lock);
+    return KVT_OK;
+}
+
+/* The initiator prepared under the address it dialled; the token it handed
+ * out belongs to the node id the reply revealed. The old record keeps no
+ * token (a later prepare under that address makes a fresh one). */
+static kvt_status_t tcp_peer_rename(kvt_tl_t *tl, const char *old_id, const char *new_id)
+{
+    tcp_peer_t *o, *n;
+
+    if (tl == NULL || old_id == NULL || new_id == NULL || new_id[0] == '\0' ||
+        strlen(new_id) > KVT_TL_PEER_ID_MAX)
+        return KVT_ERR_INVALID;
+    if (strcmp(old_id, new_id) == 0)
+        return KVT_OK;
+    n = peer_get(tl, new_id, 1);
+    if (n == NULL)
+        return KVT_ERR_NOMEM;
+    pthread_mutex_lock(&tl->lock);
+    o = kvt_tl_tcp_peer_find_locked(tl, old_id);
+    if (o == NULL) {
+        pthread_mutex_unlock(&tl->lock);
+        return KVT_ERR_NOT_FOUND;
+    }
+    if (o->token[0] != '\0' && strcmp(o->token, n->token) != 0) {
+        /* lanes opened with the token handed out before stay acceptable */
+        memcpy(n->prev_token, n->token, sizeof(n->prev_token));
+        memcpy(n->token, o->token, sizeof(n->token));
+    }
+    memset(o->token, 0, sizeof(o->token));
+    memset(o->prev_token, 0, sizeof(o->prev_token));
+    pthread_mutex_unlock(&tl->lock);
     return KVT_OK;
 }
 
@@ -1031,8 +874,15 @@ static void tcp_peer_remove(kvt_tl_t *tl, const char *peer_id)
         p->stopping = 1;
         peer_teardown_locked(p);
         p->have_addr = 0;
+        pthread_mutex_lock(&tl->lock);
+        /* its tokens die with it: a new handshake hands out new ones */
+        memset(p->token, 0, sizeof(p->token));
+        memset(p->prev_token, 0, sizeof(p->prev_token));
+        memset(p->send_token, 0, sizeof(p->send_token));
+        pthread_mutex_unlock(&tl->lock);
         pthread_mutex_unlock(&p->lock);
     }
+    kvt_tl_tcp_conns_drop_peer(tl, peer_id);
     pthread_mutex_lock(&tl->lock);
     for (tcp_grant_t **gp = &tl->grants; *gp != NULL;) {
         tcp_grant_t *g = *gp;
@@ -1141,6 +991,10 @@ static void tcp_stats(kvt_tl_t *tl, kvt_tl_stats_t *out)
     out->access_denied = atomic_load(&tl->st.access_denied);
     out->bad_frames = atomic_load(&tl->st.bad_frames);
     out->peer_failures = atomic_load(&tl->st.peer_failures);
+    out->conns_refused = atomic_load(&tl->st.conns_refused);
+    out->hello_refused = atomic_load(&tl->st.hello_refused);
+    out->idle_closed = atomic_load(&tl->st.idle_closed);
+    out->stall_closed = atomic_load(&tl->st.stall_closed);
 }
 
 /* ---------------------------------------------------------------- create/destroy */
@@ -1206,6 +1060,14 @@ static kvt_status_t tcp_create(const kvt_tl_config_t *cfg, const kvt_tl_callback
     if (tl->lanes > 64)
         tl->lanes = 64;
     tl->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 30000;
+    tl->lim.max_conns = cfg->max_conns ? cfg->max_conns : KVT_TCP_DEF_MAX_CONNS;
+    tl->lim.max_conns_per_peer =
+        cfg->max_conns_per_peer ? cfg->max_conns_per_peer : KVT_TCP_DEF_MAX_CONNS_PER_PEER;
+    tl->lim.max_pending = cfg->max_pending ? cfg->max_pending : KVT_TCP_DEF_MAX_PENDING;
+    tl->lim.hello_timeout_ms =
+        cfg->hello_timeout_ms ? cfg->hello_timeout_ms : KVT_TCP_DEF_HELLO_TIMEOUT_MS;
+    tl->lim.idle_timeout_ms =
+        cfg->idle_timeout_ms ? cfg->idle_timeout_ms : KVT_TCP_DEF_IDLE_TIMEOUT_MS;
     pthread_mutex_init(&tl->lock, NULL);
     st = listen_on(host, cfg->listen_port, &tl->listen_fd, &tl->port);
     if (st != KVT_OK)
@@ -1215,10 +1077,9 @@ static kvt_status_t tcp_create(const kvt_tl_config_t *cfg, const kvt_tl_callback
         st = KVT_ERR_IO;
         goto err_listen;
     }
-    if (pthread_create(&tl->listener, NULL, listener_main, tl) != 0) {
-        st = KVT_ERR_NOMEM;
+    st = kvt_tl_tcp_listener_start(tl);
+    if (st != KVT_OK)
         goto err_wake;
-    }
     *out = tl;
     return KVT_OK;
 
@@ -1234,15 +1095,9 @@ err_lock:
 
 static void tcp_destroy(kvt_tl_t *tl)
 {
-    uint64_t one = 1;
-
     if (tl == NULL)
         return;
-    atomic_store(&tl->stopping, 1);
-    if (write(tl->wake_fd, &one, sizeof(one)) < 0) {
-        /* the listener also wakes up by its poll timeout */
-    }
-    pthread_join(tl->listener, NULL);
+    kvt_tl_tcp_listener_stop(tl); /* no lane is served after this */
     close(tl->listen_fd);
     close(tl->wake_fd);
     while (tl->peers != NULL) {
@@ -1255,7 +1110,6 @@ static void tcp_destroy(kvt_tl_t *tl)
         pthread_mutex_destroy(&p->lock);
         kvt_free(p);
     }
-    reap_conns(tl, 1);
     while (tl->grants != NULL) {
         tcp_grant_t *g = tl->grants;
         tl->grants = g->next;
@@ -1277,7 +1131,7 @@ static const kvt_tl_ops_t tcp_ops = {
     .dereg_region = tcp_dereg_region,
     .peer_prepare = tcp_peer_prepare,
     .peer_connect = tcp_peer_connect,
-    .peer_rename = NULL, /* the TCP blob binds nothing to the id */
+    .peer_rename = tcp_peer_rename,
     .peer_remove = tcp_peer_remove,
     .grant = tcp_grant,
     .revoke = tcp_revoke,

@@ -81,23 +81,26 @@ kvt_status_t kvt_tcp_hdr_decode(const uint8_t *buf, size_t len, kvt_tcp_hdr_t *o
     h.length = get_u64(buf + 64);
     switch (h.op) {
     case KVT_TCP_OP_HELLO:
-        if (ulen != 0 || h.length == 0 || h.length > KVT_TL_PEER_ID_MAX)
+        /* uuid field = lane token, payload = node id */
+        if (h.length == 0 || h.length > KVT_TL_PEER_ID_MAX)
             return KVT_ERR_PROTO;
         break;
     case KVT_TCP_OP_WRITE:
     case KVT_TCP_OP_READ:
-        if (ulen != KVT_TL_UUID_LEN || h.length > KVT_TCP_MAX_FRAME)
+        if (h.length > KVT_TCP_MAX_FRAME)
             return KVT_ERR_PROTO;
-        for (int i = 0; i < KVT_TL_UUID_LEN; i++) {
-            if (!uuid_char_ok((char)buf[16 + i]))
-                return KVT_ERR_PROTO;
-        }
-        memcpy(h.uuid, buf + 16, KVT_TL_UUID_LEN);
-        h.uuid[KVT_TL_UUID_LEN] = '\0';
         break;
     default:
         return KVT_ERR_PROTO;
     }
+    if (ulen != KVT_TL_UUID_LEN)
+        return KVT_ERR_PROTO;
+    for (int i = 0; i < KVT_TL_UUID_LEN; i++) {
+        if (!uuid_char_ok((char)buf[16 + i]))
+            return KVT_ERR_PROTO;
+    }
+    memcpy(h.uuid, buf + 16, KVT_TL_UUID_LEN);
+    h.uuid[KVT_TL_UUID_LEN] = '\0';
     *out = h;
     return KVT_OK;
 }
@@ -108,6 +111,7 @@ void kvt_tcp_reply_encode(const kvt_tcp_reply_t *r, uint8_t out[KVT_TCP_REPLY_LE
     put_u32(out, KVT_TCP_REPLY_MAGIC);
     put_u32(out + 4, (uint32_t)r->status);
     put_u32(out + 8, r->seq);
+    put_u32(out + 12, r->flags);
 }
 
 kvt_status_t kvt_tcp_reply_decode(const uint8_t *buf, size_t len, kvt_tcp_reply_t *out)
@@ -118,7 +122,8 @@ kvt_status_t kvt_tcp_reply_decode(const uint8_t *buf, size_t len, kvt_tcp_reply_
         return KVT_ERR_PROTO;
     r.status = (int32_t)get_u32(buf + 4);
     r.seq = get_u32(buf + 8);
-    if (r.status > 0)
+    r.flags = get_u32(buf + 12);
+    if (r.status > 0 || (r.flags & ~KVT_TCP_REPLY_BYE) != 0)
         return KVT_ERR_PROTO;
     *out = r;
     return KVT_OK;

@@ -72,6 +72,10 @@ typedef struct kvt_tl_stats {
     uint64_t access_denied; /* incoming accesses refused by the grant table */
     uint64_t bad_frames;    /* malformed input from the network */
     uint64_t peer_failures; /* peers declared dead */
+    uint64_t conns_refused; /* lanes refused by a connection cap */
+    uint64_t hello_refused; /* lanes refused at HELLO (no/forged token, deadline) */
+    uint64_t idle_closed;   /* served lanes closed after the idle timeout */
+    uint64_t stall_closed;  /* served lanes closed mid-frame by the stall timeout */
 } kvt_tl_stats_t;
 
 typedef struct kvt_tl_callbacks {
@@ -91,6 +95,12 @@ typedef struct kvt_tl_config {
     unsigned lanes;             /* connections / QPs per peer; 0 = default (4) */
     unsigned timeout_ms;        /* per-operation timeout; 0 = 30000 */
     const char *device;         /* transport specific (verbs device name), may be NULL */
+    /* Data listener limits (tcp); 0 = the transport's default. */
+    unsigned max_conns;          /* lanes served at once */
+    unsigned max_conns_per_peer; /* lanes of one peer id */
+    unsigned max_pending;        /* accepted lanes still before their HELLO */
+    unsigned hello_timeout_ms;   /* accept -> HELLO complete */
+    unsigned idle_timeout_ms;    /* a served lane with no frame for this long is closed */
 } kvt_tl_config_t;
 
 /* One page-sized (or shorter) transfer of a post. */

@@ -32,6 +32,11 @@
  * transfer_channel                  str         "tcp"    (tcp | verbs | shm)
  * transfer_lanes                    int         0        (lanes / QPs per peer; 0 = transport
  *                                                         default: tcp 4, verbs 2)
+ * transfer_max_conns                int         0        (tcp data lanes served at once; 0 = 1024)
+ * transfer_max_conns_per_peer       int         0        (tcp lanes of one peer; 0 = 64)
+ * transfer_max_pending              int         0        (tcp lanes before HELLO; 0 = 64)
+ * transfer_hello_timeout            seconds     0        (tcp accept -> HELLO; 0 = 5)
+ * transfer_idle_timeout             seconds     0        (tcp lane without frames; 0 = 300)
  * verbs_device                      str         ""       ("" = first device)
  * verbs_gid_index                   int         -1       (-1 = auto)
  * chunk_size                        int         256      (tokens per KV chunk)
@@ -98,6 +103,11 @@ typedef struct kvt_config {
     uint32_t pd_tp_rank;
     kvt_channel_t transfer_channel;
     uint32_t transfer_lanes;
+    uint32_t transfer_max_conns;
+    uint32_t transfer_max_conns_per_peer;
+    uint32_t transfer_max_pending;
+    double transfer_hello_timeout;
+    double transfer_idle_timeout;
     char verbs_device[KVT_CONFIG_STR_MAX];
     int32_t verbs_gid_index;
     uint32_t chunk_size;

@@ -43,6 +43,11 @@ typedef struct kvt_metrics {
     uint64_t transfer_errors_total; /* kvt_transfer_errors_total */
     uint64_t reserve_granted_total; /* kvt_reserve_granted_total */
     uint64_t reserve_refused_total; /* kvt_reserve_refused_total */
+    /* Data listener (from the transport's stats): kvt_data_lanes_refused_total{reason},
+     * kvt_data_lanes_closed_total{reason}, kvt_data_access_denied_total,
+     * kvt_data_bad_frames_total. */
+    uint64_t lanes_refused_cap, lanes_refused_hello, lanes_closed_idle, lanes_closed_stall;
+    uint64_t data_access_denied, data_bad_frames;
 } kvt_metrics_t;
 
 /* Record one transfer of <seconds> into <m>'s histogram. */

@@ -676,6 +676,13 @@ static void test_help_version(void **state)
     run_args(&r, NULL, NULL, "-h", NULL);
     assert_int_equal(r.action, PDGW_CONFIG_EXIT);
     run_free(&r);
+
+    /* Found by fuzz_pdgw_config: "-hhh" is several options in one argument, and the option
+     * list was sized by argument count (heap overflow under ASan). */
+    run_args(&r, NULL, NULL, "-hhhhhhhhhhhhhhhh", "-VhVhVhVh", NULL);
+    assert_int_equal(r.st, PDGW_OK);
+    assert_int_equal(r.action, PDGW_CONFIG_EXIT);
+    run_free(&r);
     run_args(&r, NULL, NULL, "--version", NULL);
     assert_int_equal(r.action, PDGW_CONFIG_EXIT);
     assert_string_equal(r.out, "pdgw " PDGW_VERSION_STRING "\n");

@@ -218,8 +218,11 @@ static void test_duration(void **state)
         assert_int_equal(pdgw_duration_parse(ok[i].in, &ms), PDGW_OK);
         assert_int_equal(ms, ok[i].ms);
     }
-    static const char *const bad[] = {"",   "abc",   "-1s", "5x",   "1.s",
-                                      ".5", "5 m s", "1e3", "1,5s", "99999999999999999999h"};
+    static const char *const bad[] = {"", "abc", "-1s", "5x", "1.s", ".5", "5 m s", "1e3", "1,5s",
+                                      "99999999999999999999h",
+                                      /* found by fuzz_header_values: above 2^63 ms llround
+                                       * overflowed into a garbage deadline */
+                                      "10000000000000000000ms", "9300000000000000s"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint64_t ms = 7;
         assert_int_equal(pdgw_duration_parse(bad[i], &ms), PDGW_ERR_PARSE);

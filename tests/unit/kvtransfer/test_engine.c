@@ -4,6 +4,11 @@
  * engine transferring to itself (its progress thread serves both ends),
  * metrics as a struct and as Prometheus text, destroy with work pending.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "test_engine_common.h"
 
 static void test_create_errors(void **state)
@@ -157,6 +162,29 @@ static void test_metrics_text(void **state)
     assert_int_equal(strlen(small), sizeof(small) - 1);
     kvt_engine_metrics(p.r, &m);
     assert_int_equal(m.used_pages, 3);
+    {
+        /* garbage on the receiver's data port is counted in its metrics */
+        kvt_engine_ports_t ports;
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        char junk[80], c;
+        memset(junk, 'x', sizeof(junk));
+        kvt_engine_ports(p.r, &ports);
+        sa.sin_port = htons(ports.data_port);
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        assert_int_equal(send(fd, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+        assert_int_equal(recv(fd, &c, 1, 0), 0); /* closed by the receiver: counted before */
+        close(fd);
+        kvt_engine_metrics(p.r, &m);
+        assert_int_equal(m.data_bad_frames, 1);
+        need = kvt_metrics_format(&m, NULL, NULL, 0);
+        text = malloc(need + 1);
+        kvt_metrics_format(&m, NULL, text, need + 1);
+        assert_non_null(strstr(text, "kvt_data_bad_frames_total 1\n"));
+        assert_non_null(strstr(text, "kvt_data_lanes_refused_total{reason=\"hello\"} 0\n"));
+        free(text);
+    }
     t_pair_close(&p);
     t_keys_free(keys, 3);
 }

@@ -86,7 +86,9 @@ static void fake_handshake(fake_rx_t *f)
     char ident[512];
     size_t il;
     kvt_msg_t m, r;
-    kvt_msg_transport_lane_t lane = {.host = "127.0.0.1", .port = 9, .gid = ""};
+    /* a tcp lane carries the HELLO token in "gid" (docs/protocols/kvt-tcp.md) */
+    kvt_msg_transport_lane_t lane = {
+        .host = "127.0.0.1", .port = 9, .gid = "6f1c2a3b-4d5e-4f60-8172-839405a6b7c8"};
 
     router_recv(f->init, ident, &il, &m);
     assert_int_equal(m.type, KVT_MSG_TRANSPORT_INIT);

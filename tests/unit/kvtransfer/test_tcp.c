@@ -3,7 +3,10 @@
  * bytes (multi-frame transfers included), the grant table refuses pages not
  * granted to that peer (and out-of-bounds / unknown regions), a dead peer
  * is reported and fails later posts, garbage on the data port is counted
- * and does not disturb other lanes, and the frame codec rejects bad input.
+ * and does not disturb other lanes, the frame codec rejects bad input, and
+ * the data listener cannot be pinned or abused: a HELLO needs the token the
+ * target issued to that peer id, lanes are capped (pending, per peer,
+ * total), a lane that never says HELLO or goes idle is closed.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -67,7 +70,8 @@ static void on_peer_failed(void *arg, const char *peer, kvt_status_t st)
     pthread_mutex_unlock(&e->mu);
 }
 
-static void ep_open(ep_t *e, const char *id, const char *uuid)
+/* Open an endpoint; <lim> (may be NULL) supplies the listener limits and timeout. */
+static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_config_t *lim)
 {
     kvt_tl_config_t c = {
         .local_id = id, .listen_host = "127.0.0.1", .lanes = 2, .timeout_ms = 3000};
@@ -78,6 +82,14 @@ static void ep_open(ep_t *e, const char *id, const char *uuid)
     size_t bl = sizeof(blob);
     kvt_msg_t m;
 
+    if (lim != NULL) {
+        c.timeout_ms = lim->timeout_ms ? lim->timeout_ms : c.timeout_ms;
+        c.max_conns = lim->max_conns;
+        c.max_conns_per_peer = lim->max_conns_per_peer;
+        c.max_pending = lim->max_pending;
+        c.hello_timeout_ms = lim->hello_timeout_ms;
+        c.idle_timeout_ms = lim->idle_timeout_ms;
+    }
     memset(e, 0, sizeof(*e));
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -93,6 +105,36 @@ static void ep_open(ep_t *e, const char *id, const char *uuid)
     assert_string_equal(m.u.tinit.transport, "tcp");
     e->port = (uint16_t)m.u.tinit.lanes[0].port;
     kvt_msg_clear(&m);
+}
+
+static void ep_open(ep_t *e, const char *id, const char *uuid)
+{
+    ep_open_lim(e, id, uuid, NULL);
+}
+
+/* The HELLO token <e> issues to <peer_id> (what the handshake blob hands that peer). */
+static void issued_token(ep_t *e, const char *peer_id, char out[KVT_TL_UUID_LEN + 1])
+{
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
+    kvt_msg_t m;
+
+    assert_int_equal(ops()->peer_prepare(e->tl, peer_id, blob, &bl), KVT_OK);
+    assert_int_equal(kvt_msg_decode(blob, bl, &m, NULL), KVT_OK);
+    assert_non_null(m.u.tinit.lanes[0].gid);
+    assert_int_equal(strlen(m.u.tinit.lanes[0].gid), KVT_TL_UUID_LEN);
+    snprintf(out, KVT_TL_UUID_LEN + 1, "%s", m.u.tinit.lanes[0].gid);
+    kvt_msg_clear(&m);
+}
+
+/* Lanes <e> is serving right now. */
+static unsigned served_lanes(ep_t *e)
+{
+    unsigned n;
+    pthread_mutex_lock(&e->tl->lock);
+    n = e->tl->nconns;
+    pthread_mutex_unlock(&e->tl->lock);
+    return n;
 }
 
 static void ep_close(ep_t *e)
@@ -301,6 +343,70 @@ static int closed_by_peer(int fd)
     }
 }
 
+/* HELLO as peer <id> with <token> on a fresh lane to <port>; returns the fd once the reply
+ * arrived and sets *status to the reply's status. */
+static int hello_lane_st(uint16_t port, const char *id, const char *token, kvt_status_t *status)
+{
+    uint8_t hb[KVT_TCP_HDR_LEN];
+    kvt_tcp_hdr_t h;
+    kvt_tcp_reply_t r;
+    int fd = dial(port);
+
+    memset(&h, 0, sizeof(h));
+    h.op = KVT_TCP_OP_HELLO;
+    h.length = (uint32_t)strlen(id);
+    snprintf(h.uuid, sizeof(h.uuid), "%s", token);
+    kvt_tcp_hdr_encode(&h, hb);
+    assert_int_equal(send(fd, hb, sizeof(hb), 0), (ssize_t)sizeof(hb));
+    assert_int_equal(send(fd, id, strlen(id), 0), (ssize_t)strlen(id));
+    assert_int_equal(recv(fd, hb, KVT_TCP_REPLY_LEN, MSG_WAITALL), KVT_TCP_REPLY_LEN);
+    assert_int_equal(kvt_tcp_reply_decode(hb, KVT_TCP_REPLY_LEN, &r), KVT_OK);
+    *status = (kvt_status_t)r.status;
+    return fd;
+}
+
+/* An accepted HELLO as <id>, with the token <target> issued to <id>. */
+static int hello_lane(ep_t *target, const char *id)
+{
+    char tok[KVT_TL_UUID_LEN + 1];
+    kvt_status_t st;
+    int fd;
+
+    issued_token(target, id, tok);
+    fd = hello_lane_st(target->port, id, tok, &st);
+    assert_int_equal(st, KVT_OK);
+    return fd;
+}
+
+/* One request frame on a raw lane; returns the reply status (READ payloads are skipped). */
+static kvt_status_t raw_request(int fd, uint8_t op, const char *uuid, uint64_t off, uint64_t len,
+                                const void *payload)
+{
+    uint8_t hb[KVT_TCP_HDR_LEN], rb[KVT_TCP_REPLY_LEN];
+    kvt_tcp_hdr_t h;
+    kvt_tcp_reply_t r;
+
+    memset(&h, 0, sizeof(h));
+    h.op = op;
+    h.seq = 7;
+    memcpy(h.uuid, uuid, KVT_TL_UUID_LEN);
+    h.offset = off;
+    h.length = len;
+    kvt_tcp_hdr_encode(&h, hb);
+    assert_int_equal(send(fd, hb, sizeof(hb), 0), (ssize_t)sizeof(hb));
+    if (op == KVT_TCP_OP_WRITE)
+        assert_int_equal(send(fd, payload, len, 0), (ssize_t)len);
+    assert_int_equal(recv(fd, rb, sizeof(rb), MSG_WAITALL), (ssize_t)sizeof(rb));
+    assert_int_equal(kvt_tcp_reply_decode(rb, sizeof(rb), &r), KVT_OK);
+    assert_int_equal(r.seq, 7);
+    if (r.status == KVT_OK && op == KVT_TCP_OP_READ) {
+        uint8_t *sink = malloc(len);
+        assert_int_equal(recv(fd, sink, len, MSG_WAITALL), (ssize_t)len);
+        free(sink);
+    }
+    return (kvt_status_t)r.status;
+}
+
 static void test_garbage_frames(void **state)
 {
     ep_t a, b;
@@ -322,13 +428,7 @@ static void test_garbage_frames(void **state)
     assert_true(closed_by_peer(fd));
     close(fd);
     /* 2. a valid HELLO, then a WRITE with an absurd length */
-    fd = dial(b.port);
-    memset(&h, 0, sizeof(h));
-    h.op = KVT_TCP_OP_HELLO;
-    h.length = 5;
-    kvt_tcp_hdr_encode(&h, hb);
-    send(fd, hb, sizeof(hb), 0);
-    send(fd, "evil!", 5, 0);
+    fd = hello_lane(&b, "evil!");
     memset(&h, 0, sizeof(h));
     h.op = KVT_TCP_OP_WRITE;
     memcpy(h.uuid, UB, KVT_TL_UUID_LEN);
@@ -353,40 +453,25 @@ static void test_garbage_frames(void **state)
     ep_close(&b);
 }
 
-/* HELLO as peer <id> on a fresh lane to <port>; returns the fd once the reply arrived. */
-static int hello_lane(uint16_t port, const char *id)
-{
-    uint8_t hb[KVT_TCP_HDR_LEN];
-    kvt_tcp_hdr_t h;
-    int fd = dial(port);
-
-    memset(&h, 0, sizeof(h));
-    h.op = KVT_TCP_OP_HELLO;
-    h.length = (uint32_t)strlen(id);
-    kvt_tcp_hdr_encode(&h, hb);
-    assert_int_equal(send(fd, hb, sizeof(hb), 0), (ssize_t)sizeof(hb));
-    assert_int_equal(send(fd, id, strlen(id), 0), (ssize_t)strlen(id));
-    assert_int_equal(recv(fd, hb, KVT_TCP_REPLY_LEN, MSG_WAITALL), KVT_TCP_REPLY_LEN);
-    return fd;
-}
-
 /* A peer that stops in the middle of a frame (or of its HELLO) loses the lane after the
- * transport's timeout (3 s here) instead of holding a server thread forever; a lane that is
- * merely idle between frames stays open. */
+ * transport's timeouts (1 s here) instead of holding a server thread forever; a lane that
+ * is merely idle between frames (shorter than the idle timeout) stays open. */
 static void test_stalled_frames(void **state)
 {
     ep_t b;
+    kvt_tl_config_t lim = {.timeout_ms = 1000, .hello_timeout_ms = 1000};
     uint8_t hb[KVT_TCP_HDR_LEN];
     kvt_tcp_hdr_t h;
+    kvt_tl_stats_t st;
     char c;
     int half_hello, half_write, idle;
     (void)state;
 
-    ep_open(&b, "B", UB);
+    ep_open_lim(&b, "B", UB, &lim);
     half_hello = dial(b.port);
     memset(hb, 0, sizeof(hb));
     assert_int_equal(send(half_hello, hb, 4, 0), 4);
-    half_write = hello_lane(b.port, "A");
+    half_write = hello_lane(&b, "A");
     memset(&h, 0, sizeof(h));
     h.op = KVT_TCP_OP_WRITE;
     memcpy(h.uuid, UB, KVT_TL_UUID_LEN);
@@ -394,15 +479,238 @@ static void test_stalled_frames(void **state)
     kvt_tcp_hdr_encode(&h, hb);
     assert_int_equal(send(half_write, hb, sizeof(hb), 0), (ssize_t)sizeof(hb));
     assert_int_equal(send(half_write, "0123456789", 10, 0), 10); /* then nothing */
-    idle = hello_lane(b.port, "A2");
-    usleep(3500 * 1000);
-    assert_true(closed_by_peer(half_hello));
+    idle = hello_lane(&b, "A2");
+    assert_true(closed_by_peer(half_hello)); /* bounded waits for the closes */
     assert_true(closed_by_peer(half_write));
     assert_int_equal(recv(idle, &c, 1, MSG_DONTWAIT), -1); /* still open, nothing to read */
     assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.stall_closed, 1);
+    assert_int_equal(st.hello_refused, 1); /* the half HELLO ran out of its deadline */
+    assert_int_equal(st.idle_closed, 0);
     close(half_hello);
     close(half_write);
     close(idle);
+    ep_close(&b);
+}
+
+/* Poll <cond> until it holds, at most 5 s: a wait on a condition, not a fixed sleep. */
+#define WAIT_UNTIL(cond)                                                                           \
+    do {                                                                                           \
+        for (int w_ = 0; w_ < 500 && !(cond); w_++)                                                \
+            usleep(10 * 1000);                                                                     \
+        assert_true(cond);                                                                         \
+    } while (0)
+
+/* A HELLO claiming another peer's id gets nothing: only the token the target issued to an id
+ * over the control plane opens a lane as that id, and a lane only reaches the pages granted
+ * to its own id. */
+static void test_forged_hello(void **state)
+{
+    ep_t a, b;
+    char tok_c[KVT_TL_UUID_LEN + 1];
+    uint8_t payload[100];
+    uint32_t p0 = 0;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    kvt_status_t hs;
+    int fd;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open(&b, "B", UB);
+    handshake(&a, "A", &b, "B");
+    assert_int_equal(
+        ops()->grant(b.tl, "A", b.reg, &p0, 1, KVT_TL_ACCESS_WRITE | KVT_TL_ACCESS_READ), KVT_OK);
+    memset(b.mem, 0x11, 4096);
+    memset(payload, 0xee, sizeof(payload));
+    /* C did its own control-plane handshake with B and holds C's token */
+    issued_token(&b, "C", tok_c);
+    /* 1. C's token presented as "A": refused at HELLO, lane closed */
+    fd = hello_lane_st(b.port, "A", tok_c, &hs);
+    assert_int_equal(hs, KVT_ERR_ACCESS);
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    /* 2. a made-up token as "A" */
+    fd = hello_lane_st(b.port, "A", "00000000-0000-4000-8000-000000000000", &hs);
+    assert_int_equal(hs, KVT_ERR_ACCESS);
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    /* 3. an id B never issued a token to */
+    fd = hello_lane_st(b.port, "Z", tok_c, &hs);
+    assert_int_equal(hs, KVT_ERR_ACCESS);
+    close(fd);
+    /* 4. C as itself is let in, but A's page is not C's */
+    fd = hello_lane_st(b.port, "C", tok_c, &hs);
+    assert_int_equal(hs, KVT_OK);
+    assert_int_equal(raw_request(fd, KVT_TCP_OP_WRITE, UB, 0, sizeof(payload), payload),
+                     KVT_ERR_ACCESS);
+    assert_int_equal(raw_request(fd, KVT_TCP_OP_READ, UB, 0, 64, NULL), KVT_ERR_ACCESS);
+    close(fd);
+    assert_int_equal(b.mem[0], 0x11); /* untouched */
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.hello_refused, 3);
+    assert_int_equal(st.access_denied, 2);
+    /* A itself still writes its page */
+    memset(a.mem, 0x5a, 4096);
+    x = xfer(&a, 0, &b, 0, 4096);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    assert_memory_equal(b.mem, a.mem, 4096);
+    /* a removed peer's token is void: its old token opens nothing */
+    issued_token(&b, "C", tok_c);
+    ops()->peer_remove(b.tl, "C");
+    fd = hello_lane_st(b.port, "C", tok_c, &hs);
+    assert_int_equal(hs, KVT_ERR_ACCESS);
+    close(fd);
+    ep_close(&a);
+    ep_close(&b);
+}
+
+/* The initiator prepares under the address it dialled and learns the node id from the reply
+ * (peer_rename): the token it handed out then belongs to the node id. */
+static void test_rename_moves_token(void **state)
+{
+    ep_t a, b;
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
+    uint32_t p0 = 0;
+    kvt_tl_xfer_t x;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open(&b, "B", UB);
+    /* A dials B as "127.0.0.1:1234" */
+    assert_int_equal(ops()->peer_prepare(a.tl, "127.0.0.1:1234", blob, &bl), KVT_OK);
+    assert_int_equal(ops()->peer_connect(b.tl, "A", blob, bl), KVT_OK);
+    bl = sizeof(blob);
+    assert_int_equal(ops()->peer_prepare(b.tl, "A", blob, &bl), KVT_OK);
+    assert_int_equal(ops()->peer_rename(a.tl, "127.0.0.1:1234", "B"), KVT_OK);
+    assert_int_equal(ops()->peer_connect(a.tl, "B", blob, bl), KVT_OK);
+    assert_int_equal(ops()->peer_rename(a.tl, "nobody", "B2"), KVT_ERR_NOT_FOUND);
+    /* B -> A (a pull's READ direction): B's lanes carry A's token for "B" */
+    assert_int_equal(ops()->grant(a.tl, "B", a.reg, &p0, 1, KVT_TL_ACCESS_READ), KVT_OK);
+    memset(a.mem, 0x77, 4096);
+    x = xfer(&b, PAGE, &a, 0, 4096);
+    assert_int_equal(ops()->post(b.tl, "A", KVT_TL_OP_READ, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&b, 1), KVT_OK);
+    assert_memory_equal(b.mem + PAGE, a.mem, 4096);
+    ep_close(&a);
+    ep_close(&b);
+}
+
+/* Caps: lanes before HELLO, lanes per peer, lanes in total; refused lanes are counted, a lane
+ * that never completes its HELLO is closed at the deadline, and once the abusers are gone a
+ * legit transfer works again. */
+static void test_conn_caps(void **state)
+{
+    ep_t a, b;
+    kvt_tl_config_t lim = {
+        .max_conns = 3, .max_conns_per_peer = 2, .max_pending = 2, .hello_timeout_ms = 1500};
+    char tok_c[KVT_TL_UUID_LEN + 1];
+    uint32_t p0 = 0;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    kvt_status_t hs;
+    int silent[2], extra, a1, a2, a3, c1, over;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open_lim(&b, "B", UB, &lim);
+    handshake(&a, "A", &b, "B");
+    /* 1. two silent lanes fill the pre-HELLO cap: the third is closed at accept */
+    silent[0] = dial(b.port);
+    silent[1] = dial(b.port);
+    WAIT_UNTIL(served_lanes(&b) == 2);
+    extra = dial(b.port);
+    assert_true(closed_by_peer(extra));
+    close(extra);
+    /* 2. the silent ones are closed at the HELLO deadline */
+    assert_true(closed_by_peer(silent[0]));
+    assert_true(closed_by_peer(silent[1]));
+    close(silent[0]);
+    close(silent[1]);
+    WAIT_UNTIL(served_lanes(&b) == 0);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    assert_int_equal(st.hello_refused, 2);
+    /* 3. per peer: the third lane of "A" is refused with LIMIT */
+    a1 = hello_lane(&b, "A");
+    a2 = hello_lane(&b, "A");
+    {
+        char tok_a[KVT_TL_UUID_LEN + 1];
+        issued_token(&b, "A", tok_a);
+        a3 = hello_lane_st(b.port, "A", tok_a, &hs);
+        assert_int_equal(hs, KVT_ERR_LIMIT);
+        assert_true(closed_by_peer(a3));
+        close(a3);
+    }
+    WAIT_UNTIL(served_lanes(&b) == 2); /* the refused lane's thread has let go of its slot */
+    /* 4. in total: C's lane makes 3, a 4th connection is closed at accept */
+    issued_token(&b, "C", tok_c);
+    c1 = hello_lane_st(b.port, "C", tok_c, &hs);
+    assert_int_equal(hs, KVT_OK);
+    over = dial(b.port);
+    assert_true(closed_by_peer(over));
+    close(over);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 3); /* pending cap, A's lane cap, total cap */
+    /* 5. abusers gone: A's own lanes (2) get in and the write lands */
+    close(a1);
+    close(a2);
+    close(c1);
+    WAIT_UNTIL(served_lanes(&b) == 0);
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, &p0, 1, KVT_TL_ACCESS_WRITE), KVT_OK);
+    memset(a.mem, 0x3c, 4096);
+    x = xfer(&a, 0, &b, 0, 4096);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    assert_memory_equal(b.mem, a.mem, 4096);
+    ep_close(&a);
+    ep_close(&b);
+}
+
+/* A lane with no frame for the idle timeout gets a BYE and is closed; the initiator takes that
+ * quietly (no peer failure) and its next post reconnects. */
+static void test_idle_lane_closed(void **state)
+{
+    ep_t a, b;
+    kvt_tl_config_t lim = {.idle_timeout_ms = 3000}; /* >> lane set-up on a loaded machine */
+    uint8_t rb[KVT_TCP_REPLY_LEN];
+    kvt_tcp_reply_t r;
+    uint32_t p0 = 0;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    int fd;
+    (void)state;
+
+    ep_open(&a, "A", UA);
+    ep_open_lim(&b, "B", UB, &lim);
+    handshake(&a, "A", &b, "B");
+    /* a raw lane that goes quiet after its HELLO */
+    fd = hello_lane(&b, "A");
+    assert_int_equal(recv(fd, rb, sizeof(rb), MSG_WAITALL), (ssize_t)sizeof(rb));
+    assert_int_equal(kvt_tcp_reply_decode(rb, sizeof(rb), &r), KVT_OK);
+    assert_true(r.flags & KVT_TCP_REPLY_BYE);
+    assert_true(closed_by_peer(fd));
+    close(fd);
+    /* the transport's own lanes: a write, then quiet until B closes both lanes */
+    assert_int_equal(ops()->grant(b.tl, "A", b.reg, &p0, 1, KVT_TL_ACCESS_WRITE), KVT_OK);
+    memset(a.mem, 0x42, 4096);
+    x = xfer(&a, 0, &b, 0, 4096);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    WAIT_UNTIL(served_lanes(&b) == 0);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.idle_closed, 3);
+    pthread_mutex_lock(&a.mu);
+    assert_int_equal(a.peer_failed, 0);
+    pthread_mutex_unlock(&a.mu);
+    memset(a.mem, 0x43, 4096);
+    assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 2), KVT_OK);
+    assert_int_equal(wait_compl(&a, 2), KVT_OK);
+    assert_memory_equal(b.mem, a.mem, 4096);
+    ep_close(&a);
     ep_close(&b);
 }
 
@@ -450,6 +758,8 @@ int main(void)
         cmocka_unit_test(test_frame_codec),    cmocka_unit_test(test_write_read_verified),
         cmocka_unit_test(test_access_denied),  cmocka_unit_test(test_peer_death),
         cmocka_unit_test(test_garbage_frames), cmocka_unit_test(test_stalled_frames),
+        cmocka_unit_test(test_forged_hello),   cmocka_unit_test(test_rename_moves_token),
+        cmocka_unit_test(test_conn_caps),      cmocka_unit_test(test_idle_lane_closed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
