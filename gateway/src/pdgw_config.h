@@ -150,6 +150,9 @@ typedef struct pdgw_config {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     int retries;
+    uint64_t client_header_timeout_ms;
+    int max_connections;            /* 0 = derived from RLIMIT_NOFILE */
+    int max_connections_per_client; /* 0 = no cap */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
     char *api_key_file; /* "" = none */

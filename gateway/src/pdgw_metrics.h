@@ -185,6 +185,7 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *prefill_missing_kv_params; /* prefill answered without params */
     pdgw_metric_family_t *pd_cancel_notifs;          /* KV cancel notices sent */
     pdgw_metric_family_t *local_resource_errors;     /* {kind}: the gateway's own shortage */
+    pdgw_metric_family_t *conn_closed; /* {reason}: client connections refused or closed */
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -217,6 +218,9 @@ void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
                                                     const char *protocol);
 void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);
+/* A client connection refused at accept (connection_limit, per_client_limit) or closed by
+ * the gateway (header_timeout, body_timeout). */
+void pdgw_gateway_metrics_conn_closed(pdgw_gateway_metrics_t *gm, const char *reason);
 
 /*
  * Create the {protocol} series of the configured protocol up front, so counters and
