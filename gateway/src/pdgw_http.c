@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
@@ -610,6 +612,16 @@ static void dispatch(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- the handler */
 
+/* "a.b.c.d" or the IPv6 text of <sa>; "" for other families. */
+static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)len);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)len);
+}
+
 static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
                            const char *method)
 {
@@ -624,6 +636,9 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     r->method = method;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr)
+        sockaddr_text(ci->client_addr, r->client_addr, sizeof(r->client_addr));
     r->body.limit = 0;
     pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL);
     pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);

@@ -147,7 +147,11 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_retries_total{protocol}                        counter
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
- *                                                                 not_found|method|overload
+ *                                                                 not_found|method|overload|
+ *                                                                 ambiguous_length
+ *   pdgw_requests_total{protocol,status}                          a stream cut after its 200
+ *                                                                 counts as 502 (504 on a
+ *                                                                 timeout), a client gone as 499
  *   pdgw_prefill_seconds{protocol}                      histogram prefill leg
  *   pdgw_kv_wait_seconds{protocol}                      histogram prefill done -> first decode
  *                                                                 event (two-stage only)
@@ -159,6 +163,10 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_local_resource_errors_total{kind}              counter   the gateway ran short itself:
  *                                                                 kind = fd|memory|socket|accept
  *                                                                 (not the instance's fault)
+ *   pdgw_client_connections_closed_total{reason}        counter   reason = connection_limit|
+ *                                                                 per_client_limit (refused at
+ *                                                                 accept)|header_timeout|
+ *                                                                 body_timeout (closed late)
  *   pdgw_build_info{version}                            gauge     always 1
  *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
  * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).

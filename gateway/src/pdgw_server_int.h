@@ -172,7 +172,8 @@ typedef enum {
 struct pdgw_req {
     pdgw_worker_t *w;
     struct MHD_Connection *conn;
-    pdgw_conn_t *cx; /* the connection's guard (NULL if MHD gave none) */
+    pdgw_conn_t *cx;      /* the connection's guard (NULL if MHD gave none) */
+    char client_addr[48]; /* the peer's address for the access log ("" = unknown) */
     int fd;
     uint64_t t_start_ns;
     uint64_t t_start_ms;

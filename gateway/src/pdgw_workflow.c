@@ -1157,6 +1157,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             pdgw_access_entry_init(&a);
             a.request_id = r->id;
             a.method = r->method;
+            a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
             a.path = r->path;
             a.protocol = protocol_of(r);
             a.model = r->info_valid ? r->info.model : NULL;

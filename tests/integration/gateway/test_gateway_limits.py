@@ -346,6 +346,7 @@ def test_client_disconnect_midstream_is_499():
                         5, "access log line")[0]
         assert_eq(line["status"], 499, "access log status")
         assert_eq(line.get("disconnected"), True, "access log disconnected")
+        assert_eq(line.get("client"), "127.0.0.1", "access log client address")
         stop_gw(gw)
     finally:
         up.close()
