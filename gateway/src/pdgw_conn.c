@@ -275,6 +275,19 @@ unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers)
     return (unsigned)per_worker;
 }
 
+/* Refusals come in storms: one warning a second at most, with the count skipped. */
+static void conn_refused(pdgw_worker_t *w, const char *reason)
+{
+    static pdgw_log_ratelimit_t rl = PDGW_LOG_RATELIMIT_INIT;
+    uint64_t skipped = 0;
+    pdgw_gateway_metrics_conn_closed(w->srv->opts.metrics, reason);
+    if (pdgw_log_ratelimit_allow(&rl, 1000, &skipped))
+        pdgw_log_warn("http",
+                      "refusing a client connection: %s (%u open on worker %u; %llu "
+                      "similar suppressed)",
+                      reason, w->n_conns, w->index, (unsigned long long)skipped);
+}
+
 enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
 {
     pdgw_worker_t *w = cls;
@@ -285,7 +298,7 @@ enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen
     /* A connection let in earlier that MHD did not announce (it failed to set it up). */
     pdgw_conn_after_run(w);
     if (w->n_conns >= srv->conn_limit_per_worker) {
-        pdgw_gateway_metrics_conn_closed(srv->opts.metrics, "connection_limit");
+        conn_refused(w, "connection_limit");
         return MHD_NO;
     }
     if (srv->opts.max_connections_per_client == 0 || srv->addrs == NULL)
@@ -294,7 +307,7 @@ enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen
     if (len == 0)
         return MHD_YES;
     if (!addr_acquire(srv->addrs, key, len, srv->opts.max_connections_per_client)) {
-        pdgw_gateway_metrics_conn_closed(srv->opts.metrics, "per_client_limit");
+        conn_refused(w, "per_client_limit");
         return MHD_NO;
     }
     memcpy(w->pending_addr, key, len);

@@ -13,12 +13,17 @@ Real pdgw on 127.0.0.1 with ephemeral ports, in front of pdgw-sim or a tiny Pyth
 
 import http.client
 import json
+import os
 import re
 import selectors
 import socket
+import sys
 import time
 
 import pdgwtest as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "forwarders"))
+import fwdconf as F  # noqa: E402
 from test_gateway import (SlowUpstream, assert_eq, comp_body, metrics, start_gw, start_sim,
                           stop_gw)
 
@@ -326,6 +331,45 @@ def test_midstream_engine_failure_is_502():
         up.close()
 
 
+def test_pd_decode_dies_midstream():
+    """vllm-nixl 1P1D: the decode engine is killed while its stream is relayed. The client
+    gets the PD-typed error event, not retryable; 502 in the metrics, the access log names
+    the decode phase and says it was not retryable."""
+    pre = F.Sim("prefill", "prefill-0")
+    dec = F.Sim("decode", "decode-0", "--tpot-ms", "50")
+    gw = F.Gateway("vllm-nixl", "batch", [pre.instance(), dec.instance()], retries=1,
+                   extra=["--log-level", "info", "--log-format", "json"])
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+        conn.request("POST", "/v1/completions",
+                     body=json.dumps({"model": F.MODEL, "prompt": F.PROMPT, "max_tokens": 200,
+                                      "ignore_eos": True, "stream": True}),
+                     headers={"Content-Type": "application/json", "X-Request-Id": "pd-cut"})
+        resp = conn.getresponse()
+        assert_eq(resp.status, 200, "the stream had started")
+        buf = b""
+        while b"\n\n" not in buf:
+            buf += resp.read1(4096)
+        dec.proc.kill()  # the decode engine dies mid-stream
+        buf += resp.read()
+        conn.close()
+        events = [ln[5:].strip() for ln in buf.decode().split("\n") if ln.startswith("data:")]
+        assert_eq(events[-1], "[DONE]", "ends with [DONE]")
+        err = json.loads(events[-2])["error"]
+        assert_eq(err["type"], "pd_decode_error", "error type")
+        assert_eq(err["code"], "stream_interrupted_not_retryable", "error code")
+        assert re.match(r"^decode instance decode-0 closed the stream after \d+ bytes$",
+                        err["message"]), err["message"]
+        wait_for(lambda: gw.metric("pdgw_requests_total", {"status": "502"}) == 1, 5, "502")
+        assert_eq(gw.metric("pdgw_requests_total", {"status": "200"}), 0.0, "counted as 200")
+        line = wait_for(lambda: [a for a in access_lines(gw.proc)
+                                 if a.get("request_id") == "pd-cut"], 5, "access log line")[0]
+        assert_eq((line["status"], line.get("pd_phase"), line.get("pd_retryable")),
+                  (502, "decode", False), "access log")
+    finally:
+        gw.stop()
+
+
 def test_client_disconnect_midstream_is_499():
     up = SlowUpstream()
     try:
@@ -360,5 +404,6 @@ if __name__ == "__main__":
         test_connection_limit_from_descriptor_limit,
         test_content_length_with_chunked_refused,
         test_midstream_engine_failure_is_502,
+        test_pd_decode_dies_midstream,
         test_client_disconnect_midstream_is_499,
     ])
