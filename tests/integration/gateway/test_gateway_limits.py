@@ -331,6 +331,30 @@ def test_midstream_engine_failure_is_502():
         up.close()
 
 
+def test_deadline_midstream_is_504():
+    """The request deadline passes while the stream is relayed: the same non-retryable
+    error event (timeout type), counted and logged as 504."""
+    up = SlowUpstream(gap=0.2)
+    try:
+        gw, gport = start_gw([f"http://127.0.0.1:{up.port}"], extra=["--log-format", "json"])
+        events = list(T.sse_events(gport, "/v1/completions", comp_body(True, 100),
+                                   headers={"X-Request-Timeout": "1", "X-Request-Id": "late"}))
+        assert_eq(events[-1], "[DONE]", "ends with [DONE]")
+        assert json.loads(events[0])["choices"][0]["text"] == "t0 ", events[0]
+        err = json.loads(events[-2])["error"]
+        assert_eq((err["type"], err["code"]), ("timeout_error", "stream_interrupted_not_retryable"),
+                  "error event")
+        assert re.match(r"^request deadline passed after \d+ bytes of the response were sent$",
+                        err["message"]), err["message"]
+        wait_for(lambda: metric(gport, "pdgw_requests_total", {"status": "504"}) == 1, 5, "504")
+        line = wait_for(lambda: [a for a in access_lines(gw) if a.get("request_id") == "late"],
+                        5, "access log line")[0]
+        assert_eq(line["status"], 504, "access log status")
+        stop_gw(gw)
+    finally:
+        up.close()
+
+
 def test_pd_decode_dies_midstream():
     """vllm-nixl 1P1D: the decode engine is killed while its stream is relayed. The client
     gets the PD-typed error event, not retryable; 502 in the metrics, the access log names
@@ -404,6 +428,7 @@ if __name__ == "__main__":
         test_connection_limit_from_descriptor_limit,
         test_content_length_with_chunked_refused,
         test_midstream_engine_failure_is_502,
+        test_deadline_midstream_is_504,
         test_pd_decode_dies_midstream,
         test_client_disconnect_midstream_is_499,
     ])
