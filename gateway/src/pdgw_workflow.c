@@ -869,9 +869,7 @@ static void wf_fail_midstream(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg
             snprintf(msg, sizeof(msg), "the gateway ran out of resources for the %s leg", what);
             break;
         case PDGW_LEGERR_PROTOCOL:
-            snprintf(msg, sizeof(msg),
-                     "%s instance %s sent a malformed event stream after %llu "
-                     "bytes",
+            snprintf(msg, sizeof(msg), "%s instance %s sent a malformed stream after %llu bytes",
                      what, failed_leg->inst->id, n);
             break;
         default:
