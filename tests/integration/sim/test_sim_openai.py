@@ -289,7 +289,7 @@ def test_concurrent_streams_and_disconnect():
     assert metric(port, "vllm:num_requests_running") == 1
     conn.sock.close()
     conn.close()
-    deadline = time.time() + 2
+    deadline = time.time() + 5  # a bound on the wait, not a speed requirement
     while time.time() < deadline and metric(port, "vllm:num_requests_running") != 0:
         time.sleep(0.02)
     assert metric(port, "vllm:num_requests_running") == 0
