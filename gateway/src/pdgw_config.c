@@ -23,6 +23,8 @@ static const char *const policy_names[] = {"round-robin",  "random",   "least-lo
                                            "prefix-aware", "weighted", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"text", "json", NULL};
+/* pdgw_pd_fields_mode_t order */
+static const char *const pd_fields_names[] = {"reject", "strip", "pass", NULL};
 
 static const char *name_of(const char *const *names, size_t n, int v)
 {
@@ -110,6 +112,10 @@ static const pdgw_config_option_t options[] = {
     {"idle_timeout", "idle-timeout", "PDGW_IDLE_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0, "60s",
      "DURATION", "Longest silence allowed between upstream bytes (0 = only the request "
      "deadline).", C(idle_timeout_ms)},
+    {"client_pd_fields", "client-pd-fields", "PDGW_CLIENT_PD_FIELDS", PDGW_OPT_ENUM,
+     pd_fields_names, 0, 0, "reject", "ACTION", "PD control fields in a client body "
+     "(kv_transfer_params, bootstrap_*, remote_*, DP ranks...): reject (400), strip, or pass "
+     "(plain-proxy protocols such as neutral only).", C(client_pd_fields)},
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",
      C(retries)},

@@ -153,6 +153,7 @@ typedef struct pdgw_config {
     uint64_t client_header_timeout_ms;
     int max_connections;            /* 0 = derived from RLIMIT_NOFILE */
     int max_connections_per_client; /* 0 = no cap */
+    int client_pd_fields;           /* pdgw_pd_fields_mode_t: reject | strip | pass */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
     char *api_key_file; /* "" = none */

@@ -523,6 +523,47 @@ static bool route_needs_auth(const pdgw_req_t *r)
 }
 
 /* Everything is read: decide. */
+/* PD control fields in the client body (pdgw_validate_pd.c): refused, stripped or, for a
+ * plain proxy whose operator opted in, passed. A stripped body is re-encoded so that a
+ * forwarder that forwards the client's bytes (neutral) sends the stripped version too.
+ * false = the request was refused (<e> filled). */
+static bool req_pd_fields(pdgw_req_t *r, pdgw_api_error_t *e)
+{
+    pdgw_server_t *srv = r->w->srv;
+    pdgw_pd_fields_mode_t mode = srv->opts.client_pd_fields;
+    pdgw_pd_fields_result_t res;
+    const char *action;
+    pdgw_status_t st = pdgw_request_pd_fields(r->json, mode, srv->desc->client_fields, &res, e);
+    size_t i;
+    if (res.n_hits == 0)
+        return true;
+    action = mode == PDGW_PD_FIELDS_REJECT  ? "rejected"
+             : mode == PDGW_PD_FIELDS_STRIP ? "stripped"
+                                            : "passed";
+    for (i = 0; i < res.n_hits && i < PDGW_PD_FIELDS_MAX_HITS; i++)
+        pdgw_gateway_metrics_client_pd_field(srv->opts.metrics, srv->desc->name, res.rules[i],
+                                             action);
+    pdgw_log_debug("http", "request %s: client PD field '%s' (%zu in all) %s", r->id,
+                   res.first_param, res.n_hits, action);
+    if (st != PDGW_OK)
+        return false;
+    if (mode == PDGW_PD_FIELDS_STRIP) {
+        char *text = json_dumps(r->json, JSON_COMPACT);
+        if (text == NULL) {
+            pdgw_api_error_set(e, PDGW_API_ERR_INTERNAL, NULL, "Out of memory.");
+            return false;
+        }
+        r->body.len = 0;
+        if (pdgw_buf_append(&r->body, text, strlen(text)) != PDGW_OK) {
+            free(text);
+            pdgw_api_error_set(e, PDGW_API_ERR_INTERNAL, NULL, "Out of memory.");
+            return false;
+        }
+        free(text);
+    }
+    return true;
+}
+
 static void dispatch(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
@@ -597,6 +638,11 @@ static void dispatch(pdgw_req_t *r)
             return;
         }
         r->info_valid = true;
+        if (!req_pd_fields(r, &e)) {
+            pdgw_gateway_metrics_rejected(gm, "client_pd_field");
+            pdgw_req_reply_error(r, &e);
+            return;
+        }
     }
     if (srv->draining) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "shutting_down",

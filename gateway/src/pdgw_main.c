@@ -296,6 +296,7 @@ int main(int argc, char **argv)
     so.max_connections = cfg.max_connections > 0 ? (unsigned)cfg.max_connections : 0;
     so.max_connections_per_client =
         cfg.max_connections_per_client > 0 ? (unsigned)cfg.max_connections_per_client : 0;
+    so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;
     so.n_models = cfg.models.count;

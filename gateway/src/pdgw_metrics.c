@@ -792,6 +792,7 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     static const char *const l_reason[] = {"reason"};
     static const char *const l_kind[] = {"kind"};
     static const char *const l_version[] = {"version"};
+    static const char *const l_pd_field[] = {"protocol", "field", "action"};
     pdgw_gateway_metrics_t g;
     memset(&g, 0, sizeof(g));
     g.reg = reg;
@@ -861,6 +862,10 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Client connections refused at accept (connection_limit, per_client_limit) or closed "
         "because request headers or body did not arrive in time (header_timeout, body_timeout).",
         l_reason, 1, NULL, 0, &g.conn_closed);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_client_pd_fields_total",
+        "PD control fields found in client bodies, by field rule and action "
+        "(rejected, stripped, passed).",
+        l_pd_field, 3, NULL, 0, &g.client_pd_fields);
 #undef ADD
 
     g.inflight = pdgw_metric_family_series(inflight, NULL);
@@ -979,6 +984,15 @@ void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *p
 {
     if (gm != NULL && protocol != NULL)
         pdgw_counter_inc(pdgw_metric_family_series1(gm->pd_cancel_notifs, protocol));
+}
+
+void pdgw_gateway_metrics_client_pd_field(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          const char *field, const char *action)
+{
+    if (gm == NULL || protocol == NULL || field == NULL || action == NULL)
+        return;
+    const char *v[3] = {protocol, field, action};
+    pdgw_counter_inc(pdgw_metric_family_series(gm->client_pd_fields, v));
 }
 
 void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char *protocol)

@@ -148,7 +148,7 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
  *                                                                 not_found|method|overload|
- *                                                                 ambiguous_length
+ *                                                                 ambiguous_length|client_pd_field
  *   pdgw_requests_total{protocol,status}                          a stream cut after its 200
  *                                                                 counts as 502 (504 on a
  *                                                                 timeout), a client gone as 499
@@ -167,6 +167,10 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *                                                                 per_client_limit (refused at
  *                                                                 accept)|header_timeout|
  *                                                                 body_timeout (closed late)
+ *   pdgw_client_pd_fields_total{protocol,field,action}  counter   PD control fields a client
+ *                                                                 sent; field = rule name
+ *                                                                 (bounded), action = rejected|
+ *                                                                 stripped|passed
  *   pdgw_build_info{version}                            gauge     always 1
  *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
  * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).
@@ -193,7 +197,8 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *prefill_missing_kv_params; /* prefill answered without params */
     pdgw_metric_family_t *pd_cancel_notifs;          /* KV cancel notices sent */
     pdgw_metric_family_t *local_resource_errors;     /* {kind}: the gateway's own shortage */
-    pdgw_metric_family_t *conn_closed; /* {reason}: client connections refused or closed */
+    pdgw_metric_family_t *conn_closed;      /* {reason}: client connections refused or closed */
+    pdgw_metric_family_t *client_pd_fields; /* {protocol,field,action} client PD fields */
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -225,6 +230,8 @@ void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *pro
 void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
                                                     const char *protocol);
 void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
+void pdgw_gateway_metrics_client_pd_field(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                          const char *field, const char *action);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);
 /* A client connection refused at accept (connection_limit, per_client_limit) or closed by
  * the gateway (header_timeout, body_timeout). */

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -16,7 +17,8 @@
 
 typedef struct registry_entry {
     const pdgw_fwd_desc_t *desc;
-    char origin[256]; /* "built-in" or the plugin path */
+    pdgw_fwd_desc_t upgraded; /* an older-ABI descriptor, completed with defaults */
+    char origin[256];         /* "built-in" or the plugin path */
     int logged;
 } registry_entry_t;
 
@@ -62,13 +64,14 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
         registry_refuse(PDGW_ERR_INVALID, "%s: NULL forwarder descriptor", origin);
         goto out;
     }
-    if (desc->abi_version != PDGW_FWD_ABI_VERSION) {
+    if (desc->abi_version < PDGW_FWD_ABI_MIN_VERSION || desc->abi_version > PDGW_FWD_ABI_VERSION) {
         /* Only abi_version is read from a foreign descriptor: its layout may differ. */
         registry_refuse(PDGW_ERR_ABI,
                         "%s: forwarder built for forwarder ABI version %u, but this pdgw "
-                        "provides ABI version %u; rebuild it against this pdgw's "
+                        "provides ABI versions %u..%u; rebuild it against this pdgw's "
                         "gateway/include/pdgw/forwarder.h",
-                        origin, desc->abi_version, (unsigned)PDGW_FWD_ABI_VERSION);
+                        origin, desc->abi_version, (unsigned)PDGW_FWD_ABI_MIN_VERSION,
+                        (unsigned)PDGW_FWD_ABI_VERSION);
         goto out;
     }
     if (desc->name == NULL || desc->name[0] == '\0' || desc->ops == NULL ||
@@ -90,6 +93,13 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
     if (registry_count == PDGW_REGISTRY_MAX) {
         registry_refuse(PDGW_ERR_LIMIT, "%s: too many forwarders registered", origin);
         goto out;
+    }
+    if (desc->abi_version < 2) {
+        /* ABI 1 ends after `ops`: copy only that much, the rest keeps its default. */
+        registry_entry_t *e = &registry[registry_count];
+        memset(&e->upgraded, 0, sizeof(e->upgraded));
+        memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, client_fields));
+        desc = &e->upgraded;
     }
     registry[registry_count].desc = desc;
     snprintf(registry[registry_count].origin, sizeof(registry[registry_count].origin), "%s",

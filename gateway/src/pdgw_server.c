@@ -575,6 +575,18 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
                              : (d & PDGW_DISPATCH_SERIAL) ? PDGW_DISPATCH_SERIAL
                                                           : PDGW_DISPATCH_PARALLEL;
     }
+    if (opts->client_pd_fields == PDGW_PD_FIELDS_PASS &&
+        !(srv->plan.dispatch == PDGW_DISPATCH_SINGLE &&
+          srv->plan.single_role == PDGW_FWD_ROLE_BOTH && !srv->plan.single_needs_prefill)) {
+        /* A PD forwarder puts its own PD fields into the legs: passing the client's through
+         * would let clients name KV peers. Only a plain proxy may opt in. */
+        snprintf(err, errlen,
+                 "client_pd_fields: 'pass' is only allowed for a plain-proxy protocol (such as "
+                 "neutral), not for '%s'; use reject or strip",
+                 srv->desc->name);
+        status = PDGW_ERR_INVALID;
+        goto err_ctx;
+    }
     if (srv->plan.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
         srv->ready_roles = SCHED_ROLE_DECODE;
     else

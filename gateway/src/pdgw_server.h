@@ -22,6 +22,7 @@
 #include "pdgw_auth.h"
 #include "pdgw_errors.h"
 #include "pdgw_metrics.h"
+#include "pdgw_validate.h"
 
 typedef struct pdgw_server pdgw_server_t;
 
@@ -42,10 +43,11 @@ typedef struct pdgw_server_opts {
     /* Client side: time to receive complete request headers (from accept or the end of the
      * previous request on the connection); 0 = no deadline. */
     uint64_t client_header_timeout_ms;
-    unsigned max_connections;            /* all workers; 0 = derived from RLIMIT_NOFILE */
-    unsigned max_connections_per_client; /* per client address, all workers; 0 = no cap */
-    const pdgw_auth_t *auth;             /* NULL = open */
-    const char *const *models;           /* served model names; NULL/0 = ask the instances */
+    unsigned max_connections;               /* all workers; 0 = derived from RLIMIT_NOFILE */
+    unsigned max_connections_per_client;    /* per client address, all workers; 0 = no cap */
+    pdgw_pd_fields_mode_t client_pd_fields; /* PD control fields from clients (reject) */
+    const pdgw_auth_t *auth;                /* NULL = open */
+    const char *const *models;              /* served model names; NULL/0 = ask the instances */
     size_t n_models;
     sched_pool_t *pool;              /* instance selection (required) */
     pdgw_gateway_metrics_t *metrics; /* required */

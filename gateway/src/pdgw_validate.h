@@ -85,4 +85,37 @@ void pdgw_request_info_release(pdgw_request_info_t *info);
 /* "/v1/completions" / "/v1/chat/completions" -> kind. PDGW_ERR_NOT_FOUND for other paths. */
 pdgw_status_t pdgw_api_kind_from_path(const char *path, pdgw_api_kind_t *out);
 
+/* ---------------------------------------------------------------- PD control fields */
+
+/*
+ * What happens to PD control fields a client put in its body (kv_transfer_params,
+ * bootstrap_*, remote_*, DP ranks, ...; the list is in pdgw_validate_pd.c): only the gateway
+ * may set them, since they name KV peers and transfers.
+ */
+typedef enum pdgw_pd_fields_mode {
+    PDGW_PD_FIELDS_REJECT = 0, /* 400 naming the first one */
+    PDGW_PD_FIELDS_STRIP = 1,  /* remove them all, forward the rest */
+    PDGW_PD_FIELDS_PASS = 2,   /* operator opt-in, plain proxies only: forward unchanged */
+} pdgw_pd_fields_mode_t;
+
+#define PDGW_PD_FIELDS_MAX_HITS 32
+typedef struct pdgw_pd_fields_result {
+    size_t n_hits;                              /* fields found (all, also beyond rules[]) */
+    const char *rules[PDGW_PD_FIELDS_MAX_HITS]; /* matching rule names (static, bounded set) */
+    char first_param[PDGW_API_ERR_PARAM_MAX];   /* "bootstrap_host", "vllm_xargs.kv_..." */
+} pdgw_pd_fields_result_t;
+
+/*
+ * Look for PD control fields in <body> (the built-in list plus <extra>, the forwarder's
+ * NULL-terminated list, names ending in '*' are prefixes). REJECT: PDGW_ERR_INVALID with a
+ * 400 in <err> naming the field when one is present. STRIP: deletes them from <body>.
+ * PASS: only counts. <res> always says what was found.
+ */
+pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
+                                     const char *const *extra, pdgw_pd_fields_result_t *res,
+                                     pdgw_api_error_t *err);
+
+/* "reject" / "strip" / "pass". */
+const char *pdgw_pd_fields_mode_name(pdgw_pd_fields_mode_t mode);
+
 #endif /* PDGW_VALIDATE_H */

@@ -86,6 +86,9 @@ static void usage(FILE *f)
             "  --layers N                   layers (4)\n"
             "  --no-layerwise               push KV only after the last layer\n"
             "  --kv-hold-timeout-ms MS      free unclaimed prefill KV after MS (30000)\n"
+            "  --nixl-shape newest|older    kv_transfer_params a NIXL prefill returns: vLLM's\n"
+            "                               newest (block ids per KV-cache group, dcp/pp sizes,\n"
+            "                               lease fields, randomized request id) or older (flat)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
             "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
             "  --kv-link-gbps G             model a link of G Gbit/s for sent KV (0 = off)\n"
@@ -128,6 +131,7 @@ enum {
     O_LAYERS,
     O_NOLW,
     O_HOLD,
+    O_NIXLSHAPE,
     O_KVWAIT,
     O_KVBUF,
     O_KVLINK,
@@ -171,6 +175,7 @@ static const struct option opts[] = {
     {"layers", required_argument, 0, O_LAYERS},
     {"no-layerwise", no_argument, 0, O_NOLW},
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
+    {"nixl-shape", required_argument, 0, O_NIXLSHAPE},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
     {"kv-buffer-mb", required_argument, 0, O_KVBUF},
     {"kv-link-gbps", required_argument, 0, O_KVLINK},
@@ -428,6 +433,16 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 1, 86400000, &v))
                 return -1;
             cfg->kv_hold_timeout_ms = (int)v;
+            break;
+        case O_NIXLSHAPE:
+            if (!strcmp(optarg, "newest"))
+                cfg->nixl_older = 0;
+            else if (!strcmp(optarg, "older"))
+                cfg->nixl_older = 1;
+            else {
+                fprintf(stderr, "pdgw-sim: --nixl-shape must be newest or older\n");
+                return -1;
+            }
             break;
         case O_KVWAIT:
             if (parse_long(name, optarg, 1, 86400000, &v))

@@ -68,6 +68,7 @@ typedef struct sim_config {
     int layers;
     int layerwise;
     int kv_hold_timeout_ms;
+    int nixl_older;         /* NIXL prefill answers in the older vLLM shape (flat block ids) */
     int kv_wait_timeout_ms; /* decode: deadline for remote KV */
     /* faults */
     double fail_rate;
@@ -252,6 +253,7 @@ typedef struct sim_counters {
     atomic_ullong kv_transfers_ok;
     atomic_ullong kv_transfers_failed;
     atomic_ullong kv_hold_timeouts;
+    atomic_ullong kv_invalid_params; /* decode: unusable NIXL params, prompt recomputed */
     atomic_ullong kv_corruptions_injected;
     atomic_llong active_connections;
     atomic_llong open_streams;

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "sim_pd_int.h"
 
@@ -459,6 +460,73 @@ void sim_pd_import_unname_locked(sim_import_t *imp)
     imp->named_next = NULL;
 }
 
+/* remote_block_ids of a NIXL decode leg as one flat list (new reference): older vLLM sends
+ * a flat list, the newest one list per KV-cache group (this engine has one group). NULL when
+ * absent or empty (the decode then recomputes); *bad on a wrong type. */
+static json_t *nixl_block_ids(json_t *kvp, int *bad)
+{
+    json_t *ids = json_object_get(kvp, "remote_block_ids");
+    json_t *flat, *v, *w;
+    size_t i, j;
+    if (!ids || json_is_null(ids))
+        return NULL;
+    if (!json_is_array(ids)) {
+        *bad = 1;
+        return NULL;
+    }
+    flat = json_array();
+    json_array_foreach(ids, i, v)
+    {
+        if (json_is_integer(v)) {
+            json_array_append(flat, v);
+            continue;
+        }
+        if (!json_is_array(v)) {
+            *bad = 1;
+            break;
+        }
+        json_array_foreach(v, j, w)
+        {
+            if (!json_is_integer(w))
+                *bad = 1;
+            else
+                json_array_append(flat, w);
+        }
+    }
+    if (*bad || json_array_size(flat) == 0) {
+        json_decref(flat);
+        return NULL;
+    }
+    return flat;
+}
+
+/* Unusable NIXL params: like vLLM, compute the prompt here; count and record it. */
+static void nixl_invalid_params(sim_req_t *req, json_t *kvp)
+{
+    static const char *const keys[] = {"remote_block_ids", "remote_engine_id", "remote_request_id",
+                                       "remote_host", "remote_port"};
+    const char *lack = "remote_block_ids";
+    json_t *v;
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        v = json_object_get(kvp, keys[i]);
+        if (!v || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) {
+            lack = keys[i];
+            break;
+        }
+    }
+    atomic_fetch_add(&sim_ctr.kv_invalid_params, 1);
+    fprintf(stderr,
+            "pdgw-sim: request %s: Got invalid KVTransferParams (no usable %s); the prompt is "
+            "recomputed\n",
+            req->request_id, lack);
+    sim_record_set(
+        req->rec_seq, "kv",
+        json_pack("{s:s,s:s,s:s}", "side", "decode", "kind", "pull-params", "invalid", lack));
+    sim_record_set(req->rec_seq, "kv_result",
+                   json_pack("{s:b,s:b,s:I,s:s}", "ok", 0, "recompute", 1, "bytes", (json_int_t)0,
+                             "error", "invalid kv_transfer_params"));
+}
+
 static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
 {
     int bad = 0, port = 0;
@@ -512,30 +580,34 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
             int nixl = json_object_get(kvp, "remote_engine_id") ||
                        json_object_get(kvp, "remote_request_id") ||
                        json_object_get(kvp, "remote_block_ids");
-            if (bad || !host || !has_port || strlen(host) > 100)
+            if (bad || (host && strlen(host) > 100))
                 return fail400(msg, "kv_transfer_params.%s",
                                "remote_host (string) and remote_port (integer) are required");
-            snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
-            if (nixl) {
-                json_t *ids = json_object_get(kvp, "remote_block_ids");
+            if (nixl || !host || !has_port) {
+                /* vLLM NixlConnector (nixl/pull_scheduler.py, update_state_after_alloc):
+                 * pulls only with non-empty remote_block_ids and remote_engine_id,
+                 * remote_request_id, remote_host, remote_port; otherwise it warns "Got
+                 * invalid KVTransferParams" and computes the prompt itself. */
+                json_t *ids = nixl_block_ids(kvp, &bad);
                 const char *rid = opt_str(kvp, "remote_request_id", &bad);
                 expect_engine = opt_str(kvp, "remote_engine_id", &bad);
-                if (bad || !rid || !expect_engine || !json_is_array(ids))
+                if (bad) {
+                    json_decref(ids);
                     return fail400(msg, "kv_transfer_params: %s",
-                                   "remote_block_ids (list), remote_engine_id and "
-                                   "remote_request_id (strings) are required");
-                size_t i;
-                json_t *v;
-                json_array_foreach(ids, i, v)
-                {
-                    if (!json_is_integer(v))
-                        return fail400(msg, "kv_transfer_params.%s must be a list of integers",
-                                       "remote_block_ids");
+                                   "remote_block_ids must be a list of integers (or of lists of "
+                                   "integers); remote_engine_id and remote_request_id strings");
                 }
+                if (!ids || !rid || !expect_engine || !host || !has_port) {
+                    json_decref(ids);
+                    nixl_invalid_params(req, kvp);
+                    return 0;
+                }
+                snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
                 kind = SIM_PD_D_PULL_PARAMS;
-                ctl = json_pack("{s:s,s:s,s:O,s:s}", "op", "pull", "remote_request_id", rid,
+                ctl = json_pack("{s:s,s:s,s:o,s:s}", "op", "pull", "remote_request_id", rid,
                                 "remote_block_ids", ids, "remote_engine_id", expect_engine);
             } else {
+                snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
                 kind = SIM_PD_D_KVT_STAGED;
                 ctl = json_pack("{s:s}", "op", "pull");
             }
@@ -676,6 +748,27 @@ void sim_kv_on_layer_done_locked(sim_req_t *req, int layer)
         sim_pd_kick_export(e);
 }
 
+/* The id vLLM's engine knows the request by, which a NIXL prefill hands out as
+ * remote_request_id: the OpenAI layer wraps X-Request-Id ("cmpl-<id>-0" per completions
+ * prompt, "chatcmpl-<id>" for chat; vllm/entrypoints/openai/serving_completion.py,
+ * serving_chat.py) and the newest engines append "-" and 8 random hex characters
+ * (vllm/v1/engine/input_processor.py, assign_request_id). */
+static void nixl_hold_id(sim_export_t *e, const sim_req_t *req)
+{
+    char *id = NULL;
+    unsigned r = 0;
+    if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+        r = (unsigned)sim_now_ns();
+    int n = sim_cfg.nixl_older ? asprintf(&id, "%s-%s%s", req->is_chat ? "chatcmpl" : "cmpl",
+                                          req->request_id, req->is_chat ? "" : "-0")
+                               : asprintf(&id, "%s-%s%s-%08x", req->is_chat ? "chatcmpl" : "cmpl",
+                                          req->request_id, req->is_chat ? "" : "-0", r);
+    if (n < 0)
+        return; /* keep the plain id */
+    free(e->hold_id);
+    e->hold_id = id;
+}
+
 void sim_kv_on_prefill_done_locked(sim_req_t *req)
 {
     sim_export_t *e = req->kv ? req->kv->exp : NULL;
@@ -698,11 +791,24 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
             if (e->block_ids)
                 e->block_ids[i] = req->blocks[i];
         }
-        req->resp_kv_params =
-            json_pack("{s:b,s:b,s:o,s:s,s:s,s:s,s:i,s:i}", "do_remote_prefill", 1,
-                      "do_remote_decode", 0, "remote_block_ids", ids, "remote_engine_id",
-                      sim_cfg.engine_id, "remote_request_id", e->hold_id, "remote_host",
-                      sim_cfg.kv_host, "remote_port", sim_cfg.kv_port, "tp_size", 1);
+        nixl_hold_id(e, req);
+        /* vLLM NixlConnector request_finished (nixl/pull_scheduler.py): the newest shape
+         * has one block list per KV-cache group, dcp/pp sizes, the computed token count, an
+         * expiry that a prefill leaves null, and the transfer mode. */
+        if (sim_cfg.nixl_older)
+            req->resp_kv_params =
+                json_pack("{s:b,s:b,s:o,s:s,s:s,s:s,s:i,s:i}", "do_remote_prefill", 1,
+                          "do_remote_decode", 0, "remote_block_ids", ids, "remote_engine_id",
+                          sim_cfg.engine_id, "remote_request_id", e->hold_id, "remote_host",
+                          sim_cfg.kv_host, "remote_port", sim_cfg.kv_port, "tp_size", 1);
+        else
+            req->resp_kv_params = json_pack(
+                "{s:b,s:b,s:[o],s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:I,s:n,s:s}", "do_remote_prefill", 1,
+                "do_remote_decode", 0, "remote_block_ids", ids, "remote_engine_id",
+                sim_cfg.engine_id, "remote_request_id", e->hold_id, "remote_host", sim_cfg.kv_host,
+                "remote_port", sim_cfg.kv_port, "tp_size", 1, "dcp_size", 1, "pp_size", 1,
+                "remote_num_tokens", (json_int_t)req->prompt.n, "remote_blocks_expiry_time",
+                "transfer_mode", "pull");
         if (req->resp_kv_params)
             sim_record_set(req->rec_seq, "response_kv_transfer_params",
                            json_incref(req->resp_kv_params));

@@ -32,9 +32,14 @@
 extern "C" {
 #endif
 
-/* Bumped on every incompatible change of this header. A plugin built
- * against another version is refused at load time with a clear error. */
-#define PDGW_FWD_ABI_VERSION 1
+/* Bumped on every change of the descriptor or ops layout. A plugin built against a
+ * version outside [PDGW_FWD_ABI_MIN_VERSION, PDGW_FWD_ABI_VERSION] is refused at load time
+ * with a clear error; older accepted versions lack only trailing descriptor fields, which
+ * then take their defaults.
+ *   1: the first layout.
+ *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none). */
+#define PDGW_FWD_ABI_VERSION     2
+#define PDGW_FWD_ABI_MIN_VERSION 1
 
 /* Result of every forwarder op. */
 typedef enum {
@@ -126,11 +131,11 @@ typedef struct pdgw_fwd_request {
      * X-Request-Id on every leg of the attempt. Name every KV transfer after it
      * (transfer_id, disagg_spec.req_id, reservations): it is unique and unguessable. */
     const char *request_id;
-    const char *path;       /* "/v1/completions" or "/v1/chat/completions" */
-    const json_t *body;     /* the client's parsed body (borrowed, read-only) */
-    int stream;             /* client asked for stream: true */
-    int is_chat;            /* chat completions */
-    pdgw_mode_t mode;       /* configured scheduling mode */
+    const char *path;   /* "/v1/completions" or "/v1/chat/completions" */
+    const json_t *body; /* the client's parsed body (borrowed, read-only) */
+    int stream;         /* client asked for stream: true */
+    int is_chat;        /* chat completions */
+    pdgw_mode_t mode;   /* configured scheduling mode */
     pdgw_dispatch_t dispatch;
     unsigned attempt;        /* 0 for the first attempt, 1.. for retries */
     int64_t deadline_ms;     /* absolute CLOCK_MONOTONIC ms when the request expires */
@@ -276,6 +281,12 @@ typedef struct pdgw_fwd_desc {
     unsigned modes;       /* PDGW_MODE_* bits supported */
     unsigned dispatch;    /* PDGW_DISPATCH_* bits it may use */
     const pdgw_fwd_ops_t *ops;
+    /* ABI 2. Top-level body fields this protocol's engines read as PD control (NULL-terminated;
+     * a name ending in '*' is a prefix), beyond the gateway's own list (kv_transfer_params,
+     * bootstrap_*, remote_*, DP ranks, ...; docs/protocols/client-fields.md). Clients may not
+     * send them: the gateway refuses or strips them (config client_pd_fields) before
+     * build_leg runs. NULL = none. */
+    const char *const *client_fields;
 } pdgw_fwd_desc_t;
 
 /* Register a forwarder (normally through PDGW_FORWARDER_REGISTER). Does no

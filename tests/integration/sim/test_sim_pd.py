@@ -145,11 +145,23 @@ def test_bad_pd_fields():
     base = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [0],
             "remote_engine_id": P.engine_id, "remote_request_id": "x",
             "remote_host": "127.0.0.1", "remote_port": P.kv_port}
-    for drop in ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_port"):
+    # vLLM nixl/pull_scheduler.py update_state_after_alloc: params without non-empty
+    # remote_block_ids, remote_engine_id, remote_request_id, remote_host or remote_port are
+    # "invalid KVTransferParams": the decode warns and computes the prompt itself
+    for drop in ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host",
+                 "remote_port"):
+        before = T.metric_value(D.metrics(), "sim_kv_invalid_params_total") or 0
         kvp = {k: v for k, v in base.items() if k != drop}
         st, _, raw = T.request("POST", D.port, "/v1/completions",
-                               dict(COMPLETION, kv_transfer_params=kvp))
-        assert st == 400 and drop.split("_")[-1] in json.loads(raw)["error"]["message"], raw
+                               dict(COMPLETION, kv_transfer_params=kvp), {"X-Request-Id": "inv-" + drop})
+        assert st == 200, (drop, raw)
+        rec = D.records("inv-" + drop)[0]
+        assert rec["kv_result"]["recompute"] and not rec["kv_result"]["ok"], rec
+        assert rec["kv"]["invalid"] == drop, rec
+        assert T.metric_value(D.metrics(), "sim_kv_invalid_params_total") == before + 1
+    st, _, raw = T.request("POST", D.port, "/v1/completions",
+                           dict(COMPLETION, kv_transfer_params=dict(base, remote_block_ids=[])))
+    assert st == 200, raw
     st, _, raw = T.request("POST", D.port, "/v1/completions", dict(
         COMPLETION, kv_transfer_params={"do_remote_prefill": True, "transfer_id": "t",
                                         "remote_bootstrap_addr": "nonsense"}))

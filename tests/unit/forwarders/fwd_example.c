@@ -161,6 +161,10 @@ static const pdgw_fwd_ops_t fwd_example_ops = {
     .attempt_cleanup = fwd_example_attempt_cleanup,
 };
 
+/* Body fields this protocol's engines would read as PD control (ABI 2): the gateway keeps
+ * clients from setting them, like its own list. */
+static const char *const fwd_example_client_fields[] = {"example_peer", "example_route_*", NULL};
+
 static const pdgw_fwd_desc_t fwd_example_desc = {
     .abi_version = FWD_EXAMPLE_ABI,
     .name = FWD_EXAMPLE_NAME,
@@ -168,6 +172,7 @@ static const pdgw_fwd_desc_t fwd_example_desc = {
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
     .dispatch = PDGW_DISPATCH_SERIAL,
     .ops = &fwd_example_ops,
+    .client_fields = fwd_example_client_fields,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_example_desc)

@@ -47,16 +47,17 @@ static void test_builtin_registered(void **state)
 
 static void test_duplicates_and_bad_descriptors(void **state)
 {
-    static const pdgw_fwd_desc_t dup = {PDGW_FWD_ABI_VERSION, "neutral", "dup", PDGW_MODE_BATCH,
-                                        PDGW_DISPATCH_SINGLE, &dummy_ops};
-    static const pdgw_fwd_desc_t fresh = {PDGW_FWD_ABI_VERSION, "t-fresh", "fresh", PDGW_MODE_BATCH,
-                                          PDGW_DISPATCH_SINGLE, &dummy_ops};
+    static const pdgw_fwd_desc_t dup = {PDGW_FWD_ABI_VERSION, "neutral",  "dup", PDGW_MODE_BATCH,
+                                        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL};
+    static const pdgw_fwd_desc_t fresh = {
+        PDGW_FWD_ABI_VERSION, "t-fresh",  "fresh", PDGW_MODE_BATCH,
+        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL};
     static const pdgw_fwd_desc_t wrong_abi = {
-        PDGW_FWD_ABI_VERSION + 1, "t-abi",   "abi", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE,     &dummy_ops};
+        PDGW_FWD_ABI_VERSION + 1, "t-abi",    "abi", PDGW_MODE_BATCH,
+        PDGW_DISPATCH_SINGLE,     &dummy_ops, NULL};
     static const pdgw_fwd_desc_t no_build = {
-        PDGW_FWD_ABI_VERSION, "t-nobuild",          "nobuild",
-        PDGW_MODE_BATCH,      PDGW_DISPATCH_SINGLE, &empty_ops};
+        PDGW_FWD_ABI_VERSION, "t-nobuild", "nobuild", PDGW_MODE_BATCH,
+        PDGW_DISPATCH_SINGLE, &empty_ops,  NULL};
     const pdgw_fwd_desc_t *before = pdgw_registry_find("neutral");
     (void)state;
     assert_int_equal(pdgw_fwd_register(&dup), -1);
@@ -71,6 +72,36 @@ static void test_duplicates_and_bad_descriptors(void **state)
     /* Five refusals are reported once each. */
     assert_int_equal(pdgw_registry_log(), 5);
     assert_int_equal(pdgw_registry_log(), 0);
+}
+
+/* A plugin built against ABI 1 (descriptor without client_fields) still registers, and the
+ * gateway sees its descriptor completed with the default (no extra client fields). */
+typedef struct {
+    unsigned abi_version;
+    const char *name, *summary;
+    unsigned modes, dispatch;
+    const pdgw_fwd_ops_t *ops;
+} abi1_desc_t;
+
+static void test_abi1_descriptor_loads(void **state)
+{
+    /* Followed in memory by a non-NULL pointer the gateway must not mistake for
+     * client_fields. */
+    static const struct {
+        abi1_desc_t d;
+        const char *const *junk;
+    } old = {{1, "t-abi1", "abi 1", PDGW_MODE_BATCH, PDGW_DISPATCH_SINGLE, &dummy_ops},
+             (const char *const *)&old};
+    const pdgw_fwd_desc_t *d;
+    (void)state;
+    assert_int_equal(pdgw_fwd_register((const pdgw_fwd_desc_t *)(const void *)&old.d), 0);
+    d = pdgw_registry_find("t-abi1");
+    assert_non_null(d);
+    assert_int_equal(d->abi_version, 1);
+    assert_string_equal(d->summary, "abi 1");
+    assert_ptr_equal(d->ops, &dummy_ops);
+    assert_null(d->client_fields);
+    (void)pdgw_registry_log();
 }
 
 static void test_plugin_loads_and_works(void **state)
@@ -157,7 +188,7 @@ static void test_plugin_wrong_abi(void **state)
     /* The message names the plugin and both versions. */
     assert_non_null(strstr(err, "fwd_example_badabi.so"));
     assert_non_null(strstr(err, "ABI version 99"));
-    assert_non_null(strstr(err, "provides ABI version 1"));
+    assert_non_null(strstr(err, "provides ABI versions 1..2"));
     assert_null(pdgw_registry_find("example-badabi"));
 }
 
@@ -179,6 +210,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_builtin_registered),
         cmocka_unit_test(test_duplicates_and_bad_descriptors),
+        cmocka_unit_test(test_abi1_descriptor_loads),
         cmocka_unit_test(test_plugin_loads_and_works),
         cmocka_unit_test(test_plugin_wrong_abi),
         cmocka_unit_test(test_plugin_duplicate_and_missing),

@@ -212,10 +212,27 @@ static void test_nixl_missing_and_bad_params(void **state)
     fx_open(&f, "vllm-nixl", "{}", PDGW_MODE_BATCH);
     assert_int_equal(fx_prefill_resp(&f, "{\"kv_transfer_params\":null}", &e), PDGW_FWD_OK);
     fx_leg(&f, PDGW_LEG_DECODE, decode_with(NULL));
-    /* incomplete params -> retryable kv_transfer failure naming the field */
+    fx_close(&f, PDGW_END_FAILED);
+    /* incomplete params (vLLM's decode would recompute, nixl/pull_scheduler.py): passed on
+     * verbatim as vLLM's proxy does; a decode retry re-runs the prefill (nothing is held) */
+    fx_open(&f, "vllm-nixl", "{}", PDGW_MODE_BATCH);
     assert_int_equal(fx_prefill_resp(&f,
                                      "{\"kv_transfer_params\":{\"remote_block_ids\":[1],"
                                      "\"remote_engine_id\":\"e\",\"remote_port\":1}}",
+                                     &e),
+                     PDGW_FWD_OK);
+    fx_leg(&f, PDGW_LEG_DECODE,
+           decode_with("{\"remote_block_ids\":[1],\"remote_engine_id\":\"e\",\"remote_port\":1}"));
+    e.phase = PDGW_PHASE_DECODE;
+    assert_int_equal(f.d->ops->retry_scope(f.ctx, f.st, &f.req, &e),
+                     PDGW_REPICK_PREFILL | PDGW_REPICK_DECODE);
+    fx_close(&f, PDGW_END_FAILED);
+    /* ... and with missing_kv_params: fail, a retryable kv_transfer failure naming the field */
+    fx_open(&f, "vllm-nixl", "{\"missing_kv_params\":\"fail\"}", PDGW_MODE_BATCH);
+    assert_int_equal(fx_prefill_resp(&f,
+                                     "{\"kv_transfer_params\":{\"remote_block_ids\":[[]],"
+                                     "\"remote_engine_id\":\"e\",\"remote_request_id\":\"r\","
+                                     "\"remote_port\":1}}",
                                      &e),
                      PDGW_FWD_ERR);
     assert_int_equal(e.phase, PDGW_PHASE_KV_TRANSFER);
