@@ -77,7 +77,13 @@ static void usage(FILE *f)
             "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
             "127.0.0.1)\n"
             "  --kv-port N                  KV side channel (vllm-kvt / nixl / mooncake serial)\n"
-            "  --bootstrap-port N           bootstrap server (sglang, mooncake parallel)\n"
+            "  --bootstrap-port N           prefill: HTTP bootstrap server (GET /query, /route);\n"
+            "                               decode: the port a null sglang bootstrap_port means\n"
+            "  --dp-size N                  data-parallel ranks: /query lists them, "
+            "X-data-parallel-rank\n"
+            "                               picks one (without it the header is not read) (1)\n"
+            "  --kv-connector NAME          nixl (default) | mooncake: a prefill follows vLLM's\n"
+            "                               MooncakeConnector (transfer_id required, no params)\n"
             "  --alloc-port N[,N...]        lmcache receiver alloc port per TP rank\n"
             "  --init-port N[,N...]         lmcache receiver init port per TP rank\n"
             "  --engine-id ID               engine id (sim-<role>-<port>)\n"
@@ -122,6 +128,8 @@ enum {
     O_KVHOST,
     O_KVPORT,
     O_BOOT,
+    O_DPSIZE,
+    O_KVCONN,
     O_ALLOC,
     O_INIT,
     O_ENGINE,
@@ -166,6 +174,8 @@ static const struct option opts[] = {
     {"kv-host", required_argument, 0, O_KVHOST},
     {"kv-port", required_argument, 0, O_KVPORT},
     {"bootstrap-port", required_argument, 0, O_BOOT},
+    {"dp-size", required_argument, 0, O_DPSIZE},
+    {"kv-connector", required_argument, 0, O_KVCONN},
     {"alloc-port", required_argument, 0, O_ALLOC},
     {"init-port", required_argument, 0, O_INIT},
     {"engine-id", required_argument, 0, O_ENGINE},
@@ -271,6 +281,7 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
     cfg->layerwise = 1;
     cfg->kv_hold_timeout_ms = 30000;
     cfg->kv_wait_timeout_ms = 10000;
+    cfg->dp_size = 1;
     cfg->kv_buffer_mb = 64;
     cfg->fail_status = 500;
     cfg->stall_after_tokens = -1;
@@ -386,6 +397,20 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 1, 65535, &v))
                 return -1;
             cfg->bootstrap_port = (int)v;
+            break;
+        case O_DPSIZE:
+            if (parse_long(name, optarg, 1, 64, &v))
+                return -1;
+            cfg->dp_size = (int)v;
+            cfg->dp_size_set = 1;
+            break;
+        case O_KVCONN:
+            if (!strcmp(optarg, "mooncake")) {
+                cfg->mooncake_prefill = 1;
+            } else if (strcmp(optarg, "nixl")) {
+                fprintf(stderr, "pdgw-sim: --kv-connector must be nixl or mooncake\n");
+                return -1;
+            }
             break;
         case O_ALLOC:
             if (parse_ports(name, optarg, cfg->alloc_ports, &cfg->n_alloc_ports))

@@ -57,6 +57,9 @@ typedef struct sim_config {
     char kv_host[64]; /* advertised host of this instance's KV endpoints */
     int kv_port;
     int bootstrap_port;
+    int dp_size;          /* data-parallel ranks behind this instance (bootstrap /query) */
+    int dp_size_set;      /* --dp-size given: X-data-parallel-rank is checked and used */
+    int mooncake_prefill; /* --kv-connector mooncake: vLLM MooncakeConnector prefill rules */
     int alloc_ports[SIM_MAX_TP];
     int n_alloc_ports;
     int init_ports[SIM_MAX_TP];
@@ -80,6 +83,20 @@ typedef struct sim_config {
 } sim_config_t;
 
 extern sim_config_t sim_cfg;
+
+/* sim_bootstrap.c: the prefill's bootstrap server (HTTP on --bootstrap-port) */
+extern int sim_side_port; /* the ZeroMQ side channel port, once bound (0 = none) */
+int sim_bootstrap_start(void);
+void sim_bootstrap_stop(void);
+/* Engine id of DP rank <rank> now (new ids after every simulated restart). */
+void sim_engine_id_of(int rank, char *out, size_t cap);
+/* The DP rank whose current engine id is <eid>, or -1. */
+int sim_engine_id_rank(const char *eid);
+/* Simulate a restart: new engine ids. Returns the new generation. */
+int sim_restart_bump(void);
+/* GET http://host:port<path>: the body (malloc'd) of a 200 answer, or NULL with err. */
+char *sim_http_get(const char *host, int port, const char *path, int timeout_ms, char *err,
+                   size_t errlen);
 
 /* sim_config.c */
 int sim_config_parse(int argc, char **argv, sim_config_t *cfg);
@@ -146,6 +163,7 @@ typedef struct sim_req {
     int refs; /* under the engine lock */
     uint64_t seq;
     char *request_id; /* X-Request-Id (in or generated) */
+    int dp_rank;      /* X-data-parallel-rank, -1 when absent */
     char *resp_id;    /* cmpl-... / chatcmpl-... */
     int is_chat;
     int stream;

@@ -216,7 +216,7 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
     if pb is not None:
         check_hardened(pb, client)
     if protocol == "vllm-nixl" or (protocol == "vllm-mooncake" and
-                                   opts.get("mooncake_dispatch", "serial") == "serial"):
+                                   opts.get("mooncake_dispatch") == "serial"):
         assert pb["kv_transfer_params"] == NIXL_PREFILL_KVP, pb
         back = prec["response_kv_transfer_params"]
         for k in ("do_remote_prefill", "do_remote_decode", "remote_block_ids",
@@ -225,8 +225,10 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
             assert k in back, (k, back)
         assert db["kv_transfer_params"] == back, (db, back)
     elif protocol == "vllm-mooncake":
+        # upstream vLLM examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py:
+        # transfer_id "xfer-<request uuid>", engine id from the prefill's bootstrap /query
         tid = pb["kv_transfer_params"]["transfer_id"]
-        assert tid == f"{leg_id}-0", tid
+        assert tid == f"xfer-{leg_id}", tid
         assert pb["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False,
                                             "transfer_id": tid}, pb
         assert db["kv_transfer_params"] == {
