@@ -96,6 +96,8 @@ static void usage(FILE *f)
             "                               newest (block ids per KV-cache group, dcp/pp sizes,\n"
             "                               lease fields, randomized request id) or older (flat)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
+            "  --skip-last-n-tokens N       lmcache decode: look up KV for prompt[:-N] (LMCache's\n"
+            "                               skip_last_n_tokens; its example decoders use 1) (0)\n"
             "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
             "  --kv-link-gbps G             model a link of G Gbit/s for sent KV (0 = off)\n"
             "Faults:\n"
@@ -149,6 +151,7 @@ enum {
     O_CRASH,
     O_CORRUPT,
     O_FSEED,
+    O_SKIPLAST,
     O_HELP,
 };
 
@@ -187,6 +190,7 @@ static const struct option opts[] = {
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
     {"nixl-shape", required_argument, 0, O_NIXLSHAPE},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
+    {"skip-last-n-tokens", required_argument, 0, O_SKIPLAST},
     {"kv-buffer-mb", required_argument, 0, O_KVBUF},
     {"kv-link-gbps", required_argument, 0, O_KVLINK},
     {"fail-rate", required_argument, 0, O_FAILRATE},
@@ -505,6 +509,11 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
         case O_CORRUPT:
             if (parse_double(name, optarg, 0, 1, &cfg->kv_corrupt_rate))
                 return -1;
+            break;
+        case O_SKIPLAST:
+            if (parse_long(name, optarg, 0, 1024, &v))
+                return -1;
+            cfg->skip_last_n_tokens = (int)v;
             break;
         case O_FSEED:
             if (parse_double(name, optarg, 0, 1e18, &d))

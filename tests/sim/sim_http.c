@@ -452,6 +452,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         sc->is_inference = 1;
         return handle_inference(conn, sc, url, !strcmp(url, "/v1/chat/completions"));
     }
+    if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
+        int st;
+        char *m = NULL, *out;
+        if (!is_post)
+            return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
+        out = sim_tokenize_handle(url, sc->body, sc->too_big ? 0 : sc->len, &st, &m);
+        if (out)
+            return send_buf(conn, 200, "application/json", out, NULL, -1);
+        enum MHD_Result r =
+            send_error(conn, NULL, st, m ? m : "error", status_type(st), NULL, NULL);
+        free(m);
+        return r;
+    }
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") ||
         !strcmp(url, "/sim/info")) {
         if (!is_get)

@@ -73,6 +73,7 @@ typedef struct sim_config {
     int kv_hold_timeout_ms;
     int nixl_older;         /* NIXL prefill answers in the older vLLM shape (flat block ids) */
     int kv_wait_timeout_ms; /* decode: deadline for remote KV */
+    int skip_last_n_tokens; /* lmcache decode: KV looked up for prompt[:-n] */
     /* faults */
     double fail_rate;
     int fail_status;
@@ -136,12 +137,20 @@ typedef struct sim_sampling {
 typedef struct sim_output {
     char *text;
     size_t *off;
+    uint32_t *ids;             /* token id of each completion token */
     size_t n;                  /* completion tokens (incl. an EOS token) */
     const char *finish_reason; /* "length" | "stop" */
     char *stop_reason;         /* matched stop string or NULL */
 } sim_output_t;
 
 uint64_t sim_prompt_hash(const sim_tokens_t *prompt);
+/* The token id the tokenizer gives an output word, and back (NULL: not an output word). */
+#define SIM_EOS_TOKEN_ID 2u
+uint32_t sim_word_id(const char *w);
+/* POST /tokenize or /detokenize (vLLM): the JSON answer (caller frees), or NULL with *status and
+ * *msg (caller frees) set. */
+char *sim_tokenize_handle(const char *path, const char *body, size_t len, int *status, char **msg);
+const char *sim_word_of_id(uint32_t id);
 int sim_output_plan(const sim_tokens_t *prompt, const sim_sampling_t *sp, sim_output_t *out);
 void sim_output_free(sim_output_t *out);
 

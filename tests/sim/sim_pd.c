@@ -756,6 +756,15 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
         return fail400(msg, "%s must be an object", "kv_transfer_params");
     if (kvp && json_is_null(kvp))
         kvp = NULL;
+    if (kvp && json_object_get(kvp, "ret_first_tok") && req->out.n > 0 && !req->resp_kv_params) {
+        /* LMCache's vLLM connector (lmcache/integration/vllm/vllm_v1_adapter.py,
+         * request_finished): "ret_first_tok" in kv_transfer_params -> the answer's
+         * kv_transfer_params = {"first_tok": the first output token id} */
+        req->resp_kv_params = json_pack("{s:I}", "first_tok", (json_int_t)req->out.ids[0]);
+        if (req->resp_kv_params)
+            sim_record_set(req->rec_seq, "response_kv_transfer_params",
+                           json_incref(req->resp_kv_params));
+    }
     if (sim_cfg.role == SIM_ROLE_PREFILL)
         rc = prepare_prefill(req, body, kvp, msg);
     else if (sim_cfg.role == SIM_ROLE_DECODE)
@@ -765,6 +774,16 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
     if (!rc && req->kv && req->kv->info)
         sim_record_set(req->rec_seq, "kv", json_incref(req->kv->info));
     return rc;
+}
+
+/* The prompt tokens whose KV an lmcache decode looks up: LMCache's connector drops the last
+ * skip_last_n_tokens before its lookup (vllm_v1_adapter.py, get_num_new_matched_tokens), so a
+ * decode whose prompt ends with the prefill's first token (LMCache's proxy appends it) finds
+ * the KV the prefill stored for the prompt alone. */
+size_t sim_kv_lookup_len(const sim_req_t *req)
+{
+    size_t skip = (size_t)sim_cfg.skip_last_n_tokens;
+    return req->prompt.n > skip ? req->prompt.n - skip : 0;
 }
 
 /* ---- engine hooks ---- */
@@ -852,6 +871,7 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
                 e->block_ids[i] = req->blocks[i];
         }
         nixl_hold_id(e, req);
+        json_decref(req->resp_kv_params); /* replaces a first_tok-only block */
         /* vLLM NixlConnector request_finished (nixl/pull_scheduler.py): the newest shape
          * has one block list per KV-cache group, dcp/pp sizes, the computed token count, an
          * expiry that a prefill leaves null, and the transfer mode. */

@@ -42,6 +42,8 @@ size_t sim_kv_chunk_tokens(const sim_kv_geom_t *g, size_t ntokens, size_t c);
 /* Chained hashes of the prompt up to the end of each chunk (content
  * addresses); out has sim_kv_nchunks() entries. */
 void sim_kv_chunk_hashes(const sim_tokens_t *prompt, const sim_kv_geom_t *g, uint64_t *out);
+/* The prompt tokens an lmcache decode looks up (sim_pd.c: skip_last_n_tokens). */
+size_t sim_kv_lookup_len(const sim_req_t *req);
 /* CacheEngineKey string of chunk <chunk_hash> on TP <rank> of <ntp>; <scope>
  * (a transfer name, or NULL for content-addressed lmcache keys) is folded
  * into the hash; <layer> >= 0 gives the per-layer key. snprintf-style. */

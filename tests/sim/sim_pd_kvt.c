@@ -911,7 +911,10 @@ static void import_free_keys(sim_import_t *imp)
 
 static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
 {
-    const sim_tokens_t *prompt = &imp->req->prompt;
+    sim_tokens_t looked = imp->req->prompt; /* a view: prompt[:-skip_last_n_tokens] */
+    const sim_tokens_t *prompt = &looked;
+    if (imp->kind == SIM_PD_D_LMCACHE)
+        looked.n = sim_kv_lookup_len(imp->req);
     size_t n = sim_kv_nchunks(g, prompt->n);
     uint64_t *h = calloc(n ? n : 1, sizeof(uint64_t));
     if (!h)
@@ -1169,12 +1172,15 @@ static void handle_reply(const char *data, size_t len)
 static void verify_rank(sim_import_t *imp, int r, uint8_t *scratch)
 {
     const sim_kv_geom_t *g = &imp->geom;
+    sim_tokens_t looked = imp->req->prompt; /* the tokens whose KV was looked up */
+    if (imp->kind == SIM_PD_D_LMCACHE)
+        looked.n = sim_kv_lookup_len(imp->req);
     for (int u = 0; u < g->layers / g->unit_layers; u++)
         for (size_t c = 0; c < imp->nchunks; c++) {
             size_t k = (size_t)u * imp->nchunks + c;
             imp->bytes += imp->lens[r][k];
             imp->pages++;
-            if (!sim_kv_verify(&imp->req->prompt, g, r, g->unit_layers == g->layers ? -1 : u, c,
+            if (!sim_kv_verify(&looked, g, r, g->unit_layers == g->layers ? -1 : u, c,
                                imp->bufp[r][k], imp->lens[r][k], scratch))
                 imp->verify_failures++;
         }

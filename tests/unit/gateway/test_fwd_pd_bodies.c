@@ -504,7 +504,7 @@ static void test_lmcache(void **state)
     (void)state;
     fx_open(&f, "lmcache",
             "{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":false,"
-            "\"notif_timeout_ms\":50,\"admission_chunks\":0}",
+            "\"notif_timeout_ms\":50,\"admission_chunks\":0,\"flow\":\"client_body\"}",
             PDGW_MODE_BATCH);
     assert_int_equal(f.plan.dispatch, PDGW_DISPATCH_SERIAL);
     memset(&plan, 0, sizeof(plan));
