@@ -150,6 +150,11 @@ static uint64_t time_checks(const pdgw_auth_t *a, const char *hdr, int iters)
 static void test_constant_time(void **state)
 {
     (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* Instrumented builds time the sanitizer's checks, not the comparison: the property
+     * is asserted on the optimised build. */
+    skip();
+#endif
     /*
      * 128 keys of 250 bytes sharing a 240-byte prefix: a comparison that stops at the first
      * differing byte, or at the first matching key, does very different amounts of work for
