@@ -81,6 +81,9 @@ typedef struct sim_config {
     int crash_after_ms;     /* -1 = off */
     double kv_corrupt_rate;
     uint64_t fault_seed;
+    /* KV events (sim_kv_events.c) */
+    const char *kv_events_config; /* vLLM's --kv-events-config JSON, or NULL */
+    const char *kv_events_layout; /* "map" (current vLLM) or "array" (older) */
 } sim_config_t;
 
 extern sim_config_t sim_cfg;
@@ -258,6 +261,15 @@ void sim_blocks_release(int *blocks, size_t n_blocks);
 int sim_blocks_total(void);
 int sim_blocks_used(void);
 int sim_blocks_needed(size_t n_tokens);
+
+/* ---- KV events as vLLM publishes them (sim_kv_events.c) ---- */
+int sim_kvev_configure(const char *json_text, const char *layout);
+void sim_kvev_stop(void);
+/* Under the engine lock: queue events, then publish them as one batch. */
+void sim_kvev_stored(int has_parent, uint64_t parent, const uint64_t *hashes, size_t n,
+                     const uint32_t *tokens, int block_size);
+void sim_kvev_removed(uint64_t hash);
+void sim_kvev_flush(void);
 
 /* ---- metrics (sim_metrics.c) ---- */
 typedef struct sim_counters {
