@@ -122,6 +122,20 @@ static const pdgw_config_option_t options[] = {
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",
      C(retries)},
+    {"client_header_timeout", "client-header-timeout", "PDGW_CLIENT_HEADER_TIMEOUT",
+     PDGW_OPT_DURATION, NULL, 0, 0, "30s", "DURATION", "Time a client has to send complete "
+     "request headers, from connect or the end of its previous request; the body then has "
+     "until the request deadline. Trickled bytes do not extend either (0 = no limit).",
+     C(client_header_timeout_ms)},
+    {"max_connections", "max-connections", "PDGW_MAX_CONNECTIONS", PDGW_OPT_INT, NULL, 0,
+     10000000, "0", "N", "Client connections open at once, all workers (0 = derived from the "
+     "descriptor limit: (RLIMIT_NOFILE - reserve) / 3, leaving room for upstream legs).",
+     C(max_connections)},
+    {"max_connections_per_client", "max-connections-per-client",
+     "PDGW_MAX_CONNECTIONS_PER_CLIENT", PDGW_OPT_INT, NULL, 0, 10000000, "1024", "N",
+     "Client connections open at once from one client address (0 = no cap; raise it behind "
+     "a proxy that funnels many clients through few addresses).",
+     C(max_connections_per_client)},
     {"kv_events_prefix_weight", "kv-events-prefix-weight", "PDGW_KV_EVENTS_PREFIX_WEIGHT",
      PDGW_OPT_INT, NULL, 0, 1000, "2", "N",
      "precise-prefix: weight of the cached fraction of the prompt.", C(kv_events_prefix_weight)},

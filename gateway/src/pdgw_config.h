@@ -154,6 +154,9 @@ typedef struct pdgw_config {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     int retries;
+    uint64_t client_header_timeout_ms;
+    int max_connections;            /* 0 = derived from RLIMIT_NOFILE */
+    int max_connections_per_client; /* 0 = no cap */
     /* precise-prefix (integers like llm-d's scorer weights) */
     int kv_events_prefix_weight;
     int kv_events_load_weight;

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
@@ -310,7 +312,7 @@ static enum MHD_Result queue_reply(pdgw_req_t *r)
         snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
     }
-    if (r->w->srv->draining)
+    if (r->w->srv->draining || r->reply_close)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     add_common_headers(r, resp);
     r->bytes_out = r->reply_len;
@@ -705,6 +707,16 @@ static void dispatch(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- the handler */
 
+/* "a.b.c.d" or the IPv6 text of <sa>; "" for other families. */
+static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)len);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)len);
+}
+
 static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
                            const char *method)
 {
@@ -719,18 +731,59 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     r->method = method;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr)
+        sockaddr_text(ci->client_addr, r->client_addr, sizeof(r->client_addr));
     r->body.limit = 0;
     pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL);
     pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
     route(r, url);
     req_identity(r);
     req_deadline(r);
+    r->cx = pdgw_conn_of(conn);
+    pdgw_conn_headers_done(r->cx, r);
     if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS) {
         atomic_fetch_add(&w->srv->inflight, 1);
         r->counted = true;
         pdgw_gauge_inc(w->srv->opts.metrics->inflight);
     }
     return r;
+}
+
+/* Count the framing headers: a request with both Content-Length and Transfer-Encoding, or
+ * with Content-Length twice, has no single agreed length (RFC 9112 6.1 and 6.3); a proxy in
+ * front of pdgw may have framed it differently, which is how requests are smuggled. */
+typedef struct {
+    unsigned content_length;
+    unsigned transfer_encoding;
+} framing_t;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    framing_t *f = cls;
+    (void)kind;
+    (void)value;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        f->content_length++;
+    else if (key && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        f->transfer_encoding++;
+    return MHD_YES;
+}
+
+static bool framing_ambiguous(struct MHD_Connection *conn)
+{
+    framing_t f = {0, 0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_framing, &f);
+    return f.content_length > 1 || (f.content_length > 0 && f.transfer_encoding > 0);
+}
+
+/* Refuse before reading the body; the connection is closed after the reply. */
+static enum MHD_Result refuse_early(pdgw_req_t *r)
+{
+    r->reply_close = true;
+    pdgw_conn_body_done(r->cx);
+    return queue_reply(r);
 }
 
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
@@ -747,6 +800,13 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         if (r == NULL)
             return MHD_NO;
         *con_cls = r;
+        if (framing_ambiguous(conn)) {
+            pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "ambiguous_length");
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
+                                  "a request may not carry both Content-Length and "
+                                  "Transfer-Encoding, nor Content-Length twice");
+            return refuse_early(r);
+        }
         cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             unsigned long long n = strtoull(cl, NULL, 10);
@@ -760,7 +820,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
                 pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                                       "request body exceeds the limit of %llu bytes",
                                       (unsigned long long)w->srv->opts.max_body_bytes);
-                return queue_reply(r);
+                return refuse_early(r);
             }
         }
         return MHD_YES;
@@ -782,6 +842,8 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
     }
     if (r->queued)
         return MHD_YES;
+    /* The whole request is in: its receive deadline is over. */
+    pdgw_conn_body_done(r->cx);
     if (r->reply_ready)
         return queue_reply(r);
     if (r->committed)
@@ -809,6 +871,8 @@ void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         return;
     *con_cls = NULL;
     pdgw_worker_hup_unwatch(r->w, r);
+    /* A kept-alive connection must send its next request headers in time. */
+    pdgw_conn_request_done(r->cx);
     disconnected = r->client_gone || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
     pdgw_wf_finalize(r, disconnected);
 }

@@ -89,6 +89,7 @@ static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
             leg->paused = true;
             return CURL_WRITEFUNC_PAUSE;
         }
+        leg->bytes_in += len;
         st = pdgw_sse_feed(&leg->parser, ptr, len, leg_on_event, leg);
         if (st == PDGW_ERR_CANCELLED)
             return 0; /* the engine stopped this leg (error event sent) */
@@ -108,6 +109,7 @@ static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
     }
     if (pdgw_buf_append(&leg->resp, ptr, len) != PDGW_OK)
         return 0;
+    leg->bytes_in += len;
     return len;
 }
 
@@ -184,6 +186,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     leg->t_start_ms = pdgw_now_ms();
     leg->t_first_ms = leg->t_end_ms = 0;
     leg->t_last_ms = leg->t_start_ms;
+    leg->bytes_in = 0;
     pdgw_buf_reset(&leg->resp);
 
     easy = r->w->n_easy_pool > 0 ? r->w->easy_pool[--r->w->n_easy_pool] : curl_easy_init();

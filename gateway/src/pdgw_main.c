@@ -388,6 +388,10 @@ int main(int argc, char **argv)
     so.first_byte_timeout_ms = cfg.first_byte_timeout_ms;
     so.idle_timeout_ms = cfg.idle_timeout_ms;
     so.retries = cfg.retries > 0 ? (unsigned)cfg.retries : 0;
+    so.client_header_timeout_ms = cfg.client_header_timeout_ms;
+    so.max_connections = cfg.max_connections > 0 ? (unsigned)cfg.max_connections : 0;
+    so.max_connections_per_client =
+        cfg.max_connections_per_client > 0 ? (unsigned)cfg.max_connections_per_client : 0;
     so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;

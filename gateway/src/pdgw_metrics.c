@@ -863,6 +863,10 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     ADD(PDGW_METRIC_COUNTER, "pdgw_local_resource_errors_total",
         "Requests refused because the gateway itself ran out of a resource (descriptors, memory).",
         l_kind, 1, NULL, 0, &g.local_resource_errors);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_client_connections_closed_total",
+        "Client connections refused at accept (connection_limit, per_client_limit) or closed "
+        "because request headers or body did not arrive in time (header_timeout, body_timeout).",
+        l_reason, 1, NULL, 0, &g.conn_closed);
     ADD(PDGW_METRIC_COUNTER, "pdgw_prompt_tokens_total",
         "Prompt tokens the engines reported in usage (non-stream responses, and streams whose "
         "client asked for stream_options.include_usage).",
@@ -1076,4 +1080,10 @@ void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const
 {
     if (gm != NULL && kind != NULL)
         pdgw_counter_inc(pdgw_metric_family_series1(gm->local_resource_errors, kind));
+}
+
+void pdgw_gateway_metrics_conn_closed(pdgw_gateway_metrics_t *gm, const char *reason)
+{
+    if (gm != NULL && reason != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series1(gm->conn_closed, reason));
 }

@@ -148,7 +148,10 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
  *                                                                 not_found|method|overload|
- *                                                                 client_pd_field
+ *                                                                 ambiguous_length|client_pd_field
+ *   pdgw_requests_total{protocol,status}                          a stream cut after its 200
+ *                                                                 counts as 502 (504 on a
+ *                                                                 timeout), a client gone as 499
  *   pdgw_prefill_seconds{protocol}                      histogram prefill leg
  *   pdgw_kv_wait_seconds{protocol}                      histogram prefill done -> first decode
  *                                                                 event (two-stage only)
@@ -160,6 +163,10 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_local_resource_errors_total{kind}              counter   the gateway ran short itself:
  *                                                                 kind = fd|memory|socket|accept
  *                                                                 (not the instance's fault)
+ *   pdgw_client_connections_closed_total{reason}        counter   reason = connection_limit|
+ *                                                                 per_client_limit (refused at
+ *                                                                 accept)|header_timeout|
+ *                                                                 body_timeout (closed late)
  *   pdgw_prompt_tokens_total{protocol}                  counter   usage.prompt_tokens the
  *                                                                 engines reported
  *   pdgw_completion_tokens_total{protocol}              counter   usage.completion_tokens
@@ -193,7 +200,8 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *prefill_missing_kv_params; /* prefill answered without params */
     pdgw_metric_family_t *pd_cancel_notifs;          /* KV cancel notices sent */
     pdgw_metric_family_t *local_resource_errors;     /* {kind}: the gateway's own shortage */
-    pdgw_metric_family_t *prompt_tokens;             /* engine-reported usage */
+    pdgw_metric_family_t *conn_closed;   /* {reason}: client connections refused or closed */
+    pdgw_metric_family_t *prompt_tokens; /* engine-reported usage */
     pdgw_metric_family_t *completion_tokens;
     pdgw_metric_family_t *client_pd_fields; /* {protocol,field,action} client PD fields */
 } pdgw_gateway_metrics_t;
@@ -239,6 +247,9 @@ void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *i
 void pdgw_gateway_metrics_client_pd_field(pdgw_gateway_metrics_t *gm, const char *protocol,
                                           const char *field, const char *action);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);
+/* A client connection refused at accept (connection_limit, per_client_limit) or closed by
+ * the gateway (header_timeout, body_timeout). */
+void pdgw_gateway_metrics_conn_closed(pdgw_gateway_metrics_t *gm, const char *reason);
 
 /*
  * Create the {protocol} series of the configured protocol up front, so counters and

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -47,6 +48,9 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->first_byte_timeout_ms = 300000;
     o->idle_timeout_ms = 60000;
     o->retries = 1;
+    o->client_header_timeout_ms = 30000;
+    o->max_connections = 0;
+    o->max_connections_per_client = 1024;
 }
 
 /* libmicrohttpd's messages are per-connection events (client went away, malformed
@@ -224,6 +228,11 @@ static int worker_timeout(pdgw_worker_t *w)
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
+    {
+        int64_t cd = pdgw_conn_next_deadline(w);
+        if (cd >= 0 && cd - (int64_t)now < t)
+            t = cd - (int64_t)now;
+    }
     return t < 0 ? 0 : (int)t;
 }
 
@@ -289,6 +298,8 @@ static void *worker_main(void *arg)
         }
         if (w->active && now >= w->next_scan_ms)
             worker_scan(w, now);
+        if (pdgw_conn_expire(w, now))
+            run_mhd = true;
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
             MHD_socket s = MHD_quiesce_daemon(w->mhd);
             if (s != MHD_INVALID_SOCKET)
@@ -308,6 +319,7 @@ static void *worker_main(void *arg)
              * mhd_kick set and make the next epoll_wait return at once. */
             w->mhd_kick = false;
             MHD_run(w->mhd);
+            pdgw_conn_after_run(w);
         }
     }
     return NULL;
@@ -336,6 +348,10 @@ static void worker_close(pdgw_worker_t *w)
     w->wakefd = w->epfd = -1;
     pdgw_free(w->hup_reqs);
     w->hup_reqs = NULL;
+    /* Every guard was freed when the daemon closed its connections. */
+    pdgw_free(w->conn_timers);
+    w->conn_timers = NULL;
+    w->n_conn_timers = w->cap_conn_timers = 0;
     pthread_mutex_destroy(&w->wake_lock);
 }
 
@@ -362,11 +378,16 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     }
     if (addr->sa_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* The connection limit is enforced (and counted) by the accept policy; MHD's own limit
+     * sits above it so that it never refuses first. Its idle timeout stays for connections
+     * between deadlines (a reader that stops reading a response). */
     w->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
+        flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
-        NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)60000, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
+        pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+        MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit_per_worker + 16u,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE,
         /* 8 KiB per connection: request headers, upload chunks and the chunked write
          * buffer of a stream (an 8 KiB header limit, as common proxies have). Small
          * pools keep 10,000 open streams in a few hundred MiB. */
@@ -400,7 +421,9 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
     curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
     /* Keep idle upstream connections for reuse (one cache per worker). */
-    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, 1024L);
+    curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS,
+                      srv->conn_limit_per_worker < 1024u ? (long)srv->conn_limit_per_worker
+                                                         : 1024L);
     curl_multi_setopt(w->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
     return PDGW_OK;
 
@@ -430,6 +453,36 @@ static pdgw_status_t resolve_listen(const char *host, int port, struct sockaddr_
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     return PDGW_OK;
+}
+
+/* The descriptor budget: the soft RLIMIT_NOFILE is raised to the hard one (as nginx's
+ * worker_rlimit_nofile or Go's runtime do), then client connections get their share. */
+static void conn_budget(pdgw_server_t *srv)
+{
+    struct rlimit rl;
+    uint64_t nofile = 1024;
+    unsigned workers = srv->opts.workers;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            struct rlimit want = rl;
+            want.rlim_cur = rl.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 20 : rl.rlim_max;
+            if (want.rlim_cur > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0)
+                rl.rlim_cur = want.rlim_cur;
+        }
+        nofile = rl.rlim_cur == RLIM_INFINITY ? (uint64_t)1 << 20 : (uint64_t)rl.rlim_cur;
+    }
+    if (srv->opts.max_connections > 0)
+        srv->conn_limit_per_worker =
+            (srv->opts.max_connections + workers - 1) / (workers ? workers : 1);
+    else
+        srv->conn_limit_per_worker = pdgw_conn_limit_derive(nofile, workers);
+    pdgw_log_info("server",
+                  "client connections: up to %u per worker (%s, RLIMIT_NOFILE %llu), %u per "
+                  "client address, request headers within %llu ms",
+                  srv->conn_limit_per_worker,
+                  srv->opts.max_connections > 0 ? "configured" : "derived",
+                  (unsigned long long)nofile, srv->opts.max_connections_per_client,
+                  (unsigned long long)srv->opts.client_header_timeout_ms);
 }
 
 static void set_port(struct sockaddr_storage *ss, int port)
@@ -488,6 +541,13 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
     status = resolve_listen(opts->listen_host, opts->listen_port, &ss, err, errlen);
     if (status != PDGW_OK)
         goto err_ctx;
+    conn_budget(srv);
+    srv->addrs = pdgw_addr_table_create();
+    if (srv->addrs == NULL) {
+        snprintf(err, errlen, "out of memory");
+        status = PDGW_ERR_NOMEM;
+        goto err_ctx;
+    }
     srv->workers = pdgw_calloc(opts->workers, sizeof(*srv->workers));
     if (srv->workers == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -514,6 +574,7 @@ err_workers:
         worker_close(&srv->workers[i]);
     pdgw_free(srv->workers);
 err_ctx:
+    pdgw_addr_table_destroy(srv->addrs);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
@@ -599,6 +660,7 @@ void pdgw_server_destroy(pdgw_server_t *srv)
     for (i = 0; i < srv->n_workers; i++)
         worker_close(&srv->workers[i]);
     pdgw_free(srv->workers);
+    pdgw_addr_table_destroy(srv->addrs);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
     pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */

@@ -40,6 +40,11 @@ typedef struct pdgw_server_opts {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     unsigned retries;
+    /* Client side: time to receive complete request headers (from accept or the end of the
+     * previous request on the connection); 0 = no deadline. */
+    uint64_t client_header_timeout_ms;
+    unsigned max_connections;               /* all workers; 0 = derived from RLIMIT_NOFILE */
+    unsigned max_connections_per_client;    /* per client address, all workers; 0 = no cap */
     pdgw_pd_fields_mode_t client_pd_fields; /* PD control fields from clients (reject) */
     const pdgw_auth_t *auth;                /* NULL = open */
     const char *const *models;              /* served model names; NULL/0 = ask the instances */
@@ -49,7 +54,8 @@ typedef struct pdgw_server_opts {
     pdgw_gateway_metrics_t *metrics; /* required */
 } pdgw_server_opts_t;
 
-/* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry). */
+/* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,
+ * 30 s for headers, derived connection limit, 1024 connections per client address). */
 void pdgw_server_opts_init(pdgw_server_opts_t *opts);
 
 /*

@@ -5,6 +5,7 @@
  *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
+ *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
  * Everything of one request runs on the worker thread that accepted its connection.
  */
 #ifndef PDGW_SERVER_INT_H
@@ -23,6 +24,8 @@
 typedef struct pdgw_worker pdgw_worker_t;
 typedef struct pdgw_req pdgw_req_t;
 typedef struct pdgw_leg pdgw_leg_t;
+typedef struct pdgw_conn pdgw_conn_t;
+typedef struct pdgw_addr_table pdgw_addr_table_t;
 
 /* epoll tags: kind in the high 32 bits of epoll_data.u64, fd in the low ones. Pointers are
  * never stored in epoll, so an event for a socket closed earlier in the same batch is
@@ -43,6 +46,10 @@ struct pdgw_server {
     atomic_bool draining;
     atomic_uint_fast64_t inflight;
     bool started;
+    /* Client connections: per-worker limit (derived from RLIMIT_NOFILE unless configured),
+     * open connections per client address across all workers. */
+    unsigned conn_limit_per_worker;
+    pdgw_addr_table_t *addrs;
 };
 
 /* ---------------------------------------------------------------- worker */
@@ -82,6 +89,14 @@ struct pdgw_worker {
     /* Wakers queued from any thread. */
     pthread_mutex_t wake_lock;
     struct pdgw_fwd_waker *wake_queue;
+    /* Client connections of this worker (pdgw_conn.c): count, a min-heap of armed
+     * header/body deadlines, and the address let in by the accept policy that MHD has not
+     * announced yet. */
+    unsigned n_conns;
+    pdgw_conn_t **conn_timers;
+    size_t n_conn_timers, cap_conn_timers;
+    unsigned char pending_addr[16];
+    unsigned pending_addr_len; /* 0 = none */
 };
 
 /* ---------------------------------------------------------------- legs */
@@ -128,6 +143,7 @@ struct pdgw_leg {
     uint64_t t_first_ms; /* first response byte, 0 = none */
     uint64_t t_last_ms;  /* last progress */
     uint64_t t_end_ms;
+    uint64_t bytes_in; /* response body bytes received */
     pdgw_leg_err_t err;
     int os_errno; /* errno of a failed connect, when curl reports one */
     char errmsg[160];
@@ -156,6 +172,8 @@ typedef enum {
 struct pdgw_req {
     pdgw_worker_t *w;
     struct MHD_Connection *conn;
+    pdgw_conn_t *cx;      /* the connection's guard (NULL if MHD gave none) */
+    char client_addr[48]; /* the peer's address for the access log ("" = unknown) */
     int fd;
     uint64_t t_start_ns;
     uint64_t t_start_ms;
@@ -197,6 +215,7 @@ struct pdgw_req {
     size_t reply_len;
     char reply_ctype[96];
     bool reply_www_auth;
+    bool reply_close; /* "Connection: close" (the request's framing cannot be trusted) */
     unsigned reply_retry_after_s; /* Retry-After on the reply when > 0 */
     pdgw_buf_t out;               /* streamed bytes not yet taken by MHD */
     size_t out_off;
@@ -253,6 +272,33 @@ void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r);
 /* Watch / unwatch the client socket for hang-up while the connection is suspended. */
 void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
+
+/* ---- pdgw_conn.c */
+/* MHD accept policy: per-worker connection limit and per-client-address cap. */
+enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen);
+/* MHD connection notifications: guard created (header deadline armed) / freed. */
+void pdgw_conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                      enum MHD_ConnectionNotificationCode code);
+/* The guard of <conn> (NULL if none). */
+pdgw_conn_t *pdgw_conn_of(struct MHD_Connection *conn);
+/* Request headers complete: the body must arrive by <r>'s deadline. */
+void pdgw_conn_headers_done(pdgw_conn_t *cx, pdgw_req_t *r);
+/* The body is complete (or a reply is queued): no receive deadline any more. */
+void pdgw_conn_body_done(pdgw_conn_t *cx);
+/* The request ended; a kept-alive connection gets the header deadline again. */
+void pdgw_conn_request_done(pdgw_conn_t *cx);
+/* Absolute mono ms of the next connection deadline, -1 = none. */
+int64_t pdgw_conn_next_deadline(const pdgw_worker_t *w);
+/* Close connections whose deadline passed; true when any was closed. */
+bool pdgw_conn_expire(pdgw_worker_t *w, uint64_t now_ms);
+/* After MHD_run: a connection the policy let in but MHD never announced is forgotten. */
+void pdgw_conn_after_run(pdgw_worker_t *w);
+/* Per-address table shared by the workers. */
+pdgw_addr_table_t *pdgw_addr_table_create(void);
+void pdgw_addr_table_destroy(pdgw_addr_table_t *t);
+/* Per-worker connection limit from the descriptor limit: (RLIMIT_NOFILE - reserve) / 3
+ * (each client connection may hold a prefill and a decode leg), split across workers. */
+unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers);
 
 /* ---- pdgw_http.c */
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,

@@ -888,6 +888,78 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     return true;
 }
 
+/* The stream to the client already started (200 and some bytes are out): the failure ends
+ * it with one error event in our own words, saying which instance did what after how many
+ * bytes, and that the client cannot simply be retried for it (it got part of an answer).
+ * It is counted and logged with the failure's status, not the 200 on the wire. */
+static void wf_fail_midstream(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg,
+                              int status)
+{
+    pdgw_api_error_t api;
+    char msg[PDGW_API_ERR_MESSAGE_MAX];
+    size_t len;
+    char *ev;
+
+    if (failed_leg != NULL && failed_leg->inst != NULL) {
+        const char *what = failed_leg->kind == PDGW_LEG_PREFILL ? "prefill" : "decode";
+        unsigned long long n = (unsigned long long)failed_leg->bytes_in;
+        switch (failed_leg->err) {
+        case PDGW_LEGERR_TIMEOUT:
+            if (failed_leg->t_first_ms == 0)
+                snprintf(msg, sizeof(msg), "%s instance %s sent no response in time", what,
+                         failed_leg->inst->id);
+            else
+                snprintf(msg, sizeof(msg), "%s instance %s went silent after %llu bytes", what,
+                         failed_leg->inst->id, n);
+            break;
+        case PDGW_LEGERR_CONNECT:
+            snprintf(msg, sizeof(msg), "%s instance %s could not be reached", what,
+                     failed_leg->inst->id);
+            break;
+        case PDGW_LEGERR_STATUS:
+            snprintf(msg, sizeof(msg), "%s instance %s answered HTTP %ld", what,
+                     failed_leg->inst->id, failed_leg->status);
+            break;
+        case PDGW_LEGERR_LOCAL:
+            snprintf(msg, sizeof(msg), "the gateway ran out of resources for the %s leg", what);
+            break;
+        case PDGW_LEGERR_PROTOCOL:
+            snprintf(msg, sizeof(msg), "%s instance %s sent a malformed stream after %llu bytes",
+                     what, failed_leg->inst->id, n);
+            break;
+        default:
+            snprintf(msg, sizeof(msg), "%s instance %s closed the stream after %llu bytes", what,
+                     failed_leg->inst->id, n);
+            break;
+        }
+    } else {
+        snprintf(msg, sizeof(msg), "%s after %llu bytes of the response were sent", e->message,
+                 (unsigned long long)(r->bytes_out + pdgw_req_out_pending(r)));
+    }
+    snprintf(r->error_text, sizeof(r->error_text), "%s: %s (stream interrupted)",
+             pdgw_phase_name(e->phase), msg);
+    pdgw_log_info("workflow", "req=%s stream interrupted: %s (%s)", r->id, msg, e->message);
+    pdgw_api_error_set(&api, pdgw_api_err_kind_from_http(status), NULL, "%s", msg);
+    if (e->phase != PDGW_PHASE_NONE && !r->passthrough &&
+        (r->freq.dispatch != PDGW_DISPATCH_SINGLE || r->w->srv->plan.single_needs_prefill)) {
+        char type[48];
+        r->pd_phase = e->phase;
+        snprintf(type, sizeof(type), "pd_%s_error", pdgw_phase_name(e->phase));
+        pdgw_api_error_set_type(&api, type);
+        pdgw_gateway_metrics_pd_failure(r->w->srv->opts.metrics, protocol_of(r),
+                                        pdgw_phase_name(e->phase));
+    }
+    r->pd_retryable = 0;
+    pdgw_api_error_set_code(&api, "stream_interrupted_not_retryable");
+    r->final_status = status;
+    ev = pdgw_api_error_sse(&api, 1, &len);
+    if (ev) {
+        pdgw_req_out_append(r, ev, len);
+        free(ev);
+    }
+    pdgw_req_out_end(r);
+}
+
 static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg)
 {
     pdgw_api_error_t api;
@@ -905,6 +977,10 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
     wf_set_finished(r);
 
     status = e->http_status ? e->http_status : 502;
+    if (r->committed) {
+        wf_fail_midstream(r, e, failed_leg, status);
+        return;
+    }
     pdgw_api_error_set(&api, pdgw_api_err_kind_from_http(status), NULL, "%s", e->message);
     if (status == 504)
         pdgw_api_error_set_code(&api, "upstream_timeout");
@@ -919,17 +995,6 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
         pdgw_api_error_set_code(&api, e->retryable ? "retryable" : "not_retryable");
         pdgw_gateway_metrics_pd_failure(r->w->srv->opts.metrics, protocol_of(r),
                                         pdgw_phase_name(e->phase));
-    }
-    if (r->committed) {
-        /* The stream already started: one error event, then [DONE]. */
-        size_t len;
-        char *ev = pdgw_api_error_sse(&api, 1, &len);
-        if (ev) {
-            pdgw_req_out_append(r, ev, len);
-            free(ev);
-        }
-        pdgw_req_out_end(r);
-        return;
     }
     /* An upstream 4xx is the engine's verdict on the request: relay it as is. */
     if (failed_leg && failed_leg->err == PDGW_LEGERR_STATUS && failed_leg->status >= 400 &&
@@ -1229,9 +1294,11 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     r->finalized = true;
     if (client_disconnected && (was_running || stream_cut) && r->route == PDGW_ROUTE_INFER) {
         pdgw_gateway_metrics_client_disconnect(gm, protocol_of(r));
-        if (r->final_status == 0 || r->committed)
-            r->final_status = r->committed ? r->final_status : 499;
-        snprintf(r->error_text, sizeof(r->error_text), "client disconnected");
+        /* 499 (nginx's "client closed request"), also after the 200 of a stream went out:
+         * the client did not get the whole answer. */
+        r->final_status = 499;
+        snprintf(r->error_text, sizeof(r->error_text), "client disconnected%s",
+                 r->committed ? " mid-stream" : "");
     }
     pdgw_wf_cancel(r);
     if (r->waker) {
@@ -1251,6 +1318,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             pdgw_access_entry_init(&a);
             a.request_id = r->id;
             a.method = r->method;
+            a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
             a.path = r->path;
             a.protocol = protocol_of(r);
             a.model = r->info_valid ? r->info.model : NULL;

@@ -41,7 +41,8 @@ for n in $LEVELS; do
     pdgw_port=$(free_port)
     bench_start "pdgw-$n" "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral \
         --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log \
-        --request-timeout 600s --idle-timeout 120s --health-interval 30s
+        --request-timeout 600s --idle-timeout 120s --health-interval 30s \
+        --max-connections-per-client 0
     pdgw_pid=$LAST_PID
     wait_http "$pdgw_port" /ready
     direct=$("$BIN_DIR/sse-flood" --port "$sim_port" --streams "$n" --tokens "$TOKENS" \

@@ -182,30 +182,39 @@ static void test_constant_time(void **state)
     const int expect[] = {PDGW_AUTH_OK, PDGW_AUTH_OK, PDGW_AUTH_INVALID, PDGW_AUTH_INVALID,
                           PDGW_AUTH_INVALID};
     uint64_t best[5];
-    for (int p = 0; p < 5; p++) {
+    for (int p = 0; p < 5; p++)
         assert_int_equal(pdgw_auth_check(a, probes[p]), expect[p]);
-        best[p] = UINT64_MAX;
-    }
-    /* Interleaved rounds, minimum per probe: robust against a busy machine. */
-    for (int round = 0; round < 30; round++) {
-        for (int p = 0; p < 5; p++) {
-            uint64_t t = time_checks(a, probes[p], 20);
-            if (t < best[p])
-                best[p] = t;
+    /* Interleaved rounds, minimum per probe: robust against a busy machine. A burst of
+     * load can still slow one probe for a whole measurement, so a failing ratio is measured
+     * again (up to 3 times); a comparison that really depends on the token fails every
+     * time. */
+    double ratio = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (int p = 0; p < 5; p++)
+            best[p] = UINT64_MAX;
+        for (int round = 0; round < 30; round++) {
+            for (int p = 0; p < 5; p++) {
+                uint64_t t = time_checks(a, probes[p], 20);
+                if (t < best[p])
+                    best[p] = t;
+            }
         }
+        for (int p = 0; p < 5; p++) {
+            lo = best[p] < lo ? best[p] : lo;
+            hi = best[p] > hi ? best[p] : hi;
+        }
+        ratio = (double)hi / (double)lo;
+        if (ratio <= 2.5)
+            break;
     }
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (int p = 0; p < 5; p++) {
-        lo = best[p] < lo ? best[p] : lo;
-        hi = best[p] > hi ? best[p] : hi;
-    }
-    if ((double)hi / (double)lo > 2.5)
+    pdgw_auth_destroy(a);
+    if (ratio > 2.5)
         fail_msg("check time depends on the token: first %llu last %llu near %llu far %llu "
                  "short %llu ns / 20",
                  (unsigned long long)best[0], (unsigned long long)best[1],
                  (unsigned long long)best[2], (unsigned long long)best[3],
                  (unsigned long long)best[4]);
-    pdgw_auth_destroy(a);
 }
 
 int main(void)

@@ -1,0 +1,441 @@
+/*
+ * pdgw_conn.c - the client connection guard: who may connect, and how long a peer may take
+ * to send a request.
+ *
+ * libmicrohttpd's own connection timeout is an idle timeout: every byte restarts it, so a
+ * peer trickling one header byte a second holds its connection (and its memory pool)
+ * forever. Each connection therefore carries a deadline of its own, armed when it opens
+ * (and again when a kept-alive request ends): the request headers must be complete by
+ * then, and once they are, the body must be complete by the request's deadline. Armed
+ * deadlines sit in a per-worker min-heap; the worker loop sleeps until the earliest and
+ * shuts the sockets whose time has passed (MHD then sees the end of the stream and closes
+ * the connection the ordinary way). Nothing scans all connections.
+ *
+ * At accept, the policy callback refuses a connection above the worker's share of the
+ * descriptor budget or above the per-client-address cap; the address counts are shared by
+ * all workers (SO_REUSEPORT spreads one client over several).
+ */
+#include "pdgw_server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+typedef enum {
+    CONN_HEADERS = 0, /* waiting for complete request headers */
+    CONN_BODY,        /* headers done, body being received */
+    CONN_BUSY,        /* request read: the workflow and the response own the time */
+    CONN_CLOSING,     /* the guard shut the socket */
+} conn_phase_t;
+
+struct pdgw_conn {
+    pdgw_worker_t *w;
+    struct MHD_Connection *conn;
+    int fd;
+    conn_phase_t phase;
+    pdgw_req_t *req;      /* request whose body is being received (CONN_BODY) */
+    uint64_t deadline_ms; /* when armed */
+    size_t heap_idx;      /* position in w->conn_timers; NOT_ARMED when not armed */
+    unsigned char addr[16];
+    unsigned addr_len; /* 0 = not counted in the address table */
+};
+
+#define NOT_ARMED ((size_t)-1)
+
+/* ---------------------------------------------------------------- address table */
+
+#define ADDR_BUCKETS 4096
+
+typedef struct addr_entry {
+    unsigned char key[16];
+    unsigned len;
+    unsigned count;
+    struct addr_entry *next;
+} addr_entry_t;
+
+struct pdgw_addr_table {
+    pthread_mutex_t lock;
+    addr_entry_t *buckets[ADDR_BUCKETS];
+};
+
+pdgw_addr_table_t *pdgw_addr_table_create(void)
+{
+    pdgw_addr_table_t *t = pdgw_calloc(1, sizeof(*t));
+    if (t)
+        pthread_mutex_init(&t->lock, NULL);
+    return t;
+}
+
+void pdgw_addr_table_destroy(pdgw_addr_table_t *t)
+{
+    size_t i;
+    if (t == NULL)
+        return;
+    for (i = 0; i < ADDR_BUCKETS; i++) {
+        while (t->buckets[i]) {
+            addr_entry_t *e = t->buckets[i];
+            t->buckets[i] = e->next;
+            pdgw_free(e);
+        }
+    }
+    pthread_mutex_destroy(&t->lock);
+    pdgw_free(t);
+}
+
+static unsigned addr_hash(const unsigned char *k, unsigned len)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    unsigned i;
+    for (i = 0; i < len; i++)
+        h = (h ^ k[i]) * 16777619u;
+    return h % ADDR_BUCKETS;
+}
+
+/* Count one more connection from <k> unless <cap> are open already; true when counted. */
+static bool addr_acquire(pdgw_addr_table_t *t, const unsigned char *k, unsigned len, unsigned cap)
+{
+    unsigned b = addr_hash(k, len);
+    addr_entry_t *e;
+    bool ok = true;
+    pthread_mutex_lock(&t->lock);
+    for (e = t->buckets[b]; e; e = e->next)
+        if (e->len == len && memcmp(e->key, k, len) == 0)
+            break;
+    if (e == NULL) {
+        e = pdgw_calloc(1, sizeof(*e));
+        if (e == NULL) {
+            ok = false; /* out of memory: refusing is the safe side */
+        } else {
+            memcpy(e->key, k, len);
+            e->len = len;
+            e->next = t->buckets[b];
+            t->buckets[b] = e;
+        }
+    }
+    if (ok && e->count >= cap)
+        ok = false;
+    if (ok)
+        e->count++;
+    pthread_mutex_unlock(&t->lock);
+    return ok;
+}
+
+static void addr_release(pdgw_addr_table_t *t, const unsigned char *k, unsigned len)
+{
+    unsigned b = addr_hash(k, len);
+    addr_entry_t **pp, *e;
+    pthread_mutex_lock(&t->lock);
+    for (pp = &t->buckets[b]; (e = *pp) != NULL; pp = &e->next) {
+        if (e->len == len && memcmp(e->key, k, len) == 0) {
+            if (e->count > 0)
+                e->count--;
+            if (e->count == 0) {
+                *pp = e->next;
+                pdgw_free(e);
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* The address bytes a client is counted under; an IPv4-mapped IPv6 address counts as the
+ * IPv4 one. 0 when the family is not IP. */
+static unsigned addr_key(const struct sockaddr *a, socklen_t alen, unsigned char out[16])
+{
+    if (a == NULL)
+        return 0;
+    if (a->sa_family == AF_INET && alen >= (socklen_t)sizeof(struct sockaddr_in)) {
+        memcpy(out, &((const struct sockaddr_in *)a)->sin_addr, 4);
+        return 4;
+    }
+    if (a->sa_family == AF_INET6 && alen >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct in6_addr *in6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(in6)) {
+            memcpy(out, in6->s6_addr + 12, 4);
+            return 4;
+        }
+        memcpy(out, in6->s6_addr, 16);
+        return 16;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the deadline heap */
+
+static void heap_set(pdgw_worker_t *w, size_t i, pdgw_conn_t *c)
+{
+    w->conn_timers[i] = c;
+    c->heap_idx = i;
+}
+
+static void heap_up(pdgw_worker_t *w, size_t i)
+{
+    pdgw_conn_t *c = w->conn_timers[i];
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (w->conn_timers[p]->deadline_ms <= c->deadline_ms)
+            break;
+        heap_set(w, i, w->conn_timers[p]);
+        i = p;
+    }
+    heap_set(w, i, c);
+}
+
+static void heap_down(pdgw_worker_t *w, size_t i)
+{
+    pdgw_conn_t *c = w->conn_timers[i];
+    size_t n = w->n_conn_timers;
+    for (;;) {
+        size_t l = 2 * i + 1, m = i;
+        uint64_t best = c->deadline_ms;
+        if (l < n && w->conn_timers[l]->deadline_ms < best) {
+            m = l;
+            best = w->conn_timers[l]->deadline_ms;
+        }
+        if (l + 1 < n && w->conn_timers[l + 1]->deadline_ms < best)
+            m = l + 1;
+        if (m == i)
+            break;
+        heap_set(w, i, w->conn_timers[m]);
+        i = m;
+    }
+    heap_set(w, i, c);
+}
+
+static void conn_disarm(pdgw_conn_t *c)
+{
+    pdgw_worker_t *w = c->w;
+    size_t i = c->heap_idx;
+    pdgw_conn_t *last;
+    if (i == NOT_ARMED)
+        return;
+    c->heap_idx = NOT_ARMED;
+    last = w->conn_timers[--w->n_conn_timers];
+    if (last == c)
+        return;
+    heap_set(w, i, last);
+    if (i > 0 && w->conn_timers[(i - 1) / 2]->deadline_ms > last->deadline_ms)
+        heap_up(w, i);
+    else
+        heap_down(w, i);
+}
+
+/* Arm (or move) <c>'s deadline. Without room in the heap the connection keeps only MHD's
+ * idle timeout; the next arm tries again. */
+static void conn_arm(pdgw_conn_t *c, uint64_t deadline_ms)
+{
+    pdgw_worker_t *w = c->w;
+    conn_disarm(c);
+    if (w->n_conn_timers == w->cap_conn_timers) {
+        size_t cap = w->cap_conn_timers ? 2 * w->cap_conn_timers : 256;
+        pdgw_conn_t **n = pdgw_realloc(w->conn_timers, cap * sizeof(*n));
+        if (n == NULL)
+            return;
+        w->conn_timers = n;
+        w->cap_conn_timers = cap;
+    }
+    c->deadline_ms = deadline_ms;
+    heap_set(w, w->n_conn_timers++, c);
+    heap_up(w, c->heap_idx);
+}
+
+static void conn_arm_headers(pdgw_conn_t *c)
+{
+    uint64_t t = c->w->srv->opts.client_header_timeout_ms;
+    c->phase = CONN_HEADERS;
+    c->req = NULL;
+    if (t > 0)
+        conn_arm(c, pdgw_now_ms() + t);
+    else
+        conn_disarm(c);
+}
+
+/* ---------------------------------------------------------------- MHD callbacks */
+
+unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers)
+{
+    /* Reserve: listening sockets, epoll and event fds, logs, discovery and scrape
+     * connections, libkvt and plugin sockets. The rest is shared by client connections and
+     * their upstream legs, up to two per request (prefill and decode). */
+    const uint64_t reserve = 64 + 4 * (uint64_t)workers;
+    uint64_t per_worker, total = nofile > reserve ? (nofile - reserve) / 3 : 0;
+    if (workers == 0)
+        workers = 1;
+    per_worker = total / workers;
+    if (per_worker < 4)
+        per_worker = 4; /* a tiny budget still serves a few clients */
+    if (per_worker > 1000000)
+        per_worker = 1000000;
+    return (unsigned)per_worker;
+}
+
+/* Refusals come in storms: one warning a second at most, with the count skipped. */
+static void conn_refused(pdgw_worker_t *w, const char *reason)
+{
+    static pdgw_log_ratelimit_t rl = PDGW_LOG_RATELIMIT_INIT;
+    uint64_t skipped = 0;
+    pdgw_gateway_metrics_conn_closed(w->srv->opts.metrics, reason);
+    if (pdgw_log_ratelimit_allow(&rl, 1000, &skipped))
+        pdgw_log_warn("http",
+                      "refusing a client connection: %s (%u open on worker %u; %llu "
+                      "similar suppressed)",
+                      reason, w->n_conns, w->index, (unsigned long long)skipped);
+}
+
+enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    pdgw_worker_t *w = cls;
+    pdgw_server_t *srv = w->srv;
+    unsigned char key[16];
+    unsigned len;
+
+    /* A connection let in earlier that MHD did not announce (it failed to set it up). */
+    pdgw_conn_after_run(w);
+    if (w->n_conns >= srv->conn_limit_per_worker) {
+        conn_refused(w, "connection_limit");
+        return MHD_NO;
+    }
+    if (srv->opts.max_connections_per_client == 0 || srv->addrs == NULL)
+        return MHD_YES;
+    len = addr_key(addr, addrlen, key);
+    if (len == 0)
+        return MHD_YES;
+    if (!addr_acquire(srv->addrs, key, len, srv->opts.max_connections_per_client)) {
+        conn_refused(w, "per_client_limit");
+        return MHD_NO;
+    }
+    memcpy(w->pending_addr, key, len);
+    w->pending_addr_len = len;
+    return MHD_YES;
+}
+
+void pdgw_conn_after_run(pdgw_worker_t *w)
+{
+    if (w->pending_addr_len == 0)
+        return;
+    addr_release(w->srv->addrs, w->pending_addr, w->pending_addr_len);
+    w->pending_addr_len = 0;
+}
+
+static void conn_started(pdgw_worker_t *w, struct MHD_Connection *conn, void **socket_context)
+{
+    pdgw_conn_t *c = pdgw_calloc(1, sizeof(*c));
+    const union MHD_ConnectionInfo *ci;
+    w->n_conns++;
+    if (c == NULL) {
+        /* Served without a guard; its address reservation is released by after_run. */
+        *socket_context = NULL;
+        return;
+    }
+    c->w = w;
+    c->conn = conn;
+    c->heap_idx = NOT_ARMED;
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c->fd = ci ? ci->connect_fd : -1;
+    /* The policy callback has just let this connection in: take over its address. */
+    if (w->pending_addr_len > 0) {
+        memcpy(c->addr, w->pending_addr, w->pending_addr_len);
+        c->addr_len = w->pending_addr_len;
+        w->pending_addr_len = 0;
+    }
+    *socket_context = c;
+    conn_arm_headers(c);
+}
+
+static void conn_closed(pdgw_worker_t *w, void **socket_context)
+{
+    pdgw_conn_t *c = *socket_context;
+    if (w->n_conns > 0)
+        w->n_conns--;
+    if (c == NULL)
+        return;
+    conn_disarm(c);
+    if (c->addr_len > 0)
+        addr_release(w->srv->addrs, c->addr, c->addr_len);
+    *socket_context = NULL;
+    pdgw_free(c);
+}
+
+void pdgw_conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                      enum MHD_ConnectionNotificationCode code)
+{
+    pdgw_worker_t *w = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        conn_started(w, conn, socket_context);
+    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        conn_closed(w, socket_context);
+}
+
+pdgw_conn_t *pdgw_conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? (pdgw_conn_t *)ci->socket_context : NULL;
+}
+
+void pdgw_conn_headers_done(pdgw_conn_t *c, pdgw_req_t *r)
+{
+    if (c == NULL || c->phase == CONN_CLOSING)
+        return;
+    c->phase = CONN_BODY;
+    c->req = r;
+    conn_arm(c, r->deadline_ms);
+}
+
+void pdgw_conn_body_done(pdgw_conn_t *c)
+{
+    if (c == NULL || c->phase == CONN_CLOSING)
+        return;
+    c->phase = CONN_BUSY;
+    c->req = NULL;
+    conn_disarm(c);
+}
+
+void pdgw_conn_request_done(pdgw_conn_t *c)
+{
+    if (c == NULL || c->phase == CONN_CLOSING)
+        return;
+    conn_arm_headers(c);
+}
+
+int64_t pdgw_conn_next_deadline(const pdgw_worker_t *w)
+{
+    return w->n_conn_timers > 0 ? (int64_t)w->conn_timers[0]->deadline_ms : -1;
+}
+
+bool pdgw_conn_expire(pdgw_worker_t *w, uint64_t now_ms)
+{
+    pdgw_gateway_metrics_t *gm = w->srv->opts.metrics;
+    bool any = false;
+    while (w->n_conn_timers > 0 && w->conn_timers[0]->deadline_ms <= now_ms) {
+        pdgw_conn_t *c = w->conn_timers[0];
+        conn_disarm(c);
+        if (c->phase == CONN_BODY && c->req != NULL) {
+            pdgw_req_t *r = c->req;
+            /* Logged and counted as 408 when MHD completes the request. */
+            r->final_status = 408;
+            snprintf(r->error_text, sizeof(r->error_text),
+                     "request body not received within the request deadline (%llu bytes read)",
+                     (unsigned long long)r->body.len);
+            pdgw_gateway_metrics_conn_closed(gm, "body_timeout");
+        } else {
+            pdgw_gateway_metrics_conn_closed(gm, "header_timeout");
+        }
+        pdgw_log_debug("http", "closing a client connection: request %s not complete in time",
+                       c->phase == CONN_BODY ? "body" : "headers");
+        c->phase = CONN_CLOSING;
+        c->req = NULL;
+        /* MHD reads the end of the stream on its next run and closes the connection (and
+         * completes its request) itself; the descriptor stays MHD's to close. */
+        if (c->fd >= 0 && shutdown(c->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
+            pdgw_log_debug("http", "shutdown: %s", strerror(errno));
+        any = true;
+    }
+    return any;
+}
