@@ -15,6 +15,17 @@
 
 #include <cmocka.h>
 
+#if defined(__SANITIZE_THREAD__)
+#define PDGW_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PDGW_TEST_TSAN 1
+#endif
+#endif
+#ifndef PDGW_TEST_TSAN
+#define PDGW_TEST_TSAN 0
+#endif
+
 #include "pdgw_auth.h"
 #include "pdgw_util.h"
 
@@ -150,6 +161,11 @@ static uint64_t time_checks(const pdgw_auth_t *a, const char *hdr, int iters)
 static void test_constant_time(void **state)
 {
     (void)state;
+#if PDGW_TEST_TSAN
+    /* Under ThreadSanitizer every load goes through its runtime, and the timings
+     * measure that, not the comparison: the other builds run this test. */
+    skip();
+#endif
     /*
      * 128 keys of 250 bytes sharing a 240-byte prefix: a comparison that stops at the first
      * differing byte, or at the first matching key, does very different amounts of work for
