@@ -33,6 +33,7 @@
 
 #include "kvt/kvt_msg.h"
 #include "kvt_tl_tcp_int.h"
+#include "kvt_tsan.h"
 
 struct kvt_tl_region {
     struct kvt_tl_region *next;
@@ -475,6 +476,7 @@ kvt_status_t kvt_tl_tcp_serve_fd(kvt_tl_t *tl, int fd)
                 return st;
             if (ast == KVT_OK)
                 atomic_fetch_add(&tl->st.bytes_served, h.length);
+            KVT_TSAN_WIRE_RELEASE();
             /* the bytes are in the region now: only then acknowledge */
             st = send_reply(fd, ast, h.seq, NULL, 0);
         } else {
@@ -483,6 +485,7 @@ kvt_status_t kvt_tl_tcp_serve_fd(kvt_tl_t *tl, int fd)
                 atomic_fetch_add(&tl->st.bytes_served, h.length);
             st = send_reply(fd, ast, h.seq, ast == KVT_OK ? addr : NULL,
                             ast == KVT_OK ? h.length : 0);
+            KVT_TSAN_WIRE_RELEASE();
         }
         if (st != KVT_OK)
             return st;
