@@ -15,15 +15,16 @@
 
 #include <cmocka.h>
 
-#if defined(__SANITIZE_THREAD__)
-#define PDGW_TEST_TSAN 1
+/* Sanitizer builds: every load goes through the sanitizer's runtime. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define PDGW_TEST_SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PDGW_TEST_TSAN 1
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define PDGW_TEST_SANITIZED 1
 #endif
 #endif
-#ifndef PDGW_TEST_TSAN
-#define PDGW_TEST_TSAN 0
+#ifndef PDGW_TEST_SANITIZED
+#define PDGW_TEST_SANITIZED 0
 #endif
 
 #include "pdgw_auth.h"
@@ -161,9 +162,10 @@ static uint64_t time_checks(const pdgw_auth_t *a, const char *hdr, int iters)
 static void test_constant_time(void **state)
 {
     (void)state;
-#if PDGW_TEST_TSAN
-    /* Under ThreadSanitizer every load goes through its runtime, and the timings
-     * measure that, not the comparison: the other builds run this test. */
+#if PDGW_TEST_SANITIZED
+    /* Under a sanitizer the timings measure its instrumentation, not the comparison
+     * (seen: one probe 2.5x off, a different one in each sanitizer): the plain build,
+     * which is what users run, runs this test. */
     skip();
 #endif
     /*
