@@ -3,53 +3,84 @@
  * PROTOCOLS.md A.6).
  *
  * Serial, batch scheduling (the prefill leg must name the decode's receiver, so both
- * instances are picked before any send; staged scheduling is refused at start-up):
+ * instances are picked before any send; staged scheduling is refused at start-up).
+ * Option flow: first_tok (default, LMCache's current proxy; fwd_lmcache_flow.c) or
+ * client_body (its older proxy: the decode gets the client's body unchanged).
+ *   0. first_tok: POST /tokenize to the prefill instance (fwd_lmcache_tok.c); the ids are the
+ *      prompt of both legs.
  *   1. gate BEFORE_PREFILL: weighted admission, ceil(prompt_tokens / chunk_tokens) slots of
  *      admission_chunks (FIFO), then ReserveRequest for the whole prompt on every alloc port
- *      of the decode (option reserve, default true; decodes without alloc ports skip it).
+ *      of the decode (option reserve, default true), only to decodes with kv_engine: libkvt.
  *   2. prefill leg: hardened body + kv_transfer_params.disagg_spec = {req_id,
  *      receiver_host: D_KV_HOST, receiver_init_port: [..], receiver_alloc_port: [..]}
  *      (one port per TP rank). The prefill pushes its KV to the decode's receiver and sends
- *      ProxyNotif{req_id} per TP rank to the gateway's ZMQ PULL (proxy_host:proxy_port, bound
- *      through libkvt's control plane).
+ *      ProxyNotif{req_id} per TP rank to the gateway's ZMQ PULL (proxy_host:proxy_port,
+ *      fwd_pd_notif.c; notices are checked, see fwd_pd_kvctl.c). first_tok: the prefill also
+ *      gets ret_first_tok and answers kv_transfer_params.first_tok.
  *   3. gate BEFORE_DECODE: wait for one ProxyNotif per init port; at notif_timeout_ms the
- *      request fails with 504, phase kv_transfer.
- *   4. decode leg: the client body unchanged (the decode finds the KV by content).
+ *      request fails with 504, phase kv_transfer (or, notif_fallback: decode, the decode goes
+ *      anyway and recomputes; skip_proxy_notification: no wait).
+ *   4. decode leg: first_tok: ids + [first_tok], max_tokens - 1, and the answer rewritten so
+ *      the client gets the first token first; client_body: the client body unchanged (the
+ *      decode finds the KV by content).
  *   End: admission slots released; CancelNotif{req_id} to the decode releases any
  *   reservation or pinned pages (counted when the attempt did not complete).
  */
-#include "fwd_pd.h"
+#include "fwd_lmcache_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define LMC_NAME "lmcache"
 
 typedef struct lmc_ctx {
     fwd_pd_kv_t *kv;
+    int first_tok;               /* option flow: first_tok (1) or client_body (0) */
+    int64_t tokenize_timeout_ms; /* one /tokenize call */
+    lmc_tok_t *tok;
 } lmc_ctx_t;
 
 typedef struct lmc_state {
     fwd_pd_kvreq_t *q;
     const pdgw_instance_t *decode;
+    int libkvt;            /* the decode runs libkvt (instance kv_engine) */
+    int first_tok;         /* this request runs the first_tok flow */
+    lmc_tok_job_t *job;    /* its /tokenize call */
+    json_t *ids;           /* the prompt's token ids */
+    lmc_head_t head;       /* what the prefill answered */
+    char prefill_url[256]; /* /tokenize goes to the prefill instance */
 } lmc_state_t;
 
 static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
                                        char *err, size_t errlen)
 {
-    static const char *const known[] = {FWD_PD_KV_OPT_KEYS, FWD_PD_PROXY_OPT_KEYS, NULL};
+    static const char *const known[] = {FWD_PD_KV_OPT_KEYS, FWD_PD_PROXY_OPT_KEYS, "flow",
+                                        "tokenize_timeout_ms", NULL};
+    static const char *const flows[] = {"client_body", "first_tok", NULL};
     fwd_pd_kv_opts_t o;
     lmc_ctx_t *c;
+    int flow = 1;
+    int64_t tok_ms = 0;
     (void)env;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
-        fwd_pd_kv_opts_parse(options, 1, 1, &o, err, errlen))
+        fwd_pd_kv_opts_parse(options, 1, 1, &o, err, errlen) ||
+        fwd_pd_opt_enum(options, "flow", flows, 1, &flow, err, errlen) ||
+        fwd_pd_opt_int(options, "tokenize_timeout_ms", 10000, 1, 600000, &tok_ms, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
         snprintf(err, errlen, "out of memory");
         return PDGW_FWD_ERR_CONFIG;
     }
+    c->first_tok = flow == 1;
+    c->tokenize_timeout_ms = tok_ms;
+    if (c->first_tok && (c->tok = lmc_tok_create(err, errlen)) == NULL) {
+        free(c);
+        return PDGW_FWD_ERR_CONFIG;
+    }
     if (fwd_pd_kv_create(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+        lmc_tok_destroy(c->tok);
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
@@ -62,6 +93,7 @@ static void lmc_destroy(void *ctx)
     lmc_ctx_t *c = ctx;
     if (c == NULL)
         return;
+    lmc_tok_destroy(c->tok);
     fwd_pd_kv_destroy(c->kv);
     free(c);
 }
@@ -88,7 +120,6 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
     lmc_ctx_t *c = ctx;
     lmc_state_t *s;
     const pdgw_instance_t *d = peers->decode;
-    char id[160];
     if (d == NULL || d->n_init_ports == 0 || d->n_alloc_ports != d->n_init_ports) {
         pdgw_fwd_error_set(err, PDGW_PHASE_DECODE, 0, 500,
                            "decode instance %s needs init_ports and alloc_ports (one per TP "
@@ -101,19 +132,28 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
         return PDGW_FWD_ERR;
     }
-    /* A retry gets its own transfer id, so late notices of a failed attempt never count. */
-    if (req->attempt == 0)
-        snprintf(id, sizeof(id), "%s", req->request_id);
-    else
-        snprintf(id, sizeof(id), "%s-a%u", req->request_id, req->attempt);
-    s->q = fwd_pd_kvreq_new(c->kv, req, id);
+    /* request_id is minted per attempt (uuid4): late notices of a failed attempt never count
+     * for a retry, and a transfer name cannot be guessed from outside. */
+    s->q = fwd_pd_kvreq_new(c->kv, req, req->request_id);
     if (s->q == NULL) {
         free(s);
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
         return PDGW_FWD_ERR;
     }
     s->decode = d;
-    fwd_pd_kvreq_set_decode(s->q, d);
+    snprintf(s->prefill_url, sizeof(s->prefill_url), "%s",
+             peers->prefill ? peers->prefill->url : "");
+    /* pdgw's own control messages (ReserveRequest, CancelNotif without LMCache's delimiter
+     * frame) go only to decodes that run libkvt; an upstream LMCache receiver gets nothing
+     * from the gateway, exactly as behind LMCache's own proxy. */
+    s->libkvt = d->kv_engine == PDGW_KV_ENGINE_LIBKVT;
+    if (s->libkvt)
+        fwd_pd_kvreq_set_decode(s->q, d);
+    /* first_tok needs the answer's first token to be the only one the prefill made, so a
+     * request that asks for one token at most (or gives no max_tokens) runs client_body. */
+    s->first_tok = c->first_tok && req->max_tokens >= 2 && req->dispatch == PDGW_DISPATCH_SERIAL;
+    /* In flight from now: ProxyNotifs count only for it and only from its prefill. */
+    fwd_pd_kvreq_expect_notifs(s->q, (int)d->n_init_ports, peers->prefill);
     *state = s;
     return PDGW_FWD_OK;
 }
@@ -140,10 +180,18 @@ static pdgw_fwd_status_t lmc_build_leg(void *ctx, void *state, const pdgw_fwd_re
             json_pack("{s:s,s:s,s:o,s:o}", "req_id", fwd_pd_kvreq_id(s->q), "receiver_host",
                       d->kv_host, "receiver_init_port", lmc_ports(d->init_ports, d->n_init_ports),
                       "receiver_alloc_port", lmc_ports(d->alloc_ports, d->n_alloc_ports));
-        leg->body = spec ? fwd_pd_body_prefill(req, json_pack("{s:o}", "disagg_spec", spec)) : NULL;
+        if (s->first_tok)
+            leg->body = lmc_flow_prefill_body(req, s->ids, spec);
+        else
+            leg->body =
+                spec ? fwd_pd_body_prefill(req, json_pack("{s:o}", "disagg_spec", spec)) : NULL;
+    } else if (s->first_tok) {
+        leg->body = lmc_flow_decode_body(req, s->ids, &s->head);
     } else {
         leg->body = fwd_pd_body_decode(req, NULL);
     }
+    if (s->first_tok)
+        leg->path = "/v1/completions"; /* both legs, chat too: the prompt is token ids */
     if (leg->body == NULL) {
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "cannot build the %s body",
                            kind == PDGW_LEG_PREFILL ? "prefill" : "decode");
@@ -152,13 +200,80 @@ static pdgw_fwd_status_t lmc_build_leg(void *ctx, void *state, const pdgw_fwd_re
     return PDGW_FWD_OK;
 }
 
-static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request_t *req,
-                                  pdgw_gate_point_t point, pdgw_fwd_error_t *err)
+/* first_tok step 0: the prompt's token ids from the prefill's /tokenize (PENDING meanwhile). */
+static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_fwd_request_t *req,
+                                      pdgw_fwd_error_t *err)
+{
+    char msg[200];
+    int st;
+    if (s->ids != NULL)
+        return PDGW_FWD_OK;
+    if (s->job == NULL) {
+        json_t *body = lmc_flow_tokenize_body(req, &s->ids);
+        if (s->ids != NULL)
+            return PDGW_FWD_OK; /* the client already sent token ids */
+        if (body == NULL) {
+            s->first_tok = 0; /* a prompt /tokenize cannot take (several prompts): older flow */
+            return PDGW_FWD_OK;
+        }
+        s->job = lmc_tok_start(c->tok, s->prefill_url, body, c->tokenize_timeout_ms, req->waker);
+        if (s->job == NULL) {
+            pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
+            return PDGW_FWD_ERR;
+        }
+        pdgw_fwd_counter_inc(LMC_NAME, "tokenize_calls", "POST /tokenize calls (first_tok flow).");
+    }
+    st = lmc_tok_result(c->tok, s->job, &s->ids, msg, sizeof(msg));
+    if (st == 0)
+        return PDGW_FWD_PENDING;
+    if (st < 0) {
+        pdgw_fwd_counter_inc(LMC_NAME, "tokenize_errors", "Failed POST /tokenize calls.");
+        pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502, "%s", msg);
+        return PDGW_FWD_ERR;
+    }
+    return PDGW_FWD_OK;
+}
+
+static pdgw_fwd_status_t lmc_on_prefill_response(void *ctx, void *state,
+                                                 const pdgw_fwd_request_t *req, long status,
+                                                 const json_t *resp, pdgw_fwd_error_t *err)
+{
+    lmc_state_t *s = state;
+    char msg[200];
+    (void)ctx;
+    (void)req;
+    (void)status;
+    if (!s->first_tok)
+        return PDGW_FWD_OK;
+    if (lmc_flow_read_prefill(resp, &s->head, msg, sizeof(msg)) != 0) {
+        fwd_pd_count_missing_kv_params(LMC_NAME);
+        pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502, "%s", msg);
+        return PDGW_FWD_ERR;
+    }
+    return PDGW_FWD_OK;
+}
+
+static json_t *lmc_rewrite_decode(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                                  const json_t *resp)
 {
     lmc_state_t *s = state;
     (void)ctx;
-    if (point == PDGW_GATE_BEFORE_PREFILL)
-        return fwd_pd_kvreq_before_prefill(s->q, req, s->decode, err);
+    if (s == NULL || !s->first_tok)
+        return NULL;
+    return lmc_flow_rewrite(&s->head, req, sse, resp);
+}
+
+static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                  pdgw_gate_point_t point, pdgw_fwd_error_t *err)
+{
+    lmc_ctx_t *c = ctx;
+    lmc_state_t *s = state;
+    if (point == PDGW_GATE_BEFORE_PREFILL) {
+        pdgw_fwd_status_t st = s->first_tok ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
+        if (st != PDGW_FWD_OK)
+            return st;
+        return fwd_pd_kvreq_before_prefill(s->q, req, s->libkvt ? s->decode : NULL, err);
+    }
     return fwd_pd_kvreq_wait_notifs(s->q, req, (int)s->decode->n_init_ports, err);
 }
 
@@ -185,6 +300,9 @@ static void lmc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     if (s == NULL)
         return;
     fwd_pd_kvreq_end(s->q, reason);
+    lmc_tok_release(s->job);
+    json_decref(s->ids);
+    lmc_head_clear(&s->head);
     free(s);
 }
 
@@ -194,9 +312,11 @@ static const pdgw_fwd_ops_t lmc_ops = {
     .plan = lmc_plan,
     .attempt_init = lmc_attempt_init,
     .build_leg = lmc_build_leg,
+    .on_prefill_response = lmc_on_prefill_response,
     .gate = lmc_gate,
     .retry_scope = lmc_retry_scope,
     .attempt_cleanup = lmc_attempt_cleanup,
+    .rewrite_decode = lmc_rewrite_decode,
 };
 
 static const pdgw_fwd_desc_t fwd_lmcache_desc = {

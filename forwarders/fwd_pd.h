@@ -73,16 +73,48 @@ typedef struct fwd_pd_kv_opts {
     int64_t proxy_port;
     int64_t notif_timeout_ms;
     int64_t admission_chunks; /* weighted admission capacity; 0 = off */
+    /* ProxyNotif trust and fallbacks (fwd_pd_notif.c) */
+    int notif_check_peer;            /* accept only from the request's prefill addresses */
+    int notif_fallback_decode;       /* at the deadline send the decode anyway (it recomputes) */
+    int skip_proxy_notification;     /* engines run with pd_skip_proxy_notification: no wait */
+    char curve_secret_key_file[256]; /* "" = plain TCP */
+    char curve_client_keys_file[256];
 } fwd_pd_kv_opts_t;
 
 /* Keys fwd_pd_kv_opts_parse understands (for fwd_pd_opts_check). */
 #define FWD_PD_KV_OPT_KEYS                                                                         \
     "reserve", "chunk_tokens", "reserve_ttl_ms", "reserve_timeout_ms", "reserve_retry_ms",         \
         "reserve_on_refusal"
-#define FWD_PD_PROXY_OPT_KEYS "proxy_host", "proxy_port", "notif_timeout_ms", "admission_chunks"
+#define FWD_PD_PROXY_OPT_KEYS                                                                      \
+    "proxy_host", "proxy_port", "notif_timeout_ms", "admission_chunks", "notif_check_peer",        \
+        "notif_fallback", "skip_proxy_notification", "notif_curve_secret_key_file",                \
+        "notif_curve_client_keys_file"
 
 pdgw_fwd_status_t fwd_pd_kv_opts_parse(const json_t *options, int reserve_default, int proxy,
                                        fwd_pd_kv_opts_t *o, char *err, size_t errlen);
+
+/* ---- ProxyNotif listener (fwd_pd_notif.c) ---- */
+
+/* The proxy_* / notif_* options (FWD_PD_PROXY_OPT_KEYS) into <o>. proxy_host defaults to the
+ * pod's address ($POD_IP), else the address of the gateway's host name, else 127.0.0.1:
+ * never every interface unless configured. */
+pdgw_fwd_status_t fwd_pd_notif_opts_parse(const json_t *options, fwd_pd_kv_opts_t *o, char *err,
+                                          size_t errlen);
+
+typedef struct fwd_pd_notif fwd_pd_notif_t;
+/* Bind the PULL at o->proxy_host:o->proxy_port (CURVE server when a secret key file is
+ * configured; only listed client keys when a client key file is). */
+pdgw_fwd_status_t fwd_pd_notif_create(const char *protocol, const fwd_pd_kv_opts_t *o,
+                                      fwd_pd_notif_t **out, char *err, size_t errlen);
+void fwd_pd_notif_destroy(fwd_pd_notif_t *n);
+int fwd_pd_notif_port(const fwd_pd_notif_t *n);
+/* The fds to poll (ZMQ_FD, edge-style: call fwd_pd_notif_recv until it returns 0). */
+size_t fwd_pd_notif_fds(const fwd_pd_notif_t *n, int fds[2]);
+/* One ProxyNotif: 1 with its req_id and the sender's IP address (zmq Peer-Address, "" when
+ * unknown), 0 when nothing is queued. Malformed messages are counted and skipped. */
+int fwd_pd_notif_recv(fwd_pd_notif_t *n, char *id, size_t cap, char *peer, size_t peercap);
+/* pdgw_fwd_proxy_notifs_rejected_total{protocol, reason}. */
+void fwd_pd_notif_count_rejected(const char *protocol, const char *reason);
 
 typedef struct fwd_pd_kv fwd_pd_kv_t;       /* per forwarder: control thread, admission */
 typedef struct fwd_pd_kvreq fwd_pd_kvreq_t; /* per attempt */
@@ -105,8 +137,13 @@ const char *fwd_pd_kvreq_id(const fwd_pd_kvreq_t *q);
 pdgw_fwd_status_t fwd_pd_kvreq_before_prefill(fwd_pd_kvreq_t *q, const pdgw_fwd_request_t *req,
                                               const pdgw_instance_t *decode, pdgw_fwd_error_t *err);
 
-/* BEFORE_DECODE: wait for <count> ProxyNotif{kv_req_id}; ERR 504 kv_transfer at the
- * notif deadline. */
+/* Before the prefill leg: the attempt is in flight for ProxyNotif. From now on <need>
+ * notices count, and only from <prefill>'s host or kv_host (option notif_check_peer). */
+void fwd_pd_kvreq_expect_notifs(fwd_pd_kvreq_t *q, int need, const pdgw_instance_t *prefill);
+
+/* BEFORE_DECODE: wait for <count> ProxyNotif{kv_req_id} (registers the attempt if
+ * fwd_pd_kvreq_expect_notifs was not called). At the notif deadline: ERR 504 kv_transfer, or
+ * OK with option notif_fallback: decode. OK at once with skip_proxy_notification. */
 pdgw_fwd_status_t fwd_pd_kvreq_wait_notifs(fwd_pd_kvreq_t *q, const pdgw_fwd_request_t *req,
                                            int count, pdgw_fwd_error_t *err);
 

@@ -188,13 +188,5 @@ pdgw_fwd_status_t fwd_pd_kv_opts_parse(const json_t *options, int reserve_defaul
     o->on_refusal = (fwd_pd_refusal_t)mode;
     if (!proxy)
         return PDGW_FWD_OK;
-    if (fwd_pd_opt_str(options, "proxy_host", "0.0.0.0", o->proxy_host, sizeof(o->proxy_host), err,
-                       errlen) ||
-        fwd_pd_opt_int(options, "proxy_port", 8500, 0, 65535, &o->proxy_port, err, errlen) ||
-        fwd_pd_opt_int(options, "notif_timeout_ms", 30000, 1, 3600000, &o->notif_timeout_ms, err,
-                       errlen) ||
-        fwd_pd_opt_int(options, "admission_chunks", 4096, 0, INT32_MAX, &o->admission_chunks, err,
-                       errlen))
-        return PDGW_FWD_ERR_CONFIG;
-    return PDGW_FWD_OK;
+    return fwd_pd_notif_opts_parse(options, o, err, errlen);
 }

@@ -8,6 +8,11 @@
  *     chosen decode; the answer (granted, free_chunks) is handed back to the request,
  *   - CancelNotif{req_id} at the end of an attempt (release of the reservation / pinned pages),
  *   - ProxyNotif{req_id} counting (one per TP rank of the prefill), with per-request deadlines.
+ *     A ProxyNotif counts only for a request in flight (registered before its prefill leg),
+ *     only from that request's prefill addresses (zmq Peer-Address against the prefill's host
+ *     and kv_host) and at most once per TP rank; anything else (unknown, wrong peer, late,
+ *     surplus, malformed) is counted by reason and ignored, so a forged message never releases
+ *     a decode early.
  * Requests talk to the thread through fwd_pd_kvreq_t objects (reference counted: the attempt
  * and the thread each hold one) and are woken through their pdgw waker. The weighted
  * admission semaphore (PROTOCOLS.md A.6) lives here too: ceil(prompt_tokens / chunk_tokens)
@@ -26,13 +31,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <kvt/kvt_engine.h>
 
 #define KVCTL_MAX_PORTS   16
 #define KVCTL_ID_MAX      160
 #define KVCTL_POLL_MS     20
-#define KVCTL_SEEN_TTL_MS 120000
-#define KVCTL_SEEN_MAX    16384 /* ProxyNotifs of unknown requests kept (bounded: network input) */
+#define KVCTL_TOMB_TTL_MS 120000
+#define KVCTL_TOMB_MAX    16384 /* ended attempts remembered for late ProxyNotifs (bounded) */
+#define KVCTL_HOST_MAX    256
+#define KVCTL_ADDRS       8
+#define KVCTL_DNS_SLOTS   32
+#define KVCTL_DNS_TTL_MS  30000
 #define KVCTL_MUTE_MAX    64
 #define KVCTL_MUTE_MS     5000 /* an alloc port that did not answer is not asked again for this */
 
@@ -61,10 +74,12 @@ struct fwd_pd_kvreq {
     int64_t res_chunks;
     int64_t free_chunks;
     int refused;    /* the last failure was a refused reservation */
-    int notif_need; /* > 0 while waiting */
+    int notif_need; /* > 0 once registered (in flight for ProxyNotif) */
     int notif_got;
     int notif_timed_out;
-    int64_t notif_deadline_ms;
+    int notif_waiting;             /* the decode gate is waiting: the deadline runs */
+    int64_t notif_deadline_ms;     /* valid while notif_waiting */
+    char phost[2][KVCTL_HOST_MAX]; /* the prefill's host and kv_host ("" = unknown) */
     struct fwd_pd_kvreq *notif_next;
 };
 
@@ -79,12 +94,14 @@ typedef struct kvctl_job {
     int64_t chunks, ttl_ms;
 } kvctl_job_t;
 
-typedef struct kvctl_seen {
-    struct kvctl_seen *next;
-    char id[KVCTL_ID_MAX];
-    int count;
+/* A resolved host name (control thread only): a prefill named by DNS name is compared by the
+ * addresses the name had at most KVCTL_DNS_TTL_MS ago. */
+typedef struct kvctl_dns {
+    char host[KVCTL_HOST_MAX];
+    unsigned char addr[KVCTL_ADDRS][16];
+    int n;
     int64_t t_ms;
-} kvctl_seen_t;
+} kvctl_dns_t;
 
 /* An attempt that ended without completing: a transfer that still lands afterwards (its
  * ProxyNotif arrives late) is released with another CancelNotif. */
@@ -92,30 +109,30 @@ typedef struct kvctl_tomb {
     struct kvctl_tomb *next;
     char id[KVCTL_ID_MAX];
     kvctl_dest_t dest;
+    int has_dest; /* the decode runs libkvt: a late landing is released with CancelNotif */
+    char phost[2][KVCTL_HOST_MAX];
     int64_t t_ms;
 } kvctl_tomb_t;
 
 struct fwd_pd_kv {
     char protocol[64];
     fwd_pd_kv_opts_t o;
-    kvt_proxy_t *proxy;
-    int proxy_port;
+    kvt_proxy_t *proxy;    /* DEALERs to libkvt receivers (ReserveRequest, CancelNotif) */
+    fwd_pd_notif_t *notif; /* the ProxyNotif PULL (o.proxy) */
     int efd;
     pthread_t th;
     int started;
     pthread_mutex_t lock;
     int stop;
     kvctl_job_t *jobs;
-    kvctl_seen_t *seen;
-    size_t n_seen;
-    uint64_t dropped; /* ProxyNotifs dropped because the table was full */
     kvctl_tomb_t *tombs;
+    size_t n_tombs;
+    kvctl_dns_t dns[KVCTL_DNS_SLOTS]; /* control thread only */
     struct {
         char host[256];
         int port;
         int64_t until_ms;
     } mute[KVCTL_MUTE_MAX]; /* control thread only */
-    uint64_t late_releases; /* counted outside the lock */
     fwd_pd_kvreq_t *notif_waiters;
     fwd_pd_kvreq_t *adm_head, *adm_tail;
     int64_t adm_used;
@@ -158,75 +175,163 @@ static void count(fwd_pd_kv_t *kv, const char *name, const char *help)
 
 /* ---------------------------------------------------------------- control thread */
 
-/* One ProxyNotif arrived (lock held). */
-static void on_notif_locked(fwd_pd_kv_t *kv, const char *id)
+/* Binary form of an IP address text (16 bytes; IPv4 and IPv4-mapped IPv6 as ::ffff:a.b.c.d),
+ * 0 when it is not an address. */
+static int addr_parse(const char *s, unsigned char out[16])
 {
+    struct in_addr a4;
+    memset(out, 0, 16);
+    if (inet_pton(AF_INET, s, &a4) == 1) {
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &a4, 4);
+        return 1;
+    }
+    return inet_pton(AF_INET6, s, out) == 1;
+}
+
+/* The addresses of <host> (an IP literal, or a name resolved on this thread and cached). */
+static int host_addrs(fwd_pd_kv_t *kv, const char *host, unsigned char (*out)[16], int max)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    kvctl_dns_t *slot = &kv->dns[0];
+    int64_t now = now_ms();
+    int n = 0;
+    if (host[0] == '\0')
+        return 0;
+    if (addr_parse(host, out[0]))
+        return 1;
+    for (int i = 0; i < KVCTL_DNS_SLOTS; i++) {
+        kvctl_dns_t *d = &kv->dns[i];
+        if (d->host[0] != '\0' && strcmp(d->host, host) == 0 && now - d->t_ms < KVCTL_DNS_TTL_MS) {
+            memcpy(out, d->addr, sizeof(d->addr[0]) * (size_t)(d->n < max ? d->n : max));
+            return d->n < max ? d->n : max;
+        }
+        if (d->t_ms < slot->t_ms)
+            slot = d; /* the oldest entry is replaced */
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) == 0) {
+        for (ai = res; ai != NULL && n < KVCTL_ADDRS; ai = ai->ai_next) {
+            char txt[INET6_ADDRSTRLEN];
+            const void *a = ai->ai_family == AF_INET
+                                ? (const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr
+                                : (const void *)&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
+            if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
+                inet_ntop(ai->ai_family, a, txt, sizeof(txt)) && addr_parse(txt, slot->addr[n]))
+                n++;
+        }
+        freeaddrinfo(res);
+    }
+    snprintf(slot->host, sizeof(slot->host), "%.*s", KVCTL_HOST_MAX - 1, host);
+    slot->n = n;
+    slot->t_ms = now;
+    memcpy(out, slot->addr, sizeof(slot->addr[0]) * (size_t)(n < max ? n : max));
+    return n < max ? n : max;
+}
+
+/* Whether <peer> (the sender's address) is one of the prefill's addresses. With no address
+ * known on either side the sender cannot be told: accepted. */
+static int peer_is_prefill(fwd_pd_kv_t *kv, const char phost[2][KVCTL_HOST_MAX], const char *peer)
+{
+    unsigned char p[16], a[KVCTL_ADDRS][16];
+    int known = 0;
+    if (!kv->o.notif_check_peer)
+        return 1;
+    if (peer[0] == '\0' || !addr_parse(peer, p))
+        return phost[0][0] == '\0' && phost[1][0] == '\0';
+    for (int h = 0; h < 2; h++) {
+        int n = host_addrs(kv, phost[h], a, KVCTL_ADDRS);
+        known += phost[h][0] != '\0';
+        for (int i = 0; i < n; i++)
+            if (memcmp(a[i], p, 16) == 0)
+                return 1;
+    }
+    return !known;
+}
+
+static fwd_pd_kvreq_t *find_waiter_locked(fwd_pd_kv_t *kv, const char *id)
+{
+    for (fwd_pd_kvreq_t *q = kv->notif_waiters; q != NULL; q = q->notif_next)
+        if (strcmp(q->id, id) == 0)
+            return q;
+    return NULL;
+}
+
+static kvctl_tomb_t *find_tomb_locked(fwd_pd_kv_t *kv, const char *id)
+{
+    for (kvctl_tomb_t *t = kv->tombs; t != NULL; t = t->next)
+        if (strcmp(t->id, id) == 0)
+            return t;
+    return NULL;
+}
+
+/* One ProxyNotif from <peer>: returns NULL when it counted, else the reason it was ignored.
+ * The sender check may resolve a host name, so it runs without the lock. */
+static const char *on_notif(fwd_pd_kv_t *kv, const char *id, const char *peer, int *late_release)
+{
+    char phost[2][KVCTL_HOST_MAX];
     fwd_pd_kvreq_t *q;
-    kvctl_seen_t *s;
-    for (q = kv->notif_waiters; q != NULL; q = q->notif_next) {
-        if (strcmp(q->id, id) == 0) {
-            if (++q->notif_got >= q->notif_need)
-                wake(q);
-            return;
+    kvctl_tomb_t *t;
+    int ok;
+    pthread_mutex_lock(&kv->lock);
+    q = find_waiter_locked(kv, id);
+    t = q ? NULL : find_tomb_locked(kv, id);
+    if (q == NULL && t == NULL) {
+        pthread_mutex_unlock(&kv->lock);
+        return "unknown"; /* no such request in flight: forged, guessed, or another gateway's */
+    }
+    memcpy(phost, q ? q->phost : t->phost, sizeof(phost));
+    pthread_mutex_unlock(&kv->lock);
+
+    ok = peer_is_prefill(kv, (const char(*)[KVCTL_HOST_MAX])phost, peer);
+    pthread_mutex_lock(&kv->lock);
+    if (!ok) {
+        pthread_mutex_unlock(&kv->lock);
+        return "peer";
+    }
+    if ((q = find_waiter_locked(kv, id)) != NULL) {
+        const char *why = NULL;
+        if (q->notif_got >= q->notif_need)
+            why = "surplus"; /* more than one per TP rank: a replay */
+        else if (++q->notif_got >= q->notif_need)
+            wake(q);
+        pthread_mutex_unlock(&kv->lock);
+        return why;
+    }
+    if ((t = find_tomb_locked(kv, id)) != NULL && t->has_dest) {
+        /* The transfer of an attempt that already ended landed after all: release it. */
+        kvctl_job_t *j = calloc(1, sizeof(*j));
+        if (j != NULL) {
+            j->cancel = 1;
+            j->dest = t->dest;
+            snprintf(j->id, sizeof(j->id), "%s", id);
+            j->next = kv->jobs;
+            kv->jobs = j;
+            *late_release = 1;
         }
     }
-    for (kvctl_tomb_t *t = kv->tombs; t != NULL; t = t->next) {
-        if (strcmp(t->id, id) == 0) {
-            kvctl_job_t *j = calloc(1, sizeof(*j));
-            if (j != NULL) {
-                j->cancel = 1;
-                j->dest = t->dest;
-                snprintf(j->id, sizeof(j->id), "%s", id);
-                j->next = kv->jobs;
-                kv->jobs = j;
-                kv->late_releases++;
-            }
-            return;
-        }
-    }
-    for (s = kv->seen; s != NULL; s = s->next) {
-        if (strcmp(s->id, id) == 0) {
-            s->count++;
-            s->t_ms = now_ms();
-            return;
-        }
-    }
-    if (kv->n_seen >= KVCTL_SEEN_MAX || (s = calloc(1, sizeof(*s))) == NULL) {
-        kv->dropped++;
-        return;
-    }
-    kv->n_seen++;
-    snprintf(s->id, sizeof(s->id), "%s", id);
-    s->count = 1;
-    s->t_ms = now_ms();
-    s->next = kv->seen;
-    kv->seen = s;
+    pthread_mutex_unlock(&kv->lock);
+    return "late";
 }
 
 static void drain_notifs(fwd_pd_kv_t *kv)
 {
-    char id[KVCTL_ID_MAX];
-    int n = 0, dropped;
-    while (kv->o.proxy && kvt_proxy_recv(kv->proxy, id, sizeof(id), 0) == KVT_OK) {
-        pthread_mutex_lock(&kv->lock);
-        on_notif_locked(kv, id);
-        pthread_mutex_unlock(&kv->lock);
-        n++;
+    char id[KVCTL_ID_MAX], peer[INET6_ADDRSTRLEN + 8];
+    while (kv->notif && fwd_pd_notif_recv(kv->notif, id, sizeof(id), peer, sizeof(peer)) == 1) {
+        int late_release = 0;
+        const char *why = on_notif(kv, id, peer, &late_release);
+        if (why == NULL) {
+            count(kv, "proxy_notifs", "ProxyNotif messages accepted.");
+            continue;
+        }
+        fwd_pd_notif_count_rejected(kv->protocol, why);
+        pdgw_fwd_log(PDGW_FWD_LOG_DEBUG, "%s: ProxyNotif{req_id=%.64s} from %s ignored: %s",
+                     kv->protocol, id, peer[0] ? peer : "?", why);
+        if (late_release)
+            count(kv, "late_kv_releases",
+                  "CancelNotifs re-sent for transfers that landed after their request ended.");
     }
-    while (n-- > 0)
-        count(kv, "proxy_notifs", "ProxyNotif messages received.");
-    pthread_mutex_lock(&kv->lock);
-    n = (int)kv->late_releases;
-    kv->late_releases = 0;
-    dropped = (int)kv->dropped;
-    kv->dropped = 0;
-    pthread_mutex_unlock(&kv->lock);
-    while (n-- > 0)
-        count(kv, "late_kv_releases",
-              "CancelNotifs re-sent for transfers that landed after their request ended.");
-    while (dropped-- > 0)
-        count(kv, "proxy_notifs_dropped",
-              "ProxyNotifs for unknown requests dropped (table of early notices full).");
 }
 
 static int port_muted(fwd_pd_kv_t *kv, const char *host, int port)
@@ -337,9 +442,8 @@ static kvctl_job_t *take_job_locked(fwd_pd_kv_t *kv, int64_t now, int64_t *next_
 static void check_deadlines_locked(fwd_pd_kv_t *kv, int64_t now, int64_t *next_ms)
 {
     fwd_pd_kvreq_t *q;
-    kvctl_seen_t **sp;
     for (q = kv->notif_waiters; q != NULL; q = q->notif_next) {
-        if (q->notif_got >= q->notif_need || q->notif_timed_out)
+        if (!q->notif_waiting || q->notif_got >= q->notif_need || q->notif_timed_out)
             continue;
         if (now >= q->notif_deadline_ms) {
             q->notif_timed_out = 1;
@@ -348,20 +452,11 @@ static void check_deadlines_locked(fwd_pd_kv_t *kv, int64_t now, int64_t *next_m
             *next_ms = q->notif_deadline_ms;
         }
     }
-    for (sp = &kv->seen; *sp != NULL;) {
-        kvctl_seen_t *s = *sp;
-        if (now - s->t_ms > KVCTL_SEEN_TTL_MS) {
-            *sp = s->next;
-            kv->n_seen--;
-            free(s);
-        } else {
-            sp = &s->next;
-        }
-    }
     for (kvctl_tomb_t **tp = &kv->tombs; *tp != NULL;) {
         kvctl_tomb_t *t = *tp;
-        if (now - t->t_ms > KVCTL_SEEN_TTL_MS) {
+        if (now - t->t_ms > KVCTL_TOMB_TTL_MS) {
             *tp = t->next;
+            kv->n_tombs--;
             free(t);
         } else {
             tp = &t->next;
@@ -373,7 +468,8 @@ static void *kvctl_main(void *arg)
 {
     fwd_pd_kv_t *kv = arg;
     for (;;) {
-        struct pollfd pf[2];
+        struct pollfd pf[3];
+        int fds[2];
         int npf = 1, timeout = KVCTL_POLL_MS;
         int64_t next = -1, now;
         kvctl_job_t *j;
@@ -381,10 +477,12 @@ static void *kvctl_main(void *arg)
 
         pf[0].fd = kv->efd;
         pf[0].events = POLLIN;
-        if (kv->o.proxy) {
-            pf[1].fd = kvt_proxy_fd(kv->proxy);
-            pf[1].events = POLLIN;
-            npf = 2;
+        if (kv->notif) {
+            size_t nf = fwd_pd_notif_fds(kv->notif, fds);
+            for (size_t i = 0; i < nf; i++) {
+                pf[npf].fd = fds[i];
+                pf[npf++].events = POLLIN;
+            }
         }
         drain_notifs(kv); /* ZMQ_FD is edge-style: always drain before waiting */
         pthread_mutex_lock(&kv->lock);
@@ -432,27 +530,33 @@ pdgw_fwd_status_t fwd_pd_kv_create(const char *protocol, const fwd_pd_kv_opts_t 
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         goto err_lock;
     }
-    st = o->proxy ? kvt_proxy_create(o->proxy_host, (uint16_t)o->proxy_port, &kv->proxy)
-                  : kvt_proxy_create("127.0.0.1", 0, &kv->proxy);
+    /* libkvt's proxy client also binds a PULL of its own: keep it on an ephemeral loopback port
+     * (never read); ProxyNotifs go to the checked listener below. */
+    st = kvt_proxy_create("127.0.0.1", 0, &kv->proxy);
     if (st != KVT_OK) {
-        snprintf(err, errlen, "protocol option proxy_host/proxy_port: cannot bind %s:%lld: %s",
-                 o->proxy ? o->proxy_host : "127.0.0.1", (long long)(o->proxy ? o->proxy_port : 0),
-                 kvt_strerror(st));
+        snprintf(err, errlen, "cannot start the libkvt proxy client: %s", kvt_strerror(st));
         goto err_efd;
     }
-    kv->proxy_port = kvt_proxy_port(kv->proxy);
+    if (o->proxy && fwd_pd_notif_create(protocol, o, &kv->notif, err, errlen) != PDGW_FWD_OK)
+        goto err_proxy;
     if (pthread_create(&kv->th, NULL, kvctl_main, kv) != 0) {
         snprintf(err, errlen, "cannot start the KV control thread");
-        goto err_proxy;
+        goto err_notif;
     }
     kv->started = 1;
-    if (o->proxy)
-        pdgw_fwd_log(PDGW_FWD_LOG_INFO, "%s: ProxyNotif PULL bound on %s:%d", protocol,
-                     o->proxy_host, kv->proxy_port);
+    if (o->proxy) {
+        int wide = strcmp(o->proxy_host, "0.0.0.0") == 0 || strcmp(o->proxy_host, "::") == 0;
+        pdgw_fwd_log(wide ? PDGW_FWD_LOG_WARN : PDGW_FWD_LOG_INFO,
+                     "%s: ProxyNotif PULL bound on %s:%d%s%s", protocol, o->proxy_host,
+                     fwd_pd_notif_port(kv->notif), o->curve_secret_key_file[0] ? " (CURVE)" : "",
+                     wide ? " on every interface (proxy_host)" : "");
+    }
     /* Show the counters at 0 from the start. */
     *out = kv;
     return PDGW_FWD_OK;
 
+err_notif:
+    fwd_pd_notif_destroy(kv->notif);
 err_proxy:
     kvt_proxy_destroy(kv->proxy);
 err_efd:
@@ -473,16 +577,12 @@ void fwd_pd_kv_destroy(fwd_pd_kv_t *kv)
     kick(kv);
     if (kv->started)
         pthread_join(kv->th, NULL);
-    while (kv->seen) {
-        kvctl_seen_t *s = kv->seen;
-        kv->seen = s->next;
-        free(s);
-    }
     while (kv->tombs) {
         kvctl_tomb_t *t = kv->tombs;
         kv->tombs = t->next;
         free(t);
     }
+    fwd_pd_notif_destroy(kv->notif);
     kvt_proxy_destroy(kv->proxy);
     close(kv->efd);
     pthread_mutex_destroy(&kv->lock);
@@ -496,7 +596,7 @@ const fwd_pd_kv_opts_t *fwd_pd_kv_opts(const fwd_pd_kv_t *kv)
 
 int fwd_pd_kv_proxy_port(const fwd_pd_kv_t *kv)
 {
-    return kv && kv->o.proxy ? kv->proxy_port : 0;
+    return kv && kv->notif ? fwd_pd_notif_port(kv->notif) : 0;
 }
 
 /* ---------------------------------------------------------------- per attempt */
@@ -668,40 +768,60 @@ pdgw_fwd_status_t fwd_pd_kvreq_before_prefill(fwd_pd_kvreq_t *q, const pdgw_fwd_
     }
 }
 
+/* Register q for ProxyNotif (lock held): from now on its notices count. */
+static void notif_register_locked(fwd_pd_kvreq_t *q, int need)
+{
+    fwd_pd_kv_t *kv = q->kv;
+    if (q->notif_need > 0)
+        return;
+    q->notif_need = need;
+    q->notif_next = kv->notif_waiters;
+    kv->notif_waiters = q;
+    atomic_fetch_add(&q->refs, 1);
+}
+
+void fwd_pd_kvreq_expect_notifs(fwd_pd_kvreq_t *q, int need, const pdgw_instance_t *prefill)
+{
+    fwd_pd_kv_t *kv = q->kv;
+    if (need <= 0 || kv->notif == NULL)
+        return;
+    pthread_mutex_lock(&kv->lock);
+    if (prefill != NULL && q->notif_need == 0) {
+        snprintf(q->phost[0], sizeof(q->phost[0]), "%s", prefill->host ? prefill->host : "");
+        snprintf(q->phost[1], sizeof(q->phost[1]), "%s", prefill->kv_host ? prefill->kv_host : "");
+    }
+    notif_register_locked(q, need);
+    pthread_mutex_unlock(&kv->lock);
+}
+
 pdgw_fwd_status_t fwd_pd_kvreq_wait_notifs(fwd_pd_kvreq_t *q, const pdgw_fwd_request_t *req,
                                            int need, pdgw_fwd_error_t *err)
 {
     fwd_pd_kv_t *kv = q->kv;
     int got, timed_out;
     (void)req;
-    if (need <= 0)
-        return PDGW_FWD_OK;
+    if (need <= 0 || kv->o.skip_proxy_notification)
+        return PDGW_FWD_OK; /* engines that send no ProxyNotif: the decode goes at once */
     pthread_mutex_lock(&kv->lock);
-    if (q->notif_need == 0) {
-        kvctl_seen_t **sp;
-        q->notif_need = need;
+    notif_register_locked(q, need);
+    if (!q->notif_waiting) {
+        q->notif_waiting = 1;
         q->notif_deadline_ms = now_ms() + kv->o.notif_timeout_ms;
-        for (sp = &kv->seen; *sp != NULL; sp = &(*sp)->next) {
-            if (strcmp((*sp)->id, q->id) == 0) {
-                kvctl_seen_t *s = *sp;
-                q->notif_got = s->count;
-                *sp = s->next;
-                kv->n_seen--;
-                free(s);
-                break;
-            }
-        }
-        q->notif_next = kv->notif_waiters;
-        kv->notif_waiters = q;
-        atomic_fetch_add(&q->refs, 1);
     }
     got = q->notif_got;
     timed_out = q->notif_timed_out;
+    need = q->notif_need;
     pthread_mutex_unlock(&kv->lock);
     if (got >= need)
         return PDGW_FWD_OK;
     if (timed_out) {
         count(kv, "notif_timeouts", "Requests whose ProxyNotifs did not all arrive in time.");
+        if (kv->o.notif_fallback_decode) {
+            /* notif_fallback: decode. The decode finds what landed and recomputes the rest. */
+            count(kv, "notif_fallback_decodes",
+                  "Decodes sent without every ProxyNotif after the deadline (they recompute).");
+            return PDGW_FWD_OK;
+        }
         pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 0, 504,
                            "KV transfer not confirmed: ProxyNotif{req_id=%s} arrived from %d of "
                            "%d TP ranks within %lld ms",
@@ -753,14 +873,20 @@ void fwd_pd_kvreq_end(fwd_pd_kvreq_t *q, pdgw_end_reason_t reason)
      * CancelNotif would leave a tombstone for the id there: cancel only attempts that did not
      * complete. A reservation that is never drawn ends with its TTL. */
     send_cancel = q->have_dest && q->dest.nports > 0 && reason != PDGW_END_OK;
-    if (send_cancel && reason != PDGW_END_OK && kv->o.proxy) {
+    /* Remember the ended attempt for a while: its late ProxyNotifs are told apart from unknown
+     * ones, and a transfer that lands after a failure is released (bounded: past the cap late
+     * notices just count as unknown). */
+    if (q->notif_need > 0 && kv->n_tombs < KVCTL_TOMB_MAX) {
         kvctl_tomb_t *t = calloc(1, sizeof(*t));
         if (t != NULL) {
             snprintf(t->id, sizeof(t->id), "%s", q->id);
             t->dest = q->dest;
+            t->has_dest = send_cancel;
+            memcpy(t->phost, q->phost, sizeof(t->phost));
             t->t_ms = now_ms();
             t->next = kv->tombs;
             kv->tombs = t;
+            kv->n_tombs++;
         }
     }
     if (send_cancel) {

@@ -1,12 +1,19 @@
 /*
  * fwd_sglang.c - the `sglang` forwarder (SGLang PD with Mooncake/NIXL transfer,
- * PROTOCOLS.md A.5).
+ * docs/protocols/sglang.md).
  *
  * Two-stage parallel in both scheduling modes (both instances are booked together): the
  * same request goes to prefill and decode at once, each with
- *   bootstrap_host = the prefill's host, bootstrap_port = its bootstrap port,
- *   bootstrap_room = a random 63-bit integer, aligned to the decode's data-parallel rank
- *                    when dp_size > 1 (room % dp_size == dp_rank).
+ *   bootstrap_host = the prefill's host,
+ *   bootstrap_port = its bootstrap port, or null when none is configured (the prefill engine
+ *                    then uses its own --disaggregation-bootstrap-port, default 8998),
+ *   bootstrap_room = a random integer in [0, 2^63-1]; when the prefill instance is one DP
+ *                    rank of a DP engine, aligned to that rank (room % dp_size == dp_rank),
+ *                    which is where a prefill following the room runs it and where the
+ *                    decode fetches it from.
+ * DP ranks pdgw pins (as SGLang's model gateway PD router does): the prefill leg carries
+ * routed_dp_rank = the prefill's rank and the decode leg disagg_prefill_dp_rank = that rank;
+ * the decode leg carries routed_dp_rank = the decode's rank.
  * The prefill leg is the hardened one (A.1); only the decode's answer is relayed and the
  * prefill's is drained. The engine aborts the other leg when one fails, so neither side waits
  * out SGLang's disaggregation timeout. A retry re-picks both sides with a new room.
@@ -23,7 +30,7 @@ typedef struct sgl_state {
     int64_t room;
 } sgl_state_t;
 
-/* A random room that lands on the decode's dp rank (exported for the unit test). */
+/* A random room that lands on <dp_rank> of <dp_size> (exported for the unit test). */
 int64_t fwd_sglang_room(int64_t random63, int dp_rank, int dp_size)
 {
     int64_t room = random63 < 0 ? -(random63 + 1) : random63;
@@ -52,7 +59,7 @@ static pdgw_fwd_status_t sgl_attempt_init(void *ctx, const pdgw_fwd_request_t *r
                                           pdgw_fwd_error_t *err)
 {
     sgl_state_t *s;
-    const pdgw_instance_t *d = peers->decode;
+    const pdgw_instance_t *p = peers->prefill;
     (void)ctx;
     (void)req;
     s = calloc(1, sizeof(*s));
@@ -60,9 +67,24 @@ static pdgw_fwd_status_t sgl_attempt_init(void *ctx, const pdgw_fwd_request_t *r
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
         return PDGW_FWD_ERR;
     }
-    s->room = fwd_sglang_room(fwd_pd_random63(), d ? d->dp_rank : 0, d ? d->dp_size : 1);
+    s->room = fwd_sglang_room(fwd_pd_random63(), p ? p->dp_rank : 0, p ? p->dp_size : 1);
     *state = s;
     return PDGW_FWD_OK;
+}
+
+/* The DP ranks pdgw pinned; -1 on failure. */
+static int sgl_set_ranks(json_t *b, pdgw_leg_kind_t kind, const pdgw_instance_t *p,
+                         const pdgw_instance_t *d)
+{
+    if (p->dp_size > 1 &&
+        json_object_set_new(b,
+                            kind == PDGW_LEG_PREFILL ? "routed_dp_rank" : "disagg_prefill_dp_rank",
+                            json_integer(p->dp_rank)))
+        return -1;
+    if (kind == PDGW_LEG_DECODE && d != NULL && d->dp_size > 1 &&
+        json_object_set_new(b, "routed_dp_rank", json_integer(d->dp_rank)))
+        return -1;
+    return 0;
 }
 
 static pdgw_fwd_status_t sgl_build_leg(void *ctx, void *state, const pdgw_fwd_request_t *req,
@@ -73,15 +95,18 @@ static pdgw_fwd_status_t sgl_build_leg(void *ctx, void *state, const pdgw_fwd_re
     const pdgw_instance_t *p = peers->prefill;
     json_t *b;
     (void)ctx;
-    if (p == NULL || p->bootstrap_port <= 0) {
-        pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 0, 500,
-                           "prefill instance %s has no bootstrap_port", p ? p->id : "?");
+    const pdgw_instance_t *d = peers->decode;
+    if (p == NULL) {
+        pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 0, 500, "no prefill instance");
         return PDGW_FWD_ERR;
     }
     b = kind == PDGW_LEG_PREFILL ? fwd_pd_body_prefill(req, NULL) : fwd_pd_body_decode(req, NULL);
     if (b == NULL || json_object_set_new(b, "bootstrap_host", json_string(p->host)) ||
-        json_object_set_new(b, "bootstrap_port", json_integer(p->bootstrap_port)) ||
-        json_object_set_new(b, "bootstrap_room", json_integer(s->room))) {
+        json_object_set_new(b, "bootstrap_port",
+                            p->bootstrap_port > 0 ? json_integer(p->bootstrap_port)
+                                                  : json_null()) ||
+        json_object_set_new(b, "bootstrap_room", json_integer(s->room)) ||
+        sgl_set_ranks(b, kind, p, d)) {
         json_decref(b);
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "cannot build the %s body",
                            kind == PDGW_LEG_PREFILL ? "prefill" : "decode");
@@ -122,7 +147,8 @@ static const pdgw_fwd_ops_t sgl_ops = {
 static const pdgw_fwd_desc_t fwd_sglang_desc = {
     .abi_version = PDGW_FWD_ABI_VERSION,
     .name = SGL_NAME,
-    .summary = "SGLang PD: both legs at once with bootstrap_host/port/room (parallel)",
+    .summary = "SGLang PD: both legs at once with bootstrap_host/port/room (parallel), DP ranks "
+               "pinned",
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
     .dispatch = PDGW_DISPATCH_PARALLEL,
     .ops = &sgl_ops,

@@ -18,6 +18,7 @@
 /* ---------------------------------------------------------------- names */
 
 static const char *const role_names[] = {"prefill", "decode", "both", NULL};
+static const char *const kv_engine_names[] = {"lmcache", "libkvt", NULL};
 static const char *const sched_names[] = {"batch", "staged", NULL};
 static const char *const policy_names[] = {"round-robin",  "random",   "least-load", "power-of-two",
                                            "prefix-aware", "weighted", NULL};
@@ -247,6 +248,9 @@ static const pdgw_config_option_t instance_options[] = {
      I(dp_size)},
     {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Free-form labels (zone, rack, ...).", I(labels)},
+    {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
+     "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
+     "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},
 };
 /* clang-format on */
 

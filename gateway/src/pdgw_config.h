@@ -112,6 +112,7 @@ typedef struct pdgw_instance_config {
     int dp_rank; /* 0 .. dp_size-1 */
     int dp_size; /* >= 1 */
     pdgw_kv_list_t labels;
+    int kv_engine; /* 0 lmcache (upstream engine), 1 libkvt */
     /* derived from url by the loader */
     char *host;
     int port;

@@ -286,6 +286,28 @@ void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t f
     }
 }
 
+void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const char *help,
+                                 const char *reason)
+{
+    char full[160];
+    pdgw_metric_family_t *fam;
+    static const char *const labels[] = {"protocol", "reason"};
+    pthread_mutex_lock(&fwd_metrics_lock);
+    if (fwd_metrics_reg == NULL || name == NULL || protocol == NULL || reason == NULL) {
+        pthread_mutex_unlock(&fwd_metrics_lock);
+        return;
+    }
+    snprintf(full, sizeof(full), "pdgw_fwd_%s_total", name);
+    fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    if (fam == NULL && pdgw_metrics_family_add(fwd_metrics_reg, PDGW_METRIC_COUNTER, full,
+                                               help ? help : "Forwarder event count.", labels, 2,
+                                               NULL, 0, &fam) != PDGW_OK)
+        fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    pthread_mutex_unlock(&fwd_metrics_lock);
+    if (fam)
+        pdgw_counter_inc(pdgw_metric_family_series2(fam, protocol, reason));
+}
+
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help)
 {
     char full[160];

@@ -173,6 +173,9 @@ static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
                                        "x-request-id",
                                        "traceparent",
                                        "x-request-timeout",
+                                       /* vLLM's DP routing header: the gateway picks the
+                                        * rank (and names its engine to the decode) */
+                                       "x-data-parallel-rank",
                                        NULL};
     size_t i;
     for (i = 0; drop[i]; i++)

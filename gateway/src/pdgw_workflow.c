@@ -23,6 +23,7 @@
 static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg);
 static void wf_start_attempt(pdgw_req_t *r);
 static void wf_run_decode_stage(pdgw_req_t *r);
+static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len);
 
 static const char *protocol_of(const pdgw_req_t *r)
 {
@@ -60,6 +61,8 @@ static void view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
     v->dp_rank = d->dp_rank;
     v->dp_size = d->dp_size > 0 ? d->dp_size : 1;
     v->weight = (int)d->weight;
+    v->kv_engine =
+        d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? PDGW_KV_ENGINE_LIBKVT : PDGW_KV_ENGINE_UPSTREAM;
 }
 
 /* Refresh the peer views from the booking. */
@@ -724,8 +727,10 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
             pdgw_req_out_append(r, "data: [DONE]\n\n", 14);
         pdgw_req_out_end(r);
     } else {
-        size_t len;
-        char *body = pdgw_buf_steal(&leg->resp, &len);
+        size_t len = 0;
+        char *body = wf_rewrite_reply(r, leg, &len);
+        if (body == NULL)
+            body = pdgw_buf_steal(&leg->resp, &len);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }
@@ -922,6 +927,58 @@ static bool event_has_content(const pdgw_sse_event_t *ev)
     return found;
 }
 
+/* The forwarder's rewrite of one decode event: true when it replaced the event (the new
+ * events were appended), false to pass the original through. */
+static bool wf_rewrite_event(pdgw_req_t *r, const pdgw_sse_event_t *ev)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    json_t *in, *out, *item;
+    size_t i;
+    if (ops->rewrite_decode == NULL || ev->is_done || !ev->has_data)
+        return false;
+    in = json_loadb(ev->data, ev->data_len, 0, NULL);
+    if (in == NULL)
+        return false;
+    out = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 1, in);
+    json_decref(in);
+    if (out == NULL)
+        return false;
+    json_array_foreach(out, i, item)
+    {
+        char *s = json_dumps(item, JSON_COMPACT);
+        if (s == NULL)
+            continue;
+        pdgw_req_out_append(r, "data: ", 6);
+        pdgw_req_out_append(r, s, strlen(s));
+        pdgw_req_out_append(r, "\n\n", 2);
+        free(s);
+    }
+    json_decref(out);
+    return true;
+}
+
+/* The forwarder's rewrite of a non-stream decode answer (new body or NULL). */
+static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    json_t *in, *out;
+    char *s;
+    if (ops->rewrite_decode == NULL || leg->status < 200 || leg->status >= 300)
+        return NULL;
+    in = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+    if (in == NULL)
+        return NULL;
+    out = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, in);
+    json_decref(in);
+    if (out == NULL)
+        return NULL;
+    s = json_dumps(out, JSON_COMPACT);
+    json_decref(out);
+    if (s != NULL)
+        *len = strlen(s);
+    return s;
+}
+
 int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
 {
     uint64_t now_ns = pdgw_time_mono_ns();
@@ -954,8 +1011,9 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
             r->t_last_token_ns = now_ns;
         }
     }
-    /* Pass the event through byte for byte. */
-    pdgw_req_out_append(r, ev->raw, ev->raw_len);
+    /* Pass the event through byte for byte, unless the forwarder rewrites decode answers. */
+    if (!wf_rewrite_event(r, ev))
+        pdgw_req_out_append(r, ev->raw, ev->raw_len);
     if (!r->committed)
         pdgw_req_commit_stream(r);
     return 0;

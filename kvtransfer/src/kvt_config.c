@@ -68,6 +68,7 @@ static const key_desc_t keys[] = {
     KEY(chunk_size, K_U32),
     KEY(enable_pd, K_BOOL),
     KEY(local_cpu, K_BOOL),
+    KEY(pd_peer_flavour, K_STR),
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -89,6 +90,37 @@ void kvt_config_defaults(kvt_config_t *cfg)
     cfg->chunk_size = 256;
     cfg->enable_pd = 1;
     cfg->local_cpu = 0;
+    strcpy(cfg->pd_peer_flavour, "auto");
+}
+
+kvt_status_t kvt_flavour_parse(const char *s, kvt_flavour_t *out)
+{
+    static const char *names[] = {"auto", "async", "sync", "ascend", "libkvt"};
+
+    for (int i = 0; s != NULL && i < 5; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = (kvt_flavour_t)i;
+            return KVT_OK;
+        }
+    }
+    return KVT_ERR_CONFIG;
+}
+
+const char *kvt_flavour_name(kvt_flavour_t f)
+{
+    switch (f) {
+    case KVT_FLAVOUR_AUTO:
+        return "auto";
+    case KVT_FLAVOUR_ASYNC:
+        return "async";
+    case KVT_FLAVOUR_SYNC:
+        return "sync";
+    case KVT_FLAVOUR_ASCEND:
+        return "ascend";
+    case KVT_FLAVOUR_LIBKVT:
+        return "libkvt";
+    }
+    return "?";
 }
 
 kvt_status_t kvt_config_fail(kvt_config_err_t *err, const char *key, int line, const char *fmt, ...)
@@ -539,6 +571,12 @@ kvt_status_t kvt_config_validate(const kvt_config_t *c, kvt_config_err_t *err)
         return kvt_config_fail(err, "transfer_lanes", 0, "transfer_lanes must be in 0..64");
     if (c->chunk_size == 0)
         return kvt_config_fail(err, "chunk_size", 0, "chunk_size must be > 0");
+    {
+        kvt_flavour_t fl;
+        if (kvt_flavour_parse(c->pd_peer_flavour, &fl) != KVT_OK || fl == KVT_FLAVOUR_LIBKVT)
+            return kvt_config_fail(err, "pd_peer_flavour", 0,
+                                   "pd_peer_flavour must be auto, async, sync or ascend");
+    }
     if ((c->pd_role & KVT_ROLE_RECEIVER) && c->pd_peer_alloc_port.n == 0)
         return kvt_config_fail(err, "pd_peer_alloc_port", 0,
                                "a receiver needs pd_peer_alloc_port (one port per TP rank)");
@@ -618,6 +656,7 @@ size_t kvt_config_to_json(const kvt_config_t *c, char *buf, size_t size)
     json_object_set_new(o, "chunk_size", json_integer(c->chunk_size));
     json_object_set_new(o, "enable_pd", json_boolean(c->enable_pd));
     json_object_set_new(o, "local_cpu", json_boolean(c->local_cpu));
+    json_object_set_new(o, "pd_peer_flavour", json_string(c->pd_peer_flavour));
     s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
     json_decref(o);
     if (s == NULL)

@@ -69,6 +69,31 @@ kvt_status_t kvt_ctrl_send_msg(void *sock, const kvt_msg_t *m, int flags)
     return st;
 }
 
+kvt_status_t kvt_ctrl_send_req(void *dealer, const kvt_msg_t *m)
+{
+    void *data = NULL;
+    size_t len = 0;
+    kvt_status_t st = kvt_msg_encode(m, &data, &len);
+
+    if (st != KVT_OK)
+        return st;
+    st = kvt_ctrl_send_req_raw(dealer, data, len);
+    kvt_free(data);
+    return st;
+}
+
+kvt_status_t kvt_ctrl_send_req_raw(void *dealer, const void *data, size_t len)
+{
+    /* [b"", payload]: the envelope a REQ socket would write, so a REP peer
+     * (LMCache's sync backend, LMCache-Ascend) accepts it and a ROUTER sees
+     * the same frames from us as from an LMCache DEALER */
+    if (zmq_send(dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return errno == EAGAIN ? KVT_ERR_TIMEOUT : KVT_ERR_IO;
+    if (zmq_send(dealer, data, len, ZMQ_DONTWAIT) < 0)
+        return errno == EAGAIN ? KVT_ERR_TIMEOUT : KVT_ERR_IO;
+    return KVT_OK;
+}
+
 kvt_status_t kvt_ctrl_reply_raw(void *router, const void *ident, size_t ident_len, int delim,
                                 const void *data, size_t len)
 {
@@ -194,15 +219,19 @@ void *kvt_ctrl_done_push(kvt_engine_t *e, const char *url)
     void *s = kvt_map_get(&e->done_pushes, url);
     int hwm = 10000;
 
+    char ep[300];
+
     if (s != NULL)
         return s;
-    if (strncmp(url, "tcp://", 6) != 0 || strlen(url) > 280)
+    /* LMCache-Ascend sends "host:port" and adds the scheme itself */
+    if (strlen(url) > 280 || strstr(strncmp(url, "tcp://", 6) == 0 ? url + 6 : url, "://"))
         return NULL;
+    snprintf(ep, sizeof(ep), "%s%s", strncmp(url, "tcp://", 6) == 0 ? "" : "tcp://", url);
     s = kvt_ctrl_socket(e, ZMQ_PUSH);
     if (s == NULL)
         return NULL;
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-    if (zmq_connect(s, url) != 0 || kvt_map_put(&e->done_pushes, url, s) != KVT_OK) {
+    if (zmq_connect(s, ep) != 0 || kvt_map_put(&e->done_pushes, url, s) != KVT_OK) {
         zmq_close(s);
         return NULL;
     }

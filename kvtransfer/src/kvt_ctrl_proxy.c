@@ -220,7 +220,9 @@ static kvt_status_t send_msg(void *sock, const kvt_msg_t *m)
 
     if (st != KVT_OK)
         return st;
-    if (zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0)
+    /* [b"", payload]: what a REP-style receiver expects from a DEALER */
+    if (zmq_send(sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0)
         st = KVT_ERR_IO;
     kvt_free(data);
     return st;

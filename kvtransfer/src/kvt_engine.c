@@ -9,6 +9,7 @@
  * allocations, reservation expiry).
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,23 @@ void kvt_engine_bad_msg(kvt_engine_t *e, const char *where, kvt_status_t st,
                 err != NULL && err->field != NULL ? err->field : "",
                 err != NULL && err->reason != NULL ? ": " : "",
                 err != NULL && err->reason != NULL ? err->reason : "");
+}
+
+void kvt_engine_refuse(kvt_engine_t *e, const char *fmt, ...)
+{
+    uint64_t n;
+    char why[512];
+    va_list ap;
+
+    pthread_mutex_lock(&e->mlock);
+    n = ++e->m.refusals_total;
+    pthread_mutex_unlock(&e->mlock);
+    if (n > 10 && n % 1000 != 0)
+        return; /* the first few, then one in a thousand */
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "kvt %s: refused (#%llu): %s\n", e->id, (unsigned long long)n, why);
 }
 
 uint64_t kvt_cookie(kvt_cookie_kind_t kind, void *ptr)
@@ -487,6 +505,8 @@ static void engine_free(kvt_engine_t *e)
     }
     if (e->sgroups.b != NULL)
         kvt_map_fini(&e->sgroups);
+    if (e->hs_peers.b != NULL)
+        kvt_map_fini(&e->hs_peers);
     if (e->wake_fd >= 0)
         close(e->wake_fd);
     if (e->event_fd >= 0)
@@ -529,6 +549,7 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     pthread_mutex_init(&e->mlock, NULL);
     pthread_cond_init(&e->task_cond, NULL);
     e->cfg = *p->cfg;
+    (void)kvt_flavour_parse(e->cfg.pd_peer_flavour, &e->flavour); /* validated: AUTO on error */
     e->role = e->cfg.pd_role;
     e->page_size = p->page_size;
     if (p->clock != NULL)
@@ -560,7 +581,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     st = KVT_ERR_NOMEM;
     if (kvt_map_init(&e->tasks, 256) != KVT_OK || kvt_map_init(&e->rents, 1024) != KVT_OK ||
         kvt_map_init(&e->rreqs, 256) != KVT_OK || kvt_map_init(&e->sgroups, 256) != KVT_OK ||
-        kvt_map_init(&e->done_pushes, 16) != KVT_OK || kvt_map_init(&e->tombs, 64) != KVT_OK)
+        kvt_map_init(&e->done_pushes, 16) != KVT_OK || kvt_map_init(&e->tombs, 64) != KVT_OK ||
+        kvt_map_init(&e->hs_peers, 16) != KVT_OK)
         goto err;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

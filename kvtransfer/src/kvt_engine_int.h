@@ -98,6 +98,7 @@ typedef struct kvt_sreq {
     uint8_t *sent_bm; /* keys not to release at completion (pull: still pinned) */
     int cancelled;
     int landing;            /* not a batch: "has req_id landed?" round trip before ProxyNotif */
+    int ctl;                /* not a batch: CancelNotif, awaiting the receiver's answer */
     kvt_tl_xfer_t *retry_x; /* writes to post again after a new handshake */
     size_t retry_n;
     int retried;
@@ -118,6 +119,7 @@ struct kvt_speer {
     kvt_sreq_t *q_head, *q_tail; /* waiting for the channel */
     kvt_sreq_t *active;          /* request awaiting its reply */
     uint32_t dealer_gen;
+    int64_t ext; /* kvt_ext of the receiver's last answer (0: no pdgw extensions) */
 };
 
 /* Request-level bookkeeping on the sender (ProxyNotif after every batch). */
@@ -150,7 +152,7 @@ typedef struct kvt_rent {
     uint32_t locks;
     int release_pending;              /* free at last unlock / end of read */
     int granted;                      /* WRITE grant to <writer> outstanding */
-    char *writer;                     /* sender node id (push) */
+    char *writer;                     /* sender node id(s) granted WRITE, '\n'-separated (push) */
     kvt_rpull_t *pull;                /* pull it belongs to (pull modes) */
     char ruuid[KVT_UUID_STR_LEN + 1]; /* sender ref (pull) */
     uint64_t roff;
@@ -279,10 +281,11 @@ struct kvt_engine {
     uint32_t ctrl_timeout_ms;
     uint32_t delay_chunks;
 
-    kvt_pool_t *pool;     /* KV pages (receiver landing / sender staging) */
-    kvt_pool_t *cpu_pool; /* sender CPU offload staging (pd_use_cpu_offload) */
-    kvt_pool_t *pp_pool;  /* pull-delay ping-pong pages (2 * delay_chunks) */
-    kvt_pool_t *stage;    /* pool sender batches are staged in */
+    kvt_pool_t *pool;      /* KV pages (receiver landing / sender staging) */
+    kvt_pool_t *cpu_pool;  /* sender CPU offload staging (pd_use_cpu_offload) */
+    kvt_pool_t *pp_pool;   /* pull-delay ping-pong pages (2 * delay_chunks) */
+    kvt_pool_t *stage;     /* pool sender batches are staged in */
+    kvt_flavour_t flavour; /* receiver: pd_peer_flavour (AUTO = tell from the request) */
 
     const kvt_transport_desc_t *tdesc;
     kvt_tl_t *tl;
@@ -319,9 +322,10 @@ struct kvt_engine {
 
     /* receiver (rx_lock) */
     pthread_mutex_t rx_lock;
-    kvt_map_t rents; /* key -> kvt_rent_t */
-    kvt_map_t rreqs; /* req_id -> kvt_rreq_t */
-    kvt_map_t tombs; /* cancelled req_id -> expiry (uint64_t ns, kvt_malloc'd) */
+    kvt_map_t rents;    /* key -> kvt_rent_t */
+    kvt_map_t rreqs;    /* req_id -> kvt_rreq_t */
+    kvt_map_t tombs;    /* cancelled req_id -> expiry (uint64_t ns, kvt_malloc'd) */
+    kvt_map_t hs_peers; /* node ids that ran the transport handshake here (value unused) */
     kvt_reserve_t *reserve;
     kvt_parked_t *parked;
     uint64_t rreq_sweep_ns;
@@ -339,6 +343,9 @@ uint64_t kvt_engine_now(const kvt_engine_t *e);
 void kvt_engine_count(kvt_engine_t *e, uint64_t *field, uint64_t n);
 void kvt_engine_observe(kvt_engine_t *e, uint64_t start_ns);
 uint64_t kvt_cookie(kvt_cookie_kind_t kind, void *ptr);
+/* A receiver refused a request (or part of it): count it (kvt_refusals_total)
+ * and log why, rate-limited like bad messages. */
+void kvt_engine_refuse(kvt_engine_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Count a malformed message (kvt_bad_messages_total) and log why, rate-limited. */
 void kvt_engine_bad_msg(kvt_engine_t *e, const char *where, kvt_status_t st,
                         const kvt_msg_err_t *err);
@@ -364,6 +371,9 @@ void *kvt_ctrl_socket(kvt_engine_t *e, int type);
 void kvt_ctrl_close(void *sock);
 kvt_status_t kvt_ctrl_bind(void *sock, const char *host, uint16_t port, uint16_t *bound_out);
 kvt_status_t kvt_ctrl_send_msg(void *sock, const kvt_msg_t *m, int flags);
+/* A request on a DEALER: [empty delimiter, payload], never blocking. */
+kvt_status_t kvt_ctrl_send_req(void *dealer, const kvt_msg_t *m);
+kvt_status_t kvt_ctrl_send_req_raw(void *dealer, const void *data, size_t len);
 /* Send a reply on a ROUTER: identity, [empty delimiter], payload. */
 kvt_status_t kvt_ctrl_reply(void *router, const void *ident, size_t ident_len, int delim,
                             const kvt_msg_t *m);

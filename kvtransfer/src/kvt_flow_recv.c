@@ -22,6 +22,8 @@
 
 /* ---- entries ------------------------------------------------------------ */
 
+static void grant_writers(kvt_engine_t *e, const char *writers, kvt_page_t page, int revoke);
+
 static void rpull_put(kvt_rpull_t *pl)
 {
     if (pl == NULL || pl->refs > 0 || pl->remaining > 0)
@@ -70,7 +72,7 @@ void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r)
 {
     kvt_map_del(&e->rents, r->key);
     if (r->granted && r->page != KVT_PAGE_NONE)
-        kvt_engine_grant(e, r->writer, e->pool, &r->page, 1, KVT_TL_ACCESS_WRITE, 1);
+        grant_writers(e, r->writer, r->page, 1);
     if (r->page != KVT_PAGE_NONE)
         kvt_pool_free(e->pool, &r->page, 1);
     rent_drop_pull(e, r);
@@ -156,6 +158,7 @@ typedef struct rctx {
     const void *ident;
     size_t ident_len;
     int delim;
+    kvt_flavour_t flv; /* how this sender wants its answers */
 } rctx_t;
 
 static void reply(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m)
@@ -164,6 +167,54 @@ static void reply(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m)
         kvt_engine_count(e, &e->m.bad_messages_total, 1);
 }
 
+/* Which LMCache flavour sent <m> (PROTOCOLS.md section B). A libkvt sender
+ * says so (kvt_ext); pd_peer_flavour pins the rest; otherwise the async
+ * backend is told by the fields only it encodes (msgspec writes defaults
+ * too, so its AllocRequest always carries req_id / is_last_batch /
+ * total_chunks), and a plain AllocRequest is the sync backend's. Pull
+ * messages exist only in LMCache-Ascend. */
+static kvt_flavour_t flavour_of(const kvt_engine_t *e, const kvt_msg_t *m)
+{
+    if (m->type == KVT_MSG_PULL_READY_NOTIF)
+        return m->u.pull_ready.kvt_ext >= 1 ? KVT_FLAVOUR_LIBKVT : KVT_FLAVOUR_ASCEND;
+    if (m->u.alloc_req.kvt_ext >= 1)
+        return KVT_FLAVOUR_LIBKVT;
+    if (e->flavour != KVT_FLAVOUR_AUTO)
+        return e->flavour;
+    if (kvt_msg_has_field(m, "req_id") || kvt_msg_has_field(m, "is_last_batch") ||
+        kvt_msg_has_field(m, "total_chunks"))
+        return KVT_FLAVOUR_ASYNC;
+    return KVT_FLAVOUR_SYNC;
+}
+
+/* The reply skeleton for a push answer in <flv>'s terms. */
+static void alloc_reply_init(kvt_msg_t *m, kvt_flavour_t flv)
+{
+    switch (flv) {
+    case KVT_FLAVOUR_ASYNC:
+        kvt_msg_init(m, KVT_MSG_ALLOC_RESPONSE_ASYNC);
+        break;
+    case KVT_FLAVOUR_ASCEND:
+        kvt_msg_init(m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+        break;
+    case KVT_FLAVOUR_LIBKVT:
+        kvt_msg_init(m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+        m->u.alloc_resp.kvt_ext = KVT_MSG_EXT_VERSION;
+        break;
+    default:
+        kvt_msg_init(m, KVT_MSG_ALLOC_RESPONSE);
+        break;
+    }
+}
+
+/* Nothing allocated: answer so the sender neither waits nor writes.
+ *   pull             PullReadyDoneAck{alloc_failed}
+ *   Ascend / libkvt  AscendAllocResponse{alloc_failed, empty lists} (the
+ *                    LMCache-Ascend receiver's own failure answer)
+ *   async            AllocResponse{remote_indexes: -1 per key} (what
+ *                    PDBackendAsync answers on any error; one -1 aborts)
+ *   sync             AllocResponse{remote_indexes: -1 per key} (upstream has
+ *                    no failure answer; the sender's write of -1 fails) */
 static void reply_alloc_failed(kvt_engine_t *e, const rctx_t *c, kvt_msg_type_t req, uint32_t n)
 {
     kvt_msg_t m;
@@ -171,13 +222,16 @@ static void reply_alloc_failed(kvt_engine_t *e, const rctx_t *c, kvt_msg_type_t 
     if (req == KVT_MSG_PULL_READY_NOTIF) {
         kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
         m.u.pull_ack.alloc_failed = 1;
+        if (c->flv == KVT_FLAVOUR_LIBKVT)
+            m.u.pull_ack.kvt_ext = KVT_MSG_EXT_VERSION;
     } else {
-        kvt_msg_init(&m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
-        m.u.alloc_resp.alloc_failed = 1;
-        for (uint32_t i = 0; i < n; i++) {
-            if (kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1) != KVT_OK ||
-                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "") != KVT_OK)
-                break;
+        alloc_reply_init(&m, c->flv);
+        if (m.type == KVT_MSG_ASCEND_ALLOC_RESPONSE) {
+            m.u.alloc_resp.alloc_failed = 1;
+        } else {
+            for (uint32_t i = 0; i < (n > 0 ? n : 1); i++)
+                if (kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1) != KVT_OK)
+                    break;
         }
     }
     reply(e, c, &m);
@@ -202,6 +256,69 @@ static void ident_sender(const void *ident, size_t len, char *out, size_t cap)
     len = strnlen(buf, cap - 1);
     memcpy(out, buf, len);
     out[len] = '\0';
+}
+
+/* ---- WRITE grants ----------------------------------------------------------- */
+
+/* Grant (or revoke) WRITE on <page> to every id of the '\n'-separated
+ * <writers>. */
+static void grant_writers(kvt_engine_t *e, const char *writers, kvt_page_t page, int revoke)
+{
+    const char *p = writers;
+
+    while (p != NULL && *p != '\0') {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl != NULL ? (size_t)(nl - p) : strlen(p);
+        char id[KVT_TL_PEER_ID_MAX + 1];
+        if (n > 0 && n <= KVT_TL_PEER_ID_MAX) {
+            memcpy(id, p, n);
+            id[n] = '\0';
+            (void)kvt_engine_grant(e, id, e->pool, &page, 1, KVT_TL_ACCESS_WRITE, revoke);
+        }
+        p = nl != NULL ? nl + 1 : NULL;
+    }
+}
+
+typedef struct join_ctx {
+    char *s;
+    size_t len, cap;
+} join_ctx_t;
+
+static void join_peer(void *arg, const char *key, void *val)
+{
+    join_ctx_t *j = arg;
+    size_t n = strlen(key);
+    (void)val;
+    if (j->s == NULL || j->len + n + 2 > j->cap)
+        return; /* bounded: KVT_HS_PEERS_MAX ids */
+    if (j->len > 0)
+        j->s[j->len++] = '\n';
+    memcpy(j->s + j->len, key, n);
+    j->len += n;
+    j->s[j->len] = '\0';
+}
+
+#define KVT_HS_PEERS_MAX 64u
+
+/* Who may write the pages of a request from <c>: a libkvt sender is named
+ * by its DEALER identity (and ran our handshake under that id). An upstream
+ * sender's control identity names nothing on the data plane (a REQ socket
+ * has a random one), so every peer that ran the transport handshake here
+ * may write them, as with NIXL, where any connected agent can. Returns a
+ * kvt_malloc'd string, "" when nobody. */
+static char *writers_for(kvt_engine_t *e, const rctx_t *c, const char *sender)
+{
+    join_ctx_t j = {0};
+
+    if (c->flv == KVT_FLAVOUR_LIBKVT)
+        return kvt_strdup(sender);
+    j.cap = KVT_HS_PEERS_MAX * (KVT_TL_PEER_ID_MAX + 1) + 1;
+    j.s = kvt_malloc(j.cap);
+    if (j.s == NULL)
+        return NULL;
+    j.s[0] = '\0';
+    kvt_map_each(&e->hs_peers, join_peer, &j);
+    return j.s;
 }
 
 /* ---- tombstones of cancelled requests ------------------------------------ */
@@ -273,8 +390,10 @@ static void tomb_sweep_locked(kvt_engine_t *e, uint64_t now)
 }
 
 /* A late AllocRequest / PullReadyNotif of a cancelled request: nothing is
- * allocated and the sender is told without tripping its breaker (push: every
- * slot -1; pull: every key "already sent", so it unpins at once). */
+ * allocated and the sender is told without tripping its breaker (pull and
+ * dedup flavours: every key "already sent", so it unpins at once and writes
+ * nothing; async and libkvt push: every slot -1, the sender drops the
+ * batch). */
 static void reply_cancelled(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *msg)
 {
     kvt_msg_t m;
@@ -283,14 +402,23 @@ static void reply_cancelled(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m
 
     if (msg->type == KVT_MSG_PULL_READY_NOTIF) {
         kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
+        if (c->flv == KVT_FLAVOUR_LIBKVT)
+            m.u.pull_ack.kvt_ext = KVT_MSG_EXT_VERSION;
         for (uint32_t i = 0; i < n; i++)
             if (kvt_int_list_push(&m.u.pull_ack.already_sent_indexes, i) != KVT_OK)
                 break;
     } else {
-        kvt_msg_init(&m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+        alloc_reply_init(&m, c->flv);
         for (uint32_t i = 0; i < n; i++) {
-            if (kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1) != KVT_OK ||
-                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "") != KVT_OK)
+            kvt_status_t st;
+            if (c->flv == KVT_FLAVOUR_SYNC || c->flv == KVT_FLAVOUR_ASCEND) {
+                st = kvt_int_list_push(&m.u.alloc_resp.already_sent_indexes, i);
+            } else {
+                st = kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1);
+                if (st == KVT_OK && c->flv == KVT_FLAVOUR_LIBKVT)
+                    st = kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "");
+            }
+            if (st != KVT_OK)
                 break;
         }
     }
@@ -298,27 +426,50 @@ static void reply_cancelled(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m
     kvt_msg_clear(&m);
 }
 
+/* LMCache-Ascend's sender_done_url is "host:port" (its receiver adds the
+ * scheme); older libkvt senders wrote "tcp://host:port". Both are taken. */
+static int done_url_ok(const char *url)
+{
+    const char *hp = strncmp(url, "tcp://", 6) == 0 ? url + 6 : url;
+    const char *colon = strrchr(hp, ':');
+
+    return colon != NULL && colon > hp && colon[1] != '\0' && strlen(url) <= 280 &&
+           strstr(hp, "://") == NULL;
+}
+
 /* ---- AllocRequest / PullReadyNotif -------------------------------------- */
 
 /* Returns 1 when the request must be parked (no space yet, not final). */
-static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int final)
+static int handle_alloc(kvt_engine_t *e, const rctx_t *c0, kvt_msg_t *msg, int final)
 {
     int pull = msg->type == KVT_MSG_PULL_READY_NOTIF;
     kvt_str_list_t *keys = pull ? &msg->u.pull_ready.keys : &msg->u.alloc_req.keys;
     const char *req_id = "";
     char sender[KVT_TL_PEER_ID_MAX + 1];
     kvt_chunk_geom_t g;
-    uint32_t n = keys->n, nnew = 0, nalloc = 0;
-    uint32_t *newidx = NULL;
+    uint32_t n = keys->n, nnew = 0, nalloc = 0, nmade = 0, nfailed = 0;
+    uint32_t *newidx = NULL, *first = NULL, *slot = NULL;
     kvt_page_t *pages = NULL;
+    kvt_rent_t **made = NULL;
     uint8_t *already = NULL;
     kvt_rpull_t *pl = NULL;
+    char *writers = NULL;
     kvt_msg_t m;
     kvt_status_t st;
     int delay = pull && e->cfg.pd_delay_pull;
     kvt_rreq_t *q;
     kvt_map_t seen;
+    rctx_t cc = *c0;
+    const rctx_t *c = &cc;
+    int dedup, all_or_nothing;
 
+    cc.flv = flavour_of(e, msg);
+    /* PDBackendAsync answers one index per key and never dedups; the others
+     * report keys they hold in already_sent_indexes. Only a libkvt sender
+     * copes with a partial grant (-1 slots); upstream senders get all or
+     * nothing. */
+    dedup = cc.flv != KVT_FLAVOUR_ASYNC;
+    all_or_nothing = cc.flv != KVT_FLAVOUR_LIBKVT;
     kvt_msg_init(&m, KVT_MSG_NONE);
     if (pull) {
         kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
@@ -328,16 +479,32 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
         st = kvt_chunk_geom_init(&g, (int32_t)pr->fmt, pr->shape.v, pr->shape.n, pr->dtype);
         if (st == KVT_OK &&
             (pr->sender_buffer_uuids.n != n || pr->sender_mem_indexes.n != n || sender[0] == '\0' ||
-             pr->pull_id[0] == '\0' || strncmp(pr->sender_done_url, "tcp://", 6) != 0))
+             pr->pull_id[0] == '\0' || !done_url_ok(pr->sender_done_url))) {
+            kvt_engine_refuse(e,
+                              "PullReadyNotif from %s: inconsistent lists or bad done url '%.64s'",
+                              sender, pr->sender_done_url);
             st = KVT_ERR_MSG_FIELD;
+        }
     } else {
         req_id = msg->u.alloc_req.req_id;
         ident_sender(c->ident, c->ident_len, sender, sizeof(sender));
         st = kvt_chunk_geom_init(&g, (int32_t)msg->u.alloc_req.fmt, msg->u.alloc_req.shape.v,
                                  msg->u.alloc_req.shape.n, msg->u.alloc_req.dtype);
     }
-    if (st != KVT_OK || kvt_chunk_bytes(&g) > e->page_size) {
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+    if (st != KVT_OK) {
+        kvt_engine_refuse(e, "%s (%s sender %s): bad chunk geometry (%s)",
+                          kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender,
+                          kvt_status_name(st));
+        reply_alloc_failed(e, c, msg->type, n);
+        return 0;
+    }
+    if (kvt_chunk_bytes(&g) > e->page_size) {
+        /* pages are sized for a whole LMCache chunk (all layers x chunk tokens) */
+        kvt_engine_refuse(e,
+                          "%s (%s sender %s, req %.64s): a chunk of %zu bytes does not fit a "
+                          "%zu-byte page (size pages from chunk_size x layers x hidden x dtype)",
+                          kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender, req_id,
+                          kvt_chunk_bytes(&g), e->page_size);
         reply_alloc_failed(e, c, msg->type, n);
         return 0;
     }
@@ -349,62 +516,96 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
     }
     pthread_mutex_unlock(&e->rx_lock);
     newidx = kvt_calloc(n + 1, sizeof(*newidx));
+    first = kvt_calloc(n + 1, sizeof(*first));
+    slot = kvt_calloc(n + 1, sizeof(*slot));
     pages = kvt_calloc(n + 1, sizeof(*pages));
+    made = kvt_calloc(n + 1, sizeof(*made));
     already = kvt_calloc(kvt_bitmap_bytes(n) + 1, 1);
-    if (newidx == NULL || pages == NULL || already == NULL)
+    if (newidx == NULL || first == NULL || slot == NULL || pages == NULL || made == NULL ||
+        already == NULL || kvt_map_init(&seen, n / 2 + 16) != KVT_OK)
         goto fail;
 
-    if (kvt_map_init(&seen, n / 2 + 16) != KVT_OK)
-        goto fail;
     pthread_mutex_lock(&e->rx_lock);
     for (uint32_t i = 0; i < n; i++) {
         kvt_rent_t *r = kvt_map_get(&e->rents, keys->v[i]);
-        int dup = 0;
-        if (r != NULL && r->state == RENT_CONSUMED)
-            r = NULL;
-        /* a key twice in one request counts once */
-        if (r == NULL)
-            dup = kvt_map_put(&seen, keys->v[i], keys) == KVT_ERR_EXISTS;
-        if (r != NULL || dup)
+        uintptr_t prev = (uintptr_t)kvt_map_get(&seen, keys->v[i]);
+
+        first[i] = i;
+        slot[i] = UINT32_MAX;
+        if (prev != 0) {
+            /* a key twice in one request: one page; async answers its index twice */
+            first[i] = (uint32_t)(prev - 1);
             kvt_bitmap_set(already, i);
-        else
-            newidx[nnew++] = i;
+            continue;
+        }
+        (void)kvt_map_put(&seen, keys->v[i], (void *)(uintptr_t)(i + 1));
+        if (r != NULL && dedup && r->state != RENT_CONSUMED) {
+            kvt_bitmap_set(already, i);
+            continue;
+        }
+        if (r != NULL) {
+            /* async (or a consumed proxy): the new chunk replaces the old one,
+             * as PDBackendAsync.put() does -- unless the old one is in use */
+            if (r->locks > 0 || r->busy || r->state == RENT_READING) {
+                kvt_engine_refuse(e, "AllocRequest (%s sender %s): key %.128s is in use here",
+                                  kvt_flavour_name(cc.flv), sender, keys->v[i]);
+                nfailed++;
+                continue;
+            }
+            kvt_rent_free_locked(e, r);
+        }
+        slot[i] = nnew;
+        newidx[nnew++] = i;
     }
     kvt_map_fini(&seen);
+    if (nfailed > 0 && all_or_nothing)
+        goto refuse_locked;
     if (!delay && nnew > kvt_pool_total_pages(e->pool)) {
         /* larger than the whole buffer: fail fast, no waiting */
-        pthread_mutex_unlock(&e->rx_lock);
-        kvt_free(newidx);
-        kvt_free(pages);
-        kvt_free(already);
-        reply_alloc_failed(e, c, msg->type, n);
-        return 0;
+        kvt_engine_refuse(e,
+                          "%s (%s sender %s, req %.64s): %u chunks > the whole buffer (%u pages)",
+                          kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender, req_id,
+                          nnew, kvt_pool_total_pages(e->pool));
+        goto refuse_locked;
     }
     if (!delay && nnew > 0) {
-        st = kvt_reserve_alloc(e->reserve, req_id, nnew, final ? KVT_ALLOC_PARTIAL : 0, pages, NULL,
+        st = kvt_reserve_alloc(e->reserve, req_id, nnew,
+                               final && !all_or_nothing ? KVT_ALLOC_PARTIAL : 0, pages, NULL,
                                &nalloc);
         if (st == KVT_ERR_NOSPACE && !final) {
             pthread_mutex_unlock(&e->rx_lock);
             kvt_free(newidx);
+            kvt_free(first);
+            kvt_free(slot);
             kvt_free(pages);
+            kvt_free(made);
             kvt_free(already);
             return 1;
         }
-        if (st != KVT_OK)
-            nalloc = 0;
         if (st != KVT_OK || nalloc == 0) {
-            pthread_mutex_unlock(&e->rx_lock);
-            kvt_free(newidx);
-            kvt_free(pages);
-            kvt_free(already);
-            reply_alloc_failed(e, c, msg->type, n);
-            return 0;
+            kvt_engine_refuse(e,
+                              "%s (%s sender %s, req %.64s): no space for %u chunks after %.1fs "
+                              "(%s)",
+                              kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender,
+                              req_id, nnew, e->cfg.pd_alloc_fail_backoff_ttl, kvt_status_name(st));
+            goto refuse_locked;
         }
-        if (st != KVT_OK || nalloc < nnew)
+        if (nalloc < nnew) {
             kvt_engine_count(e, &e->m.alloc_failures_total, nnew - nalloc);
+            kvt_engine_refuse(e, "%s (libkvt sender %s, req %.64s): %u of %u chunks granted",
+                              kvt_msg_type_name(msg->type), sender, req_id, nalloc, nnew);
+        }
     } else {
         for (uint32_t k = 0; k < nnew; k++)
             pages[k] = KVT_PAGE_NONE;
+    }
+    if (!pull && nnew > 0) {
+        writers = writers_for(e, c, sender);
+        if (writers == NULL) {
+            if (nalloc > 0)
+                kvt_pool_free(e->pool, pages, nnew);
+            goto refuse_locked;
+        }
     }
     if (pull) {
         kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
@@ -432,38 +633,19 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
         }
     }
 
-    /* create the entries and build the reply */
-    if (pull) {
-        kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
-    } else {
-        kvt_msg_init(&m, KVT_MSG_ASCEND_ALLOC_RESPONSE);
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        if (kvt_bitmap_test(already, i)) {
-            if (pull)
-                kvt_int_list_push(&m.u.pull_ack.already_sent_indexes, i);
-            else
-                kvt_int_list_push(&m.u.alloc_resp.already_sent_indexes, i);
-        }
-    }
-    kvt_engine_count(e, &e->m.already_sent_total, n - nnew);
+    /* create the entries */
     q = rreq_get(e, req_id, 1);
     for (uint32_t k = 0; k < nnew; k++) {
         uint32_t i = newidx[k];
         kvt_rent_t *r = NULL;
-        char uuid[KVT_UUID_STR_LEN + 1] = "";
-        kvt_tl_region_t *reg;
-        uint64_t off = 0;
         int ok = delay || pages[k] != KVT_PAGE_NONE;
 
-        if (ok && !delay)
-            ok = kvt_engine_region_of(e, e->pool, pages[k], &reg, &off, uuid) == KVT_OK;
         if (ok) {
             r = kvt_calloc(1, sizeof(*r));
             if (r != NULL) {
                 r->key = kvt_strdup(keys->v[i]);
                 r->req_id = kvt_strdup(req_id);
-                r->writer = kvt_strdup(sender);
+                r->writer = kvt_strdup(pull ? sender : writers);
             }
             if (r == NULL || r->key == NULL || r->req_id == NULL || r->writer == NULL ||
                 kvt_map_put(&e->rents, keys->v[i], r) != KVT_OK) {
@@ -474,47 +656,107 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
                     kvt_free(r);
                 }
                 r = NULL;
-                ok = 0;
             }
         }
-        if (!ok && pages[k] != KVT_PAGE_NONE) {
-            kvt_pool_free(e->pool, &pages[k], 1);
+        if (r == NULL) {
+            if (pages[k] != KVT_PAGE_NONE)
+                kvt_pool_free(e->pool, &pages[k], 1);
             pages[k] = KVT_PAGE_NONE;
+            nfailed++;
+            continue;
         }
-        if (r != NULL) {
-            r->page = delay ? KVT_PAGE_NONE : pages[k];
-            r->len = (i + 1 == n)
-                         ? kvt_chunk_bytes_toks(&g, pull ? msg->u.pull_ready.last_chunk_toks
-                                                         : msg->u.alloc_req.last_chunk_toks)
-                         : kvt_chunk_bytes(&g);
-            if (pull) {
-                kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
-                kvt_uuid_t u;
-                if (kvt_uuid_parse(pr->sender_buffer_uuids.v[i],
-                                   strlen(pr->sender_buffer_uuids.v[i]), &u) != KVT_OK ||
-                    pr->sender_mem_indexes.v[i] < 0) {
-                    kvt_rent_free_locked(e, r);
-                    continue;
-                }
-                snprintf(r->ruuid, sizeof(r->ruuid), "%s", pr->sender_buffer_uuids.v[i]);
-                r->roff = (uint64_t)pr->sender_mem_indexes.v[i] * e->page_size;
-                r->pull = pl;
-                pl->refs++;
-                pl->remaining++;
-                r->state = delay ? RENT_PROXY : RENT_READING;
-            } else {
-                r->state = req_id[0] != '\0' ? RENT_ALLOCATED : RENT_LANDED;
-                if (kvt_engine_grant(e, sender, e->pool, &r->page, 1, KVT_TL_ACCESS_WRITE, 0) ==
-                    KVT_OK)
-                    r->granted = 1;
-                kvt_int_list_push(&m.u.alloc_resp.remote_indexes, (int64_t)(off / e->page_size));
-                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, uuid);
+        r->page = delay ? KVT_PAGE_NONE : pages[k];
+        r->len = (i + 1 == n) ? kvt_chunk_bytes_toks(&g, pull ? msg->u.pull_ready.last_chunk_toks
+                                                              : msg->u.alloc_req.last_chunk_toks)
+                              : kvt_chunk_bytes(&g);
+        if (pull) {
+            kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
+            kvt_uuid_t u;
+            if (kvt_uuid_parse(pr->sender_buffer_uuids.v[i], strlen(pr->sender_buffer_uuids.v[i]),
+                               &u) != KVT_OK ||
+                pr->sender_mem_indexes.v[i] < 0) {
+                kvt_engine_refuse(e, "PullReadyNotif from %s: bad buffer ref for key %.128s",
+                                  sender, keys->v[i]);
+                kvt_rent_free_locked(e, r);
+                pages[k] = KVT_PAGE_NONE;
+                nfailed++;
+                continue;
             }
-        } else if (!pull) {
-            kvt_int_list_push(&m.u.alloc_resp.remote_indexes, -1);
-            kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, "");
+            snprintf(r->ruuid, sizeof(r->ruuid), "%s", pr->sender_buffer_uuids.v[i]);
+            r->roff = (uint64_t)pr->sender_mem_indexes.v[i] * e->page_size;
+            r->pull = pl;
+            pl->refs++;
+            pl->remaining++;
+            r->state = delay ? RENT_PROXY : RENT_READING;
+        } else {
+            /* A libkvt sender confirms the landing (ProxyNotif echo). An
+             * upstream sender never tells the receiver: as in LMCache, the
+             * chunk is visible at once and the proxy holds the decode back
+             * until the sender's ProxyNotif reached it. */
+            r->state =
+                cc.flv == KVT_FLAVOUR_LIBKVT && req_id[0] != '\0' ? RENT_ALLOCATED : RENT_LANDED;
+            if (r->writer[0] != '\0') {
+                grant_writers(e, r->writer, r->page, 0);
+                r->granted = 1;
+            }
+        }
+        made[nmade++] = r;
+    }
+    if (nfailed > 0 && all_or_nothing) {
+        /* upstream senders cannot use a partial grant: take it all back
+         * (no PullDoneSignal: the alloc_failed answer releases the sender) */
+        if (pl != NULL) {
+            pl->done_sent = 1;
+            pl->refs++;
+        }
+        for (uint32_t k = 0; k < nmade; k++)
+            kvt_rent_free_locked(e, made[k]);
+        if (pl != NULL) {
+            pl->refs--;
+            pl->remaining = 0;
+            rpull_put(pl);
+            pl = NULL;
+        }
+        goto refuse_locked;
+    }
+
+    /* the reply, in the sender's terms */
+    if (pull) {
+        kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
+        if (cc.flv == KVT_FLAVOUR_LIBKVT)
+            m.u.pull_ack.kvt_ext = KVT_MSG_EXT_VERSION;
+        for (uint32_t i = 0; i < n; i++)
+            if (kvt_bitmap_test(already, i))
+                kvt_int_list_push(&m.u.pull_ack.already_sent_indexes, i);
+    } else {
+        alloc_reply_init(&m, cc.flv);
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t k = slot[first[i]];
+            kvt_page_t pg = k != UINT32_MAX ? pages[k] : KVT_PAGE_NONE;
+            char uuid[KVT_UUID_STR_LEN + 1] = "";
+            kvt_tl_region_t *reg;
+            uint64_t off = 0;
+            int64_t idx = -1;
+
+            if (dedup && kvt_bitmap_test(already, i)) {
+                kvt_int_list_push(&m.u.alloc_resp.already_sent_indexes, i);
+                continue;
+            }
+            if (pg != KVT_PAGE_NONE) {
+                if (cc.flv == KVT_FLAVOUR_ASCEND || cc.flv == KVT_FLAVOUR_LIBKVT) {
+                    /* (region uuid, page in that region) */
+                    if (kvt_engine_region_of(e, e->pool, pg, &reg, &off, uuid) == KVT_OK)
+                        idx = (int64_t)(off / e->page_size);
+                } else {
+                    idx = (int64_t)pg; /* one index over the whole buffer, as LMCache's */
+                }
+            }
+            kvt_int_list_push(&m.u.alloc_resp.remote_indexes, idx);
+            if (m.type == KVT_MSG_ASCEND_ALLOC_RESPONSE)
+                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, uuid);
         }
     }
+    kvt_engine_count(e, &e->m.already_sent_total, n - nnew);
     if (q != NULL)
         q->touched_ns = kvt_engine_now(e);
     pthread_mutex_unlock(&e->rx_lock);
@@ -567,14 +809,24 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int fi
             rpull_put(pl);
         }
     }
+    kvt_free(writers);
     kvt_free(newidx);
+    kvt_free(first);
+    kvt_free(slot);
     kvt_free(pages);
+    kvt_free(made);
     kvt_free(already);
     return 0;
 
+refuse_locked:
+    pthread_mutex_unlock(&e->rx_lock);
 fail:
+    kvt_free(writers);
     kvt_free(newidx);
+    kvt_free(first);
+    kvt_free(slot);
     kvt_free(pages);
+    kvt_free(made);
     kvt_free(already);
     reply_alloc_failed(e, c, msg->type, n);
     return 0;
@@ -632,7 +884,7 @@ static void land_one(void *arg, const char *key, void *val)
         return;
     r->state = RENT_LANDED;
     if (r->granted) {
-        kvt_engine_grant(lc->e, r->writer, lc->e->pool, &r->page, 1, KVT_TL_ACCESS_WRITE, 1);
+        grant_writers(lc->e, r->writer, r->page, 1);
         r->granted = 0;
     }
 }
@@ -798,6 +1050,23 @@ static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
     *tail = pk;
 }
 
+/* CancelNotif (PDBackendAsync's abort, or a proxy / libkvt peer): release the
+ * listed keys and everything of req_id, then answer AllocResponse{
+ * remote_indexes: []} -- the async sender awaits that reply while it holds
+ * its per-receiver lock. */
+static void handle_cancel(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
+{
+    kvt_msg_t m;
+    kvt_msg_cancel_notif_t *cn = &msg->u.cancel;
+
+    kvt_flow_sender_cancel(e, cn->req_id);
+    kvt_flow_recv_cancel(e, cn->req_id, 1);
+    if (cn->keys.n > 0)
+        (void)kvt_release(e, (const char *const *)cn->keys.v, cn->keys.n);
+    kvt_msg_init(&m, KVT_MSG_ALLOC_RESPONSE_ASYNC);
+    reply(e, c, &m);
+}
+
 void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
                              const void *data, size_t len)
 {
@@ -809,9 +1078,14 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
 
     if (st != KVT_OK) {
         kvt_engine_bad_msg(e, "alloc port", st, &err);
-        /* a request we can name still gets its (failure) reply */
+        /* a request we can name still gets its (failure) reply; a sender we
+         * cannot name is answered in the configured flavour, or with the
+         * async AllocResponse, which sync senders decode as well */
+        c.flv = e->flavour != KVT_FLAVOUR_AUTO ? e->flavour : KVT_FLAVOUR_ASYNC;
         if (kvt_msg_peek_type(data, len, &type) == KVT_OK &&
             (type == KVT_MSG_ALLOC_REQUEST || type == KVT_MSG_PULL_READY_NOTIF)) {
+            if (type == KVT_MSG_PULL_READY_NOTIF)
+                c.flv = KVT_FLAVOUR_ASCEND;
             reply_alloc_failed(e, &c, type, 0);
         } else if (type == KVT_MSG_RESERVE_REQUEST) {
             kvt_msg_t r;
@@ -819,32 +1093,85 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
             r.u.reserve_resp.req_id = "";
             r.u.reserve_resp.free_chunks = kvt_reserve_free_chunks(e->reserve);
             reply(e, &c, &r); /* not granted */
+        } else if (type == KVT_MSG_CANCEL_NOTIF) {
+            kvt_msg_init(&m, KVT_MSG_ALLOC_RESPONSE_ASYNC);
+            reply(e, &c, &m);
+        } else {
+            /* an empty frame keeps a REQ peer's socket usable (what
+             * LMCache-Ascend's receiver answers to what it cannot handle) */
+            (void)kvt_ctrl_reply_raw(e->router, ident, ident_len, delim, "", 0);
         }
         return;
     }
     switch (m.type) {
     case KVT_MSG_ALLOC_REQUEST:
     case KVT_MSG_PULL_READY_NOTIF:
+        c.flv = flavour_of(e, &m);
         if (e->parked != NULL || handle_alloc(e, &c, &m, 0)) {
             park(e, &c, &m); /* keep arrival order behind parked ones */
             return;
         }
         break;
     case KVT_MSG_PROXY_NOTIF:
+        /* pdgw extension: a libkvt sender asks whether its request landed */
         handle_landed(e, &c, m.u.proxy_notif.req_id);
         break;
     case KVT_MSG_CANCEL_NOTIF:
-        kvt_flow_sender_cancel(e, m.u.cancel.req_id);
-        kvt_flow_recv_cancel(e, m.u.cancel.req_id, 1);
+        handle_cancel(e, &c, &m);
         break;
     case KVT_MSG_RESERVE_REQUEST:
         handle_reserve(e, &c, &m);
         break;
     default:
-        kvt_engine_count(e, &e->m.bad_messages_total, 1);
+        kvt_engine_refuse(e, "%s on the alloc port: not a request", kvt_msg_type_name(m.type));
+        (void)kvt_ctrl_reply_raw(e->router, ident, ident_len, delim, "", 0);
         break;
     }
     kvt_msg_clear(&m);
+}
+
+/* Our handshake reply with the KV pool's regions in order, when the
+ * transport did not list them (tcp): a sender that only gets LMCache's
+ * remote_indexes (one index over the whole buffer) finds the region and
+ * offset of index i from them, as an LMCache sender does from the buffer
+ * NIXL registered. The blob is left as it is otherwise. */
+static size_t blob_with_regions(kvt_engine_t *e, uint8_t *blob, size_t len, size_t cap)
+{
+    kvt_msg_t m;
+    kvt_msg_transport_region_t regs[KVT_POOL_MAX_REGIONS];
+    char uuids[KVT_POOL_MAX_REGIONS][KVT_UUID_STR_LEN + 1];
+    uint32_t nr = e->pool != NULL ? kvt_pool_nregions(e->pool) : 0;
+    void *out = NULL;
+    size_t olen = 0;
+
+    if (nr == 0 || nr > KVT_POOL_MAX_REGIONS || kvt_msg_decode(blob, len, &m, NULL) != KVT_OK)
+        return len;
+    if (m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.nregions > 0) {
+        kvt_msg_clear(&m);
+        return len;
+    }
+    memset(regs, 0, sizeof(regs));
+    for (uint32_t i = 0; i < nr; i++) {
+        kvt_region_info_t info;
+        if (kvt_pool_region(e->pool, i, &info) != KVT_OK) {
+            kvt_msg_clear(&m);
+            return len;
+        }
+        kvt_uuid_to_str(&info.uuid, uuids[i]);
+        regs[i].uuid = uuids[i];
+        regs[i].length = (uint64_t)info.npages * info.page_size;
+    }
+    m.u.tinit.regions = regs;
+    m.u.tinit.nregions = nr;
+    if (kvt_msg_encode(&m, &out, &olen) == KVT_OK && olen <= cap) {
+        memcpy(blob, out, olen);
+        len = olen;
+    }
+    kvt_free(out);
+    m.u.tinit.regions = NULL; /* ours, not the message's */
+    m.u.tinit.nregions = 0;
+    kvt_msg_clear(&m);
+    return len;
 }
 
 void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
@@ -858,7 +1185,7 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
     kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
 
     if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0' ||
-        strlen(m.u.tinit.node_id) > KVT_TL_PEER_ID_MAX) {
+        strlen(m.u.tinit.node_id) > KVT_TL_PEER_ID_MAX || strchr(m.u.tinit.node_id, '\n')) {
         if (st == KVT_OK)
             kvt_msg_clear(&m);
         kvt_engine_bad_msg(e, "init port", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
@@ -875,6 +1202,11 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
         (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
         return;
     }
+    pthread_mutex_lock(&e->rx_lock);
+    if (kvt_map_get(&e->hs_peers, peer) == NULL && e->hs_peers.n < KVT_HS_PEERS_MAX)
+        (void)kvt_map_put(&e->hs_peers, peer, e);
+    pthread_mutex_unlock(&e->rx_lock);
+    bl = blob_with_regions(e, blob, bl, sizeof(blob));
     (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, blob, bl);
 }
 

@@ -79,6 +79,22 @@ static void enqueue(kvt_speer_t *p, kvt_sreq_t *r)
     p->q_tail = r;
 }
 
+/* CancelNotif{req_id} to <p>, as a request in line on its DEALER: the
+ * receiver answers it (AllocResponse{remote_indexes: []}), and an answer
+ * must never be taken for the reply to another request. */
+static void enqueue_cancel(kvt_speer_t *p, const char *req_id)
+{
+    kvt_sreq_t *c = kvt_calloc(1, sizeof(*c));
+
+    if (c == NULL || (c->req_id = kvt_strdup(req_id)) == NULL) {
+        kvt_free(c);
+        return;
+    }
+    c->ctl = 1;
+    c->peer = p;
+    enqueue(p, c);
+}
+
 /* Every batch of <g> finished. If something reached the receiver, ask it
  * (ProxyNotif on the DEALER) to confirm the request landed -- its answer
  * comes once the bytes are there (push writes done, pull reads done) --
@@ -88,8 +104,10 @@ static void group_done(kvt_engine_t *e, kvt_sgroup_t *g)
 {
     kvt_sreq_t *l = NULL;
 
-    if (g->any_ok && g->peer != NULL && (l = kvt_calloc(1, sizeof(*l))) != NULL &&
-        (l->req_id = kvt_strdup(g->req_id)) != NULL) {
+    /* the echo is a pdgw extension: only a receiver that answered with
+     * kvt_ext knows it (an LMCache receiver would answer garbage) */
+    if (g->any_ok && g->peer != NULL && g->peer->ext >= 1 &&
+        (l = kvt_calloc(1, sizeof(*l))) != NULL && (l->req_id = kvt_strdup(g->req_id)) != NULL) {
         l->landing = 1;
         l->peer = g->peer;
         enqueue(g->peer, l); /* the next kick sends it */
@@ -102,17 +120,16 @@ static void group_done(kvt_engine_t *e, kvt_sgroup_t *g)
 /* Writes of a push batch failed: the receiver must not present those pages
  * as landed, so the request is cancelled there (the decoder recomputes).
  * A transport that lost the peer or its regions needs a new handshake. */
+static void enqueue_cancel(kvt_speer_t *p, const char *req_id);
+
 static void push_failed(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
 {
-    kvt_msg_t m;
-
+    (void)e;
     if (st == KVT_ERR_PEER || st == KVT_ERR_NOT_FOUND)
         r->peer->hs_state = 0;
-    if (r->req_id[0] == '\0' || r->peer->dealer == NULL)
+    if (r->req_id[0] == '\0')
         return;
-    kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
-    m.u.cancel.req_id = r->req_id;
-    (void)kvt_ctrl_send_msg(r->peer->dealer, &m, ZMQ_DONTWAIT);
+    enqueue_cancel(r->peer, r->req_id);
 }
 
 /* A batch finished (any outcome): complete its task, then the request-level
@@ -121,6 +138,10 @@ static void sreq_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
 {
     kvt_sgroup_t *g = NULL;
 
+    if (r->ctl) {
+        kvt_sreq_free(r); /* the receiver answered the cancel (or we gave up) */
+        return;
+    }
     if (r->landing) {
         /* confirmed (or given up waiting): the proxy may go ahead */
         if (!r->cancelled)
@@ -235,7 +256,7 @@ static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
     st = e->tdesc->ops->peer_prepare(e->tl, p->addr, blob, &len);
     if (st != KVT_OK)
         return st;
-    if (zmq_send(p->init_dealer, blob, len, ZMQ_DONTWAIT) < 0)
+    if (kvt_ctrl_send_req_raw(p->init_dealer, blob, len) != KVT_OK)
         return KVT_ERR_IO;
     p->hs_state = 1;
     p->hs_deadline_ns = kvt_engine_now(e) + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC;
@@ -251,14 +272,19 @@ static kvt_status_t send_request(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
     if (r->landing) {
         kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
         m.u.proxy_notif.req_id = r->req_id;
-        return kvt_ctrl_send_msg(p->dealer, &m, ZMQ_DONTWAIT);
+        return kvt_ctrl_send_req(p->dealer, &m);
+    }
+    if (r->ctl) {
+        kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
+        m.u.cancel.req_id = r->req_id;
+        return kvt_ctrl_send_req(p->dealer, &m);
     }
     if (r->pull) {
         kvt_msg_init(&m, KVT_MSG_PULL_READY_NOTIF);
         kvt_msg_pull_ready_notif_t *q = &m.u.pull_ready;
         char done_url[300];
-        snprintf(done_url, sizeof(done_url), "tcp://%s:%u", e->advertise,
-                 (unsigned)e->ports.done_port);
+        /* "host:port" like LMCache-Ascend's sender: its receiver adds the scheme */
+        snprintf(done_url, sizeof(done_url), "%s:%u", e->advertise, (unsigned)e->ports.done_port);
         snprintf(r->pull_id, sizeof(r->pull_id), "p%llu-%s|%s", (unsigned long long)++e->pull_seq,
                  e->id, r->req_id);
         st = kvt_msg_set_str(&q->pull_id, r->pull_id);
@@ -285,6 +311,7 @@ static kvt_status_t send_request(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
             st = kvt_msg_set_str(&q->dtype, r->dtype);
         q->fmt = r->fmt;
         q->last_chunk_toks = r->last_chunk_toks;
+        q->kvt_ext = KVT_MSG_EXT_VERSION;
         /* the receiver may read these pages from now on */
         if (st == KVT_OK)
             st = kvt_engine_grant(e, p->peer_id, r->pool, r->pages, r->n, KVT_TL_ACCESS_READ, 0);
@@ -302,9 +329,10 @@ static kvt_status_t send_request(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
         q->last_chunk_toks = r->last_chunk_toks;
         q->is_last_batch = r->is_last;
         q->total_chunks = r->total_chunks;
+        q->kvt_ext = KVT_MSG_EXT_VERSION;
     }
     if (st == KVT_OK)
-        st = kvt_ctrl_send_msg(p->dealer, &m, ZMQ_DONTWAIT);
+        st = kvt_ctrl_send_req(p->dealer, &m);
     kvt_msg_clear(&m);
     return st;
 }
@@ -316,9 +344,9 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
         kvt_sreq_t *r;
         kvt_status_t st;
 
-        if (p->hs_state == 1)
+        if (p->hs_state == 1 && !p->q_head->ctl)
             return;
-        if (p->hs_state != 2) {
+        if (p->hs_state != 2 && !p->q_head->ctl) {
             st = start_handshake(e, p);
             if (st != KVT_OK) {
                 p->hs_state = 0;
@@ -795,6 +823,19 @@ void kvt_flow_sender_on_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data,
         kvt_msg_clear(&m); /* a reply nobody waits for */
         return;
     }
+    if (r->ctl) {
+        /* the cancel's answer (AllocResponse{remote_indexes: []}) */
+        if (m.type != KVT_MSG_ALLOC_RESPONSE) {
+            kvt_engine_count(e, &e->m.bad_messages_total, 1);
+            kvt_msg_clear(&m);
+            return;
+        }
+        kvt_msg_clear(&m);
+        p->active = NULL;
+        sreq_finish(e, r, KVT_OK);
+        speer_kick(e, p);
+        return;
+    }
     if (r->landing) {
         if (m.type != KVT_MSG_PROXY_NOTIF || strcmp(m.u.proxy_notif.req_id, r->req_id) != 0) {
             kvt_engine_count(e, &e->m.bad_messages_total, 1);
@@ -814,6 +855,9 @@ void kvt_flow_sender_on_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data,
         return;
     }
     p->active = NULL;
+    /* does this receiver speak the pdgw extensions (landed echo)? */
+    p->ext = r->pull ? m.u.pull_ack.kvt_ext
+                     : (m.type == KVT_MSG_ASCEND_ALLOC_RESPONSE ? m.u.alloc_resp.kvt_ext : 0);
     if (r->pull)
         on_pull_ack(e, r, &m);
     else
@@ -936,7 +980,7 @@ void kvt_flow_sender_cancel(kvt_engine_t *e, const char *req_id)
         kvt_sreq_t **pp = &p->q_head, *last = NULL;
         while (*pp != NULL) {
             kvt_sreq_t *r = *pp;
-            if (strcmp(r->req_id, req_id) == 0) {
+            if (!r->ctl && strcmp(r->req_id, req_id) == 0) {
                 *pp = r->next;
                 r->cancelled = 1;
                 release_pages(e, r, NULL);
@@ -947,7 +991,7 @@ void kvt_flow_sender_cancel(kvt_engine_t *e, const char *req_id)
             }
         }
         p->q_tail = last;
-        if (p->active != NULL && strcmp(p->active->req_id, req_id) == 0)
+        if (p->active != NULL && !p->active->ctl && strcmp(p->active->req_id, req_id) == 0)
             p->active->cancelled = 1;
     }
     g = kvt_map_get(&e->sgroups, req_id);
@@ -978,8 +1022,14 @@ void kvt_flow_sender_notify(kvt_engine_t *e, const char *host, uint16_t port, co
     if (host == NULL || host[0] == '\0' || port == 0)
         return;
     p = speer_get(e, host, port, 0);
-    if (p != NULL && speer_dealer_ok(e, p))
-        (void)kvt_ctrl_send_msg(p->dealer, m, ZMQ_DONTWAIT);
+    if (p == NULL)
+        return;
+    if (m->type == KVT_MSG_CANCEL_NOTIF) {
+        enqueue_cancel(p, m->u.cancel.req_id); /* answered: waits its turn */
+        speer_kick(e, p);
+    } else if (speer_dealer_ok(e, p)) {
+        (void)kvt_ctrl_send_req(p->dealer, m);
+    }
 }
 
 static void drain_cb(void *arg, kvt_pending_entry_t *pe)

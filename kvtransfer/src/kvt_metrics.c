@@ -89,6 +89,8 @@ size_t kvt_metrics_format(const kvt_metrics_t *m, const char *labels, char *buf,
            labels, NULL, (double)m->breaker_skips_total);
     sample(&o, "kvt_bad_messages_total", "Malformed control messages dropped.", "counter", labels,
            NULL, (double)m->bad_messages_total);
+    sample(&o, "kvt_refusals_total", "Requests a receiver refused (reason logged).", "counter",
+           labels, NULL, (double)m->refusals_total);
     sample(&o, "kvt_ctrl_timeouts_total", "Control requests that timed out.", "counter", labels,
            NULL, (double)m->ctrl_timeouts_total);
     sample(&o, "kvt_proxy_notifs_total", "ProxyNotif messages sent.", "counter", labels, NULL,

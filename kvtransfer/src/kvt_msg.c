@@ -8,15 +8,21 @@
 
 #define FLD(st, member, kind, req, def)                                                            \
     {                                                                                              \
-#member, kind, offsetof(st, member), req, def, 0, 0, NULL                                  \
+#member, kind, offsetof(st, member), req, def, 0, 0, NULL, 0                               \
     }
 #define FLDN(st, member, kind, req, def, maxn)                                                     \
     {                                                                                              \
-#member, kind, offsetof(st, member), req, def, maxn, 0, NULL                               \
+#member, kind, offsetof(st, member), req, def, maxn, 0, NULL, 0                            \
+    }
+/* pdgw extension field: optional, never encoded while it holds its default */
+#define FLDX(st, member, kind)                                                                     \
+    {                                                                                              \
+#member, kind, offsetof(st, member), 0, 0, 0, 0, NULL, 1                                   \
     }
 #define FLDS(st, member, count, elemdesc, req)                                                     \
     {                                                                                              \
-#member, KVT_F_STRUCT_LIST, offsetof(st, member), req, 0, 0, offsetof(st, count), elemdesc \
+#member, KVT_F_STRUCT_LIST, offsetof(st, member), req, 0, 0, offsetof(st, count),          \
+            elemdesc, 0                                                                            \
     }
 #define DESC(wname, st, table)                                                                     \
     {                                                                                              \
@@ -33,18 +39,28 @@ static const kvt_msg_field_t alloc_request_fields[] = {
     FLD(areq_t, req_id, KVT_F_STR, 0, 0),
     FLD(areq_t, is_last_batch, KVT_F_BOOL, 0, 0),
     FLD(areq_t, total_chunks, KVT_F_INT, 0, 0),
+    FLDX(areq_t, kvt_ext, KVT_F_INT),
 };
 
 typedef kvt_msg_alloc_response_t aresp_t;
+/* Sync PDBackend order; both fields always encoded. Decoding accepts a
+ * missing already_sent_indexes (the async backend declares it with a
+ * default). */
 static const kvt_msg_field_t alloc_response_fields[] = {
-    FLD(aresp_t, already_sent_indexes, KVT_F_INT_LIST, 1, 0),
+    FLD(aresp_t, already_sent_indexes, KVT_F_INT_LIST, 0, 0),
     FLD(aresp_t, remote_indexes, KVT_F_INT_LIST, 1, 0),
+};
+/* PDBackendAsync order: remote_indexes first. */
+static const kvt_msg_field_t alloc_response_async_fields[] = {
+    FLD(aresp_t, remote_indexes, KVT_F_INT_LIST, 1, 0),
+    FLD(aresp_t, already_sent_indexes, KVT_F_INT_LIST, 0, 0),
 };
 static const kvt_msg_field_t ascend_alloc_response_fields[] = {
     FLD(aresp_t, already_sent_indexes, KVT_F_INT_LIST, 1, 0),
     FLD(aresp_t, remote_indexes, KVT_F_INT_LIST, 1, 0),
     FLD(aresp_t, remote_buffer_uuids, KVT_F_STR_LIST, 1, 0),
     FLD(aresp_t, alloc_failed, KVT_F_BOOL, 0, 0),
+    FLDX(aresp_t, kvt_ext, KVT_F_INT),
 };
 
 static const kvt_msg_field_t proxy_notif_fields[] = {
@@ -63,11 +79,13 @@ static const kvt_msg_field_t pull_ready_notif_fields[] = {
     FLDN(prn_t, shape, KVT_F_INT_LIST, 1, 0, KVT_MSG_MAX_DIMS),
     FLD(prn_t, dtype, KVT_F_STR, 1, 0),
     FLD(prn_t, last_chunk_toks, KVT_F_INT, 1, 0),
+    FLDX(prn_t, kvt_ext, KVT_F_INT),
 };
 
 static const kvt_msg_field_t pull_ready_done_ack_fields[] = {
     FLD(kvt_msg_pull_ready_done_ack_t, already_sent_indexes, KVT_F_INT_LIST, 1, 0),
     FLD(kvt_msg_pull_ready_done_ack_t, alloc_failed, KVT_F_BOOL, 0, 0),
+    FLDX(kvt_msg_pull_ready_done_ack_t, kvt_ext, KVT_F_INT),
 };
 
 static const kvt_msg_field_t pull_done_signal_fields[] = {
@@ -138,6 +156,9 @@ static const kvt_msg_desc_t msg_descs[KVT_MSG_TYPE_COUNT] = {
     [KVT_MSG_RESERVE_RESPONSE] =
         DESC("ReserveResponse", kvt_msg_reserve_response_t, reserve_response_fields),
     [KVT_MSG_TRANSPORT_INIT] = DESC("TransportInit", tinit_t, transport_init_fields),
+    /* same wire name as ALLOC_RESPONSE, which comes first and so is what
+     * "AllocResponse" decodes to */
+    [KVT_MSG_ALLOC_RESPONSE_ASYNC] = DESC("AllocResponse", aresp_t, alloc_response_async_fields),
 };
 
 const kvt_msg_desc_t *kvt_msg_desc(kvt_msg_type_t t)
@@ -163,6 +184,16 @@ kvt_msg_type_t kvt_msg_type_from_name(const char *name, size_t len)
             return (kvt_msg_type_t)t;
     }
     return KVT_MSG_NONE;
+}
+
+int kvt_msg_has_field(const kvt_msg_t *m, const char *name)
+{
+    const kvt_msg_desc_t *d = m != NULL ? kvt_msg_desc(m->type) : NULL;
+
+    for (uint32_t i = 0; d != NULL && name != NULL && i < d->nfields && i < 64; i++)
+        if (strcmp(d->fields[i].name, name) == 0)
+            return (m->present >> i) & 1u;
+    return 0;
 }
 
 /* ---- lists ----------------------------------------------------------------- */
@@ -428,6 +459,7 @@ kvt_status_t kvt_msg_copy(kvt_msg_t *dst, const kvt_msg_t *src)
         return KVT_ERR_INVALID;
     kvt_msg_init(&tmp, src->type);
     status = kvt_msg_struct_copy(d, &tmp.u, &src->u);
+    tmp.present = src->present;
     if (status != KVT_OK)
         return status;
     *dst = tmp;

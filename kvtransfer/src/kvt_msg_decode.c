@@ -70,7 +70,7 @@ static kvt_status_t get_int(const msgpack_object *o, int64_t *out, const char **
 }
 
 static kvt_status_t decode_struct(const kvt_msg_desc_t *d, const msgpack_object *map, void *base,
-                                  unsigned depth, kvt_msg_err_t *err);
+                                  unsigned depth, kvt_msg_err_t *err, uint64_t *seen_out);
 
 static kvt_status_t decode_field(const kvt_msg_field_t *f, const msgpack_object *v, void *base,
                                  unsigned depth, kvt_msg_err_t *err)
@@ -162,8 +162,8 @@ static kvt_status_t decode_field(const kvt_msg_field_t *f, const msgpack_object 
                 }
                 /* count first: a failed element clears itself, the rest stay zero */
                 *cnt = i + 1;
-                status =
-                    decode_struct(f->elem, e, *arr + (size_t)i * f->elem->size, depth + 1, err);
+                status = decode_struct(f->elem, e, *arr + (size_t)i * f->elem->size, depth + 1, err,
+                                       NULL);
                 if (status != KVT_OK)
                     return status; /* err already names the inner field */
             }
@@ -177,7 +177,7 @@ static kvt_status_t decode_field(const kvt_msg_field_t *f, const msgpack_object 
 }
 
 static kvt_status_t decode_struct(const kvt_msg_desc_t *d, const msgpack_object *map, void *base,
-                                  unsigned depth, kvt_msg_err_t *err)
+                                  unsigned depth, kvt_msg_err_t *err, uint64_t *seen_out)
 {
     uint64_t seen = 0;
     kvt_status_t status = KVT_OK;
@@ -220,6 +220,8 @@ static kvt_status_t decode_struct(const kvt_msg_desc_t *d, const msgpack_object 
     }
     if (status != KVT_OK)
         kvt_msg_struct_clear(d, base);
+    else if (seen_out != NULL)
+        *seen_out = seen;
     return status;
 }
 
@@ -291,7 +293,7 @@ kvt_status_t kvt_msg_decode(const void *data, size_t len, kvt_msg_t *out, kvt_ms
     status = find_type(&up.data, &type, err);
     if (status == KVT_OK) {
         kvt_msg_init(&m, type);
-        status = decode_struct(kvt_msg_desc(type), &up.data, &m.u, 1, err);
+        status = decode_struct(kvt_msg_desc(type), &up.data, &m.u, 1, err, &m.present);
     }
     msgpack_unpacked_destroy(&up);
     if (status != KVT_OK)

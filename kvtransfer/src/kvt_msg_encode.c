@@ -62,6 +62,30 @@ static kvt_status_t pack_cstr(msgpack_packer *pk, const char *s)
 static kvt_status_t pack_struct(msgpack_packer *pk, const kvt_msg_desc_t *d, const void *base,
                                 unsigned depth);
 
+/* An extension field holding its default is left out (msgspec omit_defaults
+ * style), so a peer that does not know it sees upstream's exact bytes. */
+static int field_omitted(const kvt_msg_field_t *f, const void *base)
+{
+    if (!f->omit_default)
+        return 0;
+    switch (f->kind) {
+    case KVT_F_INT:
+        return *KVT_FIELD_CPTR(base, f, int64_t) == f->def;
+    case KVT_F_BOOL:
+        return *KVT_FIELD_CPTR(base, f, int) == (int)f->def;
+    case KVT_F_STR: {
+        const char *v = *KVT_FIELD_CPTR(base, f, char *);
+        return v == NULL || v[0] == '\0';
+    }
+    case KVT_F_STR_LIST:
+        return KVT_FIELD_CPTR(base, f, kvt_str_list_t)->n == 0;
+    case KVT_F_INT_LIST:
+        return KVT_FIELD_CPTR(base, f, kvt_int_list_t)->n == 0;
+    default:
+        return 0;
+    }
+}
+
 static kvt_status_t pack_field(msgpack_packer *pk, const kvt_msg_field_t *f, const void *base,
                                unsigned depth)
 {
@@ -128,15 +152,21 @@ static kvt_status_t pack_struct(msgpack_packer *pk, const kvt_msg_desc_t *d, con
 {
     kvt_status_t status;
 
+    size_t nout = 1;
+
     if (depth > 2)
         return KVT_ERR_LIMIT;
-    msgpack_pack_map(pk, (size_t)d->nfields + 1);
+    for (uint32_t i = 0; i < d->nfields; i++)
+        nout += !field_omitted(&d->fields[i], base);
+    msgpack_pack_map(pk, nout);
     msgpack_pack_str(pk, 4);
     msgpack_pack_str_body(pk, "type", 4);
     status = pack_cstr(pk, d->name);
     for (uint32_t i = 0; i < d->nfields && status == KVT_OK; i++) {
         const kvt_msg_field_t *f = &d->fields[i];
         size_t nlen = strlen(f->name);
+        if (field_omitted(f, base))
+            continue;
         msgpack_pack_str(pk, nlen);
         msgpack_pack_str_body(pk, f->name, nlen);
         status = pack_field(pk, f, base, depth);

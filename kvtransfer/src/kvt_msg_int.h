@@ -31,6 +31,7 @@ typedef struct kvt_msg_field {
     uint32_t max_items;         /* lists: bound (0 = KVT_MSG_MAX_ITEMS) */
     size_t count_off;           /* STRUCT_LIST */
     const kvt_msg_desc_t *elem; /* STRUCT_LIST */
+    int omit_default;           /* encode only when not the default (pdgw extensions) */
 } kvt_msg_field_t;
 
 struct kvt_msg_desc {

@@ -66,9 +66,14 @@ static json_t *struct_to_json(const kvt_msg_desc_t *d, const void *base)
 
     if (o == NULL || json_object_set_new(o, "type", json_string(d->name)) != 0)
         goto err;
-    for (uint32_t i = 0; i < d->nfields; i++)
+    for (uint32_t i = 0; i < d->nfields; i++) {
+        /* like the wire: a pdgw extension at its default is not shown */
+        if (d->fields[i].omit_default && d->fields[i].kind == KVT_F_INT &&
+            *KVT_FIELD_CPTR(base, &d->fields[i], int64_t) == d->fields[i].def)
+            continue;
         if (json_object_set_new(o, d->fields[i].name, field_to_json(&d->fields[i], base)) != 0)
             goto err;
+    }
     return o;
 err:
     json_decref(o);

@@ -35,6 +35,14 @@ static const struct dtype_size dtype_sizes[] = {
     {"float8_e5m2", 1},
     {"float8_e4m3fnuz", 1},
     {"float8_e5m2fnuz", 1},
+    /* LMCache's own names (lmcache/utils.py TORCH_DTYPE_TO_STR_DTYPE; older
+     * releases wrote "fp8" for uint8 and "fp8_e4m3" / "fp8_e5m2") */
+    {"fp8", 1},
+    {"fp8_e4m3", 1},
+    {"fp8_e4m3fn", 1},
+    {"fp8_e4m3fnuz", 1},
+    {"fp8_e5m2", 1},
+    {"fp8_e5m2fnuz", 1},
 };
 
 uint32_t kvt_dtype_size(const char *dtype)
@@ -116,4 +124,12 @@ size_t kvt_chunk_bytes_toks(const kvt_chunk_geom_t *g, int64_t ntoks)
     if (g->token_dim < 0 || ntoks <= 0 || ntoks >= full)
         return kvt_chunk_bytes(g);
     return kvt_chunk_bytes(g) / (size_t)full * (size_t)ntoks;
+}
+
+kvt_status_t kvt_chunk_geom_lmcache(kvt_chunk_geom_t *g, int64_t layers, int64_t chunk_tokens,
+                                    int64_t hidden, const char *dtype, int mla)
+{
+    int64_t shape[4] = {mla ? 1 : 2, layers, chunk_tokens, hidden};
+
+    return kvt_chunk_geom_init(g, mla ? KVT_FMT_KV_MLA : KVT_FMT_KV_2LTD, shape, 4, dtype);
 }

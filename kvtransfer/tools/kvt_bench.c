@@ -854,6 +854,7 @@ static int run_alloc_rtt(const opts_t *o)
         kvt_int_list_set(&m.u.alloc_req.shape, shape, 4);
         kvt_msg_set_str(&m.u.alloc_req.dtype, "half");
         kvt_msg_set_str(&m.u.alloc_req.req_id, rid);
+        m.u.alloc_req.kvt_ext = KVT_MSG_EXT_VERSION; /* measured as a libkvt sender */
         kvt_msg_encode(&m, &data, &len);
         kvt_msg_clear(&m);
         ts = now_s();
@@ -876,6 +877,13 @@ static int run_alloc_rtt(const opts_t *o)
         kvt_msg_clear(&c);
         zmq_send(d, data, len, 0);
         kvt_free(data);
+        /* the receiver answers a cancel (AllocResponse{remote_indexes: []});
+         * read it so it is not taken for the next request's answer */
+        if (zrecv(d, 0, NULL, NULL, buf, sizeof(buf), 10000) < 0) {
+            fprintf(stderr, "kvt-bench: CancelNotif not answered\n");
+            rc = 1;
+            break;
+        }
     }
     if (nlat > 0) {
         qsort(lat, nlat, sizeof(double), cmp_double);

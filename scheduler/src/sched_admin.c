@@ -56,6 +56,8 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "tp_size", json_integer(d->tp_size));
     json_object_set_new(o, "dp_rank", json_integer(d->dp_rank));
     json_object_set_new(o, "dp_size", json_integer(d->dp_size));
+    json_object_set_new(o, "kv_engine",
+                        json_string(d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? "libkvt" : "lmcache"));
 
     json_object_set_new(load, "inflight", json_integer(atomic_load(&inst->inflight)));
     json_object_set_new(load, "prompt_tokens",

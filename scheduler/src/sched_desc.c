@@ -365,6 +365,7 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
     zone = !str_empty(src->zone) ? src->zone : label_lookup(src, "zone");
     d.zone = sched_strdup(zone ? zone : "");
     d.source = src->source;
+    d.kv_engine = src->kv_engine;
     if (!d.url || !d.id || !d.kv_host || !d.engine_id || !d.zone)
         goto err_nomem;
     for (size_t i = 0; i < src->n_labels; i++) {
@@ -398,7 +399,8 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
         a->bootstrap_port != b->bootstrap_port || !str_eq(a->engine_id, b->engine_id) ||
         a->n_alloc_ports != b->n_alloc_ports || a->n_init_ports != b->n_init_ports ||
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
-        !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source)
+        !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
+        a->kv_engine != b->kv_engine)
         return false;
     if (memcmp(a->alloc_ports, b->alloc_ports, sizeof(int) * a->n_alloc_ports) ||
         memcmp(a->init_ports, b->init_ports, sizeof(int) * a->n_init_ports))
@@ -531,6 +533,16 @@ sched_status_t sched_instance_desc_from_json(const json_t *obj, sched_instance_d
             st = json_port(v, key, 0, &d.bootstrap_port, err, err_len);
         } else if (strcmp(key, "engine_id") == 0) {
             st = json_str(v, key, &d.engine_id, err, err_len);
+        } else if (strcmp(key, "kv_engine") == 0) {
+            const char *e = json_string_value(v);
+            if (e != NULL && strcmp(e, "libkvt") == 0) {
+                d.kv_engine = SCHED_KV_ENGINE_LIBKVT;
+            } else if (e != NULL && strcmp(e, "lmcache") == 0) {
+                d.kv_engine = SCHED_KV_ENGINE_UPSTREAM;
+            } else {
+                sched_set_err(err, err_len, "kv_engine: must be \"lmcache\" or \"libkvt\"");
+                st = SCHED_ERR_INVALID;
+            }
         } else if (strcmp(key, "alloc_ports") == 0) {
             st = json_ports(v, key, d.alloc_ports, &d.n_alloc_ports, err, err_len);
         } else if (strcmp(key, "init_ports") == 0) {

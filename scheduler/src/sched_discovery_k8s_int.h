@@ -35,6 +35,7 @@
 #define K8S_ANN_DP_RANK        "pdgw.io/dp-rank"
 #define K8S_ANN_DP_SIZE        "pdgw.io/dp-size"
 #define K8S_ANN_WEIGHT         "pdgw.io/weight"
+#define K8S_ANN_KV_ENGINE      "pdgw.io/kv-engine"
 
 /* Named ports of a slice that carry KV side channels. */
 #define K8S_PORT_KV        "kv"
@@ -76,6 +77,7 @@ typedef struct sched_k8s_kv {
     size_t n_init_ports;
     int tp_size, dp_rank, dp_size;
     unsigned weight;
+    int kv_engine; /* SCHED_KV_ENGINE_* */
     bool has_kv_port, has_bootstrap_port, has_kv_host, has_engine_id;
     bool has_tp_size, has_dp_rank, has_dp_size, has_weight;
 } sched_k8s_kv_t;

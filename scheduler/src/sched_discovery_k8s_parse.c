@@ -397,6 +397,11 @@ int sched_k8s_kv_from_annotations(const json_t *annotations, sched_k8s_kv_t *kv,
             ok = parse_int(s, 1, 65536, &v);
             kv->dp_size = ok ? (int)v : 0;
             kv->has_dp_size = ok;
+        } else if (strcmp(key, K8S_ANN_KV_ENGINE) == 0) {
+            /* libkvt: the engine takes pdgw's extensions of LMCache's messages */
+            ok = strcmp(s, "libkvt") == 0 || strcmp(s, "lmcache") == 0;
+            kv->kv_engine =
+                strcmp(s, "libkvt") == 0 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
         } else if (strcmp(key, K8S_ANN_WEIGHT) == 0) {
             ok = parse_int(s, 1, 1000000, &v);
             kv->weight = ok ? (unsigned)v : 0;
@@ -464,6 +469,7 @@ void sched_k8s_endpoint_desc(const sched_k8s_endpoint_t *ep, const sched_k8s_kv_
     if (kv->has_engine_id) {
         desc->engine_id = kv->engine_id;
     }
+    desc->kv_engine = kv->kv_engine;
     memcpy(desc->alloc_ports, kv->alloc_ports, kv->n_alloc_ports * sizeof(int));
     desc->n_alloc_ports = kv->n_alloc_ports;
     memcpy(desc->init_ports, kv->init_ports, kv->n_init_ports * sizeof(int));

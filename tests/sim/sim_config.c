@@ -77,7 +77,13 @@ static void usage(FILE *f)
             "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
             "127.0.0.1)\n"
             "  --kv-port N                  KV side channel (vllm-kvt / nixl / mooncake serial)\n"
-            "  --bootstrap-port N           bootstrap server (sglang, mooncake parallel)\n"
+            "  --bootstrap-port N           prefill: HTTP bootstrap server (GET /query, /route);\n"
+            "                               decode: the port a null sglang bootstrap_port means\n"
+            "  --dp-size N                  data-parallel ranks: /query lists them, "
+            "X-data-parallel-rank\n"
+            "                               picks one (without it the header is not read) (1)\n"
+            "  --kv-connector NAME          nixl (default) | mooncake: a prefill follows vLLM's\n"
+            "                               MooncakeConnector (transfer_id required, no params)\n"
             "  --alloc-port N[,N...]        lmcache receiver alloc port per TP rank\n"
             "  --init-port N[,N...]         lmcache receiver init port per TP rank\n"
             "  --engine-id ID               engine id (sim-<role>-<port>)\n"
@@ -90,6 +96,8 @@ static void usage(FILE *f)
             "                               newest (block ids per KV-cache group, dcp/pp sizes,\n"
             "                               lease fields, randomized request id) or older (flat)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
+            "  --skip-last-n-tokens N       lmcache decode: look up KV for prompt[:-N] (LMCache's\n"
+            "                               skip_last_n_tokens; its example decoders use 1) (0)\n"
             "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
             "  --kv-link-gbps G             model a link of G Gbit/s for sent KV (0 = off)\n"
             "Faults:\n"
@@ -122,6 +130,8 @@ enum {
     O_KVHOST,
     O_KVPORT,
     O_BOOT,
+    O_DPSIZE,
+    O_KVCONN,
     O_ALLOC,
     O_INIT,
     O_ENGINE,
@@ -141,6 +151,7 @@ enum {
     O_CRASH,
     O_CORRUPT,
     O_FSEED,
+    O_SKIPLAST,
     O_HELP,
 };
 
@@ -166,6 +177,8 @@ static const struct option opts[] = {
     {"kv-host", required_argument, 0, O_KVHOST},
     {"kv-port", required_argument, 0, O_KVPORT},
     {"bootstrap-port", required_argument, 0, O_BOOT},
+    {"dp-size", required_argument, 0, O_DPSIZE},
+    {"kv-connector", required_argument, 0, O_KVCONN},
     {"alloc-port", required_argument, 0, O_ALLOC},
     {"init-port", required_argument, 0, O_INIT},
     {"engine-id", required_argument, 0, O_ENGINE},
@@ -177,6 +190,7 @@ static const struct option opts[] = {
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
     {"nixl-shape", required_argument, 0, O_NIXLSHAPE},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
+    {"skip-last-n-tokens", required_argument, 0, O_SKIPLAST},
     {"kv-buffer-mb", required_argument, 0, O_KVBUF},
     {"kv-link-gbps", required_argument, 0, O_KVLINK},
     {"fail-rate", required_argument, 0, O_FAILRATE},
@@ -271,6 +285,7 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
     cfg->layerwise = 1;
     cfg->kv_hold_timeout_ms = 30000;
     cfg->kv_wait_timeout_ms = 10000;
+    cfg->dp_size = 1;
     cfg->kv_buffer_mb = 64;
     cfg->fail_status = 500;
     cfg->stall_after_tokens = -1;
@@ -387,6 +402,20 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
                 return -1;
             cfg->bootstrap_port = (int)v;
             break;
+        case O_DPSIZE:
+            if (parse_long(name, optarg, 1, 64, &v))
+                return -1;
+            cfg->dp_size = (int)v;
+            cfg->dp_size_set = 1;
+            break;
+        case O_KVCONN:
+            if (!strcmp(optarg, "mooncake")) {
+                cfg->mooncake_prefill = 1;
+            } else if (strcmp(optarg, "nixl")) {
+                fprintf(stderr, "pdgw-sim: --kv-connector must be nixl or mooncake\n");
+                return -1;
+            }
+            break;
         case O_ALLOC:
             if (parse_ports(name, optarg, cfg->alloc_ports, &cfg->n_alloc_ports))
                 return -1;
@@ -480,6 +509,11 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
         case O_CORRUPT:
             if (parse_double(name, optarg, 0, 1, &cfg->kv_corrupt_rate))
                 return -1;
+            break;
+        case O_SKIPLAST:
+            if (parse_long(name, optarg, 0, 1024, &v))
+                return -1;
+            cfg->skip_last_n_tokens = (int)v;
             break;
         case O_FSEED:
             if (parse_double(name, optarg, 0, 1e18, &d))

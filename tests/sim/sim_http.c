@@ -311,11 +311,28 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     }
     req->refs = 1; /* the connection's */
     req->request_id = rid;
+    req->dp_rank = -1;
+    const char *dph = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-data-parallel-rank");
+    if (dph && sim_cfg.dp_size_set) { /* without --dp-size the sim does not model DP ranks */
+        char *end;
+        long r = strtol(dph, &end, 10);
+        if (*dph == '\0' || *end != '\0' || r < 0 || r >= sim_cfg.dp_size) {
+            /* vLLM refuses a rank outside its data-parallel size */
+            req->dp_rank = -2;
+        } else {
+            req->dp_rank = (int)r;
+        }
+    }
     req->rec_seq = sc->rec_seq;
     req->created = (int64_t)time(NULL);
     if (asprintf(&req->resp_id, "%s%s", is_chat ? "chatcmpl-" : "cmpl-", rid) < 0)
         req->resp_id = NULL;
     rc = req->resp_id ? sim_openai_parse(body, is_chat, req, &msg, &param) : 500;
+    if (!rc && req->dp_rank == -2) {
+        rc = 400;
+        if (asprintf(&msg, "X-data-parallel-rank must be in [0, %d)", sim_cfg.dp_size) < 0)
+            msg = NULL;
+    }
     if (!rc)
         rc = sim_kv_prepare(req, body, &msg);
     if (!rc && sim_fault_roll(sim_cfg.fail_rate)) {
@@ -435,6 +452,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         sc->is_inference = 1;
         return handle_inference(conn, sc, url, !strcmp(url, "/v1/chat/completions"));
     }
+    if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
+        int st;
+        char *m = NULL, *out;
+        if (!is_post)
+            return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
+        out = sim_tokenize_handle(url, sc->body, sc->too_big ? 0 : sc->len, &st, &m);
+        if (out)
+            return send_buf(conn, 200, "application/json", out, NULL, -1);
+        enum MHD_Result r =
+            send_error(conn, NULL, st, m ? m : "error", status_type(st), NULL, NULL);
+        free(m);
+        return r;
+    }
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") ||
         !strcmp(url, "/sim/info")) {
         if (!is_get)
@@ -447,6 +477,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return handle_info(conn);
         return send_buf(conn, 200, "text/plain; version=0.0.4; charset=utf-8", sim_metrics_render(),
                         NULL, -1);
+    }
+    if (!strcmp(url, "/sim/restart")) {
+        /* a simulated restart: vLLM mints new engine ids at every start */
+        char out[160];
+        if (!is_post)
+            return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
+        snprintf(out, sizeof(out), "{\"generation\":%d}", sim_restart_bump());
+        return send_buf(conn, 200, "application/json", strdup(out), NULL, -1);
     }
     if (!strcmp(url, "/sim/requests")) {
         if (is_get) {

@@ -57,6 +57,9 @@ typedef struct sim_config {
     char kv_host[64]; /* advertised host of this instance's KV endpoints */
     int kv_port;
     int bootstrap_port;
+    int dp_size;          /* data-parallel ranks behind this instance (bootstrap /query) */
+    int dp_size_set;      /* --dp-size given: X-data-parallel-rank is checked and used */
+    int mooncake_prefill; /* --kv-connector mooncake: vLLM MooncakeConnector prefill rules */
     int alloc_ports[SIM_MAX_TP];
     int n_alloc_ports;
     int init_ports[SIM_MAX_TP];
@@ -70,6 +73,7 @@ typedef struct sim_config {
     int kv_hold_timeout_ms;
     int nixl_older;         /* NIXL prefill answers in the older vLLM shape (flat block ids) */
     int kv_wait_timeout_ms; /* decode: deadline for remote KV */
+    int skip_last_n_tokens; /* lmcache decode: KV looked up for prompt[:-n] */
     /* faults */
     double fail_rate;
     int fail_status;
@@ -80,6 +84,20 @@ typedef struct sim_config {
 } sim_config_t;
 
 extern sim_config_t sim_cfg;
+
+/* sim_bootstrap.c: the prefill's bootstrap server (HTTP on --bootstrap-port) */
+extern int sim_side_port; /* the ZeroMQ side channel port, once bound (0 = none) */
+int sim_bootstrap_start(void);
+void sim_bootstrap_stop(void);
+/* Engine id of DP rank <rank> now (new ids after every simulated restart). */
+void sim_engine_id_of(int rank, char *out, size_t cap);
+/* The DP rank whose current engine id is <eid>, or -1. */
+int sim_engine_id_rank(const char *eid);
+/* Simulate a restart: new engine ids. Returns the new generation. */
+int sim_restart_bump(void);
+/* GET http://host:port<path>: the body (malloc'd) of a 200 answer, or NULL with err. */
+char *sim_http_get(const char *host, int port, const char *path, int timeout_ms, char *err,
+                   size_t errlen);
 
 /* sim_config.c */
 int sim_config_parse(int argc, char **argv, sim_config_t *cfg);
@@ -119,12 +137,20 @@ typedef struct sim_sampling {
 typedef struct sim_output {
     char *text;
     size_t *off;
+    uint32_t *ids;             /* token id of each completion token */
     size_t n;                  /* completion tokens (incl. an EOS token) */
     const char *finish_reason; /* "length" | "stop" */
     char *stop_reason;         /* matched stop string or NULL */
 } sim_output_t;
 
 uint64_t sim_prompt_hash(const sim_tokens_t *prompt);
+/* The token id the tokenizer gives an output word, and back (NULL: not an output word). */
+#define SIM_EOS_TOKEN_ID 2u
+uint32_t sim_word_id(const char *w);
+/* POST /tokenize or /detokenize (vLLM): the JSON answer (caller frees), or NULL with *status and
+ * *msg (caller frees) set. */
+char *sim_tokenize_handle(const char *path, const char *body, size_t len, int *status, char **msg);
+const char *sim_word_of_id(uint32_t id);
 int sim_output_plan(const sim_tokens_t *prompt, const sim_sampling_t *sp, sim_output_t *out);
 void sim_output_free(sim_output_t *out);
 
@@ -146,6 +172,7 @@ typedef struct sim_req {
     int refs; /* under the engine lock */
     uint64_t seq;
     char *request_id; /* X-Request-Id (in or generated) */
+    int dp_rank;      /* X-data-parallel-rank, -1 when absent */
     char *resp_id;    /* cmpl-... / chatcmpl-... */
     int is_chat;
     int stream;

@@ -1,7 +1,16 @@
 /*
- * KV chunk naming and content. Content is generated, never stored: the
- * sender fills a page when it sends it and the receiver regenerates the
- * expected bytes to compare with what it loaded.
+ * KV chunk naming and content, in LMCache's terms. Content is generated,
+ * never stored: the sender fills a page when it sends it and the receiver
+ * regenerates the expected bytes to compare with what it loaded.
+ *
+ * A chunk is LMCache's memory object (LMCache lmcache/v1/gpu_connector.py
+ * get_shape, lmcache/v1/memory_management.py MemoryFormat.KV_2LTD): shape
+ * [2, num_layers, chunk_tokens, hidden] -- K of every layer, then V of every
+ * layer, token rows of <hidden> bfloat16 values -- the last chunk of a prompt
+ * shorter. Layer-wise streaming sends one layer of it at a time
+ * ([2, 1, tokens, hidden]). Keys are CacheEngineKey strings (LMCache
+ * lmcache/utils.py): model@world_size@worker_id@chunk_hash_hex@dtype, and a
+ * LayerCacheEngineKey adds @layer_id.
  */
 #include <stdio.h>
 #include <string.h>
@@ -21,7 +30,12 @@ int sim_kv_geom_init(sim_kv_geom_t *g, int ntp)
     g->block_size = sim_cfg.block_size;
     g->tok_bytes = per_layer / (size_t)ntp;
     g->hidden = (int64_t)(g->tok_bytes / 4);
-    g->page_bytes = g->tok_bytes * (size_t)g->block_size;
+    /* one page holds a whole chunk: all layers x chunk tokens, as LMCache
+     * sizes its PD buffer (pd_backend_async.py initialize_allocator) */
+    /* = kvt_chunk_bytes(kvt_chunk_geom_lmcache(layers, block, hidden, bf16));
+     * this file also builds without libkvt */
+    g->page_bytes = 2 * (size_t)g->layers * (size_t)g->block_size * (size_t)g->hidden * 2;
+    g->unit_layers = sim_cfg.layerwise ? 1 : g->layers;
     return 0;
 }
 
@@ -48,11 +62,17 @@ void sim_kv_chunk_hashes(const sim_tokens_t *prompt, const sim_kv_geom_t *g, uin
     }
 }
 
-int sim_kv_key(char *buf, size_t cap, const char *scope, int rank, int layer, size_t chunk,
+int sim_kv_key(char *buf, size_t cap, const char *scope, int ntp, int rank, int layer,
                uint64_t chunk_hash)
 {
-    return snprintf(buf, cap, "%s@%s/r%d/l%d/c%zu/%016llx", sim_cfg.model, scope, rank, layer,
-                    chunk, (unsigned long long)chunk_hash);
+    /* LMCache keys are content addresses; a transfer-scoped key (every
+     * protocol but lmcache) folds the transfer name into the hash */
+    uint64_t h = scope != NULL ? XXH64(scope, strlen(scope), chunk_hash) : chunk_hash;
+    if (layer < 0)
+        return snprintf(buf, cap, "%s@%d@%d@%llx@bfloat16", sim_cfg.model, ntp, rank,
+                        (unsigned long long)h);
+    return snprintf(buf, cap, "%s@%d@%d@%llx@bfloat16@%d", sim_cfg.model, ntp, rank,
+                    (unsigned long long)h, layer);
 }
 
 static uint64_t seed_of(uint32_t id, size_t pos, int layer, int rank, int half)
@@ -81,14 +101,15 @@ size_t sim_kv_fill(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank,
 {
     size_t t = sim_kv_chunk_tokens(g, prompt->n, c);
     size_t row = (size_t)g->hidden * 2; /* bytes of one token's K (or V) */
-    for (int half = 0; half < 2; half++) {
-        uint8_t *base = buf + (size_t)half * t * row;
-        for (size_t j = 0; j < t; j++) {
-            size_t pos = c * (size_t)g->block_size + j;
-            gen(base + j * row, row, seed_of(prompt->ids[pos], pos, layer, rank, half));
-        }
-    }
-    return 2 * t * row;
+    int l0 = layer < 0 ? 0 : layer, nl = layer < 0 ? g->layers : 1;
+    uint8_t *p = buf;
+    for (int half = 0; half < 2; half++)
+        for (int l = l0; l < l0 + nl; l++)
+            for (size_t j = 0; j < t; j++, p += row) {
+                size_t pos = c * (size_t)g->block_size + j;
+                gen(p, row, seed_of(prompt->ids[pos], pos, l, rank, half));
+            }
+    return (size_t)(p - buf);
 }
 
 int sim_kv_verify(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer, size_t c,

@@ -41,6 +41,8 @@ int main(int argc, char **argv)
         goto err_engine;
     if (sim_kv_start())
         goto err_kv;
+    if (sim_bootstrap_start())
+        goto err_boot;
     if (sim_http_start())
         goto err_http;
     printf("pdgw-sim: role=%s model=%s listening on %s:%d engine_id=%s\n",
@@ -51,6 +53,7 @@ int main(int argc, char **argv)
     sigwait(&set, &sig);
     fprintf(stderr, "pdgw-sim: signal %d, shutting down\n", sig);
     sim_http_quiesce();
+    sim_bootstrap_stop();
     sim_kv_stop();
     sim_engine_stop();
     sim_http_stop();
@@ -59,6 +62,8 @@ int main(int argc, char **argv)
     return 0;
 
 err_http:
+    sim_bootstrap_stop();
+err_boot:
     sim_kv_stop();
 err_kv:
     sim_engine_stop();

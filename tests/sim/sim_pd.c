@@ -164,6 +164,7 @@ sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind)
     e->in_table = 1;
     e->hold_id = strdup(req->request_id);
     e->req_id = strdup(req->request_id);
+    e->dp_rank = req->dp_rank;
     e->prompt_hash = req->prompt_hash;
     e->nchunks = sim_kv_nchunks(&sim_geom, req->prompt.n);
     e->hashes = calloc(e->nchunks ? e->nchunks : 1, sizeof(uint64_t));
@@ -214,7 +215,7 @@ int sim_pd_held_pages_locked(void)
     int n = 0;
     for (sim_export_t *e = exports; e; e = e->next)
         if (e->blocks)
-            n += (int)e->nchunks * sim_cfg.layers;
+            n += (int)e->nchunks * (sim_cfg.layerwise ? sim_cfg.layers : 1); /* pages */
     return n;
 }
 
@@ -285,7 +286,8 @@ static int port_list(json_t *a, uint16_t *out, int *n)
     return 0;
 }
 
-/* "http://host:port" (or host:port) → tcp://host:port */
+/* "http://host:port" (or host:port) → http://host:port, the bootstrap server the KV thread
+ * asks for the prefill's side channel */
 static int parse_bootstrap_addr(const char *s, char *ep, size_t cap)
 {
     const char *p = s;
@@ -303,7 +305,7 @@ static int parse_bootstrap_addr(const char *s, char *ep, size_t cap)
     int hl = (int)(colon - p);
     if (hl >= 100)
         return -1;
-    snprintf(ep, cap, "tcp://%.*s:%ld", hl, p, port);
+    snprintf(ep, cap, "http://%.*s:%ld", hl, p, port);
     return 0;
 }
 
@@ -382,18 +384,41 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         } else if (bad) {
             return fail400(msg, "kv_transfer_params.%s must be a string or an integer",
                            "transfer_id");
+        } else if (sim_cfg.mooncake_prefill) {
+            /* vLLM's MooncakeConnector (mooncake_connector.py, update_state_after_alloc):
+             * without transfer_id it logs a warning and transfers nothing; the request runs
+             * as a plain one and returns no kv_transfer_params */
+            fprintf(stderr,
+                    "pdgw-sim: request %s: missing transfer_id in kv_transfer_params; "
+                    "its KV is not sent\n",
+                    req->request_id);
+            sim_record_set(req->rec_seq, "kv_warning",
+                           json_string("missing transfer_id in kv_transfer_params"));
+            return 0;
         } else {
             kind = SIM_PD_P_HOLD;
         }
     } else if (json_object_get(body, "bootstrap_room")) {
         int port;
         const char *h = opt_str(body, "bootstrap_host", &bad);
-        int has_port = opt_port(body, "bootstrap_port", &port, &bad);
+        int has_port = json_is_null(json_object_get(body, "bootstrap_port")) ||
+                       opt_port(body, "bootstrap_port", &port, &bad);
         json_t *room = json_object_get(body, "bootstrap_room");
         if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0)
             return fail400(msg, "%s",
-                           "bootstrap_host (string), bootstrap_port (integer) and "
+                           "bootstrap_host (string), bootstrap_port (integer or null) and "
                            "bootstrap_room (non-negative integer) are required together");
+        /* SGLang's prefill with DP runs a request on routed_dp_rank when the router pinned
+         * one, else it follows the room: worker room % dp_size */
+        json_t *rdr = json_object_get(body, "routed_dp_rank");
+        if (rdr && !json_is_null(rdr)) {
+            if (!json_is_integer(rdr) || json_integer_value(rdr) < 0 ||
+                json_integer_value(rdr) >= sim_cfg.dp_size)
+                return fail400(msg, "%s must be an integer in [0, --dp-size)", "routed_dp_rank");
+            req->dp_rank = (int)json_integer_value(rdr);
+        } else if (sim_cfg.dp_size > 1) {
+            req->dp_rank = (int)(json_integer_value(room) % sim_cfg.dp_size);
+        }
         snprintf(rv, sizeof(rv), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
         kind = SIM_PD_P_RENDEZVOUS;
     }
@@ -401,7 +426,7 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         return 0;
     if (kind == SIM_PD_P_HOLD && !sim_cfg.kv_port)
         return fail400(msg, "%s", "this prefill instance has no --kv-port to serve its KV from");
-    if (kind == SIM_PD_P_RENDEZVOUS && !sim_cfg.bootstrap_port && !sim_cfg.kv_port)
+    if (kind == SIM_PD_P_RENDEZVOUS && !sim_cfg.bootstrap_port)
         return fail400(msg, "%s", "this prefill instance has no --bootstrap-port");
 
     struct sim_kv_req *kv = kv_new(kind);
@@ -416,6 +441,8 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
     }
     e->refs++; /* the request's */
     kv->exp = e;
+    if (e->dp_rank >= 0)
+        json_object_set_new(kv->info, "dp_rank", json_integer(e->dp_rank));
     if (rv[0]) {
         e->rv_key = strdup(rv);
         json_object_set_new(kv->info, "rendezvous", json_string(rv));
@@ -531,6 +558,8 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
 {
     int bad = 0, port = 0;
     sim_pd_kind_t kind = SIM_PD_NONE;
+    int64_t sgl_room = 0;
+    int sgl_prefill_rank = -1;
     char ep[160] = "", key[96] = "";
     const char *expect_engine = NULL, *wait_id = NULL;
     json_t *ctl = NULL;
@@ -540,15 +569,31 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
 
     if (json_object_get(body, "bootstrap_room")) {
         const char *h = opt_str(body, "bootstrap_host", &bad);
-        int has_port = opt_port(body, "bootstrap_port", &port, &bad);
+        int null_port = json_is_null(json_object_get(body, "bootstrap_port"));
+        int has_port = null_port || opt_port(body, "bootstrap_port", &port, &bad);
         json_t *room = json_object_get(body, "bootstrap_room");
         if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0 ||
             strlen(h) > 100)
             return fail400(msg, "%s",
-                           "bootstrap_host (string), bootstrap_port (integer) and "
+                           "bootstrap_host (string), bootstrap_port (integer or null) and "
                            "bootstrap_room (non-negative integer) are required together");
-        snprintf(ep, sizeof(ep), "tcp://%s:%d", h, port);
+        /* null: the engine's own --disaggregation-bootstrap-port (SGLang default 8998) */
+        if (null_port)
+            port = sim_cfg.bootstrap_port ? sim_cfg.bootstrap_port : 8998;
+        snprintf(ep, sizeof(ep), "http://%s:%d", h, port);
         snprintf(key, sizeof(key), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
+        json_t *rdr = json_object_get(body, "routed_dp_rank");
+        json_t *pdr = json_object_get(body, "disagg_prefill_dp_rank");
+        if (rdr && !json_is_null(rdr) &&
+            (!json_is_integer(rdr) || json_integer_value(rdr) < 0 ||
+             json_integer_value(rdr) >= sim_cfg.dp_size))
+            return fail400(msg, "%s must be an integer in [0, --dp-size)", "routed_dp_rank");
+        if (pdr && !json_is_null(pdr) &&
+            (!json_is_integer(pdr) || json_integer_value(pdr) < 0 ||
+             json_integer_value(pdr) > 65535))
+            return fail400(msg, "%s must be a non-negative integer", "disagg_prefill_dp_rank");
+        sgl_room = json_integer_value(room);
+        sgl_prefill_rank = pdr && json_is_integer(pdr) ? (int)json_integer_value(pdr) : -1;
         kind = SIM_PD_D_SGLANG;
     } else if (drp && json_is_true(drp)) {
         char tid[80];
@@ -563,7 +608,7 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
                                    "http://host:port",
                                    addr);
             } else if (bh && has_bp && strlen(bh) <= 100) {
-                snprintf(ep, sizeof(ep), "tcp://%s:%d", bh, port);
+                snprintf(ep, sizeof(ep), "http://%s:%d", bh, port);
             } else {
                 return fail400(msg, "kv_transfer_params with %s",
                                "transfer_id needs remote_bootstrap_addr");
@@ -632,8 +677,11 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     }
     if (kind == SIM_PD_NONE)
         return 0;
-    if ((kind == SIM_PD_D_SGLANG || kind == SIM_PD_D_MOONCAKE_PAR) && !ctl)
+    if ((kind == SIM_PD_D_SGLANG || kind == SIM_PD_D_MOONCAKE_PAR) && !ctl) {
         ctl = json_pack("{s:s,s:s}", "op", "register", "key", key);
+        if (ctl && expect_engine) /* the prefill checks it names the rank that ran it */
+            json_object_set_new(ctl, "remote_engine_id", json_string(expect_engine));
+    }
     if (kind != SIM_PD_D_LMCACHE && !ctl)
         return 500;
 
@@ -651,6 +699,8 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     imp->mode = kv->mode;
     imp->ctl = ctl;
     imp->nranks = kind == SIM_PD_D_LMCACHE ? sim_cfg.n_alloc_ports : 1;
+    imp->room = sgl_room;
+    imp->prefill_rank = sgl_prefill_rank;
     snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", ep);
     if (expect_engine)
         imp->expect_engine_id = strdup(expect_engine);
@@ -706,6 +756,15 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
         return fail400(msg, "%s must be an object", "kv_transfer_params");
     if (kvp && json_is_null(kvp))
         kvp = NULL;
+    if (kvp && json_object_get(kvp, "ret_first_tok") && req->out.n > 0 && !req->resp_kv_params) {
+        /* LMCache's vLLM connector (lmcache/integration/vllm/vllm_v1_adapter.py,
+         * request_finished): "ret_first_tok" in kv_transfer_params -> the answer's
+         * kv_transfer_params = {"first_tok": the first output token id} */
+        req->resp_kv_params = json_pack("{s:I}", "first_tok", (json_int_t)req->out.ids[0]);
+        if (req->resp_kv_params)
+            sim_record_set(req->rec_seq, "response_kv_transfer_params",
+                           json_incref(req->resp_kv_params));
+    }
     if (sim_cfg.role == SIM_ROLE_PREFILL)
         rc = prepare_prefill(req, body, kvp, msg);
     else if (sim_cfg.role == SIM_ROLE_DECODE)
@@ -715,6 +774,16 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
     if (!rc && req->kv && req->kv->info)
         sim_record_set(req->rec_seq, "kv", json_incref(req->kv->info));
     return rc;
+}
+
+/* The prompt tokens whose KV an lmcache decode looks up: LMCache's connector drops the last
+ * skip_last_n_tokens before its lookup (vllm_v1_adapter.py, get_num_new_matched_tokens), so a
+ * decode whose prompt ends with the prefill's first token (LMCache's proxy appends it) finds
+ * the KV the prefill stored for the prompt alone. */
+size_t sim_kv_lookup_len(const sim_req_t *req)
+{
+    size_t skip = (size_t)sim_cfg.skip_last_n_tokens;
+    return req->prompt.n > skip ? req->prompt.n - skip : 0;
 }
 
 /* ---- engine hooks ---- */
@@ -776,6 +845,16 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
         return;
     e->layers_done = sim_cfg.layers;
     e->computed = 1;
+    if (e->kind == SIM_PD_P_RENDEZVOUS && sim_cfg.mooncake_prefill &&
+        strcmp(req->out.finish_reason, "length")) {
+        /* vLLM's MooncakeConnector (request_finished): only a length-capped prefill sends
+         * its KV; one that stopped (EOS, stop string) drops the transfer */
+        e->failed = 1;
+        snprintf(e->err, sizeof(e->err),
+                 "the prefill finished with '%s', not 'length': its KV is not sent",
+                 req->out.finish_reason);
+        sim_record_set(req->rec_seq, "kv_warning", json_string(e->err));
+    }
     if (e->kind == SIM_PD_P_HOLD) {
         if (!strcmp(req->out.finish_reason, "stop")) {
             /* like vLLM: a prefill that stopped (EOS / stop string) returns no
@@ -792,6 +871,7 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
                 e->block_ids[i] = req->blocks[i];
         }
         nixl_hold_id(e, req);
+        json_decref(req->resp_kv_params); /* replaces a first_tok-only block */
         /* vLLM NixlConnector request_finished (nixl/pull_scheduler.py): the newest shape
          * has one block list per KV-cache group, dcp/pp sizes, the computed token count, an
          * expiry that a prefill leaves null, and the transfer mode. */

@@ -3,12 +3,14 @@
  * per-request PD state (sim_pd.c) and the KV thread that drives libkvt and
  * the control side channel between instances (sim_pd_kvt.c).
  *
- * KV layout: a prompt of n tokens is cut into chunks of --block-size tokens
- * (the last one may be short). Each (TP rank, layer, chunk) is one libkvt
- * key and one page: shape [2, 1, tokens, hidden] bfloat16 (K then V), where
- * hidden = kv_bytes_per_token / layers / tp / 4. Every byte is a
- * deterministic function of (token id, position, layer, rank, K|V), so the
- * receiver can check every byte it loads.
+ * KV layout (LMCache's): a prompt of n tokens is cut into chunks of
+ * --block-size tokens (LMCache's chunk_size; the last one may be short).
+ * Each (TP rank, chunk) is one libkvt key (a CacheEngineKey string) and one
+ * page: shape [2, layers, tokens, hidden] bfloat16 (K of every layer, then
+ * V), hidden = kv_bytes_per_token / layers / tp / 4; with --layerwise each
+ * layer of a chunk is its own key (LayerCacheEngineKey, [2, 1, tokens,
+ * hidden]). Every byte is a deterministic function of (token id, position,
+ * layer, rank, K|V), so the receiver can check every byte it loads.
  */
 #ifndef PDGW_SIM_PD_INT_H
 #define PDGW_SIM_PD_INT_H
@@ -28,8 +30,9 @@ typedef struct sim_kv_geom {
     int ntp;
     int block_size;
     size_t tok_bytes;  /* bytes per token per layer per rank (K+V) */
-    size_t page_bytes; /* bytes of a full chunk */
+    size_t page_bytes; /* bytes of a full chunk, all layers (one libkvt page) */
     int64_t hidden;    /* bfloat16 elements per token per K|V */
+    int unit_layers;   /* layers per key: all, or 1 with --layerwise */
 } sim_kv_geom_t;
 
 int sim_kv_geom_init(sim_kv_geom_t *g, int ntp);
@@ -39,10 +42,15 @@ size_t sim_kv_chunk_tokens(const sim_kv_geom_t *g, size_t ntokens, size_t c);
 /* Chained hashes of the prompt up to the end of each chunk (content
  * addresses); out has sim_kv_nchunks() entries. */
 void sim_kv_chunk_hashes(const sim_tokens_t *prompt, const sim_kv_geom_t *g, uint64_t *out);
-/* Key of (scope, rank, layer, chunk); snprintf-style into buf. */
-int sim_kv_key(char *buf, size_t cap, const char *scope, int rank, int layer, size_t chunk,
+/* The prompt tokens an lmcache decode looks up (sim_pd.c: skip_last_n_tokens). */
+size_t sim_kv_lookup_len(const sim_req_t *req);
+/* CacheEngineKey string of chunk <chunk_hash> on TP <rank> of <ntp>; <scope>
+ * (a transfer name, or NULL for content-addressed lmcache keys) is folded
+ * into the hash; <layer> >= 0 gives the per-layer key. snprintf-style. */
+int sim_kv_key(char *buf, size_t cap, const char *scope, int ntp, int rank, int layer,
                uint64_t chunk_hash);
-/* Fill buf (>= page bytes) with chunk c of layer/rank; returns its length. */
+/* Fill buf (>= page bytes) with chunk c of rank, every layer (layer < 0) or
+ * one; returns its length. */
 size_t sim_kv_fill(const sim_tokens_t *prompt, const sim_kv_geom_t *g, int rank, int layer,
                    size_t c, uint8_t *buf);
 /* 1 if buf/len is exactly what sim_kv_fill produces. */
@@ -84,6 +92,7 @@ typedef struct sim_export {
     char *hold_id; /* remote_request_id handed out (nixl etc.) */
     char *req_id;  /* X-Request-Id of the prefill leg */
     char *rv_key;  /* "tid:<T>" / "room:<R>" */
+    int dp_rank;   /* the DP rank the request ran on (X-data-parallel-rank; -1 = none) */
     sim_pd_kind_t kind;
     sim_tokens_t prompt;
     uint64_t prompt_hash;
@@ -133,8 +142,12 @@ typedef struct sim_import {
     char endpoint[160];            /* tcp://host:port of the prefill side channel */
     json_t *ctl;                   /* message to send (owned) */
     char *expect_engine_id;
+    int64_t room;     /* sglang: bootstrap_room */
+    int prefill_rank; /* sglang: disagg_prefill_dp_rank, -1 = room % the prefill's dp_size */
     int nranks;
     int phase;         /* 0 new, 1 waiting, 2 loading, 3 done */
+    int peer_unit;     /* layers per key the prefill sends (0: no reply yet) */
+    int loads_waiting; /* landed before the prefill's reply said how it keys pages */
     atomic_int queued; /* work items naming it in the KV thread's queue */
     int outstanding;
     int failed;

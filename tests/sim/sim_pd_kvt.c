@@ -1,21 +1,25 @@
 /*
  * The KV thread of a PD instance: libkvt engines (the bytes), the control
- * side channel between instances (ZeroMQ ROUTER on --kv-port and
- * --bootstrap-port of a prefill, DEALERs on a decode; JSON messages), and
- * the state machines of exports (prefill) and imports (decode).
+ * side channel between instances (ZeroMQ ROUTER on --kv-port of a prefill, or
+ * an ephemeral port its HTTP bootstrap server names; DEALERs on a decode; JSON
+ * messages), and the state machines of exports (prefill) and imports (decode).
  *
  * Side-channel messages (decode → prefill), one JSON object per frame:
  *   {"op":"pull", "xfer", "mode", "receiver":{host, alloc_ports, init_ports},
  *    "remote_request_id"?, "remote_block_ids"?, "remote_engine_id"?,
  *    "request_id", "prompt_hash", "engine_id"}      read KV a prefill holds
- *   {"op":"register", "key":"tid:<T>"|"room:<R>", ...same}   parallel rendezvous
+ *   {"op":"register", "key":"tid:<T>"|"room:<R>", "remote_engine_id"?,
+ *    "prefill_dp_rank"?, ...same}    parallel rendezvous (the DP rank it expects)
  *   {"op":"compute", "body", "is_chat", ...same}    vllm-kvt batch: compute + push
  *   {"op":"cancel", "xfer"}                         the decode gave up
- * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks"};
+ * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks",
+ * "layers_per_key"} (the prefill's unit: whole chunks, or one layer with
+ * --layerwise -- the decode names its keys after it);
  * a later {"xfer", "ok":false, "error"} if the transfer fails after that.
  *
  * The KV itself always moves through libkvt: the prefill submits stores (one
- * batch per layer and TP rank, with req_id = xfer) to the decode's receiver
+ * batch of LMCache chunks per TP rank -- per layer and rank with --layerwise
+ * -- with req_id = xfer) to the decode's receiver
  * engine in push or pull mode; the decode waits for the request to land,
  * loads every page, verifies every byte and releases the pages.
  */
@@ -83,6 +87,7 @@ typedef struct reg {
     size_t ident_len;
     uint64_t prompt_hash;
     uint64_t expire;
+    int eid_rank; /* DP rank whose engine id the decode named; -1 = none named */
 } reg_t;
 static reg_t *regs;
 
@@ -109,7 +114,12 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
         return NULL;
     kvt_config_defaults(&c);
     c.pd_role = receiver ? KVT_ROLE_RECEIVER : KVT_ROLE_SENDER;
-    c.pd_buffer_size = (uint64_t)sim_cfg.kv_buffer_mb << 20;
+    /* a page holds a whole LMCache chunk (all layers); a layer-wise push
+     * puts one layer in a page, so the buffer keeps --kv-buffer-mb of KV
+     * with as many pages as layers allow (mmap'd: untouched bytes cost no
+     * memory) */
+    c.pd_buffer_size =
+        ((uint64_t)sim_cfg.kv_buffer_mb << 20) * (uint64_t)(sim_cfg.layerwise ? sim_cfg.layers : 1);
     c.pd_pull_mode = pull || delay;
     c.pd_delay_pull = delay;
     c.chunk_size = (uint32_t)sim_cfg.block_size;
@@ -249,8 +259,9 @@ static void send_json(void *sock, const uint8_t *ident, size_t ident_len, json_t
 static void reply(const uint8_t *ident, size_t ident_len, const char *xfer, int ok,
                   const char *error, size_t nchunks)
 {
-    json_t *m = json_pack("{s:s,s:b,s:s,s:I}", "xfer", xfer ? xfer : "", "ok", ok, "engine_id",
-                          sim_cfg.engine_id, "nchunks", (json_int_t)nchunks);
+    json_t *m = json_pack("{s:s,s:b,s:s,s:I,s:i}", "xfer", xfer ? xfer : "", "ok", ok, "engine_id",
+                          sim_cfg.engine_id, "nchunks", (json_int_t)nchunks, "layers_per_key",
+                          sim_cfg.layerwise ? 1 : sim_cfg.layers);
     if (!m)
         return;
     if (error)
@@ -354,6 +365,19 @@ static void attach_dest_locked(sim_export_t *e, const sim_receiver_t *dest, cons
     }
 }
 
+/* A Mooncake decode names the engine id of the DP rank it expects the KV from; the transfer
+ * fails if this request ran on another rank (upstream: each rank has its own worker). */
+static void rank_check_locked(sim_export_t *e, int eid_rank)
+{
+    int rank = e->dp_rank < 0 ? 0 : e->dp_rank;
+    if (eid_rank < 0 || eid_rank == rank || e->failed)
+        return;
+    e->failed = 1;
+    snprintf(e->err, sizeof(e->err),
+             "transfer %s ran on DP rank %d, the decode named the engine of rank %d", e->rv_key,
+             rank, eid_rank);
+}
+
 void sim_pd_rendezvous_attach_locked(sim_export_t *e)
 {
     for (reg_t **pp = &regs; *pp; pp = &(*pp)->next) {
@@ -362,6 +386,7 @@ void sim_pd_rendezvous_attach_locked(sim_export_t *e)
             continue;
         *pp = r->next;
         attach_dest_locked(e, &r->dest, r->xfer, r->mode, r->ident, r->ident_len);
+        rank_check_locked(e, r->eid_rank);
         if (r->prompt_hash != e->prompt_hash) {
             e->failed = 1;
             snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
@@ -477,9 +502,13 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
             json_decref(m);
             return;
         }
-        if (eid && strcmp(eid, sim_cfg.engine_id)) {
-            snprintf(err, sizeof(err), "remote_engine_id %s is not this engine (%s)", eid,
-                     sim_cfg.engine_id);
+        int eid_rank = eid ? sim_engine_id_rank(eid) : -1;
+        json_t *pdr = json_object_get(m, "prefill_dp_rank"); /* sglang */
+        if (json_is_integer(pdr))
+            eid_rank = (int)json_integer_value(pdr);
+        if (eid && eid_rank < 0) {
+            snprintf(err, sizeof(err), "remote_engine_id %s is not an engine of this instance",
+                     eid);
             reply(ident, ident_len, xfer, 0, err, 0);
             json_decref(m);
             return;
@@ -488,6 +517,7 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
         e = sim_pd_export_find_locked(NULL, NULL, 0, key);
         if (e) {
             attach_dest_locked(e, &dest, xfer, mode, ident, ident_len);
+            rank_check_locked(e, eid_rank);
             if (e->prompt_hash != hash_of(m)) {
                 e->failed = 1;
                 snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
@@ -503,6 +533,7 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
                 r->dest = dest;
                 r->mode = mode;
                 r->prompt_hash = hash_of(m);
+                r->eid_rank = eid_rank;
                 if (ident_len <= sizeof(r->ident)) {
                     memcpy(r->ident, ident, ident_len);
                     r->ident_len = ident_len;
@@ -559,6 +590,8 @@ static void fail_export_locked(sim_export_t *e)
     sim_pd_export_finish_locked(e, 0);
 }
 
+/* One batch: every chunk of the prompt on <rank>, all layers (layer < 0) or
+ * one layer of them (layer-wise). */
 static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int rank,
                          const sim_receiver_t *dest, const char *xfer, sim_kv_mode_t mode,
                          int lmcache, int *nsub, char *err, size_t errcap)
@@ -578,7 +611,8 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
     }
     uint64_t bytes = 0;
     for (size_t c = 0; c < n; c++) {
-        sim_kv_key(keys[c], KEY_MAX, lmcache ? "lmc" : xfer, rank, layer, c, e->hashes[c]);
+        sim_kv_key(keys[c], KEY_MAX, lmcache ? NULL : xfer, dest->nranks, rank, layer,
+                   e->hashes[c]);
         kp[c] = keys[c];
         bp[c] = buf + c * g->page_bytes;
         lens[c] = sim_kv_fill(&e->prompt, g, rank, layer, c, buf + c * g->page_bytes);
@@ -596,15 +630,15 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
     d.peer_init_port = dest->init_ports[rank];
     d.fmt = KVT_FMT_KV_2LTD;
     d.shape[0] = 2;
-    d.shape[1] = 1;
+    d.shape[1] = layer < 0 ? g->layers : 1;
     d.shape[2] = g->block_size;
     d.shape[3] = g->hidden;
     d.ndim = 4;
     d.dtype = "bfloat16";
     size_t last = sim_kv_chunk_tokens(g, e->prompt.n, n - 1);
     d.last_chunk_toks = last < (size_t)g->block_size ? (int64_t)last : 0;
-    d.is_last_batch = layer == g->layers - 1;
-    d.total_chunks = (uint32_t)(n * (size_t)g->layers);
+    d.is_last_batch = layer < 0 || layer == g->layers - 1;
+    d.total_chunks = (uint32_t)(n * (size_t)(g->layers / g->unit_layers));
     t->kind = T_STORE;
     t->exp = e;
     t->rank = rank;
@@ -649,7 +683,10 @@ static void pump_export(sim_export_t *e)
         }
         int L = sim_cfg.layers;
         int first = e->layers_submitted;
-        int last = sim_cfg.layerwise ? e->layers_done : (e->computed ? L : 0);
+        /* LMCache moves whole chunks (all layers) once computed; the other
+         * protocols may stream one layer at a time */
+        int whole = e->lmcache || !sim_cfg.layerwise;
+        int last = !whole ? e->layers_done : ((e->computed || e->layers_done >= L) ? L : 0);
         if (last <= first) {
             if (first == L && e->stores_outstanding == 0)
                 sim_pd_export_finish_locked(e, 1);
@@ -659,9 +696,10 @@ static void pump_export(sim_export_t *e)
         if (sim_cfg.kv_link_gbps > 0) {
             /* link model: one layer at a time, each after the link carried it */
             uint64_t now = sim_now_ns();
-            last = first + 1;
+            last = whole ? L : first + 1; /* a whole chunk holds every layer */
             if (!e->pace_ready) {
-                double bytes = (double)e->prompt.n * sim_cfg.kv_bytes_per_token / L;
+                double bytes =
+                    (double)e->prompt.n * sim_cfg.kv_bytes_per_token * (last - first) / L;
                 uint64_t start = now > link_free_at ? now : link_free_at;
                 e->pace_ready = start + (uint64_t)(bytes * 8.0 / sim_cfg.kv_link_gbps);
                 link_free_at = e->pace_ready;
@@ -691,9 +729,17 @@ static void pump_export(sim_export_t *e)
         int nsub = 0;
         if (sim_kv_geom_init(&g, dest.nranks))
             snprintf(err, sizeof(err), "bad TP size %d", dest.nranks);
-        for (int l = first; l < last && !err[0]; l++)
+        if (whole)
+            g.unit_layers = g.layers;
+        if (!err[0] && g.unit_layers == g.layers) {
+            /* whole chunks (all layers): once the prefill computed them */
             for (int r = 0; r < dest.nranks && !err[0]; r++)
-                submit_layer(e, &g, l, r, &dest, xfer, mode, lmcache, &nsub, err, sizeof(err));
+                submit_layer(e, &g, -1, r, &dest, xfer, mode, lmcache, &nsub, err, sizeof(err));
+        } else {
+            for (int l = first; l < last && !err[0]; l++)
+                for (int r = 0; r < dest.nranks && !err[0]; r++)
+                    submit_layer(e, &g, l, r, &dest, xfer, mode, lmcache, &nsub, err, sizeof(err));
+        }
 
         sim_engine_lock();
         e->submitting = 0;
@@ -744,6 +790,8 @@ static void import_resolve(sim_import_t *imp, int ok, int status, const char *ms
     sim_engine_unlock();
 }
 
+static void import_free_keys(sim_import_t *imp);
+
 static void import_free(sim_import_t *imp)
 {
     for (sim_import_t **pp = &imports; *pp; pp = &(*pp)->next)
@@ -751,14 +799,7 @@ static void import_free(sim_import_t *imp)
             *pp = imp->next;
             break;
         }
-    for (int r = 0; r < SIM_MAX_TP; r++) {
-        free(imp->keys[r]);
-        free(imp->keyp[r]);
-        free(imp->bufs[r]);
-        free(imp->bufp[r]);
-        free(imp->lens[r]);
-        free(imp->caps[r]);
-    }
+    import_free_keys(imp);
     json_decref(imp->ctl);
     free(imp->expect_engine_id);
     free(imp->wait_id);
@@ -797,7 +838,7 @@ static void import_fail(sim_import_t *imp, int status, const char *msg)
     imp->failed = 1;
     import_resolve(imp, 0, status, msg);
     import_release_kv(imp, 1);
-    if (imp->ctl && imp->endpoint[0]) {
+    if (imp->ctl && !strncmp(imp->endpoint, "tcp://", 6)) {
         dealer_t *d = dealer_get(imp->endpoint);
         json_t *m = json_pack("{s:s,s:s}", "op", "cancel", "xfer", imp->xfer);
         if (d && m)
@@ -817,6 +858,8 @@ static void import_maybe_free(sim_import_t *imp)
     if (imp->phase == 3 && imp->outstanding == 0 && atomic_load(&imp->queued) == 0)
         import_free(imp);
 }
+
+static int resolve_bootstrap(sim_import_t *imp);
 
 static void import_loads(sim_import_t *imp)
 {
@@ -848,16 +891,37 @@ static void import_loads(sim_import_t *imp)
     imp->phase = 2;
 }
 
+static void import_free_keys(sim_import_t *imp)
+{
+    for (int r = 0; r < SIM_MAX_TP; r++) {
+        free(imp->keys[r]);
+        free(imp->keyp[r]);
+        free(imp->bufs[r]);
+        free(imp->bufp[r]);
+        free(imp->lens[r]);
+        free(imp->caps[r]);
+        imp->keys[r] = NULL;
+        imp->keyp[r] = NULL;
+        imp->bufs[r] = NULL;
+        imp->bufp[r] = NULL;
+        imp->lens[r] = NULL;
+        imp->caps[r] = NULL;
+    }
+}
+
 static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
 {
-    const sim_tokens_t *prompt = &imp->req->prompt;
+    sim_tokens_t looked = imp->req->prompt; /* a view: prompt[:-skip_last_n_tokens] */
+    const sim_tokens_t *prompt = &looked;
+    if (imp->kind == SIM_PD_D_LMCACHE)
+        looked.n = sim_kv_lookup_len(imp->req);
     size_t n = sim_kv_nchunks(g, prompt->n);
     uint64_t *h = calloc(n ? n : 1, sizeof(uint64_t));
     if (!h)
         return -1;
     sim_kv_chunk_hashes(prompt, g, h);
     imp->nchunks = n;
-    imp->nkeys = n * (size_t)g->layers;
+    imp->nkeys = n * (size_t)(g->layers / g->unit_layers);
     for (int r = 0; r < imp->nranks; r++) {
         imp->keys[r] = malloc(imp->nkeys * KEY_MAX);
         imp->keyp[r] = malloc(imp->nkeys * sizeof(char *));
@@ -870,12 +934,12 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
             free(h);
             return -1;
         }
-        for (int l = 0; l < g->layers; l++)
+        for (int u = 0; u < g->layers / g->unit_layers; u++)
             for (size_t c = 0; c < n; c++) {
-                size_t k = (size_t)l * n + c;
+                size_t k = (size_t)u * n + c;
                 char *key = imp->keys[r] + k * KEY_MAX;
-                sim_kv_key(key, KEY_MAX, imp->kind == SIM_PD_D_LMCACHE ? "lmc" : imp->xfer, r, l, c,
-                           h[c]);
+                sim_kv_key(key, KEY_MAX, imp->kind == SIM_PD_D_LMCACHE ? NULL : imp->xfer,
+                           imp->nranks, r, g->unit_layers == g->layers ? -1 : u, h[c]);
                 imp->keyp[r][k] = key;
                 imp->bufp[r][k] = imp->bufs[r] + k * g->page_bytes;
                 imp->caps[r][k] = g->page_bytes;
@@ -914,7 +978,10 @@ static void begin_import(sim_import_t *imp)
     sim_kv_geom_t g;
     imp->t_start = sim_now_ns();
     imp->deadline = imp->t_start + (uint64_t)sim_cfg.kv_wait_timeout_ms * 1000000ull;
-    if (sim_kv_geom_init(&g, imp->nranks) || import_setup_keys(imp, &g)) {
+    int bad = sim_kv_geom_init(&g, imp->nranks);
+    if (!bad && imp->kind == SIM_PD_D_LMCACHE)
+        g.unit_layers = g.layers; /* LMCache chunks are whole: all layers */
+    if (bad || import_setup_keys(imp, &g)) {
         import_fail(imp, 500, "cannot lay out the KV pages of this request");
         return;
     }
@@ -967,12 +1034,91 @@ static void begin_import(sim_import_t *imp)
         imp->outstanding++;
     }
     imp->phase = 1;
+    if (!strncmp(imp->endpoint, "http://", 7) && resolve_bootstrap(imp))
+        return;
     dealer_t *d = dealer_get(imp->endpoint);
     if (!d) {
         import_fail(imp, 502, "cannot reach the prefill instance's side channel");
         return;
     }
     send_json(d->sock, NULL, 0, imp->ctl);
+}
+
+/* The decode asks the prefill's bootstrap server where its side channel is, as upstream
+ * decodes do: vLLM Mooncake GET /query and the entry of remote_engine_id (none: the decode
+ * fails the request, "remote engine_id ... not found", vLLM's default kv_load_failure_policy
+ * "fail"); SGLang GET /route. Rewrites imp->endpoint to tcp://; 0 = resolved. */
+static int resolve_bootstrap(sim_import_t *imp)
+{
+    char host[128], err[256], msg[640];
+    const char *p = imp->endpoint + 7, *colon = strrchr(p, ':');
+    int mooncake = imp->kind == SIM_PD_D_MOONCAKE_PAR;
+    int port = colon ? atoi(colon + 1) : 0;
+    size_t hl = colon ? (size_t)(colon - p) : 0;
+    json_t *a = NULL;
+    char *body;
+    if (!hl || hl >= sizeof(host) || port <= 0) {
+        import_fail(imp, 500, "bad bootstrap address");
+        return -1;
+    }
+    memcpy(host, p, hl);
+    host[hl] = '\0';
+    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    /* bounded by the decode's own KV deadline, as a loaded machine may be slow to answer */
+    body = sim_http_get(host, port, mooncake ? "/query" : "/route", sim_cfg.kv_wait_timeout_ms, err,
+                        sizeof(err));
+    if (body)
+        a = json_loads(body, 0, NULL);
+    free(body);
+    if (!a) {
+        snprintf(msg, sizeof(msg), "failed to connect to bootstrap server %s: %s", imp->endpoint,
+                 body ? "not JSON" : err);
+        import_fail(imp, 500, msg);
+        return -1;
+    }
+    const char *addr = NULL;
+    if (mooncake) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(a, k, v)
+        {
+            const char *eid = json_string_value(json_object_get(v, "engine_id"));
+            if (!imp->expect_engine_id ? !strcmp(k, "0")
+                                       : (eid && !strcmp(eid, imp->expect_engine_id))) {
+                json_t *tp0 = json_object_get(json_object_get(v, "worker_addr"), "0");
+                addr = json_string_value(json_object_get(tp0, "0"));
+                break;
+            }
+        }
+        if (addr && strlen(addr) < sizeof(imp->endpoint)) {
+            snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", addr);
+        } else {
+            snprintf(msg, sizeof(msg), "remote engine_id %s not found from bootstrap server %s",
+                     imp->expect_engine_id ? imp->expect_engine_id : "(rank 0)", imp->endpoint);
+            json_decref(a);
+            import_fail(imp, 500, msg);
+            return -1;
+        }
+    } else {
+        const char *ip = json_string_value(json_object_get(a, "rank_ip"));
+        json_int_t rp = json_integer_value(json_object_get(a, "rank_port"));
+        if (!ip || rp <= 0 || rp > 65535 || strlen(ip) > 100) {
+            json_decref(a);
+            import_fail(imp, 500, "the bootstrap server's /route answer has no rank_ip/port");
+            return -1;
+        }
+        snprintf(imp->endpoint, sizeof(imp->endpoint), "tcp://%s:%d", ip, (int)rp);
+        /* the prefill DP rank the KV comes from: disagg_prefill_dp_rank, else the room's */
+        json_int_t pdp = json_integer_value(json_object_get(a, "prefill_dp_size"));
+        int rank =
+            imp->prefill_rank >= 0 ? imp->prefill_rank : (int)(imp->room % (pdp > 0 ? pdp : 1));
+        json_object_set_new(imp->ctl, "prefill_dp_rank", json_integer(rank));
+    }
+    json_decref(a);
+    return 0;
 }
 
 static void handle_reply(const char *data, size_t len)
@@ -995,8 +1141,27 @@ static void handle_reply(const char *data, size_t len)
             snprintf(msg, sizeof(msg), "prefill instance refused the KV transfer: %s",
                      e ? e : "unknown error");
             import_fail(imp, 500, msg);
-        } else if (imp->expect_engine_id && eid && strcmp(eid, imp->expect_engine_id)) {
+        } else if (imp->kind != SIM_PD_D_MOONCAKE_PAR && imp->expect_engine_id && eid &&
+                   strcmp(eid, imp->expect_engine_id)) {
             import_fail(imp, 500, "remote_engine_id does not match the prefill instance");
+        } else if (!imp->failed && imp->peer_unit == 0) {
+            /* key the pages as the prefill sends them (whole chunks or layers) */
+            json_int_t u = json_integer_value(json_object_get(m, "layers_per_key"));
+            sim_kv_geom_t g = imp->geom;
+            imp->peer_unit = u > 0 ? (int)u : g.unit_layers;
+            if (imp->peer_unit != g.unit_layers &&
+                (imp->peer_unit != 1 && imp->peer_unit != g.layers)) {
+                import_fail(imp, 500, "the prefill's KV unit does not match this model's layers");
+            } else if (imp->peer_unit != g.unit_layers) {
+                g.unit_layers = imp->peer_unit;
+                import_free_keys(imp);
+                if (import_setup_keys(imp, &g))
+                    import_fail(imp, 500, "out of memory");
+            }
+            if (!imp->failed && imp->loads_waiting) {
+                imp->loads_waiting = 0;
+                import_loads(imp);
+            }
         }
         import_maybe_free(imp);
         break;
@@ -1007,13 +1172,16 @@ static void handle_reply(const char *data, size_t len)
 static void verify_rank(sim_import_t *imp, int r, uint8_t *scratch)
 {
     const sim_kv_geom_t *g = &imp->geom;
-    for (int l = 0; l < g->layers; l++)
+    sim_tokens_t looked = imp->req->prompt; /* the tokens whose KV was looked up */
+    if (imp->kind == SIM_PD_D_LMCACHE)
+        looked.n = sim_kv_lookup_len(imp->req);
+    for (int u = 0; u < g->layers / g->unit_layers; u++)
         for (size_t c = 0; c < imp->nchunks; c++) {
-            size_t k = (size_t)l * imp->nchunks + c;
+            size_t k = (size_t)u * imp->nchunks + c;
             imp->bytes += imp->lens[r][k];
             imp->pages++;
-            if (!sim_kv_verify(&imp->req->prompt, g, r, l, c, imp->bufp[r][k], imp->lens[r][k],
-                               scratch))
+            if (!sim_kv_verify(&looked, g, r, g->unit_layers == g->layers ? -1 : u, c,
+                               imp->bufp[r][k], imp->lens[r][k], scratch))
                 imp->verify_failures++;
         }
 }
@@ -1076,6 +1244,8 @@ static void handle_task(kvt_task_result_t *res)
         } else if (imp->outstanding == 0) {
             if (imp->kind == SIM_PD_D_LMCACHE)
                 import_lookups(imp);
+            else if (imp->peer_unit == 0)
+                imp->loads_waiting = 1; /* the prefill's reply names its key layout */
             else
                 import_loads(imp);
         }
@@ -1398,16 +1568,24 @@ static void run_paced(void)
     }
 }
 
+/* Bind the side channel on <port> (0: an ephemeral one); sim_side_port says which. */
 static int bind_router(int port)
 {
-    char ep[128];
-    const char *h = sim_cfg.host;
-    snprintf(ep, sizeof(ep), "tcp://%s:%d", strcmp(h, "0.0.0.0") ? h : "*", port);
+    char ep[128], last[128];
+    size_t len = sizeof(last);
+    const char *h = sim_cfg.host, *colon;
+    if (port)
+        snprintf(ep, sizeof(ep), "tcp://%s:%d", strcmp(h, "0.0.0.0") ? h : "*", port);
+    else
+        snprintf(ep, sizeof(ep), "tcp://%s:*", strcmp(h, "0.0.0.0") ? h : "*");
     if (zmq_bind(router, ep)) {
         fprintf(stderr, "pdgw-sim: cannot bind the KV side channel %s: %s\n", ep,
                 zmq_strerror(zmq_errno()));
         return -1;
     }
+    if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, last, &len) == 0 &&
+        (colon = strrchr(last, ':')) != NULL)
+        sim_side_port = atoi(colon + 1);
     return 0;
 }
 
@@ -1417,7 +1595,7 @@ int sim_pd_kvt_start(void)
     zctx = zmq_ctx_new();
     if (efd < 0 || !zctx)
         goto err;
-    if (sim_cfg.kv_port || sim_cfg.bootstrap_port) {
+    if (sim_cfg.kv_port || (sim_cfg.bootstrap_port && sim_cfg.role == SIM_ROLE_PREFILL)) {
         int zero = 0;
         router = zmq_socket(zctx, ZMQ_ROUTER);
         if (!router)
@@ -1425,10 +1603,8 @@ int sim_pd_kvt_start(void)
         int64_t maxmsg = 64 << 20; /* a decode's request body at most */
         zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof(zero));
         zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-        if (sim_cfg.kv_port && bind_router(sim_cfg.kv_port))
-            goto err;
-        if (sim_cfg.bootstrap_port && sim_cfg.bootstrap_port != sim_cfg.kv_port &&
-            bind_router(sim_cfg.bootstrap_port))
+        /* the bootstrap port serves HTTP (sim_bootstrap.c), which names this channel */
+        if (bind_router(sim_cfg.kv_port))
             goto err;
     }
     if (sim_cfg.role == SIM_ROLE_DECODE) {

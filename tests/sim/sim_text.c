@@ -4,9 +4,13 @@
  * Prompt text splits into pieces: runs of letters/digits (and bytes >= 0x80),
  * and single punctuation characters; whitespace separates. A piece's token id
  * is a 31-bit hash of its bytes. Output token i is drawn from a fixed word
- * list by hashing (prompt token ids, seed, temperature, i), so the same
- * request always yields the same text no matter which instance (both or a
- * PD decode) serves it.
+ * list by hashing (every token before it: the prompt and tokens 0..i-1, seed,
+ * temperature), so the same request always yields the same text no matter
+ * which instance (both or a PD decode) serves it, and generation is
+ * autoregressive like a real model's: prompt + [token 0] continues with
+ * token 1 (what LMCache's proxy relies on when it appends the prefill's
+ * first token to the decode's prompt). An output word's token id is the id
+ * the tokenizer gives that word, so /detokenize can map it back.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -157,6 +161,19 @@ uint64_t sim_prompt_hash(const sim_tokens_t *prompt)
     return XXH64(prompt->ids, prompt->n * sizeof(uint32_t), 0x9e3779b97f4a7c15ull);
 }
 
+uint32_t sim_word_id(const char *w)
+{
+    return (uint32_t)(XXH64(w, strlen(w), 0x5eed) & 0x7fffffff);
+}
+
+const char *sim_word_of_id(uint32_t id)
+{
+    for (size_t i = 0; i < N_WORDS; i++)
+        if (sim_word_id(words[i]) == id)
+            return words[i];
+    return NULL;
+}
+
 static uint64_t mix(uint64_t key, uint64_t i, uint64_t salt)
 {
     uint64_t v[3] = {key, i, salt};
@@ -183,14 +200,20 @@ int sim_output_plan(const sim_tokens_t *prompt, const sim_sampling_t *sp, sim_ou
 {
     uint64_t temp_bits;
     memcpy(&temp_bits, &sp->temperature, sizeof(temp_bits));
-    uint64_t key =
-        sim_prompt_hash(prompt) ^ mix((uint64_t)(sp->has_seed ? sp->seed : 0), temp_bits, 0x51);
+    uint64_t salt = mix((uint64_t)(sp->has_seed ? sp->seed : 0), temp_bits, 0x51);
+    /* the hash of the sequence so far (prompt, then each generated token) */
+    XXH64_state_t *seq = XXH64_createState();
+    if (!seq)
+        return -1;
+    XXH64_reset(seq, 0x9e3779b97f4a7c15ull);
+    XXH64_update(seq, prompt->ids, prompt->n * sizeof(uint32_t));
     size_t max = (size_t)sp->max_tokens;
     memset(out, 0, sizeof(*out));
     out->off = calloc(max + 1, sizeof(size_t));
+    out->ids = calloc(max + 1, sizeof(uint32_t));
     size_t cap = max * 10 + 16, len = 0;
     out->text = malloc(cap);
-    if (!out->off || !out->text)
+    if (!out->off || !out->ids || !out->text)
         goto err;
     out->text[0] = 0;
     out->finish_reason = "length";
@@ -198,15 +221,19 @@ int sim_output_plan(const sim_tokens_t *prompt, const sim_sampling_t *sp, sim_ou
     size_t i;
     for (i = 0; i < max; i++) {
         out->off[i] = visible;
-        uint64_t h = mix(key, i, 1);
+        uint64_t key = XXH64_digest(seq) ^ salt;
+        uint64_t h = mix(key, 0, 1);
         int eos = sp->ignore_eos == 0 && sim_cfg.eos_period > 0 &&
                   (h % (uint64_t)sim_cfg.eos_period) == 0 && (int)i >= sp->min_tokens;
         if (eos) {
+            out->ids[i] = SIM_EOS_TOKEN_ID;
             out->finish_reason = "stop";
             i++;
             break;
         }
-        const char *w = words[mix(key, i, 2) % N_WORDS];
+        const char *w = words[mix(key, 0, 2) % N_WORDS];
+        out->ids[i] = sim_word_id(w);
+        XXH64_update(seq, &out->ids[i], sizeof(uint32_t));
         size_t wl = strlen(w);
         if (len + wl + 2 > cap) {
             cap = (len + wl + 2) * 2;
@@ -251,8 +278,10 @@ int sim_output_plan(const sim_tokens_t *prompt, const sim_sampling_t *sp, sim_ou
         if (out->off[k] > len)
             out->off[k] = len;
     out->off[out->n] = len; /* the last token reveals whatever was held back */
+    XXH64_freeState(seq);
     return 0;
 err:
+    XXH64_freeState(seq);
     sim_output_free(out);
     return -1;
 }
@@ -261,6 +290,7 @@ void sim_output_free(sim_output_t *out)
 {
     free(out->text);
     free(out->off);
+    free(out->ids);
     free(out->stop_reason);
     memset(out, 0, sizeof(*out));
 }

@@ -97,6 +97,9 @@ typedef enum {
     PDGW_END_TIMEOUT    /* a deadline passed */
 } pdgw_end_reason_t;
 
+/* pdgw_instance_t.kv_engine */
+enum { PDGW_KV_ENGINE_UPSTREAM = 0, PDGW_KV_ENGINE_LIBKVT = 1 };
+
 /*
  * One instance, as chosen by the scheduler. Read-only for forwarders and valid
  * for the whole attempt. Strings are never NULL (empty when unset).
@@ -120,6 +123,9 @@ typedef struct pdgw_instance {
     int dp_rank;
     int dp_size;
     int weight;
+    /* The instance's KV engine: only a PDGW_KV_ENGINE_LIBKVT peer may be sent pdgw's
+     * extensions of the LMCache control messages (ReserveRequest, delimiter-less frames). */
+    int kv_engine;
 } pdgw_instance_t;
 
 /* Thread-safe handle that re-runs a pending gate. */
@@ -271,6 +277,14 @@ typedef struct pdgw_fwd_ops {
      * reservations, send cancel notices, free *state. */
     void (*attempt_cleanup)(void *ctx, void *state, const pdgw_fwd_request_t *req,
                             pdgw_end_reason_t reason);
+
+    /* Rewrite the decode leg's answer before the client sees it (optional; NULL = relay
+     * unchanged). `resp` is the parsed JSON (borrowed) of one SSE data event (`sse` set;
+     * [DONE] and non-JSON events are never passed) or of a 2xx non-stream answer. Return a new
+     * reference: for an event, a JSON array of objects sent as events in its place (empty =
+     * drop it); for a non-stream answer, the object sent instead. NULL = unchanged. */
+    json_t *(*rewrite_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                              const json_t *resp);
 } pdgw_fwd_ops_t;
 
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
@@ -335,6 +349,9 @@ typedef enum {
 void pdgw_fwd_log(pdgw_fwd_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help);
+/* The same with a second label, reason="<reason>" (pdgw_fwd_<name>_total{protocol,reason}). */
+void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const char *help,
+                                 const char *reason);
 
 /* PD bookkeeping (thread-safe):
  *  - the prefill answered without the KV parameters decode needs

@@ -36,6 +36,9 @@
  * chunk_size                        int         256      (tokens per KV chunk)
  * enable_pd                         bool        true     (LMCache key, accepted)
  * local_cpu                         bool        false    (LMCache key, accepted)
+ * pd_peer_flavour                   str         "auto"   (pdgw, receiver: which LMCache
+ *                                                         sender the AllocRequests come from:
+ *                                                         auto | async | sync | ascend)
  *
  * LMCache's "hccl"/"nixl" channel names are refused (not supported here).
  */
@@ -98,7 +101,30 @@ typedef struct kvt_config {
     uint32_t chunk_size;
     int enable_pd;
     int local_cpu;
+    char pd_peer_flavour[KVT_CONFIG_STR_MAX];
 } kvt_config_t;
+
+/* How a receiver answers an AllocRequest (PROTOCOLS.md section B):
+ *   ASYNC   PDBackendAsync sender (DEALER): AllocResponse, one remote index
+ *           per key, no dedup, -1 = slot failed
+ *   SYNC    PDBackend sender (REQ): AllocResponse, dedup (already_sent_indexes)
+ *   ASCEND  LMCache-Ascend sender (REQ): AscendAllocResponse (region uuids,
+ *           alloc_failed)
+ *   LIBKVT  a libkvt sender (it says so with kvt_ext): Ascend layout + kvt_ext
+ * AUTO (config only): async when the request carries the async backend's
+ * fields (req_id / is_last_batch / total_chunks), libkvt when it carries
+ * kvt_ext, else sync -- a push-mode Ascend sender's AllocRequest is
+ * byte-identical to a sync one, so Ascend push peers need "ascend". */
+typedef enum kvt_flavour {
+    KVT_FLAVOUR_AUTO = 0,
+    KVT_FLAVOUR_ASYNC,
+    KVT_FLAVOUR_SYNC,
+    KVT_FLAVOUR_ASCEND,
+    KVT_FLAVOUR_LIBKVT,
+} kvt_flavour_t;
+
+kvt_status_t kvt_flavour_parse(const char *s, kvt_flavour_t *out);
+const char *kvt_flavour_name(kvt_flavour_t f);
 
 /* Where a load failed. key may be "" (syntax error), line is 1-based (YAML
  * and JSON) or 0 when unknown. */

@@ -12,7 +12,11 @@
  *        writes pages (push)      <-- AscendAllocResponse / Ack ---
  *        or pins them (pull)      <== receiver READs (pull) =======
  *        ProxyNotif -> proxy, once the receiver confirmed the last batch
- *        landed (ProxyNotif echo on the alloc channel)
+ *        landed (ProxyNotif echo on the alloc channel; only with a libkvt
+ *        receiver, negotiated through kvt_ext)
+ *
+ * A receiver also serves upstream LMCache senders (async, sync, Ascend), each
+ * answered in its own terms (docs/protocols/lmcache-wire.md).
  *                                   kvt_submit_wait_req(req_id)  -> landed
  *                                   kvt_submit_load(keys, dst)   -> bytes copied
  *                                   kvt_release(keys)            -> pages freed

@@ -32,6 +32,7 @@ typedef struct kvt_metrics {
     uint32_t breaker_open;          /* kvt_breaker_open (gauge, peers backed off) */
     uint64_t breaker_skips_total;   /* kvt_breaker_skips_total */
     uint64_t bad_messages_total;    /* kvt_bad_messages_total (garbage on any socket) */
+    uint64_t refusals_total;        /* kvt_refusals_total (requests a receiver refused) */
     uint64_t ctrl_timeouts_total;   /* kvt_ctrl_timeouts_total (replaced sockets) */
     uint64_t proxy_notifs_total;    /* kvt_proxy_notifs_total (sent) */
     uint64_t pull_expired_total;    /* kvt_pull_expired_total (released by the TTL sweep) */

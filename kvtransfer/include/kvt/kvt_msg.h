@@ -13,14 +13,20 @@
  *
  *  AllocRequest        keys:[str] fmt:int shape:[int] dtype:str last_chunk_toks:int
  *                      req_id:str="" is_last_batch:bool=false total_chunks:int=0
- *  AllocResponse       already_sent_indexes:[int] remote_indexes:[int]
+ *                      kvt_ext:int=0 (omitted when 0)
+ *  AllocResponse       already_sent_indexes:[int]=[] remote_indexes:[int]   (sync order)
+ *  AllocResponse       remote_indexes:[int] already_sent_indexes:[int]=[]   (async order,
+ *                      encoder type KVT_MSG_ALLOC_RESPONSE_ASYNC; decodes as ALLOC_RESPONSE)
  *  AscendAllocResponse already_sent_indexes:[int] remote_indexes:[int]
  *                      remote_buffer_uuids:[str] alloc_failed:bool=false
+ *                      kvt_ext:int=0 (omitted when 0)
  *  ProxyNotif          req_id:str
  *  PullReadyNotif      pull_id:str keys:[str] sender_buffer_uuids:[str]
  *                      sender_mem_indexes:[int] sender_id:str sender_done_url:str
  *                      fmt:int shape:[int] dtype:str last_chunk_toks:int
+ *                      kvt_ext:int=0 (omitted when 0)
  *  PullReadyDoneAck    already_sent_indexes:[int] alloc_failed:bool=false
+ *                      kvt_ext:int=0 (omitted when 0)
  *  PullDoneSignal      pull_id:str
  *  CancelNotif         req_id:str keys:[str]
  *  ReserveRequest      req_id:str total_chunks:int ttl_ms:int          (pdgw extension)
@@ -31,6 +37,14 @@
  *    TransportLane     host:str="" port:int=0 qp_num:int=0 lid:int=0 gid:str=""
  *                      psn:int=0 mtu:int=0                 (nested map, "type" first)
  *    TransportRegion   uuid:str addr:int length:int rkey:int=0  (nested map, "type" first)
+ *
+ * kvt_ext (pdgw extension, never sent as 0): a libkvt sender puts
+ * KVT_MSG_EXT_VERSION into its AllocRequest / PullReadyNotif; a libkvt
+ * receiver answers such a sender with AscendAllocResponse / PullReadyDoneAck
+ * carrying its own kvt_ext. Upstream LMCache (msgspec, unknown fields
+ * ignored) never sees the field in a reply and ignores it in a request. Only
+ * when both sides said so do they use the pdgw extensions (the "landed"
+ * ProxyNotif echo).
  *
  * TransportInit is exchanged on pd_peer_init_port: each side sends its own
  * and answers with its own. TCP uses host/port per lane; verbs uses
@@ -76,8 +90,12 @@ typedef enum kvt_msg_type {
     KVT_MSG_RESERVE_REQUEST,
     KVT_MSG_RESERVE_RESPONSE,
     KVT_MSG_TRANSPORT_INIT,
+    KVT_MSG_ALLOC_RESPONSE_ASYNC, /* "AllocResponse" in the async backend's field order */
     KVT_MSG_TYPE_COUNT
 } kvt_msg_type_t;
+
+/* pdgw extension level announced in kvt_ext (see above). */
+#define KVT_MSG_EXT_VERSION 1
 
 /* Wire class name ("AllocRequest", ...); NULL for NONE/out of range. */
 const char *kvt_msg_type_name(kvt_msg_type_t t);
@@ -104,6 +122,7 @@ typedef struct kvt_msg_alloc_request {
     char *req_id; /* "" default, never NULL after decode */
     int is_last_batch;
     int64_t total_chunks;
+    int64_t kvt_ext; /* pdgw: sender is libkvt (0 = upstream peer) */
 } kvt_msg_alloc_request_t;
 
 /* AllocResponse and AscendAllocResponse share one struct; the plain
@@ -114,6 +133,7 @@ typedef struct kvt_msg_alloc_response {
     kvt_int_list_t remote_indexes;       /* per key not already sent; -1 = failed */
     kvt_str_list_t remote_buffer_uuids;  /* Ascend: region UUID per remote index */
     int alloc_failed;
+    int64_t kvt_ext; /* pdgw: receiver is libkvt (Ascend layout only) */
 } kvt_msg_alloc_response_t;
 
 typedef struct kvt_msg_proxy_notif {
@@ -131,11 +151,13 @@ typedef struct kvt_msg_pull_ready_notif {
     kvt_int_list_t shape;
     char *dtype;
     int64_t last_chunk_toks;
+    int64_t kvt_ext;
 } kvt_msg_pull_ready_notif_t;
 
 typedef struct kvt_msg_pull_ready_done_ack {
     kvt_int_list_t already_sent_indexes;
     int alloc_failed;
+    int64_t kvt_ext;
 } kvt_msg_pull_ready_done_ack_t;
 
 typedef struct kvt_msg_pull_done_signal {
@@ -189,6 +211,7 @@ typedef struct kvt_msg_transport_init {
 
 typedef struct kvt_msg {
     kvt_msg_type_t type;
+    uint64_t present; /* decoder: bit i = field i of the type's table was on the wire */
     union {
         kvt_msg_alloc_request_t alloc_req;       /* ALLOC_REQUEST */
         kvt_msg_alloc_response_t alloc_resp;     /* ALLOC_RESPONSE, ASCEND_ALLOC_RESPONSE */
@@ -227,6 +250,11 @@ kvt_status_t kvt_msg_encode(const kvt_msg_t *m, void **data_out, size_t *len_out
  * <out> is left as KVT_MSG_NONE with nothing to free; <err> (may be NULL)
  * explains. */
 kvt_status_t kvt_msg_decode(const void *data, size_t len, kvt_msg_t *out, kvt_msg_err_t *err);
+
+/* 1 if the decoded message <m> carried field <name> on the wire (not a
+ * default). Tells an async LMCache sender (req_id / is_last_batch /
+ * total_chunks always encoded) from a sync or Ascend one. */
+int kvt_msg_has_field(const kvt_msg_t *m, const char *name);
 
 /* Read only the "type" of a message (cheap dispatch / metrics label).
  * KVT_ERR_MSG_TYPE if missing or unknown. */

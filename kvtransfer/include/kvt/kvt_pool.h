@@ -82,6 +82,15 @@ int kvt_fmt_token_dim(int32_t fmt);
 kvt_status_t kvt_chunk_geom_init(kvt_chunk_geom_t *g, int32_t fmt, const int64_t *shape,
                                  uint32_t ndim, const char *dtype);
 
+/* The geometry of one LMCache chunk, the unit its PD backends move and
+ * allocate (LMCache lmcache/v1/gpu_connector.py get_shape): KV_2LTD
+ * [2, layers, chunk_tokens, hidden] (hidden = kv heads x head size), or
+ * KV_MLA [1, layers, chunk_tokens, hidden] when <mla>. kvt_chunk_bytes() of
+ * it is the page size a receiver needs: one page holds a whole chunk, every
+ * layer. */
+kvt_status_t kvt_chunk_geom_lmcache(kvt_chunk_geom_t *g, int64_t layers, int64_t chunk_tokens,
+                                    int64_t hidden, const char *dtype, int mla);
+
 /* Tokens of a full chunk (shape[token_dim]); 0 when the format has none. */
 int64_t kvt_chunk_full_tokens(const kvt_chunk_geom_t *g);
 

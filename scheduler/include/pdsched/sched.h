@@ -118,6 +118,9 @@ typedef struct sched_instance_desc {
     sched_label_t labels[SCHED_MAX_LABELS];
     size_t n_labels;
     sched_source_t source;
+    /* Which KV engine the instance runs (SCHED_KV_ENGINE_*): pdgw extensions of the
+     * LMCache control messages go only to libkvt peers. */
+    int kv_engine;
 
     /* Parsed from url by the pool (output only). */
     const char *scheme;    /* "http" or "https" */
@@ -125,6 +128,11 @@ typedef struct sched_instance_desc {
     int port;              /* explicit or scheme default */
     const char *base_path; /* "" or "/prefix" without trailing slash */
 } sched_instance_desc_t;
+
+enum {
+    SCHED_KV_ENGINE_UPSTREAM = 0, /* the engine's own KV stack (LMCache, NIXL, ...) */
+    SCHED_KV_ENGINE_LIBKVT = 1    /* pdgw's libkvt (pdgw-sim, engines embedding libkvt) */
+};
 
 /* Zero the descriptor (role BOTH, weight 1, dp size 1, source static). */
 void sched_instance_desc_init(sched_instance_desc_t *desc);

@@ -37,8 +37,12 @@ class Sim:
             if role == "prefill":
                 argv += ["--kv-port", str(self.kv_port), "--bootstrap-port", str(self.boot_port)]
             if role == "decode":
+                # LMCache's example decoders run with skip_last_n_tokens: 1 (its proxy appends
+                # the prefill's first token to the prompt; LMCache examples/disagg_prefill/
+                # */disagg_vllm_launcher.sh)
                 argv += ["--alloc-port", ",".join(map(str, self.alloc_ports)),
-                         "--init-port", ",".join(map(str, self.init_ports))]
+                         "--init-port", ",".join(map(str, self.init_ports)),
+                         "--skip-last-n-tokens", "1"]
             argv += [str(a) for a in extra]
             self.proc = T.Proc(name, argv)
             try:
@@ -58,8 +62,9 @@ class Sim:
         if self.role == "prefill":
             inst.update(kv_port=self.kv_port, bootstrap_port=self.boot_port)
         if self.role == "decode":
+            # pdgw-sim embeds libkvt: pdgw's extensions (ReserveRequest) are allowed
             inst.update(alloc_ports=self.alloc_ports, init_ports=self.init_ports,
-                        tp_size=len(self.alloc_ports))
+                        tp_size=len(self.alloc_ports), kv_engine="libkvt")
         return inst
 
     def metrics(self):
@@ -91,7 +96,8 @@ def yaml_scalar(v):
 class Gateway:
     """pdgw with a YAML config naming every instance field the forwarders read."""
 
-    def __init__(self, protocol, mode, instances, opts=None, extra=(), retries=1, top=None):
+    def __init__(self, protocol, mode, instances, opts=None, extra=(), retries=1, top=None,
+                 env=None):
         self.protocol, self.mode = protocol, mode
         self.port = T.free_port()
         lines = [f'listen: "127.0.0.1:{self.port}"', "workers: 2",
@@ -115,7 +121,7 @@ class Gateway:
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(lines) + "\n")
         self.proc = T.Proc(f"pdgw-{protocol}-{mode}",
-                           [T.binary("pdgw"), "--config", self.cfg, *extra])
+                           [T.binary("pdgw"), "--config", self.cfg, *extra], env=env)
         try:
             T.wait_http(self.port, "/health", timeout=10, proc=self.proc)
             T.wait_http(self.port, "/ready", timeout=10, proc=self.proc)
@@ -204,7 +210,9 @@ def check_hardened(body, client):
 
 
 def leg_records(sim, rid, chat):
-    return [r for r in sim.records(rid) if r["path"] in (path_of(chat), "kvt:compute")]
+    # lmcache's first_tok flow sends chat requests to /v1/completions as token ids
+    return [r for r in sim.records(rid)
+            if r["path"] in (path_of(chat), "/v1/completions", "kvt:compute")]
 
 
 def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
@@ -213,10 +221,20 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
     db = drec["body"]
     client = client_body(chat, False)
     leg_id = drec["request_id"]  # transfer names derive from the gateway-minted id
-    if pb is not None:
+    first_tok = protocol == "lmcache" and opts.get("flow", "first_tok") == "first_tok"
+    if pb is not None and first_tok:
+        # LMCache's proxy: the client's request with max_tokens 1 and stream false; its one
+        # token is the answer's first, so ignore_eos and stop stay as the client sent them
+        assert pb["max_tokens"] == 1 and pb["stream"] is False, pb
+        for k in ("stream_options", "min_tokens", "min_completion_tokens", "messages"):
+            assert k not in pb, (k, pb)
+        for k, v in client.items():
+            if k not in ("max_tokens", "stream", "prompt", "messages"):
+                assert pb.get(k) == v, (k, pb.get(k), v)
+    elif pb is not None:
         check_hardened(pb, client)
     if protocol == "vllm-nixl" or (protocol == "vllm-mooncake" and
-                                   opts.get("mooncake_dispatch", "serial") == "serial"):
+                                   opts.get("mooncake_dispatch") == "serial"):
         assert pb["kv_transfer_params"] == NIXL_PREFILL_KVP, pb
         back = prec["response_kv_transfer_params"]
         for k in ("do_remote_prefill", "do_remote_decode", "remote_block_ids",
@@ -225,8 +243,10 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
             assert k in back, (k, back)
         assert db["kv_transfer_params"] == back, (db, back)
     elif protocol == "vllm-mooncake":
+        # upstream vLLM examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py:
+        # transfer_id "xfer-<request uuid>", engine id from the prefill's bootstrap /query
         tid = pb["kv_transfer_params"]["transfer_id"]
-        assert tid == f"{leg_id}-0", tid
+        assert tid == f"xfer-{leg_id}", tid
         assert pb["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False,
                                             "transfer_id": tid}, pb
         assert db["kv_transfer_params"] == {
@@ -251,10 +271,27 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
         assert isinstance(room, int) and 0 <= room < 2 ** 63, room
         assert pb["bootstrap_room"] == room, (pb, db)
     elif protocol == "lmcache":
-        assert pb["kv_transfer_params"] == {"disagg_spec": {
-            "req_id": leg_id, "receiver_host": "127.0.0.1",
-            "receiver_init_port": D.init_ports, "receiver_alloc_port": D.alloc_ports}}, pb
+        spec = {"req_id": leg_id, "receiver_host": "127.0.0.1",
+                "receiver_init_port": D.init_ports, "receiver_alloc_port": D.alloc_ports}
         assert "kv_transfer_params" not in db, db
+        if first_tok:
+            # LMCache examples/disagg_prefill/disagg_proxy_server.py: both legs to
+            # /v1/completions with the prompt's token ids (from /tokenize); the prefill asks
+            # ret_first_tok, the decode gets ids + [first_tok] and max_tokens - 1
+            assert pb["kv_transfer_params"] == {"ret_first_tok": True, "disagg_spec": spec}, pb
+            assert prec["path"] == drec["path"] == "/v1/completions", (prec["path"], drec["path"])
+            ids = pb["prompt"]
+            assert ids and all(isinstance(i, int) for i in ids), pb
+            assert "messages" not in pb and "messages" not in db, (pb, db)
+            first = prec["response_kv_transfer_params"]["first_tok"]
+            assert db["prompt"] == ids + [first], (db["prompt"], ids, first)
+            # the first token ended the answer (pdgw-sim's EOS id 2): one token is enough
+            ended = first == 2
+            assert db["max_tokens"] == (1 if ended else client["max_tokens"] - 1), db
+            client = {k: v for k, v in client.items()
+                      if k not in ("prompt", "messages", "max_tokens")}
+        else:
+            assert pb["kv_transfer_params"] == {"disagg_spec": spec}, pb
     else:
         raise AssertionError(protocol)
     # the decode got the client's request otherwise unchanged

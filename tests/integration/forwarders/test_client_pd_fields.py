@@ -143,6 +143,19 @@ def legs(rid):
     return out
 
 
+def is_prompt(leg_body, prompt):
+    """A leg carries <prompt>: as text, or (lmcache's first_tok flow, LMCache's proxy) as its
+    token ids from the engine's /tokenize, the decode with the first token appended."""
+    got = leg_body.get("prompt")
+    if got == prompt:
+        return True
+    if not isinstance(got, list):
+        return False
+    st, _, obj, raw = T.post_json(env["P"].port, "/tokenize", {"prompt": prompt})
+    assert st == 200, raw
+    return got[:len(obj["tokens"])] == obj["tokens"] and len(got) - len(obj["tokens"]) <= 1
+
+
 def metric_sum(text, name, labels):
     """Sum of every sample of <name> whose labels include <labels>."""
     total = 0.0
@@ -281,9 +294,9 @@ def run_same_client_id(protocol, mode, opts):
         ids = set()
         for prompt in prompts:
             D_side = "both" if protocol == "neutral" else "decode-0"
-            dl = [r for s, r in legs(rid) if s.name == D_side and r["body"].get("prompt") == prompt]
+            dl = [r for s, r in legs(rid) if s.name == D_side and is_prompt(r["body"], prompt)]
             pl = [r for s, r in legs(rid) if s.name == "prefill-0" and
-                  r["body"].get("prompt") == prompt]
+                  is_prompt(r["body"], prompt)]
             if protocol == "vllm-kvt" and mode == "batch":
                 pl = []  # the prefill computes on the decode's request: no leg of its own
             assert len(dl) == 1, (protocol, prompt, dl)

@@ -19,8 +19,8 @@ CONFIGS = [
     ("vllm-nixl", "staged", {}),
     ("vllm-mooncake", "batch", {}),
     ("vllm-mooncake", "staged", {}),
-    ("vllm-mooncake", "batch", {"mooncake_dispatch": "parallel"}),
-    ("vllm-mooncake", "staged", {"mooncake_dispatch": "parallel"}),
+    ("vllm-mooncake", "batch", {"mooncake_dispatch": "serial"}),
+    ("vllm-mooncake", "staged", {"mooncake_dispatch": "serial"}),
     ("vllm-kvt", "batch", {}),
     ("vllm-kvt", "staged", {}),
     ("sglang", "batch", {}),
@@ -73,7 +73,7 @@ def run_config(protocol, mode, opts, n):
         kvw = T.metric_value(text, "pdgw_kv_wait_seconds_count", lab) or 0
         assert dec == ncases, ("pdgw_decode_seconds", dec, ncases)
         serial = (protocol in ("vllm-nixl", "lmcache") or
-                  (protocol == "vllm-mooncake" and "mooncake_dispatch" not in opts) or
+                  (protocol == "vllm-mooncake" and opts.get("mooncake_dispatch") == "serial") or
                   (protocol == "vllm-kvt" and mode == "staged"))
         if serial:
             assert pre == ncases and kvw == ncases, ("prefill/kv_wait", pre, kvw, ncases)
@@ -125,7 +125,8 @@ def test_stop_on_first_token():
     st, _, ref, raw = T.post_json(both.port, "/v1/completions", body)
     assert st == 200, raw
     for protocol in ("vllm-nixl", "vllm-mooncake"):
-        gw = Gateway(protocol, "batch", [P.instance(), D.instance()], {})
+        gw = Gateway(protocol, "batch", [P.instance(), D.instance()],
+                     {"mooncake_dispatch": "serial"} if protocol == "vllm-mooncake" else {})
         try:
             rid = "stop-" + uuid.uuid4().hex[:12]
             st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body, {"X-Request-Id": rid})

@@ -96,6 +96,9 @@ GOLDEN = {
 # Defaults applied by the decoder to fields a peer may omit.
 DEFAULTS = {
     "AllocRequest": {"req_id": "", "is_last_batch": False, "total_chunks": 0},
+    # LMCache pd_backend_async.py declares already_sent_indexes = [] (the sync
+    # pd_backend.py requires it): a libkvt sender accepts either reply.
+    "AllocResponse": {"already_sent_indexes": []},
     "AscendAllocResponse": {"alloc_failed": False},
     "PullReadyDoneAck": {"alloc_failed": False},
     "TransportInit": {"regions": [], "version": 1, "epoch": 0},
@@ -227,6 +230,96 @@ def test_big_request_roundtrip():
     assert kvt_encode(msg) == raw
 
 
+# ---- each LMCache flavour, as upstream writes it ---------------------------
+# Vectors of what upstream's own code puts on the wire (msgspec tagged
+# structs, every field in declaration order, defaults included), frozen as
+# python3-msgpack produced them:
+#   async_*   LMCache lmcache/v1/storage_backend/pd_backend_async.py
+#             (AllocRequest with req_id / is_last_batch / total_chunks;
+#             AllocResponse with remote_indexes FIRST and already_sent_indexes
+#             = [] -- one index per key, -1 = failed, no dedup; CancelNotif and
+#             its answer AllocResponse{remote_indexes: []})
+#   sync_*    LMCache lmcache/v1/storage_backend/pd_backend.py (AllocRequest
+#             of five fields; AllocResponse already_sent_indexes first)
+#   ascend_*  LMCache-Ascend lmcache_ascend/v1/storage_backend/pd/messages.py
+#             (AscendAllocResponse = the sync AllocResponse + remote_buffer_uuids
+#             + alloc_failed; failure = empty lists; PullReadyNotif's
+#             sender_done_url is "host:port", sender_mixin.py); its push
+#             AllocRequest is the sync one
+#   libkvt_*  pdgw: a libkvt peer adds kvt_ext (never sent to upstream as 0)
+U = "3f2b6c1e-0d4a-4e8b-9c1f-5a6b7c8d9e0f"
+K = ["Qwen/Qwen3-8B@2@0@1f3a9c@bfloat16", "Qwen/Qwen3-8B@2@0@77e0b2@bfloat16"]
+UPSTREAM = {
+    "async_AllocRequest": {"type":"AllocRequest","keys":K,"fmt":1,"shape":[2,36,256,1024],"dtype":"bfloat16","last_chunk_toks":37,"req_id":"cmpl-7","is_last_batch":True,"total_chunks":0},
+    "sync_AllocRequest": {"type":"AllocRequest","keys":K,"fmt":1,"shape":[2,36,256,1024],"dtype":"bfloat16","last_chunk_toks":37},
+    "libkvt_AllocRequest": {"type":"AllocRequest","keys":K,"fmt":1,"shape":[2,36,256,1024],"dtype":"bfloat16","last_chunk_toks":37,"req_id":"cmpl-7","is_last_batch":True,"total_chunks":2,"kvt_ext":1},
+    "async_AllocResponse": {"type":"AllocResponse","remote_indexes":[12,40],"already_sent_indexes":[]},
+    "async_AllocResponse_failed": {"type":"AllocResponse","remote_indexes":[-1,-1],"already_sent_indexes":[]},
+    "async_CancelNotif": {"type":"CancelNotif","req_id":"cmpl-7","keys":K},
+    "async_CancelNotif_reply": {"type":"AllocResponse","remote_indexes":[],"already_sent_indexes":[]},
+    "sync_AllocResponse": {"type":"AllocResponse","already_sent_indexes":[0],"remote_indexes":[40]},
+    "ascend_AscendAllocResponse": {"type":"AscendAllocResponse","already_sent_indexes":[0],"remote_indexes":[40],"remote_buffer_uuids":[U],"alloc_failed":False},
+    "ascend_AscendAllocResponse_failed": {"type":"AscendAllocResponse","already_sent_indexes":[],"remote_indexes":[],"remote_buffer_uuids":[],"alloc_failed":True},
+    "libkvt_AscendAllocResponse": {"type":"AscendAllocResponse","already_sent_indexes":[],"remote_indexes":[3,4],"remote_buffer_uuids":[U,U],"alloc_failed":False,"kvt_ext":1},
+    "ascend_PullReadyNotif": {"type":"PullReadyNotif","pull_id":"9b1c0e6f2a4d4f7e8c3b5a1d2e4f6a8b","keys":K,"sender_buffer_uuids":[U,U],"sender_mem_indexes":[5,6],"sender_id":"10.0.0.5:7600","sender_done_url":"10.0.0.5:7600","fmt":1,"shape":[2,36,256,1024],"dtype":"bfloat16","last_chunk_toks":37},
+    "ascend_PullReadyDoneAck": {"type":"PullReadyDoneAck","already_sent_indexes":[1],"alloc_failed":False},
+    "ascend_PullDoneSignal": {"type":"PullDoneSignal","pull_id":"9b1c0e6f2a4d4f7e8c3b5a1d2e4f6a8b"},
+}
+UPSTREAM_GOLDEN = {
+    "async_AllocRequest": "89a474797065ac416c6c6f6352657175657374a46b65797392d9215177656e2f5177656e332d384240324030403166336139634062666c6f61743136d9215177656e2f5177656e332d384240324030403737653062324062666c6f61743136a3666d7401a57368617065940224cd0100cd0400a56474797065a862666c6f61743136af6c6173745f6368756e6b5f746f6b7325a67265715f6964a6636d706c2d37ad69735f6c6173745f6261746368c3ac746f74616c5f6368756e6b7300",
+    "sync_AllocRequest": "86a474797065ac416c6c6f6352657175657374a46b65797392d9215177656e2f5177656e332d384240324030403166336139634062666c6f61743136d9215177656e2f5177656e332d384240324030403737653062324062666c6f61743136a3666d7401a57368617065940224cd0100cd0400a56474797065a862666c6f61743136af6c6173745f6368756e6b5f746f6b7325",
+    "libkvt_AllocRequest": "8aa474797065ac416c6c6f6352657175657374a46b65797392d9215177656e2f5177656e332d384240324030403166336139634062666c6f61743136d9215177656e2f5177656e332d384240324030403737653062324062666c6f61743136a3666d7401a57368617065940224cd0100cd0400a56474797065a862666c6f61743136af6c6173745f6368756e6b5f746f6b7325a67265715f6964a6636d706c2d37ad69735f6c6173745f6261746368c3ac746f74616c5f6368756e6b7302a76b76745f65787401",
+    "async_AllocResponse": "83a474797065ad416c6c6f63526573706f6e7365ae72656d6f74655f696e6465786573920c28b4616c72656164795f73656e745f696e646578657390",
+    "async_AllocResponse_failed": "83a474797065ad416c6c6f63526573706f6e7365ae72656d6f74655f696e646578657392ffffb4616c72656164795f73656e745f696e646578657390",
+    "async_CancelNotif": "83a474797065ab43616e63656c4e6f746966a67265715f6964a6636d706c2d37a46b65797392d9215177656e2f5177656e332d384240324030403166336139634062666c6f61743136d9215177656e2f5177656e332d384240324030403737653062324062666c6f61743136",
+    "async_CancelNotif_reply": "83a474797065ad416c6c6f63526573706f6e7365ae72656d6f74655f696e646578657390b4616c72656164795f73656e745f696e646578657390",
+    "sync_AllocResponse": "83a474797065ad416c6c6f63526573706f6e7365b4616c72656164795f73656e745f696e64657865739100ae72656d6f74655f696e64657865739128",
+    "ascend_AscendAllocResponse": "85a474797065b3417363656e64416c6c6f63526573706f6e7365b4616c72656164795f73656e745f696e64657865739100ae72656d6f74655f696e64657865739128b372656d6f74655f6275666665725f757569647391d92433663262366331652d306434612d346538622d396331662d356136623763386439653066ac616c6c6f635f6661696c6564c2",
+    "ascend_AscendAllocResponse_failed": "85a474797065b3417363656e64416c6c6f63526573706f6e7365b4616c72656164795f73656e745f696e646578657390ae72656d6f74655f696e646578657390b372656d6f74655f6275666665725f757569647390ac616c6c6f635f6661696c6564c3",
+    "libkvt_AscendAllocResponse": "86a474797065b3417363656e64416c6c6f63526573706f6e7365b4616c72656164795f73656e745f696e646578657390ae72656d6f74655f696e6465786573920304b372656d6f74655f6275666665725f757569647392d92433663262366331652d306434612d346538622d396331662d356136623763386439653066d92433663262366331652d306434612d346538622d396331662d356136623763386439653066ac616c6c6f635f6661696c6564c2a76b76745f65787401",
+    "ascend_PullReadyNotif": "8ba474797065ae50756c6c52656164794e6f746966a770756c6c5f6964d9203962316330653666326134643466376538633362356131643265346636613862a46b65797392d9215177656e2f5177656e332d384240324030403166336139634062666c6f61743136d9215177656e2f5177656e332d384240324030403737653062324062666c6f61743136b373656e6465725f6275666665725f757569647392d92433663262366331652d306434612d346538622d396331662d356136623763386439653066d92433663262366331652d306434612d346538622d396331662d356136623763386439653066b273656e6465725f6d656d5f696e6465786573920506a973656e6465725f6964ad31302e302e302e353a37363030af73656e6465725f646f6e655f75726cad31302e302e302e353a37363030a3666d7401a57368617065940224cd0100cd0400a56474797065a862666c6f61743136af6c6173745f6368756e6b5f746f6b7325",
+    "ascend_PullReadyDoneAck": "83a474797065b050756c6c5265616479446f6e6541636bb4616c72656164795f73656e745f696e64657865739101ac616c6c6f635f6661696c6564c2",
+    "ascend_PullDoneSignal": "82a474797065ae50756c6c446f6e655369676e616ca770756c6c5f6964d9203962316330653666326134643466376538633362356131643265346636613862",
+}
+
+# libkvt's encoder writes AllocResponse in the sync order and every
+# AllocRequest field; the async-order replies a libkvt receiver sends are
+# compared byte for byte in test_lmcache_senders.py instead.
+UPSTREAM_ENCODED_BY_LIBKVT = [n for n in UPSTREAM if n not in (
+    "async_AllocResponse", "async_AllocResponse_failed", "async_CancelNotif_reply",
+    "sync_AllocRequest")]
+
+
+def decoded_view(msg):
+    """What libkvt's JSON view shows for <msg>: defaults filled, kvt_ext hidden when 0."""
+    out = dict(msg)
+    for k, v in DEFAULTS.get(msg["type"], {}).items():
+        out.setdefault(k, v)
+    return out
+
+
+def test_upstream_vectors_are_python_msgpack():
+    for name, msg in UPSTREAM.items():
+        assert msgpack.packb(msg).hex() == UPSTREAM_GOLDEN[name], name
+    assert set(UPSTREAM) == set(UPSTREAM_GOLDEN)
+
+
+def test_upstream_python_to_libkvt():
+    """libkvt decodes what every flavour sends and answers."""
+    for name, hexstr in UPSTREAM_GOLDEN.items():
+        rc, got = kvt_decode(bytes.fromhex(hexstr))
+        assert rc == 0, f"{name}: {got}"
+        assert got == decoded_view(UPSTREAM[name]), f"{name}: {got}"
+
+
+def test_upstream_libkvt_to_python():
+    """What libkvt sends in each flavour's terms is upstream's exact bytes."""
+    for name in UPSTREAM_ENCODED_BY_LIBKVT:
+        raw = kvt_encode(UPSTREAM[name])
+        assert raw.hex() == UPSTREAM_GOLDEN[name], f"{name}: {raw.hex()}"
+        assert msgpack.unpackb(raw) == UPSTREAM[name], name
+
+
 def main():
     global TOOL
     TOOL = pdgwtest.binary("kvt-msgtool")
@@ -238,6 +331,9 @@ def main():
         test_missing_defaulted_fields,
         test_rejections_name_the_field,
         test_big_request_roundtrip,
+        test_upstream_vectors_are_python_msgpack,
+        test_upstream_python_to_libkvt,
+        test_upstream_libkvt_to_python,
     ])
 
 

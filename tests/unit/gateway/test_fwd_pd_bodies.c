@@ -281,7 +281,7 @@ static void test_mooncake_serial(void **state)
     pdgw_fwd_error_t e;
     fx_t f;
     (void)state;
-    fx_open(&f, "vllm-mooncake", "{}", PDGW_MODE_STAGED);
+    fx_open(&f, "vllm-mooncake", "{\"mooncake_dispatch\":\"serial\"}", PDGW_MODE_STAGED);
     assert_int_equal(f.plan.dispatch, PDGW_DISPATCH_SERIAL);
     fx_leg(&f, PDGW_LEG_PREFILL, prefill_with(NIXL_PREFILL_KVP));
     assert_int_equal(fx_prefill_resp(&f,
@@ -304,48 +304,57 @@ static void test_mooncake_parallel(void **state)
     (void)state;
     for (i = 0; i < 2; i++) {
         fx_t f;
-        fx_open(&f, "vllm-mooncake", "{\"mooncake_dispatch\":\"parallel\"}", modes[i]);
+        /* parallel is the default; the engine id from config (no bootstrap server here) */
+        fx_open(&f, "vllm-mooncake", "{\"mooncake_engine_id\":\"config\"}", modes[i]);
         assert_int_equal(f.plan.dispatch, PDGW_DISPATCH_PARALLEL);
         fx_leg(&f, PDGW_LEG_PREFILL,
                prefill_with("{\"do_remote_decode\":true,\"do_remote_prefill\":false,"
-                            "\"transfer_id\":\"rid-1-0\"}"));
+                            "\"transfer_id\":\"xfer-rid-1\"}"));
         fx_leg(&f, PDGW_LEG_DECODE,
                decode_with("{\"do_remote_prefill\":true,\"do_remote_decode\":false,"
                            "\"remote_bootstrap_addr\":\"http://10.0.0.1:8998\","
-                           "\"remote_engine_id\":\"eng-p0\",\"transfer_id\":\"rid-1-0\"}"));
+                           "\"remote_engine_id\":\"eng-p0\",\"transfer_id\":\"xfer-rid-1\"}"));
         assert_int_equal(fx_prefill_resp(&f, "{\"kv_transfer_params\":null}", &e), PDGW_FWD_OK);
         e.phase = PDGW_PHASE_DECODE;
+        assert_int_equal(f.d->ops->retry_scope(f.ctx, f.st, &f.req, &e), PDGW_REPICK_DECODE);
+        e.phase = PDGW_PHASE_PREFILL;
         assert_int_equal(f.d->ops->retry_scope(f.ctx, f.st, &f.req, &e),
                          PDGW_REPICK_PREFILL | PDGW_REPICK_DECODE);
         fx_close(&f, PDGW_END_OK);
     }
 }
 
-/* A prefill without engine_id (or bootstrap port) cannot be named to the decode: the decode
- * leg is refused with an error instead of carrying remote_engine_id "". */
+/* mooncake_engine_id config: a prefill without engine_id cannot be named to the decode (the
+ * attempt is refused instead of sending remote_engine_id ""); a prefill without a bootstrap
+ * port is named with vLLM's default 8998. */
 static void test_mooncake_parallel_needs_prefill_ids(void **state)
 {
     pdgw_instance_t no_engine = inst_p, no_port = inst_p;
-    const pdgw_instance_t *bad[] = {&no_engine, &no_port};
+    pdgw_fwd_peers_t peers = {&no_engine, &inst_d};
+    pdgw_fwd_error_t e;
+    void *st = NULL;
+    fx_t f;
     (void)state;
     no_engine.engine_id = "";
     no_port.bootstrap_port = 0;
-    for (size_t i = 0; i < 2; i++) {
-        fx_t f;
-        pdgw_fwd_leg_t leg;
-        pdgw_fwd_error_t e;
-        fx_open(&f, "vllm-mooncake", "{\"mooncake_dispatch\":\"parallel\"}", PDGW_MODE_BATCH);
-        f.peers.prefill = bad[i];
-        memset(&leg, 0, sizeof(leg));
-        memset(&e, 0, sizeof(e));
-        assert_int_equal(
-            f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_DECODE, &f.peers, &leg, &e),
-            PDGW_FWD_ERR);
-        assert_null(leg.body);
-        assert_int_equal(e.phase, PDGW_PHASE_PREFILL);
-        assert_non_null(strstr(e.message, i == 0 ? "engine_id" : "bootstrap_port"));
-        fx_close(&f, PDGW_END_FAILED);
-    }
+    fx_open(&f, "vllm-mooncake", "{\"mooncake_engine_id\":\"config\"}", PDGW_MODE_BATCH);
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(f.d->ops->attempt_init(f.ctx, &f.req, &peers, &st, &e), PDGW_FWD_ERR);
+    assert_null(st);
+    assert_int_equal(e.phase, PDGW_PHASE_PREFILL);
+    assert_non_null(strstr(e.message, "engine_id"));
+    fx_close(&f, PDGW_END_FAILED);
+
+    fx_open(&f, "vllm-mooncake", "{\"mooncake_engine_id\":\"config\"}", PDGW_MODE_BATCH);
+    f.d->ops->attempt_cleanup(f.ctx, f.st, &f.req, PDGW_END_FAILED);
+    f.st = NULL;
+    f.peers.prefill = &no_port;
+    assert_int_equal(f.d->ops->attempt_init(f.ctx, &f.req, &f.peers, &f.st, &e), PDGW_FWD_OK);
+    fx_leg(&f, PDGW_LEG_DECODE,
+           decode_with("{\"do_remote_prefill\":true,\"do_remote_decode\":false,"
+                       "\"remote_bootstrap_addr\":\"http://10.0.0.1:8998\","
+                       "\"remote_engine_id\":\"eng-p0\",\"transfer_id\":\"xfer-rid-1\"}"));
+    fx_close(&f, PDGW_END_OK);
 }
 
 static void test_mooncake_parallel_old_fields(void **state)
@@ -353,12 +362,12 @@ static void test_mooncake_parallel_old_fields(void **state)
     fx_t f;
     (void)state;
     fx_open(&f, "vllm-mooncake",
-            "{\"mooncake_dispatch\":\"parallel\",\"mooncake_bootstrap_fields\":\"host_port\"}",
+            "{\"mooncake_engine_id\":\"config\",\"mooncake_bootstrap_fields\":\"host_port\"}",
             PDGW_MODE_BATCH);
     fx_leg(&f, PDGW_LEG_DECODE,
            decode_with("{\"do_remote_prefill\":true,\"do_remote_decode\":false,"
                        "\"bootstrap_server_host\":\"10.0.0.1\",\"bootstrap_server_port\":8998,"
-                       "\"remote_engine_id\":\"eng-p0\",\"transfer_id\":\"rid-1-0\"}"));
+                       "\"remote_engine_id\":\"eng-p0\",\"transfer_id\":\"xfer-rid-1\"}"));
     fx_close(&f, PDGW_END_OK);
 }
 
@@ -413,8 +422,11 @@ static void test_sglang(void **state)
         room = json_object_get(dl.body, "bootstrap_room");
         assert_true(json_is_integer(room));
         assert_true(json_integer_value(room) >= 0);
-        assert_int_equal(json_integer_value(room) % 4, 1); /* decode dp_rank 1 of 4 */
         assert_true(json_equal(room, json_object_get(pl.body, "bootstrap_room")));
+        /* the decode is DP rank 1 of 4: pinned with routed_dp_rank (sgl-model-gateway
+         * pd_router.rs); the prefill has no DP, so nothing else is pinned */
+        assert_int_equal(json_integer_value(json_object_get(dl.body, "routed_dp_rank")), 1);
+        json_object_del(dl.body, "routed_dp_rank");
         /* everything else, field by field */
         json_object_del(pl.body, "bootstrap_room");
         json_object_del(dl.body, "bootstrap_room");
@@ -442,6 +454,47 @@ static void test_sglang(void **state)
     assert_int_equal(fwd_sglang_room(INT64_MAX, 6, 7) % 7, 6);
 }
 
+/* A prefill without a bootstrap port and with DP (rank 2 of 3): bootstrap_port null on both
+ * legs (mini_lb.py / pd_router.rs send None; the engine uses its own port), the room lands on
+ * the prefill's rank, routed_dp_rank on the prefill leg, disagg_prefill_dp_rank (the prefill's)
+ * and routed_dp_rank (the decode's) on the decode leg. */
+static void test_sglang_prefill_dp_null_port(void **state)
+{
+    pdgw_instance_t p = inst_p;
+    pdgw_fwd_leg_t pl, dl;
+    pdgw_fwd_error_t e;
+    fx_t f;
+    (void)state;
+    p.bootstrap_port = 0;
+    p.dp_rank = 2;
+    p.dp_size = 3;
+    for (int n = 0; n < 50; n++) {
+        fx_open(&f, "sglang", "{}", PDGW_MODE_BATCH);
+        f.d->ops->attempt_cleanup(f.ctx, f.st, &f.req, PDGW_END_FAILED);
+        f.st = NULL;
+        f.peers.prefill = &p;
+        assert_int_equal(f.d->ops->attempt_init(f.ctx, &f.req, &f.peers, &f.st, &e), PDGW_FWD_OK);
+        memset(&pl, 0, sizeof(pl));
+        memset(&dl, 0, sizeof(dl));
+        assert_int_equal(
+            f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_PREFILL, &f.peers, &pl, &e),
+            PDGW_FWD_OK);
+        assert_int_equal(
+            f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_DECODE, &f.peers, &dl, &e),
+            PDGW_FWD_OK);
+        assert_true(json_is_null(json_object_get(pl.body, "bootstrap_port")));
+        assert_true(json_is_null(json_object_get(dl.body, "bootstrap_port")));
+        assert_int_equal(json_integer_value(json_object_get(pl.body, "bootstrap_room")) % 3, 2);
+        assert_int_equal(json_integer_value(json_object_get(pl.body, "routed_dp_rank")), 2);
+        assert_null(json_object_get(pl.body, "disagg_prefill_dp_rank"));
+        assert_int_equal(json_integer_value(json_object_get(dl.body, "disagg_prefill_dp_rank")), 2);
+        assert_int_equal(json_integer_value(json_object_get(dl.body, "routed_dp_rank")), 1);
+        json_decref(pl.body);
+        json_decref(dl.body);
+        fx_close(&f, PDGW_END_OK);
+    }
+}
+
 static void test_lmcache(void **state)
 {
     fx_t f;
@@ -451,7 +504,7 @@ static void test_lmcache(void **state)
     (void)state;
     fx_open(&f, "lmcache",
             "{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":false,"
-            "\"notif_timeout_ms\":50,\"admission_chunks\":0}",
+            "\"notif_timeout_ms\":50,\"admission_chunks\":0,\"flow\":\"client_body\"}",
             PDGW_MODE_BATCH);
     assert_int_equal(f.plan.dispatch, PDGW_DISPATCH_SERIAL);
     memset(&plan, 0, sizeof(plan));
@@ -565,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_mooncake_parallel_old_fields),
         cmocka_unit_test(test_kvt),
         cmocka_unit_test(test_sglang),
+        cmocka_unit_test(test_sglang_prefill_dp_null_port),
         cmocka_unit_test(test_lmcache),
         cmocka_unit_test(test_lmcache_admission),
     };

@@ -42,6 +42,24 @@ static void test_defaults(void **state)
     assert_string_equal(err.key, "pd_peer_alloc_port");
     c.pd_role = KVT_ROLE_SENDER;
     assert_int_equal(kvt_config_validate(&c, &err), KVT_OK);
+
+    /* pd_peer_flavour: which LMCache sender a receiver answers (auto = tell
+     * from the request); "libkvt" is negotiated on the wire, never configured */
+    assert_string_equal(c.pd_peer_flavour, "auto");
+    assert_int_equal(kvt_config_set(&c, "pd_peer_flavour", "ascend", &err), KVT_OK);
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_OK);
+    assert_int_equal(kvt_config_set(&c, "pd_peer_flavour", "libkvt", &err), KVT_OK);
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_ERR_CONFIG);
+    assert_string_equal(err.key, "pd_peer_flavour");
+    assert_int_equal(kvt_config_set(&c, "pd_peer_flavour", "vllm", &err), KVT_OK);
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_ERR_CONFIG);
+    {
+        kvt_flavour_t f;
+        assert_int_equal(kvt_flavour_parse("async", &f), KVT_OK);
+        assert_int_equal(f, KVT_FLAVOUR_ASYNC);
+        assert_string_equal(kvt_flavour_name(KVT_FLAVOUR_SYNC), "sync");
+        assert_int_equal(kvt_flavour_parse("ASYNC", &f), KVT_ERR_CONFIG);
+    }
 }
 
 /* The seed's sender example (pull-delay with CPU offload), verbatim keys. */

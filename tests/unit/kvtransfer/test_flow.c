@@ -8,11 +8,51 @@
  * refuses pulls above the high-water mark; an early PullDoneSignal still
  * releases; CancelNotif releases everything of a request on both sides;
  * decode admission reservations; garbage on the control sockets.
+ *
+ * Time-driven nets (backoff TTL, pull-pending TTL) run on a test clock both
+ * engines share: the test moves it by hand, so a loaded machine can neither
+ * make a TTL expire early nor late. Waits are on conditions, never on a
+ * sleep that hopes something happened meanwhile.
  */
+#include <stdatomic.h>
 #include <zmq.h>
 
 #include "test_engine_common.h"
 #include "kvt/kvt_msg.h"
+#include "kvt_engine_int.h" /* the sender's pull-pending table (early done signals) */
+
+static atomic_ullong fake_ns;
+
+static uint64_t fake_now(void *arg)
+{
+    (void)arg;
+    return atomic_load(&fake_ns);
+}
+
+static const kvt_clock_t fake_clock = {.now = fake_now, .arg = NULL};
+
+/* A fresh clock that stands still until fake_advance_ms(). */
+static const kvt_clock_t *fake_clock_start(void)
+{
+    atomic_store(&fake_ns, 1000ull * KVT_NSEC_PER_SEC);
+    return &fake_clock;
+}
+
+static void fake_advance_ms(uint64_t ms)
+{
+    atomic_fetch_add(&fake_ns, ms * KVT_NSEC_PER_MSEC);
+}
+
+/* Still running after the engines had time to act (frozen clock: it waits
+ * for space, it has not failed). */
+static int still_pending(kvt_engine_t *e, kvt_task_id_t id)
+{
+    kvt_task_result_t res;
+    if (kvt_task_wait(e, id, 200, &res) == KVT_ERR_TIMEOUT)
+        return 1;
+    kvt_task_result_clear(&res);
+    return 0;
+}
 
 static kvt_task_result_t store_wait(kvt_engine_t *s, const char *req, char **keys, uint32_t first,
                                     uint32_t n, int64_t toks)
@@ -98,7 +138,6 @@ static void test_too_large_breaker(void **state)
     kvt_task_result_t res;
     kvt_metrics_t m;
     char rid[64];
-    uint64_t t0;
     kvt_status_t st;
     (void)state;
 
@@ -109,7 +148,7 @@ static void test_too_large_breaker(void **state)
     sc.pd_proxy_port = kvt_proxy_port(px);
     sc.pd_alloc_fail_backoff_ttl = 0.5;
     rc.pd_alloc_fail_backoff_ttl = 0.5;
-    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, fake_clock_start()), KVT_OK);
 
     /* the sender's own buffer: refused before anything is sent */
     {
@@ -119,12 +158,12 @@ static void test_too_large_breaker(void **state)
         (void)id;
         t_keys_free(k2, 65);
     }
-    t0 = t_now_ms();
-    res = store_wait(p.s, "big-1", keys, 0, 12, 0); /* 12 > 8 pages on the receiver */
+    /* 12 > 8 pages on the receiver: answered while the clock stands still,
+     * so nobody waited out a TTL or a timeout */
+    res = store_wait(p.s, "big-1", keys, 0, 12, 0);
     assert_int_equal(res.status, KVT_ERR_ALLOC_FAILED);
     assert_int_equal(t_bits(&res), 0);
     kvt_task_result_clear(&res);
-    assert_true(t_now_ms() - t0 < 400); /* no waiting out a TTL or timeout */
     assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 3000), KVT_OK);
     /* ProxyNotif of a failed request still goes out: the decoder recomputes */
     assert_string_equal(rid, "big-1");
@@ -143,7 +182,7 @@ static void test_too_large_breaker(void **state)
     assert_true(t_pool_drained(p.s, 1000));
 
     /* after the TTL the peer is used again */
-    usleep(600 * 1000);
+    fake_advance_ms(600);
     res = store_wait(p.s, "after", keys, 30, 2, 0);
     assert_int_equal(res.status, KVT_OK);
     assert_int_equal(t_bits(&res), 2);
@@ -163,22 +202,28 @@ static void test_too_large_breaker(void **state)
 static void test_partial_after_wait(void **state)
 {
     t_pair_t p;
+    kvt_config_t sc, rc;
     char **keys = t_keys("part", 12);
     kvt_task_result_t res;
-    uint64_t t0;
+    kvt_task_id_t id;
+    kvt_status_t st;
     (void)state;
 
-    assert_int_equal(t_pair_open(&p, MODE_PUSH, 32 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
+    rc.pd_alloc_fail_backoff_ttl = 0.3;
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, fake_clock_start()), KVT_OK);
     res = store_wait(p.s, "part-a", keys, 0, 6, 0);
     assert_int_equal(t_bits(&res), 6);
     kvt_task_result_clear(&res);
-    t0 = t_now_ms();
-    res = store_wait(p.s, "part-b", keys, 6, 6, 0);
+    id = t_store(p.s, "part-b", keys, 6, 6, 0, 1, 6, &st);
+    assert_int_equal(st, KVT_OK);
+    assert_true(still_pending(p.s, id)); /* waits the backoff TTL (0.3 s) for space ... */
+    fake_advance_ms(350);
+    assert_int_equal(t_wait(p.s, id, 5000, &res), KVT_OK); /* ... not the whole timeout */
     assert_int_equal(res.status, KVT_OK);
     assert_int_equal(t_bits(&res), 2);
     kvt_task_result_clear(&res);
-    assert_true(t_now_ms() - t0 >= 250); /* waited (backoff TTL 0.3 s) ... */
-    assert_true(t_now_ms() - t0 < 2500); /* ... but not the whole timeout */
     wait_landed(p.r, "part-b");
     kvt_release_req(p.r, "part-a");
     kvt_release_req(p.r, "part-b");
@@ -203,27 +248,32 @@ static void test_full_waits_then_fails(void **state)
     kvt_config_t sc, rc;
     char **keys = t_keys("full", 12);
     kvt_task_result_t res;
-    uint64_t t0;
+    kvt_task_id_t id;
+    kvt_status_t st;
     double c0, cpu;
     (void)state;
 
     t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
     t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
     rc.pd_alloc_fail_backoff_ttl = 0.8;
-    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, fake_clock_start()), KVT_OK);
     res = store_wait(p.s, "full-a", keys, 0, 8, 0);
     assert_int_equal(t_bits(&res), 8);
     kvt_task_result_clear(&res);
-    t0 = t_now_ms();
+    id = t_store(p.s, "full-b", keys, 8, 4, 0, 1, 4, &st);
+    assert_int_equal(st, KVT_OK);
+    /* parked while the clock stands still; the CPU two parked engines burn
+     * over the next 0.8 s of wall time is far from a busy loop's */
     c0 = cpu_seconds();
-    res = store_wait(p.s, "full-b", keys, 8, 4, 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(still_pending(p.s, id));
     cpu = cpu_seconds() - c0;
+    assert_true(cpu < 0.4);
+    fake_advance_ms(850); /* past the backoff TTL: alloc_failed */
+    assert_int_equal(t_wait(p.s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_ALLOC_FAILED);
     assert_int_equal(t_bits(&res), 0);
     kvt_task_result_clear(&res);
-    assert_true(t_now_ms() - t0 >= 700);
-    /* two engines idling/parking for 0.8 s: far from a busy loop */
-    assert_true(cpu < 0.4);
     kvt_release_req(p.r, "full-a");
     assert_true(t_pool_drained(p.r, 1000));
     assert_true(t_pool_drained(p.s, 1000));
@@ -245,14 +295,15 @@ static void test_parked_gets_space(void **state)
     t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 32 * T_PAGE, "tcp");
     t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
     rc.pd_alloc_fail_backoff_ttl = 2.0;
-    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    /* frozen clock: the parked request cannot reach its deadline however
+     * slow the machine is */
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, fake_clock_start()), KVT_OK);
     res = store_wait(p.s, "park-a", keys, 0, 6, 0);
     kvt_task_result_clear(&res);
     wait_landed(p.r, "park-a");
     id = t_store(p.s, "park-b", keys, 6, 6, 0, 1, 6, &st);
     assert_int_equal(st, KVT_OK);
-    usleep(100 * 1000);
-    assert_int_equal(kvt_task_wait(p.s, id, 0, &res), KVT_ERR_TIMEOUT); /* parked */
+    assert_true(still_pending(p.s, id)); /* parked */
     kvt_release_req(p.r, "park-a");
     assert_int_equal(t_wait(p.s, id, 3000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_OK);
@@ -279,12 +330,13 @@ static void test_sweep_releases(void **state)
     t_cfg(&sc, KVT_ROLE_SENDER, MODE_PULL_DELAY, 32 * T_PAGE, "tcp");
     t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PULL_DELAY, 32 * T_PAGE, "tcp");
     sc.pd_pull_pending_ttl = 0.3;
-    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, NULL), KVT_OK);
+    assert_int_equal(t_pair_open_ex(&p, &sc, &rc, fake_clock_start()), KVT_OK);
     res = store_wait(p.s, "sweep-a", keys, 0, 6, 0);
     assert_int_equal(t_bits(&res), 6);
     kvt_task_result_clear(&res);
     kvt_engine_pool_stats(p.s, &ps);
     assert_int_equal(ps.pinned_pages, 6);
+    fake_advance_ms(400);
     assert_true(t_pool_drained(p.s, 3000));
     kvt_engine_metrics(p.s, &m);
     assert_int_equal(m.pull_expired_total, 1);
@@ -351,7 +403,16 @@ static void test_early_done(void **state)
     assert_int_equal(kvt_msg_encode(&msg, &data, &len), KVT_OK);
     zmq_send(push, data, len, 0);
     kvt_free(data);
-    usleep(100 * 1000);
+    /* the sender remembered it before the pull exists */
+    {
+        kvt_pending_stats_t pst = {0};
+        for (uint64_t end = t_now_ms() + 5000; t_now_ms() < end; usleep(2000)) {
+            kvt_pending_stats(p.s->pending, &pst);
+            if (pst.early >= 1)
+                break;
+        }
+        assert_int_equal(pst.early, 1);
+    }
     res = store_wait(p.s, "early-req", keys, 0, 3, 0);
     assert_int_equal(res.status, KVT_OK);
     kvt_task_result_clear(&res);
@@ -583,11 +644,15 @@ static void test_control_garbage(void **state)
     assert_true(zmq_msg_recv(&f, d2, 0) >= 0);
     assert_int_equal(kvt_msg_decode(zmq_msg_data(&f), zmq_msg_size(&f), &r, NULL), KVT_OK);
     zmq_msg_close(&f);
-    assert_int_equal(r.type, KVT_MSG_ASCEND_ALLOC_RESPONSE);
-    assert_true(r.u.alloc_resp.alloc_failed);
+    /* no async fields, no kvt_ext: a sync-backend sender, answered in its
+     * terms (LMCache pd_backend.py AllocResponse; -1 = nothing to write to) */
+    assert_int_equal(r.type, KVT_MSG_ALLOC_RESPONSE);
+    assert_int_equal(r.u.alloc_resp.remote_indexes.n, 1);
+    assert_int_equal(r.u.alloc_resp.remote_indexes.v[0], -1);
     kvt_msg_clear(&r);
     kvt_engine_metrics(p.r, &m);
-    assert_true(m.bad_messages_total >= 4);
+    assert_true(m.bad_messages_total >= 3);
+    assert_true(m.refusals_total >= 1);
     /* and the engine still works */
     res = store_wait(p.s, "gb-1", keys, 0, 2, 0);
     assert_int_equal(res.status, KVT_OK);

@@ -282,6 +282,54 @@ static void test_encoding_layout(void **state)
     assert_null(kvt_msg_type_name(KVT_MSG_TYPE_COUNT));
 }
 
+/* Per-flavour layouts (LMCache pd_backend_async.py: AllocResponse with
+ * remote_indexes first; pd_backend.py: already_sent_indexes first) and the
+ * kvt_ext extension, left out at 0 so upstream sees its own bytes. */
+static void test_flavour_layouts(void **state)
+{
+    kvt_msg_t m, back;
+    void *d;
+    size_t len;
+    /* {"type":"AllocResponse","remote_indexes":[],"already_sent_indexes":[]} */
+    static const uint8_t cancel_reply[] = {
+        0x83, 0xa4, 't', 'y', 'p', 'e',  0xad, 'A', 'l', 'l', 'o', 'c', 'R', 'e', 's',
+        'p',  'o',  'n', 's', 'e', 0xae, 'r',  'e', 'm', 'o', 't', 'e', '_', 'i', 'n',
+        'd',  'e',  'x', 'e', 's', 0x90, 0xb4, 'a', 'l', 'r', 'e', 'a', 'd', 'y', '_',
+        's',  'e',  'n', 't', '_', 'i',  'n',  'd', 'e', 'x', 'e', 's', 0x90};
+    (void)state;
+
+    kvt_msg_init(&m, KVT_MSG_ALLOC_RESPONSE_ASYNC);
+    assert_int_equal(kvt_msg_encode(&m, &d, &len), KVT_OK);
+    assert_int_equal(len, sizeof(cancel_reply));
+    assert_memory_equal(d, cancel_reply, len);
+    /* it decodes as the one AllocResponse type, both fields seen */
+    assert_int_equal(kvt_msg_decode(d, len, &back, NULL), KVT_OK);
+    assert_int_equal(back.type, KVT_MSG_ALLOC_RESPONSE);
+    assert_true(kvt_msg_has_field(&back, "remote_indexes"));
+    assert_true(kvt_msg_has_field(&back, "already_sent_indexes"));
+    kvt_msg_clear(&back);
+    kvt_free(d);
+
+    /* kvt_ext: absent at 0, present otherwise, seen by has_field */
+    m = make_alloc_request();
+    assert_int_equal(kvt_msg_encode(&m, &d, &len), KVT_OK);
+    assert_null(memmem(d, len, "kvt_ext", 7));
+    assert_int_equal(kvt_msg_decode(d, len, &back, NULL), KVT_OK);
+    assert_false(kvt_msg_has_field(&back, "kvt_ext"));
+    assert_true(kvt_msg_has_field(&back, "req_id")); /* libkvt writes every field */
+    kvt_msg_clear(&back);
+    kvt_free(d);
+    m.u.alloc_req.kvt_ext = KVT_MSG_EXT_VERSION;
+    assert_int_equal(kvt_msg_encode(&m, &d, &len), KVT_OK);
+    assert_non_null(memmem(d, len, "kvt_ext", 7));
+    assert_int_equal(kvt_msg_decode(d, len, &back, NULL), KVT_OK);
+    assert_int_equal(back.u.alloc_req.kvt_ext, KVT_MSG_EXT_VERSION);
+    assert_true(kvt_msg_has_field(&back, "kvt_ext"));
+    kvt_msg_clear(&back);
+    kvt_free(d);
+    kvt_msg_clear(&m);
+}
+
 /* ---- lenient decoding -------------------------------------------------------- */
 
 static void test_reordered_unknown_defaults(void **state)
@@ -839,6 +887,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_pull_and_small),
         cmocka_unit_test(test_roundtrip_transport_init),
         cmocka_unit_test(test_encoding_layout),
+        cmocka_unit_test(test_flavour_layouts),
         cmocka_unit_test(test_reordered_unknown_defaults),
         cmocka_unit_test(test_transport_init_defaults),
         cmocka_unit_test(test_reject_fields_and_types),

@@ -41,6 +41,20 @@ static void test_geometry(void **state)
     assert_int_equal(kvt_dtype_size("torch.float32"), 4);
     assert_int_equal(kvt_dtype_size("float8_e4m3fn"), 1);
     assert_int_equal(kvt_dtype_size("complex128"), 0);
+    /* LMCache's names for FP8 KV (lmcache/utils.py TORCH_DTYPE_TO_STR_DTYPE) */
+    assert_int_equal(kvt_dtype_size("fp8_e4m3fn"), 1);
+    assert_int_equal(kvt_dtype_size("fp8_e5m2"), 1);
+    assert_int_equal(kvt_dtype_size("fp8"), 1);
+
+    /* one LMCache chunk, every layer: Llama-3-8B (32 layers, 8 kv heads x
+     * 128) at chunk_size 256 in bfloat16 = 32 MiB per page */
+    assert_int_equal(kvt_chunk_geom_lmcache(&g, 32, 256, 1024, "bfloat16", 0), KVT_OK);
+    assert_int_equal(g.fmt, KVT_FMT_KV_2LTD);
+    assert_int_equal(kvt_chunk_bytes(&g), 2u * 32 * 256 * 1024 * 2);
+    assert_int_equal(kvt_chunk_bytes_toks(&g, 37), 2u * 32 * 37 * 1024 * 2);
+    assert_int_equal(kvt_chunk_geom_lmcache(&g, 61, 256, 576, "bfloat16", 1), KVT_OK);
+    assert_int_equal(kvt_chunk_bytes(&g), 1u * 61 * 256 * 576 * 2); /* MLA: one plane */
+    assert_int_equal(kvt_chunk_geom_lmcache(&g, 0, 256, 576, "bfloat16", 0), KVT_ERR_INVALID);
 
     assert_int_equal(kvt_chunk_geom_init(&g, KVT_FMT_KV_2LTD, shape_2ltd, 4, "bfloat16"), KVT_OK);
     assert_int_equal(g.token_dim, 2);

@@ -59,6 +59,12 @@ static void router_recv(void *s, char *ident, size_t *ilen, kvt_msg_t *m)
     zmq_msg_close(&f);
     zmq_msg_init(&f);
     assert_true(zmq_msg_recv(&f, s, 0) >= 0);
+    if (zmq_msg_size(&f) == 0) {
+        /* libkvt's DEALER sends [b"", payload], as a REQ would */
+        zmq_msg_close(&f);
+        zmq_msg_init(&f);
+        assert_true(zmq_msg_recv(&f, s, 0) >= 0);
+    }
     assert_int_equal(kvt_msg_decode(zmq_msg_data(&f), zmq_msg_size(&f), m, NULL), KVT_OK);
     zmq_msg_close(&f);
 }
@@ -166,6 +172,62 @@ static void test_sender_store_builds_alloc_request(void **state)
     t_keys_free(keys, 3);
 }
 
+/* A REP receiver (LMCache's sync backend, LMCache-Ascend: pd_backend.py /
+ * pd/receiver_mixin.py bind a REP on the alloc port) only takes requests
+ * framed [b"", payload] -- what libkvt's DEALER sends. Its answer has no
+ * kvt_ext, so the sender uses no pdgw extension with it. */
+static void test_rep_receiver_framing(void **state)
+{
+    fake_rx_t f;
+    kvt_engine_t *s;
+    char **keys = t_keys("rep", 2);
+    kvt_status_t st;
+    kvt_task_id_t id;
+    kvt_msg_t m, r;
+    kvt_task_result_t res;
+    zmq_msg_t fr;
+    zmq_pollitem_t it;
+    void *data;
+    size_t len;
+    int zero = 0;
+    (void)state;
+
+    fake_open(&f);
+    zmq_close(f.alloc); /* a REP on the alloc port instead of the ROUTER */
+    f.alloc = zmq_socket(f.ctx, ZMQ_REP);
+    zmq_setsockopt(f.alloc, ZMQ_LINGER, &zero, sizeof(zero));
+    f.alloc_port = bind_eph(f.alloc);
+    s = sender_to(f.alloc_port, f.init_port, MODE_PUSH);
+    id = t_store(s, "rep-1", keys, 0, 2, 0, 1, 2, &st);
+    assert_int_equal(st, KVT_OK);
+    fake_handshake(&f);
+    it.socket = f.alloc;
+    it.events = ZMQ_POLLIN;
+    assert_int_equal(zmq_poll(&it, 1, 5000), 1);
+    zmq_msg_init(&fr);
+    assert_true(zmq_msg_recv(&fr, f.alloc, 0) >= 0); /* the REP stripped the delimiter */
+    assert_false(zmq_msg_more(&fr));
+    assert_int_equal(kvt_msg_decode(zmq_msg_data(&fr), zmq_msg_size(&fr), &m, NULL), KVT_OK);
+    zmq_msg_close(&fr);
+    assert_int_equal(m.type, KVT_MSG_ALLOC_REQUEST);
+    assert_int_equal(m.u.alloc_req.kvt_ext, KVT_MSG_EXT_VERSION);
+    kvt_msg_clear(&m);
+    /* LMCache-Ascend's failure answer: empty lists, alloc_failed */
+    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    r.u.alloc_resp.alloc_failed = 1;
+    assert_int_equal(kvt_msg_encode(&r, &data, &len), KVT_OK);
+    assert_true(zmq_send(f.alloc, data, len, 0) >= 0);
+    kvt_free(data);
+    kvt_msg_clear(&r);
+    assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
+    assert_int_equal(res.status, KVT_ERR_ALLOC_FAILED);
+    kvt_task_result_clear(&res);
+    assert_true(t_pool_drained(s, 2000));
+    kvt_engine_destroy(s);
+    fake_close(&f);
+    t_keys_free(keys, 2);
+}
+
 static void test_partial_alloc_failure(void **state)
 {
     fake_rx_t f;
@@ -238,6 +300,7 @@ static void test_receiver_alloc_response(void **state)
         kvt_msg_set_str(&m.u.alloc_req.dtype, "half");
         m.u.alloc_req.last_chunk_toks = 3;
         kvt_msg_set_str(&m.u.alloc_req.req_id, "");
+        m.u.alloc_req.kvt_ext = KVT_MSG_EXT_VERSION; /* a libkvt sender: Ascend layout */
         assert_int_equal(kvt_msg_encode(&m, &data, &len), KVT_OK);
         zmq_send(d, data, len, 0);
         kvt_free(data);
@@ -442,6 +505,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sender_store_builds_alloc_request),
+        cmocka_unit_test(test_rep_receiver_framing),
         cmocka_unit_test(test_partial_alloc_failure),
         cmocka_unit_test(test_receiver_alloc_response),
         cmocka_unit_test(test_store_load_lookup),

@@ -208,6 +208,7 @@ static void test_annotations(void **state)
                        " \"pdgw.io/dp-rank\": \"1\", \"pdgw.io/dp-size\": \"4\","
                        " \"pdgw.io/weight\": \"3\","
                        " \"pdgw.io/kv-host\": \"10.1.2.3\","
+                       " \"pdgw.io/kv-engine\": \"libkvt\","
                        " \"pdgw.io/something-else\": \"whatever\","
                        " \"app\": \"vllm\"}");
     sched_k8s_kv_t kv;
@@ -227,6 +228,17 @@ static void test_annotations(void **state)
     assert_int_equal(kv.dp_size, 4);
     assert_int_equal(kv.weight, 3);
     assert_string_equal(kv.kv_host, "10.1.2.3");
+    assert_int_equal(kv.kv_engine, SCHED_KV_ENGINE_LIBKVT);
+    json_decref(ann);
+
+    /* pdgw.io/kv-engine: lmcache (the default) or libkvt; anything else is invalid. */
+    ann = load("{\"pdgw.io/kv-engine\": \"lmcache\"}");
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
+    assert_int_equal(kv.kv_engine, SCHED_KV_ENGINE_UPSTREAM);
+    json_decref(ann);
+    ann = load("{\"pdgw.io/kv-engine\": \"LIBKVT\"}");
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 1);
+    assert_int_equal(kv.kv_engine, SCHED_KV_ENGINE_UPSTREAM);
     json_decref(ann);
 
     /* pdgw.io/bootstrap-port wins over SGLang's annotation, in any order. */

@@ -1,0 +1,344 @@
+/*
+ * fwd_lmcache_flow.c - LMCache's current disagg flow ("first_tok"), as its reference proxy
+ * runs it (LMCache examples/disagg_prefill/disagg_proxy_server.py, handle_completions and
+ * handle_chat_completions):
+ *   1. POST /tokenize {"prompt": p} (chat: {"messages": m}) -> token ids;
+ *   2. prefill: the request with prompt = ids, max_tokens 1 (max_completion_tokens 1 when
+ *      present), stream false, no stream_options, kv_transfer_params = {ret_first_tok: true,
+ *      disagg_spec: {...}}, always to /v1/completions; its answer carries
+ *      kv_transfer_params.first_tok (LMCache's vLLM connector, vllm_v1_adapter.py
+ *      request_finished) and the first token's text in choices[0].text;
+ *   3. decode: the request with prompt = ids + [first_tok], max_tokens - 1 (and
+ *      max_completion_tokens - 1), no kv_transfer_params, to /v1/completions; a decode run with
+ *      skip_last_n_tokens: 1 looks up the KV of ids alone;
+ *   4. the client first gets the first token (completions: one text_completion chunk with the
+ *      prefill's id, created and model; chat: a role chunk, then a content chunk), then the
+ *      decode's chunks (chat: converted to chat.completion.chunk).
+ * Where pdgw differs on purpose: the decode keeps the client's stream flag and a non-stream
+ * answer is merged into one object; usage counts the first token as generated (prompt_tokens
+ * - 1, completion_tokens + 1: the decode saw it as prompt); min_tokens / min_completion_tokens
+ * are dropped from the prefill (an engine refuses min_tokens above max_tokens 1) and the chat
+ * messages from both legs once the prompt holds their token ids; /tokenize also gets the
+ * client's model; and when the first token already ended the answer (EOS or a stop string:
+ * the prefill's finish_reason is "stop") the decode is asked for one token only and its output
+ * is dropped, where LMCache's proxy would let the decode continue past the end. Unlike the
+ * other two-stage flows the prefill keeps ignore_eos and stop as the client sent them: its
+ * one token is the first token of the answer.
+ */
+#include "fwd_lmcache_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
+{
+    const json_t *p = json_object_get(req->body, "prompt");
+    json_t *b;
+    *ids = NULL;
+    if (req->is_chat) {
+        const json_t *m = json_object_get(req->body, "messages");
+        if (!json_is_array(m) || json_array_size(m) == 0)
+            return NULL;
+        b = json_pack("{s:O}", "messages", m);
+    } else {
+        if (json_is_array(p) && json_array_size(p) == 1 &&
+            (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+            p = json_array_get(p, 0); /* one prompt in a list */
+        if (json_is_array(p) && json_array_size(p) > 0) {
+            size_t i;
+            json_t *v;
+            json_array_foreach(p, i,
+                               v) if (!json_is_integer(v) || json_integer_value(v) < 0) return NULL;
+            *ids = json_deep_copy(p); /* already token ids: nothing to tokenize */
+            return NULL;
+        }
+        if (!json_is_string(p))
+            return NULL;
+        b = json_pack("{s:O}", "prompt", p);
+    }
+    if (b != NULL && req->model != NULL && req->model[0] != '\0')
+        json_object_set_new(b, "model", json_string(req->model));
+    return b;
+}
+
+json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec)
+{
+    json_t *kvp = spec ? json_pack("{s:b,s:o}", "ret_first_tok", 1, "disagg_spec", spec) : NULL;
+    json_t *b = kvp ? fwd_pd_body_decode(req, kvp) : NULL;
+    if (b == NULL)
+        return NULL;
+    json_object_del(b, "messages");
+    json_object_set_new(b, "prompt", json_deep_copy(ids));
+    json_object_set_new(b, "max_tokens", json_integer(1));
+    if (json_object_get(b, "max_completion_tokens"))
+        json_object_set_new(b, "max_completion_tokens", json_integer(1));
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+    json_object_del(b, "min_tokens");
+    json_object_del(b, "min_completion_tokens");
+    return b;
+}
+
+static void minus_one(json_t *b, const char *key)
+{
+    json_t *v = json_object_get(b, key);
+    if (json_is_integer(v))
+        json_object_set_new(b, key, json_integer(json_integer_value(v) - 1));
+}
+
+json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
+                             const lmc_head_t *head)
+{
+    json_int_t first_tok = head->first_tok;
+    json_t *b = fwd_pd_body_decode(req, NULL);
+    json_t *prompt = json_deep_copy(ids);
+    if (b == NULL || prompt == NULL) {
+        json_decref(b);
+        json_decref(prompt);
+        return NULL;
+    }
+    json_array_append_new(prompt, json_integer(first_tok));
+    json_object_del(b, "messages");
+    json_object_del(b, "kv_transfer_params");
+    json_object_set_new(b, "prompt", prompt);
+    minus_one(b, "max_tokens");
+    minus_one(b, "max_completion_tokens");
+    if (head->done) {
+        /* the answer is complete: the decode's output will be dropped, keep it short */
+        json_object_set_new(b, "max_tokens", json_integer(1));
+        if (json_object_get(b, "max_completion_tokens"))
+            json_object_set_new(b, "max_completion_tokens", json_integer(1));
+        json_object_del(b, "min_tokens");
+        json_object_del(b, "min_completion_tokens");
+    }
+    return b;
+}
+
+static char *dup_str(const json_t *v, const char *def)
+{
+    const char *s = json_string_value(v);
+    return strdup(s ? s : def);
+}
+
+int lmc_flow_read_prefill(const json_t *resp, lmc_head_t *head, char *msg, size_t cap)
+{
+    const json_t *kvp = json_object_get(resp, "kv_transfer_params");
+    const json_t *ft = json_object_get(kvp, "first_tok");
+    const json_t *ch = json_array_get(json_object_get(resp, "choices"), 0);
+    if (!json_is_integer(ft) || json_integer_value(ft) < 0) {
+        snprintf(msg, cap,
+                 "prefill answer has no kv_transfer_params.first_tok (does the prefill run "
+                 "LMCache's connector with ret_first_tok support?)");
+        return -1;
+    }
+    lmc_head_clear(head);
+    head->first_tok = json_integer_value(ft);
+    head->text = dup_str(json_object_get(ch, "text"), "");
+    head->id = dup_str(json_object_get(resp, "id"), "");
+    head->model = dup_str(json_object_get(resp, "model"), "");
+    head->created = json_integer_value(json_object_get(resp, "created"));
+    {
+        const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
+        head->done = fr != NULL && strcmp(fr, "stop") == 0;
+        if (json_is_object(json_object_get(resp, "usage")))
+            head->usage = json_deep_copy(json_object_get(resp, "usage"));
+        if (head->done)
+            head->stop_reason = json_deep_copy(json_object_get(ch, "stop_reason"));
+    }
+    if (!head->text || !head->id || !head->model) {
+        lmc_head_clear(head);
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+void lmc_head_clear(lmc_head_t *head)
+{
+    free(head->text);
+    free(head->id);
+    free(head->model);
+    json_decref(head->stop_reason);
+    json_decref(head->usage);
+    memset(head, 0, sizeof(*head));
+}
+
+/* The first token was generated, not prompt: move it from prompt_tokens to completion_tokens. */
+static void fix_usage(json_t *obj)
+{
+    json_t *u = json_object_get(obj, "usage");
+    json_t *pt = json_object_get(u, "prompt_tokens");
+    json_t *ct = json_object_get(u, "completion_tokens");
+    if (!json_is_object(u) || !json_is_integer(pt) || !json_is_integer(ct) ||
+        json_integer_value(pt) < 1)
+        return;
+    json_object_set_new(u, "prompt_tokens", json_integer(json_integer_value(pt) - 1));
+    json_object_set_new(u, "completion_tokens", json_integer(json_integer_value(ct) + 1));
+}
+
+/* The head events (stream): what LMCache's proxy yields before the decode's chunks. */
+static void add_head(json_t *out, const lmc_head_t *h, int chat)
+{
+    if (chat) {
+        json_array_append_new(out, json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:{s:s,s:s},s:n,s:n}]}",
+                                             "id", h->id, "object", "chat.completion.chunk",
+                                             "created", h->created, "model", h->model, "choices",
+                                             "index", 0, "delta", "role", "assistant", "content",
+                                             "", "logprobs", "finish_reason"));
+        json_array_append_new(out,
+                              json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:{s:s},s:n,s:n}]}", "id", h->id,
+                                        "object", "chat.completion.chunk", "created", h->created,
+                                        "model", h->model, "choices", "index", 0, "delta",
+                                        "content", h->text, "logprobs", "finish_reason"));
+    } else {
+        json_array_append_new(out,
+                              json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s,s:n,s:n,s:n}],s:n}", "id",
+                                        h->id, "object", "text_completion", "created", h->created,
+                                        "model", h->model, "choices", "index", 0, "text", h->text,
+                                        "logprobs", "finish_reason", "stop_reason", "usage"));
+    }
+}
+
+/* A text_completion object (chunk or whole answer) as its chat counterpart. */
+static json_t *to_chat(const json_t *c, int sse, const char *prefix)
+{
+    json_t *choices = json_array(), *o, *ch;
+    size_t i;
+    json_array_foreach(json_object_get(c, "choices"), i, ch)
+    {
+        const char *text = json_string_value(json_object_get(ch, "text"));
+        char *full = NULL;
+        json_t *msg, *item;
+        if (prefix != NULL) {
+            size_t n = strlen(prefix) + strlen(text ? text : "") + 1;
+            full = malloc(n);
+            if (full)
+                snprintf(full, n, "%s%s", prefix, text ? text : "");
+        }
+        msg = sse ? json_pack("{s:s}", "content", text ? text : "")
+                  : json_pack("{s:s,s:s}", "role", "assistant", "content",
+                              full ? full : (text ? text : ""));
+        free(full);
+        item = json_pack("{s:O,s:o,s:O,s:O}", "index", json_object_get(ch, "index"),
+                         sse ? "delta" : "message", msg, "logprobs",
+                         json_object_get(ch, "logprobs") ? json_object_get(ch, "logprobs")
+                                                         : json_null(),
+                         "finish_reason",
+                         json_object_get(ch, "finish_reason") ? json_object_get(ch, "finish_reason")
+                                                              : json_null());
+        if (item && !sse && json_object_get(ch, "stop_reason"))
+            json_object_set(item, "stop_reason", json_object_get(ch, "stop_reason"));
+        json_array_append_new(choices, item);
+    }
+    o = json_pack("{s:O,s:s,s:O,s:O,s:o}", "id",
+                  json_object_get(c, "id") ? json_object_get(c, "id") : json_null(), "object",
+                  sse ? "chat.completion.chunk" : "chat.completion", "created",
+                  json_object_get(c, "created") ? json_object_get(c, "created") : json_null(),
+                  "model", json_object_get(c, "model") ? json_object_get(c, "model") : json_null(),
+                  "choices", choices);
+    if (o && json_object_get(c, "usage"))
+        json_object_set(o, "usage", json_object_get(c, "usage"));
+    return o;
+}
+
+/* The prefill's one token ended the answer: the client's answer is the prefill's. */
+static json_t *rewrite_done(lmc_head_t *h, const pdgw_fwd_request_t *req, int sse,
+                            const json_t *resp)
+{
+    json_t *o, *out;
+    /* the prefill's own usage (stream: where the decode reports usage) */
+    json_t *u = h->usage && (!sse || json_is_object(json_object_get(resp, "usage")))
+                    ? json_deep_copy(h->usage)
+                    : NULL;
+    json_t *sr = h->stop_reason ? json_incref(h->stop_reason) : json_null();
+    if (!sse) {
+        json_t *choice = req->is_chat
+                             ? json_pack("{s:i,s:{s:s,s:s},s:n,s:s,s:o}", "index", 0, "message",
+                                         "role", "assistant", "content", h->text, "logprobs",
+                                         "finish_reason", "stop", "stop_reason", sr)
+                             : json_pack("{s:i,s:s,s:n,s:s,s:o}", "index", 0, "text", h->text,
+                                         "logprobs", "finish_reason", "stop", "stop_reason", sr);
+        o = json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", h->id, "object",
+                      req->is_chat ? "chat.completion" : "text_completion", "created", h->created,
+                      "model", h->model, "choices", choice);
+        if (o && u)
+            json_object_set_new(o, "usage", u);
+        else
+            json_decref(u);
+        return o;
+    }
+    json_decref(sr);
+    out = json_array();
+    if (out != NULL && !h->sent) {
+        add_head(out, h, req->is_chat);
+        /* the end of the answer, as a chunk of its own */
+        json_array_append_new(
+            out,
+            req->is_chat
+                ? json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:{},s:n,s:s}]}", "id", h->id, "object",
+                            "chat.completion.chunk", "created", h->created, "model", h->model,
+                            "choices", "index", 0, "delta", "logprobs", "finish_reason", "stop")
+                : json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s,s:n,s:s}]}", "id", h->id, "object",
+                            "text_completion", "created", h->created, "model", h->model, "choices",
+                            "index", 0, "text", "", "logprobs", "finish_reason", "stop"));
+        h->sent = 1;
+    }
+    if (out != NULL && u != NULL) {
+        /* stream_options.include_usage: the usage chunk, for the prefill's answer */
+        json_array_append_new(
+            out, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", h->id, "object",
+                           req->is_chat ? "chat.completion.chunk" : "text_completion", "created",
+                           h->created, "model", h->model, "choices", "usage", u));
+        u = NULL;
+    }
+    json_decref(u);
+    return out;
+}
+
+json_t *lmc_flow_rewrite(lmc_head_t *head, const pdgw_fwd_request_t *req, int sse,
+                         const json_t *resp)
+{
+    json_t *c;
+    if (!json_is_object(resp) || json_object_get(resp, "error"))
+        return NULL; /* an error event or body passes unchanged */
+    if (head->done)
+        return rewrite_done(head, req, sse, resp);
+    if (!sse) {
+        json_t *ch;
+        if (req->is_chat) {
+            c = to_chat(resp, 0, head->text);
+        } else {
+            const char *text;
+            char *full;
+            size_t n;
+            c = json_deep_copy(resp);
+            ch = json_array_get(json_object_get(c, "choices"), 0);
+            text = json_string_value(json_object_get(ch, "text"));
+            n = strlen(head->text) + strlen(text ? text : "") + 1;
+            full = malloc(n);
+            if (ch && full) {
+                snprintf(full, n, "%s%s", head->text, text ? text : "");
+                json_object_set_new(ch, "text", json_string(full));
+            }
+            free(full);
+        }
+        if (c)
+            fix_usage(c);
+        return c;
+    }
+    {
+        json_t *out = json_array();
+        if (out == NULL)
+            return NULL;
+        if (!head->sent) {
+            add_head(out, head, req->is_chat);
+            head->sent = 1;
+        }
+        c = req->is_chat ? to_chat(resp, 1, NULL) : json_deep_copy(resp);
+        if (c) {
+            fix_usage(c);
+            json_array_append_new(out, c);
+        }
+        return out;
+    }
+}

@@ -1,0 +1,64 @@
+/*
+ * fwd_lmcache_int.h - pieces of the lmcache forwarder shared by its files: the tokenize
+ * calls (fwd_lmcache_tok.c) and the first_tok flow's bodies and answer rewriting
+ * (fwd_lmcache_flow.c), driven by fwd_lmcache.c.
+ */
+#ifndef FWD_LMCACHE_INT_H
+#define FWD_LMCACHE_INT_H
+
+#include "fwd_pd.h"
+
+/* ---- tokenize calls (fwd_lmcache_tok.c) ---- */
+typedef struct lmc_tok lmc_tok_t;
+typedef struct lmc_tok_job lmc_tok_job_t;
+
+lmc_tok_t *lmc_tok_create(char *err, size_t errlen);
+/* Stops the thread; calls still running fail. */
+void lmc_tok_destroy(lmc_tok_t *t);
+/* POST <base_url>/tokenize with <body> (stolen); wakes <waker> when done. NULL on no memory.
+ * Release with lmc_tok_release. */
+lmc_tok_job_t *lmc_tok_start(lmc_tok_t *t, const char *base_url, json_t *body, int64_t timeout_ms,
+                             pdgw_fwd_waker_t *waker);
+/* 0 pending; 1 done (*tokens = new reference to the id list); -1 failed (msg filled). */
+int lmc_tok_result(lmc_tok_t *t, lmc_tok_job_t *j, json_t **tokens, char *msg, size_t cap);
+void lmc_tok_release(lmc_tok_job_t *j);
+
+/* ---- first_tok flow (fwd_lmcache_flow.c) ---- */
+
+/* The /tokenize body for the client's request (NULL when the prompt needs none: it already
+ * is a list of token ids, copied to *ids). */
+json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids);
+/* Prefill leg: client body with prompt = ids, max_tokens 1, stream false, no messages,
+ * stream_options or min_tokens, kv_transfer_params = {ret_first_tok: true, disagg_spec: spec
+ * (stolen)}. */
+json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec);
+
+/* What the prefill answered, kept for the client's answer. */
+typedef struct lmc_head {
+    json_int_t first_tok;
+    int done;            /* finish_reason "stop": the first token ended the answer */
+    json_t *usage;       /* the prefill's usage */
+    json_t *stop_reason; /* when done */
+    char *text;          /* the first token's text */
+    char *id;
+    char *model;
+    json_int_t created;
+    int sent; /* stream: the head events went out */
+} lmc_head_t;
+
+/* Decode leg (LMCache's proxy): client body with prompt = ids + [first_tok], max_tokens - 1
+ * (max_completion_tokens too), no kv_transfer_params, no messages; one token when the
+ * prefill's answer already ended (head->done). */
+json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
+                             const lmc_head_t *head);
+
+/* Read first_tok and the head from a prefill answer; -1 when kv_transfer_params.first_tok is
+ * missing (msg filled). */
+int lmc_flow_read_prefill(const json_t *resp, lmc_head_t *head, char *msg, size_t cap);
+void lmc_head_clear(lmc_head_t *head);
+/* The client's answer from one decode event / the decode's whole answer (pdgw_fwd_ops_t
+ * rewrite_decode). */
+json_t *lmc_flow_rewrite(lmc_head_t *head, const pdgw_fwd_request_t *req, int sse,
+                         const json_t *resp);
+
+#endif /* FWD_LMCACHE_INT_H */
