@@ -64,9 +64,19 @@ fuzz: deps
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
+# The demo builds quietly (one line; the log is shown only when the build fails)
+# so its streamed answer is what the terminal shows.
 demo: DEPS_JOB = demo
-demo: build
-	./deploy/demo.sh $(BUILD)/bin
+demo: deps
+	@mkdir -p $(BUILD)
+	@echo "demo: building pdgw (log in $(BUILD)/build.log)"
+	@if ! { test -f $(BUILD)/Makefile || \
+	        cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo; } >$(BUILD)/build.log 2>&1 || \
+	    ! cmake --build $(BUILD) -j $(JOBS) >>$(BUILD)/build.log 2>&1; then \
+	    tail -n 40 $(BUILD)/build.log; \
+	    echo "demo: build failed (full log in $(BUILD)/build.log)" >&2; exit 1; \
+	fi
+	@./deploy/demo.sh $(BUILD)/bin
 
 bench: DEPS_JOB = bench
 bench: build

@@ -8,7 +8,8 @@
 #   pick another protocol / scheduling mode:
 #     PROTOCOL=sglang make demo       (vllm-nixl | vllm-mooncake | vllm-kvt | sglang | lmcache | neutral)
 #     SCHEDULING=staged make demo     (batch | staged; lmcache is batch only)
-#     MOONCAKE_DISPATCH=parallel PROTOCOL=vllm-mooncake make demo
+#     MOONCAKE_DISPATCH=serial PROTOCOL=vllm-mooncake make demo   (Llumnix's fork; default: upstream vLLM)
+#   PDGW_DEMO_ONCE=1: stop after the first answer instead of serving until Ctrl-C.
 set -euo pipefail
 
 BIN=${1:-build/bin}
@@ -107,14 +108,23 @@ else
     ALLOC_PORT=$(pick_port 7400)
     INIT_PORT=$(pick_port 7300)
     PROXY_PORT=$(pick_port 7500)
+    # Engines configured as upstream runs them: a Mooncake prefill of upstream vLLM
+    # (serial is Llumnix's fork), LMCache decoders that skip the last prompt token.
+    PREFILL_EXTRA=() DECODE_EXTRA=()
+    if [[ "$PROTOCOL" == vllm-mooncake && "${MOONCAKE_DISPATCH:-parallel}" == parallel ]]; then
+        PREFILL_EXTRA=(--kv-connector mooncake)
+    fi
+    if [[ "$PROTOCOL" == lmcache ]]; then
+        DECODE_EXTRA=(--skip-last-n-tokens 1)
+    fi
     "$BIN/pdgw-sim" --role prefill --port "$SIM_PORT" --engine-id demo-prefill \
-        --kv-port "$KV_PORT" --bootstrap-port "$BOOT_PORT" \
+        --kv-port "$KV_PORT" --bootstrap-port "$BOOT_PORT" "${PREFILL_EXTRA[@]}" \
         --proxy-host 127.0.0.1 --proxy-port "$PROXY_PORT" "${SIM_TIMING[@]}" \
         >"$LOGDIR/pdgw-sim-prefill.log" 2>&1 &
     PIDS+=($!)
     wait_ready "http://127.0.0.1:$SIM_PORT/health" pdgw-sim-prefill "${PIDS[-1]}"
     "$BIN/pdgw-sim" --role decode --port "$DEC_PORT" --engine-id demo-decode \
-        --alloc-port "$ALLOC_PORT" --init-port "$INIT_PORT" "${SIM_TIMING[@]}" \
+        --alloc-port "$ALLOC_PORT" --init-port "$INIT_PORT" "${DECODE_EXTRA[@]}" "${SIM_TIMING[@]}" \
         >"$LOGDIR/pdgw-sim-decode.log" 2>&1 &
     PIDS+=($!)
     wait_ready "http://127.0.0.1:$DEC_PORT/health" pdgw-sim-decode "${PIDS[-1]}"
@@ -124,7 +134,7 @@ else
         echo "protocol: $PROTOCOL"
         echo "scheduling: $SCHEDULING"
         case "$PROTOCOL" in
-        vllm-mooncake) echo "protocol_options: {mooncake_dispatch: ${MOONCAKE_DISPATCH:-serial}}" ;;
+        vllm-mooncake) echo "protocol_options: {mooncake_dispatch: ${MOONCAKE_DISPATCH:-parallel}}" ;;
         lmcache) echo "protocol_options: {proxy_host: 127.0.0.1, proxy_port: $PROXY_PORT}" ;;
         esac
         echo "instances:"
@@ -151,8 +161,9 @@ else
     echo "decode   http://127.0.0.1:$DEC_PORT (pdgw-sim)"
 fi
 echo
-echo "Streaming a chat completion through pdgw:"
-echo
+echo "Question: Explain prefill/decode disaggregation in one paragraph."
+echo "Answer (streamed through pdgw, printed as each token arrives):"
+echo "----------------------------------------------------------------"
 REQ=$(printf '{"model":"%s","stream":true,"max_tokens":48,"messages":[{"role":"user","content":"Explain prefill/decode disaggregation in one paragraph."}]}' "$MODEL")
 # Print each token's text the moment its SSE event arrives.
 curl -sN "http://127.0.0.1:$GW_PORT/v1/chat/completions" \
@@ -175,6 +186,7 @@ for line in sys.stdin:
     sys.stdout.flush()
 print()
 '
+echo "----------------------------------------------------------------"
 # What moved: the sims count every KV byte sent, received and checked.
 python3 - "${SIMS[@]}" <<'PY'
 import sys, urllib.request
@@ -203,5 +215,9 @@ echo "  curl -N http://127.0.0.1:$GW_PORT/v1/chat/completions -H 'Content-Type: 
 echo "    -d '{\"model\":\"$MODEL\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
 echo "  curl http://127.0.0.1:$GW_PORT/metrics"
 echo
+# PDGW_DEMO_ONCE=1 stops here instead of serving (tests).
+if [[ "${PDGW_DEMO_ONCE:-0}" == 1 ]]; then
+    exit 0
+fi
 echo "Serving until Ctrl-C (logs in $LOGDIR)."
 wait -n "${PIDS[@]}" || true

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages one job needs, from Debian's archive only.
-#   install-deps.sh [build|demo|test|bench]...   (default: build)
+#   install-deps.sh [build|demo|test|bench]...          (default: build)
+#   install-deps.sh --list [build|demo|test|bench]...   print the packages, install nothing
 # build  compiler, CMake and the libraries pdgw links
 # demo   build + curl (the demo streams through it)
 # test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js
@@ -22,6 +23,11 @@ TEST_PKGS=(
 )
 BENCH_PKGS=(wrk nginx iperf3 gnuplot-nox linux-perf valgrind)
 
+list_only=0
+if [[ "${1:-}" == --list ]]; then
+    list_only=1
+    shift
+fi
 jobs=("$@")
 if ((${#jobs[@]} == 0)); then
     jobs=(build)
@@ -45,10 +51,16 @@ for job in "${jobs[@]}"; do
     esac
     # Node.js validates the Kubernetes manifests; an image may carry it from
     # elsewhere, so look for the command before asking dpkg.
-    if [[ "$job" == test || "$job" == bench ]] && ! command -v npm >/dev/null 2>&1; then
+    if [[ "$job" == test || "$job" == bench ]] &&
+        { ((list_only)) || ! command -v npm >/dev/null 2>&1; }; then
         PACKAGES+=(nodejs npm)
     fi
 done
+
+if ((list_only)); then
+    printf '%s\n' "${PACKAGES[@]}" | awk '!seen[$0]++'
+    exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

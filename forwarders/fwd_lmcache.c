@@ -62,7 +62,6 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
     lmc_ctx_t *c;
     int flow = 1;
     int64_t tok_ms = 0;
-    (void)env;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         fwd_pd_kv_opts_parse(options, 1, 1, &o, err, errlen) ||
         fwd_pd_opt_enum(options, "flow", flows, 1, &flow, err, errlen) ||
@@ -75,11 +74,12 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
     }
     c->first_tok = flow == 1;
     c->tokenize_timeout_ms = tok_ms;
-    if (c->first_tok && (c->tok = lmc_tok_create(err, errlen)) == NULL) {
+    /* --check-config (check_only): no tokenize thread, no ProxyNotif socket. */
+    if (c->first_tok && !env->check_only && (c->tok = lmc_tok_create(err, errlen)) == NULL) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
-    if (fwd_pd_kv_create(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+    if (!env->check_only && fwd_pd_kv_create(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         lmc_tok_destroy(c->tok);
         free(c);
         return PDGW_FWD_ERR_CONFIG;
@@ -306,6 +306,20 @@ static void lmc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     free(s);
 }
 
+/* The prefill pushes into the decode's LMCache receiver: one init and one alloc port per TP
+ * rank (pd_peer_init_port / pd_peer_alloc_port of the receiver's config). */
+static pdgw_fwd_status_t lmc_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
+                                            size_t errlen)
+{
+    (void)ctx;
+    if (inst->role == PDGW_FWD_ROLE_DECODE &&
+        (inst->n_init_ports == 0 || inst->n_alloc_ports != inst->n_init_ports)) {
+        snprintf(err, errlen, "decode instance needs init_ports and alloc_ports (one per TP rank)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    return PDGW_FWD_OK;
+}
+
 static const pdgw_fwd_ops_t lmc_ops = {
     .configure = lmc_configure,
     .destroy = lmc_destroy,
@@ -317,6 +331,7 @@ static const pdgw_fwd_ops_t lmc_ops = {
     .retry_scope = lmc_retry_scope,
     .attempt_cleanup = lmc_attempt_cleanup,
     .rewrite_decode = lmc_rewrite_decode,
+    .check_instance = lmc_check_instance,
 };
 
 static const pdgw_fwd_desc_t fwd_lmcache_desc = {

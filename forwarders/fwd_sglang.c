@@ -136,12 +136,27 @@ static void sgl_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     free(state);
 }
 
+/* A prefill is found by its bootstrap server (SGLang's --disaggregation-bootstrap-port). */
+static pdgw_fwd_status_t sgl_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
+                                            size_t errlen)
+{
+    (void)ctx;
+    if (inst->role == PDGW_FWD_ROLE_PREFILL && inst->bootstrap_port <= 0) {
+        snprintf(err, errlen,
+                 "prefill instance has no bootstrap_port (the engine's "
+                 "--disaggregation-bootstrap-port)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    return PDGW_FWD_OK;
+}
+
 static const pdgw_fwd_ops_t sgl_ops = {
     .plan = sgl_plan,
     .attempt_init = sgl_attempt_init,
     .build_leg = sgl_build_leg,
     .retry_scope = sgl_retry_scope,
     .attempt_cleanup = sgl_attempt_cleanup,
+    .check_instance = sgl_check_instance,
 };
 
 static const pdgw_fwd_desc_t fwd_sglang_desc = {

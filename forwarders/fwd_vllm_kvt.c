@@ -36,7 +36,6 @@ static pdgw_fwd_status_t kvtf_configure(const json_t *options, const pdgw_fwd_en
     static const char *const known[] = {FWD_PD_KV_OPT_KEYS, NULL};
     fwd_pd_kv_opts_t o;
     kvtf_ctx_t *c;
-    (void)env;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         fwd_pd_kv_opts_parse(options, 1, 0, &o, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
@@ -45,7 +44,8 @@ static pdgw_fwd_status_t kvtf_configure(const json_t *options, const pdgw_fwd_en
         snprintf(err, errlen, "out of memory");
         return PDGW_FWD_ERR_CONFIG;
     }
-    if (o.reserve && fwd_pd_kv_create(KVT_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+    if (o.reserve && !env->check_only &&
+        fwd_pd_kv_create(KVT_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
@@ -170,6 +170,18 @@ static void kvtf_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_
     free(s);
 }
 
+/* The decode reaches a prefill's KV through its side channel. */
+static pdgw_fwd_status_t kvtf_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
+                                             size_t errlen)
+{
+    (void)ctx;
+    if (inst->role == PDGW_FWD_ROLE_PREFILL && inst->kv_port <= 0) {
+        snprintf(err, errlen, "prefill instance has no kv_port (its KV side channel)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    return PDGW_FWD_OK;
+}
+
 static const pdgw_fwd_ops_t kvtf_ops = {
     .configure = kvtf_configure,
     .destroy = kvtf_destroy,
@@ -179,6 +191,7 @@ static const pdgw_fwd_ops_t kvtf_ops = {
     .gate = kvtf_gate,
     .retry_scope = kvtf_retry_scope,
     .attempt_cleanup = kvtf_attempt_cleanup,
+    .check_instance = kvtf_check_instance,
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_kvt_desc = {

@@ -69,7 +69,6 @@ static pdgw_fwd_status_t mc_configure(const json_t *options, const pdgw_fwd_env_
     mc_ctx_t *c;
     int shape = 0, m = 0, f = 0, src = 0;
     int64_t ttl = 0, timeout = 0;
-    (void)env;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         fwd_pd_opt_enum(options, "mooncake_dispatch", shapes, 0, &shape, err, errlen) ||
         fwd_pd_opt_enum(options, "missing_kv_params", missing, 0, &m, err, errlen) ||
@@ -89,7 +88,7 @@ static pdgw_fwd_status_t mc_configure(const json_t *options, const pdgw_fwd_env_
     c->fail_on_missing = m == 1;
     c->old_bootstrap_fields = f == 1;
     c->static_engine_id = src == 1;
-    if (c->parallel && !c->static_engine_id &&
+    if (c->parallel && !c->static_engine_id && !env->check_only &&
         fwd_mc_boot_create(ttl, timeout, &c->boot, err, errlen) != PDGW_FWD_OK) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
@@ -302,6 +301,23 @@ static void mc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t 
     free(s);
 }
 
+/* Parallel dispatch names the prefill to the decode up front by the engine id the decode
+ * matches the pushed KV by; with mooncake_engine_id: config that id comes from the instance
+ * (otherwise from the prefill's bootstrap server, whose port defaults to vLLM's 8998).
+ * Serial copies everything from the prefill's answer and needs nothing configured. */
+static pdgw_fwd_status_t mc_check_instance(void *ctx, const pdgw_instance_t *inst, char *err,
+                                           size_t errlen)
+{
+    const mc_ctx_t *c = ctx;
+    if (c == NULL || !c->parallel || !c->static_engine_id || inst->role != PDGW_FWD_ROLE_PREFILL)
+        return PDGW_FWD_OK;
+    if (inst->engine_id[0] == '\0') {
+        snprintf(err, errlen, "prefill instance needs engine_id (mooncake_engine_id: config)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    return PDGW_FWD_OK;
+}
+
 static const pdgw_fwd_ops_t mc_ops = {
     .configure = mc_configure,
     .destroy = mc_destroy,
@@ -312,6 +328,7 @@ static const pdgw_fwd_ops_t mc_ops = {
     .gate = mc_gate,
     .retry_scope = mc_retry_scope,
     .attempt_cleanup = mc_attempt_cleanup,
+    .check_instance = mc_check_instance,
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {

@@ -84,7 +84,8 @@ pdgw_status_t pdgw_policy_parse(const char *s, pdgw_policy_t *out)
 /* clang-format off */
 static const pdgw_config_option_t options[] = {
     {"listen", "listen", "PDGW_LISTEN", PDGW_OPT_HOSTPORT, NULL, 1, 0, "0.0.0.0:8000",
-     "HOST:PORT", "Address and port the HTTP front end listens on.", C(listen)},
+     "HOST:PORT", "Address and port the HTTP front end listens on (port 0: any free port, "
+     "named in the start-up log).", C(listen)},
     {"workers", "workers", "PDGW_WORKERS", PDGW_OPT_INT, NULL, 0, 1024, "0", "N",
      "Worker threads, each with its own event loop; 0 = number of CPU cores.", C(workers)},
     {"protocol", "protocol", "PDGW_PROTOCOL", PDGW_OPT_STRING, NULL, 0, 0, "neutral", "NAME",
@@ -197,6 +198,17 @@ static const pdgw_config_option_t options[] = {
     {"discovery.kubernetes.ca_file", "discovery-kubernetes-ca-file",
      "PDGW_DISCOVERY_KUBERNETES_CA_FILE", PDGW_OPT_STRING, NULL, 0, 0, SA_CA, "PATH",
      "CA bundle of the API server.", C(k8s.ca_file)},
+    {"tracing.otlp_endpoint", "tracing-otlp-endpoint", "PDGW_TRACING_OTLP_ENDPOINT",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "URL", "OpenTelemetry collector base URL (OTLP/HTTP, "
+     "spans POSTed as JSON to URL/v1/traces); empty = OTEL_EXPORTER_OTLP_ENDPOINT, else no "
+     "tracing.", C(tracing.otlp_endpoint)},
+    {"tracing.service_name", "tracing-service-name", "PDGW_TRACING_SERVICE_NAME",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "NAME", "service.name of the spans; empty = "
+     "OTEL_SERVICE_NAME, else pdgw.", C(tracing.service_name)},
+    {"tracing.sample_ratio", "tracing-sample-ratio", "PDGW_TRACING_SAMPLE_RATIO",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "RATIO", "Share of requests without a sampled parent "
+     "that are traced, 0..1; empty = OTEL_TRACES_SAMPLER_ARG, else 1.",
+     C(tracing.sample_ratio)},
     /* CLI-only actions */
     {NULL, "config", "PDGW_CONFIG", PDGW_OPT_ACTION, NULL, 0, 0, NULL, "FILE",
      "Load this YAML config file (short: -c).", 0},
@@ -505,10 +517,13 @@ pdgw_status_t pdgw_cfg_opt_set_text(const pdgw_config_option_t *o, void *base, c
         }
         char host[256];
         int port;
-        st = pdgw_hostport_parse(text, false, host, sizeof(host), &port);
+        /* listen may name port 0: the kernel picks a free port, the log line names it. */
+        bool port0 = strcmp(o->key, "listen") == 0;
+        st = pdgw_hostport_parse(text, port0, host, sizeof(host), &port);
         if (st != PDGW_OK)
             return pdgw_cfg_fail(
-                src, key, "expected host:port (port 1..65535, IPv6 in brackets), got \"%s\"", text);
+                src, key, "expected host:port (port %s..65535, IPv6 in brackets), got \"%s\"",
+                port0 ? "0" : "1", text);
         return pdgw_cfg_str_set(f, text);
     }
     case PDGW_OPT_INT: {
@@ -751,7 +766,7 @@ pdgw_status_t pdgw_cfg_finalize(pdgw_config_t *cfg, pdgw_cfg_src_t *src)
 {
     char host[256];
     int port;
-    if (pdgw_hostport_parse(cfg->listen, false, host, sizeof(host), &port) != PDGW_OK)
+    if (pdgw_hostport_parse(cfg->listen, true, host, sizeof(host), &port) != PDGW_OK)
         return pdgw_cfg_fail(src, "listen", "expected host:port, got \"%s\"", cfg->listen);
     pdgw_status_t st = pdgw_cfg_str_set(&cfg->listen_host, host);
     if (st != PDGW_OK)

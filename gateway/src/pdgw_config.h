@@ -174,6 +174,11 @@ typedef struct pdgw_config {
     pdgw_dns_discovery_config_t dns;
     bool k8s_enabled; /* derived: any selector set */
     pdgw_k8s_discovery_config_t k8s;
+    struct {
+        char *otlp_endpoint; /* "" = OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off */
+        char *service_name;  /* "" = OTEL_SERVICE_NAME, else "pdgw" */
+        char *sample_ratio;  /* "" = OTEL_TRACES_SAMPLER_ARG, else 1 */
+    } tracing;
     char *config_file; /* path of the loaded YAML file, NULL if none */
 } pdgw_config_t;
 
@@ -246,8 +251,17 @@ pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *
                                                 pdgw_protocol_info_t *info, char *err,
                                                 size_t errlen);
 
+/*
+ * `--check-config` only, after pdgw_config_check passed: what start-up would do next with
+ * <cfg> short of binding ports (the forwarder's configure and plan, the instance set, the
+ * protocol's per-instance needs). PDGW_OK or an error with a message in <err>.
+ */
+typedef pdgw_status_t (*pdgw_config_deep_check_fn)(void *ctx, const pdgw_config_t *cfg, char *err,
+                                                   size_t errlen);
+
 typedef struct pdgw_config_hooks {
     pdgw_config_protocol_fn protocol_info; /* NULL = pdgw_config_builtin_protocol_info */
+    pdgw_config_deep_check_fn deep_check;  /* NULL = none */
     void *ctx;
     FILE *out;            /* --help, --version, "config OK"; NULL = stdout */
     FILE *err;            /* error messages; NULL = stderr */

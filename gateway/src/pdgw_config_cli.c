@@ -555,6 +555,14 @@ pdgw_status_t pdgw_config_from_args(pdgw_config_t *cfg, int argc, char **argv, c
         st = pdgw_config_load_file(cfg, check->arg, err);
         if (st == PDGW_OK)
             st = pdgw_config_check(cfg, hooks, err);
+        if (st == PDGW_OK && hooks != NULL && hooks->deep_check != NULL) {
+            char msg[sizeof(err->message) - 64] = "";
+            st = hooks->deep_check(hooks->ctx, cfg, msg, sizeof(msg));
+            if (st != PDGW_OK) {
+                snprintf(err->file, sizeof(err->file), "%s", check->arg);
+                snprintf(err->message, sizeof(err->message), "%.60s: %s", check->arg, msg);
+            }
+        }
         if (st != PDGW_OK)
             goto err_report;
         fprintf(out, "config OK\n");

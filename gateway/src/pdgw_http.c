@@ -9,6 +9,8 @@
  */
 #include "pdgw_server_int.h"
 
+#include "pdgw_otel.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -227,10 +229,17 @@ static void req_identity(pdgw_req_t *r)
     else if (pdgw_uuid4(r->id) != PDGW_OK)
         snprintf(r->id, sizeof(r->id), "req-%llu", (unsigned long long)r->t_start_ns);
     if (tp && pdgw_traceparent_parse(tp, strlen(tp), &parent) == PDGW_OK &&
-        pdgw_traceparent_child(&parent, &child) == PDGW_OK)
+        pdgw_traceparent_child(&parent, &child) == PDGW_OK) {
         pdgw_traceparent_format(&child, r->traceparent);
-    else if (pdgw_traceparent_new(&child) == PDGW_OK)
+        r->client_tp = parent;
+        r->has_client_tp = true;
+    } else if (pdgw_traceparent_new(&child) == PDGW_OK) {
+        /* A new trace the exporter will not sample is forwarded unsampled, so the engines
+         * do not record halves of traces nobody will see. */
+        if (r->w->srv->opts.otel != NULL && !pdgw_otel_sampled(r->w->srv->opts.otel, &child, NULL))
+            child.flags &= (uint8_t)~1u;
         pdgw_traceparent_format(&child, r->traceparent);
+    }
 }
 
 static void req_deadline(pdgw_req_t *r)
@@ -258,6 +267,28 @@ static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *re
     return MHD_YES;
 }
 
+/* The Allow header of a 405 (RFC 9110 15.5.6): the methods the target answers. */
+static const char *allowed_methods(const pdgw_req_t *r)
+{
+    const char *sub = r->admin_path, *slash;
+    switch (r->route) {
+    case PDGW_ROUTE_INFER:
+        return "POST";
+    case PDGW_ROUTE_MODELS:
+    case PDGW_ROUTE_HEALTH:
+    case PDGW_ROUTE_READY:
+    case PDGW_ROUTE_METRICS:
+        return "GET, HEAD";
+    case PDGW_ROUTE_ADMIN:
+        if (sub[0] == '\0' || strcmp(sub, "/") == 0)
+            return "GET, POST";
+        slash = strchr(sub + 1, '/');
+        return slash == NULL ? "GET, DELETE" : "POST"; /* /<id> or /<id>/(un)drain */
+    default:
+        return NULL;
+    }
+}
+
 static enum MHD_Result queue_reply(pdgw_req_t *r)
 {
     struct MHD_Response *resp;
@@ -272,6 +303,8 @@ static enum MHD_Result queue_reply(pdgw_req_t *r)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
     if (r->reply_www_auth)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->reply_status == 405 && allowed_methods(r) != NULL)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r));
     if (r->reply_retry_after_s > 0) {
         char secs[16];
         snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);

@@ -149,6 +149,14 @@ static bool hdr_add(struct curl_slist **list, const char *line)
     return true;
 }
 
+/* The instance's role, the label of pdgw_instance_inflight_requests. */
+static const char *leg_role_name(const pdgw_instance_t *inst)
+{
+    return inst->role == PDGW_FWD_ROLE_PREFILL  ? "prefill"
+           : inst->role == PDGW_FWD_ROLE_DECODE ? "decode"
+                                                : "both";
+}
+
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
                              const char *method, char *body, size_t body_len,
                              const pdgw_fwd_leg_t *fl)
@@ -247,6 +255,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
         return PDGW_ERR_SYSTEM;
     }
     leg->state = PDGW_LEG_RUNNING;
+    pdgw_gateway_metrics_instance_leg(srv->opts.metrics, inst->id, leg_role_name(inst), 1);
     return PDGW_OK;
 }
 
@@ -254,6 +263,8 @@ static void leg_free_transfer(pdgw_leg_t *leg)
 {
     if (leg->easy) {
         pdgw_worker_t *w = leg->req->w;
+        pdgw_gateway_metrics_instance_leg(w->srv->opts.metrics, leg->inst->id,
+                                          leg_role_name(leg->inst), -1);
         curl_multi_remove_handle(w->multi, leg->easy);
         if (w->n_easy_pool < (int)(sizeof(w->easy_pool) / sizeof(w->easy_pool[0]))) {
             curl_easy_reset(leg->easy); /* options back to defaults; connections stay */

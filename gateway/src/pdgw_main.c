@@ -19,8 +19,10 @@
 #include "pdgw_alloc.h"
 #include "pdgw_auth.h"
 #include "pdgw_config.h"
+#include "pdgw_fwd_setup.h"
 #include "pdgw_log.h"
 #include "pdgw_metrics.h"
+#include "pdgw_otel.h"
 #include "pdgw_registry.h"
 #include "pdgw_server.h"
 #include "pdgw_server_int.h"
@@ -123,8 +125,10 @@ static void sched_log_adapter(void *arg, sched_log_level_t level, const char *ms
         pdgw_log_write(l, "sched", "%s", msg);
 }
 
-static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, char *err,
-                               size_t errlen)
+/* The instance pool of <cfg>. <static_only>: an empty pool without discovery and without
+ * log output (for --check-config, which must not reach the network). */
+static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched_pool_t **out,
+                               char *err, size_t errlen)
 {
     sched_config_t sc;
     sched_instance_desc_t *descs = NULL;
@@ -132,7 +136,7 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, cha
     size_t i;
 
     sched_config_init(&sc);
-    sc.log = sched_log_adapter;
+    sc.log = static_only ? NULL : sched_log_adapter;
     sc.log_arg = NULL;
     sc.prefill_policy = map_policy(cfg->prefill_policy);
     sc.decode_policy = map_policy(cfg->decode_policy);
@@ -152,15 +156,15 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, sched_pool_t **out, cha
         for (i = 0; i < cfg->n_instances; i++)
             map_instance(&cfg->instances[i], &descs[i]);
     }
-    sc.instances = descs;
-    sc.n_instances = cfg->n_instances;
-    if (cfg->dns_enabled) {
+    sc.instances = static_only ? NULL : descs;
+    sc.n_instances = static_only ? 0 : cfg->n_instances;
+    if (cfg->dns_enabled && !static_only) {
         sc.dns.prefill = cfg->dns.prefill;
         sc.dns.decode = cfg->dns.decode;
         sc.dns.both = cfg->dns.both;
         sc.dns.interval_ms = cfg->dns.interval_ms;
     }
-    if (cfg->k8s_enabled) {
+    if (cfg->k8s_enabled && !static_only) {
         sc.kubernetes.namespace_ = cfg->k8s.namespace_name;
         sc.kubernetes.prefill_selector = cfg->k8s.prefill_selector;
         sc.kubernetes.decode_selector = cfg->k8s.decode_selector;
@@ -202,6 +206,79 @@ static json_t *options_json(const pdgw_config_t *cfg)
     return o;
 }
 
+static pdgw_mode_t config_mode(const pdgw_config_t *cfg)
+{
+    return cfg->scheduling == PDGW_SCHED_STAGED ? PDGW_MODE_STAGED : PDGW_MODE_BATCH;
+}
+
+/* --check-config: what start-up does after reading the config, short of binding ports and
+ * starting threads: the forwarder's configure and plan (check-only), the instance pool, and
+ * the protocol's needs of every configured instance. Instances found by discovery are not
+ * known yet and are not checked. */
+static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *err, size_t errlen)
+{
+    pdgw_fwd_setup_t fs;
+    sched_pool_t *pool = NULL;
+    json_t *options;
+    pdgw_status_t st;
+    size_t i, used = 0, bad = 0;
+    (void)ctx;
+
+    options = options_json(cfg);
+    if (options == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PDGW_ERR_NOMEM;
+    }
+    st = pdgw_fwd_setup(cfg->protocol, config_mode(cfg), options,
+                        (unsigned)pdgw_config_workers(cfg), true, &fs, err, errlen);
+    json_decref(options);
+    if (st != PDGW_OK)
+        return st;
+    st = pdgw_fwd_check_client_pd_fields(&fs, (pdgw_pd_fields_mode_t)cfg->client_pd_fields, err,
+                                         errlen);
+    if (st == PDGW_OK) {
+        pdgw_otel_config_t oc;
+        st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
+                                   cfg->tracing.sample_ratio, environ, &oc, err, errlen);
+    }
+    if (st == PDGW_OK)
+        st = make_pool(cfg, true, &pool, err, errlen);
+    for (i = 0; st == PDGW_OK && i < cfg->n_instances; i++) {
+        sched_instance_desc_t d;
+        sched_instance_t *si;
+        pdgw_instance_t view;
+        char why[256];
+        /* The static instances join a pool when it starts; add them by hand to get the
+         * scheduler's own view of each (URL parsed, defaults applied). */
+        map_instance(&cfg->instances[i], &d);
+        if (sched_pool_add(pool, &d, why, sizeof(why)) != SCHED_OK) {
+            snprintf(err, errlen, "instances[%zu]: %s", i, why);
+            st = PDGW_ERR_INVALID;
+            break;
+        }
+        si = sched_pool_get(pool, cfg->instances[i].id);
+        if (si == NULL)
+            continue;
+        pdgw_instance_view_from_sched(&view, si);
+        if (pdgw_fwd_check_instance(&fs, &view, why, sizeof(why)) != PDGW_OK) {
+            /* Name every unusable instance, as many as fit. */
+            if (used < errlen) {
+                int n = snprintf(err + used, errlen - used, "%sinstances[%zu] %s: %s",
+                                 bad ? "; " : "", i, view.id, why);
+                if (n > 0)
+                    used += (size_t)n;
+            }
+            bad++;
+        }
+        sched_instance_unref(si);
+    }
+    if (st == PDGW_OK && bad > 0)
+        st = PDGW_ERR_INVALID;
+    sched_pool_destroy(pool);
+    pdgw_fwd_teardown(&fs);
+    return st;
+}
+
 /* Every stream holds two sockets (client and engine): use the whole hard limit. */
 static void raise_fd_limit(void)
 {
@@ -227,6 +304,8 @@ int main(int argc, char **argv)
     sched_pool_t *pool = NULL;
     pdgw_server_t *srv = NULL;
     pdgw_server_opts_t so;
+    pdgw_otel_config_t otel_cfg;
+    pdgw_otel_t *otel = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -243,6 +322,7 @@ int main(int argc, char **argv)
     /* Stage 2: configuration. */
     memset(&hooks, 0, sizeof(hooks));
     hooks.protocol_info = main_protocol_info;
+    hooks.deep_check = main_deep_check;
     hooks.progname = "pdgw";
     memset(&cerr, 0, sizeof(cerr));
     if (pdgw_config_from_args(&cfg, argc, argv, environ, &hooks, &action, &cerr) != PDGW_OK)
@@ -273,11 +353,20 @@ int main(int argc, char **argv)
         goto out_auth;
     }
     pdgw_gateway_metrics_touch_protocol(&gm, cfg.protocol);
-    if (make_pool(&cfg, &pool, err, sizeof(err)) != PDGW_OK) {
+    if (make_pool(&cfg, false, &pool, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_metrics;
     }
     pdgw_metrics_collector_add(reg, collect_sched_metrics, pool);
+    if (pdgw_otel_config_load(cfg.tracing.otlp_endpoint, cfg.tracing.service_name,
+                              cfg.tracing.sample_ratio, environ, &otel_cfg, err,
+                              sizeof(err)) != PDGW_OK ||
+        pdgw_otel_create(&otel_cfg, &otel, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_pool;
+    }
+    if (otel != NULL)
+        pdgw_metrics_collector_add(reg, pdgw_otel_metrics, otel);
     options = options_json(&cfg);
 
     pdgw_server_opts_init(&so);
@@ -285,7 +374,7 @@ int main(int argc, char **argv)
     so.listen_port = cfg.listen_port;
     so.workers = (unsigned)pdgw_config_workers(&cfg);
     so.protocol = cfg.protocol;
-    so.mode = cfg.scheduling == PDGW_SCHED_STAGED ? PDGW_MODE_STAGED : PDGW_MODE_BATCH;
+    so.mode = config_mode(&cfg);
     so.protocol_options = options;
     so.max_body_bytes = cfg.max_body_bytes;
     so.request_timeout_ms = cfg.request_timeout_ms;
@@ -299,6 +388,7 @@ int main(int argc, char **argv)
     so.n_models = cfg.models.count;
     so.pool = pool;
     so.metrics = &gm;
+    so.otel = otel;
     if (pdgw_server_create(&so, &srv, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_pool;
@@ -342,6 +432,10 @@ out_server:
     pdgw_server_destroy(srv);
 out_pool:
     json_decref(options);
+    /* After the server: every request has recorded its spans; the last batch goes out now. */
+    if (otel != NULL)
+        pdgw_metrics_collector_remove(reg, pdgw_otel_metrics, otel);
+    pdgw_otel_destroy(otel);
     if (pool)
         pdgw_metrics_collector_remove(reg, collect_sched_metrics, pool);
     sched_pool_destroy(pool);

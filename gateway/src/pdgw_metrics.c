@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
@@ -819,8 +821,11 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Time between consecutive content events relayed to the client.", l_proto, 1,
         pdgw_metrics_tpot_buckets, pdgw_metrics_tpot_buckets_n, &g.tpot);
     ADD(PDGW_METRIC_HISTOGRAM, "pdgw_phase_duration_seconds",
-        "Duration of request phases (queue, prefill, kv_transfer, decode).", l_proto_phase, 2,
-        pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n, &g.phase_duration);
+        "Duration of request phases: queue (arrival to the first upstream leg), prefill "
+        "(prefill leg), kv_transfer (prefill done to the first decode event, two-stage only), "
+        "decode (decode leg).",
+        l_proto_phase, 2, pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n,
+        &g.phase_duration);
     ADD(PDGW_METRIC_GAUGE, "pdgw_inflight_requests", "Requests being served now.", NULL, 0, NULL, 0,
         &inflight);
     ADD(PDGW_METRIC_GAUGE, "pdgw_instance_inflight_requests",
@@ -858,6 +863,13 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     ADD(PDGW_METRIC_COUNTER, "pdgw_local_resource_errors_total",
         "Requests refused because the gateway itself ran out of a resource (descriptors, memory).",
         l_kind, 1, NULL, 0, &g.local_resource_errors);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_prompt_tokens_total",
+        "Prompt tokens the engines reported in usage (non-stream responses, and streams whose "
+        "client asked for stream_options.include_usage).",
+        l_proto, 1, NULL, 0, &g.prompt_tokens);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_completion_tokens_total",
+        "Completion tokens the engines reported in usage (as pdgw_prompt_tokens_total).", l_proto,
+        1, NULL, 0, &g.completion_tokens);
     ADD(PDGW_METRIC_COUNTER, "pdgw_client_pd_fields_total",
         "PD control fields found in client bodies, by field rule and action "
         "(rejected, stripped, passed).",
@@ -951,8 +963,12 @@ void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char
 void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,
                                           double seconds)
 {
-    if (gm != NULL && protocol != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->kv_wait_seconds, protocol), seconds);
+    if (gm == NULL || protocol == NULL)
+        return;
+    pdgw_histogram_observe(pdgw_metric_family_series1(gm->kv_wait_seconds, protocol), seconds);
+    /* The KV wait is the kv_transfer phase of pdgw_phase_duration_seconds. */
+    pdgw_histogram_observe(pdgw_metric_family_series2(gm->phase_duration, protocol, "kv_transfer"),
+                           seconds);
 }
 
 void pdgw_gateway_metrics_observe_decode(pdgw_gateway_metrics_t *gm, const char *protocol,
@@ -1002,6 +1018,58 @@ void pdgw_gateway_metrics_touch_protocol(pdgw_gateway_metrics_t *gm, const char 
         gm->pd_cancel_notifs};
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
         (void)pdgw_metric_family_series1(fams[i], protocol);
+}
+
+/* Where a JSON text has `"usage"` followed by an object; NULL when it has none. */
+static const char *usage_object_at(const char *s, size_t len)
+{
+    const char *end = s + len, *p = s;
+    while (p < end) {
+        const char *hit = memmem(p, (size_t)(end - p), "\"usage\"", 7);
+        if (hit == NULL)
+            return NULL;
+        p = hit + 7;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ':'))
+            p++;
+        if (p < end && *p == '{')
+            return hit;
+    }
+    return NULL;
+}
+
+bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len, int64_t *prompt_out, int64_t *completion_out)
+{
+    json_t *root, *usage;
+    json_int_t pt, ct;
+    bool found = false;
+    if (gm == NULL || protocol == NULL || json == NULL || usage_object_at(json, len) == NULL)
+        return false;
+    root = json_loadb(json, len, 0, NULL);
+    usage = json_is_object(root) ? json_object_get(root, "usage") : NULL;
+    if (json_is_object(usage)) {
+        pt = json_integer_value(json_object_get(usage, "prompt_tokens"));
+        ct = json_integer_value(json_object_get(usage, "completion_tokens"));
+        if (pt > 0)
+            pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
+        if (ct > 0)
+            pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol),
+                             (uint64_t)ct);
+        if (prompt_out)
+            *prompt_out = pt;
+        if (completion_out)
+            *completion_out = ct;
+        found = true;
+    }
+    json_decref(root);
+    return found;
+}
+
+void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,
+                                       const char *role, int delta)
+{
+    if (gm != NULL && instance != NULL && role != NULL)
+        pdgw_gauge_add(pdgw_metric_family_series2(gm->instance_inflight, instance, role), delta);
 }
 
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind)

@@ -160,6 +160,9 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_local_resource_errors_total{kind}              counter   the gateway ran short itself:
  *                                                                 kind = fd|memory|socket|accept
  *                                                                 (not the instance's fault)
+ *   pdgw_prompt_tokens_total{protocol}                  counter   usage.prompt_tokens the
+ *                                                                 engines reported
+ *   pdgw_completion_tokens_total{protocol}              counter   usage.completion_tokens
  *   pdgw_client_pd_fields_total{protocol,field,action}  counter   PD control fields a client
  *                                                                 sent; field = rule name
  *                                                                 (bounded), action = rejected|
@@ -190,7 +193,9 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *prefill_missing_kv_params; /* prefill answered without params */
     pdgw_metric_family_t *pd_cancel_notifs;          /* KV cancel notices sent */
     pdgw_metric_family_t *local_resource_errors;     /* {kind}: the gateway's own shortage */
-    pdgw_metric_family_t *client_pd_fields;          /* {protocol,field,action} client PD fields */
+    pdgw_metric_family_t *prompt_tokens;             /* engine-reported usage */
+    pdgw_metric_family_t *completion_tokens;
+    pdgw_metric_family_t *client_pd_fields; /* {protocol,field,action} client PD fields */
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -222,6 +227,15 @@ void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *pro
 void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
                                                     const char *protocol);
 void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *protocol);
+/* Count the engine-reported token usage in one relayed response body or SSE event <json>
+ * (<len> bytes; a body without a "usage" object costs one scan and counts nothing). Returns
+ * true and sets *prompt_out / *completion_out (when not NULL) when it held usage. */
+bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len, int64_t *prompt_out, int64_t *completion_out);
+/* An upstream leg to <instance> (of role <role>: prefill|decode|both) started (+1) or
+ * ended (-1): pdgw_instance_inflight_requests. */
+void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,
+                                       const char *role, int delta);
 void pdgw_gateway_metrics_client_pd_field(pdgw_gateway_metrics_t *gm, const char *protocol,
                                           const char *field, const char *action);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);

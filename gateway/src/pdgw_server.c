@@ -21,6 +21,7 @@
 #include <netdb.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_fwd_setup.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 
@@ -443,9 +444,6 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
                                  size_t errlen)
 {
     pdgw_server_t *srv;
-    pdgw_fwd_env_t env;
-    json_t *empty = NULL;
-    const json_t *options;
     struct sockaddr_storage ss;
     pdgw_status_t status;
     unsigned i;
@@ -465,74 +463,21 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
     atomic_init(&srv->inflight, 0);
 
     /* The forwarder: descriptor, configure, plan. */
-    srv->desc = pdgw_registry_find(opts->protocol);
-    if (srv->desc == NULL) {
-        char names[512];
-        pdgw_registry_names(names, sizeof(names));
-        snprintf(err, errlen, "protocol: unknown forwarder '%s' (registered: %s)",
-                 opts->protocol ? opts->protocol : "", names);
-        status = PDGW_ERR_NOT_FOUND;
-        goto err_free;
-    }
-    if (!(srv->desc->modes & (unsigned)opts->mode)) {
-        snprintf(err, errlen, "scheduling: forwarder '%s' does not support %s mode",
-                 srv->desc->name, opts->mode == PDGW_MODE_BATCH ? "batch" : "staged");
-        status = PDGW_ERR_UNSUPPORTED;
-        goto err_free;
-    }
-    memset(&env, 0, sizeof(env));
-    env.abi_version = PDGW_FWD_ABI_VERSION;
-    env.protocol = srv->desc->name;
-    env.mode = opts->mode;
-    env.n_workers = opts->workers;
-    options = opts->protocol_options;
-    if (options == NULL) {
-        empty = json_object();
-        options = empty;
-    }
-    if (srv->desc->ops->configure) {
-        pdgw_fwd_status_t fs;
-        char ferr[256] = "";
-        fs = srv->desc->ops->configure(options, &env, &srv->fwd_ctx, ferr, sizeof(ferr));
-        if (fs != PDGW_FWD_OK) {
-            snprintf(err, errlen, "protocol_options: %s: %s", srv->desc->name,
-                     ferr[0] ? ferr : pdgw_fwd_strerror(fs));
-            status = PDGW_ERR_INVALID;
+    {
+        pdgw_fwd_setup_t fs;
+        status = pdgw_fwd_setup(opts->protocol, opts->mode, opts->protocol_options, opts->workers,
+                                false, &fs, err, errlen);
+        if (status != PDGW_OK)
             goto err_free;
-        }
-    } else if (json_object_size(options) > 0) {
-        snprintf(err, errlen, "protocol_options: forwarder '%s' takes no options", srv->desc->name);
-        status = PDGW_ERR_INVALID;
-        goto err_free;
+        srv->desc = fs.desc;
+        srv->fwd_ctx = fs.ctx;
+        srv->plan = fs.plan;
     }
-    memset(&srv->plan, 0, sizeof(srv->plan));
-    srv->plan.single_role = PDGW_FWD_ROLE_BOTH;
-    if (srv->desc->ops->plan) {
-        char ferr[256] = "";
-        if (srv->desc->ops->plan(srv->fwd_ctx, opts->mode, &srv->plan, ferr, sizeof(ferr)) !=
-            PDGW_FWD_OK) {
-            snprintf(err, errlen, "protocol: %s: %s", srv->desc->name,
-                     ferr[0] ? ferr : "unsupported mode");
-            status = PDGW_ERR_UNSUPPORTED;
+    {
+        pdgw_fwd_setup_t fs = {.desc = srv->desc, .ctx = srv->fwd_ctx, .plan = srv->plan};
+        status = pdgw_fwd_check_client_pd_fields(&fs, opts->client_pd_fields, err, errlen);
+        if (status != PDGW_OK)
             goto err_ctx;
-        }
-    } else {
-        unsigned d = srv->desc->dispatch;
-        srv->plan.dispatch = (d & PDGW_DISPATCH_SINGLE)   ? PDGW_DISPATCH_SINGLE
-                             : (d & PDGW_DISPATCH_SERIAL) ? PDGW_DISPATCH_SERIAL
-                                                          : PDGW_DISPATCH_PARALLEL;
-    }
-    if (opts->client_pd_fields == PDGW_PD_FIELDS_PASS &&
-        !(srv->plan.dispatch == PDGW_DISPATCH_SINGLE &&
-          srv->plan.single_role == PDGW_FWD_ROLE_BOTH && !srv->plan.single_needs_prefill)) {
-        /* A PD forwarder puts its own PD fields into the legs: passing the client's through
-         * would let clients name KV peers. Only a plain proxy may opt in. */
-        snprintf(err, errlen,
-                 "client_pd_fields: 'pass' is only allowed for a plain-proxy protocol (such as "
-                 "neutral), not for '%s'; use reject or strip",
-                 srv->desc->name);
-        status = PDGW_ERR_INVALID;
-        goto err_ctx;
     }
     if (srv->plan.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
         srv->ready_roles = SCHED_ROLE_DECODE;
@@ -561,7 +506,6 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
             set_port(&ss, srv->port);
         }
     }
-    json_decref(empty);
     *out = srv;
     return PDGW_OK;
 
@@ -573,7 +517,6 @@ err_ctx:
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
-    json_decref(empty);
     pdgw_fwd_api_set_services(NULL, NULL);
     pdgw_free(srv);
     return status;

@@ -45,6 +45,7 @@ typedef struct pdgw_server_opts {
     const char *const *models;              /* served model names; NULL/0 = ask the instances */
     size_t n_models;
     sched_pool_t *pool;              /* instance selection (required) */
+    struct pdgw_otel *otel;          /* trace exporter; NULL = tracing off */
     pdgw_gateway_metrics_t *metrics; /* required */
 } pdgw_server_opts_t;
 

@@ -173,6 +173,10 @@ struct pdgw_req {
      * the name of every KV transfer. Never derived from anything the client sent. */
     char leg_id[PDGW_UUID_STR_LEN + 1];
     char traceparent[PDGW_TRACEPARENT_LEN + 1];
+    pdgw_traceparent_t client_tp; /* the client's context (tracing), when has_client_tp */
+    bool has_client_tp;
+    bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */
+    int64_t usage_prompt, usage_completion;
     pdgw_buf_t fwd_headers;  /* "Name: value\0" client headers to forward */
     const char *conn_tokens; /* the client's Connection header (MHD-owned), while collecting */
     json_t *json;
@@ -290,6 +294,8 @@ void pdgw_leg_unpause(pdgw_leg_t *leg);
 const char *pdgw_leg_err_name(pdgw_leg_err_t e);
 
 /* ---- pdgw_workflow.c */
+/* The forwarder's read-only view <v> of scheduler instance <si> (strings borrowed from it). */
+void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si);
 /* Start the workflow of a validated inference request. */
 void pdgw_wf_start(pdgw_req_t *r);
 /* A leg ended (success or error); called from pdgw_leg_on_done / deadline checks. */

@@ -14,6 +14,8 @@
  */
 #include "pdgw_server_int.h"
 
+#include "pdgw_otel.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -37,7 +39,7 @@ static const pdgw_fwd_ops_t *ops_of(const pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- instances */
 
-static void view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
+void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
 {
     const sched_instance_desc_t *d = sched_instance_desc(si);
     memset(v, 0, sizeof(*v));
@@ -79,7 +81,7 @@ static void wf_refresh_peers(pdgw_req_t *r)
         si = sched_booking_instance(r->booking, k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE);
         if (si == NULL)
             continue;
-        view_from_sched(&r->inst_view[k], si);
+        pdgw_instance_view_from_sched(&r->inst_view[k], si);
         r->inst_set[k] = true;
         r->sched_inst[k] = si; /* borrowed: valid while the booking lives */
         snprintf(k == 0 ? r->prefill_id : r->decode_id, SCHED_ID_MAX, "%s", r->inst_view[k].id);
@@ -292,6 +294,9 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
 
 static void wf_run_first_stage(pdgw_req_t *r)
 {
+    if (r->attempt == 0) /* queue: arrival to the first leg (booking, gate waits) */
+        pdgw_gateway_metrics_observe_phase(r->w->srv->opts.metrics, protocol_of(r), "queue",
+                                           (double)(pdgw_now_ms() - r->t_start_ms) / 1e3);
     switch (r->freq.dispatch) {
     case PDGW_DISPATCH_SINGLE:
         wf_run_decode_stage(r);
@@ -339,8 +344,17 @@ static bool wf_book(pdgw_req_t *r)
     }
     if (st != SCHED_OK) {
         memset(&e, 0, sizeof(e));
-        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "no usable instance: %s",
-                           sched_strerror(st));
+        if (st == SCHED_ERR_NO_INSTANCE)
+            pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "no usable %sinstance",
+                               sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL) == 0 &&
+                                       r->freq.dispatch != PDGW_DISPATCH_SINGLE
+                                   ? "prefill "
+                               : sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_DECODE) == 0
+                                   ? "decode "
+                                   : "");
+        else
+            pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "cannot book an instance: %s",
+                               sched_strerror(st));
         r->booking = NULL;
         wf_fail(r, &e, NULL);
         return false;
@@ -731,6 +745,10 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
         char *body = wf_rewrite_reply(r, leg, &len);
         if (body == NULL)
             body = pdgw_buf_steal(&leg->resp, &len);
+        if (body != NULL)
+            r->usage_seen |=
+                pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), body, len,
+                                           &r->usage_prompt, &r->usage_completion);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }
@@ -1011,12 +1029,67 @@ int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *
             r->t_last_token_ns = now_ns;
         }
     }
+    if (ev->has_data && !ev->is_done)
+        r->usage_seen |=
+            pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), ev->data,
+                                       ev->data_len, &r->usage_prompt, &r->usage_completion);
     /* Pass the event through byte for byte, unless the forwarder rewrites decode answers. */
     if (!wf_rewrite_event(r, ev))
         pdgw_req_out_append(r, ev->raw, ev->raw_len);
     if (!r->committed)
         pdgw_req_commit_stream(r);
     return 0;
+}
+
+/* ---------------------------------------------------------------- tracing */
+
+/* The spans of a finished request (pdgw_otel.h). Leg times are in ms, the request's in ns. */
+static void wf_trace(pdgw_req_t *r, int status, uint64_t now_ns)
+{
+    const pdgw_leg_t *p = &r->legs[PDGW_LEG_PREFILL], *d = &r->legs[PDGW_LEG_DECODE];
+    pdgw_traceparent_t span;
+    pdgw_otel_request_t t;
+    uint64_t ms = 1000000u;
+
+    if (pdgw_traceparent_parse(r->traceparent, strlen(r->traceparent), &span) != PDGW_OK)
+        return;
+    memset(&t, 0, sizeof(t));
+    t.span = &span;
+    t.parent = r->has_client_tp ? &r->client_tp : NULL;
+    t.path = r->path;
+    t.method = r->method;
+    t.protocol = protocol_of(r);
+    t.model = r->info_valid ? r->info.model : NULL;
+    t.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
+    t.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
+    t.request_id = r->id;
+    t.failure_phase = r->pd_phase != PDGW_PHASE_NONE ? pdgw_phase_name(r->pd_phase) : NULL;
+    t.error = r->error_text[0] ? r->error_text : NULL;
+    t.status = status;
+    t.retries = r->attempt;
+    t.stream = r->info_valid && r->info.stream;
+    t.prompt_tokens = r->usage_seen ? r->usage_prompt : -1;
+    t.completion_tokens = r->usage_seen ? r->usage_completion : -1;
+    t.start_ns = r->t_start_ns;
+    t.end_ns = now_ns;
+    /* The legs of the last attempt (a retry restarts them). */
+    if (p->t_start_ms) {
+        t.prefill_start_ns = p->t_start_ms * ms;
+        t.prefill_end_ns = p->t_end_ms * ms;
+    }
+    if (d->t_start_ms) {
+        t.decode_start_ns = d->t_start_ms * ms;
+        t.decode_end_ns = d->t_end_ms * ms;
+        t.decode_first_ns = d->t_first_ms * ms;
+    }
+    t.first_leg_ns = p->t_start_ms && (!d->t_start_ms || p->t_start_ms <= d->t_start_ms)
+                         ? t.prefill_start_ns
+                         : t.decode_start_ns;
+    if (r->attempt > 0)
+        t.first_leg_ns = 0; /* the queue phase of the first attempt is not known any more */
+    if (!t.prefill_end_ns)
+        t.decode_first_ns = 0; /* no KV wait without a prefill */
+    pdgw_otel_record(r->w->srv->opts.otel, &t);
 }
 
 /* ---------------------------------------------------------------- deadlines, wake, end */
@@ -1173,6 +1246,8 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             a.bytes_out = r->bytes_out;
             pdgw_access_log(&a);
         }
+        if (r->route == PDGW_ROUTE_INFER && srv->opts.otel != NULL)
+            wf_trace(r, status, now_ns);
     }
     for (k = 0; k < 2; k++)
         pdgw_leg_release(&r->legs[k]);

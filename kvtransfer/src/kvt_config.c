@@ -59,6 +59,7 @@ static const key_desc_t keys[] = {
     KEY(pd_pull_pending_ttl, K_SECONDS),
     KEY(pd_pull_backpressure_reserve_pct, K_FLOAT),
     KEY(pd_allocation_timeout_sec, K_SECONDS),
+    KEY(pd_shutdown_timeout_sec, K_SECONDS),
     KEY(pd_node_id, K_STR),
     KEY(pd_tp_rank, K_U32),
     KEY(transfer_channel, K_CHANNEL),
@@ -84,6 +85,7 @@ void kvt_config_defaults(kvt_config_t *cfg)
     cfg->pd_pull_pending_ttl = 360.0;
     cfg->pd_pull_backpressure_reserve_pct = 2.0;
     cfg->pd_allocation_timeout_sec = 5.0;
+    cfg->pd_shutdown_timeout_sec = 5.0;
     cfg->transfer_channel = KVT_CHANNEL_TCP;
     cfg->transfer_lanes = 0;
     cfg->verbs_gid_index = -1;
@@ -567,6 +569,8 @@ kvt_status_t kvt_config_validate(const kvt_config_t *c, kvt_config_err_t *err)
         return kvt_config_fail(err, "pd_pull_pending_ttl", 0, "must be >= 0");
     if (c->pd_allocation_timeout_sec < 0.0)
         return kvt_config_fail(err, "pd_allocation_timeout_sec", 0, "must be >= 0");
+    if (c->pd_shutdown_timeout_sec < 0.0)
+        return kvt_config_fail(err, "pd_shutdown_timeout_sec", 0, "must be >= 0");
     if (c->transfer_lanes > 64)
         return kvt_config_fail(err, "transfer_lanes", 0, "transfer_lanes must be in 0..64");
     if (c->chunk_size == 0)
@@ -647,6 +651,7 @@ size_t kvt_config_to_json(const kvt_config_t *c, char *buf, size_t size)
     json_object_set_new(o, "pd_pull_backpressure_reserve_pct",
                         json_real(c->pd_pull_backpressure_reserve_pct));
     json_object_set_new(o, "pd_allocation_timeout_sec", json_real(c->pd_allocation_timeout_sec));
+    json_object_set_new(o, "pd_shutdown_timeout_sec", json_real(c->pd_shutdown_timeout_sec));
     json_object_set_new(o, "pd_node_id", json_string(c->pd_node_id));
     json_object_set_new(o, "pd_tp_rank", json_integer(c->pd_tp_rank));
     json_object_set_new(o, "transfer_channel", json_string(kvt_channel_name(c->transfer_channel)));

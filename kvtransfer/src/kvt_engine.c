@@ -321,13 +321,42 @@ static void drain_socket(kvt_engine_t *e, void *sock, int which)
     }
 }
 
+/* Control work a sender still owes its peers: a queued message (the landed echo,
+ * a cancel) or one awaiting its reply. */
+static int sender_owes_peers(const kvt_engine_t *e)
+{
+    for (const kvt_speer_t *p = e->speers; p != NULL; p = p->next)
+        if (p->q_head != NULL || p->active != NULL)
+            return 1;
+    return 0;
+}
+
+/* Keep running? After destroy asked to stop, a sender finishes what it owes its
+ * peers (up to pd_shutdown_timeout_sec): a store task completes before the
+ * request's landed echo and ProxyNotif go out, and dropping them would leave the
+ * receiver waiting for a request the caller saw succeed. */
+static int progress_should_run(kvt_engine_t *e, uint64_t *drain_deadline_ns)
+{
+    uint64_t now;
+
+    if (!atomic_load(&e->stop))
+        return 1;
+    if (!sender_owes_peers(e))
+        return 0;
+    now = kvt_clock_monotonic_ns();
+    if (*drain_deadline_ns == 0)
+        *drain_deadline_ns = now + (uint64_t)(e->cfg.pd_shutdown_timeout_sec * 1e9);
+    return now < *drain_deadline_ns;
+}
+
 static void *progress_main(void *arg)
 {
     kvt_engine_t *e = arg;
     zmq_pollitem_t *items = NULL;
     size_t cap = 0;
+    uint64_t drain_deadline_ns = 0;
 
-    while (!atomic_load(&e->stop)) {
+    while (progress_should_run(e, &drain_deadline_ns)) {
         size_t n = 0, need = 4;
         uint64_t v;
         long timeout = e->parked != NULL ? 5 : 20;

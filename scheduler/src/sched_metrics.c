@@ -87,6 +87,42 @@ static const char *esc(const char *in, char *out, size_t out_len)
     return out;
 }
 
+/* The engines' own load, as last scraped from their /metrics (vLLM or SGLang names, see
+ * sched_prom.c): one series per instance whose scrape is fresh; a stale or never-scraped
+ * instance has no series rather than an old value. */
+static void emit_engine_load(strbuf_t *sb, sched_pool_t *pool, sched_instance_t **arr, size_t n)
+{
+    static const struct {
+        const char *name, *help;
+    } fam[3] = {
+        {"pdgw_engine_running_requests", "Requests the engine reports running (scraped)."},
+        {"pdgw_engine_waiting_requests",
+         "Requests the engine reports queued, PD queues included (scraped)."},
+        {"pdgw_engine_kv_cache_usage_ratio", "KV cache in use on the engine, 0..1 (scraped)."},
+    };
+    char id[2 * SCHED_ID_MAX + 4];
+    uint64_t now = sched_pool_now(pool);
+    for (size_t f = 0; f < 3; f++) {
+        sb_printf(sb, "# HELP %s %s\n# TYPE %s gauge\n", fam[f].name, fam[f].help, fam[f].name);
+        for (size_t i = 0; i < n; i++) {
+            sched_instance_t *inst = arr[i];
+            double v[3];
+            bool fresh;
+            pthread_mutex_lock(&inst->mu);
+            fresh = inst->scraped_at_ms != 0 &&
+                    (now <= inst->scraped_at_ms || now - inst->scraped_at_ms <= pool->stale_ms);
+            v[0] = inst->scraped_running;
+            v[1] = inst->scraped_waiting;
+            v[2] = inst->scraped_kv_usage;
+            pthread_mutex_unlock(&inst->mu);
+            if (fresh)
+                sb_printf(sb, "%s{instance=\"%s\",role=\"%s\"} %.6g\n", fam[f].name,
+                          esc(inst->desc.id, id, sizeof(id)), sched_role_name(inst->desc.role),
+                          v[f]);
+        }
+    }
+}
+
 char *sched_metrics_text(sched_pool_t *pool)
 {
     strbuf_t sb = {0};
@@ -123,6 +159,7 @@ char *sched_metrics_text(sched_pool_t *pool)
         sb_printf(&sb, "pdgw_instance_draining{instance=\"%s\",role=\"%s\"} %d\n",
                   esc(arr[i]->desc.id, id, sizeof(id)), sched_role_name(arr[i]->desc.role),
                   sched_gate_drain(arr[i]) ? 1 : 0);
+    emit_engine_load(&sb, pool, arr, n);
     sb_printf(&sb, "# HELP pdgw_breaker_state Circuit breaker: 0 closed, 1 open, 2 half-open.\n"
                    "# TYPE pdgw_breaker_state gauge\n");
     for (size_t i = 0; i < n; i++)

@@ -1,7 +1,11 @@
 /*
  * A small Prometheus text-format reader for the engine metrics the
- * scheduler uses (PROTOCOLS.md §D). Samples of one name are summed over
- * their label sets (several models or DP ranks behind one endpoint).
+ * scheduler uses (PROTOCOLS.md §D): vLLM's vllm:num_requests_running /
+ * vllm:num_requests_waiting / vllm:kv_cache_usage_perc (vllm/v1/metrics/
+ * loggers.py) and SGLang's sglang:num_running_reqs / sglang:num_queue_reqs
+ * (+ its PD queues) / sglang:token_usage (python/sglang/srt/metrics/
+ * collector.py). Counts are summed over their label sets (several models or
+ * DP ranks behind one endpoint); the usage fraction takes the largest.
  * Malformed lines are skipped; nothing in the input can make it read
  * outside [text, text + len).
  */
@@ -71,6 +75,16 @@ static bool is(const char *name, size_t len, const char *want)
     return strlen(want) == len && memcmp(name, want, len) == 0;
 }
 
+/* SGLang's PD queues of requests not yet running: a prefill's bootstrap queue (waiting for
+ * its decode), a decode's pre-allocation and KV-transfer queues. Names from upstream
+ * python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector). */
+static bool sglang_pd_queue(const char *name, size_t len)
+{
+    return is(name, len, "sglang:num_prefill_prealloc_queue_reqs") ||
+           is(name, len, "sglang:num_decode_prealloc_queue_reqs") ||
+           is(name, len, "sglang:num_decode_transfer_queue_reqs");
+}
+
 sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metrics_t *out)
 {
     const char *p = text, *end = text + len;
@@ -90,13 +104,16 @@ sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metri
         while (p < line_end && (*p == ' ' || *p == '\t'))
             p++;
         if (p < line_end && *p != '#' && parse_line(p, line_end, &name, &nlen, &v)) {
-            if (is(name, nlen, "vllm:num_requests_running")) {
+            if (is(name, nlen, "vllm:num_requests_running") ||
+                is(name, nlen, "sglang:num_running_reqs")) {
                 out->running += v;
                 out->have_running = true;
-            } else if (is(name, nlen, "vllm:num_requests_waiting")) {
+            } else if (is(name, nlen, "vllm:num_requests_waiting") ||
+                       is(name, nlen, "sglang:num_queue_reqs") || sglang_pd_queue(name, nlen)) {
                 out->waiting += v;
                 out->have_waiting = true;
-            } else if (is(name, nlen, "vllm:kv_cache_usage_perc")) {
+            } else if (is(name, nlen, "vllm:kv_cache_usage_perc") ||
+                       is(name, nlen, "sglang:token_usage")) {
                 out->kv_usage = out->have_kv_usage && out->kv_usage > v ? out->kv_usage : v;
                 out->have_kv_usage = true;
             } else if (is(name, nlen, "vllm:gpu_cache_usage_perc")) {

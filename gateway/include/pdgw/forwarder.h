@@ -204,6 +204,9 @@ typedef struct pdgw_fwd_env {
     const char *protocol; /* the configured protocol name */
     pdgw_mode_t mode;     /* configured scheduling mode */
     unsigned n_workers;   /* worker threads */
+    /* Non-zero under `pdgw --check-config`: parse and check the options only; open no
+     * socket and start no thread (destroy follows at once). */
+    int check_only;
 } pdgw_fwd_env_t;
 
 /*
@@ -285,6 +288,14 @@ typedef struct pdgw_fwd_ops {
      * drop it); for a non-stream answer, the object sent instead. NULL = unchanged. */
     json_t *(*rewrite_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
                               const json_t *resp);
+
+    /* Whether `inst` carries what this protocol needs of an instance of its role (a
+     * prefill's bootstrap port, a decode's receiver ports, ...). `pdgw --check-config`
+     * calls it for every configured instance, after configure; on error write a message
+     * naming the missing field into err (size errlen): every request through that instance
+     * would fail. Default: every instance is usable. */
+    pdgw_fwd_status_t (*check_instance)(void *ctx, const pdgw_instance_t *inst, char *err,
+                                        size_t errlen);
 } pdgw_fwd_ops_t;
 
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */

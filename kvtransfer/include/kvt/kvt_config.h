@@ -26,6 +26,7 @@
  * pd_pull_pending_ttl               seconds     360.0
  * pd_pull_backpressure_reserve_pct  float       2.0
  * pd_allocation_timeout_sec         seconds     5.0
+ * pd_shutdown_timeout_sec           seconds     5.0      (destroy: finish queued control work)
  * pd_node_id                        str         ""       (pdgw: "" = <hostname>-<pid>)
  * pd_tp_rank                        int         0        (pdgw: index into the port lists)
  * transfer_channel                  str         "tcp"    (tcp | verbs | shm)
@@ -92,6 +93,7 @@ typedef struct kvt_config {
     double pd_pull_pending_ttl;
     double pd_pull_backpressure_reserve_pct;
     double pd_allocation_timeout_sec;
+    double pd_shutdown_timeout_sec;
     char pd_node_id[KVT_CONFIG_STR_MAX];
     uint32_t pd_tp_rank;
     kvt_channel_t transfer_channel;

@@ -6,7 +6,7 @@ RBAC, selectors that really select), and the pdgw config of every ConfigMap
 passes `pdgw --check-config`. A broken copy of an overlay, made in a temp
 dir, proves each layer rejects what it should.
 
-Needs: kubectl, node + npm (the npm registry is contacted once; the install
+Needs: kubectl (without it: one SKIP line, pass), node + npm (the npm registry is contacted once; the install
 is cached in <build>/node-validate), python3-yaml, the pdgw binary.
 """
 
@@ -268,6 +268,26 @@ def semantic_errors(name, objects):
                        gw["spec"]["template"]["metadata"]["labels"])]
     if not pdbs:
         errs.append("gateway: no PodDisruptionBudget selects it")
+    for pdb in pdbs:
+        # An engine outage makes every gateway pod unready (/ready): such pods must stay
+        # evictable or the budget blocks node drains.
+        if pdb["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+            errs.append("gateway PodDisruptionBudget: unhealthyPodEvictionPolicy must be "
+                        "AlwaysAllow (unready gateways must not block drains)")
+        if "minAvailable" in pdb["spec"]:
+            errs.append("gateway PodDisruptionBudget: use maxUnavailable (minAvailable blocks "
+                        "the only replica of a single-replica gateway forever)")
+    for hpa in by_kind(objects, "HorizontalPodAutoscaler"):
+        ref = hpa["spec"]["scaleTargetRef"]
+        if ref.get("kind") != "Deployment" or ref.get("name") != "pdgw":
+            errs.append(f"HPA {hpa['metadata']['name']}: must scale Deployment pdgw")
+        if cfg.get("protocol") == "lmcache":
+            errs.append("HPA on an lmcache gateway: ProxyNotif reaches one replica only")
+        if hpa["spec"].get("minReplicas", 1) < 2:
+            errs.append("HPA: minReplicas < 2 leaves no replica during a voluntary eviction")
+        if any(m.get("type") == "Resource" for m in hpa["spec"].get("metrics", [])) and \
+                not (ctr.get("resources") or {}).get("requests", {}).get("cpu"):
+            errs.append("HPA on CPU utilization needs a CPU request on the gateway")
     if name == "base" and gw["spec"].get("replicas") != 2:
         errs.append("gateway: base runs 2 replicas")
 
@@ -449,10 +469,51 @@ def flag_errors(objects):
     return errs
 
 
+# ServiceMonitor fields (prometheus-operator, pkg/apis/monitoring/v1/servicemonitor_types.go
+# and the Endpoint type of types.go); the CRD is not in kubernetes-models, so its few fields
+# are checked here.
+SM_SPEC_FIELDS = {"selector", "namespaceSelector", "endpoints", "jobLabel", "targetLabels",
+                  "podTargetLabels", "sampleLimit"}
+SM_ENDPOINT_FIELDS = {"port", "targetPort", "path", "scheme", "params", "interval",
+                      "scrapeTimeout", "honorLabels", "honorTimestamps", "metricRelabelings",
+                      "relabelings", "tlsConfig", "authorization", "followRedirects"}
+
+
+def servicemonitor_errors(objects, crds):
+    errs = []
+    services = by_kind(objects, "Service")
+    for sm in crds:
+        n = sm["metadata"]["name"]
+        if sm.get("apiVersion") != "monitoring.coreos.com/v1" or sm.get("kind") != "ServiceMonitor":
+            errs.append(f"{sm.get('apiVersion')}/{sm.get('kind')} {n}: unknown custom resource")
+            continue
+        spec = sm.get("spec") or {}
+        errs += [f"ServiceMonitor {n}: unknown field spec.{k}" for k in set(spec) - SM_SPEC_FIELDS]
+        sel = (spec.get("selector") or {}).get("matchLabels") or {}
+        hits = [s for s in services if matches(sel, s["metadata"].get("labels", {}))]
+        if not hits:
+            errs.append(f"ServiceMonitor {n}: selector selects no Service")
+        for ep in spec.get("endpoints") or [{}]:
+            errs += [f"ServiceMonitor {n}: unknown field endpoints[].{k}"
+                     for k in set(ep) - SM_ENDPOINT_FIELDS]
+            for s in hits:
+                if ep.get("port") not in {p.get("name") for p in s["spec"].get("ports", [])}:
+                    errs.append(f"ServiceMonitor {n}: Service {s['metadata']['name']} has no "
+                                f"port named {ep.get('port')}")
+            if ep.get("path", "/metrics") != "/metrics":
+                errs.append(f"ServiceMonitor {n}: pdgw serves /metrics, not {ep.get('path')}")
+            if ep.get("honorLabels") is not True:
+                errs.append(f"ServiceMonitor {n}: honorLabels must be true (pdgw's instance "
+                            f"label names the engine)")
+    return errs
+
+
 def validate_overlay(name, path):
     """Every layer; returns the list of problems (empty = valid)."""
     objects = render(path)
-    problems = schema_errors(objects)
+    crds = [o for o in objects if str(o.get("apiVersion", "")).startswith("monitoring.coreos.com/")]
+    objects = [o for o in objects if o not in crds]
+    problems = schema_errors(objects) + servicemonitor_errors(objects, crds)
     try:
         problems += semantic_errors(name, objects)
         problems += flag_errors(objects)
@@ -536,6 +597,8 @@ def test_broken_overlay_rejected():
          "health_intervall: 2s", "--check-config rejects"),
         ("unknown simulator flag", "sim-decode.yaml", '"--kv-port", "28000"',
          '"--kv-prot", "28000"', "has no flag --kv-prot"),
+        ("PDB blocking drains", "../../base/pdb.yaml", "unhealthyPodEvictionPolicy: AlwaysAllow",
+         "unhealthyPodEvictionPolicy: IfHealthyBudget", "must be AlwaysAllow"),
     ]
     for desc, fname, old, new, expect in cases:
         tmp, overlay = _broken_copy()
@@ -561,6 +624,22 @@ def test_broken_overlay_rejected():
             raise AssertionError("kustomize rendered a missing resource")
     finally:
         shutil.rmtree(tmp)
+    # The monitoring components, through sim-2p2d which uses them.
+    for desc, fname, old, new, expect in [
+            ("ServiceMonitor port", "servicemonitor/servicemonitor.yaml", "- port: http",
+             "- port: metrics", "has no port named metrics"),
+            ("ServiceMonitor field", "servicemonitor/servicemonitor.yaml", "honorLabels: true",
+             "honourLabels: true", "unknown field endpoints[].honourLabels"),
+            ("HPA target", "hpa/hpa.yaml", "name: pdgw\n  minReplicas",
+             "name: pdgw-gateway\n  minReplicas", "must scale Deployment pdgw")]:
+        tmp, overlay = _broken_copy()
+        try:
+            _edit(os.path.join(tmp, "k8s", "components", fname), old, new)
+            _, problems = validate_overlay("sim-2p2d", os.path.join(overlay, "..", "sim-2p2d"))
+            assert any(expect in p for p in problems), f"{desc}: {problems}"
+            print(f"  {desc}: rejected")
+        finally:
+            shutil.rmtree(tmp)
     # The gateway's drain timing: a drain longer than the grace period.
     tmp, overlay = _broken_copy()
     try:
@@ -572,5 +651,8 @@ def test_broken_overlay_rejected():
 
 
 if __name__ == "__main__":
+    pdgwtest.skip_unless_tools(
+        "kubectl", why="the overlays are rendered with `kubectl kustomize` and Debian 12 has no "
+        "recent kubectl (install it from the Kubernetes project to run this test)")
     pdgwtest.run([test_node_validator_installed, test_every_overlay_valid,
                   test_image_default_config_valid, test_broken_overlay_rejected])

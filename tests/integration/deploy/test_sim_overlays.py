@@ -16,6 +16,7 @@ config breaks the request.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -292,6 +293,19 @@ def check_wiring(protocol, pods, n):
         raise AssertionError(f"no wiring check for protocol {protocol}")
 
 
+def readme_requests(overlay):
+    """The (path, JSON body) of every `curl ... localhost:8000/v1/... -d '{...}'` in the
+    overlay's README: what a reader pastes must work against the emulated overlay."""
+    with open(os.path.join(K8S_DIR, "overlays", overlay, "README.md")) as f:
+        text = f.read().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"curl\s.*localhost:\d+(/v1/\S+).*-d\s+'(\{.*\})'", line)
+        if m:
+            out.append((m.group(1), json.loads(m.group(2))))
+    return out
+
+
 def check_overlay(overlay, n_requests):
     kube = FakeKube()
     server, kport = fakekube.start(kube)
@@ -320,6 +334,10 @@ def check_overlay(overlay, n_requests):
         events = list(sse_events(gport, "/v1/completions", dict(body, stream=True)))
         assert events[-1] == "[DONE]", events[-3:]
         assert stream_text(events) == want
+        for path, rbody in readme_requests(overlay):
+            status, _, _, raw = post_json(gport, path, rbody)
+            assert status == 200, f"README curl of {overlay} ({path} {rbody}): {raw[:300]}"
+            n_requests += 1
         check_wiring(cfg["protocol"], pods, n_requests + 1)
         gw.signal(signal.SIGTERM)
         assert gw.wait(20) == 0, gw.output()[-3000:]
@@ -329,6 +347,7 @@ def check_overlay(overlay, n_requests):
 
 
 def test_sim_1p1d():
+    assert readme_requests("sim-1p1d"), "the sim-1p1d README shows no request"
     check_overlay("sim-1p1d", 3)
 
 
@@ -349,4 +368,7 @@ def test_lmcache():
 
 
 if __name__ == "__main__":
+    pdgwtest.skip_unless_tools(
+        "kubectl", why="the overlays are rendered with `kubectl kustomize` and Debian 12 has no "
+        "recent kubectl (install it from the Kubernetes project to run this test)")
     pdgwtest.run([test_sim_1p1d, test_sim_2p2d, test_vllm_nixl, test_sglang, test_lmcache])

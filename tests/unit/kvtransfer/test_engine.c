@@ -301,6 +301,41 @@ static void test_receiver_restart(void **state)
     t_keys_free(keys, 8);
 }
 
+/* A sender destroyed right after its store task completed still delivers what it
+ * owes the receiver for that request (the landed echo between libkvt peers), so the
+ * receiver's wait for the request succeeds instead of timing out. */
+static void test_sender_destroy_delivers_landing(void **state)
+{
+    char **keys = t_keys("fin", 4);
+    (void)state;
+
+    /* the window is short (the echo is queued just after the task completes):
+     * take it many times */
+    for (int round = 0; round < 40; round++) {
+        t_pair_t p;
+        kvt_task_id_t id, wid;
+        kvt_task_result_t res, w;
+        kvt_status_t st = KVT_OK;
+
+        assert_int_equal(t_pair_open(&p, MODE_PUSH, 16 * T_PAGE, 16 * T_PAGE, "tcp"), KVT_OK);
+        id = t_store(p.s, "fin-1", keys, 0, 4, 0, 1, 4, &st);
+        assert_int_equal(st, KVT_OK);
+        assert_int_equal(t_wait(p.s, id, 5000, &res), KVT_OK);
+        assert_int_equal(res.status, KVT_OK);
+        kvt_task_result_clear(&res);
+        kvt_engine_destroy(p.s); /* at once: the echo may still be queued */
+        p.s = NULL;
+        assert_int_equal(kvt_submit_wait_req(p.r, "fin-1", 3000, NULL, &wid), KVT_OK);
+        assert_int_equal(t_wait(p.r, wid, 4000, &w), KVT_OK);
+        assert_int_equal(w.status, KVT_OK);
+        kvt_task_result_clear(&w);
+        kvt_release_req(p.r, "fin-1");
+        assert_true(t_pool_drained(p.r, 2000));
+        t_pair_close(&p);
+    }
+    t_keys_free(keys, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_destroy_with_work_pending),
         cmocka_unit_test(test_cpu_offload_pull),
         cmocka_unit_test(test_receiver_restart),
+        cmocka_unit_test(test_sender_destroy_delivers_landing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -267,10 +267,41 @@ static void test_prom_reader(void **state)
     assert_true(m.running == 7.0);
 }
 
+/* SGLang's names (upstream python/sglang/srt/metrics/collector.py,
+ * SchedulerMetricsCollector): sglang:num_running_reqs, sglang:num_queue_reqs,
+ * sglang:token_usage (a 0..1 fraction of the KV token pool) and, in PD mode, the
+ * prealloc / transfer queues of requests that do not run yet. One sample per rank. */
+static void test_prom_reader_sglang(void **state)
+{
+    sched_engine_metrics_t m;
+    const char *l = "{model_name=\"m\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\","
+                    "moe_ep_rank=\"0\"}";
+    char text[2048];
+    (void)state;
+    snprintf(text, sizeof(text),
+             "# TYPE sglang:num_running_reqs gauge\n"
+             "sglang:num_running_reqs%s 5.0\n"
+             "sglang:num_queue_reqs%s 2.0\n"
+             "sglang:num_decode_prealloc_queue_reqs%s 1.0\n"
+             "sglang:num_decode_transfer_queue_reqs%s 3.0\n"
+             "sglang:num_prefill_inflight_queue_reqs%s 40.0\n"
+             "sglang:token_usage%s 0.30\n"
+             "sglang:token_usage%s 0.45\n"
+             "sglang:num_used_tokens%s 9000\n",
+             l, l, l, l, l, l, l, l);
+    assert_int_equal(sched_prom_parse(text, strlen(text), &m), SCHED_OK);
+    assert_true(m.running == 5.0);
+    assert_true(m.waiting == 6.0); /* queue + prealloc + transfer; inflight = already sent */
+    assert_true(m.kv_usage == 0.45);
+    assert_true(m.have_running && m.have_waiting && m.have_kv_usage);
+    assert_int_equal(sched_prom_parse("sglang:num_used_tokens 9\n", 25, &m), SCHED_ERR_NOT_FOUND);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prom_reader),
+        cmocka_unit_test(test_prom_reader_sglang),
         cmocka_unit_test(test_probe_down_up),
         cmocka_unit_test(test_scrape_and_stale_fallback),
     };
