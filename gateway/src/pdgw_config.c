@@ -20,8 +20,9 @@
 static const char *const role_names[] = {"prefill", "decode", "both", NULL};
 static const char *const kv_engine_names[] = {"lmcache", "libkvt", NULL};
 static const char *const sched_names[] = {"batch", "staged", NULL};
-static const char *const policy_names[] = {"round-robin",  "random",   "least-load", "power-of-two",
-                                           "prefix-aware", "weighted", NULL};
+static const char *const policy_names[] = {
+    "round-robin",  "random",   "least-load",     "power-of-two",
+    "prefix-aware", "weighted", "precise-prefix", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"text", "json", NULL};
 /* pdgw_pd_fields_mode_t order */
@@ -44,7 +45,7 @@ const char *pdgw_sched_mode_name(pdgw_sched_mode_t mode)
 
 const char *pdgw_policy_name(pdgw_policy_t policy)
 {
-    return name_of(policy_names, 6, (int)policy);
+    return name_of(policy_names, 7, (int)policy);
 }
 
 static int enum_index(const char *const *names, const char *s)
@@ -121,6 +122,19 @@ static const pdgw_config_option_t options[] = {
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",
      C(retries)},
+    {"kv_events_prefix_weight", "kv-events-prefix-weight", "PDGW_KV_EVENTS_PREFIX_WEIGHT",
+     PDGW_OPT_INT, NULL, 0, 1000, "2", "N",
+     "precise-prefix: weight of the cached fraction of the prompt.", C(kv_events_prefix_weight)},
+    {"kv_events_load_weight", "kv-events-load-weight", "PDGW_KV_EVENTS_LOAD_WEIGHT", PDGW_OPT_INT,
+     NULL, 0, 1000, "1", "N", "precise-prefix: weight of the (relative) load.",
+     C(kv_events_load_weight)},
+    {"kv_events_other_tier_percent", "kv-events-other-tier-percent",
+     "PDGW_KV_EVENTS_OTHER_TIER_PERCENT", PDGW_OPT_INT, NULL, 0, 100, "50", "PERCENT",
+     "precise-prefix: worth of a block cached outside GPU memory.",
+     C(kv_events_other_tier_percent)},
+    {"kv_events_max_blocks", "kv-events-max-blocks", "PDGW_KV_EVENTS_MAX_BLOCKS", PDGW_OPT_INT,
+     NULL, 64, 67108864, "1048576", "N", "precise-prefix: bound of the KV-event block index.",
+     C(kv_events_max_blocks)},
     {"drain_timeout", "drain-timeout", "PDGW_DRAIN_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0,
      "30s", "DURATION", "On SIGTERM, how long in-flight requests may finish.",
      C(drain_timeout_ms)},
@@ -248,6 +262,12 @@ static const pdgw_config_option_t instance_options[] = {
      "Bootstrap port (sglang, vllm-mooncake); 0 = unset.", I(bootstrap_port)},
     {"engine_id", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ID",
      "Engine id used by the KV connector (e.g. NIXL engine id).", I(engine_id)},
+    {"kv_events_endpoint", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ENDPOINT",
+     "Engine's KV-event publisher (tcp://host:port) for precise-prefix; \"\" = none.",
+     I(kv_events_endpoint)},
+    {"kv_events_replay_endpoint", NULL, NULL, PDGW_OPT_STRING, NULL, 0, 0, "", "ENDPOINT",
+     "Engine's KV-event replay ROUTER (tcp://host:port); \"\" = none.",
+     I(kv_events_replay_endpoint)},
     {"alloc_ports", NULL, NULL, PDGW_OPT_INT_LIST, NULL, 1, 65535, NULL, "PORTS",
      "lmcache receiver allocation port per TP rank.", I(alloc_ports)},
     {"init_ports", NULL, NULL, PDGW_OPT_INT_LIST, NULL, 1, 65535, NULL, "PORTS",

@@ -85,6 +85,7 @@ typedef enum pdgw_policy {
     PDGW_POLICY_POWER_OF_TWO,
     PDGW_POLICY_PREFIX_AWARE,
     PDGW_POLICY_WEIGHTED,
+    PDGW_POLICY_PRECISE_PREFIX,
 } pdgw_policy_t;
 
 /* "prefill" / "decode" / "both"; "batch" / "staged"; "round-robin" ... "weighted". */
@@ -105,7 +106,9 @@ typedef struct pdgw_instance_config {
     char *kv_host;    /* default: host of url */
     int kv_port;      /* 0 = unset */
     int bootstrap_port;
-    char *engine_id; /* "" = unset */
+    char *engine_id;                 /* "" = unset */
+    char *kv_events_endpoint;        /* "" = unset */
+    char *kv_events_replay_endpoint; /* "" = unset */
     pdgw_int_list_t alloc_ports;
     pdgw_int_list_t init_ports;
     int tp_size; /* >= 1 */
@@ -151,6 +154,11 @@ typedef struct pdgw_config {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     int retries;
+    /* precise-prefix (integers like llm-d's scorer weights) */
+    int kv_events_prefix_weight;
+    int kv_events_load_weight;
+    int kv_events_other_tier_percent;
+    int kv_events_max_blocks;
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;

@@ -496,6 +496,16 @@ static void serve_admin(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- routing */
 
+/* Does the configured protocol serve this engine-native path (descriptor native_paths)? */
+static bool native_path_served(const pdgw_req_t *r)
+{
+    const char *const *p = r->w->srv->desc ? r->w->srv->desc->native_paths : NULL;
+    for (; p != NULL && *p != NULL; p++)
+        if (strcmp(*p, r->path) == 0)
+            return true;
+    return false;
+}
+
 static void route(pdgw_req_t *r, const char *url)
 {
     const char *q = strchr(url, '?');
@@ -510,6 +520,9 @@ static void route(pdgw_req_t *r, const char *url)
     } else if (strcmp(r->path, "/v1/chat/completions") == 0) {
         r->route = PDGW_ROUTE_INFER;
         r->kind = PDGW_API_CHAT_COMPLETIONS;
+    } else if (strcmp(r->path, "/generate") == 0 && native_path_served(r)) {
+        r->route = PDGW_ROUTE_INFER;
+        r->kind = PDGW_API_GENERATE;
     } else if (strcmp(r->path, "/v1/models") == 0) {
         r->route = PDGW_ROUTE_MODELS;
     } else if (strcmp(r->path, "/health") == 0) {

@@ -94,6 +94,8 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
     d->kv_port = ic->kv_port;
     d->bootstrap_port = ic->bootstrap_port;
     d->engine_id = ic->engine_id;
+    d->kv_events_endpoint = ic->kv_events_endpoint;
+    d->kv_events_replay_endpoint = ic->kv_events_replay_endpoint;
     for (j = 0; j < ic->alloc_ports.count && j < SCHED_MAX_TP; j++)
         d->alloc_ports[j] = ic->alloc_ports.items[j];
     d->n_alloc_ports = j;
@@ -147,6 +149,10 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched
     sc.metrics_scrape_interval_ms = cfg->metrics_scrape_interval_ms;
     sc.breaker_failures = (unsigned)cfg->breaker_failures;
     sc.breaker_open_ms = cfg->breaker_open_time_ms;
+    sc.kv_events_prefix_weight = cfg->kv_events_prefix_weight;
+    sc.kv_events_load_weight = cfg->kv_events_load_weight;
+    sc.kv_events_other_tier_weight = cfg->kv_events_other_tier_percent / 100.0;
+    sc.kv_events_max_blocks = (size_t)cfg->kv_events_max_blocks;
     if (cfg->n_instances > 0) {
         descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
         if (descs == NULL) {

@@ -17,8 +17,9 @@
 
 typedef struct registry_entry {
     const pdgw_fwd_desc_t *desc;
-    pdgw_fwd_desc_t upgraded; /* an older-ABI descriptor, completed with defaults */
-    char origin[256];         /* "built-in" or the plugin path */
+    pdgw_fwd_desc_t upgraded;    /* an older-ABI descriptor, completed with defaults */
+    pdgw_fwd_ops_t upgraded_ops; /* its ops table (ABI < 3 ends before rewrite_decode) */
+    char origin[256];            /* "built-in" or the plugin path */
     int logged;
 } registry_entry_t;
 
@@ -100,6 +101,19 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
         memset(&e->upgraded, 0, sizeof(e->upgraded));
         memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, client_fields));
         desc = &e->upgraded;
+    } else if (desc->abi_version < 3) {
+        /* ABI 2 ends after `client_fields`. */
+        registry_entry_t *e = &registry[registry_count];
+        memset(&e->upgraded, 0, sizeof(e->upgraded));
+        memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, native_paths));
+        desc = &e->upgraded;
+    }
+    if (desc->abi_version < 3) {
+        /* Its ops table ends before rewrite_decode (and check_instance). */
+        registry_entry_t *e = &registry[registry_count];
+        memset(&e->upgraded_ops, 0, sizeof(e->upgraded_ops));
+        memcpy(&e->upgraded_ops, desc->ops, offsetof(pdgw_fwd_ops_t, rewrite_decode));
+        e->upgraded.ops = &e->upgraded_ops;
     }
     registry[registry_count].desc = desc;
     snprintf(registry[registry_count].origin, sizeof(registry[registry_count].origin), "%s",

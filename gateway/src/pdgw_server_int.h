@@ -230,6 +230,7 @@ struct pdgw_req {
     int pd_retryable;
     uint64_t t_prefill_done_ms;
     bool kv_wait_observed;
+    bool decode_parked;              /* parallel: the decode's answer waits for the prefill's */
     sched_instance_t *sched_inst[2]; /* referenced instances behind inst_view */
     int final_status;
     char error_text[640];

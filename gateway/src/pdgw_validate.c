@@ -338,13 +338,14 @@ static int64_t est_tokens(size_t bytes)
     return (int64_t)((bytes + 3) / 4);
 }
 
-static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *info,
-                                     pdgw_api_error_t *err)
+/* <key> holds the prompt(s): "prompt" (completions), "text" or "input_ids" (native generate). */
+static pdgw_status_t validate_prompt_key(const json_t *body, const char *key,
+                                         pdgw_request_info_t *info, pdgw_api_error_t *err)
 {
-    const json_t *prompt = json_object_get(body, "prompt");
+    const json_t *prompt = json_object_get(body, key);
     if (prompt == NULL || json_is_null(prompt))
-        return fail(err, "prompt", "missing_required_parameter",
-                    "Missing required parameter: 'prompt'.");
+        return fail(err, key, "missing_required_parameter", "Missing required parameter: '%s'.",
+                    key);
     const char *expected =
         "a string, an array of strings, an array of token ids or an array of token id arrays";
     if (json_is_string(prompt)) {
@@ -358,15 +359,15 @@ static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *in
         return PDGW_OK;
     }
     if (!json_is_array(prompt))
-        return fail_type(err, "prompt", expected);
+        return fail_type(err, key, expected);
     size_t n = json_array_size(prompt);
     if (n == 0)
-        return fail(err, "prompt", "invalid_value", "'prompt' must not be empty.");
+        return fail(err, key, "invalid_value", "'%s' must not be empty.", key);
     const json_t *first = json_array_get(prompt, 0);
     char sub[PDGW_API_ERR_PARAM_MAX];
     pdgw_status_t st;
     if (json_is_integer(first)) {
-        st = check_ids(prompt, "prompt", err);
+        st = check_ids(prompt, key, err);
         if (st != PDGW_OK)
             return st;
         info->n_prompts = 1;
@@ -378,7 +379,7 @@ static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *in
         for (size_t i = 0; i < n; i++) {
             const json_t *x = json_array_get(prompt, i);
             if (!json_is_string(x)) {
-                snprintf(sub, sizeof(sub), "prompt[%zu]", i);
+                snprintf(sub, sizeof(sub), "%s[%zu]", key, i);
                 return fail_type(err, sub, "a string");
             }
             est += est_tokens(json_string_length(x));
@@ -396,7 +397,7 @@ static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *in
         int64_t est = 0;
         for (size_t i = 0; i < n; i++) {
             const json_t *x = json_array_get(prompt, i);
-            snprintf(sub, sizeof(sub), "prompt[%zu]", i);
+            snprintf(sub, sizeof(sub), "%s[%zu]", key, i);
             if (!json_is_array(x))
                 return fail_type(err, sub, "an array of token ids");
             if (json_array_size(x) == 0)
@@ -410,7 +411,14 @@ static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *in
         info->est_prompt_tokens = est;
         return copy_ids(first, info);
     }
-    return fail_type(err, "prompt[0]", "a string, a token id or an array of token ids");
+    snprintf(sub, sizeof(sub), "%s[0]", key);
+    return fail_type(err, sub, "a string, a token id or an array of token ids");
+}
+
+static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *info,
+                                     pdgw_api_error_t *err)
+{
+    return validate_prompt_key(body, "prompt", info, err);
 }
 
 static pdgw_status_t validate_messages(const json_t *body, pdgw_request_info_t *info,
@@ -509,11 +517,69 @@ static pdgw_status_t validate_messages(const json_t *body, pdgw_request_info_t *
     return PDGW_OK;
 }
 
+/* ---------------------------------------------------------------- native generate */
+
+/* SGLang's POST /generate (GenerateReqInput, python/sglang/srt/managers/io_struct.py): the
+ * prompt is "text" (a string or a batch of strings) or "input_ids" (ids or a batch of id
+ * arrays), not both; "sampling_params" is an object, or one per item of a batch, whose
+ * "max_new_tokens" bounds the output; "stream" is a boolean; "model" is optional. Other
+ * fields are left to the engine. */
+static pdgw_status_t validate_generate(const json_t *body, pdgw_request_info_t *info,
+                                       pdgw_api_error_t *err)
+{
+    const json_t *text = json_object_get(body, "text");
+    const json_t *ids = json_object_get(body, "input_ids");
+    const json_t *sp = json_object_get(body, "sampling_params");
+    const json_t *st0 = json_object_get(body, "stream");
+    const json_t *model = json_object_get(body, "model");
+    const json_t *mnt;
+    pdgw_request_info_t r;
+    pdgw_status_t st;
+    bool has_text = text != NULL && !json_is_null(text);
+    bool has_ids = ids != NULL && !json_is_null(ids);
+    if (!json_is_object(body))
+        return fail(err, NULL, "invalid_type", "Request body must be a JSON object.");
+    if (has_text == has_ids)
+        return fail(err, has_text ? "input_ids" : "text",
+                    has_text ? "invalid_value" : "missing_required_parameter",
+                    "Exactly one of 'text' and 'input_ids' must be given.");
+    if (st0 != NULL && !json_is_null(st0) && !json_is_boolean(st0))
+        return fail_type(err, "stream", "a boolean");
+    if (model != NULL && !json_is_null(model) && !json_is_string(model))
+        return fail_type(err, "model", "a string");
+    if (sp != NULL && !json_is_null(sp) && !json_is_object(sp) && !json_is_array(sp))
+        return fail_type(err, "sampling_params", "an object or an array of objects");
+    mnt = json_is_object(sp) ? json_object_get(sp, "max_new_tokens") : NULL;
+    if (mnt != NULL && !json_is_null(mnt) && (!json_is_integer(mnt) || json_integer_value(mnt) < 0))
+        return fail(err, "sampling_params.max_new_tokens", "invalid_value",
+                    "'sampling_params.max_new_tokens' must be an integer >= 0.");
+    memset(&r, 0, sizeof(r));
+    r.kind = PDGW_API_GENERATE;
+    r.model = json_is_string(model) ? json_string_value(model) : NULL;
+    r.stream = json_is_true(st0);
+    r.max_tokens = json_is_integer(mnt) ? json_integer_value(mnt) : -1;
+    r.n = 1;
+    st = validate_prompt_key(body, has_text ? "text" : "input_ids", &r, err);
+    if (st == PDGW_OK && has_text && !json_is_string(text) &&
+        !json_is_string(json_array_get(text, 0)))
+        st = fail_type(err, "text", "a string or an array of strings");
+    if (st != PDGW_OK) {
+        pdgw_request_info_release(&r);
+        if (st == PDGW_ERR_NOMEM)
+            pdgw_api_error_set(err, PDGW_API_ERR_INTERNAL, NULL, "Out of memory.");
+        return st;
+    }
+    *info = r;
+    return PDGW_OK;
+}
+
 /* ---------------------------------------------------------------- entry point */
 
 pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
                                     pdgw_request_info_t *info, pdgw_api_error_t *err)
 {
+    if (kind == PDGW_API_GENERATE)
+        return validate_generate(body, info, err);
     if (kind != PDGW_API_COMPLETIONS && kind != PDGW_API_CHAT_COMPLETIONS)
         return PDGW_ERR_INVALID;
     if (!json_is_object(body))

@@ -41,6 +41,8 @@
 typedef enum pdgw_api_kind {
     PDGW_API_COMPLETIONS = 0,      /* POST /v1/completions */
     PDGW_API_CHAT_COMPLETIONS = 1, /* POST /v1/chat/completions */
+    PDGW_API_GENERATE = 2,         /* POST /generate (SGLang native; only when the protocol
+                                    * lists it in its descriptor's native_paths) */
 } pdgw_api_kind_t;
 
 /* Owned results of a successful validation; release with pdgw_request_info_release(). */

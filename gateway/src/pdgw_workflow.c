@@ -25,6 +25,7 @@
 static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed_leg);
 static void wf_start_attempt(pdgw_req_t *r);
 static void wf_run_decode_stage(pdgw_req_t *r);
+static void wf_decode_finish(pdgw_req_t *r, pdgw_leg_t *leg);
 static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len);
 
 static const char *protocol_of(const pdgw_req_t *r)
@@ -368,6 +369,7 @@ static void wf_start_attempt(pdgw_req_t *r)
     pdgw_fwd_error_t e;
 
     r->freq.attempt = r->attempt;
+    r->decode_parked = false;
     if (pdgw_uuid4(r->leg_id) != PDGW_OK) {
         pdgw_fwd_error_t ue;
         pdgw_fwd_error_set(&ue, PDGW_PHASE_NONE, 0, 503, "no randomness for a transfer name");
@@ -604,8 +606,14 @@ static void wf_after_prefill(pdgw_req_t *r, pdgw_leg_t *leg)
         return;
     }
     json_decref(resp);
-    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL)
-        return; /* decode is already running */
+    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL) {
+        /* decode is already running, or its answer waited for this one */
+        if (r->decode_parked) {
+            r->decode_parked = false;
+            wf_decode_finish(r, &r->legs[PDGW_LEG_DECODE]);
+        }
+        return;
+    }
     if (r->freq.mode == PDGW_MODE_STAGED && !sched_booking_leg_open(r->booking, SCHED_LEG_DECODE) &&
         sched_booking_instance(r->booking, SCHED_LEG_DECODE) == NULL) {
         sched_status_t st = sched_booking_book_decode(r->booking);
@@ -683,6 +691,52 @@ static void wf_note_local_shortage(pdgw_req_t *r, const pdgw_leg_t *leg)
                       (unsigned long long)skipped);
 }
 
+/* The relayed decode leg completed: hand its answer to the client. */
+static void wf_decode_finish(pdgw_req_t *r, pdgw_leg_t *leg)
+{
+    if (leg->sse) {
+        if (!r->committed) {
+            /* 200 but not one event: still a valid (empty) stream. */
+            pdgw_req_commit_stream(r);
+        }
+        if (!leg->saw_done)
+            pdgw_req_out_append(r, "data: [DONE]\n\n", 14);
+        pdgw_req_out_end(r);
+    } else {
+        size_t len = 0;
+        char *body = wf_rewrite_reply(r, leg, &len);
+        if (body == NULL)
+            body = pdgw_buf_steal(&leg->resp, &len);
+        if (body != NULL)
+            r->usage_seen |=
+                pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), body, len,
+                                           &r->usage_prompt, &r->usage_completion);
+        pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
+                       leg->content_type[0] ? leg->content_type : "application/json");
+    }
+    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL &&
+        r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_RUNNING) {
+        /* The drained prefill is of no use any more. */
+        pdgw_leg_abort(&r->legs[PDGW_LEG_PREFILL]);
+        wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, NULL);
+    }
+    wf_succeed(r);
+}
+
+/* Parallel: does the forwarder want the prefill's answer before the decode's goes out (asked
+ * with a NULL response), and is the prefill still running? */
+static bool wf_decode_waits(pdgw_req_t *r)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(r);
+    json_t *wants;
+    if (ops->rewrite_decode == NULL || r->freq.dispatch != PDGW_DISPATCH_PARALLEL ||
+        r->legs[PDGW_LEG_PREFILL].state != PDGW_LEG_RUNNING)
+        return false;
+    wants = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, NULL);
+    json_decref(wants);
+    return wants != NULL;
+}
+
 void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
 {
     pdgw_fwd_error_t e;
@@ -732,33 +786,11 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
                                                  (double)(leg->t_first_ms - r->t_prefill_done_ms) /
                                                      1e3);
     }
-    if (leg->sse) {
-        if (!r->committed) {
-            /* 200 but not one event: still a valid (empty) stream. */
-            pdgw_req_commit_stream(r);
-        }
-        if (!leg->saw_done)
-            pdgw_req_out_append(r, "data: [DONE]\n\n", 14);
-        pdgw_req_out_end(r);
-    } else {
-        size_t len = 0;
-        char *body = wf_rewrite_reply(r, leg, &len);
-        if (body == NULL)
-            body = pdgw_buf_steal(&leg->resp, &len);
-        if (body != NULL)
-            r->usage_seen |=
-                pdgw_gateway_metrics_usage(r->w->srv->opts.metrics, protocol_of(r), body, len,
-                                           &r->usage_prompt, &r->usage_completion);
-        pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
-                       leg->content_type[0] ? leg->content_type : "application/json");
+    if (!leg->sse && wf_decode_waits(r)) {
+        r->decode_parked = true; /* finished by wf_after_prefill */
+        return;
     }
-    if (r->freq.dispatch == PDGW_DISPATCH_PARALLEL &&
-        r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_RUNNING) {
-        /* The drained prefill is of no use any more. */
-        pdgw_leg_abort(&r->legs[PDGW_LEG_PREFILL]);
-        wf_finish_booking(r, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, NULL);
-    }
-    wf_succeed(r);
+    wf_decode_finish(r, leg);
 }
 
 /* ---------------------------------------------------------------- failure and retry */

@@ -32,6 +32,8 @@ struct sched_booking {
     char **exclude_store;
     uint64_t *hashes;
     size_t n_hashes;
+    uint64_t *kv_keys; /* precise-prefix block keys of the prompt */
+    size_t n_kv_keys;
     booking_leg_t legs[2];
 };
 
@@ -51,6 +53,7 @@ static void booking_free(sched_booking_t *b)
         sched_free(b->exclude_store[i]);
     sched_free(b->exclude_store);
     sched_free(b->hashes);
+    sched_free(b->kv_keys);
     sched_free(b);
 }
 
@@ -100,6 +103,9 @@ static sched_status_t booking_new(sched_pool_t *pool, const sched_request_t *in,
             b->n_hashes = n;
         }
     }
+    if (pool->kvev_index &&
+        sched_kvev_request_keys(pool, req, &b->kv_keys, &b->n_kv_keys) != SCHED_OK)
+        goto err_nomem;
     *out = b;
     return SCHED_OK;
 
@@ -150,6 +156,8 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     ctx.req = &b->req;
     ctx.block_hashes = b->hashes;
     ctx.n_blocks = b->n_hashes;
+    ctx.kv_keys = b->kv_keys;
+    ctx.n_kv_keys = b->n_kv_keys;
     ctx.exclude_uids = excl;
     ctx.n_exclude_uids = leg->n_excluded;
     ctx.now_ms = sched_pool_now(pool);

@@ -23,6 +23,10 @@ void sched_config_init(sched_config_t *cfg)
     cfg->prefix_load_slack = 4.0;
     cfg->zone_load_slack = 1.0;
     cfg->default_max_tokens = 512;
+    cfg->kv_events_prefix_weight = 2.0;
+    cfg->kv_events_load_weight = 1.0;
+    cfg->kv_events_other_tier_weight = 0.5;
+    cfg->kv_events_max_blocks = 1u << 20;
     cfg->dns.interval_ms = 5000;
     cfg->kubernetes.port_name = "http";
     cfg->kubernetes.token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";

@@ -284,6 +284,8 @@ void sched_desc_free(sched_instance_desc_t *d)
     sched_free((char *)d->url);
     sched_free((char *)d->kv_host);
     sched_free((char *)d->engine_id);
+    sched_free((char *)d->kv_events_endpoint);
+    sched_free((char *)d->kv_events_replay_endpoint);
     sched_free((char *)d->zone);
     for (size_t i = 0; i < d->n_labels; i++) {
         sched_free((char *)d->labels[i].key);
@@ -354,6 +356,9 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
     d.kv_port = src->kv_port;
     d.bootstrap_port = src->bootstrap_port;
     d.engine_id = sched_strdup(src->engine_id ? src->engine_id : "");
+    d.kv_events_endpoint = sched_strdup(src->kv_events_endpoint ? src->kv_events_endpoint : "");
+    d.kv_events_replay_endpoint =
+        sched_strdup(src->kv_events_replay_endpoint ? src->kv_events_replay_endpoint : "");
     memcpy(d.alloc_ports, src->alloc_ports, sizeof(int) * src->n_alloc_ports);
     d.n_alloc_ports = src->n_alloc_ports;
     memcpy(d.init_ports, src->init_ports, sizeof(int) * src->n_init_ports);
@@ -366,7 +371,8 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
     d.zone = sched_strdup(zone ? zone : "");
     d.source = src->source;
     d.kv_engine = src->kv_engine;
-    if (!d.url || !d.id || !d.kv_host || !d.engine_id || !d.zone)
+    if (!d.url || !d.id || !d.kv_host || !d.engine_id || !d.zone || !d.kv_events_endpoint ||
+        !d.kv_events_replay_endpoint)
         goto err_nomem;
     for (size_t i = 0; i < src->n_labels; i++) {
         d.labels[i].key = sched_strdup(src->labels[i].key);
@@ -397,6 +403,8 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
     if (!str_eq(a->id, b->id) || !str_eq(a->url, b->url) || a->role != b->role ||
         a->weight != b->weight || !str_eq(a->kv_host, b->kv_host) || a->kv_port != b->kv_port ||
         a->bootstrap_port != b->bootstrap_port || !str_eq(a->engine_id, b->engine_id) ||
+        !str_eq(a->kv_events_endpoint, b->kv_events_endpoint) ||
+        !str_eq(a->kv_events_replay_endpoint, b->kv_events_replay_endpoint) ||
         a->n_alloc_ports != b->n_alloc_ports || a->n_init_ports != b->n_init_ports ||
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
         !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
@@ -533,6 +541,10 @@ sched_status_t sched_instance_desc_from_json(const json_t *obj, sched_instance_d
             st = json_port(v, key, 0, &d.bootstrap_port, err, err_len);
         } else if (strcmp(key, "engine_id") == 0) {
             st = json_str(v, key, &d.engine_id, err, err_len);
+        } else if (strcmp(key, "kv_events_endpoint") == 0) {
+            st = json_str(v, key, &d.kv_events_endpoint, err, err_len);
+        } else if (strcmp(key, "kv_events_replay_endpoint") == 0) {
+            st = json_str(v, key, &d.kv_events_replay_endpoint, err, err_len);
         } else if (strcmp(key, "kv_engine") == 0) {
             const char *e = json_string_value(v);
             if (e != NULL && strcmp(e, "libkvt") == 0) {

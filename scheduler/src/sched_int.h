@@ -140,6 +140,11 @@ struct sched_pool {
 
     sched_prefix_index_t *prefix[2];
 
+    /* precise-prefix (sched_kvev_*.c); NULL unless a role uses it */
+    struct sched_kvev_index *kvev_index;
+    struct sched_kvev_sub *kvev_sub;
+    double kvev_prefix_w, kvev_load_w, kvev_other_w;
+
     /* discovery */
     sched_discovery_slot_t discovery[SCHED_MAX_DISCOVERY];
     size_t n_discovery;
@@ -297,6 +302,8 @@ typedef struct sched_pick_ctx {
     const sched_request_t *req;
     const uint64_t *block_hashes; /* NULL when not computed */
     size_t n_blocks;
+    const uint64_t *kv_keys; /* precise-prefix keys; NULL when not computed */
+    size_t n_kv_keys;
     const uint64_t *exclude_uids; /* extra uids to skip */
     size_t n_exclude_uids;
     uint64_t now_ms;
@@ -333,6 +340,23 @@ size_t sched_prefix_size(sched_prefix_index_t *idx);
 size_t sched_prefix_capacity(sched_prefix_index_t *idx);
 
 #define SCHED_PREFIX_MAX_BLOCKS_PER_REQUEST 1024
+
+/* ---- sched_kvev_policy.c ---- */
+sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ridx,
+                                  const sched_pick_ctx_t *ctx);
+/* Keys of the request's token ids at the fleet's block size (*keys_out
+ * NULL, *n_out 0 when there is nothing to match); caller frees. */
+sched_status_t sched_kvev_request_keys(sched_pool_t *pool, const sched_request_t *req,
+                                       uint64_t **keys_out, size_t *n_out);
+/* Pool hooks: create/destroy the index and subscriber; follow the set. */
+sched_status_t sched_kvev_pool_create(sched_pool_t *pool, const sched_config_t *cfg);
+sched_status_t sched_kvev_pool_start(sched_pool_t *pool);
+void sched_kvev_pool_destroy(sched_pool_t *pool);
+void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
+                          const sched_snapshot_t *next);
+/* Least-score allowed instance (exported from sched_policy.c). */
+sched_instance_t *sched_policy_least(sched_instance_t *const *arr, size_t n,
+                                     const sched_pick_ctx_t *ctx, uint64_t *score_out);
 
 /* ---- sched_health.c ---- */
 sched_status_t sched_health_create(sched_pool_t *pool, sched_health_t **out);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "sched_int.h"
+#include "sched_kvev_int.h"
 
 /* Upper bounds of pdgw_schedule_seconds, in nanoseconds and as text. */
 static const uint64_t bucket_ns[SCHED_HIST_BUCKETS] = {
@@ -193,6 +194,47 @@ char *sched_metrics_text(sched_pool_t *pool)
               "# TYPE pdgw_sched_double_release_total counter\n"
               "pdgw_sched_double_release_total %llu\n",
               (unsigned long long)atomic_load(&pool->double_release));
+    if (pool->kvev_sub) {
+        sched_kvev_sub_stats_t ss;
+        sched_kvev_index_stats_t is;
+        sched_kvev_sub_stats(pool->kvev_sub, &ss);
+        sched_kvev_index_stats(pool->kvev_index, &is);
+        sb_printf(&sb,
+                  "# HELP pdgw_kv_events_total KV events applied from the engines.\n"
+                  "# TYPE pdgw_kv_events_total counter\npdgw_kv_events_total %llu\n"
+                  "# HELP pdgw_kv_event_batches_total KV-event batches applied.\n"
+                  "# TYPE pdgw_kv_event_batches_total counter\n"
+                  "pdgw_kv_event_batches_total %llu\n"
+                  "# HELP pdgw_kv_event_gaps_total Sequence gaps in KV-event streams.\n"
+                  "# TYPE pdgw_kv_event_gaps_total counter\npdgw_kv_event_gaps_total %llu\n"
+                  "# HELP pdgw_kv_event_replays_total Replays requested (failed: timed out).\n"
+                  "# TYPE pdgw_kv_event_replays_total counter\n"
+                  "pdgw_kv_event_replays_total{result=\"sent\"} %llu\n"
+                  "pdgw_kv_event_replays_total{result=\"failed\"} %llu\n"
+                  "# HELP pdgw_kv_event_restarts_total Publisher restarts (sequence reset).\n"
+                  "# TYPE pdgw_kv_event_restarts_total counter\n"
+                  "pdgw_kv_event_restarts_total %llu\n"
+                  "# HELP pdgw_kv_event_bad_total Undecodable or misframed KV-event messages.\n"
+                  "# TYPE pdgw_kv_event_bad_total counter\npdgw_kv_event_bad_total %llu\n"
+                  "# HELP pdgw_kv_event_lag_seconds Age of the last batch when applied.\n"
+                  "# TYPE pdgw_kv_event_lag_seconds gauge\npdgw_kv_event_lag_seconds %.3f\n"
+                  "# HELP pdgw_kv_index_blocks Block residencies held by the KV index.\n"
+                  "# TYPE pdgw_kv_index_blocks gauge\npdgw_kv_index_blocks %llu\n"
+                  "# HELP pdgw_kv_index_capacity Bound of the KV index.\n"
+                  "# TYPE pdgw_kv_index_capacity gauge\npdgw_kv_index_capacity %llu\n"
+                  "# HELP pdgw_kv_index_evicted_total Residencies dropped by the bound.\n"
+                  "# TYPE pdgw_kv_index_evicted_total counter\n"
+                  "pdgw_kv_index_evicted_total %llu\n"
+                  "# HELP pdgw_kv_index_orphans_total Stored blocks whose parent was unknown.\n"
+                  "# TYPE pdgw_kv_index_orphans_total counter\n"
+                  "pdgw_kv_index_orphans_total %llu\n",
+                  (unsigned long long)ss.events, (unsigned long long)ss.messages,
+                  (unsigned long long)ss.gaps, (unsigned long long)ss.replays,
+                  (unsigned long long)ss.replay_failed, (unsigned long long)ss.restarts,
+                  (unsigned long long)ss.bad_messages, (double)ss.lag_ms / 1000.0,
+                  (unsigned long long)is.records, (unsigned long long)is.capacity,
+                  (unsigned long long)is.evicted, (unsigned long long)is.orphans);
+    }
     for (size_t i = 0; i < pool->n_discovery; i++) {
         const sched_discovery_slot_t *s = &pool->discovery[i];
         char *text;

@@ -296,6 +296,8 @@ sched_instance_t *sched_policy_pick(const sched_snapshot_t *snap, int ridx, sche
         return pick_prefix(arr, n, ridx, ctx);
     case SCHED_POLICY_WEIGHTED:
         return pick_weighted(arr, snap->wsum[ridx], n, ctx);
+    case SCHED_POLICY_PRECISE_PREFIX:
+        return sched_kvev_pick(arr, n, ridx, ctx);
     }
     return NULL;
 }
@@ -320,4 +322,10 @@ sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int r
     }
     *score_out = best_score;
     return best;
+}
+
+sched_instance_t *sched_policy_least(sched_instance_t *const *arr, size_t n,
+                                     const sched_pick_ctx_t *ctx, uint64_t *score_out)
+{
+    return pick_least(arr, n, ctx, score_out);
 }

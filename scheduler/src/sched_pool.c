@@ -109,6 +109,7 @@ static void snapshot_install(sched_pool_t *pool, sched_snapshot_t *next)
     prev = pool->snap;
     pool->snap = next;
     pthread_rwlock_unlock(&pool->lock);
+    sched_kvev_pool_sync(pool, prev, next);
     snapshot_free(prev);
 }
 
@@ -234,6 +235,9 @@ sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_
         if (status != SCHED_OK)
             goto err_prefix;
     }
+    status = sched_kvev_pool_create(pool, cfg);
+    if (status != SCHED_OK)
+        goto err_prefix;
     status = sched_health_create(pool, &pool->health);
     if (status != SCHED_OK)
         goto err_prefix;
@@ -246,6 +250,7 @@ sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_
 err_health:
     sched_health_destroy(pool->health);
 err_prefix:
+    sched_kvev_pool_destroy(pool);
     sched_prefix_destroy(pool->prefix[0]);
     sched_prefix_destroy(pool->prefix[1]);
     pthread_mutex_destroy(&pool->write_mu);
@@ -278,6 +283,9 @@ sched_status_t sched_pool_start(sched_pool_t *pool)
     status = sched_discovery_start_all(pool);
     if (status != SCHED_OK)
         return status;
+    status = sched_kvev_pool_start(pool);
+    if (status != SCHED_OK)
+        return status;
     if (pthread_create(&pool->thread, NULL, pool_thread_main, pool) != 0) {
         sched_pool_logf(pool, SCHED_LOG_ERROR, "cannot start the scheduler thread");
         return SCHED_ERR_IO;
@@ -305,6 +313,7 @@ void sched_pool_destroy(sched_pool_t *pool)
     }
     sched_discovery_destroy_all(pool);
     sched_health_destroy(pool->health);
+    sched_kvev_pool_destroy(pool);
     sched_prefix_destroy(pool->prefix[0]);
     sched_prefix_destroy(pool->prefix[1]);
     snapshot_free(pool->snap);

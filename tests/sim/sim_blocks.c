@@ -67,6 +67,7 @@ static void hash_remove(int b)
     blk_t *k = &blks[b];
     if (!k->has_hash)
         return;
+    sim_kvev_removed(k->hash); /* a cached block evicted (vLLM: BlockRemoved) */
     int *pp = &buckets[k->hash % (uint64_t)nbuckets];
     while (*pp) {
         if (*pp - 1 == b) {
@@ -205,6 +206,7 @@ int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, 
         take(b);
         out[i] = b;
     }
+    sim_kvev_flush();
     *blocks = out;
     *n_blocks = (size_t)need;
     *cached_tokens = (size_t)hits * (size_t)bs;
@@ -217,17 +219,42 @@ void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_b
         return;
     int bs = sim_cfg.block_size;
     size_t full = prompt->n / (size_t)bs;
-    uint64_t h = 0;
+    uint64_t h = 0, prev = 0;
+    /* a run of newly cached blocks is one BlockStored (vLLM's
+     * cache_full_blocks): its parent is the hash just before the run */
+    uint64_t *run = malloc((full ? full : 1) * sizeof(uint64_t));
+    size_t n_run = 0, run_start = 0;
+    uint64_t run_parent = 0;
     for (size_t i = 0; i < full && i < n_blocks; i++) {
+        prev = h;
         h = block_hash(h, prompt->ids + i * (size_t)bs, bs);
         int b = blocks[i];
-        if (blks[b].has_hash && blks[b].hash == h)
-            continue;
-        if (hash_find(h) >= 0)
-            continue; /* another block already caches this prefix */
-        hash_remove(b);
-        hash_insert(b, h);
+        int cached = (blks[b].has_hash && blks[b].hash == h) || hash_find(h) >= 0;
+        if (!cached) {
+            hash_remove(b);
+            hash_insert(b, h);
+            if (run && n_run == 0) {
+                run_start = i;
+                run_parent = prev;
+                run[n_run++] = h;
+                continue;
+            }
+            if (run) {
+                run[n_run++] = h;
+                continue;
+            }
+        }
+        if (run && n_run) {
+            sim_kvev_stored(run_start > 0, run_parent, run, n_run,
+                            prompt->ids + run_start * (size_t)bs, bs);
+            n_run = 0;
+        }
     }
+    if (run && n_run)
+        sim_kvev_stored(run_start > 0, run_parent, run, n_run, prompt->ids + run_start * (size_t)bs,
+                        bs);
+    free(run);
+    sim_kvev_flush();
 }
 
 void sim_blocks_release(int *blocks, size_t n_blocks)

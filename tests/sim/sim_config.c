@@ -105,7 +105,12 @@ static void usage(FILE *f)
             "  --stall-after-tokens N       streams stop after N tokens (never finish)\n"
             "  --crash-after-ms MS          die MS after the first inference request\n"
             "  --kv-corrupt-rate P          corrupt a fraction P of sent KV pages\n"
-            "  --fault-seed N               seed of the fault dice (1)\n");
+            "  --fault-seed N               seed of the fault dice (1)\n"
+            "KV events:\n"
+            "  --kv-events-config JSON      as vLLM: {\"enable_kv_cache_events\":true,\n"
+            "                               \"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\n"
+            "                               \"replay_endpoint\":..,\"topic\":..}\n"
+            "  --kv-events-layout map|array event encoding: current vLLM (map) or older (array)\n");
 }
 
 enum {
@@ -151,6 +156,8 @@ enum {
     O_CRASH,
     O_CORRUPT,
     O_FSEED,
+    O_KVEVCFG,
+    O_KVEVLAYOUT,
     O_SKIPLAST,
     O_HELP,
 };
@@ -199,6 +206,8 @@ static const struct option opts[] = {
     {"crash-after-ms", required_argument, 0, O_CRASH},
     {"kv-corrupt-rate", required_argument, 0, O_CORRUPT},
     {"fault-seed", required_argument, 0, O_FSEED},
+    {"kv-events-config", required_argument, 0, O_KVEVCFG},
+    {"kv-events-layout", required_argument, 0, O_KVEVLAYOUT},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -509,6 +518,12 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
         case O_CORRUPT:
             if (parse_double(name, optarg, 0, 1, &cfg->kv_corrupt_rate))
                 return -1;
+            break;
+        case O_KVEVCFG:
+            cfg->kv_events_config = optarg;
+            break;
+        case O_KVEVLAYOUT:
+            cfg->kv_events_layout = optarg;
             break;
         case O_SKIPLAST:
             if (parse_long(name, optarg, 0, 1024, &v))

@@ -116,7 +116,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (copied == max)
                 break;
         }
-        int r = sim_openai_stream_next(req);
+        int r = req->generate ? sim_generate_stream_next(req) : sim_openai_stream_next(req);
         if (r == 1)
             continue;
         if (r == 0 && copied == 0 && req->conn) {
@@ -191,7 +191,7 @@ static enum MHD_Result respond(struct MHD_Connection *conn, sim_conn_t *sc)
         MHD_destroy_response(r);
         return ret;
     }
-    char *body = sim_openai_full_response(req);
+    char *body = req->generate ? sim_generate_full_response(req) : sim_openai_full_response(req);
     long long eus = (long long)((req->t_done - req->t_arrive) / 1000);
     sim_engine_unlock();
     sim_record_set(sc->rec_seq, "status", json_integer(200));
@@ -233,6 +233,8 @@ static char *make_request_id(struct MHD_Connection *conn)
     return s;
 }
 
+/* is_chat: 0 completions, 1 chat completions, SIM_API_GENERATE SGLang's /generate */
+#define SIM_API_GENERATE 2
 static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t *sc,
                                         const char *url, int is_chat)
 {
@@ -325,9 +327,14 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     }
     req->rec_seq = sc->rec_seq;
     req->created = (int64_t)time(NULL);
-    if (asprintf(&req->resp_id, "%s%s", is_chat ? "chatcmpl-" : "cmpl-", rid) < 0)
+    if (asprintf(&req->resp_id, "%s%s", is_chat == 1 ? "chatcmpl-" : "cmpl-", rid) < 0)
         req->resp_id = NULL;
-    rc = req->resp_id ? sim_openai_parse(body, is_chat, req, &msg, &param) : 500;
+    if (!req->resp_id)
+        rc = 500;
+    else if (is_chat == SIM_API_GENERATE)
+        rc = sim_generate_parse(body, req, &msg, &param);
+    else
+        rc = sim_openai_parse(body, is_chat, req, &msg, &param);
     if (!rc && req->dp_rank == -2) {
         rc = 400;
         if (asprintf(&msg, "X-data-parallel-rank must be in [0, %d)", sim_cfg.dp_size) < 0)
@@ -451,6 +458,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
         sc->is_inference = 1;
         return handle_inference(conn, sc, url, !strcmp(url, "/v1/chat/completions"));
+    }
+    if (!strcmp(url, "/generate")) {
+        if (!is_post && strcmp(method, "PUT"))
+            return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
+        sc->is_inference = 1;
+        return handle_inference(conn, sc, url, SIM_API_GENERATE);
     }
     if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
         int st;

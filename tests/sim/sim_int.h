@@ -81,6 +81,9 @@ typedef struct sim_config {
     int crash_after_ms;     /* -1 = off */
     double kv_corrupt_rate;
     uint64_t fault_seed;
+    /* KV events (sim_kv_events.c) */
+    const char *kv_events_config; /* vLLM's --kv-events-config JSON, or NULL */
+    const char *kv_events_layout; /* "map" (current vLLM) or "array" (older) */
 } sim_config_t;
 
 extern sim_config_t sim_cfg;
@@ -175,6 +178,8 @@ typedef struct sim_req {
     int dp_rank;      /* X-data-parallel-rank, -1 when absent */
     char *resp_id;    /* cmpl-... / chatcmpl-... */
     int is_chat;
+    int generate;       /* SGLang's native /generate (sim_generate.c) */
+    int return_logprob; /* /generate: meta_info carries token logprobs */
     int stream;
     int include_usage;
     int64_t created;
@@ -259,6 +264,15 @@ int sim_blocks_total(void);
 int sim_blocks_used(void);
 int sim_blocks_needed(size_t n_tokens);
 
+/* ---- KV events as vLLM publishes them (sim_kv_events.c) ---- */
+int sim_kvev_configure(const char *json_text, const char *layout);
+void sim_kvev_stop(void);
+/* Under the engine lock: queue events, then publish them as one batch. */
+void sim_kvev_stored(int has_parent, uint64_t parent, const uint64_t *hashes, size_t n,
+                     const uint32_t *tokens, int block_size);
+void sim_kvev_removed(uint64_t hash);
+void sim_kvev_flush(void);
+
 /* ---- metrics (sim_metrics.c) ---- */
 typedef struct sim_counters {
     atomic_ullong prompt_tokens;
@@ -325,6 +339,10 @@ int sim_watch_client_gone_locked(sim_req_t *req);
 int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, const char **param);
 char *sim_openai_error_json(int status, const char *msg, const char *type, const char *param);
 char *sim_openai_full_response(sim_req_t *req);
+/* sim_generate.c: SGLang's native /generate (parse, full answer, stream events) */
+int sim_generate_parse(json_t *body, sim_req_t *req, char **msg, const char **param);
+char *sim_generate_full_response(sim_req_t *req);
+int sim_generate_stream_next(sim_req_t *req);
 /* Append the next SSE events of a stream to req->pend; returns 1 if something
  * was produced, 0 if nothing is ready yet, -1 when the stream is finished. */
 int sim_openai_stream_next(sim_req_t *req);

@@ -35,6 +35,8 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread inherits the mask */
 
+    if (sim_kvev_configure(sim_cfg.kv_events_config, sim_cfg.kv_events_layout))
+        return 2;
     if (sim_record_init(sim_cfg.record_capacity))
         goto err_record;
     if (sim_engine_start())
@@ -59,6 +61,7 @@ int main(int argc, char **argv)
     sim_http_stop();
     sim_engine_release_all();
     sim_record_fini();
+    sim_kvev_stop();
     return 0;
 
 err_http:

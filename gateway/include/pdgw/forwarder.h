@@ -37,8 +37,11 @@ extern "C" {
  * with a clear error; older accepted versions lack only trailing descriptor fields, which
  * then take their defaults.
  *   1: the first layout.
- *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none). */
-#define PDGW_FWD_ABI_VERSION     2
+ *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none).
+ *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none); the ops rewrite_decode and
+ *      check_instance (an older plugin's table, which ends before them, is completed with
+ *      NULL). */
+#define PDGW_FWD_ABI_VERSION     3
 #define PDGW_FWD_ABI_MIN_VERSION 1
 
 /* Result of every forwarder op. */
@@ -137,7 +140,7 @@ typedef struct pdgw_fwd_request {
      * X-Request-Id on every leg of the attempt. Name every KV transfer after it
      * (transfer_id, disagg_spec.req_id, reservations): it is unique and unguessable. */
     const char *request_id;
-    const char *path;   /* "/v1/completions" or "/v1/chat/completions" */
+    const char *path;   /* "/v1/completions", "/v1/chat/completions" or a native path */
     const json_t *body; /* the client's parsed body (borrowed, read-only) */
     int stream;         /* client asked for stream: true */
     int is_chat;        /* chat completions */
@@ -285,7 +288,10 @@ typedef struct pdgw_fwd_ops {
      * unchanged). `resp` is the parsed JSON (borrowed) of one SSE data event (`sse` set;
      * [DONE] and non-JSON events are never passed) or of a 2xx non-stream answer. Return a new
      * reference: for an event, a JSON array of objects sent as events in its place (empty =
-     * drop it); for a non-stream answer, the object sent instead. NULL = unchanged. */
+     * drop it); for a non-stream answer, the object sent instead. NULL = unchanged.
+     * PARALLEL only: called with `resp` NULL (sse 0) when the decode's non-stream answer is
+     * complete while the prefill still runs; a non-NULL return (released by the gateway)
+     * holds the answer until the prefill's has reached on_prefill_response. */
     json_t *(*rewrite_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
                               const json_t *resp);
 
@@ -312,6 +318,11 @@ typedef struct pdgw_fwd_desc {
      * send them: the gateway refuses or strips them (config client_pd_fields) before
      * build_leg runs. NULL = none. */
     const char *const *client_fields;
+    /* ABI 3. Engine-native inference paths this protocol serves besides the OpenAI ones
+     * (NULL-terminated, e.g. "/generate" for SGLang). The gateway answers 404 on such a path
+     * unless the configured protocol lists it; its body is then validated by the path's own
+     * rules and the forwarder sees it in pdgw_fwd_request_t.path. NULL = none. */
+    const char *const *native_paths;
 } pdgw_fwd_desc_t;
 
 /* Register a forwarder (normally through PDGW_FORWARDER_REGISTER). Does no

@@ -118,6 +118,11 @@ typedef struct sched_instance_desc {
     sched_label_t labels[SCHED_MAX_LABELS];
     size_t n_labels;
     sched_source_t source;
+    /* KV-event publisher of the engine ("tcp://host:port", vLLM's
+     * --kv-events-config endpoint as seen from here) and its optional
+     * replay ROUTER; "" = none. Read by the precise-prefix policy. */
+    const char *kv_events_endpoint;
+    const char *kv_events_replay_endpoint;
     /* Which KV engine the instance runs (SCHED_KV_ENGINE_*): pdgw extensions of the
      * LMCache control messages go only to libkvt peers. */
     int kv_engine;
@@ -140,7 +145,8 @@ void sched_instance_desc_init(sched_instance_desc_t *desc);
 /*
  * Fill <desc> from a JSON object with the instance keys of the config
  * schema (id, url, role, zone, weight, kv_host, kv_port, bootstrap_port,
- * engine_id, alloc_ports, init_ports, tp_size, dp_rank, dp_size, labels).
+ * engine_id, alloc_ports, init_ports, tp_size, dp_rank, dp_size, labels,
+ * kv_events_endpoint, kv_events_replay_endpoint).
  * Strings in <desc> are borrowed from <obj> (keep it alive). Unknown keys
  * and bad values are SCHED_ERR_INVALID with a message naming the key in
  * <err> (may be NULL).
@@ -194,12 +200,13 @@ typedef enum sched_policy {
     SCHED_POLICY_POWER_OF_TWO = 3,
     SCHED_POLICY_PREFIX_AWARE = 4,
     SCHED_POLICY_WEIGHTED = 5,
+    SCHED_POLICY_PRECISE_PREFIX = 6, /* engines' KV events (kv_events_endpoint) */
 } sched_policy_t;
 
-#define SCHED_POLICY_COUNT 6
+#define SCHED_POLICY_COUNT 7
 
 /* Names of the config schema: round-robin, random, least-load,
- * power-of-two, prefix-aware, weighted. */
+ * power-of-two, prefix-aware, weighted, precise-prefix. */
 const char *sched_policy_name(sched_policy_t policy);
 sched_status_t sched_policy_parse(const char *name, sched_policy_t *policy_out);
 
@@ -280,6 +287,14 @@ typedef struct sched_config {
                                      least load by more than this (requests); default 4 */
     double zone_load_slack;       /* same-zone decode preferred if within this; default 1 */
     uint32_t default_max_tokens;  /* projected decode tokens when max_tokens is 0; 512 */
+
+    /* precise-prefix: score = prefix_weight × cached fraction of the prompt
+     * + load_weight × (1 − relative load), among instances loaded at most
+     * prefix_load_slack above the least loaded. */
+    double kv_events_prefix_weight;     /* default 2 */
+    double kv_events_load_weight;       /* default 1 */
+    double kv_events_other_tier_weight; /* a non-GPU cached block counts this much; 0.5 */
+    size_t kv_events_max_blocks;        /* index bound (residency records); 1 << 20 */
 
     /* Static instances (config `instances:`), added at sched_pool_start(). */
     const sched_instance_desc_t *instances;

@@ -48,16 +48,16 @@ static void test_builtin_registered(void **state)
 static void test_duplicates_and_bad_descriptors(void **state)
 {
     static const pdgw_fwd_desc_t dup = {PDGW_FWD_ABI_VERSION, "neutral",  "dup", PDGW_MODE_BATCH,
-                                        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL};
+                                        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL,  NULL};
     static const pdgw_fwd_desc_t fresh = {
         PDGW_FWD_ABI_VERSION, "t-fresh",  "fresh", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL};
+        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL,    NULL};
     static const pdgw_fwd_desc_t wrong_abi = {
         PDGW_FWD_ABI_VERSION + 1, "t-abi",    "abi", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE,     &dummy_ops, NULL};
+        PDGW_DISPATCH_SINGLE,     &dummy_ops, NULL,  NULL};
     static const pdgw_fwd_desc_t no_build = {
         PDGW_FWD_ABI_VERSION, "t-nobuild", "nobuild", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE, &empty_ops,  NULL};
+        PDGW_DISPATCH_SINGLE, &empty_ops,  NULL,      NULL};
     const pdgw_fwd_desc_t *before = pdgw_registry_find("neutral");
     (void)state;
     assert_int_equal(pdgw_fwd_register(&dup), -1);
@@ -99,8 +99,54 @@ static void test_abi1_descriptor_loads(void **state)
     assert_non_null(d);
     assert_int_equal(d->abi_version, 1);
     assert_string_equal(d->summary, "abi 1");
-    assert_ptr_equal(d->ops, &dummy_ops);
+    /* Its ops table is copied up to where ABI 1 ended; the later op reads as NULL. */
+    assert_ptr_equal(d->ops->build_leg, dummy_ops.build_leg);
+    assert_null(d->ops->rewrite_decode);
     assert_null(d->client_fields);
+    (void)pdgw_registry_log();
+}
+
+/* A plugin built against ABI 2 (descriptor ending at client_fields) keeps loading and serves
+ * no native paths, whatever follows its descriptor in memory. */
+typedef struct {
+    abi1_desc_t d1;
+    const char *const *client_fields;
+} abi2_desc_t;
+
+/* Stands for whatever follows an ABI 2 ops table in memory. */
+static json_t *junk_op(void *ctx, void *st, const pdgw_fwd_request_t *req, int sse,
+                       const json_t *resp)
+{
+    (void)ctx;
+    (void)st;
+    (void)req;
+    (void)sse;
+    (void)resp;
+    return NULL;
+}
+
+static void test_abi2_descriptor_loads(void **state)
+{
+    static const pdgw_fwd_ops_t junk_tail_ops = {.build_leg = dummy_build,
+                                                 .rewrite_decode = junk_op};
+    static const char *const fields[] = {"t_abi2_field", NULL};
+    static const struct {
+        abi2_desc_t d;
+        const char *const *junk;
+    } old = {
+        {{2, "t-abi2", "abi 2", PDGW_MODE_BATCH, PDGW_DISPATCH_SINGLE, &junk_tail_ops}, fields},
+        (const char *const *)&old};
+    const pdgw_fwd_desc_t *d;
+    (void)state;
+    assert_int_equal(pdgw_fwd_register((const pdgw_fwd_desc_t *)(const void *)&old.d), 0);
+    d = pdgw_registry_find("t-abi2");
+    assert_non_null(d);
+    assert_int_equal(d->abi_version, 2);
+    assert_ptr_equal(d->client_fields, fields);
+    assert_null(d->native_paths);
+    assert_ptr_equal(d->ops->build_leg, dummy_build);
+    assert_null(d->ops->rewrite_decode);
+    assert_null(d->ops->check_instance);
     (void)pdgw_registry_log();
 }
 
@@ -188,7 +234,7 @@ static void test_plugin_wrong_abi(void **state)
     /* The message names the plugin and both versions. */
     assert_non_null(strstr(err, "fwd_example_badabi.so"));
     assert_non_null(strstr(err, "ABI version 99"));
-    assert_non_null(strstr(err, "provides ABI versions 1..2"));
+    assert_non_null(strstr(err, "provides ABI versions 1..3"));
     assert_null(pdgw_registry_find("example-badabi"));
 }
 
@@ -211,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_builtin_registered),
         cmocka_unit_test(test_duplicates_and_bad_descriptors),
         cmocka_unit_test(test_abi1_descriptor_loads),
+        cmocka_unit_test(test_abi2_descriptor_loads),
         cmocka_unit_test(test_plugin_loads_and_works),
         cmocka_unit_test(test_plugin_wrong_abi),
         cmocka_unit_test(test_plugin_duplicate_and_missing),

@@ -377,20 +377,21 @@ static const pdgw_fwd_ops_t t_ops_gated = {
 
 static const pdgw_fwd_desc_t t_serial = {
     PDGW_FWD_ABI_VERSION, "t-serial", "test serial", PDGW_MODE_BATCH | PDGW_MODE_STAGED,
-    PDGW_DISPATCH_SERIAL, &t_ops,     NULL};
+    PDGW_DISPATCH_SERIAL, &t_ops,     NULL,          NULL};
 static const pdgw_fwd_desc_t t_parallel = {PDGW_FWD_ABI_VERSION,
                                            "t-parallel",
                                            "test parallel",
                                            PDGW_MODE_BATCH | PDGW_MODE_STAGED,
                                            PDGW_DISPATCH_PARALLEL,
                                            &t_ops,
+                                           NULL,
                                            NULL};
 static const pdgw_fwd_desc_t t_single = {
     PDGW_FWD_ABI_VERSION, "t-single",    "test single", PDGW_MODE_BATCH | PDGW_MODE_STAGED,
-    PDGW_DISPATCH_SINGLE, &t_ops_single, NULL};
+    PDGW_DISPATCH_SINGLE, &t_ops_single, NULL,          NULL};
 static const pdgw_fwd_desc_t t_gated = {
     PDGW_FWD_ABI_VERSION, "t-gated",    "test gated", PDGW_MODE_BATCH,
-    PDGW_DISPATCH_SERIAL, &t_ops_gated, NULL};
+    PDGW_DISPATCH_SERIAL, &t_ops_gated, NULL,         NULL};
 
 /* ---------------------------------------------------------------- gateway fixture */
 

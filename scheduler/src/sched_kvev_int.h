@@ -1,0 +1,149 @@
+/*
+ * KV events: what the engines say their prefix caches hold.
+ *
+ * vLLM (and SGLang) publish every block their prefix cache stores or
+ * evicts on a ZeroMQ PUB socket (vllm/distributed/kv_events.py). Three
+ * parts live here, each in its own file:
+ *   sched_kvev_decode.c  one msgpack payload → a list of events;
+ *   sched_kvev_index.c   bounded index: our block key → instances, tier;
+ *   sched_kvev_sub.c     one SUB (+ replay DEALER) per instance, gap and
+ *                        restart handling, feeding the index.
+ * The precise-prefix policy (sched_kvev_policy.c) reads the index.
+ *
+ * Engine block hashes depend on the engine's hash seed and algorithm, so
+ * the index never relies on them to name a prefix: it rehashes the token
+ * ids each BlockStored carries with its own chained hash and keeps
+ * engine hash → own key only to apply removals.
+ */
+#ifndef PDSCHED_SCHED_KVEV_INT_H
+#define PDSCHED_SCHED_KVEV_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <pdsched/sched.h>
+
+/* ---- decoder ----------------------------------------------------- */
+
+typedef enum sched_kvev_kind {
+    SCHED_KVEV_STORED = 1,
+    SCHED_KVEV_REMOVED = 2,
+    SCHED_KVEV_CLEARED = 3,
+} sched_kvev_kind_t;
+
+/* One event; arrays point into the decoder's zone (valid until the batch
+ * is freed). Hashes given as bytes are folded to their last 8 bytes. */
+typedef struct sched_kvev_event {
+    sched_kvev_kind_t kind;
+    const uint64_t *block_hashes;
+    size_t n_block_hashes;
+    bool has_parent;
+    uint64_t parent_block_hash;
+    const uint32_t *token_ids; /* STORED */
+    size_t n_token_ids;
+    uint32_t block_size;   /* STORED */
+    bool medium_gpu;       /* medium absent/nil/"GPU" → true */
+    const char *lora_name; /* NUL-terminated, NULL when absent */
+    int64_t group_idx;     /* -1 when absent */
+} sched_kvev_event_t;
+
+typedef struct sched_kvev_batch {
+    double ts;
+    int64_t dp_rank; /* -1 when absent */
+    bool map_layout; /* batch was a map (newer vLLM), else an array */
+    sched_kvev_event_t *events;
+    size_t n_events;
+    size_t n_unknown; /* events of a type we do not know (skipped) */
+    void *zone_;      /* owned */
+} sched_kvev_batch_t;
+
+/*
+ * Decode one payload (the third frame of a KV-event message). Accepts the
+ * array layout (older vLLM: [ts, [events], dp_rank], events ["Tag", ...])
+ * and the map layout (newer: {"ts":..,"events":[{"type":"Tag",..}],..}).
+ * SCHED_ERR_INVALID with a reason in <err> for anything malformed; the
+ * batch is then left empty. Free with sched_kvev_batch_free().
+ */
+sched_status_t sched_kvev_decode(const void *buf, size_t len, sched_kvev_batch_t *out, char *err,
+                                 size_t err_len);
+void sched_kvev_batch_free(sched_kvev_batch_t *batch);
+
+/* ---- index ------------------------------------------------------- */
+
+#define SCHED_KVEV_MAX_SLOTS 64 /* instances one index can tell apart */
+
+typedef struct sched_kvev_index sched_kvev_index_t;
+
+typedef struct sched_kvev_index_stats {
+    uint64_t records;    /* (instance, engine hash, tier) residencies held */
+    uint64_t keys;       /* distinct block keys */
+    uint64_t capacity;   /* record bound */
+    uint64_t evicted;    /* records dropped by the LRU bound */
+    uint64_t orphans;    /* stored blocks whose parent we did not know */
+    uint64_t bad_events; /* inconsistent events (token count, block size) */
+} sched_kvev_index_stats_t;
+
+/* <max_records> bounds memory (at least 64). */
+sched_status_t sched_kvev_index_create(size_t max_records, sched_kvev_index_t **out);
+void sched_kvev_index_destroy(sched_kvev_index_t *idx);
+
+/* Slot of instance <uid>, allocated on first use; -1 when all are taken. */
+int sched_kvev_index_slot(sched_kvev_index_t *idx, uint64_t uid);
+/* Forget everything slot <slot> holds (AllBlocksCleared, restart); with
+ * <release>, the slot is freed for another instance too. */
+void sched_kvev_index_clear(sched_kvev_index_t *idx, int slot, bool release);
+/* Apply one decoded event for <slot>. */
+void sched_kvev_index_apply(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev);
+
+/* Our chained key of each full block of <tokens> (<block_size> tokens per
+ * block, under LoRA <lora_name> or NULL); returns how many were written. */
+size_t sched_kvev_keys(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
+                       const char *lora_name, uint64_t *out, size_t max_out);
+
+/*
+ * For each of <n_uids> instances, the number of leading blocks of <keys>
+ * it holds (depth_out) and the tier-weighted count (gpu blocks count 1,
+ * other tiers <other_tier_weight>) in weighted_out. Unknown uids: 0.
+ */
+void sched_kvev_index_match(sched_kvev_index_t *idx, const uint64_t *keys, size_t n_keys,
+                            const uint64_t *uids, size_t n_uids, double other_tier_weight,
+                            size_t *depth_out, double *weighted_out);
+/* Block size the events of <uid> use (0 when unknown yet); uid 0: the
+ * last block size any instance reported. */
+uint32_t sched_kvev_index_block_size(sched_kvev_index_t *idx, uint64_t uid);
+void sched_kvev_index_stats(sched_kvev_index_t *idx, sched_kvev_index_stats_t *out);
+
+/* ---- subscriber -------------------------------------------------- */
+
+typedef struct sched_kvev_sub sched_kvev_sub_t;
+
+typedef struct sched_kvev_sub_stats {
+    uint64_t messages;      /* batches applied */
+    uint64_t events;        /* events applied */
+    uint64_t gaps;          /* sequence gaps seen */
+    uint64_t replays;       /* replay requests sent */
+    uint64_t replay_failed; /* replays that timed out or were refused */
+    uint64_t restarts;      /* publisher restarts (sequence went back) */
+    uint64_t cleared;       /* AllBlocksCleared applied */
+    uint64_t bad_messages;  /* undecodable or misframed */
+    uint64_t lag_ms;        /* now − ts of the last batch, last seen */
+} sched_kvev_sub_stats_t;
+
+/* The subscriber feeds <idx> (borrowed). <log> may be NULL. */
+sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, void *log_arg,
+                                     sched_kvev_sub_t **out);
+void sched_kvev_sub_destroy(sched_kvev_sub_t *sub);
+/* Subscribe to instance <uid>'s publisher (<replay> may be NULL/""). Adding
+ * a uid already present is a no-op; thread-safe. */
+sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const char *endpoint,
+                                  const char *replay);
+/* Stop listening to <uid> and drop what the index holds for it. */
+void sched_kvev_sub_remove(sched_kvev_sub_t *sub, uint64_t uid);
+/* Process what arrived, waiting at most <timeout_ms> (one thread only). */
+void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms);
+/* Run sched_kvev_sub_poll in a thread of its own until destroy. */
+sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub);
+void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out);
+
+#endif /* PDSCHED_SCHED_KVEV_INT_H */

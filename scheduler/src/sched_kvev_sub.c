@@ -1,0 +1,495 @@
+/*
+ * KV-event subscriber: one ZeroMQ SUB socket per instance, connected to
+ * the engine's publisher (vLLM binds a wildcard address; we connect), plus an
+ * optional DEALER to its replay ROUTER.
+ *
+ * Wire (vllm/distributed/kv_events.py, ZmqEventPublisher): each message
+ * is [topic, seq as 8-byte big-endian, msgpack payload]; seq counts from 0
+ * per publisher process, so a seq lower than expected means the engine
+ * restarted and its cache is gone. A replay request is [empty, start seq]
+ * from a DEALER (the ROUTER sees [id, empty, seq]); the answers are
+ * [empty, seq, payload] for every buffered batch from start seq on, then
+ * [empty, seq = -1, empty]. Some versions add the topic before seq; both
+ * are accepted.
+ *
+ * While a replay is outstanding live messages are dropped: the replay
+ * brings them back, and a batch published after the replay was served
+ * shows up as one more gap, answered by one more replay.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <zmq.h>
+
+#include "sched_int.h"
+#include "sched_kvev_int.h"
+
+#define REPLAY_TIMEOUT_MS 1000
+#define MAX_FRAMES        4
+
+typedef struct sub_conn {
+    uint64_t uid;
+    int slot;
+    void *sub, *replay;
+    char *endpoint, *replay_endpoint;
+    bool have_seq;
+    uint64_t next_seq;  /* next seq to apply (live or replayed) */
+    uint64_t live_next; /* 1 + last seq seen on the SUB socket itself */
+    bool replaying;
+    bool want_replay; /* catch up from seq 0 once connected */
+    uint64_t replay_deadline_ms;
+    bool removed;
+} sub_conn_t;
+
+struct sched_kvev_sub {
+    sched_kvev_index_t *idx;
+    sched_log_fn log;
+    void *log_arg;
+    void *ctx;
+    pthread_mutex_t mu; /* conns[] membership (add/remove from other threads) */
+    sub_conn_t **conns;
+    size_t n_conns, cap_conns;
+    pthread_t thread;
+    bool started;
+    _Atomic bool stopping;
+    _Atomic uint64_t messages, events, gaps, replays, replay_failed, restarts, cleared, bad, lag_ms;
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void logf_(sched_kvev_sub_t *sub, sched_log_level_t lvl, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void logf_(sched_kvev_sub_t *sub, sched_log_level_t lvl, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (sub->log)
+        sub->log(sub->log_arg, lvl, buf);
+    else if (lvl >= SCHED_LOG_WARN)
+        fprintf(stderr, "pdsched: %s\n", buf);
+}
+
+sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, void *log_arg,
+                                     sched_kvev_sub_t **out)
+{
+    sched_kvev_sub_t *sub = sched_calloc(1, sizeof(*sub));
+
+    if (!sub)
+        return SCHED_ERR_NO_MEMORY;
+    sub->idx = idx;
+    sub->log = log;
+    sub->log_arg = log_arg;
+    sub->ctx = zmq_ctx_new();
+    if (!sub->ctx || pthread_mutex_init(&sub->mu, NULL) != 0) {
+        if (sub->ctx)
+            zmq_ctx_term(sub->ctx);
+        sched_free(sub);
+        return SCHED_ERR_NO_MEMORY;
+    }
+    *out = sub;
+    return SCHED_OK;
+}
+
+static void conn_close(sub_conn_t *c)
+{
+    if (c->sub)
+        zmq_close(c->sub);
+    if (c->replay)
+        zmq_close(c->replay);
+    c->sub = c->replay = NULL;
+}
+
+static void conn_free(sub_conn_t *c)
+{
+    conn_close(c);
+    sched_free(c->endpoint);
+    sched_free(c->replay_endpoint);
+    sched_free(c);
+}
+
+static sched_status_t conn_open(sched_kvev_sub_t *sub, sub_conn_t *c)
+{
+    int zero = 0;
+
+    c->sub = zmq_socket(sub->ctx, ZMQ_SUB);
+    if (!c->sub)
+        return SCHED_ERR_IO;
+    zmq_setsockopt(c->sub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(c->sub, ZMQ_SUBSCRIBE, "", 0);
+    if (zmq_connect(c->sub, c->endpoint) != 0) {
+        logf_(sub, SCHED_LOG_WARN, "kv events: cannot connect to %s: %s", c->endpoint,
+              zmq_strerror(zmq_errno()));
+        return SCHED_ERR_INVALID;
+    }
+    if (c->replay_endpoint) {
+        c->replay = zmq_socket(sub->ctx, ZMQ_DEALER);
+        if (!c->replay)
+            return SCHED_ERR_IO;
+        zmq_setsockopt(c->replay, ZMQ_LINGER, &zero, sizeof(zero));
+        if (zmq_connect(c->replay, c->replay_endpoint) != 0) {
+            logf_(sub, SCHED_LOG_WARN, "kv events: cannot connect to replay %s: %s",
+                  c->replay_endpoint, zmq_strerror(zmq_errno()));
+            return SCHED_ERR_INVALID;
+        }
+    }
+    return SCHED_OK;
+}
+
+sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const char *endpoint,
+                                  const char *replay)
+{
+    sub_conn_t *c;
+    sched_status_t st;
+
+    if (!endpoint || !*endpoint)
+        return SCHED_ERR_INVALID;
+    pthread_mutex_lock(&sub->mu);
+    for (size_t i = 0; i < sub->n_conns; i++)
+        if (sub->conns[i]->uid == uid && !sub->conns[i]->removed) {
+            pthread_mutex_unlock(&sub->mu);
+            return SCHED_OK;
+        }
+    if (sub->n_conns == sub->cap_conns) {
+        size_t cap = sub->cap_conns ? sub->cap_conns * 2 : 8;
+        sub_conn_t **n = sched_realloc(sub->conns, cap * sizeof(*n));
+        if (!n) {
+            pthread_mutex_unlock(&sub->mu);
+            return SCHED_ERR_NO_MEMORY;
+        }
+        sub->conns = n;
+        sub->cap_conns = cap;
+    }
+    c = sched_calloc(1, sizeof(*c));
+    if (!c) {
+        pthread_mutex_unlock(&sub->mu);
+        return SCHED_ERR_NO_MEMORY;
+    }
+    c->uid = uid;
+    c->slot = sched_kvev_index_slot(sub->idx, uid);
+    c->endpoint = sched_strdup(endpoint);
+    c->replay_endpoint = replay && *replay ? sched_strdup(replay) : NULL;
+    if (c->slot < 0) {
+        logf_(sub, SCHED_LOG_WARN, "kv events: more than %d instances publish; %s ignored",
+              SCHED_KVEV_MAX_SLOTS, endpoint);
+        st = SCHED_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    if (!c->endpoint || (replay && *replay && !c->replay_endpoint)) {
+        st = SCHED_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    st = conn_open(sub, c);
+    if (st != SCHED_OK)
+        goto err_free;
+    /* A SUB misses what was published before it joined: ask the replay
+     * buffer for everything so the blocks already cached are known. */
+    c->want_replay = c->replay != NULL;
+    sub->conns[sub->n_conns++] = c;
+    pthread_mutex_unlock(&sub->mu);
+    return SCHED_OK;
+
+err_free:
+    if (c->slot >= 0)
+        sched_kvev_index_clear(sub->idx, c->slot, true);
+    conn_free(c);
+    pthread_mutex_unlock(&sub->mu);
+    return st;
+}
+
+void sched_kvev_sub_remove(sched_kvev_sub_t *sub, uint64_t uid)
+{
+    /* Sockets belong to the polling thread: mark, it closes them. */
+    pthread_mutex_lock(&sub->mu);
+    for (size_t i = 0; i < sub->n_conns; i++)
+        if (sub->conns[i]->uid == uid)
+            sub->conns[i]->removed = true;
+    pthread_mutex_unlock(&sub->mu);
+}
+
+static void reap_removed(sched_kvev_sub_t *sub)
+{
+    size_t j = 0;
+
+    for (size_t i = 0; i < sub->n_conns; i++) {
+        sub_conn_t *c = sub->conns[i];
+        if (c->removed) {
+            sched_kvev_index_clear(sub->idx, c->slot, true);
+            conn_free(c);
+        } else {
+            sub->conns[j++] = c;
+        }
+    }
+    sub->n_conns = j;
+}
+
+static uint64_t be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Receive one multipart message into <frames> (at most MAX_FRAMES kept). */
+static int recv_multipart(void *sock, zmq_msg_t *frames, int *n_out)
+{
+    int n = 0, more = 1, total = 0;
+
+    while (more) {
+        zmq_msg_t tmp, *m = n < MAX_FRAMES ? &frames[n] : &tmp;
+        size_t sz = sizeof(more);
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(m);
+            for (int i = 0; i < n; i++)
+                zmq_msg_close(&frames[i]);
+            return -1;
+        }
+        zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz);
+        if (m == &tmp)
+            zmq_msg_close(m);
+        else
+            n++;
+        total++;
+    }
+    *n_out = total > MAX_FRAMES ? MAX_FRAMES + 1 : n;
+    return 0;
+}
+
+static void apply_payload(sched_kvev_sub_t *sub, sub_conn_t *c, const void *buf, size_t len)
+{
+    sched_kvev_batch_t b;
+    char err[128];
+
+    if (sched_kvev_decode(buf, len, &b, err, sizeof(err)) != SCHED_OK) {
+        atomic_fetch_add(&sub->bad, 1);
+        logf_(sub, SCHED_LOG_DEBUG, "kv events from %s: %s", c->endpoint, err);
+        return;
+    }
+    for (size_t i = 0; i < b.n_events; i++) {
+        sched_kvev_index_apply(sub->idx, c->slot, &b.events[i]);
+        if (b.events[i].kind == SCHED_KVEV_CLEARED)
+            atomic_fetch_add(&sub->cleared, 1);
+    }
+    {
+        struct timespec ts;
+        double now;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+        atomic_store(&sub->lag_ms, now > b.ts ? (uint64_t)((now - b.ts) * 1000.0) : 0);
+    }
+    atomic_fetch_add(&sub->messages, 1);
+    atomic_fetch_add(&sub->events, b.n_events);
+    sched_kvev_batch_free(&b);
+}
+
+static void request_replay(sched_kvev_sub_t *sub, sub_conn_t *c, uint64_t from)
+{
+    unsigned char seq[8];
+
+    for (int i = 0; i < 8; i++)
+        seq[i] = (unsigned char)(from >> (56 - 8 * i));
+    if (zmq_send(c->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(c->replay, seq, 8, ZMQ_DONTWAIT) < 0) {
+        atomic_fetch_add(&sub->replay_failed, 1);
+        return;
+    }
+    atomic_fetch_add(&sub->replays, 1);
+    c->replaying = true;
+    c->replay_deadline_ms = now_ms() + REPLAY_TIMEOUT_MS;
+}
+
+static void on_live(sched_kvev_sub_t *sub, sub_conn_t *c)
+{
+    zmq_msg_t f[MAX_FRAMES];
+    int n;
+    uint64_t seq;
+
+    if (recv_multipart(c->sub, f, &n) != 0)
+        return;
+    if (n != 3 || zmq_msg_size(&f[1]) != 8) {
+        atomic_fetch_add(&sub->bad, 1);
+        goto out;
+    }
+    seq = be64(zmq_msg_data(&f[1]));
+    if (seq < c->live_next) {
+        /* The live stream itself went back: a new publisher process, an
+         * empty cache. */
+        atomic_fetch_add(&sub->restarts, 1);
+        logf_(sub, SCHED_LOG_INFO, "kv events: %s restarted (seq %llu after %llu)", c->endpoint,
+              (unsigned long long)seq, (unsigned long long)c->live_next - 1);
+        sched_kvev_index_clear(sub->idx, c->slot, false);
+        c->have_seq = false;
+        c->replaying = false;
+    }
+    c->live_next = seq + 1;
+    if (c->replaying)
+        goto out; /* the replay brings it */
+    if (c->have_seq && seq < c->next_seq)
+        goto out; /* already applied from a replay */
+    /* The first message seen may not be seq 0 (we joined late): with a
+     * replay endpoint, ask for what the engine still buffers so the blocks
+     * it already holds are known. */
+    if ((c->have_seq && seq > c->next_seq) || (!c->have_seq && seq > 0)) {
+        if (c->have_seq)
+            atomic_fetch_add(&sub->gaps, 1);
+        if (c->replay) {
+            request_replay(sub, c, c->have_seq ? c->next_seq : 0);
+            if (c->replaying)
+                goto out;
+        }
+    }
+    apply_payload(sub, c, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+    c->have_seq = true;
+    c->next_seq = seq + 1;
+out:
+    for (int i = 0; i < n && i < MAX_FRAMES; i++)
+        zmq_msg_close(&f[i]);
+}
+
+static void on_replay(sched_kvev_sub_t *sub, sub_conn_t *c)
+{
+    zmq_msg_t f[MAX_FRAMES];
+    int n, s;
+    uint64_t seq;
+
+    if (recv_multipart(c->replay, f, &n) != 0)
+        return;
+    /* [empty, seq, payload] or [empty, topic, seq, payload] */
+    s = n == 3 ? 1 : n == 4 ? 2 : -1;
+    if (s < 0 || zmq_msg_size(&f[0]) != 0 || zmq_msg_size(&f[s]) != 8) {
+        atomic_fetch_add(&sub->bad, 1);
+        goto out;
+    }
+    seq = be64(zmq_msg_data(&f[s]));
+    if (seq == UINT64_MAX) { /* -1: end of replay */
+        c->replaying = false;
+        goto out;
+    }
+    if (c->have_seq && seq < c->next_seq)
+        goto out; /* already applied */
+    if (c->have_seq && seq > c->next_seq)
+        atomic_fetch_add(&sub->gaps, 1); /* no longer buffered: lost for good */
+    apply_payload(sub, c, zmq_msg_data(&f[s + 1]), zmq_msg_size(&f[s + 1]));
+    c->have_seq = true;
+    c->next_seq = seq + 1;
+out:
+    for (int i = 0; i < n && i < MAX_FRAMES; i++)
+        zmq_msg_close(&f[i]);
+}
+
+void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
+{
+    zmq_pollitem_t items[2 * SCHED_KVEV_MAX_SLOTS];
+    sub_conn_t *owner[2 * SCHED_KVEV_MAX_SLOTS];
+    int n = 0;
+    uint64_t now;
+
+    pthread_mutex_lock(&sub->mu);
+    reap_removed(sub);
+    now = now_ms();
+    for (size_t i = 0; i < sub->n_conns && n + 2 <= (int)(sizeof(items) / sizeof(items[0])); i++) {
+        sub_conn_t *c = sub->conns[i];
+        if (c->replaying && now >= c->replay_deadline_ms) {
+            /* No answer: take live messages again, as they come. */
+            c->replaying = false;
+            atomic_fetch_add(&sub->replay_failed, 1);
+            logf_(sub, SCHED_LOG_WARN, "kv events: replay from %s timed out", c->replay_endpoint);
+        }
+        if (c->want_replay) {
+            c->want_replay = false;
+            request_replay(sub, c, 0);
+        }
+        if (c->replaying && (int)(c->replay_deadline_ms - now) < timeout_ms)
+            timeout_ms = (int)(c->replay_deadline_ms - now);
+        items[n] = (zmq_pollitem_t){.socket = c->sub, .events = ZMQ_POLLIN};
+        owner[n++] = c;
+        if (c->replay) {
+            items[n] = (zmq_pollitem_t){.socket = c->replay, .events = ZMQ_POLLIN};
+            owner[n++] = c;
+        }
+    }
+    pthread_mutex_unlock(&sub->mu);
+    /* Sockets are only closed by this thread (reap_removed), so polling
+     * them without the lock is safe. */
+    if (n == 0) {
+        struct timespec ts = {.tv_sec = timeout_ms / 1000,
+                              .tv_nsec = (long)(timeout_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    if (zmq_poll(items, n, timeout_ms) <= 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        if (!(items[i].revents & ZMQ_POLLIN))
+            continue;
+        /* Drain what is queued, bounded so one chatty engine cannot starve. */
+        for (int k = 0; k < 256; k++) {
+            int ev = 0;
+            size_t sz = sizeof(ev);
+            if (zmq_getsockopt(items[i].socket, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
+                break;
+            if (items[i].socket == owner[i]->sub)
+                on_live(sub, owner[i]);
+            else
+                on_replay(sub, owner[i]);
+        }
+    }
+}
+
+static void *sub_thread(void *arg)
+{
+    sched_kvev_sub_t *sub = arg;
+    while (!atomic_load(&sub->stopping))
+        sched_kvev_sub_poll(sub, 100);
+    return NULL;
+}
+
+sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub)
+{
+    if (sub->started)
+        return SCHED_ERR_STATE;
+    if (pthread_create(&sub->thread, NULL, sub_thread, sub) != 0)
+        return SCHED_ERR_IO;
+    sub->started = true;
+    return SCHED_OK;
+}
+
+void sched_kvev_sub_destroy(sched_kvev_sub_t *sub)
+{
+    if (!sub)
+        return;
+    atomic_store(&sub->stopping, true);
+    if (sub->started)
+        pthread_join(sub->thread, NULL);
+    for (size_t i = 0; i < sub->n_conns; i++)
+        conn_free(sub->conns[i]);
+    sched_free(sub->conns);
+    zmq_ctx_term(sub->ctx);
+    pthread_mutex_destroy(&sub->mu);
+    sched_free(sub);
+}
+
+void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out)
+{
+    *out = (sched_kvev_sub_stats_t){.messages = atomic_load(&sub->messages),
+                                    .events = atomic_load(&sub->events),
+                                    .gaps = atomic_load(&sub->gaps),
+                                    .replays = atomic_load(&sub->replays),
+                                    .replay_failed = atomic_load(&sub->replay_failed),
+                                    .restarts = atomic_load(&sub->restarts),
+                                    .cleared = atomic_load(&sub->cleared),
+                                    .bad_messages = atomic_load(&sub->bad),
+                                    .lag_ms = atomic_load(&sub->lag_ms)};
+}
