@@ -3,9 +3,14 @@
  * helpers between pools, including the sender-side CPU offload.
  */
 #include "kvt_pool_int.h"
+#include "kvt_tsan.h"
 
 #include <string.h>
 #include <sys/mman.h>
+
+#ifdef KVT_TSAN
+char kvt_tsan_wire;
+#endif
 
 /* Anonymous mappings: page aligned, zeroed, committed lazily, so a 1 GiB
  * buffer costs nothing until used. */
@@ -120,6 +125,7 @@ kvt_status_t kvt_pool_write(kvt_pool_t *pool, kvt_page_t page, size_t offset, co
     if (status != KVT_OK || len == 0)
         return status;
     if (pool_is_host(pool)) {
+        KVT_TSAN_WIRE_ACQUIRE();
         memcpy((char *)addr + offset, data, len);
         return KVT_OK;
     }
@@ -139,6 +145,7 @@ kvt_status_t kvt_pool_read(kvt_pool_t *pool, kvt_page_t page, size_t offset, voi
     if (status != KVT_OK || len == 0)
         return status;
     if (pool_is_host(pool)) {
+        KVT_TSAN_WIRE_ACQUIRE();
         memcpy(data, (char *)addr + offset, len);
         return KVT_OK;
     }

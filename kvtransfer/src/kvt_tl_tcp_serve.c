@@ -29,6 +29,7 @@
 
 #include "kvt/kvt_clock.h"
 #include "kvt_tl_tcp_int.h"
+#include "kvt_tsan.h"
 
 #define CONN_STACK_SIZE (256u << 10)
 
@@ -266,6 +267,7 @@ static kvt_status_t serve_frames(kvt_tl_t *tl, tcp_conn_t *c, const kvt_tcp_io_t
                 goto out;
             if (ast == KVT_OK)
                 atomic_fetch_add(&tl->st.bytes_served, h.length);
+            KVT_TSAN_WIRE_RELEASE();
             /* the bytes are in the region now: only then acknowledge */
             st = send_reply(io, ast, h.seq, 0, NULL, 0);
         } else {
@@ -274,6 +276,7 @@ static kvt_status_t serve_frames(kvt_tl_t *tl, tcp_conn_t *c, const kvt_tcp_io_t
                 atomic_fetch_add(&tl->st.bytes_served, h.length);
             st = send_reply(io, ast, h.seq, 0, ast == KVT_OK ? addr : NULL,
                             ast == KVT_OK ? h.length : 0);
+            KVT_TSAN_WIRE_RELEASE();
         }
         if (st != KVT_OK)
             goto out;

@@ -565,6 +565,10 @@ int sim_http_start(void)
         fprintf(stderr, "pdgw-sim: --host: '%s' is not an IPv4/IPv6 address\n", sim_cfg.host);
         return -1;
     }
+    /* The watcher first: the daemon's thread serves requests as soon as it starts, and
+     * they register with the watcher (its epoll fd must be set before that thread runs). */
+    if (sim_watch_start())
+        return -1;
     daemon_ = MHD_start_daemon(
         flags, (uint16_t)sim_cfg.port, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, sa,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_LIMIT,
@@ -573,11 +577,7 @@ int sim_http_start(void)
         (unsigned)1, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 * 1024), MHD_OPTION_END);
     if (!daemon_) {
         fprintf(stderr, "pdgw-sim: cannot listen on %s:%d\n", sim_cfg.host, sim_cfg.port);
-        return -1;
-    }
-    if (sim_watch_start()) {
-        MHD_stop_daemon(daemon_);
-        daemon_ = NULL;
+        sim_watch_stop();
         return -1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);

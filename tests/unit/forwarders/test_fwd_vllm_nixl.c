@@ -134,10 +134,10 @@ static void test_lease_default(void **state)
     assert_int_equal(fx_resp(&f, newest_params()), PDGW_FWD_OK);
     assert_int_equal(fx_decode_failed(&f), PDGW_REPICK_DECODE);
     fx_close(&f);
-    /* a short lease runs out: the prefill must run again */
+    /* a short lease runs out: the prefill must run again (the lease is not checked
+     * before it ends: on a busy machine 20 ms can pass before the first look) */
     fx_open(&f, "{\"kv_lease_ms\":20}");
     assert_int_equal(fx_resp(&f, newest_params()), PDGW_FWD_OK);
-    assert_int_equal(fx_decode_failed(&f), PDGW_REPICK_DECODE);
     sleep_ms(40);
     assert_int_equal(fx_decode_failed(&f), PDGW_REPICK_PREFILL | PDGW_REPICK_DECODE);
     fx_close(&f);

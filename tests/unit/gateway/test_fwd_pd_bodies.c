@@ -545,8 +545,8 @@ static void test_lmcache_admission(void **state)
                               0, NULL);
     pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "lmcache", PDGW_MODE_BATCH, 1, 0};
     pdgw_fwd_peers_t peers = {&inst_p, &inst_d};
-    pdgw_fwd_request_t ra, rb, rc, rbig;
-    void *ctx = NULL, *sa = NULL, *sb = NULL, *sc = NULL, *sbig = NULL;
+    pdgw_fwd_request_t ra, rb, rc, rd, rbig, rfull;
+    void *ctx = NULL, *sa = NULL, *sb = NULL, *sc = NULL, *sd = NULL, *sbig = NULL, *sfull = NULL;
     pdgw_fwd_error_t e;
     char err[256];
     (void)state;
@@ -582,13 +582,27 @@ static void test_lmcache_admission(void **state)
     d->ops->attempt_cleanup(ctx, sa, &ra, PDGW_END_OK);
     assert_int_equal(d->ops->gate(ctx, sb, &rb, PDGW_GATE_BEFORE_PREFILL, &e), PDGW_FWD_OK);
     assert_int_equal(d->ops->gate(ctx, sc, &rc, PDGW_GATE_BEFORE_PREFILL, &e), PDGW_FWD_OK);
-    /* a cancelled waiter gives its place up */
+    /* a cancelled waiter gives its place up: a (2 slots) waits for room, d (1 slot,
+     * which would fit) queues behind it; once a is cancelled d is admitted at once */
     assert_int_equal(d->ops->attempt_init(ctx, &ra, &peers, &sa, &e), PDGW_FWD_OK);
     ra.prompt_tokens = 200;
     assert_int_equal(d->ops->gate(ctx, sa, &ra, PDGW_GATE_BEFORE_PREFILL, &e), PDGW_FWD_PENDING);
+    rd = rc;
+    rd.request_id = "d";
+    assert_int_equal(d->ops->attempt_init(ctx, &rd, &peers, &sd, &e), PDGW_FWD_OK);
+    assert_int_equal(d->ops->gate(ctx, sd, &rd, PDGW_GATE_BEFORE_PREFILL, &e), PDGW_FWD_PENDING);
     d->ops->attempt_cleanup(ctx, sa, &ra, PDGW_END_CANCELLED);
+    assert_int_equal(d->ops->gate(ctx, sd, &rd, PDGW_GATE_BEFORE_PREFILL, &e), PDGW_FWD_OK);
     d->ops->attempt_cleanup(ctx, sb, &rb, PDGW_END_OK);
     d->ops->attempt_cleanup(ctx, sc, &rc, PDGW_END_OK);
+    d->ops->attempt_cleanup(ctx, sd, &rd, PDGW_END_OK);
+    /* ... and holds no slot: with everyone gone the whole capacity is free */
+    rfull = ra;
+    rfull.request_id = "full";
+    rfull.prompt_tokens = 400; /* 4 slots = admission_chunks */
+    assert_int_equal(d->ops->attempt_init(ctx, &rfull, &peers, &sfull, &e), PDGW_FWD_OK);
+    assert_int_equal(d->ops->gate(ctx, sfull, &rfull, PDGW_GATE_BEFORE_PREFILL, &e), PDGW_FWD_OK);
+    d->ops->attempt_cleanup(ctx, sfull, &rfull, PDGW_END_OK);
     d->ops->destroy(ctx);
 }
 

@@ -30,6 +30,7 @@ typedef struct fake_engine {
     int port;
     const char *name;
     pthread_mutex_t lock;
+    pthread_cond_t changed; /* signalled under lock when n_requests grows */
     int n_requests;
     char last_body[4096];
     char last_request_id[128];
@@ -89,6 +90,7 @@ static enum MHD_Result fake_access(void *cls, struct MHD_Connection *conn, const
         snprintf(fe->last_connection, sizeof(fe->last_connection), "%s", co ? co : "");
     }
     fe->n_requests++;
+    pthread_cond_broadcast(&fe->changed);
     snprintf(fe->last_body, sizeof(fe->last_body), "%s", fc->body ? fc->body : "");
     snprintf(fe->last_request_id, sizeof(fe->last_request_id), "%s", rid ? rid : "");
     pthread_mutex_unlock(&fe->lock);
@@ -141,6 +143,7 @@ static void fake_start(fake_engine_t *fe, const char *name)
     memset(fe, 0, sizeof(*fe));
     fe->name = name;
     pthread_mutex_init(&fe->lock, NULL);
+    pthread_cond_init(&fe->changed, NULL);
     fe->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, 0, NULL, NULL,
                              fake_access, fe, MHD_OPTION_NOTIFY_COMPLETED, fake_completed, NULL,
                              MHD_OPTION_END);
@@ -152,7 +155,47 @@ static void fake_start(fake_engine_t *fe, const char *name)
 static void fake_stop(fake_engine_t *fe)
 {
     MHD_stop_daemon(fe->d);
+    pthread_cond_destroy(&fe->changed);
     pthread_mutex_destroy(&fe->lock);
+}
+
+/* The deadline of every wait for something a server thread does: generous, as a
+ * sanitizer build is slow; a wait that succeeds returns as soon as it can. */
+#define WAIT_MS 5000
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Requests the engine has received, read under its lock (its MHD thread writes). */
+static int fake_requests(fake_engine_t *fe)
+{
+    int n;
+    pthread_mutex_lock(&fe->lock);
+    n = fe->n_requests;
+    pthread_mutex_unlock(&fe->lock);
+    return n;
+}
+
+/* Waits until the engine has received at least n requests (or WAIT_MS passed). */
+static int fake_wait_requests(fake_engine_t *fe, int n)
+{
+    struct timespec dl;
+    int got;
+    deadline_in(&dl, WAIT_MS);
+    pthread_mutex_lock(&fe->lock);
+    while (fe->n_requests < n && pthread_cond_timedwait(&fe->changed, &fe->lock, &dl) == 0)
+        ;
+    got = fe->n_requests;
+    pthread_mutex_unlock(&fe->lock);
+    return got;
 }
 
 /* ---------------------------------------------------------------- test forwarders */
@@ -162,10 +205,33 @@ typedef struct t_state {
     int gate_calls;
 } t_state_t;
 
+/* What the test forwarder's callbacks saw. They run on the server's worker threads
+ * while the test thread reads them: every access holds count_lock, and a callback
+ * that changes one signals count_changed. */
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t count_changed = PTHREAD_COND_INITIALIZER;
 static int cleanups, inits, prefill_responses;
 static pdgw_end_reason_t last_reason;
+
+static void count_bump(int *counter)
+{
+    pthread_mutex_lock(&count_lock);
+    (*counter)++;
+    pthread_cond_broadcast(&count_changed);
+    pthread_mutex_unlock(&count_lock);
+}
+
+static int count_get(const int *counter)
+{
+    int v;
+    pthread_mutex_lock(&count_lock);
+    v = *counter;
+    pthread_mutex_unlock(&count_lock);
+    return v;
+}
 static pdgw_fwd_waker_t *held_waker;
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t held_set = PTHREAD_COND_INITIALIZER; /* held_waker became non-NULL */
 static int gate_mode; /* 0 = open, 1 = pending until woken, 2 = never opens */
 static int gate_opened;
 
@@ -176,7 +242,7 @@ static pdgw_fwd_status_t t_init(void *ctx, const pdgw_fwd_request_t *req,
     (void)req;
     (void)peers;
     (void)err;
-    inits++;
+    count_bump(&inits);
     *state = calloc(1, sizeof(t_state_t));
     return PDGW_FWD_OK;
 }
@@ -187,8 +253,11 @@ static void t_cleanup(void *ctx, void *state, const pdgw_fwd_request_t *req,
     t_state_t *s = state;
     (void)ctx;
     (void)req;
+    pthread_mutex_lock(&count_lock);
     cleanups++;
     last_reason = reason;
+    pthread_cond_broadcast(&count_changed);
+    pthread_mutex_unlock(&count_lock);
     json_decref(s->kv);
     free(s);
 }
@@ -227,7 +296,7 @@ static pdgw_fwd_status_t t_prefill_resp(void *ctx, void *state, const pdgw_fwd_r
     (void)ctx;
     (void)req;
     (void)status;
-    prefill_responses++;
+    count_bump(&prefill_responses);
     if (kv == NULL) {
         pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 0, 502, "no kv_transfer_params");
         return PDGW_FWD_ERR;
@@ -251,8 +320,10 @@ static pdgw_fwd_status_t t_gate(void *ctx, void *state, const pdgw_fwd_request_t
         pthread_mutex_unlock(&held_lock);
         return PDGW_FWD_OK;
     }
-    if (held_waker == NULL)
+    if (held_waker == NULL) {
         held_waker = pdgw_fwd_waker_ref(req->waker);
+        pthread_cond_broadcast(&held_set);
+    }
     pthread_mutex_unlock(&held_lock);
     return PDGW_FWD_PENDING;
 }
@@ -387,7 +458,9 @@ static void fixture_start(fixture_t *f, const char *protocol, pdgw_mode_t mode, 
     so.request_timeout_ms = 5000;
     assert_int_equal(pdgw_server_create(&so, &f->srv, err, sizeof(err)), PDGW_OK);
     assert_int_equal(pdgw_server_start(f->srv), PDGW_OK);
+    pthread_mutex_lock(&count_lock);
     cleanups = inits = prefill_responses = 0;
+    pthread_mutex_unlock(&count_lock);
 }
 
 static void fixture_stop(fixture_t *f)
@@ -470,13 +543,34 @@ static const char EXPECT_STREAM[] = "data: {\"choices\":[{\"text\":\"Hel\"}]}\n\
                                     "data: [DONE]\n\n";
 static const char EXPECT_PLAIN[] = "{\"id\":\"d\",\"choices\":[{\"text\":\"Hello world\"}]}";
 
-/* Cleanup runs after the connection completes; give the worker a moment. */
+/* Cleanup runs on a worker after the client got its response: wait for it. With
+ * n < 0, waits until every attempt begun so far has been cleaned up. */
+static int wait_cleanups_until(int n)
+{
+    struct timespec dl;
+    int got;
+    deadline_in(&dl, WAIT_MS);
+    pthread_mutex_lock(&count_lock);
+    while ((n < 0 ? cleanups < inits : cleanups < n) &&
+           pthread_cond_timedwait(&count_changed, &count_lock, &dl) == 0)
+        ;
+    got = cleanups;
+    pthread_mutex_unlock(&count_lock);
+    return got;
+}
+
 static void wait_cleanups(int n)
 {
-    int i;
-    for (i = 0; i < 200 && cleanups < n; i++)
-        usleep(5000);
-    assert_int_equal(cleanups, n);
+    assert_int_equal(wait_cleanups_until(n), n);
+}
+
+static pdgw_end_reason_t get_last_reason(void)
+{
+    pdgw_end_reason_t r;
+    pthread_mutex_lock(&count_lock);
+    r = last_reason;
+    pthread_mutex_unlock(&count_lock);
+    return r;
 }
 
 static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
@@ -491,11 +585,11 @@ static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, stream ? EXPECT_STREAM : EXPECT_PLAIN);
     wait_cleanups(1);
-    assert_int_equal(inits, 1);
-    assert_int_equal(last_reason, PDGW_END_OK);
+    assert_int_equal(count_get(&inits), 1);
+    assert_int_equal(get_last_reason(), PDGW_END_OK);
 
     /* What each engine received. */
-    assert_int_equal(f.d.n_requests, 1);
+    assert_int_equal(fake_requests(&f.d), 1);
     /* Engines see a gateway-minted uuid4, never the client's id (a transfer name). */
     assert_int_equal(strlen(f.d.last_request_id), 36);
     assert_string_not_equal(f.d.last_request_id, "wf-test-1");
@@ -512,11 +606,8 @@ static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
     assert_int_equal(json_integer_value(json_object_get(db, "max_tokens")), 4);
     assert_true(json_is_true(json_object_get(db, "stream")) == (stream != 0));
     if (want_prefill) {
-        int i;
         /* Parallel: prefill is drained on the side and may still be on its way. */
-        for (i = 0; i < 200 && f.p.n_requests < 1; i++)
-            usleep(5000);
-        assert_int_equal(f.p.n_requests, 1);
+        assert_int_equal(fake_wait_requests(&f.p, 1), 1);
         /* Both legs of one attempt carry the same minted id. */
         assert_string_equal(f.p.last_request_id, f.d.last_request_id);
         assert_string_equal(f.p.last_leg_header, "prefill");
@@ -531,9 +622,9 @@ static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
         /* Serial always reads the prefill response; parallel only if prefill ended
          * before decode did (it is aborted otherwise). */
         if (strcmp(protocol, "t-serial") == 0)
-            assert_int_equal(prefill_responses, 1);
+            assert_int_equal(count_get(&prefill_responses), 1);
         else
-            assert_true(prefill_responses <= 1);
+            assert_true(count_get(&prefill_responses) <= 1);
         if (strcmp(protocol, "t-serial") == 0) {
             /* Serial: decode got the prefill's kv_transfer_params. */
             json_t *kv = json_object_get(db, "kv_transfer_params");
@@ -542,7 +633,7 @@ static void run_case(const char *protocol, pdgw_mode_t mode, int stream)
     } else {
         /* Single-stage: prefill booked (its endpoint in the body) but never called. */
         json_t *kv = json_object_get(db, "kv_transfer_params");
-        assert_int_equal(f.p.n_requests, 0);
+        assert_int_equal(fake_requests(&f.p), 0);
         assert_int_equal(json_integer_value(json_object_get(kv, "remote_port")), f.p.port);
     }
     json_decref(db);
@@ -607,30 +698,33 @@ static void test_neutral_passes_client_bytes(void **s)
     post(&f, odd, &r);
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, EXPECT_STREAM);
-    assert_int_equal(f.p.n_requests, 0);
-    assert_int_equal(f.d.n_requests, 1);
+    assert_int_equal(fake_requests(&f.p), 0);
+    assert_int_equal(fake_requests(&f.d), 1);
     assert_string_equal(f.d.last_body, odd);
     fixture_stop(&f);
 }
 
 static void *wake_later(void *arg)
 {
-    int i;
+    struct timespec dl;
+    pdgw_fwd_waker_t *w;
     (void)arg;
-    for (i = 0; i < 600; i++) {
-        pdgw_fwd_waker_t *w;
-        pthread_mutex_lock(&held_lock);
-        w = held_waker;
-        pthread_mutex_unlock(&held_lock);
-        if (w)
-            break;
-        usleep(5000);
-    }
+    deadline_in(&dl, WAIT_MS);
+    pthread_mutex_lock(&held_lock);
+    while (held_waker == NULL && pthread_cond_timedwait(&held_set, &held_lock, &dl) == 0)
+        ;
+    w = held_waker;
+    pthread_mutex_unlock(&held_lock);
+    if (w == NULL)
+        return NULL; /* the gate never ran: the client's request fails the test */
+    /* The gate has returned PENDING or is about to: a short pause lets the worker park
+     * the request first, so the wake takes the parked path (a wake that comes earlier
+     * must work too; it only takes another path). */
     usleep(50 * 1000);
     pthread_mutex_lock(&held_lock);
     gate_opened = 1;
     pthread_mutex_unlock(&held_lock);
-    pdgw_fwd_waker_wake(held_waker);
+    pdgw_fwd_waker_wake(w);
     return NULL;
 }
 
@@ -650,7 +744,7 @@ static void test_gate_woken_from_thread(void **s)
     pthread_join(th, NULL);
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, EXPECT_STREAM);
-    assert_int_equal(f.d.n_requests, 1);
+    assert_int_equal(fake_requests(&f.d), 1);
     wait_cleanups(1);
     /* A wake after the request ended is harmless. */
     pdgw_fwd_waker_wake(held_waker);
@@ -683,9 +777,9 @@ static void test_gate_timeout(void **s)
     assert_non_null(strstr(r.headers, "X-PD-Failure-Phase: kv_transfer\r\n"));
     assert_non_null(strstr(r.headers, "X-PD-Retryable: false\r\n"));
     assert_non_null(strstr(r.headers, "X-Request-Id: wf-test-1\r\n"));
-    assert_int_equal(f.d.n_requests, 0);
+    assert_int_equal(fake_requests(&f.d), 0);
     wait_cleanups(1);
-    assert_int_equal(last_reason, PDGW_END_TIMEOUT);
+    assert_int_equal(get_last_reason(), PDGW_END_TIMEOUT);
     pdgw_fwd_waker_unref(held_waker);
     held_waker = NULL;
     gate_mode = 0;
@@ -706,19 +800,15 @@ static void test_retry_after_refused_prefill(void **s)
     post(&f, STREAM_BODY, &r);
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, EXPECT_STREAM);
-    {
-        int i;
-        for (i = 0; i < 200 && cleanups < inits; i++)
-            usleep(5000);
-    }
+    wait_cleanups_until(-1);
     /* At least one attempt hit "dead"; every attempt was cleaned up exactly once. */
-    assert_true(inits >= 3);
-    assert_int_equal(cleanups, inits);
-    assert_int_equal(f.p.n_requests, 2);
-    assert_int_equal(f.d.n_requests, 2);
+    assert_true(count_get(&inits) >= 3);
+    assert_int_equal(count_get(&cleanups), count_get(&inits));
+    assert_int_equal(fake_requests(&f.p), 2);
+    assert_int_equal(fake_requests(&f.d), 2);
     {
         pdgw_metric_t *m = pdgw_metric_family_series1(f.gm.retries, "t-serial");
-        assert_int_equal((int)pdgw_metric_value(m), inits - 2);
+        assert_int_equal((int)pdgw_metric_value(m), count_get(&inits) - 2);
     }
     fixture_stop(&f);
 }
