@@ -344,7 +344,7 @@ def test_reservation_engines_without_libkvt():
     finally:
         gw.stop()
     dead = dict(D.instance(), alloc_ports=[env["dead_port"]])
-    gw = Gateway("vllm-kvt", "batch", [P.instance(), dead], {"reserve_timeout_ms": 1500},
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), dead], {"reserve_timeout_ms": 4000},
                  retries=0)
     try:
         took = []
@@ -353,9 +353,9 @@ def test_reservation_engines_without_libkvt():
             st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
             took.append(time.time() - t0)
             assert st == 200, raw
-        # The first request waits out the 1.5 s reserve timeout; the second is not asked at
-        # all (anything short of that timeout shows it, however slow the build).
-        assert took[0] >= 1.5 and took[1] < 1.4, took
+        # The first request waits out the 4 s reserve timeout; the second is not asked at
+        # all (anything well short of that timeout shows it, however loaded the machine).
+        assert took[0] >= 4.0 and took[1] < 3.5, took
         assert gw.metric("pdgw_fwd_reserve_errors_total", {"protocol": "vllm-kvt"}) == 2
         wait_idle(sims())
     finally:
