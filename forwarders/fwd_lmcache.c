@@ -1,6 +1,6 @@
 /*
  * fwd_lmcache.c - the `lmcache` forwarder (LMCache PD backend and its disagg proxy,
- * PROTOCOLS.md A.6).
+ * docs/protocols/lmcache.md).
  *
  * Serial, batch scheduling (the prefill leg must name the decode's receiver, so both
  * instances are picked before any send; staged scheduling is refused at start-up).

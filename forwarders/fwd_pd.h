@@ -1,6 +1,6 @@
 /*
  * fwd_pd.h - helpers shared by the PD forwarders (vllm-nixl, vllm-mooncake, vllm-kvt, sglang,
- * lmcache): leg bodies with their kv_transfer_params (PROTOCOLS.md section A), option parsing,
+ * lmcache): leg bodies with their kv_transfer_params (docs/protocols/), option parsing,
  * the libkvt control thread (ReserveRequest, CancelNotif, ProxyNotif) and the weighted
  * admission semaphore.
  *
@@ -20,7 +20,7 @@
 /* The vllm-nixl / vllm-mooncake serial prefill kv_transfer_params (new reference). */
 json_t *fwd_pd_kvp_remote_decode(void);
 
-/* Hardened prefill body (PROTOCOLS.md A.1) with kv_transfer_params = kvp (stolen, may be
+/* Hardened prefill body (docs/protocols/README.md, hardened prefill leg) with kv_transfer_params = kvp (stolen, may be
  * NULL = no kv_transfer_params). NULL on no memory. */
 json_t *fwd_pd_body_prefill(const pdgw_fwd_request_t *req, json_t *kvp);
 

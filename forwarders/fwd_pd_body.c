@@ -2,7 +2,7 @@
  * fwd_pd_body.c - leg bodies and option parsing shared by the PD forwarders.
  *
  * Bodies start from the gateway's helpers (pdgw_fwd_body_prefill = the hardened prefill of
- * PROTOCOLS.md A.1, pdgw_fwd_body_copy) and only add or replace `kv_transfer_params`.
+ * docs/protocols/README.md, hardened prefill leg, pdgw_fwd_body_copy) and only add or replace `kv_transfer_params`.
  */
 #include "fwd_pd.h"
 

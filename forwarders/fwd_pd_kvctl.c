@@ -15,7 +15,7 @@
  *     a decode early.
  * Requests talk to the thread through fwd_pd_kvreq_t objects (reference counted: the attempt
  * and the thread each hold one) and are woken through their pdgw waker. The weighted
- * admission semaphore (PROTOCOLS.md A.6) lives here too: ceil(prompt_tokens / chunk_tokens)
+ * admission semaphore (docs/protocols/lmcache.md) lives here too: ceil(prompt_tokens / chunk_tokens)
  * slots per request, granted strictly FIFO so a large request is never starved.
  */
 #include "fwd_pd.h"

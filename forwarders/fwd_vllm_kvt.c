@@ -1,5 +1,5 @@
 /*
- * fwd_vllm_kvt.c - the `vllm-kvt` forwarder (Llumnix with the KVT backend, PROTOCOLS.md A.4,
+ * fwd_vllm_kvt.c - the `vllm-kvt` forwarder (Llumnix with the KVT backend, forwarders/README.md,
  * seed 003).
  *
  * batch  : single-stage. Prefill and decode are booked together, only the decode gets the

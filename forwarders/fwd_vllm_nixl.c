@@ -1,5 +1,5 @@
 /*
- * fwd_vllm_nixl.c - the `vllm-nixl` forwarder (vLLM NixlConnector, PROTOCOLS.md A.2,
+ * fwd_vllm_nixl.c - the `vllm-nixl` forwarder (vLLM NixlConnector, docs/protocols/vllm-nixl.md,
  * docs/protocols/vllm-nixl.md).
  *
  * Two-stage serial in both scheduling modes, as vLLM's toy proxy

@@ -167,7 +167,7 @@ static void reply(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m)
         kvt_engine_count(e, &e->m.bad_messages_total, 1);
 }
 
-/* Which LMCache flavour sent <m> (PROTOCOLS.md section B). A libkvt sender
+/* Which LMCache flavour sent <m> (docs/protocols/lmcache-wire.md). A libkvt sender
  * says so (kvt_ext); pd_peer_flavour pins the rest; otherwise the async
  * backend is told by the fields only it encodes (msgspec writes defaults
  * too, so its AllocRequest always carries req_id / is_last_batch /

@@ -1,5 +1,5 @@
 /*
- * kvt_msg.c -- message descriptor tables (PROTOCOLS.md section B, in wire
+ * kvt_msg.c -- message descriptor tables (docs/protocols/lmcache-wire.md, in wire
  * order) and the generic init / clear / copy / list helpers.
  */
 #include "kvt_msg_int.h"

@@ -1,6 +1,6 @@
 /*
  * A small Prometheus text-format reader for the engine metrics the
- * scheduler uses (PROTOCOLS.md §D): vLLM's vllm:num_requests_running /
+ * scheduler uses (docs/protocols/README.md, engine metrics): vLLM's vllm:num_requests_running /
  * vllm:num_requests_waiting / vllm:kv_cache_usage_perc (vllm/v1/metrics/
  * loggers.py) and SGLang's sglang:num_running_reqs / sglang:num_queue_reqs
  * (+ its PD queues) / sglang:token_usage (python/sglang/srt/metrics/

@@ -1,5 +1,5 @@
 /*
- * PD roles: what each protocol's fields (PROTOCOLS.md section A) ask of this
+ * PD roles: what each protocol's fields (docs/protocols/) ask of this
  * instance, and the prefill-side table of exports (KV computed here that a
  * decode instance will read or receive).
  *
@@ -981,7 +981,7 @@ int sim_pd_compute_request(json_t *body, int is_chat, const char *request_id, co
     sim_req_t *req = calloc(1, sizeof(*req));
     if (!b || !req)
         goto err_mem;
-    /* the hardened prefill leg of PROTOCOLS.md A.1 */
+    /* the hardened prefill leg of docs/protocols/README.md, hardened prefill leg */
     json_object_set_new(b, "max_tokens", json_integer(1));
     if (json_object_get(b, "max_completion_tokens"))
         json_object_set_new(b, "max_completion_tokens", json_integer(1));

@@ -1,5 +1,5 @@
 /*
- * kvt_config.h -- libkvt configuration: the pd_* keys of PROTOCOLS.md
+ * kvt_config.h -- libkvt configuration: the pd_* keys of docs/protocols/lmcache-wire.md
  * section B (LMCache names, kept exactly) plus transport keys.
  *
  * Loaders read a flat YAML or JSON mapping. Unknown keys and bad values are
@@ -116,7 +116,7 @@ typedef struct kvt_config {
     char pd_peer_flavour[KVT_CONFIG_STR_MAX];
 } kvt_config_t;
 
-/* How a receiver answers an AllocRequest (PROTOCOLS.md section B):
+/* How a receiver answers an AllocRequest (docs/protocols/lmcache-wire.md):
  *   ASYNC   PDBackendAsync sender (DEALER): AllocResponse, one remote index
  *           per key, no dedup, -1 = slot failed
  *   SYNC    PDBackend sender (REQ): AllocResponse, dedup (already_sent_indexes)

@@ -1,5 +1,5 @@
 /*
- * kvt_msg.h -- libkvt control messages (PROTOCOLS.md section B) and their
+ * kvt_msg.h -- libkvt control messages (docs/protocols/lmcache-wire.md) and their
  * msgpack codec.
  *
  * Layout = Python msgspec tagged structs: a msgpack map whose first entry is

@@ -1,6 +1,6 @@
 """Shared pieces of the PD forwarder conformance tests: pdgw-sim instances, a pdgw per
 protocol/mode (YAML config with every instance field), the expected kv_transfer_params of
-each leg (PROTOCOLS.md section A) and the checks every case makes."""
+each leg (docs/protocols/) and the checks every case makes."""
 
 import json
 import os
@@ -198,7 +198,7 @@ def send(gw, chat, stream, rid):
 
 
 def check_hardened(body, client):
-    """PROTOCOLS.md A.1 on a recorded prefill body."""
+    """docs/protocols/README.md, hardened prefill leg on a recorded prefill body."""
     assert body["max_tokens"] == 1, body
     assert body["stream"] is False, body
     assert body.get("ignore_eos") is True, body
@@ -216,7 +216,7 @@ def leg_records(sim, rid, chat):
 
 
 def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
-    """The fields each leg received, field by field (PROTOCOLS.md section A)."""
+    """The fields each leg received, field by field (docs/protocols/)."""
     pb = prec["body"] if prec and prec["path"] != "kvt:compute" else None
     db = drec["body"]
     client = client_body(chat, False)

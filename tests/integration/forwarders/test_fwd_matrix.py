@@ -3,7 +3,7 @@ non-stream} x {completions, chat}, through a real pdgw to pdgw-sim, 1P1D and 2P2
 
 The sims start once; each protocol/mode gets its own pdgw (1P1D, then 2P2D with round-robin
 selection) and runs every request shape. Each case asserts the text (and usage) equals a
-`both` instance's, the decode verified its KV, each leg's fields per PROTOCOLS.md, the same
+`both` instance's, the decode verified its KV, each leg's fields per docs/protocols/, the same
 X-Request-Id on both legs, and afterwards nothing pinned or used on any sim."""
 
 import subprocess
@@ -115,7 +115,7 @@ def test_lmcache_staged_refused():
 
 
 def test_stop_on_first_token():
-    """PROTOCOLS.md A.1: the client's stop string matches the very first token. The prefill
+    """docs/protocols/README.md, hardened prefill leg: the client's stop string matches the very first token. The prefill
     leg goes without `stop` and with ignore_eos, so it still returns kv_transfer_params; the
     decode applies the stop: the answer equals the `both` instance's."""
     both, P, D = env["both"], env["P"][0], env["D"][0]

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Wire compatibility of libkvt's control messages with Python msgpack.
 
-Both directions, for every message of PROTOCOLS.md section B (plus the
+Both directions, for every message of docs/protocols/lmcache-wire.md (plus the
 TransportInit extension):
   * golden byte vectors (fixed hex below, and re-checked against
     msgpack.packb of a dict in field order) decoded by libkvt through
@@ -25,7 +25,7 @@ import pdgwtest
 
 TOOL = None
 
-# Field order of every message (the table of PROTOCOLS.md section B).
+# Field order of every message (the table of docs/protocols/lmcache-wire.md).
 FIELDS = {
     "AllocRequest": ["keys", "fmt", "shape", "dtype", "last_chunk_toks", "req_id",
                      "is_last_batch", "total_chunks"],

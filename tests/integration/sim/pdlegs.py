@@ -1,4 +1,4 @@
-"""Drive the two legs of each PD protocol exactly as PROTOCOLS.md section A
+"""Drive the two legs of each PD protocol exactly as docs/protocols/
 says, without the gateway, against pdgw-sim prefill / decode instances."""
 
 import copy
@@ -78,7 +78,7 @@ def path_of(chat):
 
 
 def hardened(body):
-    """PROTOCOLS.md A.1: the prefill leg's body."""
+    """docs/protocols/README.md, hardened prefill leg: the prefill leg's body."""
     b = copy.deepcopy(body)
     b["max_tokens"] = 1
     if "max_completion_tokens" in b:
@@ -148,7 +148,7 @@ def run_nixl(P, D, body, rid, chat=False):
     return decode_leg(D, db, rid, chat)
 
 
-# vllm-mooncake serial (PROTOCOLS.md A.3) has exactly the nixl leg shapes: the
+# vllm-mooncake serial (docs/protocols/vllm-mooncake.md) has exactly the nixl leg shapes: the
 # prefill's kv_transfer_params are copied whole into the decode leg.
 run_mooncake_serial = run_nixl
 

@@ -1,4 +1,4 @@
-"""pdgw-sim prefill/decode roles: every protocol of PROTOCOLS.md section A and
+"""pdgw-sim prefill/decode roles: every protocol of docs/protocols/ and
 every KV mode it allows, real KV bytes through libkvt, verified on decode;
 output equal to a `both` instance's; nothing left pinned or used; faults."""
 

@@ -1,6 +1,6 @@
 /*
- * test_fwd_pd_bodies.c - the PD forwarders' leg bodies, field by field (PROTOCOLS.md
- * section A), built through each registered forwarder's ops from one fixed client body and
+ * test_fwd_pd_bodies.c - the PD forwarders' leg bodies, field by field (docs/protocols/),
+ * built through each registered forwarder's ops from one fixed client body and
  * fixed prefill/decode instances; plus options, plans, retry scopes and error paths.
  */
 #include <setjmp.h>
@@ -536,7 +536,7 @@ static void test_lmcache(void **state)
     fx_close(&f, PDGW_END_TIMEOUT);
 }
 
-/* Weighted admission (PROTOCOLS.md A.6): ceil(prompt_tokens / chunk_tokens) slots each, FIFO. */
+/* Weighted admission (docs/protocols/lmcache.md): ceil(prompt_tokens / chunk_tokens) slots each, FIFO. */
 static void test_lmcache_admission(void **state)
 {
     const pdgw_fwd_desc_t *d = pdgw_registry_find("lmcache");
