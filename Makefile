@@ -54,7 +54,7 @@ test-tsan: deps $(TSAN_BUILD)/Makefile
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && \
 	    TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp second_deadlock_stack=1" \
-	    ctest --output-on-failure -j $(JOBS) -L unit $(CTEST_ARGS)
+	    ctest --output-on-failure -j $(JOBS) -L unit $(CTEST_RETRY) $(CTEST_ARGS)
 
 FUZZ_BUILD ?= build-fuzz
 # libFuzzer targets (clang, tests/fuzz/README.md): every parser of network or

@@ -115,12 +115,16 @@ static void test_join_drain_remove(void **state)
     sched_pool_t *pool;
     sched_instance_t *inst;
     int calls;
+    char last_host[sizeof(fake_last_host)];
 
     (void)state;
     fake_set(first, 2, false);
     pool = dns_pool("decode.test.svc:8000");
     WAIT_FOR(sched_pool_size(pool) == 2);
-    assert_string_equal(fake_last_host, "decode.test.svc");
+    pthread_mutex_lock(&fake_mu);
+    snprintf(last_host, sizeof(last_host), "%s", fake_last_host);
+    pthread_mutex_unlock(&fake_mu);
+    assert_string_equal(last_host, "decode.test.svc");
     assert_true(has(pool, "decode@10.0.0.1:8000"));
     inst = sched_pool_get(pool, "decode@10.0.0.2:8000");
     assert_non_null(inst);
