@@ -27,7 +27,12 @@
 #include "sched_kvev_int.h"
 
 #define REPLAY_TIMEOUT_MS 1000
-#define MAX_FRAMES        4
+/* A SUB joins asynchronously: what the engine publishes after the first
+ * replay was answered but before the SUB is connected reaches nobody, and no
+ * later event may come to reveal the gap. One more replay from where we are,
+ * this long after joining, closes that window. */
+#define CATCHUP_DELAY_MS 1000
+#define MAX_FRAMES       4
 
 typedef struct sub_conn {
     uint64_t uid;
@@ -38,7 +43,8 @@ typedef struct sub_conn {
     uint64_t next_seq;  /* next seq to apply (live or replayed) */
     uint64_t live_next; /* 1 + last seq seen on the SUB socket itself */
     bool replaying;
-    bool want_replay; /* catch up from seq 0 once connected */
+    bool want_replay;       /* catch up from seq 0 once connected */
+    uint64_t catchup_at_ms; /* the second catch-up replay is due (0: done) */
     uint64_t replay_deadline_ms;
     bool removed;
 } sub_conn_t;
@@ -195,6 +201,7 @@ sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const cha
     /* A SUB misses what was published before it joined: ask the replay
      * buffer for everything so the blocks already cached are known. */
     c->want_replay = c->replay != NULL;
+    c->catchup_at_ms = c->replay != NULL ? now_ms() + CATCHUP_DELAY_MS : 0;
     sub->conns[sub->n_conns++] = c;
     pthread_mutex_unlock(&sub->mu);
     return SCHED_OK;
@@ -410,6 +417,14 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
         if (c->want_replay) {
             c->want_replay = false;
             request_replay(sub, c, 0);
+        }
+        if (c->catchup_at_ms != 0 && !c->replaying) {
+            if (now >= c->catchup_at_ms) {
+                c->catchup_at_ms = 0;
+                request_replay(sub, c, c->next_seq);
+            } else if ((int)(c->catchup_at_ms - now) < timeout_ms) {
+                timeout_ms = (int)(c->catchup_at_ms - now);
+            }
         }
         if (c->replaying && (int)(c->replay_deadline_ms - now) < timeout_ms)
             timeout_ms = (int)(c->replay_deadline_ms - now);
