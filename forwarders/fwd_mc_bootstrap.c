@@ -217,7 +217,7 @@ static void *boot_thread(void *arg)
     fwd_mc_boot_t *b = arg;
     pthread_mutex_lock(&b->lock);
     while (!b->stop) {
-        mc_entry_t *e, *todo = NULL;
+        mc_entry_t *e, *due = NULL;
         uint64_t now = now_ms(), next = UINT64_MAX;
         for (e = b->entries; e != NULL; e = e->next) {
             if (e->fetching)
@@ -225,14 +225,14 @@ static void *boot_thread(void *arg)
             if (!e->want && e->answer != NULL && e->fetched_ms + (uint64_t)b->ttl_ms <= now)
                 e->want = 1; /* background refresh; the old answer serves meanwhile */
             if (e->want) {
-                todo = e;
+                due = e;
                 break;
             }
             if (e->answer != NULL && e->fetched_ms + (uint64_t)b->ttl_ms < next)
                 next = e->fetched_ms + (uint64_t)b->ttl_ms;
         }
-        if (todo != NULL) {
-            fetch_one_locked(b, todo);
+        if (due != NULL) {
+            fetch_one_locked(b, due);
             continue;
         }
         if (next == UINT64_MAX) {
