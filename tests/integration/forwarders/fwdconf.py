@@ -102,7 +102,7 @@ class Gateway:
         self.port = T.free_port()
         lines = [f'listen: "127.0.0.1:{self.port}"', "workers: 2",
                  f"protocol: {protocol}", f"scheduling: {mode}", f"retries: {retries}",
-                 "health_interval: 200ms", "health_timeout: 150ms", "metrics_scrape_interval: 200ms",
+                 "health_interval: 500ms", "health_timeout: 500ms", "metrics_scrape_interval: 200ms",
                  "log_level: warn"]
         for k, v in (top or {}).items():
             lines.append(f"{k}: {yaml_scalar(v)}")

@@ -31,7 +31,7 @@ def setup():
     env["proxy_port"] = T.free_port()
     env["dead_port"] = T.free_port()
     px = ["--proxy-host", "127.0.0.1", "--proxy-port"]
-    env["slowP"] = Sim("prefill", "prefill-slow", *px, env["proxy_port"], "--ttft-ms", "1500")
+    env["slowP"] = Sim("prefill", "prefill-slow", *px, env["proxy_port"], "--ttft-ms", "4000")
     # Held KV nobody pulls (a decode failed, or a leg was aborted while the sim could not
     # notice) is freed by the engine's own timeout (vLLM: VLLM_NIXL_ABORT_REQUEST_TIMEOUT);
     # short ones here so "nothing stays pinned" is checked within the test.
@@ -81,13 +81,14 @@ def make_disconnect_test(protocol, mode, opts):
             t0 = time.time()
             rid = "dc-" + uuid.uuid4().hex[:12]
             disconnect_mid_prefill(gw, rid)
-            # ... is aborted at once, long before the 1.5 s prefill would end
+            # ... is aborted: the engine saw its client go before it answered, long before the
+            # 4 s prefill would end (the margin absorbs a loaded machine)
             poll(lambda: watch.metric("sim_client_disconnects_total") > before,
-                 "the in-flight leg was not aborted", timeout=0.9)
-            # pdgw noticed at once and ended the attempt (legs aborted, bookings cancelled)
+                 "the in-flight leg was not aborted", timeout=3.0)
+            # pdgw noticed and ended the attempt (legs aborted, bookings cancelled)
             poll(lambda: gw.metric("pdgw_client_disconnects_total", {"protocol": protocol}) >= 1,
-                 "pdgw did not count the disconnect", timeout=1.0)
-            assert time.time() - t0 < 1.4, time.time() - t0
+                 "pdgw did not count the disconnect", timeout=3.0)
+            assert time.time() - t0 < 3.5, time.time() - t0
             if protocol in ("vllm-kvt", "lmcache") and mode == "batch":
                 poll(lambda: gw.metric("pdgw_pd_cancel_notifs_total",
                                        {"protocol": protocol}) >= 1, "no CancelNotif counted")
