@@ -4,6 +4,8 @@
  */
 #include "pdgw_config.h"
 
+#include "pdgw_admit.h"
+
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -122,6 +124,30 @@ static const pdgw_config_option_t options[] = {
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",
      C(retries)},
+    /* Admission control, retry backoff and session affinity (pdgw_admit.c); reloadable. */
+    {"max_concurrent_requests", "max-concurrent-requests", "PDGW_MAX_CONCURRENT_REQUESTS",
+     PDGW_OPT_INT, NULL, -1, 1000000, "0", "N", "Requests at the engines at once, over all "
+     "workers; the rest wait in the queue (0 or -1 = unlimited).", C(max_concurrent_requests)},
+    {"queue_size", "queue-size", "PDGW_QUEUE_SIZE", PDGW_OPT_INT, NULL, 0, 1000000, "100", "N",
+     "Requests that may wait for admission; beyond it 429 queue_full (0 = none wait).",
+     C(queue_size)},
+    {"queue_timeout", "queue-timeout", "PDGW_QUEUE_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0, "60s",
+     "DURATION", "Longest wait for admission (never past the request deadline); then 429 "
+     "queue_timeout.", C(queue_timeout_ms)},
+    {"rate_limit", "rate-limit", "PDGW_RATE_LIMIT", PDGW_OPT_STRING, NULL, 0, 0, "", "RPS[:BURST]",
+     "Token bucket per API key: requests per second, burst (default RPS); \"\" = none.",
+     C(rate_limit)},
+    {"rate_limits", "rate-limit-key", "PDGW_RATE_LIMITS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
+     "KEY=RPS[:BURST]", "Rate limit of one API key, overriding rate_limit (repeatable).",
+     C(rate_limits)},
+    {"retry_backoff_base", "retry-backoff-base", "PDGW_RETRY_BACKOFF_BASE", PDGW_OPT_DURATION,
+     NULL, 0, 0, "100ms", "DURATION", "First wait before retrying an engine's 429/503; doubles "
+     "per retry with jitter; an engine's Retry-After is honoured.", C(retry_backoff_base_ms)},
+    {"retry_backoff_max", "retry-backoff-max", "PDGW_RETRY_BACKOFF_MAX", PDGW_OPT_DURATION, NULL,
+     0, 0, "5s", "DURATION", "Cap of the exponential retry backoff.", C(retry_backoff_max_ms)},
+    {"session_affinity", "session-affinity", "PDGW_SESSION_AFFINITY", PDGW_OPT_STRING, NULL, 0, 0,
+     "", "header:NAME|user", "Sticky sessions: requests with the same header value (or body "
+     "`user`) go to the same instance while it is usable (\"\" = off).", C(session_affinity)},
     {"client_header_timeout", "client-header-timeout", "PDGW_CLIENT_HEADER_TIMEOUT",
      PDGW_OPT_DURATION, NULL, 0, 0, "30s", "DURATION", "Time a client has to send complete "
      "request headers, from connect or the end of its previous request; the body then has "
@@ -904,6 +930,20 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
             snprintf(key, sizeof(key), "plugins[%zu]", i);
             return pdgw_cfg_fail(&src, key, "cannot read \"%s\"", cfg->plugins.items[i]);
         }
+    }
+    {
+        /* Admission, backoff and affinity: the same parse the gateway runs (pdgw_admit.c). */
+        pdgw_admit_limits_t al;
+        char aerr[256];
+        pdgw_admit_limits_init(&al);
+        if (pdgw_admit_limits_from_config(cfg, &al, aerr, sizeof(aerr)) != PDGW_OK) {
+            char akey[64];
+            const char *colon = strchr(aerr, ':');
+            size_t n = colon ? (size_t)(colon - aerr) : 0;
+            snprintf(akey, sizeof(akey), "%.*s", (int)n, aerr);
+            return pdgw_cfg_fail(&src, akey, "%s", colon ? colon + 2 : aerr);
+        }
+        pdgw_admit_limits_free(&al);
     }
     if (cfg->health_timeout_ms > cfg->health_interval_ms)
         return pdgw_cfg_fail(&src, "health_timeout", "must not exceed health_interval");

@@ -154,6 +154,15 @@ typedef struct pdgw_config {
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
     int retries;
+    /* admission control, retry backoff, session affinity (pdgw_admit.h) */
+    int max_concurrent_requests; /* 0 / -1 = unlimited */
+    int queue_size;
+    uint64_t queue_timeout_ms;
+    char *rate_limit;           /* "RPS[:BURST]", "" = none */
+    pdgw_kv_list_t rate_limits; /* API key -> "RPS[:BURST]" */
+    uint64_t retry_backoff_base_ms;
+    uint64_t retry_backoff_max_ms;
+    char *session_affinity; /* "", "user", "header:NAME" */
     uint64_t client_header_timeout_ms;
     int max_connections;            /* 0 = derived from RLIMIT_NOFILE */
     int max_connections_per_client; /* 0 = no cap */

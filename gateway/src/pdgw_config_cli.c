@@ -267,7 +267,7 @@ static void print_value(FILE *out, const pdgw_config_option_t *o, const void *ba
         fputc('{', out);
         for (size_t i = 0; i < m->count; i++) {
             fputs(i ? ", " : "", out);
-            yaml_quoted(out, m->items[i].key);
+            yaml_quoted(out, mask ? "***" : m->items[i].key);
             fputs(": ", out);
             yaml_quoted(out, m->items[i].value);
         }
@@ -338,7 +338,8 @@ void pdgw_config_print(const pdgw_config_t *cfg, FILE *out)
             rest = dot + 1;
         }
         fprintf(out, "%*s%s: ", depth * 2, "", rest);
-        print_value(out, o, cfg, strcmp(o->key, "api_keys") == 0);
+        print_value(out, o, cfg,
+                    strcmp(o->key, "api_keys") == 0 || strcmp(o->key, "rate_limits") == 0);
         fputc('\n', out);
         prev = k;
     }

@@ -702,6 +702,9 @@ static void dispatch(pdgw_req_t *r)
     r->conn_tokens =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
+    /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on. */
+    if (!pdgw_admit_req_enter(r))
+        return;
     pdgw_wf_start(r);
 }
 

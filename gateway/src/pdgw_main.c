@@ -16,6 +16,7 @@
 #include <curl/curl.h>
 #include <pdsched/sched.h>
 
+#include "pdgw_admit.h"
 #include "pdgw_alloc.h"
 #include "pdgw_auth.h"
 #include "pdgw_config.h"
@@ -312,6 +313,7 @@ int main(int argc, char **argv)
     pdgw_server_opts_t so;
     pdgw_otel_config_t otel_cfg;
     pdgw_otel_t *otel = NULL;
+    pdgw_admit_t *admit = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -374,6 +376,18 @@ int main(int argc, char **argv)
     if (otel != NULL)
         pdgw_metrics_collector_add(reg, pdgw_otel_metrics, otel);
     options = options_json(&cfg);
+    {
+        /* Admission limits, retry backoff, session affinity: one swappable struct. */
+        pdgw_admit_limits_t al;
+        pdgw_admit_limits_init(&al);
+        if (pdgw_admit_limits_from_config(&cfg, &al, err, sizeof(err)) != PDGW_OK ||
+            pdgw_admit_create(&al, reg, &admit) != PDGW_OK) {
+            pdgw_log_error("main", "admission: %s", err);
+            pdgw_admit_limits_free(&al);
+            goto out_pool;
+        }
+        pdgw_admit_limits_free(&al);
+    }
 
     pdgw_server_opts_init(&so);
     so.listen_host = cfg.listen_host;
@@ -399,6 +413,7 @@ int main(int argc, char **argv)
     so.pool = pool;
     so.metrics = &gm;
     so.otel = otel;
+    so.admit = admit;
     if (pdgw_server_create(&so, &srv, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_pool;
@@ -441,6 +456,7 @@ int main(int argc, char **argv)
 out_server:
     pdgw_server_destroy(srv);
 out_pool:
+    pdgw_admit_destroy(admit); /* after the server: finalize released every slot */
     json_decref(options);
     /* After the server: every request has recorded its spans; the last batch goes out now. */
     if (otel != NULL)

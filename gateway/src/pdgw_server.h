@@ -52,6 +52,7 @@ typedef struct pdgw_server_opts {
     sched_pool_t *pool;              /* instance selection (required) */
     struct pdgw_otel *otel;          /* trace exporter; NULL = tracing off */
     pdgw_gateway_metrics_t *metrics; /* required */
+    struct pdgw_admit *admit;        /* admission, backoff, affinity (pdgw_admit.h); NULL = none */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,

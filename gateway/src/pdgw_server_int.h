@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "pdgw_admit.h"
 #include "pdgw_server.h"
 #include "pdgw_sse.h"
 #include "pdgw_util.h"
@@ -167,6 +168,7 @@ typedef enum {
     PDGW_WF_PREFILL,  /* serial: prefill leg running */
     PDGW_WF_DECODE,   /* decode (or single, or parallel) legs running */
     PDGW_WF_FINISHED, /* the outcome is decided */
+    PDGW_WF_WAIT,     /* admission queue or retry backoff (pdgw_admit_req.c) */
 } pdgw_wf_stage_t;
 
 struct pdgw_req {
@@ -260,6 +262,11 @@ struct pdgw_req {
     char prefill_id[SCHED_ID_MAX];
     char decode_id[SCHED_ID_MAX];
     bool finalized;
+    /* admission, retry backoff, session affinity (pdgw_admit_req.c) */
+    pdgw_admit_ticket_t admit;
+    bool admit_waiting;       /* queued for admission (stage WAIT) */
+    uint64_t retry_at_ms;     /* backoff: the next attempt starts then (stage WAIT) */
+    const char *affinity_key; /* borrowed (MHD header or r->json), NULL = none */
     /* active list */
     pdgw_req_t *prev, *next;
     bool in_active;
@@ -357,6 +364,20 @@ void pdgw_wf_on_wake(pdgw_req_t *r);
 void pdgw_wf_cancel(pdgw_req_t *r);
 /* Final bookkeeping at connection completion (access log, metrics, free). */
 void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected);
+
+/* ---- pdgw_admit_req.c (hooks of admission control in the request path) */
+/* dispatch: true = run the workflow now; false = refused (reply set) or queued (it starts
+ * when granted). */
+bool pdgw_admit_req_enter(pdgw_req_t *r);
+/* a wake: true when it was admission's (the workflow was started or the wake ignored). */
+bool pdgw_admit_req_on_wake(pdgw_req_t *r);
+/* deadline scan: true when <r> waits in the admission queue (timed out or still waiting). */
+bool pdgw_admit_req_check(pdgw_req_t *r, uint64_t now_ms);
+/* the request ends: leave the queue or release the slot, exactly once. */
+void pdgw_admit_req_done(pdgw_req_t *r);
+/* Backoff before retrying <failed_leg>'s 429/503: false = no retry fits before the
+ * deadline; true with *delay_ms (0 = retry at once: not an overload answer). */
+bool pdgw_admit_retry_delay(pdgw_req_t *r, const pdgw_leg_t *failed_leg, uint64_t *delay_ms);
 
 /* ---- pdgw_fwd_api.c */
 struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);

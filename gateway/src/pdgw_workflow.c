@@ -111,6 +111,7 @@ static void wf_sched_request(pdgw_req_t *r, sched_request_t *sr, const char **ex
                              ? (uint32_t)r->info.max_tokens
                              : 0;
     }
+    sr->affinity_key = r->affinity_key; /* session affinity (pdgw_admit_req.c) */
     for (i = 0; i < r->n_failed; i++)
         excl[i] = r->failed_ids[i];
     sr->exclude_ids = excl;
@@ -571,7 +572,8 @@ void pdgw_wf_start(pdgw_req_t *r)
     r->freq.model = r->info.model ? r->info.model : "";
     r->freq.prompt_tokens = r->info.est_prompt_tokens;
     r->freq.max_tokens = r->info.max_tokens;
-    r->waker = pdgw_waker_create(r->w, r);
+    if (r->waker == NULL) /* admission may have made it */
+        r->waker = pdgw_waker_create(r->w, r);
     r->freq.waker = r->waker;
     r->stage = PDGW_WF_NONE;
     pdgw_worker_active_add(r->w, r);
@@ -849,6 +851,8 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     pdgw_server_t *srv = r->w->srv;
     unsigned scope;
     int k;
+    bool overload;
+    uint64_t delay_ms = 0;
 
     if (r->passthrough || !e->retryable || r->committed || r->attempt >= srv->opts.retries ||
         r->booking == NULL || pdgw_now_ms() >= r->deadline_ms || r->client_gone)
@@ -861,13 +865,22 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
         return false;
     if (wf_can_keep_prefill(r, scope, failed_leg))
         return wf_retry_decode_keep_prefill(r, e, failed_leg);
+    /* An engine's 429/503 is overload, not failure: back off (pdgw_admit_req.c), then book
+     * afresh, the same instance allowed (it may be the only one). */
+    overload = failed_leg != NULL && failed_leg->err == PDGW_LEGERR_STATUS &&
+               (failed_leg->status == 429 || failed_leg->status == 503);
+    if (overload && !pdgw_admit_retry_delay(r, failed_leg, &delay_ms))
+        return false; /* no retry fits before the deadline */
     /* Close this attempt: failed leg with its outcome, the rest cancelled. */
     if (failed_leg) {
         wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
-        wf_add_failed(r, failed_leg->inst->id);
+        if (!overload)
+            wf_add_failed(r, failed_leg->inst->id);
     }
     wf_attempt_end(r, PDGW_END_RETRY);
-    for (k = 0; k < 2; k++) {
+    if (overload)
+        sched_booking_destroy(&r->booking);
+    for (k = 0; k < 2 && r->booking != NULL; k++) {
         sched_leg_t sl = k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE;
         unsigned bit = k == 0 ? PDGW_REPICK_PREFILL : PDGW_REPICK_DECODE;
         if (!(scope & bit) || sched_booking_instance(r->booking, sl) == NULL)
@@ -883,6 +896,14 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     for (k = 0; k < 2; k++) {
         pdgw_leg_release(&r->legs[k]);
         pdgw_leg_init(&r->legs[k], r, (pdgw_leg_kind_t)k);
+    }
+    if (delay_ms > 0) {
+        /* The deadline scan starts the attempt when the backoff is over. */
+        pdgw_log_debug("workflow", "req=%s backing off %llu ms before retry %u", r->id,
+                       (unsigned long long)delay_ms, r->attempt);
+        r->retry_at_ms = pdgw_now_ms() + delay_ms;
+        r->stage = PDGW_WF_WAIT;
+        return true;
     }
     wf_start_attempt(r);
     return true;
@@ -1203,6 +1224,16 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
         wf_models_check_deadlines(r, now);
         return;
     }
+    if (r->stage == PDGW_WF_WAIT) {
+        /* Waiting for admission or for a retry's backoff (pdgw_admit_req.c). */
+        if (pdgw_admit_req_check(r, now))
+            return;
+        if (now >= r->retry_at_ms) {
+            r->retry_at_ms = 0;
+            wf_start_attempt(r);
+        }
+        return;
+    }
     memset(&e, 0, sizeof(e));
     if (now >= r->deadline_ms) {
         pdgw_fwd_error_set(&e,
@@ -1257,6 +1288,8 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
 void pdgw_wf_on_wake(pdgw_req_t *r)
 {
     pdgw_gate_point_t point = r->gate_point;
+    if (pdgw_admit_req_on_wake(r)) /* admission granted (pdgw_admit_req.c) */
+        return;
     if (r->stage != PDGW_WF_GATE)
         return;
     if (!wf_gate(r, point))
@@ -1301,6 +1334,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
                  r->committed ? " mid-stream" : "");
     }
     pdgw_wf_cancel(r);
+    pdgw_admit_req_done(r); /* the admission slot or queue place, exactly once */
     if (r->waker) {
         pdgw_waker_detach(r->waker);
         r->waker = NULL;

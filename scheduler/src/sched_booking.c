@@ -34,6 +34,8 @@ struct sched_booking {
     size_t n_hashes;
     uint64_t *kv_keys; /* precise-prefix block keys of the prompt */
     size_t n_kv_keys;
+    bool has_affinity; /* session affinity: rendezvous on affinity_hash */
+    uint64_t affinity_hash;
     booking_leg_t legs[2];
 };
 
@@ -78,6 +80,13 @@ static sched_status_t booking_new(sched_pool_t *pool, const sched_request_t *in,
                                 : (req->n_tokens ? req->n_tokens : (req->text_len + 3) / 4);
     b->req.prompt_tokens = (uint32_t)(prompt > UINT32_MAX ? UINT32_MAX : prompt);
     b->req.max_tokens = req->max_tokens ? req->max_tokens : pool->default_max_tokens;
+    if (req->affinity_key != NULL && req->affinity_key[0] != '\0') {
+        b->has_affinity = true;
+        b->affinity_hash = sched_affinity_hash(req->affinity_key, req->affinity_key_len
+                                                                      ? req->affinity_key_len
+                                                                      : strlen(req->affinity_key));
+    }
+    b->req.affinity_key = NULL; /* borrowed by the caller: only the hash is kept */
     if (req->n_exclude_ids) {
         b->exclude_store = sched_calloc(req->n_exclude_ids, sizeof(char *));
         if (!b->exclude_store)
@@ -166,10 +175,13 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
 
     pthread_rwlock_rdlock(&pool->lock);
     for (int attempt = 0; attempt < PICK_ATTEMPTS; attempt++) {
-        sched_instance_t *c = sched_policy_pick(pool->snap, ridx, pool->policy[ridx], &ctx);
+        sched_instance_t *c =
+            b->has_affinity ? sched_affinity_pick(pool, pool->snap, ridx, b->affinity_hash, &ctx)
+                            : sched_policy_pick(pool->snap, ridx, pool->policy[ridx], &ctx);
         if (!c)
             break;
-        if (pair && pair->desc.zone[0] && strcmp(c->desc.zone, pair->desc.zone) != 0) {
+        if (!b->has_affinity && pair && pair->desc.zone[0] &&
+            strcmp(c->desc.zone, pair->desc.zone) != 0) {
             uint64_t zscore;
             sched_instance_t *z =
                 sched_policy_least_in_zone(pool->snap, ridx, pair->desc.zone, &ctx, &zscore);

@@ -160,6 +160,7 @@ struct sched_pool {
     _Atomic uint64_t hist_sum_ns;
     _Atomic uint64_t hist_count;
     _Atomic uint64_t no_instance[2];
+    _Atomic uint64_t affinity_home[2], affinity_moved[2]; /* sched_affinity.c */
     _Atomic uint64_t double_release;
     _Atomic uint64_t bookings;
 };
@@ -320,6 +321,13 @@ bool sched_pick_allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ct
 sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int ridx,
                                              const char *zone, const sched_pick_ctx_t *ctx,
                                              uint64_t *score_out);
+/* ---- sched_affinity.c ---- */
+/* Hash of a session-affinity key (stable for the life of the process). */
+uint64_t sched_affinity_hash(const char *key, size_t len);
+/* Rendezvous choice for <key_hash> among the allowed instances of <ridx>; counts whether
+ * it is the key's home (its choice among all of the role's instances) or moved. */
+sched_instance_t *sched_affinity_pick(sched_pool_t *pool, const sched_snapshot_t *snap, int ridx,
+                                      uint64_t key_hash, const sched_pick_ctx_t *ctx);
 uint64_t *sched_thread_rng(void);
 /* Seed of every thread's generator (first non-zero call wins). */
 void sched_rng_seed_base(uint64_t seed);

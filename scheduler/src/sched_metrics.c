@@ -189,6 +189,18 @@ char *sched_metrics_text(sched_pool_t *pool)
               (unsigned long long)atomic_load(&pool->no_instance[SCHED_RIDX_PREFILL]),
               (unsigned long long)atomic_load(&pool->no_instance[SCHED_RIDX_DECODE]));
     sb_printf(&sb,
+              "# HELP pdgw_session_affinity_total Bookings by session affinity: on the key's "
+              "home instance, or moved because the home was not usable.\n"
+              "# TYPE pdgw_session_affinity_total counter\n"
+              "pdgw_session_affinity_total{role=\"prefill\",result=\"home\"} %llu\n"
+              "pdgw_session_affinity_total{role=\"prefill\",result=\"moved\"} %llu\n"
+              "pdgw_session_affinity_total{role=\"decode\",result=\"home\"} %llu\n"
+              "pdgw_session_affinity_total{role=\"decode\",result=\"moved\"} %llu\n",
+              (unsigned long long)atomic_load(&pool->affinity_home[SCHED_RIDX_PREFILL]),
+              (unsigned long long)atomic_load(&pool->affinity_moved[SCHED_RIDX_PREFILL]),
+              (unsigned long long)atomic_load(&pool->affinity_home[SCHED_RIDX_DECODE]),
+              (unsigned long long)atomic_load(&pool->affinity_moved[SCHED_RIDX_DECODE]));
+    sb_printf(&sb,
               "# HELP pdgw_sched_double_release_total Booking legs finished twice "
               "(refused).\n"
               "# TYPE pdgw_sched_double_release_total counter\n"

@@ -40,6 +40,9 @@ uint64_t sim_record_add(json_t *entry)
     uint64_t seq = next_seq++;
     size_t slot = (size_t)(seq % cap);
     json_object_set_new(entry, "seq", json_integer((json_int_t)seq));
+    /* When it arrived and (below, with its status) when it was answered: tests derive how
+     * many requests the engine held at once from these. */
+    json_object_set_new(entry, "t_recv_us", json_integer((json_int_t)(sim_now_ns() / 1000)));
     json_decref(ring[slot]);
     ring[slot] = entry;
     if (seq - first_seq >= cap)
@@ -55,8 +58,12 @@ void sim_record_set(uint64_t seq, const char *key, json_t *value)
         return;
     }
     pthread_mutex_lock(&rlock);
-    if (seq >= first_seq && seq < next_seq && ring[seq % cap])
+    if (seq >= first_seq && seq < next_seq && ring[seq % cap]) {
         json_object_set(ring[seq % cap], key, value);
+        if (strcmp(key, "status") == 0)
+            json_object_set_new(ring[seq % cap], "t_done_us",
+                                json_integer((json_int_t)(sim_now_ns() / 1000)));
+    }
     pthread_mutex_unlock(&rlock);
     json_decref(value);
 }

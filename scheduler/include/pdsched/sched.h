@@ -384,6 +384,11 @@ typedef struct sched_request {
     /* Ids never to pick for this request (e.g. failed on an earlier try). */
     const char *const *exclude_ids;
     size_t n_exclude_ids;
+    /* Session affinity: requests with the same key go to the same instance of a role while
+     * it is usable (rendezvous hashing over the role's instances, so an instance going away
+     * moves only its own keys); NULL = the policy decides. Borrowed for the call. */
+    const char *affinity_key;
+    size_t affinity_key_len; /* 0 → strlen(affinity_key) */
 } sched_request_t;
 
 typedef enum sched_leg {
@@ -497,6 +502,7 @@ sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **
 /* Prometheus text: pdgw_instance_inflight{instance,role},
  * pdgw_instance_healthy{instance,role}, pdgw_breaker_state{instance},
  * pdgw_schedule_seconds histogram, pdgw_no_instance_total{role},
+ * pdgw_session_affinity_total{role,result} (result = home | moved),
  * pdgw_sched_double_release_total. Returns a malloc'd NUL-terminated string
  * the caller frees, or NULL on allocation failure. */
 char *sched_metrics_text(sched_pool_t *pool);

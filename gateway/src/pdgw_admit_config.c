@@ -1,0 +1,73 @@
+/*
+ * pdgw_admit_config.c - admission limits from the loaded configuration (start-up, reload and
+ * --check-config use the same parse).
+ */
+#include "pdgw_admit.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_config.h"
+#include "pdgw_rate_limit.h"
+
+pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit_limits_t *out,
+                                            char *err, size_t errlen)
+{
+    pdgw_admit_limits_t l;
+    size_t i;
+
+    pdgw_admit_limits_init(&l);
+    l.max_concurrent =
+        cfg->max_concurrent_requests > 0 ? (unsigned)cfg->max_concurrent_requests : 0;
+    l.queue_size = cfg->queue_size > 0 ? (unsigned)cfg->queue_size : 0;
+    l.queue_timeout_ms = cfg->queue_timeout_ms;
+    l.retry_backoff_base_ms = cfg->retry_backoff_base_ms;
+    l.retry_backoff_max_ms = cfg->retry_backoff_max_ms;
+    if (l.retry_backoff_max_ms < l.retry_backoff_base_ms) {
+        snprintf(err, errlen, "retry_backoff_max: must not be below retry_backoff_base");
+        return PDGW_ERR_INVALID;
+    }
+    if (cfg->rate_limit != NULL && cfg->rate_limit[0] != '\0' &&
+        pdgw_rate_parse(cfg->rate_limit, &l.rate, &l.burst) != PDGW_OK) {
+        snprintf(err, errlen,
+                 "rate_limit: expected RPS or RPS:BURST (RPS > 0, BURST >= 1), got \"%s\"",
+                 cfg->rate_limit);
+        return PDGW_ERR_INVALID;
+    }
+    if (pdgw_affinity_parse(cfg->session_affinity, &l.affinity, l.affinity_header,
+                            sizeof(l.affinity_header)) != PDGW_OK) {
+        snprintf(err, errlen, "session_affinity: expected \"header:NAME\" or \"user\", got \"%s\"",
+                 cfg->session_affinity);
+        return PDGW_ERR_INVALID;
+    }
+    if (cfg->rate_limits.count > 0) {
+        l.keys = pdgw_calloc(cfg->rate_limits.count, sizeof(*l.keys));
+        if (l.keys == NULL) {
+            snprintf(err, errlen, "rate_limits: out of memory");
+            return PDGW_ERR_NOMEM;
+        }
+        for (i = 0; i < cfg->rate_limits.count; i++) {
+            const pdgw_kv_t *kv = &cfg->rate_limits.items[i];
+            pdgw_admit_key_limit_t *k = &l.keys[i];
+            if (pdgw_rate_parse(kv->value, &k->rate, &k->burst) != PDGW_OK) {
+                /* The key is a secret: the message names the entry, not the key. */
+                snprintf(err, errlen,
+                         "rate_limits: entry %zu: expected RPS or RPS:BURST (RPS > 0, BURST >= 1), "
+                         "got \"%s\"",
+                         i, kv->value ? kv->value : "");
+                pdgw_admit_limits_free(&l);
+                return PDGW_ERR_INVALID;
+            }
+            k->key = pdgw_strdup(kv->key);
+            if (k->key == NULL) {
+                pdgw_admit_limits_free(&l);
+                snprintf(err, errlen, "rate_limits: out of memory");
+                return PDGW_ERR_NOMEM;
+            }
+            l.n_keys = i + 1;
+        }
+    }
+    *out = l;
+    return PDGW_OK;
+}

@@ -1,0 +1,246 @@
+/*
+ * pdgw_admit_req.c - admission control, retry backoff and session affinity in the request
+ * path. The hooks (see pdgw_server_int.h) are called from dispatch (enter), the waker (a
+ * grant), the deadline scan (queue timeout, backoff) and finalize (done).
+ *
+ * A request is admitted after it was validated and before any instance is booked. A queued
+ * request is suspended in stage WAIT and sits in its worker's active list, so its client's
+ * hang-up is noticed while it waits (the place is then freed at once by finalize) and the
+ * scan enforces its queue deadline. The slot is released in finalize only, the one place
+ * every request passes exactly once (success, error, retry, disconnect, a cut stream).
+ */
+#include "pdgw_server_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pdgw_log.h"
+
+/* The header for clients that cannot change bodies; same meaning as the body's field. */
+#define PRIORITY_HEADER "X-Priority"
+
+static void on_grant(void *arg)
+{
+    /* Under the controller's lock, from any thread: only wake the owner's worker. */
+    pdgw_fwd_waker_wake(arg);
+}
+
+/* The request's priority: the body's `priority` (vLLM's field, an integer, lower = sooner),
+ * else the X-Priority header, else 0. false = malformed (<e> filled). */
+static bool req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
+{
+    json_t *p = r->json ? json_object_get(r->json, "priority") : NULL;
+    const char *h;
+    *out = 0;
+    if (p != NULL && !json_is_null(p)) {
+        if (!json_is_integer(p)) {
+            pdgw_api_error_set(e, PDGW_API_ERR_BAD_REQUEST, "priority",
+                               "priority must be an integer (lower is served earlier)");
+            return false;
+        }
+        *out = (int64_t)json_integer_value(p);
+        return true;
+    }
+    h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, PRIORITY_HEADER);
+    if (h != NULL) {
+        char *end;
+        long long v;
+        errno = 0;
+        v = strtoll(h, &end, 10);
+        while (*end == ' ' || *end == '\t')
+            end++;
+        if (end == h || *end != '\0' || errno == ERANGE) {
+            pdgw_api_error_set(e, PDGW_API_ERR_BAD_REQUEST, NULL,
+                               "header " PRIORITY_HEADER " must be an integer (lower is served "
+                               "earlier)");
+            return false;
+        }
+        *out = (int64_t)v;
+    }
+    return true;
+}
+
+/* The API key the client presented ("Authorization: Bearer <key>"), for its rate limit. */
+static const char *req_api_key(pdgw_req_t *r, size_t *len)
+{
+    const char *h =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *end;
+    *len = 0;
+    if (h == NULL || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
+        return NULL;
+    h += 6;
+    while (*h == ' ' || *h == '\t')
+        h++;
+    end = h + strlen(h);
+    while (end > h && (end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    *len = (size_t)(end - h);
+    return h;
+}
+
+/* The affinity key of the request (header value or body `user`), borrowed. */
+static void req_affinity(pdgw_req_t *r, const pdgw_admit_limits_t *l)
+{
+    const char *v = NULL;
+    if (l->affinity == PDGW_AFFINITY_HEADER)
+        v = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, l->affinity_header);
+    else if (l->affinity == PDGW_AFFINITY_USER && r->json != NULL)
+        v = json_string_value(json_object_get(r->json, "user"));
+    r->affinity_key = v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+static void refuse(pdgw_req_t *r, uint64_t retry_after_ms, const char *code, const char *msg)
+{
+    pdgw_api_error_t e;
+    uint64_t s = (retry_after_ms + 999) / 1000;
+    r->reply_retry_after_s = (unsigned)(s < 1 ? 1 : s > 3600 ? 3600 : s);
+    pdgw_api_error_set(&e, PDGW_API_ERR_RATE_LIMITED, NULL, "%s", msg);
+    pdgw_api_error_set_code(&e, code);
+    pdgw_req_reply_error(r, &e);
+}
+
+bool pdgw_admit_req_enter(pdgw_req_t *r)
+{
+    pdgw_admit_t *a = r->w->srv->opts.admit;
+    pdgw_admit_limits_t l;
+    pdgw_api_error_t e;
+    const char *key;
+    size_t key_len;
+    uint64_t retry_ms = 0, now = pdgw_now_ms();
+    int64_t prio;
+
+    pdgw_admit_ticket_init(&r->admit);
+    if (a == NULL || r->route != PDGW_ROUTE_INFER)
+        return true;
+    pdgw_admit_get_path_limits(a, &l);
+    req_affinity(r, &l);
+    if (!req_priority(r, &prio, &e)) {
+        pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "invalid");
+        pdgw_req_reply_error(r, &e);
+        return false;
+    }
+    r->admit.waiter.priority = prio;
+    if (r->waker == NULL)
+        r->waker = pdgw_waker_create(r->w, r);
+    if (r->waker == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return false;
+    }
+    key = req_api_key(r, &key_len);
+    switch (pdgw_admit_enter(a, &r->admit, key, key_len, now, r->deadline_ms, on_grant, r->waker,
+                             &retry_ms)) {
+    case PDGW_ADMIT_ADMITTED:
+        return true;
+    case PDGW_ADMIT_QUEUED:
+        r->admit_waiting = true;
+        r->stage = PDGW_WF_WAIT;
+        pdgw_worker_active_add(r->w, r);
+        return false;
+    case PDGW_ADMIT_RATE_LIMITED:
+        refuse(r, retry_ms, "rate_limited", "Rate limit of this API key exceeded; retry later.");
+        return false;
+    case PDGW_ADMIT_QUEUE_FULL:
+        refuse(r, retry_ms, "queue_full",
+               "Too many requests: the gateway's admission queue is full; retry later.");
+        return false;
+    default:
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return false;
+    }
+}
+
+bool pdgw_admit_req_on_wake(pdgw_req_t *r)
+{
+    if (!r->admit_waiting)
+        return false;
+    if (r->admit.state != PDGW_TICKET_HELD)
+        return true; /* not granted (yet): a stale wake */
+    r->admit_waiting = false;
+    pdgw_worker_active_remove(r->w, r);
+    r->stage = PDGW_WF_NONE;
+    pdgw_wf_start(r);
+    return true;
+}
+
+bool pdgw_admit_req_check(pdgw_req_t *r, uint64_t now)
+{
+    pdgw_admit_t *a = r->w->srv->opts.admit;
+    if (!r->admit_waiting)
+        return false;
+    if (a != NULL && pdgw_admit_expire(a, &r->admit, now)) {
+        r->admit_waiting = false;
+        r->stage = PDGW_WF_FINISHED;
+        pdgw_worker_active_remove(r->w, r);
+        pdgw_log_debug("admit", "req=%s waited %llu ms for admission: 429", r->id,
+                       (unsigned long long)(now - r->admit.t_queued_ms));
+        refuse(r, 1000, "queue_timeout",
+               "Too many requests: timed out waiting for admission; retry later.");
+    }
+    return true;
+}
+
+void pdgw_admit_req_done(pdgw_req_t *r)
+{
+    pdgw_admit_t *a = r->w->srv->opts.admit;
+    if (a == NULL)
+        return;
+    r->admit_waiting = false;
+    (void)pdgw_admit_leave(a, &r->admit, pdgw_now_ms());
+}
+
+/* ---------------------------------------------------------------- retry backoff */
+
+static uint64_t rng_next(void)
+{
+    static _Thread_local uint64_t s;
+    if (s == 0 && (pdgw_random_bytes(&s, sizeof(s)) != PDGW_OK || s == 0))
+        s = pdgw_time_mono_ns() | 1;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 0x2545F4914F6CDD1Dull;
+}
+
+uint64_t pdgw_retry_backoff_ms(uint64_t base_ms, uint64_t max_ms, unsigned attempt,
+                               uint64_t retry_after_ms, uint64_t rnd)
+{
+    uint64_t d = base_ms;
+    unsigned i;
+    for (i = 0; i < attempt && d < max_ms; i++)
+        d *= 2;
+    if (d > max_ms)
+        d = max_ms;
+    /* "Equal jitter": half fixed, half random, so retries of many clients spread out but
+     * none comes back sooner than half the backoff. */
+    if (d > 1)
+        d = d / 2 + rnd % (d / 2 + 1);
+    /* The engine said when to come back: never sooner. */
+    if (retry_after_ms > d)
+        d = retry_after_ms;
+    return d;
+}
+
+bool pdgw_admit_retry_delay(pdgw_req_t *r, const pdgw_leg_t *failed_leg, uint64_t *delay_ms)
+{
+    pdgw_admit_limits_t l;
+    uint64_t now = pdgw_now_ms(), d;
+    *delay_ms = 0;
+    if (failed_leg == NULL || failed_leg->err != PDGW_LEGERR_STATUS ||
+        (failed_leg->status != 429 && failed_leg->status != 503))
+        return true;
+    if (r->w->srv->opts.admit != NULL) {
+        pdgw_admit_get_path_limits(r->w->srv->opts.admit, &l);
+    } else {
+        pdgw_admit_limits_init(&l);
+    }
+    d = pdgw_retry_backoff_ms(l.retry_backoff_base_ms, l.retry_backoff_max_ms, r->attempt,
+                              failed_leg->retry_after_ms, rng_next());
+    if (now + d >= r->deadline_ms)
+        return false;
+    *delay_ms = d;
+    return true;
+}
