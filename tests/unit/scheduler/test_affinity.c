@@ -82,8 +82,7 @@ static void test_no_key_follows_policy(void **state)
     first = sched_instance_id(sched_booking_instance(b, SCHED_LEG_DECODE));
     sched_booking_destroy(&b);
     assert_int_equal(sched_book_decode(pool, &req, &b), SCHED_OK);
-    assert_string_not_equal(sched_instance_id(sched_booking_instance(b, SCHED_LEG_DECODE)),
-                            first);
+    assert_string_not_equal(sched_instance_id(sched_booking_instance(b, SCHED_LEG_DECODE)), first);
     sched_booking_destroy(&b);
     assert_int_equal(atomic_load(&pool->affinity_home[SCHED_RIDX_DECODE]), 0);
     sched_pool_destroy(pool);
