@@ -73,9 +73,13 @@ mount_into devpts devpts "$root/dev/pts"
 mount_into tmpfs tmpfs "$root/dev/shm"
 
 # A fresh machine has make (the README's commands start with it); nothing else is added.
-chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+if ! chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
     DEBIAN_FRONTEND=noninteractive bash -c \
-    'apt-get update -qq && apt-get install -y -qq make >/dev/null' >"$root/fresh-make.log" 2>&1
+    'apt-get update -qq && apt-get install -y -qq make >/dev/null' >"$root/fresh-make.log" 2>&1; then
+    echo "fresh: FAIL installing make in the new root:"
+    tail -n 10 "$root/fresh-make.log"
+    exit 1
+fi
 
 rc=0
 for step in $steps; do
