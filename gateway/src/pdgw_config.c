@@ -320,6 +320,9 @@ static const pdgw_config_option_t instance_options[] = {
      I(dp_size)},
     {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Free-form labels (zone, rack, ...).", I(labels)},
+    {"max_concurrent", NULL, NULL, PDGW_OPT_INT, NULL, 0, 1000000, "0", "N",
+     "Capacity: requests (legs) this instance takes at once; 0 = unlimited.",
+     I(max_concurrent)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
      "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
      "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},

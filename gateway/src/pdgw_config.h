@@ -115,7 +115,8 @@ typedef struct pdgw_instance_config {
     int dp_rank; /* 0 .. dp_size-1 */
     int dp_size; /* >= 1 */
     pdgw_kv_list_t labels;
-    int kv_engine; /* 0 lmcache (upstream engine), 1 libkvt */
+    int kv_engine;      /* 0 lmcache (upstream engine), 1 libkvt */
+    int max_concurrent; /* capacity: open legs at once, 0 = unlimited */
     /* derived from url by the loader */
     char *host;
     int port;

@@ -107,6 +107,7 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
     d->dp_rank = ic->dp_rank;
     d->dp_size = ic->dp_size;
     d->kv_engine = ic->kv_engine == 1 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
+    d->max_concurrent = ic->max_concurrent > 0 ? (unsigned)ic->max_concurrent : 0;
     d->zone = ic->zone;
     for (j = 0; j < ic->labels.count && j < SCHED_MAX_LABELS; j++) {
         d->labels[j].key = ic->labels.items[j].key;

@@ -346,7 +346,15 @@ static bool wf_book(pdgw_req_t *r)
     }
     if (st != SCHED_OK) {
         memset(&e, 0, sizeof(e));
-        if (st == SCHED_ERR_NO_INSTANCE)
+        if (st == SCHED_ERR_NO_INSTANCE && r->n_failed == 0 &&
+            sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_DECODE) > 0 &&
+            (r->freq.dispatch == PDGW_DISPATCH_SINGLE ||
+             sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL) > 0)) {
+            /* Instances are up but every one is at its max_concurrent: overload, 429. */
+            pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 429,
+                               "every usable instance is at its max_concurrent; retry later");
+            r->reply_retry_after_s = 1;
+        } else if (st == SCHED_ERR_NO_INSTANCE)
             pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 503, "no usable %sinstance",
                                sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL) == 0 &&
                                        r->freq.dispatch != PDGW_DISPATCH_SINGLE

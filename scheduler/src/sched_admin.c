@@ -54,6 +54,7 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "alloc_ports", ports_json(d->alloc_ports, d->n_alloc_ports));
     json_object_set_new(o, "init_ports", ports_json(d->init_ports, d->n_init_ports));
     json_object_set_new(o, "tp_size", json_integer(d->tp_size));
+    json_object_set_new(o, "max_concurrent", json_integer((json_int_t)d->max_concurrent));
     json_object_set_new(o, "dp_rank", json_integer(d->dp_rank));
     json_object_set_new(o, "dp_size", json_integer(d->dp_size));
     json_object_set_new(o, "kv_engine",

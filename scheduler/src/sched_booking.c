@@ -189,15 +189,20 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
                 c = z;
         }
         if (sched_breaker_acquire(c, ctx.now_ms, &probe)) {
-            chosen = c;
-            break;
+            if (sched_instance_take_slot(c)) {
+                chosen = c;
+                break;
+            }
+            /* Filled up since the pick (max_concurrent): give the probe back, pick again. */
+            if (probe)
+                sched_breaker_release_probe(c, ctx.now_ms);
+            probe = false;
         }
         excl[ctx.n_exclude_uids++] = c->uid; /* lost the probe race: pick again */
         ctx.any_exclude = true;
     }
     if (chosen) {
-        sched_instance_ref(chosen);
-        atomic_fetch_add_explicit(&chosen->inflight, 1, RELAXED);
+        sched_instance_ref(chosen); /* its inflight was counted by sched_instance_take_slot */
         leg->prompt_charge = leg->kv_charge = 0;
         if (which == SCHED_LEG_PREFILL) {
             leg->prompt_charge = b->req.prompt_tokens;

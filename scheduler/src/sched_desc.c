@@ -371,6 +371,7 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
     d.zone = sched_strdup(zone ? zone : "");
     d.source = src->source;
     d.kv_engine = src->kv_engine;
+    d.max_concurrent = src->max_concurrent;
     if (!d.url || !d.id || !d.kv_host || !d.engine_id || !d.zone || !d.kv_events_endpoint ||
         !d.kv_events_replay_endpoint)
         goto err_nomem;
@@ -408,7 +409,7 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
         a->n_alloc_ports != b->n_alloc_ports || a->n_init_ports != b->n_init_ports ||
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
         !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
-        a->kv_engine != b->kv_engine)
+        a->kv_engine != b->kv_engine || a->max_concurrent != b->max_concurrent)
         return false;
     if (memcmp(a->alloc_ports, b->alloc_ports, sizeof(int) * a->n_alloc_ports) ||
         memcmp(a->init_ports, b->init_ports, sizeof(int) * a->n_init_ports))
@@ -559,6 +560,10 @@ sched_status_t sched_instance_desc_from_json(const json_t *obj, sched_instance_d
             st = json_ports(v, key, d.alloc_ports, &d.n_alloc_ports, err, err_len);
         } else if (strcmp(key, "init_ports") == 0) {
             st = json_ports(v, key, d.init_ports, &d.n_init_ports, err, err_len);
+        } else if (strcmp(key, "max_concurrent") == 0) {
+            int mc = 0;
+            st = json_small_int(v, key, 0, 1000000, &mc, err, err_len);
+            d.max_concurrent = (unsigned)mc;
         } else if (strcmp(key, "tp_size") == 0) {
             st = json_small_int(v, key, 1, SCHED_MAX_TP, &d.tp_size, err, err_len);
         } else if (strcmp(key, "dp_rank") == 0) {

@@ -217,6 +217,30 @@ static inline bool sched_instance_selectable(const sched_instance_t *inst, uint6
     return false; /* half-open: its single probe is out */
 }
 
+/* Room for one more leg under the instance's max_concurrent (0 = unlimited). A hint for the
+ * policies; sched_instance_take_slot() is the exact check. */
+static inline bool sched_instance_has_room(const sched_instance_t *inst)
+{
+    return inst->desc.max_concurrent == 0 ||
+           atomic_load_explicit(&inst->inflight, memory_order_relaxed) < inst->desc.max_concurrent;
+}
+
+/* Count one more open leg, unless that would pass max_concurrent (false, nothing counted). */
+static inline bool sched_instance_take_slot(sched_instance_t *inst)
+{
+    uint32_t cur = atomic_load_explicit(&inst->inflight, memory_order_relaxed);
+    if (inst->desc.max_concurrent == 0) {
+        atomic_fetch_add_explicit(&inst->inflight, 1, memory_order_relaxed);
+        return true;
+    }
+    do {
+        if (cur >= inst->desc.max_concurrent)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&inst->inflight, &cur, cur + 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
 /*
  * Load score in milli-requests per unit of weight (lower is better):
  * max(local in-flight, scraped running + waiting) + scraped extras

@@ -73,7 +73,7 @@ static bool excluded(const sched_instance_t *inst, const sched_pick_ctx_t *ctx)
 
 static inline bool allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ctx)
 {
-    return sched_instance_selectable(inst, ctx->now_ms) &&
+    return sched_instance_selectable(inst, ctx->now_ms) && sched_instance_has_room(inst) &&
            (!ctx->any_exclude || !excluded(inst, ctx));
 }
 

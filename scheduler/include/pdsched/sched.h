@@ -126,6 +126,9 @@ typedef struct sched_instance_desc {
     /* Which KV engine the instance runs (SCHED_KV_ENGINE_*): pdgw extensions of the
      * LMCache control messages go only to libkvt peers. */
     int kv_engine;
+    /* Capacity: legs open on this instance at once; 0 = unlimited. An instance at capacity
+     * is skipped by every policy (and by session affinity) until a leg finishes. */
+    unsigned max_concurrent;
 
     /* Parsed from url by the pool (output only). */
     const char *scheme;    /* "http" or "https" */

@@ -10,11 +10,15 @@
   queue is 429 in sgl-model-gateway/src/middleware.rs) and a wait past queue_timeout are 429
   with Retry-After and an OpenAI error body, each with its own code, counted by reason;
 - a waiter whose client leaves frees its place at once (counted) and never reaches the engine;
-- a token bucket per API key refuses a key over its rate while another key goes on.
+- a token bucket per API key refuses a key over its rate while another key goes on;
+- an instance's own capacity (`max_concurrent` in its config) is never exceeded: without a
+  global limit the extra requests get 429 at once, with one they wait their turn.
 """
 
 import json
+import os
 import socket
+import tempfile
 import threading
 import time
 
@@ -262,6 +266,45 @@ def test_rate_limit_per_key():
     stop_gw(gw)
 
 
+def gw_with_capped_instance(sport, extra=()):
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    cfg.write(f"instances:\n  - url: http://127.0.0.1:{sport}\n    role: both\n"
+              f"    max_concurrent: 1\n")
+    cfg.close()
+    try:
+        return start_gw([], extra=["--config", cfg.name, *extra])
+    finally:
+        os.unlink(cfg.name)
+
+
+def test_instance_capacity():
+    sim, sport = start_slow_sim(ttft_ms=1500)
+    gw, gport = gw_with_capped_instance(sport)
+    _, _, body = T.request("GET", gport, "/admin/instances")
+    assert_eq(json.loads(body)[0]["max_concurrent"], 1, "capacity shown by the admin API")
+    first = Client(gport, "cap-first")
+    wait_for(lambda: len(sim_records(sport)) == 1, 10, "first at the engine")
+    st, hdrs, data = T.request("POST", gport, "/v1/completions", comp_body(False),
+                               {"X-Request-Id": "cap-second"})
+    assert_eq(st, 429, "second request while the only instance is at capacity")
+    assert "max_concurrent" in error_of(data)["message"], data
+    assert int(hdrs["retry-after"]) >= 1, "Retry-After"
+    first.join(30)
+    assert_eq(first.status, 200, "first")
+    assert "cap-second" not in [tag_of(r) for r in sim_records(sport)], "over capacity sent"
+    stop_gw(gw)
+    # With a global limit the extra requests wait instead.
+    gw, gport = gw_with_capped_instance(sport, ["--max-concurrent-requests", "1"])
+    clients = [Client(gport, f"capq-{i}") for i in range(3)]
+    for c in clients:
+        c.join(60)
+        assert_eq(c.status, 200, f"{c.tag} status")
+    recs = [r for r in sim_records(sport) if (tag_of(r) or "").startswith("capq-")]
+    assert_eq(len(recs), 3, "all reached the engine")
+    assert_eq(max_overlap(recs), 1, "one at a time")
+    stop_gw(gw)
+
+
 if __name__ == "__main__":
     T.run([
         test_at_most_n_at_the_engine_and_fifo,
@@ -269,4 +312,5 @@ if __name__ == "__main__":
         test_queue_timeout_and_queue_full_are_429,
         test_cancelled_waiter_frees_its_place,
         test_rate_limit_per_key,
+        test_instance_capacity,
     ])
