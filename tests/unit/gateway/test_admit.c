@@ -5,12 +5,15 @@
  * per-key table on an injected clock, the controller's slot hand-over, timeouts,
  * cancellation, reload, and the retry backoff.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -334,6 +337,88 @@ static void test_controller_reload_opens_slots_and_rate_limits(void **state)
     pdgw_admit_destroy(a);
 }
 
+/* Many threads enter and leave at once (grants cross threads, as between workers): the
+ * limit holds at every moment, every waiter is granted or cancelled exactly once, and at
+ * the end nothing is held. */
+#define MT_THREADS 4
+#define MT_ROUNDS  2000
+#define MT_LIMIT   3
+
+typedef struct mt_waiter {
+    pdgw_admit_ticket_t t;
+    _Atomic int granted;
+} mt_waiter_t;
+
+static pdgw_admit_t *mt_admit;
+static _Atomic int mt_held, mt_peak;
+
+static void mt_note_held(int delta)
+{
+    int now = atomic_fetch_add(&mt_held, delta) + delta;
+    int peak = atomic_load(&mt_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&mt_peak, &peak, now))
+        ;
+}
+
+static void mt_on_grant(void *arg)
+{
+    mt_waiter_t *w = arg;
+    mt_note_held(+1); /* under the controller's lock, before the slot is visible as free */
+    atomic_store(&w->granted, 1);
+}
+
+static void *mt_main(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    for (int i = 0; i < MT_ROUNDS; i++) {
+        mt_waiter_t w;
+        uint64_t ra;
+        pdgw_admit_ticket_init(&w.t);
+        atomic_init(&w.granted, 0);
+        w.t.waiter.priority = (int64_t)(rand_r(&seed) % 3) - 1;
+        switch (pdgw_admit_enter(mt_admit, &w.t, NULL, 0, 1, 0, mt_on_grant, &w, &ra)) {
+        case PDGW_ADMIT_ADMITTED:
+            mt_note_held(+1);
+            break;
+        case PDGW_ADMIT_QUEUED:
+            if (rand_r(&seed) % 4 == 0) {
+                /* the client leaves; if it was granted meanwhile, that slot is given back */
+                if (pdgw_admit_leave(mt_admit, &w.t, 1) == PDGW_TICKET_HELD)
+                    mt_note_held(-1);
+                continue;
+            }
+            while (!atomic_load(&w.granted))
+                sched_yield();
+            break;
+        default:
+            continue;
+        }
+        mt_note_held(-1);
+        assert_int_equal(pdgw_admit_leave(mt_admit, &w.t, 1), PDGW_TICKET_HELD);
+    }
+    return NULL;
+}
+
+static void test_controller_threads(void **state)
+{
+    pthread_t th[MT_THREADS];
+    pdgw_admit_stats_t st;
+    (void)state;
+    mt_admit = make(MT_LIMIT, 64, 1000000);
+    atomic_store(&mt_held, 0);
+    atomic_store(&mt_peak, 0);
+    for (int i = 0; i < MT_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, mt_main, (void *)(uintptr_t)(i + 1)), 0);
+    for (int i = 0; i < MT_THREADS; i++)
+        pthread_join(th[i], NULL);
+    pdgw_admit_stats(mt_admit, &st);
+    assert_int_equal(st.inflight, 0);
+    assert_int_equal(st.queued, 0);
+    assert_int_equal(atomic_load(&mt_held), 0);
+    assert_true(atomic_load(&mt_peak) <= MT_LIMIT);
+    pdgw_admit_destroy(mt_admit);
+}
+
 static void test_backoff(void **state)
 {
     (void)state;
@@ -377,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_controller_slots_queue_and_handover),
         cmocka_unit_test(test_controller_timeout_and_deadline_cap),
         cmocka_unit_test(test_controller_reload_opens_slots_and_rate_limits),
+        cmocka_unit_test(test_controller_threads),
         cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_affinity_parse),
     };
