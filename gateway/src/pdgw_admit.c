@@ -409,6 +409,15 @@ pdgw_ticket_state_t pdgw_admit_leave(pdgw_admit_t *a, pdgw_admit_ticket_t *t, ui
     return was;
 }
 
+pdgw_ticket_state_t pdgw_admit_ticket_state(pdgw_admit_t *a, const pdgw_admit_ticket_t *t)
+{
+    pdgw_ticket_state_t s;
+    pthread_mutex_lock(&a->lock);
+    s = t->state;
+    pthread_mutex_unlock(&a->lock);
+    return s;
+}
+
 void pdgw_admit_stats(pdgw_admit_t *a, pdgw_admit_stats_t *out)
 {
     pthread_mutex_lock(&a->lock);

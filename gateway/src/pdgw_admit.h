@@ -132,6 +132,9 @@ bool pdgw_admit_expire(pdgw_admit_t *a, pdgw_admit_ticket_t *t, uint64_t now_ms)
  * Returns the state <t> was in. */
 pdgw_ticket_state_t pdgw_admit_leave(pdgw_admit_t *a, pdgw_admit_ticket_t *t, uint64_t now_ms);
 
+/* The state of <t> now (read under the lock: another thread may be granting it). */
+pdgw_ticket_state_t pdgw_admit_ticket_state(pdgw_admit_t *a, const pdgw_admit_ticket_t *t);
+
 /* Counters for tests and /metrics. */
 typedef struct pdgw_admit_stats {
     unsigned inflight;

@@ -157,7 +157,7 @@ bool pdgw_admit_req_on_wake(pdgw_req_t *r)
 {
     if (!r->admit_waiting)
         return false;
-    if (r->admit.state != PDGW_TICKET_HELD)
+    if (pdgw_admit_ticket_state(r->w->srv->opts.admit, &r->admit) != PDGW_TICKET_HELD)
         return true; /* not granted (yet): a stale wake */
     r->admit_waiting = false;
     pdgw_worker_active_remove(r->w, r);

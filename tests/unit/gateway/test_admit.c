@@ -389,6 +389,7 @@ static void *mt_main(void *arg)
             }
             while (!atomic_load(&w.granted))
                 sched_yield();
+            assert_int_equal(pdgw_admit_ticket_state(mt_admit, &w.t), PDGW_TICKET_HELD);
             break;
         default:
             continue;
