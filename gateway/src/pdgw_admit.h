@@ -132,6 +132,12 @@ bool pdgw_admit_expire(pdgw_admit_t *a, pdgw_admit_ticket_t *t, uint64_t now_ms)
  * Returns the state <t> was in. */
 pdgw_ticket_state_t pdgw_admit_leave(pdgw_admit_t *a, pdgw_admit_ticket_t *t, uint64_t now_ms);
 
+/* Reload: the limits of <cfg> replace the current ones at <now_ms> (in-flight requests and
+ * waiters keep their slot or place). An invalid config changes nothing: PDGW_ERR_INVALID with
+ * the message in <err>. */
+pdgw_status_t pdgw_admit_reload(pdgw_admit_t *a, const struct pdgw_config *cfg, uint64_t now_ms,
+                                char *err, size_t errlen);
+
 /* The state of <t> now (read under the lock: another thread may be granting it). */
 pdgw_ticket_state_t pdgw_admit_ticket_state(pdgw_admit_t *a, const pdgw_admit_ticket_t *t);
 

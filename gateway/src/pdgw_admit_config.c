@@ -11,6 +11,18 @@
 #include "pdgw_config.h"
 #include "pdgw_rate_limit.h"
 
+pdgw_status_t pdgw_admit_reload(pdgw_admit_t *a, const pdgw_config_t *cfg, uint64_t now_ms,
+                                char *err, size_t errlen)
+{
+    pdgw_admit_limits_t l;
+    pdgw_status_t st = pdgw_admit_limits_from_config(cfg, &l, err, errlen);
+    if (st != PDGW_OK)
+        return st;
+    st = pdgw_admit_set_limits(a, &l, now_ms);
+    pdgw_admit_limits_free(&l);
+    return st;
+}
+
 pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit_limits_t *out,
                                             char *err, size_t errlen)
 {

@@ -1025,6 +1025,10 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
         pdgw_gateway_metrics_pd_failure(r->w->srv->opts.metrics, protocol_of(r),
                                         pdgw_phase_name(e->phase));
     }
+    /* An engine's Retry-After (429/503 not retried) reaches the client too. */
+    if (failed_leg && failed_leg->err == PDGW_LEGERR_STATUS && failed_leg->retry_after_ms > 0 &&
+        r->reply_retry_after_s == 0)
+        r->reply_retry_after_s = (unsigned)((failed_leg->retry_after_ms + 999) / 1000);
     /* An upstream 4xx is the engine's verdict on the request: relay it as is. */
     if (failed_leg && failed_leg->err == PDGW_LEGERR_STATUS && failed_leg->status >= 400 &&
         failed_leg->status < 500 && failed_leg->resp.len > 0) {

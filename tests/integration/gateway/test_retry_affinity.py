@@ -113,10 +113,11 @@ def test_retry_after_past_the_deadline_is_not_waited_for():
     eng = OverloadedEngine([(429, 30)])
     gw, gport = start_gw([f"http://127.0.0.1:{eng.port}"], extra=["--retries", "3"])
     t0 = time.monotonic()
-    st, _, data = T.request("POST", gport, "/v1/completions", comp_body(False),
-                            {"X-Request-Timeout": "3s"})
+    st, hdrs, data = T.request("POST", gport, "/v1/completions", comp_body(False),
+                               {"X-Request-Timeout": "3s"})
     took = time.monotonic() - t0
     assert_eq(st, 429, "the engine's verdict, relayed")
+    assert_eq(hdrs.get("retry-after"), "30", "the engine's Retry-After, relayed")
     assert took < 2.5, f"waited {took:.2f}s for a retry that could not fit the deadline"
     assert_eq(len(eng.arrivals), 1, "no second attempt")
     stop_gw(gw)

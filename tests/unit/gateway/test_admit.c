@@ -21,6 +21,7 @@
 #include "pdgw_admit.h"
 #include "pdgw_admit_queue.h"
 #include "pdgw_alloc.h"
+#include "pdgw_config.h"
 #include "pdgw_rate_limit.h"
 
 /* ---------------------------------------------------------------- queue */
@@ -420,6 +421,61 @@ static void test_controller_threads(void **state)
     pdgw_admit_destroy(mt_admit);
 }
 
+/* Reload from a config file's text: the new limits apply at once; a bad file changes
+ * nothing. */
+static void test_reload_from_config(void **state)
+{
+    static const char good[] = "max_concurrent_requests: 2\n"
+                               "queue_size: 5\n"
+                               "queue_timeout: 2s\n"
+                               "rate_limit: \"3:6\"\n"
+                               "retry_backoff_base: 50ms\n"
+                               "retry_backoff_max: 1s\n"
+                               "session_affinity: \"header:X-Session\"\n";
+    static const char bad[] = "rate_limit: \"fast\"\n";
+    pdgw_config_t cfg;
+    pdgw_config_error_t cerr;
+    pdgw_admit_t *a = make(1, 0, 1000);
+    pdgw_admit_limits_t l;
+    pdgw_admit_ticket_t t[3];
+    owner_t o[3];
+    grants_t g = {0};
+    char err[256];
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        o[i] = (owner_t){&g, i};
+    assert_int_equal(enter(a, &t[0], &o[0], 0, 0), PDGW_ADMIT_ADMITTED);
+    assert_int_equal(enter(a, &t[1], &o[1], 0, 0), PDGW_ADMIT_QUEUE_FULL); /* no queue yet */
+
+    assert_int_equal(pdgw_config_init(&cfg), PDGW_OK);
+    assert_int_equal(pdgw_config_load_yaml(&cfg, bad, strlen(bad), "bad.yaml", &cerr), PDGW_OK);
+    assert_int_equal(pdgw_admit_reload(a, &cfg, 1, err, sizeof(err)), PDGW_ERR_INVALID);
+    assert_non_null(strstr(err, "rate_limit"));
+    pdgw_config_free(&cfg);
+    pdgw_admit_get_path_limits(a, &l);
+    assert_int_equal(l.max_concurrent, 1); /* unchanged */
+
+    assert_int_equal(pdgw_config_init(&cfg), PDGW_OK);
+    assert_int_equal(pdgw_config_load_yaml(&cfg, good, strlen(good), "good.yaml", &cerr), PDGW_OK);
+    assert_int_equal(pdgw_admit_reload(a, &cfg, 2, err, sizeof(err)), PDGW_OK);
+    pdgw_config_free(&cfg);
+    pdgw_admit_get_path_limits(a, &l);
+    assert_int_equal(l.max_concurrent, 2);
+    assert_int_equal(l.queue_size, 5);
+    assert_int_equal(l.queue_timeout_ms, 2000);
+    assert_true(l.rate == 3 && l.burst == 6);
+    assert_int_equal(l.retry_backoff_base_ms, 50);
+    assert_int_equal(l.retry_backoff_max_ms, 1000);
+    assert_int_equal(l.affinity, PDGW_AFFINITY_HEADER);
+    assert_string_equal(l.affinity_header, "X-Session");
+    /* The held slot survived the reload; one more fits now, then the queue. */
+    assert_int_equal(enter(a, &t[1], &o[1], 0, 3), PDGW_ADMIT_ADMITTED);
+    assert_int_equal(enter(a, &t[2], &o[2], 0, 3), PDGW_ADMIT_QUEUED);
+    for (int i = 0; i < 3; i++)
+        pdgw_admit_leave(a, &t[i], 4);
+    pdgw_admit_destroy(a);
+}
+
 static void test_backoff(void **state)
 {
     (void)state;
@@ -464,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_controller_timeout_and_deadline_cap),
         cmocka_unit_test(test_controller_reload_opens_slots_and_rate_limits),
         cmocka_unit_test(test_controller_threads),
+        cmocka_unit_test(test_reload_from_config),
         cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_affinity_parse),
     };
