@@ -12,7 +12,9 @@
 - a waiter whose client leaves frees its place at once (counted) and never reaches the engine;
 - a token bucket per API key refuses a key over its rate while another key goes on;
 - an instance's own capacity (`max_concurrent` in its config) is never exceeded: without a
-  global limit the extra requests get 429 at once, with one they wait their turn.
+  global limit the extra requests get 429 at once, with one they wait their turn;
+- the slot is given back however a request ends: a stream the client leaves, a whole
+  stream, a plain answer, an overloaded engine retried after backoff and failing again.
 """
 
 import json
@@ -277,6 +279,48 @@ def test_rate_limit_per_key():
     stop_gw(gw)
 
 
+def test_slot_released_however_the_request_ends():
+    """One slot: after each kind of ending the next request is admitted at once."""
+    sim, sport = start_slow_sim(ttft_ms=50)
+    bad = T.free_port()
+    badsim = T.Proc("sim-failing", [T.binary("pdgw-sim"), "--role", "both", "--port", str(bad),
+                                    "--fail-rate", "1", "--fail-status", "503"])
+    T.wait_http(bad, "/health", proc=badsim)
+    gw, gport = start_gw([f"http://127.0.0.1:{sport}"],
+                         extra=["--max-concurrent-requests", "1", "--queue-size", "0"])
+
+    def free():
+        wait_for(lambda: metric(gport, "pdgw_admission_inflight") == 0, 10, "slot released")
+
+    # a stream the client leaves after its first event
+    body = comp_body(True, max_tokens=200)
+    events = T.sse_events(gport, "/v1/completions", body)
+    next(events)
+    events.close()
+    free()
+    # success, stream and not
+    assert_eq(len(list(T.sse_events(gport, "/v1/completions", comp_body(True)))) > 1, True,
+              "a whole stream")
+    free()
+    st, _, _ = T.request("POST", gport, "/v1/completions", comp_body(False))
+    assert_eq(st, 200, "plain answer")
+    free()
+    stop_gw(gw)
+    # an engine overloaded (503): backed off, retried, failed again (one slot throughout)
+    gw, gport = start_gw([f"http://127.0.0.1:{bad}"],
+                         extra=["--max-concurrent-requests", "1", "--queue-size", "0",
+                                "--retries", "1"])
+    st, _, _ = T.request("POST", gport, "/v1/completions", comp_body(False))
+    assert st >= 500, f"failing engine gave {st}"
+    assert_eq(metric(gport, "pdgw_retries_total", {"protocol": "neutral"}), 1.0, "retried")
+    free()
+    st, _, _ = T.request("POST", gport, "/v1/completions", comp_body(False))
+    assert st >= 500 and st != 429, f"second request refused by admission ({st}): a slot leaked"
+    assert_eq(metric(gport, "pdgw_admission_refused_total", {"reason": "queue_full"}), 0.0,
+              "never refused")
+    stop_gw(gw)
+
+
 def gw_with_capped_instance(sport, extra=()):
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write(f"instances:\n  - url: http://127.0.0.1:{sport}\n    role: both\n"
@@ -324,4 +368,5 @@ if __name__ == "__main__":
         test_cancelled_waiter_frees_its_place,
         test_rate_limit_per_key,
         test_instance_capacity,
+        test_slot_released_however_the_request_ends,
     ])
