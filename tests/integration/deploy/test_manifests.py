@@ -281,8 +281,10 @@ def semantic_errors(name, objects):
         ref = hpa["spec"]["scaleTargetRef"]
         if ref.get("kind") != "Deployment" or ref.get("name") != "pdgw":
             errs.append(f"HPA {hpa['metadata']['name']}: must scale Deployment pdgw")
-        if cfg.get("protocol") == "lmcache":
-            errs.append("HPA on an lmcache gateway: ProxyNotif reaches one replica only")
+        if cfg.get("protocol") == "lmcache" and not (cfg.get("protocol_options") or {}).get(
+                "notif_relay_peers"):
+            errs.append("HPA on an lmcache gateway without notif_relay_peers: ProxyNotif "
+                        "reaches one replica only")
         if hpa["spec"].get("minReplicas", 1) < 2:
             errs.append("HPA: minReplicas < 2 leaves no replica during a voluntary eviction")
         if any(m.get("type") == "Resource" for m in hpa["spec"].get("metrics", [])) and \
