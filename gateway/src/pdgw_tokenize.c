@@ -202,14 +202,10 @@ void pdgw_route_req_release(pdgw_req_t *r)
  * requests hash equal. */
 static char *tok_body(pdgw_req_t *r, size_t *len)
 {
-    static const char *const chat_keys[] = {"add_generation_prompt",
-                                            "continue_final_message",
-                                            "add_special_tokens",
-                                            "chat_template",
-                                            "chat_template_kwargs",
-                                            "tools",
-                                            "documents",
-                                            NULL};
+    static const char *const chat_keys[] = {"add_generation_prompt", "continue_final_message",
+                                            "add_special_tokens",    "chat_template",
+                                            "chat_template_kwargs",  "tools",
+                                            "mm_processor_kwargs",   NULL};
     json_t *b = json_object(), *v;
     char *text = NULL;
 
