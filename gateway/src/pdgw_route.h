@@ -27,6 +27,7 @@
 
 typedef struct pdgw_req pdgw_req_t;
 typedef struct pdgw_leg pdgw_leg_t;
+typedef struct pdgw_worker pdgw_worker_t;
 
 typedef struct pdgw_route_opts {
     /* Selective PD. A prompt of fewer tokens goes decode-only; so does one whose part the
@@ -72,6 +73,9 @@ typedef struct pdgw_req_route {
     size_t n_tokens;
     /* selective PD */
     pdgw_pd_decision_t pd;
+    /* this request only owns a KV release leg (pdgw_kv_release.c) */
+    bool release;
+    const char *release_reason;
 } pdgw_req_route_t;
 
 /* ---- hooks called by the workflow (pdgw_workflow.c) ---- */
@@ -97,6 +101,18 @@ pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_req_t *r, const sched_request_
 void pdgw_pd_count(pdgw_req_t *r, pdgw_pd_decision_t d);
 /* The request goes decode-only (a skip was recorded). */
 bool pdgw_pd_decode_only(const pdgw_req_t *r);
+
+/* No stranded KV (pdgw_kv_release.c). An attempt of <r> ends for <reason>: when its prefill
+ * answered and its decode never reached an engine, a decode engine is asked to take the
+ * prefill's KV now (pdgw_kv_release_total{reason,result}). Call before the forwarder's
+ * attempt state is cleaned up. */
+void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason);
+/* <leg> of <r> ended: true when it was a release leg (handled, <r> freed). */
+bool pdgw_kv_release_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
+/* Periodic: true when <r> only owns a release leg (its deadline checked; <r> may be freed). */
+bool pdgw_kv_release_check_deadline(pdgw_req_t *r, uint64_t now_ms);
+/* Worker shutdown: free every release still running on <w>. */
+void pdgw_kv_release_drop_all(pdgw_worker_t *w);
 
 /* The workflow's entry after the tokens are known (or given up). */
 void pdgw_wf_start_attempt(pdgw_req_t *r);

@@ -27,6 +27,7 @@ struct pdgw_routing {
     atomic_uint_fast64_t turn;            /* which usable instance tokenizes next */
     pdgw_metric_family_t *pd_skipped;     /* {reason} */
     pdgw_metric_family_t *tokenize_total; /* {result} */
+    pdgw_metric_family_t *kv_release;     /* {reason,result} */
 };
 
 /* The request's route state, allocated on first use; NULL on OOM. */

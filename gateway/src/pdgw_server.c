@@ -334,6 +334,7 @@ static void worker_close(pdgw_worker_t *w)
         MHD_stop_daemon(w->mhd);
         w->mhd = NULL;
     }
+    pdgw_kv_release_drop_all(w); /* releases still running need the multi handle */
     while (w->n_easy_pool > 0)
         curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi) {

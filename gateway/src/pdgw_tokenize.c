@@ -50,6 +50,7 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
 {
     static const char *const l_reason[] = {"reason"};
     static const char *const l_result[] = {"result"};
+    static const char *const l_reason_result[] = {"reason", "result"};
     pdgw_routing_t *rt = pdgw_calloc(1, sizeof(*rt));
     size_t sets;
 
@@ -80,6 +81,13 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
                                     "timeout and error (routed without tokens), no_instance.",
                                     l_result, 1, NULL, 0, &rt->tokenize_total) != PDGW_OK)
             rt->tokenize_total = pdgw_metrics_family_find(reg, "pdgw_tokenize_total");
+        if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_kv_release_total",
+                                    "Prefill KV released through a decode engine because the "
+                                    "request's decode never reached one, by reason (client_gone, "
+                                    "no_decode, decode_refused, timeout, retry) and result (ok, "
+                                    "failed, no_instance, error).",
+                                    l_reason_result, 2, NULL, 0, &rt->kv_release) != PDGW_OK)
+            rt->kv_release = pdgw_metrics_family_find(reg, "pdgw_kv_release_total");
     }
     *out = rt;
     return PDGW_OK;

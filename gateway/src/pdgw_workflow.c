@@ -168,6 +168,7 @@ static void wf_finish_booking(pdgw_req_t *r, pdgw_leg_kind_t k, sched_outcome_t 
 static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
 {
     int k;
+    pdgw_kv_release_attempt_end(r, reason); /* route hook: no stranded prefill KV */
     for (k = 0; k < 2; k++) {
         if (r->legs[k].state == PDGW_LEG_RUNNING) {
             pdgw_leg_abort(&r->legs[k]);
@@ -792,6 +793,8 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
     pdgw_fwd_error_t e;
     uint64_t dur_us = (leg->t_end_ms - leg->t_start_ms) * 1000u;
 
+    if (pdgw_kv_release_leg_done(r, leg)) /* route hook: r was a release's owner, now freed */
+        return;
     if (leg->models) {
         wf_models_leg_done(r);
         return;
@@ -1249,6 +1252,8 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
     pdgw_fwd_error_t e;
     int k;
 
+    if (pdgw_kv_release_check_deadline(r, now)) /* route hook: a release's owner */
+        return;
     if (r->stage == PDGW_WF_FINISHED)
         return;
     if (r->n_mlegs) {
