@@ -18,6 +18,9 @@
  * computes the prompt itself (it is a full vLLM/SGLang server; its connector sees no
  * kv_transfer_params and loads nothing).
  */
+#include <stdio.h>
+#include <strings.h>
+
 #include "pdgw_route.h"
 #include "pdgw_route_int.h"
 #include "pdgw_server_int.h"
@@ -94,4 +97,17 @@ void pdgw_pd_count(pdgw_req_t *r, pdgw_pd_decision_t d)
 bool pdgw_pd_decode_only(const pdgw_req_t *r)
 {
     return r->rt != NULL && r->rt->pd != PDGW_PD_RUN;
+}
+
+/* vllm-project/vllm vllm/entrypoints/openai/engine/serving.py _get_data_parallel_rank reads
+ * X-data-parallel-rank (any case) and sends the request to that engine core. */
+void pdgw_route_dp_header(const pdgw_instance_t *inst, pdgw_fwd_leg_t *fl)
+{
+    if (inst == NULL || inst->dp_size <= 1 || fl->n_headers >= PDGW_FWD_LEG_MAX_HEADERS)
+        return;
+    for (size_t i = 0; i < fl->n_headers; i++)
+        if (strncasecmp(fl->headers[i], "X-data-parallel-rank:", 21) == 0)
+            return;
+    snprintf(fl->headers[fl->n_headers++], sizeof(fl->headers[0]), "X-data-parallel-rank: %d",
+             inst->dp_rank);
 }

@@ -114,6 +114,11 @@ bool pdgw_kv_release_check_deadline(pdgw_req_t *r, uint64_t now_ms);
 /* Worker shutdown: free every release still running on <w>. */
 void pdgw_kv_release_drop_all(pdgw_worker_t *w);
 
+/* A leg to one rank of a data-parallel engine (dp_size > 1) names the rank in
+ * X-data-parallel-rank (vLLM's header) unless the forwarder already did: the instance the
+ * policy chose is that rank, whose KV events said what it holds. */
+void pdgw_route_dp_header(const pdgw_instance_t *inst, pdgw_fwd_leg_t *fl);
+
 /* The workflow's entry after the tokens are known (or given up). */
 void pdgw_wf_start_attempt(pdgw_req_t *r);
 

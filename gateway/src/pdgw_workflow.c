@@ -239,6 +239,7 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
         wf_fail(r, &e, NULL);
         return false;
     }
+    pdgw_route_dp_header(inst, &fl); /* route hook: pin a data-parallel engine's rank */
     if (fl.body == NULL) {
         /* Plain proxying: the client's bytes as received. */
         leg->relay = k == PDGW_LEG_DECODE;

@@ -4,6 +4,10 @@
  * most of the prompt needs no prefill leg), and which usable instance to ask
  * for a tokenization.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "sched_int.h"
 #include "sched_kvev_int.h"
 
@@ -65,4 +69,33 @@ sched_instance_t *sched_pool_pick_usable(sched_pool_t *pool, sched_role_t role, 
 bool sched_pool_has_kv_index(sched_pool_t *pool)
 {
     return pool != NULL && pool->kvev_index != NULL;
+}
+
+/*
+ * The endpoint rank <dp_rank> of a data-parallel engine publishes on, from the endpoint its
+ * configuration names: vLLM offsets it per rank (vllm-project/vllm
+ * vllm/distributed/kv_events.py ZmqEventPublisher.offset_endpoint_port: tcp → port + rank,
+ * inproc → "_dp<rank>" appended, rank 0 unchanged; anything else refused).
+ */
+bool sched_kvev_rank_endpoint(const char *endpoint, int dp_rank, char *out, size_t out_len)
+{
+    const char *colon;
+    char *end;
+    long port;
+    int n;
+
+    if (endpoint == NULL || endpoint[0] == '\0')
+        return false;
+    if (dp_rank <= 0)
+        n = snprintf(out, out_len, "%s", endpoint);
+    else if (strstr(endpoint, "inproc") != NULL)
+        n = snprintf(out, out_len, "%s_dp%d", endpoint, dp_rank);
+    else if (strstr(endpoint, "tcp") != NULL && (colon = strrchr(endpoint, ':')) != NULL) {
+        port = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end != '\0' || port < 0 || port + dp_rank > 65535)
+            return false;
+        n = snprintf(out, out_len, "%.*s:%ld", (int)(colon - endpoint), endpoint, port + dp_rank);
+    } else
+        return false;
+    return n > 0 && (size_t)n < out_len;
 }
