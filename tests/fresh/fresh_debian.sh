@@ -56,6 +56,9 @@ deb $mirror bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap leaves /etc/hosts to the installer; every installed Debian (and every container)
+# has one naming localhost.
+[[ -s $root/etc/hosts ]] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 
 # Only tracked files: what a clone of the repository holds, no build directories.
 rm -rf "$root/src/pdgw"
@@ -73,9 +76,13 @@ mount_into devpts devpts "$root/dev/pts"
 mount_into tmpfs tmpfs "$root/dev/shm"
 
 # A fresh machine has make (the README's commands start with it); nothing else is added.
-chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+if ! chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
     DEBIAN_FRONTEND=noninteractive bash -c \
-    'apt-get update -qq && apt-get install -y -qq make >/dev/null' >"$root/fresh-make.log" 2>&1
+    'apt-get update -qq && apt-get install -y -qq make >/dev/null' >"$root/fresh-make.log" 2>&1; then
+    echo "fresh: FAIL installing make in the new root:"
+    tail -n 10 "$root/fresh-make.log"
+    exit 1
+fi
 
 rc=0
 for step in $steps; do
