@@ -148,10 +148,12 @@ def test_text_prompts_land_where_their_blocks_are():
 
 
 class SlowTokenizer:
-    """A vLLM-shaped engine whose /tokenize never answers in time; completions answer."""
+    """A vLLM-shaped engine whose /tokenize never answers in time (or, with <answers>,
+    answers each of them in turn); completions answer."""
 
-    def __init__(self):
+    def __init__(self, answers=None):
         self.release = threading.Event()
+        self.answers = list(answers or [])
         self.completions = 0
         outer = self
 
@@ -160,17 +162,28 @@ class SlowTokenizer:
 
             def reply(self, obj, status=200):
                 out = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                except OSError:
+                    pass  # pdgw gave up on a slow /tokenize and closed: that is the point
 
             def do_GET(self):  # noqa: N802
                 self.reply({})
 
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.path == "/tokenize" and outer.answers:
+                    status, body = outer.answers.pop(0)
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if self.path == "/tokenize":
                     outer.release.wait(60)
                     self.reply({"count": 1, "max_model_len": 8192, "tokens": [1]})
@@ -195,8 +208,9 @@ class SlowTokenizer:
         self.srv.server_close()
 
 
-def test_slow_tokenize_falls_back():
-    eng = SlowTokenizer()
+def test_slow_tokenize_falls_back(answers=None):
+    eng = SlowTokenizer(answers)
+    n = len(answers) if answers else 2
     port = t.free_port()
     cfg = tempfile.NamedTemporaryFile("w", prefix="pdgw-tok-", suffix=".yaml", delete=False)
     cfg.write("\n".join([f'listen: "127.0.0.1:{port}"', "workers: 1", "protocol: neutral",
@@ -209,20 +223,35 @@ def test_slow_tokenize_falls_back():
     gw = t.Proc("pdgw", [t.binary("pdgw"), "--config", cfg.name])
     try:
         t.wait_http(port, "/ready", timeout=15, proc=gw)
-        for i in range(2):
+        for i in range(n):
             obj = complete(port, f"a prompt that the engine never tokenizes {i}")
             assert obj["choices"][0]["text"] == "ok", obj
-        assert eng.completions == 2
+        assert eng.completions == n
         _, _, body = t.request("GET", port, "/metrics", timeout=5)
         text = body.decode()
-        assert t.metric_value(text, "pdgw_tokenize_total", {"result": "timeout"}) == 2, text
+        result = "error" if answers else "timeout"
+        assert t.metric_value(text, "pdgw_tokenize_total", {"result": result}) == n, text
         assert not t.metric_value(text, "pdgw_tokenize_total", {"result": "ok"})
-        assert t.metric_value(text, "pdgw_requests_total", {"status": "200"}) == 2
+        assert t.metric_value(text, "pdgw_requests_total", {"status": "200"}) == n
     finally:
         gw.kill()
         eng.close()
         os.unlink(cfg.name)
 
 
+def test_garbage_tokenize_falls_back():
+    """Answers that are not vLLM's TokenizeResponse are not believed: routed without tokens,
+    counted as errors, the request answered."""
+    test_slow_tokenize_falls_back([
+        (200, b"not json"),
+        (200, b'{"count": 2, "max_model_len": 8192, "tokens": [1, -5]}'),
+        (200, b'{"count": 3, "max_model_len": 8192, "tokens": [1, 2]}'),
+        (200, b'{"count": 1, "tokens": [4294967296]}'),
+        (200, b'{"count": 1, "tokens": ["a"]}'),
+        (500, b'{"error": "boom"}'),
+    ])
+
+
 if __name__ == "__main__":
-    t.run([test_text_prompts_land_where_their_blocks_are, test_slow_tokenize_falls_back])
+    t.run([test_text_prompts_land_where_their_blocks_are, test_slow_tokenize_falls_back,
+           test_garbage_tokenize_falls_back])
