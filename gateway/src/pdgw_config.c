@@ -166,6 +166,10 @@ static const pdgw_config_option_t options[] = {
     {"models", "model", "PDGW_MODELS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAME",
      "Model name served by /v1/models (repeatable; none = aggregate from instances).",
      C(models)},
+    {"cors_allowed_origins", "cors-allowed-origin", "PDGW_CORS_ALLOWED_ORIGINS", PDGW_OPT_LIST,
+     NULL, 0, 0, NULL, "ORIGIN", "Browser origin (scheme://host[:port]) allowed by CORS, or * "
+     "for any (repeatable; none = no CORS headers, preflights refused with 403).",
+     C(cors_allowed_origins)},
     {"prefill_policy", "prefill-policy", "PDGW_PREFILL_POLICY", PDGW_OPT_ENUM, policy_names, 0,
      0, "least-load", "POLICY", "How a prefill instance is chosen.", C(prefill_policy)},
     {"decode_policy", "decode-policy", "PDGW_DECODE_POLICY", PDGW_OPT_ENUM, policy_names, 0, 0,
@@ -294,6 +298,9 @@ static const pdgw_config_option_t instance_options[] = {
      I(dp_size)},
     {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Free-form labels (zone, rack, ...).", I(labels)},
+    {"models", NULL, NULL, PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAMES",
+     "Model names the instance serves (at most 16); requests of other models never reach it. "
+     "None = learnt from the engine's GET /v1/models with each health probe.", I(models)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
      "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
      "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},

@@ -124,6 +124,7 @@ struct pdgw_leg {
     pdgw_leg_state_t state;
     const pdgw_instance_t *inst;
     bool relay;  /* this leg's response goes to the client */
+    bool raw;    /* pass-through: bytes go to the client unchanged (pdgw_passthrough.c) */
     bool models; /* one of the GET /v1/models fan-out legs */
     bool sse;    /* relay as SSE (client asked for stream) */
     CURL *easy;
@@ -159,6 +160,7 @@ typedef enum {
     PDGW_ROUTE_READY,
     PDGW_ROUTE_METRICS,
     PDGW_ROUTE_ADMIN,
+    PDGW_ROUTE_PASSTHROUGH, /* other /v1/ paths and engine utility endpoints */
 } pdgw_route_t;
 
 typedef enum {
@@ -260,6 +262,11 @@ struct pdgw_req {
     char prefill_id[SCHED_ID_MAX];
     char decode_id[SCHED_ID_MAX];
     bool finalized;
+    /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
+    bool pt;         /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
+    bool pt_relayed; /* the engine's status and first bytes went to the client */
+    char *pt_model;  /* the body's "model" of a pass-through request (owned) or NULL */
+    uint8_t cors;    /* pdgw_cors_t: what the request's Origin is allowed */
     /* active list */
     pdgw_req_t *prev, *next;
     bool in_active;
