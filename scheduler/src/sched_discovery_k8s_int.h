@@ -36,6 +36,7 @@
 #define K8S_ANN_DP_SIZE        "pdgw.io/dp-size"
 #define K8S_ANN_WEIGHT         "pdgw.io/weight"
 #define K8S_ANN_KV_ENGINE      "pdgw.io/kv-engine"
+#define K8S_ANN_MODELS         "pdgw.io/models" /* comma-separated served model names */
 
 /* Named ports of a slice that carry KV side channels. */
 #define K8S_PORT_KV        "kv"
@@ -78,6 +79,8 @@ typedef struct sched_k8s_kv {
     int tp_size, dp_rank, dp_size;
     unsigned weight;
     int kv_engine; /* SCHED_KV_ENGINE_* */
+    char models[SCHED_MAX_MODELS][SCHED_MODEL_NAME_MAX + 1];
+    size_t n_models;
     bool has_kv_port, has_bootstrap_port, has_kv_host, has_engine_id;
     bool has_tp_size, has_dp_rank, has_dp_size, has_weight;
 } sched_k8s_kv_t;
