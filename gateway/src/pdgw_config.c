@@ -732,6 +732,16 @@ pdgw_status_t pdgw_cfg_instance_finalize(pdgw_instance_config_t *inst, size_t in
         if (st != PDGW_OK)
             return st;
     }
+    if (inst->models.count > 16) { /* SCHED_MAX_MODELS */
+        snprintf(key, sizeof(key), "instances[%zu].models", index);
+        return pdgw_cfg_fail(src, key, "at most 16 model names, got %zu", inst->models.count);
+    }
+    for (size_t i = 0; i < inst->models.count; i++) {
+        if (inst->models.items[i][0] == '\0' || strlen(inst->models.items[i]) > 255) {
+            snprintf(key, sizeof(key), "instances[%zu].models", index);
+            return pdgw_cfg_fail(src, key, "a model name has 1-255 bytes");
+        }
+    }
     if (inst->kv_host == NULL || inst->kv_host[0] == '\0') {
         st = pdgw_cfg_str_set(&inst->kv_host, u.host);
         if (st != PDGW_OK)

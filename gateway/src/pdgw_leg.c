@@ -215,6 +215,8 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, leg);
     if (strcmp(method, "GET") == 0) {
         curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+    } else if (strcmp(method, "HEAD") == 0) { /* pass-through: no body either way */
+        curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
     } else {
         curl_easy_setopt(easy, CURLOPT_POST, 1L);
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body ? body : "");
