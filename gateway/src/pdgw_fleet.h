@@ -24,6 +24,10 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
 bool pdgw_pt_route(const pdgw_req_t *r);
 /* Start proxying (authenticated, body complete, not draining). */
 void pdgw_pt_start(pdgw_req_t *r);
+/* curl header callback of a raw leg: keep the engine's end-to-end headers. */
+void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len);
+/* The kept headers on the client's response. */
+void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp);
 /* curl write callback of a raw leg. */
 size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len);
 /* The raw leg ended. */

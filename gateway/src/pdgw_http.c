@@ -331,7 +331,8 @@ static enum MHD_Result queue_stream(pdgw_req_t *r)
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
     if (resp == NULL)
         return MHD_NO;
-    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and type */
+    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
+        pdgw_pt_add_headers(r, resp);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
         add_common_headers(r, resp);
         ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);

@@ -120,6 +120,8 @@ static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdat
 {
     pdgw_leg_t *leg = userdata;
     size_t len = size * nitems;
+    if (leg->raw) /* fleet hook: pass-through relays the engine's headers */
+        pdgw_pt_on_header(leg, buf, len);
     if (len > 13 && strncasecmp(buf, "content-type:", 13) == 0) {
         const char *v = buf + 13;
         size_t n;

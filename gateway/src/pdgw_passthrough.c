@@ -6,7 +6,7 @@
  * ...) go to one instance serving the body's `model` (decode or both role; a `both` instance
  * is preferred since it serves whole requests), or to any healthy one when the request names
  * no model. Method, query, body and the client's headers go as they came; the engine's
- * status, Content-Type and body come back as they come, byte by byte, so streams (SSE) are
+ * status, end-to-end headers and body come back as they come, byte by byte, so streams (SSE) are
  * relayed live with the same back-pressure as chat streams. Auth, body limits, the request
  * deadline, first-byte and idle timeouts, retries before the first byte and metrics apply
  * as for chat.
@@ -228,23 +228,96 @@ void pdgw_pt_start(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- response */
 
+/* Headers the gateway sets itself or that belong to one hop (RFC 9110 7.6.1). */
+static bool pt_header_own(const char *name, size_t n)
+{
+    static const char *const own[] = {"connection",
+                                      "keep-alive",
+                                      "proxy-connection",
+                                      "transfer-encoding",
+                                      "te",
+                                      "trailer",
+                                      "upgrade",
+                                      "content-length",
+                                      "content-type",
+                                      "date",
+                                      "x-request-id",
+                                      "vary",
+                                      NULL};
+    size_t i;
+    if (n > 15 && strncasecmp(name, "access-control-", 15) == 0)
+        return true; /* CORS is pdgw's decision (cors_allowed_origins) */
+    for (i = 0; own[i]; i++)
+        if (strlen(own[i]) == n && strncasecmp(name, own[i], n) == 0)
+            return true;
+    return false;
+}
+
+void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len)
+{
+    pdgw_req_t *r = leg->req;
+    const char *colon;
+    size_t n, vlen, mark;
+
+    if (len >= 5 && strncmp(line, "HTTP/", 5) == 0) {
+        pdgw_buf_reset(&r->pt_headers); /* a new status line (after 100 Continue) */
+        return;
+    }
+    colon = memchr(line, ':', len);
+    if (colon == NULL || colon == line || r->pt_relayed)
+        return;
+    n = (size_t)(colon - line);
+    if (pt_header_own(line, n) || r->pt_headers.len > 16 * 1024)
+        return;
+    colon++;
+    while (colon < line + len && (*colon == ' ' || *colon == '\t'))
+        colon++;
+    vlen = len - (size_t)(colon - line);
+    while (vlen > 0 &&
+           (colon[vlen - 1] == '\r' || colon[vlen - 1] == '\n' || colon[vlen - 1] == ' '))
+        vlen--;
+    if (memchr(colon, '\0', vlen) != NULL || memchr(line, '\0', n) != NULL)
+        return;
+    mark = r->pt_headers.len;
+    if (pdgw_buf_append(&r->pt_headers, line, n) != PDGW_OK ||
+        pdgw_buf_append_char(&r->pt_headers, '\0') != PDGW_OK ||
+        pdgw_buf_append(&r->pt_headers, colon, vlen) != PDGW_OK ||
+        pdgw_buf_append_char(&r->pt_headers, '\0') != PDGW_OK)
+        r->pt_headers.len = mark; /* out of memory: only whole pairs stay */
+}
+
+void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp)
+{
+    size_t off = 0;
+    while (off < r->pt_headers.len) {
+        const char *name = r->pt_headers.data + off;
+        const char *value = name + strlen(name) + 1;
+        MHD_add_response_header(resp, name, value);
+        off = (size_t)(value - r->pt_headers.data) + strlen(value) + 1;
+    }
+}
+
+/* The engine's status, type and headers go out with its first bytes (pdgw_http.c
+ * queue_stream reads them for a pass-through). */
+static void pt_commit(pdgw_req_t *r, const pdgw_leg_t *leg)
+{
+    r->pt_relayed = true;
+    r->reply_status = (int)leg->status;
+    snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s",
+             leg->content_type[0] ? leg->content_type : "application/octet-stream");
+    r->committed = true;
+    r->final_status = (int)leg->status;
+    r->t_first_token_ns = pdgw_time_mono_ns();
+    pdgw_req_resume(r);
+}
+
 size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
 {
     pdgw_req_t *r = leg->req;
     if (r->client_gone || r->stage == PDGW_WF_FINISHED)
         return 0;
-    if (!r->pt_relayed) {
-        /* The engine's status and type go out with its first bytes (pdgw_http.c
-         * queue_stream reads them for a pass-through). */
-        r->pt_relayed = true;
-        r->reply_status = (int)leg->status;
-        snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s",
-                 leg->content_type[0] ? leg->content_type : "application/octet-stream");
-        r->committed = true;
-        r->final_status = (int)leg->status;
-        r->t_first_token_ns = pdgw_time_mono_ns();
-        pdgw_req_resume(r);
-    }
+    if (!r->pt_relayed)
+        pt_commit(r, leg);
     if (pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
         leg->paused = true; /* the client reader unpauses the decode leg */
         return CURL_WRITEFUNC_PAUSE;
@@ -320,9 +393,9 @@ void pdgw_pt_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
         return;
     }
     if (leg->err == PDGW_LEGERR_NONE || leg->err == PDGW_LEGERR_STATUS) {
-        /* The engine answered without a body. */
-        pdgw_req_reply(r, (int)leg->status, NULL, 0,
-                       leg->content_type[0] ? leg->content_type : "text/plain");
+        /* The engine answered without a body: its status and headers all the same. */
+        pt_commit(r, leg);
+        pdgw_req_out_end(r);
         return;
     }
     pdgw_req_reply_errorf(

@@ -266,6 +266,7 @@ struct pdgw_req {
     bool pt;         /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
     bool pt_relayed; /* the engine's status and first bytes went to the client */
     char *pt_model;  /* the body's "model" of a pass-through request (owned) or NULL */
+    pdgw_buf_t pt_headers; /* the engine's response headers to relay ("Name\0value\0"...) */
     uint8_t cors;    /* pdgw_cors_t: what the request's Origin is allowed */
     /* active list */
     pdgw_req_t *prev, *next;

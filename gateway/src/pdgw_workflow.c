@@ -1378,7 +1378,8 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     if (r->info_valid)
         pdgw_request_info_release(&r->info);
     json_decref(r->json);
-    pdgw_free(r->pt_model); /* fleet: pass-through's model */
+    pdgw_free(r->pt_model); /* fleet: pass-through's model and headers */
+    pdgw_buf_free(&r->pt_headers);
     pdgw_buf_free(&r->body);
     pdgw_buf_free(&r->fwd_headers);
     pdgw_buf_free(&r->out);

@@ -133,6 +133,8 @@ def test_streaming_passthrough():
         resp = conn.getresponse()
         assert resp.status == 200
         assert resp.getheader("Content-Type").startswith("text/event-stream")
+        # the engine's own end-to-end headers come along (the sim's stream sets this one)
+        assert resp.getheader("Cache-Control") == hdrs["cache-control"] == "no-cache"
         buf = resp.read1(65536)
         while b"\n\n" not in buf:
             buf += resp.read1(65536)
