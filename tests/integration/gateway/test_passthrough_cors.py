@@ -153,6 +153,24 @@ def test_streaming_passthrough():
     assert got[-1] == "[DONE]" and len(got) == len(want), (got, want)
     assert json.loads(got[-2])["text"] == json.loads(want[-2])["text"]
     assert json.loads(got[-2])["meta_info"]["completion_tokens"] == 12
+    # a client that leaves mid-stream: the engine's connection is closed too
+    gone = T.metric_value(T.request("GET", sport, "/metrics")[2].decode(),
+                          "sim_client_disconnects_total") or 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/generate", body=json.dumps(dict(body, sampling_params={
+        "max_new_tokens": 200, "ignore_eos": True})).encode(),
+        headers=dict(AUTH, **{"Content-Type": "application/json"}))
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read1(65536)
+    conn.close()
+    deadline = time.time() + 20
+    while True:
+        text = T.request("GET", sport, "/metrics")[2].decode()
+        if (T.metric_value(text, "sim_client_disconnects_total") or 0) > gone and \
+                not T.metric_value(text, "vllm:num_requests_running"):
+            break
+        assert time.time() < deadline, "the engine kept generating for a client that left"
+        time.sleep(0.05)
     gw.signal(15)
     assert gw.wait(timeout=20) == 0
 
