@@ -206,3 +206,33 @@ json_t *sched_pool_models(sched_pool_t *pool, const char *owned_by, bool *all_kn
         *all_known_out = all_known;
     return out;
 }
+
+sched_instance_t *sched_pool_pick_usable_model(sched_pool_t *pool, sched_role_t role, uint64_t turn,
+                                               const char *model)
+{
+    int ridx = role == SCHED_ROLE_PREFILL ? SCHED_RIDX_PREFILL : SCHED_RIDX_DECODE;
+    uint64_t now = sched_pool_now(pool);
+    const sched_snapshot_t *snap;
+    sched_instance_t *found = NULL;
+    size_t n, usable = 0;
+
+    if (!model || !*model)
+        return sched_pool_pick_usable(pool, role, turn);
+    pthread_rwlock_rdlock(&pool->lock);
+    snap = pool->snap;
+    n = snap->n_role[ridx];
+    for (size_t i = 0; i < n; i++)
+        usable += sched_instance_selectable(snap->role[ridx][i], now) &&
+                  sched_models_allow(snap->role[ridx][i], model);
+    if (usable > 0) {
+        size_t want = (size_t)(turn % usable);
+        for (size_t i = 0; i < n && !found; i++) {
+            sched_instance_t *inst = snap->role[ridx][i];
+            if (sched_instance_selectable(inst, now) && sched_models_allow(inst, model) &&
+                want-- == 0)
+                found = sched_instance_ref(inst);
+        }
+    }
+    pthread_rwlock_unlock(&pool->lock);
+    return found;
+}
