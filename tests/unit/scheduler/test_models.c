@@ -144,6 +144,26 @@ static void test_union(void **state)
     sched_pool_destroy(pool);
 }
 
+/* A usable instance to ask something of (the tokenizer) is one of the request's model. */
+static void test_pick_usable_model(void **state)
+{
+    static const char *const alpha[] = {"alpha"}, *const beta[] = {"beta"};
+    sched_pool_t *pool = test_pool(SCHED_POLICY_LEAST_LOAD, SCHED_POLICY_LEAST_LOAD);
+
+    (void)state;
+    add_models(pool, "a0", 9000, SCHED_ROLE_DECODE, alpha, 1);
+    add_models(pool, "b0", 9001, SCHED_ROLE_DECODE, beta, 1);
+    add_models(pool, "b1", 9002, SCHED_ROLE_DECODE, beta, 1);
+    for (uint64_t turn = 0; turn < 6; turn++) {
+        sched_instance_t *si = sched_pool_pick_usable_model(pool, SCHED_ROLE_DECODE, turn, "beta");
+        assert_non_null(si);
+        assert_string_equal(sched_instance_id(si), turn % 2 ? "b1" : "b0");
+        sched_instance_unref(si);
+    }
+    assert_null(sched_pool_pick_usable_model(pool, SCHED_ROLE_DECODE, 0, "gamma"));
+    sched_pool_destroy(pool);
+}
+
 /* The descriptor's JSON form (admin API, config) takes `models`. */
 static void test_desc_json(void **state)
 {
@@ -173,6 +193,7 @@ int main(void)
         cmocka_unit_test(test_learnt_names),
         cmocka_unit_test(test_union),
         cmocka_unit_test(test_desc_json),
+        cmocka_unit_test(test_pick_usable_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
