@@ -181,6 +181,11 @@ static const pdgw_config_option_t options[] = {
     {"models", "model", "PDGW_MODELS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAME",
      "Model name served by /v1/models (repeatable; none = aggregate from instances).",
      C(models)},
+    {"passthrough", "passthrough", "PDGW_PASSTHROUGH", PDGW_OPT_BOOL, NULL, 0, 0, "true", NULL,
+     "Proxy any other /v1/ path and the engines' utility endpoints (/tokenize, /pooling, "
+     "/score, /rerank, ...) unchanged to an instance of the body's model (--no-passthrough: "
+     "404 from pdgw).",
+     C(passthrough)},
     {"cors_allowed_origins", "cors-allowed-origin", "PDGW_CORS_ALLOWED_ORIGINS", PDGW_OPT_LIST,
      NULL, 0, 0, NULL, "ORIGIN", "Browser origin (scheme://host[:port]) allowed by CORS, or * "
      "for any (repeatable; none = no CORS headers, preflights refused with 403).",

@@ -176,6 +176,7 @@ typedef struct pdgw_config {
     pdgw_log_format_t log_format;
     bool access_log;
     pdgw_str_list_t models;
+    bool passthrough; /* proxy other /v1/ paths and engine utility endpoints */
     pdgw_str_list_t cors_allowed_origins; /* browser origins let in by CORS; "*" = any */
     pdgw_policy_t prefill_policy;
     pdgw_policy_t decode_policy;

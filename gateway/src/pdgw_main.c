@@ -403,6 +403,7 @@ int main(int argc, char **argv)
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;
     so.n_models = cfg.models.count;
+    so.no_passthrough = !cfg.passthrough;
     so.cors_origins = (const char *const *)cfg.cors_allowed_origins.items;
     so.n_cors_origins = cfg.cors_allowed_origins.count;
     so.pool = pool;

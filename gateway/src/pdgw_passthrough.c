@@ -40,6 +40,8 @@ bool pdgw_pt_route(const pdgw_req_t *r)
 {
     const pdgw_server_t *srv = r->w->srv;
     size_t i;
+    if (srv->opts.no_passthrough)
+        return false;
     if (strncmp(r->path, "/v1/", 4) == 0 && r->path[4] != '\0')
         return true;
     /* SGLang's native generation endpoint, when the protocol does not serve it itself: only

@@ -111,6 +111,12 @@ def test_tokenize_passthrough():
     assert T.metric_value(text, "pdgw_model_requests_total", {"model": "beta", "code": "200"}) == 4
     gw.signal(15)
     assert gw.wait(timeout=20) == 0
+    # passthrough: false → pdgw's own 404, the engine is not asked
+    gw, port = start_gw([bport], "--no-passthrough")
+    st, _, raw = T.request("POST", port, "/tokenize", req, AUTH)
+    assert st == 404 and json.loads(raw)["error"]["type"] == "not_found_error", raw
+    gw.signal(15)
+    assert gw.wait(timeout=20) == 0
 
 
 def sse_data(raw):
