@@ -6,7 +6,7 @@
  * operator on the gateway's own host or pod), so that an admin API that can add an upstream
  * URL is never open to the network by default. Refusals are OpenAI-style error bodies, 401
  * for a missing or wrong key and 403 for a write from elsewhere, counted in
- * pdgw_requests_rejected_total{reason="admin_auth"|"admin_forbidden"}.
+ * pdgw_rejected_requests_total{reason="admin_auth"|"admin_forbidden"}.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
