@@ -14,7 +14,7 @@
 #include "pdgw_util.h"
 
 #define MAX_HOOKS 32
-#define MAX_KEYS  128
+#define MAX_KEYS  256
 
 struct pdgw_reload {
     pthread_mutex_t lock; /* one reload at a time; guards cur */
@@ -38,6 +38,8 @@ struct pdgw_reload_txn {
     const char *kept[MAX_KEYS]; /* changed keys whose running value stays */
     char kept_why[MAX_KEYS][96];
     size_t n_kept;
+    const char *swapped[MAX_KEYS]; /* keys whose values were exchanged (undone on refusal) */
+    size_t n_swapped;
 };
 
 /* ---------------------------------------------------------------- txn accessors */
@@ -162,26 +164,41 @@ static bool instances_equal(const pdgw_config_t *a, const pdgw_config_t *b)
  * Put the running value of <key> back into the candidate (the candidate's own value goes
  * to the old struct, freed with it). Derived fields follow their key.
  */
-static void keep_value(pdgw_reload_txn_t *txn, const char *key)
+static void swap_value(pdgw_config_t *cur, pdgw_config_t *next, const char *key)
 {
     size_t n;
     const pdgw_config_option_t *tab = pdgw_config_options(&n);
     if (strcmp(key, "instances") == 0) {
-        swap_bytes(&txn->cur->instances, &txn->next->instances, sizeof(txn->cur->instances));
-        swap_bytes(&txn->cur->n_instances, &txn->next->n_instances, sizeof(size_t));
+        swap_bytes(&cur->instances, &next->instances, sizeof(cur->instances));
+        swap_bytes(&cur->n_instances, &next->n_instances, sizeof(size_t));
         return;
     }
     for (size_t i = 0; i < n; i++) {
         if (tab[i].key == NULL || strcmp(tab[i].key, key) != 0)
             continue;
-        swap_bytes((char *)txn->cur + tab[i].offset, (char *)txn->next + tab[i].offset,
+        swap_bytes((char *)cur + tab[i].offset, (char *)next + tab[i].offset,
                    opt_size(tab[i].type));
         break;
     }
     if (strcmp(key, "listen") == 0) {
-        swap_bytes(&txn->cur->listen_host, &txn->next->listen_host, sizeof(char *));
-        swap_bytes(&txn->cur->listen_port, &txn->next->listen_port, sizeof(int));
+        swap_bytes(&cur->listen_host, &next->listen_host, sizeof(char *));
+        swap_bytes(&cur->listen_port, &next->listen_port, sizeof(int));
     }
+}
+
+static void keep_value(pdgw_reload_txn_t *txn, const char *key)
+{
+    if (txn->n_swapped >= MAX_KEYS)
+        return; /* cannot happen: the table has fewer rows */
+    swap_value(txn->cur, txn->next, key);
+    txn->swapped[txn->n_swapped++] = key;
+}
+
+/* A refused reload: give the running config its values back before the candidate goes. */
+static void undo_keeps(pdgw_reload_txn_t *txn)
+{
+    while (txn->n_swapped > 0)
+        swap_value(txn->cur, txn->next, txn->swapped[--txn->n_swapped]);
 }
 
 /* The table's own string for <key> (outlives the reload), NULL if unknown. */
@@ -475,6 +492,7 @@ json_t *pdgw_reload_run(pdgw_reload_t *rl, const char *trigger)
             while (h-- > 0)
                 if (rl->hook[h].abort != NULL)
                     rl->hook[h].abort(rl->hook[h].ctx, state[h]);
+            undo_keeps(&txn);
             pdgw_config_free(&next);
             res = refuse(rl, trigger, msg);
             pthread_mutex_unlock(&rl->lock);
