@@ -169,10 +169,15 @@ def test_sighup_under_load():
         gw.signal(signal.SIGHUP)
         wait_for("the reload", lambda: reloads(port, "ok") == 1)
         # Requests that booked a before the reload finish there; after that, none goes to a.
+        # (twice, with new traffic on c in between: a request booked just before the
+        # reload may not have opened its leg at the first look)
+        wait_for("a's requests to finish", lambda: inflight_on(port, "a") == 0)
+        c_start = sim_total(pc)
+        wait_for("traffic on c", lambda: sim_total(pc) >= c_start + 3)
         wait_for("a's requests to finish", lambda: inflight_on(port, "a") == 0)
         a_after = sim_total(pa)
         c_start = sim_total(pc)
-        wait_for("traffic on c", lambda: sim_total(pc) >= c_start + 10)
+        wait_for("more traffic on c", lambda: sim_total(pc) >= c_start + 10)
         assert sim_total(pa) == a_after, "a removed instance got new requests"
         assert T.metric_value(metrics(port), "pdgw_config_hash") != hash0
         log = gw.output()

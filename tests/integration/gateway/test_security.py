@@ -75,10 +75,13 @@ def admin_post(host, port, headers=None):
 
 
 def test_listen_default():
-    out = subprocess.run([T.binary("pdgw"), "--print-config", "--both", "http://127.0.0.1:9"],
+    out = subprocess.run([T.binary("pdgw"), "--print-config", "--both", "http://127.0.0.1:9",
+                          "--admin-api-key", "adm-topsecret"],
                          capture_output=True, text=True, timeout=20, env={"PATH": "/usr/bin"})
     assert out.returncode == 0, out.stderr
     assert 'listen: "127.0.0.1:8000"' in out.stdout, out.stdout[:400]
+    # the admin key is a secret like the API keys
+    assert 'admin_api_key: "***"' in out.stdout and "adm-topsecret" not in out.stdout
     # The deployments that must be reachable from other hosts say so themselves.
     configs = [os.path.join(SRC, "deploy/docker/pdgw.yaml")]
     configs += glob.glob(os.path.join(SRC, "deploy/k8s/base/pdgw.yaml"))
