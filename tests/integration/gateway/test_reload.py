@@ -233,6 +233,44 @@ def test_sighup_under_load():
     assert gw.wait(timeout=30) == 0
 
 
+def test_removed_instance_finishes_its_stream():
+    """A stream running on an instance the reload removes is not cut: it runs to [DONE]
+    with every token, while new requests already go to the instance that replaced it."""
+    port_a = T.free_port()
+    sa = T.Proc("sim-a", [T.binary("pdgw-sim"), "--role", "both", "--port", str(port_a),
+                          "--ttft-ms", "5", "--tpot-ms", "20", "--eos-period", "0"])
+    T.wait_http(port_a, "/health", proc=sa)
+    _, pb = start_sim("sim-b")
+    port = T.free_port()
+    d = tempfile.mkdtemp(prefix="pdgw-reload-")
+    path = os.path.join(d, "pdgw.yaml")
+    write(path, config_text(port, [("a", port_a)]))
+    gw = T.Proc("pdgw", [T.binary("pdgw"), "--config", path])
+    T.wait_http(port, "/ready", proc=gw)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a long one"}],
+            "max_tokens": 200, "stream": True}
+    events = []
+    it = T.sse_events(port, "/v1/chat/completions", body)
+    events.append(next(it))  # the stream is running on a
+    write(path, config_text(port, [("b", pb)]))
+    gw.signal(signal.SIGHUP)
+    wait_for("the reload", lambda: reloads(port, "ok") == 1)
+    b0 = sim_total(pb)
+    status, _, _, _ = T.post_json(port, "/v1/chat/completions",
+                                  {"model": MODEL, "max_tokens": 2,
+                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and sim_total(pb) == b0 + 1, "a new request went elsewhere than b"
+    # (the stream takes 4 s: it is still running now)
+    assert inflight_on(port, "a") == 1, "the stream on a was cut by the reload"
+    events.extend(it)
+    assert events[-1] == "[DONE]", events[-3:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    finish = [ch.get("finish_reason") for c in chunks for ch in c.get("choices", [])]
+    assert finish[-1] == "length", finish[-3:]  # all 200 tokens, no early end
+    gw.signal(signal.SIGTERM)
+    assert gw.wait(timeout=30) == 0
+
+
 def test_reload_keeps_restart_only_options():
     """listen, workers, protocol and TLS files need a restart: reported, kept, and the
     gateway keeps serving where it was."""
@@ -260,4 +298,5 @@ def test_reload_keeps_restart_only_options():
 
 
 if __name__ == "__main__":
-    T.run([test_sighup_under_load, test_reload_keeps_restart_only_options])
+    T.run([test_sighup_under_load, test_removed_instance_finishes_its_stream,
+           test_reload_keeps_restart_only_options])
