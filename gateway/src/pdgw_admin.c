@@ -1,5 +1,5 @@
 /*
- * pdgw_admin.c - who may use /admin/..., and POST /admin/reload.
+ * pdgw_admin.c - who may use /admin/..., and POST /admin/reload; client certificates.
  *
  * The rule (pdgw_auth_check_admin): with admin_api_key set, writes need that key and reads
  * take it or an API key; without it, writes are accepted only from a loopback peer (the
@@ -16,6 +16,7 @@
 
 #include "pdgw_reload.h"
 #include "pdgw_server_int.h"
+#include "pdgw_tls.h"
 
 /* Is the client of <r> on this host (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104)? */
 static bool peer_is_loopback(const pdgw_req_t *r)
@@ -75,6 +76,33 @@ bool pdgw_admin_authorize(pdgw_req_t *r)
     pdgw_api_error_set_type(&e, "permission_error");
     pdgw_api_error_set_code(&e, "admin_forbidden");
     pdgw_gateway_metrics_rejected(srv->opts.metrics, "admin_forbidden");
+    snprintf(r->error_text, sizeof(r->error_text), "%s", e.message);
+    body = pdgw_api_error_body(&e, &len);
+    pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");
+    return false;
+}
+
+bool pdgw_tls_authorize(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    const union MHD_ConnectionInfo *ci;
+    pdgw_api_error_t e;
+    char why[256] = "";
+    size_t len = 0;
+    char *body;
+
+    if (!pdgw_tls_wants_client_cert(srv->opts.tls) || r->route == PDGW_ROUTE_HEALTH ||
+        r->route == PDGW_ROUTE_READY)
+        return true;
+    ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (pdgw_tls_verify_client(ci ? ci->tls_session : NULL, why, sizeof(why)) == PDGW_OK)
+        return true;
+    pdgw_api_error_set(&e, PDGW_API_ERR_UNAUTHORIZED, NULL,
+                       "A client certificate signed by the gateway's tls_ca is required (%s).",
+                       why);
+    pdgw_api_error_set_type(&e, "permission_error");
+    pdgw_api_error_set_code(&e, "client_certificate_required");
+    pdgw_gateway_metrics_rejected(srv->opts.metrics, "client_cert");
     snprintf(r->error_text, sizeof(r->error_text), "%s", e.message);
     body = pdgw_api_error_body(&e, &len);
     pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");

@@ -93,6 +93,9 @@ static const pdgw_config_option_t options[] = {
      C(tls_cert)},
     {"tls_key", "tls-key", "PDGW_TLS_KEY", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
      "PEM private key of tls_cert (unencrypted).", C(tls_key)},
+    {"tls_ca", "tls-ca", "PDGW_TLS_CA", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
+     "PEM CA certificate(s): clients must present a certificate they signed (/health and "
+     "/ready excepted); \"\" = no client certificates.", C(tls_ca)},
     {"workers", "workers", "PDGW_WORKERS", PDGW_OPT_INT, NULL, 0, 1024, "0", "N",
      "Worker threads, each with its own event loop; 0 = number of CPU cores.", C(workers)},
     {"protocol", "protocol", "PDGW_PROTOCOL", PDGW_OPT_STRING, NULL, 0, 0, "neutral", "NAME",
@@ -920,6 +923,10 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
         return pdgw_cfg_fail(&src, "tls_cert", "cannot read \"%s\"", cfg->tls_cert);
     if (cfg->tls_key[0] != '\0' && access(cfg->tls_key, R_OK) != 0)
         return pdgw_cfg_fail(&src, "tls_key", "cannot read \"%s\"", cfg->tls_key);
+    if (cfg->tls_ca[0] != '\0' && cfg->tls_cert[0] == '\0')
+        return pdgw_cfg_fail(&src, "tls_ca", "needs tls_cert and tls_key");
+    if (cfg->tls_ca[0] != '\0' && access(cfg->tls_ca, R_OK) != 0)
+        return pdgw_cfg_fail(&src, "tls_ca", "cannot read \"%s\"", cfg->tls_ca);
     if (cfg->api_key_file[0] != '\0' && access(cfg->api_key_file, R_OK) != 0)
         return pdgw_cfg_fail(&src, "api_key_file", "cannot read \"%s\"", cfg->api_key_file);
     for (size_t i = 0; i < cfg->plugins.count; i++) {

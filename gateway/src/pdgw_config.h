@@ -146,6 +146,7 @@ typedef struct pdgw_config {
     int workers;       /* 0 = number of cores (see pdgw_config_workers) */
     char *tls_cert;    /* PEM file, "" = plain HTTP */
     char *tls_key;     /* PEM file, "" = plain HTTP */
+    char *tls_ca;      /* PEM CA file for client certificates, "" = none asked */
     char *protocol;    /* default "neutral" */
     pdgw_sched_mode_t scheduling;
     pdgw_kv_list_t protocol_options;

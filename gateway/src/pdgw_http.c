@@ -608,6 +608,8 @@ static void dispatch(pdgw_req_t *r)
     pdgw_server_t *srv = r->w->srv;
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
 
+    if (!pdgw_tls_authorize(r))
+        return;
     if (r->route == PDGW_ROUTE_NONE) {
         pdgw_gateway_metrics_rejected(gm, "not_found");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, "unknown_url", "no route for %s %s",

@@ -364,7 +364,7 @@ int main(int argc, char **argv)
         goto out_auth;
     }
     if (cfg.tls_cert[0] != '\0' &&
-        pdgw_tls_create(cfg.tls_cert, cfg.tls_key, &tls, err, sizeof(err)) != PDGW_OK) {
+        pdgw_tls_create(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, &tls, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_auth;
     }

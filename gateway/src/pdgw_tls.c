@@ -21,7 +21,8 @@ struct pdgw_tls {
     char *cert;
     char *key;
     size_t key_len;
-    struct MHD_OptionItem opts[3];
+    char *ca; /* NULL = no client certificates */
+    struct MHD_OptionItem opts[4];
 };
 
 static const struct MHD_OptionItem no_options[] = {{MHD_OPTION_END, 0, NULL}};
@@ -72,8 +73,8 @@ static pdgw_status_t check_pair(const pdgw_tls_t *t, size_t cert_len, const char
     return PDGW_OK;
 }
 
-pdgw_status_t pdgw_tls_create(const char *cert_path, const char *key_path, pdgw_tls_t **out,
-                              char *err, size_t errlen)
+pdgw_status_t pdgw_tls_create(const char *cert_path, const char *key_path, const char *ca_path,
+                              pdgw_tls_t **out, char *err, size_t errlen)
 {
     pdgw_tls_t *t;
     size_t cert_len = 0;
@@ -101,9 +102,22 @@ pdgw_status_t pdgw_tls_create(const char *cert_path, const char *key_path, pdgw_
     st = check_pair(t, cert_len, cert_path, key_path, err, errlen);
     if (st != PDGW_OK)
         goto err_free;
-    t->opts[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, t->cert};
-    t->opts[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, t->key};
-    t->opts[2] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    if (ca_path != NULL && ca_path[0] != '\0') {
+        size_t ca_len = 0;
+        t->ca = read_pem("tls_ca", ca_path, &ca_len, err, errlen);
+        if (t->ca == NULL) {
+            st = PDGW_ERR_IO;
+            goto err_free;
+        }
+    }
+    {
+        int n = 0;
+        t->opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, t->cert};
+        t->opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, t->key};
+        if (t->ca != NULL)
+            t->opts[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, t->ca};
+        t->opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    }
     *out = t;
     return PDGW_OK;
 
@@ -123,6 +137,7 @@ void pdgw_tls_destroy(pdgw_tls_t *t)
     }
     free(t->key);
     free(t->cert);
+    free(t->ca);
     pdgw_free(t);
 }
 
@@ -134,4 +149,43 @@ unsigned pdgw_tls_mhd_flags(const pdgw_tls_t *t)
 const struct MHD_OptionItem *pdgw_tls_mhd_options(const pdgw_tls_t *t)
 {
     return t != NULL ? t->opts : no_options;
+}
+
+bool pdgw_tls_wants_client_cert(const pdgw_tls_t *t)
+{
+    return t != NULL && t->ca != NULL;
+}
+
+pdgw_status_t pdgw_tls_verify_client(void *session, char *why, size_t whylen)
+{
+#ifdef PDGW_HAVE_GNUTLS
+    gnutls_session_t s = session;
+    unsigned int status = 0;
+    int rc;
+    if (s == NULL || gnutls_certificate_get_peers(s, NULL) == NULL) {
+        snprintf(why, whylen, "no client certificate");
+        return PDGW_ERR_AUTH;
+    }
+    rc = gnutls_certificate_verify_peers2(s, &status);
+    if (rc < 0) {
+        snprintf(why, whylen, "client certificate: %s", gnutls_strerror(rc));
+        return PDGW_ERR_AUTH;
+    }
+    if (status != 0) {
+        gnutls_datum_t txt = {NULL, 0};
+        if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &txt, 0) ==
+                GNUTLS_E_SUCCESS &&
+            txt.data != NULL)
+            snprintf(why, whylen, "client certificate: %s", (const char *)txt.data);
+        else
+            snprintf(why, whylen, "client certificate not trusted");
+        gnutls_free(txt.data);
+        return PDGW_ERR_AUTH;
+    }
+    return PDGW_OK;
+#else
+    (void)session;
+    snprintf(why, whylen, "built without GnuTLS: client certificates cannot be checked");
+    return PDGW_ERR_AUTH;
+#endif
 }

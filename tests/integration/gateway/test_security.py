@@ -8,8 +8,9 @@
   counted in pdgw_rejected_requests_total.
 - TLS: a self-signed certificate made here (openssl, else GnuTLS certtool); chat, streaming
   included, over HTTPS; a plain-HTTP request to the TLS port fails without an HTTP answer and
-  the gateway goes on serving; a key that does not match the certificate stops start-up with
-  a message naming the files.
+  the gateway goes on serving; with tls_ca, requests without a certificate it signed get 403
+  (probes excepted); a key that does not match the certificate stops start-up with a message
+  naming the files.
 """
 
 import glob
@@ -22,6 +23,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import time
 
 import pdgwtest as T
 
@@ -207,7 +209,6 @@ def test_tls():
                 break
         except OSError:
             pass
-        import time
         time.sleep(0.05)
     else:
         raise AssertionError("the HTTPS port never became ready")
@@ -239,11 +240,52 @@ def test_tls():
     gw.signal(signal.SIGTERM)
     assert gw.wait(timeout=30) == 0
 
+    # Client certificates: tls_ca = a client's own self-signed certificate (its CA).
+    client = make_cert(tempfile.mkdtemp(prefix="pdgw-tls-client-"))
+    stranger = make_cert(tempfile.mkdtemp(prefix="pdgw-tls-stranger-"))
+    port = T.free_port()
+    gw = T.Proc("pdgw-mtls", [T.binary("pdgw"), "--listen", f"127.0.0.1:{port}",
+                              "--both", f"http://127.0.0.1:{sim}", "--tls-cert", cert,
+                              "--tls-key", key, "--tls-ca", client[0]])
+
+    def https_as(pair, method, path, body=None):
+        c = ssl.create_default_context(cafile=cert)
+        if pair is not None:
+            c.load_cert_chain(pair[0], pair[1])
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=c, timeout=10)
+        conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, data
+
+    for _ in range(200):
+        if not gw.alive():
+            raise AssertionError(gw.output())
+        try:
+            if https_as(None, "GET", "/ready")[0] == 200:  # probes need no certificate
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    chat = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    status, data = https_as(client, "POST", "/v1/chat/completions", chat)
+    assert status == 200, data
+    for who in (None, stranger):
+        status, data = https_as(who, "POST", "/v1/chat/completions", chat)
+        assert status == 403, (who, status, data)
+        assert json.loads(data)["error"]["code"] == "client_certificate_required", data
+    status, data = https_as(client, "GET", "/metrics")
+    assert T.metric_value(data.decode(), "pdgw_rejected_requests_total",
+                          {"reason": "client_cert"}) == 2
+    gw.signal(signal.SIGTERM)
+    assert gw.wait(timeout=30) == 0
+
     # A key that belongs to another certificate: start-up refuses, naming the files.
-    other = make_cert(tempfile.mkdtemp(prefix="pdgw-tls2-"))
     bad = subprocess.run([T.binary("pdgw"), "--listen", f"127.0.0.1:{T.free_port()}",
                           "--both", f"http://127.0.0.1:{sim}", "--tls-cert", cert, "--tls-key",
-                          other[1]], capture_output=True, text=True, timeout=20)
+                          stranger[1]], capture_output=True, text=True, timeout=20)
     assert bad.returncode == 1, bad.stderr[-500:]
     assert "tls_cert" in bad.stderr and cert in bad.stderr, bad.stderr[-500:]
     # tls_cert without tls_key: a config error.
