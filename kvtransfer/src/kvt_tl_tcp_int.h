@@ -173,7 +173,7 @@ struct kvt_tl {
     struct {
         atomic_uint_fast64_t bytes_written, bytes_read, bytes_served, ops_completed, ops_failed,
             access_denied, bad_frames, peer_failures, conns_refused, hello_refused, idle_closed,
-            stall_closed;
+            stall_closed, byes_received, lanes_reopened;
     } st;
 };
 
@@ -213,8 +213,15 @@ tcp_peer_t *kvt_tl_tcp_peer_find_locked(kvt_tl_t *tl, const char *id);
 kvt_status_t kvt_tl_tcp_access_check(kvt_tl_t *tl, const char *peer, const kvt_tcp_hdr_t *h,
                                      unsigned access, uint8_t **addr);
 
-/* Blocking socket helpers shared by both sides (kvt_tl_tcp.c). */
+/* Blocking socket helper shared by both sides (kvt_tl_tcp_lane.c). */
 kvt_status_t kvt_tcp_send_iov(int fd, struct iovec *iov, int iovcnt);
+
+/* Initiator side (kvt_tl_tcp_lane.c). Post frames of <xfers> to <p>,
+ * connecting or reviving its lanes first (takes p->lock). */
+kvt_status_t kvt_tl_tcp_lanes_post(kvt_tl_t *tl, tcp_peer_t *p, kvt_tl_op_t op,
+                                   const kvt_tl_xfer_t *xfers, size_t n, uint64_t cookie);
+/* Stop every lane of <p> (p->lock held): join threads, fail frames. */
+void kvt_tl_tcp_peer_teardown_locked(tcp_peer_t *p);
 
 extern const kvt_transport_desc_t kvt_tl_tcp_desc;
 

@@ -248,7 +248,7 @@ static kvt_status_t serve_frames(kvt_tl_t *tl, tcp_conn_t *c, const kvt_tcp_io_t
         if (st == KVT_ERR_TIMEOUT) {
             atomic_fetch_add(&tl->st.idle_closed, 1);
             (void)send_reply(io, KVT_ERR_CLOSED, 0, KVT_TCP_REPLY_BYE, NULL, 0);
-            return st;
+            return KVT_ERR_CLOSED; /* BYE said: nothing is started on this lane any more */
         }
         if (st != KVT_OK)
             return st == KVT_ERR_PEER ? KVT_OK : st; /* EOF between frames = clean close */
@@ -310,6 +310,32 @@ static void wake(kvt_tl_t *tl)
     }
 }
 
+/* After a BYE: frames the initiator sent before it read the BYE are read
+ * and dropped unanswered (the BYE told it they were not started) until it
+ * closes, at most timeout_ms. Closing at once would make the kernel answer
+ * them with a reset, which can destroy the BYE before the initiator read it
+ * and turn a quiet reconnect into a peer failure. */
+static void linger_after_bye(kvt_tl_t *tl, int fd)
+{
+    uint64_t deadline = kvt_clock_monotonic_ns() + (uint64_t)tl->timeout_ms * KVT_NSEC_PER_MSEC;
+    uint8_t scratch[4096];
+
+    shutdown(fd, SHUT_WR);
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        uint64_t now = kvt_clock_monotonic_ns();
+        ssize_t n;
+
+        if (now >= deadline || atomic_load(&tl->stopping))
+            return;
+        if (poll(&pfd, 1, (int)((deadline - now) / KVT_NSEC_PER_MSEC) + 1) <= 0)
+            return;
+        n = recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            return;
+    }
+}
+
 static void *conn_main(void *arg)
 {
     tcp_conn_t *c = arg;
@@ -318,7 +344,8 @@ static void *conn_main(void *arg)
     kvt_tcp_io_t io = {.recv = sock_recv, .send = sock_send, .ctx = &s};
 
     s.hello_deadline_ns = c->accepted_ns + (uint64_t)tl->lim.hello_timeout_ms * KVT_NSEC_PER_MSEC;
-    (void)kvt_tl_tcp_serve(tl, c, &io);
+    if (kvt_tl_tcp_serve(tl, c, &io) == KVT_ERR_CLOSED)
+        linger_after_bye(tl, c->fd);
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&tl->lock);
     tl->nconns--;

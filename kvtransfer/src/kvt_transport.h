@@ -64,18 +64,20 @@ typedef enum kvt_tl_op {
 
 /* Byte/frame counters of one transport instance (monotonic). */
 typedef struct kvt_tl_stats {
-    uint64_t bytes_written; /* payload bytes of completed local WRITEs */
-    uint64_t bytes_read;    /* payload bytes of completed local READs */
-    uint64_t bytes_served;  /* payload bytes served to peers (both ops) */
-    uint64_t ops_completed; /* completed transfer entries */
-    uint64_t ops_failed;    /* failed transfer entries */
-    uint64_t access_denied; /* incoming accesses refused by the grant table */
-    uint64_t bad_frames;    /* malformed input from the network */
-    uint64_t peer_failures; /* peers declared dead */
-    uint64_t conns_refused; /* lanes refused by a connection cap */
-    uint64_t hello_refused; /* lanes refused at HELLO (no/forged token, deadline) */
-    uint64_t idle_closed;   /* served lanes closed after the idle timeout */
-    uint64_t stall_closed;  /* served lanes closed mid-frame by the stall timeout */
+    uint64_t bytes_written;  /* payload bytes of completed local WRITEs */
+    uint64_t bytes_read;     /* payload bytes of completed local READs */
+    uint64_t bytes_served;   /* payload bytes served to peers (both ops) */
+    uint64_t ops_completed;  /* completed transfer entries */
+    uint64_t ops_failed;     /* failed transfer entries */
+    uint64_t access_denied;  /* incoming accesses refused by the grant table */
+    uint64_t bad_frames;     /* malformed input from the network */
+    uint64_t peer_failures;  /* peers declared dead */
+    uint64_t conns_refused;  /* lanes refused by a connection cap */
+    uint64_t hello_refused;  /* lanes refused at HELLO (no/forged token, deadline) */
+    uint64_t idle_closed;    /* served lanes closed after the idle timeout */
+    uint64_t stall_closed;   /* served lanes closed mid-frame by the stall timeout */
+    uint64_t byes_received;  /* our lanes the target closed as idle (BYE) */
+    uint64_t lanes_reopened; /* of which reopened to send frames that crossed the BYE */
 } kvt_tl_stats_t;
 
 typedef struct kvt_tl_callbacks {
