@@ -647,6 +647,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     tc.max_conns = e->cfg.transfer_max_conns;
     tc.max_conns_per_peer = e->cfg.transfer_max_conns_per_peer;
     tc.max_pending = e->cfg.transfer_max_pending;
+    tc.max_conns_per_addr = e->cfg.transfer_max_conns_per_addr;
+    tc.addr_prefix_v6 = e->cfg.transfer_addr_prefix_v6;
     tc.hello_timeout_ms = sec_to_ms(e->cfg.transfer_hello_timeout);
     tc.idle_timeout_ms = sec_to_ms(e->cfg.transfer_idle_timeout);
     tc.timeout_ms = e->ctrl_timeout_ms > 30000 ? e->ctrl_timeout_ms : 30000;

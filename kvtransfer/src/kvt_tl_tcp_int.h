@@ -51,6 +51,8 @@
 #define KVT_TCP_DEF_MAX_PENDING        64     /* accepted lanes still before their HELLO */
 #define KVT_TCP_DEF_HELLO_TIMEOUT_MS   5000   /* accept -> HELLO complete */
 #define KVT_TCP_DEF_IDLE_TIMEOUT_MS    300000 /* no frame started for this long -> BYE */
+#define KVT_TCP_DEF_MAX_CONNS_PER_ADDR 128    /* lanes from one source address / IPv6 prefix */
+#define KVT_TCP_DEF_ADDR_PREFIX_V6     64     /* one IPv6 host holds a whole /64 */
 
 enum {
     KVT_TCP_OP_HELLO = 1,
@@ -79,6 +81,13 @@ void kvt_tcp_hdr_encode(const kvt_tcp_hdr_t *h, uint8_t out[KVT_TCP_HDR_LEN]);
 kvt_status_t kvt_tcp_hdr_decode(const uint8_t *buf, size_t len, kvt_tcp_hdr_t *out);
 void kvt_tcp_reply_encode(const kvt_tcp_reply_t *r, uint8_t out[KVT_TCP_REPLY_LEN]);
 kvt_status_t kvt_tcp_reply_decode(const uint8_t *buf, size_t len, kvt_tcp_reply_t *out);
+
+/* The key the per-address lane cap counts a source address under: an IPv4
+ * address (or an IPv4-mapped IPv6 one) as ::ffff:a.b.c.d, an IPv6 address
+ * cut to its first <v6_prefix> bits (one host commonly holds a whole /64, so
+ * counting per /128 would let it open lanes without bound). */
+struct sockaddr;
+void kvt_tcp_addr_key(const struct sockaddr *sa, unsigned v6_prefix, uint8_t key[16]);
 
 /* Range check without overflow: [off, off+len) inside [0, size). */
 int kvt_tcp_range_ok(uint64_t off, uint64_t len, uint64_t size);
@@ -137,8 +146,9 @@ typedef struct tcp_conn {
     pthread_t th;
     uint64_t accepted_ns;
     atomic_int done;
-    int pending;  /* counted in tl->npending (listener lanes before HELLO) */
-    int hello_ok; /* HELLO accepted: counted for <peer> */
+    int pending;          /* counted in tl->npending (listener lanes before HELLO) */
+    int hello_ok;         /* HELLO accepted: counted for <peer> */
+    uint8_t addr_key[16]; /* source address (prefix) the per-address cap counts */
     char peer[KVT_TL_PEER_ID_MAX + 1];
 } tcp_conn_t;
 
@@ -148,6 +158,8 @@ typedef struct tcp_limits {
     unsigned max_pending;
     unsigned hello_timeout_ms;
     unsigned idle_timeout_ms;
+    unsigned max_conns_per_addr;
+    unsigned addr_prefix_v6;
 } tcp_limits_t;
 
 struct kvt_tl {

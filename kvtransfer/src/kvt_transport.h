@@ -103,6 +103,8 @@ typedef struct kvt_tl_config {
     unsigned max_pending;        /* accepted lanes still before their HELLO */
     unsigned hello_timeout_ms;   /* accept -> HELLO complete */
     unsigned idle_timeout_ms;    /* a served lane with no frame for this long is closed */
+    unsigned max_conns_per_addr; /* lanes from one source address (IPv6: one prefix) */
+    unsigned addr_prefix_v6;     /* IPv6 source addresses are grouped by this prefix (bits) */
 } kvt_tl_config_t;
 
 /* One page-sized (or shorter) transfer of a post. */

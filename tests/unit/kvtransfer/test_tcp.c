@@ -89,6 +89,8 @@ static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_
         c.max_pending = lim->max_pending;
         c.hello_timeout_ms = lim->hello_timeout_ms;
         c.idle_timeout_ms = lim->idle_timeout_ms;
+        c.max_conns_per_addr = lim->max_conns_per_addr;
+        c.addr_prefix_v6 = lim->addr_prefix_v6;
     }
     memset(e, 0, sizeof(*e));
     pthread_mutex_init(&e->mu, NULL);
@@ -843,6 +845,73 @@ static void test_bye_crosses_frame(void **state)
         assert_int_equal(t.mem[i], 0x5a);
 }
 
+/* The per-address cap groups IPv6 sources by prefix (a /64 by default, one host commonly holds
+ * a whole /64), IPv4 and IPv4-mapped sources by address. */
+static void test_addr_key(void **state)
+{
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6}, b = a;
+    struct sockaddr_in v4 = {.sin_family = AF_INET};
+    uint8_t ka[16], kb[16], k4[16];
+    (void)state;
+
+    inet_pton(AF_INET6, "2001:db8:1:2::1", &a.sin6_addr);
+    inet_pton(AF_INET6, "2001:db8:1:2:ffff:eeee:dddd:cccc", &b.sin6_addr);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 64, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 64, kb);
+    assert_memory_equal(ka, kb, 16); /* same /64: one source */
+    kvt_tcp_addr_key((struct sockaddr *)&a, 128, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 128, kb);
+    assert_memory_not_equal(ka, kb, 16);
+    inet_pton(AF_INET6, "2001:db8:1:3::1", &b.sin6_addr); /* next /64, same /48 */
+    kvt_tcp_addr_key((struct sockaddr *)&a, 64, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 64, kb);
+    assert_memory_not_equal(ka, kb, 16);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 48, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 48, kb);
+    assert_memory_equal(ka, kb, 16);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 60, ka); /* a prefix off the byte boundary */
+    kvt_tcp_addr_key((struct sockaddr *)&b, 60, kb);
+    assert_memory_equal(ka, kb, 16);
+    /* IPv4 and IPv4-mapped: per address, never grouped by the IPv6 prefix */
+    inet_pton(AF_INET, "10.1.2.3", &v4.sin_addr);
+    inet_pton(AF_INET6, "::ffff:10.1.2.3", &a.sin6_addr);
+    inet_pton(AF_INET6, "::ffff:10.1.2.4", &b.sin6_addr);
+    kvt_tcp_addr_key((struct sockaddr *)&v4, 64, k4);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 64, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 64, kb);
+    assert_memory_equal(k4, ka, 16);
+    assert_memory_not_equal(ka, kb, 16);
+}
+
+/* Lanes from one source address are capped whether or not they said HELLO; the lane over the
+ * cap is closed at accept and counted, and a freed slot is usable again. */
+static void test_addr_cap(void **state)
+{
+    ep_t b;
+    kvt_tl_config_t lim = {.max_conns_per_addr = 2};
+    kvt_tl_stats_t st;
+    int l1, l2, over, again;
+    (void)state;
+
+    ep_open_lim(&b, "B", UB, &lim);
+    l1 = hello_lane(&b, "A"); /* one with HELLO, one still silent */
+    l2 = dial(b.port);
+    WAIT_UNTIL(served_lanes(&b) == 2);
+    over = dial(b.port);
+    assert_true(closed_by_peer(over));
+    close(over);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(l2);
+    WAIT_UNTIL(served_lanes(&b) == 1);
+    again = hello_lane(&b, "A2");
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(l1);
+    close(again);
+    ep_close(&b);
+}
+
 static void test_frame_codec(void **state)
 {
     kvt_tcp_hdr_t h, d;
@@ -889,7 +958,8 @@ int main(void)
         cmocka_unit_test(test_garbage_frames),    cmocka_unit_test(test_stalled_frames),
         cmocka_unit_test(test_forged_hello),      cmocka_unit_test(test_rename_moves_token),
         cmocka_unit_test(test_conn_caps),         cmocka_unit_test(test_idle_lane_closed),
-        cmocka_unit_test(test_bye_crosses_frame),
+        cmocka_unit_test(test_bye_crosses_frame), cmocka_unit_test(test_addr_key),
+        cmocka_unit_test(test_addr_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
