@@ -412,7 +412,6 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
 void kvt_flow_recv_tick(kvt_engine_t *e);
 void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st);
 void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward);
-void kvt_flow_recv_wait_req(kvt_engine_t *e, kvt_task_t *t, const char *req_id, int timeout_ms);
 void kvt_flow_recv_fini(kvt_engine_t *e);
 void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r);
 
