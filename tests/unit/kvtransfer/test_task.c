@@ -448,8 +448,8 @@ static void test_missed_reply_replaces_dealer(void **state)
     char **keys = t_keys("late", 4);
     kvt_status_t st;
     kvt_task_id_t id;
-    char ident[512];
-    size_t il;
+    char ident[512], old_ident[512];
+    size_t il, old_il;
     kvt_msg_t m, r;
     kvt_task_result_t res;
     kvt_metrics_t mt;
@@ -470,19 +470,22 @@ static void test_missed_reply_replaces_dealer(void **state)
     assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_TIMEOUT);
     kvt_task_result_clear(&res);
-    /* the late answer: "everything already there" */
-    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
-    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 0);
-    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 1);
-    router_send(f.alloc, ident, il, &r);
-    kvt_msg_clear(&r);
-    usleep(100 * 1000);
-    /* the next request gets its own answer: both slots failed */
+    memcpy(old_ident, ident, il);
+    old_il = il;
+    /* the next request arrives first; then the late answer of the first ("everything already
+     * there") goes out before the second's own answer: a DEALER still answering to the old
+     * identity would take it for the second request, deterministically */
     id = t_store(s, "late-2", keys, 2, 2, 0, 1, 2, &st);
     assert_int_equal(st, KVT_OK);
     router_recv(f.alloc, ident, &il, &m);
     assert_string_equal(m.u.alloc_req.req_id, "late-2");
     kvt_msg_clear(&m);
+    assert_false(il == old_il && memcmp(ident, old_ident, il) == 0); /* a new DEALER */
+    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 0);
+    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 1);
+    router_send(f.alloc, old_ident, old_il, &r);
+    kvt_msg_clear(&r);
     kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
     for (int i = 0; i < 2; i++) {
         kvt_int_list_push(&r.u.alloc_resp.remote_indexes, -1);
