@@ -47,7 +47,7 @@ void kvt_map_each(const kvt_map_t *m, void (*fn)(void *arg, const char *key, voi
 
 /* ---- tasks (kvt_task.c) ------------------------------------------------ */
 typedef struct kvt_task {
-    struct kvt_task *next; /* done list */
+    struct kvt_task *next, *prev; /* done list (doubly linked: harvest unlinks in O(1)) */
     kvt_task_id_t id;
     kvt_task_kind_t kind;
     kvt_status_t status;
