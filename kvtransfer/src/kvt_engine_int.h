@@ -97,12 +97,28 @@ typedef struct kvt_sreq {
     uint64_t deadline_ns;
     uint8_t *sent_bm; /* keys not to release at completion (pull: still pinned) */
     int cancelled;
-    int landing;            /* not a batch: "has req_id landed?" round trip before ProxyNotif */
-    int ctl;                /* not a batch: CancelNotif, awaiting the receiver's answer */
-    kvt_tl_xfer_t *retry_x; /* writes to post again after a new handshake */
+    const struct kvt_sop *op; /* what this item is: a batch, a cancel, a landed query */
+    kvt_tl_xfer_t *retry_x;   /* writes to post again after a new handshake */
     size_t retry_n;
     int retried;
 } kvt_sreq_t;
+
+/* One kind of operation on a receiver's channel (UCX active-message style):
+ * the channel code (queue, send, answer, timeout) only dispatches through
+ * it. kvt_flow_send.c has the three: a batch (AllocRequest /
+ * PullReadyNotif), the cancel (CancelNotif) and the landed query. */
+typedef struct kvt_sop {
+    const char *name;
+    int before_handshake; /* may go out before the transport handshake */
+    /* build and send the request on the peer's DEALER */
+    kvt_status_t (*send)(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r);
+    /* is <m> the answer to <r>? (otherwise it is counted bad and ignored) */
+    int (*accepts)(const kvt_sreq_t *r, const kvt_msg_t *m);
+    /* the answer arrived (the channel is free again; <m> is cleared after) */
+    void (*on_reply)(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r, kvt_msg_t *m);
+    /* over: answered, failed, timed out or cancelled; frees <r> */
+    void (*finish)(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st);
+} kvt_sop_t;
 
 /* One receiver endpoint (host:alloc_port) as seen by a sender. */
 struct kvt_speer {
