@@ -172,7 +172,9 @@ typedef struct kvt_rent {
     kvt_rpull_t *pull;                /* pull it belongs to (pull modes) */
     char ruuid[KVT_UUID_STR_LEN + 1]; /* sender ref (pull) */
     uint64_t roff;
-    int busy; /* a load is reading it (delay) */
+    int busy;                           /* a load is reading it (delay) */
+    struct kvt_rreq *rq;                /* its request's record (NULL: none / forgotten) */
+    struct kvt_rent *rq_next, *rq_prev; /* that record's entry list */
 } kvt_rent_t;
 
 struct kvt_rpull {
@@ -197,6 +199,8 @@ typedef struct kvt_rreq {
     void *ack_ident; /* the sender waiting for "landed" (ProxyNotif echo) */
     size_t ack_ident_len;
     int ack_delim;
+    kvt_rent_t *ents; /* entries of this request: landing and release walk these */
+    uint32_t nents;
 } kvt_rreq_t;
 
 /* Parked AllocRequest / PullReadyNotif waiting for space. */

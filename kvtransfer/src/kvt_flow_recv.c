@@ -68,8 +68,37 @@ static void rent_drop_pull(kvt_engine_t *e, kvt_rent_t *r)
     rpull_put(pl);
 }
 
+static void rent_link(kvt_rreq_t *q, kvt_rent_t *r)
+{
+    r->rq = q;
+    r->rq_prev = NULL;
+    r->rq_next = q->ents;
+    if (q->ents != NULL)
+        q->ents->rq_prev = r;
+    q->ents = r;
+    q->nents++;
+}
+
+static void rent_unlink(kvt_rent_t *r)
+{
+    kvt_rreq_t *q = r->rq;
+
+    if (q == NULL)
+        return;
+    if (r->rq_prev != NULL)
+        r->rq_prev->rq_next = r->rq_next;
+    else
+        q->ents = r->rq_next;
+    if (r->rq_next != NULL)
+        r->rq_next->rq_prev = r->rq_prev;
+    q->nents--;
+    r->rq = NULL;
+    r->rq_next = r->rq_prev = NULL;
+}
+
 void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r)
 {
+    rent_unlink(r);
     kvt_map_del(&e->rents, r->key);
     if (r->granted && r->page != KVT_PAGE_NONE)
         grant_writers(e, r->writer, r->page, 1);
@@ -129,7 +158,9 @@ static void rreq_ack(kvt_engine_t *e, kvt_rreq_t *q)
 
 static void rreq_free(kvt_engine_t *e, kvt_rreq_t *q, kvt_status_t waiters_st)
 {
-    rreq_ack(e, q); /* nobody waits forever, whatever happened to the request */
+    rreq_ack(e, q);         /* nobody waits forever, whatever happened to the request */
+    while (q->ents != NULL) /* entries still being released outlive the record */
+        rent_unlink(q->ents);
     kvt_map_del(&e->rreqs, q->req_id);
     for (uint32_t i = 0; i < q->nwaiters; i++)
         kvt_task_complete(e, q->waiters[i], waiters_st);
@@ -727,7 +758,18 @@ static kvt_status_t alloc_entries_locked(kvt_engine_t *e, alloc_job_t *j)
     int32_t last_toks =
         j->pull ? j->msg->u.pull_ready.last_chunk_toks : j->msg->u.alloc_req.last_chunk_toks;
 
-    (void)rreq_get(e, j->req_id, 1);
+    kvt_rreq_t *q = rreq_get(e, j->req_id, 1);
+
+    if (q == NULL && j->req_id[0] != '\0' && j->nnew > 0) {
+        for (uint32_t k = 0; k < j->nnew && !j->delay; k++)
+            if (j->pages[k] != KVT_PAGE_NONE)
+                kvt_pool_free(e->pool, &j->pages[k], 1);
+        if (j->pl != NULL)
+            rpull_free_fields(j->pl);
+        j->pl = NULL;
+        j->nfailed = j->nnew; /* entries nobody could find by request: none */
+        return KVT_ERR_NOMEM;
+    }
     for (uint32_t k = 0; k < j->nnew; k++) {
         uint32_t i = j->newidx[k];
         kvt_rent_t *r = NULL;
@@ -741,6 +783,8 @@ static kvt_status_t alloc_entries_locked(kvt_engine_t *e, alloc_job_t *j)
             j->nfailed++;
             continue;
         }
+        if (q != NULL)
+            rent_link(q, r);
         r->page = j->delay ? KVT_PAGE_NONE : j->pages[k];
         r->len = (i + 1 == j->n) ? kvt_chunk_bytes_toks(&j->g, last_toks) : kvt_chunk_bytes(&j->g);
         if (j->pull) {
@@ -968,22 +1012,18 @@ void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t s
 
 /* ---- other messages ----------------------------------------------------- */
 
-typedef struct land_ctx {
-    kvt_engine_t *e;
-    const char *req_id;
-} land_ctx_t;
-
-static void land_one(void *arg, const char *key, void *val)
+/* Every chunk of <q> whose bytes the sender wrote is here: visible now, and
+ * its writers lose WRITE. */
+static void land_req_locked(kvt_engine_t *e, kvt_rreq_t *q)
 {
-    land_ctx_t *lc = arg;
-    kvt_rent_t *r = val;
-    (void)key;
-    if (r->state != RENT_ALLOCATED || strcmp(r->req_id, lc->req_id) != 0)
-        return;
-    r->state = RENT_LANDED;
-    if (r->granted) {
-        grant_writers(lc->e, r->writer, r->page, 1);
-        r->granted = 0;
+    for (kvt_rent_t *r = q->ents; r != NULL; r = r->rq_next) {
+        if (r->state != RENT_ALLOCATED)
+            continue;
+        r->state = RENT_LANDED;
+        if (r->granted) {
+            grant_writers(e, r->writer, r->page, 1);
+            r->granted = 0;
+        }
     }
 }
 
@@ -992,16 +1032,14 @@ static void land_one(void *arg, const char *key, void *val)
  * may still run). */
 static void handle_landed(kvt_engine_t *e, const rctx_t *c, const char *req_id)
 {
-    land_ctx_t lc = {.e = e, .req_id = req_id};
     kvt_rreq_t *q = NULL;
     kvt_msg_t m;
 
     pthread_mutex_lock(&e->rx_lock);
-    if (req_id[0] != '\0') {
-        kvt_map_each(&e->rents, land_one, &lc);
+    if (req_id[0] != '\0')
         q = rreq_get(e, req_id, 1);
-    }
     if (q != NULL) {
+        land_req_locked(e, q);
         q->notified = 1;
         q->touched_ns = kvt_engine_now(e);
         kvt_free(q->ack_ident);
@@ -1021,41 +1059,18 @@ static void handle_landed(kvt_engine_t *e, const rctx_t *c, const char *req_id)
     }
 }
 
-typedef struct cancel_ctx {
-    kvt_engine_t *e;
-    const char *req_id;
-    kvt_rent_t **victims;
-    uint32_t n, cap;
-} cancel_ctx_t;
-
-static void collect_req(void *arg, const char *key, void *val)
-{
-    cancel_ctx_t *cc = arg;
-    kvt_rent_t *r = val;
-    (void)key;
-    if (strcmp(r->req_id, cc->req_id) != 0)
-        return;
-    if (cc->n == cc->cap) {
-        uint32_t nc = cc->cap ? cc->cap * 2 : 64;
-        kvt_rent_t **nv = kvt_realloc(cc->victims, nc * sizeof(*nv));
-        if (nv == NULL)
-            return;
-        cc->victims = nv;
-        cc->cap = nc;
-    }
-    cc->victims[cc->n++] = r;
-}
-
 /* Release every entry of <req_id>; returns how many. rx_lock held. */
 static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forward)
 {
-    cancel_ctx_t cc = {.e = e, .req_id = req_id};
+    kvt_rreq_t *q = rreq_get(e, req_id, 0);
+    uint32_t n = 0;
     char *urls[16];
     uint32_t nurls = 0;
 
-    kvt_map_each(&e->rents, collect_req, &cc);
-    for (uint32_t i = 0; i < cc.n; i++) {
-        kvt_rent_t *r = cc.victims[i];
+    /* a deferred release stays on the list: take the next entry first */
+    for (kvt_rent_t *r = q != NULL ? q->ents : NULL, *next; r != NULL; r = next) {
+        next = r->rq_next;
+        n++;
         if (forward && r->pull != NULL && nurls < 16) {
             int seen = 0;
             for (uint32_t k = 0; k < nurls; k++)
@@ -1065,7 +1080,6 @@ static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forw
         }
         rent_release_locked(e, r);
     }
-    kvt_free(cc.victims);
     /* tell the senders of pulls of this request: they unpin everything */
     for (uint32_t k = 0; k < nurls; k++) {
         kvt_msg_t m;
@@ -1074,7 +1088,7 @@ static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forw
         kvt_engine_send_done(e, urls[k], &m);
         kvt_free(urls[k]);
     }
-    return cc.n;
+    return n;
 }
 
 void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward)
@@ -1338,7 +1352,8 @@ static void collect_stale(void *arg, const char *key, void *val)
     stale_ctx_t *sc = arg;
     kvt_rreq_t *q = val;
     (void)key;
-    if (q->nwaiters > 0 || q->reading > 0 || q->ack_ident != NULL ||
+    /* a record with entries stays: release by request id walks its list */
+    if (q->nwaiters > 0 || q->reading > 0 || q->ack_ident != NULL || q->nents > 0 ||
         sc->now < q->touched_ns + sc->ttl)
         return;
     if (sc->n == sc->cap) {
