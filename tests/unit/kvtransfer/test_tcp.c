@@ -91,6 +91,8 @@ static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_
         c.idle_timeout_ms = lim->idle_timeout_ms;
         c.max_conns_per_addr = lim->max_conns_per_addr;
         c.addr_prefix_v6 = lim->addr_prefix_v6;
+        if (lim->listen_host != NULL)
+            c.listen_host = lim->listen_host;
     }
     memset(e, 0, sizeof(*e));
     pthread_mutex_init(&e->mu, NULL);
@@ -912,6 +914,42 @@ static void test_addr_cap(void **state)
     ep_close(&b);
 }
 
+/* The same over IPv6 (skipped where the machine has no ::1): lanes from ::1 are counted under
+ * its /64 and the one over the cap is closed at accept. */
+static void test_addr_cap_v6(void **state)
+{
+    ep_t b;
+    kvt_tl_config_t lim = {.max_conns_per_addr = 1, .listen_host = "::1"};
+    struct sockaddr_in6 sa = {.sin6_family = AF_INET6};
+    kvt_tl_stats_t st;
+    int probe = socket(AF_INET6, SOCK_STREAM, 0), l1, over;
+    (void)state;
+
+    if (probe < 0 || bind(probe,
+                          (struct sockaddr *)&(struct sockaddr_in6){.sin6_family = AF_INET6,
+                                                                    .sin6_addr = in6addr_loopback},
+                          sizeof(sa)) != 0) {
+        if (probe >= 0)
+            close(probe);
+        skip();
+    }
+    close(probe);
+    ep_open_lim(&b, "B", UB, &lim);
+    sa.sin6_addr = in6addr_loopback;
+    sa.sin6_port = htons(b.port);
+    l1 = socket(AF_INET6, SOCK_STREAM, 0);
+    assert_int_equal(connect(l1, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    WAIT_UNTIL(served_lanes(&b) == 1);
+    over = socket(AF_INET6, SOCK_STREAM, 0);
+    assert_int_equal(connect(over, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_true(closed_by_peer(over));
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(over);
+    close(l1);
+    ep_close(&b);
+}
+
 static void test_frame_codec(void **state)
 {
     kvt_tcp_hdr_t h, d;
@@ -959,7 +997,7 @@ int main(void)
         cmocka_unit_test(test_forged_hello),      cmocka_unit_test(test_rename_moves_token),
         cmocka_unit_test(test_conn_caps),         cmocka_unit_test(test_idle_lane_closed),
         cmocka_unit_test(test_bye_crosses_frame), cmocka_unit_test(test_addr_key),
-        cmocka_unit_test(test_addr_cap),
+        cmocka_unit_test(test_addr_cap),          cmocka_unit_test(test_addr_cap_v6),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
