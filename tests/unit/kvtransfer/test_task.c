@@ -8,10 +8,23 @@
  * needs to see or shape the wire.
  */
 #include <poll.h>
+#include <stdatomic.h>
 #include <zmq.h>
 
 #include "test_engine_common.h"
 #include "kvt/kvt_msg.h"
+
+/* A test clock that moves only when told: time-outs fire because the test says so, not
+ * because a loaded machine was slow. */
+static atomic_ullong fake_ns = 1000ull * KVT_NSEC_PER_SEC;
+
+static uint64_t fake_now(void *arg)
+{
+    (void)arg;
+    return atomic_load(&fake_ns);
+}
+
+static const kvt_clock_t fake_clock = {.now = fake_now, .arg = NULL};
 
 typedef struct fake_rx {
     void *ctx, *alloc, *init;
@@ -443,8 +456,10 @@ static void test_missed_reply_replaces_dealer(void **state)
     fake_rx_t f;
     kvt_engine_t *s;
     kvt_config_t c;
-    kvt_engine_params_t ep = {
-        .page_size = T_PAGE, .bind_host = "127.0.0.1", .ctrl_timeout_ms = 300};
+    kvt_engine_params_t ep = {.page_size = T_PAGE,
+                              .bind_host = "127.0.0.1",
+                              .ctrl_timeout_ms = 300,
+                              .clock = &fake_clock};
     char **keys = t_keys("late", 4);
     kvt_status_t st;
     kvt_task_id_t id;
@@ -467,9 +482,12 @@ static void test_missed_reply_replaces_dealer(void **state)
     fake_handshake(&f);
     router_recv(f.alloc, ident, &il, &m); /* ... and no answer in time */
     kvt_msg_clear(&m);
+    /* the sender's deadline: the control timeout plus the receiver's backoff TTL */
+    atomic_fetch_add(&fake_ns, 401ull * KVT_NSEC_PER_MSEC);
     assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_TIMEOUT);
     kvt_task_result_clear(&res);
+    atomic_fetch_add(&fake_ns, 200ull * KVT_NSEC_PER_MSEC); /* past any backoff of that peer */
     memcpy(old_ident, ident, il);
     old_il = il;
     /* the next request arrives first; then the late answer of the first ("everything already
