@@ -602,19 +602,8 @@ static kvt_status_t transport_open(kvt_engine_t *e, uint16_t data_port)
     st = e->tdesc->ops->create(&tc, &cb, &e->tl);
     if (st != KVT_OK)
         return st;
-    e->ports.data_port = 0;
-    if (strcmp(e->tdesc->name, "tcp") == 0) {
-        /* read the bound data port back from our own handshake blob */
-        uint8_t blob[KVT_TL_BLOB_MAX];
-        size_t bl = sizeof(blob);
-        kvt_msg_t m;
-        if (e->tdesc->ops->peer_prepare(e->tl, e->id, blob, &bl) == KVT_OK &&
-            kvt_msg_decode(blob, bl, &m, NULL) == KVT_OK) {
-            if (m.type == KVT_MSG_TRANSPORT_INIT && m.u.tinit.nlanes > 0)
-                e->ports.data_port = (uint16_t)m.u.tinit.lanes[0].port;
-            kvt_msg_clear(&m);
-        }
-    }
+    /* the bound data port, from the transport (its blob is its own business) */
+    e->ports.data_port = e->tdesc->ops->listen_port != NULL ? e->tdesc->ops->listen_port(e->tl) : 0;
     return KVT_OK;
 }
 

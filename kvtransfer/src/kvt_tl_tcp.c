@@ -586,6 +586,11 @@ static void tcp_destroy(kvt_tl_t *tl)
     kvt_free(tl);
 }
 
+static uint16_t tcp_listen_port(kvt_tl_t *tl)
+{
+    return tl != NULL ? tl->port : 0;
+}
+
 static const kvt_tl_ops_t tcp_ops = {
     .create = tcp_create,
     .destroy = tcp_destroy,
@@ -598,6 +603,7 @@ static const kvt_tl_ops_t tcp_ops = {
     .grant = tcp_grant,
     .revoke = tcp_revoke,
     .post = tcp_post,
+    .listen_port = tcp_listen_port,
     .stats = tcp_stats,
 };
 

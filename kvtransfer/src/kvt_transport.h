@@ -167,6 +167,10 @@ typedef struct kvt_tl_ops {
     kvt_status_t (*post)(kvt_tl_t *tl, const char *peer_id, kvt_tl_op_t op,
                          const kvt_tl_xfer_t *xfers, size_t n, uint64_t cookie);
 
+    /* The data port this side listens on (what its blob advertises), 0 if
+     * it has none. May be NULL. The blob itself stays the transport's. */
+    uint16_t (*listen_port)(kvt_tl_t *tl);
+
     /* Snapshot of the counters. */
     void (*stats)(kvt_tl_t *tl, kvt_tl_stats_t *out);
 } kvt_tl_ops_t;
