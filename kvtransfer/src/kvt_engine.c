@@ -370,7 +370,9 @@ static void *progress_main(void *arg)
     while (progress_should_run(e, &drain_deadline_ns)) {
         size_t n = 0, need = 4;
         uint64_t v;
-        long timeout = e->parked != NULL ? 5 : 20;
+        /* parked requests retry when a page is freed (kvt_rent_free_locked
+         * wakes us); the timeout only catches deadlines */
+        long timeout = 20;
 
         for (kvt_speer_t *p = e->speers; p != NULL; p = p->next)
             need += 2;

@@ -102,8 +102,10 @@ void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r)
     kvt_map_del(&e->rents, r->key);
     if (r->granted && r->page != KVT_PAGE_NONE)
         grant_writers(e, r->writer, r->page, 1);
-    if (r->page != KVT_PAGE_NONE)
+    if (r->page != KVT_PAGE_NONE) {
         kvt_pool_free(e->pool, &r->page, 1);
+        kvt_engine_wake(e); /* a request parked for space retries now, not at a poll */
+    }
     rent_drop_pull(e, r);
     kvt_free(r->key);
     kvt_free(r->req_id);
@@ -1105,6 +1107,7 @@ void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward)
         rreq_free(e, q, KVT_ERR_CANCELLED);
     (void)kvt_reserve_release(e->reserve, req_id);
     pthread_mutex_unlock(&e->rx_lock);
+    kvt_engine_wake(e); /* its reservation freed space a parked request may take */
     /* parked requests of that req_id are answered by their deadline */
     kvt_engine_count(e, &e->m.cancels_total, 1);
 }
@@ -1629,6 +1632,7 @@ uint32_t kvt_release_req(kvt_engine_t *e, const char *req_id)
         rreq_free(e, q, KVT_ERR_CANCELLED);
     (void)kvt_reserve_release(e->reserve, req_id);
     pthread_mutex_unlock(&e->rx_lock);
+    kvt_engine_wake(e); /* its reservation freed space a parked request may take */
     return n;
 }
 
