@@ -360,6 +360,16 @@ void pdgw_wf_cancel(pdgw_req_t *r);
 /* Final bookkeeping at connection completion (access log, metrics, free). */
 void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected);
 
+/* ---- pdgw_admin.c */
+/* The /admin/... rule (admin_api_key, loopback-only writes without it); false = refused, the
+ * reply is queued and counted. */
+bool pdgw_admin_authorize(pdgw_req_t *r);
+/* POST /admin/reload; false when <r> is another admin path. */
+bool pdgw_admin_serve(pdgw_req_t *r);
+/* With tls_ca: a verified client certificate (not asked of /health, /ready); false =
+ * refused (403 queued, counted). */
+bool pdgw_tls_authorize(pdgw_req_t *r);
+
 /* ---- pdgw_fwd_api.c */
 struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);
 /* Detach from the request (wake becomes a no-op) and drop the request's reference. */
