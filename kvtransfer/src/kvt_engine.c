@@ -513,7 +513,7 @@ static void engine_free(kvt_engine_t *e)
     kvt_flow_sender_fini(e);
     kvt_flow_recv_fini(e);
     kvt_engine_flush_out(e); /* the thread is gone: this one owns the sockets */
-    if (e->done_pushes.b != NULL) {
+    if (e->done_pushes.buckets != NULL) {
         kvt_map_each(&e->done_pushes, close_push, NULL);
         kvt_map_fini(&e->done_pushes);
     }
@@ -533,19 +533,19 @@ static void engine_free(kvt_engine_t *e)
         kvt_breaker_destroy(e->breaker);
     if (e->pending != NULL)
         kvt_pending_destroy(e->pending);
-    if (e->tasks.b != NULL)
+    if (e->tasks.buckets != NULL)
         kvt_task_fini(e);
-    if (e->rents.b != NULL)
+    if (e->rents.buckets != NULL)
         kvt_map_fini(&e->rents);
-    if (e->rreqs.b != NULL)
+    if (e->rreqs.buckets != NULL)
         kvt_map_fini(&e->rreqs);
-    if (e->tombs.b != NULL) {
+    if (e->tombs.buckets != NULL) {
         kvt_map_each(&e->tombs, free_val, NULL);
         kvt_map_fini(&e->tombs);
     }
-    if (e->sgroups.b != NULL)
+    if (e->sgroups.buckets != NULL)
         kvt_map_fini(&e->sgroups);
-    if (e->hs_peers.b != NULL)
+    if (e->hs_peers.buckets != NULL)
         kvt_map_fini(&e->hs_peers);
     if (e->wake_fd >= 0)
         close(e->wake_fd);
