@@ -2,7 +2,8 @@
  * fwd_pd_body.c - leg bodies and option parsing shared by the PD forwarders.
  *
  * Bodies start from the gateway's helpers (pdgw_fwd_body_prefill = the hardened prefill of
- * docs/protocols/README.md, hardened prefill leg, pdgw_fwd_body_copy) and only add or replace `kv_transfer_params`.
+ * docs/protocols/README.md, hardened prefill leg, pdgw_fwd_body_copy) and only add or replace
+ * `kv_transfer_params`.
  */
 #include "fwd_pd.h"
 
@@ -160,9 +161,7 @@ int64_t fwd_pd_random63(void)
 {
     uint64_t v = 0;
     if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        v = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ (uint64_t)(uintptr_t)&v;
+        v = ((uint64_t)pdgw_fwd_now_ms() << 20) ^ (uint64_t)(uintptr_t)&v;
         v *= 0x9E3779B97F4A7C15ull;
     }
     return (int64_t)(v >> 1);

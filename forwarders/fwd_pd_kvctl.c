@@ -15,8 +15,8 @@
  *     a decode early.
  * Requests talk to the thread through fwd_pd_kvreq_t objects (reference counted: the attempt
  * and the thread each hold one) and are woken through their pdgw waker. The weighted
- * admission semaphore (docs/protocols/lmcache.md) lives here too: ceil(prompt_tokens / chunk_tokens)
- * slots per request, granted strictly FIFO so a large request is never starved.
+ * admission semaphore (docs/protocols/lmcache.md) lives here too: ceil(prompt_tokens /
+ * chunk_tokens) slots per request, granted strictly FIFO so a large request is never starved.
  */
 #include "fwd_pd.h"
 
@@ -140,9 +140,7 @@ struct fwd_pd_kv {
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return pdgw_fwd_now_ms();
 }
 
 static void kick(fwd_pd_kv_t *kv)

@@ -239,6 +239,8 @@ typedef enum {
     CK_DELAY_READ,     /* ptr = load job */
 } kvt_cookie_kind_t;
 
+#define KVT_COMPL_SPILL 64
+
 typedef struct kvt_compl {
     struct kvt_compl *next;
     uint64_t cookie;
@@ -328,6 +330,15 @@ struct kvt_engine {
     kvt_task_id_t next_id;
     kvt_cmd_t *cmd_head, *cmd_tail;
     kvt_compl_t *compl_head, *compl_tail;
+    /* Completions whose queue node could not be allocated: kept here (under lock) rather
+     * than lost or retried forever; when even this is full one is dropped and counted, and
+     * the transfer ends by its timeout. */
+    struct {
+        uint64_t cookie;
+        kvt_status_t status;
+    } compl_spill[KVT_COMPL_SPILL];
+    uint32_t n_compl_spill;
+    uint64_t compl_dropped;
     kvt_out_t *out_head, *out_tail;
 
     /* sender (progress thread only) */

@@ -385,6 +385,11 @@ void pdgw_fwd_prefill_missing_kv_params(const char *protocol);
 void pdgw_fwd_cancel_notif_sent(const char *protocol);
 void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t free_chunks);
 
+/* The gateway's clocks in milliseconds: monotonic (deadlines, TTLs; the clock of
+ * pdgw_fwd_request_t.deadline_ms) and wall-clock (timestamps other hosts send). */
+int64_t pdgw_fwd_now_ms(void);
+int64_t pdgw_fwd_wall_ms(void);
+
 /* Names for logs. */
 const char *pdgw_phase_name(pdgw_phase_t phase);
 const char *pdgw_fwd_role_name(pdgw_fwd_role_t role);
