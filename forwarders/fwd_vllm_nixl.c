@@ -276,7 +276,7 @@ static const pdgw_fwd_ops_t nixl_ops = {
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_nixl_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = NIXL_NAME,
     .summary = "vLLM NixlConnector: prefill returns kv_transfer_params, decode pulls (serial)",
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
