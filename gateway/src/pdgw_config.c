@@ -2,6 +2,7 @@
  * pdgw_config.c - the option table, defaults, typed setters, instances and cross-field
  * checks. YAML loading is in pdgw_config_yaml.c, env/CLI/help in pdgw_config_cli.c.
  */
+#include "pdgw_registry.h"
 #include "pdgw_config.h"
 
 #include <stdarg.h>
@@ -826,27 +827,21 @@ pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *
                                                 pdgw_protocol_info_t *info, char *err,
                                                 size_t errlen)
 {
-    static const char *const pd[] = {"vllm-nixl", "vllm-mooncake", "vllm-kvt", "sglang", "lmcache"};
+    /* The registry is the only truth about a protocol: its descriptor's modes and dispatch. */
+    const pdgw_fwd_desc_t *desc = pdgw_registry_find(cfg->protocol);
     (void)ctx;
-    pdgw_protocol_info_t r = {.supports_batch = true, .supports_staged = true};
-    if (strcmp(cfg->protocol, "neutral") == 0) {
-        r.needs_both = true;
-        *info = r;
-        return PDGW_OK;
+    if (desc == NULL) {
+        char names[512];
+        pdgw_registry_names(names, sizeof(names));
+        snprintf(err, errlen, "unknown forwarder '%s' (registered: %s)", cfg->protocol, names);
+        return PDGW_ERR_NOT_FOUND;
     }
-    for (size_t i = 0; i < sizeof(pd) / sizeof(pd[0]); i++) {
-        if (strcmp(cfg->protocol, pd[i]) == 0) {
-            r.needs_prefill = true;
-            r.needs_decode = true;
-            *info = r;
-            return PDGW_OK;
-        }
-    }
-    snprintf(err, errlen,
-             "unknown protocol \"%s\" (built in: neutral, vllm-nixl, vllm-mooncake, vllm-kvt, "
-             "sglang, lmcache)",
-             cfg->protocol);
-    return PDGW_ERR_NOT_FOUND;
+    memset(info, 0, sizeof(*info));
+    info->supports_batch = (desc->modes & PDGW_MODE_BATCH) != 0;
+    info->supports_staged = (desc->modes & PDGW_MODE_STAGED) != 0;
+    info->needs_decode = true; /* SINGLE: a decode-capable (decode or both) instance */
+    info->needs_prefill = desc->dispatch != PDGW_DISPATCH_SINGLE;
+    return PDGW_OK;
 }
 
 pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
@@ -948,6 +943,12 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
                              cfg->protocol);
     bool have_p = n_prefill + n_both > 0 || dyn_prefill || dyn_both;
     bool have_d = n_decode + n_both > 0 || dyn_decode || dyn_both;
+    if (!info.needs_prefill && info.needs_decode && !have_d)
+        return pdgw_cfg_fail(&src, "instances",
+                             "protocol %s forwards each request to one decode-capable instance, "
+                             "but no decode or both instance is configured (add --decode URL, "
+                             "--both URL, or discovery)",
+                             cfg->protocol);
     if ((info.needs_prefill && !have_p) || (info.needs_decode && !have_d))
         return pdgw_cfg_fail(&src, "instances",
                              "protocol %s needs prefill and decode instances, but no %s instance "

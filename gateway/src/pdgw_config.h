@@ -257,7 +257,8 @@ typedef pdgw_status_t (*pdgw_config_protocol_fn)(void *ctx, const pdgw_config_t 
                                                  pdgw_protocol_info_t *info, char *err,
                                                  size_t errlen);
 
-/* Built-in answers for the in-tree protocol names (neutral, vllm-*, sglang, lmcache). */
+/* The registry's answer: the registered descriptor's modes and dispatch (the plugins must be
+ * loaded before; pdgw_main's hook loads them, then asks this). */
 pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *cfg,
                                                 pdgw_protocol_info_t *info, char *err,
                                                 size_t errlen);

@@ -580,10 +580,12 @@ static void test_check_config(void **state)
         {"protocol: vllm-kvt\ninstances:\n  - {url: \"http://a:1\", role: prefill}\n", "instances",
          "needs prefill and decode instances, but no decode"},
         {"protocol: sglang\n", "instances", "no prefill instance"},
-        {"protocol: neutral\ninstances:\n  - {url: \"http://a:1\", role: decode}\n", "instances",
-         "serves both roles"},
+        /* single-leg protocols need a decode-capable instance, as the registry's descriptor
+         * says (no second protocol table in the config code) */
+        {"protocol: neutral\ninstances:\n  - {url: \"http://a:1\", role: prefill}\n", "instances",
+         "no decode or both instance"},
         {"protocol: nosuch\ninstances:\n  - {url: \"http://a:1\"}\n", "protocol",
-         "unknown protocol \"nosuch\""},
+         "unknown forwarder 'nosuch'"},
         {"instances:\n  - {url: \"http://a:1\", tp_size: 2, alloc_ports: [1]}\n",
          "instances[0].alloc_ports", "one port per TP rank"},
         {"instances:\n  - {url: \"http://a:1\", dp_rank: 2, dp_size: 2}\n", "instances[0].dp_rank",
