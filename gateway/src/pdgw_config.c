@@ -295,6 +295,10 @@ static const pdgw_config_option_t instance_options[] = {
      I(dp_size)},
     {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Free-form labels (zone, rack, ...).", I(labels)},
+    {"attrs", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
+     "Protocol attributes of the instance, opaque to the scheduler; forwarders read them with "
+     "pdgw_fwd_instance_attr() (a new protocol's fields need no new key here).",
+     I(attrs)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
      "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
      "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},
@@ -689,6 +693,35 @@ void pdgw_cfg_instance_free(pdgw_instance_config_t *inst)
     free_fields(instance_options, sizeof(instance_options) / sizeof(instance_options[0]), inst);
     pdgw_free(inst->host);
     inst->host = NULL;
+    pdgw_free(inst->attrs_text);
+    inst->attrs_text = NULL;
+}
+
+/* attrs as the scheduler carries them, opaque: "key=value\n" lines. Keys may not hold '=' or
+ * a newline, values no newline. */
+static pdgw_status_t encode_attrs(pdgw_instance_config_t *inst, size_t index, pdgw_cfg_src_t *src)
+{
+    pdgw_buf_t b = PDGW_BUF_INIT;
+    char key[64];
+
+    for (size_t i = 0; i < inst->attrs.count; i++) {
+        const pdgw_kv_t *kv = &inst->attrs.items[i];
+        if (kv->key[0] == '\0' || strpbrk(kv->key, "=\n") != NULL || strchr(kv->value, '\n')) {
+            pdgw_buf_free(&b);
+            snprintf(key, sizeof(key), "instances[%zu].attrs", index);
+            return pdgw_cfg_fail(src, key,
+                                 "\"%s\": keys may not hold '=' or newlines, values "
+                                 "no newlines",
+                                 kv->key);
+        }
+        if (pdgw_buf_appendf(&b, "%s=%s\n", kv->key, kv->value) != PDGW_OK) {
+            pdgw_buf_free(&b);
+            return PDGW_ERR_NOMEM;
+        }
+    }
+    pdgw_free(inst->attrs_text);
+    inst->attrs_text = pdgw_buf_steal(&b, NULL);
+    return inst->attrs_text != NULL ? PDGW_OK : PDGW_ERR_NOMEM;
 }
 
 pdgw_status_t pdgw_cfg_instance_add(pdgw_config_t *cfg, pdgw_instance_config_t *inst)
@@ -750,7 +783,7 @@ pdgw_status_t pdgw_cfg_instance_finalize(pdgw_instance_config_t *inst, size_t in
                 return st;
         }
     }
-    return PDGW_OK;
+    return encode_attrs(inst, index, src);
 }
 
 pdgw_status_t pdgw_cfg_instance_quick(pdgw_config_t *cfg, pdgw_role_t role, const char *url,

@@ -115,10 +115,12 @@ typedef struct pdgw_instance_config {
     int dp_rank; /* 0 .. dp_size-1 */
     int dp_size; /* >= 1 */
     pdgw_kv_list_t labels;
-    int kv_engine; /* 0 lmcache (upstream engine), 1 libkvt */
+    int kv_engine;        /* 0 lmcache (upstream engine), 1 libkvt */
+    pdgw_kv_list_t attrs; /* protocol attributes (pdgw_fwd_instance_attr) */
     /* derived from url by the loader */
     char *host;
     int port;
+    char *attrs_text; /* attrs as "key=value\n" lines, what the scheduler carries */
 } pdgw_instance_config_t;
 
 typedef struct pdgw_dns_discovery_config {

@@ -360,3 +360,95 @@ void pdgw_fwd_attempt_end(pdgw_fwd_request_t *req)
     pdgw_free(a);
     req->arena = NULL;
 }
+
+/* ---------------------------------------------------------------- instance attributes */
+
+static int attr_from_text(const char *text, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+
+    for (const char *p = text; p != NULL && *p != '\0';) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        if (len > nl && p[nl] == '=' && memcmp(p, name, nl) == 0) {
+            snprintf(out, cap, "%.*s", (int)(len - nl - 1), p + nl + 1);
+            return 1;
+        }
+        p = eol ? eol + 1 : NULL;
+    }
+    return 0;
+}
+
+static void ports_text(const int *ports, size_t n, char *out, size_t cap)
+{
+    size_t used = 0;
+
+    if (cap > 0)
+        out[0] = '\0';
+    for (size_t i = 0; i < n && used < cap; i++) {
+        int k = snprintf(out + used, cap - used, "%s%d", i ? "," : "", ports[i]);
+        if (k < 0)
+            break;
+        used += (size_t)k;
+    }
+}
+
+/* The built-in fields by their config names; 0 when <name> is none of them (or unset). */
+static int attr_builtin(const pdgw_instance_t *inst, const char *name, char *out, size_t cap)
+{
+    const struct {
+        const char *name;
+        int value;
+    } ints[] = {{"kv_port", inst->kv_port},
+                {"bootstrap_port", inst->bootstrap_port},
+                {"tp_size", inst->tp_size},
+                {"dp_rank", inst->dp_rank},
+                {"dp_size", inst->dp_size}};
+
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        if (strcmp(name, ints[i].name) == 0) {
+            snprintf(out, cap, "%d", ints[i].value);
+            return 1;
+        }
+    }
+    if (strcmp(name, "kv_host") == 0 || strcmp(name, "engine_id") == 0 ||
+        strcmp(name, "zone") == 0) {
+        const char *v = name[0] == 'k'   ? inst->kv_host
+                        : name[0] == 'e' ? inst->engine_id
+                                         : inst->zone;
+        if (v == NULL || v[0] == '\0')
+            return 0;
+        snprintf(out, cap, "%s", v);
+        return 1;
+    }
+    if (strcmp(name, "alloc_ports") == 0 && inst->n_alloc_ports > 0) {
+        ports_text(inst->alloc_ports, inst->n_alloc_ports, out, cap);
+        return 1;
+    }
+    if (strcmp(name, "init_ports") == 0 && inst->n_init_ports > 0) {
+        ports_text(inst->init_ports, inst->n_init_ports, out, cap);
+        return 1;
+    }
+    return 0;
+}
+
+int pdgw_fwd_instance_attr(const pdgw_instance_t *inst, const char *name, char *out, size_t cap)
+{
+    if (inst == NULL || name == NULL || out == NULL || cap == 0)
+        return 0;
+    out[0] = '\0';
+    if (inst->attrs != NULL && attr_from_text(inst->attrs, name, out, cap))
+        return 1;
+    return attr_builtin(inst, name, out, cap);
+}
+
+int64_t pdgw_fwd_instance_attr_int(const pdgw_instance_t *inst, const char *name, int64_t def)
+{
+    char buf[32], *end;
+    long long v;
+
+    if (!pdgw_fwd_instance_attr(inst, name, buf, sizeof(buf)) || buf[0] == '\0')
+        return def;
+    v = strtoll(buf, &end, 10);
+    return *end == '\0' ? (int64_t)v : def;
+}

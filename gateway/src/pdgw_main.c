@@ -90,6 +90,7 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
     d->dp_size = ic->dp_size;
     d->kv_engine = ic->kv_engine == 1 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
     d->zone = ic->zone;
+    d->attrs = ic->attrs_text;
     for (j = 0; j < ic->labels.count && j < SCHED_MAX_LABELS; j++) {
         d->labels[j].key = ic->labels.items[j].key;
         d->labels[j].value = ic->labels.items[j].value;

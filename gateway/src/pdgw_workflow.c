@@ -67,6 +67,7 @@ void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
     v->weight = (int)d->weight;
     v->kv_engine =
         d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? PDGW_KV_ENGINE_LIBKVT : PDGW_KV_ENGINE_UPSTREAM;
+    v->attrs = d->attrs ? d->attrs : "";
 }
 
 /* Refresh the peer views from the booking. */

@@ -135,6 +135,10 @@ typedef struct pdgw_instance {
     /* The instance's KV engine: only a PDGW_KV_ENGINE_LIBKVT peer may be sent pdgw's
      * extensions of the LMCache control messages (ReserveRequest, delimiter-less frames). */
     int kv_engine;
+    /* The instance's protocol attributes (config `attrs:`), opaque to the scheduler: read
+     * them with pdgw_fwd_instance_attr(). Gateway-owned text; may be NULL in views built by
+     * an older gateway. */
+    const char *attrs;
 } pdgw_instance_t;
 
 /* Thread-safe handle that re-runs a pending gate. */
@@ -450,6 +454,15 @@ pdgw_fwd_status_t pdgw_fwd_opt_enum(const json_t *options, const char *key,
                                     size_t errlen);
 pdgw_fwd_status_t pdgw_fwd_opt_str(const json_t *options, const char *key, const char *def,
                                    char *out, size_t cap, char *err, size_t errlen);
+
+/* An attribute of <inst> as text into out (cap bytes): the instance's `attrs:` map, then the
+ * built-in fields by their config names (kv_host, kv_port, bootstrap_port, engine_id,
+ * alloc_ports and init_ports as "p1,p2,...", tp_size, dp_rank, dp_size, zone). Returns 1 when
+ * found (a value that does not fit is cut), 0 when the instance has no such attribute. So a
+ * new protocol's instance field needs no new field in the scheduler or this header. */
+int pdgw_fwd_instance_attr(const pdgw_instance_t *inst, const char *name, char *out, size_t cap);
+/* The same as an integer: <def> when absent or not an integer. */
+int64_t pdgw_fwd_instance_attr_int(const pdgw_instance_t *inst, const char *name, int64_t def);
 
 /* The attempt arena: memory that lives until the attempt ends (after attempt_cleanup), so
  * per-attempt data needs no free. pdgw_fwd_alloc returns zeroed memory (NULL on no memory);

@@ -250,6 +250,39 @@ static void test_abi4_sizes_tables_and_arena(void **state)
     assert_null(pdgw_fwd_alloc(&req, 8));
 }
 
+/* Protocol attributes: the instance's attrs map first, then the built-in fields by name. */
+static void test_instance_attrs(void **state)
+{
+    pdgw_instance_t inst;
+    char v[64];
+    (void)state;
+
+    memset(&inst, 0, sizeof(inst));
+    inst.kv_port = 7100;
+    inst.engine_id = "e-1";
+    inst.kv_host = "";
+    inst.alloc_ports = (const int[]){8001, 8002};
+    inst.n_alloc_ports = 2;
+    inst.attrs = "trt_port=9000\nbootstrap_port=1234\nname=a=b\n";
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "trt_port", v, sizeof(v)), 1);
+    assert_string_equal(v, "9000");
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "trt_port", -1), 9000);
+    /* attrs win over the built-in field of the same name */
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "bootstrap_port", -1), 1234);
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "name", v, sizeof(v)), 1);
+    assert_string_equal(v, "a=b");
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "kv_port", -1), 7100);
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "engine_id", v, sizeof(v)), 1);
+    assert_string_equal(v, "e-1");
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "alloc_ports", v, sizeof(v)), 1);
+    assert_string_equal(v, "8001,8002");
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "kv_host", v, sizeof(v)), 0);
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "trt", v, sizeof(v)), 0);
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "name", 5), 5);
+    inst.attrs = NULL;
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "trt_port", -1), -1);
+}
+
 static void test_plugin_loads_and_works(void **state)
 {
     char err[512] = "";
@@ -359,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_abi1_descriptor_loads),
         cmocka_unit_test(test_abi2_descriptor_loads),
         cmocka_unit_test(test_abi4_sizes_tables_and_arena),
+        cmocka_unit_test(test_instance_attrs),
         cmocka_unit_test(test_plugin_loads_and_works),
         cmocka_unit_test(test_plugin_wrong_abi),
         cmocka_unit_test(test_plugin_duplicate_and_missing),

@@ -146,6 +146,7 @@ static const char *full_yaml = "# every key of the schema\n"
                                "    dp_rank: 1\n"
                                "    dp_size: 2\n"
                                "    labels: {rack: r1}\n"
+                               "    attrs: {trt_port: 9000, mode: fast}\n"
                                "  - url: http://10.0.0.2:8200\n"
                                "    role: decode\n"
                                "discovery:\n"
@@ -259,6 +260,9 @@ static void test_full_yaml(void **state)
     assert_string_equal(p->zone, "a");
     assert_string_equal(pdgw_kv_list_get(&p->labels, "zone"), "a");
     assert_string_equal(pdgw_kv_list_get(&p->labels, "rack"), "r1");
+    /* protocol attributes travel as opaque "key=value" lines */
+    assert_string_equal(pdgw_kv_list_get(&p->attrs, "trt_port"), "9000");
+    assert_string_equal(p->attrs_text, "trt_port=9000\nmode=fast\n");
     assert_int_equal(p->weight, 2);
     assert_string_equal(p->kv_host, "192.168.0.1");
     assert_int_equal(p->kv_port, 17000);
