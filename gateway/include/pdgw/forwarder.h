@@ -464,6 +464,27 @@ int pdgw_fwd_instance_attr(const pdgw_instance_t *inst, const char *name, char *
 /* The same as an integer: <def> when absent or not an integer. */
 int64_t pdgw_fwd_instance_attr_int(const pdgw_instance_t *inst, const char *name, int64_t def);
 
+/* ---- the KV control client (libkvt's control plane, run by the gateway) ----
+ * ReserveRequest and CancelNotif to a libkvt/LMCache receiver's alloc port, and the decoding
+ * of ProxyNotif messages, so a forwarder needs no KV library of its own. reserve and cancel
+ * block for up to their timeout: call them from the forwarder's own thread, never from a
+ * request op. One client per thread. */
+typedef struct pdgw_fwd_kv_client pdgw_fwd_kv_client_t;
+pdgw_fwd_status_t pdgw_fwd_kv_client_create(pdgw_fwd_kv_client_t **out, char *err, size_t errlen);
+void pdgw_fwd_kv_client_destroy(pdgw_fwd_kv_client_t *c);
+/* ReserveRequest{req_id, chunks, ttl_ms} to host:port, waiting up to timeout_ms for the
+ * answer: OK with *granted and *free_chunks (-1 = not reported), or ERR (message in err). */
+pdgw_fwd_status_t pdgw_fwd_kv_reserve(pdgw_fwd_kv_client_t *c, const char *host, int port,
+                                      const char *req_id, int64_t chunks, int64_t ttl_ms,
+                                      int timeout_ms, int *granted, int64_t *free_chunks, char *err,
+                                      size_t errlen);
+/* CancelNotif{req_id} to host:port (fire and forget). */
+pdgw_fwd_status_t pdgw_fwd_kv_cancel(pdgw_fwd_kv_client_t *c, const char *host, int port,
+                                     const char *req_id, char *err, size_t errlen);
+/* One ProxyNotif message (a msgpack frame): 1 with its req_id copied into req_id (cap bytes),
+ * 0 when the frame is not a well-formed ProxyNotif with a req_id shorter than cap. */
+int pdgw_fwd_kv_proxy_notif_decode(const void *data, size_t len, char *req_id, size_t cap);
+
 /* The attempt arena: memory that lives until the attempt ends (after attempt_cleanup), so
  * per-attempt data needs no free. pdgw_fwd_alloc returns zeroed memory (NULL on no memory);
  * pdgw_fwd_strdup a copy of s; pdgw_fwd_keep holds the reference <v> (stolen) until then and
