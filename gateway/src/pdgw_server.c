@@ -51,6 +51,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->client_header_timeout_ms = 30000;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
+    pdgw_route_opts_init(&o->route);
 }
 
 /* libmicrohttpd's messages are per-connection events (client went away, malformed
@@ -333,6 +334,7 @@ static void worker_close(pdgw_worker_t *w)
         MHD_stop_daemon(w->mhd);
         w->mhd = NULL;
     }
+    pdgw_kv_release_drop_all(w); /* releases still running need the multi handle */
     while (w->n_easy_pool > 0)
         curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi) {
@@ -548,6 +550,13 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         status = PDGW_ERR_NOMEM;
         goto err_ctx;
     }
+    /* tokenize before routing, selective PD (pdgw_route.h) */
+    status = pdgw_route_create(&opts->route, opts->pool && sched_pool_has_kv_index(opts->pool),
+                               opts->metrics ? opts->metrics->reg : NULL, &srv->routing);
+    if (status != PDGW_OK) {
+        snprintf(err, errlen, "out of memory");
+        goto err_ctx;
+    }
     srv->workers = pdgw_calloc(opts->workers, sizeof(*srv->workers));
     if (srv->workers == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -575,6 +584,7 @@ err_workers:
     pdgw_free(srv->workers);
 err_ctx:
     pdgw_addr_table_destroy(srv->addrs);
+    pdgw_route_destroy(srv->routing);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
@@ -661,6 +671,7 @@ void pdgw_server_destroy(pdgw_server_t *srv)
         worker_close(&srv->workers[i]);
     pdgw_free(srv->workers);
     pdgw_addr_table_destroy(srv->addrs);
+    pdgw_route_destroy(srv->routing);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
     pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */

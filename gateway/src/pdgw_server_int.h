@@ -50,6 +50,7 @@ struct pdgw_server {
      * open connections per client address across all workers. */
     unsigned conn_limit_per_worker;
     pdgw_addr_table_t *addrs;
+    struct pdgw_routing *routing; /* tokenize cache, selective PD counters (pdgw_route.h) */
 };
 
 /* ---------------------------------------------------------------- worker */
@@ -239,6 +240,7 @@ struct pdgw_req {
     char **mstr; /* owned copies of the instances' ids and urls */
     size_t n_mlegs;
     size_t n_mdone;
+    struct pdgw_req_route *rt; /* tokens and the PD decision (pdgw_route.h); NULL = none */
     unsigned attempt;
     pdgw_leg_t legs[2];
     struct pdgw_fwd_waker *waker;

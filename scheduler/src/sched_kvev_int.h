@@ -151,4 +151,8 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms);
 sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub);
 void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out);
 
+/* The endpoint rank <dp_rank> of a data-parallel engine configured with <endpoint> publishes
+ * on (vLLM's per-rank offset); false when it has none (sched_kvev_query.c). */
+bool sched_kvev_rank_endpoint(const char *endpoint, int dp_rank, char *out, size_t out_len);
+
 #endif /* PDSCHED_SCHED_KVEV_INT_H */

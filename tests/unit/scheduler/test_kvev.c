@@ -641,13 +641,36 @@ static void test_policy_precise(void **state)
     sched_pool_destroy(pool);
 }
 
+/* A DP rank's publisher, from the engine's configured endpoint, as vLLM offsets it
+ * (vllm-project/vllm vllm/distributed/kv_events.py offset_endpoint_port: tcp port + rank,
+ * inproc "_dp<rank>", rank 0 unchanged, anything else refused). */
+static void test_rank_endpoint(void **state)
+{
+    char out[128];
+    (void)state;
+    assert_true(sched_kvev_rank_endpoint("tcp://10.0.0.5:5557", 0, out, sizeof(out)));
+    assert_string_equal(out, "tcp://10.0.0.5:5557");
+    assert_true(sched_kvev_rank_endpoint("tcp://10.0.0.5:5557", 3, out, sizeof(out)));
+    assert_string_equal(out, "tcp://10.0.0.5:5560");
+    assert_true(sched_kvev_rank_endpoint("tcp://[::1]:5557", 1, out, sizeof(out)));
+    assert_string_equal(out, "tcp://[::1]:5558");
+    assert_true(sched_kvev_rank_endpoint("inproc://cache", 2, out, sizeof(out)));
+    assert_string_equal(out, "inproc://cache_dp2");
+    assert_true(sched_kvev_rank_endpoint("ipc:///tmp/kv", 0, out, sizeof(out)));
+    assert_false(sched_kvev_rank_endpoint("ipc:///tmp/kv", 1, out, sizeof(out)));
+    assert_false(sched_kvev_rank_endpoint("tcp://h:65535", 1, out, sizeof(out)));
+    assert_false(sched_kvev_rank_endpoint("tcp://h:x", 1, out, sizeof(out)));
+    assert_false(sched_kvev_rank_endpoint("", 0, out, sizeof(out)));
+    assert_false(sched_kvev_rank_endpoint("tcp://10.0.0.5:5557", 1, out, 8));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_golden),  cmocka_unit_test(test_decode_garbage),
         cmocka_unit_test(test_index_chain),    cmocka_unit_test(test_index_bound),
         cmocka_unit_test(test_sub_recovery),   cmocka_unit_test(test_sub_catch_up),
-        cmocka_unit_test(test_policy_precise),
+        cmocka_unit_test(test_policy_precise), cmocka_unit_test(test_rank_endpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
