@@ -10,6 +10,7 @@
 #include "pdgw_server_int.h"
 
 #include "pdgw_otel.h"
+#include "pdgw_fleet.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -159,28 +160,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
 {
-    static const char *const drop[] = {"connection",
-                                       "keep-alive",
-                                       "proxy-connection",
-                                       "proxy-authenticate",
-                                       "proxy-authorization",
-                                       "te",
-                                       "trailer",
-                                       "trailers",
-                                       "transfer-encoding",
-                                       "upgrade",
-                                       "host",
-                                       "content-length",
-                                       "content-type",
-                                       "expect",
-                                       "accept-encoding",
-                                       "x-request-id",
-                                       "traceparent",
-                                       "x-request-timeout",
-                                       /* vLLM's DP routing header: the gateway picks the
-                                        * rank (and names its engine to the decode) */
-                                       "x-data-parallel-rank",
-                                       NULL};
+    static const char *const drop[] = {
+        "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+        "content-type", "expect", "accept-encoding", "x-request-id", "traceparent",
+        "x-request-timeout",
+        /* vLLM's DP routing header: the gateway picks the
+         * rank (and names its engine to the decode) */
+        "x-data-parallel-rank", NULL};
     size_t i;
     for (i = 0; drop[i]; i++)
         if (strcasecmp(name, drop[i]) == 0)
@@ -266,6 +253,7 @@ static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *re
         MHD_add_response_header(resp, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
         MHD_add_response_header(resp, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
     }
+    pdgw_cors_add_headers(r, resp); /* fleet hook: CORS */
     return MHD_YES;
 }
 
@@ -282,6 +270,8 @@ static const char *allowed_methods(const pdgw_req_t *r)
     case PDGW_ROUTE_METRICS:
         return "GET, HEAD";
     case PDGW_ROUTE_ADMIN:
+        if (strcmp(r->path, "/admin/reload") == 0)
+            return "POST";
         if (sub[0] == '\0' || strcmp(sub, "/") == 0)
             return "GET, POST";
         slash = strchr(sub + 1, '/');
@@ -329,6 +319,15 @@ static enum MHD_Result queue_stream(pdgw_req_t *r)
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
     if (resp == NULL)
         return MHD_NO;
+    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
+        pdgw_pt_add_headers(r, resp);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+        add_common_headers(r, resp);
+        ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
+        MHD_destroy_response(resp);
+        r->queued = true;
+        return ret;
+    }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     add_common_headers(r, resp);
@@ -533,6 +532,8 @@ static void route(pdgw_req_t *r, const char *url)
         r->route = PDGW_ROUTE_READY;
     } else if (strcmp(r->path, "/metrics") == 0) {
         r->route = PDGW_ROUTE_METRICS;
+    } else if (strcmp(r->path, "/admin/reload") == 0) {
+        r->route = PDGW_ROUTE_ADMIN; /* pdgw_admin_serve */
     } else if (strncmp(r->path, "/admin/instances", 16) == 0 &&
                (r->path[16] == '\0' || r->path[16] == '/')) {
         r->route = PDGW_ROUTE_ADMIN;
@@ -542,6 +543,8 @@ static void route(pdgw_req_t *r, const char *url)
             if (qq)
                 *qq = '\0';
         }
+    } else if (pdgw_pt_route(r)) { /* fleet hook: pass-through */
+        r->route = PDGW_ROUTE_PASSTHROUGH;
     } else {
         r->route = PDGW_ROUTE_NONE;
     }
@@ -568,7 +571,8 @@ static bool method_ok(const pdgw_req_t *r)
 static bool route_needs_auth(const pdgw_req_t *r)
 {
     return r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
-           r->route == PDGW_ROUTE_ADMIN || r->route == PDGW_ROUTE_NONE;
+           r->route == PDGW_ROUTE_ADMIN || r->route == PDGW_ROUTE_NONE ||
+           r->route == PDGW_ROUTE_PASSTHROUGH;
 }
 
 /* Everything is read: decide. */
@@ -618,6 +622,10 @@ static void dispatch(pdgw_req_t *r)
     pdgw_server_t *srv = r->w->srv;
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
 
+    if (!pdgw_tls_authorize(r))
+        return;
+    if (pdgw_cors_preflight(r)) /* fleet hook: CORS preflight, before routing and auth */
+        return;
     if (r->route == PDGW_ROUTE_NONE) {
         pdgw_gateway_metrics_rejected(gm, "not_found");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, "unknown_url", "no route for %s %s",
@@ -630,7 +638,10 @@ static void dispatch(pdgw_req_t *r)
                               "method %s not allowed on %s", r->method, r->path);
         return;
     }
-    if (route_needs_auth(r)) {
+    if (r->route == PDGW_ROUTE_ADMIN) {
+        if (!pdgw_admin_authorize(r))
+            return;
+    } else if (route_needs_auth(r)) {
         const char *h =
             MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
         pdgw_auth_result_t ar = pdgw_auth_check(srv->opts.auth, h);
@@ -662,13 +673,16 @@ static void dispatch(pdgw_req_t *r)
         serve_metrics(r);
         return;
     case PDGW_ROUTE_ADMIN:
-        serve_admin(r);
+        if (!pdgw_admin_serve(r))
+            serve_admin(r);
         return;
     case PDGW_ROUTE_MODELS:
         if (srv->opts.n_models > 0) {
             serve_models_local(r);
             return;
         }
+        if (pdgw_models_serve_list(r)) /* fleet hook: the union the pool knows */
+            return;
         break;
     default:
         break;
@@ -692,6 +706,8 @@ static void dispatch(pdgw_req_t *r)
             pdgw_req_reply_error(r, &e);
             return;
         }
+        if (!pdgw_models_admit(r, r->info.model)) /* fleet hook: unknown model → 404 */
+            return;
     }
     if (srv->draining) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "shutting_down",
@@ -702,6 +718,10 @@ static void dispatch(pdgw_req_t *r)
     r->conn_tokens =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
+    if (r->route == PDGW_ROUTE_PASSTHROUGH) { /* fleet hook */
+        pdgw_pt_start(r);
+        return;
+    }
     pdgw_wf_start(r);
 }
 
@@ -740,9 +760,11 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     route(r, url);
     req_identity(r);
     req_deadline(r);
+    pdgw_cors_classify(r); /* fleet hook */
     r->cx = pdgw_conn_of(conn);
     pdgw_conn_headers_done(r->cx, r);
-    if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS) {
+    if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
+        r->route == PDGW_ROUTE_PASSTHROUGH) {
         atomic_fetch_add(&w->srv->inflight, 1);
         r->counted = true;
         pdgw_gauge_inc(w->srv->opts.metrics->inflight);

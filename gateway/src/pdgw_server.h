@@ -50,10 +50,15 @@ typedef struct pdgw_server_opts {
     const pdgw_auth_t *auth;                /* NULL = open */
     const char *const *models;              /* served model names; NULL/0 = ask the instances */
     size_t n_models;
+    bool no_passthrough; /* other engine endpoints get pdgw's 404 instead of being proxied */
+    const char *const *cors_origins; /* CORS allowed origins ("*" = any); NULL/0 = no CORS */
+    size_t n_cors_origins;
     sched_pool_t *pool;              /* instance selection (required) */
     struct pdgw_otel *otel;          /* trace exporter; NULL = tracing off */
     pdgw_gateway_metrics_t *metrics; /* required */
     pdgw_route_opts_t route;         /* tokenize before routing, selective PD */
+    struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
+    const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,

@@ -125,6 +125,7 @@ struct pdgw_leg {
     pdgw_leg_state_t state;
     const pdgw_instance_t *inst;
     bool relay;  /* this leg's response goes to the client */
+    bool raw;    /* pass-through: bytes go to the client unchanged (pdgw_passthrough.c) */
     bool models; /* one of the GET /v1/models fan-out legs */
     bool sse;    /* relay as SSE (client asked for stream) */
     CURL *easy;
@@ -160,6 +161,7 @@ typedef enum {
     PDGW_ROUTE_READY,
     PDGW_ROUTE_METRICS,
     PDGW_ROUTE_ADMIN,
+    PDGW_ROUTE_PASSTHROUGH, /* other /v1/ paths and engine utility endpoints */
 } pdgw_route_t;
 
 typedef enum {
@@ -262,6 +264,12 @@ struct pdgw_req {
     char prefill_id[SCHED_ID_MAX];
     char decode_id[SCHED_ID_MAX];
     bool finalized;
+    /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
+    bool pt;         /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
+    bool pt_relayed; /* the engine's status and first bytes went to the client */
+    char *pt_model;  /* the body's "model" of a pass-through request (owned) or NULL */
+    pdgw_buf_t pt_headers; /* the engine's response headers to relay ("Name\0value\0"...) */
+    uint8_t cors;    /* pdgw_cors_t: what the request's Origin is allowed */
     /* active list */
     pdgw_req_t *prev, *next;
     bool in_active;
@@ -359,6 +367,16 @@ void pdgw_wf_on_wake(pdgw_req_t *r);
 void pdgw_wf_cancel(pdgw_req_t *r);
 /* Final bookkeeping at connection completion (access log, metrics, free). */
 void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected);
+
+/* ---- pdgw_admin.c */
+/* The /admin/... rule (admin_api_key, loopback-only writes without it); false = refused, the
+ * reply is queued and counted. */
+bool pdgw_admin_authorize(pdgw_req_t *r);
+/* POST /admin/reload; false when <r> is another admin path. */
+bool pdgw_admin_serve(pdgw_req_t *r);
+/* With tls_ca: a verified client certificate (not asked of /health, /ready); false =
+ * refused (403 queued, counted). */
+bool pdgw_tls_authorize(pdgw_req_t *r);
 
 /* ---- pdgw_fwd_api.c */
 struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);

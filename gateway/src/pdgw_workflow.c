@@ -14,6 +14,7 @@
  */
 #include "pdgw_fwd_sdk.h"
 #include "pdgw_server_int.h"
+#include "pdgw_fleet.h"
 
 #include "pdgw_otel.h"
 
@@ -112,6 +113,7 @@ static void wf_sched_request(pdgw_req_t *r, sched_request_t *sr, const char **ex
         sr->max_tokens = r->info.max_tokens > 0 && r->info.max_tokens < UINT32_MAX
                              ? (uint32_t)r->info.max_tokens
                              : 0;
+        sr->model = r->info.model; /* fleet hook: only instances serving the model */
     }
     {
         /* route hook: the engine's token ids of a text prompt (pdgw_tokenize.c) */
@@ -809,6 +811,10 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
         wf_models_leg_done(r);
         return;
     }
+    if (leg->raw) { /* fleet hook: pass-through */
+        pdgw_pt_leg_done(r, leg);
+        return;
+    }
     if (pdgw_tokenize_leg_done(r, leg)) /* route hook */
         return;
     if (leg->kind == PDGW_LEG_PREFILL)
@@ -1270,6 +1276,10 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
         wf_models_check_deadlines(r, now);
         return;
     }
+    if (r->pt) { /* fleet hook: pass-through */
+        pdgw_pt_check_deadlines(r, now);
+        return;
+    }
     if (pdgw_tokenize_check_deadline(r, now)) /* route hook: waiting for the tokens */
         return;
     memset(&e, 0, sizeof(e));
@@ -1377,11 +1387,19 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     sched_booking_destroy(&r->booking);
 
     if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
-        r->route == PDGW_ROUTE_NONE) {
+        r->route == PDGW_ROUTE_NONE || r->route == PDGW_ROUTE_PASSTHROUGH) {
         int status = r->final_status ? r->final_status : r->reply_status;
         double dur = (double)(now_ns - r->t_start_ns) / 1e9;
-        if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS)
+        if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
+            r->route == PDGW_ROUTE_PASSTHROUGH)
             pdgw_gateway_metrics_request_done(gm, protocol_of(r), status, dur);
+        /* fleet hooks: per-model and pass-through metrics */
+        pdgw_models_request_done(r,
+                                 r->pt           ? r->pt_model
+                                 : r->info_valid ? r->info.model
+                                                 : NULL,
+                                 status, dur);
+        pdgw_pt_finalize(r, status, dur);
         if (pdgw_log_access_enabled()) {
             pdgw_access_entry_t a;
             pdgw_access_entry_init(&a);
@@ -1390,7 +1408,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
             a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
             a.path = r->path;
             a.protocol = protocol_of(r);
-            a.model = r->info_valid ? r->info.model : NULL;
+            a.model = r->info_valid ? r->info.model : r->pt_model;
             a.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
             a.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
             a.error = r->error_text[0] ? r->error_text : NULL;
@@ -1430,6 +1448,8 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     if (r->info_valid)
         pdgw_request_info_release(&r->info);
     json_decref(r->json);
+    pdgw_free(r->pt_model); /* fleet: pass-through's model and headers */
+    pdgw_buf_free(&r->pt_headers);
     pdgw_buf_free(&r->body);
     pdgw_buf_free(&r->fwd_headers);
     pdgw_buf_free(&r->out);

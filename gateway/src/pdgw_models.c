@@ -1,0 +1,128 @@
+/*
+ * pdgw_models.c - models across the fleet: the 404 for a model no instance serves, the
+ * union on GET /v1/models, and the metrics a user filters by model.
+ *
+ * Which instance serves which model is the scheduler's knowledge (configured `models:` or
+ * learnt from each engine's /v1/models, sched_models.c); every pick is filtered by the
+ * request's model there, so this file only answers what the pool cannot route at all.
+ */
+#include "pdgw_fleet.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+bool pdgw_models_admit(pdgw_req_t *r, const char *model)
+{
+    pdgw_api_error_t e;
+    size_t len = 0;
+    char *body;
+
+    if (model == NULL || model[0] == '\0' || sched_pool_has_model(r->w->srv->opts.pool, model))
+        return true;
+    pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "model_not_found");
+    /* vLLM's words (vllm/entrypoints/openai/serving_models.py, _check_model in
+     * serving_engine.py); OpenAI's code for the same case is "model_not_found". */
+    pdgw_api_error_set(&e, PDGW_API_ERR_NOT_FOUND, "model", "The model `%s` does not exist.",
+                       model);
+    pdgw_api_error_set_code(&e, "model_not_found");
+    snprintf(r->error_text, sizeof(r->error_text), "model not served: %.200s", model);
+    body = pdgw_api_error_body(&e, &len);
+    pdgw_req_reply(r, 404, body, body ? len : 0, "application/json");
+    return false;
+}
+
+bool pdgw_models_serve_list(pdgw_req_t *r)
+{
+    bool all_known = false;
+    json_t *data = sched_pool_models(r->w->srv->opts.pool, "pdgw", &all_known);
+    json_t *out;
+    char *text;
+
+    if (data == NULL || !all_known || json_array_size(data) == 0) {
+        json_decref(data);
+        return false;
+    }
+    out = json_pack("{s:s,s:o}", "object", "list", "data", data);
+    text = out ? json_dumps(out, JSON_COMPACT) : NULL;
+    json_decref(out);
+    if (text == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return true;
+    }
+    /* json_dumps allocates with malloc, which pdgw_free releases too */
+    pdgw_req_reply(r, 200, text, strlen(text), "application/json");
+    return true;
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+typedef struct {
+    pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
+} model_families_t;
+
+static pthread_mutex_t families_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Find or register one family of <reg> (under families_mu). */
+static pdgw_metric_family_t *family(pdgw_metrics_t *reg, pdgw_metric_type_t type, const char *name,
+                                    const char *help, const char *const *labels, size_t n_labels,
+                                    const double *buckets, size_t n_buckets)
+{
+    pdgw_metric_family_t *f = pdgw_metrics_family_find(reg, name);
+    if (f == NULL && pdgw_metrics_family_add(reg, type, name, help, labels, n_labels, buckets,
+                                             n_buckets, &f) != PDGW_OK)
+        return NULL;
+    return f;
+}
+
+static bool families(pdgw_metrics_t *reg, model_families_t *mf)
+{
+    static const char *const l_code[] = {"model", "code"};
+    static const char *const l_model[] = {"model"};
+    static const char *const l_kind[] = {"model", "kind"};
+
+    pthread_mutex_lock(&families_mu);
+    mf->requests = family(reg, PDGW_METRIC_COUNTER, "pdgw_model_requests_total",
+                          "Requests by the model they named and HTTP status.", l_code, 2, NULL, 0);
+    mf->duration = family(reg, PDGW_METRIC_HISTOGRAM, "pdgw_model_request_duration_seconds",
+                          "Whole request duration by model.", l_model, 1,
+                          pdgw_metrics_duration_buckets, pdgw_metrics_duration_buckets_n);
+    mf->ttft = family(reg, PDGW_METRIC_HISTOGRAM, "pdgw_model_time_to_first_token_seconds",
+                      "Time to the first relayed token by model.", l_model, 1,
+                      pdgw_metrics_ttft_buckets, pdgw_metrics_ttft_buckets_n);
+    mf->tokens = family(reg, PDGW_METRIC_COUNTER, "pdgw_model_tokens_total",
+                        "Tokens the engines reported (usage) by model; kind prompt or completion.",
+                        l_kind, 2, NULL, 0);
+    pthread_mutex_unlock(&families_mu);
+    return mf->requests != NULL;
+}
+
+void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, double dur_s)
+{
+    pdgw_metrics_t *reg = r->w->srv->opts.metrics ? r->w->srv->opts.metrics->reg : NULL;
+    model_families_t mf;
+    char code[8];
+
+    /* A model nobody serves was answered 404 and has no series: clients cannot grow the
+     * label set with names of their own. */
+    if (reg == NULL || model == NULL || model[0] == '\0' ||
+        strncmp(r->error_text, "model not served: ", 18) == 0 || !families(reg, &mf))
+        return;
+    snprintf(code, sizeof(code), "%d", status);
+    pdgw_counter_inc(pdgw_metric_family_series2(mf.requests, model, code));
+    pdgw_histogram_observe(pdgw_metric_family_series1(mf.duration, model), dur_s);
+    if (r->t_first_token_ns > r->t_start_ns)
+        pdgw_histogram_observe(pdgw_metric_family_series1(mf.ttft, model),
+                               (double)(r->t_first_token_ns - r->t_start_ns) / 1e9);
+    if (r->usage_seen) {
+        if (r->usage_prompt > 0)
+            pdgw_counter_add(pdgw_metric_family_series2(mf.tokens, model, "prompt"),
+                             (uint64_t)r->usage_prompt);
+        if (r->usage_completion > 0)
+            pdgw_counter_add(pdgw_metric_family_series2(mf.tokens, model, "completion"),
+                             (uint64_t)r->usage_completion);
+    }
+}
