@@ -135,6 +135,10 @@ typedef struct sched_instance_desc {
     /* Capacity: legs open on this instance at once; 0 = unlimited. An instance at capacity
      * is skipped by every policy (and by session affinity) until a leg finishes. */
     unsigned max_concurrent;
+    /* Protocol attributes: text the scheduler copies and compares but never reads (the
+     * gateway's "key=value\n" lines for the forwarders); NULL = "". A protocol that needs a
+     * new instance field adds it here without a scheduler change. */
+    const char *attrs;
 
     /* Parsed from url by the pool (output only). */
     const char *scheme;    /* "http" or "https" */
