@@ -40,9 +40,10 @@ static void req_suspend(pdgw_req_t *r)
         return;
     MHD_suspend_connection(r->conn);
     r->suspended = true;
-    /* The hang-up watch is added by the worker's deadline scan once a suspension lasts
-     * (SCAN_INTERVAL_MS): short waits cost no epoll_ctl at all. */
+    /* The hang-up watch is added by the request's timer once a suspension lasts
+     * (HUP_WATCH_AFTER_MS): short waits cost no epoll_ctl at all. */
     r->suspended_at_ms = pdgw_now_ms();
+    pdgw_req_timer_update(r);
 }
 
 void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype)
@@ -720,7 +721,7 @@ static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len)
 static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
                            const char *method)
 {
-    pdgw_req_t *r = pdgw_calloc(1, sizeof(*r));
+    pdgw_req_t *r = pdgw_req_alloc(w);
     const union MHD_ConnectionInfo *ci;
     if (r == NULL)
         return NULL;

@@ -259,6 +259,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     }
     leg->state = PDGW_LEG_RUNNING;
     pdgw_gateway_metrics_instance_leg(srv->opts.metrics, inst->id, leg_role_name(inst), 1);
+    pdgw_req_timer_update(r);
     return PDGW_OK;
 }
 
@@ -310,7 +311,10 @@ void pdgw_leg_unpause(pdgw_leg_t *leg)
     if (!leg->paused || leg->easy == NULL)
         return;
     leg->paused = false;
+    /* Idle time counts again from now, not from before the pause. */
+    leg->t_last_ms = pdgw_now_ms();
     curl_easy_pause(leg->easy, CURLPAUSE_CONT);
+    pdgw_req_timer_update(leg->req);
 }
 
 /* Did the connect fail because this process ran out of descriptors or buffers? Then the

@@ -10,6 +10,7 @@
 #include "pdgw_server_int.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,8 +27,12 @@
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 
-#define SCAN_INTERVAL_MS 50
-#define MAX_EVENTS       128
+/* A suspension that lasts this long gets a hang-up watch on the client socket: short waits
+ * cost no epoll_ctl at all. */
+#define HUP_WATCH_AFTER_MS 50
+#define MAX_EVENTS         128
+/* Request objects kept for reuse per worker. */
+#define REQ_POOL_MAX 1024
 
 uint64_t pdgw_now_ms(void)
 {
@@ -70,31 +75,68 @@ static uint64_t tag(int kind, int fd)
     return ((uint64_t)(unsigned)kind << 32) | (uint32_t)fd;
 }
 
-/* ---------------------------------------------------------------- active list */
+/* ---------------------------------------------------------------- request objects */
+
+pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w)
+{
+    return pdgw_freelist_get(&w->req_pool);
+}
+
+void pdgw_req_release(pdgw_req_t *r)
+{
+    pdgw_freelist_put(&r->w->req_pool, r);
+}
+
+/* ---------------------------------------------------------------- request deadlines */
+
+static uint64_t req_next_due(const pdgw_req_t *r)
+{
+    uint64_t due = pdgw_wf_next_deadline(r);
+    if (r->suspended && !r->hup_watched && r->suspended_at_ms + HUP_WATCH_AFTER_MS < due)
+        due = r->suspended_at_ms + HUP_WATCH_AFTER_MS;
+    return due;
+}
+
+static void req_on_timer(pdgw_timer_t *t, uint64_t now)
+{
+    pdgw_req_t *r = (pdgw_req_t *)(void *)((char *)t - offsetof(pdgw_req_t, timer));
+    uint64_t due;
+    if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + HUP_WATCH_AFTER_MS)
+        pdgw_worker_hup_watch(r->w, r);
+    pdgw_wf_check_deadlines(r, now); /* may end the workflow (and leave in_active) */
+    if (!r->in_active)
+        return;
+    due = req_next_due(r);
+    if (due != UINT64_MAX)
+        /* A watch that could not be added is tried again a little later, not at once. */
+        (void)pdgw_timer_arm(&r->w->timers, &r->timer, due > now ? due : now + HUP_WATCH_AFTER_MS);
+}
+
+void pdgw_req_timer_update(pdgw_req_t *r)
+{
+    uint64_t due;
+    if (!r->in_active)
+        return;
+    due = req_next_due(r);
+    if (due != UINT64_MAX)
+        (void)pdgw_timer_arm_earlier(&r->w->timers, &r->timer, due);
+}
 
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r)
 {
+    (void)w;
     if (r->in_active)
         return;
-    r->prev = NULL;
-    r->next = w->active;
-    if (w->active)
-        w->active->prev = r;
-    w->active = r;
     r->in_active = true;
+    pdgw_timer_init(&r->timer, req_on_timer);
+    pdgw_req_timer_update(r);
 }
 
 void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r)
 {
     if (!r->in_active)
         return;
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        w->active = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    r->prev = r->next = NULL;
+    pdgw_timer_cancel(&w->timers, &r->timer);
     r->in_active = false;
 }
 
@@ -196,19 +238,6 @@ static void worker_curl_done(pdgw_worker_t *w)
 
 /* ---------------------------------------------------------------- the loop */
 
-static void worker_scan(pdgw_worker_t *w, uint64_t now)
-{
-    pdgw_req_t *r = w->active;
-    while (r) {
-        pdgw_req_t *next = r->next; /* r may leave the list */
-        if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + SCAN_INTERVAL_MS)
-            pdgw_worker_hup_watch(w, r);
-        pdgw_wf_check_deadlines(r, now);
-        r = next;
-    }
-    w->next_scan_ms = now + SCAN_INTERVAL_MS;
-}
-
 static int worker_timeout(pdgw_worker_t *w)
 {
     uint64_t now = pdgw_now_ms();
@@ -219,20 +248,15 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d < t)
             t = d;
     }
-    if (w->active) {
-        int64_t d = (int64_t)w->next_scan_ms - (int64_t)now;
-        if (d < t)
-            t = d;
+    {
+        int64_t d = pdgw_timers_next(&w->timers);
+        if (d >= 0 && d - (int64_t)now < t)
+            t = d - (int64_t)now;
     }
     if (w->mhd_kick)
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
-    {
-        int64_t cd = pdgw_conn_next_deadline(w);
-        if (cd >= 0 && cd - (int64_t)now < t)
-            t = cd - (int64_t)now;
-    }
     return t < 0 ? 0 : (int)t;
 }
 
@@ -296,10 +320,8 @@ static void *worker_main(void *arg)
             curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
             worker_curl_done(w);
         }
-        if (w->active && now >= w->next_scan_ms)
-            worker_scan(w, now);
-        if (pdgw_conn_expire(w, now))
-            run_mhd = true;
+        /* Deadlines: connection timers shut sockets and set mhd_kick. */
+        (void)pdgw_timers_run(&w->timers, now);
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
             MHD_socket s = MHD_quiesce_daemon(w->mhd);
             if (s != MHD_INVALID_SOCKET)
@@ -348,10 +370,9 @@ static void worker_close(pdgw_worker_t *w)
     w->wakefd = w->epfd = -1;
     pdgw_free(w->hup_reqs);
     w->hup_reqs = NULL;
-    /* Every guard was freed when the daemon closed its connections. */
-    pdgw_free(w->conn_timers);
-    w->conn_timers = NULL;
-    w->n_conn_timers = w->cap_conn_timers = 0;
+    /* Every guard and request was freed when the daemon closed its connections. */
+    pdgw_timers_free(&w->timers);
+    pdgw_freelist_drain(&w->req_pool);
     pthread_mutex_destroy(&w->wake_lock);
 }
 
@@ -368,6 +389,8 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     w->epfd = -1;
     w->wakefd = -1;
     w->curl_timer_ms = -1;
+    pdgw_timers_init(&w->timers);
+    pdgw_freelist_init(&w->req_pool, sizeof(pdgw_req_t), REQ_POOL_MAX);
     pthread_mutex_init(&w->wake_lock, NULL);
 
     w->epfd = epoll_create1(EPOLL_CLOEXEC);

@@ -16,8 +16,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "pdgw_freelist.h"
 #include "pdgw_server.h"
 #include "pdgw_sse.h"
+#include "pdgw_timer.h"
 #include "pdgw_util.h"
 #include "pdgw_validate.h"
 
@@ -80,21 +82,19 @@ struct pdgw_worker {
     atomic_bool stop;
     bool quiesced;
     bool mhd_kick; /* a connection was resumed: run MHD this iteration */
-    /* Requests with a workflow, for deadline scans. */
-    pdgw_req_t *active;
-    uint64_t next_scan_ms;
+    /* Every deadline of this worker's connections and requests (pdgw_timer.h). */
+    pdgw_timers_t timers;
+    /* Recycled request objects (pdgw_freelist.h). */
+    pdgw_freelist_t req_pool;
     /* Client sockets watched for hang-up while their connection is suspended. */
     pdgw_req_t **hup_reqs;
     int hup_cap;
     /* Wakers queued from any thread. */
     pthread_mutex_t wake_lock;
     struct pdgw_fwd_waker *wake_queue;
-    /* Client connections of this worker (pdgw_conn.c): count, a min-heap of armed
-     * header/body deadlines, and the address let in by the accept policy that MHD has not
-     * announced yet. */
+    /* Client connections of this worker (pdgw_conn.c): count, and the address let in by the
+     * accept policy that MHD has not announced yet. */
     unsigned n_conns;
-    pdgw_conn_t **conn_timers;
-    size_t n_conn_timers, cap_conn_timers;
     unsigned char pending_addr[16];
     unsigned pending_addr_len; /* 0 = none */
 };
@@ -260,15 +260,23 @@ struct pdgw_req {
     char prefill_id[SCHED_ID_MAX];
     char decode_id[SCHED_ID_MAX];
     bool finalized;
-    /* active list */
-    pdgw_req_t *prev, *next;
+    /* The request's next deadline (request, gate, upstream first byte / idle, hang-up watch)
+     * while its workflow runs (in_active). */
+    pdgw_timer_t timer;
     bool in_active;
 };
 
 /* ---- pdgw_server.c */
 uint64_t pdgw_now_ms(void);
+/* The request's workflow runs / ended: its deadlines are watched (a timer) / no longer. */
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r);
+/* Something moved one of <r>'s deadlines earlier (a leg started, a gate, a suspension):
+ * bring its timer forward. Later deadlines are found when the timer fires. */
+void pdgw_req_timer_update(pdgw_req_t *r);
+/* Request objects of worker <w>: zeroed, recycled. */
+pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w);
+void pdgw_req_release(pdgw_req_t *r);
 /* Watch / unwatch the client socket for hang-up while the connection is suspended. */
 void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
@@ -287,10 +295,6 @@ void pdgw_conn_headers_done(pdgw_conn_t *cx, pdgw_req_t *r);
 void pdgw_conn_body_done(pdgw_conn_t *cx);
 /* The request ended; a kept-alive connection gets the header deadline again. */
 void pdgw_conn_request_done(pdgw_conn_t *cx);
-/* Absolute mono ms of the next connection deadline, -1 = none. */
-int64_t pdgw_conn_next_deadline(const pdgw_worker_t *w);
-/* Close connections whose deadline passed; true when any was closed. */
-bool pdgw_conn_expire(pdgw_worker_t *w, uint64_t now_ms);
 /* After MHD_run: a connection the policy let in but MHD never announced is forgotten. */
 void pdgw_conn_after_run(pdgw_worker_t *w);
 /* Per-address table shared by the workers. */
@@ -351,6 +355,8 @@ void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
 int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev);
 /* Deadlines of <r> at <now_ms>. */
 void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
+/* The earliest deadline of <r>'s workflow (absolute mono ms), UINT64_MAX = none. */
+uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r);
 /* The forwarder's waker fired. */
 void pdgw_wf_on_wake(pdgw_req_t *r);
 /* The client is gone or the request is being torn down: stop all, cleanup once. */

@@ -283,6 +283,7 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
         }
         r->stage = PDGW_WF_GATE;
         r->gate_point = point;
+        pdgw_req_timer_update(r);
         return false;
     }
     if (e.message[0] == '\0')
@@ -1254,6 +1255,45 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
     }
 }
 
+uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r)
+{
+    const pdgw_server_opts_t *o = &r->w->srv->opts;
+    uint64_t due = UINT64_MAX;
+    size_t i;
+    int k;
+
+    if (r->stage == PDGW_WF_FINISHED)
+        return UINT64_MAX;
+    if (r->n_mlegs) {
+        for (i = 0; i < r->n_mlegs; i++)
+            if (r->mlegs[i].state == PDGW_LEG_RUNNING &&
+                r->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS < due)
+                due = r->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS;
+        return due;
+    }
+    due = r->deadline_ms;
+    if (r->stage == PDGW_WF_GATE)
+        return r->gate_deadline_ms < due ? r->gate_deadline_ms : due;
+    for (k = 0; k < 2; k++) {
+        const pdgw_leg_t *leg = &r->legs[k];
+        uint64_t t;
+        if (leg->state != PDGW_LEG_RUNNING || leg->paused)
+            continue;
+        if (leg->t_first_ms == 0) {
+            if (o->first_byte_timeout_ms == 0)
+                continue;
+            t = leg->t_start_ms + o->first_byte_timeout_ms;
+        } else {
+            if (o->idle_timeout_ms == 0)
+                continue;
+            t = leg->t_last_ms + o->idle_timeout_ms;
+        }
+        if (t < due)
+            due = t;
+    }
+    return due;
+}
+
 void pdgw_wf_on_wake(pdgw_req_t *r)
 {
     pdgw_gate_point_t point = r->gate_point;
@@ -1364,5 +1404,5 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     pdgw_buf_free(&r->fwd_headers);
     pdgw_buf_free(&r->out);
     pdgw_free(r->reply_body);
-    pdgw_free(r);
+    pdgw_req_release(r);
 }
