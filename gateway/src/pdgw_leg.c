@@ -210,6 +210,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, leg);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, leg_open_socket);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, leg);
+    pdgw_worker_curl_sockets(r->w, easy);
     if (strcmp(method, "GET") == 0) {
         curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
     } else {

@@ -79,6 +79,9 @@ struct pdgw_worker {
     CURL *easy_pool[64];
     int n_easy_pool;
     int64_t curl_timer_ms; /* absolute mono ms, -1 = none */
+    /* Upstream sockets in the epoll set, by descriptor (pdgw_server.c). */
+    uint8_t *curl_fds;
+    size_t curl_fd_cap;
     atomic_bool stop;
     bool quiesced;
     bool mhd_kick; /* a connection was resumed: run MHD this iteration */
@@ -277,6 +280,8 @@ void pdgw_req_timer_update(pdgw_req_t *r);
 /* Request objects of worker <w>: zeroed, recycled. */
 pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w);
 void pdgw_req_release(pdgw_req_t *r);
+/* Options every easy handle of worker <w> needs (how its sockets are closed). */
+void pdgw_worker_curl_sockets(pdgw_worker_t *w, CURL *easy);
 /* Watch / unwatch the client socket for hang-up while the connection is suspended. */
 void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
