@@ -341,7 +341,7 @@ static enum MHD_Result queue_stream(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- local endpoints */
 
-static void reply_json(pdgw_req_t *r, int status, json_t *obj)
+void pdgw_req_reply_json(pdgw_req_t *r, int status, json_t *obj)
 {
     char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
@@ -360,14 +360,14 @@ static void serve_ready(pdgw_req_t *r)
     bool ready;
     if (srv->draining) {
         o = json_pack("{s:s}", "status", "draining");
-        reply_json(r, 503, o);
+        pdgw_req_reply_json(r, 503, o);
         return;
     }
     ready = sched_pool_ready(srv->opts.pool, srv->ready_roles);
     o = json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "no usable instance", "prefill",
                   (json_int_t)sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL), "decode",
                   (json_int_t)sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_DECODE));
-    reply_json(r, ready ? 200 : 503, o);
+    pdgw_req_reply_json(r, ready ? 200 : 503, o);
 }
 
 static void serve_metrics(pdgw_req_t *r)
@@ -382,119 +382,6 @@ static void serve_metrics(pdgw_req_t *r)
     }
     text = pdgw_buf_steal(&out, &len);
     pdgw_req_reply(r, 200, text, len, PDGW_METRICS_CONTENT_TYPE);
-}
-
-static void serve_models_local(pdgw_req_t *r)
-{
-    const pdgw_server_opts_t *o = &r->w->srv->opts;
-    json_t *data = json_array();
-    size_t i;
-    for (i = 0; i < o->n_models; i++)
-        json_array_append_new(data,
-                              json_pack("{s:s,s:s,s:I,s:s}", "id", o->models[i], "object", "model",
-                                        "created", (json_int_t)0, "owned_by", "pdgw"));
-    reply_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
-}
-
-static void serve_admin(pdgw_req_t *r)
-{
-    sched_pool_t *pool = r->w->srv->opts.pool;
-    const char *sub = r->admin_path; /* after "/admin/instances" */
-    char err[256] = "";
-
-    if (sub[0] == '\0' || strcmp(sub, "/") == 0) {
-        if (strcmp(r->method, "GET") == 0) {
-            reply_json(r, 200, sched_admin_list(pool));
-            return;
-        }
-        if (strcmp(r->method, "POST") == 0) {
-            json_error_t jerr;
-            json_t *body = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &jerr);
-            json_t *created = NULL;
-            sched_status_t st;
-            if (body == NULL) {
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_json",
-                                      "body is not valid JSON: %s", jerr.text);
-                return;
-            }
-            st = sched_admin_add(pool, body, &created, err, sizeof(err));
-            json_decref(body);
-            if (st == SCHED_OK) {
-                reply_json(r, 201, created);
-                return;
-            }
-            json_decref(created);
-            if (st == SCHED_ERR_EXISTS) {
-                pdgw_api_error_t e;
-                pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL, "%s",
-                                   err[0] ? err : "instance id already exists");
-                pdgw_api_error_set_code(&e, "instance_exists");
-                {
-                    size_t len;
-                    char *b = pdgw_api_error_body(&e, &len);
-                    pdgw_req_reply(r, 409, b, b ? len : 0, "application/json");
-                }
-                return;
-            }
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_instance", "%s",
-                                  err[0] ? err : sched_strerror(st));
-            return;
-        }
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
-                              "method %s not allowed on /admin/instances", r->method);
-        return;
-    }
-    if (sub[0] == '/') {
-        char id[SCHED_ID_MAX];
-        const char *action = NULL;
-        const char *slash = strchr(sub + 1, '/');
-        size_t idlen = slash ? (size_t)(slash - sub - 1) : strlen(sub + 1);
-        sched_status_t st;
-        if (idlen == 0 || idlen >= sizeof(id)) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no such instance");
-            return;
-        }
-        memcpy(id, sub + 1, idlen);
-        id[idlen] = '\0';
-        if (slash)
-            action = slash + 1;
-        if (action == NULL && strcmp(r->method, "GET") == 0) {
-            json_t *j = sched_admin_get(pool, id);
-            if (j == NULL)
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
-            else
-                reply_json(r, 200, j);
-            return;
-        }
-        if (action == NULL && strcmp(r->method, "DELETE") == 0) {
-            st = sched_pool_remove(pool, id);
-        } else if (action && (strcmp(action, "drain") == 0 || strcmp(action, "undrain") == 0)) {
-            if (strcmp(r->method, "POST") != 0) {
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL, "use POST for %s",
-                                      action);
-                return;
-            }
-            st = action[0] == 'd' ? sched_pool_drain(pool, id) : sched_pool_undrain(pool, id);
-        } else if (action == NULL) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
-                                  "method %s not allowed here", r->method);
-            return;
-        } else {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
-            return;
-        }
-        if (st == SCHED_ERR_NOT_FOUND) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
-            return;
-        }
-        if (st != SCHED_OK) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, NULL, "%s", sched_strerror(st));
-            return;
-        }
-        reply_json(r, 200, json_pack("{s:s,s:s}", "id", id, "status", "ok"));
-        return;
-    }
-    pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
 }
 
 /* ---------------------------------------------------------------- routing */
@@ -663,11 +550,11 @@ static void dispatch(pdgw_req_t *r)
         serve_metrics(r);
         return;
     case PDGW_ROUTE_ADMIN:
-        serve_admin(r);
+        pdgw_admin_serve(r);
         return;
     case PDGW_ROUTE_MODELS:
         if (srv->opts.n_models > 0) {
-            serve_models_local(r);
+            pdgw_models_serve_local(r);
             return;
         }
         break;

@@ -46,6 +46,8 @@ static curl_socket_t leg_open_socket(void *cls, curlsocktype purpose, struct cur
     curl_socket_t fd = socket(a->family, a->socktype, a->protocol);
     (void)purpose;
     leg->os_errno = fd == CURL_SOCKET_BAD ? errno : 0;
+    if (fd != CURL_SOCKET_BAD)
+        pdgw_worker_curl_socket_opened(leg->req->w, fd);
     return fd;
 }
 

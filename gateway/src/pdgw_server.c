@@ -289,6 +289,13 @@ static int on_curl_close(void *clientp, curl_socket_t s)
     return close(s);
 }
 
+void pdgw_worker_curl_socket_opened(pdgw_worker_t *w, curl_socket_t s)
+{
+    /* A new socket is never in the set, whatever an earlier one with its number left. */
+    if (s >= 0 && (size_t)s < w->curl_fd_cap)
+        w->curl_fds[s] = 0;
+}
+
 void pdgw_worker_curl_sockets(pdgw_worker_t *w, CURL *easy)
 {
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);

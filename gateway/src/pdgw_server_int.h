@@ -6,6 +6,10 @@
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
  *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
+ *   pdgw_models.c    GET /v1/models (configured names, or the instances' union)
+ *   pdgw_admin.c     the admin API (/admin/instances)
+ *   pdgw_access.c    the access log line of a finished request
+ *   pdgw_timer.c     per-worker timers (every deadline above); pdgw_freelist.c object reuse
  * Everything of one request runs on the worker thread that accepted its connection.
  */
 #ifndef PDGW_SERVER_INT_H
@@ -282,6 +286,8 @@ pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w);
 void pdgw_req_release(pdgw_req_t *r);
 /* Options every easy handle of worker <w> needs (how its sockets are closed). */
 void pdgw_worker_curl_sockets(pdgw_worker_t *w, CURL *easy);
+/* curl opened socket <s> (a new descriptor: not in the epoll set). */
+void pdgw_worker_curl_socket_opened(pdgw_worker_t *w, curl_socket_t s);
 /* Watch / unwatch the client socket for hang-up while the connection is suspended. */
 void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
@@ -332,6 +338,28 @@ size_t pdgw_req_out_pending(const pdgw_req_t *r);
 /* The client went away (hang-up while suspended). */
 void pdgw_req_client_hup(pdgw_req_t *r);
 
+/* Reply with the compact text of <obj> (taken); 500 when it cannot be rendered. */
+void pdgw_req_reply_json(pdgw_req_t *r, int status, json_t *obj);
+
+/* ---- pdgw_models.c (GET /v1/models) */
+/* Answer from the configured model names. */
+void pdgw_models_serve_local(pdgw_req_t *r);
+/* Ask every usable instance; the reply is sent when the last one answered. */
+void pdgw_models_start(pdgw_req_t *r);
+void pdgw_models_leg_done(pdgw_req_t *r);
+void pdgw_models_check_deadlines(pdgw_req_t *r, uint64_t now);
+uint64_t pdgw_models_next_deadline(const pdgw_req_t *r);
+void pdgw_models_release(pdgw_req_t *r);
+
+/* ---- pdgw_access.c */
+/* The access log line of <r>, finished with <status> at <now_ns>; <disconnected> = the client
+ * left before the whole answer. */
+void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uint64_t now_ns);
+
+/* ---- pdgw_admin.c */
+/* /admin/instances[/<id>[/drain|/undrain]] (r->admin_path is the part after the prefix). */
+void pdgw_admin_serve(pdgw_req_t *r);
+
 /* ---- pdgw_leg.c */
 void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind);
 /* Start <leg> to <inst> with <body> (taken) and the forwarder's extra headers. */
@@ -364,6 +392,8 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
 uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r);
 /* The forwarder's waker fired. */
 void pdgw_wf_on_wake(pdgw_req_t *r);
+/* The outcome is decided: no more deadlines. */
+void pdgw_wf_set_finished(pdgw_req_t *r);
 /* The client is gone or the request is being torn down: stop all, cleanup once. */
 void pdgw_wf_cancel(pdgw_req_t *r);
 /* Final bookkeeping at connection completion (access log, metrics, free). */
