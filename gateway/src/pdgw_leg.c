@@ -65,6 +65,11 @@ static int leg_on_event(void *arg, const pdgw_sse_event_t *ev)
     return pdgw_wf_relay_event(leg->req, leg, ev);
 }
 
+static void leg_on_drain(void *arg)
+{
+    pdgw_leg_unpause(arg);
+}
+
 static void leg_capture_status(pdgw_leg_t *leg)
 {
     if (!leg->got_status) {
@@ -87,8 +92,9 @@ static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
     if (leg->relay && leg->sse && leg->status == 200) {
         pdgw_status_t st;
         /* Slow client: stop reading upstream until it catches up. */
-        if (r->committed && pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
+        if (!pdgw_req_out_writable(r)) {
             leg->paused = true;
+            pdgw_req_on_drain(r, leg_on_drain, leg);
             return CURL_WRITEFUNC_PAUSE;
         }
         leg->bytes_in += len;

@@ -1,7 +1,8 @@
 /*
  * pdgw_server_int.h - internals shared by the serving core's files:
  *   pdgw_server.c    life cycle, worker threads, the epoll loop
- *   pdgw_http.c      libmicrohttpd handler: routing, body, replies, streaming to the client
+ *   pdgw_http.c      libmicrohttpd handler: routing, body, dispatch
+ *   pdgw_sink.c      the client response: reply, stream, write, end, flow control
  *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
@@ -225,6 +226,8 @@ struct pdgw_req {
     bool reply_close; /* "Connection: close" (the request's framing cannot be trusted) */
     unsigned reply_retry_after_s; /* Retry-After on the reply when > 0 */
     pdgw_buf_t out;               /* streamed bytes not yet taken by MHD */
+    void (*on_drain)(void *arg);  /* flow control: run once the client caught up */
+    void *on_drain_arg;
     size_t out_off;
     bool out_done;
     uint64_t bytes_out;
@@ -321,6 +324,10 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
                                  size_t *upload_data_size, void **con_cls);
 void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe);
+/* The Allow header of a 405 for <r>'s route (NULL when none applies). */
+const char *pdgw_http_allowed_methods(const pdgw_req_t *r);
+
+/* ---- pdgw_sink.c: the client response (the only code that touches it) */
 /* Reply (before commit) with a buffer; takes ownership of <body> (malloc'd). */
 void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype);
 /* Reply with an OpenAI error. */
@@ -335,6 +342,16 @@ void pdgw_req_out_end(pdgw_req_t *r);
 void pdgw_req_resume(pdgw_req_t *r);
 /* Bytes queued for the client not yet taken. */
 size_t pdgw_req_out_pending(const pdgw_req_t *r);
+/* May a writer add more (false once the client is PDGW_OUT_HIGH_WATER behind)? */
+bool pdgw_req_out_writable(const pdgw_req_t *r);
+/* Run <fn>(<arg>) once, when the client has taken the backlog down to half the high water
+ * (replaces an earlier registration). */
+void pdgw_req_on_drain(pdgw_req_t *r, void (*fn)(void *arg), void *arg);
+/* The answer is not known yet: suspend the connection until the sink resumes it. */
+void pdgw_req_suspend(pdgw_req_t *r);
+/* MHD side: queue the filled reply / the committed stream on the connection. */
+enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r);
+enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r);
 /* The client went away (hang-up while suspended). */
 void pdgw_req_client_hup(pdgw_req_t *r);
 
