@@ -27,8 +27,11 @@ $(BUILD)/Makefile:
 build: deps $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Tests on explicitly: a build tree first made by `make demo` has them off.
 test: DEPS_JOB = test
-test: build
+test: deps $(BUILD)/Makefile
+	cmake -S . -B $(BUILD) -DPDGW_BUILD_TESTS=ON >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_RETRY) $(CTEST_ARGS)
 
 $(SAN_BUILD)/Makefile:
@@ -72,8 +75,9 @@ demo: deps
 	@mkdir -p $(BUILD)
 	@echo "demo: building pdgw (log in $(BUILD)/build.log)"
 	@if ! { test -f $(BUILD)/Makefile || \
-	        cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo; } >$(BUILD)/build.log 2>&1 || \
-	    ! cmake --build $(BUILD) -j $(JOBS) >>$(BUILD)/build.log 2>&1; then \
+	        cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDGW_BUILD_TESTS=OFF; \
+	      } >$(BUILD)/build.log 2>&1 || \
+	    ! cmake --build $(BUILD) -j $(JOBS) --target pdgw pdgw-sim >>$(BUILD)/build.log 2>&1; then \
 	    tail -n 40 $(BUILD)/build.log; \
 	    echo "demo: build failed (full log in $(BUILD)/build.log)" >&2; exit 1; \
 	fi

@@ -134,6 +134,9 @@ typedef struct sched_kvev_sub_stats {
 sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, void *log_arg,
                                      sched_kvev_sub_t **out);
 void sched_kvev_sub_destroy(sched_kvev_sub_t *sub);
+/* How long a replay may take to answer before live messages are taken again (default 1 s;
+ * tests on slow machines raise it so an unanswered replay means a bug, not a busy host). */
+void sched_kvev_sub_set_replay_timeout(sched_kvev_sub_t *sub, int ms);
 /* Subscribe to instance <uid>'s publisher (<replay> may be NULL/""). Adding
  * a uid already present is a no-op; thread-safe. */
 sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const char *endpoint,

@@ -60,6 +60,7 @@ struct sched_kvev_sub {
     pthread_t thread;
     bool started;
     _Atomic bool stopping;
+    _Atomic int replay_timeout_ms;
     _Atomic uint64_t messages, events, gaps, replays, replay_failed, restarts, cleared, bad, lag_ms;
 };
 
@@ -96,6 +97,7 @@ sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, 
     sub->idx = idx;
     sub->log = log;
     sub->log_arg = log_arg;
+    atomic_store(&sub->replay_timeout_ms, REPLAY_TIMEOUT_MS);
     sub->ctx = zmq_ctx_new();
     if (!sub->ctx || pthread_mutex_init(&sub->mu, NULL) != 0) {
         if (sub->ctx)
@@ -314,7 +316,7 @@ static void request_replay(sched_kvev_sub_t *sub, sub_conn_t *c, uint64_t from)
     }
     atomic_fetch_add(&sub->replays, 1);
     c->replaying = true;
-    c->replay_deadline_ms = now_ms() + REPLAY_TIMEOUT_MS;
+    c->replay_deadline_ms = now_ms() + (uint64_t)atomic_load(&sub->replay_timeout_ms);
 }
 
 static void on_live(sched_kvev_sub_t *sub, sub_conn_t *c)
@@ -479,6 +481,11 @@ sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub)
         return SCHED_ERR_IO;
     sub->started = true;
     return SCHED_OK;
+}
+
+void sched_kvev_sub_set_replay_timeout(sched_kvev_sub_t *sub, int ms)
+{
+    atomic_store(&sub->replay_timeout_ms, ms > 0 ? ms : REPLAY_TIMEOUT_MS);
 }
 
 void sched_kvev_sub_destroy(sched_kvev_sub_t *sub)

@@ -49,6 +49,11 @@ def run_config(protocol, mode, opts, n):
     opts = dict(opts)
     if protocol == "lmcache":
         opts["proxy_port"] = env["proxy_port"]
+    if protocol in ("vllm-kvt", "lmcache") and mode == "batch":
+        # A reservation answered after reserve_timeout_ms mutes that decode for 5 s and the
+        # requests go on unreserved (by design); a loaded machine must not turn that into a
+        # failed count below.
+        opts = dict(opts, reserve_timeout_ms=15000)
     prefills, decodes = env["P"][:n], env["D"][:n]
     gw = Gateway(protocol, mode, [s.instance() for s in prefills + decodes], opts,
                  top={"prefill_policy": "round-robin", "decode_policy": "round-robin"})

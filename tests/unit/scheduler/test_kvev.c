@@ -487,6 +487,9 @@ static void test_sub_recovery(void **state)
     fake_open(&f);
     assert_int_equal(sched_kvev_index_create(1000, &idx), SCHED_OK);
     assert_int_equal(sched_kvev_sub_create(idx, test_quiet_log, NULL, &sub), SCHED_OK);
+    /* the fake answers replays only between the steps below, which a sanitizer build on a
+     * busy machine can stretch past the default 1 s */
+    sched_kvev_sub_set_replay_timeout(sub, 60000);
     assert_int_equal(sched_kvev_sub_add(sub, 5, f.pub_ep, f.router_ep), SCHED_OK);
     /* a PUB drops messages until the SUB is connected; the catch-up replay
      * from seq 0 brings the batch anyway */
