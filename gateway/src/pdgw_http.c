@@ -426,8 +426,8 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     if (ci && ci->client_addr)
         sockaddr_text(ci->client_addr, r->client_addr, sizeof(r->client_addr));
     r->body.limit = 0;
-    pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL);
-    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
+    pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL, &pdgw_wf_leg_owner);
+    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     route(r, url);
     req_identity(r);
     req_deadline(r);

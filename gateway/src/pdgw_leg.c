@@ -2,7 +2,8 @@
  * pdgw_leg.c - one upstream HTTP leg: a curl easy handle on the worker's multi handle.
  *
  * Response bytes either feed the SSE parser (the relayed decode leg of a stream; events go
- * to the workflow engine one by one) or are buffered (prefill legs, non-stream replies).
+ * to the leg's owner one by one) or are buffered (prefill legs, non-stream replies); the end
+ * of the leg is reported to its owner too (pdgw_leg_owner_t: the workflow, /v1/models).
  * Connections stay in the worker's multi connection cache for reuse.
  */
 #include "pdgw_server_int.h"
@@ -51,10 +52,12 @@ static curl_socket_t leg_open_socket(void *cls, curlsocktype purpose, struct cur
     return fd;
 }
 
-void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind)
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
+                   const pdgw_leg_owner_t *owner)
 {
     memset(leg, 0, sizeof(*leg));
     leg->req = r;
+    leg->owner = owner;
     leg->kind = kind;
     pdgw_sse_init(&leg->parser);
 }
@@ -62,7 +65,7 @@ void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind)
 static int leg_on_event(void *arg, const pdgw_sse_event_t *ev)
 {
     pdgw_leg_t *leg = arg;
-    return pdgw_wf_relay_event(leg->req, leg, ev);
+    return leg->owner->on_event ? leg->owner->on_event(leg, ev) : 0;
 }
 
 static void leg_on_drain(void *arg)
@@ -336,7 +339,6 @@ static bool leg_local_shortage(const pdgw_leg_t *leg)
 
 void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
 {
-    pdgw_req_t *r = leg->req;
     leg_capture_status(leg);
     leg->t_end_ms = pdgw_now_ms();
     if (leg->err == PDGW_LEGERR_NONE) {
@@ -390,5 +392,5 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
     }
     leg_free_transfer(leg);
     leg->state = PDGW_LEG_DONE;
-    pdgw_wf_leg_done(r, leg);
+    leg->owner->on_done(leg);
 }

@@ -88,6 +88,13 @@ static char *wf_models_keep(pdgw_req_t *r, size_t slot, const char *s)
     return c;
 }
 
+static void models_on_leg_done(pdgw_leg_t *leg)
+{
+    pdgw_models_leg_done(leg->req);
+}
+
+static const pdgw_leg_owner_t models_leg_owner = {NULL, models_on_leg_done};
+
 void pdgw_models_start(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
@@ -122,8 +129,7 @@ void pdgw_models_start(pdgw_req_t *r)
         v->url = wf_models_keep(r, 2 * n + 1, json_string_value(json_object_get(inst, "url")));
         if (v->id == NULL || v->url == NULL)
             break;
-        pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE);
-        r->mlegs[n].models = true;
+        pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE, &models_leg_owner);
         n++;
     }
     json_decref(list);

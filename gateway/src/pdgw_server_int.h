@@ -126,14 +126,22 @@ typedef enum {
     PDGW_LEGERR_LOCAL,    /* the gateway itself ran short (fds, memory): not the instance's fault */
 } pdgw_leg_err_t;
 
+/* Whoever owns a leg hears from it through these (the workflow, or GET /v1/models). */
+typedef struct pdgw_leg_owner {
+    /* One SSE event of a relayed stream; non-zero stops the leg (the owner answered). */
+    int (*on_event)(pdgw_leg_t *leg, const pdgw_sse_event_t *ev);
+    /* The leg ended: success, or leg->err says why not. */
+    void (*on_done)(pdgw_leg_t *leg);
+} pdgw_leg_owner_t;
+
 struct pdgw_leg {
     pdgw_req_t *req;
+    const pdgw_leg_owner_t *owner;
     pdgw_leg_kind_t kind;
     pdgw_leg_state_t state;
     const pdgw_instance_t *inst;
-    bool relay;  /* this leg's response goes to the client */
-    bool models; /* one of the GET /v1/models fan-out legs */
-    bool sse;    /* relay as SSE (client asked for stream) */
+    bool relay; /* this leg's response goes to the client */
+    bool sse;   /* relay as SSE (client asked for stream) */
     CURL *easy;
     struct curl_slist *headers;
     char *body;         /* request body text */
@@ -378,7 +386,8 @@ void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uin
 void pdgw_admin_serve(pdgw_req_t *r);
 
 /* ---- pdgw_leg.c */
-void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind);
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
+                   const pdgw_leg_owner_t *owner);
 /* Start <leg> to <inst> with <body> (taken) and the forwarder's extra headers. */
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
                              const char *method, char *body, size_t body_len,
@@ -399,10 +408,8 @@ const char *pdgw_leg_err_name(pdgw_leg_err_t e);
 void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si);
 /* Start the workflow of a validated inference request. */
 void pdgw_wf_start(pdgw_req_t *r);
-/* A leg ended (success or error); called from pdgw_leg_on_done / deadline checks. */
-void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
-/* Relay: one SSE event of the decode leg (from the leg's parser). Returns non-zero to stop. */
-int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev);
+/* The workflow as the owner of a request's prefill and decode legs. */
+extern const pdgw_leg_owner_t pdgw_wf_leg_owner;
 /* Deadlines of <r> at <now_ms>. */
 void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
 /* The earliest deadline of <r>'s workflow (absolute mono ms), UINT64_MAX = none. */

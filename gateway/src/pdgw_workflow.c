@@ -585,15 +585,13 @@ static bool wf_decode_waits(pdgw_req_t *r)
     return wants != NULL;
 }
 
-void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
+/* A leg ended (success or error). */
+static void wf_leg_done(pdgw_leg_t *leg)
 {
+    pdgw_req_t *r = leg->req;
     pdgw_fwd_error_t e;
     uint64_t dur_us = (leg->t_end_ms - leg->t_start_ms) * 1000u;
 
-    if (leg->models) {
-        pdgw_models_leg_done(r);
-        return;
-    }
     if (leg->kind == PDGW_LEG_PREFILL)
         r->t_prefill_us = dur_us;
     else
@@ -685,7 +683,7 @@ static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *
     pdgw_log_info("workflow", "req=%s retry %u with a new decode, keeping the prefill: %s", r->id,
                   r->attempt, e->message);
     pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
-    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
+    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     wf_refresh_peers(r);
     if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
         wf_run_decode_stage(r);
@@ -730,7 +728,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
                   pdgw_phase_name(e->phase), e->message);
     for (k = 0; k < 2; k++) {
         pdgw_leg_release(&r->legs[k]);
-        pdgw_leg_init(&r->legs[k], r, (pdgw_leg_kind_t)k);
+        pdgw_leg_init(&r->legs[k], r, (pdgw_leg_kind_t)k, &pdgw_wf_leg_owner);
     }
     wf_start_attempt(r);
     return true;
@@ -942,8 +940,10 @@ static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len)
     return s;
 }
 
-int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
+/* Relay: one SSE event of the decode leg (from the leg's parser). Non-zero stops the leg. */
+static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
 {
+    pdgw_req_t *r = leg->req;
     uint64_t now_ns = pdgw_time_mono_ns();
     uint64_t now = now_ns / 1000000u;
     if (r->stage == PDGW_WF_FINISHED)
@@ -1217,3 +1217,5 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     pdgw_free(r->reply_body);
     pdgw_req_release(r);
 }
+
+const pdgw_leg_owner_t pdgw_wf_leg_owner = {wf_relay_event, wf_leg_done};

@@ -142,13 +142,22 @@ for n in $LEVELS; do
     fi
     info_row b2 "$n streams: pdgw CPU s per 1,000 tokens" "$cpu_per" s
     info_row b2 "$n streams: relay delay p50 via pdgw / direct" "$(awk -v a="$v50" -v b="$d50" 'BEGIN { printf "%.2f/%.2f", a / 1000, b / 1000 }')" ms
+    # Targets (issue "Gateway core v2"): every stream the descriptor limit allows held (two
+    # descriptors per stream plus a small reserve), <= 16 KiB RSS per stream, relay p99 added
+    # over direct <= 5 ms at 1,000 streams.
+    if [[ "$n" == 1000 ]]; then
+        check_target b2 "relay p99 added over direct at 1000" \
+            "$(awk -v a="$a99" 'BEGIN { printf "%.3f", a / 1000 }')" le 5 ms
+    fi
     if [[ "$n" == "$max_level" ]]; then
-        check_target b2 "$n streams held through pdgw" "$completed" ge "$n" streams
-        check_target b2 "RSS per stream at $n" "$rss_per" le 32 KiB
-        check_target b2 "relay delay p99 at $n (via pdgw, absolute)" \
-            "$(awk -v a="$v99" 'BEGIN { printf "%.3f", a / 1000 }')" le 2 ms
-        check_target b2 "relay delay p99 added over direct at $n" \
-            "$(awk -v a="$a99" 'BEGIN { printf "%.3f", a / 1000 }')" le 2 ms
+        allowed=$(((nofile - 100) / 2))
+        ((allowed > n)) && allowed=$n
+        check_target b2 "$n streams held through pdgw (fd limit allows $allowed)" "$completed" ge "$allowed" streams
+        check_target b2 "RSS per stream at $n" "$rss_per" le 16 KiB
+        info_row b2 "relay delay p99 at $n (via pdgw, absolute)" \
+            "$(awk -v a="$v99" 'BEGIN { printf "%.3f", a / 1000 }')" ms
+        info_row b2 "relay delay p99 added over direct at $n" \
+            "$(awk -v a="$a99" 'BEGIN { printf "%.3f", a / 1000 }')" ms
     fi
 done
 if command -v gnuplot >/dev/null 2>&1 && (($(wc -l <"$csv") > 1)); then
