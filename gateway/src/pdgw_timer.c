@@ -14,9 +14,7 @@ void pdgw_timers_init(pdgw_timers_t *h)
 
 void pdgw_timers_free(pdgw_timers_t *h)
 {
-    size_t i;
-    for (i = 0; i < h->n; i++)
-        h->v[i]->idx = PDGW_TIMER_IDLE;
+    /* The timers themselves are not touched: their owners may be gone already. */
     pdgw_free(h->v);
     memset(h, 0, sizeof(*h));
 }

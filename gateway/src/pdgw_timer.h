@@ -39,7 +39,8 @@ typedef struct pdgw_timers {
 } pdgw_timers_t;
 
 void pdgw_timers_init(pdgw_timers_t *h);
-/* Forget every armed timer (their owners are not told) and free the heap. */
+/* Free the heap. Timers still armed are not touched (their owners may be freed already) and
+ * must not be used with this heap again. */
 void pdgw_timers_free(pdgw_timers_t *h);
 void pdgw_timer_init(pdgw_timer_t *t, pdgw_timer_fn fn);
 static inline bool pdgw_timer_armed(const pdgw_timer_t *t)
