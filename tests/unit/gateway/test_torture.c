@@ -27,6 +27,7 @@
 #include <microhttpd.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -55,6 +56,35 @@ static void pause_ms(int ms)
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     if (ms > 0)
         nanosleep(&ts, NULL);
+}
+
+/* A long stream for the slow-client test: BIG_EVENTS events of BIG_EVENT_BYTES each, then
+ * [DONE]; big_produced counts the events the engine got to write. */
+#define BIG_EVENTS      8192
+#define BIG_EVENT_BYTES 8192
+static atomic_int big_produced;
+
+static ssize_t big_stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    fake_conn_t *fc = cls;
+    int n;
+    (void)pos;
+    if (fc->stream_pos > BIG_EVENTS)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    if (fc->stream_pos == BIG_EVENTS) {
+        fc->stream_pos++;
+        memcpy(buf, "data: [DONE]\n\n", 14);
+        return 14;
+    }
+    if (max < BIG_EVENT_BYTES)
+        return 0; /* MHD calls again with room */
+    /* data: {"i":<n>,"pad":"xxx..."}\n\n, exactly BIG_EVENT_BYTES long */
+    n = snprintf(buf, max, "data: {\"i\":%06d,\"pad\":\"", fc->stream_pos);
+    memset(buf + n, 'x', (size_t)(BIG_EVENT_BYTES - n - 4));
+    memcpy(buf + BIG_EVENT_BYTES - 4, "\"}\n\n", 4);
+    fc->stream_pos++;
+    atomic_fetch_add(&big_produced, 1);
+    return BIG_EVENT_BYTES;
 }
 
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
@@ -106,7 +136,11 @@ static enum MHD_Result fake_access(void *cls, struct MHD_Connection *conn, const
     prefill = fc->body && strstr(fc->body, "\"max_tokens\":1") != NULL;
     stream = fc->body && strstr(fc->body, "\"stream\":true") != NULL;
     pause_ms(engine_delay_ms);
-    if (stream && !prefill) {
+    if (stream && !prefill && fc->body && strstr(fc->body, "\"max_tokens\":9999") != NULL) {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 2 * BIG_EVENT_BYTES,
+                                                 big_stream_cb, fc, NULL);
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    } else if (stream && !prefill) {
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 256, stream_cb, fc, NULL);
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     } else {
@@ -472,12 +506,88 @@ static void test_client_gives_up_at_every_stage(void **s)
     assert_serves(PLAIN, "Hello");
 }
 
+/* Flow control (pdgw_sink.c): a client that does not read makes the gateway pause the
+ * upstream leg once its backlog passes the high water, instead of buffering the whole
+ * answer; when the client reads again the leg resumes and every byte arrives, in order. The
+ * engine offers 64 MiB; a gateway that buffered it all would let the engine write every
+ * event while the client sleeps. */
+static void test_slow_client_pauses_the_upstream(void **s)
+{
+    static const char BIG[] =
+        "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":9999,\"stream\":true}";
+    struct sockaddr_in a;
+    char req[512], buf[65536];
+    int fd, n, rcv = 4096, last = -1, stable = 0, i;
+    size_t total = 0, carry = 0;
+    long next_i = 0;
+    char tail[32] = "";
+    (void)s;
+    engine_delay_ms = 0;
+    atomic_store(&big_produced, 0);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)pdgw_server_port(F.srv));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    /* HTTP/1.0: the answer is delimited by the close, not chunked, so the events can be
+     * checked in the raw bytes. */
+    n = snprintf(req, sizeof(req),
+                 "POST /v1/completions HTTP/1.0\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n%s",
+                 strlen(BIG), BIG);
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    /* Not reading: wait until the engine stops getting anywhere (or has written it all). */
+    for (i = 0; i < 1000 && stable < 20; i++) {
+        int now = atomic_load(&big_produced);
+        stable = now == last && now > 0 ? stable + 1 : 0;
+        last = now;
+        if (now >= BIG_EVENTS)
+            break;
+        pause_ms(10);
+    }
+    print_message("the engine wrote %d of %d events while the client slept\n", last, BIG_EVENTS);
+    assert_true(last < BIG_EVENTS / 2);
+    /* Now read everything: the events arrive whole and in order, then [DONE]. The last bytes
+     * of each read are kept in front of the next, so an index cut between reads is seen whole
+     * once (scanning resumes after the last complete one). */
+    for (;;) {
+        ssize_t got = recv(fd, buf + carry, sizeof(buf) - 1 - carry, 0);
+        char *p, *end, *resume;
+        if (got <= 0)
+            break;
+        total += (size_t)got;
+        end = buf + carry + got;
+        *end = '\0';
+        resume = buf;
+        for (p = buf; (p = strstr(p, "\"i\":")) != NULL; p += 4) {
+            if (p + 4 + 6 > end)
+                break;
+            assert_int_equal(strtol(p + 4, NULL, 10), next_i);
+            next_i++;
+            resume = p + 10;
+        }
+        carry = (size_t)(end - resume) < 16 ? (size_t)(end - resume) : 16;
+        memmove(buf, end - carry, carry);
+        memcpy(tail, end - (end - buf > 20 ? 20 : end - buf), 20);
+        tail[20] = '\0';
+    }
+    assert_int_equal(next_i, BIG_EVENTS);
+    close(fd);
+    assert_true(total > (size_t)BIG_EVENTS * BIG_EVENT_BYTES);
+    assert_non_null(strstr(tail, "[DONE]"));
+    assert_settled();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_allocation_fails_plain),
         cmocka_unit_test(test_every_allocation_fails_stream),
         cmocka_unit_test(test_client_gives_up_at_every_stage),
+        cmocka_unit_test(test_slow_client_pauses_the_upstream),
     };
     int rc;
     /* The gateway's own allocations and its JSON trees go through the failure-injecting
