@@ -20,8 +20,8 @@
 /* The vllm-nixl / vllm-mooncake serial prefill kv_transfer_params (new reference). */
 json_t *fwd_pd_kvp_remote_decode(void);
 
-/* Hardened prefill body (docs/protocols/README.md, hardened prefill leg) with kv_transfer_params = kvp (stolen, may be
- * NULL = no kv_transfer_params). NULL on no memory. */
+/* Hardened prefill body (docs/protocols/README.md, hardened prefill leg) with kv_transfer_params =
+ * kvp (stolen, may be NULL = no kv_transfer_params). NULL on no memory. */
 json_t *fwd_pd_body_prefill(const pdgw_fwd_request_t *req, json_t *kvp);
 
 /* Copy of the client body with kv_transfer_params = kvp (stolen; NULL = left as the client
@@ -79,6 +79,9 @@ typedef struct fwd_pd_kv_opts {
     int skip_proxy_notification;     /* engines run with pd_skip_proxy_notification: no wait */
     char curve_secret_key_file[256]; /* "" = plain TCP */
     char curve_client_keys_file[256];
+    /* Replicas of this gateway that get the ProxyNotifs we do not own (fwd_pd_notif_relay.c) */
+    char notif_relay_peers[512]; /* "host:port, ..." ("" = no relay) */
+    int64_t notif_relay_port;    /* where the peers' notices come in */
 } fwd_pd_kv_opts_t;
 
 /* Keys fwd_pd_kv_opts_parse understands (for fwd_pd_opts_check). */
@@ -88,7 +91,7 @@ typedef struct fwd_pd_kv_opts {
 #define FWD_PD_PROXY_OPT_KEYS                                                                      \
     "proxy_host", "proxy_port", "notif_timeout_ms", "admission_chunks", "notif_check_peer",        \
         "notif_fallback", "skip_proxy_notification", "notif_curve_secret_key_file",                \
-        "notif_curve_client_keys_file"
+        "notif_curve_client_keys_file", "notif_relay_peers", "notif_relay_port"
 
 pdgw_fwd_status_t fwd_pd_kv_opts_parse(const json_t *options, int reserve_default, int proxy,
                                        fwd_pd_kv_opts_t *o, char *err, size_t errlen);
@@ -115,6 +118,23 @@ size_t fwd_pd_notif_fds(const fwd_pd_notif_t *n, int fds[2]);
 int fwd_pd_notif_recv(fwd_pd_notif_t *n, char *id, size_t cap, char *peer, size_t peercap);
 /* pdgw_fwd_proxy_notifs_rejected_total{protocol, reason}. */
 void fwd_pd_notif_count_rejected(const char *protocol, const char *reason);
+
+/* ---- ProxyNotif relay between gateway replicas (fwd_pd_notif_relay.c) ---- */
+
+typedef struct fwd_pd_relay fwd_pd_relay_t;
+
+/* Bind the relay PULL on proxy_host:notif_relay_port and connect to notif_relay_peers. */
+pdgw_fwd_status_t fwd_pd_relay_create(const char *protocol, const fwd_pd_kv_opts_t *o,
+                                      fwd_pd_relay_t **out, char *err, size_t errlen);
+void fwd_pd_relay_destroy(fwd_pd_relay_t *r);
+int fwd_pd_relay_port(const fwd_pd_relay_t *r);
+/* The fd to poll (ZMQ_FD, edge-style: call fwd_pd_relay_recv until it returns 0). */
+int fwd_pd_relay_fd(const fwd_pd_relay_t *r);
+/* Hand a notice nobody here waits for to every peer, with the engine address it came from. */
+void fwd_pd_relay_forward(fwd_pd_relay_t *r, const char *id, const char *sender);
+/* The next notice a peer handed over: 1 with its req_id and the engine's address, 0 when none
+ * is queued. Messages from addresses that are not peers are dropped and counted. */
+int fwd_pd_relay_recv(fwd_pd_relay_t *r, char *id, size_t cap, char *sender, size_t sendercap);
 
 typedef struct fwd_pd_kv fwd_pd_kv_t;       /* per forwarder: control thread, admission */
 typedef struct fwd_pd_kvreq fwd_pd_kvreq_t; /* per attempt */

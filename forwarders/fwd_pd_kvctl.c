@@ -15,8 +15,8 @@
  *     a decode early.
  * Requests talk to the thread through fwd_pd_kvreq_t objects (reference counted: the attempt
  * and the thread each hold one) and are woken through their pdgw waker. The weighted
- * admission semaphore (docs/protocols/lmcache.md) lives here too: ceil(prompt_tokens / chunk_tokens)
- * slots per request, granted strictly FIFO so a large request is never starved.
+ * admission semaphore (docs/protocols/lmcache.md) lives here too: ceil(prompt_tokens /
+ * chunk_tokens) slots per request, granted strictly FIFO so a large request is never starved.
  */
 #include "fwd_pd.h"
 
@@ -119,6 +119,7 @@ struct fwd_pd_kv {
     fwd_pd_kv_opts_t o;
     kvt_proxy_t *proxy;    /* DEALERs to libkvt receivers (ReserveRequest, CancelNotif) */
     fwd_pd_notif_t *notif; /* the ProxyNotif PULL (o.proxy) */
+    fwd_pd_relay_t *relay; /* notices for requests other replicas own (notif_relay_peers) */
     int efd;
     pthread_t th;
     int started;
@@ -315,23 +316,35 @@ static const char *on_notif(fwd_pd_kv_t *kv, const char *id, const char *peer, i
     return "late";
 }
 
+/* One notice, direct from an engine or <relayed> by a peer replica. */
+static void take_notif(fwd_pd_kv_t *kv, const char *id, const char *peer, int relayed)
+{
+    int late_release = 0;
+    const char *why = on_notif(kv, id, peer, &late_release);
+    if (why == NULL) {
+        count(kv, "proxy_notifs", "ProxyNotif messages accepted.");
+        return;
+    }
+    if (kv->relay != NULL && !relayed && strcmp(why, "unknown") == 0) {
+        /* Another replica's request, most likely: never relayed twice. */
+        fwd_pd_relay_forward(kv->relay, id, peer);
+        return;
+    }
+    fwd_pd_notif_count_rejected(kv->protocol, why);
+    pdgw_fwd_log(PDGW_FWD_LOG_DEBUG, "%s: ProxyNotif{req_id=%.64s} from %s%s ignored: %s",
+                 kv->protocol, id, peer[0] ? peer : "?", relayed ? " (relayed)" : "", why);
+    if (late_release)
+        count(kv, "late_kv_releases",
+              "CancelNotifs re-sent for transfers that landed after their request ended.");
+}
+
 static void drain_notifs(fwd_pd_kv_t *kv)
 {
     char id[KVCTL_ID_MAX], peer[INET6_ADDRSTRLEN + 8];
-    while (kv->notif && fwd_pd_notif_recv(kv->notif, id, sizeof(id), peer, sizeof(peer)) == 1) {
-        int late_release = 0;
-        const char *why = on_notif(kv, id, peer, &late_release);
-        if (why == NULL) {
-            count(kv, "proxy_notifs", "ProxyNotif messages accepted.");
-            continue;
-        }
-        fwd_pd_notif_count_rejected(kv->protocol, why);
-        pdgw_fwd_log(PDGW_FWD_LOG_DEBUG, "%s: ProxyNotif{req_id=%.64s} from %s ignored: %s",
-                     kv->protocol, id, peer[0] ? peer : "?", why);
-        if (late_release)
-            count(kv, "late_kv_releases",
-                  "CancelNotifs re-sent for transfers that landed after their request ended.");
-    }
+    while (kv->notif && fwd_pd_notif_recv(kv->notif, id, sizeof(id), peer, sizeof(peer)) == 1)
+        take_notif(kv, id, peer, 0);
+    while (kv->relay && fwd_pd_relay_recv(kv->relay, id, sizeof(id), peer, sizeof(peer)) == 1)
+        take_notif(kv, id, peer, 1);
 }
 
 static int port_muted(fwd_pd_kv_t *kv, const char *host, int port)
@@ -468,7 +481,7 @@ static void *kvctl_main(void *arg)
 {
     fwd_pd_kv_t *kv = arg;
     for (;;) {
-        struct pollfd pf[3];
+        struct pollfd pf[4];
         int fds[2];
         int npf = 1, timeout = KVCTL_POLL_MS;
         int64_t next = -1, now;
@@ -484,6 +497,8 @@ static void *kvctl_main(void *arg)
                 pf[npf++].events = POLLIN;
             }
         }
+        if (kv->relay && (pf[npf].fd = fwd_pd_relay_fd(kv->relay)) >= 0)
+            pf[npf++].events = POLLIN;
         drain_notifs(kv); /* ZMQ_FD is edge-style: always drain before waiting */
         pthread_mutex_lock(&kv->lock);
         if (kv->stop && kv->jobs == NULL) {
@@ -539,6 +554,9 @@ pdgw_fwd_status_t fwd_pd_kv_create(const char *protocol, const fwd_pd_kv_opts_t 
     }
     if (o->proxy && fwd_pd_notif_create(protocol, o, &kv->notif, err, errlen) != PDGW_FWD_OK)
         goto err_proxy;
+    if (o->proxy && o->notif_relay_peers[0] != '\0' &&
+        fwd_pd_relay_create(protocol, o, &kv->relay, err, errlen) != PDGW_FWD_OK)
+        goto err_notif;
     if (pthread_create(&kv->th, NULL, kvctl_main, kv) != 0) {
         snprintf(err, errlen, "cannot start the KV control thread");
         goto err_notif;
@@ -550,12 +568,16 @@ pdgw_fwd_status_t fwd_pd_kv_create(const char *protocol, const fwd_pd_kv_opts_t 
                      "%s: ProxyNotif PULL bound on %s:%d%s%s", protocol, o->proxy_host,
                      fwd_pd_notif_port(kv->notif), o->curve_secret_key_file[0] ? " (CURVE)" : "",
                      wide ? " on every interface (proxy_host)" : "");
+        if (kv->relay)
+            pdgw_fwd_log(PDGW_FWD_LOG_INFO, "%s: ProxyNotif relay on %s:%d, peers %s", protocol,
+                         o->proxy_host, fwd_pd_relay_port(kv->relay), o->notif_relay_peers);
     }
     /* Show the counters at 0 from the start. */
     *out = kv;
     return PDGW_FWD_OK;
 
 err_notif:
+    fwd_pd_relay_destroy(kv->relay);
     fwd_pd_notif_destroy(kv->notif);
 err_proxy:
     kvt_proxy_destroy(kv->proxy);
@@ -582,6 +604,7 @@ void fwd_pd_kv_destroy(fwd_pd_kv_t *kv)
         kv->tombs = t->next;
         free(t);
     }
+    fwd_pd_relay_destroy(kv->relay);
     fwd_pd_notif_destroy(kv->notif);
     kvt_proxy_destroy(kv->proxy);
     close(kv->efd);

@@ -387,8 +387,17 @@ pdgw_fwd_status_t fwd_pd_notif_opts_parse(const json_t *options, fwd_pd_kv_opts_
         fwd_pd_opt_str(options, "notif_curve_secret_key_file", "", o->curve_secret_key_file,
                        sizeof(o->curve_secret_key_file), err, errlen) ||
         fwd_pd_opt_str(options, "notif_curve_client_keys_file", "", o->curve_client_keys_file,
-                       sizeof(o->curve_client_keys_file), err, errlen))
+                       sizeof(o->curve_client_keys_file), err, errlen) ||
+        fwd_pd_opt_str(options, "notif_relay_peers", "", o->notif_relay_peers,
+                       sizeof(o->notif_relay_peers), err, errlen) ||
+        fwd_pd_opt_int(options, "notif_relay_port", 0, 0, 65535, &o->notif_relay_port, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
+    if (o->notif_relay_peers[0] != '\0' && o->notif_relay_port == 0) {
+        snprintf(err, errlen,
+                 "protocol option notif_relay_peers needs notif_relay_port (the port every "
+                 "replica listens on for the notices its peers hand over)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
     o->notif_fallback_decode = fb == 1;
     if (o->curve_client_keys_file[0] != '\0' && o->curve_secret_key_file[0] == '\0') {
         snprintf(err, errlen,

@@ -149,6 +149,21 @@ static const pdgw_config_option_t options[] = {
     {"kv_events_max_blocks", "kv-events-max-blocks", "PDGW_KV_EVENTS_MAX_BLOCKS", PDGW_OPT_INT,
      NULL, 64, 67108864, "1048576", "N", "precise-prefix: bound of the KV-event block index.",
      C(kv_events_max_blocks)},
+    {"tokenize_timeout", "tokenize-timeout", "PDGW_TOKENIZE_TIMEOUT", PDGW_OPT_DURATION, NULL,
+     0, 0, "250ms", "DURATION", "Longest wait for an engine's POST /tokenize of a text prompt "
+     "(precise-prefix, selective PD) before the request is routed without tokens "
+     "(0 = never tokenize).", C(tokenize_timeout_ms)},
+    {"tokenize_cache_entries", "tokenize-cache-entries", "PDGW_TOKENIZE_CACHE_ENTRIES",
+     PDGW_OPT_INT, NULL, 0, 16777216, "4096", "N", "Tokenized prompts kept, by prompt hash "
+     "(0 = no cache).", C(tokenize_cache_entries)},
+    {"pd_min_prompt_tokens", "pd-min-prompt-tokens", "PDGW_PD_MIN_PROMPT_TOKENS", PDGW_OPT_INT,
+     NULL, 0, 100000000, "0", "N", "Selective PD: a prompt of fewer tokens, or whose part the "
+     "chosen decode does not hold is shorter, goes decode-only (0 = always PD).",
+     C(pd_min_prompt_tokens)},
+    {"pd_skip_cached_percent", "pd-skip-cached-percent", "PDGW_PD_SKIP_CACHED_PERCENT",
+     PDGW_OPT_INT, NULL, 0, 100, "0", "PERCENT", "Selective PD: decode-only when the chosen "
+     "decode holds at least this share of the prompt (precise-prefix KV events; 0 = off).",
+     C(pd_skip_cached_percent)},
     {"drain_timeout", "drain-timeout", "PDGW_DRAIN_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0,
      "30s", "DURATION", "On SIGTERM, how long in-flight requests may finish.",
      C(drain_timeout_ms)},

@@ -162,6 +162,11 @@ typedef struct pdgw_config {
     int kv_events_load_weight;
     int kv_events_other_tier_percent;
     int kv_events_max_blocks;
+    /* tokenize before routing, selective PD (pdgw_route.h) */
+    uint64_t tokenize_timeout_ms;
+    int tokenize_cache_entries;
+    int pd_min_prompt_tokens;
+    int pd_skip_cached_percent;
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;

@@ -393,6 +393,10 @@ int main(int argc, char **argv)
     so.max_connections_per_client =
         cfg.max_connections_per_client > 0 ? (unsigned)cfg.max_connections_per_client : 0;
     so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
+    so.route.tokenize_timeout_ms = cfg.tokenize_timeout_ms;
+    so.route.tokenize_cache_entries = (unsigned)cfg.tokenize_cache_entries;
+    so.route.pd_min_prompt_tokens = (unsigned)cfg.pd_min_prompt_tokens;
+    so.route.pd_skip_cached_percent = (unsigned)cfg.pd_skip_cached_percent;
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;
     so.n_models = cfg.models.count;

@@ -26,6 +26,7 @@
 #include "pdgw_fwd_setup.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
+#include "pdgw_route.h"
 
 /* A suspension that lasts this long gets a hang-up watch on the client socket: short waits
  * cost no epoll_ctl at all. */
@@ -56,6 +57,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->client_header_timeout_ms = 30000;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
+    pdgw_route_opts_init(&o->route);
 }
 
 /* libmicrohttpd's messages are per-connection events (client went away, malformed
@@ -101,6 +103,11 @@ static void req_on_timer(pdgw_timer_t *t, uint64_t now)
 {
     pdgw_req_t *r = (pdgw_req_t *)(void *)((char *)t - offsetof(pdgw_req_t, timer));
     uint64_t due;
+    if (r->rt != NULL && r->rt->release) {
+        /* A KV release's owner has one deadline, and its check may free it. */
+        pdgw_wf_check_deadlines(r, now);
+        return;
+    }
     if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + HUP_WATCH_AFTER_MS)
         pdgw_worker_hup_watch(r->w, r);
     pdgw_wf_check_deadlines(r, now); /* may end the workflow (and leave in_active) */
@@ -120,6 +127,21 @@ void pdgw_req_timer_update(pdgw_req_t *r)
     due = req_next_due(r);
     if (due != UINT64_MAX)
         (void)pdgw_timer_arm_earlier(&r->w->timers, &r->timer, due);
+}
+
+pdgw_req_t *pdgw_worker_find_active(pdgw_worker_t *w, bool (*pred)(const pdgw_req_t *r))
+{
+    size_t i;
+    for (i = 0; i < w->timers.n; i++) {
+        pdgw_timer_t *t = w->timers.v[i];
+        pdgw_req_t *r;
+        if (t->fn != req_on_timer)
+            continue;
+        r = (pdgw_req_t *)(void *)((char *)t - offsetof(pdgw_req_t, timer));
+        if (pred(r))
+            return r;
+    }
+    return NULL;
 }
 
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r)
@@ -445,6 +467,7 @@ static void worker_close(pdgw_worker_t *w)
         MHD_stop_daemon(w->mhd);
         w->mhd = NULL;
     }
+    pdgw_kv_release_drop_all(w); /* releases still running need the multi handle */
     while (w->n_easy_pool > 0)
         curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi) {
@@ -664,6 +687,13 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         status = PDGW_ERR_NOMEM;
         goto err_ctx;
     }
+    /* tokenize before routing, selective PD (pdgw_route.h) */
+    status = pdgw_route_create(&opts->route, opts->pool && sched_pool_has_kv_index(opts->pool),
+                               opts->metrics ? opts->metrics->reg : NULL, &srv->routing);
+    if (status != PDGW_OK) {
+        snprintf(err, errlen, "out of memory");
+        goto err_ctx;
+    }
     srv->workers = pdgw_calloc(opts->workers, sizeof(*srv->workers));
     if (srv->workers == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -691,6 +721,7 @@ err_workers:
     pdgw_free(srv->workers);
 err_ctx:
     pdgw_addr_table_destroy(srv->addrs);
+    pdgw_route_destroy(srv->routing);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
@@ -777,6 +808,7 @@ void pdgw_server_destroy(pdgw_server_t *srv)
         worker_close(&srv->workers[i]);
     pdgw_free(srv->workers);
     pdgw_addr_table_destroy(srv->addrs);
+    pdgw_route_destroy(srv->routing);
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
     pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */

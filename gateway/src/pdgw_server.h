@@ -22,6 +22,7 @@
 #include "pdgw_auth.h"
 #include "pdgw_errors.h"
 #include "pdgw_metrics.h"
+#include "pdgw_route.h"
 #include "pdgw_validate.h"
 
 typedef struct pdgw_server pdgw_server_t;
@@ -52,6 +53,7 @@ typedef struct pdgw_server_opts {
     sched_pool_t *pool;              /* instance selection (required) */
     struct pdgw_otel *otel;          /* trace exporter; NULL = tracing off */
     pdgw_gateway_metrics_t *metrics; /* required */
+    pdgw_route_opts_t route;         /* tokenize before routing, selective PD */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,

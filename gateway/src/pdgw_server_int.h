@@ -57,6 +57,7 @@ struct pdgw_server {
      * open connections per client address across all workers. */
     unsigned conn_limit_per_worker;
     pdgw_addr_table_t *addrs;
+    struct pdgw_routing *routing; /* tokenize cache, selective PD counters (pdgw_route.h) */
 };
 
 /* ---------------------------------------------------------------- worker */
@@ -257,6 +258,7 @@ struct pdgw_req {
     char **mstr; /* owned copies of the instances' ids and urls */
     size_t n_mlegs;
     size_t n_mdone;
+    struct pdgw_req_route *rt; /* tokens and the PD decision (pdgw_route.h); NULL = none */
     unsigned attempt;
     pdgw_leg_t legs[2];
     struct pdgw_fwd_waker *waker;
@@ -289,6 +291,9 @@ uint64_t pdgw_now_ms(void);
 /* The request's workflow runs / ended: its deadlines are watched (a timer) / no longer. */
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r);
+/* A request of <w> whose deadlines are watched and for which <pred> holds (NULL: none); only
+ * armed ones are found. */
+pdgw_req_t *pdgw_worker_find_active(pdgw_worker_t *w, bool (*pred)(const pdgw_req_t *r));
 /* Something moved one of <r>'s deadlines earlier (a leg started, a gate, a suspension):
  * bring its timer forward. Later deadlines are found when the timer fires. */
 void pdgw_req_timer_update(pdgw_req_t *r);

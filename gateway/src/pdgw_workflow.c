@@ -111,6 +111,16 @@ static void wf_sched_request(pdgw_req_t *r, sched_request_t *sr, const char **ex
                              ? (uint32_t)r->info.max_tokens
                              : 0;
     }
+    {
+        /* route hook: the engine's token ids of a text prompt (pdgw_tokenize.c) */
+        size_t n_tok = 0;
+        const uint32_t *tok = pdgw_route_tokens(r, &n_tok);
+        if (tok) {
+            sr->tokens = tok;
+            sr->n_tokens = n_tok;
+            sr->prompt_tokens = n_tok < UINT32_MAX ? (uint32_t)n_tok : 0;
+        }
+    }
     for (i = 0; i < r->n_failed; i++)
         excl[i] = r->failed_ids[i];
     sr->exclude_ids = excl;
@@ -158,6 +168,7 @@ static void wf_finish_booking(pdgw_req_t *r, pdgw_leg_kind_t k, sched_outcome_t 
 static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
 {
     int k;
+    pdgw_kv_release_attempt_end(r, reason); /* route hook: no stranded prefill KV */
     for (k = 0; k < 2; k++) {
         if (r->legs[k].state == PDGW_LEG_RUNNING) {
             pdgw_leg_abort(&r->legs[k]);
@@ -215,9 +226,11 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
         wf_fail(r, &e, NULL);
         return false;
     }
-    if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
-            PDGW_FWD_OK ||
-        (fl.body == NULL && !fl.client_body)) {
+    if (pdgw_pd_decode_only(r))
+        fl.client_body = 1; /* route hook: decode-only, the engine computes the prompt */
+    else if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
+                 PDGW_FWD_OK ||
+             (fl.body == NULL && !fl.client_body)) {
         json_decref(fl.body);
         if (e.message[0] == '\0')
             pdgw_fwd_error_set(&e, k == PDGW_LEG_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_DECODE,
@@ -226,6 +239,7 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
         wf_fail(r, &e, NULL);
         return false;
     }
+    pdgw_route_dp_header(inst, &fl); /* route hook: pin a data-parallel engine's rank */
     if (fl.body == NULL) {
         /* Plain proxying: the client's bytes as received. */
         leg->relay = k == PDGW_LEG_DECODE;
@@ -331,6 +345,16 @@ static bool wf_book(pdgw_req_t *r)
     if (r->booking != NULL)
         return true; /* retry: rebooked by wf_retry */
     wf_sched_request(r, &sr, excl);
+    /* route hook: selective PD (pdgw_pd_decide.c) - a short prompt goes decode-only */
+    if (r->freq.dispatch != PDGW_DISPATCH_SINGLE &&
+        pdgw_pd_decide_before_book(r, &sr) != PDGW_PD_RUN) {
+        st = sched_book_decode(srv->opts.pool, &sr, &r->booking);
+        if (st == SCHED_OK) {
+            pdgw_pd_count(r, PDGW_PD_SKIP_SHORT);
+            r->freq.dispatch = PDGW_DISPATCH_SINGLE;
+            return true;
+        }
+    }
     switch (r->freq.dispatch) {
     case PDGW_DISPATCH_SINGLE:
         st = srv->plan.single_needs_prefill ? sched_book_pd(srv->opts.pool, &sr, &r->booking)
@@ -361,6 +385,16 @@ static bool wf_book(pdgw_req_t *r)
         wf_fail(r, &e, NULL);
         return false;
     }
+    /* route hook: selective PD - the booked decode already holds most of the prompt */
+    if (r->freq.dispatch != PDGW_DISPATCH_SINGLE &&
+        sched_booking_leg_open(r->booking, SCHED_LEG_PREFILL) &&
+        pdgw_pd_decide_after_book(r, &sr, sched_booking_instance(r->booking, SCHED_LEG_DECODE)) ==
+            PDGW_PD_SKIP_CACHED) {
+        sched_result_t res = {.outcome = SCHED_OUTCOME_CANCELLED};
+        (void)sched_booking_finish(r->booking, SCHED_LEG_PREFILL, &res);
+        pdgw_pd_count(r, PDGW_PD_SKIP_CACHED);
+        r->freq.dispatch = PDGW_DISPATCH_SINGLE;
+    }
     return true;
 }
 
@@ -383,6 +417,17 @@ static void wf_start_attempt(pdgw_req_t *r)
     wf_refresh_peers(r);
     memset(&e, 0, sizeof(e));
     r->fwd_state = NULL;
+    if (pdgw_pd_decode_only(r)) {
+        /* route hook: decode-only needs neither the forwarder's state nor its gate */
+        if (r->inst_set[0]) {
+            r->inst_set[0] = false;
+            r->peers.prefill = NULL;
+            r->prefill_id[0] = '\0';
+        }
+        r->stage = PDGW_WF_NONE;
+        wf_run_first_stage(r);
+        return;
+    }
     if (ops->attempt_init) {
         if (ops->attempt_init(r->w->srv->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) !=
             PDGW_FWD_OK) {
@@ -423,6 +468,13 @@ void pdgw_wf_start(pdgw_req_t *r)
     r->freq.waker = r->waker;
     r->stage = PDGW_WF_NONE;
     pdgw_worker_active_add(r->w, r);
+    if (pdgw_tokenize_begin(r)) /* route hook: resumed by pdgw_wf_start_attempt */
+        return;
+    wf_start_attempt(r);
+}
+
+void pdgw_wf_start_attempt(pdgw_req_t *r)
+{
     wf_start_attempt(r);
 }
 
@@ -1045,12 +1097,16 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
     pdgw_fwd_error_t e;
     int k;
 
+    if (pdgw_kv_release_check_deadline(r, now)) /* route hook: a release's owner */
+        return;
     if (r->stage == PDGW_WF_FINISHED)
         return;
     if (r->n_mlegs) {
         pdgw_models_check_deadlines(r, now);
         return;
     }
+    if (pdgw_tokenize_check_deadline(r, now)) /* route hook: waiting for the tokens */
+        return;
     memset(&e, 0, sizeof(e));
     if (now >= r->deadline_ms) {
         pdgw_fwd_error_set(&e,
@@ -1108,10 +1164,15 @@ uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r)
     uint64_t due = UINT64_MAX;
     int k;
 
+    if (r->rt != NULL && r->rt->release) /* route: a KV release's owner, one deadline */
+        return r->rt->leg && r->rt->leg->state == PDGW_LEG_RUNNING ? r->rt->t_deadline_ms
+                                                                   : UINT64_MAX;
     if (r->stage == PDGW_WF_FINISHED)
         return UINT64_MAX;
     if (r->n_mlegs)
         return pdgw_models_next_deadline(r);
+    if (r->rt != NULL && r->rt->leg != NULL && r->rt->leg->state == PDGW_LEG_RUNNING)
+        return r->rt->t_deadline_ms; /* route: waiting for the prompt's tokens */
     due = r->deadline_ms;
     if (r->stage == PDGW_WF_GATE)
         return r->gate_deadline_ms < due ? r->gate_deadline_ms : due;
@@ -1203,6 +1264,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     for (k = 0; k < 2; k++)
         pdgw_leg_release(&r->legs[k]);
     pdgw_models_release(r);
+    pdgw_route_req_release(r); /* route hook */
     pdgw_worker_active_remove(r->w, r);
     if (r->counted) {
         atomic_fetch_sub(&srv->inflight, 1);

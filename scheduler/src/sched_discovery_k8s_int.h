@@ -36,6 +36,11 @@
 #define K8S_ANN_DP_SIZE        "pdgw.io/dp-size"
 #define K8S_ANN_WEIGHT         "pdgw.io/weight"
 #define K8S_ANN_KV_ENGINE      "pdgw.io/kv-engine"
+/* The engine's KV-event publisher, spelt as in vLLM's --kv-events-config
+ * (endpoint "tcp://HOST:5557" with HOST "*"): a wildcard host stands for the pod's address. */
+#define K8S_ANN_KV_EVENTS        "pdgw.io/kv-events-endpoint"
+#define K8S_ANN_KV_EVENTS_REPLAY "pdgw.io/kv-events-replay-endpoint"
+#define K8S_KV_EVENTS_MAX        (K8S_HOST_MAX + 16)
 
 /* Named ports of a slice that carry KV side channels. */
 #define K8S_PORT_KV        "kv"
@@ -78,6 +83,9 @@ typedef struct sched_k8s_kv {
     int tp_size, dp_rank, dp_size;
     unsigned weight;
     int kv_engine; /* SCHED_KV_ENGINE_* */
+    /* as annotated; resolved against the endpoint's address by sched_k8s_endpoint_desc */
+    char kv_events[K8S_KV_EVENTS_MAX];
+    char kv_events_replay[K8S_KV_EVENTS_MAX];
     bool has_kv_port, has_bootstrap_port, has_kv_host, has_engine_id;
     bool has_tp_size, has_dp_rank, has_dp_size, has_weight;
 } sched_k8s_kv_t;

@@ -328,6 +328,38 @@ static bool parse_port_list(const char *s, int *ports, size_t *n_out)
     return true;
 }
 
+/* "tcp://HOST:PORT" with a port in 1..65535 and no blanks; HOST may be a
+ * wildcard (*, 0.0.0.0, ::, [::]) or empty. Port 0 / ipc:// make no sense for a
+ * subscriber in another pod. */
+static bool kv_events_ok(const char *s)
+{
+    const char *colon;
+    long v;
+    if (strncmp(s, "tcp://", 6) != 0 || strpbrk(s + 6, " \t\r\n/?#@") != NULL ||
+        strlen(s) >= K8S_KV_EVENTS_MAX) {
+        return false;
+    }
+    colon = strrchr(s + 6, ':');
+    return colon != NULL && parse_int(colon + 1, 1, 65535, &v);
+}
+
+/* <ann> with a wildcard host replaced by <host> (bracketed when <ipv6>). */
+static void kv_events_resolve(const char *ann, const char *host, bool ipv6, char *out,
+                              size_t out_len)
+{
+    const char *h = ann + 6, *colon = strrchr(h, ':');
+    size_t hl = (size_t)(colon - h);
+    bool wild = hl == 0 || (hl == 1 && h[0] == '*') || (hl == 7 && !strncmp(h, "0.0.0.0", 7)) ||
+                (hl == 2 && !strncmp(h, "::", 2)) || (hl == 4 && !strncmp(h, "[::]", 4));
+    if (!wild) {
+        snprintf(out, out_len, "%s", ann);
+    } else if (ipv6) {
+        snprintf(out, out_len, "tcp://[%s]%s", host, colon);
+    } else {
+        snprintf(out, out_len, "tcp://%s%s", host, colon);
+    }
+}
+
 int sched_k8s_kv_from_annotations(const json_t *annotations, sched_k8s_kv_t *kv, char *err,
                                   size_t err_len)
 {
@@ -402,6 +434,16 @@ int sched_k8s_kv_from_annotations(const json_t *annotations, sched_k8s_kv_t *kv,
             ok = strcmp(s, "libkvt") == 0 || strcmp(s, "lmcache") == 0;
             kv->kv_engine =
                 strcmp(s, "libkvt") == 0 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
+        } else if (strcmp(key, K8S_ANN_KV_EVENTS) == 0) {
+            ok = kv_events_ok(s) && copy_str(kv->kv_events, sizeof(kv->kv_events), s);
+            if (!ok) {
+                kv->kv_events[0] = '\0';
+            }
+        } else if (strcmp(key, K8S_ANN_KV_EVENTS_REPLAY) == 0) {
+            ok = kv_events_ok(s) && copy_str(kv->kv_events_replay, sizeof(kv->kv_events_replay), s);
+            if (!ok) {
+                kv->kv_events_replay[0] = '\0';
+            }
         } else if (strcmp(key, K8S_ANN_WEIGHT) == 0) {
             ok = parse_int(s, 1, 1000000, &v);
             kv->weight = ok ? (unsigned)v : 0;
@@ -485,6 +527,18 @@ void sched_k8s_endpoint_desc(const sched_k8s_endpoint_t *ep, const sched_k8s_kv_
     }
     if (kv->has_weight) {
         desc->weight = kv->weight;
+    }
+    /* The resolved endpoints live in this thread's buffers until the next call;
+     * sched_pool_upsert copies the descriptor's strings. */
+    if (kv->kv_events[0] != '\0') {
+        static _Thread_local char ev[K8S_KV_EVENTS_MAX + K8S_HOST_MAX];
+        kv_events_resolve(kv->kv_events, ep->host, ep->ipv6, ev, sizeof(ev));
+        desc->kv_events_endpoint = ev;
+    }
+    if (kv->kv_events_replay[0] != '\0') {
+        static _Thread_local char rp[K8S_KV_EVENTS_MAX + K8S_HOST_MAX];
+        kv_events_resolve(kv->kv_events_replay, ep->host, ep->ipv6, rp, sizeof(rp));
+        desc->kv_events_replay_endpoint = rp;
     }
 }
 

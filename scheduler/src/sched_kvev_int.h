@@ -123,6 +123,7 @@ typedef struct sched_kvev_sub_stats {
     uint64_t events;        /* events applied */
     uint64_t gaps;          /* sequence gaps seen */
     uint64_t replays;       /* replay requests sent */
+    uint64_t replays_done;  /* replays answered to their end */
     uint64_t replay_failed; /* replays that timed out or were refused */
     uint64_t restarts;      /* publisher restarts (sequence went back) */
     uint64_t cleared;       /* AllBlocksCleared applied */
@@ -134,9 +135,10 @@ typedef struct sched_kvev_sub_stats {
 sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, void *log_arg,
                                      sched_kvev_sub_t **out);
 void sched_kvev_sub_destroy(sched_kvev_sub_t *sub);
-/* How long a replay may take to answer before live messages are taken again (default 1 s;
- * tests on slow machines raise it so an unanswered replay means a bug, not a busy host). */
-void sched_kvev_sub_set_replay_timeout(sched_kvev_sub_t *sub, int ms);
+/* How long a replay may take to answer before live messages are taken again (<= 0: the
+ * default 1 s), and how long after joining the second catch-up replay is asked (< 0: never;
+ * default 1 s). Tests whose fake answers replays only between steps make both deterministic. */
+void sched_kvev_sub_set_timing(sched_kvev_sub_t *sub, int replay_timeout_ms, int catchup_delay_ms);
 /* Subscribe to instance <uid>'s publisher (<replay> may be NULL/""). Adding
  * a uid already present is a no-op; thread-safe. */
 sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const char *endpoint,
@@ -148,5 +150,9 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms);
 /* Run sched_kvev_sub_poll in a thread of its own until destroy. */
 sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub);
 void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out);
+
+/* The endpoint rank <dp_rank> of a data-parallel engine configured with <endpoint> publishes
+ * on (vLLM's per-rank offset); false when it has none (sched_kvev_query.c). */
+bool sched_kvev_rank_endpoint(const char *endpoint, int dp_rank, char *out, size_t out_len);
 
 #endif /* PDSCHED_SCHED_KVEV_INT_H */

@@ -73,11 +73,21 @@ void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
             sched_kvev_sub_remove(pool->kvev_sub, prev->all[i]->uid);
     for (size_t i = 0; i < next->n_all; i++) {
         const sched_instance_t *inst = next->all[i];
+        char ep[512], rp[512];
+        bool replay;
+        int rank;
         if (has_uid(prev, inst->uid) || !inst->desc.kv_events_endpoint ||
             !inst->desc.kv_events_endpoint[0])
             continue;
-        if (sched_kvev_sub_add(pool->kvev_sub, inst->uid, inst->desc.kv_events_endpoint,
-                               inst->desc.kv_events_replay_endpoint) != SCHED_OK)
+        /* An instance that is one rank of a data-parallel engine (dp_size > 1) listens to
+         * that rank's publisher: the configured endpoints offset by its rank, as the
+         * engine offsets them. */
+        rank = inst->desc.dp_size > 1 ? inst->desc.dp_rank : 0;
+        replay = inst->desc.kv_events_replay_endpoint && inst->desc.kv_events_replay_endpoint[0];
+        if (!sched_kvev_rank_endpoint(inst->desc.kv_events_endpoint, rank, ep, sizeof(ep)) ||
+            (replay && !sched_kvev_rank_endpoint(inst->desc.kv_events_replay_endpoint, rank, rp,
+                                                 sizeof(rp))) ||
+            sched_kvev_sub_add(pool->kvev_sub, inst->uid, ep, replay ? rp : NULL) != SCHED_OK)
             sched_instance_set_error((sched_instance_t *)inst, sched_pool_now(pool),
                                      "kv events: cannot subscribe to %s",
                                      inst->desc.kv_events_endpoint);

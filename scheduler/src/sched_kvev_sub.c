@@ -46,6 +46,8 @@ typedef struct sub_conn {
     bool want_replay;       /* catch up from seq 0 once connected */
     uint64_t catchup_at_ms; /* the second catch-up replay is due (0: done) */
     uint64_t replay_deadline_ms;
+    uint64_t replay_from; /* where the replay in flight started */
+    bool replay_again;    /* this replay re-asks for what came during the last one */
     bool removed;
 } sub_conn_t;
 
@@ -61,7 +63,9 @@ struct sched_kvev_sub {
     bool started;
     _Atomic bool stopping;
     _Atomic int replay_timeout_ms;
-    _Atomic uint64_t messages, events, gaps, replays, replay_failed, restarts, cleared, bad, lag_ms;
+    _Atomic int catchup_delay_ms; /* < 0: no second catch-up replay */
+    _Atomic uint64_t messages, events, gaps, replays, replays_done, replay_failed, restarts,
+        cleared, bad, lag_ms;
 };
 
 static uint64_t now_ms(void)
@@ -98,6 +102,7 @@ sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, 
     sub->log = log;
     sub->log_arg = log_arg;
     atomic_store(&sub->replay_timeout_ms, REPLAY_TIMEOUT_MS);
+    atomic_store(&sub->catchup_delay_ms, CATCHUP_DELAY_MS);
     sub->ctx = zmq_ctx_new();
     if (!sub->ctx || pthread_mutex_init(&sub->mu, NULL) != 0) {
         if (sub->ctx)
@@ -203,7 +208,8 @@ sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const cha
     /* A SUB misses what was published before it joined: ask the replay
      * buffer for everything so the blocks already cached are known. */
     c->want_replay = c->replay != NULL;
-    c->catchup_at_ms = c->replay != NULL ? now_ms() + CATCHUP_DELAY_MS : 0;
+    int delay = atomic_load(&sub->catchup_delay_ms);
+    c->catchup_at_ms = c->replay != NULL && delay >= 0 ? now_ms() + (uint64_t)delay : 0;
     sub->conns[sub->n_conns++] = c;
     pthread_mutex_unlock(&sub->mu);
     return SCHED_OK;
@@ -316,6 +322,7 @@ static void request_replay(sched_kvev_sub_t *sub, sub_conn_t *c, uint64_t from)
     }
     atomic_fetch_add(&sub->replays, 1);
     c->replaying = true;
+    c->replay_from = from;
     c->replay_deadline_ms = now_ms() + (uint64_t)atomic_load(&sub->replay_timeout_ms);
 }
 
@@ -383,7 +390,19 @@ static void on_replay(sched_kvev_sub_t *sub, sub_conn_t *c)
     }
     seq = be64(zmq_msg_data(&f[s]));
     if (seq == UINT64_MAX) { /* -1: end of replay */
+        uint64_t upto = c->have_seq ? c->next_seq : 0;
         c->replaying = false;
+        atomic_fetch_add(&sub->replays_done, 1);
+        /* Live messages that came while replaying were left to the replay, but the engine
+         * may have answered from a buffer taken before they were published: ask again from
+         * where the replay stopped, or they are lost until a later event shows the gap. A
+         * re-ask that brought nothing is not repeated (the engine no longer buffers them). */
+        if (c->live_next > upto && !(c->replay_again && upto == c->replay_from)) {
+            request_replay(sub, c, upto);
+            c->replay_again = true;
+        } else {
+            c->replay_again = false;
+        }
         goto out;
     }
     if (c->have_seq && seq < c->next_seq)
@@ -483,9 +502,11 @@ sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub)
     return SCHED_OK;
 }
 
-void sched_kvev_sub_set_replay_timeout(sched_kvev_sub_t *sub, int ms)
+void sched_kvev_sub_set_timing(sched_kvev_sub_t *sub, int replay_timeout_ms, int catchup_delay_ms)
 {
-    atomic_store(&sub->replay_timeout_ms, ms > 0 ? ms : REPLAY_TIMEOUT_MS);
+    atomic_store(&sub->replay_timeout_ms,
+                 replay_timeout_ms > 0 ? replay_timeout_ms : REPLAY_TIMEOUT_MS);
+    atomic_store(&sub->catchup_delay_ms, catchup_delay_ms);
 }
 
 void sched_kvev_sub_destroy(sched_kvev_sub_t *sub)
@@ -509,6 +530,7 @@ void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out)
                                     .events = atomic_load(&sub->events),
                                     .gaps = atomic_load(&sub->gaps),
                                     .replays = atomic_load(&sub->replays),
+                                    .replays_done = atomic_load(&sub->replays_done),
                                     .replay_failed = atomic_load(&sub->replay_failed),
                                     .restarts = atomic_load(&sub->restarts),
                                     .cleared = atomic_load(&sub->cleared),

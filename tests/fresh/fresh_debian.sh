@@ -56,6 +56,9 @@ deb $mirror bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap leaves /etc/hosts to the installer; every installed Debian (and every container)
+# has one naming localhost.
+[[ -s $root/etc/hosts ]] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 
 # Only tracked files: what a clone of the repository holds, no build directories.
 rm -rf "$root/src/pdgw"

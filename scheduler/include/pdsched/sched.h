@@ -365,6 +365,15 @@ size_t sched_pool_size(sched_pool_t *pool);
  * legs) has at least one usable instance. */
 bool sched_pool_ready(sched_pool_t *pool, sched_role_t roles);
 
+/* A usable instance of <role> (the <turn>-th of them, modulo their number) to
+ * ask something of, e.g. a tokenization; a new reference (unref it), or NULL
+ * when none is usable. Books nothing. */
+sched_instance_t *sched_pool_pick_usable(sched_pool_t *pool, sched_role_t role, uint64_t turn);
+
+/* True when a policy of the pool matches prompts against the engines' KV
+ * events (precise-prefix): routing then wants the prompt's token ids. */
+bool sched_pool_has_kv_index(sched_pool_t *pool);
+
 /* ------------------------------------------------------------------ */
 /* Requests, bookings, outcomes                                        */
 /* ------------------------------------------------------------------ */
@@ -471,6 +480,13 @@ sched_status_t sched_booking_finish(sched_booking_t *booking, sched_leg_t leg,
 /* Finish any still-open leg as cancelled, free the booking and set
  * *booking to NULL. NULL or *booking == NULL is a no-op. */
 void sched_booking_destroy(sched_booking_t **booking);
+
+/* precise-prefix: the number of leading prompt tokens of <req> (its token ids)
+ * that <inst>'s engine reports cached through its KV events, any tier, in
+ * *cached_tokens_out. false when unknown: no KV-event index in the pool, no
+ * token ids in <req>, or no engine reported a block size yet. */
+bool sched_kvev_cached_tokens(sched_pool_t *pool, const sched_request_t *req,
+                              const sched_instance_t *inst, size_t *cached_tokens_out);
 
 /* ------------------------------------------------------------------ */
 /* Admin and metrics surfaces (routed by the gateway)                  */

@@ -281,8 +281,10 @@ def semantic_errors(name, objects):
         ref = hpa["spec"]["scaleTargetRef"]
         if ref.get("kind") != "Deployment" or ref.get("name") != "pdgw":
             errs.append(f"HPA {hpa['metadata']['name']}: must scale Deployment pdgw")
-        if cfg.get("protocol") == "lmcache":
-            errs.append("HPA on an lmcache gateway: ProxyNotif reaches one replica only")
+        if cfg.get("protocol") == "lmcache" and not (cfg.get("protocol_options") or {}).get(
+                "notif_relay_peers"):
+            errs.append("HPA on an lmcache gateway without notif_relay_peers: ProxyNotif "
+                        "reaches one replica only")
         if hpa["spec"].get("minReplicas", 1) < 2:
             errs.append("HPA: minReplicas < 2 leaves no replica during a voluntary eviction")
         if any(m.get("type") == "Resource" for m in hpa["spec"].get("metrics", [])) and \
@@ -381,6 +383,9 @@ def engine_errors(name, objects, cfg, cms):
                 if ktc.get("kv_role") != want_role:
                     errs.append(f"{wname}: kv_role {ktc.get('kv_role')} != {want_role}")
                 errs += lmcache_errors(wname, role, pod, c, env, ann, cfg, cms)
+        kvev = _flag(args, "--kv-events-config")
+        if kvev is not None:
+            errs += kv_events_errors(wname, kvev, ann, c)
         if name == "sglang":
             if _flag(args, "--disaggregation-mode") != role:
                 errs.append(f"{wname}: --disaggregation-mode must be {role}")
@@ -528,6 +533,32 @@ def validate_overlay(name, path):
 
 
 # ------------------------------------------------------------------ tests
+
+
+def kv_events_errors(wname, raw, ann, c):
+    """An engine publishing KV events as vLLM spells it (vllm-project/vllm
+    vllm/config/kv_events.py: enable_kv_cache_events, publisher "zmq", endpoint default
+    "tcp://" + "*:5557", replay_endpoint, topic) must tell pdgw where: the pod annotations
+    pdgw.io/kv-events-endpoint / -replay-endpoint equal to the bound endpoints (the wildcard
+    stands for the pod's address), on declared container ports."""
+    errs = []
+    try:
+        kc = json.loads(raw)
+    except ValueError:
+        return [f"{wname}: --kv-events-config is not JSON: {raw!r}"]
+    if kc.get("enable_kv_cache_events") is not True or kc.get("publisher") != "zmq":
+        errs.append(f"{wname}: --kv-events-config must enable the zmq publisher")
+    ports = {p.get("containerPort") for p in c.get("ports", [])}
+    for key, annk in (("endpoint", "pdgw.io/kv-events-endpoint"),
+                      ("replay_endpoint", "pdgw.io/kv-events-replay-endpoint")):
+        ep = kc.get(key)
+        if ep is None:
+            continue
+        if ann.get(annk) != ep:
+            errs.append(f"{wname}: annotation {annk} must equal {key} {ep!r}")
+        if not ep.startswith("tcp://") or int(ep.rsplit(":", 1)[1]) not in ports:
+            errs.append(f"{wname}: {key} {ep!r} needs a declared container port")
+    return errs
 
 
 def test_node_validator_installed():

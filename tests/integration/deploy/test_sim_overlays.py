@@ -155,6 +155,9 @@ def emulate(overlay, kube, tmp):
     if "proxy_port" in opts:
         opts["proxy_port"] = gw_remap[int(opts["proxy_port"])]
         opts["proxy_host"] = "127.0.0.1"
+    if "notif_relay_port" in opts:
+        # one emulated replica: its relay port remapped, its peer Service resolves to nobody
+        opts["notif_relay_port"] = gw_remap[int(opts["notif_relay_port"])]
     pods = []
     for w in objects:
         if w["kind"] != "Deployment" or w["metadata"]["name"] == "pdgw":

@@ -105,6 +105,7 @@ class Gateway:
                  "health_interval: 500ms", "health_timeout: 500ms", "metrics_scrape_interval: 200ms",
                  "log_level: warn"]
         for k, v in (top or {}).items():
+            lines = [ln for ln in lines if not ln.startswith(f"{k}:")]  # top overrides
             lines.append(f"{k}: {yaml_scalar(v)}")
         lines.append("protocol_options:")
         for k, v in (opts or {}).items():

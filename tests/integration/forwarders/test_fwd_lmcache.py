@@ -222,6 +222,72 @@ def test_forged_notifs_never_release_the_decode():
         gw.stop()
 
 
+def relay_frames(req_id, sender="127.0.0.1"):
+    return [b"pdgw-notif-relay/1", req_id.encode(), sender.encode()]
+
+
+def test_notif_relay_between_replicas():
+    """Two replicas behind one Service: the prefill's ProxyNotif (LMCache sends it to the one
+    pd_proxy_host:pd_proxy_port it is configured with; lmcache/v1/storage_backend/pd_backend.py)
+    reaches replica A while replica B owns the request. A hands it to B with the engine's
+    address, B checks that address against the request's prefill and releases the decode,
+    which uses the transferred KV. Relays come only from peers; a relayed notice is never
+    relayed again."""
+    P, D = env["P"], env["D"]
+    ra, rb = T.free_port(), T.free_port()
+    common = {"proxy_host": "127.0.0.1", "notif_timeout_ms": 10000}
+    gw_a = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                   dict(common, proxy_port=env["proxy_port"], notif_relay_port=ra,
+                        notif_relay_peers=f"127.0.0.1:{rb}, 127.0.0.1:{ra}"), retries=0)
+    gw_b = None
+    try:
+        gw_b = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                       dict(common, proxy_port=T.free_port(), notif_relay_port=rb,
+                            notif_relay_peers=f"localhost:{ra}"), retries=0)
+        lab = {"protocol": "lmcache"}
+        for gw, name in ((gw_b, "via B (relayed)"), (gw_a, "via A (direct)")):
+            rid = "relay-" + uuid.uuid4().hex[:12]
+            st, _, obj, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                          {"X-Request-Id": rid}, timeout=30)
+            assert st == 200, (name, raw)
+            drec = D.records(rid)
+            assert len(drec) == 1, (name, drec)
+            kvr = drec[0]["kv_result"]
+            assert kvr["ok"] and not kvr["recompute"], (name, kvr)
+        assert gw_a.metric("pdgw_fwd_proxy_notifs_relayed_out_total", lab) == 1
+        assert gw_b.metric("pdgw_fwd_proxy_notifs_relayed_in_total", lab) == 1
+        assert gw_b.metric("pdgw_fwd_proxy_notifs_total", lab) == 1
+        assert gw_a.metric("pdgw_fwd_proxy_notifs_total", lab) == 1
+        assert not rejected(gw_a, "unknown") and not rejected(gw_b, "unknown")
+
+        # A notice nobody owns: A relays it once, B counts it unknown and does not send it back.
+        push_notif(str(uuid.uuid4()))
+        wait_for(lambda: rejected(gw_b, "unknown") == 1, what="B to count the unknown notice")
+        assert gw_a.metric("pdgw_fwd_proxy_notifs_relayed_out_total", lab) == 2
+        assert not gw_b.metric("pdgw_fwd_proxy_notifs_relayed_out_total", lab)
+        assert not rejected(gw_a, "unknown")
+
+        # A relay from an address that is no peer is refused; garbage on the relay port too.
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.connect(f"tcp://127.0.0.2:0;127.0.0.1:{rb}")
+        s.send_multipart(relay_frames(str(uuid.uuid4())))
+        s.close()
+        s = ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.connect(f"tcp://127.0.0.1:{rb}")
+        s.send_multipart([b"not-a-relay", b"x"])
+        s.close()
+        ctx.term()
+        wait_for(lambda: rejected(gw_b, "relay_not_peer") == 1 and
+                 rejected(gw_b, "malformed") == 1, what="the forged relays to be counted")
+    finally:
+        if gw_b:
+            gw_b.stop()
+        gw_a.stop()
+
+
 def test_fallback_decode_and_skip_notification():
     """An engine that sends no ProxyNotif: with notif_fallback: decode the decode goes at the
     deadline (counted); with skip_proxy_notification it goes at once."""
@@ -480,6 +546,7 @@ def main():
     tests = [test_first_tok_stream_shape, test_client_body_flow_option,
              test_tokenize_failure_is_a_prefill_error,test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
+             test_notif_relay_between_replicas,
              test_fallback_decode_and_skip_notification,
              test_default_bind_is_the_pod_address,
              test_curve_only_listed_clients]

@@ -275,6 +275,57 @@ static void test_annotations(void **state)
     assert_false(kv.has_kv_port);
 }
 
+/* KV-event endpoints from pod annotations, spelt as vLLM's --kv-events-config
+ * spells them (vllm-project/vllm vllm/config/kv_events.py: endpoint
+ * endpoint "tcp://HOST:5557" with HOST "*", replay_endpoint; the publisher binds the wildcard): the
+ * wildcard host becomes the endpoint's address, anything else stays. */
+static void test_kv_events_annotations(void **state)
+{
+    json_t *j = load(SLICE_OK);
+    json_t *ann = load("{\"pdgw.io/kv-events-endpoint\": \"tcp://*:5557\","
+                       " \"pdgw.io/kv-events-replay-endpoint\": \"tcp://0.0.0.0:5558\"}");
+    sched_k8s_slice_t s;
+    sched_k8s_kv_t kv;
+    sched_instance_desc_t d;
+    char url[300];
+
+    (void)state;
+    assert_int_equal(sched_k8s_slice_parse(j, "http", &s, NULL, 0), SCHED_OK);
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
+    sched_k8s_endpoint_desc(&s.eps[0], &kv, SCHED_ROLE_DECODE, s.service, url, sizeof(url), &d);
+    assert_string_equal(d.kv_events_endpoint, "tcp://10.0.0.5:5557");
+    assert_string_equal(d.kv_events_replay_endpoint, "tcp://10.0.0.5:5558");
+    assert_int_equal(sched_instance_desc_validate(&d, NULL, 0), SCHED_OK);
+    json_decref(ann);
+
+    /* A named host stays as given; no replay annotation, no replay endpoint. */
+    ann = load("{\"pdgw.io/kv-events-endpoint\": \"tcp://events.svc:6000\"}");
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 0);
+    sched_k8s_endpoint_desc(&s.eps[0], &kv, SCHED_ROLE_DECODE, s.service, url, sizeof(url), &d);
+    assert_string_equal(d.kv_events_endpoint, "tcp://events.svc:6000");
+    assert_null(d.kv_events_replay_endpoint);
+    json_decref(ann);
+
+    /* Not an endpoint a subscriber in another pod can use: refused, counted, not set. */
+    {
+        static const char *const bad[] = {"5557",          "tcp://*",       "tcp://*:0",
+                                          "tcp://*:70000", "ipc:///tmp/kv", "tcp://a b:1",
+                                          "tcp://h:1/x",   "tcp://u@h:5557"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            json_t *a = json_pack("{s:s}", "pdgw.io/kv-events-endpoint", bad[i]);
+            char err[256];
+            assert_int_equal(sched_k8s_kv_from_annotations(a, &kv, err, sizeof(err)), 1);
+            assert_non_null(strstr(err, "kv-events-endpoint"));
+            sched_k8s_endpoint_desc(&s.eps[0], &kv, SCHED_ROLE_DECODE, s.service, url, sizeof(url),
+                                    &d);
+            assert_null(d.kv_events_endpoint);
+            json_decref(a);
+        }
+    }
+    sched_k8s_slice_clear(&s);
+    json_decref(j);
+}
+
 static void test_endpoint_desc(void **state)
 {
     json_t *j = load(SLICE_OK);
@@ -455,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_slice_parse_alloc_failure),
         cmocka_unit_test(test_annotations),
         cmocka_unit_test(test_endpoint_desc),
+        cmocka_unit_test(test_kv_events_annotations),
         cmocka_unit_test(test_event_parse),
         cmocka_unit_test(test_create_config),
     };
