@@ -4,7 +4,8 @@
 #   install-deps.sh --list [build|demo|test|bench]...   print the packages, install nothing
 # build  compiler, CMake and the libraries pdgw links
 # demo   build + curl (the demo streams through it)
-# test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js
+# test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js,
+#        openssl (the TLS test makes its own self-signed certificate)
 # bench  test + load generators, nginx, iperf3, gnuplot, perf
 # Tools Debian does not ship (kubectl, for example) are never installed here: the
 # tests that need one print a single "SKIP <why>" line when it is absent.
@@ -19,7 +20,7 @@ BUILD_PKGS=(
 DEMO_PKGS=(curl procps)
 TEST_PKGS=(
     libcmocka-dev clang iproute2 python3 python3-msgpack python3-zmq python3-yaml
-    prometheus
+    prometheus openssl
 )
 BENCH_PKGS=(wrk nginx iperf3 gnuplot-nox linux-perf valgrind)
 

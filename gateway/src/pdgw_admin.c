@@ -1,109 +1,155 @@
 /*
- * pdgw_admin.c - the admin API under /admin/instances: list, add, remove, drain and undrain
- * instances of the scheduler pool.
+ * pdgw_admin.c - who may use /admin/..., and POST /admin/reload; client certificates.
+ *
+ * The rule (pdgw_auth_check_admin): with admin_api_key set, writes need that key and reads
+ * take it or an API key; without it, writes are accepted only from a loopback peer (the
+ * operator on the gateway's own host or pod), so that an admin API that can add an upstream
+ * URL is never open to the network by default. Refusals are OpenAI-style error bodies, 401
+ * for a missing or wrong key and 403 for a write from elsewhere, counted in
+ * pdgw_rejected_requests_total{reason="admin_auth"|"admin_forbidden"}.
  */
-#include "pdgw_server_int.h"
-
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-void pdgw_admin_serve(pdgw_req_t *r)
-{
-    sched_pool_t *pool = r->w->srv->opts.pool;
-    const char *sub = r->admin_path; /* after "/admin/instances" */
-    char err[256] = "";
+#include "pdgw_reload.h"
+#include "pdgw_server_int.h"
+#include "pdgw_tls.h"
 
-    if (sub[0] == '\0' || strcmp(sub, "/") == 0) {
-        if (strcmp(r->method, "GET") == 0) {
-            pdgw_req_reply_json(r, 200, sched_admin_list(pool));
-            return;
-        }
-        if (strcmp(r->method, "POST") == 0) {
-            json_error_t jerr;
-            json_t *body = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &jerr);
-            json_t *created = NULL;
-            sched_status_t st;
-            if (body == NULL) {
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_json",
-                                      "body is not valid JSON: %s", jerr.text);
-                return;
-            }
-            st = sched_admin_add(pool, body, &created, err, sizeof(err));
-            json_decref(body);
-            if (st == SCHED_OK) {
-                pdgw_req_reply_json(r, 201, created);
-                return;
-            }
-            json_decref(created);
-            if (st == SCHED_ERR_EXISTS) {
-                pdgw_api_error_t e;
-                pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL, "%s",
-                                   err[0] ? err : "instance id already exists");
-                pdgw_api_error_set_code(&e, "instance_exists");
-                {
-                    size_t len;
-                    char *b = pdgw_api_error_body(&e, &len);
-                    pdgw_req_reply(r, 409, b, b ? len : 0, "application/json");
-                }
-                return;
-            }
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_instance", "%s",
-                                  err[0] ? err : sched_strerror(st));
-            return;
-        }
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
-                              "method %s not allowed on /admin/instances", r->method);
-        return;
+/* Is the client of <r> on this host (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104)? */
+static bool peer_is_loopback(const pdgw_req_t *r)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    if (sa == NULL)
+        return false;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
     }
-    if (sub[0] == '/') {
-        char id[SCHED_ID_MAX];
-        const char *action = NULL;
-        const char *slash = strchr(sub + 1, '/');
-        size_t idlen = slash ? (size_t)(slash - sub - 1) : strlen(sub + 1);
-        sched_status_t st;
-        if (idlen == 0 || idlen >= sizeof(id)) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no such instance");
-            return;
-        }
-        memcpy(id, sub + 1, idlen);
-        id[idlen] = '\0';
-        if (slash)
-            action = slash + 1;
-        if (action == NULL && strcmp(r->method, "GET") == 0) {
-            json_t *j = sched_admin_get(pool, id);
-            if (j == NULL)
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
-            else
-                pdgw_req_reply_json(r, 200, j);
-            return;
-        }
-        if (action == NULL && strcmp(r->method, "DELETE") == 0) {
-            st = sched_pool_remove(pool, id);
-        } else if (action && (strcmp(action, "drain") == 0 || strcmp(action, "undrain") == 0)) {
-            if (strcmp(r->method, "POST") != 0) {
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL, "use POST for %s",
-                                      action);
-                return;
-            }
-            st = action[0] == 'd' ? sched_pool_drain(pool, id) : sched_pool_undrain(pool, id);
-        } else if (action == NULL) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
-                                  "method %s not allowed here", r->method);
-            return;
-        } else {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
-            return;
-        }
-        if (st == SCHED_ERR_NOT_FOUND) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
-            return;
-        }
-        if (st != SCHED_OK) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, NULL, "%s", sched_strerror(st));
-            return;
-        }
-        pdgw_req_reply_json(r, 200, json_pack("{s:s,s:s}", "id", id, "status", "ok"));
-        return;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a))
+            return true;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
     }
-    pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
+    return false;
+}
+
+static bool is_write(const pdgw_req_t *r)
+{
+    return strcmp(r->method, "GET") != 0 && strcmp(r->method, "HEAD") != 0;
+}
+
+bool pdgw_admin_authorize(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    const char *h =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    pdgw_auth_result_t ar =
+        pdgw_auth_check_admin(srv->opts.auth, h, is_write(r), peer_is_loopback(r));
+    pdgw_api_error_t e;
+    size_t len = 0;
+    char *body;
+
+    if (pdgw_auth_allowed(ar))
+        return true;
+    if (ar != PDGW_AUTH_FORBIDDEN) {
+        pdgw_auth_result_to_error(ar, &e);
+        if (pdgw_auth_has_admin_key(srv->opts.auth))
+            pdgw_api_error_set(&e, PDGW_API_ERR_UNAUTHORIZED, NULL, "%s",
+                               is_write(r) ? "This admin operation needs the admin key: send "
+                                             "\"Authorization: Bearer <admin_api_key>\"."
+                                           : "Admin reads need the admin key or an API key.");
+        pdgw_api_error_set_code(&e,
+                                ar == PDGW_AUTH_MISSING ? "missing_api_key" : "invalid_api_key");
+        pdgw_gateway_metrics_rejected(srv->opts.metrics, "admin_auth");
+        pdgw_req_reply_error(r, &e);
+        return false;
+    }
+    pdgw_api_error_set(&e, PDGW_API_ERR_UNAUTHORIZED, NULL,
+                       "Admin writes are accepted only from the gateway's own host unless "
+                       "admin_api_key is configured.");
+    pdgw_api_error_set_type(&e, "permission_error");
+    pdgw_api_error_set_code(&e, "admin_forbidden");
+    pdgw_gateway_metrics_rejected(srv->opts.metrics, "admin_forbidden");
+    snprintf(r->error_text, sizeof(r->error_text), "%s", e.message);
+    body = pdgw_api_error_body(&e, &len);
+    pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");
+    return false;
+}
+
+bool pdgw_tls_authorize(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    const union MHD_ConnectionInfo *ci;
+    pdgw_api_error_t e;
+    char why[256] = "";
+    size_t len = 0;
+    char *body;
+
+    if (!pdgw_tls_wants_client_cert(srv->opts.tls) || r->route == PDGW_ROUTE_HEALTH ||
+        r->route == PDGW_ROUTE_READY)
+        return true;
+    ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (pdgw_tls_verify_client(ci ? ci->tls_session : NULL, why, sizeof(why)) == PDGW_OK)
+        return true;
+    pdgw_api_error_set(&e, PDGW_API_ERR_UNAUTHORIZED, NULL,
+                       "A client certificate signed by the gateway's tls_ca is required (%s).",
+                       why);
+    pdgw_api_error_set_type(&e, "permission_error");
+    pdgw_api_error_set_code(&e, "client_certificate_required");
+    pdgw_gateway_metrics_rejected(srv->opts.metrics, "client_cert");
+    snprintf(r->error_text, sizeof(r->error_text), "%s", e.message);
+    body = pdgw_api_error_body(&e, &len);
+    pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");
+    return false;
+}
+
+bool pdgw_admin_serve(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    json_t *res;
+    char *text;
+    bool ok;
+
+    if (strcmp(r->path, "/admin/reload") != 0)
+        return false;
+    if (strcmp(r->method, "POST") != 0) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, "method_not_allowed",
+                              "use POST for /admin/reload");
+        return true;
+    }
+    if (srv->opts.reload == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, NULL, "reload is not available");
+        return true;
+    }
+    /* Parsing and checking a config takes milliseconds; this worker's other connections
+     * wait that long, as they would for any other short admin call. */
+    res = pdgw_reload_run(srv->opts.reload, "POST /admin/reload");
+    if (res == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return true;
+    }
+    ok = strcmp(json_string_value(json_object_get(res, "result")), "ok") == 0;
+    if (!ok) {
+        pdgw_api_error_t e;
+        pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL, "config reload refused: %s",
+                           json_string_value(json_object_get(res, "message")));
+        pdgw_api_error_set_code(&e, "config_reload_failed");
+        json_decref(res);
+        pdgw_req_reply_error(r, &e);
+        return true;
+    }
+    text = json_dumps(res, JSON_COMPACT);
+    json_decref(res);
+    if (text == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return true;
+    }
+    pdgw_req_reply(r, 200, text, strlen(text), "application/json");
+    return true;
 }

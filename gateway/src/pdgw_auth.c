@@ -10,6 +10,7 @@
 #include "pdgw_auth.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,10 +26,18 @@ typedef struct key_slot {
     size_t len;
 } key_slot_t;
 
-struct pdgw_auth {
+typedef struct key_set {
     key_slot_t *slots;
     size_t n;
     size_t cap;
+} key_set_t;
+
+/* The sets are replaced as a whole by pdgw_auth_swap (config reload); checks hold the read
+ * side of <lock> for the few microseconds of a comparison. */
+struct pdgw_auth {
+    pthread_rwlock_t lock;
+    key_set_t api;
+    key_set_t admin;
 };
 
 int pdgw_ct_memeq(const void *a, const void *b, size_t len)
@@ -65,8 +74,8 @@ static bool key_chars_ok(const char *k, size_t len)
     return true;
 }
 
-static pdgw_status_t add_key(pdgw_auth_t *a, const char *k, size_t len, const char *where,
-                             char *err, size_t errlen)
+static pdgw_status_t add_key(key_set_t *a, const char *k, size_t len, const char *where, char *err,
+                             size_t errlen)
 {
     if (len == 0) {
         set_err(err, errlen, "%s: empty API key", where);
@@ -97,7 +106,7 @@ static pdgw_status_t add_key(pdgw_auth_t *a, const char *k, size_t len, const ch
     return PDGW_OK;
 }
 
-static pdgw_status_t load_file(pdgw_auth_t *a, const char *path, char *err, size_t errlen)
+static pdgw_status_t load_file(key_set_t *a, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL) {
@@ -145,16 +154,17 @@ pdgw_status_t pdgw_auth_create(const char *const *keys, size_t n_keys, const cha
         set_err(err, errlen, "out of memory");
         return PDGW_ERR_NOMEM;
     }
+    pthread_rwlock_init(&a->lock, NULL);
     pdgw_status_t st = PDGW_OK;
     for (size_t i = 0; i < n_keys && st == PDGW_OK; i++) {
         char where[64];
         snprintf(where, sizeof(where), "api_keys[%zu]", i);
-        st = add_key(a, keys[i] != NULL ? keys[i] : "", keys[i] != NULL ? strlen(keys[i]) : 0,
+        st = add_key(&a->api, keys[i] != NULL ? keys[i] : "", keys[i] != NULL ? strlen(keys[i]) : 0,
                      where, err, errlen);
     }
     if (st == PDGW_OK && key_file != NULL && key_file[0] != '\0') {
-        st = load_file(a, key_file, err, errlen);
-        if (st == PDGW_OK && a->n == n_keys)
+        st = load_file(&a->api, key_file, err, errlen);
+        if (st == PDGW_OK && a->api.n == n_keys)
             pdgw_log_warn("auth", "api_key_file %s holds no key", key_file);
     }
     if (st != PDGW_OK) {
@@ -165,29 +175,79 @@ pdgw_status_t pdgw_auth_create(const char *const *keys, size_t n_keys, const cha
     return PDGW_OK;
 }
 
+static void key_set_clear(key_set_t *s)
+{
+    if (s->slots != NULL) {
+        /* Do not leave keys in freed memory. */
+        volatile unsigned char *p = (volatile unsigned char *)s->slots;
+        for (size_t i = 0; i < s->cap * sizeof(key_slot_t); i++)
+            p[i] = 0;
+    }
+    pdgw_free(s->slots);
+    memset(s, 0, sizeof(*s));
+}
+
 void pdgw_auth_destroy(pdgw_auth_t *auth)
 {
     if (auth == NULL)
         return;
-    if (auth->slots != NULL) {
-        /* Do not leave keys in freed memory. */
-        volatile unsigned char *p = (volatile unsigned char *)auth->slots;
-        for (size_t i = 0; i < auth->cap * sizeof(key_slot_t); i++)
-            p[i] = 0;
-    }
-    pdgw_free(auth->slots);
+    key_set_clear(&auth->api);
+    key_set_clear(&auth->admin);
+    pthread_rwlock_destroy(&auth->lock);
     pdgw_free(auth);
+}
+
+pdgw_status_t pdgw_auth_set_admin_key(pdgw_auth_t *auth, const char *key, char *err, size_t errlen)
+{
+    pdgw_status_t st = PDGW_OK;
+    pthread_rwlock_wrlock(&auth->lock);
+    key_set_clear(&auth->admin);
+    if (key != NULL && key[0] != '\0')
+        st = add_key(&auth->admin, key, strlen(key), "admin_api_key", err, errlen);
+    pthread_rwlock_unlock(&auth->lock);
+    return st;
+}
+
+void pdgw_auth_swap(pdgw_auth_t *live, pdgw_auth_t *fresh)
+{
+    key_set_t api, admin;
+    pthread_rwlock_wrlock(&fresh->lock);
+    api = fresh->api;
+    admin = fresh->admin;
+    pthread_rwlock_wrlock(&live->lock);
+    fresh->api = live->api;
+    fresh->admin = live->admin;
+    live->api = api;
+    live->admin = admin;
+    pthread_rwlock_unlock(&live->lock);
+    pthread_rwlock_unlock(&fresh->lock);
 }
 
 size_t pdgw_auth_key_count(const pdgw_auth_t *auth)
 {
-    return auth != NULL ? auth->n : 0;
+    size_t n;
+    if (auth == NULL)
+        return 0;
+    pthread_rwlock_rdlock(&((pdgw_auth_t *)auth)->lock);
+    n = auth->api.n;
+    pthread_rwlock_unlock(&((pdgw_auth_t *)auth)->lock);
+    return n;
 }
 
-pdgw_auth_result_t pdgw_auth_check(const pdgw_auth_t *auth, const char *header)
+bool pdgw_auth_has_admin_key(const pdgw_auth_t *auth)
 {
-    if (auth == NULL || auth->n == 0)
-        return PDGW_AUTH_DISABLED;
+    bool has;
+    if (auth == NULL)
+        return false;
+    pthread_rwlock_rdlock(&((pdgw_auth_t *)auth)->lock);
+    has = auth->admin.n > 0;
+    pthread_rwlock_unlock(&((pdgw_auth_t *)auth)->lock);
+    return has;
+}
+
+/* The token of a "Bearer <token>" header in [*tok, *tok + *len), or the refusal. */
+static pdgw_auth_result_t bearer_token(const char *header, const char **tok, size_t *len_out)
+{
     if (header == NULL)
         return PDGW_AUTH_MISSING;
     const char *p = header;
@@ -205,7 +265,14 @@ pdgw_auth_result_t pdgw_auth_check(const pdgw_auth_t *auth, const char *header)
         len--;
     if (len == 0)
         return PDGW_AUTH_BAD_SCHEME;
+    *tok = p;
+    *len_out = len;
+    return PDGW_AUTH_OK;
+}
 
+/* Constant-time match of the token against every key of <set> (see the file comment). */
+static bool set_match(const key_set_t *set, const char *p, size_t len)
+{
     /*
      * Too-long tokens still go through the full comparison (with a length that can never
      * match), so the time spent does not tell "too long" from "wrong".
@@ -214,8 +281,8 @@ pdgw_auth_result_t pdgw_auth_check(const pdgw_auth_t *auth, const char *header)
     memset(tok, 0, sizeof(tok));
     memcpy(tok, p, len < sizeof(tok) ? len : sizeof(tok));
     volatile unsigned char found = 0;
-    for (size_t k = 0; k < auth->n; k++) {
-        const key_slot_t *s = &auth->slots[k];
+    for (size_t k = 0; k < set->n; k++) {
+        const key_slot_t *s = &set->slots[k];
         unsigned char diff = 0;
         for (size_t i = 0; i < PDGW_AUTH_KEY_MAX; i++)
             diff |= (unsigned char)(tok[i] ^ s->bytes[i]);
@@ -228,7 +295,62 @@ pdgw_auth_result_t pdgw_auth_check(const pdgw_auth_t *auth, const char *header)
     volatile unsigned char *t = tok;
     for (size_t i = 0; i < sizeof(tok); i++)
         t[i] = 0;
-    return found ? PDGW_AUTH_OK : PDGW_AUTH_INVALID;
+    return found != 0;
+}
+
+static pdgw_auth_result_t check_sets(const pdgw_auth_t *auth, const char *header, bool api,
+                                     bool admin)
+{
+    pdgw_auth_t *a = (pdgw_auth_t *)auth;
+    pdgw_auth_result_t r;
+    const char *tok = NULL;
+    size_t len = 0;
+    bool any, found = false;
+
+    pthread_rwlock_rdlock(&a->lock);
+    any = (api && a->api.n > 0) || (admin && a->admin.n > 0);
+    if (!any) {
+        r = PDGW_AUTH_DISABLED;
+        goto out;
+    }
+    r = bearer_token(header, &tok, &len);
+    if (r != PDGW_AUTH_OK)
+        goto out;
+    /* Both sets are always compared when both are asked for: no early exit. */
+    if (api)
+        found |= set_match(&a->api, tok, len);
+    if (admin)
+        found |= set_match(&a->admin, tok, len);
+    r = found ? PDGW_AUTH_OK : PDGW_AUTH_INVALID;
+out:
+    pthread_rwlock_unlock(&a->lock);
+    return r;
+}
+
+pdgw_auth_result_t pdgw_auth_check(const pdgw_auth_t *auth, const char *header)
+{
+    if (auth == NULL)
+        return PDGW_AUTH_DISABLED;
+    return check_sets(auth, header, true, false);
+}
+
+pdgw_auth_result_t pdgw_auth_check_admin(const pdgw_auth_t *auth, const char *header, bool write,
+                                         bool peer_loopback)
+{
+    bool has_admin = pdgw_auth_has_admin_key(auth);
+    if (!has_admin) {
+        /* No admin credential: writes only from this host, reads as any other route. */
+        if (write && !peer_loopback)
+            return PDGW_AUTH_FORBIDDEN;
+        return auth == NULL ? PDGW_AUTH_DISABLED : check_sets(auth, header, true, false);
+    }
+    /* Writes need the admin key; reads take it or an API key. A missing header is
+     * "missing" even when API keys are off, so a read is not silently open. */
+    if (!write) {
+        pdgw_auth_result_t r = check_sets(auth, header, true, true);
+        return r == PDGW_AUTH_DISABLED ? PDGW_AUTH_MISSING : r;
+    }
+    return check_sets(auth, header, false, true);
 }
 
 const char *pdgw_auth_result_name(pdgw_auth_result_t r)
@@ -244,6 +366,8 @@ const char *pdgw_auth_result_name(pdgw_auth_result_t r)
         return "bad_scheme";
     case PDGW_AUTH_INVALID:
         return "invalid";
+    case PDGW_AUTH_FORBIDDEN:
+        return "forbidden";
     }
     return "unknown";
 }

@@ -6,7 +6,11 @@
  * token against EVERY configured key, each over the same fixed length, without early exit,
  * so its duration depends neither on which key matched nor on how many leading bytes of a
  * key were right; the only input-dependent cost is reading the header itself.
- * The object is immutable after creation: pdgw_auth_check() is safe from any thread.
+ * A separate admin key (admin_api_key) guards /admin/...: see pdgw_auth_check_admin.
+ *
+ * Every function is safe from any thread. A config reload builds a fresh object and moves
+ * its key sets into the live one with pdgw_auth_swap (checks hold a read lock for the length
+ * of one comparison), so the pointer the server holds never changes.
  */
 #ifndef PDGW_AUTH_H
 #define PDGW_AUTH_H
@@ -27,6 +31,7 @@ typedef enum pdgw_auth_result {
     PDGW_AUTH_MISSING = -1,    /* no Authorization header */
     PDGW_AUTH_BAD_SCHEME = -2, /* header present but not "Bearer <token>" */
     PDGW_AUTH_INVALID = -3,    /* Bearer token did not match any key */
+    PDGW_AUTH_FORBIDDEN = -4,  /* admin write from a non-loopback peer without admin_api_key */
 } pdgw_auth_result_t;
 
 /*
@@ -39,8 +44,19 @@ pdgw_status_t pdgw_auth_create(const char *const *keys, size_t n_keys, const cha
                                char *err, size_t errlen, pdgw_auth_t **out);
 void pdgw_auth_destroy(pdgw_auth_t *auth);
 
-/* Number of keys; 0 means authentication is off. NULL auth counts as 0. */
+/* Number of API keys; 0 means authentication is off. NULL auth counts as 0. */
 size_t pdgw_auth_key_count(const pdgw_auth_t *auth);
+
+/* Replace the admin key (NULL or "" = none); same checks as API keys. */
+pdgw_status_t pdgw_auth_set_admin_key(pdgw_auth_t *auth, const char *key, char *err, size_t errlen);
+/* Is an admin key configured? */
+bool pdgw_auth_has_admin_key(const pdgw_auth_t *auth);
+
+/*
+ * Move the key sets of <fresh> into <live> at once; <fresh> gets the old sets (destroy it
+ * afterwards). Checks running on other threads see either the old or the new sets.
+ */
+void pdgw_auth_swap(pdgw_auth_t *live, pdgw_auth_t *fresh);
 
 /*
  * Check the value of the Authorization header (<header> NULL = header absent). The scheme
@@ -49,12 +65,21 @@ size_t pdgw_auth_key_count(const pdgw_auth_t *auth);
  */
 pdgw_auth_result_t pdgw_auth_check(const pdgw_auth_t *auth, const char *header);
 
+/*
+ * The /admin/... rule. With an admin key: a <write> (any method but GET/HEAD) needs
+ * "Bearer <admin key>"; a read takes the admin key or an API key, and is never open.
+ * Without one: a write from a peer that is not loopback (<peer_loopback> false) is
+ * PDGW_AUTH_FORBIDDEN; otherwise the API keys decide as for any route.
+ */
+pdgw_auth_result_t pdgw_auth_check_admin(const pdgw_auth_t *auth, const char *header, bool write,
+                                         bool peer_loopback);
+
 /* True for PDGW_AUTH_OK and PDGW_AUTH_DISABLED. */
 static inline bool pdgw_auth_allowed(pdgw_auth_result_t r)
 {
     return r == PDGW_AUTH_OK || r == PDGW_AUTH_DISABLED;
 }
-/* "ok", "disabled", "missing", "bad_scheme", "invalid". */
+/* "ok", "disabled", "missing", "bad_scheme", "invalid", "forbidden". */
 const char *pdgw_auth_result_name(pdgw_auth_result_t r);
 
 /*

@@ -84,9 +84,18 @@ pdgw_status_t pdgw_policy_parse(const char *s, pdgw_policy_t *out)
 
 /* clang-format off */
 static const pdgw_config_option_t options[] = {
-    {"listen", "listen", "PDGW_LISTEN", PDGW_OPT_HOSTPORT, NULL, 1, 0, "0.0.0.0:8000",
+    {"listen", "listen", "PDGW_LISTEN", PDGW_OPT_HOSTPORT, NULL, 1, 0, "127.0.0.1:8000",
      "HOST:PORT", "Address and port the HTTP front end listens on (port 0: any free port, "
-     "named in the start-up log).", C(listen)},
+     "named in the start-up log). Loopback by default: give 0.0.0.0:8000 (or [::]:8000) to "
+     "serve other hosts.", C(listen)},
+    {"tls_cert", "tls-cert", "PDGW_TLS_CERT", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
+     "PEM certificate (chain) of the front end; with tls_key, clients must speak HTTPS.",
+     C(tls_cert)},
+    {"tls_key", "tls-key", "PDGW_TLS_KEY", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
+     "PEM private key of tls_cert (unencrypted).", C(tls_key)},
+    {"tls_ca", "tls-ca", "PDGW_TLS_CA", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
+     "PEM CA certificate(s): clients must present a certificate they signed (/health and "
+     "/ready excepted); \"\" = no client certificates.", C(tls_ca)},
     {"workers", "workers", "PDGW_WORKERS", PDGW_OPT_INT, NULL, 0, 1024, "0", "N",
      "Worker threads, each with its own event loop; 0 = number of CPU cores.", C(workers)},
     {"protocol", "protocol", "PDGW_PROTOCOL", PDGW_OPT_STRING, NULL, 0, 0, "neutral", "NAME",
@@ -172,6 +181,9 @@ static const pdgw_config_option_t options[] = {
      C(api_keys)},
     {"api_key_file", "api-key-file", "PDGW_API_KEY_FILE", PDGW_OPT_STRING, NULL, 0, 0, "",
      "PATH", "File of API keys, one per line ('#' comments).", C(api_key_file)},
+    {"admin_api_key", "admin-api-key", "PDGW_ADMIN_API_KEY", PDGW_OPT_STRING, NULL, 0, 0, "",
+     "KEY", "Bearer key required for /admin/* writes (and accepted for reads); unset = admin "
+     "writes only from loopback clients.", C(admin_api_key)},
     {"log_level", "log-level", "PDGW_LOG_LEVEL", PDGW_OPT_ENUM, level_names, 0, 0, "info",
      "LEVEL", "Log level.", C(log_level)},
     {"log_format", "log-format", "PDGW_LOG_FORMAT", PDGW_OPT_ENUM, format_names, 0, 0, "text",
@@ -912,6 +924,24 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
                 return pdgw_cfg_fail(&src, key, "contains blanks or non-printable characters");
         }
     }
+    if (strlen(cfg->admin_api_key) > 256)
+        return pdgw_cfg_fail(&src, "admin_api_key", "longer than 256 bytes");
+    for (const char *c = cfg->admin_api_key; *c; c++) {
+        if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+            return pdgw_cfg_fail(&src, "admin_api_key",
+                                 "contains blanks or non-printable characters");
+    }
+    if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
+        return pdgw_cfg_fail(&src, cfg->tls_cert[0] ? "tls_key" : "tls_cert",
+                             "tls_cert and tls_key go together");
+    if (cfg->tls_cert[0] != '\0' && access(cfg->tls_cert, R_OK) != 0)
+        return pdgw_cfg_fail(&src, "tls_cert", "cannot read \"%s\"", cfg->tls_cert);
+    if (cfg->tls_key[0] != '\0' && access(cfg->tls_key, R_OK) != 0)
+        return pdgw_cfg_fail(&src, "tls_key", "cannot read \"%s\"", cfg->tls_key);
+    if (cfg->tls_ca[0] != '\0' && cfg->tls_cert[0] == '\0')
+        return pdgw_cfg_fail(&src, "tls_ca", "needs tls_cert and tls_key");
+    if (cfg->tls_ca[0] != '\0' && access(cfg->tls_ca, R_OK) != 0)
+        return pdgw_cfg_fail(&src, "tls_ca", "cannot read \"%s\"", cfg->tls_ca);
     if (cfg->api_key_file[0] != '\0' && access(cfg->api_key_file, R_OK) != 0)
         return pdgw_cfg_fail(&src, "api_key_file", "cannot read \"%s\"", cfg->api_key_file);
     for (size_t i = 0; i < cfg->plugins.count; i++) {

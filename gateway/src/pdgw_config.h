@@ -140,10 +140,13 @@ typedef struct pdgw_k8s_discovery_config {
 } pdgw_k8s_discovery_config_t;
 
 typedef struct pdgw_config {
-    char *listen;      /* as given, default "0.0.0.0:8000" */
+    char *listen;      /* as given, default "127.0.0.1:8000" */
     char *listen_host; /* derived: "" = any */
     int listen_port;   /* derived */
     int workers;       /* 0 = number of cores (see pdgw_config_workers) */
+    char *tls_cert;    /* PEM file, "" = plain HTTP */
+    char *tls_key;     /* PEM file, "" = plain HTTP */
+    char *tls_ca;      /* PEM CA file for client certificates, "" = none asked */
     char *protocol;    /* default "neutral" */
     pdgw_sched_mode_t scheduling;
     pdgw_kv_list_t protocol_options;
@@ -170,7 +173,8 @@ typedef struct pdgw_config {
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
-    char *api_key_file; /* "" = none */
+    char *api_key_file;  /* "" = none */
+    char *admin_api_key; /* "" = none: admin writes from loopback only */
     pdgw_log_level_t log_level;
     pdgw_log_format_t log_format;
     bool access_log;

@@ -232,9 +232,11 @@ static void print_value(FILE *out, const pdgw_config_option_t *o, const void *ba
     char tmp[64];
     switch (o->type) {
     case PDGW_OPT_STRING:
-    case PDGW_OPT_HOSTPORT:
-        yaml_quoted(out, *(char *const *)f != NULL ? *(char *const *)f : "");
+    case PDGW_OPT_HOSTPORT: {
+        const char *v = *(char *const *)f != NULL ? *(char *const *)f : "";
+        yaml_quoted(out, mask && v[0] ? "***" : v);
         break;
+    }
     case PDGW_OPT_INT:
         fprintf(out, "%d", *(const int *)f);
         break;
@@ -338,7 +340,8 @@ void pdgw_config_print(const pdgw_config_t *cfg, FILE *out)
             rest = dot + 1;
         }
         fprintf(out, "%*s%s: ", depth * 2, "", rest);
-        print_value(out, o, cfg, strcmp(o->key, "api_keys") == 0);
+        print_value(out, o, cfg,
+                    strcmp(o->key, "api_keys") == 0 || strcmp(o->key, "admin_api_key") == 0);
         fputc('\n', out);
         prev = k;
     }

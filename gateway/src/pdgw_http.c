@@ -23,28 +23,14 @@
 
 static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
 {
-    static const char *const drop[] = {"connection",
-                                       "keep-alive",
-                                       "proxy-connection",
-                                       "proxy-authenticate",
-                                       "proxy-authorization",
-                                       "te",
-                                       "trailer",
-                                       "trailers",
-                                       "transfer-encoding",
-                                       "upgrade",
-                                       "host",
-                                       "content-length",
-                                       "content-type",
-                                       "expect",
-                                       "accept-encoding",
-                                       "x-request-id",
-                                       "traceparent",
-                                       "x-request-timeout",
-                                       /* vLLM's DP routing header: the gateway picks the
-                                        * rank (and names its engine to the decode) */
-                                       "x-data-parallel-rank",
-                                       NULL};
+    static const char *const drop[] = {
+        "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+        "content-type", "expect", "accept-encoding", "x-request-id", "traceparent",
+        "x-request-timeout",
+        /* vLLM's DP routing header: the gateway picks the
+         * rank (and names its engine to the decode) */
+        "x-data-parallel-rank", NULL};
     size_t i;
     for (i = 0; drop[i]; i++)
         if (strcasecmp(name, drop[i]) == 0)
@@ -202,6 +188,8 @@ static void route(pdgw_req_t *r, const char *url)
         r->route = PDGW_ROUTE_READY;
     } else if (strcmp(r->path, "/metrics") == 0) {
         r->route = PDGW_ROUTE_METRICS;
+    } else if (strcmp(r->path, "/admin/reload") == 0) {
+        r->route = PDGW_ROUTE_ADMIN; /* pdgw_admin_serve */
     } else if (strncmp(r->path, "/admin/instances", 16) == 0 &&
                (r->path[16] == '\0' || r->path[16] == '/')) {
         r->route = PDGW_ROUTE_ADMIN;
@@ -229,6 +217,8 @@ const char *pdgw_http_allowed_methods(const pdgw_req_t *r)
     case PDGW_ROUTE_METRICS:
         return "GET, HEAD";
     case PDGW_ROUTE_ADMIN:
+        if (strcmp(r->path, "/admin/reload") == 0)
+            return "POST";
         if (sub[0] == '\0' || strcmp(sub, "/") == 0)
             return "GET, POST";
         slash = strchr(sub + 1, '/');
@@ -309,6 +299,8 @@ static void dispatch(pdgw_req_t *r)
     pdgw_server_t *srv = r->w->srv;
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
 
+    if (!pdgw_tls_authorize(r))
+        return;
     if (r->route == PDGW_ROUTE_NONE) {
         pdgw_gateway_metrics_rejected(gm, "not_found");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, "unknown_url", "no route for %s %s",
@@ -321,7 +313,10 @@ static void dispatch(pdgw_req_t *r)
                               "method %s not allowed on %s", r->method, r->path);
         return;
     }
-    if (route_needs_auth(r)) {
+    if (r->route == PDGW_ROUTE_ADMIN) {
+        if (!pdgw_admin_authorize(r))
+            return;
+    } else if (route_needs_auth(r)) {
         const char *h =
             MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
         pdgw_auth_result_t ar = pdgw_auth_check(srv->opts.auth, h);
@@ -353,7 +348,8 @@ static void dispatch(pdgw_req_t *r)
         serve_metrics(r);
         return;
     case PDGW_ROUTE_ADMIN:
-        pdgw_admin_serve(r);
+        if (!pdgw_admin_serve(r))
+            pdgw_admin_instances_serve(r);
         return;
     case PDGW_ROUTE_MODELS:
         if (srv->opts.n_models > 0) {

@@ -3,7 +3,8 @@
  *   1. register: forwarders registered themselves from constructors (no I/O);
  *   2. read config: defaults < YAML < env < CLI, plugins loaded while checking the protocol;
  *   3. allocate: logger, API keys, metrics, instance pool, server (binds the port);
- *   4. start: pool threads, workers; then wait for SIGTERM/SIGINT and drain.
+ *   4. start: pool threads, workers; then wait for signals: SIGHUP reloads the config
+ *      (pdgw_reload.c), SIGTERM/SIGINT drain and stop.
  */
 #include <errno.h>
 #include <signal.h>
@@ -24,8 +25,10 @@
 #include "pdgw_metrics.h"
 #include "pdgw_otel.h"
 #include "pdgw_registry.h"
+#include "pdgw_reload.h"
 #include "pdgw_server.h"
 #include "pdgw_server_int.h"
+#include "pdgw_tls.h"
 
 extern char **environ;
 
@@ -312,6 +315,8 @@ int main(int argc, char **argv)
     pdgw_server_opts_t so;
     pdgw_otel_config_t otel_cfg;
     pdgw_otel_t *otel = NULL;
+    pdgw_tls_t *tls = NULL;
+    pdgw_reload_t *reload = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -323,6 +328,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     /* Stage 2: configuration. */
@@ -352,6 +358,15 @@ int main(int argc, char **argv)
                          cfg.api_key_file, err, sizeof(err), &auth) != PDGW_OK) {
         pdgw_log_error("main", "api keys: %s", err);
         goto out_curl;
+    }
+    if (pdgw_auth_set_admin_key(auth, cfg.admin_api_key, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_auth;
+    }
+    if (cfg.tls_cert[0] != '\0' &&
+        pdgw_tls_create(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, &tls, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_auth;
     }
     if (pdgw_metrics_create(0, &reg) != PDGW_OK ||
         pdgw_gateway_metrics_init(reg, PDGW_VERSION_STRING, &gm) != PDGW_OK) {
@@ -403,6 +418,19 @@ int main(int argc, char **argv)
     so.pool = pool;
     so.metrics = &gm;
     so.otel = otel;
+    so.tls = tls;
+    /* The reloader takes the config over; what the server borrows from it stays put (see
+     * pdgw_reload.h), and SIGHUP / POST /admin/reload re-read it from here on. */
+    {
+        pdgw_config_t *moved = &cfg;
+        pdgw_config_t start = cfg; /* scalars only, for the hooks' start-up view */
+        if (pdgw_reload_create(moved, argc, argv, environ, &hooks, reg, &reload) != PDGW_OK ||
+            pdgw_reload_hooks_register(reload, &start, auth, pool, map_instance) != PDGW_OK) {
+            pdgw_log_error("main", "cannot set up config reloads");
+            goto out_pool;
+        }
+    }
+    so.reload = reload;
     if (pdgw_server_create(&so, &srv, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_pool;
@@ -418,14 +446,20 @@ int main(int argc, char **argv)
     if (pdgw_auth_key_count(auth) > 0)
         pdgw_log_info("main", "API keys required (%zu configured)", pdgw_auth_key_count(auth));
 
-    while (sigwait(&sigs, &sig) != 0)
-        ;
+    for (;;) {
+        if (sigwait(&sigs, &sig) != 0)
+            continue;
+        if (sig != SIGHUP)
+            break;
+        json_decref(pdgw_reload_run(reload, "SIGHUP"));
+    }
     pdgw_log_info("main", "%s: draining (up to %llu ms, %llu request(s) in flight)",
-                  sig == SIGTERM ? "SIGTERM" : "SIGINT", (unsigned long long)cfg.drain_timeout_ms,
+                  sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                  (unsigned long long)pdgw_reload_drain_timeout_ms(reload),
                   (unsigned long long)pdgw_server_inflight(srv));
     pdgw_server_drain(srv);
     {
-        uint64_t end = pdgw_time_mono_ms() + cfg.drain_timeout_ms;
+        uint64_t end = pdgw_time_mono_ms() + pdgw_reload_drain_timeout_ms(reload);
         struct timespec ts = {0, 20 * 1000 * 1000};
         while (pdgw_server_inflight(srv) > 0 && pdgw_time_mono_ms() < end) {
             int s = sigtimedwait(&sigs, NULL, &ts);
@@ -445,6 +479,8 @@ int main(int argc, char **argv)
 out_server:
     pdgw_server_destroy(srv);
 out_pool:
+    /* After the server: it borrowed strings of the running config. */
+    pdgw_reload_destroy(reload);
     json_decref(options);
     /* After the server: every request has recorded its spans; the last batch goes out now. */
     if (otel != NULL)
@@ -456,6 +492,7 @@ out_pool:
 out_metrics:
     pdgw_metrics_destroy(reg);
 out_auth:
+    pdgw_tls_destroy(tls);
     pdgw_auth_destroy(auth);
 out_curl:
     curl_global_cleanup();

@@ -148,7 +148,9 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *   pdgw_rejected_requests_total{reason}                counter   reason = body_too_large|
  *                                                                 bad_json|invalid|auth|
  *                                                                 not_found|method|overload|
- *                                                                 ambiguous_length|client_pd_field
+ *                                                                 ambiguous_length|client_pd_field|
+ *                                                                 admin_auth|admin_forbidden|
+ *                                                                 client_cert
  *   pdgw_requests_total{protocol,status}                          a stream cut after its 200
  *                                                                 counts as 502 (504 on a
  *                                                                 timeout), a client gone as 499

@@ -27,6 +27,7 @@
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 #include "pdgw_route.h"
+#include "pdgw_tls.h"
 
 /* A suspension that lasts this long gets a hang-up watch on the client socket: short waits
  * cost no epoll_ctl at all. */
@@ -517,20 +518,22 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     }
     if (addr->sa_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    flags |= pdgw_tls_mhd_flags(srv->opts.tls);
     /* The connection limit is enforced (and counted) by the accept policy; MHD's own limit
      * sits above it so that it never refuses first. Its idle timeout stays for connections
      * between deadlines (a reader that stops reading a response). */
-    w->mhd = MHD_start_daemon(
-        flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
-        NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
-        pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-        MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit_per_worker + 16u,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        /* 8 KiB per connection: request headers, upload chunks and the chunked write
-         * buffer of a stream (an 8 KiB header limit, as common proxies have). Small
-         * pools keep 10,000 open streams in a few hundred MiB. */
-        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024), MHD_OPTION_END);
+    w->mhd =
+        MHD_start_daemon(flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR,
+                         addr, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+                         pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION, pdgw_conn_notify, w,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT,
+                         srv->conn_limit_per_worker + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+                         /* 8 KiB per connection: request headers, upload chunks and the chunked
+                          * write buffer of a stream (an 8 KiB header limit, as common proxies
+                          * have). Small pools keep 10,000 open streams in a few hundred MiB. */
+                         (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024),
+                         MHD_OPTION_ARRAY, pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
     if (w->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",
                  ntohs(((const struct sockaddr_in *)addr)->sin_port), index);
@@ -741,7 +744,8 @@ pdgw_status_t pdgw_server_start(pdgw_server_t *srv)
         srv->workers[i].thread_started = true;
     }
     srv->started = true;
-    pdgw_log_info("server", "listening on %s:%d with %u worker(s), protocol %s (%s, %s)",
+    pdgw_log_info("server", "listening on %s%s:%d with %u worker(s), protocol %s (%s, %s)",
+                  srv->opts.tls ? "https://" : "",
                   srv->opts.listen_host && srv->opts.listen_host[0] ? srv->opts.listen_host : "*",
                   srv->port, srv->n_workers, srv->desc->name,
                   srv->opts.mode == PDGW_MODE_BATCH ? "batch" : "staged",

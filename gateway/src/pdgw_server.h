@@ -54,6 +54,8 @@ typedef struct pdgw_server_opts {
     struct pdgw_otel *otel;          /* trace exporter; NULL = tracing off */
     pdgw_gateway_metrics_t *metrics; /* required */
     pdgw_route_opts_t route;         /* tokenize before routing, selective PD */
+    struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
+    const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,

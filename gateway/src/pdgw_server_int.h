@@ -8,7 +8,8 @@
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
  *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
  *   pdgw_models.c    GET /v1/models (configured names, or the instances' union)
- *   pdgw_admin.c     the admin API (/admin/instances)
+ *   pdgw_admin.c     who may use /admin/..., POST /admin/reload, client certificates
+ *   pdgw_admin_instances.c  the instance admin API (/admin/instances)
  *   pdgw_access.c    the access log line of a finished request
  *   pdgw_timer.c     per-worker timers (every deadline above); pdgw_freelist.c object reuse
  * Everything of one request runs on the worker thread that accepted its connection.
@@ -386,9 +387,9 @@ void pdgw_models_release(pdgw_req_t *r);
  * left before the whole answer. */
 void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uint64_t now_ns);
 
-/* ---- pdgw_admin.c */
+/* ---- pdgw_admin_instances.c */
 /* /admin/instances[/<id>[/drain|/undrain]] (r->admin_path is the part after the prefix). */
-void pdgw_admin_serve(pdgw_req_t *r);
+void pdgw_admin_instances_serve(pdgw_req_t *r);
 
 /* ---- pdgw_leg.c */
 void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
@@ -427,6 +428,16 @@ void pdgw_wf_set_finished(pdgw_req_t *r);
 void pdgw_wf_cancel(pdgw_req_t *r);
 /* Final bookkeeping at connection completion (access log, metrics, free). */
 void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected);
+
+/* ---- pdgw_admin.c */
+/* The /admin/... rule (admin_api_key, loopback-only writes without it); false = refused, the
+ * reply is queued and counted. */
+bool pdgw_admin_authorize(pdgw_req_t *r);
+/* POST /admin/reload; false when <r> is another admin path. */
+bool pdgw_admin_serve(pdgw_req_t *r);
+/* With tls_ca: a verified client certificate (not asked of /health, /ready); false =
+ * refused (403 queued, counted). */
+bool pdgw_tls_authorize(pdgw_req_t *r);
 
 /* ---- pdgw_fwd_api.c */
 struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);

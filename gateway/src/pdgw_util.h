@@ -166,4 +166,10 @@ typedef struct pdgw_url {
 /* Split an http:// or https:// URL (no userinfo, no query needed). PDGW_ERR_PARSE otherwise. */
 pdgw_status_t pdgw_url_parse(const char *s, pdgw_url_t *out);
 
+/*
+ * The whole of file <path> (at most <max> bytes), NUL-terminated, malloc'd (caller frees with
+ * free()); length in *len_out. NULL with errno set when unreadable or larger than <max>.
+ */
+char *pdgw_file_read_all(const char *path, size_t max, size_t *len_out);
+
 #endif /* PDGW_UTIL_H */

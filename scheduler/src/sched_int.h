@@ -114,8 +114,9 @@ typedef struct sched_discovery_slot {
 typedef struct sched_health sched_health_t;
 
 struct sched_pool {
-    /* configuration (owned copies) */
-    sched_policy_t policy[2];
+    /* configuration (owned copies); the policies may change while serving
+     * (sched_pool_set_policy), so they are read atomically */
+    _Atomic sched_policy_t policy[2];
     uint64_t health_interval_ms, health_timeout_ms;
     unsigned healthy_threshold, unhealthy_threshold;
     uint64_t scrape_interval_ms, stale_ms;

@@ -475,6 +475,25 @@ sched_status_t sched_pool_remove(sched_pool_t *pool, const char *id)
     return status;
 }
 
+sched_status_t sched_pool_set_policy(sched_pool_t *pool, sched_role_t role, sched_policy_t policy)
+{
+    int ridx;
+
+    if (!pool || (unsigned)policy >= SCHED_POLICY_COUNT ||
+        (role != SCHED_ROLE_PREFILL && role != SCHED_ROLE_DECODE))
+        return SCHED_ERR_INVALID;
+    ridx = role == SCHED_ROLE_PREFILL ? SCHED_RIDX_PREFILL : SCHED_RIDX_DECODE;
+    if (policy == SCHED_POLICY_PREFIX_AWARE && !pool->prefix[ridx])
+        return SCHED_ERR_STATE;
+    if (policy == SCHED_POLICY_PRECISE_PREFIX && !pool->kvev_index)
+        return SCHED_ERR_STATE;
+    if (atomic_exchange(&pool->policy[ridx], policy) != policy)
+        sched_pool_logf(pool, SCHED_LOG_INFO, "%s policy now %s",
+                        ridx == SCHED_RIDX_PREFILL ? "prefill" : "decode",
+                        sched_policy_name(policy));
+    return SCHED_OK;
+}
+
 void sched_pool_reap_retired(sched_pool_t *pool)
 {
     sched_instance_t **arr;

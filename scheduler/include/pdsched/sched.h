@@ -355,6 +355,11 @@ sched_status_t sched_pool_drain(sched_pool_t *pool, const char *id);
 sched_status_t sched_pool_undrain(sched_pool_t *pool, const char *id);
 sched_status_t sched_pool_remove(sched_pool_t *pool, const char *id);
 
+/* Change how instances of <role> (PREFILL or DECODE) are chosen, from the next booking on
+ * (config reload). SCHED_ERR_STATE when <policy> needs what the pool builds only at creation
+ * (prefix-aware's index, precise-prefix's KV-event index): that change takes a restart. */
+sched_status_t sched_pool_set_policy(sched_pool_t *pool, sched_role_t role, sched_policy_t policy);
+
 /* Number of instances that could take a booking of <role> now (up, not
  * draining, breaker not open). PREFILL counts prefill+both instances,
  * DECODE decode+both, BOTH only instances of role both. */

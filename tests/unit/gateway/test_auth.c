@@ -128,6 +128,62 @@ static void test_key_file(void **state)
     unlink(path);
 }
 
+/* The /admin rule: with an admin key, writes need it and reads take it or an API key; without
+ * one, writes only from loopback and the API keys decide. */
+static void test_admin(void **state)
+{
+    (void)state;
+    static const char *const keys[] = {"sk-user"};
+    pdgw_auth_t *a = NULL;
+    assert_int_equal(pdgw_auth_create(keys, 1, NULL, NULL, 0, &a), PDGW_OK);
+    assert_false(pdgw_auth_has_admin_key(a));
+    /* no admin key */
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer sk-user", true, true), PDGW_AUTH_OK);
+    assert_int_equal(pdgw_auth_check_admin(a, NULL, true, true), PDGW_AUTH_MISSING);
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer sk-user", true, false), PDGW_AUTH_FORBIDDEN);
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer sk-user", false, false), PDGW_AUTH_OK);
+    assert_int_equal(pdgw_auth_check_admin(NULL, NULL, true, true), PDGW_AUTH_DISABLED);
+    assert_int_equal(pdgw_auth_check_admin(NULL, NULL, true, false), PDGW_AUTH_FORBIDDEN);
+    /* with one */
+    assert_int_equal(pdgw_auth_set_admin_key(a, "adm-1", NULL, 0), PDGW_OK);
+    assert_true(pdgw_auth_has_admin_key(a));
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer adm-1", true, false), PDGW_AUTH_OK);
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer sk-user", true, true), PDGW_AUTH_INVALID);
+    assert_int_equal(pdgw_auth_check_admin(a, NULL, true, true), PDGW_AUTH_MISSING);
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer sk-user", false, false), PDGW_AUTH_OK);
+    assert_int_equal(pdgw_auth_check_admin(a, "Bearer adm-1", false, false), PDGW_AUTH_OK);
+    assert_int_equal(pdgw_auth_check_admin(a, NULL, false, true), PDGW_AUTH_MISSING);
+    /* the admin key is not an API key */
+    assert_int_equal(pdgw_auth_check(a, "Bearer adm-1"), PDGW_AUTH_INVALID);
+    assert_int_equal(pdgw_auth_set_admin_key(a, "bad key", NULL, 0), PDGW_ERR_INVALID);
+    pdgw_auth_destroy(a);
+}
+
+/* A reload moves fresh key sets into the live object; the old keys stop working at once. */
+static void test_swap(void **state)
+{
+    (void)state;
+    static const char *const old_keys[] = {"sk-old"};
+    static const char *const new_keys[] = {"sk-new"};
+    pdgw_auth_t *live = NULL, *fresh = NULL;
+    assert_int_equal(pdgw_auth_create(old_keys, 1, NULL, NULL, 0, &live), PDGW_OK);
+    assert_int_equal(pdgw_auth_create(new_keys, 1, NULL, NULL, 0, &fresh), PDGW_OK);
+    assert_int_equal(pdgw_auth_set_admin_key(fresh, "adm-2", NULL, 0), PDGW_OK);
+    pdgw_auth_swap(live, fresh);
+    assert_int_equal(pdgw_auth_check(live, "Bearer sk-new"), PDGW_AUTH_OK);
+    assert_int_equal(pdgw_auth_check(live, "Bearer sk-old"), PDGW_AUTH_INVALID);
+    assert_true(pdgw_auth_has_admin_key(live));
+    assert_int_equal(pdgw_auth_check(fresh, "Bearer sk-old"), PDGW_AUTH_OK);
+    assert_false(pdgw_auth_has_admin_key(fresh));
+    pdgw_auth_destroy(fresh);
+    /* keys can also be switched off by a reload */
+    assert_int_equal(pdgw_auth_create(NULL, 0, NULL, NULL, 0, &fresh), PDGW_OK);
+    pdgw_auth_swap(live, fresh);
+    assert_int_equal(pdgw_auth_check(live, NULL), PDGW_AUTH_DISABLED);
+    pdgw_auth_destroy(fresh);
+    pdgw_auth_destroy(live);
+}
+
 static void test_ct_memeq(void **state)
 {
     (void)state;
@@ -222,7 +278,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_results),       cmocka_unit_test(test_bad_keys),
         cmocka_unit_test(test_key_file),      cmocka_unit_test(test_ct_memeq),
-        cmocka_unit_test(test_constant_time),
+        cmocka_unit_test(test_constant_time), cmocka_unit_test(test_admin),
+        cmocka_unit_test(test_swap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

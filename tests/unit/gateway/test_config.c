@@ -170,8 +170,11 @@ static void test_defaults(void **state)
     (void)state;
     pdgw_config_t c;
     assert_int_equal(pdgw_config_init(&c), PDGW_OK);
-    assert_string_equal(c.listen, "0.0.0.0:8000");
-    assert_string_equal(c.listen_host, "0.0.0.0");
+    /* loopback unless the operator opens it up (deploy/ configs say 0.0.0.0 themselves) */
+    assert_string_equal(c.listen, "127.0.0.1:8000");
+    assert_string_equal(c.listen_host, "127.0.0.1");
+    assert_string_equal(c.tls_cert, "");
+    assert_string_equal(c.admin_api_key, "");
     assert_int_equal(c.listen_port, 8000);
     assert_int_equal(c.workers, 0);
     assert_true(pdgw_config_workers(&c) >= 1);
