@@ -14,7 +14,7 @@ void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uin
     a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
     a.path = r->path;
     a.protocol = r->w->srv->desc->name;
-    a.model = r->info_valid ? r->info.model : NULL;
+    a.model = r->info_valid ? r->info.model : r->pt_model;
     a.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
     a.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
     a.error = r->error_text[0] ? r->error_text : NULL;

@@ -193,6 +193,15 @@ static const pdgw_config_option_t options[] = {
     {"models", "model", "PDGW_MODELS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAME",
      "Model name served by /v1/models (repeatable; none = aggregate from instances).",
      C(models)},
+    {"passthrough", "passthrough", "PDGW_PASSTHROUGH", PDGW_OPT_BOOL, NULL, 0, 0, "true", NULL,
+     "Proxy any other /v1/ path and the engines' utility endpoints (/tokenize, /pooling, "
+     "/score, /rerank, ...) unchanged to an instance of the body's model (--no-passthrough: "
+     "404 from pdgw).",
+     C(passthrough)},
+    {"cors_allowed_origins", "cors-allowed-origin", "PDGW_CORS_ALLOWED_ORIGINS", PDGW_OPT_LIST,
+     NULL, 0, 0, NULL, "ORIGIN", "Browser origin (scheme://host[:port]) allowed by CORS, or * "
+     "for any (repeatable; none = no CORS headers, preflights refused with 403).",
+     C(cors_allowed_origins)},
     {"prefill_policy", "prefill-policy", "PDGW_PREFILL_POLICY", PDGW_OPT_ENUM, policy_names, 0,
      0, "least-load", "POLICY", "How a prefill instance is chosen.", C(prefill_policy)},
     {"decode_policy", "decode-policy", "PDGW_DECODE_POLICY", PDGW_OPT_ENUM, policy_names, 0, 0,
@@ -321,6 +330,9 @@ static const pdgw_config_option_t instance_options[] = {
      I(dp_size)},
     {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Free-form labels (zone, rack, ...).", I(labels)},
+    {"models", NULL, NULL, PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAMES",
+     "Model names the instance serves (at most 16); requests of other models never reach it. "
+     "None = learnt from the engine's GET /v1/models with each health probe.", I(models)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
      "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
      "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},
@@ -751,6 +763,16 @@ pdgw_status_t pdgw_cfg_instance_finalize(pdgw_instance_config_t *inst, size_t in
         st = pdgw_cfg_str_set(&inst->id, id);
         if (st != PDGW_OK)
             return st;
+    }
+    if (inst->models.count > 16) { /* SCHED_MAX_MODELS */
+        snprintf(key, sizeof(key), "instances[%zu].models", index);
+        return pdgw_cfg_fail(src, key, "at most 16 model names, got %zu", inst->models.count);
+    }
+    for (size_t i = 0; i < inst->models.count; i++) {
+        if (inst->models.items[i][0] == '\0' || strlen(inst->models.items[i]) > 255) {
+            snprintf(key, sizeof(key), "instances[%zu].models", index);
+            return pdgw_cfg_fail(src, key, "a model name has 1-255 bytes");
+        }
     }
     if (inst->kv_host == NULL || inst->kv_host[0] == '\0') {
         st = pdgw_cfg_str_set(&inst->kv_host, u.host);

@@ -115,7 +115,8 @@ typedef struct pdgw_instance_config {
     int dp_rank; /* 0 .. dp_size-1 */
     int dp_size; /* >= 1 */
     pdgw_kv_list_t labels;
-    int kv_engine; /* 0 lmcache (upstream engine), 1 libkvt */
+    pdgw_str_list_t models; /* model names served; none = learnt from GET /v1/models */
+    int kv_engine;          /* 0 lmcache (upstream engine), 1 libkvt */
     /* derived from url by the loader */
     char *host;
     int port;
@@ -179,6 +180,8 @@ typedef struct pdgw_config {
     pdgw_log_format_t log_format;
     bool access_log;
     pdgw_str_list_t models;
+    bool passthrough; /* proxy other /v1/ paths and engine utility endpoints */
+    pdgw_str_list_t cors_allowed_origins; /* browser origins let in by CORS; "*" = any */
     pdgw_policy_t prefill_policy;
     pdgw_policy_t decode_policy;
     uint64_t health_interval_ms;

@@ -8,6 +8,7 @@
 #include "pdgw_server_int.h"
 
 #include "pdgw_otel.h"
+#include "pdgw_fleet.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -199,6 +200,8 @@ static void route(pdgw_req_t *r, const char *url)
             if (qq)
                 *qq = '\0';
         }
+    } else if (pdgw_pt_route(r)) { /* fleet hook: pass-through */
+        r->route = PDGW_ROUTE_PASSTHROUGH;
     } else {
         r->route = PDGW_ROUTE_NONE;
     }
@@ -249,7 +252,8 @@ static bool method_ok(const pdgw_req_t *r)
 static bool route_needs_auth(const pdgw_req_t *r)
 {
     return r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
-           r->route == PDGW_ROUTE_ADMIN || r->route == PDGW_ROUTE_NONE;
+           r->route == PDGW_ROUTE_ADMIN || r->route == PDGW_ROUTE_NONE ||
+           r->route == PDGW_ROUTE_PASSTHROUGH;
 }
 
 /* Everything is read: decide. */
@@ -300,6 +304,8 @@ static void dispatch(pdgw_req_t *r)
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
 
     if (!pdgw_tls_authorize(r))
+        return;
+    if (pdgw_cors_preflight(r)) /* fleet hook: CORS preflight, before routing and auth */
         return;
     if (r->route == PDGW_ROUTE_NONE) {
         pdgw_gateway_metrics_rejected(gm, "not_found");
@@ -356,6 +362,8 @@ static void dispatch(pdgw_req_t *r)
             pdgw_models_serve_local(r);
             return;
         }
+        if (pdgw_models_serve_list(r)) /* fleet hook: the union the pool knows */
+            return;
         break;
     default:
         break;
@@ -379,6 +387,8 @@ static void dispatch(pdgw_req_t *r)
             pdgw_req_reply_error(r, &e);
             return;
         }
+        if (!pdgw_models_admit(r, r->info.model)) /* fleet hook: unknown model → 404 */
+            return;
     }
     if (srv->draining) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "shutting_down",
@@ -389,6 +399,10 @@ static void dispatch(pdgw_req_t *r)
     r->conn_tokens =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
+    if (r->route == PDGW_ROUTE_PASSTHROUGH) { /* fleet hook */
+        pdgw_pt_start(r);
+        return;
+    }
     pdgw_wf_start(r);
 }
 
@@ -427,9 +441,11 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     route(r, url);
     req_identity(r);
     req_deadline(r);
+    pdgw_cors_classify(r); /* fleet hook */
     r->cx = pdgw_conn_of(conn);
     pdgw_conn_headers_done(r->cx, r);
-    if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS) {
+    if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
+        r->route == PDGW_ROUTE_PASSTHROUGH) {
         atomic_fetch_add(&w->srv->inflight, 1);
         r->counted = true;
         pdgw_gauge_inc(w->srv->opts.metrics->inflight);

@@ -7,6 +7,7 @@
  * Connections stay in the worker's multi connection cache for reuse.
  */
 #include "pdgw_server_int.h"
+#include "pdgw_fleet.h"
 
 #include <stdio.h>
 #include <errno.h>
@@ -92,6 +93,8 @@ static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
     if (leg->t_first_ms == 0)
         leg->t_first_ms = now;
     leg->t_last_ms = now;
+    if (leg->raw) /* fleet hook: pass-through bytes go to the client unchanged */
+        return pdgw_pt_on_write(leg, ptr, len);
     if (leg->relay && leg->sse && leg->status == 200) {
         pdgw_status_t st;
         /* Slow client: stop reading upstream until it catches up. */
@@ -128,6 +131,8 @@ static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdat
 {
     pdgw_leg_t *leg = userdata;
     size_t len = size * nitems;
+    if (leg->raw) /* fleet hook: pass-through relays the engine's headers */
+        pdgw_pt_on_header(leg, buf, len);
     if (len > 13 && strncasecmp(buf, "content-type:", 13) == 0) {
         const char *v = buf + 13;
         size_t n;
@@ -224,11 +229,16 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     pdgw_worker_curl_sockets(r->w, easy);
     if (strcmp(method, "GET") == 0) {
         curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+    } else if (strcmp(method, "HEAD") == 0) { /* pass-through: no body either way */
+        curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
     } else {
         curl_easy_setopt(easy, CURLOPT_POST, 1L);
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body ? body : "");
         curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-        hdr_ok &= hdr_add(&h, "Content-Type: application/json");
+        if (strcmp(method, "POST") != 0) /* pass-through PUT, DELETE, ... */
+            curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
+        if (!leg->raw) /* a pass-through sends the client's own Content-Type */
+            hdr_ok &= hdr_add(&h, "Content-Type: application/json");
     }
     /* No "Expect: 100-continue" round trip on large bodies. */
     hdr_ok &= hdr_add(&h, "Expect:");

@@ -115,6 +115,9 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
         d->labels[j].value = ic->labels.items[j].value;
     }
     d->n_labels = j;
+    for (j = 0; j < ic->models.count && j < SCHED_MAX_MODELS; j++)
+        d->models[j] = ic->models.items[j];
+    d->n_models = j;
     d->source = SCHED_SOURCE_STATIC;
 }
 
@@ -415,6 +418,9 @@ int main(int argc, char **argv)
     so.auth = auth;
     so.models = (const char *const *)cfg.models.items;
     so.n_models = cfg.models.count;
+    so.no_passthrough = !cfg.passthrough;
+    so.cors_origins = (const char *const *)cfg.cors_allowed_origins.items;
+    so.n_cors_origins = cfg.cors_allowed_origins.count;
     so.pool = pool;
     so.metrics = &gm;
     so.otel = otel;

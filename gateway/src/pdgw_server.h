@@ -50,6 +50,9 @@ typedef struct pdgw_server_opts {
     const pdgw_auth_t *auth;                /* NULL = open */
     const char *const *models;              /* served model names; NULL/0 = ask the instances */
     size_t n_models;
+    bool no_passthrough; /* other engine endpoints get pdgw's 404 instead of being proxied */
+    const char *const *cors_origins; /* CORS allowed origins ("*" = any); NULL/0 = no CORS */
+    size_t n_cors_origins;
     sched_pool_t *pool;              /* instance selection (required) */
     struct pdgw_otel *otel;          /* trace exporter; NULL = tracing off */
     pdgw_gateway_metrics_t *metrics; /* required */

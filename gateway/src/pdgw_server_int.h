@@ -7,7 +7,7 @@
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
  *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
- *   pdgw_models.c    GET /v1/models (configured names, or the instances' union)
+ *   pdgw_models_fanout.c  GET /v1/models (configured names, or the instances' union)
  *   pdgw_admin.c     who may use /admin/..., POST /admin/reload, client certificates
  *   pdgw_admin_instances.c  the instance admin API (/admin/instances)
  *   pdgw_access.c    the access log line of a finished request
@@ -143,6 +143,7 @@ struct pdgw_leg {
     pdgw_leg_state_t state;
     const pdgw_instance_t *inst;
     bool relay; /* this leg's response goes to the client */
+    bool raw;   /* pass-through: bytes go to the client unchanged (pdgw_passthrough.c) */
     bool sse;   /* relay as SSE (client asked for stream) */
     CURL *easy;
     struct curl_slist *headers;
@@ -177,6 +178,7 @@ typedef enum {
     PDGW_ROUTE_READY,
     PDGW_ROUTE_METRICS,
     PDGW_ROUTE_ADMIN,
+    PDGW_ROUTE_PASSTHROUGH, /* other /v1/ paths and engine utility endpoints */
 } pdgw_route_t;
 
 typedef enum {
@@ -281,6 +283,12 @@ struct pdgw_req {
     char prefill_id[SCHED_ID_MAX];
     char decode_id[SCHED_ID_MAX];
     bool finalized;
+    /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
+    bool pt;               /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
+    bool pt_relayed;       /* the engine's status and first bytes went to the client */
+    char *pt_model;        /* the body's "model" of a pass-through request (owned) or NULL */
+    pdgw_buf_t pt_headers; /* the engine's response headers to relay ("Name\0value\0"...) */
+    uint8_t cors;          /* pdgw_cors_t: what the request's Origin is allowed */
     /* The request's next deadline (request, gate, upstream first byte / idle, hang-up watch)
      * while its workflow runs (in_active). */
     pdgw_timer_t timer;

@@ -10,6 +10,7 @@
  * an on-drain callback that the reader runs once the backlog has halved.
  */
 #include "pdgw_server_int.h"
+#include "pdgw_fleet.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -174,6 +175,7 @@ static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *re
         MHD_add_response_header(resp, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
         MHD_add_response_header(resp, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
     }
+    pdgw_cors_add_headers(r, resp); /* fleet hook: CORS */
     return MHD_YES;
 }
 
@@ -215,6 +217,15 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
     if (resp == NULL)
         return MHD_NO;
+    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
+        pdgw_pt_add_headers(r, resp);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+        add_common_headers(r, resp);
+        ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
+        MHD_destroy_response(resp);
+        r->queued = true;
+        return ret;
+    }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     add_common_headers(r, resp);

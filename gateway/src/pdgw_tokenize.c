@@ -283,8 +283,10 @@ bool pdgw_tokenize_begin(pdgw_req_t *r)
         tok_count(rt, "cache_hit");
         return false;
     }
-    q->si =
-        sched_pool_pick_usable(srv->opts.pool, SCHED_ROLE_DECODE, atomic_fetch_add(&rt->turn, 1));
+    /* fleet hook: the tokenizer of the request's model */
+    q->si = sched_pool_pick_usable_model(srv->opts.pool, SCHED_ROLE_DECODE,
+                                         atomic_fetch_add(&rt->turn, 1),
+                                         r->info_valid ? r->info.model : NULL);
     if (q->si == NULL) {
         free(body);
         tok_count(rt, "no_instance");

@@ -13,6 +13,7 @@
  * A failure before the first byte reached the client may be retried on other instances.
  */
 #include "pdgw_server_int.h"
+#include "pdgw_fleet.h"
 
 #include "pdgw_otel.h"
 
@@ -110,6 +111,7 @@ static void wf_sched_request(pdgw_req_t *r, sched_request_t *sr, const char **ex
         sr->max_tokens = r->info.max_tokens > 0 && r->info.max_tokens < UINT32_MAX
                              ? (uint32_t)r->info.max_tokens
                              : 0;
+        sr->model = r->info.model; /* fleet hook: only instances serving the model */
     }
     {
         /* route hook: the engine's token ids of a text prompt (pdgw_tokenize.c) */
@@ -644,6 +646,10 @@ static void wf_leg_done(pdgw_leg_t *leg)
     pdgw_fwd_error_t e;
     uint64_t dur_us = (leg->t_end_ms - leg->t_start_ms) * 1000u;
 
+    if (leg->raw) { /* fleet hook: pass-through */
+        pdgw_pt_leg_done(r, leg);
+        return;
+    }
     if (leg->kind == PDGW_LEG_PREFILL)
         r->t_prefill_us = dur_us;
     else
@@ -1105,6 +1111,10 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
         pdgw_models_check_deadlines(r, now);
         return;
     }
+    if (r->pt) { /* fleet hook: pass-through */
+        pdgw_pt_check_deadlines(r, now);
+        return;
+    }
     if (pdgw_tokenize_check_deadline(r, now)) /* route hook: waiting for the tokens */
         return;
     memset(&e, 0, sizeof(e));
@@ -1250,11 +1260,19 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     sched_booking_destroy(&r->booking);
 
     if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
-        r->route == PDGW_ROUTE_NONE) {
+        r->route == PDGW_ROUTE_NONE || r->route == PDGW_ROUTE_PASSTHROUGH) {
         int status = r->final_status ? r->final_status : r->reply_status;
         double dur = (double)(now_ns - r->t_start_ns) / 1e9;
-        if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS)
+        if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
+            r->route == PDGW_ROUTE_PASSTHROUGH)
             pdgw_gateway_metrics_request_done(gm, protocol_of(r), status, dur);
+        /* fleet hooks: per-model and pass-through metrics */
+        pdgw_models_request_done(r,
+                                 r->pt           ? r->pt_model
+                                 : r->info_valid ? r->info.model
+                                                 : NULL,
+                                 status, dur);
+        pdgw_pt_finalize(r, status, dur);
         if (pdgw_log_access_enabled())
             pdgw_req_access_log(r, status, client_disconnected && (was_running || stream_cut),
                                 now_ns);
@@ -1273,6 +1291,8 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     if (r->info_valid)
         pdgw_request_info_release(&r->info);
     json_decref(r->json);
+    pdgw_free(r->pt_model); /* fleet: pass-through's model and headers */
+    pdgw_buf_free(&r->pt_headers);
     pdgw_buf_free(&r->body);
     pdgw_buf_free(&r->fwd_headers);
     pdgw_buf_free(&r->out);

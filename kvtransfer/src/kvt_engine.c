@@ -370,7 +370,9 @@ static void *progress_main(void *arg)
     while (progress_should_run(e, &drain_deadline_ns)) {
         size_t n = 0, need = 4;
         uint64_t v;
-        long timeout = e->parked != NULL ? 5 : 20;
+        /* parked requests retry when a page is freed (kvt_rent_free_locked
+         * wakes us); the timeout only catches deadlines */
+        long timeout = 20;
 
         for (kvt_speer_t *p = e->speers; p != NULL; p = p->next)
             need += 2;
@@ -566,14 +568,51 @@ kvt_status_t kvt_engine_post(kvt_engine_t *e, const char *peer, kvt_tl_op_t op,
     return e->tdesc->ops->post(e->tl, peer, op, x, n, cookie);
 }
 
+/* The data transport of <e> (by transfer_channel), listening on <data_port>. */
+static kvt_status_t transport_open(kvt_engine_t *e, uint16_t data_port)
+{
+    kvt_tl_config_t tc;
+    kvt_tl_callbacks_t cb;
+    char device[KVT_CONFIG_STR_MAX + 16];
+    const char *tname = kvt_channel_name(e->cfg.transfer_channel);
+    kvt_status_t st;
+
+    e->tdesc = kvt_transport_find(tname);
+    if (e->tdesc == NULL)
+        return KVT_ERR_UNSUPPORTED;
+    snprintf(device, sizeof(device), e->cfg.verbs_gid_index >= 0 ? "%s::%d" : "%s",
+             e->cfg.verbs_device, e->cfg.verbs_gid_index);
+    memset(&tc, 0, sizeof(tc));
+    memset(&cb, 0, sizeof(cb));
+    tc.local_id = e->id;
+    tc.listen_host = e->bind_host;
+    tc.listen_port = data_port;
+    tc.advertise_host = e->advertise;
+    tc.lanes = e->cfg.transfer_lanes;
+    tc.max_conns = e->cfg.transfer_max_conns;
+    tc.max_conns_per_peer = e->cfg.transfer_max_conns_per_peer;
+    tc.max_pending = e->cfg.transfer_max_pending;
+    tc.max_conns_per_addr = e->cfg.transfer_max_conns_per_addr;
+    tc.addr_prefix_v6 = e->cfg.transfer_addr_prefix_v6;
+    tc.hello_timeout_ms = sec_to_ms(e->cfg.transfer_hello_timeout);
+    tc.idle_timeout_ms = sec_to_ms(e->cfg.transfer_idle_timeout);
+    tc.timeout_ms = e->ctrl_timeout_ms > 30000 ? e->ctrl_timeout_ms : 30000;
+    tc.device = device;
+    cb.on_complete = on_tl_complete;
+    cb.on_peer_failed = on_tl_peer_failed;
+    cb.arg = e;
+    st = e->tdesc->ops->create(&tc, &cb, &e->tl);
+    if (st != KVT_OK)
+        return st;
+    /* the bound data port, from the transport (its blob is its own business) */
+    e->ports.data_port = e->tdesc->ops->listen_port != NULL ? e->tdesc->ops->listen_port(e->tl) : 0;
+    return KVT_OK;
+}
+
 kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
 {
     kvt_engine_t *e;
     kvt_status_t st;
-    kvt_tl_config_t tc;
-    kvt_tl_callbacks_t cb;
-    char device[KVT_CONFIG_STR_MAX + 16];
-    const char *tname;
 
     if (p == NULL || p->cfg == NULL || out == NULL || p->page_size == 0)
         return KVT_ERR_INVALID;
@@ -630,46 +669,9 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     if (e->wake_fd < 0 || e->event_fd < 0)
         goto err;
 
-    tname = kvt_channel_name(e->cfg.transfer_channel);
-    e->tdesc = kvt_transport_find(tname);
-    if (e->tdesc == NULL) {
-        st = KVT_ERR_UNSUPPORTED;
-        goto err;
-    }
-    snprintf(device, sizeof(device), e->cfg.verbs_gid_index >= 0 ? "%s::%d" : "%s",
-             e->cfg.verbs_device, e->cfg.verbs_gid_index);
-    memset(&tc, 0, sizeof(tc));
-    tc.local_id = e->id;
-    tc.listen_host = e->bind_host;
-    tc.listen_port = p->data_port;
-    tc.advertise_host = e->advertise;
-    tc.lanes = e->cfg.transfer_lanes;
-    tc.max_conns = e->cfg.transfer_max_conns;
-    tc.max_conns_per_peer = e->cfg.transfer_max_conns_per_peer;
-    tc.max_pending = e->cfg.transfer_max_pending;
-    tc.hello_timeout_ms = sec_to_ms(e->cfg.transfer_hello_timeout);
-    tc.idle_timeout_ms = sec_to_ms(e->cfg.transfer_idle_timeout);
-    tc.timeout_ms = e->ctrl_timeout_ms > 30000 ? e->ctrl_timeout_ms : 30000;
-    tc.device = device;
-    cb.on_complete = on_tl_complete;
-    cb.on_peer_failed = on_tl_peer_failed;
-    cb.arg = e;
-    st = e->tdesc->ops->create(&tc, &cb, &e->tl);
+    st = transport_open(e, p->data_port);
     if (st != KVT_OK)
         goto err;
-    e->ports.data_port = 0;
-    if (strcmp(e->tdesc->name, "tcp") == 0) {
-        /* read the bound data port back from our own handshake blob */
-        uint8_t blob[KVT_TL_BLOB_MAX];
-        size_t bl = sizeof(blob);
-        kvt_msg_t m;
-        if (e->tdesc->ops->peer_prepare(e->tl, e->id, blob, &bl) == KVT_OK &&
-            kvt_msg_decode(blob, bl, &m, NULL) == KVT_OK) {
-            if (m.type == KVT_MSG_TRANSPORT_INIT && m.u.tinit.nlanes > 0)
-                e->ports.data_port = (uint16_t)m.u.tinit.lanes[0].port;
-            kvt_msg_clear(&m);
-        }
-    }
 
     st = make_pool(e, "kv", e->page_size, e->cfg.pd_buffer_size, e->cfg.pd_buffer_is_device,
                    &e->pool);

@@ -47,7 +47,7 @@ void kvt_map_each(const kvt_map_t *m, void (*fn)(void *arg, const char *key, voi
 
 /* ---- tasks (kvt_task.c) ------------------------------------------------ */
 typedef struct kvt_task {
-    struct kvt_task *next; /* done list */
+    struct kvt_task *next, *prev; /* done list (doubly linked: harvest unlinks in O(1)) */
     kvt_task_id_t id;
     kvt_task_kind_t kind;
     kvt_status_t status;
@@ -97,12 +97,28 @@ typedef struct kvt_sreq {
     uint64_t deadline_ns;
     uint8_t *sent_bm; /* keys not to release at completion (pull: still pinned) */
     int cancelled;
-    int landing;            /* not a batch: "has req_id landed?" round trip before ProxyNotif */
-    int ctl;                /* not a batch: CancelNotif, awaiting the receiver's answer */
-    kvt_tl_xfer_t *retry_x; /* writes to post again after a new handshake */
+    const struct kvt_sop *op; /* what this item is: a batch, a cancel, a landed query */
+    kvt_tl_xfer_t *retry_x;   /* writes to post again after a new handshake */
     size_t retry_n;
     int retried;
 } kvt_sreq_t;
+
+/* One kind of operation on a receiver's channel (UCX active-message style):
+ * the channel code (queue, send, answer, timeout) only dispatches through
+ * it. kvt_flow_send.c has the three: a batch (AllocRequest /
+ * PullReadyNotif), the cancel (CancelNotif) and the landed query. */
+typedef struct kvt_sop {
+    const char *name;
+    int before_handshake; /* may go out before the transport handshake */
+    /* build and send the request on the peer's DEALER */
+    kvt_status_t (*send)(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r);
+    /* is <m> the answer to <r>? (otherwise it is counted bad and ignored) */
+    int (*accepts)(const kvt_sreq_t *r, const kvt_msg_t *m);
+    /* the answer arrived (the channel is free again; <m> is cleared after) */
+    void (*on_reply)(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r, kvt_msg_t *m);
+    /* over: answered, failed, timed out or cancelled; frees <r> */
+    void (*finish)(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st);
+} kvt_sop_t;
 
 /* One receiver endpoint (host:alloc_port) as seen by a sender. */
 struct kvt_speer {
@@ -156,7 +172,9 @@ typedef struct kvt_rent {
     kvt_rpull_t *pull;                /* pull it belongs to (pull modes) */
     char ruuid[KVT_UUID_STR_LEN + 1]; /* sender ref (pull) */
     uint64_t roff;
-    int busy; /* a load is reading it (delay) */
+    int busy;                           /* a load is reading it (delay) */
+    struct kvt_rreq *rq;                /* its request's record (NULL: none / forgotten) */
+    struct kvt_rent *rq_next, *rq_prev; /* that record's entry list */
 } kvt_rent_t;
 
 struct kvt_rpull {
@@ -181,6 +199,8 @@ typedef struct kvt_rreq {
     void *ack_ident; /* the sender waiting for "landed" (ProxyNotif echo) */
     size_t ack_ident_len;
     int ack_delim;
+    kvt_rent_t *ents; /* entries of this request: landing and release walk these */
+    uint32_t nents;
 } kvt_rreq_t;
 
 /* Parked AllocRequest / PullReadyNotif waiting for space. */
@@ -412,7 +432,6 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
 void kvt_flow_recv_tick(kvt_engine_t *e);
 void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st);
 void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward);
-void kvt_flow_recv_wait_req(kvt_engine_t *e, kvt_task_t *t, const char *req_id, int timeout_ms);
 void kvt_flow_recv_fini(kvt_engine_t *e);
 void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r);
 

@@ -68,13 +68,44 @@ static void rent_drop_pull(kvt_engine_t *e, kvt_rent_t *r)
     rpull_put(pl);
 }
 
+static void rent_link(kvt_rreq_t *q, kvt_rent_t *r)
+{
+    r->rq = q;
+    r->rq_prev = NULL;
+    r->rq_next = q->ents;
+    if (q->ents != NULL)
+        q->ents->rq_prev = r;
+    q->ents = r;
+    q->nents++;
+}
+
+static void rent_unlink(kvt_rent_t *r)
+{
+    kvt_rreq_t *q = r->rq;
+
+    if (q == NULL)
+        return;
+    if (r->rq_prev != NULL)
+        r->rq_prev->rq_next = r->rq_next;
+    else
+        q->ents = r->rq_next;
+    if (r->rq_next != NULL)
+        r->rq_next->rq_prev = r->rq_prev;
+    q->nents--;
+    r->rq = NULL;
+    r->rq_next = r->rq_prev = NULL;
+}
+
 void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r)
 {
+    rent_unlink(r);
     kvt_map_del(&e->rents, r->key);
     if (r->granted && r->page != KVT_PAGE_NONE)
         grant_writers(e, r->writer, r->page, 1);
-    if (r->page != KVT_PAGE_NONE)
+    if (r->page != KVT_PAGE_NONE) {
         kvt_pool_free(e->pool, &r->page, 1);
+        kvt_engine_wake(e); /* a request parked for space retries now, not at a poll */
+    }
     rent_drop_pull(e, r);
     kvt_free(r->key);
     kvt_free(r->req_id);
@@ -129,7 +160,9 @@ static void rreq_ack(kvt_engine_t *e, kvt_rreq_t *q)
 
 static void rreq_free(kvt_engine_t *e, kvt_rreq_t *q, kvt_status_t waiters_st)
 {
-    rreq_ack(e, q); /* nobody waits forever, whatever happened to the request */
+    rreq_ack(e, q);         /* nobody waits forever, whatever happened to the request */
+    while (q->ents != NULL) /* entries still being released outlive the record */
+        rent_unlink(q->ents);
     kvt_map_del(&e->rreqs, q->req_id);
     for (uint32_t i = 0; i < q->nwaiters; i++)
         kvt_task_complete(e, q->waiters[i], waiters_st);
@@ -439,397 +472,508 @@ static int done_url_ok(const char *url)
 
 /* ---- AllocRequest / PullReadyNotif -------------------------------------- */
 
-/* Returns 1 when the request must be parked (no space yet, not final). */
-static int handle_alloc(kvt_engine_t *e, const rctx_t *c0, kvt_msg_t *msg, int final)
-{
-    int pull = msg->type == KVT_MSG_PULL_READY_NOTIF;
-    kvt_str_list_t *keys = pull ? &msg->u.pull_ready.keys : &msg->u.alloc_req.keys;
-    const char *req_id = "";
+/* One AllocRequest / PullReadyNotif on its way through the stages
+ * validate -> dedup -> reserve/allocate -> entries -> reply -> post. */
+typedef struct alloc_job {
+    kvt_msg_t *msg;
+    rctx_t c;
+    int pull, delay, dedup, all_or_nothing;
+    const kvt_str_list_t *keys;
+    const char *req_id;
     char sender[KVT_TL_PEER_ID_MAX + 1];
     kvt_chunk_geom_t g;
-    uint32_t n = keys->n, nnew = 0, nalloc = 0, nmade = 0, nfailed = 0;
-    uint32_t *newidx = NULL, *first = NULL, *slot = NULL;
-    kvt_page_t *pages = NULL;
-    kvt_rent_t **made = NULL;
-    uint8_t *already = NULL;
-    kvt_rpull_t *pl = NULL;
-    char *writers = NULL;
-    kvt_msg_t m;
-    kvt_status_t st;
-    int delay = pull && e->cfg.pd_delay_pull;
-    kvt_rreq_t *q;
-    kvt_map_t seen;
-    rctx_t cc = *c0;
-    const rctx_t *c = &cc;
-    int dedup, all_or_nothing;
+    uint32_t n, nnew, nalloc, nmade, nfailed;
+    uint32_t *newidx; /* [nnew] key index of each new chunk */
+    uint32_t *first;  /* [n] first index of the same key in this request */
+    uint32_t *slot;   /* [n] position in newidx/pages, UINT32_MAX if none */
+    kvt_page_t *pages;
+    kvt_rent_t **made;
+    uint8_t *already; /* bitmap: held here already / repeated key */
+    kvt_rpull_t *pl;
+    char *writers;
+} alloc_job_t;
 
-    cc.flv = flavour_of(e, msg);
-    /* PDBackendAsync answers one index per key and never dedups; the others
-     * report keys they hold in already_sent_indexes. Only a libkvt sender
-     * copes with a partial grant (-1 slots); upstream senders get all or
-     * nothing. */
-    dedup = cc.flv != KVT_FLAVOUR_ASYNC;
-    all_or_nothing = cc.flv != KVT_FLAVOUR_LIBKVT;
-    kvt_msg_init(&m, KVT_MSG_NONE);
-    if (pull) {
+enum { ALLOC_DONE = 0, ALLOC_PARK, ALLOC_REFUSE };
+
+static void alloc_job_free(alloc_job_t *j)
+{
+    kvt_free(j->writers);
+    kvt_free(j->newidx);
+    kvt_free(j->first);
+    kvt_free(j->slot);
+    kvt_free(j->pages);
+    kvt_free(j->made);
+    kvt_free(j->already);
+}
+
+/* Validate: the fields the sender controls, the chunk geometry against our
+ * pages. KVT_OK, or the refusal was logged (the caller answers). */
+static kvt_status_t alloc_validate(kvt_engine_t *e, alloc_job_t *j)
+{
+    kvt_msg_t *msg = j->msg;
+    kvt_status_t st;
+
+    if (j->pull) {
         kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
         const char *bar = strchr(pr->pull_id, '|');
-        req_id = bar != NULL ? bar + 1 : "";
-        snprintf(sender, sizeof(sender), "%s", pr->sender_id);
-        st = kvt_chunk_geom_init(&g, (int32_t)pr->fmt, pr->shape.v, pr->shape.n, pr->dtype);
+        j->req_id = bar != NULL ? bar + 1 : "";
+        snprintf(j->sender, sizeof(j->sender), "%s", pr->sender_id);
+        st = kvt_chunk_geom_init(&j->g, (int32_t)pr->fmt, pr->shape.v, pr->shape.n, pr->dtype);
         if (st == KVT_OK &&
-            (pr->sender_buffer_uuids.n != n || pr->sender_mem_indexes.n != n || sender[0] == '\0' ||
-             pr->pull_id[0] == '\0' || !done_url_ok(pr->sender_done_url))) {
+            (pr->sender_buffer_uuids.n != j->n || pr->sender_mem_indexes.n != j->n ||
+             j->sender[0] == '\0' || pr->pull_id[0] == '\0' || !done_url_ok(pr->sender_done_url))) {
             kvt_engine_refuse(e,
                               "PullReadyNotif from %s: inconsistent lists or bad done url '%.64s'",
-                              sender, pr->sender_done_url);
+                              j->sender, pr->sender_done_url);
             st = KVT_ERR_MSG_FIELD;
         }
     } else {
-        req_id = msg->u.alloc_req.req_id;
-        ident_sender(c->ident, c->ident_len, sender, sizeof(sender));
-        st = kvt_chunk_geom_init(&g, (int32_t)msg->u.alloc_req.fmt, msg->u.alloc_req.shape.v,
+        j->req_id = msg->u.alloc_req.req_id;
+        ident_sender(j->c.ident, j->c.ident_len, j->sender, sizeof(j->sender));
+        st = kvt_chunk_geom_init(&j->g, (int32_t)msg->u.alloc_req.fmt, msg->u.alloc_req.shape.v,
                                  msg->u.alloc_req.shape.n, msg->u.alloc_req.dtype);
     }
     if (st != KVT_OK) {
         kvt_engine_refuse(e, "%s (%s sender %s): bad chunk geometry (%s)",
-                          kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender,
+                          kvt_msg_type_name(msg->type), kvt_flavour_name(j->c.flv), j->sender,
                           kvt_status_name(st));
-        reply_alloc_failed(e, c, msg->type, n);
-        return 0;
+        return st;
     }
-    if (kvt_chunk_bytes(&g) > e->page_size) {
+    if (kvt_chunk_bytes(&j->g) > e->page_size) {
         /* pages are sized for a whole LMCache chunk (all layers x chunk tokens) */
         kvt_engine_refuse(e,
                           "%s (%s sender %s, req %.64s): a chunk of %zu bytes does not fit a "
                           "%zu-byte page (size pages from chunk_size x layers x hidden x dtype)",
-                          kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender, req_id,
-                          kvt_chunk_bytes(&g), e->page_size);
-        reply_alloc_failed(e, c, msg->type, n);
-        return 0;
+                          kvt_msg_type_name(msg->type), kvt_flavour_name(j->c.flv), j->sender,
+                          j->req_id, kvt_chunk_bytes(&j->g), e->page_size);
+        return KVT_ERR_LIMIT;
     }
-    pthread_mutex_lock(&e->rx_lock);
-    if (tomb_has(e, req_id)) {
-        pthread_mutex_unlock(&e->rx_lock);
-        reply_cancelled(e, c, msg);
-        return 0;
-    }
-    pthread_mutex_unlock(&e->rx_lock);
-    newidx = kvt_calloc(n + 1, sizeof(*newidx));
-    first = kvt_calloc(n + 1, sizeof(*first));
-    slot = kvt_calloc(n + 1, sizeof(*slot));
-    pages = kvt_calloc(n + 1, sizeof(*pages));
-    made = kvt_calloc(n + 1, sizeof(*made));
-    already = kvt_calloc(kvt_bitmap_bytes(n) + 1, 1);
-    if (newidx == NULL || first == NULL || slot == NULL || pages == NULL || made == NULL ||
-        already == NULL || kvt_map_init(&seen, n / 2 + 16) != KVT_OK)
-        goto fail;
+    return KVT_OK;
+}
 
-    pthread_mutex_lock(&e->rx_lock);
-    for (uint32_t i = 0; i < n; i++) {
-        kvt_rent_t *r = kvt_map_get(&e->rents, keys->v[i]);
-        uintptr_t prev = (uintptr_t)kvt_map_get(&seen, keys->v[i]);
+static kvt_status_t alloc_bufs(alloc_job_t *j)
+{
+    uint32_t n = j->n;
 
-        first[i] = i;
-        slot[i] = UINT32_MAX;
-        if (prev != 0) {
-            /* a key twice in one request: one page; async answers its index twice */
-            first[i] = (uint32_t)(prev - 1);
-            kvt_bitmap_set(already, i);
+    j->newidx = kvt_calloc(n + 1, sizeof(*j->newidx));
+    j->first = kvt_calloc(n + 1, sizeof(*j->first));
+    j->slot = kvt_calloc(n + 1, sizeof(*j->slot));
+    j->pages = kvt_calloc(n + 1, sizeof(*j->pages));
+    j->made = kvt_calloc(n + 1, sizeof(*j->made));
+    j->already = kvt_calloc(kvt_bitmap_bytes(n) + 1, 1);
+    if (j->newidx == NULL || j->first == NULL || j->slot == NULL || j->pages == NULL ||
+        j->made == NULL || j->already == NULL)
+        return KVT_ERR_NOMEM;
+    return KVT_OK;
+}
+
+/* Dedup (rx_lock held): which keys need a new chunk. A key twice in one
+ * request gets one page; a key held here is "already sent" (dedup
+ * flavours) or replaced (async, as PDBackendAsync.put() does) unless the
+ * held one is in use. */
+static kvt_status_t alloc_dedup_locked(kvt_engine_t *e, alloc_job_t *j)
+{
+    kvt_map_t seen;
+
+    if (kvt_map_init(&seen, j->n / 2 + 16) != KVT_OK)
+        return KVT_ERR_NOMEM;
+    for (uint32_t i = 0; i < j->n; i++) {
+        const char *key = j->keys->v[i];
+        kvt_rent_t *r = kvt_map_get(&e->rents, key);
+        uintptr_t prev = (uintptr_t)kvt_map_get(&seen, key);
+
+        j->first[i] = i;
+        j->slot[i] = UINT32_MAX;
+        if (prev != 0) { /* async answers the first index twice */
+            j->first[i] = (uint32_t)(prev - 1);
+            kvt_bitmap_set(j->already, i);
             continue;
         }
-        (void)kvt_map_put(&seen, keys->v[i], (void *)(uintptr_t)(i + 1));
-        if (r != NULL && dedup && r->state != RENT_CONSUMED) {
-            kvt_bitmap_set(already, i);
+        (void)kvt_map_put(&seen, key, (void *)(uintptr_t)(i + 1));
+        if (r != NULL && j->dedup && r->state != RENT_CONSUMED) {
+            kvt_bitmap_set(j->already, i);
             continue;
         }
         if (r != NULL) {
-            /* async (or a consumed proxy): the new chunk replaces the old one,
-             * as PDBackendAsync.put() does -- unless the old one is in use */
             if (r->locks > 0 || r->busy || r->state == RENT_READING) {
                 kvt_engine_refuse(e, "AllocRequest (%s sender %s): key %.128s is in use here",
-                                  kvt_flavour_name(cc.flv), sender, keys->v[i]);
-                nfailed++;
+                                  kvt_flavour_name(j->c.flv), j->sender, key);
+                j->nfailed++;
                 continue;
             }
             kvt_rent_free_locked(e, r);
         }
-        slot[i] = nnew;
-        newidx[nnew++] = i;
+        j->slot[i] = j->nnew;
+        j->newidx[j->nnew++] = i;
     }
     kvt_map_fini(&seen);
-    if (nfailed > 0 && all_or_nothing)
-        goto refuse_locked;
-    if (!delay && nnew > kvt_pool_total_pages(e->pool)) {
+    return j->nfailed > 0 && j->all_or_nothing ? KVT_ERR_BUSY : KVT_OK;
+}
+
+static void rpull_free_fields(kvt_rpull_t *pl)
+{
+    kvt_free(pl->pull_id);
+    kvt_free(pl->req_id);
+    kvt_free(pl->sender_id);
+    kvt_free(pl->done_url);
+    kvt_free(pl);
+}
+
+static kvt_rpull_t *rpull_new(const kvt_msg_pull_ready_notif_t *pr, const char *req_id,
+                              const char *sender)
+{
+    kvt_rpull_t *pl = kvt_calloc(1, sizeof(*pl));
+
+    if (pl == NULL)
+        return NULL;
+    pl->pull_id = kvt_strdup(pr->pull_id);
+    pl->req_id = kvt_strdup(req_id);
+    pl->sender_id = kvt_strdup(sender);
+    pl->done_url = kvt_strdup(pr->sender_done_url);
+    if (pl->pull_id == NULL || pl->req_id == NULL || pl->sender_id == NULL ||
+        pl->done_url == NULL) {
+        rpull_free_fields(pl);
+        return NULL;
+    }
+    return pl;
+}
+
+/* Reserve/allocate (rx_lock held): pages for the new chunks (none in
+ * pull-delay: reads happen at load), the writers to grant (push) or the
+ * pull record. ALLOC_PARK when the pool is full and the request may wait. */
+static int alloc_reserve_locked(kvt_engine_t *e, alloc_job_t *j, int final)
+{
+    const char *what = kvt_msg_type_name(j->msg->type), *flv = kvt_flavour_name(j->c.flv);
+    kvt_status_t st = KVT_OK;
+
+    if (!j->delay && j->nnew > kvt_pool_total_pages(e->pool)) {
         /* larger than the whole buffer: fail fast, no waiting */
         kvt_engine_refuse(e,
                           "%s (%s sender %s, req %.64s): %u chunks > the whole buffer (%u pages)",
-                          kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender, req_id,
-                          nnew, kvt_pool_total_pages(e->pool));
-        goto refuse_locked;
+                          what, flv, j->sender, j->req_id, j->nnew, kvt_pool_total_pages(e->pool));
+        return ALLOC_REFUSE;
     }
-    if (!delay && nnew > 0) {
-        st = kvt_reserve_alloc(e->reserve, req_id, nnew,
-                               final && !all_or_nothing ? KVT_ALLOC_PARTIAL : 0, pages, NULL,
-                               &nalloc);
-        if (st == KVT_ERR_NOSPACE && !final) {
-            pthread_mutex_unlock(&e->rx_lock);
-            kvt_free(newidx);
-            kvt_free(first);
-            kvt_free(slot);
-            kvt_free(pages);
-            kvt_free(made);
-            kvt_free(already);
-            return 1;
+    for (uint32_t k = 0; k < j->nnew; k++)
+        j->pages[k] = KVT_PAGE_NONE;
+    if (!j->delay && j->nnew > 0) {
+        st = kvt_reserve_alloc(e->reserve, j->req_id, j->nnew,
+                               final && !j->all_or_nothing ? KVT_ALLOC_PARTIAL : 0, j->pages, NULL,
+                               &j->nalloc);
+        if (st == KVT_ERR_NOSPACE && !final)
+            return ALLOC_PARK;
+        if (st != KVT_OK || j->nalloc == 0) {
+            kvt_engine_refuse(
+                e, "%s (%s sender %s, req %.64s): no space for %u chunks after %.1fs (%s)", what,
+                flv, j->sender, j->req_id, j->nnew, e->cfg.pd_alloc_fail_backoff_ttl,
+                kvt_status_name(st));
+            return ALLOC_REFUSE;
         }
-        if (st != KVT_OK || nalloc == 0) {
-            kvt_engine_refuse(e,
-                              "%s (%s sender %s, req %.64s): no space for %u chunks after %.1fs "
-                              "(%s)",
-                              kvt_msg_type_name(msg->type), kvt_flavour_name(cc.flv), sender,
-                              req_id, nnew, e->cfg.pd_alloc_fail_backoff_ttl, kvt_status_name(st));
-            goto refuse_locked;
-        }
-        if (nalloc < nnew) {
-            kvt_engine_count(e, &e->m.alloc_failures_total, nnew - nalloc);
-            kvt_engine_refuse(e, "%s (libkvt sender %s, req %.64s): %u of %u chunks granted",
-                              kvt_msg_type_name(msg->type), sender, req_id, nalloc, nnew);
-        }
-    } else {
-        for (uint32_t k = 0; k < nnew; k++)
-            pages[k] = KVT_PAGE_NONE;
-    }
-    if (!pull && nnew > 0) {
-        writers = writers_for(e, c, sender);
-        if (writers == NULL) {
-            if (nalloc > 0)
-                kvt_pool_free(e->pool, pages, nnew);
-            goto refuse_locked;
+        if (j->nalloc < j->nnew) {
+            kvt_engine_count(e, &e->m.alloc_failures_total, j->nnew - j->nalloc);
+            kvt_engine_refuse(e, "%s (libkvt sender %s, req %.64s): %u of %u chunks granted", what,
+                              j->sender, j->req_id, j->nalloc, j->nnew);
         }
     }
-    if (pull) {
-        kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
-        pl = kvt_calloc(1, sizeof(*pl));
-        if (pl != NULL) {
-            pl->pull_id = kvt_strdup(pr->pull_id);
-            pl->req_id = kvt_strdup(req_id);
-            pl->sender_id = kvt_strdup(sender);
-            pl->done_url = kvt_strdup(pr->sender_done_url);
-        }
-        if (pl == NULL || pl->pull_id == NULL || pl->req_id == NULL || pl->sender_id == NULL ||
-            pl->done_url == NULL) {
-            if (pl != NULL) {
-                kvt_free(pl->pull_id);
-                kvt_free(pl->req_id);
-                kvt_free(pl->sender_id);
-                kvt_free(pl->done_url);
-                kvt_free(pl);
-            }
-            pl = NULL;
-            if (nalloc > 0)
-                kvt_pool_free(e->pool, pages, nnew);
-            pthread_mutex_unlock(&e->rx_lock);
-            goto fail;
-        }
+    if (!j->pull && j->nnew > 0)
+        j->writers = writers_for(e, &j->c, j->sender);
+    if (j->pull)
+        j->pl = rpull_new(&j->msg->u.pull_ready, j->req_id, j->sender);
+    if ((!j->pull && j->nnew > 0 && j->writers == NULL) || (j->pull && j->pl == NULL)) {
+        if (j->nalloc > 0)
+            kvt_pool_free(e->pool, j->pages, j->nnew);
+        return ALLOC_REFUSE;
     }
+    return ALLOC_DONE;
+}
 
-    /* create the entries */
-    q = rreq_get(e, req_id, 1);
-    for (uint32_t k = 0; k < nnew; k++) {
-        uint32_t i = newidx[k];
+static void rent_free_fields(kvt_rent_t *r)
+{
+    kvt_free(r->key);
+    kvt_free(r->req_id);
+    kvt_free(r->writer);
+    kvt_free(r);
+}
+
+/* A new entry for <key> in the rents map (rx_lock held), NULL on no memory. */
+static kvt_rent_t *rent_new_locked(kvt_engine_t *e, const char *key, const char *req_id,
+                                   const char *writer)
+{
+    kvt_rent_t *r = kvt_calloc(1, sizeof(*r));
+
+    if (r == NULL)
+        return NULL;
+    r->key = kvt_strdup(key);
+    r->req_id = kvt_strdup(req_id);
+    r->writer = kvt_strdup(writer);
+    if (r->key == NULL || r->req_id == NULL || r->writer == NULL ||
+        kvt_map_put(&e->rents, key, r) != KVT_OK) {
+        rent_free_fields(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Pull: where the sender holds key <i>, and the entry joins the pull. */
+static kvt_status_t rent_set_pull_ref(kvt_engine_t *e, alloc_job_t *j, kvt_rent_t *r, uint32_t i)
+{
+    const kvt_msg_pull_ready_notif_t *pr = &j->msg->u.pull_ready;
+    kvt_uuid_t u;
+
+    if (kvt_uuid_parse(pr->sender_buffer_uuids.v[i], strlen(pr->sender_buffer_uuids.v[i]), &u) !=
+            KVT_OK ||
+        pr->sender_mem_indexes.v[i] < 0) {
+        kvt_engine_refuse(e, "PullReadyNotif from %s: bad buffer ref for key %.128s", j->sender,
+                          j->keys->v[i]);
+        return KVT_ERR_MSG_FIELD;
+    }
+    snprintf(r->ruuid, sizeof(r->ruuid), "%s", pr->sender_buffer_uuids.v[i]);
+    r->roff = (uint64_t)pr->sender_mem_indexes.v[i] * e->page_size;
+    r->pull = j->pl;
+    j->pl->refs++;
+    j->pl->remaining++;
+    r->state = j->delay ? RENT_PROXY : RENT_READING;
+    return KVT_OK;
+}
+
+/* Undo the entries of a refused all-or-nothing request (rx_lock held); no
+ * PullDoneSignal: the alloc_failed answer releases the sender. */
+static void alloc_rollback_locked(kvt_engine_t *e, alloc_job_t *j)
+{
+    if (j->pl != NULL) {
+        j->pl->done_sent = 1;
+        j->pl->refs++;
+    }
+    for (uint32_t k = 0; k < j->nmade; k++)
+        kvt_rent_free_locked(e, j->made[k]);
+    if (j->pl != NULL) {
+        j->pl->refs--;
+        j->pl->remaining = 0;
+        rpull_put(j->pl);
+        j->pl = NULL;
+    }
+}
+
+/* Entries (rx_lock held): one per new chunk that got a page (or a proxy in
+ * pull-delay). KVT_ERR_BUSY when an upstream sender must get nothing. */
+static kvt_status_t alloc_entries_locked(kvt_engine_t *e, alloc_job_t *j)
+{
+    int32_t last_toks =
+        j->pull ? j->msg->u.pull_ready.last_chunk_toks : j->msg->u.alloc_req.last_chunk_toks;
+
+    kvt_rreq_t *q = rreq_get(e, j->req_id, 1);
+
+    if (q == NULL && j->req_id[0] != '\0' && j->nnew > 0) {
+        for (uint32_t k = 0; k < j->nnew && !j->delay; k++)
+            if (j->pages[k] != KVT_PAGE_NONE)
+                kvt_pool_free(e->pool, &j->pages[k], 1);
+        if (j->pl != NULL)
+            rpull_free_fields(j->pl);
+        j->pl = NULL;
+        j->nfailed = j->nnew; /* entries nobody could find by request: none */
+        return KVT_ERR_NOMEM;
+    }
+    for (uint32_t k = 0; k < j->nnew; k++) {
+        uint32_t i = j->newidx[k];
         kvt_rent_t *r = NULL;
-        int ok = delay || pages[k] != KVT_PAGE_NONE;
 
-        if (ok) {
-            r = kvt_calloc(1, sizeof(*r));
-            if (r != NULL) {
-                r->key = kvt_strdup(keys->v[i]);
-                r->req_id = kvt_strdup(req_id);
-                r->writer = kvt_strdup(pull ? sender : writers);
-            }
-            if (r == NULL || r->key == NULL || r->req_id == NULL || r->writer == NULL ||
-                kvt_map_put(&e->rents, keys->v[i], r) != KVT_OK) {
-                if (r != NULL) {
-                    kvt_free(r->key);
-                    kvt_free(r->req_id);
-                    kvt_free(r->writer);
-                    kvt_free(r);
-                }
-                r = NULL;
-            }
-        }
+        if (j->delay || j->pages[k] != KVT_PAGE_NONE)
+            r = rent_new_locked(e, j->keys->v[i], j->req_id, j->pull ? j->sender : j->writers);
         if (r == NULL) {
-            if (pages[k] != KVT_PAGE_NONE)
-                kvt_pool_free(e->pool, &pages[k], 1);
-            pages[k] = KVT_PAGE_NONE;
-            nfailed++;
+            if (j->pages[k] != KVT_PAGE_NONE)
+                kvt_pool_free(e->pool, &j->pages[k], 1);
+            j->pages[k] = KVT_PAGE_NONE;
+            j->nfailed++;
             continue;
         }
-        r->page = delay ? KVT_PAGE_NONE : pages[k];
-        r->len = (i + 1 == n) ? kvt_chunk_bytes_toks(&g, pull ? msg->u.pull_ready.last_chunk_toks
-                                                              : msg->u.alloc_req.last_chunk_toks)
-                              : kvt_chunk_bytes(&g);
-        if (pull) {
-            kvt_msg_pull_ready_notif_t *pr = &msg->u.pull_ready;
-            kvt_uuid_t u;
-            if (kvt_uuid_parse(pr->sender_buffer_uuids.v[i], strlen(pr->sender_buffer_uuids.v[i]),
-                               &u) != KVT_OK ||
-                pr->sender_mem_indexes.v[i] < 0) {
-                kvt_engine_refuse(e, "PullReadyNotif from %s: bad buffer ref for key %.128s",
-                                  sender, keys->v[i]);
-                kvt_rent_free_locked(e, r);
-                pages[k] = KVT_PAGE_NONE;
-                nfailed++;
+        if (q != NULL)
+            rent_link(q, r);
+        r->page = j->delay ? KVT_PAGE_NONE : j->pages[k];
+        r->len = (i + 1 == j->n) ? kvt_chunk_bytes_toks(&j->g, last_toks) : kvt_chunk_bytes(&j->g);
+        if (j->pull) {
+            if (rent_set_pull_ref(e, j, r, i) != KVT_OK) {
+                kvt_rent_free_locked(e, r); /* frees its page */
+                j->pages[k] = KVT_PAGE_NONE;
+                j->nfailed++;
                 continue;
             }
-            snprintf(r->ruuid, sizeof(r->ruuid), "%s", pr->sender_buffer_uuids.v[i]);
-            r->roff = (uint64_t)pr->sender_mem_indexes.v[i] * e->page_size;
-            r->pull = pl;
-            pl->refs++;
-            pl->remaining++;
-            r->state = delay ? RENT_PROXY : RENT_READING;
         } else {
             /* A libkvt sender confirms the landing (ProxyNotif echo). An
              * upstream sender never tells the receiver: as in LMCache, the
              * chunk is visible at once and the proxy holds the decode back
              * until the sender's ProxyNotif reached it. */
-            r->state =
-                cc.flv == KVT_FLAVOUR_LIBKVT && req_id[0] != '\0' ? RENT_ALLOCATED : RENT_LANDED;
+            r->state = j->c.flv == KVT_FLAVOUR_LIBKVT && j->req_id[0] != '\0' ? RENT_ALLOCATED
+                                                                              : RENT_LANDED;
             if (r->writer[0] != '\0') {
                 grant_writers(e, r->writer, r->page, 0);
                 r->granted = 1;
             }
         }
-        made[nmade++] = r;
+        j->made[j->nmade++] = r;
     }
-    if (nfailed > 0 && all_or_nothing) {
-        /* upstream senders cannot use a partial grant: take it all back
-         * (no PullDoneSignal: the alloc_failed answer releases the sender) */
-        if (pl != NULL) {
-            pl->done_sent = 1;
-            pl->refs++;
-        }
-        for (uint32_t k = 0; k < nmade; k++)
-            kvt_rent_free_locked(e, made[k]);
-        if (pl != NULL) {
-            pl->refs--;
-            pl->remaining = 0;
-            rpull_put(pl);
-            pl = NULL;
-        }
-        goto refuse_locked;
+    if (j->nfailed > 0 && j->all_or_nothing) {
+        alloc_rollback_locked(e, j);
+        return KVT_ERR_BUSY;
     }
+    return KVT_OK;
+}
 
-    /* the reply, in the sender's terms */
-    if (pull) {
-        kvt_msg_init(&m, KVT_MSG_PULL_READY_DONE_ACK);
-        if (cc.flv == KVT_FLAVOUR_LIBKVT)
-            m.u.pull_ack.kvt_ext = KVT_MSG_EXT_VERSION;
-        for (uint32_t i = 0; i < n; i++)
-            if (kvt_bitmap_test(already, i))
-                kvt_int_list_push(&m.u.pull_ack.already_sent_indexes, i);
-    } else {
-        alloc_reply_init(&m, cc.flv);
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t k = slot[first[i]];
-            kvt_page_t pg = k != UINT32_MAX ? pages[k] : KVT_PAGE_NONE;
-            char uuid[KVT_UUID_STR_LEN + 1] = "";
-            kvt_tl_region_t *reg;
-            uint64_t off = 0;
-            int64_t idx = -1;
+/* Reply (rx_lock held while building): in the sender's terms. */
+static void alloc_reply_build_locked(kvt_engine_t *e, const alloc_job_t *j, kvt_msg_t *m)
+{
+    if (j->pull) {
+        kvt_msg_init(m, KVT_MSG_PULL_READY_DONE_ACK);
+        if (j->c.flv == KVT_FLAVOUR_LIBKVT)
+            m->u.pull_ack.kvt_ext = KVT_MSG_EXT_VERSION;
+        for (uint32_t i = 0; i < j->n; i++)
+            if (kvt_bitmap_test(j->already, i))
+                kvt_int_list_push(&m->u.pull_ack.already_sent_indexes, i);
+        return;
+    }
+    alloc_reply_init(m, j->c.flv);
+    for (uint32_t i = 0; i < j->n; i++) {
+        uint32_t k = j->slot[j->first[i]];
+        kvt_page_t pg = k != UINT32_MAX ? j->pages[k] : KVT_PAGE_NONE;
+        char uuid[KVT_UUID_STR_LEN + 1] = "";
+        kvt_tl_region_t *reg;
+        uint64_t off = 0;
+        int64_t idx = -1;
 
-            if (dedup && kvt_bitmap_test(already, i)) {
-                kvt_int_list_push(&m.u.alloc_resp.already_sent_indexes, i);
+        if (j->dedup && kvt_bitmap_test(j->already, i)) {
+            kvt_int_list_push(&m->u.alloc_resp.already_sent_indexes, i);
+            continue;
+        }
+        if (pg != KVT_PAGE_NONE) {
+            if (j->c.flv == KVT_FLAVOUR_ASCEND || j->c.flv == KVT_FLAVOUR_LIBKVT) {
+                /* (region uuid, page in that region) */
+                if (kvt_engine_region_of(e, e->pool, pg, &reg, &off, uuid) == KVT_OK)
+                    idx = (int64_t)(off / e->page_size);
+            } else {
+                idx = (int64_t)pg; /* one index over the whole buffer, as LMCache's */
+            }
+        }
+        kvt_int_list_push(&m->u.alloc_resp.remote_indexes, idx);
+        if (m->type == KVT_MSG_ASCEND_ALLOC_RESPONSE)
+            kvt_str_list_push(&m->u.alloc_resp.remote_buffer_uuids, uuid);
+    }
+}
+
+/* Post (pull-eager): read every chunk of the pull now. */
+static void alloc_post_reads(kvt_engine_t *e, alloc_job_t *j)
+{
+    kvt_rpull_t *pl = j->pl;
+    kvt_rread_t *rd = kvt_calloc(1, sizeof(*rd));
+    kvt_tl_xfer_t *x = kvt_calloc(pl->remaining, sizeof(*x));
+    kvt_status_t pst = KVT_ERR_NOMEM;
+    kvt_rreq_t *q;
+
+    pthread_mutex_lock(&e->rx_lock);
+    if (rd != NULL && x != NULL)
+        rd->ents = kvt_calloc(pl->remaining, sizeof(kvt_rent_t *));
+    if (rd != NULL && rd->ents != NULL) {
+        for (uint32_t i = 0; i < j->n; i++) {
+            kvt_rent_t *r = kvt_map_get(&e->rents, j->keys->v[i]);
+            uint64_t off;
+            if (r == NULL || r->pull != pl || r->state != RENT_READING)
                 continue;
-            }
-            if (pg != KVT_PAGE_NONE) {
-                if (cc.flv == KVT_FLAVOUR_ASCEND || cc.flv == KVT_FLAVOUR_LIBKVT) {
-                    /* (region uuid, page in that region) */
-                    if (kvt_engine_region_of(e, e->pool, pg, &reg, &off, uuid) == KVT_OK)
-                        idx = (int64_t)(off / e->page_size);
-                } else {
-                    idx = (int64_t)pg; /* one index over the whole buffer, as LMCache's */
-                }
-            }
-            kvt_int_list_push(&m.u.alloc_resp.remote_indexes, idx);
-            if (m.type == KVT_MSG_ASCEND_ALLOC_RESPONSE)
-                kvt_str_list_push(&m.u.alloc_resp.remote_buffer_uuids, uuid);
+            if (kvt_engine_region_of(e, e->pool, r->page, &x[rd->n].local, &off, NULL) != KVT_OK)
+                continue;
+            x[rd->n].local_offset = off;
+            memcpy(x[rd->n].remote_uuid, r->ruuid, KVT_UUID_STR_LEN + 1);
+            x[rd->n].remote_offset = r->roff;
+            x[rd->n].length = r->len;
+            rd->ents[rd->n++] = r;
         }
+        rd->pull = pl;
+        pl->refs++; /* the read context holds the pull until it is done */
+        rd->start_ns = kvt_clock_monotonic_ns();
+        q = rreq_get(e, pl->req_id, 1);
+        if (q != NULL)
+            q->reading++;
+        pst = rd->n > 0 ? kvt_engine_post(e, pl->sender_id, KVT_TL_OP_READ, x, rd->n,
+                                          kvt_cookie(CK_PULL_READ, rd))
+                        : KVT_ERR_INVALID;
     }
-    kvt_engine_count(e, &e->m.already_sent_total, n - nnew);
+    pthread_mutex_unlock(&e->rx_lock);
+    kvt_free(x);
+    if (pst != KVT_OK && rd != NULL)
+        kvt_flow_recv_on_read_done(e, rd, pst == KVT_ERR_INVALID ? KVT_OK : pst);
+    else if (rd == NULL)
+        kvt_engine_count(e, &e->m.transfer_errors_total, 1);
+}
+
+/* Post: pull-eager reads now, pull-delay reads at load; a pull with nothing
+ * to read releases the sender at once. */
+static void alloc_post(kvt_engine_t *e, alloc_job_t *j)
+{
+    if (j->pl == NULL)
+        return;
+    if (!j->delay && j->pl->remaining > 0) {
+        alloc_post_reads(e, j);
+    } else if (j->pl->remaining == 0) {
+        send_done_signal(e, j->pl);
+        rpull_put(j->pl);
+    }
+}
+
+static int alloc_run(kvt_engine_t *e, alloc_job_t *j, int final)
+{
+    kvt_rreq_t *q;
+    kvt_msg_t m;
+    int rc;
+
+    if (alloc_bufs(j) != KVT_OK)
+        return ALLOC_REFUSE;
+    pthread_mutex_lock(&e->rx_lock);
+    if (tomb_has(e, j->req_id)) {
+        pthread_mutex_unlock(&e->rx_lock);
+        reply_cancelled(e, &j->c, j->msg);
+        return ALLOC_DONE;
+    }
+    rc = alloc_dedup_locked(e, j) != KVT_OK ? ALLOC_REFUSE : alloc_reserve_locked(e, j, final);
+    if (rc == ALLOC_DONE && alloc_entries_locked(e, j) != KVT_OK)
+        rc = ALLOC_REFUSE;
+    if (rc != ALLOC_DONE) {
+        pthread_mutex_unlock(&e->rx_lock);
+        return rc;
+    }
+    alloc_reply_build_locked(e, j, &m);
+    kvt_engine_count(e, &e->m.already_sent_total, j->n - j->nnew);
+    q = rreq_get(e, j->req_id, 0);
     if (q != NULL)
         q->touched_ns = kvt_engine_now(e);
     pthread_mutex_unlock(&e->rx_lock);
-    reply(e, c, &m);
+    reply(e, &j->c, &m);
     kvt_msg_clear(&m);
+    alloc_post(e, j);
+    return ALLOC_DONE;
+}
 
-    if (pl != NULL) {
-        /* pull-eager: read everything now; pull-delay: reads happen in load */
-        if (!delay && pl->remaining > 0) {
-            kvt_rread_t *rd = kvt_calloc(1, sizeof(*rd));
-            kvt_tl_xfer_t *x = kvt_calloc(pl->remaining, sizeof(*x));
-            kvt_status_t pst = KVT_ERR_NOMEM;
+/* Returns 1 when the request must be parked (no space yet, not final). */
+static int handle_alloc(kvt_engine_t *e, const rctx_t *c0, kvt_msg_t *msg, int final)
+{
+    alloc_job_t j;
+    int rc;
 
-            pthread_mutex_lock(&e->rx_lock);
-            if (rd != NULL && x != NULL)
-                rd->ents = kvt_calloc(pl->remaining, sizeof(kvt_rent_t *));
-            if (rd != NULL && rd->ents != NULL) {
-                for (uint32_t i = 0; i < n; i++) {
-                    kvt_rent_t *r = kvt_map_get(&e->rents, keys->v[i]);
-                    uint64_t off;
-                    if (r == NULL || r->pull != pl || r->state != RENT_READING)
-                        continue;
-                    if (kvt_engine_region_of(e, e->pool, r->page, &x[rd->n].local, &off, NULL) !=
-                        KVT_OK)
-                        continue;
-                    x[rd->n].local_offset = off;
-                    memcpy(x[rd->n].remote_uuid, r->ruuid, KVT_UUID_STR_LEN + 1);
-                    x[rd->n].remote_offset = r->roff;
-                    x[rd->n].length = r->len;
-                    rd->ents[rd->n++] = r;
-                }
-                rd->pull = pl;
-                pl->refs++; /* the read context holds the pull until it is done */
-                rd->start_ns = kvt_clock_monotonic_ns();
-                q = rreq_get(e, pl->req_id, 1);
-                if (q != NULL)
-                    q->reading++;
-                pst = rd->n > 0 ? kvt_engine_post(e, pl->sender_id, KVT_TL_OP_READ, x, rd->n,
-                                                  kvt_cookie(CK_PULL_READ, rd))
-                                : KVT_ERR_INVALID;
-            }
-            pthread_mutex_unlock(&e->rx_lock);
-            kvt_free(x);
-            if (pst != KVT_OK && rd != NULL)
-                kvt_flow_recv_on_read_done(e, rd, pst == KVT_ERR_INVALID ? KVT_OK : pst);
-            else if (rd == NULL)
-                kvt_engine_count(e, &e->m.transfer_errors_total, 1);
-        } else if (pl->remaining == 0) {
-            send_done_signal(e, pl); /* nothing to read: release the sender now */
-            rpull_put(pl);
-        }
-    }
-    kvt_free(writers);
-    kvt_free(newidx);
-    kvt_free(first);
-    kvt_free(slot);
-    kvt_free(pages);
-    kvt_free(made);
-    kvt_free(already);
-    return 0;
-
-refuse_locked:
-    pthread_mutex_unlock(&e->rx_lock);
-fail:
-    kvt_free(writers);
-    kvt_free(newidx);
-    kvt_free(first);
-    kvt_free(slot);
-    kvt_free(pages);
-    kvt_free(made);
-    kvt_free(already);
-    reply_alloc_failed(e, c, msg->type, n);
-    return 0;
+    memset(&j, 0, sizeof(j));
+    j.msg = msg;
+    j.c = *c0;
+    j.c.flv = flavour_of(e, msg);
+    j.pull = msg->type == KVT_MSG_PULL_READY_NOTIF;
+    j.keys = j.pull ? &msg->u.pull_ready.keys : &msg->u.alloc_req.keys;
+    j.n = j.keys->n;
+    j.req_id = "";
+    j.delay = j.pull && e->cfg.pd_delay_pull;
+    /* PDBackendAsync answers one index per key and never dedups; the others
+     * report keys they hold in already_sent_indexes. Only a libkvt sender
+     * copes with a partial grant (-1 slots); upstream senders get all or
+     * nothing. */
+    j.dedup = j.c.flv != KVT_FLAVOUR_ASYNC;
+    j.all_or_nothing = j.c.flv != KVT_FLAVOUR_LIBKVT;
+    rc = alloc_validate(e, &j) == KVT_OK ? alloc_run(e, &j, final) : ALLOC_REFUSE;
+    if (rc == ALLOC_REFUSE)
+        reply_alloc_failed(e, &j.c, msg->type, j.n);
+    alloc_job_free(&j);
+    return rc == ALLOC_PARK;
 }
 
 void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st)
@@ -870,22 +1014,18 @@ void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t s
 
 /* ---- other messages ----------------------------------------------------- */
 
-typedef struct land_ctx {
-    kvt_engine_t *e;
-    const char *req_id;
-} land_ctx_t;
-
-static void land_one(void *arg, const char *key, void *val)
+/* Every chunk of <q> whose bytes the sender wrote is here: visible now, and
+ * its writers lose WRITE. */
+static void land_req_locked(kvt_engine_t *e, kvt_rreq_t *q)
 {
-    land_ctx_t *lc = arg;
-    kvt_rent_t *r = val;
-    (void)key;
-    if (r->state != RENT_ALLOCATED || strcmp(r->req_id, lc->req_id) != 0)
-        return;
-    r->state = RENT_LANDED;
-    if (r->granted) {
-        grant_writers(lc->e, r->writer, r->page, 1);
-        r->granted = 0;
+    for (kvt_rent_t *r = q->ents; r != NULL; r = r->rq_next) {
+        if (r->state != RENT_ALLOCATED)
+            continue;
+        r->state = RENT_LANDED;
+        if (r->granted) {
+            grant_writers(e, r->writer, r->page, 1);
+            r->granted = 0;
+        }
     }
 }
 
@@ -894,16 +1034,14 @@ static void land_one(void *arg, const char *key, void *val)
  * may still run). */
 static void handle_landed(kvt_engine_t *e, const rctx_t *c, const char *req_id)
 {
-    land_ctx_t lc = {.e = e, .req_id = req_id};
     kvt_rreq_t *q = NULL;
     kvt_msg_t m;
 
     pthread_mutex_lock(&e->rx_lock);
-    if (req_id[0] != '\0') {
-        kvt_map_each(&e->rents, land_one, &lc);
+    if (req_id[0] != '\0')
         q = rreq_get(e, req_id, 1);
-    }
     if (q != NULL) {
+        land_req_locked(e, q);
         q->notified = 1;
         q->touched_ns = kvt_engine_now(e);
         kvt_free(q->ack_ident);
@@ -923,41 +1061,18 @@ static void handle_landed(kvt_engine_t *e, const rctx_t *c, const char *req_id)
     }
 }
 
-typedef struct cancel_ctx {
-    kvt_engine_t *e;
-    const char *req_id;
-    kvt_rent_t **victims;
-    uint32_t n, cap;
-} cancel_ctx_t;
-
-static void collect_req(void *arg, const char *key, void *val)
-{
-    cancel_ctx_t *cc = arg;
-    kvt_rent_t *r = val;
-    (void)key;
-    if (strcmp(r->req_id, cc->req_id) != 0)
-        return;
-    if (cc->n == cc->cap) {
-        uint32_t nc = cc->cap ? cc->cap * 2 : 64;
-        kvt_rent_t **nv = kvt_realloc(cc->victims, nc * sizeof(*nv));
-        if (nv == NULL)
-            return;
-        cc->victims = nv;
-        cc->cap = nc;
-    }
-    cc->victims[cc->n++] = r;
-}
-
 /* Release every entry of <req_id>; returns how many. rx_lock held. */
 static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forward)
 {
-    cancel_ctx_t cc = {.e = e, .req_id = req_id};
+    kvt_rreq_t *q = rreq_get(e, req_id, 0);
+    uint32_t n = 0;
     char *urls[16];
     uint32_t nurls = 0;
 
-    kvt_map_each(&e->rents, collect_req, &cc);
-    for (uint32_t i = 0; i < cc.n; i++) {
-        kvt_rent_t *r = cc.victims[i];
+    /* a deferred release stays on the list: take the next entry first */
+    for (kvt_rent_t *r = q != NULL ? q->ents : NULL, *next; r != NULL; r = next) {
+        next = r->rq_next;
+        n++;
         if (forward && r->pull != NULL && nurls < 16) {
             int seen = 0;
             for (uint32_t k = 0; k < nurls; k++)
@@ -967,7 +1082,6 @@ static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forw
         }
         rent_release_locked(e, r);
     }
-    kvt_free(cc.victims);
     /* tell the senders of pulls of this request: they unpin everything */
     for (uint32_t k = 0; k < nurls; k++) {
         kvt_msg_t m;
@@ -976,7 +1090,7 @@ static uint32_t release_req_locked(kvt_engine_t *e, const char *req_id, int forw
         kvt_engine_send_done(e, urls[k], &m);
         kvt_free(urls[k]);
     }
-    return cc.n;
+    return n;
 }
 
 void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward)
@@ -993,6 +1107,7 @@ void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward)
         rreq_free(e, q, KVT_ERR_CANCELLED);
     (void)kvt_reserve_release(e->reserve, req_id);
     pthread_mutex_unlock(&e->rx_lock);
+    kvt_engine_wake(e); /* its reservation freed space a parked request may take */
     /* parked requests of that req_id are answered by their deadline */
     kvt_engine_count(e, &e->m.cancels_total, 1);
 }
@@ -1240,7 +1355,8 @@ static void collect_stale(void *arg, const char *key, void *val)
     stale_ctx_t *sc = arg;
     kvt_rreq_t *q = val;
     (void)key;
-    if (q->nwaiters > 0 || q->reading > 0 || q->ack_ident != NULL ||
+    /* a record with entries stays: release by request id walks its list */
+    if (q->nwaiters > 0 || q->reading > 0 || q->ack_ident != NULL || q->nents > 0 ||
         sc->now < q->touched_ns + sc->ttl)
         return;
     if (sc->n == sc->cap) {
@@ -1516,6 +1632,7 @@ uint32_t kvt_release_req(kvt_engine_t *e, const char *req_id)
         rreq_free(e, q, KVT_ERR_CANCELLED);
     (void)kvt_reserve_release(e->reserve, req_id);
     pthread_mutex_unlock(&e->rx_lock);
+    kvt_engine_wake(e); /* its reservation freed space a parked request may take */
     return n;
 }
 

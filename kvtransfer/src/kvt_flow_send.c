@@ -82,6 +82,14 @@ static void enqueue(kvt_speer_t *p, kvt_sreq_t *r)
 /* CancelNotif{req_id} to <p>, as a request in line on its DEALER: the
  * receiver answers it (AllocResponse{remote_indexes: []}), and an answer
  * must never be taken for the reply to another request. */
+static const kvt_sop_t sop_cancel, sop_landed, sop_batch;
+static void proxy_notify(kvt_engine_t *e, const char *req_id);
+
+static void sreq_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
+{
+    r->op->finish(e, r, st);
+}
+
 static void enqueue_cancel(kvt_speer_t *p, const char *req_id)
 {
     kvt_sreq_t *c = kvt_calloc(1, sizeof(*c));
@@ -90,7 +98,7 @@ static void enqueue_cancel(kvt_speer_t *p, const char *req_id)
         kvt_free(c);
         return;
     }
-    c->ctl = 1;
+    c->op = &sop_cancel;
     c->peer = p;
     enqueue(p, c);
 }
@@ -108,7 +116,7 @@ static void group_done(kvt_engine_t *e, kvt_sgroup_t *g)
      * kvt_ext knows it (an LMCache receiver would answer garbage) */
     if (g->any_ok && g->peer != NULL && g->peer->ext >= 1 &&
         (l = kvt_calloc(1, sizeof(*l))) != NULL && (l->req_id = kvt_strdup(g->req_id)) != NULL) {
-        l->landing = 1;
+        l->op = &sop_landed;
         l->peer = g->peer;
         enqueue(g->peer, l); /* the next kick sends it */
         return;
@@ -134,21 +142,10 @@ static void push_failed(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
 
 /* A batch finished (any outcome): complete its task, then the request-level
  * ProxyNotif once the last batch was seen and none is outstanding. */
-static void sreq_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
+static void batch_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
 {
     kvt_sgroup_t *g = NULL;
 
-    if (r->ctl) {
-        kvt_sreq_free(r); /* the receiver answered the cancel (or we gave up) */
-        return;
-    }
-    if (r->landing) {
-        /* confirmed (or given up waiting): the proxy may go ahead */
-        if (!r->cancelled)
-            proxy_notify(e, r->req_id);
-        kvt_sreq_free(r);
-        return;
-    }
     if (r->req_id[0] != '\0')
         g = kvt_map_get(&e->sgroups, r->req_id);
     if (st != KVT_OK && st != KVT_ERR_BACKOFF && st != KVT_ERR_CANCELLED)
@@ -263,22 +260,84 @@ static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
     return KVT_OK;
 }
 
-/* Build and send the request of <r> on the peer's DEALER. */
-static kvt_status_t send_request(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
+/* ---- the cancel and the landed query ---------------------------------------- */
+
+/* CancelNotif; the receiver answers AllocResponse{remote_indexes: []}. */
+static kvt_status_t cancel_send(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
+{
+    kvt_msg_t m;
+    (void)e;
+    kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
+    m.u.cancel.req_id = r->req_id;
+    return kvt_ctrl_send_req(p->dealer, &m);
+}
+
+static int cancel_accepts(const kvt_sreq_t *r, const kvt_msg_t *m)
+{
+    (void)r;
+    return m->type == KVT_MSG_ALLOC_RESPONSE;
+}
+
+/* The landed query (a pdgw extension): ProxyNotif{req_id} on the DEALER,
+ * echoed by the receiver once every chunk of req_id is there. */
+static kvt_status_t landed_send(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
+{
+    kvt_msg_t m;
+    (void)e;
+    kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
+    m.u.proxy_notif.req_id = r->req_id;
+    return kvt_ctrl_send_req(p->dealer, &m);
+}
+
+static int landed_accepts(const kvt_sreq_t *r, const kvt_msg_t *m)
+{
+    return m->type == KVT_MSG_PROXY_NOTIF && strcmp(m->u.proxy_notif.req_id, r->req_id) == 0;
+}
+
+/* Either answer just ends the operation. */
+static void ctl_on_reply(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r, kvt_msg_t *m)
+{
+    (void)p;
+    (void)m;
+    sreq_finish(e, r, KVT_OK);
+}
+
+static void cancel_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
+{
+    (void)e;
+    (void)st;
+    kvt_sreq_free(r); /* the receiver answered the cancel (or we gave up) */
+}
+
+static void landed_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
+{
+    (void)st;
+    /* confirmed (or given up waiting): the proxy may go ahead */
+    if (!r->cancelled)
+        proxy_notify(e, r->req_id);
+    kvt_sreq_free(r);
+}
+
+static const kvt_sop_t sop_cancel = {.name = "cancel",
+                                     .before_handshake = 1,
+                                     .send = cancel_send,
+                                     .accepts = cancel_accepts,
+                                     .on_reply = ctl_on_reply,
+                                     .finish = cancel_finish};
+static const kvt_sop_t sop_landed = {.name = "landed",
+                                     .send = landed_send,
+                                     .accepts = landed_accepts,
+                                     .on_reply = ctl_on_reply,
+                                     .finish = landed_finish};
+
+/* ---- a batch ---------------------------------------------------------------- */
+
+/* AllocRequest (push) or PullReadyNotif (pull) of batch <r>. */
+static kvt_status_t batch_send(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r)
 {
     kvt_msg_t m;
     kvt_status_t st = KVT_OK;
 
-    if (r->landing) {
-        kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
-        m.u.proxy_notif.req_id = r->req_id;
-        return kvt_ctrl_send_req(p->dealer, &m);
-    }
-    if (r->ctl) {
-        kvt_msg_init(&m, KVT_MSG_CANCEL_NOTIF);
-        m.u.cancel.req_id = r->req_id;
-        return kvt_ctrl_send_req(p->dealer, &m);
-    }
     if (r->pull) {
         kvt_msg_init(&m, KVT_MSG_PULL_READY_NOTIF);
         kvt_msg_pull_ready_notif_t *q = &m.u.pull_ready;
@@ -344,9 +403,9 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
         kvt_sreq_t *r;
         kvt_status_t st;
 
-        if (p->hs_state == 1 && !p->q_head->ctl)
+        if (p->hs_state == 1 && !p->q_head->op->before_handshake)
             return;
-        if (p->hs_state != 2 && !p->q_head->ctl) {
+        if (p->hs_state != 2 && !p->q_head->op->before_handshake) {
             st = start_handshake(e, p);
             if (st != KVT_OK) {
                 p->hs_state = 0;
@@ -382,7 +441,7 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
             sreq_finish(e, r, KVT_ERR_IO);
             continue;
         }
-        st = send_request(e, p, r);
+        st = r->op->send(e, p, r);
         if (st != KVT_OK) {
             release_pages(e, r, NULL);
             sreq_finish(e, r, st);
@@ -446,6 +505,7 @@ kvt_status_t kvt_submit_store(kvt_engine_t *e, const kvt_store_desc_t *d, const 
     r = kvt_calloc(1, sizeof(*r));
     if (r == NULL)
         return st;
+    r->op = &sop_batch;
     r->n = n;
     r->pool = e->stage;
     r->keys = kvt_calloc(n + 1, sizeof(char *));
@@ -808,6 +868,31 @@ static void on_pull_ack(kvt_engine_t *e, kvt_sreq_t *r, kvt_msg_t *m)
     sreq_finish(e, r, r->cancelled ? KVT_ERR_CANCELLED : st);
 }
 
+static int batch_accepts(const kvt_sreq_t *r, const kvt_msg_t *m)
+{
+    return r->pull
+               ? m->type == KVT_MSG_PULL_READY_DONE_ACK
+               : (m->type == KVT_MSG_ASCEND_ALLOC_RESPONSE || m->type == KVT_MSG_ALLOC_RESPONSE);
+}
+
+static void batch_on_reply(kvt_engine_t *e, kvt_speer_t *p, kvt_sreq_t *r, kvt_msg_t *m)
+{
+    /* does this receiver speak the pdgw extensions (landed query)? */
+    p->ext = r->pull ? m->u.pull_ack.kvt_ext
+                     : (m->type == KVT_MSG_ASCEND_ALLOC_RESPONSE ? m->u.alloc_resp.kvt_ext : 0);
+    if (r->pull)
+        on_pull_ack(e, r, m);
+    else
+        on_push_reply(e, r, m);
+}
+
+static const kvt_sop_t sop_batch = {.name = "batch",
+                                    .send = batch_send,
+                                    .accepts = batch_accepts,
+                                    .on_reply = batch_on_reply,
+                                    .finish = batch_finish};
+
+/* An answer on a receiver's channel: to the operation waiting for it. */
 void kvt_flow_sender_on_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data, size_t len)
 {
     kvt_sreq_t *r = p->active;
@@ -823,45 +908,13 @@ void kvt_flow_sender_on_reply(kvt_engine_t *e, kvt_speer_t *p, const void *data,
         kvt_msg_clear(&m); /* a reply nobody waits for */
         return;
     }
-    if (r->ctl) {
-        /* the cancel's answer (AllocResponse{remote_indexes: []}) */
-        if (m.type != KVT_MSG_ALLOC_RESPONSE) {
-            kvt_engine_count(e, &e->m.bad_messages_total, 1);
-            kvt_msg_clear(&m);
-            return;
-        }
-        kvt_msg_clear(&m);
-        p->active = NULL;
-        sreq_finish(e, r, KVT_OK);
-        speer_kick(e, p);
-        return;
-    }
-    if (r->landing) {
-        if (m.type != KVT_MSG_PROXY_NOTIF || strcmp(m.u.proxy_notif.req_id, r->req_id) != 0) {
-            kvt_engine_count(e, &e->m.bad_messages_total, 1);
-            kvt_msg_clear(&m);
-            return;
-        }
-        kvt_msg_clear(&m);
-        p->active = NULL;
-        sreq_finish(e, r, KVT_OK);
-        speer_kick(e, p);
-        return;
-    }
-    if (r->pull ? m.type != KVT_MSG_PULL_READY_DONE_ACK
-                : (m.type != KVT_MSG_ASCEND_ALLOC_RESPONSE && m.type != KVT_MSG_ALLOC_RESPONSE)) {
+    if (!r->op->accepts(r, &m)) {
         kvt_engine_count(e, &e->m.bad_messages_total, 1);
         kvt_msg_clear(&m);
         return;
     }
     p->active = NULL;
-    /* does this receiver speak the pdgw extensions (landed echo)? */
-    p->ext = r->pull ? m.u.pull_ack.kvt_ext
-                     : (m.type == KVT_MSG_ASCEND_ALLOC_RESPONSE ? m.u.alloc_resp.kvt_ext : 0);
-    if (r->pull)
-        on_pull_ack(e, r, &m);
-    else
-        on_push_reply(e, r, &m);
+    r->op->on_reply(e, p, r, &m);
     kvt_msg_clear(&m);
     speer_kick(e, p);
 }
@@ -980,7 +1033,7 @@ void kvt_flow_sender_cancel(kvt_engine_t *e, const char *req_id)
         kvt_sreq_t **pp = &p->q_head, *last = NULL;
         while (*pp != NULL) {
             kvt_sreq_t *r = *pp;
-            if (!r->ctl && strcmp(r->req_id, req_id) == 0) {
+            if (r->op != &sop_cancel && strcmp(r->req_id, req_id) == 0) {
                 *pp = r->next;
                 r->cancelled = 1;
                 release_pages(e, r, NULL);
@@ -991,7 +1044,8 @@ void kvt_flow_sender_cancel(kvt_engine_t *e, const char *req_id)
             }
         }
         p->q_tail = last;
-        if (p->active != NULL && !p->active->ctl && strcmp(p->active->req_id, req_id) == 0)
+        if (p->active != NULL && p->active->op != &sop_cancel &&
+            strcmp(p->active->req_id, req_id) == 0)
             p->active->cancelled = 1;
     }
     g = kvt_map_get(&e->sgroups, req_id);

@@ -62,6 +62,7 @@ void kvt_task_complete(kvt_engine_t *e, kvt_task_t *t, kvt_status_t st)
     t->done = 1;
     t->status = st;
     t->next = NULL;
+    t->prev = e->done_tail;
     if (e->done_tail != NULL)
         e->done_tail->next = t;
     else
@@ -76,15 +77,15 @@ static void harvest_locked(kvt_engine_t *e, kvt_task_t *t, kvt_task_result_t *ou
 {
     char k[24];
 
-    for (kvt_task_t **pp = &e->done_head; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == t) {
-            *pp = t->next;
-            break;
-        }
-    }
-    e->done_tail = NULL;
-    for (kvt_task_t *x = e->done_head; x != NULL; x = x->next)
-        e->done_tail = x;
+    /* t is done, so it is on the done list */
+    if (t->prev != NULL)
+        t->prev->next = t->next;
+    else
+        e->done_head = t->next;
+    if (t->next != NULL)
+        t->next->prev = t->prev;
+    else
+        e->done_tail = t->prev;
     id_key(t->id, k);
     kvt_map_del(&e->tasks, k);
     out->id = t->id;

@@ -2,19 +2,11 @@
  * kvt_tl_tcp.c - TCP transport: one-sided WRITE/READ emulation against
  * registered regions over persistent lanes (TCP connections) per peer.
  *
- * Initiator side: a post is cut into frames (<= KVT_TCP_FRAME_SPLIT bytes)
- * spread round-robin over the peer's lanes. Each lane has a tx thread that
- * streams header+payload with one sendmsg and an rx thread that matches the
- * in-order replies (and receives READ payloads straight into the local
- * region). The target side (listener, HELLO check, caps, timeouts) is in
- * kvt_tl_tcp_serve.c; this file also keeps the regions, the grant table
- * (pages granted to each peer) and the per-peer HELLO tokens handed out in
- * the handshake blob.
- *
- * A lane error (EOF, reset, timeout, bad reply) stops both threads of the
- * lane; the last one out fails every queued and in-flight frame and reports
- * the peer as failed, except when the target closed an idle lane with a BYE.
- * A later post reconnects.
+ * This file keeps the regions, the grant table (pages granted to each
+ * peer), the peer records with the per-peer HELLO tokens handed out in the
+ * handshake blob, and the ops table. The initiator's lanes are in
+ * kvt_tl_tcp_lane.c, the target side (listener, HELLO check, caps,
+ * timeouts) in kvt_tl_tcp_serve.c.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -35,109 +27,6 @@
 #include "kvt/kvt_msg.h"
 #include "kvt/kvt_uuid.h"
 #include "kvt_tl_tcp_int.h"
-
-typedef struct tcp_post tcp_post_t;
-
-typedef struct tcp_frame {
-    struct tcp_frame *next;
-    tcp_post_t *post;
-    uint8_t op;
-    uint32_t seq;
-    uint8_t *local;
-    uint64_t length;
-    uint64_t remote_offset;
-    int sent; /* the tx thread is done with <local> (under the lane lock) */
-    char uuid[KVT_TL_UUID_LEN + 1];
-} tcp_frame_t;
-
-struct tcp_post {
-    kvt_tl_t *tl;
-    uint64_t cookie;
-    atomic_size_t remaining;
-    atomic_int status;
-    size_t nframes;
-    tcp_frame_t frames[];
-};
-
-struct tcp_lane {
-    tcp_peer_t *peer;
-    int fd;
-    pthread_t tx, rx;
-    int threads; /* started threads */
-    int alive;   /* threads still running (under lock) */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    tcp_frame_t *txq_head, *txq_tail;
-    tcp_frame_t *inf_head, *inf_tail;
-    int dead;
-    kvt_status_t why;
-    uint32_t next_seq;
-};
-
-/* ---------------------------------------------------------------- I/O helpers */
-
-static kvt_status_t io_status(ssize_t r)
-{
-    if (r == 0)
-        return KVT_ERR_PEER;
-    if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return KVT_ERR_TIMEOUT;
-    return KVT_ERR_PEER;
-}
-
-static kvt_status_t recv_all(int fd, void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = recv(fd, p, len, MSG_WAITALL);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return io_status(r);
-        }
-        p += r;
-        len -= (size_t)r;
-    }
-    return KVT_OK;
-}
-
-kvt_status_t kvt_tcp_send_iov(int fd, struct iovec *iov, int iovcnt)
-{
-    while (iovcnt > 0) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
-        ssize_t r = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return io_status(r);
-        }
-        while (iovcnt > 0 && (size_t)r >= iov->iov_len) {
-            r -= (ssize_t)iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + r;
-            iov->iov_len -= (size_t)r;
-        }
-    }
-    return KVT_OK;
-}
-
-static kvt_status_t send_all(int fd, const void *buf, size_t len)
-{
-    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    return kvt_tcp_send_iov(fd, &iov, 1);
-}
-
-static void set_timeouts(int fd, unsigned ms)
-{
-    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-    int one = 1;
-    (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
 
 /* ---------------------------------------------------------------- regions, grants */
 
@@ -317,380 +206,7 @@ static void tcp_revoke(kvt_tl_t *tl, const char *peer_id, kvt_tl_region_t *regio
     pthread_mutex_unlock(&tl->lock);
 }
 
-/* ---------------------------------------------------------------- initiator side */
-
-static void frame_done(tcp_frame_t *f, kvt_status_t st)
-{
-    tcp_post_t *p = f->post;
-    kvt_tl_t *tl = p->tl;
-
-    if (st != KVT_OK) {
-        int expect = KVT_OK;
-        atomic_compare_exchange_strong(&p->status, &expect, (int)st);
-        atomic_fetch_add(&tl->st.ops_failed, 1);
-    } else {
-        atomic_fetch_add(&tl->st.ops_completed, 1);
-        if (f->op == KVT_TCP_OP_WRITE)
-            atomic_fetch_add(&tl->st.bytes_written, f->length);
-        else
-            atomic_fetch_add(&tl->st.bytes_read, f->length);
-    }
-    if (atomic_fetch_sub(&p->remaining, 1) == 1) {
-        if (tl->cb.on_complete != NULL)
-            tl->cb.on_complete(tl->cb.arg, p->cookie, (kvt_status_t)atomic_load(&p->status));
-        kvt_free(p);
-    }
-}
-
-/* Called by a lane thread on its way out. The last one fails what is left. */
-static void lane_exit(tcp_lane_t *l, kvt_status_t why)
-{
-    tcp_frame_t *left = NULL, *tail = NULL;
-    tcp_peer_t *peer = l->peer;
-    kvt_tl_t *tl = peer->tl;
-    int last, report = 0;
-
-    pthread_mutex_lock(&l->lock);
-    if (!l->dead) {
-        l->dead = 1;
-        l->why = why;
-    }
-    shutdown(l->fd, SHUT_RDWR);
-    pthread_cond_broadcast(&l->cond);
-    last = (--l->alive == 0);
-    if (last) {
-        /* in-flight frames first, they were posted earlier */
-        left = l->inf_head;
-        tail = l->inf_tail;
-        if (left == NULL) {
-            left = l->txq_head;
-        } else {
-            tail->next = l->txq_head;
-        }
-        l->inf_head = l->inf_tail = l->txq_head = l->txq_tail = NULL;
-        why = l->why;
-    }
-    pthread_mutex_unlock(&l->lock);
-    if (!last)
-        return;
-    if (!peer->stopping) {
-        int expect = 0;
-        report = atomic_compare_exchange_strong(&peer->failed, &expect, 1);
-        /* the target closed an idle lane (BYE): the next post reconnects, the peer is fine */
-        if (why == KVT_ERR_CLOSED)
-            report = 0;
-    }
-    while (left != NULL) {
-        tcp_frame_t *f = left;
-        left = f->next;
-        frame_done(f, why == KVT_OK ? KVT_ERR_PEER : why);
-    }
-    if (report) {
-        atomic_fetch_add(&tl->st.peer_failures, 1);
-        if (tl->cb.on_peer_failed != NULL)
-            tl->cb.on_peer_failed(tl->cb.arg, peer->id, why == KVT_OK ? KVT_ERR_PEER : why);
-    }
-}
-
-static void *lane_tx_main(void *arg)
-{
-    tcp_lane_t *l = arg;
-    kvt_status_t why = KVT_OK;
-
-    for (;;) {
-        tcp_frame_t *f;
-        kvt_tcp_hdr_t h;
-        uint8_t hb[KVT_TCP_HDR_LEN];
-        struct iovec iov[2];
-
-        pthread_mutex_lock(&l->lock);
-        while (!l->dead && l->txq_head == NULL)
-            pthread_cond_wait(&l->cond, &l->lock);
-        if (l->dead) {
-            pthread_mutex_unlock(&l->lock);
-            break;
-        }
-        f = l->txq_head;
-        l->txq_head = f->next;
-        if (l->txq_head == NULL)
-            l->txq_tail = NULL;
-        f->seq = l->next_seq++;
-        /* in flight before the bytes go out: the reply may race the append */
-        f->next = NULL;
-        if (l->inf_tail != NULL)
-            l->inf_tail->next = f;
-        else
-            l->inf_head = f;
-        l->inf_tail = f;
-        pthread_cond_broadcast(&l->cond);
-        pthread_mutex_unlock(&l->lock);
-
-        memset(&h, 0, sizeof(h));
-        h.op = f->op;
-        h.seq = f->seq;
-        memcpy(h.uuid, f->uuid, sizeof(h.uuid));
-        h.offset = f->remote_offset;
-        h.length = f->length;
-        kvt_tcp_hdr_encode(&h, hb);
-        iov[0].iov_base = hb;
-        iov[0].iov_len = sizeof(hb);
-        iov[1].iov_base = f->local;
-        iov[1].iov_len = (size_t)f->length;
-        why = kvt_tcp_send_iov(l->fd, iov, (f->op == KVT_TCP_OP_WRITE && f->length > 0) ? 2 : 1);
-        if (why != KVT_OK)
-            break;
-        /* the reply cannot come before the bytes left, but say so explicitly:
-         * the frame may complete (and its memory be reused) only after this */
-        pthread_mutex_lock(&l->lock);
-        f->sent = 1;
-        pthread_cond_broadcast(&l->cond);
-        pthread_mutex_unlock(&l->lock);
-    }
-    lane_exit(l, why);
-    return NULL;
-}
-
-static void *lane_rx_main(void *arg)
-{
-    tcp_lane_t *l = arg;
-    kvt_status_t why = KVT_OK;
-
-    for (;;) {
-        uint8_t rb[KVT_TCP_REPLY_LEN];
-        kvt_tcp_reply_t r;
-        tcp_frame_t *f;
-
-        pthread_mutex_lock(&l->lock);
-        if (!l->dead && l->inf_head == NULL) {
-            /* idle: watch the socket so a dead peer is noticed at once */
-            struct pollfd pfd = {.fd = l->fd, .events = POLLIN | POLLRDHUP};
-            int pr;
-            pthread_mutex_unlock(&l->lock);
-            pr = poll(&pfd, 1, 100);
-            pthread_mutex_lock(&l->lock);
-            if (pr > 0 && l->inf_head == NULL && !l->dead) {
-                char c;
-                ssize_t pk = recv(l->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                if (pk > 0) {
-                    /* bytes nobody asked for: only a BYE (idle lane closed) is fine */
-                    uint8_t bb[KVT_TCP_REPLY_LEN];
-                    kvt_tcp_reply_t bye;
-                    why = KVT_ERR_PROTO;
-                    if (recv_all(l->fd, bb, sizeof(bb)) == KVT_OK &&
-                        kvt_tcp_reply_decode(bb, sizeof(bb), &bye) == KVT_OK &&
-                        (bye.flags & KVT_TCP_REPLY_BYE))
-                        why = KVT_ERR_CLOSED;
-                } else if (pk == 0 || (pk < 0 && errno != EAGAIN && errno != EINTR) ||
-                           (pfd.revents & (POLLERR | POLLHUP))) {
-                    why = KVT_ERR_PEER;
-                }
-                if (why != KVT_OK) {
-                    pthread_mutex_unlock(&l->lock);
-                    break;
-                }
-            }
-            pthread_mutex_unlock(&l->lock);
-            continue;
-        }
-        if (l->dead) {
-            pthread_mutex_unlock(&l->lock);
-            break;
-        }
-        f = l->inf_head; /* stays queued until its reply is complete */
-        pthread_mutex_unlock(&l->lock);
-
-        why = recv_all(l->fd, rb, sizeof(rb));
-        if (why != KVT_OK)
-            break;
-        if (kvt_tcp_reply_decode(rb, sizeof(rb), &r) == KVT_OK && (r.flags & KVT_TCP_REPLY_BYE)) {
-            why = KVT_ERR_CLOSED; /* idle-closed as we sent: the frame fails, no peer failure */
-            break;
-        }
-        if (kvt_tcp_reply_decode(rb, sizeof(rb), &r) != KVT_OK || r.seq != f->seq) {
-            atomic_fetch_add(&l->peer->tl->st.bad_frames, 1);
-            why = KVT_ERR_PROTO;
-            break;
-        }
-        if (r.status == KVT_OK && f->op == KVT_TCP_OP_READ && f->length > 0) {
-            why = recv_all(l->fd, f->local, (size_t)f->length);
-            if (why != KVT_OK)
-                break;
-        }
-        pthread_mutex_lock(&l->lock);
-        while (!f->sent && !l->dead)
-            pthread_cond_wait(&l->cond, &l->lock);
-        if (!f->sent) {
-            pthread_mutex_unlock(&l->lock);
-            break; /* the lane died: lane_exit fails the frame */
-        }
-        l->inf_head = f->next;
-        if (l->inf_head == NULL)
-            l->inf_tail = NULL;
-        pthread_mutex_unlock(&l->lock);
-        frame_done(f, (kvt_status_t)r.status);
-    }
-    lane_exit(l, why);
-    return NULL;
-}
-
-static kvt_status_t dial(const char *host, uint16_t port, unsigned timeout_ms, int *out)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *ai;
-    char ps[16];
-    kvt_status_t status = KVT_ERR_PEER;
-
-    snprintf(ps, sizeof(ps), "%u", (unsigned)port);
-    if (getaddrinfo(host, ps, &hints, &res) != 0)
-        return KVT_ERR_PEER;
-    for (ai = res; ai != NULL; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        struct pollfd pfd;
-        int err = 0;
-        socklen_t elen = sizeof(err);
-
-        if (fd < 0)
-            continue;
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS) {
-            close(fd);
-            continue;
-        }
-        pfd.fd = fd;
-        pfd.events = POLLOUT;
-        if (poll(&pfd, 1, (int)timeout_ms) != 1 ||
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 || err != 0) {
-            close(fd);
-            status = KVT_ERR_PEER;
-            continue;
-        }
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        *out = fd;
-        status = KVT_OK;
-        break;
-    }
-    freeaddrinfo(res);
-    return status;
-}
-
-/* Stop every lane of <p> (peer lock held): join threads, fail frames. */
-static void peer_teardown_locked(tcp_peer_t *p)
-{
-    if (p->lanes == NULL) {
-        p->stopping = 0;
-        return;
-    }
-    p->stopping = 1;
-    for (unsigned i = 0; i < p->nlanes; i++) {
-        tcp_lane_t *l = &p->lanes[i];
-        pthread_mutex_lock(&l->lock);
-        if (!l->dead) {
-            l->dead = 1;
-            l->why = KVT_ERR_CLOSED;
-        }
-        if (l->fd >= 0)
-            shutdown(l->fd, SHUT_RDWR);
-        pthread_cond_broadcast(&l->cond);
-        pthread_mutex_unlock(&l->lock);
-    }
-    for (unsigned i = 0; i < p->nlanes; i++) {
-        tcp_lane_t *l = &p->lanes[i];
-        if (l->threads >= 1)
-            pthread_join(l->tx, NULL);
-        if (l->threads >= 2)
-            pthread_join(l->rx, NULL);
-        if (l->fd >= 0)
-            close(l->fd);
-        pthread_mutex_destroy(&l->lock);
-        pthread_cond_destroy(&l->cond);
-    }
-    kvt_free(p->lanes);
-    p->lanes = NULL;
-    p->nlanes = 0;
-    p->connected = 0;
-    p->stopping = 0;
-}
-
-static kvt_status_t lane_open(kvt_tl_t *tl, tcp_peer_t *p, tcp_lane_t *l)
-{
-    uint8_t hb[KVT_TCP_HDR_LEN], rb[KVT_TCP_REPLY_LEN];
-    kvt_tcp_hdr_t h;
-    kvt_tcp_reply_t r;
-    size_t idlen = strlen(tl->local_id);
-    kvt_status_t st;
-
-    if (p->send_token[0] == '\0')
-        return KVT_ERR_NOT_FOUND; /* no handshake blob from that peer yet */
-    st = dial(p->host, p->port, tl->timeout_ms, &l->fd);
-    if (st != KVT_OK)
-        return st;
-    set_timeouts(l->fd, tl->timeout_ms);
-    memset(&h, 0, sizeof(h));
-    h.op = KVT_TCP_OP_HELLO;
-    h.length = idlen;
-    memcpy(h.uuid, p->send_token, sizeof(h.uuid));
-    kvt_tcp_hdr_encode(&h, hb);
-    st = send_all(l->fd, hb, sizeof(hb));
-    if (st == KVT_OK)
-        st = send_all(l->fd, tl->local_id, idlen);
-    if (st == KVT_OK)
-        st = recv_all(l->fd, rb, sizeof(rb));
-    if (st == KVT_OK && kvt_tcp_reply_decode(rb, sizeof(rb), &r) != KVT_OK)
-        st = KVT_ERR_PROTO;
-    if (st == KVT_OK && r.status != KVT_OK)
-        st = (kvt_status_t)r.status; /* refused: ACCESS (token) or LIMIT (lane cap) */
-    return st;
-}
-
-static kvt_status_t peer_connect_locked(kvt_tl_t *tl, tcp_peer_t *p)
-{
-    kvt_status_t st = KVT_OK;
-
-    peer_teardown_locked(p);
-    if (!p->have_addr)
-        return KVT_ERR_NOT_FOUND;
-    p->lanes = kvt_calloc(tl->lanes, sizeof(tcp_lane_t));
-    if (p->lanes == NULL)
-        return KVT_ERR_NOMEM;
-    p->nlanes = tl->lanes;
-    for (unsigned i = 0; i < p->nlanes; i++) {
-        tcp_lane_t *l = &p->lanes[i];
-        l->peer = p;
-        l->fd = -1;
-        pthread_mutex_init(&l->lock, NULL);
-        pthread_cond_init(&l->cond, NULL);
-    }
-    for (unsigned i = 0; i < p->nlanes && st == KVT_OK; i++) {
-        tcp_lane_t *l = &p->lanes[i];
-        st = lane_open(tl, p, l);
-        if (st != KVT_OK)
-            break;
-        l->alive = 2;
-        if (pthread_create(&l->tx, NULL, lane_tx_main, l) != 0) {
-            l->alive = 0;
-            st = KVT_ERR_NOMEM;
-            break;
-        }
-        l->threads = 1;
-        if (pthread_create(&l->rx, NULL, lane_rx_main, l) != 0) {
-            pthread_mutex_lock(&l->lock);
-            l->alive--;
-            l->dead = 1;
-            l->why = KVT_ERR_NOMEM;
-            pthread_cond_broadcast(&l->cond);
-            pthread_mutex_unlock(&l->lock);
-            st = KVT_ERR_NOMEM;
-            break;
-        }
-        l->threads = 2;
-    }
-    if (st != KVT_OK) {
-        p->stopping = 1; /* a failed dial is reported by post's status */
-        peer_teardown_locked(p);
-        return st;
-    }
-    atomic_store(&p->failed, 0);
-    p->connected = 1;
-    return KVT_OK;
-}
+/* ---------------------------------------------------------------- peers */
 
 tcp_peer_t *kvt_tl_tcp_peer_find_locked(kvt_tl_t *tl, const char *id)
 {
@@ -820,7 +336,7 @@ static kvt_status_t tcp_peer_connect(kvt_tl_t *tl, const char *peer_id, const vo
     pthread_mutex_unlock(&tl->lock);
     if (!p->have_addr || strcmp(p->host, host) != 0 || p->port != port || atomic_load(&p->failed)) {
         p->stopping = 1;
-        peer_teardown_locked(p);
+        kvt_tl_tcp_peer_teardown_locked(p);
         snprintf(p->host, sizeof(p->host), "%s", host);
         p->port = (uint16_t)port;
         p->have_addr = 1;
@@ -872,7 +388,7 @@ static void tcp_peer_remove(kvt_tl_t *tl, const char *peer_id)
     if (p != NULL) {
         pthread_mutex_lock(&p->lock);
         p->stopping = 1;
-        peer_teardown_locked(p);
+        kvt_tl_tcp_peer_teardown_locked(p);
         p->have_addr = 0;
         pthread_mutex_lock(&tl->lock);
         /* its tokens die with it: a new handshake hands out new ones */
@@ -900,9 +416,6 @@ static kvt_status_t tcp_post(kvt_tl_t *tl, const char *peer_id, kvt_tl_op_t op,
                              const kvt_tl_xfer_t *xfers, size_t n, uint64_t cookie)
 {
     tcp_peer_t *p;
-    tcp_post_t *post;
-    size_t nframes = 0, k = 0;
-    kvt_status_t st;
 
     if (tl == NULL || peer_id == NULL || xfers == NULL || n == 0 ||
         (op != KVT_TL_OP_WRITE && op != KVT_TL_OP_READ))
@@ -914,69 +427,11 @@ static kvt_status_t tcp_post(kvt_tl_t *tl, const char *peer_id, kvt_tl_op_t op,
         if (x->local == NULL || !kvt_tcp_range_ok(x->local_offset, x->length, x->local->length) ||
             strlen(x->remote_uuid) != KVT_TL_UUID_LEN)
             return KVT_ERR_INVALID;
-        nframes += x->length == 0 ? 1 : (x->length + KVT_TCP_FRAME_SPLIT - 1) / KVT_TCP_FRAME_SPLIT;
     }
-    post = kvt_calloc(1, sizeof(*post) + nframes * sizeof(tcp_frame_t));
-    if (post == NULL)
-        return KVT_ERR_NOMEM;
-    post->tl = tl;
-    post->cookie = cookie;
-    post->nframes = nframes;
-    atomic_init(&post->remaining, nframes);
-    atomic_init(&post->status, KVT_OK);
-    for (size_t i = 0; i < n; i++) {
-        const kvt_tl_xfer_t *x = &xfers[i];
-        uint64_t off = 0;
-        do {
-            tcp_frame_t *f = &post->frames[k++];
-            uint64_t chunk = x->length - off;
-            if (chunk > KVT_TCP_FRAME_SPLIT)
-                chunk = KVT_TCP_FRAME_SPLIT;
-            f->post = post;
-            f->op = op == KVT_TL_OP_WRITE ? KVT_TCP_OP_WRITE : KVT_TCP_OP_READ;
-            f->local = x->local->base + x->local_offset + off;
-            f->length = chunk;
-            f->remote_offset = x->remote_offset + off;
-            memcpy(f->uuid, x->remote_uuid, sizeof(f->uuid));
-            off += chunk;
-        } while (off < x->length);
-    }
-
     p = peer_get(tl, peer_id, 0);
-    if (p == NULL) {
-        kvt_free(post);
+    if (p == NULL)
         return KVT_ERR_NOT_FOUND;
-    }
-    pthread_mutex_lock(&p->lock);
-    if (!p->connected || atomic_load(&p->failed)) {
-        st = peer_connect_locked(tl, p);
-        if (st != KVT_OK) {
-            pthread_mutex_unlock(&p->lock);
-            kvt_free(post);
-            return st;
-        }
-    }
-    for (size_t i = 0; i < nframes; i++) {
-        tcp_frame_t *f = &post->frames[i];
-        tcp_lane_t *l = &p->lanes[p->rr++ % p->nlanes];
-        int dead;
-        pthread_mutex_lock(&l->lock);
-        dead = l->dead;
-        if (!dead) {
-            f->next = NULL;
-            if (l->txq_tail != NULL)
-                l->txq_tail->next = f;
-            else
-                l->txq_head = f;
-            l->txq_tail = f;
-            pthread_cond_broadcast(&l->cond);
-        }
-        pthread_mutex_unlock(&l->lock);
-        if (dead)
-            frame_done(f, KVT_ERR_PEER);
-    }
-    pthread_mutex_unlock(&p->lock);
-    return KVT_OK;
+    return kvt_tl_tcp_lanes_post(tl, p, op, xfers, n, cookie);
 }
 
 static void tcp_stats(kvt_tl_t *tl, kvt_tl_stats_t *out)
@@ -995,6 +450,8 @@ static void tcp_stats(kvt_tl_t *tl, kvt_tl_stats_t *out)
     out->hello_refused = atomic_load(&tl->st.hello_refused);
     out->idle_closed = atomic_load(&tl->st.idle_closed);
     out->stall_closed = atomic_load(&tl->st.stall_closed);
+    out->byes_received = atomic_load(&tl->st.byes_received);
+    out->lanes_reopened = atomic_load(&tl->st.lanes_reopened);
 }
 
 /* ---------------------------------------------------------------- create/destroy */
@@ -1068,6 +525,11 @@ static kvt_status_t tcp_create(const kvt_tl_config_t *cfg, const kvt_tl_callback
         cfg->hello_timeout_ms ? cfg->hello_timeout_ms : KVT_TCP_DEF_HELLO_TIMEOUT_MS;
     tl->lim.idle_timeout_ms =
         cfg->idle_timeout_ms ? cfg->idle_timeout_ms : KVT_TCP_DEF_IDLE_TIMEOUT_MS;
+    tl->lim.max_conns_per_addr =
+        cfg->max_conns_per_addr ? cfg->max_conns_per_addr : KVT_TCP_DEF_MAX_CONNS_PER_ADDR;
+    tl->lim.addr_prefix_v6 = cfg->addr_prefix_v6 ? cfg->addr_prefix_v6 : KVT_TCP_DEF_ADDR_PREFIX_V6;
+    if (tl->lim.addr_prefix_v6 > 128)
+        tl->lim.addr_prefix_v6 = 128;
     pthread_mutex_init(&tl->lock, NULL);
     st = listen_on(host, cfg->listen_port, &tl->listen_fd, &tl->port);
     if (st != KVT_OK)
@@ -1105,7 +567,7 @@ static void tcp_destroy(kvt_tl_t *tl)
         tl->peers = p->next;
         pthread_mutex_lock(&p->lock);
         p->stopping = 1;
-        peer_teardown_locked(p);
+        kvt_tl_tcp_peer_teardown_locked(p);
         pthread_mutex_unlock(&p->lock);
         pthread_mutex_destroy(&p->lock);
         kvt_free(p);
@@ -1124,6 +586,11 @@ static void tcp_destroy(kvt_tl_t *tl)
     kvt_free(tl);
 }
 
+static uint16_t tcp_listen_port(kvt_tl_t *tl)
+{
+    return tl != NULL ? tl->port : 0;
+}
+
 static const kvt_tl_ops_t tcp_ops = {
     .create = tcp_create,
     .destroy = tcp_destroy,
@@ -1136,6 +603,7 @@ static const kvt_tl_ops_t tcp_ops = {
     .grant = tcp_grant,
     .revoke = tcp_revoke,
     .post = tcp_post,
+    .listen_port = tcp_listen_port,
     .stats = tcp_stats,
 };
 

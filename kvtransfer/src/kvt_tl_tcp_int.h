@@ -51,6 +51,8 @@
 #define KVT_TCP_DEF_MAX_PENDING        64     /* accepted lanes still before their HELLO */
 #define KVT_TCP_DEF_HELLO_TIMEOUT_MS   5000   /* accept -> HELLO complete */
 #define KVT_TCP_DEF_IDLE_TIMEOUT_MS    300000 /* no frame started for this long -> BYE */
+#define KVT_TCP_DEF_MAX_CONNS_PER_ADDR 128    /* lanes from one source address / IPv6 prefix */
+#define KVT_TCP_DEF_ADDR_PREFIX_V6     64     /* one IPv6 host holds a whole /64 */
 
 enum {
     KVT_TCP_OP_HELLO = 1,
@@ -79,6 +81,13 @@ void kvt_tcp_hdr_encode(const kvt_tcp_hdr_t *h, uint8_t out[KVT_TCP_HDR_LEN]);
 kvt_status_t kvt_tcp_hdr_decode(const uint8_t *buf, size_t len, kvt_tcp_hdr_t *out);
 void kvt_tcp_reply_encode(const kvt_tcp_reply_t *r, uint8_t out[KVT_TCP_REPLY_LEN]);
 kvt_status_t kvt_tcp_reply_decode(const uint8_t *buf, size_t len, kvt_tcp_reply_t *out);
+
+/* The key the per-address lane cap counts a source address under: an IPv4
+ * address (or an IPv4-mapped IPv6 one) as ::ffff:a.b.c.d, an IPv6 address
+ * cut to its first <v6_prefix> bits (one host commonly holds a whole /64, so
+ * counting per /128 would let it open lanes without bound). */
+struct sockaddr;
+void kvt_tcp_addr_key(const struct sockaddr *sa, unsigned v6_prefix, uint8_t key[16]);
 
 /* Range check without overflow: [off, off+len) inside [0, size). */
 int kvt_tcp_range_ok(uint64_t off, uint64_t len, uint64_t size);
@@ -137,8 +146,9 @@ typedef struct tcp_conn {
     pthread_t th;
     uint64_t accepted_ns;
     atomic_int done;
-    int pending;  /* counted in tl->npending (listener lanes before HELLO) */
-    int hello_ok; /* HELLO accepted: counted for <peer> */
+    int pending;          /* counted in tl->npending (listener lanes before HELLO) */
+    int hello_ok;         /* HELLO accepted: counted for <peer> */
+    uint8_t addr_key[16]; /* source address (prefix) the per-address cap counts */
     char peer[KVT_TL_PEER_ID_MAX + 1];
 } tcp_conn_t;
 
@@ -148,6 +158,8 @@ typedef struct tcp_limits {
     unsigned max_pending;
     unsigned hello_timeout_ms;
     unsigned idle_timeout_ms;
+    unsigned max_conns_per_addr;
+    unsigned addr_prefix_v6;
 } tcp_limits_t;
 
 struct kvt_tl {
@@ -173,7 +185,7 @@ struct kvt_tl {
     struct {
         atomic_uint_fast64_t bytes_written, bytes_read, bytes_served, ops_completed, ops_failed,
             access_denied, bad_frames, peer_failures, conns_refused, hello_refused, idle_closed,
-            stall_closed;
+            stall_closed, byes_received, lanes_reopened;
     } st;
 };
 
@@ -213,8 +225,15 @@ tcp_peer_t *kvt_tl_tcp_peer_find_locked(kvt_tl_t *tl, const char *id);
 kvt_status_t kvt_tl_tcp_access_check(kvt_tl_t *tl, const char *peer, const kvt_tcp_hdr_t *h,
                                      unsigned access, uint8_t **addr);
 
-/* Blocking socket helpers shared by both sides (kvt_tl_tcp.c). */
+/* Blocking socket helper shared by both sides (kvt_tl_tcp_lane.c). */
 kvt_status_t kvt_tcp_send_iov(int fd, struct iovec *iov, int iovcnt);
+
+/* Initiator side (kvt_tl_tcp_lane.c). Post frames of <xfers> to <p>,
+ * connecting or reviving its lanes first (takes p->lock). */
+kvt_status_t kvt_tl_tcp_lanes_post(kvt_tl_t *tl, tcp_peer_t *p, kvt_tl_op_t op,
+                                   const kvt_tl_xfer_t *xfers, size_t n, uint64_t cookie);
+/* Stop every lane of <p> (p->lock held): join threads, fail frames. */
+void kvt_tl_tcp_peer_teardown_locked(tcp_peer_t *p);
 
 extern const kvt_transport_desc_t kvt_tl_tcp_desc;
 

@@ -4,7 +4,9 @@
  *
  * Resources are bounded: at most lim.max_conns lanes are served at once
  * (one thread each, small stacks), at most lim.max_pending of them before
- * their HELLO, at most lim.max_conns_per_peer per peer id. A lane must
+ * their HELLO, at most lim.max_conns_per_peer per peer id, at most
+ * lim.max_conns_per_addr from one source address (IPv6: from one
+ * lim.addr_prefix_v6 prefix, a /64 by default). A lane must
  * complete its HELLO within lim.hello_timeout_ms of being accepted, and the
  * HELLO must carry the token this side issued to that peer id over the
  * control plane (peer_prepare), so a lane acts only for the peer that was
@@ -248,7 +250,7 @@ static kvt_status_t serve_frames(kvt_tl_t *tl, tcp_conn_t *c, const kvt_tcp_io_t
         if (st == KVT_ERR_TIMEOUT) {
             atomic_fetch_add(&tl->st.idle_closed, 1);
             (void)send_reply(io, KVT_ERR_CLOSED, 0, KVT_TCP_REPLY_BYE, NULL, 0);
-            return st;
+            return KVT_ERR_CLOSED; /* BYE said: nothing is started on this lane any more */
         }
         if (st != KVT_OK)
             return st == KVT_ERR_PEER ? KVT_OK : st; /* EOF between frames = clean close */
@@ -310,6 +312,32 @@ static void wake(kvt_tl_t *tl)
     }
 }
 
+/* After a BYE: frames the initiator sent before it read the BYE are read
+ * and dropped unanswered (the BYE told it they were not started) until it
+ * closes, at most timeout_ms. Closing at once would make the kernel answer
+ * them with a reset, which can destroy the BYE before the initiator read it
+ * and turn a quiet reconnect into a peer failure. */
+static void linger_after_bye(kvt_tl_t *tl, int fd)
+{
+    uint64_t deadline = kvt_clock_monotonic_ns() + (uint64_t)tl->timeout_ms * KVT_NSEC_PER_MSEC;
+    uint8_t scratch[4096];
+
+    shutdown(fd, SHUT_WR);
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        uint64_t now = kvt_clock_monotonic_ns();
+        ssize_t n;
+
+        if (now >= deadline || atomic_load(&tl->stopping))
+            return;
+        if (poll(&pfd, 1, (int)((deadline - now) / KVT_NSEC_PER_MSEC) + 1) <= 0)
+            return;
+        n = recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            return;
+    }
+}
+
 static void *conn_main(void *arg)
 {
     tcp_conn_t *c = arg;
@@ -318,7 +346,8 @@ static void *conn_main(void *arg)
     kvt_tcp_io_t io = {.recv = sock_recv, .send = sock_send, .ctx = &s};
 
     s.hello_deadline_ns = c->accepted_ns + (uint64_t)tl->lim.hello_timeout_ms * KVT_NSEC_PER_MSEC;
-    (void)kvt_tl_tcp_serve(tl, c, &io);
+    if (kvt_tl_tcp_serve(tl, c, &io) == KVT_ERR_CLOSED)
+        linger_after_bye(tl, c->fd);
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&tl->lock);
     tl->nconns--;
@@ -363,11 +392,43 @@ static void set_sockopts(int fd, unsigned ms)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+void kvt_tcp_addr_key(const struct sockaddr *sa, unsigned v6_prefix, uint8_t key[16])
+{
+    memset(key, 0, 16);
+    if (sa->sa_family == AF_INET) {
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa->sa_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(&((const struct sockaddr_in6 *)sa)->sin6_addr))
+            v6_prefix = 128; /* an IPv4 peer on a dual-stack socket: one address */
+        for (unsigned i = 0; i < 16 && v6_prefix > 0; i++) {
+            unsigned bits = v6_prefix >= 8 ? 8 : v6_prefix;
+            key[i] = a[i] & (uint8_t)(0xff00u >> bits);
+            v6_prefix -= bits;
+        }
+    }
+}
+
+/* Lanes (served or before HELLO) from the address prefix <key>. Lock held. */
+static unsigned addr_lanes_locked(kvt_tl_t *tl, const uint8_t key[16])
+{
+    unsigned n = 0;
+    for (tcp_conn_t *o = tl->conns; o != NULL; o = o->next) {
+        if (!atomic_load(&o->done) && memcmp(o->addr_key, key, 16) == 0)
+            n++;
+    }
+    return n;
+}
+
 static void accept_one(kvt_tl_t *tl, pthread_attr_t *attr)
 {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    uint8_t key[16];
     tcp_conn_t *c;
-    int fd = accept4(tl->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    unsigned nconns, npending;
+    int fd = accept4(tl->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+    unsigned nconns, npending, naddr = 0;
 
     if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE) {
@@ -379,15 +440,18 @@ static void accept_one(kvt_tl_t *tl, pthread_attr_t *attr)
         }
         return;
     }
+    kvt_tcp_addr_key((struct sockaddr *)&ss, tl->lim.addr_prefix_v6, key);
     c = kvt_calloc(1, sizeof(*c));
     pthread_mutex_lock(&tl->lock);
     nconns = tl->nconns;
     npending = tl->npending;
-    if (c != NULL && nconns < tl->lim.max_conns && npending < tl->lim.max_pending) {
+    if (c != NULL && nconns < tl->lim.max_conns && npending < tl->lim.max_pending &&
+        (naddr = addr_lanes_locked(tl, key)) < tl->lim.max_conns_per_addr) {
         c->tl = tl;
         c->fd = fd;
         c->pending = 1;
         c->accepted_ns = kvt_clock_monotonic_ns();
+        memcpy(c->addr_key, key, sizeof(key));
         tl->nconns++;
         tl->npending++;
         set_sockopts(fd, tl->timeout_ms);
@@ -404,8 +468,10 @@ static void accept_one(kvt_tl_t *tl, pthread_attr_t *attr)
     atomic_fetch_add(&tl->st.conns_refused, 1); /* counted before the peer can see the close */
     close(fd);
     kvt_free(c);
-    refusal_log(tl, "%u lanes served (max %u), %u before HELLO (max %u)", nconns, tl->lim.max_conns,
-                npending, tl->lim.max_pending);
+    refusal_log(tl,
+                "%u lanes served (max %u), %u before HELLO (max %u), %u from that address (max %u)",
+                nconns, tl->lim.max_conns, npending, tl->lim.max_pending, naddr,
+                tl->lim.max_conns_per_addr);
 }
 
 static void *listener_main(void *arg)

@@ -64,18 +64,20 @@ typedef enum kvt_tl_op {
 
 /* Byte/frame counters of one transport instance (monotonic). */
 typedef struct kvt_tl_stats {
-    uint64_t bytes_written; /* payload bytes of completed local WRITEs */
-    uint64_t bytes_read;    /* payload bytes of completed local READs */
-    uint64_t bytes_served;  /* payload bytes served to peers (both ops) */
-    uint64_t ops_completed; /* completed transfer entries */
-    uint64_t ops_failed;    /* failed transfer entries */
-    uint64_t access_denied; /* incoming accesses refused by the grant table */
-    uint64_t bad_frames;    /* malformed input from the network */
-    uint64_t peer_failures; /* peers declared dead */
-    uint64_t conns_refused; /* lanes refused by a connection cap */
-    uint64_t hello_refused; /* lanes refused at HELLO (no/forged token, deadline) */
-    uint64_t idle_closed;   /* served lanes closed after the idle timeout */
-    uint64_t stall_closed;  /* served lanes closed mid-frame by the stall timeout */
+    uint64_t bytes_written;  /* payload bytes of completed local WRITEs */
+    uint64_t bytes_read;     /* payload bytes of completed local READs */
+    uint64_t bytes_served;   /* payload bytes served to peers (both ops) */
+    uint64_t ops_completed;  /* completed transfer entries */
+    uint64_t ops_failed;     /* failed transfer entries */
+    uint64_t access_denied;  /* incoming accesses refused by the grant table */
+    uint64_t bad_frames;     /* malformed input from the network */
+    uint64_t peer_failures;  /* peers declared dead */
+    uint64_t conns_refused;  /* lanes refused by a connection cap */
+    uint64_t hello_refused;  /* lanes refused at HELLO (no/forged token, deadline) */
+    uint64_t idle_closed;    /* served lanes closed after the idle timeout */
+    uint64_t stall_closed;   /* served lanes closed mid-frame by the stall timeout */
+    uint64_t byes_received;  /* our lanes the target closed as idle (BYE) */
+    uint64_t lanes_reopened; /* of which reopened to send frames that crossed the BYE */
 } kvt_tl_stats_t;
 
 typedef struct kvt_tl_callbacks {
@@ -101,6 +103,8 @@ typedef struct kvt_tl_config {
     unsigned max_pending;        /* accepted lanes still before their HELLO */
     unsigned hello_timeout_ms;   /* accept -> HELLO complete */
     unsigned idle_timeout_ms;    /* a served lane with no frame for this long is closed */
+    unsigned max_conns_per_addr; /* lanes from one source address (IPv6: one prefix) */
+    unsigned addr_prefix_v6;     /* IPv6 source addresses are grouped by this prefix (bits) */
 } kvt_tl_config_t;
 
 /* One page-sized (or shorter) transfer of a post. */
@@ -162,6 +166,10 @@ typedef struct kvt_tl_ops {
      * follows, on error none. */
     kvt_status_t (*post)(kvt_tl_t *tl, const char *peer_id, kvt_tl_op_t op,
                          const kvt_tl_xfer_t *xfers, size_t n, uint64_t cookie);
+
+    /* The data port this side listens on (what its blob advertises), 0 if
+     * it has none. May be NULL. The blob itself stays the transport's. */
+    uint16_t (*listen_port)(kvt_tl_t *tl);
 
     /* Snapshot of the counters. */
     void (*stats)(kvt_tl_t *tl, kvt_tl_stats_t *out);

@@ -47,6 +47,23 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "zone", json_string(d->zone));
     json_object_set_new(o, "labels", labels);
     labels = NULL;
+    {
+        /* configured names, else learnt ones ("models_source" says which; "any" = not known
+         * yet, the instance takes every model) */
+        json_t *models = json_array();
+        const char *msrc = "config";
+        for (size_t i = 0; i < d->n_models; i++)
+            json_array_append_new(models, json_string(d->models[i]));
+        if (d->n_models == 0) {
+            pthread_mutex_lock(&inst->mu);
+            msrc = inst->learnt ? "engine" : "any";
+            for (size_t i = 0; inst->learnt && i < inst->learnt->n; i++)
+                json_array_append_new(models, json_string(inst->learnt->names[i]));
+            pthread_mutex_unlock(&inst->mu);
+        }
+        json_object_set_new(o, "models", models);
+        json_object_set_new(o, "models_source", json_string(msrc));
+    }
     json_object_set_new(o, "kv_host", json_string(d->kv_host));
     json_object_set_new(o, "kv_port", json_integer(d->kv_port));
     json_object_set_new(o, "bootstrap_port", json_integer(d->bootstrap_port));

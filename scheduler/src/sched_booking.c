@@ -30,6 +30,7 @@ struct sched_booking {
     sched_pool_t *pool;
     sched_request_t req; /* tokens/text dropped; exclude ids point into exclude_store */
     char **exclude_store;
+    char *model; /* req.model points here */
     uint64_t *hashes;
     size_t n_hashes;
     uint64_t *kv_keys; /* precise-prefix block keys of the prompt */
@@ -52,6 +53,7 @@ static void booking_free(sched_booking_t *b)
     for (size_t i = 0; i < b->req.n_exclude_ids; i++)
         sched_free(b->exclude_store[i]);
     sched_free(b->exclude_store);
+    sched_free(b->model);
     sched_free(b->hashes);
     sched_free(b->kv_keys);
     sched_free(b);
@@ -78,6 +80,13 @@ static sched_status_t booking_new(sched_pool_t *pool, const sched_request_t *in,
                                 : (req->n_tokens ? req->n_tokens : (req->text_len + 3) / 4);
     b->req.prompt_tokens = (uint32_t)(prompt > UINT32_MAX ? UINT32_MAX : prompt);
     b->req.max_tokens = req->max_tokens ? req->max_tokens : pool->default_max_tokens;
+    if (req->model && *req->model) {
+        b->model = sched_strdup(req->model);
+        if (!b->model)
+            goto err_nomem;
+        b->req.model = b->model;
+    }
+    b->req.only_role = req->only_role;
     if (req->n_exclude_ids) {
         b->exclude_store = sched_calloc(req->n_exclude_ids, sizeof(char *));
         if (!b->exclude_store)

@@ -271,6 +271,17 @@ sched_status_t sched_instance_desc_validate(const sched_instance_desc_t *desc, c
             return SCHED_ERR_INVALID;
         }
     }
+    if (desc->n_models > SCHED_MAX_MODELS) {
+        sched_set_err(err, err_len, "models: at most %d", SCHED_MAX_MODELS);
+        return SCHED_ERR_INVALID;
+    }
+    for (size_t i = 0; i < desc->n_models; i++) {
+        if (str_empty(desc->models[i]) || strlen(desc->models[i]) > SCHED_MODEL_NAME_MAX) {
+            sched_set_err(err, err_len, "models[%zu]: must be a name of 1-%d bytes", i,
+                          SCHED_MODEL_NAME_MAX);
+            return SCHED_ERR_INVALID;
+        }
+    }
     if (desc->source > SCHED_SOURCE_ADMIN) {
         sched_set_err(err, err_len, "source: unknown");
         return SCHED_ERR_INVALID;
@@ -291,6 +302,8 @@ void sched_desc_free(sched_instance_desc_t *d)
         sched_free((char *)d->labels[i].key);
         sched_free((char *)d->labels[i].value);
     }
+    for (size_t i = 0; i < d->n_models; i++)
+        sched_free((char *)d->models[i]);
     sched_free((char *)d->scheme);
     sched_free((char *)d->host);
     sched_free((char *)d->base_path);
@@ -381,6 +394,12 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
         if (!d.labels[i].key || !d.labels[i].value)
             goto err_nomem;
     }
+    for (size_t i = 0; i < src->n_models; i++) {
+        d.models[i] = sched_strdup(src->models[i]);
+        d.n_models = i + 1;
+        if (!d.models[i])
+            goto err_nomem;
+    }
     *dst = d;
     return SCHED_OK;
 
@@ -408,7 +427,7 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
         a->n_alloc_ports != b->n_alloc_ports || a->n_init_ports != b->n_init_ports ||
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
         !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
-        a->kv_engine != b->kv_engine)
+        a->n_models != b->n_models || a->kv_engine != b->kv_engine)
         return false;
     if (memcmp(a->alloc_ports, b->alloc_ports, sizeof(int) * a->n_alloc_ports) ||
         memcmp(a->init_ports, b->init_ports, sizeof(int) * a->n_init_ports))
@@ -416,6 +435,10 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
     for (size_t i = 0; i < a->n_labels; i++) {
         if (!str_eq(a->labels[i].key, b->labels[i].key) ||
             !str_eq(a->labels[i].value, b->labels[i].value))
+            return false;
+    }
+    for (size_t i = 0; i < a->n_models; i++) {
+        if (!str_eq(a->models[i], b->models[i]))
             return false;
     }
     return true;
@@ -565,6 +588,24 @@ sched_status_t sched_instance_desc_from_json(const json_t *obj, sched_instance_d
             st = json_small_int(v, key, 0, 65535, &d.dp_rank, err, err_len);
         } else if (strcmp(key, "dp_size") == 0) {
             st = json_small_int(v, key, 1, 65536, &d.dp_size, err, err_len);
+        } else if (strcmp(key, "models") == 0) {
+            size_t mi;
+            json_t *mv;
+            if (!json_is_array(v) || json_array_size(v) > SCHED_MAX_MODELS) {
+                sched_set_err(err, err_len, "models: must be an array of at most %d names",
+                              SCHED_MAX_MODELS);
+                st = SCHED_ERR_INVALID;
+            } else {
+                json_array_foreach(v, mi, mv)
+                {
+                    char name[32];
+                    snprintf(name, sizeof(name), "models[%zu]", mi);
+                    st = json_str(mv, name, &d.models[mi], err, err_len);
+                    if (st != SCHED_OK)
+                        break;
+                    d.n_models = mi + 1;
+                }
+            }
         } else if (strcmp(key, "labels") == 0) {
             const char *lk;
             json_t *lv;

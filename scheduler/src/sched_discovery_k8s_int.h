@@ -36,6 +36,7 @@
 #define K8S_ANN_DP_SIZE        "pdgw.io/dp-size"
 #define K8S_ANN_WEIGHT         "pdgw.io/weight"
 #define K8S_ANN_KV_ENGINE      "pdgw.io/kv-engine"
+#define K8S_ANN_MODELS         "pdgw.io/models" /* comma-separated served model names */
 /* The engine's KV-event publisher, spelt as in vLLM's --kv-events-config
  * (endpoint "tcp://HOST:5557" with HOST "*"): a wildcard host stands for the pod's address. */
 #define K8S_ANN_KV_EVENTS        "pdgw.io/kv-events-endpoint"
@@ -83,6 +84,8 @@ typedef struct sched_k8s_kv {
     int tp_size, dp_rank, dp_size;
     unsigned weight;
     int kv_engine; /* SCHED_KV_ENGINE_* */
+    char models[SCHED_MAX_MODELS][SCHED_MODEL_NAME_MAX + 1];
+    size_t n_models;
     /* as annotated; resolved against the endpoint's address by sched_k8s_endpoint_desc */
     char kv_events[K8S_KV_EVENTS_MAX];
     char kv_events_replay[K8S_KV_EVENTS_MAX];

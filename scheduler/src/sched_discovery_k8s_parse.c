@@ -328,6 +328,31 @@ static bool parse_port_list(const char *s, int *ports, size_t *n_out)
     return true;
 }
 
+/* "a, b,c" → up to SCHED_MAX_MODELS names; false for an empty name, a name too long or
+ * too many names. */
+static bool parse_models(const char *s, sched_k8s_kv_t *kv)
+{
+    kv->n_models = 0;
+    while (*s) {
+        size_t n;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        n = strcspn(s, ",");
+        while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+            n--;
+        if (n == 0 || n > SCHED_MODEL_NAME_MAX || kv->n_models == SCHED_MAX_MODELS) {
+            kv->n_models = 0;
+            return false;
+        }
+        memcpy(kv->models[kv->n_models], s, n);
+        kv->models[kv->n_models++][n] = '\0';
+        s += strcspn(s, ",");
+        if (*s == ',')
+            s++;
+    }
+    return kv->n_models > 0;
+}
+
 /* "tcp://HOST:PORT" with a port in 1..65535 and no blanks; HOST may be a
  * wildcard (*, 0.0.0.0, ::, [::]) or empty. Port 0 / ipc:// make no sense for a
  * subscriber in another pod. */
@@ -434,6 +459,8 @@ int sched_k8s_kv_from_annotations(const json_t *annotations, sched_k8s_kv_t *kv,
             ok = strcmp(s, "libkvt") == 0 || strcmp(s, "lmcache") == 0;
             kv->kv_engine =
                 strcmp(s, "libkvt") == 0 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
+        } else if (strcmp(key, K8S_ANN_MODELS) == 0) {
+            ok = parse_models(s, kv);
         } else if (strcmp(key, K8S_ANN_KV_EVENTS) == 0) {
             ok = kv_events_ok(s) && copy_str(kv->kv_events, sizeof(kv->kv_events), s);
             if (!ok) {
@@ -528,6 +555,9 @@ void sched_k8s_endpoint_desc(const sched_k8s_endpoint_t *ep, const sched_k8s_kv_
     if (kv->has_weight) {
         desc->weight = kv->weight;
     }
+    for (size_t i = 0; i < kv->n_models; i++)
+        desc->models[i] = kv->models[i];
+    desc->n_models = kv->n_models;
     /* The resolved endpoints live in this thread's buffers until the next call;
      * sched_pool_upsert copies the descriptor's strings. */
     if (kv->kv_events[0] != '\0') {

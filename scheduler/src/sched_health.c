@@ -18,8 +18,11 @@
 #define MAX_ACTIVE_TRANSFERS 256
 #define PROBE_BODY_MAX       (64u * 1024u)
 #define METRICS_BODY_MAX     (8u * 1024u * 1024u)
+#define MODELS_BODY_MAX      (1024u * 1024u)
+/* The engines' model list (vLLM and SGLang serve it at this path). */
+#define MODELS_PATH "/v1/models"
 
-typedef enum { XFER_PROBE, XFER_SCRAPE } xfer_kind_t;
+typedef enum { XFER_PROBE, XFER_SCRAPE, XFER_MODELS } xfer_kind_t;
 
 typedef struct transfer {
     CURL *easy;
@@ -149,7 +152,9 @@ static bool local_shortage(int os_errno)
 static bool start_transfer(sched_pool_t *pool, sched_instance_t *inst, xfer_kind_t kind)
 {
     sched_health_t *h = pool->health;
-    const char *path = kind == XFER_PROBE ? pool->health_path : pool->metrics_path;
+    const char *path = kind == XFER_PROBE    ? pool->health_path
+                       : kind == XFER_MODELS ? MODELS_PATH
+                                             : pool->metrics_path;
     size_t url_len = strlen(inst->desc.url) + strlen(path) + 1;
     char *url;
     transfer_t *t;
@@ -164,7 +169,9 @@ static bool start_transfer(sched_pool_t *pool, sched_instance_t *inst, xfer_kind
         goto err_free;
     t->inst = sched_instance_ref(inst);
     t->kind = kind;
-    t->max = kind == XFER_PROBE ? PROBE_BODY_MAX : METRICS_BODY_MAX;
+    t->max = kind == XFER_PROBE    ? PROBE_BODY_MAX
+             : kind == XFER_MODELS ? MODELS_BODY_MAX
+                                   : METRICS_BODY_MAX;
     curl_easy_setopt(t->easy, CURLOPT_URL, url);
     curl_easy_setopt(t->easy, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(t->easy, CURLOPT_WRITEDATA, t);
@@ -184,6 +191,8 @@ static bool start_transfer(sched_pool_t *pool, sched_instance_t *inst, xfer_kind
     h->active++;
     if (kind == XFER_PROBE)
         inst->probe_busy = true;
+    else if (kind == XFER_MODELS)
+        inst->models_busy = true;
     else
         inst->scrape_busy = true;
     return true;
@@ -301,6 +310,10 @@ static void drain_completions(sched_pool_t *pool)
         if (t->kind == XFER_PROBE) {
             probe_done(pool, t, msg->data.result, code, now);
             t->inst->probe_busy = false;
+        } else if (t->kind == XFER_MODELS) {
+            if (msg->data.result == CURLE_OK && code == 200)
+                sched_models_learn(pool, t->inst, t->buf, t->len);
+            t->inst->models_busy = false;
         } else {
             scrape_done(pool, t, msg->data.result, code, now);
             t->inst->scrape_busy = false;
@@ -338,9 +351,14 @@ void sched_health_run_once(sched_pool_t *pool, int timeout_ms)
         for (size_t i = 0; i < n; i++) {
             sched_instance_t *inst = arr[i];
             if (pool->health_interval_ms && !inst->probe_busy && now >= inst->next_probe_ms &&
-                h->active < MAX_ACTIVE_TRANSFERS && start_transfer(pool, inst, XFER_PROBE))
+                h->active < MAX_ACTIVE_TRANSFERS && start_transfer(pool, inst, XFER_PROBE)) {
                 inst->next_probe_ms =
                     now + pool->health_interval_ms - jitter(pool->health_interval_ms);
+                /* Names not configured: learn (and refresh) them with every probe. */
+                if (inst->desc.n_models == 0 && !inst->models_busy &&
+                    h->active < MAX_ACTIVE_TRANSFERS)
+                    (void)start_transfer(pool, inst, XFER_MODELS);
+            }
             if (pool->scrape_interval_ms && !inst->scrape_busy && now >= inst->next_scrape_ms &&
                 h->active < MAX_ACTIVE_TRANSFERS && start_transfer(pool, inst, XFER_SCRAPE))
                 inst->next_scrape_ms =

@@ -58,6 +58,7 @@ void sched_instance_unref(sched_instance_t *inst)
     if (atomic_fetch_sub_explicit(&inst->refcnt, 1, memory_order_acq_rel) != 1)
         return;
     pthread_mutex_destroy(&inst->mu);
+    sched_models_free(inst->learnt);
     sched_desc_free(&inst->desc);
     sched_free(inst);
 }

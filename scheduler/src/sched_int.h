@@ -49,6 +49,7 @@
 #define SCHED_OVERLOAD_MAX_SHIFT 4u
 
 #define SCHED_LAST_ERROR_MAX 192
+#define SCHED_RR_MODEL_SLOTS 64
 
 struct sched_instance {
     /* ---- hot: everything a pick reads (first cache line + inv_weight) ---- */
@@ -85,10 +86,11 @@ struct sched_instance {
     unsigned health_ok, health_fail;
     uint64_t last_probe_ms;
     int last_probe_status;
+    struct sched_models *learnt; /* names from the engine's /v1/models; NULL = not known */
 
     /* ---- pool thread only ------------------------------------------ */
     uint64_t next_probe_ms, next_scrape_ms;
-    bool probe_busy, scrape_busy;
+    bool probe_busy, scrape_busy, models_busy;
 
     sched_instance_desc_t desc; /* owned copy, immutable */
 };
@@ -138,6 +140,7 @@ struct sched_pool {
     pthread_mutex_t write_mu; /* serialises writers building snapshots */
     _Atomic uint64_t next_uid;
     _Atomic uint64_t rr[2];
+    _Atomic uint64_t rr_model[2][SCHED_RR_MODEL_SLOTS]; /* round-robin turns per model hash */
 
     sched_prefix_index_t *prefix[2];
 
@@ -267,6 +270,20 @@ uint32_t sched_instance_effective_weight(const sched_instance_t *inst, uint64_t 
 void sched_instance_set_error(sched_instance_t *inst, uint64_t now_ms, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 sched_state_t sched_instance_state_now(const sched_instance_t *inst);
+
+/* ---- sched_models.c ---- */
+/* Model names learnt from an engine (immutable once built; swapped under inst->mu). */
+typedef struct sched_models {
+    size_t n;
+    char **names;
+    char **entries; /* the engine's list entry of each name, compact JSON text */
+} sched_models_t;
+void sched_models_free(sched_models_t *m);
+/* Replace <inst>'s learnt names with those of a GET /v1/models body (OpenAI list shape).
+ * A body that is not such a list, or lists nothing, keeps what was known. */
+void sched_models_learn(sched_pool_t *pool, sched_instance_t *inst, const char *body, size_t len);
+/* The pick filter: sched_instance_serves() for ctx requests (takes inst->mu when learnt). */
+bool sched_models_allow(sched_instance_t *inst, const char *model);
 
 /* ---- sched_desc.c ---- */
 /* Validate, deep-copy and normalise <src> into <dst> (url normalised to

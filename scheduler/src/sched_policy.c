@@ -74,7 +74,10 @@ static bool excluded(const sched_instance_t *inst, const sched_pick_ctx_t *ctx)
 static inline bool allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ctx)
 {
     return sched_instance_selectable(inst, ctx->now_ms) &&
-           (!ctx->any_exclude || !excluded(inst, ctx));
+           (!ctx->any_exclude || !excluded(inst, ctx)) &&
+           (!ctx->req ||
+            ((!ctx->req->only_role || inst->roles == ctx->req->only_role) &&
+             (!ctx->req->model || sched_models_allow((sched_instance_t *)inst, ctx->req->model))));
 }
 
 bool sched_pick_allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ctx)
@@ -82,11 +85,39 @@ bool sched_pick_allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ct
     return allowed(inst, ctx);
 }
 
+/* Round-robin among the instances of one model: the model's own turn counter (a hashed
+ * slot) over the allowed instances only, so each model's instances take turns evenly
+ * whatever the other models' traffic and the order of the instance array. */
+static sched_instance_t *pick_round_robin_model(sched_instance_t *const *arr, size_t n, int ridx,
+                                                const sched_pick_ctx_t *ctx)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    size_t m = 0, k;
+
+    for (const char *p = ctx->req->model; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++)
+        m += allowed(arr[i], ctx);
+    if (m == 0)
+        return NULL;
+    k = (size_t)(atomic_fetch_add_explicit(&ctx->pool->rr_model[ridx][h % SCHED_RR_MODEL_SLOTS], 1,
+                                           memory_order_relaxed) %
+                 m);
+    for (size_t i = 0; i < n; i++) {
+        if (allowed(arr[i], ctx) && k-- == 0)
+            return arr[i];
+    }
+    return NULL; /* the set changed between the two passes */
+}
+
 static sched_instance_t *pick_round_robin(sched_instance_t *const *arr, size_t n, int ridx,
                                           const sched_pick_ctx_t *ctx)
 {
-    size_t start =
-        (size_t)(atomic_fetch_add_explicit(&ctx->pool->rr[ridx], 1, memory_order_relaxed) % n);
+    size_t start;
+
+    if (ctx->req && ctx->req->model && ctx->req->model[0])
+        return pick_round_robin_model(arr, n, ridx, ctx);
+    start = (size_t)(atomic_fetch_add_explicit(&ctx->pool->rr[ridx], 1, memory_order_relaxed) % n);
 
     for (size_t k = 0, i = start; k < n; k++, i = (i + 1 == n) ? 0 : i + 1) {
         if (allowed(arr[i], ctx))

@@ -11,13 +11,23 @@ under each routing policy on a fresh fleet: round-robin, random, least-load, pre
 (pdgw's own guess from what it routed) and precise-prefix (the engines' KV events); then
 again with two pdgw replicas behind a load balancer (as the Kubernetes overlays scale the
 gateway), where each replica's prefix-aware guess sees only half the traffic while the KV
-events are the same for both.
+events are the same for both. Then the PD variant: N_PREFILL prefill + N_DECODE decode sims
+(same KV capacity, time model and KV events on both roles) behind pdgw with a PD protocol
+(vllm-nixl, batch scheduling; env PD_PROTOCOL), the same stream under round-robin,
+least-load, prefix-aware and precise-prefix applied to both prefill_policy and
+decode_policy. There the prefill instances' hit rate is the one reported (what saves
+prefill work); the decodes' is in the CSV as decode_hit_rate.
 
 Reported per policy: TTFT p50/p90 (client side, first streamed token), throughput
 (requests/s over the run), prefix-cache hit rate (the engines' own token counters), and
 the ratios against round-robin and prefix-aware from the same run.
 
-Usage: b6_fleet.py [BIN_DIR] [--quick]   (results in tests/bench/results/b6_fleet.csv)
+Usage: b6_fleet.py [BIN_DIR] [--quick]
+  full size: 48 conversations (the figures in RESULTS.md); --quick (or QUICK=1): 24, what
+  run_all.sh / `make bench` runs through b6_fleet.sh (about 2-4 minutes on 2 cores).
+Results: tests/bench/results/b6_fleet.csv (one row per setup, gateways, policy) and
+b6_fleet_ratios.csv (precise-prefix over the baselines against issue #16's targets);
+b6_fleet.sh plots them and writes the summary rows.
 """
 
 import json
@@ -48,6 +58,9 @@ TURNS = 4
 CONCURRENCY = 16
 MAX_TOKENS = 16
 POLICIES = ["round-robin", "random", "least-load", "prefix-aware", "precise-prefix"]
+N_PREFILL, N_DECODE = 4, 4
+PD_PROTOCOL = os.environ.get("PD_PROTOCOL", "vllm-nixl")
+PD_POLICIES = ["round-robin", "least-load", "prefix-aware", "precise-prefix"]
 SIM_TIMING = ["--ttft-ms", "10", "--tpot-ms", "2", "--prefill-ms-per-token", "0.25",
               "--max-batch", "4"]
 
@@ -60,9 +73,11 @@ def free_port():
     return port
 
 
-def wait_http(port, path, timeout=20):
+def wait_http(port, path, proc=None, timeout=30):
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"port {port}: process exited {proc.returncode}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             c.request("GET", path)
@@ -97,54 +112,103 @@ def workload(seed=7):
 
 
 class Fleet:
-    def __init__(self, policy, gateways=1):
-        self.procs = []
-        self.ports = [free_port() for _ in range(N_SIMS)]
-        evs = [free_port() for _ in range(N_SIMS)]
-        rps = [free_port() for _ in range(N_SIMS)]
-        self.logs = tempfile.TemporaryFile()
-        for i, port in enumerate(self.ports):
-            kv = {"enable_kv_cache_events": True, "publisher": "zmq",
-                  "endpoint": f"tcp://*:{evs[i]}", "replay_endpoint": f"tcp://*:{rps[i]}",
-                  "topic": "kv"}
-            self.procs.append(subprocess.Popen(
-                [os.path.join(BIN_DIR, "pdgw-sim"), "--role", "both", "--port", str(port),
-                 "--block-size", str(BLOCK), "--kv-capacity-tokens", str(KV_CAPACITY),
-                 "--record-capacity", "0", "--kv-events-config", json.dumps(kv),
-                 *SIM_TIMING], stdout=self.logs, stderr=self.logs))
-        for port in self.ports:
-            wait_http(port, "/health")
-        self.gw_ports = [free_port() for _ in range(gateways)]
-        self.cfgs = []
-        for gw_port in self.gw_ports:
-            self._gateway(policy, gw_port, evs, rps)
+    """setup "both": N_SIMS role-both sims behind pdgw neutral; setup "pd": N_PREFILL
+    prefill + N_DECODE decode sims behind pdgw PD_PROTOCOL (batch scheduling). Every sim
+    has the same KV capacity, time model and KV events."""
 
-    def _gateway(self, policy, gw_port, evs, rps):
-        lines = [f'listen: "127.0.0.1:{gw_port}"', "workers: 2", "protocol: neutral",
+    def __init__(self, policy, gateways=1, setup="both"):
+        self.procs = []
+        self.cfgs = []
+        self.setup = setup
+        self.logs = tempfile.TemporaryFile()
+        try:
+            self._start(policy, gateways)
+        except BaseException as e:
+            tail = self.log_tail()[-600:]
+            self.close()
+            raise RuntimeError(f"{e}; logs: {tail}") from e
+
+    def _start(self, policy, gateways):
+        setup = self.setup
+        roles = ["both"] * N_SIMS if setup == "both" else \
+            ["prefill"] * N_PREFILL + ["decode"] * N_DECODE
+        self.sims = []  # one dict per sim: role, port, instance fields
+        for i, role in enumerate(roles):
+            port, ev, rp = free_port(), free_port(), free_port()
+            kv = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"tcp://*:{ev}", "replay_endpoint": f"tcp://*:{rp}",
+                  "topic": "kv"}
+            inst = {"id": f"{role[0]}{i}", "url": f"http://127.0.0.1:{port}", "role": role}
+            argv = [os.path.join(BIN_DIR, "pdgw-sim"), "--role", role, "--port", str(port),
+                    "--block-size", str(BLOCK), "--kv-capacity-tokens", str(KV_CAPACITY),
+                    "--record-capacity", "0", "--kv-events-config", json.dumps(kv),
+                    *SIM_TIMING]
+            if role != "both":
+                engine_id = f"b6-{role}-{port}"
+                argv += ["--engine-id", engine_id]
+                inst["engine_id"] = engine_id
+            if role == "prefill":
+                kvp, boot = free_port(), free_port()
+                argv += ["--kv-port", str(kvp), "--bootstrap-port", str(boot)]
+                inst.update(kv_port=kvp, bootstrap_port=boot)
+            if role == "decode":
+                alloc, init = free_port(), free_port()
+                argv += ["--alloc-port", str(alloc), "--init-port", str(init)]
+                inst.update(alloc_ports=f"[{alloc}]", init_ports=f"[{init}]", tp_size=1)
+            if policy == "precise-prefix":
+                inst["kv_events_endpoint"] = f'"tcp://127.0.0.1:{ev}"'
+                inst["kv_events_replay_endpoint"] = f'"tcp://127.0.0.1:{rp}"'
+            self.procs.append(subprocess.Popen(argv, stdout=self.logs, stderr=self.logs))
+            self.sims.append({"role": role, "port": port, "inst": inst,
+                              "proc": self.procs[-1]})
+        for s in self.sims:
+            wait_http(s["port"], "/health", s["proc"])
+        self.gw_ports = [free_port() for _ in range(gateways)]
+        for gw_port in self.gw_ports:
+            self._gateway(policy, gw_port)
+
+    def _gateway(self, policy, gw_port):
+        protocol = "neutral" if self.setup == "both" else PD_PROTOCOL
+        lines = [f'listen: "127.0.0.1:{gw_port}"', "workers: 2", f"protocol: {protocol}",
                  f"prefill_policy: {policy}", f"decode_policy: {policy}",
                  "health_interval: 1s", "health_timeout: 1s", "metrics_scrape_interval: 200ms",
-                 "access_log: false", "log_level: warn", "instances:"]
-        for i, port in enumerate(self.ports):
-            lines += [f"  - id: s{i}", f"    url: http://127.0.0.1:{port}", "    role: both"]
-            if policy == "precise-prefix":
-                lines += [f'    kv_events_endpoint: "tcp://127.0.0.1:{evs[i]}"',
-                          f'    kv_events_replay_endpoint: "tcp://127.0.0.1:{rps[i]}"']
+                 "access_log: false", "log_level: warn"]
+        if self.setup == "pd":
+            lines.append("scheduling: batch")
+        lines.append("instances:")
+        for s in self.sims:
+            for i, (k, v) in enumerate(s["inst"].items()):
+                lines.append(("  - " if i == 0 else "    ") + f"{k}: {v}")
         fd, cfg = tempfile.mkstemp(prefix="pdgw-b6-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(lines) + "\n")
+        self.cfgs.append(cfg)
         self.procs.append(subprocess.Popen([os.path.join(BIN_DIR, "pdgw"), "--config", cfg],
                                            stdout=self.logs, stderr=self.logs))
-        wait_http(gw_port, "/ready")
+        wait_http(gw_port, "/ready", self.procs[-1])
 
-    def sim_counter(self, name):
+    def sim_counter(self, name, role):
+        """Sum of one counter over the sims of one role (both/prefill/decode)."""
         total = 0.0
-        for port in self.ports:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        for s in self.sims:
+            if s["role"] != role:
+                continue
+            c = http.client.HTTPConnection("127.0.0.1", s["port"], timeout=5)
             c.request("GET", "/metrics")
             for line in c.getresponse().read().decode().splitlines():
                 if line.startswith(name + "{") or line.startswith(name + " "):
                     total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def hit_counters(self):
+        """(queries, hits) per role of this fleet."""
+        return {role: (self.sim_counter("vllm:prefix_cache_queries_total", role),
+                       self.sim_counter("vllm:prefix_cache_hits_total", role))
+                for role in sorted({s["role"] for s in self.sims})}
+
+    def log_tail(self):
+        self.logs.seek(0)
+        return self.logs.read().decode(errors="replace")[-2000:]
 
     def close(self):
         for p in self.procs:
@@ -181,15 +245,29 @@ def one_request(port, prompt):
     return ttft if ttft is not None else time.perf_counter() - t0
 
 
-def run_policy(policy, systems, convs, gateways=1):
-    fleet = Fleet(policy, gateways)
+def start_fleet(policy, gateways, setup, attempts=3):
+    """A fleet whose every process answers; ports are picked free but may be taken by
+    other work on a shared machine before a process binds them, so a start that fails
+    is retried on fresh ports."""
+    for attempt in range(attempts):
+        try:
+            return Fleet(policy, gateways, setup)
+        except RuntimeError as e:
+            print(f"  fleet start failed ({e}), attempt {attempt + 1}/{attempts}",
+                  file=sys.stderr, flush=True)
+            if attempt + 1 == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def run_policy(policy, systems, convs, gateways=1, setup="both"):
+    fleet = start_fleet(policy, gateways, setup)
     lb = random.Random(11)  # the load balancer in front of the replicas
     ttfts, errors = [], []
     lock = threading.Lock()
     queue = list(range(len(convs)))
     try:
-        q0, h0 = fleet.sim_counter("vllm:prefix_cache_queries_total"), \
-            fleet.sim_counter("vllm:prefix_cache_hits_total")
+        c0 = fleet.hit_counters()
 
         def worker():
             while True:
@@ -219,8 +297,10 @@ def run_policy(policy, systems, convs, gateways=1):
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        q = fleet.sim_counter("vllm:prefix_cache_queries_total") - q0
-        h = fleet.sim_counter("vllm:prefix_cache_hits_total") - h0
+        c1 = fleet.hit_counters()
+        if errors:
+            print(f"  {len(errors)} errors, first: {errors[0]}\n{fleet.log_tail()}",
+                  file=sys.stderr)
     finally:
         fleet.close()
     ttfts.sort()
@@ -228,9 +308,26 @@ def run_policy(policy, systems, convs, gateways=1):
     def pct(p):
         return ttfts[min(len(ttfts) - 1, int(p * len(ttfts)))] if ttfts else float("nan")
 
-    return {"policy": policy, "gateways": gateways, "requests": len(ttfts), "errors": len(errors),
-            "ttft_p50": pct(0.5), "ttft_p90": pct(0.9), "rps": len(ttfts) / wall,
-            "hit_rate": h / q if q else 0.0, "wall_s": wall}
+    def rate(role):
+        if role not in c1:
+            return float("nan")
+        q, h = c1[role][0] - c0[role][0], c1[role][1] - c0[role][1]
+        return h / q if q else 0.0
+
+    # The hit rate that saves prefill work: the both-engines' own, or for PD the
+    # prefill instances' (a decode's prompt KV arrives from the prefill anyway).
+    hit = rate("both") if setup == "both" else rate("prefill")
+    return {"setup": setup, "policy": policy, "gateways": gateways, "requests": len(ttfts),
+            "errors": len(errors), "ttft_p50": pct(0.5), "ttft_p90": pct(0.9),
+            "rps": len(ttfts) / wall, "hit_rate": hit, "decode_hit_rate": rate("decode"),
+            "wall_s": wall}
+
+
+# Targets of issue #16 for precise-prefix against a baseline of the same run:
+# (baseline, figure, op, limit); figures are precise/baseline ratios.
+TARGETS = [("round-robin", "ttft_p90", "le", 0.5), ("prefix-aware", "ttft_p90", "le", 0.8),
+           ("prefix-aware", "hit_rate", "ge", 1.3), ("round-robin", "rps", "ge", 1.0),
+           ("prefix-aware", "rps", "ge", 1.0)]
 
 
 def main():
@@ -239,34 +336,51 @@ def main():
             sys.exit(f"missing {BIN_DIR}/{b} (build first)")
     systems, convs = workload()
     n_req = sum(len(t) for _, t in convs)
-    print(f"B6 fleet: {N_SIMS} sims x {KV_CAPACITY} KV tokens, {SYSTEMS} system prompts of "
-          f"{SYSTEM_TOKENS} tokens, {len(convs)} conversations x {TURNS} turns = {n_req} "
-          f"requests, concurrency {CONCURRENCY}; load {os.getloadavg()[0]:.2f}", flush=True)
+    load0 = os.getloadavg()
+    print(f"B6 fleet{' (quick)' if QUICK else ''}: {KV_CAPACITY} KV tokens per sim, {SYSTEMS} "
+          f"system prompts of {SYSTEM_TOKENS} tokens, {len(convs)} conversations x {TURNS} "
+          f"turns = {n_req} requests, concurrency {CONCURRENCY}; both: {N_SIMS} sims; pd: "
+          f"{N_PREFILL}P+{N_DECODE}D {PD_PROTOCOL}; load {load0[0]:.2f} {load0[1]:.2f} "
+          f"{load0[2]:.2f}", flush=True)
     rows = []
-    for gateways, policies in ((1, POLICIES),
-                               (2, ["round-robin", "prefix-aware", "precise-prefix"])):
+    plan = [("both", 1, POLICIES), ("both", 2, ["round-robin", "prefix-aware", "precise-prefix"]),
+            ("pd", 1, PD_POLICIES)]
+    for setup, gateways, policies in plan:
         for policy in policies:
-            r = run_policy(policy, systems, convs, gateways)
+            r = run_policy(policy, systems, convs, gateways, setup)
+            r["load1"] = os.getloadavg()[0]
             rows.append(r)
-            print(f"  {gateways} gw {policy:15s} ttft p50 {r['ttft_p50'] * 1e3:8.1f} ms  p90 "
-                  f"{r['ttft_p90'] * 1e3:8.1f} ms  {r['rps']:6.2f} req/s  hit "
-                  f"{r['hit_rate'] * 100:5.1f}%  errors {r['errors']}", flush=True)
-    by = {(r["gateways"], r["policy"]): r for r in rows}
+            print(f"  {setup:4s} {gateways} gw {policy:15s} ttft p50 {r['ttft_p50'] * 1e3:8.1f} ms"
+                  f"  p90 {r['ttft_p90'] * 1e3:8.1f} ms  {r['rps']:6.2f} req/s  hit "
+                  f"{r['hit_rate'] * 100:5.1f}%  errors {r['errors']}  load {r['load1']:.2f}",
+                  flush=True)
+    by = {(r["setup"], r["gateways"], r["policy"]): r for r in rows}
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "b6_fleet.csv"), "w") as f:
-        f.write("gateways,policy,requests,errors,ttft_p50_s,ttft_p90_s,req_per_s,hit_rate,wall_s\n")
+        f.write("label,setup,gateways,policy,requests,errors,ttft_p50_s,ttft_p90_s,req_per_s,"
+                "hit_rate,decode_hit_rate,wall_s,load1\n")
         for r in rows:
-            f.write(f"{r['gateways']},{r['policy']},{r['requests']},{r['errors']},{r['ttft_p50']:.4f},"
-                    f"{r['ttft_p90']:.4f},{r['rps']:.3f},{r['hit_rate']:.4f},{r['wall_s']:.2f}\n")
-    print("ratios (same run):")
-    for g in (1, 2):
-        p, rr, pa = by[(g, "precise-prefix")], by[(g, "round-robin")], by[(g, "prefix-aware")]
-        for name, base in (("round-robin", rr), ("prefix-aware", pa)):
-            print(f"  {g} gw precise/{name:12s} TTFT p50 {p['ttft_p50'] / base['ttft_p50']:.2f}x"
-                  f"  p90 {p['ttft_p90'] / base['ttft_p90']:.2f}x  throughput "
-                  f"{p['rps'] / base['rps']:.2f}x  hit "
-                  f"{p['hit_rate'] / max(base['hit_rate'], 1e-9):.2f}x")
-    print(f"  load at end {os.getloadavg()[0]:.2f}")
+            f.write(f"{r['setup']} {r['gateways']}gw {r['policy']},{r['setup']},{r['gateways']},"
+                    f"{r['policy']},{r['requests']},{r['errors']},{r['ttft_p50']:.4f},"
+                    f"{r['ttft_p90']:.4f},{r['rps']:.3f},{r['hit_rate']:.4f},"
+                    f"{r['decode_hit_rate']:.4f},{r['wall_s']:.2f},{r['load1']:.2f}\n")
+    print("ratios precise-prefix / baseline (same run):")
+    with open(os.path.join(RESULTS, "b6_fleet_ratios.csv"), "w") as f:
+        f.write("setup,gateways,baseline,figure,ratio,op,limit\n")
+        for setup, gateways, _ in plan:
+            p = by[(setup, gateways, "precise-prefix")]
+            for name in ("round-robin", "prefix-aware"):
+                base = by[(setup, gateways, name)]
+                ratio = {k: p[k] / base[k] if base[k] else float("nan")
+                         for k in ("ttft_p50", "ttft_p90", "rps", "hit_rate")}
+                print(f"  {setup:4s} {gateways} gw /{name:12s} TTFT p50 {ratio['ttft_p50']:.2f}x"
+                      f"  p90 {ratio['ttft_p90']:.2f}x  throughput {ratio['rps']:.2f}x  hit "
+                      f"{ratio['hit_rate']:.2f}x")
+                for bname, fig, op, limit in TARGETS:
+                    if bname == name:
+                        f.write(f"{setup},{gateways},{name},{fig},{ratio[fig]:.3f},{op},{limit}\n")
+    load1 = os.getloadavg()
+    print(f"  load at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if any(r["errors"] for r in rows):
         sys.exit(1)
 

@@ -163,6 +163,8 @@ set ylabel '$ylabel'
 set style fill solid 0.8
 set boxwidth 0.6
 set xtics rotate by -30
+set yrange [0:*]
+set rmargin 16
 set grid ytics
 set key off
 plot '$csv' every ::1 using 0:$ycol:xtic($xcol) with boxes

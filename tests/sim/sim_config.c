@@ -58,7 +58,8 @@ static void usage(FILE *f)
             "  --role both|prefill|decode   instance role (both)\n"
             "  --host ADDR                  listen address (127.0.0.1)\n"
             "  --port N                     HTTP port (8100)\n"
-            "  --model NAME                 served model name (sim-model)\n"
+            "  --model NAME                 model (and served name unless the next) (sim-model)\n"
+            "  --served-model-name N [N..]  names requests may use (first one answered)\n"
             "  --ttft-ms MS                 base time to first token (20)\n"
             "  --tpot-ms MS                 time per output token (10)\n"
             "  --prefill-ms-per-token MS    extra TTFT per uncached prompt token (0.02)\n"
@@ -118,6 +119,7 @@ enum {
     O_HOST,
     O_PORT,
     O_MODEL,
+    O_SERVED,
     O_TTFT,
     O_TPOT,
     O_PREFILL_MS,
@@ -167,6 +169,7 @@ static const struct option opts[] = {
     {"host", required_argument, 0, O_HOST},
     {"port", required_argument, 0, O_PORT},
     {"model", required_argument, 0, O_MODEL},
+    {"served-model-name", required_argument, 0, O_SERVED},
     {"ttft-ms", required_argument, 0, O_TTFT},
     {"tpot-ms", required_argument, 0, O_TPOT},
     {"prefill-ms-per-token", required_argument, 0, O_PREFILL_MS},
@@ -335,6 +338,18 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
         case O_MODEL:
             if (copy_str(name, cfg->model, sizeof(cfg->model), optarg))
                 return -1;
+            break;
+        case O_SERVED:
+            /* nargs="+" as vLLM's argument parser takes it: the following words too */
+            cfg->n_served = 0;
+            for (const char *n = optarg; n; n = NULL) {
+                if (copy_str(name, cfg->served[cfg->n_served++], sizeof(cfg->served[0]), n))
+                    return -1;
+                while (optind < argc && argv[optind][0] != '-' && cfg->n_served < SIM_MAX_SERVED)
+                    if (copy_str(name, cfg->served[cfg->n_served++], sizeof(cfg->served[0]),
+                                 argv[optind++]))
+                        return -1;
+            }
             break;
         case O_TTFT:
             if (parse_double(name, optarg, 0, 3600000, &cfg->ttft_ms))
@@ -571,4 +586,21 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
         return -1;
     }
     return 0;
+}
+
+/* vLLM: the served names (--served-model-name, else the model) are the only accepted `model`
+ * values; responses carry the first (vllm/entrypoints/openai/serving_models.py model_name). */
+int sim_model_served(const char *name)
+{
+    if (sim_cfg.n_served == 0)
+        return strcmp(name, sim_cfg.model) == 0;
+    for (int i = 0; i < sim_cfg.n_served; i++)
+        if (strcmp(name, sim_cfg.served[i]) == 0)
+            return 1;
+    return 0;
+}
+
+const char *sim_model_name(void)
+{
+    return sim_cfg.n_served ? sim_cfg.served[0] : sim_cfg.model;
 }

@@ -381,12 +381,21 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     return MHD_YES;
 }
 
+/* vLLM's model list (vllm/entrypoints/openai/serving_models.py show_available_models, the
+ * ModelCard of protocol.py): one card per served name, root the model path, owned_by "vllm",
+ * created the time of the answer. */
 static enum MHD_Result handle_models(struct MHD_Connection *conn)
 {
-    json_t *m = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:s,s:n,s:i,s:[]}]}", "object", "list", "data",
-                          "id", sim_cfg.model, "object", "model", "created", (json_int_t)time(NULL),
-                          "owned_by", "pdgw-sim", "root", sim_cfg.model, "parent", "max_model_len",
-                          sim_cfg.max_model_len, "permission");
+    json_t *data = json_array();
+    int n = sim_cfg.n_served ? sim_cfg.n_served : 1;
+    for (int i = 0; data && i < n; i++)
+        json_array_append_new(data,
+                              json_pack("{s:s,s:s,s:I,s:s,s:s,s:n,s:i,s:[]}", "id",
+                                        sim_cfg.n_served ? sim_cfg.served[i] : sim_cfg.model,
+                                        "object", "model", "created", (json_int_t)time(NULL),
+                                        "owned_by", "vllm", "root", sim_cfg.model, "parent",
+                                        "max_model_len", sim_cfg.max_model_len, "permission"));
+    json_t *m = data ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL;
     char *s = m ? json_dumps(m, JSON_COMPACT) : NULL;
     json_decref(m);
     return send_buf(conn, 200, "application/json", s, NULL, -1);

@@ -30,7 +30,8 @@ typedef enum {
     SIM_KV_MODE_PULL_DELAY,
 } sim_kv_mode_t;
 
-#define SIM_MAX_TP 8
+#define SIM_MAX_TP     8
+#define SIM_MAX_SERVED 8
 
 typedef struct sim_config {
     sim_role_t role;
@@ -84,9 +85,17 @@ typedef struct sim_config {
     /* KV events (sim_kv_events.c) */
     const char *kv_events_config; /* vLLM's --kv-events-config JSON, or NULL */
     const char *kv_events_layout; /* "map" (current vLLM) or "array" (older) */
+    /* vLLM's --served-model-name NAME [NAME ...]: the names requests may use; the first
+     * is the one responses carry. None = the --model name. */
+    char served[SIM_MAX_SERVED][128];
+    int n_served;
 } sim_config_t;
 
 extern sim_config_t sim_cfg;
+
+/* Is <name> one of the served model names? The name responses carry. (sim_config.c) */
+int sim_model_served(const char *name);
+const char *sim_model_name(void);
 
 /* sim_bootstrap.c: the prefill's bootstrap server (HTTP on --bootstrap-port) */
 extern int sim_side_port; /* the ZeroMQ side channel port, once bound (0 = none) */

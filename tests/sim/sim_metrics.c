@@ -16,7 +16,7 @@ char *sim_metrics_render(void)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     sim_engine_stats_t st;
-    const char *m = sim_cfg.model;
+    const char *m = sim_model_name(); /* vLLM labels model_name with the first served name */
     if (!f)
         return NULL;
     long long kv_used, kv_pinned;

@@ -198,7 +198,7 @@ int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, cons
     if (model && !json_is_null(model)) {
         if (!json_is_string(model))
             return bad(msg, param, "model", "model must be a string");
-        if (strcmp(json_string_value(model), sim_cfg.model)) {
+        if (!sim_model_served(json_string_value(model))) {
             if (asprintf(msg, "The model `%s` does not exist.", json_string_value(model)) < 0)
                 *msg = NULL;
             *param = "model";
@@ -291,8 +291,8 @@ char *sim_openai_full_response(sim_req_t *req)
     uint64_t engine_us = (req->t_done - req->t_arrive) / 1000;
     root = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:o,s:I}", "id", req->resp_id, "object",
                      req->is_chat ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)req->created, "model", sim_cfg.model, "choices", choice, "usage",
-                     usage_json(req), "kv_transfer_params",
+                     (json_int_t)req->created, "model", sim_model_name(), "choices", choice,
+                     "usage", usage_json(req), "kv_transfer_params",
                      req->resp_kv_params ? json_incref(req->resp_kv_params) : json_null(),
                      "sim_engine_time_us", (json_int_t)engine_us);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
@@ -374,7 +374,7 @@ static void chunk_head(sim_req_t *req)
     pend_printf(req, ",\"object\":\"%s\",\"created\":%lld,\"model\":",
                 req->is_chat ? "chat.completion.chunk" : "text_completion",
                 (long long)req->created);
-    pend_json_str(req, sim_cfg.model, strlen(sim_cfg.model));
+    pend_json_str(req, sim_model_name(), strlen(sim_model_name()));
 }
 
 static void chunk_tail(sim_req_t *req)

@@ -108,6 +108,20 @@ char *sim_tokenize_handle(const char *path, const char *body, size_t len, int *s
         json_decref(b);
         return fail(status, msg, "request body must be a JSON object");
     }
+    {
+        /* vLLM checks `model` first (serving_tokenization.py: _check_model → 404); an
+         * absent or null model is the served one. */
+        json_t *m = json_object_get(b, "model");
+        if (m && !json_is_null(m) &&
+            (!json_is_string(m) || !sim_model_served(json_string_value(m)))) {
+            *status = 404;
+            if (asprintf(msg, "The model `%s` does not exist.",
+                         json_is_string(m) ? json_string_value(m) : "?") < 0)
+                *msg = NULL;
+            json_decref(b);
+            return NULL;
+        }
+    }
     out = !strcmp(path, "/tokenize") ? tokenize(b, status, msg) : detokenize(b, status, msg);
     json_decref(b);
     if (!out && !*msg) {

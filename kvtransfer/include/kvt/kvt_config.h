@@ -35,6 +35,8 @@
  * transfer_max_conns                int         0        (tcp data lanes served at once; 0 = 1024)
  * transfer_max_conns_per_peer       int         0        (tcp lanes of one peer; 0 = 64)
  * transfer_max_pending              int         0        (tcp lanes before HELLO; 0 = 64)
+ * transfer_max_conns_per_addr       int         0        (tcp lanes from one address; 0 = 128)
+ * transfer_addr_prefix_v6           int         0        (IPv6 sources grouped per /N; 0 = 64)
  * transfer_hello_timeout            seconds     0        (tcp accept -> HELLO; 0 = 5)
  * transfer_idle_timeout             seconds     0        (tcp lane without frames; 0 = 300)
  * verbs_device                      str         ""       ("" = first device)
@@ -106,6 +108,8 @@ typedef struct kvt_config {
     uint32_t transfer_max_conns;
     uint32_t transfer_max_conns_per_peer;
     uint32_t transfer_max_pending;
+    uint32_t transfer_max_conns_per_addr;
+    uint32_t transfer_addr_prefix_v6;
     double transfer_hello_timeout;
     double transfer_idle_timeout;
     char verbs_device[KVT_CONFIG_STR_MAX];

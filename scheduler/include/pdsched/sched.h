@@ -82,9 +82,11 @@ typedef enum sched_breaker_state {
     SCHED_BREAKER_HALF_OPEN = 2, /* one probe booking allowed */
 } sched_breaker_state_t;
 
-#define SCHED_ID_MAX     128 /* ids are at most 127 bytes */
-#define SCHED_MAX_TP     64  /* alloc/init ports per TP rank */
-#define SCHED_MAX_LABELS 16
+#define SCHED_ID_MAX         128 /* ids are at most 127 bytes */
+#define SCHED_MAX_TP         64  /* alloc/init ports per TP rank */
+#define SCHED_MAX_LABELS     16
+#define SCHED_MAX_MODELS     16  /* configured model names per instance */
+#define SCHED_MODEL_NAME_MAX 255 /* bytes of one model name */
 
 typedef struct sched_label {
     const char *key;
@@ -117,6 +119,10 @@ typedef struct sched_instance_desc {
     const char *zone; /* shorthand for labels.zone; wins over labels */
     sched_label_t labels[SCHED_MAX_LABELS];
     size_t n_labels;
+    /* Model names the instance serves (OpenAI `model`). None → learnt from the engine's
+     * GET /v1/models with each health probe; until then the instance takes any model. */
+    const char *models[SCHED_MAX_MODELS];
+    size_t n_models;
     sched_source_t source;
     /* KV-event publisher of the engine ("tcp://host:port", vLLM's
      * --kv-events-config endpoint as seen from here) and its optional
@@ -146,7 +152,7 @@ void sched_instance_desc_init(sched_instance_desc_t *desc);
  * Fill <desc> from a JSON object with the instance keys of the config
  * schema (id, url, role, zone, weight, kv_host, kv_port, bootstrap_port,
  * engine_id, alloc_ports, init_ports, tp_size, dp_rank, dp_size, labels,
- * kv_events_endpoint, kv_events_replay_endpoint).
+ * models, kv_events_endpoint, kv_events_replay_endpoint).
  * Strings in <desc> are borrowed from <obj> (keep it alive). Unknown keys
  * and bad values are SCHED_ERR_INVALID with a message naming the key in
  * <err> (may be NULL).
@@ -180,6 +186,9 @@ const char *sched_instance_label(const sched_instance_t *inst, const char *key);
 sched_state_t sched_instance_state(const sched_instance_t *inst);
 sched_breaker_state_t sched_instance_breaker_state(const sched_instance_t *inst);
 uint32_t sched_instance_inflight(const sched_instance_t *inst);
+/* Does <inst> serve <model>? Configured names first, else the names learnt from the engine's
+ * /v1/models; an instance whose names are not known yet serves any model. NULL/"" → true. */
+bool sched_instance_serves(sched_instance_t *inst, const char *model);
 
 /*
  * KV free-space hint for a decode instance, from libkvt's ReserveResponse
@@ -374,6 +383,9 @@ bool sched_pool_ready(sched_pool_t *pool, sched_role_t roles);
  * ask something of, e.g. a tokenization; a new reference (unref it), or NULL
  * when none is usable. Books nothing. */
 sched_instance_t *sched_pool_pick_usable(sched_pool_t *pool, sched_role_t role, uint64_t turn);
+/* The same among the instances serving <model> (NULL/"" = any; sched_models.c). */
+sched_instance_t *sched_pool_pick_usable_model(sched_pool_t *pool, sched_role_t role, uint64_t turn,
+                                               const char *model);
 
 /* True when a policy of the pool matches prompts against the engines' KV
  * events (precise-prefix): routing then wants the prompt's token ids. */
@@ -398,6 +410,11 @@ typedef struct sched_request {
     /* Ids never to pick for this request (e.g. failed on an earlier try). */
     const char *const *exclude_ids;
     size_t n_exclude_ids;
+    /* Only instances serving this model are picked (sched_instance_serves); NULL/"" = any. */
+    const char *model;
+    /* 0 = any role the leg allows; else only instances of exactly this role (e.g. BOTH for
+     * requests that want an instance able to run a whole request by itself). */
+    sched_role_t only_role;
 } sched_request_t;
 
 typedef enum sched_leg {
@@ -521,6 +538,23 @@ sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **
  * pdgw_sched_double_release_total. Returns a malloc'd NUL-terminated string
  * the caller frees, or NULL on allocation failure. */
 char *sched_metrics_text(sched_pool_t *pool);
+
+/* ------------------------------------------------------------------ */
+/* Models (sched_models.c)                                             */
+/* ------------------------------------------------------------------ */
+
+/* Is <model> served by any instance of the pool, whatever its state (an instance whose
+ * names are not known yet counts as serving it)? false → the model is unknown here. */
+bool sched_pool_has_model(sched_pool_t *pool, const char *model);
+
+/*
+ * The union of the models of the instances that are up, in the OpenAI list entry shape
+ * (new JSON array, caller owns): an entry learnt from an engine is kept as the engine sent
+ * it; a configured name gets {id, object "model", created <now, unix s>, owned_by
+ * <owned_by>}. *all_known_out (may be NULL) is false when some usable instance's names are
+ * not known yet (the caller may then ask the engines itself).
+ */
+json_t *sched_pool_models(sched_pool_t *pool, const char *owned_by, bool *all_known_out);
 
 /* Debug counter: finishes that hit an already released leg (should stay 0). */
 uint64_t sched_pool_double_releases(sched_pool_t *pool);

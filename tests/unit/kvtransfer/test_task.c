@@ -8,10 +8,23 @@
  * needs to see or shape the wire.
  */
 #include <poll.h>
+#include <stdatomic.h>
 #include <zmq.h>
 
 #include "test_engine_common.h"
 #include "kvt/kvt_msg.h"
+
+/* A test clock that moves only when told: time-outs fire because the test says so, not
+ * because a loaded machine was slow. */
+static atomic_ullong fake_ns = 1000ull * KVT_NSEC_PER_SEC;
+
+static uint64_t fake_now(void *arg)
+{
+    (void)arg;
+    return atomic_load(&fake_ns);
+}
+
+static const kvt_clock_t fake_clock = {.now = fake_now, .arg = NULL};
 
 typedef struct fake_rx {
     void *ctx, *alloc, *init;
@@ -443,13 +456,15 @@ static void test_missed_reply_replaces_dealer(void **state)
     fake_rx_t f;
     kvt_engine_t *s;
     kvt_config_t c;
-    kvt_engine_params_t ep = {
-        .page_size = T_PAGE, .bind_host = "127.0.0.1", .ctrl_timeout_ms = 300};
+    kvt_engine_params_t ep = {.page_size = T_PAGE,
+                              .bind_host = "127.0.0.1",
+                              .ctrl_timeout_ms = 300,
+                              .clock = &fake_clock};
     char **keys = t_keys("late", 4);
     kvt_status_t st;
     kvt_task_id_t id;
-    char ident[512];
-    size_t il;
+    char ident[512], old_ident[512];
+    size_t il, old_il;
     kvt_msg_t m, r;
     kvt_task_result_t res;
     kvt_metrics_t mt;
@@ -467,22 +482,28 @@ static void test_missed_reply_replaces_dealer(void **state)
     fake_handshake(&f);
     router_recv(f.alloc, ident, &il, &m); /* ... and no answer in time */
     kvt_msg_clear(&m);
+    /* the sender's deadline: the control timeout plus the receiver's backoff TTL */
+    atomic_fetch_add(&fake_ns, 401ull * KVT_NSEC_PER_MSEC);
     assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_TIMEOUT);
     kvt_task_result_clear(&res);
-    /* the late answer: "everything already there" */
-    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
-    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 0);
-    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 1);
-    router_send(f.alloc, ident, il, &r);
-    kvt_msg_clear(&r);
-    usleep(100 * 1000);
-    /* the next request gets its own answer: both slots failed */
+    atomic_fetch_add(&fake_ns, 200ull * KVT_NSEC_PER_MSEC); /* past any backoff of that peer */
+    memcpy(old_ident, ident, il);
+    old_il = il;
+    /* the next request arrives first; then the late answer of the first ("everything already
+     * there") goes out before the second's own answer: a DEALER still answering to the old
+     * identity would take it for the second request, deterministically */
     id = t_store(s, "late-2", keys, 2, 2, 0, 1, 2, &st);
     assert_int_equal(st, KVT_OK);
     router_recv(f.alloc, ident, &il, &m);
     assert_string_equal(m.u.alloc_req.req_id, "late-2");
     kvt_msg_clear(&m);
+    assert_false(il == old_il && memcmp(ident, old_ident, il) == 0); /* a new DEALER */
+    kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
+    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 0);
+    kvt_int_list_push(&r.u.alloc_resp.already_sent_indexes, 1);
+    router_send(f.alloc, old_ident, old_il, &r);
+    kvt_msg_clear(&r);
     kvt_msg_init(&r, KVT_MSG_ASCEND_ALLOC_RESPONSE);
     for (int i = 0; i < 2; i++) {
         kvt_int_list_push(&r.u.alloc_resp.remote_indexes, -1);

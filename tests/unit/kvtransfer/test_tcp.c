@@ -89,6 +89,10 @@ static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_
         c.max_pending = lim->max_pending;
         c.hello_timeout_ms = lim->hello_timeout_ms;
         c.idle_timeout_ms = lim->idle_timeout_ms;
+        c.max_conns_per_addr = lim->max_conns_per_addr;
+        c.addr_prefix_v6 = lim->addr_prefix_v6;
+        if (lim->listen_host != NULL)
+            c.listen_host = lim->listen_host;
     }
     memset(e, 0, sizeof(*e));
     pthread_mutex_init(&e->mu, NULL);
@@ -703,6 +707,9 @@ static void test_idle_lane_closed(void **state)
     WAIT_UNTIL(served_lanes(&b) == 0);
     ops()->stats(b.tl, &st);
     assert_int_equal(st.idle_closed, 3);
+    /* the state that used to fail the next transfer with KVT_ERR_PEER: A read both BYEs, its
+     * lanes are dead, but the peer is not failed (nothing to reconnect for) */
+    WAIT_UNTIL((ops()->stats(a.tl, &st), st.byes_received == 2));
     pthread_mutex_lock(&a.mu);
     assert_int_equal(a.peer_failed, 0);
     pthread_mutex_unlock(&a.mu);
@@ -710,7 +717,236 @@ static void test_idle_lane_closed(void **state)
     assert_int_equal(ops()->post(a.tl, "B", KVT_TL_OP_WRITE, &x, 1, 2), KVT_OK);
     assert_int_equal(wait_compl(&a, 2), KVT_OK);
     assert_memory_equal(b.mem, a.mem, 4096);
+    ops()->stats(a.tl, &st);
+    assert_int_equal(st.peer_failures, 0);
+    assert_int_equal(st.lanes_reopened, 0); /* revived by the post, nothing had to go again */
     ep_close(&a);
+    ep_close(&b);
+}
+
+/* A fake target that closes the lane carrying the first frame with a BYE after the frame
+ * arrived (its idle timer fired as the frame crossed it), then serves the frame on the fresh
+ * lane the initiator opens. */
+typedef struct bye_target {
+    int lfd;
+    uint16_t port;
+    uint8_t mem[4096];
+    int frames_seen;
+} bye_target_t;
+
+static int accept_hello(bye_target_t *t)
+{
+    uint8_t hb[KVT_TCP_HDR_LEN], rb[KVT_TCP_REPLY_LEN];
+    char id[KVT_TL_PEER_ID_MAX + 1];
+    kvt_tcp_hdr_t h;
+    kvt_tcp_reply_t r = {.status = KVT_OK};
+    int fd = accept(t->lfd, NULL, NULL);
+
+    assert_true(fd >= 0);
+    assert_int_equal(recv(fd, hb, sizeof(hb), MSG_WAITALL), (ssize_t)sizeof(hb));
+    assert_int_equal(kvt_tcp_hdr_decode(hb, sizeof(hb), &h), KVT_OK);
+    assert_int_equal(h.op, KVT_TCP_OP_HELLO);
+    assert_int_equal(recv(fd, id, (size_t)h.length, MSG_WAITALL), (ssize_t)h.length);
+    kvt_tcp_reply_encode(&r, rb);
+    assert_int_equal(send(fd, rb, sizeof(rb), 0), (ssize_t)sizeof(rb));
+    return fd;
+}
+
+/* Read one WRITE frame of 4096 bytes from <fd> into the target's memory; returns its seq. */
+static uint32_t read_write_frame(bye_target_t *t, int fd)
+{
+    uint8_t hb[KVT_TCP_HDR_LEN];
+    kvt_tcp_hdr_t h;
+
+    assert_int_equal(recv(fd, hb, sizeof(hb), MSG_WAITALL), (ssize_t)sizeof(hb));
+    assert_int_equal(kvt_tcp_hdr_decode(hb, sizeof(hb), &h), KVT_OK);
+    assert_int_equal(h.op, KVT_TCP_OP_WRITE);
+    assert_int_equal(h.length, sizeof(t->mem));
+    assert_int_equal(recv(fd, t->mem, sizeof(t->mem), MSG_WAITALL), (ssize_t)sizeof(t->mem));
+    t->frames_seen++;
+    return h.seq;
+}
+
+static void *bye_target_main(void *arg)
+{
+    bye_target_t *t = arg;
+    uint8_t rb[KVT_TCP_REPLY_LEN];
+    kvt_tcp_reply_t r = {.status = KVT_ERR_CLOSED, .flags = KVT_TCP_REPLY_BYE};
+    int lane[2], busy, fresh;
+    char c;
+
+    lane[0] = accept_hello(t);
+    lane[1] = accept_hello(t);
+    busy = lane[0]; /* the first frame of a post goes to the first lane */
+    (void)read_write_frame(t, busy);
+    kvt_tcp_reply_encode(&r, rb);
+    assert_int_equal(send(busy, rb, sizeof(rb), 0), (ssize_t)sizeof(rb));
+    shutdown(busy, SHUT_WR);
+    assert_int_equal(recv(busy, &c, 1, 0), 0); /* the initiator closes this lane */
+    fresh = accept_hello(t);
+    r = (kvt_tcp_reply_t){.status = KVT_OK, .seq = read_write_frame(t, fresh)};
+    kvt_tcp_reply_encode(&r, rb);
+    assert_int_equal(send(fresh, rb, sizeof(rb), 0), (ssize_t)sizeof(rb));
+    assert_int_equal(recv(fresh, &c, 1, 0), 0); /* until the initiator goes away */
+    close(fresh);
+    close(lane[0]);
+    close(lane[1]);
+    return NULL;
+}
+
+static void test_bye_crosses_frame(void **state)
+{
+    ep_t a;
+    bye_target_t t = {0};
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t sl = sizeof(sa);
+    kvt_msg_t m;
+    kvt_msg_transport_lane_t lane = {.host = "127.0.0.1"};
+    void *blob = NULL;
+    size_t bl = 0;
+    pthread_t th;
+    kvt_tl_xfer_t x;
+    kvt_tl_stats_t st;
+    (void)state;
+
+    t.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(bind(t.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(t.lfd, 8), 0);
+    assert_int_equal(getsockname(t.lfd, (struct sockaddr *)&sa, &sl), 0);
+    lane.port = ntohs(sa.sin_port);
+    lane.gid = UB; /* the fake checks no token */
+    kvt_msg_init(&m, KVT_MSG_TRANSPORT_INIT);
+    m.u.tinit.node_id = "F";
+    m.u.tinit.transport = "tcp";
+    m.u.tinit.lanes = &lane;
+    m.u.tinit.nlanes = 1;
+    m.u.tinit.version = 1;
+    assert_int_equal(kvt_msg_encode(&m, &blob, &bl), KVT_OK);
+    ep_open(&a, "A", UA);
+    assert_int_equal(ops()->peer_connect(a.tl, "F", blob, bl), KVT_OK);
+    free(blob);
+    assert_int_equal(pthread_create(&th, NULL, bye_target_main, &t), 0);
+    memset(a.mem, 0x5a, 4096);
+    x = (kvt_tl_xfer_t){.local = a.reg, .length = 4096};
+    memcpy(x.remote_uuid, UB, sizeof(x.remote_uuid));
+    assert_int_equal(ops()->post(a.tl, "F", KVT_TL_OP_WRITE, &x, 1, 1), KVT_OK);
+    assert_int_equal(wait_compl(&a, 1), KVT_OK);
+    ops()->stats(a.tl, &st);
+    assert_int_equal(st.byes_received, 1);
+    assert_int_equal(st.lanes_reopened, 1);
+    assert_int_equal(st.peer_failures, 0);
+    pthread_mutex_lock(&a.mu);
+    assert_int_equal(a.peer_failed, 0);
+    pthread_mutex_unlock(&a.mu);
+    ep_close(&a); /* closes the fresh lane: the fake target ends */
+    pthread_join(th, NULL);
+    close(t.lfd);
+    assert_int_equal(t.frames_seen, 2); /* once into the BYE, once on the fresh lane */
+    for (size_t i = 0; i < sizeof(t.mem); i++)
+        assert_int_equal(t.mem[i], 0x5a);
+}
+
+/* The per-address cap groups IPv6 sources by prefix (a /64 by default, one host commonly holds
+ * a whole /64), IPv4 and IPv4-mapped sources by address. */
+static void test_addr_key(void **state)
+{
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6}, b = a;
+    struct sockaddr_in v4 = {.sin_family = AF_INET};
+    uint8_t ka[16], kb[16], k4[16];
+    (void)state;
+
+    inet_pton(AF_INET6, "2001:db8:1:2::1", &a.sin6_addr);
+    inet_pton(AF_INET6, "2001:db8:1:2:ffff:eeee:dddd:cccc", &b.sin6_addr);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 64, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 64, kb);
+    assert_memory_equal(ka, kb, 16); /* same /64: one source */
+    kvt_tcp_addr_key((struct sockaddr *)&a, 128, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 128, kb);
+    assert_memory_not_equal(ka, kb, 16);
+    inet_pton(AF_INET6, "2001:db8:1:3::1", &b.sin6_addr); /* next /64, same /48 */
+    kvt_tcp_addr_key((struct sockaddr *)&a, 64, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 64, kb);
+    assert_memory_not_equal(ka, kb, 16);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 48, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 48, kb);
+    assert_memory_equal(ka, kb, 16);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 60, ka); /* a prefix off the byte boundary */
+    kvt_tcp_addr_key((struct sockaddr *)&b, 60, kb);
+    assert_memory_equal(ka, kb, 16);
+    /* IPv4 and IPv4-mapped: per address, never grouped by the IPv6 prefix */
+    inet_pton(AF_INET, "10.1.2.3", &v4.sin_addr);
+    inet_pton(AF_INET6, "::ffff:10.1.2.3", &a.sin6_addr);
+    inet_pton(AF_INET6, "::ffff:10.1.2.4", &b.sin6_addr);
+    kvt_tcp_addr_key((struct sockaddr *)&v4, 64, k4);
+    kvt_tcp_addr_key((struct sockaddr *)&a, 64, ka);
+    kvt_tcp_addr_key((struct sockaddr *)&b, 64, kb);
+    assert_memory_equal(k4, ka, 16);
+    assert_memory_not_equal(ka, kb, 16);
+}
+
+/* Lanes from one source address are capped whether or not they said HELLO; the lane over the
+ * cap is closed at accept and counted, and a freed slot is usable again. */
+static void test_addr_cap(void **state)
+{
+    ep_t b;
+    kvt_tl_config_t lim = {.max_conns_per_addr = 2};
+    kvt_tl_stats_t st;
+    int l1, l2, over, again;
+    (void)state;
+
+    ep_open_lim(&b, "B", UB, &lim);
+    l1 = hello_lane(&b, "A"); /* one with HELLO, one still silent */
+    l2 = dial(b.port);
+    WAIT_UNTIL(served_lanes(&b) == 2);
+    over = dial(b.port);
+    assert_true(closed_by_peer(over));
+    close(over);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(l2);
+    WAIT_UNTIL(served_lanes(&b) == 1);
+    again = hello_lane(&b, "A2");
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(l1);
+    close(again);
+    ep_close(&b);
+}
+
+/* The same over IPv6 (skipped where the machine has no ::1): lanes from ::1 are counted under
+ * its /64 and the one over the cap is closed at accept. */
+static void test_addr_cap_v6(void **state)
+{
+    ep_t b;
+    kvt_tl_config_t lim = {.max_conns_per_addr = 1, .listen_host = "::1"};
+    struct sockaddr_in6 sa = {.sin6_family = AF_INET6};
+    kvt_tl_stats_t st;
+    int probe = socket(AF_INET6, SOCK_STREAM, 0), l1, over;
+    (void)state;
+
+    if (probe < 0 || bind(probe,
+                          (struct sockaddr *)&(struct sockaddr_in6){.sin6_family = AF_INET6,
+                                                                    .sin6_addr = in6addr_loopback},
+                          sizeof(sa)) != 0) {
+        if (probe >= 0)
+            close(probe);
+        skip();
+    }
+    close(probe);
+    ep_open_lim(&b, "B", UB, &lim);
+    sa.sin6_addr = in6addr_loopback;
+    sa.sin6_port = htons(b.port);
+    l1 = socket(AF_INET6, SOCK_STREAM, 0);
+    assert_int_equal(connect(l1, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    WAIT_UNTIL(served_lanes(&b) == 1);
+    over = socket(AF_INET6, SOCK_STREAM, 0);
+    assert_int_equal(connect(over, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_true(closed_by_peer(over));
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(over);
+    close(l1);
     ep_close(&b);
 }
 
@@ -755,11 +991,13 @@ static void test_frame_codec(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_frame_codec),    cmocka_unit_test(test_write_read_verified),
-        cmocka_unit_test(test_access_denied),  cmocka_unit_test(test_peer_death),
-        cmocka_unit_test(test_garbage_frames), cmocka_unit_test(test_stalled_frames),
-        cmocka_unit_test(test_forged_hello),   cmocka_unit_test(test_rename_moves_token),
-        cmocka_unit_test(test_conn_caps),      cmocka_unit_test(test_idle_lane_closed),
+        cmocka_unit_test(test_frame_codec),       cmocka_unit_test(test_write_read_verified),
+        cmocka_unit_test(test_access_denied),     cmocka_unit_test(test_peer_death),
+        cmocka_unit_test(test_garbage_frames),    cmocka_unit_test(test_stalled_frames),
+        cmocka_unit_test(test_forged_hello),      cmocka_unit_test(test_rename_moves_token),
+        cmocka_unit_test(test_conn_caps),         cmocka_unit_test(test_idle_lane_closed),
+        cmocka_unit_test(test_bye_crosses_frame), cmocka_unit_test(test_addr_key),
+        cmocka_unit_test(test_addr_cap),          cmocka_unit_test(test_addr_cap_v6),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

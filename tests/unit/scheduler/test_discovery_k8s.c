@@ -209,6 +209,7 @@ static void test_annotations(void **state)
                        " \"pdgw.io/weight\": \"3\","
                        " \"pdgw.io/kv-host\": \"10.1.2.3\","
                        " \"pdgw.io/kv-engine\": \"libkvt\","
+                       " \"pdgw.io/models\": \"llama-8b, llama-8b-chat\","
                        " \"pdgw.io/something-else\": \"whatever\","
                        " \"app\": \"vllm\"}");
     sched_k8s_kv_t kv;
@@ -229,6 +230,15 @@ static void test_annotations(void **state)
     assert_int_equal(kv.weight, 3);
     assert_string_equal(kv.kv_host, "10.1.2.3");
     assert_int_equal(kv.kv_engine, SCHED_KV_ENGINE_LIBKVT);
+    assert_int_equal(kv.n_models, 2);
+    assert_string_equal(kv.models[0], "llama-8b");
+    assert_string_equal(kv.models[1], "llama-8b-chat");
+    json_decref(ann);
+
+    /* pdgw.io/models: an empty name is invalid and names nothing */
+    ann = load("{\"pdgw.io/models\": \"a,,b\"}");
+    assert_int_equal(sched_k8s_kv_from_annotations(ann, &kv, NULL, 0), 1);
+    assert_int_equal(kv.n_models, 0);
     json_decref(ann);
 
     /* pdgw.io/kv-engine: lmcache (the default) or libkvt; anything else is invalid. */

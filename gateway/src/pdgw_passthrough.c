@@ -1,0 +1,460 @@
+/*
+ * pdgw_passthrough.c - every engine endpoint that is not a PD workflow, proxied unchanged.
+ *
+ * Any other path under /v1/ (embeddings, rerank, score, responses, audio, ...) and the
+ * engines' utility endpoints (/tokenize, /detokenize, /pooling, /classify, /score, /rerank,
+ * ...) go to one instance serving the body's `model` (decode or both role; a `both` instance
+ * is preferred since it serves whole requests), or to any healthy one when the request names
+ * no model. Method, query, body and the client's headers go as they came; the engine's
+ * status, end-to-end headers and body come back as they come, byte by byte, so streams (SSE) are
+ * relayed live with the same back-pressure as chat streams. Auth, body limits, the request
+ * deadline, first-byte and idle timeouts, retries before the first byte and metrics apply
+ * as for chat.
+ */
+#include "pdgw_fleet.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "pdgw_alloc.h"
+#include "pdgw_log.h"
+
+#define PT_PROTOCOL "passthrough" /* protocol label of its upstream-error metrics */
+
+/* Utility endpoints outside /v1/ of vLLM (vllm/entrypoints/openai/api_server.py and
+ * vllm/entrypoints/pooling) and SGLang (python/sglang/srt/entrypoints/http_server.py). */
+static const char *const pt_paths[] = {
+    "/tokenize",  "/detokenize", "/pooling", "/classify",       "/score",           "/rerank",
+    "/v2/rerank", "/encode",     "/version", "/get_model_info", "/get_server_info", NULL,
+};
+
+/* /v1/ families a metric names; anything else under /v1/ is "/v1/other". */
+static const char *const pt_v1_families[] = {
+    "/v1/embeddings",  "/v1/rerank",   "/v1/score",      "/v1/responses", "/v1/audio",
+    "/v1/moderations", "/v1/files",    "/v1/batches",    "/v1/images",    "/v1/classify",
+    "/v1/pooling",     "/v1/tokenize", "/v1/detokenize", "/v1/models",    NULL,
+};
+
+bool pdgw_pt_route(const pdgw_req_t *r)
+{
+    const pdgw_server_t *srv = r->w->srv;
+    size_t i;
+    if (srv->opts.no_passthrough)
+        return false;
+    if (strncmp(r->path, "/v1/", 4) == 0 && r->path[4] != '\0')
+        return true;
+    /* SGLang's native generation endpoint, when the protocol does not serve it itself: only
+     * a plain proxy (no prefill leg) passes it on; a PD protocol would skip its prefill. */
+    if (strcmp(r->path, "/generate") == 0)
+        return srv->plan.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill;
+    for (i = 0; pt_paths[i]; i++)
+        if (strcmp(r->path, pt_paths[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The endpoint label of the metrics (bounded set). */
+static const char *pt_endpoint(const pdgw_req_t *r)
+{
+    size_t i;
+    for (i = 0; pt_paths[i]; i++)
+        if (strcmp(r->path, pt_paths[i]) == 0)
+            return pt_paths[i];
+    if (strcmp(r->path, "/generate") == 0)
+        return "/generate";
+    for (i = 0; pt_v1_families[i]; i++) {
+        size_t n = strlen(pt_v1_families[i]);
+        if (strncmp(r->path, pt_v1_families[i], n) == 0 &&
+            (r->path[n] == '\0' || r->path[n] == '/'))
+            return pt_v1_families[i];
+    }
+    return "/v1/other";
+}
+
+/* ---------------------------------------------------------------- request */
+
+typedef struct {
+    pdgw_buf_t *out;
+    bool first;
+    bool ok;
+} query_ctx_t;
+
+static void pct_encode(pdgw_buf_t *out, const char *s, bool *ok)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                     c == '-' || c == '_' || c == '.' || c == '~';
+        if (plain)
+            *ok &= pdgw_buf_append_char(out, (char)c) == PDGW_OK;
+        else
+            *ok &= pdgw_buf_appendf(out, "%%%c%c", hex[c >> 4], hex[c & 15]) == PDGW_OK;
+    }
+}
+
+static enum MHD_Result add_query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    query_ctx_t *q = cls;
+    (void)kind;
+    if (key == NULL)
+        return MHD_YES;
+    q->ok &= pdgw_buf_append_char(q->out, q->first ? '?' : '&') == PDGW_OK;
+    q->first = false;
+    pct_encode(q->out, key, &q->ok);
+    if (value != NULL) {
+        q->ok &= pdgw_buf_append_char(q->out, '=') == PDGW_OK;
+        pct_encode(q->out, value, &q->ok);
+    }
+    return MHD_YES;
+}
+
+/* r->path plus the client's query (re-encoded from MHD's parsed arguments). */
+static char *pt_target(pdgw_req_t *r)
+{
+    pdgw_buf_t out = PDGW_BUF_INIT;
+    query_ctx_t q = {&out, true, true};
+    size_t len;
+    q.ok = pdgw_buf_append(&out, r->path, strlen(r->path)) == PDGW_OK;
+    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_query_arg, &q);
+    if (!q.ok || out.len >= 1000) { /* the leg's URL buffer holds about 1 KiB */
+        pdgw_buf_free(&out);
+        return NULL;
+    }
+    return pdgw_buf_steal(&out, &len);
+}
+
+/* The body's "model" when the body is a JSON object naming one (owned copy) or NULL. */
+static char *pt_body_model(const pdgw_req_t *r)
+{
+    json_t *j, *m;
+    char *model = NULL;
+    if (r->body.len == 0 || r->body.data == NULL || r->body.data[0] != '{')
+        return NULL;
+    j = json_loadb(r->body.data, r->body.len, 0, NULL);
+    m = json_object_get(j, "model");
+    if (json_is_string(m) && json_string_length(m) > 0 &&
+        strlen(json_string_value(m)) == json_string_length(m))
+        model = pdgw_strdup(json_string_value(m));
+    json_decref(j);
+    return model;
+}
+
+static void pt_finish(pdgw_req_t *r)
+{
+    r->stage = PDGW_WF_FINISHED;
+    pdgw_worker_active_remove(r->w, r);
+}
+
+/* Book a decode-capable instance of the request's model, a `both` one first. */
+static sched_status_t pt_book(pdgw_req_t *r)
+{
+    sched_pool_t *pool = r->w->srv->opts.pool;
+    sched_request_t sr;
+    sched_status_t st;
+    memset(&sr, 0, sizeof(sr));
+    sr.model = r->pt_model;
+    sr.only_role = SCHED_ROLE_BOTH;
+    st = sched_book_decode(pool, &sr, &r->booking);
+    if (st == SCHED_ERR_NO_INSTANCE) {
+        sr.only_role = 0;
+        st = sched_book_decode(pool, &sr, &r->booking);
+    }
+    return st;
+}
+
+static bool pt_start_leg(pdgw_req_t *r)
+{
+    pdgw_leg_t *leg = &r->legs[PDGW_LEG_DECODE];
+    sched_instance_t *si = sched_booking_instance(r->booking, SCHED_LEG_DECODE);
+    const char *ctype = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Type");
+    pdgw_fwd_leg_t fl;
+    char *target;
+    pdgw_status_t st;
+
+    memset(&fl, 0, sizeof(fl));
+    if (ctype && !strpbrk(ctype, "\r\n") && strlen(ctype) < sizeof(fl.headers[0]) - 16)
+        snprintf(fl.headers[fl.n_headers++], sizeof(fl.headers[0]), "Content-Type: %s", ctype);
+    pdgw_instance_view_from_sched(&r->inst_view[PDGW_LEG_DECODE], si);
+    snprintf(r->decode_id, sizeof(r->decode_id), "%s", sched_instance_id(si));
+    pdgw_leg_init(leg, r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
+    leg->raw = true;
+    leg->relay = true;
+    leg->body_borrowed = true;
+    target = pt_target(r);
+    if (target == NULL) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_url",
+                              "request target too long to forward");
+        return false;
+    }
+    st = pdgw_leg_start(leg, &r->inst_view[PDGW_LEG_DECODE], target, r->method, r->body.data,
+                        r->body.len, &fl);
+    pdgw_free(target);
+    if (st != PDGW_OK) {
+        leg->body_borrowed = false;
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "cannot start the upstream leg");
+        return false;
+    }
+    return true;
+}
+
+void pdgw_pt_start(pdgw_req_t *r)
+{
+    sched_status_t st;
+
+    r->pt = true;
+    r->passthrough = true;
+    r->pt_model = pt_body_model(r);
+    if (!pdgw_models_admit(r, r->pt_model))
+        return;
+    if (pdgw_uuid4(r->leg_id) != PDGW_OK) {
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, NULL, "no randomness for a request id");
+        return;
+    }
+    st = pt_book(r);
+    if (st != SCHED_OK) {
+        r->booking = NULL;
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
+                              "no usable instance%s%s%s: %s", r->pt_model ? " of model '" : "",
+                              r->pt_model ? r->pt_model : "", r->pt_model ? "'" : "",
+                              sched_strerror(st));
+        return;
+    }
+    r->stage = PDGW_WF_DECODE;
+    pdgw_worker_active_add(r->w, r);
+    if (!pt_start_leg(r))
+        pt_finish(r);
+}
+
+/* ---------------------------------------------------------------- response */
+
+/* Headers the gateway sets itself or that belong to one hop (RFC 9110 7.6.1). */
+static bool pt_header_own(const char *name, size_t n)
+{
+    static const char *const own[] = {"connection",
+                                      "keep-alive",
+                                      "proxy-connection",
+                                      "transfer-encoding",
+                                      "te",
+                                      "trailer",
+                                      "upgrade",
+                                      "content-length",
+                                      "content-type",
+                                      "date",
+                                      "x-request-id",
+                                      "vary",
+                                      NULL};
+    size_t i;
+    if (n > 15 && strncasecmp(name, "access-control-", 15) == 0)
+        return true; /* CORS is pdgw's decision (cors_allowed_origins) */
+    for (i = 0; own[i]; i++)
+        if (strlen(own[i]) == n && strncasecmp(name, own[i], n) == 0)
+            return true;
+    return false;
+}
+
+void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len)
+{
+    pdgw_req_t *r = leg->req;
+    const char *colon;
+    size_t n, vlen, mark;
+
+    if (len >= 5 && strncmp(line, "HTTP/", 5) == 0) {
+        pdgw_buf_reset(&r->pt_headers); /* a new status line (after 100 Continue) */
+        return;
+    }
+    colon = memchr(line, ':', len);
+    if (colon == NULL || colon == line || r->pt_relayed)
+        return;
+    n = (size_t)(colon - line);
+    if (pt_header_own(line, n) || r->pt_headers.len > 16 * 1024)
+        return;
+    colon++;
+    while (colon < line + len && (*colon == ' ' || *colon == '\t'))
+        colon++;
+    vlen = len - (size_t)(colon - line);
+    while (vlen > 0 &&
+           (colon[vlen - 1] == '\r' || colon[vlen - 1] == '\n' || colon[vlen - 1] == ' '))
+        vlen--;
+    if (memchr(colon, '\0', vlen) != NULL || memchr(line, '\0', n) != NULL)
+        return;
+    mark = r->pt_headers.len;
+    if (pdgw_buf_append(&r->pt_headers, line, n) != PDGW_OK ||
+        pdgw_buf_append_char(&r->pt_headers, '\0') != PDGW_OK ||
+        pdgw_buf_append(&r->pt_headers, colon, vlen) != PDGW_OK ||
+        pdgw_buf_append_char(&r->pt_headers, '\0') != PDGW_OK)
+        r->pt_headers.len = mark; /* out of memory: only whole pairs stay */
+}
+
+void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp)
+{
+    size_t off = 0;
+    while (off < r->pt_headers.len) {
+        const char *name = r->pt_headers.data + off;
+        const char *value = name + strlen(name) + 1;
+        MHD_add_response_header(resp, name, value);
+        off = (size_t)(value - r->pt_headers.data) + strlen(value) + 1;
+    }
+}
+
+/* The engine's status, type and headers go out with its first bytes (pdgw_http.c
+ * queue_stream reads them for a pass-through). */
+static void pt_commit(pdgw_req_t *r, const pdgw_leg_t *leg)
+{
+    r->pt_relayed = true;
+    r->reply_status = (int)leg->status;
+    snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s",
+             leg->content_type[0] ? leg->content_type : "application/octet-stream");
+    r->committed = true;
+    r->final_status = (int)leg->status;
+    r->t_first_token_ns = pdgw_time_mono_ns();
+    pdgw_req_resume(r);
+}
+
+static void pt_on_drain(void *leg)
+{
+    pdgw_leg_unpause(leg);
+}
+
+size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
+{
+    pdgw_req_t *r = leg->req;
+    if (r->client_gone || r->stage == PDGW_WF_FINISHED)
+        return 0;
+    if (!r->pt_relayed)
+        pt_commit(r, leg);
+    if (pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
+        leg->paused = true; /* the sink resumes it once the client caught up */
+        pdgw_req_on_drain(r, pt_on_drain, leg);
+        return CURL_WRITEFUNC_PAUSE;
+    }
+    leg->bytes_in += len;
+    pdgw_req_out_append(r, data, len);
+    return len;
+}
+
+static sched_outcome_t pt_outcome(const pdgw_leg_t *leg)
+{
+    switch (leg->err) {
+    case PDGW_LEGERR_NONE:
+        return SCHED_OUTCOME_SUCCESS;
+    case PDGW_LEGERR_CONNECT:
+        return SCHED_OUTCOME_CONNECT_ERROR;
+    case PDGW_LEGERR_TIMEOUT:
+        return SCHED_OUTCOME_TIMEOUT;
+    case PDGW_LEGERR_STATUS:
+        return sched_outcome_from_http((int)leg->status);
+    case PDGW_LEGERR_LOCAL:
+        return SCHED_OUTCOME_CANCELLED;
+    default:
+        return SCHED_OUTCOME_TRANSFER_ERROR;
+    }
+}
+
+static void pt_book_finish(pdgw_req_t *r, const pdgw_leg_t *leg)
+{
+    sched_result_t res;
+    if (r->booking == NULL || !sched_booking_leg_open(r->booking, SCHED_LEG_DECODE))
+        return;
+    memset(&res, 0, sizeof(res));
+    res.outcome = pt_outcome(leg);
+    res.http_status = (int)leg->status;
+    res.retry_after_ms = leg->retry_after_ms;
+    res.detail = leg->errmsg[0] ? leg->errmsg : NULL;
+    (void)sched_booking_finish(r->booking, SCHED_LEG_DECODE, &res);
+}
+
+/* Before anything reached the client, a connect failure may go to another instance. */
+static bool pt_retry(pdgw_req_t *r, const pdgw_leg_t *leg)
+{
+    if (r->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || r->attempt >= r->w->srv->opts.retries ||
+        pdgw_now_ms() >= r->deadline_ms)
+        return false;
+    pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
+    if (sched_booking_rebook(r->booking, SCHED_LEG_DECODE) != SCHED_OK)
+        return false;
+    r->attempt++;
+    pdgw_gateway_metrics_retry(r->w->srv->opts.metrics, PT_PROTOCOL);
+    return pt_start_leg(r);
+}
+
+void pdgw_pt_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
+{
+    pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;
+    if (r->stage == PDGW_WF_FINISHED)
+        return;
+    pt_book_finish(r, leg);
+    if (leg->err != PDGW_LEGERR_NONE && leg->err != PDGW_LEGERR_STATUS) {
+        if (leg->err != PDGW_LEGERR_LOCAL)
+            pdgw_gateway_metrics_upstream_error(gm, PT_PROTOCOL, leg->inst->id,
+                                                pdgw_leg_err_name(leg->err));
+        snprintf(r->error_text, sizeof(r->error_text), "%s", leg->errmsg);
+        if (pt_retry(r, leg))
+            return;
+    }
+    pt_finish(r);
+    if (r->pt_relayed) {
+        /* A cut stream ends here; the client sees the bytes the engine sent. */
+        pdgw_req_out_end(r);
+        return;
+    }
+    if (leg->err == PDGW_LEGERR_NONE || leg->err == PDGW_LEGERR_STATUS) {
+        /* The engine answered without a body: its status and headers all the same. */
+        pt_commit(r, leg);
+        pdgw_req_out_end(r);
+        return;
+    }
+    pdgw_req_reply_errorf(
+        r, leg->err == PDGW_LEGERR_TIMEOUT ? PDGW_API_ERR_TIMEOUT : PDGW_API_ERR_BAD_GATEWAY, NULL,
+        "%s", leg->errmsg[0] ? leg->errmsg : "upstream failed");
+}
+
+void pdgw_pt_check_deadlines(pdgw_req_t *r, uint64_t now)
+{
+    const pdgw_server_opts_t *o = &r->w->srv->opts;
+    pdgw_leg_t *leg = &r->legs[PDGW_LEG_DECODE];
+    const char *why = NULL;
+
+    if (r->stage == PDGW_WF_FINISHED || leg->state != PDGW_LEG_RUNNING)
+        return;
+    if (now >= r->deadline_ms)
+        why = "request deadline passed";
+    else if (!leg->paused && leg->t_first_ms == 0 && o->first_byte_timeout_ms &&
+             now >= leg->t_start_ms + o->first_byte_timeout_ms)
+        why = "no response within first_byte_timeout";
+    else if (!leg->paused && leg->t_first_ms != 0 && o->idle_timeout_ms &&
+             now >= leg->t_last_ms + o->idle_timeout_ms)
+        why = "upstream idle for idle_timeout";
+    if (why == NULL)
+        return;
+    pdgw_leg_abort(leg);
+    leg->err = PDGW_LEGERR_TIMEOUT;
+    snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: %s", leg->inst->id, why);
+    pdgw_pt_leg_done(r, leg);
+}
+
+void pdgw_pt_finalize(pdgw_req_t *r, int status, double dur_s)
+{
+    pdgw_metrics_t *reg = r->w->srv->opts.metrics ? r->w->srv->opts.metrics->reg : NULL;
+    static const char *const labels[] = {"endpoint", "code"};
+    pdgw_metric_family_t *f = NULL;
+    char code[8];
+
+    (void)dur_s;
+    if (!r->pt)
+        return;
+    if (reg != NULL) {
+        f = pdgw_metrics_family_find(reg, "pdgw_passthrough_requests_total");
+        if (f == NULL)
+            (void)pdgw_metrics_family_add(
+                reg, PDGW_METRIC_COUNTER, "pdgw_passthrough_requests_total",
+                "Requests proxied unchanged to an engine, by endpoint and HTTP status.", labels, 2,
+                NULL, 0, &f);
+        snprintf(code, sizeof(code), "%d", status);
+        if (f == NULL)
+            f = pdgw_metrics_family_find(reg, "pdgw_passthrough_requests_total");
+        pdgw_counter_inc(pdgw_metric_family_series2(f, pt_endpoint(r), code));
+    }
+}
