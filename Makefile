@@ -12,7 +12,7 @@ CTEST_ARGS ?=
 # machine one may miss a deadline. A test that fails twice in a row fails the run.
 CTEST_RETRY ?= --repeat until-pass:2
 
-.PHONY: all deps build test test-sanitize test-tsan fuzz demo bench clean format
+.PHONY: all deps build test test-sanitize test-tsan test-torture fuzz demo bench clean format
 
 all: build
 
@@ -42,7 +42,16 @@ test-sanitize: deps $(SAN_BUILD)/Makefile
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    ctest --output-on-failure -j $(JOBS) -LE nosanitize $(CTEST_RETRY) $(CTEST_ARGS)
+	    ctest --output-on-failure -j $(JOBS) -LE 'nosanitize|torture' $(CTEST_RETRY) $(CTEST_ARGS)
+
+# Torture (curl's torture mode on libpdb's wrapper): the unit suites of tests/torture/ re-run
+# in the sanitizer build with allocation N failing, for every N (spread evenly when a suite
+# allocates too much for its time budget). Every run must end without a crash in library
+# code, a sanitizer error, a hang, or a leak (tests/torture/run_torture.py).
+test-torture: DEPS_JOB = test
+test-torture: deps $(SAN_BUILD)/Makefile
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L torture $(CTEST_ARGS)
 
 $(TSAN_BUILD)/Makefile:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPDGW_TSAN=ON

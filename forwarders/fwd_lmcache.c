@@ -335,7 +335,7 @@ static const pdgw_fwd_ops_t lmc_ops = {
 };
 
 static const pdgw_fwd_desc_t fwd_lmcache_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = LMC_NAME,
     .summary = "LMCache PD: prefill pushes to the decode named in disagg_spec, decode after "
                "ProxyNotif from every TP rank (serial)",

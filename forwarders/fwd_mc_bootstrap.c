@@ -46,9 +46,7 @@ struct fwd_mc_boot {
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)pdgw_fwd_now_ms();
 }
 
 const char *fwd_mc_boot_engine_of(const json_t *answer, int rank)

@@ -42,7 +42,7 @@ static const pdgw_fwd_ops_t fwd_neutral_ops = {
 };
 
 static const pdgw_fwd_desc_t fwd_neutral_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = "neutral",
     .summary = "plain proxy to one instance that does prefill and decode (no PD)",
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,

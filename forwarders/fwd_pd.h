@@ -20,38 +20,20 @@
 /* The vllm-nixl / vllm-mooncake serial prefill kv_transfer_params (new reference). */
 json_t *fwd_pd_kvp_remote_decode(void);
 
-/* Hardened prefill body (docs/protocols/README.md, hardened prefill leg) with kv_transfer_params =
- * kvp (stolen, may be NULL = no kv_transfer_params). NULL on no memory. */
-json_t *fwd_pd_body_prefill(const pdgw_fwd_request_t *req, json_t *kvp);
-
-/* Copy of the client body with kv_transfer_params = kvp (stolen; NULL = left as the client
- * sent it). */
-json_t *fwd_pd_body_decode(const pdgw_fwd_request_t *req, json_t *kvp);
-
-/* A prefill response's kv_transfer_params when it is a non-empty object (borrowed), else NULL. */
-json_t *fwd_pd_resp_kvp(const json_t *resp);
+/* The bodies and options are the SDK's (forwarder.h); the in-tree names stay. */
+#define fwd_pd_body_prefill pdgw_fwd_body_prefill_kvp
+#define fwd_pd_body_decode  pdgw_fwd_body_decode_kvp
+#define fwd_pd_resp_kvp     pdgw_fwd_resp_kvp
 
 /* Count a prefill that returned no kv_transfer_params (pdgw_prefill_missing_kv_params_total). */
-void fwd_pd_count_missing_kv_params(const char *protocol);
+#define fwd_pd_count_missing_kv_params pdgw_fwd_prefill_missing_kv_params
 
-/* ---- options (fwd_pd_body.c) ---- */
-
-/* Refuse keys of <options> not in the NULL-terminated <known>. */
-pdgw_fwd_status_t fwd_pd_opts_check(const json_t *options, const char *const *known, char *err,
-                                    size_t errlen);
-/* Integer option in [min, max] (default when absent). */
-pdgw_fwd_status_t fwd_pd_opt_int(const json_t *options, const char *key, int64_t def, int64_t min,
-                                 int64_t max, int64_t *out, char *err, size_t errlen);
-/* Boolean option (true/false). */
-pdgw_fwd_status_t fwd_pd_opt_bool(const json_t *options, const char *key, int def, int *out,
-                                  char *err, size_t errlen);
-/* String option restricted to the NULL-terminated <choices>; *out = index. */
-pdgw_fwd_status_t fwd_pd_opt_enum(const json_t *options, const char *key,
-                                  const char *const *choices, int def, int *out, char *err,
-                                  size_t errlen);
-/* Free-form string option (copied into out). */
-pdgw_fwd_status_t fwd_pd_opt_str(const json_t *options, const char *key, const char *def, char *out,
-                                 size_t cap, char *err, size_t errlen);
+/* ---- options (forwarder.h) ---- */
+#define fwd_pd_opts_check pdgw_fwd_opts_check
+#define fwd_pd_opt_int    pdgw_fwd_opt_int
+#define fwd_pd_opt_bool   pdgw_fwd_opt_bool
+#define fwd_pd_opt_enum   pdgw_fwd_opt_enum
+#define fwd_pd_opt_str    pdgw_fwd_opt_str
 
 /* A random 63-bit integer (never negative). */
 int64_t fwd_pd_random63(void);

@@ -2,8 +2,9 @@
  * fwd_pd_kvctl.c - the gateway's side of libkvt's control plane for the PD forwarders whose
  * decode runs libkvt (vllm-kvt, lmcache; pdgw-sim or any engine embedding libkvt).
  *
- * One control thread per forwarder owns a kvt_proxy_t (the ZMQ PULL for ProxyNotif plus one
- * DEALER per receiver alloc port) and does everything that may block:
+ * One control thread per forwarder owns the gateway's KV control client (forwarder.h
+ * pdgw_fwd_kv_*: one DEALER per receiver alloc port) and the checked ProxyNotif PULL
+ * (fwd_pd_notif.c), and does everything that may block:
  *   - ReserveRequest{req_id, total_chunks, ttl_ms} to every alloc port (TP rank) of the
  *     chosen decode; the answer (granted, free_chunks) is handed back to the request,
  *   - CancelNotif{req_id} at the end of an attempt (release of the reservation / pinned pages),
@@ -34,8 +35,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
-
-#include <kvt/kvt_engine.h>
 
 #define KVCTL_MAX_PORTS   16
 #define KVCTL_ID_MAX      160
@@ -117,8 +116,8 @@ typedef struct kvctl_tomb {
 struct fwd_pd_kv {
     char protocol[64];
     fwd_pd_kv_opts_t o;
-    kvt_proxy_t *proxy;    /* DEALERs to libkvt receivers (ReserveRequest, CancelNotif) */
-    fwd_pd_notif_t *notif; /* the ProxyNotif PULL (o.proxy) */
+    pdgw_fwd_kv_client_t *proxy; /* the gateway's KV control client (Reserve, Cancel) */
+    fwd_pd_notif_t *notif;       /* the ProxyNotif PULL (o.proxy) */
     fwd_pd_relay_t *relay; /* notices for requests other replicas own (notif_relay_peers) */
     int efd;
     pthread_t th;
@@ -141,9 +140,7 @@ struct fwd_pd_kv {
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return pdgw_fwd_now_ms();
 }
 
 static void kick(fwd_pd_kv_t *kv)
@@ -375,19 +372,19 @@ static void run_reserve(fwd_pd_kv_t *kv, kvctl_job_t *j)
     for (i = 0; i < j->dest.nports; i++) {
         int granted = 0;
         int64_t free_chunks = -1;
-        kvt_status_t st;
+        char why[128];
+        pdgw_fwd_status_t st;
         if (port_muted(kv, j->dest.host, j->dest.ports[i])) {
             failed = 1; /* did not answer lately: go on unreserved without waiting again */
             break;
         }
-        st =
-            kvt_proxy_reserve(kv->proxy, j->dest.host, (uint16_t)j->dest.ports[i], j->id, j->chunks,
-                              j->ttl_ms, (int)kv->o.reserve_timeout_ms, &granted, &free_chunks);
-        if (st != KVT_OK) {
+        st = pdgw_fwd_kv_reserve(kv->proxy, j->dest.host, j->dest.ports[i], j->id, j->chunks,
+                                 j->ttl_ms, (int)kv->o.reserve_timeout_ms, &granted, &free_chunks,
+                                 why, sizeof(why));
+        if (st != PDGW_FWD_OK) {
             pdgw_fwd_log(PDGW_FWD_LOG_WARN,
                          "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
-                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], kvt_strerror(st),
-                         KVCTL_MUTE_MS);
+                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], why, KVCTL_MUTE_MS);
             port_mute(kv, j->dest.host, j->dest.ports[i]);
             failed = 1;
             break;
@@ -427,11 +424,11 @@ static void run_cancel(fwd_pd_kv_t *kv, kvctl_job_t *j)
 {
     int i;
     for (i = 0; i < j->dest.nports; i++) {
-        kvt_status_t st =
-            kvt_proxy_cancel(kv->proxy, j->dest.host, (uint16_t)j->dest.ports[i], j->id, NULL, 0);
-        if (st != KVT_OK)
+        char why[128];
+        if (pdgw_fwd_kv_cancel(kv->proxy, j->dest.host, j->dest.ports[i], j->id, why,
+                               sizeof(why)) != PDGW_FWD_OK)
             pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: CancelNotif %s to %s:%d: %s", kv->protocol, j->id,
-                         j->dest.host, j->dest.ports[i], kvt_strerror(st));
+                         j->dest.host, j->dest.ports[i], why);
     }
 }
 
@@ -532,7 +529,6 @@ pdgw_fwd_status_t fwd_pd_kv_create(const char *protocol, const fwd_pd_kv_opts_t 
                                    fwd_pd_kv_t **out, char *err, size_t errlen)
 {
     fwd_pd_kv_t *kv = calloc(1, sizeof(*kv));
-    kvt_status_t st;
     if (kv == NULL) {
         snprintf(err, errlen, "out of memory");
         return PDGW_FWD_ERR_CONFIG;
@@ -545,13 +541,9 @@ pdgw_fwd_status_t fwd_pd_kv_create(const char *protocol, const fwd_pd_kv_opts_t 
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         goto err_lock;
     }
-    /* libkvt's proxy client also binds a PULL of its own: keep it on an ephemeral loopback port
-     * (never read); ProxyNotifs go to the checked listener below. */
-    st = kvt_proxy_create("127.0.0.1", 0, &kv->proxy);
-    if (st != KVT_OK) {
-        snprintf(err, errlen, "cannot start the libkvt proxy client: %s", kvt_strerror(st));
+    /* ProxyNotifs go to the checked listener below, not the client's own. */
+    if (pdgw_fwd_kv_client_create(&kv->proxy, err, errlen) != PDGW_FWD_OK)
         goto err_efd;
-    }
     if (o->proxy && fwd_pd_notif_create(protocol, o, &kv->notif, err, errlen) != PDGW_FWD_OK)
         goto err_proxy;
     if (o->proxy && o->notif_relay_peers[0] != '\0' &&
@@ -580,7 +572,7 @@ err_notif:
     fwd_pd_relay_destroy(kv->relay);
     fwd_pd_notif_destroy(kv->notif);
 err_proxy:
-    kvt_proxy_destroy(kv->proxy);
+    pdgw_fwd_kv_client_destroy(kv->proxy);
 err_efd:
     close(kv->efd);
 err_lock:
@@ -606,7 +598,7 @@ void fwd_pd_kv_destroy(fwd_pd_kv_t *kv)
     }
     fwd_pd_relay_destroy(kv->relay);
     fwd_pd_notif_destroy(kv->notif);
-    kvt_proxy_destroy(kv->proxy);
+    pdgw_fwd_kv_client_destroy(kv->proxy);
     close(kv->efd);
     pthread_mutex_destroy(&kv->lock);
     free(kv);

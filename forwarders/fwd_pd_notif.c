@@ -25,7 +25,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <kvt/kvt_msg.h>
 #include <zmq.h>
 
 #define NOTIF_MAX_MSG   4096 /* a ProxyNotif is a few dozen bytes */
@@ -301,7 +300,6 @@ int fwd_pd_notif_recv(fwd_pd_notif_t *n, char *id, size_t cap, char *peer, size_
     zap_serve(n);
     for (;;) {
         zmq_msg_t p[1];
-        kvt_msg_t m;
         const char *addr;
         int k = recv_parts(n->pull, p, 1);
         if (k == 0)
@@ -310,20 +308,13 @@ int fwd_pd_notif_recv(fwd_pd_notif_t *n, char *id, size_t cap, char *peer, size_
             notif_reject(n, "malformed"); /* multipart: never a ProxyNotif */
             continue;
         }
-        memset(&m, 0, sizeof(m));
-        if (kvt_msg_decode(zmq_msg_data(&p[0]), zmq_msg_size(&p[0]), &m, NULL) != KVT_OK ||
-            m.type != KVT_MSG_PROXY_NOTIF || m.u.proxy_notif.req_id == NULL ||
-            m.u.proxy_notif.req_id[0] == '\0' || strlen(m.u.proxy_notif.req_id) >= cap) {
-            if (m.type != KVT_MSG_NONE)
-                kvt_msg_clear(&m);
+        if (!pdgw_fwd_kv_proxy_notif_decode(zmq_msg_data(&p[0]), zmq_msg_size(&p[0]), id, cap)) {
             zmq_msg_close(&p[0]);
             notif_reject(n, "malformed");
             continue;
         }
         addr = zmq_msg_gets(&p[0], "Peer-Address");
         snprintf(peer, peercap, "%s", addr ? addr : "");
-        snprintf(id, cap, "%s", m.u.proxy_notif.req_id);
-        kvt_msg_clear(&m);
         zmq_msg_close(&p[0]);
         return 1;
     }

@@ -278,7 +278,7 @@ static const pdgw_fwd_ops_t sgl_ops = {
 static const char *const sgl_native_paths[] = {"/generate", NULL};
 
 static const pdgw_fwd_desc_t fwd_sglang_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = SGL_NAME,
     .summary = "SGLang PD: both legs at once with bootstrap_host/port/room (parallel), DP ranks "
                "pinned",

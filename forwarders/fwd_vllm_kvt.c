@@ -195,7 +195,7 @@ static const pdgw_fwd_ops_t kvtf_ops = {
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_kvt_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = KVT_NAME,
     .summary = "Llumnix KVT: batch = decode only with the prefill's KV side channel; staged = "
                "serial",

@@ -332,7 +332,7 @@ static const pdgw_fwd_ops_t mc_ops = {
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = MC_NAME,
     .summary = "vLLM MooncakeConnector: parallel (transfer_id + bootstrap engine id) or serial "
                "(params copied, Llumnix)",

@@ -51,13 +51,6 @@ typedef struct nixl_state {
     int64_t lease_end_ms; /* CLOCK_MONOTONIC: the prefill may free its KV after this */
 } nixl_state_t;
 
-static int64_t nixl_clock_ms(clockid_t clk)
-{
-    struct timespec ts;
-    clock_gettime(clk, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static pdgw_fwd_status_t nixl_configure(const json_t *options, const pdgw_fwd_env_t *env,
                                         void **ctx, char *err, size_t errlen)
 {
@@ -170,7 +163,7 @@ static const char *nixl_params_gap(const json_t *kvp)
 /* One warning per NIXL_WARN_EVERY_MS at most; the rest are only counted. */
 static void nixl_warn(nixl_ctx_t *c, const pdgw_fwd_request_t *req, const char *what)
 {
-    int64_t now = nixl_clock_ms(CLOCK_MONOTONIC);
+    int64_t now = pdgw_fwd_now_ms();
     int_fast64_t last = atomic_load(&c->last_warn_ms);
     if (now - last < NIXL_WARN_EVERY_MS ||
         !atomic_compare_exchange_strong(&c->last_warn_ms, &last, now)) {
@@ -190,10 +183,10 @@ static void nixl_warn(nixl_ctx_t *c, const pdgw_fwd_request_t *req, const char *
  * means the configured lease from now. */
 static int64_t nixl_lease_end(const nixl_ctx_t *c, const json_t *kvp)
 {
-    int64_t now = nixl_clock_ms(CLOCK_MONOTONIC);
+    int64_t now = pdgw_fwd_now_ms();
     const json_t *exp = json_object_get(kvp, "remote_blocks_expiry_time");
     if (json_is_number(exp) && json_number_value(exp) > 1e9 && json_number_value(exp) < 1e11) {
-        int64_t left = (int64_t)(json_number_value(exp) * 1000.0) - nixl_clock_ms(CLOCK_REALTIME);
+        int64_t left = (int64_t)(json_number_value(exp) * 1000.0) - pdgw_fwd_wall_ms();
         return now + (left > 0 ? left : 0);
     }
     return now + c->lease_ms;
@@ -250,7 +243,7 @@ static unsigned nixl_retry_scope(void *ctx, void *state, const pdgw_fwd_request_
         /* The prefill keeps the KV until a decode reads it or its lease ends: within the
          * lease a new decode may read the same blocks; afterwards run the prefill again. */
         if (s != NULL && s->kvp != NULL && s->lease_end_ms > 0 &&
-            nixl_clock_ms(CLOCK_MONOTONIC) < s->lease_end_ms)
+            pdgw_fwd_now_ms() < s->lease_end_ms)
             return PDGW_REPICK_DECODE;
         return PDGW_REPICK_PREFILL | PDGW_REPICK_DECODE;
     default:
@@ -283,7 +276,7 @@ static const pdgw_fwd_ops_t nixl_ops = {
 };
 
 static const pdgw_fwd_desc_t fwd_vllm_nixl_desc = {
-    .abi_version = PDGW_FWD_ABI_VERSION,
+    PDGW_FWD_DESC_HEADER,
     .name = NIXL_NAME,
     .summary = "vLLM NixlConnector: prefill returns kv_transfer_params, decode pulls (serial)",
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,

@@ -1,29 +1,37 @@
 /*
- * pdgw_alloc.h - the one allocation wrapper of the gateway.
+ * pdgw_alloc.h - the gateway's names for the base allocation wrapper (pdb/pdb_alloc.h).
  *
- * Everything the gateway allocates may go through these, so a test can make the Nth
- * allocation fail (pdgw_alloc_fail_at) and check that every error path unwinds cleanly.
- * Memory from these functions is released with pdgw_free() (which is free()), so it may
- * be mixed with plain malloc/free.
+ * Everything the gateway allocates goes through these, so a test can make the Nth
+ * allocation fail (pdgw_alloc_fail_at) and check that every error path unwinds cleanly;
+ * the failing call's file:line is recorded. Memory is released with pdgw_free() (free()).
  */
 #ifndef PDGW_ALLOC_H
 #define PDGW_ALLOC_H
 
 #include <stddef.h>
 
-void *pdgw_malloc(size_t size);
-void *pdgw_calloc(size_t n, size_t size);
-void *pdgw_realloc(void *ptr, size_t size);
-char *pdgw_strdup(const char *s);
-char *pdgw_strndup(const char *s, size_t n);
-void pdgw_free(void *ptr);
+#include "pdb/pdb_alloc.h"
+
+#define pdgw_malloc(size)       pdb_malloc(size)
+#define pdgw_calloc(n, size)    pdb_calloc((n), (size))
+#define pdgw_realloc(ptr, size) pdb_realloc((ptr), (size))
+#define pdgw_strdup(s)          pdb_strdup(s)
+#define pdgw_strndup(s, n)      pdb_strndup((s), (n))
+#define pdgw_free               pdb_free
 
 /*
  * Test hook: the <n>th allocation from now (1 = the next one) fails, and every later one
- * too when <sticky> is non-zero. n = 0 disables failure injection. Thread-safe.
+ * too when <sticky> is non-zero. n = 0 disables failure injection. Process-wide.
  */
-void pdgw_alloc_fail_at(long n, int sticky);
+static inline void pdgw_alloc_fail_at(long n, int sticky)
+{
+    pdb_alloc_fail_at(n > 0 ? (uint64_t)n : 0, sticky);
+}
+
 /* Number of allocations made through the wrapper since start (for sizing torture loops). */
-long pdgw_alloc_count(void);
+static inline long pdgw_alloc_count(void)
+{
+    return (long)pdb_alloc_count();
+}
 
 #endif /* PDGW_ALLOC_H */

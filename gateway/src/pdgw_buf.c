@@ -13,75 +13,49 @@
 
 /* ---------------------------------------------------------------- buffer */
 
+/* The buffer is the base layer's (pdb_buf.h); these give its failures the gateway's codes. */
+static pdgw_status_t buf_status(pdb_status_t st)
+{
+    switch (st) {
+    case PDB_OK:
+        return PDGW_OK;
+    case PDB_ERR_NOMEM:
+        return PDGW_ERR_NOMEM;
+    case PDB_ERR_TOO_LARGE:
+        return PDGW_ERR_TOO_LARGE;
+    default:
+        return PDGW_ERR_INVALID;
+    }
+}
+
 void pdgw_buf_init(pdgw_buf_t *buf)
 {
-    buf->data = NULL;
-    buf->len = 0;
-    buf->cap = 0;
-    buf->limit = 0;
+    pdb_buf_init(buf);
 }
 
 pdgw_status_t pdgw_buf_reserve(pdgw_buf_t *buf, size_t extra)
 {
-    if (extra > SIZE_MAX / 2 - buf->len)
-        return PDGW_ERR_TOO_LARGE;
-    size_t need = buf->len + extra + 1;
-    if (buf->limit != 0 && buf->len + extra > buf->limit)
-        return PDGW_ERR_TOO_LARGE;
-    if (need <= buf->cap)
-        return PDGW_OK;
-    size_t cap = buf->cap != 0 ? buf->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    char *p = pdgw_realloc(buf->data, cap);
-    if (p == NULL)
-        return PDGW_ERR_NOMEM;
-    if (buf->data == NULL)
-        p[0] = '\0';
-    buf->data = p;
-    buf->cap = cap;
-    return PDGW_OK;
+    return buf_status(pdb_buf_reserve(buf, extra));
 }
 
 pdgw_status_t pdgw_buf_append(pdgw_buf_t *buf, const void *data, size_t len)
 {
-    pdgw_status_t st = pdgw_buf_reserve(buf, len);
-    if (st != PDGW_OK)
-        return st;
-    if (len != 0)
-        memcpy(buf->data + buf->len, data, len);
-    buf->len += len;
-    buf->data[buf->len] = '\0';
-    return PDGW_OK;
+    return buf_status(pdb_buf_append(buf, data, len));
 }
 
 pdgw_status_t pdgw_buf_append_str(pdgw_buf_t *buf, const char *s)
 {
-    return pdgw_buf_append(buf, s, strlen(s));
+    return buf_status(pdb_buf_append_str(buf, s));
 }
 
 pdgw_status_t pdgw_buf_append_char(pdgw_buf_t *buf, char c)
 {
-    return pdgw_buf_append(buf, &c, 1);
+    return buf_status(pdb_buf_append_char(buf, c));
 }
 
 pdgw_status_t pdgw_buf_vappendf(pdgw_buf_t *buf, const char *fmt, va_list ap)
 {
-    va_list ap2;
-    va_copy(ap2, ap);
-    char small[256];
-    int n = vsnprintf(small, sizeof(small), fmt, ap2);
-    va_end(ap2);
-    if (n < 0)
-        return PDGW_ERR_INVALID;
-    if ((size_t)n < sizeof(small))
-        return pdgw_buf_append(buf, small, (size_t)n);
-    pdgw_status_t st = pdgw_buf_reserve(buf, (size_t)n);
-    if (st != PDGW_OK)
-        return st;
-    vsnprintf(buf->data + buf->len, (size_t)n + 1, fmt, ap);
-    buf->len += (size_t)n;
-    return PDGW_OK;
+    return buf_status(pdb_buf_vappendf(buf, fmt, ap));
 }
 
 pdgw_status_t pdgw_buf_appendf(pdgw_buf_t *buf, const char *fmt, ...)
@@ -144,40 +118,20 @@ pdgw_status_t pdgw_buf_append_json_escaped(pdgw_buf_t *buf, const char *s, size_
 
 void pdgw_buf_consume(pdgw_buf_t *buf, size_t n)
 {
-    if (n >= buf->len) {
-        buf->len = 0;
-    } else {
-        memmove(buf->data, buf->data + n, buf->len - n);
-        buf->len -= n;
-    }
-    if (buf->data != NULL)
-        buf->data[buf->len] = '\0';
+    pdb_buf_consume(buf, n);
 }
 
 void pdgw_buf_reset(pdgw_buf_t *buf)
 {
-    buf->len = 0;
-    if (buf->data != NULL)
-        buf->data[0] = '\0';
+    pdb_buf_reset(buf);
 }
 
 void pdgw_buf_free(pdgw_buf_t *buf)
 {
-    pdgw_free(buf->data);
-    buf->data = NULL;
-    buf->len = 0;
-    buf->cap = 0;
+    pdb_buf_free(buf);
 }
 
 char *pdgw_buf_steal(pdgw_buf_t *buf, size_t *len_out)
 {
-    if (buf->data == NULL && pdgw_buf_reserve(buf, 0) != PDGW_OK)
-        return NULL;
-    char *p = buf->data;
-    if (len_out != NULL)
-        *len_out = buf->len;
-    buf->data = NULL;
-    buf->len = 0;
-    buf->cap = 0;
-    return p;
+    return pdb_buf_steal(buf, len_out);
 }

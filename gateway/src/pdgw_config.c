@@ -2,6 +2,7 @@
  * pdgw_config.c - the option table, defaults, typed setters, instances and cross-field
  * checks. YAML loading is in pdgw_config_yaml.c, env/CLI/help in pdgw_config_cli.c.
  */
+#include "pdgw_registry.h"
 #include "pdgw_config.h"
 
 #include <stdarg.h>
@@ -333,6 +334,10 @@ static const pdgw_config_option_t instance_options[] = {
     {"models", NULL, NULL, PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAMES",
      "Model names the instance serves (at most 16); requests of other models never reach it. "
      "None = learnt from the engine's GET /v1/models with each health probe.", I(models)},
+    {"attrs", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
+     "Protocol attributes of the instance, opaque to the scheduler; forwarders read them with "
+     "pdgw_fwd_instance_attr() (a new protocol's fields need no new key here).",
+     I(attrs)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
      "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
      "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},
@@ -727,6 +732,35 @@ void pdgw_cfg_instance_free(pdgw_instance_config_t *inst)
     free_fields(instance_options, sizeof(instance_options) / sizeof(instance_options[0]), inst);
     pdgw_free(inst->host);
     inst->host = NULL;
+    pdgw_free(inst->attrs_text);
+    inst->attrs_text = NULL;
+}
+
+/* attrs as the scheduler carries them, opaque: "key=value\n" lines. Keys may not hold '=' or
+ * a newline, values no newline. */
+static pdgw_status_t encode_attrs(pdgw_instance_config_t *inst, size_t index, pdgw_cfg_src_t *src)
+{
+    pdgw_buf_t b = PDGW_BUF_INIT;
+    char key[64];
+
+    for (size_t i = 0; i < inst->attrs.count; i++) {
+        const pdgw_kv_t *kv = &inst->attrs.items[i];
+        if (kv->key[0] == '\0' || strpbrk(kv->key, "=\n") != NULL || strchr(kv->value, '\n')) {
+            pdgw_buf_free(&b);
+            snprintf(key, sizeof(key), "instances[%zu].attrs", index);
+            return pdgw_cfg_fail(src, key,
+                                 "\"%s\": keys may not hold '=' or newlines, values "
+                                 "no newlines",
+                                 kv->key);
+        }
+        if (pdgw_buf_appendf(&b, "%s=%s\n", kv->key, kv->value) != PDGW_OK) {
+            pdgw_buf_free(&b);
+            return PDGW_ERR_NOMEM;
+        }
+    }
+    pdgw_free(inst->attrs_text);
+    inst->attrs_text = pdgw_buf_steal(&b, NULL);
+    return inst->attrs_text != NULL ? PDGW_OK : PDGW_ERR_NOMEM;
 }
 
 pdgw_status_t pdgw_cfg_instance_add(pdgw_config_t *cfg, pdgw_instance_config_t *inst)
@@ -798,7 +832,7 @@ pdgw_status_t pdgw_cfg_instance_finalize(pdgw_instance_config_t *inst, size_t in
                 return st;
         }
     }
-    return PDGW_OK;
+    return encode_attrs(inst, index, src);
 }
 
 pdgw_status_t pdgw_cfg_instance_quick(pdgw_config_t *cfg, pdgw_role_t role, const char *url,
@@ -875,27 +909,21 @@ pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *
                                                 pdgw_protocol_info_t *info, char *err,
                                                 size_t errlen)
 {
-    static const char *const pd[] = {"vllm-nixl", "vllm-mooncake", "vllm-kvt", "sglang", "lmcache"};
+    /* The registry is the only truth about a protocol: its descriptor's modes and dispatch. */
+    const pdgw_fwd_desc_t *desc = pdgw_registry_find(cfg->protocol);
     (void)ctx;
-    pdgw_protocol_info_t r = {.supports_batch = true, .supports_staged = true};
-    if (strcmp(cfg->protocol, "neutral") == 0) {
-        r.needs_both = true;
-        *info = r;
-        return PDGW_OK;
+    if (desc == NULL) {
+        char names[512];
+        pdgw_registry_names(names, sizeof(names));
+        snprintf(err, errlen, "unknown forwarder '%s' (registered: %s)", cfg->protocol, names);
+        return PDGW_ERR_NOT_FOUND;
     }
-    for (size_t i = 0; i < sizeof(pd) / sizeof(pd[0]); i++) {
-        if (strcmp(cfg->protocol, pd[i]) == 0) {
-            r.needs_prefill = true;
-            r.needs_decode = true;
-            *info = r;
-            return PDGW_OK;
-        }
-    }
-    snprintf(err, errlen,
-             "unknown protocol \"%s\" (built in: neutral, vllm-nixl, vllm-mooncake, vllm-kvt, "
-             "sglang, lmcache)",
-             cfg->protocol);
-    return PDGW_ERR_NOT_FOUND;
+    memset(info, 0, sizeof(*info));
+    info->supports_batch = (desc->modes & PDGW_MODE_BATCH) != 0;
+    info->supports_staged = (desc->modes & PDGW_MODE_STAGED) != 0;
+    info->needs_decode = true; /* SINGLE: a decode-capable (decode or both) instance */
+    info->needs_prefill = desc->dispatch != PDGW_DISPATCH_SINGLE;
+    return PDGW_OK;
 }
 
 pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
@@ -1015,6 +1043,12 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
                              cfg->protocol);
     bool have_p = n_prefill + n_both > 0 || dyn_prefill || dyn_both;
     bool have_d = n_decode + n_both > 0 || dyn_decode || dyn_both;
+    if (!info.needs_prefill && info.needs_decode && !have_d)
+        return pdgw_cfg_fail(&src, "instances",
+                             "protocol %s forwards each request to one decode-capable instance, "
+                             "but no decode or both instance is configured (add --decode URL, "
+                             "--both URL, or discovery)",
+                             cfg->protocol);
     if ((info.needs_prefill && !have_p) || (info.needs_decode && !have_d))
         return pdgw_cfg_fail(&src, "instances",
                              "protocol %s needs prefill and decode instances, but no %s instance "

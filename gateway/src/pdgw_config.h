@@ -117,9 +117,11 @@ typedef struct pdgw_instance_config {
     pdgw_kv_list_t labels;
     pdgw_str_list_t models; /* model names served; none = learnt from GET /v1/models */
     int kv_engine;          /* 0 lmcache (upstream engine), 1 libkvt */
+    pdgw_kv_list_t attrs;   /* protocol attributes (pdgw_fwd_instance_attr) */
     /* derived from url by the loader */
     char *host;
     int port;
+    char *attrs_text; /* attrs as "key=value\n" lines, what the scheduler carries */
 } pdgw_instance_config_t;
 
 typedef struct pdgw_dns_discovery_config {
@@ -180,7 +182,7 @@ typedef struct pdgw_config {
     pdgw_log_format_t log_format;
     bool access_log;
     pdgw_str_list_t models;
-    bool passthrough; /* proxy other /v1/ paths and engine utility endpoints */
+    bool passthrough;                     /* proxy other /v1/ paths and engine utility endpoints */
     pdgw_str_list_t cors_allowed_origins; /* browser origins let in by CORS; "*" = any */
     pdgw_policy_t prefill_policy;
     pdgw_policy_t decode_policy;
@@ -269,7 +271,8 @@ typedef pdgw_status_t (*pdgw_config_protocol_fn)(void *ctx, const pdgw_config_t 
                                                  pdgw_protocol_info_t *info, char *err,
                                                  size_t errlen);
 
-/* Built-in answers for the in-tree protocol names (neutral, vllm-*, sglang, lmcache). */
+/* The registry's answer: the registered descriptor's modes and dispatch (the plugins must be
+ * loaded before; pdgw_main's hook loads them, then asks this). */
 pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *cfg,
                                                 pdgw_protocol_info_t *info, char *err,
                                                 size_t errlen);

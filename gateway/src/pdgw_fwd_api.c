@@ -13,8 +13,19 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
+#include "pdb/pdb_clock.h"
 
 /* ---------------------------------------------------------------- names */
+
+int64_t pdgw_fwd_now_ms(void)
+{
+    return (int64_t)pdb_clock_mono_ms();
+}
+
+int64_t pdgw_fwd_wall_ms(void)
+{
+    return (int64_t)(pdb_clock_real_ns() / PDB_NSEC_PER_MSEC);
+}
 
 const char *pdgw_phase_name(pdgw_phase_t phase)
 {

@@ -39,7 +39,6 @@ static bool plugins_loaded;
 static pdgw_status_t main_protocol_info(void *ctx, const pdgw_config_t *cfg,
                                         pdgw_protocol_info_t *info, char *err, size_t errlen)
 {
-    const pdgw_fwd_desc_t *desc;
     size_t i;
     (void)ctx;
     if (!plugins_loaded) {
@@ -50,23 +49,7 @@ static pdgw_status_t main_protocol_info(void *ctx, const pdgw_config_t *cfg,
                 return st;
         }
     }
-    desc = pdgw_registry_find(cfg->protocol);
-    if (desc == NULL) {
-        char names[512];
-        pdgw_registry_names(names, sizeof(names));
-        snprintf(err, errlen, "unknown forwarder '%s' (registered: %s)", cfg->protocol, names);
-        return PDGW_ERR_NOT_FOUND;
-    }
-    memset(info, 0, sizeof(*info));
-    info->supports_batch = (desc->modes & PDGW_MODE_BATCH) != 0;
-    info->supports_staged = (desc->modes & PDGW_MODE_STAGED) != 0;
-    if (desc->dispatch == PDGW_DISPATCH_SINGLE) {
-        info->needs_decode = true; /* a decode-capable (both) instance */
-    } else {
-        info->needs_prefill = true;
-        info->needs_decode = true;
-    }
-    return PDGW_OK;
+    return pdgw_config_builtin_protocol_info(NULL, cfg, info, err, errlen);
 }
 
 /* ---------------------------------------------------------------- pool */
@@ -110,6 +93,7 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
     d->dp_size = ic->dp_size;
     d->kv_engine = ic->kv_engine == 1 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
     d->zone = ic->zone;
+    d->attrs = ic->attrs_text;
     for (j = 0; j < ic->labels.count && j < SCHED_MAX_LABELS; j++) {
         d->labels[j].key = ic->labels.items[j].key;
         d->labels[j].value = ic->labels.items[j].value;

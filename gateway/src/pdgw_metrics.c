@@ -6,6 +6,7 @@
  * mutex and publishes the new count (release). Series are never removed before the
  * registry is destroyed, so a handle stays valid for the registry's lifetime.
  */
+#include "pdb/pdb_prom.h"
 #include "pdgw_metrics.h"
 
 #include <math.h>
@@ -626,52 +627,25 @@ void pdgw_metrics_collector_remove(pdgw_metrics_t *reg, pdgw_metrics_collect_fn 
 
 /* ---------------------------------------------------------------- exposition */
 
-/* Shortest text that reads back as exactly <v>; Prometheus spellings for the specials. */
+/* The exposition's number and escaping rules are the base writer's (pdb_prom.h). */
+static pdgw_status_t prom_status(pdb_status_t st)
+{
+    return st == PDB_OK ? PDGW_OK : st == PDB_ERR_NOMEM ? PDGW_ERR_NOMEM : PDGW_ERR_TOO_LARGE;
+}
+
 static pdgw_status_t put_double(pdgw_buf_t *out, double v)
 {
-    if (isnan(v))
-        return pdgw_buf_append_str(out, "NaN");
-    if (isinf(v))
-        return pdgw_buf_append_str(out, v > 0 ? "+Inf" : "-Inf");
-    char tmp[40];
-    for (int prec = 6; prec <= 17; prec++) {
-        snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
-        if (strtod(tmp, NULL) == v)
-            break;
-    }
-    return pdgw_buf_append_str(out, tmp);
+    return prom_status(pdb_prom_put_double(out, v));
 }
 
-/* HELP text escaping: backslash and newline. */
 static pdgw_status_t put_help(pdgw_buf_t *out, const char *s)
 {
-    pdgw_status_t st = PDGW_OK;
-    for (; *s && st == PDGW_OK; s++) {
-        if (*s == '\\')
-            st = pdgw_buf_append_str(out, "\\\\");
-        else if (*s == '\n')
-            st = pdgw_buf_append_str(out, "\\n");
-        else
-            st = pdgw_buf_append_char(out, *s);
-    }
-    return st;
+    return prom_status(pdb_prom_put_help(out, s));
 }
 
-/* Label value escaping: backslash, double quote, newline. */
 static pdgw_status_t put_label_value(pdgw_buf_t *out, const char *s)
 {
-    pdgw_status_t st = PDGW_OK;
-    for (; *s && st == PDGW_OK; s++) {
-        if (*s == '\\')
-            st = pdgw_buf_append_str(out, "\\\\");
-        else if (*s == '"')
-            st = pdgw_buf_append_str(out, "\\\"");
-        else if (*s == '\n')
-            st = pdgw_buf_append_str(out, "\\n");
-        else
-            st = pdgw_buf_append_char(out, *s);
-    }
-    return st;
+    return prom_status(pdb_prom_put_label_value(out, s));
 }
 
 /* "{a="x",b="y"" + optional le, closing brace; nothing when there are no labels. */

@@ -11,14 +11,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pdgw_fwd_sdk.h"
 #include "pdgw_log.h"
 
 #define REFUSAL_MAX 16
 
 typedef struct registry_entry {
     const pdgw_fwd_desc_t *desc;
-    pdgw_fwd_desc_t upgraded;    /* an older-ABI descriptor, completed with defaults */
-    pdgw_fwd_ops_t upgraded_ops; /* its ops table (ABI < 3 ends before rewrite_decode) */
+    pdgw_fwd_desc_t upgraded;    /* the plugin's descriptor, completed with defaults */
+    pdgw_fwd_ops_t upgraded_ops; /* its ops table, completed the same way */
     char origin[256];            /* "built-in" or the plugin path */
     int logged;
 } registry_entry_t;
@@ -50,6 +51,62 @@ static void registry_refuse(pdgw_status_t status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(r->message, sizeof(r->message), fmt, ap);
     va_end(ap);
+}
+
+/* Bytes of the plugin's descriptor / ops table the gateway may read: fixed per version up to
+ * ABI 3, declared by the plugin from ABI 4 on. */
+static size_t desc_size_of(const pdgw_fwd_desc_t *d)
+{
+    switch (d->abi_version) {
+    case 1:
+        return offsetof(pdgw_fwd_desc_t, client_fields);
+    case 2:
+        return offsetof(pdgw_fwd_desc_t, native_paths);
+    case 3:
+        return offsetof(pdgw_fwd_desc_t, struct_size);
+    default:
+        return d->struct_size;
+    }
+}
+
+static size_t ops_size_of(const pdgw_fwd_desc_t *d)
+{
+    if (d->abi_version < 3)
+        return offsetof(pdgw_fwd_ops_t, rewrite_decode);
+    if (d->abi_version == 3)
+        return offsetof(pdgw_fwd_ops_t, check_instance) + sizeof(d->ops->check_instance);
+    return d->ops_size;
+}
+
+/* ABI 4 and later: the sizes must at least cover the fields every version has. */
+static int size_fields_ok(const pdgw_fwd_desc_t *d)
+{
+    if (d->abi_version < 4)
+        return 1;
+    return d->struct_size >= offsetof(pdgw_fwd_desc_t, ops_size) + sizeof(d->ops_size) &&
+           d->ops_size >= offsetof(pdgw_fwd_ops_t, build_leg) + sizeof(d->ops->build_leg);
+}
+
+/* The registry's own copy of <d> and its ops: what the plugin's version has, the rest zero
+ * (= the documented default), then the ops its ABI 4 fields stand for. */
+static const pdgw_fwd_desc_t *upgrade(registry_entry_t *e, const pdgw_fwd_desc_t *d)
+{
+    size_t dn = desc_size_of(d), on = ops_size_of(d);
+
+    memset(&e->upgraded, 0, sizeof(e->upgraded));
+    memcpy(&e->upgraded, d, dn < sizeof(e->upgraded) ? dn : sizeof(e->upgraded));
+    memset(&e->upgraded_ops, 0, sizeof(e->upgraded_ops));
+    memcpy(&e->upgraded_ops, d->ops, on < sizeof(e->upgraded_ops) ? on : sizeof(e->upgraded_ops));
+    e->upgraded.struct_size = sizeof(e->upgraded);
+    e->upgraded.ops_size = sizeof(e->upgraded_ops);
+    if (d->abi_version < 4) {
+        e->upgraded.ctx_size = 0;
+        e->upgraded.options = NULL;
+        e->upgraded.state_size = 0;
+    }
+    e->upgraded.ops = &e->upgraded_ops;
+    pdgw_fwd_sdk_complete_ops(&e->upgraded, &e->upgraded_ops);
+    return &e->upgraded;
 }
 
 int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
@@ -95,26 +152,14 @@ int pdgw_fwd_register(const pdgw_fwd_desc_t *desc)
         registry_refuse(PDGW_ERR_LIMIT, "%s: too many forwarders registered", origin);
         goto out;
     }
-    if (desc->abi_version < 2) {
-        /* ABI 1 ends after `ops`: copy only that much, the rest keeps its default. */
-        registry_entry_t *e = &registry[registry_count];
-        memset(&e->upgraded, 0, sizeof(e->upgraded));
-        memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, client_fields));
-        desc = &e->upgraded;
-    } else if (desc->abi_version < 3) {
-        /* ABI 2 ends after `client_fields`. */
-        registry_entry_t *e = &registry[registry_count];
-        memset(&e->upgraded, 0, sizeof(e->upgraded));
-        memcpy(&e->upgraded, desc, offsetof(pdgw_fwd_desc_t, native_paths));
-        desc = &e->upgraded;
+    if (!size_fields_ok(desc)) {
+        registry_refuse(PDGW_ERR_ABI,
+                        "%s: forwarder '%s' declares ABI %u but its struct_size/ops_size are "
+                        "too small (build it with PDGW_FWD_DESC_HEADER)",
+                        origin, desc->name, desc->abi_version);
+        goto out;
     }
-    if (desc->abi_version < 3) {
-        /* Its ops table ends before rewrite_decode (and check_instance). */
-        registry_entry_t *e = &registry[registry_count];
-        memset(&e->upgraded_ops, 0, sizeof(e->upgraded_ops));
-        memcpy(&e->upgraded_ops, desc->ops, offsetof(pdgw_fwd_ops_t, rewrite_decode));
-        e->upgraded.ops = &e->upgraded_ops;
-    }
+    desc = upgrade(&registry[registry_count], desc);
     registry[registry_count].desc = desc;
     snprintf(registry[registry_count].origin, sizeof(registry[registry_count].origin), "%s",
              origin);

@@ -7,15 +7,14 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "pdb/pdb_clock.h"
 #include "pdgw_alloc.h"
 
 /* ---------------------------------------------------------------- time */
 
 uint64_t pdgw_time_mono_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return pdb_clock_mono_ns();
 }
 
 uint64_t pdgw_time_mono_us(void)
@@ -35,9 +34,7 @@ double pdgw_time_mono_sec(void)
 
 uint64_t pdgw_time_real_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return pdb_clock_real_ns();
 }
 
 size_t pdgw_time_format_rfc3339(uint64_t real_ns, char *out, size_t out_len)

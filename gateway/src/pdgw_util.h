@@ -6,6 +6,7 @@
 #ifndef PDGW_UTIL_H
 #define PDGW_UTIL_H
 
+#include "pdb/pdb_buf.h"
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -22,17 +23,9 @@
  * Appends fail with PDGW_ERR_NOMEM (buffer unchanged) or PDGW_ERR_TOO_LARGE when the
  * optional <limit> (0 = none) would be exceeded.
  */
-typedef struct pdgw_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-    size_t limit; /* max len, 0 = unlimited */
-} pdgw_buf_t;
+typedef pdb_buf_t pdgw_buf_t; /* data, len, cap, limit (max len, 0 = unlimited) */
 
-#define PDGW_BUF_INIT                                                                              \
-    {                                                                                              \
-        NULL, 0, 0, 0                                                                              \
-    }
+#define PDGW_BUF_INIT PDB_BUF_INIT
 
 void pdgw_buf_init(pdgw_buf_t *buf);
 /* Make room for at least <extra> more bytes (+1 for the NUL). */

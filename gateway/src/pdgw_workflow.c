@@ -12,6 +12,7 @@
  *   -> attempt_cleanup exactly once per attempt; bookings finished exactly once per leg.
  * A failure before the first byte reached the client may be retried on other instances.
  */
+#include "pdgw_fwd_sdk.h"
 #include "pdgw_server_int.h"
 #include "pdgw_fleet.h"
 
@@ -67,6 +68,7 @@ void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si)
     v->weight = (int)d->weight;
     v->kv_engine =
         d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? PDGW_KV_ENGINE_LIBKVT : PDGW_KV_ENGINE_UPSTREAM;
+    v->attrs = d->attrs ? d->attrs : "";
 }
 
 /* Refresh the peer views from the booking. */
@@ -182,6 +184,7 @@ static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
         if (ops_of(r)->attempt_cleanup)
             ops_of(r)->attempt_cleanup(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, reason);
         r->fwd_state = NULL;
+        pdgw_fwd_attempt_end(&r->freq);
     }
 }
 
@@ -430,12 +433,18 @@ static void wf_start_attempt(pdgw_req_t *r)
         wf_run_first_stage(r);
         return;
     }
+    if (pdgw_fwd_attempt_begin(r->w->srv->desc, &r->freq, &r->fwd_state) != PDGW_OK) {
+        pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "out of memory");
+        wf_fail(r, &e, NULL);
+        return;
+    }
     if (ops->attempt_init) {
         if (ops->attempt_init(r->w->srv->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) !=
             PDGW_FWD_OK) {
             if (e.message[0] == '\0')
                 pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "forwarder %s: attempt_init",
                                    protocol_of(r));
+            pdgw_fwd_attempt_end(&r->freq);
             wf_fail(r, &e, NULL);
             return;
         }

@@ -13,6 +13,7 @@
 
 #include "kvt/kvt_engine.h"
 #include "kvt/kvt_msg.h"
+#include "pdb/pdb_clock.h"
 
 #define PROXY_MAX_DEALERS 64
 
@@ -33,9 +34,7 @@ struct kvt_proxy {
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return pdb_clock_mono_ms();
 }
 
 kvt_status_t kvt_proxy_create(const char *host, uint16_t port, kvt_proxy_t **out)

@@ -212,9 +212,24 @@ static void on_tl_complete(void *arg, uint64_t cookie, kvt_status_t status)
     kvt_compl_t *c = kvt_calloc(1, sizeof(*c));
 
     if (c == NULL) {
-        /* cannot queue: the flow would hang; retry the allocation */
-        while ((c = kvt_calloc(1, sizeof(*c))) == NULL)
-            usleep(1000);
+        /* no node: the bounded spill area keeps it (retrying could spin forever) */
+        int dropped;
+        pthread_mutex_lock(&e->lock);
+        dropped = e->n_compl_spill == KVT_COMPL_SPILL;
+        if (!dropped) {
+            e->compl_spill[e->n_compl_spill].cookie = cookie;
+            e->compl_spill[e->n_compl_spill++].status = status;
+        } else {
+            e->compl_dropped++;
+        }
+        pthread_mutex_unlock(&e->lock);
+        if (dropped)
+            fprintf(stderr,
+                    "kvt %s: out of memory: a transfer completion was dropped; the "
+                    "transfer ends by its timeout\n",
+                    e->id);
+        kvt_engine_wake(e);
+        return;
     }
     c->cookie = cookie;
     c->status = status;
@@ -275,13 +290,39 @@ static void run_commands(kvt_engine_t *e)
     }
 }
 
+static void dispatch_compl(kvt_engine_t *e, uint64_t cookie, kvt_status_t status)
+{
+    void *ptr = (void *)(uintptr_t)(cookie & ~(uint64_t)7);
+
+    switch ((kvt_cookie_kind_t)(cookie & 7)) {
+    case CK_PUSH_WRITE:
+        kvt_flow_sender_on_write_done(e, ptr, status);
+        break;
+    case CK_PULL_READ:
+        kvt_flow_recv_on_read_done(e, ptr, status);
+        break;
+    case CK_DELAY_READ:
+        kvt_flow_delay_on_read_done(e, ptr, status);
+        break;
+    }
+}
+
 static void run_completions(kvt_engine_t *e)
 {
     kvt_compl_t *c;
+    uint32_t n_spill;
+    uint64_t spill_cookie[KVT_COMPL_SPILL];
+    kvt_status_t spill_status[KVT_COMPL_SPILL];
 
     pthread_mutex_lock(&e->lock);
     c = e->compl_head;
     e->compl_head = e->compl_tail = NULL;
+    n_spill = e->n_compl_spill;
+    for (uint32_t i = 0; i < n_spill; i++) {
+        spill_cookie[i] = e->compl_spill[i].cookie;
+        spill_status[i] = e->compl_spill[i].status;
+    }
+    e->n_compl_spill = 0;
     pthread_mutex_unlock(&e->lock);
     while (c != NULL) {
         kvt_compl_t *next = c->next;
@@ -289,22 +330,13 @@ static void run_completions(kvt_engine_t *e)
             kvt_flow_sender_peer_failed(e, c->peer_failed);
             kvt_free(c->peer_failed);
         } else {
-            void *ptr = (void *)(uintptr_t)(c->cookie & ~(uint64_t)7);
-            switch ((kvt_cookie_kind_t)(c->cookie & 7)) {
-            case CK_PUSH_WRITE:
-                kvt_flow_sender_on_write_done(e, ptr, c->status);
-                break;
-            case CK_PULL_READ:
-                kvt_flow_recv_on_read_done(e, ptr, c->status);
-                break;
-            case CK_DELAY_READ:
-                kvt_flow_delay_on_read_done(e, ptr, c->status);
-                break;
-            }
+            dispatch_compl(e, c->cookie, c->status);
         }
         kvt_free(c);
         c = next;
     }
+    for (uint32_t i = 0; i < n_spill; i++)
+        dispatch_compl(e, spill_cookie[i], spill_status[i]);
 }
 
 static void drain_socket(kvt_engine_t *e, void *sock, int which)
@@ -515,7 +547,7 @@ static void engine_free(kvt_engine_t *e)
     kvt_flow_sender_fini(e);
     kvt_flow_recv_fini(e);
     kvt_engine_flush_out(e); /* the thread is gone: this one owns the sockets */
-    if (e->done_pushes.b != NULL) {
+    if (e->done_pushes.buckets != NULL) {
         kvt_map_each(&e->done_pushes, close_push, NULL);
         kvt_map_fini(&e->done_pushes);
     }
@@ -535,19 +567,19 @@ static void engine_free(kvt_engine_t *e)
         kvt_breaker_destroy(e->breaker);
     if (e->pending != NULL)
         kvt_pending_destroy(e->pending);
-    if (e->tasks.b != NULL)
+    if (e->tasks.buckets != NULL)
         kvt_task_fini(e);
-    if (e->rents.b != NULL)
+    if (e->rents.buckets != NULL)
         kvt_map_fini(&e->rents);
-    if (e->rreqs.b != NULL)
+    if (e->rreqs.buckets != NULL)
         kvt_map_fini(&e->rreqs);
-    if (e->tombs.b != NULL) {
+    if (e->tombs.buckets != NULL) {
         kvt_map_each(&e->tombs, free_val, NULL);
         kvt_map_fini(&e->tombs);
     }
-    if (e->sgroups.b != NULL)
+    if (e->sgroups.buckets != NULL)
         kvt_map_fini(&e->sgroups);
-    if (e->hs_peers.b != NULL)
+    if (e->hs_peers.buckets != NULL)
         kvt_map_fini(&e->hs_peers);
     if (e->wake_fd >= 0)
         close(e->wake_fd);

@@ -22,28 +22,44 @@
 #include "kvt/kvt_msg.h"
 #include "kvt/kvt_pending.h"
 #include "kvt/kvt_reserve.h"
+#include "kvt_strmap_int.h"
 #include "kvt_transport.h"
 
-/* ---- small string map (kvt_engine_map.c) ------------------------------- */
-typedef struct kvt_map_ent {
-    struct kvt_map_ent *next;
-    char *key;
-    void *val;
-} kvt_map_ent_t;
+/* ---- string map: the base map (kvt_strmap_int.h) under the engine's names */
+typedef kvt_strmap_t kvt_map_t;
 
-typedef struct kvt_map {
-    kvt_map_ent_t **b;
-    size_t nb;
-    size_t n;
-} kvt_map_t;
+/* <nb>: expected entries (0 = small). */
+static inline kvt_status_t kvt_map_init(kvt_map_t *m, size_t nb)
+{
+    return kvt_status_of_pdb(pdb_map_init(m, nb));
+}
 
-kvt_status_t kvt_map_init(kvt_map_t *m, size_t nb);
-void kvt_map_fini(kvt_map_t *m); /* frees entries, not values */
-void *kvt_map_get(const kvt_map_t *m, const char *key);
-kvt_status_t kvt_map_put(kvt_map_t *m, const char *key, void *val); /* EXISTS if present */
-void *kvt_map_del(kvt_map_t *m, const char *key);                   /* returns value */
+static inline void kvt_map_fini(kvt_map_t *m) /* frees entries, not values */
+{
+    pdb_map_fini(m, NULL);
+}
+
+static inline void *kvt_map_get(const kvt_map_t *m, const char *key)
+{
+    return pdb_map_get(m, key);
+}
+
+static inline kvt_status_t kvt_map_put(kvt_map_t *m, const char *key, void *val)
+{
+    return kvt_status_of_pdb(pdb_map_put(m, key, val)); /* EXISTS if present */
+}
+
+static inline void *kvt_map_del(kvt_map_t *m, const char *key) /* returns value */
+{
+    return pdb_map_remove(m, key);
+}
+
 /* Iterate: call fn for every value; fn may not modify the map. */
-void kvt_map_each(const kvt_map_t *m, void (*fn)(void *arg, const char *key, void *val), void *arg);
+static inline void kvt_map_each(const kvt_map_t *m,
+                                void (*fn)(void *arg, const char *key, void *val), void *arg)
+{
+    pdb_map_each(m, fn, arg);
+}
 
 /* ---- tasks (kvt_task.c) ------------------------------------------------ */
 typedef struct kvt_task {
@@ -243,6 +259,8 @@ typedef enum {
     CK_DELAY_READ,     /* ptr = load job */
 } kvt_cookie_kind_t;
 
+#define KVT_COMPL_SPILL 64
+
 typedef struct kvt_compl {
     struct kvt_compl *next;
     uint64_t cookie;
@@ -332,6 +350,15 @@ struct kvt_engine {
     kvt_task_id_t next_id;
     kvt_cmd_t *cmd_head, *cmd_tail;
     kvt_compl_t *compl_head, *compl_tail;
+    /* Completions whose queue node could not be allocated: kept here (under lock) rather
+     * than lost or retried forever; when even this is full one is dropped and counted, and
+     * the transfer ends by its timeout. */
+    struct {
+        uint64_t cookie;
+        kvt_status_t status;
+    } compl_spill[KVT_COMPL_SPILL];
+    uint32_t n_compl_spill;
+    uint64_t compl_dropped;
     kvt_out_t *out_head, *out_tail;
 
     /* sender (progress thread only) */

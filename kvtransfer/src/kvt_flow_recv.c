@@ -369,7 +369,7 @@ static void tomb_add(kvt_engine_t *e, const char *req_id)
         *exp = until;
         return;
     }
-    if (e->tombs.n >= KVT_TOMBS_MAX || (exp = kvt_malloc(sizeof(*exp))) == NULL)
+    if (e->tombs.count >= KVT_TOMBS_MAX || (exp = kvt_malloc(sizeof(*exp))) == NULL)
         return;
     *exp = until;
     if (kvt_map_put(&e->tombs, req_id, exp) != KVT_OK)
@@ -1318,7 +1318,7 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
         return;
     }
     pthread_mutex_lock(&e->rx_lock);
-    if (kvt_map_get(&e->hs_peers, peer) == NULL && e->hs_peers.n < KVT_HS_PEERS_MAX)
+    if (kvt_map_get(&e->hs_peers, peer) == NULL && e->hs_peers.count < KVT_HS_PEERS_MAX)
         (void)kvt_map_put(&e->hs_peers, peer, e);
     pthread_mutex_unlock(&e->rx_lock);
     bl = blob_with_regions(e, blob, bl, sizeof(blob));
@@ -1676,7 +1676,7 @@ void kvt_flow_recv_fini(kvt_engine_t *e)
         kvt_free(pk->ident);
         kvt_free(pk);
     }
-    if (e->rents.b == NULL)
+    if (e->rents.buckets == NULL)
         return;
     pthread_mutex_lock(&e->rx_lock);
     kvt_map_each(&e->rents, unbusy_cb, NULL);

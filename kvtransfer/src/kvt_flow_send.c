@@ -1117,6 +1117,6 @@ void kvt_flow_sender_fini(kvt_engine_t *e)
         kvt_ctrl_close(p->init_dealer);
         kvt_free(p);
     }
-    if (e->sgroups.b != NULL)
+    if (e->sgroups.buckets != NULL)
         kvt_map_each(&e->sgroups, free_group, NULL);
 }

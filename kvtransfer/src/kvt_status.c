@@ -1,14 +1,9 @@
 /*
- * kvt_status.c -- status strings, the allocation wrapper with fault
- * injection, and the default monotonic clock.
+ * kvt_status.c -- status strings (allocation and the clock are in libpdb).
  */
 #include "kvt/kvt_status.h"
-#include "kvt/kvt_clock.h"
 
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct status_desc {
     const char *name;
@@ -67,93 +62,4 @@ const char *kvt_status_name(kvt_status_t status)
 {
     const struct status_desc *d = status_lookup(status);
     return d != NULL ? d->name : "KVT_UNKNOWN";
-}
-
-/* ---- allocation wrapper ------------------------------------------------ */
-
-static atomic_uint_fast64_t alloc_count;
-static atomic_uint_fast64_t fail_at; /* absolute count that fails; 0 = off */
-static atomic_int fail_sticky;
-
-void kvt_alloc_fail_at(uint64_t n, int sticky)
-{
-    atomic_store(&fail_sticky, sticky ? 1 : 0);
-    atomic_store(&fail_at, n == 0 ? 0 : atomic_load(&alloc_count) + n);
-}
-
-uint64_t kvt_alloc_count(void)
-{
-    return atomic_load(&alloc_count);
-}
-
-/* Counts one allocation; returns non-zero when it must fail. */
-static int alloc_should_fail(void)
-{
-    uint64_t n = atomic_fetch_add(&alloc_count, 1) + 1;
-    uint64_t at = atomic_load(&fail_at);
-    if (at == 0)
-        return 0;
-    if (n == at)
-        return 1;
-    return n > at && atomic_load(&fail_sticky);
-}
-
-void *kvt_malloc(size_t size)
-{
-    if (alloc_should_fail())
-        return NULL;
-    return malloc(size == 0 ? 1 : size);
-}
-
-void *kvt_calloc(size_t nmemb, size_t size)
-{
-    if (alloc_should_fail())
-        return NULL;
-    if (nmemb == 0 || size == 0)
-        return calloc(1, 1);
-    return calloc(nmemb, size);
-}
-
-void *kvt_realloc(void *ptr, size_t size)
-{
-    if (alloc_should_fail())
-        return NULL;
-    return realloc(ptr, size == 0 ? 1 : size);
-}
-
-char *kvt_strdup(const char *s)
-{
-    if (s == NULL)
-        return NULL;
-    return kvt_strndup(s, strlen(s));
-}
-
-char *kvt_strndup(const char *s, size_t n)
-{
-    size_t len;
-    char *p;
-
-    if (s == NULL)
-        return NULL;
-    len = strnlen(s, n);
-    p = kvt_malloc(len + 1);
-    if (p == NULL)
-        return NULL;
-    memcpy(p, s, len);
-    p[len] = '\0';
-    return p;
-}
-
-void kvt_free(void *ptr)
-{
-    free(ptr);
-}
-
-/* ---- clock --------------------------------------------------------------- */
-
-uint64_t kvt_clock_monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * KVT_NSEC_PER_SEC + (uint64_t)ts.tv_nsec;
 }

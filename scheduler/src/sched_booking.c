@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sched_int.h"
+#include "pdb/pdb_clock.h"
 
 #define RELAXED         memory_order_relaxed
 #define LEG_MAX_EXCLUDE 16
@@ -40,10 +41,7 @@ struct sched_booking {
 
 static uint64_t mono_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return pdb_clock_mono_ns();
 }
 
 static void booking_free(sched_booking_t *b)

@@ -298,6 +298,7 @@ void sched_desc_free(sched_instance_desc_t *d)
     sched_free((char *)d->kv_events_endpoint);
     sched_free((char *)d->kv_events_replay_endpoint);
     sched_free((char *)d->zone);
+    sched_free((char *)d->attrs);
     for (size_t i = 0; i < d->n_labels; i++) {
         sched_free((char *)d->labels[i].key);
         sched_free((char *)d->labels[i].value);
@@ -384,8 +385,9 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
     d.zone = sched_strdup(zone ? zone : "");
     d.source = src->source;
     d.kv_engine = src->kv_engine;
+    d.attrs = sched_strdup(src->attrs ? src->attrs : "");
     if (!d.url || !d.id || !d.kv_host || !d.engine_id || !d.zone || !d.kv_events_endpoint ||
-        !d.kv_events_replay_endpoint)
+        !d.kv_events_replay_endpoint || !d.attrs)
         goto err_nomem;
     for (size_t i = 0; i < src->n_labels; i++) {
         d.labels[i].key = sched_strdup(src->labels[i].key);
@@ -427,7 +429,7 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
         a->n_alloc_ports != b->n_alloc_ports || a->n_init_ports != b->n_init_ports ||
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
         !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
-        a->n_models != b->n_models || a->kv_engine != b->kv_engine)
+        a->n_models != b->n_models || a->kv_engine != b->kv_engine || !str_eq(a->attrs, b->attrs))
         return false;
     if (memcmp(a->alloc_ports, b->alloc_ports, sizeof(int) * a->n_alloc_ports) ||
         memcmp(a->init_ports, b->init_ports, sizeof(int) * a->n_init_ports))

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "pdb/pdb_clock.h"
 
 #define K8S_LIST_MAX_BYTES  (64u << 20) /* whole list body */
 #define K8S_EVENT_MAX_BYTES (16u << 20) /* one watch line */
@@ -168,9 +169,7 @@ typedef struct k8s_state {
 
 static uint64_t k8s_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return pdb_clock_mono_ms();
 }
 
 static void count_err(k8s_state_t *st, enum k8s_err_reason r)

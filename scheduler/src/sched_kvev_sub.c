@@ -25,6 +25,7 @@
 
 #include "sched_int.h"
 #include "sched_kvev_int.h"
+#include "pdb/pdb_clock.h"
 
 #define REPLAY_TIMEOUT_MS 1000
 /* A SUB joins asynchronously: what the engine publishes after the first
@@ -70,9 +71,7 @@ struct sched_kvev_sub {
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return pdb_clock_mono_ms();
 }
 
 static void logf_(sched_kvev_sub_t *sub, sched_log_level_t lvl, const char *fmt, ...)

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "sched_int.h"
+#include "pdb/pdb_clock.h"
 
 static _Atomic uint64_t rng_seed_base;
 static _Thread_local uint64_t rng_state;
@@ -25,13 +26,12 @@ void sched_rng_seed_base(uint64_t seed)
 uint64_t *sched_thread_rng(void)
 {
     if (!rng_state) {
-        struct timespec ts;
         static _Atomic uint64_t counter;
         uint64_t base = atomic_load(&rng_seed_base);
         uint64_t n = atomic_fetch_add(&counter, 1) + 1;
         if (!base) {
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            base = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
+            uint64_t ns = pdb_clock_mono_ns();
+            base = (ns % 1000000000u) * 0x9E3779B97F4A7C15ull ^ (ns / 1000000000u);
         }
         rng_state = (base ^ (n * 0xBF58476D1CE4E5B9ull)) | 1;
     }

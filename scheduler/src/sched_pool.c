@@ -10,16 +10,14 @@
 #include <curl/curl.h>
 
 #include "sched_int.h"
+#include "pdb/pdb_clock.h"
 
 #define RELAXED memory_order_relaxed
 
 static uint64_t default_clock(void *arg)
 {
-    struct timespec ts;
-
     (void)arg;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return pdb_clock_mono_ms();
 }
 
 static void default_log(void *arg, sched_log_level_t level, const char *msg)

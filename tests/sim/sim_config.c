@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "sim_int.h"
+#include "pdb/pdb_clock.h"
 
 sim_config_t sim_cfg;
 
@@ -38,9 +39,7 @@ const char *sim_kv_mode_name(sim_kv_mode_t mode)
 
 uint64_t sim_now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return pdb_clock_mono_ns();
 }
 
 uint64_t sim_wall_ns(void)

@@ -40,8 +40,14 @@ extern "C" {
  *   2: pdgw_fwd_desc_t.client_fields (default: NULL, none).
  *   3: pdgw_fwd_desc_t.native_paths (default: NULL, none); the ops rewrite_decode and
  *      check_instance (an older plugin's table, which ends before them, is completed with
- *      NULL). */
-#define PDGW_FWD_ABI_VERSION     3
+ *      NULL).
+ *   4: pdgw_fwd_desc_t.struct_size / ops_size (sizeof both tables as the plugin saw them:
+ *      from now on the gateway completes a shorter table with defaults, so adding a field
+ *      or an op needs no new version), ctx_size + options (an option table the gateway
+ *      parses into a context it allocates: no configure/destroy needed) and state_size
+ *      (a zeroed per-attempt state from the attempt arena: no attempt_init needed). Fill
+ *      the four size/version fields with PDGW_FWD_DESC_HEADER. */
+#define PDGW_FWD_ABI_VERSION     4
 #define PDGW_FWD_ABI_MIN_VERSION 1
 
 /* Result of every forwarder op. */
@@ -129,6 +135,10 @@ typedef struct pdgw_instance {
     /* The instance's KV engine: only a PDGW_KV_ENGINE_LIBKVT peer may be sent pdgw's
      * extensions of the LMCache control messages (ReserveRequest, delimiter-less frames). */
     int kv_engine;
+    /* The instance's protocol attributes (config `attrs:`), opaque to the scheduler: read
+     * them with pdgw_fwd_instance_attr(). Gateway-owned text; may be NULL in views built by
+     * an older gateway. */
+    const char *attrs;
 } pdgw_instance_t;
 
 /* Thread-safe handle that re-runs a pending gate. */
@@ -155,6 +165,8 @@ typedef struct pdgw_fwd_request {
     /* The client's X-Request-Id (or the one pdgw minted for a client that sent none):
      * for logs and messages only; never a transfer name, since clients may repeat it. */
     const char *client_request_id;
+    /* The gateway's per-attempt arena (pdgw_fwd_alloc, pdgw_fwd_keep); opaque. */
+    struct pdgw_fwd_arena *arena;
 } pdgw_fwd_request_t;
 
 /* The instances of this attempt. Members are NULL when not (yet) chosen:
@@ -304,6 +316,54 @@ typedef struct pdgw_fwd_ops {
                                         size_t errlen);
 } pdgw_fwd_ops_t;
 
+/* ---- option tables (ABI 4) ----
+ * Options declared beside the forwarder that reads them: one row per key of
+ * protocol_options, naming the field of the forwarder's context struct it fills. The
+ * gateway refuses unknown keys, applies defaults and checks types and ranges, and
+ * `pdgw --help-protocol` can list them. */
+typedef enum {
+    PDGW_FWD_OPT_INT = 1, /* int64_t field; integer in [min, max] */
+    PDGW_FWD_OPT_BOOL,    /* int field; true/false */
+    PDGW_FWD_OPT_STR,     /* char[] field; non-empty string shorter than the array */
+    PDGW_FWD_OPT_ENUM     /* int field; index of the string in choices */
+} pdgw_fwd_opt_type_t;
+
+typedef struct pdgw_fwd_option {
+    const char *name; /* NULL ends the table */
+    pdgw_fwd_opt_type_t type;
+    size_t offset;              /* of the field in the context struct */
+    size_t size;                /* of the field (STR: the array's capacity) */
+    int64_t def, min, max;      /* INT: default and range; BOOL/ENUM: default (index) */
+    const char *def_str;        /* STR: default ("" = none) */
+    const char *const *choices; /* ENUM: NULL-terminated */
+    const char *help;
+} pdgw_fwd_option_t;
+
+#define PDGW_FWD_OPT_INT(ctx_t, field, def_, min_, max_, help_)                                    \
+    {                                                                                              \
+#field, PDGW_FWD_OPT_INT, offsetof(ctx_t, field), sizeof(((ctx_t *)0)->field), (def_),     \
+            (min_), (max_), NULL, NULL, (help_)                                                    \
+    }
+#define PDGW_FWD_OPT_BOOL(ctx_t, field, def_, help_)                                               \
+    {                                                                                              \
+#field, PDGW_FWD_OPT_BOOL, offsetof(ctx_t, field), sizeof(((ctx_t *)0)->field), (def_), 0, \
+            1, NULL, NULL, (help_)                                                                 \
+    }
+#define PDGW_FWD_OPT_STR(ctx_t, field, def_, help_)                                                \
+    {                                                                                              \
+#field, PDGW_FWD_OPT_STR, offsetof(ctx_t, field), sizeof(((ctx_t *)0)->field), 0, 0, 0,    \
+            (def_), NULL, (help_)                                                                  \
+    }
+#define PDGW_FWD_OPT_ENUM(ctx_t, field, choices_, def_, help_)                                     \
+    {                                                                                              \
+#field, PDGW_FWD_OPT_ENUM, offsetof(ctx_t, field), sizeof(((ctx_t *)0)->field), (def_), 0, \
+            0, NULL, (choices_), (help_)                                                           \
+    }
+#define PDGW_FWD_OPT_END                                                                           \
+    {                                                                                              \
+        NULL, (pdgw_fwd_opt_type_t)0, 0, 0, 0, 0, 0, NULL, NULL, NULL                              \
+    }
+
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
 typedef struct pdgw_fwd_desc {
     unsigned abi_version; /* PDGW_FWD_ABI_VERSION at build time */
@@ -323,7 +383,25 @@ typedef struct pdgw_fwd_desc {
      * unless the configured protocol lists it; its body is then validated by the path's own
      * rules and the forwarder sees it in pdgw_fwd_request_t.path. NULL = none. */
     const char *const *native_paths;
+    /* ABI 4. sizeof(pdgw_fwd_desc_t) and sizeof(pdgw_fwd_ops_t) as the plugin was built:
+     * fields and ops beyond them take their defaults. Set by PDGW_FWD_DESC_HEADER. */
+    size_t struct_size;
+    size_t ops_size;
+    /* ABI 4. With `options` (PDGW_FWD_OPT_END-terminated) and no configure op, the gateway
+     * allocates a zeroed context of ctx_size bytes, fills it from protocol_options by the
+     * table, and frees it at exit (no destroy op needed). */
+    size_t ctx_size;
+    const pdgw_fwd_option_t *options;
+    /* ABI 4. Without an attempt_init op: the `state` of every op is a zeroed block of
+     * state_size bytes from the attempt arena, released after attempt_cleanup. */
+    size_t state_size;
 } pdgw_fwd_desc_t;
+
+/* The versioning fields of a descriptor, first in its designated initializer:
+ *   static const pdgw_fwd_desc_t my_desc = { PDGW_FWD_DESC_HEADER, .name = "x", ... }; */
+#define PDGW_FWD_DESC_HEADER                                                                       \
+    .abi_version = PDGW_FWD_ABI_VERSION, .struct_size = sizeof(pdgw_fwd_desc_t),                   \
+    .ops_size = sizeof(pdgw_fwd_ops_t)
 
 /* Register a forwarder (normally through PDGW_FORWARDER_REGISTER). Does no
  * I/O: refusals (duplicate name, ABI mismatch, missing ops) are recorded and
@@ -348,6 +426,72 @@ json_t *pdgw_fwd_body_copy(const pdgw_fwd_request_t *req);
  * stream_options/min_tokens/min_completion_tokens removed, ignore_eos true,
  * stop/stop_token_ids removed. */
 json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req);
+
+/* ---- SDK helpers (ABI 4): bodies, options, the attempt arena ---- */
+
+/* The hardened prefill body (as pdgw_fwd_body_prefill) with kv_transfer_params = kvp
+ * (stolen; NULL = none). New reference; NULL on no memory (kvp released). */
+json_t *pdgw_fwd_body_prefill_kvp(const pdgw_fwd_request_t *req, json_t *kvp);
+/* A copy of the client body with kv_transfer_params = kvp (stolen; NULL = as the client sent
+ * it). New reference; NULL on no memory or a body that is not an object (kvp released). */
+json_t *pdgw_fwd_body_decode_kvp(const pdgw_fwd_request_t *req, json_t *kvp);
+/* A response's kv_transfer_params when it is a non-empty object (borrowed), else NULL. */
+json_t *pdgw_fwd_resp_kvp(const json_t *resp);
+
+/* Parse <options> into the struct <ctx> by <table> (PDGW_FWD_OPT_END-terminated): unknown
+ * keys refused, defaults applied first. On error a message naming the key is in err. */
+pdgw_fwd_status_t pdgw_fwd_options_parse(const pdgw_fwd_option_t *table, const json_t *options,
+                                         void *ctx, char *err, size_t errlen);
+/* The single-option building blocks (options absent from <options> take <def>). */
+pdgw_fwd_status_t pdgw_fwd_opts_check(const json_t *options, const char *const *known, char *err,
+                                      size_t errlen);
+pdgw_fwd_status_t pdgw_fwd_opt_int(const json_t *options, const char *key, int64_t def, int64_t min,
+                                   int64_t max, int64_t *out, char *err, size_t errlen);
+pdgw_fwd_status_t pdgw_fwd_opt_bool(const json_t *options, const char *key, int def, int *out,
+                                    char *err, size_t errlen);
+pdgw_fwd_status_t pdgw_fwd_opt_enum(const json_t *options, const char *key,
+                                    const char *const *choices, int def, int *out, char *err,
+                                    size_t errlen);
+pdgw_fwd_status_t pdgw_fwd_opt_str(const json_t *options, const char *key, const char *def,
+                                   char *out, size_t cap, char *err, size_t errlen);
+
+/* An attribute of <inst> as text into out (cap bytes): the instance's `attrs:` map, then the
+ * built-in fields by their config names (kv_host, kv_port, bootstrap_port, engine_id,
+ * alloc_ports and init_ports as "p1,p2,...", tp_size, dp_rank, dp_size, zone). Returns 1 when
+ * found (a value that does not fit is cut), 0 when the instance has no such attribute. So a
+ * new protocol's instance field needs no new field in the scheduler or this header. */
+int pdgw_fwd_instance_attr(const pdgw_instance_t *inst, const char *name, char *out, size_t cap);
+/* The same as an integer: <def> when absent or not an integer. */
+int64_t pdgw_fwd_instance_attr_int(const pdgw_instance_t *inst, const char *name, int64_t def);
+
+/* ---- the KV control client (libkvt's control plane, run by the gateway) ----
+ * ReserveRequest and CancelNotif to a libkvt/LMCache receiver's alloc port, and the decoding
+ * of ProxyNotif messages, so a forwarder needs no KV library of its own. reserve and cancel
+ * block for up to their timeout: call them from the forwarder's own thread, never from a
+ * request op. One client per thread. */
+typedef struct pdgw_fwd_kv_client pdgw_fwd_kv_client_t;
+pdgw_fwd_status_t pdgw_fwd_kv_client_create(pdgw_fwd_kv_client_t **out, char *err, size_t errlen);
+void pdgw_fwd_kv_client_destroy(pdgw_fwd_kv_client_t *c);
+/* ReserveRequest{req_id, chunks, ttl_ms} to host:port, waiting up to timeout_ms for the
+ * answer: OK with *granted and *free_chunks (-1 = not reported), or ERR (message in err). */
+pdgw_fwd_status_t pdgw_fwd_kv_reserve(pdgw_fwd_kv_client_t *c, const char *host, int port,
+                                      const char *req_id, int64_t chunks, int64_t ttl_ms,
+                                      int timeout_ms, int *granted, int64_t *free_chunks, char *err,
+                                      size_t errlen);
+/* CancelNotif{req_id} to host:port (fire and forget). */
+pdgw_fwd_status_t pdgw_fwd_kv_cancel(pdgw_fwd_kv_client_t *c, const char *host, int port,
+                                     const char *req_id, char *err, size_t errlen);
+/* One ProxyNotif message (a msgpack frame): 1 with its req_id copied into req_id (cap bytes),
+ * 0 when the frame is not a well-formed ProxyNotif with a req_id shorter than cap. */
+int pdgw_fwd_kv_proxy_notif_decode(const void *data, size_t len, char *req_id, size_t cap);
+
+/* The attempt arena: memory that lives until the attempt ends (after attempt_cleanup), so
+ * per-attempt data needs no free. pdgw_fwd_alloc returns zeroed memory (NULL on no memory);
+ * pdgw_fwd_strdup a copy of s; pdgw_fwd_keep holds the reference <v> (stolen) until then and
+ * returns it (NULL stays NULL; on no memory v is released at once and NULL returned). */
+void *pdgw_fwd_alloc(const pdgw_fwd_request_t *req, size_t size);
+char *pdgw_fwd_strdup(const pdgw_fwd_request_t *req, const char *s);
+json_t *pdgw_fwd_keep(const pdgw_fwd_request_t *req, json_t *v);
 
 /* Fill an error: pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 1, 502, "...%s", x). */
 void pdgw_fwd_error_set(pdgw_fwd_error_t *err, pdgw_phase_t phase, int retryable, int http_status,
@@ -384,6 +528,11 @@ void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const c
 void pdgw_fwd_prefill_missing_kv_params(const char *protocol);
 void pdgw_fwd_cancel_notif_sent(const char *protocol);
 void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t free_chunks);
+
+/* The gateway's clocks in milliseconds: monotonic (deadlines, TTLs; the clock of
+ * pdgw_fwd_request_t.deadline_ms) and wall-clock (timestamps other hosts send). */
+int64_t pdgw_fwd_now_ms(void);
+int64_t pdgw_fwd_wall_ms(void);
 
 /* Names for logs. */
 const char *pdgw_phase_name(pdgw_phase_t phase);

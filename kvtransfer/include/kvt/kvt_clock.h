@@ -11,29 +11,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pdb/pdb_clock.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define KVT_NSEC_PER_SEC  1000000000ull
-#define KVT_NSEC_PER_MSEC 1000000ull
+#define KVT_NSEC_PER_SEC  PDB_NSEC_PER_SEC
+#define KVT_NSEC_PER_MSEC PDB_NSEC_PER_MSEC
 
-/* Returns monotonic nanoseconds. */
-typedef uint64_t (*kvt_clock_fn)(void *arg);
+/* libkvt's names for the base clock (pdb/pdb_clock.h). */
+typedef pdb_clock_fn kvt_clock_fn;
+typedef pdb_clock_t kvt_clock_t;
 
-typedef struct kvt_clock {
-    kvt_clock_fn now; /* NULL = CLOCK_MONOTONIC */
-    void *arg;
-} kvt_clock_t;
-
-/* CLOCK_MONOTONIC in nanoseconds. */
-uint64_t kvt_clock_monotonic_ns(void);
+static inline uint64_t kvt_clock_monotonic_ns(void)
+{
+    return pdb_clock_mono_ns();
+}
 
 static inline uint64_t kvt_clock_now(const kvt_clock_t *c)
 {
-    if (c != NULL && c->now != NULL)
-        return c->now(c->arg);
-    return kvt_clock_monotonic_ns();
+    return pdb_clock_now(c);
 }
 
 /* Seconds (as in the pd_*_ttl config keys) to nanoseconds; negative -> 0. */

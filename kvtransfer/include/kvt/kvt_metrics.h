@@ -56,7 +56,7 @@ void kvt_metrics_observe(kvt_metrics_t *m, double seconds);
 /* Write <m> as Prometheus text (HELP/TYPE lines + samples). <labels> is
  * either NULL or a label list without braces (e.g. `instance="p0"`) added
  * to every sample. Returns the length needed (like snprintf); the output is
- * NUL-terminated when size > 0. */
+ * NUL-terminated when size > 0; 0 when out of memory. */
 size_t kvt_metrics_format(const kvt_metrics_t *m, const char *labels, char *buf, size_t size);
 
 #ifdef __cplusplus

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pdb/pdb_alloc.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -62,24 +64,30 @@ const char *kvt_strerror(kvt_status_t status);
 const char *kvt_status_name(kvt_status_t status);
 
 /* ---- allocation wrapper -------------------------------------------------
- * Same contracts as malloc/calloc/realloc/strdup/free. kvt_strndup copies at
- * most n bytes and always NUL-terminates. */
-void *kvt_malloc(size_t size);
-void *kvt_calloc(size_t nmemb, size_t size);
-void *kvt_realloc(void *ptr, size_t size);
-char *kvt_strdup(const char *s);
-char *kvt_strndup(const char *s, size_t n);
-void kvt_free(void *ptr);
+ * libkvt's names for the base wrapper (pdb/pdb_alloc.h): same contracts as
+ * malloc/calloc/realloc/strdup/free; kvt_strndup copies at most n bytes and
+ * always NUL-terminates; the failing call's file:line is recorded. */
+#define kvt_malloc(size)        pdb_malloc(size)
+#define kvt_calloc(nmemb, size) pdb_calloc((nmemb), (size))
+#define kvt_realloc(ptr, size)  pdb_realloc((ptr), (size))
+#define kvt_strdup(s)           pdb_strdup(s)
+#define kvt_strndup(s, n)       pdb_strndup((s), (n))
+#define kvt_free                pdb_free
 
 /* Fault injection for tests: the <n>th allocation from now (1 = the next one)
  * fails, as do all later ones when <sticky> is non-zero. n = 0 disarms.
- * Applies process-wide to kvt_malloc/kvt_calloc/kvt_realloc/kvt_strdup/
- * kvt_strndup. */
-void kvt_alloc_fail_at(uint64_t n, int sticky);
+ * Process-wide (every library allocates through the base wrapper). */
+static inline void kvt_alloc_fail_at(uint64_t n, int sticky)
+{
+    pdb_alloc_fail_at(n, sticky);
+}
 
 /* Number of allocations made through the wrapper since process start
  * (successful or not). Lets a test loop "fail allocation 1..N". */
-uint64_t kvt_alloc_count(void);
+static inline uint64_t kvt_alloc_count(void)
+{
+    return pdb_alloc_count();
+}
 
 #ifdef __cplusplus
 }

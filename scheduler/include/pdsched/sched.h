@@ -132,6 +132,10 @@ typedef struct sched_instance_desc {
     /* Which KV engine the instance runs (SCHED_KV_ENGINE_*): pdgw extensions of the
      * LMCache control messages go only to libkvt peers. */
     int kv_engine;
+    /* Protocol attributes: text the scheduler copies and compares but never reads (the
+     * gateway's "key=value\n" lines for the forwarders); NULL = "". A protocol that needs a
+     * new instance field adds it here without a scheduler change. */
+    const char *attrs;
 
     /* Parsed from url by the pool (output only). */
     const char *scheme;    /* "http" or "https" */

@@ -167,7 +167,7 @@ def test_models_aggregated_or_configured():
 
 
 def test_plugin_forwarder_pd():
-    """The example out-of-tree plugin (tests/unit/forwarders/fwd_example.c) loaded with
+    """The ABI 3 out-of-tree plugin (tests/unit/forwarders/fwd_example_abi3.c) loaded with
     --plugin drives a prefill and a decode simulator; output equals one `both` engine's."""
     plugin = os.path.join(os.environ.get("PDGW_BUILD_DIR", os.path.dirname(T.BIN_DIR)),
                           "tests", "plugins", "fwd_example_ok.so")

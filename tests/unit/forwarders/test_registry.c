@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "pdgw_fwd_sdk.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 
@@ -47,17 +48,30 @@ static void test_builtin_registered(void **state)
 
 static void test_duplicates_and_bad_descriptors(void **state)
 {
-    static const pdgw_fwd_desc_t dup = {PDGW_FWD_ABI_VERSION, "neutral",  "dup", PDGW_MODE_BATCH,
-                                        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL,  NULL};
-    static const pdgw_fwd_desc_t fresh = {
-        PDGW_FWD_ABI_VERSION, "t-fresh",  "fresh", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE, &dummy_ops, NULL,    NULL};
-    static const pdgw_fwd_desc_t wrong_abi = {
-        PDGW_FWD_ABI_VERSION + 1, "t-abi",    "abi", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE,     &dummy_ops, NULL,  NULL};
-    static const pdgw_fwd_desc_t no_build = {
-        PDGW_FWD_ABI_VERSION, "t-nobuild", "nobuild", PDGW_MODE_BATCH,
-        PDGW_DISPATCH_SINGLE, &empty_ops,  NULL,      NULL};
+    static const pdgw_fwd_desc_t dup = {.abi_version = 3,
+                                        .name = "neutral",
+                                        .summary = "dup",
+                                        .modes = PDGW_MODE_BATCH,
+                                        .dispatch = PDGW_DISPATCH_SINGLE,
+                                        .ops = &dummy_ops};
+    static const pdgw_fwd_desc_t fresh = {.abi_version = 3,
+                                          .name = "t-fresh",
+                                          .summary = "fresh",
+                                          .modes = PDGW_MODE_BATCH,
+                                          .dispatch = PDGW_DISPATCH_SINGLE,
+                                          .ops = &dummy_ops};
+    static const pdgw_fwd_desc_t wrong_abi = {.abi_version = PDGW_FWD_ABI_VERSION + 1,
+                                              .name = "t-abi",
+                                              .summary = "abi",
+                                              .modes = PDGW_MODE_BATCH,
+                                              .dispatch = PDGW_DISPATCH_SINGLE,
+                                              .ops = &dummy_ops};
+    static const pdgw_fwd_desc_t no_build = {.abi_version = 3,
+                                             .name = "t-nobuild",
+                                             .summary = "nobuild",
+                                             .modes = PDGW_MODE_BATCH,
+                                             .dispatch = PDGW_DISPATCH_SINGLE,
+                                             .ops = &empty_ops};
     const pdgw_fwd_desc_t *before = pdgw_registry_find("neutral");
     (void)state;
     assert_int_equal(pdgw_fwd_register(&dup), -1);
@@ -150,6 +164,125 @@ static void test_abi2_descriptor_loads(void **state)
     (void)pdgw_registry_log();
 }
 
+/* An ABI 4 context and its option table (forwarder.h, option tables). */
+typedef struct t4_ctx {
+    int64_t chunk;
+    int flag;
+    char host[16];
+    int mode;
+} t4_ctx_t;
+static const char *const t4_modes[] = {"a", "b", NULL};
+static const pdgw_fwd_option_t t4_options[] = {
+    PDGW_FWD_OPT_INT(t4_ctx_t, chunk, 256, 1, 1024, "chunk"),
+    PDGW_FWD_OPT_BOOL(t4_ctx_t, flag, 1, "flag"),
+    PDGW_FWD_OPT_STR(t4_ctx_t, host, "localhost", "host"),
+    PDGW_FWD_OPT_ENUM(t4_ctx_t, mode, t4_modes, 0, "mode"),
+    PDGW_FWD_OPT_END,
+};
+
+static void test_abi4_sizes_tables_and_arena(void **state)
+{
+    /* ops_size covers build_leg only: what lies beyond it in the plugin's table is not read */
+    static const pdgw_fwd_ops_t ops = {.build_leg = dummy_build, .rewrite_decode = junk_op};
+    static const pdgw_fwd_desc_t d4 = {.abi_version = PDGW_FWD_ABI_VERSION,
+                                       .struct_size = sizeof(pdgw_fwd_desc_t),
+                                       .ops_size =
+                                           offsetof(pdgw_fwd_ops_t, build_leg) + sizeof(void *),
+                                       .name = "t-abi4",
+                                       .modes = PDGW_MODE_BATCH,
+                                       .dispatch = PDGW_DISPATCH_SINGLE,
+                                       .ops = &ops,
+                                       .ctx_size = sizeof(t4_ctx_t),
+                                       .options = t4_options,
+                                       .state_size = 24};
+    static const pdgw_fwd_desc_t nosize = {.abi_version = PDGW_FWD_ABI_VERSION,
+                                           .name = "t-abi4-nosize",
+                                           .modes = PDGW_MODE_BATCH,
+                                           .dispatch = PDGW_DISPATCH_SINGLE,
+                                           .ops = &dummy_ops};
+    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "t-abi4", PDGW_MODE_BATCH, 1, 0};
+    pdgw_fwd_request_t req;
+    const pdgw_fwd_desc_t *d;
+    t4_ctx_t *c = NULL;
+    char err[256] = "";
+    void *st = NULL;
+    json_t *opts;
+    (void)state;
+
+    assert_int_equal(pdgw_fwd_register(&nosize), -1);
+    assert_null(pdgw_registry_find("t-abi4-nosize"));
+    assert_int_equal(pdgw_fwd_register(&d4), 0);
+    d = pdgw_registry_find("t-abi4");
+    assert_non_null(d);
+    assert_null(d->ops->rewrite_decode);
+    /* the option table stands for configure and destroy */
+    assert_non_null(d->ops->configure);
+    assert_non_null(d->ops->destroy);
+    opts = json_pack("{s:i,s:b,s:s}", "chunk", 512, "flag", 0, "mode", "b");
+    assert_int_equal(d->ops->configure(opts, &env, (void **)&c, err, sizeof(err)), PDGW_FWD_OK);
+    assert_int_equal(c->chunk, 512);
+    assert_int_equal(c->flag, 0);
+    assert_string_equal(c->host, "localhost");
+    assert_int_equal(c->mode, 1);
+    d->ops->destroy(c);
+    json_object_set_new(opts, "chunk", json_integer(4096));
+    assert_int_equal(d->ops->configure(opts, &env, (void **)&c, err, sizeof(err)),
+                     PDGW_FWD_ERR_CONFIG);
+    assert_non_null(strstr(err, "'chunk'"));
+    json_object_set_new(opts, "nope", json_true());
+    assert_int_equal(d->ops->configure(opts, &env, (void **)&c, err, sizeof(err)),
+                     PDGW_FWD_ERR_CONFIG);
+    assert_non_null(strstr(err, "unknown protocol option 'nope'"));
+    json_decref(opts);
+
+    /* the attempt arena: zeroed state, memory and JSON released at the end */
+    memset(&req, 0, sizeof(req));
+    assert_int_equal(pdgw_fwd_attempt_begin(d, &req, &st), PDGW_OK);
+    assert_non_null(st);
+    assert_int_equal(((char *)st)[23], 0);
+    char *big = pdgw_fwd_alloc(&req, 10000);
+    assert_non_null(big);
+    big[9999] = 'x';
+    assert_string_equal(pdgw_fwd_strdup(&req, "kept"), "kept");
+    assert_non_null(pdgw_fwd_keep(&req, json_string("released at the end")));
+    pdgw_fwd_attempt_end(&req);
+    assert_null(req.arena);
+    assert_null(pdgw_fwd_alloc(&req, 8));
+}
+
+/* Protocol attributes: the instance's attrs map first, then the built-in fields by name. */
+static void test_instance_attrs(void **state)
+{
+    pdgw_instance_t inst;
+    char v[64];
+    (void)state;
+
+    memset(&inst, 0, sizeof(inst));
+    inst.kv_port = 7100;
+    inst.engine_id = "e-1";
+    inst.kv_host = "";
+    inst.alloc_ports = (const int[]){8001, 8002};
+    inst.n_alloc_ports = 2;
+    inst.attrs = "trt_port=9000\nbootstrap_port=1234\nname=a=b\n";
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "trt_port", v, sizeof(v)), 1);
+    assert_string_equal(v, "9000");
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "trt_port", -1), 9000);
+    /* attrs win over the built-in field of the same name */
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "bootstrap_port", -1), 1234);
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "name", v, sizeof(v)), 1);
+    assert_string_equal(v, "a=b");
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "kv_port", -1), 7100);
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "engine_id", v, sizeof(v)), 1);
+    assert_string_equal(v, "e-1");
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "alloc_ports", v, sizeof(v)), 1);
+    assert_string_equal(v, "8001,8002");
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "kv_host", v, sizeof(v)), 0);
+    assert_int_equal(pdgw_fwd_instance_attr(&inst, "trt", v, sizeof(v)), 0);
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "name", 5), 5);
+    inst.attrs = NULL;
+    assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "trt_port", -1), -1);
+}
+
 static void test_plugin_loads_and_works(void **state)
 {
     char err[512] = "";
@@ -234,7 +367,7 @@ static void test_plugin_wrong_abi(void **state)
     /* The message names the plugin and both versions. */
     assert_non_null(strstr(err, "fwd_example_badabi.so"));
     assert_non_null(strstr(err, "ABI version 99"));
-    assert_non_null(strstr(err, "provides ABI versions 1..3"));
+    assert_non_null(strstr(err, "provides ABI versions 1..4"));
     assert_null(pdgw_registry_find("example-badabi"));
 }
 
@@ -258,6 +391,8 @@ int main(void)
         cmocka_unit_test(test_duplicates_and_bad_descriptors),
         cmocka_unit_test(test_abi1_descriptor_loads),
         cmocka_unit_test(test_abi2_descriptor_loads),
+        cmocka_unit_test(test_abi4_sizes_tables_and_arena),
+        cmocka_unit_test(test_instance_attrs),
         cmocka_unit_test(test_plugin_loads_and_works),
         cmocka_unit_test(test_plugin_wrong_abi),
         cmocka_unit_test(test_plugin_duplicate_and_missing),

@@ -146,6 +146,7 @@ static const char *full_yaml = "# every key of the schema\n"
                                "    dp_rank: 1\n"
                                "    dp_size: 2\n"
                                "    labels: {rack: r1}\n"
+                               "    attrs: {trt_port: 9000, mode: fast}\n"
                                "  - url: http://10.0.0.2:8200\n"
                                "    role: decode\n"
                                "discovery:\n"
@@ -262,6 +263,9 @@ static void test_full_yaml(void **state)
     assert_string_equal(p->zone, "a");
     assert_string_equal(pdgw_kv_list_get(&p->labels, "zone"), "a");
     assert_string_equal(pdgw_kv_list_get(&p->labels, "rack"), "r1");
+    /* protocol attributes travel as opaque "key=value" lines */
+    assert_string_equal(pdgw_kv_list_get(&p->attrs, "trt_port"), "9000");
+    assert_string_equal(p->attrs_text, "trt_port=9000\nmode=fast\n");
     assert_int_equal(p->weight, 2);
     assert_string_equal(p->kv_host, "192.168.0.1");
     assert_int_equal(p->kv_port, 17000);
@@ -583,10 +587,12 @@ static void test_check_config(void **state)
         {"protocol: vllm-kvt\ninstances:\n  - {url: \"http://a:1\", role: prefill}\n", "instances",
          "needs prefill and decode instances, but no decode"},
         {"protocol: sglang\n", "instances", "no prefill instance"},
-        {"protocol: neutral\ninstances:\n  - {url: \"http://a:1\", role: decode}\n", "instances",
-         "serves both roles"},
+        /* single-leg protocols need a decode-capable instance, as the registry's descriptor
+         * says (no second protocol table in the config code) */
+        {"protocol: neutral\ninstances:\n  - {url: \"http://a:1\", role: prefill}\n", "instances",
+         "no decode or both instance"},
         {"protocol: nosuch\ninstances:\n  - {url: \"http://a:1\"}\n", "protocol",
-         "unknown protocol \"nosuch\""},
+         "unknown forwarder 'nosuch'"},
         {"instances:\n  - {url: \"http://a:1\", tp_size: 2, alloc_ports: [1]}\n",
          "instances[0].alloc_ports", "one port per TP rank"},
         {"instances:\n  - {url: \"http://a:1\", dp_rank: 2, dp_size: 2}\n", "instances[0].dp_rank",

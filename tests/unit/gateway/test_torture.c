@@ -253,14 +253,12 @@ static const pdgw_fwd_ops_t t_ops = {
     .on_prefill_response = t_prefill_resp,
     .attempt_cleanup = t_cleanup,
 };
-static const pdgw_fwd_desc_t t_serial = {PDGW_FWD_ABI_VERSION,
-                                         "t-torture",
-                                         "torture serial",
-                                         PDGW_MODE_BATCH,
-                                         PDGW_DISPATCH_SERIAL,
-                                         &t_ops,
-                                         NULL,
-                                         NULL};
+static const pdgw_fwd_desc_t t_serial = {.abi_version = 3,
+                                         .name = "t-torture",
+                                         .summary = "torture serial",
+                                         .modes = PDGW_MODE_BATCH,
+                                         .dispatch = PDGW_DISPATCH_SERIAL,
+                                         .ops = &t_ops};
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -582,6 +580,12 @@ static void test_slow_client_pauses_the_upstream(void **s)
     assert_settled();
 }
 
+/* jansson's allocator, through the failure-injecting wrapper (pdgw_malloc is a macro). */
+static void *json_malloc(size_t size)
+{
+    return pdgw_malloc(size);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -595,7 +599,7 @@ int main(void)
      * wrapper. libcurl's do not: libcurl 7.88 itself dies of SIGFPE inside
      * curl_multi_socket_action when some of its internal allocations fail (seen with
      * curl_global_init_mem routed here), which no caller can handle. */
-    json_set_alloc_funcs(pdgw_malloc, pdgw_free);
+    json_set_alloc_funcs(json_malloc, pdb_free);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     pdgw_log_set_level(getenv("TORTURE_LOG") ? PDGW_LOG_LEVEL_DEBUG : PDGW_LOG_LEVEL_ERROR);
     pdgw_log_set_access(false);

@@ -375,23 +375,30 @@ static const pdgw_fwd_ops_t t_ops_gated = {
     .attempt_cleanup = t_cleanup,
 };
 
-static const pdgw_fwd_desc_t t_serial = {
-    PDGW_FWD_ABI_VERSION, "t-serial", "test serial", PDGW_MODE_BATCH | PDGW_MODE_STAGED,
-    PDGW_DISPATCH_SERIAL, &t_ops,     NULL,          NULL};
-static const pdgw_fwd_desc_t t_parallel = {PDGW_FWD_ABI_VERSION,
-                                           "t-parallel",
-                                           "test parallel",
-                                           PDGW_MODE_BATCH | PDGW_MODE_STAGED,
-                                           PDGW_DISPATCH_PARALLEL,
-                                           &t_ops,
-                                           NULL,
-                                           NULL};
-static const pdgw_fwd_desc_t t_single = {
-    PDGW_FWD_ABI_VERSION, "t-single",    "test single", PDGW_MODE_BATCH | PDGW_MODE_STAGED,
-    PDGW_DISPATCH_SINGLE, &t_ops_single, NULL,          NULL};
-static const pdgw_fwd_desc_t t_gated = {
-    PDGW_FWD_ABI_VERSION, "t-gated",    "test gated", PDGW_MODE_BATCH,
-    PDGW_DISPATCH_SERIAL, &t_ops_gated, NULL,         NULL};
+static const pdgw_fwd_desc_t t_serial = {.abi_version = 3,
+                                         .name = "t-serial",
+                                         .summary = "test serial",
+                                         .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
+                                         .dispatch = PDGW_DISPATCH_SERIAL,
+                                         .ops = &t_ops};
+static const pdgw_fwd_desc_t t_parallel = {.abi_version = 3,
+                                           .name = "t-parallel",
+                                           .summary = "test parallel",
+                                           .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
+                                           .dispatch = PDGW_DISPATCH_PARALLEL,
+                                           .ops = &t_ops};
+static const pdgw_fwd_desc_t t_single = {.abi_version = 3,
+                                         .name = "t-single",
+                                         .summary = "test single",
+                                         .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
+                                         .dispatch = PDGW_DISPATCH_SINGLE,
+                                         .ops = &t_ops_single};
+static const pdgw_fwd_desc_t t_gated = {.abi_version = 3,
+                                        .name = "t-gated",
+                                        .summary = "test gated",
+                                        .modes = PDGW_MODE_BATCH,
+                                        .dispatch = PDGW_DISPATCH_SERIAL,
+                                        .ops = &t_ops_gated};
 
 /* ---------------------------------------------------------------- gateway fixture */
 

@@ -1,7 +1,9 @@
 /*
- * fwd_example.c - an out-of-tree forwarder plugin, the worked example of
- * forwarders/README.md. Build it as a shared object against gateway/include and load it
- * with `pdgw --plugin ./fwd_example.so --protocol example-serial`.
+ * fwd_example_abi3.c - an out-of-tree forwarder plugin written for forwarder ABI 3 (no
+ * struct sizes, its own configure/attempt_init/cleanup): a pdgw of a later ABI must keep
+ * loading it. The current SDK's example is examples/forwarder/fwd_example.c. Build it as a
+ * shared object against gateway/include and load it with
+ * `pdgw --plugin ./fwd_example_ok.so --protocol example-serial`.
  *
  * Protocol: two-stage serial. The prefill leg is the hardened prefill body with
  * kv_transfer_params {"do_remote_decode": true}; the prefill response's
@@ -17,7 +19,7 @@
 #include <pdgw/forwarder.h>
 
 #ifndef FWD_EXAMPLE_ABI
-#define FWD_EXAMPLE_ABI PDGW_FWD_ABI_VERSION
+#define FWD_EXAMPLE_ABI 3
 #endif
 #ifndef FWD_EXAMPLE_NAME
 #define FWD_EXAMPLE_NAME "example-serial"
