@@ -139,6 +139,7 @@ bool pdgw_admit_req_enter(pdgw_req_t *r)
         r->admit_waiting = true;
         r->stage = PDGW_WF_WAIT;
         pdgw_worker_active_add(r->w, r);
+        pdgw_req_timer_update(r); /* fires at the queue deadline (pdgw_wf_next_deadline) */
         return false;
     case PDGW_ADMIT_RATE_LIMITED:
         refuse(r, retry_ms, "rate_limited", "Rate limit of this API key exceeded; retry later.");

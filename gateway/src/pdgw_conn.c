@@ -6,10 +6,10 @@
  * peer trickling one header byte a second holds its connection (and its memory pool)
  * forever. Each connection therefore carries a deadline of its own, armed when it opens
  * (and again when a kept-alive request ends): the request headers must be complete by
- * then, and once they are, the body must be complete by the request's deadline. Armed
- * deadlines sit in a per-worker min-heap; the worker loop sleeps until the earliest and
- * shuts the sockets whose time has passed (MHD then sees the end of the stream and closes
- * the connection the ordinary way). Nothing scans all connections.
+ * then, and once they are, the body must be complete by the request's deadline. The deadline
+ * is a timer on the worker's heap (pdgw_timer.h); when it fires the socket is shut (MHD then
+ * sees the end of the stream and closes the connection the ordinary way). Nothing scans all
+ * connections.
  *
  * At accept, the policy callback refuses a connection above the worker's share of the
  * descriptor budget or above the per-client-address cap; the address counts are shared by
@@ -18,6 +18,7 @@
 #include "pdgw_server_int.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -38,14 +39,11 @@ struct pdgw_conn {
     struct MHD_Connection *conn;
     int fd;
     conn_phase_t phase;
-    pdgw_req_t *req;      /* request whose body is being received (CONN_BODY) */
-    uint64_t deadline_ms; /* when armed */
-    size_t heap_idx;      /* position in w->conn_timers; NOT_ARMED when not armed */
+    pdgw_req_t *req;    /* request whose body is being received (CONN_BODY) */
+    pdgw_timer_t timer; /* header / body deadline on w->timers */
     unsigned char addr[16];
     unsigned addr_len; /* 0 = not counted in the address table */
 };
-
-#define NOT_ARMED ((size_t)-1)
 
 /* ---------------------------------------------------------------- address table */
 
@@ -166,84 +164,21 @@ static unsigned addr_key(const struct sockaddr *a, socklen_t alen, unsigned char
     return 0;
 }
 
-/* ---------------------------------------------------------------- the deadline heap */
-
-static void heap_set(pdgw_worker_t *w, size_t i, pdgw_conn_t *c)
-{
-    w->conn_timers[i] = c;
-    c->heap_idx = i;
-}
-
-static void heap_up(pdgw_worker_t *w, size_t i)
-{
-    pdgw_conn_t *c = w->conn_timers[i];
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (w->conn_timers[p]->deadline_ms <= c->deadline_ms)
-            break;
-        heap_set(w, i, w->conn_timers[p]);
-        i = p;
-    }
-    heap_set(w, i, c);
-}
-
-static void heap_down(pdgw_worker_t *w, size_t i)
-{
-    pdgw_conn_t *c = w->conn_timers[i];
-    size_t n = w->n_conn_timers;
-    for (;;) {
-        size_t l = 2 * i + 1, m = i;
-        uint64_t best = c->deadline_ms;
-        if (l < n && w->conn_timers[l]->deadline_ms < best) {
-            m = l;
-            best = w->conn_timers[l]->deadline_ms;
-        }
-        if (l + 1 < n && w->conn_timers[l + 1]->deadline_ms < best)
-            m = l + 1;
-        if (m == i)
-            break;
-        heap_set(w, i, w->conn_timers[m]);
-        i = m;
-    }
-    heap_set(w, i, c);
-}
+/* ---------------------------------------------------------------- the deadline */
 
 static void conn_disarm(pdgw_conn_t *c)
 {
-    pdgw_worker_t *w = c->w;
-    size_t i = c->heap_idx;
-    pdgw_conn_t *last;
-    if (i == NOT_ARMED)
-        return;
-    c->heap_idx = NOT_ARMED;
-    last = w->conn_timers[--w->n_conn_timers];
-    if (last == c)
-        return;
-    heap_set(w, i, last);
-    if (i > 0 && w->conn_timers[(i - 1) / 2]->deadline_ms > last->deadline_ms)
-        heap_up(w, i);
-    else
-        heap_down(w, i);
+    pdgw_timer_cancel(&c->w->timers, &c->timer);
 }
 
 /* Arm (or move) <c>'s deadline. Without room in the heap the connection keeps only MHD's
  * idle timeout; the next arm tries again. */
 static void conn_arm(pdgw_conn_t *c, uint64_t deadline_ms)
 {
-    pdgw_worker_t *w = c->w;
-    conn_disarm(c);
-    if (w->n_conn_timers == w->cap_conn_timers) {
-        size_t cap = w->cap_conn_timers ? 2 * w->cap_conn_timers : 256;
-        pdgw_conn_t **n = pdgw_realloc(w->conn_timers, cap * sizeof(*n));
-        if (n == NULL)
-            return;
-        w->conn_timers = n;
-        w->cap_conn_timers = cap;
-    }
-    c->deadline_ms = deadline_ms;
-    heap_set(w, w->n_conn_timers++, c);
-    heap_up(w, c->heap_idx);
+    (void)pdgw_timer_arm(&c->w->timers, &c->timer, deadline_ms);
 }
+
+static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms);
 
 static void conn_arm_headers(pdgw_conn_t *c)
 {
@@ -335,7 +270,7 @@ static void conn_started(pdgw_worker_t *w, struct MHD_Connection *conn, void **s
     }
     c->w = w;
     c->conn = conn;
-    c->heap_idx = NOT_ARMED;
+    pdgw_timer_init(&c->timer, conn_on_deadline);
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     c->fd = ci ? ci->connect_fd : -1;
     /* The policy callback has just let this connection in: take over its address. */
@@ -404,38 +339,31 @@ void pdgw_conn_request_done(pdgw_conn_t *c)
     conn_arm_headers(c);
 }
 
-int64_t pdgw_conn_next_deadline(const pdgw_worker_t *w)
+/* The deadline passed: shut the socket (MHD closes the connection on its next run). */
+static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
 {
-    return w->n_conn_timers > 0 ? (int64_t)w->conn_timers[0]->deadline_ms : -1;
-}
-
-bool pdgw_conn_expire(pdgw_worker_t *w, uint64_t now_ms)
-{
+    pdgw_conn_t *c = (pdgw_conn_t *)(void *)((char *)t - offsetof(pdgw_conn_t, timer));
+    pdgw_worker_t *w = c->w;
     pdgw_gateway_metrics_t *gm = w->srv->opts.metrics;
-    bool any = false;
-    while (w->n_conn_timers > 0 && w->conn_timers[0]->deadline_ms <= now_ms) {
-        pdgw_conn_t *c = w->conn_timers[0];
-        conn_disarm(c);
-        if (c->phase == CONN_BODY && c->req != NULL) {
-            pdgw_req_t *r = c->req;
-            /* Logged and counted as 408 when MHD completes the request. */
-            r->final_status = 408;
-            snprintf(r->error_text, sizeof(r->error_text),
-                     "request body not received within the request deadline (%llu bytes read)",
-                     (unsigned long long)r->body.len);
-            pdgw_gateway_metrics_conn_closed(gm, "body_timeout");
-        } else {
-            pdgw_gateway_metrics_conn_closed(gm, "header_timeout");
-        }
-        pdgw_log_debug("http", "closing a client connection: request %s not complete in time",
-                       c->phase == CONN_BODY ? "body" : "headers");
-        c->phase = CONN_CLOSING;
-        c->req = NULL;
-        /* MHD reads the end of the stream on its next run and closes the connection (and
-         * completes its request) itself; the descriptor stays MHD's to close. */
-        if (c->fd >= 0 && shutdown(c->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
-            pdgw_log_debug("http", "shutdown: %s", strerror(errno));
-        any = true;
+    (void)now_ms;
+    if (c->phase == CONN_BODY && c->req != NULL) {
+        pdgw_req_t *r = c->req;
+        /* Logged and counted as 408 when MHD completes the request. */
+        r->final_status = 408;
+        snprintf(r->error_text, sizeof(r->error_text),
+                 "request body not received within the request deadline (%llu bytes read)",
+                 (unsigned long long)r->body.len);
+        pdgw_gateway_metrics_conn_closed(gm, "body_timeout");
+    } else {
+        pdgw_gateway_metrics_conn_closed(gm, "header_timeout");
     }
-    return any;
+    pdgw_log_debug("http", "closing a client connection: request %s not complete in time",
+                   c->phase == CONN_BODY ? "body" : "headers");
+    c->phase = CONN_CLOSING;
+    c->req = NULL;
+    /* MHD reads the end of the stream on its next run and closes the connection (and
+     * completes its request) itself; the descriptor stays MHD's to close. */
+    if (c->fd >= 0 && shutdown(c->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
+        pdgw_log_debug("http", "shutdown: %s", strerror(errno));
+    w->mhd_kick = true;
 }

@@ -2,10 +2,8 @@
  * pdgw_http.c - the client side: libmicrohttpd access handler, routing, request body,
  * replies, and the streaming response callback.
  *
- * A request that needs upstream work suspends its connection; whoever decides the answer
- * (workflow engine, on the same worker thread) fills the reply and resumes it, and MHD calls
- * the handler again, which queues the reply. A stream is a callback response that reads the
- * request's `out` buffer and suspends the connection while the buffer is empty.
+ * A request that needs upstream work suspends its connection; the answer comes back through
+ * the sink (pdgw_sink.c), which resumes it, and the handler queues it then.
  */
 #include "pdgw_server_int.h"
 
@@ -21,140 +19,6 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
-
-/* ---------------------------------------------------------------- replies */
-
-void pdgw_req_resume(pdgw_req_t *r)
-{
-    if (!r->suspended)
-        return;
-    /* The hang-up watch stays until the connection completes: one epoll_ctl per request
-     * instead of two per streamed event. */
-    r->suspended = false;
-    MHD_resume_connection(r->conn);
-    r->w->mhd_kick = true;
-}
-
-static void req_suspend(pdgw_req_t *r)
-{
-    if (r->suspended)
-        return;
-    MHD_suspend_connection(r->conn);
-    r->suspended = true;
-    /* The hang-up watch is added by the worker's deadline scan once a suspension lasts
-     * (SCAN_INTERVAL_MS): short waits cost no epoll_ctl at all. */
-    r->suspended_at_ms = pdgw_now_ms();
-}
-
-void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype)
-{
-    if (r->reply_ready || r->queued || r->committed) {
-        pdgw_free(body);
-        return;
-    }
-    r->reply_status = status;
-    r->reply_body = body;
-    r->reply_len = len;
-    snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s", ctype ? ctype : "application/json");
-    r->reply_ready = true;
-    r->final_status = status;
-    pdgw_req_resume(r);
-}
-
-void pdgw_req_reply_error(pdgw_req_t *r, const pdgw_api_error_t *err)
-{
-    size_t len = 0;
-    char *body = pdgw_api_error_body(err, &len);
-    if (r->error_text[0] == '\0')
-        snprintf(r->error_text, sizeof(r->error_text), "%s", err->message);
-    if (err->kind == PDGW_API_ERR_UNAUTHORIZED)
-        r->reply_www_auth = true;
-    pdgw_req_reply(r, pdgw_api_error_http_status(err), body, body ? len : 0, "application/json");
-}
-
-void pdgw_req_reply_errorf(pdgw_req_t *r, pdgw_api_err_kind_t kind, const char *code,
-                           const char *fmt, ...)
-{
-    pdgw_api_error_t err;
-    va_list ap;
-    char msg[PDGW_API_ERR_MESSAGE_MAX];
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    pdgw_api_error_set(&err, kind, NULL, "%s", msg);
-    if (code)
-        pdgw_api_error_set_code(&err, code);
-    pdgw_req_reply_error(r, &err);
-}
-
-void pdgw_req_commit_stream(pdgw_req_t *r)
-{
-    if (r->committed || r->reply_ready || r->queued)
-        return;
-    r->committed = true;
-    r->final_status = 200;
-    pdgw_req_resume(r);
-}
-
-size_t pdgw_req_out_pending(const pdgw_req_t *r)
-{
-    return r->out.len - r->out_off;
-}
-
-void pdgw_req_out_append(pdgw_req_t *r, const char *data, size_t len)
-{
-    if (r->out_done || r->client_gone)
-        return;
-    if (pdgw_buf_append(&r->out, data, len) != PDGW_OK) {
-        /* Out of memory: the stream cannot continue intact; end it. */
-        r->out_done = true;
-    }
-    pdgw_req_resume(r);
-}
-
-void pdgw_req_out_end(pdgw_req_t *r)
-{
-    r->out_done = true;
-    pdgw_req_resume(r);
-}
-
-void pdgw_req_client_hup(pdgw_req_t *r)
-{
-    r->client_gone = true;
-    pdgw_req_resume(r);
-}
-
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    pdgw_req_t *r = cls;
-    size_t avail;
-    (void)pos;
-    if (r->client_gone)
-        return MHD_CONTENT_READER_END_WITH_ERROR;
-    avail = r->out.len - r->out_off;
-    if (avail > 0) {
-        size_t n = avail < max ? avail : max;
-        memcpy(buf, r->out.data + r->out_off, n);
-        r->out_off += n;
-        r->bytes_out += n;
-        if (r->out_off == r->out.len) {
-            pdgw_buf_reset(&r->out);
-            r->out_off = 0;
-            /* A long stream keeps a small buffer only. */
-            if (r->out.cap > 64 * 1024)
-                pdgw_buf_free(&r->out);
-        }
-        if (pdgw_req_out_pending(r) < PDGW_OUT_HIGH_WATER / 2) {
-            if (r->legs[PDGW_LEG_DECODE].paused)
-                pdgw_leg_unpause(&r->legs[PDGW_LEG_DECODE]);
-        }
-        return (ssize_t)n;
-    }
-    if (r->out_done)
-        return MHD_CONTENT_READER_END_OF_STREAM;
-    req_suspend(r);
-    return 0;
-}
 
 /* ---------------------------------------------------------------- headers */
 
@@ -243,103 +107,9 @@ static void req_deadline(pdgw_req_t *r)
     r->deadline_ms = r->t_start_ms + ms;
 }
 
-/* ---------------------------------------------------------------- queueing */
-
-static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *resp)
-{
-    if (r->id[0])
-        MHD_add_response_header(resp, "X-Request-Id", r->id);
-    if (r->pd_phase != PDGW_PHASE_NONE) {
-        MHD_add_response_header(resp, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
-        MHD_add_response_header(resp, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
-    }
-    pdgw_cors_add_headers(r, resp); /* fleet hook: CORS */
-    return MHD_YES;
-}
-
-/* The Allow header of a 405 (RFC 9110 15.5.6): the methods the target answers. */
-static const char *allowed_methods(const pdgw_req_t *r)
-{
-    const char *sub = r->admin_path, *slash;
-    switch (r->route) {
-    case PDGW_ROUTE_INFER:
-        return "POST";
-    case PDGW_ROUTE_MODELS:
-    case PDGW_ROUTE_HEALTH:
-    case PDGW_ROUTE_READY:
-    case PDGW_ROUTE_METRICS:
-        return "GET, HEAD";
-    case PDGW_ROUTE_ADMIN:
-        if (strcmp(r->path, "/admin/reload") == 0)
-            return "POST";
-        if (sub[0] == '\0' || strcmp(sub, "/") == 0)
-            return "GET, POST";
-        slash = strchr(sub + 1, '/');
-        return slash == NULL ? "GET, DELETE" : "POST"; /* /<id> or /<id>/(un)drain */
-    default:
-        return NULL;
-    }
-}
-
-static enum MHD_Result queue_reply(pdgw_req_t *r)
-{
-    struct MHD_Response *resp;
-    enum MHD_Result ret;
-    if (r->reply_body != NULL)
-        resp = MHD_create_response_from_buffer(r->reply_len, r->reply_body, MHD_RESPMEM_MUST_FREE);
-    else /* out of memory while building the body: an empty answer, never a freed literal */
-        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-    if (resp == NULL)
-        return MHD_NO;
-    r->reply_body = NULL; /* owned by MHD now */
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
-    if (r->reply_www_auth)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (r->reply_status == 405 && allowed_methods(r) != NULL)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r));
-    if (r->reply_retry_after_s > 0) {
-        char secs[16];
-        snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
-    }
-    if (r->w->srv->draining || r->reply_close)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    add_common_headers(r, resp);
-    r->bytes_out = r->reply_len;
-    ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
-    MHD_destroy_response(resp);
-    r->queued = true;
-    return ret;
-}
-
-static enum MHD_Result queue_stream(pdgw_req_t *r)
-{
-    struct MHD_Response *resp;
-    enum MHD_Result ret;
-    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
-    if (resp == NULL)
-        return MHD_NO;
-    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
-        pdgw_pt_add_headers(r, resp);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
-        add_common_headers(r, resp);
-        ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
-        MHD_destroy_response(resp);
-        r->queued = true;
-        return ret;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    add_common_headers(r, resp);
-    ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    r->queued = true;
-    return ret;
-}
-
 /* ---------------------------------------------------------------- local endpoints */
 
-static void reply_json(pdgw_req_t *r, int status, json_t *obj)
+void pdgw_req_reply_json(pdgw_req_t *r, int status, json_t *obj)
 {
     char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
@@ -358,14 +128,14 @@ static void serve_ready(pdgw_req_t *r)
     bool ready;
     if (srv->draining) {
         o = json_pack("{s:s}", "status", "draining");
-        reply_json(r, 503, o);
+        pdgw_req_reply_json(r, 503, o);
         return;
     }
     ready = sched_pool_ready(srv->opts.pool, srv->ready_roles);
     o = json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "no usable instance", "prefill",
                   (json_int_t)sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_PREFILL), "decode",
                   (json_int_t)sched_pool_usable_count(srv->opts.pool, SCHED_ROLE_DECODE));
-    reply_json(r, ready ? 200 : 503, o);
+    pdgw_req_reply_json(r, ready ? 200 : 503, o);
 }
 
 static void serve_metrics(pdgw_req_t *r)
@@ -380,119 +150,6 @@ static void serve_metrics(pdgw_req_t *r)
     }
     text = pdgw_buf_steal(&out, &len);
     pdgw_req_reply(r, 200, text, len, PDGW_METRICS_CONTENT_TYPE);
-}
-
-static void serve_models_local(pdgw_req_t *r)
-{
-    const pdgw_server_opts_t *o = &r->w->srv->opts;
-    json_t *data = json_array();
-    size_t i;
-    for (i = 0; i < o->n_models; i++)
-        json_array_append_new(data,
-                              json_pack("{s:s,s:s,s:I,s:s}", "id", o->models[i], "object", "model",
-                                        "created", (json_int_t)0, "owned_by", "pdgw"));
-    reply_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
-}
-
-static void serve_admin(pdgw_req_t *r)
-{
-    sched_pool_t *pool = r->w->srv->opts.pool;
-    const char *sub = r->admin_path; /* after "/admin/instances" */
-    char err[256] = "";
-
-    if (sub[0] == '\0' || strcmp(sub, "/") == 0) {
-        if (strcmp(r->method, "GET") == 0) {
-            reply_json(r, 200, sched_admin_list(pool));
-            return;
-        }
-        if (strcmp(r->method, "POST") == 0) {
-            json_error_t jerr;
-            json_t *body = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &jerr);
-            json_t *created = NULL;
-            sched_status_t st;
-            if (body == NULL) {
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_json",
-                                      "body is not valid JSON: %s", jerr.text);
-                return;
-            }
-            st = sched_admin_add(pool, body, &created, err, sizeof(err));
-            json_decref(body);
-            if (st == SCHED_OK) {
-                reply_json(r, 201, created);
-                return;
-            }
-            json_decref(created);
-            if (st == SCHED_ERR_EXISTS) {
-                pdgw_api_error_t e;
-                pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL, "%s",
-                                   err[0] ? err : "instance id already exists");
-                pdgw_api_error_set_code(&e, "instance_exists");
-                {
-                    size_t len;
-                    char *b = pdgw_api_error_body(&e, &len);
-                    pdgw_req_reply(r, 409, b, b ? len : 0, "application/json");
-                }
-                return;
-            }
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_instance", "%s",
-                                  err[0] ? err : sched_strerror(st));
-            return;
-        }
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
-                              "method %s not allowed on /admin/instances", r->method);
-        return;
-    }
-    if (sub[0] == '/') {
-        char id[SCHED_ID_MAX];
-        const char *action = NULL;
-        const char *slash = strchr(sub + 1, '/');
-        size_t idlen = slash ? (size_t)(slash - sub - 1) : strlen(sub + 1);
-        sched_status_t st;
-        if (idlen == 0 || idlen >= sizeof(id)) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no such instance");
-            return;
-        }
-        memcpy(id, sub + 1, idlen);
-        id[idlen] = '\0';
-        if (slash)
-            action = slash + 1;
-        if (action == NULL && strcmp(r->method, "GET") == 0) {
-            json_t *j = sched_admin_get(pool, id);
-            if (j == NULL)
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
-            else
-                reply_json(r, 200, j);
-            return;
-        }
-        if (action == NULL && strcmp(r->method, "DELETE") == 0) {
-            st = sched_pool_remove(pool, id);
-        } else if (action && (strcmp(action, "drain") == 0 || strcmp(action, "undrain") == 0)) {
-            if (strcmp(r->method, "POST") != 0) {
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL, "use POST for %s",
-                                      action);
-                return;
-            }
-            st = action[0] == 'd' ? sched_pool_drain(pool, id) : sched_pool_undrain(pool, id);
-        } else if (action == NULL) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, NULL,
-                                  "method %s not allowed here", r->method);
-            return;
-        } else {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
-            return;
-        }
-        if (st == SCHED_ERR_NOT_FOUND) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "no instance '%s'", id);
-            return;
-        }
-        if (st != SCHED_OK) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, NULL, "%s", sched_strerror(st));
-            return;
-        }
-        reply_json(r, 200, json_pack("{s:s,s:s}", "id", id, "status", "ok"));
-        return;
-    }
-    pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, NULL, "unknown admin path");
 }
 
 /* ---------------------------------------------------------------- routing */
@@ -547,6 +204,30 @@ static void route(pdgw_req_t *r, const char *url)
         r->route = PDGW_ROUTE_PASSTHROUGH;
     } else {
         r->route = PDGW_ROUTE_NONE;
+    }
+}
+
+/* The Allow header of a 405 (RFC 9110 15.5.6): the methods the target answers. */
+const char *pdgw_http_allowed_methods(const pdgw_req_t *r)
+{
+    const char *sub = r->admin_path, *slash;
+    switch (r->route) {
+    case PDGW_ROUTE_INFER:
+        return "POST";
+    case PDGW_ROUTE_MODELS:
+    case PDGW_ROUTE_HEALTH:
+    case PDGW_ROUTE_READY:
+    case PDGW_ROUTE_METRICS:
+        return "GET, HEAD";
+    case PDGW_ROUTE_ADMIN:
+        if (strcmp(r->path, "/admin/reload") == 0)
+            return "POST";
+        if (sub[0] == '\0' || strcmp(sub, "/") == 0)
+            return "GET, POST";
+        slash = strchr(sub + 1, '/');
+        return slash == NULL ? "GET, DELETE" : "POST"; /* /<id> or /<id>/(un)drain */
+    default:
+        return NULL;
     }
 }
 
@@ -674,11 +355,11 @@ static void dispatch(pdgw_req_t *r)
         return;
     case PDGW_ROUTE_ADMIN:
         if (!pdgw_admin_serve(r))
-            serve_admin(r);
+            pdgw_admin_instances_serve(r);
         return;
     case PDGW_ROUTE_MODELS:
         if (srv->opts.n_models > 0) {
-            serve_models_local(r);
+            pdgw_models_serve_local(r);
             return;
         }
         if (pdgw_models_serve_list(r)) /* fleet hook: the union the pool knows */
@@ -743,7 +424,7 @@ static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len)
 static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
                            const char *method)
 {
-    pdgw_req_t *r = pdgw_calloc(1, sizeof(*r));
+    pdgw_req_t *r = pdgw_req_alloc(w);
     const union MHD_ConnectionInfo *ci;
     if (r == NULL)
         return NULL;
@@ -758,8 +439,8 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     if (ci && ci->client_addr)
         sockaddr_text(ci->client_addr, r->client_addr, sizeof(r->client_addr));
     r->body.limit = 0;
-    pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL);
-    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
+    pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL, &pdgw_wf_leg_owner);
+    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     route(r, url);
     req_identity(r);
     req_deadline(r);
@@ -808,7 +489,7 @@ static enum MHD_Result refuse_early(pdgw_req_t *r)
 {
     r->reply_close = true;
     pdgw_conn_body_done(r->cx);
-    return queue_reply(r);
+    return pdgw_sink_queue_reply(r);
 }
 
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
@@ -870,18 +551,18 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
     /* The whole request is in: its receive deadline is over. */
     pdgw_conn_body_done(r->cx);
     if (r->reply_ready)
-        return queue_reply(r);
+        return pdgw_sink_queue_reply(r);
     if (r->committed)
-        return queue_stream(r);
+        return pdgw_sink_queue_stream(r);
     if (r->stage == PDGW_WF_NONE && !r->suspended) {
         dispatch(r);
         if (r->reply_ready)
-            return queue_reply(r);
+            return pdgw_sink_queue_reply(r);
         if (r->committed)
-            return queue_stream(r);
+            return pdgw_sink_queue_stream(r);
     }
     /* The answer is not known yet: wait for the workflow. */
-    req_suspend(r);
+    pdgw_req_suspend(r);
     return MHD_YES;
 }
 

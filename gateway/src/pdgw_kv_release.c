@@ -117,6 +117,14 @@ static char *release_body(pdgw_req_t *r, const pdgw_instance_t *target, size_t *
     return text;
 }
 
+/* The release leg reports here (its owner), not to the workflow. */
+static void release_on_leg_done(pdgw_leg_t *leg)
+{
+    (void)pdgw_kv_release_leg_done(leg->req, leg);
+}
+
+static const pdgw_leg_owner_t release_leg_owner = {NULL, release_on_leg_done};
+
 void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
 {
     pdgw_server_t *srv = r->w->srv;
@@ -168,13 +176,13 @@ void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
         free(body);
         goto err;
     }
-    pdgw_leg_init(q->leg, o, PDGW_LEG_DECODE);
+    pdgw_leg_init(q->leg, o, PDGW_LEG_DECODE, &release_leg_owner);
     if (pdgw_leg_start(q->leg, &q->inst, r->path, "POST", body, len, NULL) != PDGW_OK) {
         free(body);
         goto err;
     }
     q->t_deadline_ms = q->leg->t_start_ms + KV_RELEASE_TIMEOUT_MS;
-    pdgw_worker_active_add(o->w, o); /* deadline scans, and freed with the worker */
+    pdgw_worker_active_add(o->w, o); /* its deadline timer; freed with the worker */
     return;
 err:
     rel_count(rt, why, "error");
@@ -187,6 +195,11 @@ static void release_free(pdgw_req_t *o)
     pdgw_worker_active_remove(o->w, o);
     pdgw_route_req_release(o);
     pdgw_free(o);
+}
+
+static bool is_release_owner(const pdgw_req_t *o)
+{
+    return o->rt != NULL && o->rt->release;
 }
 
 bool pdgw_kv_release_leg_done(pdgw_req_t *o, pdgw_leg_t *leg)
@@ -225,10 +238,7 @@ bool pdgw_kv_release_check_deadline(pdgw_req_t *o, uint64_t now_ms)
 
 void pdgw_kv_release_drop_all(pdgw_worker_t *w)
 {
-    pdgw_req_t *o = w->active, *next;
-    for (; o; o = next) {
-        next = o->next;
-        if (o->rt && o->rt->release)
-            release_free(o);
-    }
+    pdgw_req_t *o;
+    while ((o = pdgw_worker_find_active(w, is_release_owner)) != NULL)
+        release_free(o);
 }

@@ -2,7 +2,8 @@
  * pdgw_leg.c - one upstream HTTP leg: a curl easy handle on the worker's multi handle.
  *
  * Response bytes either feed the SSE parser (the relayed decode leg of a stream; events go
- * to the workflow engine one by one) or are buffered (prefill legs, non-stream replies).
+ * to the leg's owner one by one) or are buffered (prefill legs, non-stream replies); the end
+ * of the leg is reported to its owner too (pdgw_leg_owner_t: the workflow, /v1/models).
  * Connections stay in the worker's multi connection cache for reuse.
  */
 #include "pdgw_server_int.h"
@@ -47,13 +48,17 @@ static curl_socket_t leg_open_socket(void *cls, curlsocktype purpose, struct cur
     curl_socket_t fd = socket(a->family, a->socktype, a->protocol);
     (void)purpose;
     leg->os_errno = fd == CURL_SOCKET_BAD ? errno : 0;
+    if (fd != CURL_SOCKET_BAD)
+        pdgw_worker_curl_socket_opened(leg->req->w, fd);
     return fd;
 }
 
-void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind)
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
+                   const pdgw_leg_owner_t *owner)
 {
     memset(leg, 0, sizeof(*leg));
     leg->req = r;
+    leg->owner = owner;
     leg->kind = kind;
     pdgw_sse_init(&leg->parser);
 }
@@ -61,7 +66,12 @@ void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind)
 static int leg_on_event(void *arg, const pdgw_sse_event_t *ev)
 {
     pdgw_leg_t *leg = arg;
-    return pdgw_wf_relay_event(leg->req, leg, ev);
+    return leg->owner->on_event ? leg->owner->on_event(leg, ev) : 0;
+}
+
+static void leg_on_drain(void *arg)
+{
+    pdgw_leg_unpause(arg);
 }
 
 static void leg_capture_status(pdgw_leg_t *leg)
@@ -88,8 +98,9 @@ static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
     if (leg->relay && leg->sse && leg->status == 200) {
         pdgw_status_t st;
         /* Slow client: stop reading upstream until it catches up. */
-        if (r->committed && pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
+        if (!pdgw_req_out_writable(r)) {
             leg->paused = true;
+            pdgw_req_on_drain(r, leg_on_drain, leg);
             return CURL_WRITEFUNC_PAUSE;
         }
         leg->bytes_in += len;
@@ -215,6 +226,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, leg);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, leg_open_socket);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, leg);
+    pdgw_worker_curl_sockets(r->w, easy);
     if (strcmp(method, "GET") == 0) {
         curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
     } else if (strcmp(method, "HEAD") == 0) { /* pass-through: no body either way */
@@ -269,6 +281,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     }
     leg->state = PDGW_LEG_RUNNING;
     pdgw_gateway_metrics_instance_leg(srv->opts.metrics, inst->id, leg_role_name(inst), 1);
+    pdgw_req_timer_update(r);
     return PDGW_OK;
 }
 
@@ -320,7 +333,10 @@ void pdgw_leg_unpause(pdgw_leg_t *leg)
     if (!leg->paused || leg->easy == NULL)
         return;
     leg->paused = false;
+    /* Idle time counts again from now, not from before the pause. */
+    leg->t_last_ms = pdgw_now_ms();
     curl_easy_pause(leg->easy, CURLPAUSE_CONT);
+    pdgw_req_timer_update(leg->req);
 }
 
 /* Did the connect fail because this process ran out of descriptors or buffers? Then the
@@ -333,7 +349,6 @@ static bool leg_local_shortage(const pdgw_leg_t *leg)
 
 void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
 {
-    pdgw_req_t *r = leg->req;
     leg_capture_status(leg);
     leg->t_end_ms = pdgw_now_ms();
     if (leg->err == PDGW_LEGERR_NONE) {
@@ -387,5 +402,5 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
     }
     leg_free_transfer(leg);
     leg->state = PDGW_LEG_DONE;
-    pdgw_wf_leg_done(r, leg);
+    leg->owner->on_done(leg);
 }

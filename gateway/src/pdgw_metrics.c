@@ -1015,16 +1015,65 @@ static const char *usage_object_at(const char *s, size_t len)
     return NULL;
 }
 
+/* The value of the last "usage" member of the top-level object of JSON text <s>, when it is
+ * an object: where it starts, NULL otherwise. One pass over the bytes (strings and nesting
+ * tracked), no allocation: an answer is relayed as it is and only this one member of it is
+ * parsed. Text that is not one balanced object gives NULL, as a failed parse would. */
+static const char *usage_member(const char *s, size_t len)
+{
+    const char *p = s, *end = s + len, *found = NULL;
+    int depth = 0;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    if (p == end || *p != '{')
+        return NULL;
+    for (; p < end; p++) {
+        char c = *p;
+        if (c == '"') {
+            const char *q = p + 1;
+            while (q < end && *q != '"')
+                q += *q == '\\' ? 2 : 1;
+            if (q >= end)
+                return NULL;
+            if (depth == 1 && q - p == 6 && memcmp(p + 1, "usage", 5) == 0) {
+                const char *v = q + 1;
+                while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+                    v++;
+                if (v < end && *v == ':') { /* a key, not a value */
+                    v++;
+                    while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+                        v++;
+                    found = v < end && *v == '{' ? v : NULL; /* the last one counts */
+                }
+            }
+            p = q;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (--depth == 0) {
+                for (p++; p < end; p++)
+                    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
+                        return NULL;
+                return found;
+            }
+        }
+    }
+    return NULL;
+}
+
 bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
                                 size_t len, int64_t *prompt_out, int64_t *completion_out)
 {
-    json_t *root, *usage;
+    json_t *usage;
     json_int_t pt, ct;
+    const char *at;
     bool found = false;
     if (gm == NULL || protocol == NULL || json == NULL || usage_object_at(json, len) == NULL)
         return false;
-    root = json_loadb(json, len, 0, NULL);
-    usage = json_is_object(root) ? json_object_get(root, "usage") : NULL;
+    at = usage_member(json, len);
+    if (at == NULL)
+        return false;
+    usage = json_loadb(at, len - (size_t)(at - json), JSON_DISABLE_EOF_CHECK, NULL);
     if (json_is_object(usage)) {
         pt = json_integer_value(json_object_get(usage, "prompt_tokens"));
         ct = json_integer_value(json_object_get(usage, "completion_tokens"));
@@ -1039,7 +1088,7 @@ bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol
             *completion_out = ct;
         found = true;
     }
-    json_decref(root);
+    json_decref(usage);
     return found;
 }
 

@@ -179,7 +179,7 @@ static bool pt_start_leg(pdgw_req_t *r)
         snprintf(fl.headers[fl.n_headers++], sizeof(fl.headers[0]), "Content-Type: %s", ctype);
     pdgw_instance_view_from_sched(&r->inst_view[PDGW_LEG_DECODE], si);
     snprintf(r->decode_id, sizeof(r->decode_id), "%s", sched_instance_id(si));
-    pdgw_leg_init(leg, r, PDGW_LEG_DECODE);
+    pdgw_leg_init(leg, r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     leg->raw = true;
     leg->relay = true;
     leg->body_borrowed = true;
@@ -313,6 +313,11 @@ static void pt_commit(pdgw_req_t *r, const pdgw_leg_t *leg)
     pdgw_req_resume(r);
 }
 
+static void pt_on_drain(void *leg)
+{
+    pdgw_leg_unpause(leg);
+}
+
 size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
 {
     pdgw_req_t *r = leg->req;
@@ -321,7 +326,8 @@ size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
     if (!r->pt_relayed)
         pt_commit(r, leg);
     if (pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
-        leg->paused = true; /* the client reader unpauses the decode leg */
+        leg->paused = true; /* the sink resumes it once the client caught up */
+        pdgw_req_on_drain(r, pt_on_drain, leg);
         return CURL_WRITEFUNC_PAUSE;
     }
     leg->bytes_in += len;

@@ -10,6 +10,7 @@
 #include "pdgw_server_int.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,10 +26,15 @@
 #include "pdgw_fwd_setup.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
+#include "pdgw_route.h"
 #include "pdgw_tls.h"
 
-#define SCAN_INTERVAL_MS 50
-#define MAX_EVENTS       128
+/* A suspension that lasts this long gets a hang-up watch on the client socket: short waits
+ * cost no epoll_ctl at all. */
+#define HUP_WATCH_AFTER_MS 50
+#define MAX_EVENTS         128
+/* Request objects kept for reuse per worker. */
+#define REQ_POOL_MAX 1024
 
 uint64_t pdgw_now_ms(void)
 {
@@ -72,31 +78,88 @@ static uint64_t tag(int kind, int fd)
     return ((uint64_t)(unsigned)kind << 32) | (uint32_t)fd;
 }
 
-/* ---------------------------------------------------------------- active list */
+/* ---------------------------------------------------------------- request objects */
+
+pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w)
+{
+    return pdgw_freelist_get(&w->req_pool);
+}
+
+void pdgw_req_release(pdgw_req_t *r)
+{
+    pdgw_freelist_put(&r->w->req_pool, r);
+}
+
+/* ---------------------------------------------------------------- request deadlines */
+
+static uint64_t req_next_due(const pdgw_req_t *r)
+{
+    uint64_t due = pdgw_wf_next_deadline(r);
+    if (r->suspended && !r->hup_watched && r->suspended_at_ms + HUP_WATCH_AFTER_MS < due)
+        due = r->suspended_at_ms + HUP_WATCH_AFTER_MS;
+    return due;
+}
+
+static void req_on_timer(pdgw_timer_t *t, uint64_t now)
+{
+    pdgw_req_t *r = (pdgw_req_t *)(void *)((char *)t - offsetof(pdgw_req_t, timer));
+    uint64_t due;
+    if (r->rt != NULL && r->rt->release) {
+        /* A KV release's owner has one deadline, and its check may free it. */
+        pdgw_wf_check_deadlines(r, now);
+        return;
+    }
+    if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + HUP_WATCH_AFTER_MS)
+        pdgw_worker_hup_watch(r->w, r);
+    pdgw_wf_check_deadlines(r, now); /* may end the workflow (and leave in_active) */
+    if (!r->in_active)
+        return;
+    due = req_next_due(r);
+    if (due != UINT64_MAX)
+        /* A watch that could not be added is tried again a little later, not at once. */
+        (void)pdgw_timer_arm(&r->w->timers, &r->timer, due > now ? due : now + HUP_WATCH_AFTER_MS);
+}
+
+void pdgw_req_timer_update(pdgw_req_t *r)
+{
+    uint64_t due;
+    if (!r->in_active)
+        return;
+    due = req_next_due(r);
+    if (due != UINT64_MAX)
+        (void)pdgw_timer_arm_earlier(&r->w->timers, &r->timer, due);
+}
+
+pdgw_req_t *pdgw_worker_find_active(pdgw_worker_t *w, bool (*pred)(const pdgw_req_t *r))
+{
+    size_t i;
+    for (i = 0; i < w->timers.n; i++) {
+        pdgw_timer_t *t = w->timers.v[i];
+        pdgw_req_t *r;
+        if (t->fn != req_on_timer)
+            continue;
+        r = (pdgw_req_t *)(void *)((char *)t - offsetof(pdgw_req_t, timer));
+        if (pred(r))
+            return r;
+    }
+    return NULL;
+}
 
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r)
 {
+    (void)w;
     if (r->in_active)
         return;
-    r->prev = NULL;
-    r->next = w->active;
-    if (w->active)
-        w->active->prev = r;
-    w->active = r;
     r->in_active = true;
+    pdgw_timer_init(&r->timer, req_on_timer);
+    pdgw_req_timer_update(r);
 }
 
 void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r)
 {
     if (!r->in_active)
         return;
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        w->active = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    r->prev = r->next = NULL;
+    pdgw_timer_cancel(&w->timers, &r->timer);
     r->in_active = false;
 }
 
@@ -140,38 +203,126 @@ void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- curl glue */
 
-/* The socket's private pointer (curl_multi_assign) encodes the epoll mask set for it,
- * plus 1 so that "registered" is never NULL: a request for the same mask costs no
- * syscall. */
+/* What the worker's epoll set holds for each upstream socket (w->curl_fds[fd]). A socket curl
+ * stops watching (CURL_POLL_REMOVE: its transfer ended and the connection went back to
+ * curl's cache) stays registered and is only marked idle: when the next transfer reuses the
+ * connection it usually wants the same events again, so a kept-alive upstream connection
+ * costs no epoll_ctl per request (instead of a DEL and an ADD). An idle socket that reports
+ * an event (the engine closed it) is disarmed then; one curl closes leaves the set with its
+ * descriptor (on_curl_close). */
+enum { CFD_REG = 1, CFD_IN = 2, CFD_OUT = 4, CFD_IDLE = 8 };
+
+static bool curl_fd_room(pdgw_worker_t *w, curl_socket_t s)
+{
+    size_t cap;
+    uint8_t *n;
+    if (s < 0)
+        return false;
+    if ((size_t)s < w->curl_fd_cap)
+        return true;
+    cap = w->curl_fd_cap ? w->curl_fd_cap : 1024;
+    while (cap <= (size_t)s)
+        cap *= 2;
+    n = pdgw_realloc(w->curl_fds, cap);
+    if (n == NULL)
+        return false;
+    memset(n + w->curl_fd_cap, 0, cap - w->curl_fd_cap);
+    w->curl_fds = n;
+    w->curl_fd_cap = cap;
+    return true;
+}
+
+static int epoll_set(pdgw_worker_t *w, curl_socket_t s, uint32_t events, bool registered)
+{
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = events;
+    ev.data.u64 = tag(PDGW_EV_CURL, s);
+    if (registered) {
+        if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev) == 0)
+            return 0;
+        if (errno != ENOENT)
+            return -1;
+        return epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev);
+    }
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -1;
+    return epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev);
+}
+
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     pdgw_worker_t *w = userp;
-    struct epoll_event ev;
-    uintptr_t want;
+    uint8_t want = CFD_REG, have;
+    uint32_t events = 0;
     (void)easy;
-    memset(&ev, 0, sizeof(ev));
-    ev.data.u64 = tag(PDGW_EV_CURL, s);
+    (void)socketp;
+    if (!curl_fd_room(w, s)) {
+        /* No memory for the table: plain registrations, a syscall each time. */
+        if (what == CURL_POLL_REMOVE)
+            (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
+        else
+            (void)epoll_set(w, s,
+                            (what == CURL_POLL_OUT ? 0u : (uint32_t)EPOLLIN) |
+                                (what == CURL_POLL_IN ? 0u : (uint32_t)EPOLLOUT),
+                            false);
+        return 0;
+    }
+    have = w->curl_fds[s];
     if (what == CURL_POLL_REMOVE) {
-        (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, s, NULL);
-        curl_multi_assign(w->multi, s, NULL);
+        if (have & CFD_REG)
+            w->curl_fds[s] = (uint8_t)(have | CFD_IDLE);
         return 0;
     }
-    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
-        ev.events |= EPOLLIN;
-    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
-        ev.events |= EPOLLOUT;
-    want = (uintptr_t)ev.events + 1;
-    if (socketp == NULL) {
-        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev) != 0 && errno == EEXIST)
-            (void)epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev);
-    } else if ((uintptr_t)socketp != want) {
-        if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
-            (void)epoll_ctl(w->epfd, EPOLL_CTL_ADD, s, &ev);
-    } else {
+    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) {
+        want |= CFD_IN;
+        events |= EPOLLIN;
+    }
+    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) {
+        want |= CFD_OUT;
+        events |= EPOLLOUT;
+    }
+    if ((have & ~CFD_IDLE) == want) {
+        w->curl_fds[s] = want; /* registered for exactly this already */
         return 0;
     }
-    curl_multi_assign(w->multi, s, (void *)want);
+    w->curl_fds[s] = epoll_set(w, s, events, (have & CFD_REG) != 0) == 0 ? want : 0;
     return 0;
+}
+
+/* An event on a socket curl does not watch (idle in its cache): the engine closed it or sent
+ * something unasked. Stop reporting it; curl finds out when it next picks the connection. */
+static bool curl_fd_idle_event(pdgw_worker_t *w, int fd)
+{
+    if (fd < 0 || (size_t)fd >= w->curl_fd_cap || !(w->curl_fds[fd] & CFD_IDLE))
+        return false;
+    if ((w->curl_fds[fd] & (CFD_IN | CFD_OUT)) != 0)
+        w->curl_fds[fd] = epoll_set(w, fd, EPOLLET, true) == 0 ? (uint8_t)(CFD_REG | CFD_IDLE) : 0;
+    return true;
+}
+
+/* curl closes one of its sockets: the kernel drops it from the epoll set with the descriptor. */
+static int on_curl_close(void *clientp, curl_socket_t s)
+{
+    pdgw_worker_t *w = clientp;
+    if (s >= 0 && (size_t)s < w->curl_fd_cap)
+        w->curl_fds[s] = 0;
+    return close(s);
+}
+
+void pdgw_worker_curl_socket_opened(pdgw_worker_t *w, curl_socket_t s)
+{
+    /* A new socket is never in the set, whatever an earlier one with its number left. */
+    if (s >= 0 && (size_t)s < w->curl_fd_cap)
+        w->curl_fds[s] = 0;
+}
+
+void pdgw_worker_curl_sockets(pdgw_worker_t *w, CURL *easy)
+{
+    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_curl_close);
+    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, w);
 }
 
 static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp)
@@ -198,19 +349,6 @@ static void worker_curl_done(pdgw_worker_t *w)
 
 /* ---------------------------------------------------------------- the loop */
 
-static void worker_scan(pdgw_worker_t *w, uint64_t now)
-{
-    pdgw_req_t *r = w->active;
-    while (r) {
-        pdgw_req_t *next = r->next; /* r may leave the list */
-        if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + SCAN_INTERVAL_MS)
-            pdgw_worker_hup_watch(w, r);
-        pdgw_wf_check_deadlines(r, now);
-        r = next;
-    }
-    w->next_scan_ms = now + SCAN_INTERVAL_MS;
-}
-
 static int worker_timeout(pdgw_worker_t *w)
 {
     uint64_t now = pdgw_now_ms();
@@ -221,20 +359,15 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d < t)
             t = d;
     }
-    if (w->active) {
-        int64_t d = (int64_t)w->next_scan_ms - (int64_t)now;
-        if (d < t)
-            t = d;
+    {
+        int64_t d = pdgw_timers_next(&w->timers);
+        if (d >= 0 && d - (int64_t)now < t)
+            t = d - (int64_t)now;
     }
     if (w->mhd_kick)
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
-    {
-        int64_t cd = pdgw_conn_next_deadline(w);
-        if (cd >= 0 && cd - (int64_t)now < t)
-            t = cd - (int64_t)now;
-    }
     return t < 0 ? 0 : (int)t;
 }
 
@@ -270,6 +403,8 @@ static void *worker_main(void *arg)
             }
             case PDGW_EV_CURL: {
                 int flags = 0;
+                if (curl_fd_idle_event(w, fd))
+                    break;
                 if (evs[i].events & EPOLLIN)
                     flags |= CURL_CSELECT_IN;
                 if (evs[i].events & EPOLLOUT)
@@ -298,10 +433,8 @@ static void *worker_main(void *arg)
             curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
             worker_curl_done(w);
         }
-        if (w->active && now >= w->next_scan_ms)
-            worker_scan(w, now);
-        if (pdgw_conn_expire(w, now))
-            run_mhd = true;
+        /* Deadlines: connection timers shut sockets and set mhd_kick. */
+        (void)pdgw_timers_run(&w->timers, now);
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
             MHD_socket s = MHD_quiesce_daemon(w->mhd);
             if (s != MHD_INVALID_SOCKET)
@@ -351,10 +484,12 @@ static void worker_close(pdgw_worker_t *w)
     w->wakefd = w->epfd = -1;
     pdgw_free(w->hup_reqs);
     w->hup_reqs = NULL;
-    /* Every guard was freed when the daemon closed its connections. */
-    pdgw_free(w->conn_timers);
-    w->conn_timers = NULL;
-    w->n_conn_timers = w->cap_conn_timers = 0;
+    pdgw_free(w->curl_fds);
+    w->curl_fds = NULL;
+    w->curl_fd_cap = 0;
+    /* Every guard and request was freed when the daemon closed its connections. */
+    pdgw_timers_free(&w->timers);
+    pdgw_freelist_drain(&w->req_pool);
     pthread_mutex_destroy(&w->wake_lock);
 }
 
@@ -371,6 +506,8 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     w->epfd = -1;
     w->wakefd = -1;
     w->curl_timer_ms = -1;
+    pdgw_timers_init(&w->timers);
+    pdgw_freelist_init(&w->req_pool, sizeof(pdgw_req_t), REQ_POOL_MAX);
     pthread_mutex_init(&w->wake_lock, NULL);
 
     w->epfd = epoll_create1(EPOLL_CLOEXEC);

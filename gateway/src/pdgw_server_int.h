@@ -1,11 +1,17 @@
 /*
  * pdgw_server_int.h - internals shared by the serving core's files:
  *   pdgw_server.c    life cycle, worker threads, the epoll loop
- *   pdgw_http.c      libmicrohttpd handler: routing, body, replies, streaming to the client
+ *   pdgw_http.c      libmicrohttpd handler: routing, body, dispatch
+ *   pdgw_sink.c      the client response: reply, stream, write, end, flow control
  *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
  *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
+ *   pdgw_models_fanout.c  GET /v1/models (configured names, or the instances' union)
+ *   pdgw_admin.c     who may use /admin/..., POST /admin/reload, client certificates
+ *   pdgw_admin_instances.c  the instance admin API (/admin/instances)
+ *   pdgw_access.c    the access log line of a finished request
+ *   pdgw_timer.c     per-worker timers (every deadline above); pdgw_freelist.c object reuse
  * Everything of one request runs on the worker thread that accepted its connection.
  */
 #ifndef PDGW_SERVER_INT_H
@@ -17,8 +23,10 @@
 #include <stdatomic.h>
 
 #include "pdgw_admit.h"
+#include "pdgw_freelist.h"
 #include "pdgw_server.h"
 #include "pdgw_sse.h"
+#include "pdgw_timer.h"
 #include "pdgw_util.h"
 #include "pdgw_validate.h"
 
@@ -79,24 +87,25 @@ struct pdgw_worker {
     CURL *easy_pool[64];
     int n_easy_pool;
     int64_t curl_timer_ms; /* absolute mono ms, -1 = none */
+    /* Upstream sockets in the epoll set, by descriptor (pdgw_server.c). */
+    uint8_t *curl_fds;
+    size_t curl_fd_cap;
     atomic_bool stop;
     bool quiesced;
     bool mhd_kick; /* a connection was resumed: run MHD this iteration */
-    /* Requests with a workflow, for deadline scans. */
-    pdgw_req_t *active;
-    uint64_t next_scan_ms;
+    /* Every deadline of this worker's connections and requests (pdgw_timer.h). */
+    pdgw_timers_t timers;
+    /* Recycled request objects (pdgw_freelist.h). */
+    pdgw_freelist_t req_pool;
     /* Client sockets watched for hang-up while their connection is suspended. */
     pdgw_req_t **hup_reqs;
     int hup_cap;
     /* Wakers queued from any thread. */
     pthread_mutex_t wake_lock;
     struct pdgw_fwd_waker *wake_queue;
-    /* Client connections of this worker (pdgw_conn.c): count, a min-heap of armed
-     * header/body deadlines, and the address let in by the accept policy that MHD has not
-     * announced yet. */
+    /* Client connections of this worker (pdgw_conn.c): count, and the address let in by the
+     * accept policy that MHD has not announced yet. */
     unsigned n_conns;
-    pdgw_conn_t **conn_timers;
-    size_t n_conn_timers, cap_conn_timers;
     unsigned char pending_addr[16];
     unsigned pending_addr_len; /* 0 = none */
 };
@@ -120,15 +129,23 @@ typedef enum {
     PDGW_LEGERR_LOCAL,    /* the gateway itself ran short (fds, memory): not the instance's fault */
 } pdgw_leg_err_t;
 
+/* Whoever owns a leg hears from it through these (the workflow, or GET /v1/models). */
+typedef struct pdgw_leg_owner {
+    /* One SSE event of a relayed stream; non-zero stops the leg (the owner answered). */
+    int (*on_event)(pdgw_leg_t *leg, const pdgw_sse_event_t *ev);
+    /* The leg ended: success, or leg->err says why not. */
+    void (*on_done)(pdgw_leg_t *leg);
+} pdgw_leg_owner_t;
+
 struct pdgw_leg {
     pdgw_req_t *req;
+    const pdgw_leg_owner_t *owner;
     pdgw_leg_kind_t kind;
     pdgw_leg_state_t state;
     const pdgw_instance_t *inst;
-    bool relay;  /* this leg's response goes to the client */
-    bool raw;    /* pass-through: bytes go to the client unchanged (pdgw_passthrough.c) */
-    bool models; /* one of the GET /v1/models fan-out legs */
-    bool sse;    /* relay as SSE (client asked for stream) */
+    bool relay; /* this leg's response goes to the client */
+    bool raw;   /* pass-through: bytes go to the client unchanged (pdgw_passthrough.c) */
+    bool sse;   /* relay as SSE (client asked for stream) */
     CURL *easy;
     struct curl_slist *headers;
     char *body;         /* request body text */
@@ -223,6 +240,8 @@ struct pdgw_req {
     bool reply_close; /* "Connection: close" (the request's framing cannot be trusted) */
     unsigned reply_retry_after_s; /* Retry-After on the reply when > 0 */
     pdgw_buf_t out;               /* streamed bytes not yet taken by MHD */
+    void (*on_drain)(void *arg);  /* flow control: run once the client caught up */
+    void *on_drain_arg;
     size_t out_off;
     bool out_done;
     uint64_t bytes_out;
@@ -272,20 +291,35 @@ struct pdgw_req {
     uint64_t retry_at_ms;     /* backoff: the next attempt starts then (stage WAIT) */
     const char *affinity_key; /* borrowed (MHD header or r->json), NULL = none */
     /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
-    bool pt;         /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
-    bool pt_relayed; /* the engine's status and first bytes went to the client */
-    char *pt_model;  /* the body's "model" of a pass-through request (owned) or NULL */
+    bool pt;               /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
+    bool pt_relayed;       /* the engine's status and first bytes went to the client */
+    char *pt_model;        /* the body's "model" of a pass-through request (owned) or NULL */
     pdgw_buf_t pt_headers; /* the engine's response headers to relay ("Name\0value\0"...) */
-    uint8_t cors;    /* pdgw_cors_t: what the request's Origin is allowed */
-    /* active list */
-    pdgw_req_t *prev, *next;
+    uint8_t cors;          /* pdgw_cors_t: what the request's Origin is allowed */
+    /* The request's next deadline (request, gate, upstream first byte / idle, hang-up watch)
+     * while its workflow runs (in_active). */
+    pdgw_timer_t timer;
     bool in_active;
 };
 
 /* ---- pdgw_server.c */
 uint64_t pdgw_now_ms(void);
+/* The request's workflow runs / ended: its deadlines are watched (a timer) / no longer. */
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r);
+/* A request of <w> whose deadlines are watched and for which <pred> holds (NULL: none); only
+ * armed ones are found. */
+pdgw_req_t *pdgw_worker_find_active(pdgw_worker_t *w, bool (*pred)(const pdgw_req_t *r));
+/* Something moved one of <r>'s deadlines earlier (a leg started, a gate, a suspension):
+ * bring its timer forward. Later deadlines are found when the timer fires. */
+void pdgw_req_timer_update(pdgw_req_t *r);
+/* Request objects of worker <w>: zeroed, recycled. */
+pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w);
+void pdgw_req_release(pdgw_req_t *r);
+/* Options every easy handle of worker <w> needs (how its sockets are closed). */
+void pdgw_worker_curl_sockets(pdgw_worker_t *w, CURL *easy);
+/* curl opened socket <s> (a new descriptor: not in the epoll set). */
+void pdgw_worker_curl_socket_opened(pdgw_worker_t *w, curl_socket_t s);
 /* Watch / unwatch the client socket for hang-up while the connection is suspended. */
 void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
@@ -304,10 +338,6 @@ void pdgw_conn_headers_done(pdgw_conn_t *cx, pdgw_req_t *r);
 void pdgw_conn_body_done(pdgw_conn_t *cx);
 /* The request ended; a kept-alive connection gets the header deadline again. */
 void pdgw_conn_request_done(pdgw_conn_t *cx);
-/* Absolute mono ms of the next connection deadline, -1 = none. */
-int64_t pdgw_conn_next_deadline(const pdgw_worker_t *w);
-/* Close connections whose deadline passed; true when any was closed. */
-bool pdgw_conn_expire(pdgw_worker_t *w, uint64_t now_ms);
 /* After MHD_run: a connection the policy let in but MHD never announced is forgotten. */
 void pdgw_conn_after_run(pdgw_worker_t *w);
 /* Per-address table shared by the workers. */
@@ -323,6 +353,10 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
                                  size_t *upload_data_size, void **con_cls);
 void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe);
+/* The Allow header of a 405 for <r>'s route (NULL when none applies). */
+const char *pdgw_http_allowed_methods(const pdgw_req_t *r);
+
+/* ---- pdgw_sink.c: the client response (the only code that touches it) */
 /* Reply (before commit) with a buffer; takes ownership of <body> (malloc'd). */
 void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype);
 /* Reply with an OpenAI error. */
@@ -337,11 +371,44 @@ void pdgw_req_out_end(pdgw_req_t *r);
 void pdgw_req_resume(pdgw_req_t *r);
 /* Bytes queued for the client not yet taken. */
 size_t pdgw_req_out_pending(const pdgw_req_t *r);
+/* May a writer add more (false once the client is PDGW_OUT_HIGH_WATER behind)? */
+bool pdgw_req_out_writable(const pdgw_req_t *r);
+/* Run <fn>(<arg>) once, when the client has taken the backlog down to half the high water
+ * (replaces an earlier registration). */
+void pdgw_req_on_drain(pdgw_req_t *r, void (*fn)(void *arg), void *arg);
+/* The answer is not known yet: suspend the connection until the sink resumes it. */
+void pdgw_req_suspend(pdgw_req_t *r);
+/* MHD side: queue the filled reply / the committed stream on the connection. */
+enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r);
+enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r);
 /* The client went away (hang-up while suspended). */
 void pdgw_req_client_hup(pdgw_req_t *r);
 
+/* Reply with the compact text of <obj> (taken); 500 when it cannot be rendered. */
+void pdgw_req_reply_json(pdgw_req_t *r, int status, json_t *obj);
+
+/* ---- pdgw_models.c (GET /v1/models) */
+/* Answer from the configured model names. */
+void pdgw_models_serve_local(pdgw_req_t *r);
+/* Ask every usable instance; the reply is sent when the last one answered. */
+void pdgw_models_start(pdgw_req_t *r);
+void pdgw_models_leg_done(pdgw_req_t *r);
+void pdgw_models_check_deadlines(pdgw_req_t *r, uint64_t now);
+uint64_t pdgw_models_next_deadline(const pdgw_req_t *r);
+void pdgw_models_release(pdgw_req_t *r);
+
+/* ---- pdgw_access.c */
+/* The access log line of <r>, finished with <status> at <now_ns>; <disconnected> = the client
+ * left before the whole answer. */
+void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uint64_t now_ns);
+
+/* ---- pdgw_admin_instances.c */
+/* /admin/instances[/<id>[/drain|/undrain]] (r->admin_path is the part after the prefix). */
+void pdgw_admin_instances_serve(pdgw_req_t *r);
+
 /* ---- pdgw_leg.c */
-void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind);
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
+                   const pdgw_leg_owner_t *owner);
 /* Start <leg> to <inst> with <body> (taken) and the forwarder's extra headers. */
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
                              const char *method, char *body, size_t body_len,
@@ -362,14 +429,16 @@ const char *pdgw_leg_err_name(pdgw_leg_err_t e);
 void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si);
 /* Start the workflow of a validated inference request. */
 void pdgw_wf_start(pdgw_req_t *r);
-/* A leg ended (success or error); called from pdgw_leg_on_done / deadline checks. */
-void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
-/* Relay: one SSE event of the decode leg (from the leg's parser). Returns non-zero to stop. */
-int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev);
+/* The workflow as the owner of a request's prefill and decode legs. */
+extern const pdgw_leg_owner_t pdgw_wf_leg_owner;
 /* Deadlines of <r> at <now_ms>. */
 void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
+/* The earliest deadline of <r>'s workflow (absolute mono ms), UINT64_MAX = none. */
+uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r);
 /* The forwarder's waker fired. */
 void pdgw_wf_on_wake(pdgw_req_t *r);
+/* The outcome is decided: no more deadlines. */
+void pdgw_wf_set_finished(pdgw_req_t *r);
 /* The client is gone or the request is being torn down: stop all, cleanup once. */
 void pdgw_wf_cancel(pdgw_req_t *r);
 /* Final bookkeeping at connection completion (access log, metrics, free). */

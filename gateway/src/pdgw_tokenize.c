@@ -246,6 +246,14 @@ out:
     return text;
 }
 
+/* The /tokenize leg reports here (its owner), which resumes the workflow. */
+static void tokenize_on_leg_done(pdgw_leg_t *leg)
+{
+    (void)pdgw_tokenize_leg_done(leg->req, leg);
+}
+
+static const pdgw_leg_owner_t tokenize_leg_owner = {NULL, tokenize_on_leg_done};
+
 bool pdgw_tokenize_begin(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
@@ -292,7 +300,7 @@ bool pdgw_tokenize_begin(pdgw_req_t *r)
         tok_count(rt, "error");
         return false;
     }
-    pdgw_leg_init(q->leg, r, PDGW_LEG_DECODE);
+    pdgw_leg_init(q->leg, r, PDGW_LEG_DECODE, &tokenize_leg_owner);
     /* The leg takes the body (pdgw_free is free, json_dumps used malloc). */
     st = pdgw_leg_start(q->leg, &q->inst, "/tokenize", "POST", body, len, NULL);
     if (st != PDGW_OK) {
@@ -302,6 +310,7 @@ bool pdgw_tokenize_begin(pdgw_req_t *r)
         return false;
     }
     q->t_deadline_ms = q->leg->t_start_ms + rt->o.tokenize_timeout_ms;
+    pdgw_req_timer_update(r); /* the request's timer knows this deadline */
     return true;
 }
 

@@ -189,7 +189,7 @@ static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
     }
 }
 
-static void wf_set_finished(pdgw_req_t *r)
+void pdgw_wf_set_finished(pdgw_req_t *r)
 {
     r->stage = PDGW_WF_FINISHED;
     pdgw_worker_active_remove(r->w, r);
@@ -202,7 +202,7 @@ static void wf_succeed(pdgw_req_t *r)
     for (k = 0; k < 2; k++)
         wf_finish_booking(r, (pdgw_leg_kind_t)k, SCHED_OUTCOME_SUCCESS, NULL);
     wf_attempt_end(r, PDGW_END_OK);
-    wf_set_finished(r);
+    pdgw_wf_set_finished(r);
 }
 
 static char *json_text(json_t *body, size_t *len)
@@ -303,6 +303,7 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
         }
         r->stage = PDGW_WF_GATE;
         r->gate_point = point;
+        pdgw_req_timer_update(r);
         return false;
     }
     if (e.message[0] == '\0')
@@ -464,164 +465,11 @@ static void wf_start_attempt(pdgw_req_t *r)
     wf_run_first_stage(r);
 }
 
-/* GET /v1/models without configured names: ask every usable instance (up to 16) at once
- * and answer with the union of their model lists. */
-#define MODELS_MAX_INSTANCES 16
-#define MODELS_TIMEOUT_MS    5000
-
-static void wf_models_reply(pdgw_req_t *r)
-{
-    json_t *data = json_array();
-    json_t *seen = json_object();
-    size_t i, ok = 0;
-    for (i = 0; i < r->n_mlegs; i++) {
-        pdgw_leg_t *leg = &r->mlegs[i];
-        json_t *resp, *arr, *m;
-        size_t j;
-        if (leg->err != PDGW_LEGERR_NONE || leg->status != 200)
-            continue;
-        resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
-        arr = json_object_get(resp, "data");
-        if (json_is_array(arr)) {
-            ok++;
-            json_array_foreach(arr, j, m)
-            {
-                const char *id = json_string_value(json_object_get(m, "id"));
-                if (id == NULL || json_object_get(seen, id))
-                    continue;
-                json_object_set_new(seen, id, json_true());
-                json_array_append(data, m);
-            }
-        }
-        json_decref(resp);
-    }
-    json_decref(seen);
-    wf_set_finished(r);
-    if (ok == 0) {
-        json_decref(data);
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_GATEWAY, "upstream_error",
-                              "no instance answered GET /v1/models");
-        return;
-    }
-    {
-        json_t *out = json_pack("{s:s,s:o}", "object", "list", "data", data);
-        char *text = out ? json_dumps(out, JSON_COMPACT) : NULL;
-        json_decref(out);
-        if (text == NULL) {
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
-            return;
-        }
-        pdgw_req_reply(r, 200, text, strlen(text), "application/json");
-    }
-}
-
-static void wf_models_leg_done(pdgw_req_t *r)
-{
-    if (++r->n_mdone == r->n_mlegs && r->stage != PDGW_WF_FINISHED)
-        wf_models_reply(r);
-}
-
-static char *wf_models_keep(pdgw_req_t *r, size_t slot, const char *s)
-{
-    char *c = pdgw_strdup(s ? s : "");
-    size_t n = c ? strlen(c) : 0;
-    while (n > 0 && c[n - 1] == '/')
-        c[--n] = '\0'; /* base URL without a trailing slash */
-    r->mstr[slot] = c;
-    return c;
-}
-
-static void wf_start_models(pdgw_req_t *r)
-{
-    pdgw_server_t *srv = r->w->srv;
-    json_t *list = sched_admin_list(srv->opts.pool);
-    json_t *inst;
-    size_t i, n = 0;
-
-    r->passthrough = true;
-    r->stage = PDGW_WF_DECODE;
-    pdgw_worker_active_add(r->w, r);
-    r->mlegs = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->mlegs));
-    r->minst = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->minst));
-    r->mstr = pdgw_calloc(2 * MODELS_MAX_INSTANCES, sizeof(*r->mstr));
-    if (r->mlegs == NULL || r->minst == NULL || r->mstr == NULL) {
-        json_decref(list);
-        wf_set_finished(r);
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
-        return;
-    }
-    json_array_foreach(list, i, inst)
-    {
-        const char *state = json_string_value(json_object_get(inst, "state"));
-        const char *bstate =
-            json_string_value(json_object_get(json_object_get(inst, "breaker"), "state"));
-        pdgw_instance_t *v;
-        if (n == MODELS_MAX_INSTANCES)
-            break;
-        if (state == NULL || strcmp(state, "up") != 0 || (bstate && strcmp(bstate, "open") == 0))
-            continue;
-        v = &r->minst[n];
-        v->id = wf_models_keep(r, 2 * n, json_string_value(json_object_get(inst, "id")));
-        v->url = wf_models_keep(r, 2 * n + 1, json_string_value(json_object_get(inst, "url")));
-        if (v->id == NULL || v->url == NULL)
-            break;
-        pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE);
-        r->mlegs[n].models = true;
-        n++;
-    }
-    json_decref(list);
-    if (n == 0) {
-        wf_set_finished(r);
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
-                              "no usable instance to list models from");
-        return;
-    }
-    r->n_mlegs = n;
-    for (i = 0; i < n; i++) {
-        if (pdgw_leg_start(&r->mlegs[i], &r->minst[i], "/v1/models", "GET", NULL, 0, NULL) !=
-            PDGW_OK) {
-            r->mlegs[i].err = PDGW_LEGERR_PROTOCOL;
-            r->mlegs[i].state = PDGW_LEG_DONE;
-            wf_models_leg_done(r);
-        }
-    }
-}
-
-static void wf_models_release(pdgw_req_t *r)
-{
-    size_t i;
-    for (i = 0; i < r->n_mlegs; i++)
-        pdgw_leg_release(&r->mlegs[i]);
-    if (r->mstr)
-        for (i = 0; i < 2 * MODELS_MAX_INSTANCES; i++)
-            pdgw_free(r->mstr[i]);
-    pdgw_free(r->mstr);
-    pdgw_free(r->minst);
-    pdgw_free(r->mlegs);
-    r->mstr = NULL;
-    r->minst = NULL;
-    r->mlegs = NULL;
-    r->n_mlegs = 0;
-}
-
-static void wf_models_check_deadlines(pdgw_req_t *r, uint64_t now)
-{
-    size_t i;
-    for (i = 0; i < r->n_mlegs; i++) {
-        pdgw_leg_t *leg = &r->mlegs[i];
-        if (leg->state == PDGW_LEG_RUNNING && now >= leg->t_start_ms + MODELS_TIMEOUT_MS) {
-            pdgw_leg_abort(leg);
-            leg->err = PDGW_LEGERR_TIMEOUT;
-            wf_models_leg_done(r);
-        }
-    }
-}
-
 void pdgw_wf_start(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
     if (r->route == PDGW_ROUTE_MODELS) {
-        wf_start_models(r);
+        pdgw_models_start(r);
         return;
     }
     memset(&r->freq, 0, sizeof(r->freq));
@@ -810,23 +658,17 @@ static bool wf_decode_waits(pdgw_req_t *r)
     return wants != NULL;
 }
 
-void pdgw_wf_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
+/* A leg ended (success or error). */
+static void wf_leg_done(pdgw_leg_t *leg)
 {
+    pdgw_req_t *r = leg->req;
     pdgw_fwd_error_t e;
     uint64_t dur_us = (leg->t_end_ms - leg->t_start_ms) * 1000u;
 
-    if (pdgw_kv_release_leg_done(r, leg)) /* route hook: r was a release's owner, now freed */
-        return;
-    if (leg->models) {
-        wf_models_leg_done(r);
-        return;
-    }
     if (leg->raw) { /* fleet hook: pass-through */
         pdgw_pt_leg_done(r, leg);
         return;
     }
-    if (pdgw_tokenize_leg_done(r, leg)) /* route hook */
-        return;
     if (leg->kind == PDGW_LEG_PREFILL)
         r->t_prefill_us = dur_us;
     else
@@ -918,7 +760,7 @@ static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *
     pdgw_log_info("workflow", "req=%s retry %u with a new decode, keeping the prefill: %s", r->id,
                   r->attempt, e->message);
     pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
-    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE);
+    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     wf_refresh_peers(r);
     if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
         wf_run_decode_stage(r);
@@ -974,7 +816,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
                   pdgw_phase_name(e->phase), e->message);
     for (k = 0; k < 2; k++) {
         pdgw_leg_release(&r->legs[k]);
-        pdgw_leg_init(&r->legs[k], r, (pdgw_leg_kind_t)k);
+        pdgw_leg_init(&r->legs[k], r, (pdgw_leg_kind_t)k, &pdgw_wf_leg_owner);
     }
     if (delay_ms > 0) {
         /* The deadline scan starts the attempt when the backoff is over. */
@@ -982,6 +824,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
                        (unsigned long long)delay_ms, r->attempt);
         r->retry_at_ms = pdgw_now_ms() + delay_ms;
         r->stage = PDGW_WF_WAIT;
+        pdgw_req_timer_update(r); /* the backoff's end is the request's next deadline */
         return true;
     }
     wf_start_attempt(r);
@@ -1074,7 +917,7 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
     if (failed_leg)
         wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
     wf_attempt_end(r, e->http_status == 504 ? PDGW_END_TIMEOUT : PDGW_END_FAILED);
-    wf_set_finished(r);
+    pdgw_wf_set_finished(r);
 
     status = e->http_status ? e->http_status : 502;
     if (r->committed) {
@@ -1198,8 +1041,10 @@ static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len)
     return s;
 }
 
-int pdgw_wf_relay_event(pdgw_req_t *r, pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
+/* Relay: one SSE event of the decode leg (from the leg's parser). Non-zero stops the leg. */
+static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
 {
+    pdgw_req_t *r = leg->req;
     uint64_t now_ns = pdgw_time_mono_ns();
     uint64_t now = now_ns / 1000000u;
     if (r->stage == PDGW_WF_FINISHED)
@@ -1306,7 +1151,7 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
     if (r->stage == PDGW_WF_FINISHED)
         return;
     if (r->n_mlegs) {
-        wf_models_check_deadlines(r, now);
+        pdgw_models_check_deadlines(r, now);
         return;
     }
     if (r->stage == PDGW_WF_WAIT) {
@@ -1376,6 +1221,46 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
     }
 }
 
+uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r)
+{
+    const pdgw_server_opts_t *o = &r->w->srv->opts;
+    uint64_t due = UINT64_MAX;
+    int k;
+
+    if (r->stage == PDGW_WF_WAIT) /* admission queue or retry backoff (pdgw_admit_req.c) */
+        return r->admit_waiting ? r->admit.deadline_ms : r->retry_at_ms;
+    if (r->rt != NULL && r->rt->release) /* route: a KV release's owner, one deadline */
+        return r->rt->leg && r->rt->leg->state == PDGW_LEG_RUNNING ? r->rt->t_deadline_ms
+                                                                   : UINT64_MAX;
+    if (r->stage == PDGW_WF_FINISHED)
+        return UINT64_MAX;
+    if (r->n_mlegs)
+        return pdgw_models_next_deadline(r);
+    if (r->rt != NULL && r->rt->leg != NULL && r->rt->leg->state == PDGW_LEG_RUNNING)
+        return r->rt->t_deadline_ms; /* route: waiting for the prompt's tokens */
+    due = r->deadline_ms;
+    if (r->stage == PDGW_WF_GATE)
+        return r->gate_deadline_ms < due ? r->gate_deadline_ms : due;
+    for (k = 0; k < 2; k++) {
+        const pdgw_leg_t *leg = &r->legs[k];
+        uint64_t t;
+        if (leg->state != PDGW_LEG_RUNNING || leg->paused)
+            continue;
+        if (leg->t_first_ms == 0) {
+            if (o->first_byte_timeout_ms == 0)
+                continue;
+            t = leg->t_start_ms + o->first_byte_timeout_ms;
+        } else {
+            if (o->idle_timeout_ms == 0)
+                continue;
+            t = leg->t_last_ms + o->idle_timeout_ms;
+        }
+        if (t < due)
+            due = t;
+    }
+    return due;
+}
+
 void pdgw_wf_on_wake(pdgw_req_t *r)
 {
     pdgw_gate_point_t point = r->gate_point;
@@ -1396,12 +1281,12 @@ void pdgw_wf_cancel(pdgw_req_t *r)
     if (r->stage == PDGW_WF_FINISHED || r->stage == PDGW_WF_NONE) {
         if (r->attempt_live)
             wf_attempt_end(r, PDGW_END_CANCELLED);
-        wf_set_finished(r);
+        pdgw_wf_set_finished(r);
         return;
     }
     snprintf(r->error_text, sizeof(r->error_text), "client disconnected");
     wf_attempt_end(r, PDGW_END_CANCELLED);
-    wf_set_finished(r);
+    pdgw_wf_set_finished(r);
 }
 
 void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
@@ -1446,45 +1331,15 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
                                                  : NULL,
                                  status, dur);
         pdgw_pt_finalize(r, status, dur);
-        if (pdgw_log_access_enabled()) {
-            pdgw_access_entry_t a;
-            pdgw_access_entry_init(&a);
-            a.request_id = r->id;
-            a.method = r->method;
-            a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
-            a.path = r->path;
-            a.protocol = protocol_of(r);
-            a.model = r->info_valid ? r->info.model : r->pt_model;
-            a.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
-            a.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
-            a.error = r->error_text[0] ? r->error_text : NULL;
-            a.status = status;
-            a.retries = r->attempt;
-            a.stream = r->info_valid && r->info.stream;
-            a.client_disconnected = client_disconnected && (was_running || stream_cut);
-            a.total_us = (int64_t)((now_ns - r->t_start_ns) / 1000u);
-            if (r->t_first_token_ns)
-                a.ttft_us = (int64_t)((r->t_first_token_ns - r->t_start_ns) / 1000u);
-            if (r->t_prefill_us)
-                a.prefill_us = (int64_t)r->t_prefill_us;
-            if (r->t_decode_us)
-                a.decode_us = (int64_t)r->t_decode_us;
-            a.bytes_in = r->body.len;
-            if (r->pd_phase != PDGW_PHASE_NONE) {
-                a.pd_phase = pdgw_phase_name(r->pd_phase);
-                a.pd_retryable = r->pd_retryable;
-            }
-            if (r->info_valid)
-                a.prompt_tokens = r->info.est_prompt_tokens;
-            a.bytes_out = r->bytes_out;
-            pdgw_access_log(&a);
-        }
+        if (pdgw_log_access_enabled())
+            pdgw_req_access_log(r, status, client_disconnected && (was_running || stream_cut),
+                                now_ns);
         if (r->route == PDGW_ROUTE_INFER && srv->opts.otel != NULL)
             wf_trace(r, status, now_ns);
     }
     for (k = 0; k < 2; k++)
         pdgw_leg_release(&r->legs[k]);
-    wf_models_release(r);
+    pdgw_models_release(r);
     pdgw_route_req_release(r); /* route hook */
     pdgw_worker_active_remove(r->w, r);
     if (r->counted) {
@@ -1500,5 +1355,7 @@ void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected)
     pdgw_buf_free(&r->fwd_headers);
     pdgw_buf_free(&r->out);
     pdgw_free(r->reply_body);
-    pdgw_free(r);
+    pdgw_req_release(r);
 }
+
+const pdgw_leg_owner_t pdgw_wf_leg_owner = {wf_relay_event, wf_leg_done};

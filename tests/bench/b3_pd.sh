@@ -37,10 +37,23 @@ plot '$BENCH_TMP/b3.dat' using 2:xtic(1) title '1 client', '' using 3 title '64 
 GP
 fi
 
+# Targets (issue "Gateway core v2"): <= 0.3 ms added p50 at one client for every protocol;
+# at 64 clients lmcache (its FIFO admission gate) within 2 x the slowest of the others.
 summary_begin b3_pd
+others64=0
 while IFS=, read -r proto clients _ _ _ a50 _; do
     [[ "$proto" == protocol ]] && continue
-    check_target b3 "$proto c=$clients added p50" \
-        "$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')" le 0.5 ms
+    ms=$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')
+    if [[ "$clients" == 1 ]]; then
+        check_target b3 "$proto c=1 added p50" "$ms" le 0.3 ms
+    else
+        info_row b3 "$proto c=$clients added p50" "$ms" ms
+        [[ "$proto" != lmcache ]] && others64=$(awk -v a="$ms" -v b="$others64" 'BEGIN { print (a > b ? a : b) }')
+    fi
 done <"$csv"
+lm64=$(awk -F, '$1 == "lmcache" && $2 != 1 { printf "%.3f", $6 / 1000 }' "$csv")
+if [[ -n "$lm64" ]] && awk -v b="$others64" 'BEGIN { exit !(b > 0) }'; then
+    check_target b3 "lmcache c=64 added p50 / slowest other" \
+        "$(awk -v a="$lm64" -v b="$others64" 'BEGIN { printf "%.2f", a / b }')" le 2.0 x
+fi
 echo "machine: $(machine_line)"

@@ -30,11 +30,12 @@ static void fixture_init(fixture_t *f)
     f->srv.addrs = pdgw_addr_table_create();
     assert_non_null(f->srv.addrs);
     f->w.srv = &f->srv;
+    pdgw_timers_init(&f->w.timers);
 }
 
 static void fixture_fini(fixture_t *f)
 {
-    pdgw_free(f->w.conn_timers);
+    pdgw_timers_free(&f->w.timers);
     pdgw_addr_table_destroy(f->srv.addrs);
 }
 
@@ -44,7 +45,7 @@ static pdgw_conn_t *conn_new(fixture_t *f)
     assert_non_null(c);
     c->w = &f->w;
     c->fd = -1;
-    c->heap_idx = NOT_ARMED;
+    pdgw_timer_init(&c->timer, conn_on_deadline);
     c->phase = CONN_HEADERS;
     return c;
 }
@@ -52,11 +53,16 @@ static pdgw_conn_t *conn_new(fixture_t *f)
 static void check_heap(const pdgw_worker_t *w)
 {
     size_t i;
-    for (i = 0; i < w->n_conn_timers; i++) {
-        assert_int_equal(w->conn_timers[i]->heap_idx, i);
+    for (i = 0; i < w->timers.n; i++) {
+        assert_int_equal(w->timers.v[i]->idx, i);
         if (i > 0)
-            assert_true(w->conn_timers[(i - 1) / 2]->deadline_ms <= w->conn_timers[i]->deadline_ms);
+            assert_true(w->timers.v[(i - 1) / 2]->due_ms <= w->timers.v[i]->due_ms);
     }
+}
+
+static pdgw_conn_t *conn_of_timer(pdgw_timer_t *t)
+{
+    return (pdgw_conn_t *)(void *)((char *)t - offsetof(pdgw_conn_t, timer));
 }
 
 static void test_heap_order_through_arm_and_disarm(void **state)
@@ -81,21 +87,24 @@ static void test_heap_order_through_arm_and_disarm(void **state)
     conn_disarm(c[1]); /* twice is harmless */
     check_heap(&f.w);
     for (i = 0; i < 200; i++)
-        if (c[i]->heap_idx != NOT_ARMED)
+        if (pdgw_timer_armed(&c[i]->timer))
             left++;
-    assert_int_equal(f.w.n_conn_timers, left);
+    assert_int_equal(f.w.timers.n, left);
     /* Popping through expiry gives non-decreasing deadlines and empties the heap. */
-    while (f.w.n_conn_timers > 0) {
-        pdgw_conn_t *top = f.w.conn_timers[0];
-        assert_int_equal(pdgw_conn_next_deadline(&f.w), (int64_t)top->deadline_ms);
-        assert_true(top->deadline_ms >= last);
-        last = top->deadline_ms;
-        assert_true(pdgw_conn_expire(&f.w, top->deadline_ms));
+    while (f.w.timers.n > 0) {
+        pdgw_conn_t *top = conn_of_timer(f.w.timers.v[0]);
+        uint64_t due = top->timer.due_ms;
+        assert_int_equal(pdgw_timers_next(&f.w.timers), (int64_t)due);
+        assert_true(due >= last);
+        last = due;
+        f.w.mhd_kick = false;
+        assert_true(pdgw_timers_run(&f.w.timers, due) > 0);
+        assert_true(f.w.mhd_kick); /* MHD runs to see the shut socket */
         assert_int_equal(top->phase, CONN_CLOSING);
-        assert_int_equal(top->heap_idx, NOT_ARMED);
+        assert_false(pdgw_timer_armed(&top->timer));
         check_heap(&f.w);
     }
-    assert_int_equal(pdgw_conn_next_deadline(&f.w), -1);
+    assert_int_equal(pdgw_timers_next(&f.w.timers), -1);
     for (i = 0; i < 200; i++)
         free(c[i]);
     fixture_fini(&f);
@@ -113,22 +122,22 @@ static void test_expire_only_due_and_body_is_408(void **state)
     r->deadline_ms = 500;
     pdgw_conn_headers_done(a, r); /* body phase, deadline 500 */
     conn_arm(b, 900);             /* headers phase */
-    assert_false(pdgw_conn_expire(&f.w, 499));
-    assert_true(pdgw_conn_expire(&f.w, 500));
+    assert_int_equal(pdgw_timers_run(&f.w.timers, 499), 0);
+    assert_int_equal(pdgw_timers_run(&f.w.timers, 500), 1);
     assert_int_equal(r->final_status, 408);
     assert_non_null(strstr(r->error_text, "request body"));
     assert_int_equal(a->phase, CONN_CLOSING);
     assert_int_equal(b->phase, CONN_HEADERS);
     /* A closing connection is not re-armed by the request's end. */
     pdgw_conn_request_done(a);
-    assert_int_equal(a->heap_idx, NOT_ARMED);
+    assert_false(pdgw_timer_armed(&a->timer));
     /* The body arriving in time disarms. */
     pdgw_conn_body_done(b);
-    assert_int_equal(pdgw_conn_next_deadline(&f.w), -1);
+    assert_int_equal(pdgw_timers_next(&f.w.timers), -1);
     /* The next request on a kept-alive connection gets the header deadline again. */
     pdgw_conn_request_done(b);
     assert_int_equal(b->phase, CONN_HEADERS);
-    assert_true(pdgw_conn_next_deadline(&f.w) >= (int64_t)pdgw_now_ms() + 29000);
+    assert_true(pdgw_timers_next(&f.w.timers) >= (int64_t)pdgw_now_ms() + 29000);
     free(a);
     free(b);
     free(r);

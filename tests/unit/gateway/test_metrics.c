@@ -366,6 +366,61 @@ static void test_gateway_metrics_and_collector(void **state)
     pdgw_metrics_destroy(reg);
 }
 
+/* Usage is read from the top-level "usage" member only, without parsing the whole answer; the
+ * figures must be what a full parse (jansson, last duplicate key wins) finds. */
+static bool usage_by_full_parse(const char *text, int64_t *pt, int64_t *ct)
+{
+    json_t *root = json_loads(text, 0, NULL);
+    json_t *u = json_is_object(root) ? json_object_get(root, "usage") : NULL;
+    bool ok = json_is_object(u);
+    if (ok) {
+        *pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        *ct = json_integer_value(json_object_get(u, "completion_tokens"));
+    }
+    json_decref(root);
+    return ok;
+}
+
+static void test_usage_matches_full_parse(void **state)
+{
+    static const char *const cases[] = {
+        "{\"id\":\"a\",\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}",
+        " {\"usage\" : { \"completion_tokens\": 5, \"prompt_tokens\": 2 } }\n",
+        /* nested "usage" members are not the answer's */
+        "{\"choices\":[{\"usage\":{\"prompt_tokens\":9}}],\"x\":{\"usage\":{\"prompt_tokens\":1}}}",
+        /* in a string, with escapes */
+        "{\"text\":\"\\\"usage\\\": {\\\"prompt_tokens\\\": 4}\",\"usage\":{\"prompt_tokens\":6}}",
+        /* "usage" as a value, not a key */
+        "{\"k\":\"usage\",\"v\":{\"prompt_tokens\":1}}",
+        /* duplicates: the last wins */
+        "{\"usage\":{\"prompt_tokens\":1},\"usage\":{\"prompt_tokens\":8,\"completion_tokens\":2}}",
+        "{\"usage\":{\"prompt_tokens\":1},\"usage\":null}",
+        "{\"usage\":null}",
+        "{\"usage\":{\"prompt_tokens\":\"12\",\"completion_tokens\":1.5}}",
+        /* not one object */
+        "[{\"usage\":{\"prompt_tokens\":1}}]",
+        "{\"usage\":{\"prompt_tokens\":1}} trailing",
+        "{\"usage\":{\"prompt_tokens\":1}",
+        "{\"usage\":{\"prompt_tokens\":1}}}",
+        "",
+    };
+    pdgw_metrics_t *reg;
+    pdgw_gateway_metrics_t gm;
+    size_t i;
+    (void)state;
+    assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+    assert_int_equal(pdgw_gateway_metrics_init(reg, "0.1.0", &gm), PDGW_OK);
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int64_t p1 = -1, c1 = -1, p2 = -1, c2 = -1;
+        bool want = usage_by_full_parse(cases[i], &p2, &c2);
+        bool got = pdgw_gateway_metrics_usage(&gm, "neutral", cases[i], strlen(cases[i]), &p1, &c1);
+        if (got != want || (want && (p1 != p2 || c1 != c2)))
+            fail_msg("case %zu (%s): got %d %lld/%lld, a full parse %d %lld/%lld", i, cases[i], got,
+                     (long long)p1, (long long)c1, want, (long long)p2, (long long)c2);
+    }
+    pdgw_metrics_destroy(reg);
+}
+
 static void test_promtool_rejects_garbage(void **state)
 {
     (void)state;
@@ -383,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_cardinality_cap),
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_gateway_metrics_and_collector),
+        cmocka_unit_test(test_usage_matches_full_parse),
         cmocka_unit_test(test_promtool_rejects_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

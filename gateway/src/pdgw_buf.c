@@ -1,0 +1,137 @@
+/*
+ * pdgw_buf.c - the growable byte buffer (pdgw_buf_t).
+ * Declared in pdgw_util.h.
+ */
+#include "pdgw_util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+
+/* ---------------------------------------------------------------- buffer */
+
+/* The buffer is the base layer's (pdb_buf.h); these give its failures the gateway's codes. */
+static pdgw_status_t buf_status(pdb_status_t st)
+{
+    switch (st) {
+    case PDB_OK:
+        return PDGW_OK;
+    case PDB_ERR_NOMEM:
+        return PDGW_ERR_NOMEM;
+    case PDB_ERR_TOO_LARGE:
+        return PDGW_ERR_TOO_LARGE;
+    default:
+        return PDGW_ERR_INVALID;
+    }
+}
+
+void pdgw_buf_init(pdgw_buf_t *buf)
+{
+    pdb_buf_init(buf);
+}
+
+pdgw_status_t pdgw_buf_reserve(pdgw_buf_t *buf, size_t extra)
+{
+    return buf_status(pdb_buf_reserve(buf, extra));
+}
+
+pdgw_status_t pdgw_buf_append(pdgw_buf_t *buf, const void *data, size_t len)
+{
+    return buf_status(pdb_buf_append(buf, data, len));
+}
+
+pdgw_status_t pdgw_buf_append_str(pdgw_buf_t *buf, const char *s)
+{
+    return buf_status(pdb_buf_append_str(buf, s));
+}
+
+pdgw_status_t pdgw_buf_append_char(pdgw_buf_t *buf, char c)
+{
+    return buf_status(pdb_buf_append_char(buf, c));
+}
+
+pdgw_status_t pdgw_buf_vappendf(pdgw_buf_t *buf, const char *fmt, va_list ap)
+{
+    return buf_status(pdb_buf_vappendf(buf, fmt, ap));
+}
+
+pdgw_status_t pdgw_buf_appendf(pdgw_buf_t *buf, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pdgw_status_t st = pdgw_buf_vappendf(buf, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+pdgw_status_t pdgw_buf_append_json_escaped(pdgw_buf_t *buf, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t start = 0;
+    pdgw_status_t st = PDGW_OK;
+    for (size_t i = 0; i < len && st == PDGW_OK; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *rep = NULL;
+        char u[7];
+        switch (c) {
+        case '"':
+            rep = "\\\"";
+            break;
+        case '\\':
+            rep = "\\\\";
+            break;
+        case '\n':
+            rep = "\\n";
+            break;
+        case '\r':
+            rep = "\\r";
+            break;
+        case '\t':
+            rep = "\\t";
+            break;
+        default:
+            if (c < 0x20 || c == 0x7f) {
+                u[0] = '\\';
+                u[1] = 'u';
+                u[2] = '0';
+                u[3] = '0';
+                u[4] = hex[c >> 4];
+                u[5] = hex[c & 15];
+                u[6] = '\0';
+                rep = u;
+            }
+        }
+        if (rep == NULL)
+            continue;
+        st = pdgw_buf_append(buf, s + start, i - start);
+        if (st == PDGW_OK)
+            st = pdgw_buf_append_str(buf, rep);
+        start = i + 1;
+    }
+    if (st == PDGW_OK)
+        st = pdgw_buf_append(buf, s + start, len - start);
+    return st;
+}
+
+void pdgw_buf_consume(pdgw_buf_t *buf, size_t n)
+{
+    pdb_buf_consume(buf, n);
+}
+
+void pdgw_buf_reset(pdgw_buf_t *buf)
+{
+    pdb_buf_reset(buf);
+}
+
+void pdgw_buf_free(pdgw_buf_t *buf)
+{
+    pdb_buf_free(buf);
+}
+
+char *pdgw_buf_steal(pdgw_buf_t *buf, size_t *len_out)
+{
+    return pdb_buf_steal(buf, len_out);
+}

@@ -1,0 +1,86 @@
+/*
+ * pdgw_freelist.c - per-worker free lists of fixed-size objects (pdgw_freelist.h).
+ *
+ * Each object carries a small header in front of it that links it into the list while it is
+ * listed, so the whole object can be poisoned for AddressSanitizer.
+ */
+#include "pdgw_freelist.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FL_ASAN 1
+#endif
+#endif
+#ifdef FL_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n)   ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* 16 bytes keep the object aligned like malloc's memory. */
+typedef union fl_hdr {
+    void *next;
+    max_align_t align;
+} fl_hdr_t;
+
+void pdgw_freelist_init(pdgw_freelist_t *fl, size_t obj_size, unsigned max_free)
+{
+    memset(fl, 0, sizeof(*fl));
+    fl->obj_size = obj_size;
+    fl->max_free = max_free;
+}
+
+void *pdgw_freelist_get(pdgw_freelist_t *fl)
+{
+    fl_hdr_t *h = fl->head;
+    if (h != NULL) {
+        fl->head = h->next;
+        fl->n_free--;
+        fl->n_reuse++;
+        UNPOISON(h + 1, fl->obj_size);
+        memset(h + 1, 0, fl->obj_size);
+        return h + 1;
+    }
+    h = pdgw_calloc(1, sizeof(*h) + fl->obj_size);
+    if (h == NULL)
+        return NULL;
+    fl->n_alloc++;
+    return h + 1;
+}
+
+void pdgw_freelist_put(pdgw_freelist_t *fl, void *p)
+{
+    fl_hdr_t *h;
+    if (p == NULL)
+        return;
+    h = (fl_hdr_t *)p - 1;
+    if (fl->n_free >= fl->max_free) {
+        pdgw_free(h);
+        return;
+    }
+    POISON(p, fl->obj_size);
+    h->next = fl->head;
+    fl->head = h;
+    fl->n_free++;
+}
+
+void pdgw_freelist_drain(pdgw_freelist_t *fl)
+{
+    while (fl->head != NULL) {
+        fl_hdr_t *h = fl->head;
+        fl->head = h->next;
+        UNPOISON(h + 1, fl->obj_size);
+        pdgw_free(h);
+    }
+    fl->n_free = 0;
+}

@@ -1,0 +1,192 @@
+/*
+ * pdgw_models_fanout.c - GET /v1/models: the configured model names, or (none configured) the union
+ * of what every usable instance lists, asked all at once (up to 16) on legs of the request.
+ */
+#include "pdgw_server_int.h"
+
+#include <string.h>
+
+#include "pdgw_alloc.h"
+
+#define MODELS_MAX_INSTANCES 16
+#define MODELS_TIMEOUT_MS    5000
+
+void pdgw_models_serve_local(pdgw_req_t *r)
+{
+    const pdgw_server_opts_t *o = &r->w->srv->opts;
+    json_t *data = json_array();
+    size_t i;
+    for (i = 0; i < o->n_models; i++)
+        json_array_append_new(data,
+                              json_pack("{s:s,s:s,s:I,s:s}", "id", o->models[i], "object", "model",
+                                        "created", (json_int_t)0, "owned_by", "pdgw"));
+    pdgw_req_reply_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
+}
+
+#define MODELS_MAX_INSTANCES 16
+#define MODELS_TIMEOUT_MS    5000
+
+static void wf_models_reply(pdgw_req_t *r)
+{
+    json_t *data = json_array();
+    json_t *seen = json_object();
+    size_t i, ok = 0;
+    for (i = 0; i < r->n_mlegs; i++) {
+        pdgw_leg_t *leg = &r->mlegs[i];
+        json_t *resp, *arr, *m;
+        size_t j;
+        if (leg->err != PDGW_LEGERR_NONE || leg->status != 200)
+            continue;
+        resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+        arr = json_object_get(resp, "data");
+        if (json_is_array(arr)) {
+            ok++;
+            json_array_foreach(arr, j, m)
+            {
+                const char *id = json_string_value(json_object_get(m, "id"));
+                if (id == NULL || json_object_get(seen, id))
+                    continue;
+                json_object_set_new(seen, id, json_true());
+                json_array_append(data, m);
+            }
+        }
+        json_decref(resp);
+    }
+    json_decref(seen);
+    pdgw_wf_set_finished(r);
+    if (ok == 0) {
+        json_decref(data);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_GATEWAY, "upstream_error",
+                              "no instance answered GET /v1/models");
+        return;
+    }
+    {
+        json_t *out = json_pack("{s:s,s:o}", "object", "list", "data", data);
+        char *text = out ? json_dumps(out, JSON_COMPACT) : NULL;
+        json_decref(out);
+        if (text == NULL) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+            return;
+        }
+        pdgw_req_reply(r, 200, text, strlen(text), "application/json");
+    }
+}
+
+void pdgw_models_leg_done(pdgw_req_t *r)
+{
+    if (++r->n_mdone == r->n_mlegs && r->stage != PDGW_WF_FINISHED)
+        wf_models_reply(r);
+}
+
+static char *wf_models_keep(pdgw_req_t *r, size_t slot, const char *s)
+{
+    char *c = pdgw_strdup(s ? s : "");
+    size_t n = c ? strlen(c) : 0;
+    while (n > 0 && c[n - 1] == '/')
+        c[--n] = '\0'; /* base URL without a trailing slash */
+    r->mstr[slot] = c;
+    return c;
+}
+
+static void models_on_leg_done(pdgw_leg_t *leg)
+{
+    pdgw_models_leg_done(leg->req);
+}
+
+static const pdgw_leg_owner_t models_leg_owner = {NULL, models_on_leg_done};
+
+void pdgw_models_start(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    json_t *list = sched_admin_list(srv->opts.pool);
+    json_t *inst;
+    size_t i, n = 0;
+
+    r->passthrough = true;
+    r->stage = PDGW_WF_DECODE;
+    pdgw_worker_active_add(r->w, r);
+    r->mlegs = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->mlegs));
+    r->minst = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->minst));
+    r->mstr = pdgw_calloc(2 * MODELS_MAX_INSTANCES, sizeof(*r->mstr));
+    if (r->mlegs == NULL || r->minst == NULL || r->mstr == NULL) {
+        json_decref(list);
+        pdgw_wf_set_finished(r);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    json_array_foreach(list, i, inst)
+    {
+        const char *state = json_string_value(json_object_get(inst, "state"));
+        const char *bstate =
+            json_string_value(json_object_get(json_object_get(inst, "breaker"), "state"));
+        pdgw_instance_t *v;
+        if (n == MODELS_MAX_INSTANCES)
+            break;
+        if (state == NULL || strcmp(state, "up") != 0 || (bstate && strcmp(bstate, "open") == 0))
+            continue;
+        v = &r->minst[n];
+        v->id = wf_models_keep(r, 2 * n, json_string_value(json_object_get(inst, "id")));
+        v->url = wf_models_keep(r, 2 * n + 1, json_string_value(json_object_get(inst, "url")));
+        if (v->id == NULL || v->url == NULL)
+            break;
+        pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE, &models_leg_owner);
+        n++;
+    }
+    json_decref(list);
+    if (n == 0) {
+        pdgw_wf_set_finished(r);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
+                              "no usable instance to list models from");
+        return;
+    }
+    r->n_mlegs = n;
+    for (i = 0; i < n; i++) {
+        if (pdgw_leg_start(&r->mlegs[i], &r->minst[i], "/v1/models", "GET", NULL, 0, NULL) !=
+            PDGW_OK) {
+            r->mlegs[i].err = PDGW_LEGERR_PROTOCOL;
+            r->mlegs[i].state = PDGW_LEG_DONE;
+            pdgw_models_leg_done(r);
+        }
+    }
+}
+
+void pdgw_models_release(pdgw_req_t *r)
+{
+    size_t i;
+    for (i = 0; i < r->n_mlegs; i++)
+        pdgw_leg_release(&r->mlegs[i]);
+    if (r->mstr)
+        for (i = 0; i < 2 * MODELS_MAX_INSTANCES; i++)
+            pdgw_free(r->mstr[i]);
+    pdgw_free(r->mstr);
+    pdgw_free(r->minst);
+    pdgw_free(r->mlegs);
+    r->mstr = NULL;
+    r->minst = NULL;
+    r->mlegs = NULL;
+    r->n_mlegs = 0;
+}
+
+void pdgw_models_check_deadlines(pdgw_req_t *r, uint64_t now)
+{
+    size_t i;
+    for (i = 0; i < r->n_mlegs; i++) {
+        pdgw_leg_t *leg = &r->mlegs[i];
+        if (leg->state == PDGW_LEG_RUNNING && now >= leg->t_start_ms + MODELS_TIMEOUT_MS) {
+            pdgw_leg_abort(leg);
+            leg->err = PDGW_LEGERR_TIMEOUT;
+            pdgw_models_leg_done(r);
+        }
+    }
+}
+
+uint64_t pdgw_models_next_deadline(const pdgw_req_t *r)
+{
+    uint64_t due = UINT64_MAX;
+    size_t i;
+    for (i = 0; i < r->n_mlegs; i++)
+        if (r->mlegs[i].state == PDGW_LEG_RUNNING &&
+            r->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS < due)
+            due = r->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS;
+    return due;
+}

@@ -1,0 +1,236 @@
+/*
+ * pdgw_sink.c - the client response: the only code that touches it.
+ *
+ * Whoever decides the answer (workflow, /v1/models, admin, local endpoints; all on the
+ * request's worker) uses this small API: reply with a buffer (or an OpenAI error), or commit
+ * a 200 SSE stream and then write / end it. A connection waiting for its answer is
+ * suspended; filling the reply or writing resumes it, and MHD calls the handler (which queues
+ * the reply) or the stream reader (which takes the written bytes) again. Flow control lives
+ * here too: a writer asks pdgw_req_out_writable() and, when the client is behind, registers
+ * an on-drain callback that the reader runs once the backlog has halved.
+ */
+#include "pdgw_server_int.h"
+#include "pdgw_fleet.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+
+/* ---------------------------------------------------------------- reply, stream, write */
+
+void pdgw_req_resume(pdgw_req_t *r)
+{
+    if (!r->suspended)
+        return;
+    /* The hang-up watch stays until the connection completes: one epoll_ctl per request
+     * instead of two per streamed event. */
+    r->suspended = false;
+    MHD_resume_connection(r->conn);
+    r->w->mhd_kick = true;
+}
+
+void pdgw_req_suspend(pdgw_req_t *r)
+{
+    if (r->suspended)
+        return;
+    MHD_suspend_connection(r->conn);
+    r->suspended = true;
+    /* The hang-up watch is added by the request's timer once a suspension lasts
+     * (HUP_WATCH_AFTER_MS): short waits cost no epoll_ctl at all. */
+    r->suspended_at_ms = pdgw_now_ms();
+    pdgw_req_timer_update(r);
+}
+
+void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype)
+{
+    if (r->reply_ready || r->queued || r->committed) {
+        pdgw_free(body);
+        return;
+    }
+    r->reply_status = status;
+    r->reply_body = body;
+    r->reply_len = len;
+    snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s", ctype ? ctype : "application/json");
+    r->reply_ready = true;
+    r->final_status = status;
+    pdgw_req_resume(r);
+}
+
+void pdgw_req_reply_error(pdgw_req_t *r, const pdgw_api_error_t *err)
+{
+    size_t len = 0;
+    char *body = pdgw_api_error_body(err, &len);
+    if (r->error_text[0] == '\0')
+        snprintf(r->error_text, sizeof(r->error_text), "%s", err->message);
+    if (err->kind == PDGW_API_ERR_UNAUTHORIZED)
+        r->reply_www_auth = true;
+    pdgw_req_reply(r, pdgw_api_error_http_status(err), body, body ? len : 0, "application/json");
+}
+
+void pdgw_req_reply_errorf(pdgw_req_t *r, pdgw_api_err_kind_t kind, const char *code,
+                           const char *fmt, ...)
+{
+    pdgw_api_error_t err;
+    va_list ap;
+    char msg[PDGW_API_ERR_MESSAGE_MAX];
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pdgw_api_error_set(&err, kind, NULL, "%s", msg);
+    if (code)
+        pdgw_api_error_set_code(&err, code);
+    pdgw_req_reply_error(r, &err);
+}
+
+void pdgw_req_commit_stream(pdgw_req_t *r)
+{
+    if (r->committed || r->reply_ready || r->queued)
+        return;
+    r->committed = true;
+    r->final_status = 200;
+    pdgw_req_resume(r);
+}
+
+size_t pdgw_req_out_pending(const pdgw_req_t *r)
+{
+    return r->out.len - r->out_off;
+}
+
+bool pdgw_req_out_writable(const pdgw_req_t *r)
+{
+    return !r->committed || pdgw_req_out_pending(r) <= PDGW_OUT_HIGH_WATER;
+}
+
+void pdgw_req_on_drain(pdgw_req_t *r, void (*fn)(void *arg), void *arg)
+{
+    r->on_drain = fn;
+    r->on_drain_arg = arg;
+}
+
+void pdgw_req_out_append(pdgw_req_t *r, const char *data, size_t len)
+{
+    if (r->out_done || r->client_gone)
+        return;
+    if (pdgw_buf_append(&r->out, data, len) != PDGW_OK) {
+        /* Out of memory: the stream cannot continue intact; end it. */
+        r->out_done = true;
+    }
+    pdgw_req_resume(r);
+}
+
+void pdgw_req_out_end(pdgw_req_t *r)
+{
+    r->out_done = true;
+    pdgw_req_resume(r);
+}
+
+void pdgw_req_client_hup(pdgw_req_t *r)
+{
+    r->client_gone = true;
+    pdgw_req_resume(r);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    pdgw_req_t *r = cls;
+    size_t avail;
+    (void)pos;
+    if (r->client_gone)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    avail = r->out.len - r->out_off;
+    if (avail > 0) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, r->out.data + r->out_off, n);
+        r->out_off += n;
+        r->bytes_out += n;
+        if (r->out_off == r->out.len) {
+            pdgw_buf_reset(&r->out);
+            r->out_off = 0;
+            /* A long stream keeps a small buffer only. */
+            if (r->out.cap > 64 * 1024)
+                pdgw_buf_free(&r->out);
+        }
+        if (r->on_drain != NULL && pdgw_req_out_pending(r) < PDGW_OUT_HIGH_WATER / 2) {
+            void (*fn)(void *) = r->on_drain;
+            r->on_drain = NULL;
+            fn(r->on_drain_arg);
+        }
+        return (ssize_t)n;
+    }
+    if (r->out_done)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    pdgw_req_suspend(r);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- MHD responses */
+
+static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *resp)
+{
+    if (r->id[0])
+        MHD_add_response_header(resp, "X-Request-Id", r->id);
+    if (r->pd_phase != PDGW_PHASE_NONE) {
+        MHD_add_response_header(resp, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
+        MHD_add_response_header(resp, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
+    }
+    pdgw_cors_add_headers(r, resp); /* fleet hook: CORS */
+    return MHD_YES;
+}
+
+enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    if (r->reply_body != NULL)
+        resp = MHD_create_response_from_buffer(r->reply_len, r->reply_body, MHD_RESPMEM_MUST_FREE);
+    else /* out of memory while building the body: an empty answer, never a freed literal */
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL)
+        return MHD_NO;
+    r->reply_body = NULL; /* owned by MHD now */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+    if (r->reply_www_auth)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->reply_status == 405 && pdgw_http_allowed_methods(r) != NULL)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, pdgw_http_allowed_methods(r));
+    if (r->reply_retry_after_s > 0) {
+        char secs[16];
+        snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
+    }
+    if (r->w->srv->draining || r->reply_close)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    add_common_headers(r, resp);
+    r->bytes_out = r->reply_len;
+    ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
+    MHD_destroy_response(resp);
+    r->queued = true;
+    return ret;
+}
+
+enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
+    if (resp == NULL)
+        return MHD_NO;
+    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
+        pdgw_pt_add_headers(r, resp);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+        add_common_headers(r, resp);
+        ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
+        MHD_destroy_response(resp);
+        r->queued = true;
+        return ret;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    add_common_headers(r, resp);
+    ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    r->queued = true;
+    return ret;
+}
