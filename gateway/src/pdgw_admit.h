@@ -138,6 +138,11 @@ pdgw_ticket_state_t pdgw_admit_leave(pdgw_admit_t *a, pdgw_admit_ticket_t *t, ui
 pdgw_status_t pdgw_admit_reload(pdgw_admit_t *a, const struct pdgw_config *cfg, uint64_t now_ms,
                                 char *err, size_t errlen);
 
+/* Join config reloads: the admission keys (limits, queue, rate limits, backoff, affinity) are
+ * applied live through pdgw_admit_set_limits. */
+struct pdgw_reload;
+pdgw_status_t pdgw_admit_reload_register(pdgw_admit_t *a, struct pdgw_reload *rl);
+
 /* The state of <t> now (read under the lock: another thread may be granting it). */
 pdgw_ticket_state_t pdgw_admit_ticket_state(pdgw_admit_t *a, const pdgw_admit_ticket_t *t);
 

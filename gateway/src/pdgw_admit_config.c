@@ -10,6 +10,8 @@
 #include "pdgw_alloc.h"
 #include "pdgw_config.h"
 #include "pdgw_rate_limit.h"
+#include "pdgw_reload.h"
+#include "pdgw_util.h"
 
 pdgw_status_t pdgw_admit_reload(pdgw_admit_t *a, const pdgw_config_t *cfg, uint64_t now_ms,
                                 char *err, size_t errlen)
@@ -82,4 +84,57 @@ pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit
     }
     *out = l;
     return PDGW_OK;
+}
+
+/* ---- reload hook: admission limits change live (SIGHUP, POST /admin/reload) ---- */
+
+static const char *const admit_reload_keys[] = {
+    "max_concurrent_requests", "queue_size",        "queue_timeout",    "rate_limit", "rate_limits",
+    "retry_backoff_base",      "retry_backoff_max", "session_affinity", NULL};
+
+static pdgw_status_t admit_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state, char *err,
+                                   size_t errlen)
+{
+    pdgw_admit_limits_t *l = pdgw_calloc(1, sizeof(*l));
+    pdgw_status_t st;
+    (void)ctx;
+    if (l == NULL) {
+        snprintf(err, errlen, "admission limits: out of memory");
+        return PDGW_ERR_NOMEM;
+    }
+    st = pdgw_admit_limits_from_config(pdgw_reload_txn_next(txn), l, err, errlen);
+    if (st != PDGW_OK) {
+        pdgw_free(l);
+        return st;
+    }
+    *state = l;
+    return PDGW_OK;
+}
+
+static void admit_commit(void *ctx, pdgw_reload_txn_t *txn, void *state)
+{
+    pdgw_admit_limits_t *l = state;
+    (void)txn;
+    /* Validated in prepare; a failure here can only be memory, and then the old limits stay. */
+    (void)pdgw_admit_set_limits(ctx, l, pdgw_time_mono_ms());
+    pdgw_admit_limits_free(l);
+    pdgw_free(l);
+}
+
+static void admit_abort(void *ctx, void *state)
+{
+    (void)ctx;
+    pdgw_admit_limits_free(state);
+    pdgw_free(state);
+}
+
+pdgw_status_t pdgw_admit_reload_register(pdgw_admit_t *a, pdgw_reload_t *rl)
+{
+    pdgw_reload_hook_t hook = {.name = "admission",
+                               .keys = admit_reload_keys,
+                               .prepare = admit_prepare,
+                               .commit = admit_commit,
+                               .abort = admit_abort,
+                               .ctx = a};
+    return pdgw_reload_register(rl, &hook);
 }

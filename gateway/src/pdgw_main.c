@@ -431,7 +431,8 @@ int main(int argc, char **argv)
         pdgw_config_t *moved = &cfg;
         pdgw_config_t start = cfg; /* scalars only, for the hooks' start-up view */
         if (pdgw_reload_create(moved, argc, argv, environ, &hooks, reg, &reload) != PDGW_OK ||
-            pdgw_reload_hooks_register(reload, &start, auth, pool, map_instance) != PDGW_OK) {
+            pdgw_reload_hooks_register(reload, &start, auth, pool, map_instance) != PDGW_OK ||
+            (admit != NULL && pdgw_admit_reload_register(admit, reload) != PDGW_OK)) {
             pdgw_log_error("main", "cannot set up config reloads");
             goto out_pool;
         }

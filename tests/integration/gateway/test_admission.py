@@ -18,6 +18,7 @@
 """
 
 import json
+import signal
 import os
 import socket
 import tempfile
@@ -360,6 +361,39 @@ def test_instance_capacity():
     stop_gw(gw)
 
 
+def test_limits_change_on_reload():
+    """Admission limits are applied live by SIGHUP: with max_concurrent_requests 1 and no
+    queue a second request is refused; after the file says 2 (and the reload is counted ok)
+    two run at once, and the request already in flight keeps its slot throughout."""
+    sim, sport = start_slow_sim(ttft_ms=2500)
+    fd, path = tempfile.mkstemp(prefix="pdgw-admit-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write("max_concurrent_requests: 1\nqueue_size: 0\n")
+    gw, gport = start_gw([f"http://127.0.0.1:{sport}"], extra=["--config", path])
+    try:
+        first = Client(gport, "rl-first")
+        wait_for(lambda: metric(gport, "pdgw_admission_inflight") == 1, 10, "first admitted")
+        st, _, data = T.request("POST", gport, "/v1/completions", comp_body(False),
+                                {"X-Request-Id": "rl-refused"})
+        assert_eq(st, 429, "over the limit before the reload")
+        with open(path, "w") as f:
+            f.write("max_concurrent_requests: 2\nqueue_size: 0\n")
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: metric(gport, "pdgw_config_reloads_total", {"result": "ok"}) == 1, 10,
+                 "the reload")
+        second = Client(gport, "rl-second")
+        wait_for(lambda: metric(gport, "pdgw_admission_inflight") == 2, 10,
+                 "two admitted after the reload")
+        first.join(30)
+        second.join(30)
+        assert_eq(first.status, 200, "the request in flight during the reload")
+        assert_eq(second.status, 200, "the request the new limit admitted")
+        stop_gw(gw)
+    finally:
+        gw.kill()
+        os.unlink(path)
+
+
 if __name__ == "__main__":
     T.run([
         test_at_most_n_at_the_engine_and_fifo,
@@ -369,4 +403,5 @@ if __name__ == "__main__":
         test_rate_limit_per_key,
         test_instance_capacity,
         test_slot_released_however_the_request_ends,
+        test_limits_change_on_reload,
     ])
