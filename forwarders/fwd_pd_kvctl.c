@@ -118,7 +118,7 @@ struct fwd_pd_kv {
     fwd_pd_kv_opts_t o;
     pdgw_fwd_kv_client_t *proxy; /* the gateway's KV control client (Reserve, Cancel) */
     fwd_pd_notif_t *notif;       /* the ProxyNotif PULL (o.proxy) */
-    fwd_pd_relay_t *relay; /* notices for requests other replicas own (notif_relay_peers) */
+    fwd_pd_relay_t *relay;       /* notices for requests other replicas own (notif_relay_peers) */
     int efd;
     pthread_t th;
     int started;

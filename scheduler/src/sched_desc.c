@@ -430,8 +430,8 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
         a->n_alloc_ports != b->n_alloc_ports || a->n_init_ports != b->n_init_ports ||
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
         !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
-        a->n_models != b->n_models || a->kv_engine != b->kv_engine ||
-        !str_eq(a->attrs, b->attrs) || a->max_concurrent != b->max_concurrent)
+        a->n_models != b->n_models || a->kv_engine != b->kv_engine || !str_eq(a->attrs, b->attrs) ||
+        a->max_concurrent != b->max_concurrent)
         return false;
     if (memcmp(a->alloc_ports, b->alloc_ports, sizeof(int) * a->n_alloc_ports) ||
         memcmp(a->init_ports, b->init_ports, sizeof(int) * a->n_init_ports))

@@ -120,14 +120,14 @@ static void emit_schedule(pdb_prom_t *p, sched_pool_t *pool)
     pdb_prom_family(p, "pdgw_session_affinity_total", "counter",
                     "Bookings by session affinity: on the key's home instance, or moved "
                     "because the home was not usable.");
-    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"prefill\",result=\"home\"",
-                        NULL, atomic_load(&pool->affinity_home[SCHED_RIDX_PREFILL]));
-    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"prefill\",result=\"moved\"",
-                        NULL, atomic_load(&pool->affinity_moved[SCHED_RIDX_PREFILL]));
-    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"decode\",result=\"home\"",
-                        NULL, atomic_load(&pool->affinity_home[SCHED_RIDX_DECODE]));
-    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"decode\",result=\"moved\"",
-                        NULL, atomic_load(&pool->affinity_moved[SCHED_RIDX_DECODE]));
+    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"prefill\",result=\"home\"", NULL,
+                        atomic_load(&pool->affinity_home[SCHED_RIDX_PREFILL]));
+    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"prefill\",result=\"moved\"", NULL,
+                        atomic_load(&pool->affinity_moved[SCHED_RIDX_PREFILL]));
+    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"decode\",result=\"home\"", NULL,
+                        atomic_load(&pool->affinity_home[SCHED_RIDX_DECODE]));
+    pdb_prom_sample_u64(p, "pdgw_session_affinity_total", "role=\"decode\",result=\"moved\"", NULL,
+                        atomic_load(&pool->affinity_moved[SCHED_RIDX_DECODE]));
     pdb_prom_family(p, "pdgw_sched_double_release_total", "counter",
                     "Booking legs finished twice (refused).");
     pdb_prom_sample_u64(p, "pdgw_sched_double_release_total", NULL, NULL,

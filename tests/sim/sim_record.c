@@ -82,8 +82,7 @@ char *sim_record_dump(const char *request_id_filter)
             const char *id = json_string_value(json_object_get(e, "request_id"));
             const char *tag =
                 json_string_value(json_object_get(json_object_get(e, "headers"), "x-sim-tag"));
-            if ((!id || strcmp(id, request_id_filter)) &&
-                (!tag || strcmp(tag, request_id_filter)))
+            if ((!id || strcmp(id, request_id_filter)) && (!tag || strcmp(tag, request_id_filter)))
                 continue;
         }
         json_array_append_new(arr, json_deep_copy(e));
