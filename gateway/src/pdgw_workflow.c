@@ -287,7 +287,7 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
     const pdgw_fwd_ops_t *ops = ops_of(r);
     pdgw_fwd_error_t e;
     pdgw_fwd_status_t fs;
-    if (ops->gate == NULL)
+    if (ops->gate == NULL || pdgw_pd_decode_only(r)) /* decode-only: the forwarder has no part */
         return true;
     memset(&e, 0, sizeof(e));
     fs = ops->gate(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, point, &e);
@@ -650,7 +650,8 @@ static bool wf_decode_waits(pdgw_req_t *r)
 {
     const pdgw_fwd_ops_t *ops = ops_of(r);
     json_t *wants;
-    if (ops->rewrite_decode == NULL || r->freq.dispatch != PDGW_DISPATCH_PARALLEL ||
+    if (ops->rewrite_decode == NULL || pdgw_pd_decode_only(r) ||
+        r->freq.dispatch != PDGW_DISPATCH_PARALLEL ||
         r->legs[PDGW_LEG_PREFILL].state != PDGW_LEG_RUNNING)
         return false;
     wants = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, NULL);
@@ -996,7 +997,7 @@ static bool wf_rewrite_event(pdgw_req_t *r, const pdgw_sse_event_t *ev)
     const pdgw_fwd_ops_t *ops = ops_of(r);
     json_t *in, *out, *item;
     size_t i;
-    if (ops->rewrite_decode == NULL || ev->is_done || !ev->has_data)
+    if (ops->rewrite_decode == NULL || pdgw_pd_decode_only(r) || ev->is_done || !ev->has_data)
         return false;
     in = json_loadb(ev->data, ev->data_len, 0, NULL);
     if (in == NULL)
@@ -1025,7 +1026,8 @@ static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len)
     const pdgw_fwd_ops_t *ops = ops_of(r);
     json_t *in, *out;
     char *s;
-    if (ops->rewrite_decode == NULL || leg->status < 200 || leg->status >= 300)
+    if (ops->rewrite_decode == NULL || pdgw_pd_decode_only(r) || leg->status < 200 ||
+        leg->status >= 300)
         return NULL;
     in = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
     if (in == NULL)
