@@ -40,11 +40,19 @@ def start_sim():
 
 
 def start_gw(sim_port, extra=(), host="127.0.0.1"):
-    port = T.free_port()
-    gw = T.Proc("pdgw", [T.binary("pdgw"), "--listen", f"{host}:{port}", "--workers", "1",
-                         "--both", f"http://127.0.0.1:{sim_port}", *extra])
-    T.wait_http(port, "/ready", proc=gw)
-    return gw, port
+    # A free port is picked on loopback; on 0.0.0.0 another socket of the machine (a client's
+    # ephemeral port) may hold it by the time pdgw binds: pick again in that case only.
+    for attempt in range(5):
+        port = T.free_port()
+        gw = T.Proc("pdgw", [T.binary("pdgw"), "--listen", f"{host}:{port}", "--workers", "1",
+                             "--both", f"http://127.0.0.1:{sim_port}", *extra])
+        try:
+            T.wait_http(port, "/ready", proc=gw)
+            return gw, port
+        except RuntimeError:
+            if attempt == 4 or "address in use" not in gw.output():
+                raise
+            gw.kill()
 
 
 def rejected(port, reason, headers=None):
