@@ -404,3 +404,21 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
     leg->state = PDGW_LEG_DONE;
     leg->owner->on_done(leg);
 }
+
+sched_outcome_t pdgw_leg_outcome(const pdgw_leg_t *leg)
+{
+    switch (leg->err) {
+    case PDGW_LEGERR_NONE:
+        return SCHED_OUTCOME_SUCCESS;
+    case PDGW_LEGERR_CONNECT:
+        return SCHED_OUTCOME_CONNECT_ERROR;
+    case PDGW_LEGERR_TIMEOUT:
+        return SCHED_OUTCOME_TIMEOUT;
+    case PDGW_LEGERR_STATUS:
+        return sched_outcome_from_http((int)leg->status);
+    case PDGW_LEGERR_LOCAL:
+        return SCHED_OUTCOME_CANCELLED; /* no judgement on the instance */
+    default:
+        return SCHED_OUTCOME_TRANSFER_ERROR;
+    }
+}

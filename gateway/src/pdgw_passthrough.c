@@ -335,31 +335,13 @@ size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
     return len;
 }
 
-static sched_outcome_t pt_outcome(const pdgw_leg_t *leg)
-{
-    switch (leg->err) {
-    case PDGW_LEGERR_NONE:
-        return SCHED_OUTCOME_SUCCESS;
-    case PDGW_LEGERR_CONNECT:
-        return SCHED_OUTCOME_CONNECT_ERROR;
-    case PDGW_LEGERR_TIMEOUT:
-        return SCHED_OUTCOME_TIMEOUT;
-    case PDGW_LEGERR_STATUS:
-        return sched_outcome_from_http((int)leg->status);
-    case PDGW_LEGERR_LOCAL:
-        return SCHED_OUTCOME_CANCELLED;
-    default:
-        return SCHED_OUTCOME_TRANSFER_ERROR;
-    }
-}
-
 static void pt_book_finish(pdgw_req_t *r, const pdgw_leg_t *leg)
 {
     sched_result_t res;
     if (r->booking == NULL || !sched_booking_leg_open(r->booking, SCHED_LEG_DECODE))
         return;
     memset(&res, 0, sizeof(res));
-    res.outcome = pt_outcome(leg);
+    res.outcome = pdgw_leg_outcome(leg);
     res.http_status = (int)leg->status;
     res.retry_after_ms = leg->retry_after_ms;
     res.detail = leg->errmsg[0] ? leg->errmsg : NULL;

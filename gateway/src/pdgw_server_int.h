@@ -423,6 +423,8 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc);
 void pdgw_leg_unpause(pdgw_leg_t *leg);
 /* Metric kind label of an error. */
 const char *pdgw_leg_err_name(pdgw_leg_err_t e);
+/* What a finished leg says about its instance (for the booking's outcome). */
+sched_outcome_t pdgw_leg_outcome(const pdgw_leg_t *leg);
 
 /* ---- pdgw_workflow.c */
 /* The forwarder's read-only view <v> of scheduler instance <si> (strings borrowed from it). */

@@ -132,24 +132,6 @@ static void wf_sched_request(pdgw_req_t *r, sched_request_t *sr, const char **ex
     sr->n_exclude_ids = r->n_failed;
 }
 
-static sched_outcome_t leg_outcome(const pdgw_leg_t *leg)
-{
-    switch (leg->err) {
-    case PDGW_LEGERR_NONE:
-        return SCHED_OUTCOME_SUCCESS;
-    case PDGW_LEGERR_CONNECT:
-        return SCHED_OUTCOME_CONNECT_ERROR;
-    case PDGW_LEGERR_TIMEOUT:
-        return SCHED_OUTCOME_TIMEOUT;
-    case PDGW_LEGERR_STATUS:
-        return sched_outcome_from_http((int)leg->status);
-    case PDGW_LEGERR_LOCAL:
-        return SCHED_OUTCOME_CANCELLED; /* no judgement on the instance */
-    default:
-        return SCHED_OUTCOME_TRANSFER_ERROR;
-    }
-}
-
 /* Finish one booked leg exactly once. */
 static void wf_finish_booking(pdgw_req_t *r, pdgw_leg_kind_t k, sched_outcome_t outcome,
                               const pdgw_leg_t *leg)
@@ -751,7 +733,7 @@ static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *
                                          pdgw_leg_t *failed_leg)
 {
     pdgw_server_t *srv = r->w->srv;
-    wf_finish_booking(r, PDGW_LEG_DECODE, leg_outcome(failed_leg), failed_leg);
+    wf_finish_booking(r, PDGW_LEG_DECODE, pdgw_leg_outcome(failed_leg), failed_leg);
     wf_add_failed(r, failed_leg->inst->id);
     if (sched_booking_rebook(r->booking, SCHED_LEG_DECODE) != SCHED_OK)
         return false; /* nothing left: the caller reports the original failure */
@@ -795,7 +777,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
         return false; /* no retry fits before the deadline */
     /* Close this attempt: failed leg with its outcome, the rest cancelled. */
     if (failed_leg) {
-        wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
+        wf_finish_booking(r, failed_leg->kind, pdgw_leg_outcome(failed_leg), failed_leg);
         if (!overload)
             wf_add_failed(r, failed_leg->inst->id);
     }
@@ -916,7 +898,7 @@ static void wf_fail(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
     snprintf(r->error_text, sizeof(r->error_text), "%s: %s", pdgw_phase_name(e->phase), e->message);
     /* Stop everything; finish bookings with what happened. */
     if (failed_leg)
-        wf_finish_booking(r, failed_leg->kind, leg_outcome(failed_leg), failed_leg);
+        wf_finish_booking(r, failed_leg->kind, pdgw_leg_outcome(failed_leg), failed_leg);
     wf_attempt_end(r, e->http_status == 504 ? PDGW_END_TIMEOUT : PDGW_END_FAILED);
     pdgw_wf_set_finished(r);
 
