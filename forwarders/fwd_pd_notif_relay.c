@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -51,13 +50,6 @@ struct fwd_pd_relay {
     size_t n_peers;
     int64_t resolved_ms;
 };
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void relay_count(const fwd_pd_relay_t *r, const char *name, const char *help)
 {
@@ -174,7 +166,7 @@ static void resolve_peers(fwd_pd_relay_t *r)
             i++;
         }
     }
-    r->resolved_ms = mono_ms();
+    r->resolved_ms = pdgw_fwd_now_ms();
 }
 
 pdgw_fwd_status_t fwd_pd_relay_create(const char *protocol, const fwd_pd_kv_opts_t *o,
@@ -258,7 +250,7 @@ int fwd_pd_relay_fd(const fwd_pd_relay_t *r)
 void fwd_pd_relay_forward(fwd_pd_relay_t *r, const char *id, const char *sender)
 {
     size_t sent = 0;
-    if (mono_ms() - r->resolved_ms >= RELAY_RESOLVE_MS)
+    if (pdgw_fwd_now_ms() - r->resolved_ms >= RELAY_RESOLVE_MS)
         resolve_peers(r);
     for (size_t i = 0; i < r->n_peers; i++) {
         void *s = r->peers[i].push;
@@ -283,7 +275,7 @@ static int from_peer(fwd_pd_relay_t *r, const char *addr)
         return 0;
     if (find_peer(r, canon, -1) != NULL)
         return 1;
-    if (mono_ms() - r->resolved_ms >= 1000) {
+    if (pdgw_fwd_now_ms() - r->resolved_ms >= 1000) {
         resolve_peers(r);
         return find_peer(r, canon, -1) != NULL;
     }
