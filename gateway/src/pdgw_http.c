@@ -399,7 +399,10 @@ static void dispatch(pdgw_req_t *r)
     r->conn_tokens =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
-    /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on. */
+    if (r->route == PDGW_ROUTE_PASSTHROUGH && !pdgw_pt_prepare(r)) /* fleet hook */
+        return;
+    /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on;
+     * pass-through counts and waits like chat. */
     if (!pdgw_admit_req_enter(r))
         return;
     if (r->route == PDGW_ROUTE_PASSTHROUGH) { /* fleet hook */
