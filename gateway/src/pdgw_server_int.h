@@ -289,6 +289,7 @@ struct pdgw_req {
     pdgw_admit_ticket_t admit;
     bool admit_waiting;       /* queued for admission (stage WAIT) */
     uint64_t retry_at_ms;     /* backoff: the next attempt starts then (stage WAIT) */
+    bool retry_decode_only;   /* ... and it is a new decode for the kept prefill */
     const char *affinity_key; /* borrowed (MHD header or r->json), NULL = none */
     /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
     bool pt;               /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */

@@ -726,13 +726,27 @@ static bool wf_can_keep_prefill(const pdgw_req_t *r, unsigned scope, const pdgw_
            p->err == PDGW_LEGERR_NONE;
 }
 
+/* Run the decode stage again for the kept prefill (after a backoff, or at once). */
+static void wf_resume_decode(pdgw_req_t *r)
+{
+    wf_refresh_peers(r);
+    if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
+        wf_run_decode_stage(r);
+}
+
 /* Retry with a new decode inside the same attempt: no new prefill leg, the forwarder's
  * state (what the prefill returned) carries over, the decode leg is built again for the
- * newly booked decode. false when no other decode can be booked. */
+ * newly booked decode. false when no other decode can be booked, or when a decode's
+ * 429/503 asks for a backoff that does not fit before the deadline. */
 static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *e,
                                          pdgw_leg_t *failed_leg)
 {
     pdgw_server_t *srv = r->w->srv;
+    uint64_t delay_ms = 0;
+    /* A decode's 429/503 is overload: the same backoff (exponential, jitter, Retry-After,
+     * deadline) as any other retry, so an overloaded fleet is not hit again at once. */
+    if (!pdgw_admit_retry_delay(r, failed_leg, &delay_ms))
+        return false;
     wf_finish_booking(r, PDGW_LEG_DECODE, pdgw_leg_outcome(failed_leg), failed_leg);
     wf_add_failed(r, failed_leg->inst->id);
     if (sched_booking_rebook(r->booking, SCHED_LEG_DECODE) != SCHED_OK)
@@ -744,9 +758,17 @@ static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *
                   r->attempt, e->message);
     pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
     pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
-    wf_refresh_peers(r);
-    if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
-        wf_run_decode_stage(r);
+    if (delay_ms > 0) {
+        /* The deadline scan resumes the decode when the backoff is over. */
+        pdgw_log_debug("workflow", "req=%s backing off %llu ms before decode retry %u", r->id,
+                       (unsigned long long)delay_ms, r->attempt);
+        r->retry_at_ms = pdgw_now_ms() + delay_ms;
+        r->retry_decode_only = true;
+        r->stage = PDGW_WF_WAIT;
+        pdgw_req_timer_update(r);
+        return true;
+    }
+    wf_resume_decode(r);
     return true;
 }
 
@@ -1144,7 +1166,12 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
             return;
         if (now >= r->retry_at_ms) {
             r->retry_at_ms = 0;
-            wf_start_attempt(r);
+            if (r->retry_decode_only) {
+                r->retry_decode_only = false;
+                wf_resume_decode(r);
+            } else {
+                wf_start_attempt(r);
+            }
         }
         return;
     }

@@ -102,6 +102,8 @@ static void usage(FILE *f)
             "  --kv-link-gbps G             model a link of G Gbit/s for sent KV (0 = off)\n"
             "Faults:\n"
             "  --fail-rate P --fail-status S  fail a fraction P of requests with S (500)\n"
+            "  --fail-retry-after S         those failures carry Retry-After: S (0 = none; what\n"
+            "                               a load balancer in front of an engine sends)\n"
             "  --stall-after-tokens N       streams stop after N tokens (never finish)\n"
             "  --crash-after-ms MS          die MS after the first inference request\n"
             "  --kv-corrupt-rate P          corrupt a fraction P of sent KV pages\n"
@@ -153,6 +155,7 @@ enum {
     O_KVLINK,
     O_FAILRATE,
     O_FAILSTATUS,
+    O_FAILRETRYAFTER,
     O_STALL,
     O_CRASH,
     O_CORRUPT,
@@ -204,6 +207,7 @@ static const struct option opts[] = {
     {"kv-link-gbps", required_argument, 0, O_KVLINK},
     {"fail-rate", required_argument, 0, O_FAILRATE},
     {"fail-status", required_argument, 0, O_FAILSTATUS},
+    {"fail-retry-after", required_argument, 0, O_FAILRETRYAFTER},
     {"stall-after-tokens", required_argument, 0, O_STALL},
     {"crash-after-ms", required_argument, 0, O_CRASH},
     {"kv-corrupt-rate", required_argument, 0, O_CORRUPT},
@@ -518,6 +522,11 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 400, 599, &v))
                 return -1;
             cfg->fail_status = (int)v;
+            break;
+        case O_FAILRETRYAFTER:
+            if (parse_long(name, optarg, 0, 86400, &v))
+                return -1;
+            cfg->fail_retry_after_s = (int)v;
             break;
         case O_STALL:
             if (parse_long(name, optarg, 0, 1 << 30, &v))

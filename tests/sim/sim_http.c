@@ -76,6 +76,37 @@ static enum MHD_Result send_error(struct MHD_Connection *conn, sim_conn_t *sc, i
                     sim_openai_error_json(status, msg, type, param), request_id, -1);
 }
 
+/* An injected fault, with the Retry-After a load balancer in front of an overloaded engine
+ * sends (vLLM itself sends none) when --fail-retry-after is set. */
+static enum MHD_Result send_fault(struct MHD_Connection *conn, sim_conn_t *sc, int status,
+                                  const char *msg, const char *type, const char *request_id)
+{
+    char *body = sim_openai_error_json(status, msg, type, NULL);
+    struct MHD_Response *r;
+    enum MHD_Result ret;
+    char v[16];
+    if (sim_cfg.fail_retry_after_s <= 0)
+        return send_error(conn, sc, status, msg, type, NULL, request_id);
+    if (!body)
+        return MHD_NO;
+    if (sc && sc->rec_seq)
+        sim_record_set(sc->rec_seq, "status", json_integer(status));
+    r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (request_id)
+        MHD_add_response_header(r, "X-Request-Id", request_id);
+    snprintf(v, sizeof(v), "%d", sim_cfg.fail_retry_after_s);
+    MHD_add_response_header(r, "Retry-After", v);
+    atomic_fetch_add(status >= 500 ? &sim_ctr.http_5xx : &sim_ctr.http_4xx, 1);
+    ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static const char *status_type(int status)
 {
     switch (status) {
@@ -243,7 +274,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     json_error_t jerr;
     char *msg = NULL;
     const char *param = NULL;
-    int rc;
+    int rc, injected = 0;
     json_t *body = NULL;
     char *rid = make_request_id(conn);
     if (!rid)
@@ -346,6 +377,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
         rc = sim_kv_prepare(req, body, &msg);
     if (!rc && sim_fault_roll(sim_cfg.fail_rate)) {
         atomic_fetch_add(&sim_ctr.faults_injected, 1);
+        injected = 1;
         rc = sim_cfg.fail_status;
         msg = strdup("injected fault (--fail-rate)");
         param = NULL;
@@ -353,7 +385,9 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     json_decref(body);
     if (rc) {
         enum MHD_Result r =
-            send_error(conn, sc, rc, msg ? msg : "invalid request", status_type(rc), param, rid);
+            injected ? send_fault(conn, sc, rc, msg ? msg : "injected fault", status_type(rc), rid)
+                     : send_error(conn, sc, rc, msg ? msg : "invalid request", status_type(rc),
+                                  param, rid);
         free(msg);
         sim_engine_lock();
         sim_req_unref_locked(req);

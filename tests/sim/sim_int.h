@@ -78,6 +78,7 @@ typedef struct sim_config {
     /* faults */
     double fail_rate;
     int fail_status;
+    int fail_retry_after_s; /* Retry-After of injected faults (0 = none) */
     int stall_after_tokens; /* -1 = off */
     int crash_after_ms;     /* -1 = off */
     double kv_corrupt_rate;

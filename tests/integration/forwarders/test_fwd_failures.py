@@ -41,10 +41,13 @@ def setup():
     env["failP"] = Sim("prefill", "prefill-fail", "--fail-rate", "1", "--fail-status", "500")
     env["D"] = Sim("decode", "decode-0", "--kv-wait-timeout-ms", "1500")
     env["failD"] = Sim("decode", "decode-fail", "--fail-rate", "1", "--fail-status", "500")
+    # an overloaded decode behind a load balancer: 429 with Retry-After: 1
+    env["busyD"] = Sim("decode", "decode-busy", "--fail-rate", "1", "--fail-status", "429",
+                       "--fail-retry-after", "1")
 
 
 def sims():
-    return [env[k] for k in ("slowP", "noproxyP", "P2", "failP", "D", "failD")]
+    return [env[k] for k in ("slowP", "noproxyP", "P2", "failP", "D", "failD", "busyD")]
 
 
 def disconnect_mid_prefill(gw, rid):
@@ -398,12 +401,46 @@ def test_decode_retry_repicks_decode_only():
             gw.stop()
 
 
+def test_decode_overload_backs_off_keeping_the_prefill():
+    """A decode's 429 with Retry-After after the prefill answered: the new decode is tried
+    with the same backoff as a first-leg retry (never before the Retry-After), the prefill is
+    kept (one prefill leg), and the KV it holds is pulled by the new decode. vLLM's
+    NixlConnector keeps the prefill's blocks for a decode until it reads them or
+    VLLM_NIXL_ABORT_REQUEST_TIMEOUT passes (vllm-project/vllm vllm/envs.py,
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py), far beyond 1 s."""
+    P, busy, good = env["P2"], env["busyD"], env["D"]
+    gw = Gateway("vllm-nixl", "batch", [P.instance(), busy.instance(), good.instance()], {},
+                 retries=1, top={"decode_policy": "round-robin", "retry_backoff_base": "20ms",
+                                 "retry_backoff_max": "100ms"})
+    try:
+        backed_off = 0
+        for _ in range(2):  # round-robin: at least one starts on the busy decode
+            rid = "bo-" + uuid.uuid4().hex[:12]
+            st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                        {"X-Request-Id": rid})
+            assert st == 200, raw
+            assert len(P.records(rid)) == 1, ("prefill leg re-run", P.records(rid))
+            grecs, brecs = good.records(rid), busy.records(rid)
+            assert len(grecs) == 1 and grecs[0]["kv_result"]["ok"], grecs
+            if brecs:
+                assert len(brecs) == 1 and brecs[0]["status"] == 429, brecs
+                gap_us = grecs[0]["t_recv_us"] - brecs[0]["t_recv_us"]
+                assert gap_us >= 950_000, f"new decode tried {gap_us} us after Retry-After: 1"
+                backed_off += 1
+        assert backed_off >= 1, backed_off
+        assert gw.metric("pdgw_retries_total", {"protocol": "vllm-nixl"}) == backed_off
+        wait_idle(sims(), timeout=8.0)
+    finally:
+        gw.stop()
+
+
 def main():
     setup()
     tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
     tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
               test_reservation_refused_repicks_decode, test_reservation_engines_without_libkvt,
               test_prefill_without_kv_params_counted, test_decode_retry_repicks_decode_only,
+              test_decode_overload_backs_off_keeping_the_prefill,
               test_prefill_failure_taxonomy,
               test_decode_failure_taxonomy]
     passed = failed = 0
