@@ -717,13 +717,14 @@ static unsigned default_scope(const pdgw_fwd_error_t *e)
 /* A serial request whose decode failed after its prefill answered may keep that prefill:
  * its result (e.g. vllm-nixl's kv_transfer_params) stays valid on the prefill until a decode
  * reads it or it expires, and the forwarder's retry_scope said so by re-picking the decode
- * only. */
+ * only. Not when the failed decode reached a vLLM engine: that one has had the prefill free
+ * the blocks (pdgw_kv_still_held), so the prefill runs again. */
 static bool wf_can_keep_prefill(const pdgw_req_t *r, unsigned scope, const pdgw_leg_t *failed_leg)
 {
     const pdgw_leg_t *p = &r->legs[PDGW_LEG_PREFILL];
     return scope == PDGW_REPICK_DECODE && r->freq.dispatch == PDGW_DISPATCH_SERIAL &&
            failed_leg != NULL && failed_leg->kind == PDGW_LEG_DECODE && p->state == PDGW_LEG_DONE &&
-           p->err == PDGW_LEGERR_NONE;
+           p->err == PDGW_LEGERR_NONE && pdgw_kv_still_held(r, failed_leg);
 }
 
 /* Run the decode stage again for the kept prefill (after a backoff, or at once). */
@@ -777,7 +778,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     pdgw_server_t *srv = r->w->srv;
     unsigned scope;
     int k;
-    bool overload;
+    bool overload, fresh;
     uint64_t delay_ms = 0;
 
     if (r->passthrough || !e->retryable || r->committed || r->attempt >= srv->opts.retries ||
@@ -797,6 +798,13 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
                (failed_leg->status == 429 || failed_leg->status == 503);
     if (overload && !pdgw_admit_retry_delay(r, failed_leg, &delay_ms))
         return false; /* no retry fits before the deadline */
+    /* Book afresh (the same prefill allowed, the failed decode not) when overloaded, or when
+     * the decode that failed after a serial prefill had the prefill's KV freed: that prefill
+     * must run again (pdgw_kv_still_held). */
+    fresh = overload || (failed_leg != NULL && failed_leg->kind == PDGW_LEG_DECODE &&
+                         r->freq.dispatch == PDGW_DISPATCH_SERIAL &&
+                         r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_DONE &&
+                         !pdgw_kv_still_held(r, failed_leg));
     /* Close this attempt: failed leg with its outcome, the rest cancelled. */
     if (failed_leg) {
         wf_finish_booking(r, failed_leg->kind, pdgw_leg_outcome(failed_leg), failed_leg);
@@ -804,7 +812,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
             wf_add_failed(r, failed_leg->inst->id);
     }
     wf_attempt_end(r, PDGW_END_RETRY);
-    if (overload)
+    if (fresh)
         sched_booking_destroy(&r->booking);
     for (k = 0; k < 2 && r->booking != NULL; k++) {
         sched_leg_t sl = k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE;

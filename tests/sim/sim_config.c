@@ -104,6 +104,9 @@ static void usage(FILE *f)
             "  --fail-rate P --fail-status S  fail a fraction P of requests with S (500)\n"
             "  --fail-retry-after S         those failures carry Retry-After: S (0 = none; what\n"
             "                               a load balancer in front of an engine sends)\n"
+            "  --fail-in-front              those failures come from a proxy in front: the\n"
+            "                               engine never sees the request, so a decode does not\n"
+            "                               have the prefill free the KV the request names\n"
             "  --stall-after-tokens N       streams stop after N tokens (never finish)\n"
             "  --crash-after-ms MS          die MS after the first inference request\n"
             "  --kv-corrupt-rate P          corrupt a fraction P of sent KV pages\n"
@@ -156,6 +159,7 @@ enum {
     O_FAILRATE,
     O_FAILSTATUS,
     O_FAILRETRYAFTER,
+    O_FAILINFRONT,
     O_STALL,
     O_CRASH,
     O_CORRUPT,
@@ -208,6 +212,7 @@ static const struct option opts[] = {
     {"fail-rate", required_argument, 0, O_FAILRATE},
     {"fail-status", required_argument, 0, O_FAILSTATUS},
     {"fail-retry-after", required_argument, 0, O_FAILRETRYAFTER},
+    {"fail-in-front", no_argument, 0, O_FAILINFRONT},
     {"stall-after-tokens", required_argument, 0, O_STALL},
     {"crash-after-ms", required_argument, 0, O_CRASH},
     {"kv-corrupt-rate", required_argument, 0, O_CORRUPT},
@@ -522,6 +527,9 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             if (parse_long(name, optarg, 400, 599, &v))
                 return -1;
             cfg->fail_status = (int)v;
+            break;
+        case O_FAILINFRONT:
+            cfg->fail_in_front = 1;
             break;
         case O_FAILRETRYAFTER:
             if (parse_long(name, optarg, 0, 86400, &v))

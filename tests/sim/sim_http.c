@@ -382,6 +382,12 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
         msg = strdup("injected fault (--fail-rate)");
         param = NULL;
     }
+    /* vLLM's serving layer (vllm/entrypoints/openai/engine/serving.py,
+     * _with_kv_transfer_rejection_cleanup): an error answer to a request whose
+     * kv_transfer_params ask for a remote prefill has the engine free the prefill's
+     * blocks at once. A proxy in front of the engine (--fail-in-front) does not. */
+    if (rc && body && sim_cfg.role == SIM_ROLE_DECODE && !(injected && sim_cfg.fail_in_front))
+        sim_kv_reject(body);
     json_decref(body);
     if (rc) {
         enum MHD_Result r =

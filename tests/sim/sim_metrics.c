@@ -130,6 +130,10 @@ char *sim_metrics_render(void)
             "# HELP sim_kv_hold_timeouts_total Held prefill KV freed because nobody claimed it.\n"
             "# TYPE sim_kv_hold_timeouts_total counter\n"
             "sim_kv_hold_timeouts_total %llu\n"
+            "# HELP sim_kv_rejected_releases_total Held prefill KV freed at once because the "
+            "decode refused the request that named it.\n"
+            "# TYPE sim_kv_rejected_releases_total counter\n"
+            "sim_kv_rejected_releases_total %llu\n"
             "# HELP sim_kv_invalid_params_total Decode requests whose NIXL kv_transfer_params "
             "could not be used (the prompt was recomputed, as vLLM does).\n"
             "# TYPE sim_kv_invalid_params_total counter\n"
@@ -146,7 +150,8 @@ char *sim_metrics_render(void)
             LD(sim_ctr.kv_bytes_received), LD(sim_ctr.kv_bytes_sent),
             LD(sim_ctr.kv_verify_failures), LD(sim_ctr.kv_transfers_ok),
             LD(sim_ctr.kv_transfers_failed), LD(sim_ctr.kv_hold_timeouts),
-            LD(sim_ctr.kv_invalid_params), LD(sim_ctr.kv_corruptions_injected), kv_pinned, kv_used);
+            LD(sim_ctr.kv_rejected_releases), LD(sim_ctr.kv_invalid_params),
+            LD(sim_ctr.kv_corruptions_injected), kv_pinned, kv_used);
     char *extra = sim_kv_metrics_render();
     if (extra) {
         fputs(extra, f);
