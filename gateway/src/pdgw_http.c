@@ -98,7 +98,7 @@ static void req_identity(pdgw_req_t *r)
 static void req_deadline(pdgw_req_t *r)
 {
     const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Timeout");
-    uint64_t ms = r->w->srv->opts.request_timeout_ms;
+    uint64_t ms = r->request_timeout_ms;
     if (h) {
         uint64_t v;
         if (pdgw_duration_parse(h, &v) == PDGW_OK && v > 0)
@@ -338,7 +338,7 @@ static void dispatch(pdgw_req_t *r)
         pdgw_gateway_metrics_rejected(gm, "body_too_large");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                               "request body exceeds the limit of %llu bytes",
-                              (unsigned long long)srv->opts.max_body_bytes);
+                              (unsigned long long)r->max_body_bytes);
         return;
     }
     switch (r->route) {
@@ -436,6 +436,7 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     r->t_start_ns = pdgw_time_mono_ns();
     r->t_start_ms = r->t_start_ns / 1000000u;
     r->method = method;
+    pdgw_req_live_acquire(r); /* limits and forwarder context of this moment (reloads) */
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -519,7 +520,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             unsigned long long n = strtoull(cl, NULL, 10);
-            if (n > w->srv->opts.max_body_bytes) {
+            if (n > r->max_body_bytes) {
                 /* Refuse before reading: MHD closes the connection after the reply. */
                 r->too_large = true;
                 if (r->route == PDGW_ROUTE_NONE || !method_ok(r)) {
@@ -528,7 +529,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
                 pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "body_too_large");
                 pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                                       "request body exceeds the limit of %llu bytes",
-                                      (unsigned long long)w->srv->opts.max_body_bytes);
+                                      (unsigned long long)r->max_body_bytes);
                 return refuse_early(r);
             }
         }
@@ -538,7 +539,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_NO;
     if (*upload_data_size > 0) {
         if (!r->too_large && !r->reply_ready) {
-            if (r->body.len + *upload_data_size > w->srv->opts.max_body_bytes) {
+            if (r->body.len + *upload_data_size > r->max_body_bytes) {
                 r->too_large = true;
                 pdgw_buf_free(&r->body);
             } else if (pdgw_buf_append(&r->body, upload_data, *upload_data_size) != PDGW_OK) {

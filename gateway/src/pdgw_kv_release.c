@@ -102,8 +102,8 @@ static char *release_body(pdgw_req_t *r, const pdgw_instance_t *target, size_t *
     memset(&fl, 0, sizeof(fl));
     memset(&e, 0, sizeof(e));
     peers.decode = target;
-    if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, PDGW_LEG_DECODE, &peers, &fl,
-                       &e) != PDGW_FWD_OK ||
+    if (ops->build_leg(r->fwd_ctx, r->fwd_state, &r->freq, PDGW_LEG_DECODE, &peers, &fl, &e) !=
+            PDGW_FWD_OK ||
         fl.body == NULL) {
         json_decref(fl.body);
         return NULL;

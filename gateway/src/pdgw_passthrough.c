@@ -373,7 +373,7 @@ static void pt_book_finish(pdgw_req_t *r, const pdgw_leg_t *leg)
 /* Before anything reached the client, a connect failure may go to another instance. */
 static bool pt_retry(pdgw_req_t *r, const pdgw_leg_t *leg)
 {
-    if (r->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || r->attempt >= r->w->srv->opts.retries ||
+    if (r->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || r->attempt >= r->max_retries ||
         pdgw_now_ms() >= r->deadline_ms)
         return false;
     pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);

@@ -165,7 +165,7 @@ static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
     if (r->attempt_live) {
         r->attempt_live = false;
         if (ops_of(r)->attempt_cleanup)
-            ops_of(r)->attempt_cleanup(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, reason);
+            ops_of(r)->attempt_cleanup(r->fwd_ctx, r->fwd_state, &r->freq, reason);
         r->fwd_state = NULL;
         pdgw_fwd_attempt_end(&r->freq);
     }
@@ -216,7 +216,7 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
     }
     if (pdgw_pd_decode_only(r))
         fl.client_body = 1; /* route hook: decode-only, the engine computes the prompt */
-    else if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
+    else if (ops->build_leg(r->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
                  PDGW_FWD_OK ||
              (fl.body == NULL && !fl.client_body)) {
         json_decref(fl.body);
@@ -272,7 +272,7 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
     if (ops->gate == NULL || pdgw_pd_decode_only(r)) /* decode-only: the forwarder has no part */
         return true;
     memset(&e, 0, sizeof(e));
-    fs = ops->gate(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, point, &e);
+    fs = ops->gate(r->fwd_ctx, r->fwd_state, &r->freq, point, &e);
     if (fs == PDGW_FWD_OK)
         return true;
     if (fs == PDGW_FWD_PENDING) {
@@ -430,8 +430,7 @@ static void wf_start_attempt(pdgw_req_t *r)
         return;
     }
     if (ops->attempt_init) {
-        if (ops->attempt_init(r->w->srv->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) !=
-            PDGW_FWD_OK) {
+        if (ops->attempt_init(r->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) != PDGW_FWD_OK) {
             if (e.message[0] == '\0')
                 pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "forwarder %s: attempt_init",
                                    protocol_of(r));
@@ -499,8 +498,8 @@ static void wf_after_prefill(pdgw_req_t *r, pdgw_leg_t *leg)
     memset(&e, 0, sizeof(e));
     resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
     if (ops->on_prefill_response &&
-        ops->on_prefill_response(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, leg->status, resp,
-                                 &e) != PDGW_FWD_OK) {
+        ops->on_prefill_response(r->fwd_ctx, r->fwd_state, &r->freq, leg->status, resp, &e) !=
+            PDGW_FWD_OK) {
         json_decref(resp);
         if (e.message[0] == '\0')
             pdgw_fwd_error_set(&e, PDGW_PHASE_KV_TRANSFER, 1, 502,
@@ -636,7 +635,7 @@ static bool wf_decode_waits(pdgw_req_t *r)
         r->freq.dispatch != PDGW_DISPATCH_PARALLEL ||
         r->legs[PDGW_LEG_PREFILL].state != PDGW_LEG_RUNNING)
         return false;
-    wants = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, NULL);
+    wants = ops->rewrite_decode(r->fwd_ctx, r->fwd_state, &r->freq, 0, NULL);
     json_decref(wants);
     return wants != NULL;
 }
@@ -781,10 +780,10 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     bool overload, fresh;
     uint64_t delay_ms = 0;
 
-    if (r->passthrough || !e->retryable || r->committed || r->attempt >= srv->opts.retries ||
+    if (r->passthrough || !e->retryable || r->committed || r->attempt >= r->max_retries ||
         r->booking == NULL || pdgw_now_ms() >= r->deadline_ms || r->client_gone)
         return false;
-    scope = ops_of(r)->retry_scope ? ops_of(r)->retry_scope(srv->fwd_ctx, r->fwd_state, &r->freq, e)
+    scope = ops_of(r)->retry_scope ? ops_of(r)->retry_scope(r->fwd_ctx, r->fwd_state, &r->freq, e)
                                    : default_scope(e);
     if (r->freq.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
         scope &= PDGW_REPICK_DECODE;
@@ -1014,7 +1013,7 @@ static bool wf_rewrite_event(pdgw_req_t *r, const pdgw_sse_event_t *ev)
     in = json_loadb(ev->data, ev->data_len, 0, NULL);
     if (in == NULL)
         return false;
-    out = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 1, in);
+    out = ops->rewrite_decode(r->fwd_ctx, r->fwd_state, &r->freq, 1, in);
     json_decref(in);
     if (out == NULL)
         return false;
@@ -1044,7 +1043,7 @@ static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len)
     in = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
     if (in == NULL)
         return NULL;
-    out = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, in);
+    out = ops->rewrite_decode(r->fwd_ctx, r->fwd_state, &r->freq, 0, in);
     json_decref(in);
     if (out == NULL)
         return NULL;
