@@ -144,7 +144,16 @@ static pdgw_status_t options_prepare(void *ctx, pdgw_reload_txn_t *txn, void **s
                         why, sizeof(why));
     json_decref(options);
     if (st != PDGW_OK) {
-        pdgw_reload_txn_keep(txn, "protocol_options", why);
+        /* The reason without the prefixes the key already says (the log line is short). */
+        const char *w = why;
+        size_t n = strlen(srv->desc->name);
+        if (strncmp(w, "protocol_options: ", 18) == 0)
+            w += 18;
+        if (strncmp(w, srv->desc->name, n) == 0 && strncmp(w + n, ": ", 2) == 0)
+            w += n + 2;
+        if (strncmp(w, "protocol option ", 16) == 0)
+            w += 16;
+        pdgw_reload_txn_keep(txn, "protocol_options", w);
         return PDGW_OK;
     }
     if (fs.desc != srv->desc || memcmp(&fs.plan, &srv->plan, sizeof(fs.plan)) != 0) {

@@ -422,7 +422,34 @@ def test_protocol_options_apply_live():
         D.proc.kill()
 
 
+def test_protocol_options_kept_when_not_live():
+    """lmcache binds its ProxyNotif port: a second forwarder context cannot, so a changed
+    protocol_options is reported "needs restart" with the reason, the running options stay
+    and the gateway keeps serving."""
+    pp = T.free_port()
+    P = Sim("prefill", "reload-lmP", "--proxy-host", "127.0.0.1", "--proxy-port", pp)
+    D = Sim("decode", "reload-lmD")
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": pp})
+    try:
+        with open(gw.cfg) as f:
+            text = f.read()
+        write(gw.cfg, text.replace("protocol_options:\n",
+                                   "protocol_options:\n  tokenize_timeout_ms: 5000\n"))
+        status, _, parsed, raw = T.post_json(gw.port, "/admin/reload", {})
+        assert status == 200, raw
+        assert parsed["needs_restart"] == ["protocol_options"], parsed
+        assert parsed["applied"] == [], parsed
+        wait_for("the reason logged", lambda: "cannot bind" in gw.proc.output())
+        st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
+        assert st == 200, raw
+    finally:
+        gw.stop()
+        P.proc.kill()
+        D.proc.kill()
+
+
 if __name__ == "__main__":
     T.run([test_sighup_under_load, test_removed_instance_finishes_its_stream,
            test_reload_keeps_restart_only_options, test_request_limits_apply_live,
-           test_protocol_options_apply_live])
+           test_protocol_options_apply_live, test_protocol_options_kept_when_not_live])
