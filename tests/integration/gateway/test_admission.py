@@ -156,7 +156,9 @@ def test_at_most_n_at_the_engine_and_fifo():
 
 
 def test_priority_overtakes_the_queue():
-    sim, sport = start_slow_sim()
+    # The first request must still hold the only slot while five more are queued one by
+    # one (each waited for): 1.5 s leaves room on a loaded machine.
+    sim, sport = start_slow_sim(ttft_ms=1500)
     gw, gport = start_gw([f"http://127.0.0.1:{sport}"],
                          extra=["--max-concurrent-requests", "1", "--queue-size", "16"])
     first = Client(gport, "prio-first")
