@@ -74,8 +74,11 @@ def test_offload_tier():
     assert metric(port, "vllm:external_prefix_cache_hits_total") == 3 * BLOCK
     # the modelled prefill: 5 ms + 0.5 ms per computed token, a CPU-hit token a quarter of
     # that, a GPU hit nothing: computed 31.5 ms > CPU hit 13.5 ms > GPU hit 7.5 ms
-    modelled = [r["prefill_model_us"] for r in records(port)]
+    recs = records(port)
+    modelled = [r["prefill_model_us"] for r in recs]
     assert modelled == [31500, 31500, 13500, 7500], modelled
+    assert [(r["cached_tokens"], r["cpu_hit_tokens"]) for r in recs] == \
+        [(0, 0), (0, 0), (48, 48), (48, 0)], recs
 
     # LRU of unreferenced blocks: A's were used last, so C's store evicts B's
     run(c)
