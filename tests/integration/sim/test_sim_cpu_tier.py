@@ -11,6 +11,8 @@ Upstream facts (vllm-project/vllm):
 - vllm/v1/metrics/loggers.py: vllm:external_prefix_cache_queries / _hits
   (tokens) count what the KV connector was asked for and supplied, apart
   from the GPU's vllm:prefix_cache_queries / _hits;
+  vllm/v1/core/sched/scheduler.py (_update_connector_prefix_cache_stats):
+  queries are the request's tokens, hits its externally computed ones;
 - vllm/distributed/kv_events.py, vllm/v1/kv_offload/mediums.py: BlockStored /
   BlockRemoved carry a medium, "GPU" for the block pool, "CPU" for the
   offload tier.
@@ -121,7 +123,7 @@ def test_off_by_default():
     text = metrics(port)
     assert "vllm:external_prefix_cache_hits_total" not in text
     assert "sim_kv_offload_blocks" not in text
-    p.kill()
+    stop_clean(p)
 
 
 if __name__ == "__main__":
