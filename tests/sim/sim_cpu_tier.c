@@ -81,6 +81,7 @@ int sim_cpu_tier_init(void)
     npages = pages_wanted();
     if (npages > MAX_PAGES) {
         fprintf(stderr, "pdgw-sim: CPU offload tier: more than %u blocks\n", MAX_PAGES);
+        npages = 0;
         return -1;
     }
     page_bytes = (size_t)sim_cfg.block_size * (size_t)sim_cfg.kv_bytes_per_token;

@@ -233,6 +233,12 @@ static void test_config(void **state)
         sim_cpu_tier_fini();
     }
     {
+        /* more blocks than the tier's bound: refused at start, not half built */
+        char *argv[] = {"pdgw-sim", "--kv-offloading-size", "65536", NULL};
+        assert_int_equal(start(3, argv), -1);
+        assert_false(sim_cpu_tier_enabled());
+    }
+    {
         char *argv[] = {"pdgw-sim", "--kv-offloading-blocks", "8", "--no-prefix-cache", NULL};
         assert_int_equal(start(4, argv), 0);
         assert_false(sim_cpu_tier_enabled()); /* as vLLM: needs prefix caching */
