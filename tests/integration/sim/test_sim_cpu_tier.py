@@ -19,6 +19,8 @@ Upstream facts (vllm-project/vllm):
 """
 
 import json
+import threading
+import time
 
 import msgpack
 import zmq
@@ -117,6 +119,52 @@ def test_offload_tier():
     stop_clean(p)  # the tier's pages and bytes freed (a sanitizer build reports leaks)
 
 
+def test_loading_blocks_are_not_evicted():
+    """While a prefill loads blocks from the tier they are not evicted, though the LRU
+    queue holds them first: a store in the meantime takes the next unreferenced ones."""
+    ev_port, rp_port = T.free_port(), T.free_port()
+    kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{ev_port}", "replay_endpoint": f"tcp://*:{rp_port}"}
+    # 32 GPU blocks; the tier holds W's 3 blocks and E's 31 exactly
+    p, port = start_sim("--ttft-ms", 5, "--tpot-ms", 0, "--prefill-ms-per-token", 5,
+                        "--block-size", BLOCK, "--kv-capacity-tokens", 32 * BLOCK,
+                        "--kv-offloading-blocks", 34, "--kv-events-config", json.dumps(kv_cfg))
+    w = tokens(1, 3 * BLOCK + 5)
+    e = tokens(2, 31 * BLOCK)
+    x = w[:3 * BLOCK] + tokens(3, 400)  # W's blocks, then 400 tokens to compute (~2 s)
+    y = tokens(4, 2 * BLOCK + 1)  # computed in ~0.2 s
+    complete(port, {"prompt": w, "max_tokens": 1})
+    complete(port, {"prompt": e, "max_tokens": 1})  # W leaves the GPU; the tier is full
+    assert metric(port, "sim_kv_offload_blocks", {"state": "cached"}) == 34
+    done = []
+    th = threading.Thread(target=lambda: done.append(
+        complete(port, {"prompt": x, "max_tokens": 1})))
+    th.start()
+    deadline = time.time() + 10
+    while metric(port, "sim_kv_offload_blocks", {"state": "in_use"}) != 3:
+        assert time.time() < deadline, "X never started loading"
+        time.sleep(0.01)
+    complete(port, {"prompt": y, "max_tokens": 1})
+    # X still loading (else this run proves nothing): W's pages held, Y's 2 stores
+    # evicted E's two oldest blocks instead of W's
+    assert metric(port, "sim_kv_offload_blocks", {"state": "in_use"}) == 3, \
+        "X's prefill ended before Y's store: no overlap to test"
+    ctx = zmq.Context()
+    try:
+        events = replay(ctx, rp_port)
+    finally:
+        ctx.term()
+    cpu_stored = [ev for ev in events if ev["type"] == "BlockStored" and ev["medium"] == "CPU"]
+    cpu_removed = [h for ev in events if ev["type"] == "BlockRemoved" and ev["medium"] == "CPU"
+                   for h in ev["block_hashes"]]
+    w_hashes, e_hashes = cpu_stored[0]["block_hashes"], cpu_stored[1]["block_hashes"]
+    assert cpu_removed == e_hashes[:2], (cpu_removed, w_hashes)
+    th.join(timeout=30)
+    assert done and metric(port, "sim_kv_offload_blocks", {"state": "in_use"}) == 0
+    assert metric(port, "vllm:external_prefix_cache_hits_total") == 3 * BLOCK
+    stop_clean(p)
+
+
 def test_off_by_default():
     p, port = start_sim("--ttft-ms", 1, "--tpot-ms", 0)
     complete(port, {"prompt": tokens(1, 40), "max_tokens": 1})
@@ -127,4 +175,4 @@ def test_off_by_default():
 
 
 if __name__ == "__main__":
-    T.run([test_offload_tier, test_off_by_default])
+    T.run([test_offload_tier, test_loading_blocks_are_not_evicted, test_off_by_default])
