@@ -444,6 +444,18 @@ kvt_status_t kvt_prefix_cache_peek(kvt_prefix_cache_t *pc, kvt_block_hash_t hash
     return KVT_OK;
 }
 
+kvt_status_t kvt_prefix_cache_forget(kvt_prefix_cache_t *pc, uint32_t page)
+{
+    if (pc == NULL)
+        return KVT_ERR_INVALID;
+    if (page >= pc->npages)
+        return KVT_ERR_BOUNDS;
+    pthread_mutex_lock(&pc->lock);
+    drop_hash(pc, page);
+    pthread_mutex_unlock(&pc->lock);
+    return KVT_OK;
+}
+
 #define MATCH_BATCH 32 /* blocks hashed outside the lock per round */
 
 kvt_status_t kvt_prefix_cache_match(kvt_prefix_cache_t *pc, const uint32_t *tokens, size_t ntokens,

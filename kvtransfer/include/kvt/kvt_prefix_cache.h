@@ -107,6 +107,11 @@ kvt_status_t kvt_prefix_cache_lookup(kvt_prefix_cache_t *pc, const kvt_block_has
 kvt_status_t kvt_prefix_cache_peek(kvt_prefix_cache_t *pc, kvt_block_hash_t hash,
                                    uint32_t *page_out);
 
+/* Drop the hash <page> holds, if any (its references stay as they are): a
+ * block found to be bad is no longer served, and a later store may put it
+ * back. */
+kvt_status_t kvt_prefix_cache_forget(kvt_prefix_cache_t *pc, uint32_t page);
+
 /* Hash-and-match in one pass over <tokens> (stops hashing at the first miss).
  * <pages_out> must hold ntokens / block_size entries; *matched_tokens =
  * matched blocks * block_size. Matched pages are locked as by lookup. */

@@ -230,6 +230,35 @@ static void test_peek_leaves_lru_order(void **state)
     kvt_prefix_cache_destroy(pc);
 }
 
+/* forget drops a page's hash, not its references; the hash may be cached again */
+static void test_forget(void **state)
+{
+    kvt_prefix_cache_t *pc = make_cache(2, 2);
+    uint32_t p, got, ref = 0;
+    kvt_block_hash_t h = 42;
+    size_t nm = 9;
+    kvt_prefix_cache_stats_t st;
+
+    assert_int_equal(kvt_prefix_cache_alloc(pc, 1, &p), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_insert(pc, p, h, NULL), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_forget(pc, p), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_peek(pc, h, NULL), KVT_ERR_NOT_FOUND);
+    kvt_prefix_cache_page_info(pc, p, &ref, NULL, NULL);
+    assert_int_equal(ref, 1);
+    assert_int_equal(kvt_prefix_cache_lookup(pc, &h, 1, &got, &nm), KVT_OK);
+    assert_int_equal(nm, 0);
+    assert_int_equal(kvt_prefix_cache_forget(pc, p), KVT_OK); /* nothing left to drop */
+    assert_int_equal(kvt_prefix_cache_forget(pc, 2), KVT_ERR_BOUNDS);
+    assert_int_equal(kvt_prefix_cache_forget(NULL, 0), KVT_ERR_INVALID);
+    assert_int_equal(kvt_prefix_cache_insert(pc, p, h, NULL), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_peek(pc, h, &got), KVT_OK);
+    assert_int_equal(got, p);
+    kvt_prefix_cache_stats(pc, &st);
+    assert_int_equal(st.cached_pages, 1);
+    assert_int_equal(kvt_prefix_cache_release(pc, &p, 1), KVT_OK);
+    kvt_prefix_cache_destroy(pc);
+}
+
 static void test_pinned_never_evicted(void **state)
 {
     kvt_prefix_cache_t *pc = make_cache(3, 1);
@@ -449,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_lookup_locks_until_release),
         cmocka_unit_test(test_lru_eviction_order),
         cmocka_unit_test(test_peek_leaves_lru_order),
+        cmocka_unit_test(test_forget),
         cmocka_unit_test(test_pinned_never_evicted),
         cmocka_unit_test(test_insert_rules),
         cmocka_unit_test(test_map_churn),
