@@ -16,7 +16,8 @@
  * The copy "GPU -> CPU" is modelled as done when the prefill ends, the load
  * as lasting the whole prefill. Block content is generated from the block
  * hash (what the GPU block would hold); a load compares the page with it, so
- * a page that does not hold what was stored is caught, not served.
+ * a page that does not hold what was stored is caught, not served, and its
+ * block leaves the tier (the prefill's store puts it back).
  *
  * Events: blocks stored and evicted here are published as BlockStored /
  * BlockRemoved with medium "CPU" (vllm/v1/kv_offload/mediums.py). Under the
@@ -166,7 +167,13 @@ size_t sim_cpu_tier_load_locked(sim_req_t *req)
     for (size_t i = 0; i < m; i++) {
         block_content(h[gpu + i], scratch);
         if (memcmp(sim_cpu_tier_page(pages[i]), scratch, page_bytes) != 0) {
+            /* not served again: the block leaves the tier, the prefill's
+             * store will put it back */
             atomic_fetch_add(&sim_ctr.offload_verify_failures, 1);
+            kvt_prefix_cache_forget(pc, pages[i]);
+            if (page_stamped[pages[i]])
+                sim_kvev_removed("CPU", page_hash[pages[i]]);
+            page_stamped[pages[i]] = 0;
             release_pages(pages + i, m - i);
             m = i;
         }

@@ -5,7 +5,8 @@
  * stored, a later prompt loads the consecutive blocks after its GPU hits
  * (the last prompt token is never a hit), pages a load holds are never
  * evicted, unreferenced pages leave in LRU order, and a load returns the
- * bytes stored (a page that does not hold them ends the hit).
+ * bytes stored (a page that does not hold them ends the hit and leaves the
+ * tier until stored again).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -204,6 +205,13 @@ static void test_wrong_bytes_end_the_hit(void **state)
     assert_int_equal(in_use(), 1); /* the pages not used were let go */
     sim_cpu_tier_release_locked(&r);
     assert_int_equal(in_use(), 0);
+    /* the bad block left the tier: the prefill's store puts it back, whole again */
+    sim_cpu_tier_store_locked(&a);
+    assert_int_equal(LD(sim_ctr.offload_stored), 4);
+    r = req_of(&a, 0);
+    assert_int_equal(sim_cpu_tier_load_locked(&r), 12);
+    assert_int_equal(LD(sim_ctr.offload_verify_failures), 1);
+    sim_cpu_tier_release_locked(&r);
     sim_tokens_free(&a);
 }
 
