@@ -103,8 +103,8 @@ static void run_reserve(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
             break;
         }
         st = pdgw_fwd_kv_reserve(kv->proxy, j->dest.host, j->dest.ports[i], j->id, j->chunks,
-                                 j->ttl_ms, (int)kv->o.reserve_timeout_ms, &granted, &free_chunks,
-                                 why, sizeof(why));
+                                 j->ttl_ms, (int)j->timeout_ms, &granted, &free_chunks, why,
+                                 sizeof(why));
         if (st != PDGW_FWD_OK) {
             pdgw_fwd_log(PDGW_FWD_LOG_WARN,
                          "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
@@ -241,6 +241,25 @@ static void *kvctl_main(void *arg)
 }
 
 /* ---------------------------------------------------------------- life */
+
+void pdgw_kvctl_apply_all(const pdgw_fwd_kv_opts_t *o)
+{
+    pthread_mutex_lock(&g_svcs_lock);
+    for (pdgw_fwd_kv_svc_t *kv = g_svcs; kv != NULL; kv = kv->next_svc) {
+        pdgw_kvctl_apply(kv, o);
+        pdgw_kvctl_kick(kv);
+    }
+    pthread_mutex_unlock(&g_svcs_lock);
+}
+
+bool pdgw_kvctl_any_open(void)
+{
+    bool any;
+    pthread_mutex_lock(&g_svcs_lock);
+    any = g_svcs != NULL;
+    pthread_mutex_unlock(&g_svcs_lock);
+    return any;
+}
 
 /* Stop the thread after its queued jobs (main thread; idempotent). */
 static void svc_stop(pdgw_fwd_kv_svc_t *kv)

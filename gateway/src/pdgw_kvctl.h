@@ -12,8 +12,10 @@
 #include <pdgw/forwarder.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "pdgw_errors.h"
 #include "pdgw_notif.h"
 
 #define KVCTL_MAX_PORTS   16
@@ -70,7 +72,7 @@ typedef struct kvctl_job {
     pdgw_fwd_kv_req_t *q; /* reserve: referenced */
     kvctl_dest_t dest;
     char id[KVCTL_ID_MAX];
-    int64_t chunks, ttl_ms;
+    int64_t chunks, ttl_ms, timeout_ms;
 } kvctl_job_t;
 
 /* A resolved host name (control thread only): a prefill named by DNS name is compared by the
@@ -124,6 +126,17 @@ struct pdgw_fwd_kv_svc {
  * before the forwarder's destroy closes the services. Idempotent. */
 void pdgw_kvctl_shutdown(void);
 
+/* ---- reload (pdgw_kvctl_reload.c) ---- */
+struct pdgw_reload;
+/* Apply the live protocol options of a reload to every open service. */
+pdgw_status_t pdgw_kvctl_reload_register(struct pdgw_reload *rl);
+/* The live fields of <o> (timeouts, refusal mode, admission capacity) into <kv> / every open
+ * service (pdgw_kvctl.c walks them); waiters that now fit are admitted. */
+void pdgw_kvctl_apply(pdgw_fwd_kv_svc_t *kv, const pdgw_fwd_kv_opts_t *o);
+void pdgw_kvctl_apply_all(const pdgw_fwd_kv_opts_t *o);
+/* Whether any service is open (a reload has something to apply the options to). */
+bool pdgw_kvctl_any_open(void);
+
 /* Wake the service thread (after queueing a job or arming a deadline). */
 void pdgw_kvctl_kick(pdgw_fwd_kv_svc_t *kv);
 /* Drop one reference of <q> (the attempt and the thread each hold one). */
@@ -132,6 +145,8 @@ void pdgw_kvctl_req_unref(pdgw_fwd_kv_req_t *q);
  * go before reservations), else last. 0 on no memory. */
 int pdgw_kvctl_push_cancel_locked(pdgw_fwd_kv_svc_t *kv, const kvctl_dest_t *dest, const char *id,
                                   int urgent);
+/* Grant queued admissions that fit, in order; all of them when admission is off (lock held). */
+void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv);
 /* Read every queued notice of the listener and the relay (service thread). */
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 

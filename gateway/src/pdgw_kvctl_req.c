@@ -48,10 +48,11 @@ int pdgw_fwd_kv_req_refused(const pdgw_fwd_kv_req_t *q)
     return q != NULL && q->refused;
 }
 
-/* Grant queued admissions that fit, in order (lock held). */
-static void adm_grant_locked(pdgw_fwd_kv_svc_t *kv)
+void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv)
 {
-    while (kv->adm_head != NULL && kv->adm_used + kv->adm_head->weight <= kv->o.admission_chunks) {
+    while (kv->adm_head != NULL &&
+           (kv->o.admission_chunks <= 0 ||
+            kv->adm_used + kv->adm_head->weight <= kv->o.admission_chunks)) {
         pdgw_fwd_kv_req_t *q = kv->adm_head;
         kv->adm_head = q->adm_next;
         if (kv->adm_head == NULL)
@@ -68,19 +69,23 @@ static pdgw_fwd_status_t admit(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *r
 {
     pdgw_fwd_kv_svc_t *kv = q->kv;
     pdgw_fwd_status_t rc = PDGW_FWD_OK;
-    if (!kv->o.proxy || kv->o.admission_chunks <= 0)
+    if (!kv->o.proxy)
         return PDGW_FWD_OK;
-    pthread_mutex_lock(&kv->lock);
+    pthread_mutex_lock(&kv->lock); /* admission_chunks changes on reload (pdgw_kvctl_apply) */
+    if (q->adm == ADM_NONE && kv->o.admission_chunks <= 0) {
+        pthread_mutex_unlock(&kv->lock);
+        return PDGW_FWD_OK;
+    }
     if (q->adm == ADM_NONE) {
         int64_t pt = req->prompt_tokens > 0 ? req->prompt_tokens : 1;
         q->weight = (pt + kv->o.chunk_tokens - 1) / kv->o.chunk_tokens;
         if (q->weight > kv->o.admission_chunks) {
+            int64_t cap = kv->o.admission_chunks;
             pthread_mutex_unlock(&kv->lock);
             pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 0, 400,
                                "prompt needs %lld KV chunks of %lld tokens, more than the "
                                "admission capacity (admission_chunks %lld)",
-                               (long long)q->weight, (long long)kv->o.chunk_tokens,
-                               (long long)kv->o.admission_chunks);
+                               (long long)q->weight, (long long)kv->o.chunk_tokens, (long long)cap);
             return PDGW_FWD_ERR;
         }
         if (kv->adm_head == NULL && kv->adm_used + q->weight <= kv->o.admission_chunks) {
@@ -118,6 +123,7 @@ static void enqueue_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
     snprintf(j->id, sizeof(j->id), "%s", q->id);
     j->chunks = q->res_chunks;
     j->ttl_ms = kv->o.reserve_ttl_ms;
+    j->timeout_ms = kv->o.reserve_timeout_ms;
     j->not_before_ms = not_before;
     for (pp = &kv->jobs; *pp != NULL; pp = &(*pp)->next)
         ;
@@ -210,7 +216,8 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
                                               int need, pdgw_fwd_error_t *err)
 {
     pdgw_fwd_kv_svc_t *kv = q->kv;
-    int got, timed_out;
+    int got, timed_out, fallback;
+    int64_t timeout_ms;
     (void)req;
     if (need <= 0 || kv->o.skip_proxy_notification)
         return PDGW_FWD_OK; /* engines that send no ProxyNotif: the decode goes at once */
@@ -223,13 +230,15 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
     got = q->notif_got;
     timed_out = q->notif_timed_out;
     need = q->notif_need;
+    fallback = kv->o.notif_fallback_decode; /* live options: read under the lock */
+    timeout_ms = kv->o.notif_timeout_ms;
     pthread_mutex_unlock(&kv->lock);
     if (got >= need)
         return PDGW_FWD_OK;
     if (timed_out) {
         pdgw_kvctl_count(kv, "notif_timeouts",
                          "Requests whose ProxyNotifs did not all arrive in time.");
-        if (kv->o.notif_fallback_decode) {
+        if (fallback) {
             /* notif_fallback: decode. The decode finds what landed and recomputes the rest. */
             pdgw_kvctl_count(
                 kv, "notif_fallback_decodes",
@@ -239,7 +248,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
         pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 0, 504,
                            "KV transfer not confirmed: ProxyNotif{req_id=%s} arrived from %d of "
                            "%d TP ranks within %lld ms",
-                           q->id, got, need, (long long)kv->o.notif_timeout_ms);
+                           q->id, got, need, (long long)timeout_ms);
         return PDGW_FWD_ERR;
     }
     pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
@@ -270,7 +279,7 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
         }
     }
     q->adm = ADM_NONE;
-    adm_grant_locked(kv);
+    pdgw_kvctl_adm_grant_locked(kv);
     /* notif waiter */
     if (q->notif_need > 0) {
         pdgw_fwd_kv_req_t **pp;

@@ -203,6 +203,39 @@ static void test_cancel_and_shutdown(void **state)
     zmq_ctx_term(zctx);
 }
 
+/* A reload's live options (pdgw_kvctl_apply): a larger admission capacity admits the
+ * waiter that now fits; a shorter notif deadline holds for attempts that wait from now on. */
+static void test_apply_live(void **state)
+{
+    pdgw_fwd_kv_svc_t *svc = svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,"
+                                      "\"chunk_tokens\":10,\"admission_chunks\":1,"
+                                      "\"notif_timeout_ms\":600000}");
+    json_t *opts = json_loads("{\"chunk_tokens\":10,\"admission_chunks\":2,"
+                              "\"notif_timeout_ms\":1}",
+                              0, NULL);
+    pdgw_fwd_request_t ra = request("req-a"), rb = request("req-b");
+    pdgw_fwd_kv_req_t *qa = pdgw_fwd_kv_req_new(svc, &ra, ra.request_id);
+    pdgw_fwd_kv_req_t *qb = pdgw_fwd_kv_req_new(svc, &rb, rb.request_id);
+    pdgw_fwd_kv_opts_t o;
+    pdgw_fwd_error_t e;
+    char err[256];
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(pdgw_fwd_kv_req_before_prefill(qa, &ra, NULL, &e), PDGW_FWD_OK);
+    assert_int_equal(pdgw_fwd_kv_req_before_prefill(qb, &rb, NULL, &e), PDGW_FWD_PENDING);
+    assert_int_equal(pdgw_fwd_kv_opts_parse(opts, 0, 1, &o, err, sizeof(err)), PDGW_FWD_OK);
+    json_decref(opts);
+    pdgw_kvctl_apply_all(&o);
+    assert_int_equal(pdgw_fwd_kv_req_before_prefill(qb, &rb, NULL, &e), PDGW_FWD_OK);
+    pdgw_fwd_kv_req_expect_notifs(qb, 1, &p_local);
+    assert_int_equal(wait_gate(qb, &rb, 1, &e), PDGW_FWD_ERR);
+    assert_int_equal(e.http_status, 504);
+    assert_non_null(strstr(e.message, "within 1 ms"));
+    pdgw_fwd_kv_req_end(qa, PDGW_END_OK);
+    pdgw_fwd_kv_req_end(qb, PDGW_END_FAILED);
+    pdgw_fwd_kv_svc_close(svc);
+}
+
 static void test_opts(void **state)
 {
     static const struct {
@@ -241,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_opts),
         cmocka_unit_test(test_notifs_checked),
         cmocka_unit_test(test_notif_deadline),
+        cmocka_unit_test(test_apply_live),
         cmocka_unit_test(test_cancel_and_shutdown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
