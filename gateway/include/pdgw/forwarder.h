@@ -478,9 +478,9 @@ int64_t pdgw_fwd_instance_attr_int(const pdgw_instance_t *inst, const char *name
 
 /* ---- the KV control client (libkvt's control plane, run by the gateway) ----
  * ReserveRequest and CancelNotif to a libkvt/LMCache receiver's alloc port, and the decoding
- * of ProxyNotif messages, so a forwarder needs no KV library of its own. reserve and cancel
- * block for up to their timeout: call them from the forwarder's own thread, never from a
- * request op. One client per thread. */
+ * of ProxyNotif messages: the blocking building blocks of the KV control service below, which
+ * is what a forwarder normally uses. reserve and cancel block for up to their timeout: never
+ * call them from a request op. One client per thread. */
 typedef struct pdgw_fwd_kv_client pdgw_fwd_kv_client_t;
 pdgw_fwd_status_t pdgw_fwd_kv_client_create(pdgw_fwd_kv_client_t **out, char *err, size_t errlen);
 void pdgw_fwd_kv_client_destroy(pdgw_fwd_kv_client_t *c);
