@@ -52,7 +52,7 @@ def complete(port, prompt, max_tokens=1):
 
 
 class Fleet:
-    def __init__(self, layouts=("map", "array", "map"), capacity=1024):
+    def __init__(self, layouts=("map", "array", "map"), capacity=1024, sim_args=()):
         self.ports = [t.free_port() for _ in layouts]
         self.ev_ports = [t.free_port() for _ in layouts]
         self.rp_ports = [t.free_port() for _ in layouts]
@@ -66,7 +66,7 @@ class Fleet:
                                    "--block-size", str(BLOCK),
                                    "--kv-capacity-tokens", str(capacity),
                                    "--kv-events-config", json.dumps(kv_cfg),
-                                   "--kv-events-layout", layouts[i]])
+                                   "--kv-events-layout", layouts[i]] + list(sim_args))
             self.sims.append(p)
             t.wait_http(port, "/health", timeout=10, proc=p)
         self.gw_port = t.free_port()
