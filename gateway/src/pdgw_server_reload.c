@@ -12,9 +12,10 @@
  *                                              the last one out destroys an old context
  *
  * A protocol_options change stays "needs restart" (the running context is kept) when the new
- * context cannot be made next to the running one (a forwarder that binds a fixed port, e.g.
- * lmcache's ProxyNotif listener, cannot bind it twice) or when it would plan a different
- * dispatch (the server's stages are laid out for the start-up plan).
+ * context cannot be made next to the running one (a forwarder that binds a fixed port cannot
+ * bind it twice) or when it would plan a different dispatch (the server's stages are laid out
+ * for the start-up plan). With a KV control service open (lmcache, vllm-kvt) the service's
+ * hook (pdgw_kvctl_reload.c) decides instead: no second context is made.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_fwd_setup.h"
+#include "pdgw_kvctl.h"
 #include "pdgw_log.h"
 #include "pdgw_reload.h"
 #include "pdgw_server_int.h"
@@ -132,7 +134,9 @@ static pdgw_status_t options_prepare(void *ctx, pdgw_reload_txn_t *txn, void **s
     pdgw_status_t st;
 
     *state = NULL;
-    if (!pdgw_reload_txn_changed(txn, "protocol_options"))
+    /* With a KV control service open (lmcache, vllm-kvt) its own hook decides which options
+     * apply live (pdgw_kvctl_reload.c): a second context would open a second service. */
+    if (!pdgw_reload_txn_changed(txn, "protocol_options") || pdgw_kvctl_any_open())
         return PDGW_OK;
     options = options_json(pdgw_reload_txn_next(txn));
     if (options == NULL) {

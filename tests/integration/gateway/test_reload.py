@@ -423,8 +423,9 @@ def test_protocol_options_apply_live():
 
 
 def test_protocol_options_kept_when_not_live():
-    """lmcache binds its ProxyNotif port: a second forwarder context cannot, so a changed
-    protocol_options is reported "needs restart" with the reason, the running options stay
+    """lmcache runs a KV control service: a change of one of its start-up options
+    (tokenize_timeout_ms) is reported "needs restart" with the reason, no second forwarder
+    context is made (its ProxyNotif port could not be bound twice), the running options stay
     and the gateway keeps serving."""
     pp = T.free_port()
     P = Sim("prefill", "reload-lmP", "--proxy-host", "127.0.0.1", "--proxy-port", pp)
@@ -440,7 +441,9 @@ def test_protocol_options_kept_when_not_live():
         assert status == 200, raw
         assert parsed["needs_restart"] == ["protocol_options"], parsed
         assert parsed["applied"] == [], parsed
-        wait_for("the reason logged", lambda: "cannot bind" in gw.proc.output())
+        wait_for("the reason logged",
+                 lambda: "'protocol_options' changed but needs restart" in gw.proc.output())
+        assert "cannot bind" not in gw.proc.output(), "a second context was tried"
         st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
         assert st == 200, raw
     finally:
