@@ -27,6 +27,9 @@
 
 typedef struct pdgw_server pdgw_server_t;
 
+/* Which HTTP client carries upstream legs (https:// upstreams always use libcurl). */
+typedef enum { PDGW_UPSTREAM_CURL = 0, PDGW_UPSTREAM_NATIVE = 1 } pdgw_upstream_client_t;
+
 /* Everything the server needs; pointers are borrowed and must outlive the server. */
 typedef struct pdgw_server_opts {
     const char *listen_host; /* "" or NULL = any address */
@@ -60,6 +63,7 @@ typedef struct pdgw_server_opts {
     struct pdgw_admit *admit;        /* admission, backoff, affinity (pdgw_admit.h); NULL = none */
     struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
     const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
+    pdgw_upstream_client_t upstream_client; /* curl (default) or native */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,
