@@ -65,11 +65,12 @@ struct pdgw_h1_conn {
     pdgw_h1_conn_t *up_prev, *up_next;   /* the address's idle list */
     pdgw_h1_conn_t *lru_prev, *lru_next; /* the client's idle list, most recent first */
     bool reused;
-    bool rd_ready; /* an input edge was seen and the socket not drained since */
-    bool wr_ready; /* output possible as far as we know */
-    bool wr_dead;  /* sending failed: only the response (if any) can still arrive */
-    int in_cb;     /* inside the owner's callbacks (an abort then only marks it) */
-    bool doomed;   /* aborted from a callback: close once the callbacks returned */
+    bool rd_ready;  /* an input edge was seen and the socket not drained since */
+    bool wr_ready;  /* output possible as far as we know */
+    bool wr_dead;   /* sending failed: only the response (if any) can still arrive */
+    bool peer_shut; /* the engine's FIN was announced (EPOLLRDHUP): do not keep it */
+    int in_cb;      /* inside the owner's callbacks (an abort then only marks it) */
+    bool doomed;    /* aborted from a callback: close once the callbacks returned */
 };
 
 struct pdgw_h1_client {
@@ -468,7 +469,8 @@ static const pdgw_h1p_cb_t parse_cb = {cb_header, cb_headers_done, cb_body};
 static void conn_done(pdgw_h1_conn_t *k)
 {
     pdgw_h1_xfer_t *x = k->x;
-    bool keep = k->parser.keep_alive && k->rlen == 0 && !k->wr_dead && x->sent == xfer_total(x);
+    bool keep = k->parser.keep_alive && k->rlen == 0 && !k->wr_dead && !k->peer_shut &&
+                x->sent == xfer_total(x);
     k->x = NULL;
     x->conn = NULL;
     if (keep)
@@ -597,6 +599,10 @@ void pdgw_h1_on_event(pdgw_h1_client_t *c, uint64_t tag, uint32_t events)
     }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
         k->rd_ready = true;
+    /* A FIN that came with the response's last bytes raises no edge once the connection is
+     * idle: remember it now. */
+    if (events & (EPOLLRDHUP | EPOLLHUP))
+        k->peer_shut = true;
     if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
         k->wr_ready = true;
     if (k->state == CONN_CONNECTING) {
