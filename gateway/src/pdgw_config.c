@@ -134,8 +134,8 @@ static const pdgw_config_option_t options[] = {
      "(kv_transfer_params, bootstrap_*, remote_*, DP ranks...): reject (400), strip, or pass "
      "(plain-proxy protocols such as neutral only).", C(client_pd_fields)},
     {"upstream_client", "upstream-client", "PDGW_UPSTREAM_CLIENT", PDGW_OPT_ENUM,
-     upstream_client_names, 0, 0, "curl", "CLIENT", "HTTP client of upstream legs: curl "
-     "(libcurl) or native (pdgw's own HTTP/1.1 client; https:// upstreams still use curl).",
+     upstream_client_names, 0, 0, "native", "CLIENT", "HTTP client of upstream legs: native "
+     "(pdgw's own HTTP/1.1 client; https:// upstreams use curl) or curl (libcurl for all).",
      C(upstream_client)},
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",

@@ -33,9 +33,11 @@
  * cost no epoll_ctl at all. */
 #define HUP_WATCH_AFTER_MS 50
 #define MAX_EVENTS         128
-/* Idle upstream connections of the native client close after this: below the 5 s keep-alive
- * timeout of uvicorn, which serves vLLM's and SGLang's OpenAI APIs, so pdgw usually closes
- * first and rarely picks a connection the engine is closing. */
+/* Idle upstream connections of the native client close after this: below the engines' 5 s
+ * keep-alive timeout (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default "5" in vllm/envs.py, given to
+ * uvicorn in vllm/entrypoints/openai/api_server.py; SGLang: timeout_keep_alive=5 in
+ * python/sglang/srt/entrypoints/http_server.py), so pdgw usually closes first and seldom picks
+ * a connection the engine is closing (that race costs one silent retry). */
 #define PDGW_H1_IDLE_TIMEOUT_MS 4000
 /* Request objects kept for reuse per worker. */
 #define REQ_POOL_MAX 1024
@@ -60,6 +62,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->idle_timeout_ms = 60000;
     o->retries = 1;
     o->client_header_timeout_ms = 30000;
+    o->upstream_client = PDGW_UPSTREAM_NATIVE;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
     pdgw_route_opts_init(&o->route);
