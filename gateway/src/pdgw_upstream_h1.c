@@ -46,8 +46,11 @@ typedef struct pdgw_h1_upstream {
     char *authority; /* host:port, the Host header */
     char *host;      /* for the resolver, without brackets */
     char *port;
-    struct sockaddr_storage addr;
-    socklen_t addr_len;   /* 0 = resolve before the next connect */
+    /* The name's addresses (a few: "localhost" gives ::1 and 127.0.0.1); connects go to
+     * addrs[cur], the next one is tried when that is refused. n_addrs 0 = resolve first. */
+    struct sockaddr_storage addrs[4];
+    socklen_t addr_lens[4];
+    int n_addrs, cur;
     pdgw_h1_conn_t *idle; /* most recently used first */
 } pdgw_h1_upstream_t;
 
@@ -242,9 +245,9 @@ static bool local_errno(int e)
 
 static bool up_resolve(pdgw_h1_upstream_t *up, int *err)
 {
-    struct addrinfo hints, *res = NULL;
+    struct addrinfo hints, *res = NULL, *ai;
     int rc;
-    if (up->addr_len > 0)
+    if (up->n_addrs > 0)
         return true;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -253,16 +256,19 @@ static bool up_resolve(pdgw_h1_upstream_t *up, int *err)
     /* A name (not an address literal) is looked up here, on the worker, once per address
      * and again after a failed connect. */
     rc = getaddrinfo(up->host, up->port, &hints, &res);
-    if (rc != 0 || res == NULL || res->ai_addrlen > sizeof(up->addr)) {
+    if (rc != 0) {
         *err = rc == EAI_SYSTEM ? errno : 0;
-        if (res)
-            freeaddrinfo(res);
         return false;
     }
-    memcpy(&up->addr, res->ai_addr, res->ai_addrlen);
-    up->addr_len = (socklen_t)res->ai_addrlen;
+    for (ai = res; ai != NULL && up->n_addrs < 4; ai = ai->ai_next) {
+        if (ai->ai_addrlen > sizeof(up->addrs[0]))
+            continue;
+        memcpy(&up->addrs[up->n_addrs], ai->ai_addr, ai->ai_addrlen);
+        up->addr_lens[up->n_addrs++] = (socklen_t)ai->ai_addrlen;
+    }
     freeaddrinfo(res);
-    return true;
+    up->cur = 0;
+    return up->n_addrs > 0;
 }
 
 static uint64_t conn_tag(const pdgw_h1_client_t *c, const pdgw_h1_conn_t *k)
@@ -272,6 +278,18 @@ static uint64_t conn_tag(const pdgw_h1_client_t *c, const pdgw_h1_conn_t *k)
 }
 
 static void conn_send(pdgw_h1_conn_t *k);
+
+/* A connect to the current address failed: move <x> to the name's next address (as libcurl
+ * does), unless it has tried them all. */
+static bool up_next_addr(pdgw_h1_xfer_t *x)
+{
+    pdgw_h1_upstream_t *up = x->up;
+    if (x->addr_tries + 1 >= up->n_addrs)
+        return false;
+    x->addr_tries++;
+    up->cur = (up->cur + 1) % up->n_addrs;
+    return true;
+}
 
 /* Open a new connection for <x> to its address; false when that failed (x is then posted). */
 static bool conn_open(pdgw_h1_client_t *c, pdgw_h1_xfer_t *x)
@@ -285,7 +303,7 @@ static bool conn_open(pdgw_h1_client_t *c, pdgw_h1_xfer_t *x)
         xfer_fail(x, PDGW_H1_E_CONNECT, err, "cannot resolve %s", up->host);
         return false;
     }
-    fd = socket(up->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = socket(up->addrs[up->cur].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         err = errno;
         xfer_fail(x, local_errno(err) ? PDGW_H1_E_LOCAL : PDGW_H1_E_CONNECT, err, "no socket: %s",
@@ -309,7 +327,7 @@ static bool conn_open(pdgw_h1_client_t *c, pdgw_h1_xfer_t *x)
     c->st.connects++;
     x->conn = k;
     x->connected = false;
-    if (connect(fd, (const struct sockaddr *)&up->addr, up->addr_len) == 0) {
+    if (connect(fd, (const struct sockaddr *)&up->addrs[up->cur], up->addr_lens[up->cur]) == 0) {
         k->state = CONN_ACTIVE;
         k->wr_ready = true;
         x->connected = true;
@@ -318,7 +336,9 @@ static bool conn_open(pdgw_h1_client_t *c, pdgw_h1_xfer_t *x)
     } else {
         err = errno;
         conn_close(k);
-        up->addr_len = 0; /* look the name up again next time */
+        if (!local_errno(err) && up_next_addr(x))
+            return conn_open(c, x);
+        up->n_addrs = 0; /* look the name up again next time */
         xfer_fail(x, local_errno(err) ? PDGW_H1_E_LOCAL : PDGW_H1_E_CONNECT, err, "connect: %s",
                   strerror(err));
         return false;
@@ -379,7 +399,7 @@ static void on_conn_timer(pdgw_timer_t *t, uint64_t now)
         k->client->st.idle_closed++;
         conn_close(k);
     } else if (k->state == CONN_CONNECTING) {
-        k->up->addr_len = 0;
+        k->up->n_addrs = 0;
         conn_fail(k, PDGW_H1_E_CONNECT_TIMEOUT, ETIMEDOUT, "%s", "connection timed out");
     }
 }
@@ -553,7 +573,9 @@ static void conn_read(pdgw_h1_conn_t *k)
         n = recv(k->fd, k->rbuf + k->rlen, k->rcap - k->rlen, 0);
         if (n > 0) {
             x->got_bytes = true;
-            if ((size_t)n < k->rcap - k->rlen)
+            /* A short read drained the socket, unless the engine's FIN was announced: that
+             * raises no further edge, so read on until recv says end of stream. */
+            if ((size_t)n < k->rcap - k->rlen && !k->peer_shut)
                 k->rd_ready = false;
             k->rlen += (size_t)n;
             continue;
@@ -611,7 +633,15 @@ void pdgw_h1_on_event(pdgw_h1_client_t *c, uint64_t tag, uint32_t events)
         if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
             err = errno;
         if (err != 0) {
-            k->up->addr_len = 0;
+            pdgw_h1_xfer_t *x = k->x;
+            if (!local_errno(err) && up_next_addr(x)) {
+                k->x = NULL;
+                conn_close(k);
+                if (conn_open(c, x) && x->conn->state == CONN_ACTIVE)
+                    conn_send(x->conn);
+                return;
+            }
+            k->up->n_addrs = 0;
             conn_fail(k, local_errno(err) ? PDGW_H1_E_LOCAL : PDGW_H1_E_CONNECT, err, "connect: %s",
                       strerror(err));
             return;
@@ -812,6 +842,7 @@ pdgw_status_t pdgw_h1_xfer_start(pdgw_h1_xfer_t *x, const char *body, size_t bod
     x->cb = cb;
     x->arg = arg;
     x->paused = x->got_bytes = x->retried = x->connected = false;
+    x->addr_tries = 0;
     x->pending = PDGW_H1_OK;
     x->running = true;
 

@@ -135,6 +135,7 @@ typedef struct pdgw_h1_xfer {
     bool got_bytes; /* a response byte arrived (no silent retry after that) */
     bool retried;   /* one retry on a fresh connection was spent */
     bool connected; /* the connection was up (for a timeout's verdict) */
+    int addr_tries; /* addresses of the name tried after the first (connect refused) */
     /* A result waiting to be reported from the loop (failures found inside _start). */
     pdgw_h1_result_t pending;
     int pending_errno;

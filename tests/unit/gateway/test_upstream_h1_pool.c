@@ -37,6 +37,7 @@ enum {
     SRV_DROP_SECOND,   /* on a connection's second request: close without answering */
     SRV_DROP_ALL,      /* read each request, close without answering */
     SRV_CHUNKED,       /* answer chunked */
+    SRV_CUT,           /* a head promising 100 bytes, 3 of them, close */
 };
 
 typedef struct server {
@@ -46,6 +47,7 @@ typedef struct server {
     atomic_int accepted;
     atomic_int requests;
     atomic_int closed_by_peer; /* connections the client closed */
+    atomic_int closed_by_srv;  /* connections the server closed */
     atomic_int stop;
     char last_head[4096];
     size_t last_body_len;
@@ -66,7 +68,9 @@ static void srv_answer(server_t *s, sconn_t *c)
 {
     char resp[512];
     int n;
-    if (atomic_load(&s->mode) == SRV_CHUNKED)
+    if (atomic_load(&s->mode) == SRV_CUT)
+        n = snprintf(resp, sizeof(resp), "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc");
+    else if (atomic_load(&s->mode) == SRV_CHUNKED)
         n = snprintf(resp, sizeof(resp),
                      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                      "6;x=1\r\nbody=%zu\r\n0\r\n\r\n",
@@ -87,8 +91,10 @@ static bool srv_request(server_t *s, sconn_t *c)
     atomic_fetch_add(&s->requests, 1);
     if (mode == SRV_DROP_ALL || (mode == SRV_DROP_SECOND && c->served == 2))
         return false;
+    if (mode == SRV_CUT)
+        usleep(50 * 1000); /* the client stops polling first (test_retry_once_on_reused) */
     srv_answer(s, c);
-    return mode != SRV_CLOSE_AFTER_1;
+    return mode != SRV_CLOSE_AFTER_1 && mode != SRV_CUT;
 }
 
 /* Read what is there; true while the connection lives. */
@@ -164,6 +170,7 @@ static void *srv_main(void *arg)
                 continue;
             if (!srv_read(s, conns[i - 1])) {
                 close(conns[i - 1]->fd);
+                atomic_fetch_add(&s->closed_by_srv, 1);
                 free(conns[i - 1]);
                 conns[i - 1] = conns[--n];
             }
@@ -472,6 +479,50 @@ static void test_retry_once_on_reused(void **state)
     leg_done(&a);
     pdgw_h1_client_stats(e.c, &st);
     assert_int_equal(st.retries, 0);
+    /* a body cut short whose bytes and FIN arrive together (one edge): the end is still seen
+     * and reported as a partial body */
+    atomic_store(&s.mode, SRV_CUT);
+    {
+        int reqs = atomic_load(&s.requests), closed = atomic_load(&s.closed_by_srv);
+        leg_send(&e, &a, s.port, "{}");
+        RUN_UNTIL(&e, atomic_load(&s.requests) > reqs);
+        /* not polling now: the cut answer and the FIN are both queued before the next
+         * epoll_wait */
+        while (atomic_load(&s.closed_by_srv) == closed)
+            usleep(1000);
+    }
+    RUN_UNTIL(&e, a.done);
+    assert_int_equal(a.res, PDGW_H1_E_PARTIAL);
+    assert_string_equal(a.body, "abc");
+    assert_string_equal(a.msg, "connection closed inside the response body");
+    leg_done(&a);
+    env_close(&e);
+    srv_stop(&s);
+}
+
+/* A name with several addresses: "localhost" resolves to ::1 first where /etc/hosts has it,
+ * the server listens on 127.0.0.1 only; the refused address gives way to the next. */
+static void test_next_address(void **state)
+{
+    server_t s;
+    env_t e;
+    leg_t l;
+    char url[128];
+    (void)state;
+    srv_start(&s, SRV_ANSWER);
+    env_open(&e, 10000);
+    memset(&l, 0, sizeof(l));
+    snprintf(url, sizeof(url), "http://localhost:%d/v1/models", s.port);
+    assert_int_equal(pdgw_h1_xfer_begin(&l.x, e.c, "GET", url), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_start(&l.x, NULL, 0, 4096, &leg_cb, &l), PDGW_OK);
+    RUN_UNTIL(&e, l.done);
+    assert_int_equal(l.res, PDGW_H1_OK);
+    assert_int_equal(l.status, 200);
+    pthread_mutex_lock(&s.lock);
+    assert_non_null(strstr(s.last_head, "GET /v1/models HTTP/1.1\r\n"));
+    assert_null(strstr(s.last_head, "Content-Length")); /* a GET has no body */
+    pthread_mutex_unlock(&s.lock);
+    leg_done(&l);
     env_close(&e);
     srv_stop(&s);
 }
@@ -556,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_server_closes_kept),
         cmocka_unit_test(test_retry_once_on_reused),
         cmocka_unit_test(test_connect_refused),
+        cmocka_unit_test(test_next_address),
         cmocka_unit_test(test_pause_abort_large),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
