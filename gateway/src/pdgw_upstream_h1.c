@@ -940,8 +940,12 @@ void pdgw_h1_client_destroy(pdgw_h1_client_t *c)
     while (c->lru_head)
         conn_close(c->lru_head);
     for (i = 0; i < c->fd_cap; i++)
-        if (c->by_fd[i] != NULL)
-            conn_close(c->by_fd[i]); /* a transfer's owner forgot it: drop it unreported */
+        if (c->by_fd[i] != NULL) {
+            /* A transfer's owner forgot it: drop it unreported, without touching the
+             * owner (it may be gone). */
+            c->by_fd[i]->x = NULL;
+            conn_close(c->by_fd[i]);
+        }
     while (c->ups) {
         pdgw_h1_upstream_t *up = c->ups;
         c->ups = up->next;
