@@ -484,10 +484,12 @@ static void test_missed_reply_replaces_dealer(void **state)
     kvt_msg_clear(&m);
     /* the sender's deadline: the control timeout plus the receiver's backoff TTL */
     atomic_fetch_add(&fake_ns, 401ull * KVT_NSEC_PER_MSEC);
+    kvt_engine_clock_moved(s);
     assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_TIMEOUT);
     kvt_task_result_clear(&res);
     atomic_fetch_add(&fake_ns, 200ull * KVT_NSEC_PER_MSEC); /* past any backoff of that peer */
+    kvt_engine_clock_moved(s);
     memcpy(old_ident, ident, il);
     old_il = il;
     /* the next request arrives first; then the late answer of the first ("everything already
