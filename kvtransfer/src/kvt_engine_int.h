@@ -395,6 +395,7 @@ struct kvt_engine {
     _Atomic uint64_t waiter_due, sweep_due; /* UINT64_MAX: nothing to do */
     uint64_t sweep_last_ns;                 /* sweeps run at most once a second */
     atomic_ullong wakeups;                  /* progress turns done (tests: idle = none) */
+    atomic_ullong parked_total;             /* requests ever parked (tests wait on it) */
 
     /* metrics */
     pthread_mutex_t mlock;

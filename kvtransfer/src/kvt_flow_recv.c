@@ -1175,6 +1175,7 @@ static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
     for (tail = &e->parked; *tail != NULL; tail = &(*tail)->next)
         ;
     *tail = pk;
+    atomic_fetch_add(&e->parked_total, 1);
     if (e->parked == pk) /* the first: its deadline is the earliest (one TTL for all) */
         kvt_engine_arm(e, &e->parked_timer, pk->deadline_ns);
 }

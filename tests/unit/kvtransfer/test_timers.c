@@ -193,7 +193,8 @@ static void test_handshake_timeout_at_deadline(void **state)
     assert_int_equal(kvt_engine_create(&ep, &s), KVT_OK);
     id = t_store(s, "mute-1", keys, 0, 2, 0, 1, 2, &st);
     assert_int_equal(st, KVT_OK);
-    assert_int_equal(zmq_poll(&hs, 1, 5000), 1); /* the handshake went out */
+    assert_int_equal(zmq_poll(&hs, 1, 5000), 1); /* the handshake went out ... */
+    advance(s, 0); /* ... and the turn that sent it (and armed its deadline) is over */
     advance(s, 30000ull * KVT_NSEC_PER_MSEC);
     t0 = turns(s); /* asleep: the deadline is 30 s away on this clock */
     assert_int_equal(kvt_task_wait(s, id, 250, &res), KVT_ERR_TIMEOUT);
@@ -237,7 +238,12 @@ static void test_parked_answer_at_deadline(void **state)
     kvt_task_result_clear(&res);
     id = t_store(p.s, "prk-b", keys, 8, 4, 0, 1, 4, &st);
     assert_int_equal(st, KVT_OK);
-    assert_int_equal(kvt_task_wait(p.s, id, 250, &res), KVT_ERR_TIMEOUT); /* parked */
+    /* parked (its deadline armed in the same turn) */
+    for (uint64_t until = t_now_ms() + 5000;
+         atomic_load(&p.r->parked_total) == 0 && t_now_ms() < until;)
+        usleep(1000);
+    assert_int_equal(atomic_load(&p.r->parked_total), 1);
+    advance(p.r, 0);
     advance(p.r, 1999ull * KVT_NSEC_PER_MSEC);
     assert_int_equal(kvt_task_wait(p.s, id, 250, &res), KVT_ERR_TIMEOUT); /* still */
     advance(p.r, 1ull * KVT_NSEC_PER_MSEC);
