@@ -145,7 +145,7 @@ static int sgl_set_bootstrap(json_t *b, const sgl_state_t *s, const pdgw_instanc
  * answer is drained; the engine's own sampling_params stay untouched). */
 static json_t *sgl_generate_body(const pdgw_fwd_request_t *req, pdgw_leg_kind_t kind)
 {
-    json_t *b = pdgw_fwd_body_copy(req);
+    json_t *b = pdgw_fwd_body_shared(req);
     if (b != NULL && kind == PDGW_LEG_PREFILL && json_object_set_new(b, "stream", json_false())) {
         json_decref(b);
         return NULL;

@@ -32,22 +32,10 @@ void pdb_buf_init(pdb_buf_t *buf)
     memset(buf, 0, sizeof(*buf));
 }
 
-pdb_status_t pdb_buf_reserve(pdb_buf_t *buf, size_t extra)
+static pdb_status_t grow_to(pdb_buf_t *buf, size_t cap)
 {
-    size_t need = buf->len + extra + 1;
-    size_t cap;
-    char *p;
+    char *p = pdb_realloc(buf->data, cap);
 
-    if (extra > SIZE_MAX / 2 - buf->len)
-        return PDB_ERR_TOO_LARGE;
-    if (buf->limit != 0 && buf->len + extra > buf->limit)
-        return PDB_ERR_TOO_LARGE;
-    if (need <= buf->cap)
-        return PDB_OK;
-    cap = buf->cap != 0 ? buf->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    p = pdb_realloc(buf->data, cap);
     if (p == NULL)
         return PDB_ERR_NOMEM;
     if (buf->data == NULL)
@@ -55,6 +43,40 @@ pdb_status_t pdb_buf_reserve(pdb_buf_t *buf, size_t extra)
     buf->data = p;
     buf->cap = cap;
     return PDB_OK;
+}
+
+static pdb_status_t room_check(const pdb_buf_t *buf, size_t extra)
+{
+    if (extra > SIZE_MAX / 2 - buf->len)
+        return PDB_ERR_TOO_LARGE;
+    if (buf->limit != 0 && buf->len + extra > buf->limit)
+        return PDB_ERR_TOO_LARGE;
+    return PDB_OK;
+}
+
+pdb_status_t pdb_buf_reserve(pdb_buf_t *buf, size_t extra)
+{
+    size_t need = buf->len + extra + 1;
+    size_t cap;
+    pdb_status_t st = room_check(buf, extra);
+
+    if (st != PDB_OK)
+        return st;
+    if (need <= buf->cap)
+        return PDB_OK;
+    cap = buf->cap != 0 ? buf->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    return grow_to(buf, cap);
+}
+
+pdb_status_t pdb_buf_reserve_exact(pdb_buf_t *buf, size_t extra)
+{
+    pdb_status_t st = room_check(buf, extra);
+
+    if (st != PDB_OK)
+        return st;
+    return buf->len + extra + 1 <= buf->cap ? PDB_OK : grow_to(buf, buf->len + extra + 1);
 }
 
 pdb_status_t pdb_buf_append(pdb_buf_t *buf, const void *data, size_t len)

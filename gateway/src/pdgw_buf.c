@@ -38,6 +38,11 @@ pdgw_status_t pdgw_buf_reserve(pdgw_buf_t *buf, size_t extra)
     return buf_status(pdb_buf_reserve(buf, extra));
 }
 
+pdgw_status_t pdgw_buf_reserve_exact(pdgw_buf_t *buf, size_t extra)
+{
+    return buf_status(pdb_buf_reserve_exact(buf, extra));
+}
+
 pdgw_status_t pdgw_buf_append(pdgw_buf_t *buf, const void *data, size_t len)
 {
     return buf_status(pdb_buf_append(buf, data, len));

@@ -76,9 +76,17 @@ json_t *pdgw_fwd_body_copy(const pdgw_fwd_request_t *req)
     return req->body ? json_deep_copy(req->body) : json_object();
 }
 
-json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req)
+/* A new top-level object over the client body's member values: a leg body that only sets
+ * or deletes members costs the members table, not a copy of the prompt. */
+json_t *pdgw_fwd_body_shared(const pdgw_fwd_request_t *req)
 {
-    json_t *b = pdgw_fwd_body_copy(req);
+    if (req->body == NULL)
+        return json_object();
+    return json_is_object(req->body) ? json_copy((json_t *)req->body) : NULL;
+}
+
+json_t *pdgw_fwd_body_harden_prefill(json_t *b)
+{
     if (b == NULL || !json_is_object(b)) {
         json_decref(b);
         return NULL;
@@ -96,6 +104,11 @@ json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req)
     json_object_del(b, "stop");
     json_object_del(b, "stop_token_ids");
     return b;
+}
+
+json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req)
+{
+    return pdgw_fwd_body_harden_prefill(pdgw_fwd_body_copy(req));
 }
 
 void pdgw_fwd_error_set(pdgw_fwd_error_t *err, pdgw_phase_t phase, int retryable, int http_status,

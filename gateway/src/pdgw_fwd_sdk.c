@@ -17,7 +17,7 @@
 
 json_t *pdgw_fwd_body_prefill_kvp(const pdgw_fwd_request_t *req, json_t *kvp)
 {
-    json_t *b = pdgw_fwd_body_prefill(req);
+    json_t *b = pdgw_fwd_body_harden_prefill(pdgw_fwd_body_shared(req));
 
     if (b == NULL) {
         json_decref(kvp);
@@ -32,7 +32,7 @@ json_t *pdgw_fwd_body_prefill_kvp(const pdgw_fwd_request_t *req, json_t *kvp)
 
 json_t *pdgw_fwd_body_decode_kvp(const pdgw_fwd_request_t *req, json_t *kvp)
 {
-    json_t *b = pdgw_fwd_body_copy(req);
+    json_t *b = pdgw_fwd_body_shared(req);
 
     if (b == NULL || !json_is_object(b)) {
         json_decref(b);

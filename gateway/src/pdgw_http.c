@@ -492,6 +492,22 @@ static enum MHD_Result refuse_early(pdgw_req_t *r)
     return pdgw_sink_queue_reply(r);
 }
 
+/* Room for <more> body bytes. With a Content-Length the buffer still grows only as bytes
+ * arrive (a client cannot make us allocate what it never sends), but its last step lands
+ * on the declared length exactly rather than on the next power of two. */
+static pdgw_status_t body_room(pdgw_req_t *r, size_t more)
+{
+    size_t need = r->body.len + more;
+    size_t want;
+
+    if (r->declared_len == 0 || need < r->body.cap)
+        return PDGW_OK;
+    want = r->body.cap > need / 2 ? 2 * r->body.cap : need;
+    if (want > r->declared_len)
+        want = need > r->declared_len ? need : (size_t)r->declared_len;
+    return pdgw_buf_reserve_exact(&r->body, want - r->body.len);
+}
+
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
@@ -516,6 +532,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             unsigned long long n = strtoull(cl, NULL, 10);
+            r->declared_len = n;
             if (n > w->srv->opts.max_body_bytes) {
                 /* Refuse before reading: MHD closes the connection after the reply. */
                 r->too_large = true;
@@ -538,7 +555,8 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
             if (r->body.len + *upload_data_size > w->srv->opts.max_body_bytes) {
                 r->too_large = true;
                 pdgw_buf_free(&r->body);
-            } else if (pdgw_buf_append(&r->body, upload_data, *upload_data_size) != PDGW_OK) {
+            } else if (body_room(r, *upload_data_size) != PDGW_OK ||
+                       pdgw_buf_append(&r->body, upload_data, *upload_data_size) != PDGW_OK) {
                 *upload_data_size = 0;
                 return MHD_NO;
             }

@@ -205,6 +205,7 @@ struct pdgw_req {
     char admin_path[192];
     /* body */
     pdgw_buf_t body;
+    uint64_t declared_len; /* Content-Length, 0 when absent: the body buffer grows to it exactly */
     bool too_large;
     bool counted; /* counted in server->inflight */
     /* identity */

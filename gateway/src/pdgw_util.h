@@ -30,6 +30,7 @@ typedef pdb_buf_t pdgw_buf_t; /* data, len, cap, limit (max len, 0 = unlimited) 
 void pdgw_buf_init(pdgw_buf_t *buf);
 /* Make room for at least <extra> more bytes (+1 for the NUL). */
 pdgw_status_t pdgw_buf_reserve(pdgw_buf_t *buf, size_t extra);
+pdgw_status_t pdgw_buf_reserve_exact(pdgw_buf_t *buf, size_t extra);
 pdgw_status_t pdgw_buf_append(pdgw_buf_t *buf, const void *data, size_t len);
 pdgw_status_t pdgw_buf_append_str(pdgw_buf_t *buf, const char *s);
 pdgw_status_t pdgw_buf_append_char(pdgw_buf_t *buf, char c);

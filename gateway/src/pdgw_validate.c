@@ -350,9 +350,7 @@ static pdgw_status_t validate_prompt_key(const json_t *body, const char *key,
         "a string, an array of strings, an array of token ids or an array of token id arrays";
     if (json_is_string(prompt)) {
         size_t len = json_string_length(prompt);
-        info->prompt_text = pdgw_strndup(json_string_value(prompt), len);
-        if (info->prompt_text == NULL)
-            return PDGW_ERR_NOMEM;
+        info->prompt_text = json_string_value(prompt);
         info->prompt_text_len = len;
         info->n_prompts = 1;
         info->est_prompt_tokens = est_tokens(len);
@@ -384,11 +382,8 @@ static pdgw_status_t validate_prompt_key(const json_t *body, const char *key,
             }
             est += est_tokens(json_string_length(x));
         }
-        size_t len = json_string_length(first);
-        info->prompt_text = pdgw_strndup(json_string_value(first), len);
-        if (info->prompt_text == NULL)
-            return PDGW_ERR_NOMEM;
-        info->prompt_text_len = len;
+        info->prompt_text = json_string_value(first);
+        info->prompt_text_len = json_string_length(first);
         info->n_prompts = n;
         info->est_prompt_tokens = est;
         return PDGW_OK;
@@ -512,6 +507,7 @@ static pdgw_status_t validate_messages(const json_t *body, pdgw_request_info_t *
     info->prompt_text = pdgw_buf_steal(&text, NULL);
     if (info->prompt_text == NULL)
         return PDGW_ERR_NOMEM;
+    info->prompt_text_owned = true;
     info->n_prompts = 1;
     info->est_prompt_tokens = est_tokens(info->prompt_text_len);
     return PDGW_OK;
@@ -629,9 +625,11 @@ void pdgw_request_info_release(pdgw_request_info_t *info)
 {
     if (info == NULL)
         return;
-    pdgw_free(info->prompt_text);
+    if (info->prompt_text_owned)
+        pdgw_free((char *)info->prompt_text);
     pdgw_free(info->prompt_tokens);
     info->prompt_text = NULL;
+    info->prompt_text_owned = false;
     info->prompt_tokens = NULL;
     info->prompt_text_len = 0;
     info->n_prompt_tokens = 0;

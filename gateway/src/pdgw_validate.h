@@ -56,10 +56,13 @@ typedef struct pdgw_request_info {
     /*
      * Prompt text for prefix hashing: completions string prompt (first one of an array of
      * strings); chat: concatenation of "<role>\n<text>\n" of every message (text parts of
-     * content arrays joined). NULL when the prompt is token ids. Owned (malloc).
+     * content arrays joined). NULL when the prompt is token ids. A completions prompt is
+     * borrowed from the body (valid while the body lives: the prompt is held once); chat text
+     * is assembled, so owned.
      */
-    char *prompt_text;
+    const char *prompt_text;
     size_t prompt_text_len;
+    bool prompt_text_owned;
     /* Token ids when the completions prompt is ids (first prompt of a batch). Owned. */
     int32_t *prompt_tokens;
     size_t n_prompt_tokens;

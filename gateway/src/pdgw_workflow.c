@@ -187,11 +187,24 @@ static void wf_succeed(pdgw_req_t *r)
     pdgw_wf_set_finished(r);
 }
 
-static char *json_text(json_t *body, size_t *len)
+static int dump_to_buf(const char *chunk, size_t n, void *arg)
 {
-    char *s = json_dumps(body, JSON_COMPACT);
-    *len = s ? strlen(s) : 0;
-    return s;
+    return pdgw_buf_append(arg, chunk, n) == PDGW_OK ? 0 : -1;
+}
+
+/* A leg body is about the client body's size: one exact buffer instead of jansson's doubling
+ * buffer plus its final copy (three prompt-sized blocks at the peak of each dump). */
+static char *json_text(json_t *body, size_t size_hint, size_t *len)
+{
+    pdgw_buf_t b;
+
+    pdgw_buf_init(&b);
+    if (pdgw_buf_reserve_exact(&b, size_hint + 256) != PDGW_OK ||
+        json_dump_callback(body, dump_to_buf, &b, JSON_COMPACT) != 0) {
+        pdgw_buf_free(&b);
+        return NULL;
+    }
+    return pdgw_buf_steal(&b, len);
 }
 
 static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
@@ -243,7 +256,7 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
         wf_fail(r, &e, NULL);
         return false;
     }
-    text = json_text(fl.body, &len);
+    text = json_text(fl.body, r->body.len, &len);
     json_decref(fl.body);
     if (text == NULL) {
         pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "out of memory");

@@ -33,6 +33,9 @@ typedef struct pdb_buf {
 void pdb_buf_init(pdb_buf_t *buf);
 /* Room for at least <extra> more bytes (+1 for the NUL). */
 pdb_status_t pdb_buf_reserve(pdb_buf_t *buf, size_t extra);
+/* Room for exactly <extra> more bytes (+1) when the final size is known, instead of the next
+ * power of two: a 9 MiB body then takes 9 MiB, not 16. */
+pdb_status_t pdb_buf_reserve_exact(pdb_buf_t *buf, size_t extra);
 pdb_status_t pdb_buf_append(pdb_buf_t *buf, const void *data, size_t len);
 pdb_status_t pdb_buf_append_str(pdb_buf_t *buf, const char *s);
 pdb_status_t pdb_buf_append_char(pdb_buf_t *buf, char c);

@@ -427,13 +427,25 @@ json_t *pdgw_fwd_body_copy(const pdgw_fwd_request_t *req);
  * stop/stop_token_ids removed. */
 json_t *pdgw_fwd_body_prefill(const pdgw_fwd_request_t *req);
 
+/* A new object whose members are the client body's own values, shared rather than copied
+ * (new reference; NULL on no memory or a body that is not an object). Set or delete
+ * members freely, but replace a member's value instead of editing it in place: the client
+ * body and the other leg hold the same values. This is what keeps a long prompt in memory
+ * once. */
+json_t *pdgw_fwd_body_shared(const pdgw_fwd_request_t *req);
+/* Hardens <b> (stolen) as pdgw_fwd_body_prefill does; returns it, or NULL (b released) when
+ * it is not an object. */
+json_t *pdgw_fwd_body_harden_prefill(json_t *b);
+
 /* ---- SDK helpers (ABI 4): bodies, options, the attempt arena ---- */
 
-/* The hardened prefill body (as pdgw_fwd_body_prefill) with kv_transfer_params = kvp
- * (stolen; NULL = none). New reference; NULL on no memory (kvp released). */
+/* The hardened prefill body (as pdgw_fwd_body_prefill, but sharing member values as
+ * pdgw_fwd_body_shared) with kv_transfer_params = kvp (stolen; NULL = none). New reference;
+ * NULL on no memory (kvp released). */
 json_t *pdgw_fwd_body_prefill_kvp(const pdgw_fwd_request_t *req, json_t *kvp);
-/* A copy of the client body with kv_transfer_params = kvp (stolen; NULL = as the client sent
- * it). New reference; NULL on no memory or a body that is not an object (kvp released). */
+/* The client body (members shared as pdgw_fwd_body_shared) with kv_transfer_params = kvp
+ * (stolen; NULL = as the client sent it). New reference; NULL on no memory or a body that is
+ * not an object (kvp released). */
 json_t *pdgw_fwd_body_decode_kvp(const pdgw_fwd_request_t *req, json_t *kvp);
 /* A response's kv_transfer_params when it is a non-empty object (borrowed), else NULL. */
 json_t *pdgw_fwd_resp_kvp(const json_t *resp);

@@ -34,11 +34,20 @@ for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(_sig, lambda s, f: (_cleanup(), sys.exit(128 + s)))
 
 
+_handed_out = set()
+
+
 def free_port():
-    """An ephemeral port that was free a moment ago (bind to 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """An ephemeral port that was free a moment ago (bind to 0, read, close), and never one
+    this process handed out before: a test picks several ports before anything binds them,
+    and the kernel may offer a just-closed port again."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def binary(name):

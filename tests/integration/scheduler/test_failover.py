@@ -51,8 +51,9 @@ class Stack:
             "connect_timeout: 500ms",
             "prefill_policy: round-robin",
             "decode_policy: round-robin",
-            "health_interval: 200ms",
-            "health_timeout: 200ms",
+            "health_interval: 500ms",
+            # a killed engine refuses at once; the timeout only has to survive a loaded machine
+            "health_timeout: 500ms",
             "healthy_threshold: 1",
             "unhealthy_threshold: 2",
             "metrics_scrape_interval: 300ms",

@@ -112,6 +112,16 @@ class Fleet:
             time.sleep(0.05)
         raise TimeoutError(f"pdgw saw {self.gw_metric('pdgw_kv_events_total')} KV events")
 
+    def wait_indexed(self, blocks, timeout=30):
+        """Until pdgw's index holds at least <blocks> residencies: a count of events alone can
+        be reached while another engine's batch is still on its way."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.gw_metric("pdgw_kv_index_blocks") >= blocks:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"pdgw indexed {self.gw_metric('pdgw_kv_index_blocks')} of {blocks}")
+
     def routed_to(self, send):
         before = [successes(p) for p in self.ports]
         send(self.gw_port)
@@ -129,6 +139,16 @@ def test_text_prompts_land_where_their_blocks_are():
             complete(port, family_text(i, 12 * BLOCK))
             chat(port, systems[i], "warm up")
         fleet.wait_events(6)
+        # every warm-up prompt's full blocks, counted with the engines' own tokenizer
+        full = 0
+        for i in range(3):
+            full += post(fleet.ports[0], "/tokenize",
+                         {"model": MODEL, "prompt": family_text(i, 12 * BLOCK)})["count"] // BLOCK
+            full += post(fleet.ports[0], "/tokenize",
+                         {"model": MODEL, "messages": [
+                             {"role": "system", "content": systems[i]},
+                             {"role": "user", "content": "warm up"}]})["count"] // BLOCK
+        fleet.wait_indexed(full)
         for rnd in range(2):
             for fam in range(3):
                 follow = family_text(fam, 12 * BLOCK) + f" then round {rnd} asks more"

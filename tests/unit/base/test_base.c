@@ -116,6 +116,21 @@ static void test_buf_limit_and_failure(void **state)
     assert_int_equal(b.len, 0);
 }
 
+static void test_buf_reserve_exact(void **state)
+{
+    pdb_buf_t b = PDB_BUF_INIT;
+    (void)state;
+    assert_int_equal(pdb_buf_append_str(&b, "abc"), PDB_OK);
+    assert_int_equal(pdb_buf_reserve_exact(&b, 1000), PDB_OK);
+    assert_int_equal(b.cap, 1004); /* exactly: not the next power of two */
+    assert_string_equal(b.data, "abc");
+    assert_int_equal(pdb_buf_reserve_exact(&b, 10), PDB_OK); /* already room: unchanged */
+    assert_int_equal(b.cap, 1004);
+    b.limit = 100;
+    assert_int_equal(pdb_buf_reserve_exact(&b, 98), PDB_ERR_TOO_LARGE);
+    pdb_buf_free(&b);
+}
+
 static void test_prom(void **state)
 {
     pdb_buf_t b = PDB_BUF_INIT;
@@ -163,6 +178,7 @@ int main(void)
         cmocka_unit_test(test_jansson_allocates_through_wrapper),
         cmocka_unit_test(test_map),
         cmocka_unit_test(test_buf_limit_and_failure),
+        cmocka_unit_test(test_buf_reserve_exact),
         cmocka_unit_test(test_prom),
         cmocka_unit_test(test_clock_injectable),
     };
