@@ -46,6 +46,12 @@
  * when both sides said so do they use the pdgw extensions (the "landed"
  * ProxyNotif echo).
  *
+ * TransportInit is libkvt-only: both ends of the init-port handshake are
+ * libkvt. Upstream LMCache's PD messages are AllocRequest, AllocResponse,
+ * ProxyNotif and CancelNotif (lmcache/v1/storage_backend/pd_backend.py); its
+ * init port carries the transfer channel's own handshake (NixlInitRequest /
+ * NixlInitResponse with opaque agent metadata bytes,
+ * lmcache/v1/transfer_channel/nixl_channel.py), which libkvt does not speak.
  * TransportInit is exchanged on pd_peer_init_port: each side sends its own
  * and answers with its own. TCP uses host/port per lane; verbs uses
  * qp_num/lid/gid/psn/mtu per lane (one lane = one QP) and addr/length/rkey
