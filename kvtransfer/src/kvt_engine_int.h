@@ -461,6 +461,15 @@ kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_l
                            void **data, size_t *len);
 void *kvt_ctrl_done_push(kvt_engine_t *e, const char *url);
 
+/* init-port handshake (kvt_handshake.c): TransportInit{node_id, transport, regions (the
+ * receiver's answer), addr: the transport's blob, carried unread} */
+kvt_status_t kvt_hs_encode(kvt_engine_t *e, const void *blob, size_t len, int with_regions,
+                           void **out, size_t *out_len);
+/* a peer's: decoded and checked (node id, our transport, an address blob); <m> is cleared
+ * on error */
+kvt_status_t kvt_hs_decode(kvt_engine_t *e, const void *data, size_t len, kvt_msg_t *m,
+                           kvt_msg_err_t *err);
+
 /* flows */
 void kvt_flow_sender_submit(kvt_engine_t *e, kvt_sreq_t *r);
 void kvt_flow_sender_route(kvt_engine_t *e, kvt_sreq_t *r, const char *host, uint16_t port,

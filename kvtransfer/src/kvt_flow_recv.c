@@ -1260,73 +1260,30 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
     kvt_msg_clear(&m);
 }
 
-/* Our handshake reply with the KV pool's regions in order, when the
- * transport did not list them (tcp): a sender that only gets LMCache's
- * remote_indexes (one index over the whole buffer) finds the region and
- * offset of index i from them, as an LMCache sender does from the buffer
- * NIXL registered. The blob is left as it is otherwise. */
-static size_t blob_with_regions(kvt_engine_t *e, uint8_t *blob, size_t len, size_t cap)
-{
-    kvt_msg_t m;
-    kvt_msg_transport_region_t regs[KVT_POOL_MAX_REGIONS];
-    char uuids[KVT_POOL_MAX_REGIONS][KVT_UUID_STR_LEN + 1];
-    uint32_t nr = e->pool != NULL ? kvt_pool_nregions(e->pool) : 0;
-    void *out = NULL;
-    size_t olen = 0;
-
-    if (nr == 0 || nr > KVT_POOL_MAX_REGIONS || kvt_msg_decode(blob, len, &m, NULL) != KVT_OK)
-        return len;
-    if (m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.nregions > 0) {
-        kvt_msg_clear(&m);
-        return len;
-    }
-    memset(regs, 0, sizeof(regs));
-    for (uint32_t i = 0; i < nr; i++) {
-        kvt_region_info_t info;
-        if (kvt_pool_region(e->pool, i, &info) != KVT_OK) {
-            kvt_msg_clear(&m);
-            return len;
-        }
-        kvt_uuid_to_str(&info.uuid, uuids[i]);
-        regs[i].uuid = uuids[i];
-        regs[i].length = (uint64_t)info.npages * info.page_size;
-    }
-    m.u.tinit.regions = regs;
-    m.u.tinit.nregions = nr;
-    if (kvt_msg_encode(&m, &out, &olen) == KVT_OK && olen <= cap) {
-        memcpy(blob, out, olen);
-        len = olen;
-    }
-    kvt_free(out);
-    m.u.tinit.regions = NULL; /* ours, not the message's */
-    m.u.tinit.nregions = 0;
-    kvt_msg_clear(&m);
-    return len;
-}
-
 void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
                            const void *data, size_t len)
 {
     kvt_msg_t m;
     uint8_t blob[KVT_TL_BLOB_MAX];
-    size_t bl = sizeof(blob);
+    size_t bl = sizeof(blob), rlen = 0;
+    void *reply = NULL;
     char peer[KVT_TL_PEER_ID_MAX + 1];
     kvt_msg_err_t err = {0};
-    kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
+    kvt_status_t st = kvt_hs_decode(e, data, len, &m, &err);
 
-    if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0' ||
-        strlen(m.u.tinit.node_id) > KVT_TL_PEER_ID_MAX || strchr(m.u.tinit.node_id, '\n')) {
-        if (st == KVT_OK)
-            kvt_msg_clear(&m);
-        kvt_engine_bad_msg(e, "init port", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
+    if (st != KVT_OK) {
+        kvt_engine_bad_msg(e, "init port", st, &err);
         (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
         return;
     }
+    /* the peer's name comes from the envelope; its transport's bytes go to the transport */
     snprintf(peer, sizeof(peer), "%s", m.u.tinit.node_id);
-    kvt_msg_clear(&m);
     st = e->tl != NULL ? e->tdesc->ops->peer_prepare(e->tl, peer, blob, &bl) : KVT_ERR_CLOSED;
     if (st == KVT_OK)
-        st = e->tdesc->ops->peer_connect(e->tl, peer, data, len);
+        st = e->tdesc->ops->peer_connect(e->tl, peer, m.u.tinit.addr.p, m.u.tinit.addr.n);
+    kvt_msg_clear(&m);
+    if (st == KVT_OK)
+        st = kvt_hs_encode(e, blob, bl, 1, &reply, &rlen);
     if (st != KVT_OK) {
         kvt_engine_count(e, &e->m.bad_messages_total, 1);
         (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
@@ -1336,8 +1293,8 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
     if (kvt_map_get(&e->hs_peers, peer) == NULL && e->hs_peers.count < KVT_HS_PEERS_MAX)
         (void)kvt_map_put(&e->hs_peers, peer, e);
     pthread_mutex_unlock(&e->rx_lock);
-    bl = blob_with_regions(e, blob, bl, sizeof(blob));
-    (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, blob, bl);
+    (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, reply, rlen);
+    kvt_free(reply);
 }
 
 /* ---- timers ---------------------------------------------------------------- */

@@ -249,7 +249,8 @@ static void fail_queue(kvt_engine_t *e, kvt_speer_t *p, kvt_status_t st)
 static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
 {
     uint8_t blob[KVT_TL_BLOB_MAX];
-    size_t len = sizeof(blob);
+    size_t len = sizeof(blob), mlen = 0;
+    void *msg = NULL;
     kvt_status_t st;
 
     if (e->tl == NULL)
@@ -261,9 +262,13 @@ static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
     if (p->init_dealer == NULL)
         return KVT_ERR_IO;
     st = e->tdesc->ops->peer_prepare(e->tl, p->addr, blob, &len);
+    if (st == KVT_OK)
+        st = kvt_hs_encode(e, blob, len, 0, &msg, &mlen);
     if (st != KVT_OK)
         return st;
-    if (kvt_ctrl_send_req_raw(p->init_dealer, blob, len) != KVT_OK)
+    st = kvt_ctrl_send_req_raw(p->init_dealer, msg, mlen);
+    kvt_free(msg);
+    if (st != KVT_OK)
         return KVT_ERR_IO;
     p->hs_state = 1;
     p->hs_deadline_ns = kvt_engine_now(e) + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC;
@@ -645,24 +650,23 @@ void kvt_flow_sender_on_hs_reply(kvt_engine_t *e, kvt_speer_t *p, const void *da
 
     if (p->hs_state != 1)
         return; /* stale */
-    st = kvt_msg_decode(data, len, &m, &err);
-    if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0') {
-        if (st == KVT_OK)
-            kvt_msg_clear(&m);
-        kvt_engine_bad_msg(e, "handshake reply", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
+    st = kvt_hs_decode(e, data, len, &m, &err);
+    if (st != KVT_OK) {
+        kvt_engine_bad_msg(e, "handshake reply", st, &err);
         p->hs_state = 0;
         fail_queue(e, p, KVT_ERR_PROTO);
         return;
     }
+    /* who answered: the control plane says so, not the transport's blob */
     snprintf(p->peer_id, sizeof(p->peer_id), "%s", m.u.tinit.node_id);
-    kvt_msg_clear(&m);
     st = e->tl != NULL ? KVT_OK : KVT_ERR_CLOSED;
     /* prepared under the address we dialled; the transport may have bound
      * state to that name */
     if (st == KVT_OK && strcmp(p->addr, p->peer_id) != 0 && e->tdesc->ops->peer_rename != NULL)
         st = e->tdesc->ops->peer_rename(e->tl, p->addr, p->peer_id);
     if (st == KVT_OK)
-        st = e->tdesc->ops->peer_connect(e->tl, p->peer_id, data, len);
+        st = e->tdesc->ops->peer_connect(e->tl, p->peer_id, m.u.tinit.addr.p, m.u.tinit.addr.n);
+    kvt_msg_clear(&m);
     kvt_ctrl_close(p->init_dealer);
     p->init_dealer = NULL;
     if (st != KVT_OK) {
