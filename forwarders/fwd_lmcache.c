@@ -15,8 +15,8 @@
  *      receiver_host: D_KV_HOST, receiver_init_port: [..], receiver_alloc_port: [..]}
  *      (one port per TP rank). The prefill pushes its KV to the decode's receiver and sends
  *      ProxyNotif{req_id} per TP rank to the gateway's ZMQ PULL (proxy_host:proxy_port,
- *      fwd_pd_notif.c; notices are checked, see fwd_pd_kvctl.c). first_tok: the prefill also
- *      gets ret_first_tok and answers kv_transfer_params.first_tok.
+ *      the gateway's KV control service, forwarder.h pdgw_fwd_kv_*; notices are checked)).
+ * first_tok: the prefill also gets ret_first_tok and answers kv_transfer_params.first_tok.
  *   3. gate BEFORE_DECODE: wait for one ProxyNotif per init port; at notif_timeout_ms the
  *      request fails with 504, phase kv_transfer (or, notif_fallback: decode, the decode goes
  *      anyway and recomputes; skip_proxy_notification: no wait).
@@ -35,14 +35,14 @@
 #define LMC_NAME "lmcache"
 
 typedef struct lmc_ctx {
-    fwd_pd_kv_t *kv;
+    pdgw_fwd_kv_svc_t *kv;
     int first_tok;               /* option flow: first_tok (1) or client_body (0) */
     int64_t tokenize_timeout_ms; /* one /tokenize call */
     lmc_tok_t *tok;
 } lmc_ctx_t;
 
 typedef struct lmc_state {
-    fwd_pd_kvreq_t *q;
+    pdgw_fwd_kv_req_t *q;
     const pdgw_instance_t *decode;
     int libkvt;            /* the decode runs libkvt (instance kv_engine) */
     int first_tok;         /* this request runs the first_tok flow */
@@ -55,15 +55,15 @@ typedef struct lmc_state {
 static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
                                        char *err, size_t errlen)
 {
-    static const char *const known[] = {FWD_PD_KV_OPT_KEYS, FWD_PD_PROXY_OPT_KEYS, "flow",
+    static const char *const known[] = {PDGW_FWD_KV_OPT_KEYS, PDGW_FWD_KV_NOTIF_OPT_KEYS, "flow",
                                         "tokenize_timeout_ms", NULL};
     static const char *const flows[] = {"client_body", "first_tok", NULL};
-    fwd_pd_kv_opts_t o;
+    pdgw_fwd_kv_opts_t o;
     lmc_ctx_t *c;
     int flow = 1;
     int64_t tok_ms = 0;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
-        fwd_pd_kv_opts_parse(options, 1, 1, &o, err, errlen) ||
+        pdgw_fwd_kv_opts_parse(options, 1, 1, &o, err, errlen) ||
         fwd_pd_opt_enum(options, "flow", flows, 1, &flow, err, errlen) ||
         fwd_pd_opt_int(options, "tokenize_timeout_ms", 10000, 1, 600000, &tok_ms, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
@@ -79,7 +79,8 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
-    if (!env->check_only && fwd_pd_kv_create(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+    if (!env->check_only &&
+        pdgw_fwd_kv_svc_open(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         lmc_tok_destroy(c->tok);
         free(c);
         return PDGW_FWD_ERR_CONFIG;
@@ -94,7 +95,7 @@ static void lmc_destroy(void *ctx)
     if (c == NULL)
         return;
     lmc_tok_destroy(c->tok);
-    fwd_pd_kv_destroy(c->kv);
+    pdgw_fwd_kv_svc_close(c->kv);
     free(c);
 }
 
@@ -134,7 +135,7 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
     }
     /* request_id is minted per attempt (uuid4): late notices of a failed attempt never count
      * for a retry, and a transfer name cannot be guessed from outside. */
-    s->q = fwd_pd_kvreq_new(c->kv, req, req->request_id);
+    s->q = pdgw_fwd_kv_req_new(c->kv, req, req->request_id);
     if (s->q == NULL) {
         free(s);
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
@@ -148,12 +149,12 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
      * from the gateway, exactly as behind LMCache's own proxy. */
     s->libkvt = d->kv_engine == PDGW_KV_ENGINE_LIBKVT;
     if (s->libkvt)
-        fwd_pd_kvreq_set_decode(s->q, d);
+        pdgw_fwd_kv_req_set_decode(s->q, d);
     /* first_tok needs the answer's first token to be the only one the prefill made, so a
      * request that asks for one token at most (or gives no max_tokens) runs client_body. */
     s->first_tok = c->first_tok && req->max_tokens >= 2 && req->dispatch == PDGW_DISPATCH_SERIAL;
     /* In flight from now: ProxyNotifs count only for it and only from its prefill. */
-    fwd_pd_kvreq_expect_notifs(s->q, (int)d->n_init_ports, peers->prefill);
+    pdgw_fwd_kv_req_expect_notifs(s->q, (int)d->n_init_ports, peers->prefill);
     *state = s;
     return PDGW_FWD_OK;
 }
@@ -177,7 +178,7 @@ static pdgw_fwd_status_t lmc_build_leg(void *ctx, void *state, const pdgw_fwd_re
     (void)peers;
     if (kind == PDGW_LEG_PREFILL) {
         json_t *spec =
-            json_pack("{s:s,s:s,s:o,s:o}", "req_id", fwd_pd_kvreq_id(s->q), "receiver_host",
+            json_pack("{s:s,s:s,s:o,s:o}", "req_id", pdgw_fwd_kv_req_id(s->q), "receiver_host",
                       d->kv_host, "receiver_init_port", lmc_ports(d->init_ports, d->n_init_ports),
                       "receiver_alloc_port", lmc_ports(d->alloc_ports, d->n_alloc_ports));
         if (s->first_tok)
@@ -272,9 +273,9 @@ static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request
         pdgw_fwd_status_t st = s->first_tok ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
         if (st != PDGW_FWD_OK)
             return st;
-        return fwd_pd_kvreq_before_prefill(s->q, req, s->libkvt ? s->decode : NULL, err);
+        return pdgw_fwd_kv_req_before_prefill(s->q, req, s->libkvt ? s->decode : NULL, err);
     }
-    return fwd_pd_kvreq_wait_notifs(s->q, req, (int)s->decode->n_init_ports, err);
+    return pdgw_fwd_kv_req_wait_notifs(s->q, req, (int)s->decode->n_init_ports, err);
 }
 
 static unsigned lmc_retry_scope(void *ctx, void *state, const pdgw_fwd_request_t *req,
@@ -283,7 +284,7 @@ static unsigned lmc_retry_scope(void *ctx, void *state, const pdgw_fwd_request_t
     lmc_state_t *s = state;
     (void)ctx;
     (void)req;
-    if (s != NULL && fwd_pd_kvreq_refused(s->q))
+    if (s != NULL && pdgw_fwd_kv_req_refused(s->q))
         return PDGW_REPICK_DECODE; /* no room on that decode: try another one */
     if (failure->phase == PDGW_PHASE_PREFILL)
         return PDGW_REPICK_PREFILL;
@@ -299,7 +300,7 @@ static void lmc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t
     (void)req;
     if (s == NULL)
         return;
-    fwd_pd_kvreq_end(s->q, reason);
+    pdgw_fwd_kv_req_end(s->q, reason);
     lmc_tok_release(s->job);
     json_decref(s->ids);
     lmc_head_clear(&s->head);

@@ -22,22 +22,22 @@
 #define KVT_NAME "vllm-kvt"
 
 typedef struct kvtf_ctx {
-    fwd_pd_kv_t *kv;
+    pdgw_fwd_kv_svc_t *kv;
 } kvtf_ctx_t;
 
 typedef struct kvtf_state {
-    fwd_pd_kvreq_t *q;
+    pdgw_fwd_kv_req_t *q;
     const pdgw_instance_t *decode; /* batch: booked with the prefill; valid for the attempt */
 } kvtf_state_t;
 
 static pdgw_fwd_status_t kvtf_configure(const json_t *options, const pdgw_fwd_env_t *env,
                                         void **ctx, char *err, size_t errlen)
 {
-    static const char *const known[] = {FWD_PD_KV_OPT_KEYS, NULL};
-    fwd_pd_kv_opts_t o;
+    static const char *const known[] = {PDGW_FWD_KV_OPT_KEYS, NULL};
+    pdgw_fwd_kv_opts_t o;
     kvtf_ctx_t *c;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
-        fwd_pd_kv_opts_parse(options, 1, 0, &o, err, errlen))
+        pdgw_fwd_kv_opts_parse(options, 1, 0, &o, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
@@ -45,7 +45,7 @@ static pdgw_fwd_status_t kvtf_configure(const json_t *options, const pdgw_fwd_en
         return PDGW_FWD_ERR_CONFIG;
     }
     if (o.reserve && !env->check_only &&
-        fwd_pd_kv_create(KVT_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+        pdgw_fwd_kv_svc_open(KVT_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
@@ -58,7 +58,7 @@ static void kvtf_destroy(void *ctx)
     kvtf_ctx_t *c = ctx;
     if (c == NULL)
         return;
-    fwd_pd_kv_destroy(c->kv);
+    pdgw_fwd_kv_svc_close(c->kv);
     free(c);
 }
 
@@ -91,7 +91,7 @@ static pdgw_fwd_status_t kvtf_attempt_init(void *ctx, const pdgw_fwd_request_t *
     if (c->kv != NULL && req->mode == PDGW_MODE_BATCH) {
         /* The decode's transfer is named by the leg's X-Request-Id (the same on every attempt):
          * the reservation must carry that name to be the one the transfer draws from. */
-        s->q = fwd_pd_kvreq_new(c->kv, req, req->request_id);
+        s->q = pdgw_fwd_kv_req_new(c->kv, req, req->request_id);
         if (s->q == NULL) {
             free(s);
             pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
@@ -110,7 +110,7 @@ static pdgw_fwd_status_t kvtf_gate(void *ctx, void *state, const pdgw_fwd_reques
     (void)ctx;
     if (point != PDGW_GATE_BEFORE_PREFILL || s == NULL || s->q == NULL)
         return PDGW_FWD_OK;
-    return fwd_pd_kvreq_before_prefill(s->q, req, s->decode, err);
+    return pdgw_fwd_kv_req_before_prefill(s->q, req, s->decode, err);
 }
 
 static pdgw_fwd_status_t kvtf_build_leg(void *ctx, void *state, const pdgw_fwd_request_t *req,
@@ -149,7 +149,7 @@ static unsigned kvtf_retry_scope(void *ctx, void *state, const pdgw_fwd_request_
 {
     kvtf_state_t *s = state;
     (void)ctx;
-    if (s != NULL && fwd_pd_kvreq_refused(s->q))
+    if (s != NULL && pdgw_fwd_kv_req_refused(s->q))
         return PDGW_REPICK_DECODE; /* no room on that decode: try another one */
     if (req->mode == PDGW_MODE_STAGED && failure->phase == PDGW_PHASE_DECODE)
         return PDGW_REPICK_DECODE; /* the prefill holds its KV for whoever pulls it */
@@ -166,7 +166,7 @@ static void kvtf_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_
     (void)req;
     if (s == NULL)
         return;
-    fwd_pd_kvreq_end(s->q, reason);
+    pdgw_fwd_kv_req_end(s->q, reason);
     free(s);
 }
 

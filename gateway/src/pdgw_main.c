@@ -22,6 +22,7 @@
 #include "pdgw_auth.h"
 #include "pdgw_config.h"
 #include "pdgw_fwd_setup.h"
+#include "pdgw_kvctl.h"
 #include "pdgw_log.h"
 #include "pdgw_metrics.h"
 #include "pdgw_otel.h"
@@ -432,7 +433,8 @@ int main(int argc, char **argv)
         pdgw_config_t start = cfg; /* scalars only, for the hooks' start-up view */
         if (pdgw_reload_create(moved, argc, argv, environ, &hooks, reg, &reload) != PDGW_OK ||
             pdgw_reload_hooks_register(reload, &start, auth, pool, map_instance) != PDGW_OK ||
-            (admit != NULL && pdgw_admit_reload_register(admit, reload) != PDGW_OK)) {
+            (admit != NULL && pdgw_admit_reload_register(admit, reload) != PDGW_OK) ||
+            pdgw_kvctl_reload_register(reload) != PDGW_OK) {
             pdgw_log_error("main", "cannot set up config reloads");
             goto out_pool;
         }

@@ -35,14 +35,30 @@ bool pdgw_models_admit(pdgw_req_t *r, const char *model)
     return false;
 }
 
+/* One OpenAI list entry per model: a name learnt from an engine as the engine listed it (its
+ * own fields, e.g. vLLM's root and max_model_len, kept), a configured one with the fields
+ * every OpenAI client reads. */
+static bool list_entry(const sched_model_info_t *m, void *arg)
+{
+    json_t *data = arg;
+    json_t *e = m->entry ? json_loads(m->entry, 0, NULL) : NULL;
+
+    if (e == NULL)
+        e = json_pack("{s:s,s:s,s:I,s:s}", "id", m->name, "object", "model", "created",
+                      (json_int_t)m->created, "owned_by", m->owned_by ? m->owned_by : "pdgw");
+    return e != NULL && json_array_append_new(data, e) == 0;
+}
+
 bool pdgw_models_serve_list(pdgw_req_t *r)
 {
     bool all_known = false;
-    json_t *data = sched_pool_models(r->w->srv->opts.pool, "pdgw", &all_known);
+    json_t *data = json_array();
     json_t *out;
     char *text;
 
-    if (data == NULL || !all_known || json_array_size(data) == 0) {
+    if (data == NULL ||
+        sched_pool_models_each(r->w->srv->opts.pool, list_entry, data, &all_known) != SCHED_OK ||
+        !all_known || json_array_size(data) == 0) {
         json_decref(data);
         return false;
     }

@@ -98,9 +98,8 @@ static const pdgw_leg_owner_t models_leg_owner = {NULL, models_on_leg_done};
 void pdgw_models_start(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
-    json_t *list = sched_admin_list(srv->opts.pool);
-    json_t *inst;
-    size_t i, n = 0;
+    sched_instance_t **usable = NULL;
+    size_t i, n = 0, n_usable = 0;
 
     r->passthrough = true;
     r->stage = PDGW_WF_DECODE;
@@ -108,31 +107,23 @@ void pdgw_models_start(pdgw_req_t *r)
     r->mlegs = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->mlegs));
     r->minst = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->minst));
     r->mstr = pdgw_calloc(2 * MODELS_MAX_INSTANCES, sizeof(*r->mstr));
-    if (r->mlegs == NULL || r->minst == NULL || r->mstr == NULL) {
-        json_decref(list);
+    if (r->mlegs == NULL || r->minst == NULL || r->mstr == NULL ||
+        sched_pool_usable(srv->opts.pool, &usable, &n_usable) != SCHED_OK) {
         pdgw_wf_set_finished(r);
         pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
-    json_array_foreach(list, i, inst)
-    {
-        const char *state = json_string_value(json_object_get(inst, "state"));
-        const char *bstate =
-            json_string_value(json_object_get(json_object_get(inst, "breaker"), "state"));
-        pdgw_instance_t *v;
-        if (n == MODELS_MAX_INSTANCES)
-            break;
-        if (state == NULL || strcmp(state, "up") != 0 || (bstate && strcmp(bstate, "open") == 0))
-            continue;
-        v = &r->minst[n];
-        v->id = wf_models_keep(r, 2 * n, json_string_value(json_object_get(inst, "id")));
-        v->url = wf_models_keep(r, 2 * n + 1, json_string_value(json_object_get(inst, "url")));
+    /* The instances that could take a request now (up, not draining, breaker not open). */
+    for (i = 0; i < n_usable && n < MODELS_MAX_INSTANCES; i++) {
+        pdgw_instance_t *v = &r->minst[n];
+        v->id = wf_models_keep(r, 2 * n, sched_instance_id(usable[i]));
+        v->url = wf_models_keep(r, 2 * n + 1, sched_instance_url(usable[i]));
         if (v->id == NULL || v->url == NULL)
             break;
         pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE, &models_leg_owner);
         n++;
     }
-    json_decref(list);
+    sched_pool_release_usable(usable, n_usable);
     if (n == 0) {
         pdgw_wf_set_finished(r);
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",

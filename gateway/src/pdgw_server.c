@@ -24,6 +24,7 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_fwd_setup.h"
+#include "pdgw_kvctl.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 #include "pdgw_route.h"
@@ -813,6 +814,9 @@ void pdgw_server_destroy(pdgw_server_t *srv)
     pdgw_free(srv->workers);
     pdgw_addr_table_destroy(srv->addrs);
     pdgw_route_destroy(srv->routing);
+    /* Every attempt has ended: the KV control services send their last CancelNotifs and stop
+     * before the forwarder closes them. */
+    pdgw_kvctl_shutdown();
     if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
     pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */

@@ -427,6 +427,35 @@ kvt_status_t kvt_prefix_cache_lookup(kvt_prefix_cache_t *pc, const kvt_block_has
     return KVT_OK;
 }
 
+kvt_status_t kvt_prefix_cache_peek(kvt_prefix_cache_t *pc, kvt_block_hash_t hash,
+                                   uint32_t *page_out)
+{
+    uint32_t p;
+
+    if (pc == NULL)
+        return KVT_ERR_INVALID;
+    pthread_mutex_lock(&pc->lock);
+    p = map_get(pc, hash);
+    pthread_mutex_unlock(&pc->lock);
+    if (p == NIL)
+        return KVT_ERR_NOT_FOUND;
+    if (page_out != NULL)
+        *page_out = p;
+    return KVT_OK;
+}
+
+kvt_status_t kvt_prefix_cache_forget(kvt_prefix_cache_t *pc, uint32_t page)
+{
+    if (pc == NULL)
+        return KVT_ERR_INVALID;
+    if (page >= pc->npages)
+        return KVT_ERR_BOUNDS;
+    pthread_mutex_lock(&pc->lock);
+    drop_hash(pc, page);
+    pthread_mutex_unlock(&pc->lock);
+    return KVT_OK;
+}
+
 #define MATCH_BATCH 32 /* blocks hashed outside the lock per round */
 
 kvt_status_t kvt_prefix_cache_match(kvt_prefix_cache_t *pc, const uint32_t *tokens, size_t ntokens,

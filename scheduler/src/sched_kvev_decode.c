@@ -240,10 +240,12 @@ static sched_status_t get_parent(dec_t *d, const msgpack_object *o, sched_kvev_e
     return SCHED_OK;
 }
 
+/* 0 is taken: vLLM's offloading connector has announced its CPU copies with
+ * block_size 0 and no tokens; the index refuses 0 where tokens need it. */
 static sched_status_t get_block_size(dec_t *d, const msgpack_object *o, sched_kvev_event_t *ev)
 {
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 == 0 || o->via.u64 > 1u << 20)
-        return fail(d, "block_size: not a positive int");
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > 1u << 20)
+        return fail(d, "block_size: not a non-negative int");
     ev->block_size = (uint32_t)o->via.u64;
     return SCHED_OK;
 }

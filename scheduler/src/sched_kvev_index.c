@@ -327,11 +327,35 @@ void sched_kvev_index_clear(sched_kvev_index_t *idx, int slot, bool release)
     pthread_mutex_unlock(&idx->mu);
 }
 
+/*
+ * A block copied to another tier, announced without its tokens: vLLM's
+ * offloading connector publishes its CPU stores so (BlockStored with
+ * medium "CPU", no parent, no token ids: vllm/distributed/kv_transfer/
+ * kv_connector/v1/offloading_connector.py take_events), naming each block
+ * by the engine hash its GPU copy was announced with. Such a block takes the
+ * key of that copy; one the slot never announced cannot be named (orphan).
+ */
+static void apply_stored_copy(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev)
+{
+    for (size_t i = 0; i < ev->n_block_hashes; i++) {
+        uint32_t r = rec_find(idx, slot, ev->block_hashes[i], -1);
+        if (r == NIL) {
+            idx->orphans++;
+            continue;
+        }
+        rec_store(idx, slot, ev->block_hashes[i], false, idx->keys[idx->recs[r].key_idx].key);
+    }
+}
+
 static void apply_stored(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev)
 {
     uint64_t key;
     size_t n = ev->n_block_hashes;
 
+    if (n > 0 && ev->n_token_ids == 0 && !ev->medium_gpu && !ev->has_parent) {
+        apply_stored_copy(idx, slot, ev);
+        return;
+    }
     if (n == 0 || ev->block_size == 0 || ev->n_token_ids != n * ev->block_size) {
         idx->bad_events++;
         return;

@@ -10,7 +10,6 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "sched_int.h"
 
@@ -153,58 +152,6 @@ bool sched_pool_has_model(sched_pool_t *pool, const char *model)
         found = sched_models_allow(pool->snap->all[i], model);
     pthread_rwlock_unlock(&pool->lock);
     return found;
-}
-
-/* Append <entry> to <out> unless <id> is in <seen> already. Steals <entry>. */
-static void add_entry(json_t *out, json_t *seen, const char *id, json_t *entry)
-{
-    if (!entry)
-        return;
-    if (json_object_get(seen, id) || json_object_set_new(seen, id, json_true()) != 0) {
-        json_decref(entry);
-        return;
-    }
-    json_array_append_new(out, entry);
-}
-
-json_t *sched_pool_models(sched_pool_t *pool, const char *owned_by, bool *all_known_out)
-{
-    json_t *out = json_array(), *seen = json_object();
-    bool all_known = true;
-    uint64_t now = sched_pool_now(pool);
-    json_int_t created = (json_int_t)time(NULL);
-
-    if (!out || !seen) {
-        json_decref(out);
-        json_decref(seen);
-        return NULL;
-    }
-    pthread_rwlock_rdlock(&pool->lock);
-    for (size_t i = 0; i < pool->snap->n_all; i++) {
-        sched_instance_t *inst = pool->snap->all[i];
-        const sched_instance_desc_t *d = &inst->desc;
-        if (!sched_instance_selectable(inst, now))
-            continue;
-        if (d->n_models) {
-            for (size_t k = 0; k < d->n_models; k++)
-                add_entry(out, seen, d->models[k],
-                          json_pack("{s:s,s:s,s:I,s:s}", "id", d->models[k], "object", "model",
-                                    "created", created, "owned_by", owned_by ? owned_by : "pdgw"));
-            continue;
-        }
-        pthread_mutex_lock(&inst->mu);
-        if (!inst->learnt)
-            all_known = false;
-        for (size_t k = 0; inst->learnt && k < inst->learnt->n; k++)
-            add_entry(out, seen, inst->learnt->names[k],
-                      json_loads(inst->learnt->entries[k], 0, NULL));
-        pthread_mutex_unlock(&inst->mu);
-    }
-    pthread_rwlock_unlock(&pool->lock);
-    json_decref(seen);
-    if (all_known_out)
-        *all_known_out = all_known;
-    return out;
 }
 
 sched_instance_t *sched_pool_pick_usable_model(sched_pool_t *pool, sched_role_t role, uint64_t turn,

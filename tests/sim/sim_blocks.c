@@ -67,7 +67,7 @@ static void hash_remove(int b)
     blk_t *k = &blks[b];
     if (!k->has_hash)
         return;
-    sim_kvev_removed(k->hash); /* a cached block evicted (vLLM: BlockRemoved) */
+    sim_kvev_removed("GPU", k->hash); /* a cached block evicted (vLLM: BlockRemoved) */
     int *pp = &buckets[k->hash % (uint64_t)nbuckets];
     while (*pp) {
         if (*pp - 1 == b) {
@@ -137,6 +137,17 @@ static uint64_t block_hash(uint64_t prev, const uint32_t *ids, int n)
     h = XXH64_digest(st);
     XXH64_freeState(st);
     return h;
+}
+
+size_t sim_blocks_hashes(const sim_tokens_t *prompt, size_t max, uint64_t *out)
+{
+    size_t bs = (size_t)sim_cfg.block_size, n = prompt->n / bs;
+    uint64_t h = 0;
+    if (n > max)
+        n = max;
+    for (size_t i = 0; i < n; i++)
+        out[i] = h = block_hash(h, prompt->ids + i * bs, (int)bs);
+    return n;
 }
 
 int sim_blocks_needed(size_t n_tokens)
@@ -245,14 +256,14 @@ void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_b
             }
         }
         if (run && n_run) {
-            sim_kvev_stored(run_start > 0, run_parent, run, n_run,
+            sim_kvev_stored("GPU", run_start > 0, run_parent, run, n_run,
                             prompt->ids + run_start * (size_t)bs, bs);
             n_run = 0;
         }
     }
     if (run && n_run)
-        sim_kvev_stored(run_start > 0, run_parent, run, n_run, prompt->ids + run_start * (size_t)bs,
-                        bs);
+        sim_kvev_stored("GPU", run_start > 0, run_parent, run, n_run,
+                        prompt->ids + run_start * (size_t)bs, bs);
     free(run);
     sim_kvev_flush();
 }

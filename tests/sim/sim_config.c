@@ -72,6 +72,11 @@ static void usage(FILE *f)
             "  --kv-capacity-tokens N       KV capacity in tokens (262144)\n"
             "  --eos-period N               about 1 in N output tokens is EOS; 0 = never (64)\n"
             "  --no-prefix-cache            disable the prefix cache\n"
+            "  --kv-offloading-size GIB     CPU offload tier of GIB GiB, as vLLM (0 = off)\n"
+            "  --kv-offloading-blocks N     CPU offload tier of exactly N blocks (0 = off)\n"
+            "  --kv-offloading-backend native   vLLM's backend choice (only native here)\n"
+            "  --kv-offloading-load-cost F  a CPU-tier hit token costs F x\n"
+            "                               --prefill-ms-per-token (0.25)\n"
             "  --record-capacity N          requests kept for GET /sim/requests; 0 = off (1024)\n"
             "PD / KV transfer:\n"
             "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
@@ -160,6 +165,10 @@ enum {
     O_KVEVCFG,
     O_KVEVLAYOUT,
     O_SKIPLAST,
+    O_KVOFFSIZE,
+    O_KVOFFBLOCKS,
+    O_KVOFFBACKEND,
+    O_KVOFFCOST,
     O_HELP,
 };
 
@@ -210,6 +219,10 @@ static const struct option opts[] = {
     {"fault-seed", required_argument, 0, O_FSEED},
     {"kv-events-config", required_argument, 0, O_KVEVCFG},
     {"kv-events-layout", required_argument, 0, O_KVEVLAYOUT},
+    {"kv-offloading-size", required_argument, 0, O_KVOFFSIZE},
+    {"kv-offloading-blocks", required_argument, 0, O_KVOFFBLOCKS},
+    {"kv-offloading-backend", required_argument, 0, O_KVOFFBACKEND},
+    {"kv-offloading-load-cost", required_argument, 0, O_KVOFFCOST},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -284,6 +297,7 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
     cfg->ttft_ms = 20;
     cfg->tpot_ms = 10;
     cfg->prefill_ms_per_token = 0.02;
+    cfg->kv_offloading_load_cost = 0.25;
     cfg->max_tokens_default = 16;
     cfg->max_model_len = 8192;
     cfg->max_batch = 256;
@@ -405,6 +419,26 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
             break;
         case O_NOPC:
             cfg->no_prefix_cache = 1;
+            break;
+        case O_KVOFFSIZE:
+            if (parse_double(name, optarg, 0, 65536, &cfg->kv_offloading_size_gib))
+                return -1;
+            break;
+        case O_KVOFFBLOCKS:
+            if (parse_long(name, optarg, 0, 1 << 22, &v))
+                return -1;
+            cfg->kv_offloading_blocks = (int)v;
+            break;
+        case O_KVOFFBACKEND:
+            /* vLLM: native | lmcache; LMCache's CPU tier is not simulated */
+            if (strcmp(optarg, "native") != 0) {
+                fprintf(stderr, "pdgw-sim: --kv-offloading-backend: only native is simulated\n");
+                return -1;
+            }
+            break;
+        case O_KVOFFCOST:
+            if (parse_double(name, optarg, 0, 1, &cfg->kv_offloading_load_cost))
+                return -1;
             break;
         case O_RECCAP:
             if (parse_long(name, optarg, 0, 1 << 20, &v))

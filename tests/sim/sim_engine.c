@@ -228,7 +228,8 @@ static void leave_engine(sim_req_t *req, sim_req_state_t final)
     heap_remove(req);
     req->state = final;
     req->t_done = sim_now_ns();
-    sim_kv_on_finish_locked(req); /* may keep the blocks (prefill hold) */
+    sim_kv_on_finish_locked(req);     /* may keep the blocks (prefill hold) */
+    sim_cpu_tier_release_locked(req); /* a load cut short by a cancel */
     if (req->blocks) {
         sim_blocks_release(req->blocks, req->n_blocks);
         free(req->blocks);
@@ -350,6 +351,8 @@ static void step_locked(sim_req_t *req, uint64_t now)
     }
     if (req->state == SIM_RS_PREFILL) {
         sim_blocks_commit(&req->prompt, req->blocks, req->n_blocks);
+        sim_cpu_tier_store_locked(&req->prompt);
+        sim_cpu_tier_release_locked(req); /* its CPU-tier load is done */
         req->state = SIM_RS_DECODE;
         sim_kv_on_prefill_done_locked(req);
         if (req->state != SIM_RS_DECODE)
@@ -390,12 +393,19 @@ static void admit_locked(uint64_t now)
         atomic_fetch_add(&sim_ctr.prompt_tokens, req->prompt.n);
         atomic_fetch_add(&sim_ctr.prefix_queries, req->prompt.n);
         atomic_fetch_add(&sim_ctr.prefix_hits, req->cached_tokens);
+        /* then the CPU tier, for what the GPU did not hold (vLLM asks its
+         * connector after the local prefix cache) */
+        size_t cpu = sim_kv_remote_filled(req) ? 0 : sim_cpu_tier_load_locked(req);
+        req->cached_tokens += cpu;
         uint64_t dur = 0;
         if (!sim_cfg.zero_delay) {
             size_t compute = req->prompt.n - req->cached_tokens;
             if (sim_kv_remote_filled(req))
                 compute = 0; /* the prompt's KV came from the prefill instance */
-            dur = ms_to_ns(sim_cfg.ttft_ms + sim_cfg.prefill_ms_per_token * (double)compute);
+            /* a CPU hit is loaded, not computed: cheaper, not free */
+            dur = ms_to_ns(sim_cfg.ttft_ms +
+                           sim_cfg.prefill_ms_per_token *
+                               ((double)compute + sim_cfg.kv_offloading_load_cost * (double)cpu));
         }
         req->prefill_ns = dur;
         req->layer_i = 0;
@@ -449,11 +459,16 @@ int sim_engine_start(void)
     int total = sim_cfg.kv_capacity_tokens / sim_cfg.block_size;
     if (sim_blocks_init(total))
         return -1;
+    if (sim_cpu_tier_init()) {
+        sim_blocks_fini();
+        return -1;
+    }
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&cond, &ca);
     pthread_condattr_destroy(&ca);
     if (pthread_create(&thread, NULL, engine_main, NULL)) {
+        sim_cpu_tier_fini();
         sim_blocks_fini();
         return -1;
     }
@@ -490,6 +505,7 @@ void sim_engine_release_all(void)
     free(resume_list);
     resume_list = NULL;
     resume_n = resume_cap = 0;
+    sim_cpu_tier_fini();
     sim_blocks_fini();
 }
 

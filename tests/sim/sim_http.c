@@ -194,8 +194,12 @@ static enum MHD_Result respond(struct MHD_Connection *conn, sim_conn_t *sc)
     char *body = req->generate ? sim_generate_full_response(req) : sim_openai_full_response(req);
     long long eus = (long long)((req->t_done - req->t_arrive) / 1000);
     json_int_t model_us = (json_int_t)(req->prefill_ns / 1000);
+    json_int_t cached = (json_int_t)req->cached_tokens, cpu_hit = (json_int_t)req->cpu_hit_tokens;
     sim_engine_unlock();
     sim_record_set(sc->rec_seq, "prefill_model_us", json_integer(model_us));
+    /* prompt tokens not computed: prefix-cache hits of both tiers, of which the CPU tier's */
+    sim_record_set(sc->rec_seq, "cached_tokens", json_integer(cached));
+    sim_record_set(sc->rec_seq, "cpu_hit_tokens", json_integer(cpu_hit));
     sim_record_set(sc->rec_seq, "status", json_integer(200));
     sim_record_set(sc->rec_seq, "engine_time_us", json_integer(eus));
     return send_buf(conn, 200, "application/json", body, req->request_id, eus);

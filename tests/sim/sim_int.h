@@ -51,6 +51,11 @@ typedef struct sim_config {
     int kv_capacity_tokens;
     int eos_period; /* 0 = never EOS */
     int no_prefix_cache;
+    /* CPU offload tier (sim_cpu_tier.c): vLLM's --kv-offloading-size in GiB, or an exact
+     * block count; 0 = off. A token loaded from it costs load_cost x prefill_ms_per_token. */
+    double kv_offloading_size_gib;
+    int kv_offloading_blocks;
+    double kv_offloading_load_cost;
     int record_capacity;
     int kv_buffer_mb;    /* libkvt buffer per engine */
     double kv_link_gbps; /* link model for KV pushes/pulls; 0 = none */
@@ -205,7 +210,10 @@ typedef struct sim_req {
     size_t tokens_ready;
     int *blocks; /* KV block ids held while running */
     size_t n_blocks;
-    size_t cached_tokens; /* prefix-cache hit tokens */
+    size_t cached_tokens;  /* prefix-cache hit tokens (GPU and CPU tier, as vLLM counts) */
+    size_t cpu_hit_tokens; /* of those, loaded from the CPU offload tier */
+    uint32_t *cpu_pages;   /* CPU-tier pages held while that load runs (the prefill) */
+    size_t n_cpu_pages;
     uint64_t prefill_ns;
     int layer_i;        /* next layer to finish (layer-wise prefill) */
     int response_ready; /* headers may be sent (first token / done / error) */
@@ -269,17 +277,39 @@ int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, 
 /* Make the full prompt blocks of a computed prefill discoverable. */
 void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_blocks);
 void sim_blocks_release(int *blocks, size_t n_blocks);
+/* The chained hashes of the first min(max, full blocks) prompt blocks: the
+ * names the prefix cache, the CPU tier and the KV events use. */
+size_t sim_blocks_hashes(const sim_tokens_t *prompt, size_t max, uint64_t *out);
 int sim_blocks_total(void);
 int sim_blocks_used(void);
 int sim_blocks_needed(size_t n_tokens);
+
+/* ---- CPU offload tier (sim_cpu_tier.c, libkvt's prefix cache), under the engine lock ---- */
+int sim_cpu_tier_init(void); /* from sim_cfg: 0 (also when off) or -1 */
+void sim_cpu_tier_fini(void);
+int sim_cpu_tier_enabled(void);
+/* Admission, after the GPU prefix hits: take the next prompt blocks the tier holds (bytes
+ * checked), held until sim_cpu_tier_release_locked(); returns the tokens loaded. */
+size_t sim_cpu_tier_load_locked(sim_req_t *req);
+void sim_cpu_tier_release_locked(sim_req_t *req);
+/* After a prefill: copy the full prompt blocks the tier lacks into it. */
+void sim_cpu_tier_store_locked(const sim_tokens_t *prompt);
+typedef struct sim_cpu_tier_stats {
+    uint32_t blocks, free_blocks, cached_blocks;
+} sim_cpu_tier_stats_t;
+void sim_cpu_tier_stats(sim_cpu_tier_stats_t *st);
+/* The bytes of one page (page_bytes each), for tests. */
+uint8_t *sim_cpu_tier_page(uint32_t page);
+size_t sim_cpu_tier_page_bytes(void);
 
 /* ---- KV events as vLLM publishes them (sim_kv_events.c) ---- */
 int sim_kvev_configure(const char *json_text, const char *layout);
 void sim_kvev_stop(void);
 /* Under the engine lock: queue events, then publish them as one batch. */
-void sim_kvev_stored(int has_parent, uint64_t parent, const uint64_t *hashes, size_t n,
-                     const uint32_t *tokens, int block_size);
-void sim_kvev_removed(uint64_t hash);
+/* medium: "GPU" (the block pool) or "CPU" (the offload tier, sim_cpu_tier.c). */
+void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const uint64_t *hashes,
+                     size_t n, const uint32_t *tokens, int block_size);
+void sim_kvev_removed(const char *medium, uint64_t hash);
 void sim_kvev_flush(void);
 
 /* ---- metrics (sim_metrics.c) ---- */
@@ -288,6 +318,13 @@ typedef struct sim_counters {
     atomic_ullong generation_tokens;
     atomic_ullong prefix_queries;
     atomic_ullong prefix_hits;
+    atomic_ullong external_queries; /* CPU tier: tokens asked for, hit (vLLM's external_*) */
+    atomic_ullong external_hits;
+    atomic_ullong offload_stored; /* CPU-tier blocks: copied in, evicted, loaded back */
+    atomic_ullong offload_evicted;
+    atomic_ullong offload_loaded;
+    atomic_ullong offload_no_space;        /* blocks not stored: every page in use */
+    atomic_ullong offload_verify_failures; /* loaded pages whose bytes were wrong */
     atomic_ullong req_finished_length;
     atomic_ullong req_finished_stop;
     atomic_ullong req_finished_abort;

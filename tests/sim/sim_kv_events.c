@@ -11,6 +11,8 @@
  * vllm/v1/core/block_pool.py when: one BlockStored per newly cached run of
  * full blocks (parent = the hash before the run, token ids of the run),
  * one BlockRemoved per evicted cached block, the batch taken per step.
+ * medium names the tier: "GPU" for the block pool, "CPU" for the offload
+ * tier (vllm/v1/kv_offload/mediums.py CPULoadStoreSpec.medium()).
  *
  * The encoding is msgspec's: the older array_like layout (batch
  * [ts, events, dp_rank], event ["Tag", fields...]) or the current map
@@ -64,8 +66,8 @@ static void pack_key(const char *k)
         pack_str(k);
 }
 
-void sim_kvev_stored(int has_parent, uint64_t parent, const uint64_t *hashes, size_t n,
-                     const uint32_t *tokens, int block_size)
+void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const uint64_t *hashes,
+                     size_t n, const uint32_t *tokens, int block_size)
 {
     if (!enabled || n == 0)
         return;
@@ -96,13 +98,13 @@ void sim_kvev_stored(int has_parent, uint64_t parent, const uint64_t *hashes, si
     pack_key("lora_id");
     msgpack_pack_nil(&pk);
     pack_key("medium");
-    pack_str("GPU");
+    pack_str(medium);
     pack_key("lora_name");
     msgpack_pack_nil(&pk);
     n_pending++;
 }
 
-void sim_kvev_removed(uint64_t hash)
+void sim_kvev_removed(const char *medium, uint64_t hash)
 {
     if (!enabled)
         return;
@@ -117,7 +119,7 @@ void sim_kvev_removed(uint64_t hash)
     msgpack_pack_array(&pk, 1);
     msgpack_pack_uint64(&pk, hash);
     pack_key("medium");
-    pack_str("GPU");
+    pack_str(medium);
     n_pending++;
 }
 

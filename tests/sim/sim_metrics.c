@@ -10,6 +10,39 @@ sim_counters_t sim_ctr;
 #define LD(x) ((unsigned long long)atomic_load(&(x)))
 #define LL(x) ((long long)atomic_load(&(x)))
 
+/* The CPU offload tier's own figures (sim_cpu_tier.c). */
+static void render_cpu_tier(FILE *f)
+{
+    sim_cpu_tier_stats_t st;
+    sim_cpu_tier_stats(&st);
+    fprintf(f,
+            "# HELP sim_kv_offload_blocks CPU offload tier blocks by state.\n"
+            "# TYPE sim_kv_offload_blocks gauge\n"
+            "sim_kv_offload_blocks{state=\"total\"} %u\n"
+            "sim_kv_offload_blocks{state=\"cached\"} %u\n"
+            "sim_kv_offload_blocks{state=\"in_use\"} %u\n"
+            "# HELP sim_kv_offload_blocks_stored_total Blocks copied into the CPU tier.\n"
+            "# TYPE sim_kv_offload_blocks_stored_total counter\n"
+            "sim_kv_offload_blocks_stored_total %llu\n"
+            "# HELP sim_kv_offload_blocks_loaded_total CPU-tier blocks loaded for a prefill.\n"
+            "# TYPE sim_kv_offload_blocks_loaded_total counter\n"
+            "sim_kv_offload_blocks_loaded_total %llu\n"
+            "# HELP sim_kv_offload_blocks_evicted_total CPU-tier blocks evicted (LRU).\n"
+            "# TYPE sim_kv_offload_blocks_evicted_total counter\n"
+            "sim_kv_offload_blocks_evicted_total %llu\n"
+            "# HELP sim_kv_offload_store_no_space_total Blocks not stored: every CPU-tier block "
+            "was in use.\n"
+            "# TYPE sim_kv_offload_store_no_space_total counter\n"
+            "sim_kv_offload_store_no_space_total %llu\n"
+            "# HELP sim_kv_offload_verify_failures_total CPU-tier blocks whose bytes were not "
+            "the block's on load (recomputed instead).\n"
+            "# TYPE sim_kv_offload_verify_failures_total counter\n"
+            "sim_kv_offload_verify_failures_total %llu\n",
+            st.blocks, st.cached_blocks, st.blocks - st.free_blocks, LD(sim_ctr.offload_stored),
+            LD(sim_ctr.offload_loaded), LD(sim_ctr.offload_evicted), LD(sim_ctr.offload_no_space),
+            LD(sim_ctr.offload_verify_failures));
+}
+
 char *sim_metrics_render(void)
 {
     char *buf = NULL;
@@ -53,6 +86,23 @@ char *sim_metrics_render(void)
             "# TYPE vllm:prefix_cache_hits_total counter\n"
             "vllm:prefix_cache_hits_total{model_name=\"%s\"} %llu\n",
             m, LD(sim_ctr.prefix_hits));
+    if (sim_cpu_tier_enabled()) {
+        /* vLLM exports these when a KV connector (here its CPU offloading)
+         * looks prompts up: tokens asked for, tokens it supplied
+         * (vllm/v1/metrics/loggers.py, counter_connector_prefix_cache_*) */
+        fprintf(f,
+                "# HELP vllm:external_prefix_cache_queries_total External prefix cache queries "
+                "from KV connector cross-instance cache sharing, in terms of number of queried "
+                "tokens.\n"
+                "# TYPE vllm:external_prefix_cache_queries_total counter\n"
+                "vllm:external_prefix_cache_queries_total{model_name=\"%s\"} %llu\n"
+                "# HELP vllm:external_prefix_cache_hits_total External prefix cache hits from KV "
+                "connector cross-instance cache sharing, in terms of number of cached tokens.\n"
+                "# TYPE vllm:external_prefix_cache_hits_total counter\n"
+                "vllm:external_prefix_cache_hits_total{model_name=\"%s\"} %llu\n",
+                m, LD(sim_ctr.external_queries), m, LD(sim_ctr.external_hits));
+        render_cpu_tier(f);
+    }
     fprintf(f,
             "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
             "# TYPE vllm:prompt_tokens_total counter\n"

@@ -478,9 +478,9 @@ int64_t pdgw_fwd_instance_attr_int(const pdgw_instance_t *inst, const char *name
 
 /* ---- the KV control client (libkvt's control plane, run by the gateway) ----
  * ReserveRequest and CancelNotif to a libkvt/LMCache receiver's alloc port, and the decoding
- * of ProxyNotif messages, so a forwarder needs no KV library of its own. reserve and cancel
- * block for up to their timeout: call them from the forwarder's own thread, never from a
- * request op. One client per thread. */
+ * of ProxyNotif messages: the blocking building blocks of the KV control service below, which
+ * is what a forwarder normally uses. reserve and cancel block for up to their timeout: never
+ * call them from a request op. One client per thread. */
 typedef struct pdgw_fwd_kv_client pdgw_fwd_kv_client_t;
 pdgw_fwd_status_t pdgw_fwd_kv_client_create(pdgw_fwd_kv_client_t **out, char *err, size_t errlen);
 void pdgw_fwd_kv_client_destroy(pdgw_fwd_kv_client_t *c);
@@ -496,6 +496,94 @@ pdgw_fwd_status_t pdgw_fwd_kv_cancel(pdgw_fwd_kv_client_t *c, const char *host, 
 /* One ProxyNotif message (a msgpack frame): 1 with its req_id copied into req_id (cap bytes),
  * 0 when the frame is not a well-formed ProxyNotif with a req_id shorter than cap. */
 int pdgw_fwd_kv_proxy_notif_decode(const void *data, size_t len, char *req_id, size_t cap);
+
+/* ---- the KV control service (run by the gateway) ----
+ * libkvt's control plane and LMCache's ProxyNotif side channel as a gateway service: a
+ * forwarder opens one in configure (its options parsed by pdgw_fwd_kv_opts_parse) and drives
+ * it per attempt from its request ops, which never block: a reservation, the weighted
+ * admission and the wait for ProxyNotifs answer PENDING and wake the attempt's gate through
+ * its waker. The gateway runs the service's thread and sockets, stops it when the server
+ * shuts down (after the last attempt ended and its CancelNotifs went out) and counts what it
+ * does (pdgw_fwd_*_total{protocol}, docs/protocols/lmcache.md). */
+typedef enum {
+    PDGW_FWD_KV_REFUSAL_QUEUE = 0,
+    PDGW_FWD_KV_REFUSAL_REPICK = 1
+} pdgw_fwd_kv_refusal_t;
+
+typedef struct pdgw_fwd_kv_opts {
+    int reserve;            /* send ReserveRequest before prefill (batch) */
+    int64_t chunk_tokens;   /* tokens per KV chunk */
+    int64_t reserve_ttl_ms; /* ReserveRequest.ttl_ms */
+    int64_t reserve_timeout_ms;
+    int64_t reserve_retry_ms; /* queue: ask again after this */
+    pdgw_fwd_kv_refusal_t on_refusal;
+    int proxy; /* bind the ProxyNotif PULL (the notif options below apply) */
+    char proxy_host[128];
+    int64_t proxy_port;
+    int64_t notif_timeout_ms;
+    int64_t admission_chunks;    /* weighted admission capacity; 0 = off */
+    int notif_check_peer;        /* accept a ProxyNotif only from the request's prefill addresses */
+    int notif_fallback_decode;   /* at the deadline send the decode anyway (it recomputes) */
+    int skip_proxy_notification; /* engines run with pd_skip_proxy_notification: no wait */
+    char curve_secret_key_file[256]; /* "" = plain TCP */
+    char curve_client_keys_file[256];
+    char notif_relay_peers[512]; /* replicas of this gateway: "host:port, ..." ("" = none) */
+    int64_t notif_relay_port;    /* where the peers' notices come in */
+} pdgw_fwd_kv_opts_t;
+
+/* The protocol_options keys pdgw_fwd_kv_opts_parse reads (for pdgw_fwd_opts_check): the
+ * reservation's, and with notif the ProxyNotif listener's. */
+#define PDGW_FWD_KV_OPT_KEYS                                                                       \
+    "reserve", "chunk_tokens", "reserve_ttl_ms", "reserve_timeout_ms", "reserve_retry_ms",         \
+        "reserve_on_refusal"
+#define PDGW_FWD_KV_NOTIF_OPT_KEYS                                                                 \
+    "proxy_host", "proxy_port", "notif_timeout_ms", "admission_chunks", "notif_check_peer",        \
+        "notif_fallback", "skip_proxy_notification", "notif_curve_secret_key_file",                \
+        "notif_curve_client_keys_file", "notif_relay_peers", "notif_relay_port"
+/* Parse them into <o> (defaults for absent keys; o->proxy = notif). proxy_host defaults to the
+ * pod's address ($POD_IP), else the address of the host's name, else 127.0.0.1. */
+pdgw_fwd_status_t pdgw_fwd_kv_opts_parse(const json_t *options, int reserve_default, int notif,
+                                         pdgw_fwd_kv_opts_t *o, char *err, size_t errlen);
+
+typedef struct pdgw_fwd_kv_svc pdgw_fwd_kv_svc_t; /* one per forwarder */
+typedef struct pdgw_fwd_kv_req pdgw_fwd_kv_req_t; /* one per attempt */
+
+/* Start the service for <protocol> (binds the ProxyNotif PULL, and the relay, when o->proxy).
+ * Call from configure (never under check_only); close from destroy. */
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_opts_t *o,
+                                       pdgw_fwd_kv_svc_t **out, char *err, size_t errlen);
+void pdgw_fwd_kv_svc_close(pdgw_fwd_kv_svc_t *svc);
+/* The bound ProxyNotif port (0 when none). */
+int pdgw_fwd_kv_svc_notif_port(const pdgw_fwd_kv_svc_t *svc);
+
+/* Per attempt (attempt_init). <kv_req_id> names the transfer (disagg_spec.req_id, the
+ * reservation): normally req->request_id. NULL on no memory. */
+pdgw_fwd_kv_req_t *pdgw_fwd_kv_req_new(pdgw_fwd_kv_svc_t *svc, const pdgw_fwd_request_t *req,
+                                       const char *kv_req_id);
+const char *pdgw_fwd_kv_req_id(const pdgw_fwd_kv_req_t *q);
+/* Gate BEFORE_PREFILL: weighted admission (admission_chunks), then ReserveRequest on every
+ * alloc port of <decode> (option reserve, batch mode, a decode with alloc ports). OK, PENDING
+ * (woken when it may go on) or ERR: 400 a prompt larger than the admission capacity, 503 a
+ * refused reservation (retryable; pdgw_fwd_kv_req_refused tells it apart). */
+pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
+                                                 const pdgw_fwd_request_t *req,
+                                                 const pdgw_instance_t *decode,
+                                                 pdgw_fwd_error_t *err);
+/* Before the prefill leg: from now on <need> ProxyNotif{kv_req_id} count, and (option
+ * notif_check_peer) only from <prefill>'s host or kv_host, at most once per TP rank. */
+void pdgw_fwd_kv_req_expect_notifs(pdgw_fwd_kv_req_t *q, int need, const pdgw_instance_t *prefill);
+/* Gate BEFORE_DECODE: OK once <need> notices arrived (at once with skip_proxy_notification),
+ * else PENDING. At notif_timeout_ms: ERR 504 kv_transfer, or OK with notif_fallback decode. */
+pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *req,
+                                              int need, pdgw_fwd_error_t *err);
+/* Whether the last failure was a refused reservation (retry_scope: re-pick the decode). */
+int pdgw_fwd_kv_req_refused(const pdgw_fwd_kv_req_t *q);
+/* Remember the decode (its KV host and alloc ports) for the CancelNotif at the end. */
+void pdgw_fwd_kv_req_set_decode(pdgw_fwd_kv_req_t *q, const pdgw_instance_t *decode);
+/* attempt_cleanup: release admission; an attempt that did not complete (reason != OK) sends
+ * CancelNotif{kv_req_id} to the remembered decode (pdgw_pd_cancel_notifs_total). Frees q;
+ * NULL is a no-op. */
+void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason);
 
 /* The attempt arena: memory that lives until the attempt ends (after attempt_cleanup), so
  * per-attempt data needs no free. pdgw_fwd_alloc returns zeroed memory (NULL on no memory);

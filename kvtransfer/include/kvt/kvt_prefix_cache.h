@@ -100,6 +100,18 @@ kvt_status_t kvt_prefix_cache_unpin(kvt_prefix_cache_t *pc, const uint32_t *page
 kvt_status_t kvt_prefix_cache_lookup(kvt_prefix_cache_t *pc, const kvt_block_hash_t *hashes,
                                      size_t nhash, uint32_t *pages_out, size_t *nmatched);
 
+/* Is <hash> cached, and on which page (may be NULL)? KVT_ERR_NOT_FOUND if
+ * not. Unlike lookup() it takes no reference and leaves the LRU order as
+ * it is: a store that skips blocks already cached must not make them look
+ * recently used (vLLM's CPU offload store path checks the same way). */
+kvt_status_t kvt_prefix_cache_peek(kvt_prefix_cache_t *pc, kvt_block_hash_t hash,
+                                   uint32_t *page_out);
+
+/* Drop the hash <page> holds, if any (its references stay as they are): a
+ * block found to be bad is no longer served, and a later store may put it
+ * back. */
+kvt_status_t kvt_prefix_cache_forget(kvt_prefix_cache_t *pc, uint32_t page);
+
 /* Hash-and-match in one pass over <tokens> (stops hashing at the first miss).
  * <pages_out> must hold ntokens / block_size entries; *matched_tokens =
  * matched blocks * block_size. Matched pages are locked as by lookup. */

@@ -560,14 +560,36 @@ char *sched_metrics_text(sched_pool_t *pool);
  * names are not known yet counts as serving it)? false → the model is unknown here. */
 bool sched_pool_has_model(sched_pool_t *pool, const char *model);
 
+/* The instances that could take a booking now (up, not draining, breaker not open), in pool
+ * order, each referenced: release with sched_pool_release_usable. SCHED_ERR_NO_MEMORY. */
+sched_status_t sched_pool_usable(sched_pool_t *pool, sched_instance_t ***out, size_t *n_out);
+void sched_pool_release_usable(sched_instance_t **arr, size_t n);
+
+/* One model the usable instances serve, as sched_pool_models_each hands it out (valid for the
+ * callback only). */
+typedef struct sched_model_info {
+    const char *name;
+    sched_instance_t *const *instances; /* the usable instances serving it, in pool order */
+    size_t n_instances;
+    unsigned roles;       /* the union of their roles (SCHED_ROLE_* bits) */
+    bool configured;      /* named by an instance's `models:` (else learnt from its engine) */
+    int64_t created;      /* the engine's `created` (unix s); configured: the time of the call */
+    const char *owned_by; /* the engine's `owned_by`; NULL when configured or not sent */
+    const char *entry;    /* learnt: the engine's own list entry (compact JSON), else NULL */
+} sched_model_info_t;
+
+/* Return false to stop the iteration. */
+typedef bool (*sched_model_fn_t)(const sched_model_info_t *model, void *arg);
+
 /*
- * The union of the models of the instances that are up, in the OpenAI list entry shape
- * (new JSON array, caller owns): an entry learnt from an engine is kept as the engine sent
- * it; a configured name gets {id, object "model", created <now, unix s>, owned_by
- * <owned_by>}. *all_known_out (may be NULL) is false when some usable instance's names are
- * not known yet (the caller may then ask the engines itself).
+ * Call <fn> once per model name the usable instances serve, in the order the instances list
+ * them (an instance's configured names, else the names learnt from its engine). Runs outside
+ * the pool's locks (the instances are referenced meanwhile). *all_known_out (may be NULL) is
+ * false when some usable instance's names are not known yet (the caller may then ask the
+ * engines itself). SCHED_OK, or SCHED_ERR_NO_MEMORY (fn not called).
  */
-json_t *sched_pool_models(sched_pool_t *pool, const char *owned_by, bool *all_known_out);
+sched_status_t sched_pool_models_each(sched_pool_t *pool, sched_model_fn_t fn, void *arg,
+                                      bool *all_known_out);
 
 /* Debug counter: finishes that hit an already released leg (should stay 0). */
 uint64_t sched_pool_double_releases(sched_pool_t *pool);

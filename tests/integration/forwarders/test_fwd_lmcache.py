@@ -315,6 +315,45 @@ def test_fallback_decode_and_skip_notification():
             gw.stop()
 
 
+def test_live_kv_options_on_reload():
+    """A reload applies the KV service's timing options live (gateway/src/pdgw_kvctl_reload.c):
+    a shorter notif_timeout_ms holds for the next request at once; a new proxy_port needs a
+    restart and the running listener stays."""
+    P, D = env["silentP"], env["D"]
+    notif_port = T.free_port()
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"notif_fallback": "decode", "notif_timeout_ms": 60000,
+                  "proxy_host": "127.0.0.1", "proxy_port": notif_port}, retries=0)
+    try:
+        with open(gw.cfg) as f:
+            text = f.read()
+        with open(gw.cfg, "w") as f:
+            f.write(text.replace("notif_timeout_ms: 60000", "notif_timeout_ms: 600"))
+        st, _, parsed, raw = T.post_json(gw.port, "/admin/reload", {})
+        assert st == 200 and parsed["result"] == "ok", raw
+        assert "protocol_options" in parsed["applied"], parsed
+        assert "protocol_options" not in parsed["needs_restart"], parsed
+        rid = "live-" + uuid.uuid4().hex[:12]
+        t0 = time.time()
+        st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                    {"X-Request-Id": rid})
+        took = time.time() - t0
+        assert st == 200, raw
+        # the silent prefill sends no ProxyNotif: the decode went at the new deadline (600 ms),
+        # not the old one (60 s)
+        assert gw.metric("pdgw_fwd_notif_fallback_decodes_total", {"protocol": "lmcache"}) == 1
+        assert took < 30, took
+
+        with open(gw.cfg, "w") as f:
+            f.write(text.replace(f"proxy_port: {notif_port}", f"proxy_port: {T.free_port()}"))
+        st, _, parsed, raw = T.post_json(gw.port, "/admin/reload", {})
+        assert st == 200 and parsed["result"] == "ok", raw
+        assert "protocol_options" in parsed["needs_restart"], parsed
+        assert listening(notif_port), "the running ProxyNotif listener went away"
+    finally:
+        gw.stop()
+
+
 def listening(port):
     """Local addresses (hex, as in /proc/net/tcp) listening on <port>."""
     out = []
@@ -548,6 +587,7 @@ def main():
              test_forged_notifs_never_release_the_decode,
              test_notif_relay_between_replicas,
              test_fallback_decode_and_skip_notification,
+             test_live_kv_options_on_reload,
              test_default_bind_is_the_pod_address,
              test_curve_only_listed_clients]
     passed = failed = 0

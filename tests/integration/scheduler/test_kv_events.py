@@ -52,7 +52,7 @@ def complete(port, prompt, max_tokens=1):
 
 
 class Fleet:
-    def __init__(self, layouts=("map", "array", "map"), capacity=1024):
+    def __init__(self, layouts=("map", "array", "map"), capacity=1024, sim_args=()):
         self.ports = [t.free_port() for _ in layouts]
         self.ev_ports = [t.free_port() for _ in layouts]
         self.rp_ports = [t.free_port() for _ in layouts]
@@ -66,7 +66,7 @@ class Fleet:
                                    "--block-size", str(BLOCK),
                                    "--kv-capacity-tokens", str(capacity),
                                    "--kv-events-config", json.dumps(kv_cfg),
-                                   "--kv-events-layout", layouts[i]])
+                                   "--kv-events-layout", layouts[i]] + list(sim_args))
             self.sims.append(p)
             t.wait_http(port, "/health", timeout=10, proc=p)
         self.gw_port = t.free_port()
@@ -196,6 +196,11 @@ def test_follow_ups_go_where_the_prefix_is():
         for i, port in enumerate(fleet.ports):
             complete(port, tokens(i, 12 * BLOCK))
         fleet.wait_events(3)
+        # three events can be counted while one engine's batch is still on its way: wait
+        # until every warm-up block (12 per engine) is in pdgw's index
+        deadline = time.time() + 15
+        while fleet.gw_metric("pdgw_kv_index_blocks") < 36 and time.time() < deadline:
+            time.sleep(0.05)
         for rnd in range(3):
             for fam in range(3):
                 follow = tokens(fam, 12 * BLOCK) + tokens(9, 20, salt=rnd * 3 + fam)

@@ -203,6 +203,62 @@ static void test_lru_eviction_order(void **state)
     kvt_prefix_cache_destroy(pc);
 }
 
+/* peek finds a cached page without a reference and without refreshing its
+ * place in the LRU queue (a lookup would make it the newest) */
+static void test_peek_leaves_lru_order(void **state)
+{
+    kvt_prefix_cache_t *pc = make_cache(2, 2);
+    uint32_t p[2], q, page = 99, ref = 7;
+    kvt_block_hash_t h[2] = {5, 6};
+
+    assert_int_equal(kvt_prefix_cache_alloc(pc, 2, p), KVT_OK);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(kvt_prefix_cache_insert(pc, p[i], h[i], NULL), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_release(pc, p, 2), KVT_OK); /* queue: p0, p1 */
+    assert_int_equal(kvt_prefix_cache_peek(pc, h[0], &page), KVT_OK);
+    assert_int_equal(page, p[0]);
+    kvt_prefix_cache_page_info(pc, p[0], &ref, NULL, NULL);
+    assert_int_equal(ref, 0);
+    assert_int_equal(kvt_prefix_cache_peek(pc, 77, &page), KVT_ERR_NOT_FOUND);
+    assert_int_equal(kvt_prefix_cache_peek(NULL, 5, &page), KVT_ERR_INVALID);
+    /* p0 is still the oldest: the next allocation evicts it */
+    assert_int_equal(kvt_prefix_cache_alloc(pc, 1, &q), KVT_OK);
+    assert_int_equal(q, p[0]);
+    assert_int_equal(kvt_prefix_cache_peek(pc, h[0], NULL), KVT_ERR_NOT_FOUND);
+    assert_int_equal(kvt_prefix_cache_peek(pc, h[1], NULL), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_release(pc, &q, 1), KVT_OK);
+    kvt_prefix_cache_destroy(pc);
+}
+
+/* forget drops a page's hash, not its references; the hash may be cached again */
+static void test_forget(void **state)
+{
+    kvt_prefix_cache_t *pc = make_cache(2, 2);
+    uint32_t p, got, ref = 0;
+    kvt_block_hash_t h = 42;
+    size_t nm = 9;
+    kvt_prefix_cache_stats_t st;
+
+    assert_int_equal(kvt_prefix_cache_alloc(pc, 1, &p), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_insert(pc, p, h, NULL), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_forget(pc, p), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_peek(pc, h, NULL), KVT_ERR_NOT_FOUND);
+    kvt_prefix_cache_page_info(pc, p, &ref, NULL, NULL);
+    assert_int_equal(ref, 1);
+    assert_int_equal(kvt_prefix_cache_lookup(pc, &h, 1, &got, &nm), KVT_OK);
+    assert_int_equal(nm, 0);
+    assert_int_equal(kvt_prefix_cache_forget(pc, p), KVT_OK); /* nothing left to drop */
+    assert_int_equal(kvt_prefix_cache_forget(pc, 2), KVT_ERR_BOUNDS);
+    assert_int_equal(kvt_prefix_cache_forget(NULL, 0), KVT_ERR_INVALID);
+    assert_int_equal(kvt_prefix_cache_insert(pc, p, h, NULL), KVT_OK);
+    assert_int_equal(kvt_prefix_cache_peek(pc, h, &got), KVT_OK);
+    assert_int_equal(got, p);
+    kvt_prefix_cache_stats(pc, &st);
+    assert_int_equal(st.cached_pages, 1);
+    assert_int_equal(kvt_prefix_cache_release(pc, &p, 1), KVT_OK);
+    kvt_prefix_cache_destroy(pc);
+}
+
 static void test_pinned_never_evicted(void **state)
 {
     kvt_prefix_cache_t *pc = make_cache(3, 1);
@@ -421,6 +477,8 @@ int main(void)
         cmocka_unit_test(test_large_block_streamed_equals_definition),
         cmocka_unit_test(test_lookup_locks_until_release),
         cmocka_unit_test(test_lru_eviction_order),
+        cmocka_unit_test(test_peek_leaves_lru_order),
+        cmocka_unit_test(test_forget),
         cmocka_unit_test(test_pinned_never_evicted),
         cmocka_unit_test(test_insert_rules),
         cmocka_unit_test(test_map_churn),

@@ -292,6 +292,118 @@ static void test_index_chain(void **state)
     sched_kvev_index_destroy(idx);
 }
 
+/* A BlockStored of the offloading connector's shape (vllm-project/vllm
+ * vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py
+ * take_events: medium "CPU", no parent, no token ids, block_size 0 in some
+ * versions) as msgpack in the map layout. */
+static size_t cpu_copy_event(unsigned char *out, size_t cap, const uint64_t *h, size_t n)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    size_t len;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 3);
+    msgpack_pack_str_with_body(&pk, "ts", 2);
+    msgpack_pack_double(&pk, 1.0);
+    msgpack_pack_str_with_body(&pk, "events", 6);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 8);
+    msgpack_pack_str_with_body(&pk, "type", 4);
+    msgpack_pack_str_with_body(&pk, "BlockStored", 11);
+    msgpack_pack_str_with_body(&pk, "block_hashes", 12);
+    msgpack_pack_array(&pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint64(&pk, h[i]);
+    msgpack_pack_str_with_body(&pk, "parent_block_hash", 17);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_str_with_body(&pk, "token_ids", 9);
+    msgpack_pack_array(&pk, 0);
+    msgpack_pack_str_with_body(&pk, "block_size", 10);
+    msgpack_pack_uint32(&pk, 0);
+    msgpack_pack_str_with_body(&pk, "lora_id", 7);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_str_with_body(&pk, "medium", 6);
+    msgpack_pack_str_with_body(&pk, "CPU", 3);
+    msgpack_pack_str_with_body(&pk, "lora_name", 9);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_str_with_body(&pk, "data_parallel_rank", 18);
+    msgpack_pack_int(&pk, 0);
+    len = sb.size < cap ? sb.size : 0;
+    memcpy(out, sb.data, len);
+    msgpack_sbuffer_destroy(&sb);
+    return len;
+}
+
+/*
+ * CPU-tier copies of blocks: the tokenless shape takes the key of the GPU
+ * copy with the same engine hash; a block cached in both tiers counts as
+ * GPU, one left only in CPU counts the other-tier weight (llm-d-kv-cache
+ * pkg/kvcache/kvblock_scorer.go: per block the best weight among the tiers
+ * holding it, the CPU one below the GPU one), and removals name their tier.
+ */
+static void test_index_cpu_copies(void **state)
+{
+    sched_kvev_index_t *idx;
+    uint32_t toks[16];
+    uint64_t keys[4], uid = 7, h[3] = {501, 502, 777};
+    unsigned char buf[512];
+    size_t len, depth;
+    double w;
+    sched_kvev_batch_t b;
+    sched_kvev_event_t ev;
+    sched_kvev_index_stats_t st;
+    char err[128] = "";
+    int s;
+
+    (void)state;
+    for (int i = 0; i < 16; i++)
+        toks[i] = 3000u + (uint32_t)i;
+    assert_int_equal(sched_kvev_index_create(1000, &idx), SCHED_OK);
+    s = sched_kvev_index_slot(idx, uid);
+    ev = stored(h, 2, NULL, toks, 4, true);
+    sched_kvev_index_apply(idx, s, &ev);
+    /* copies of 501, 502 and of 777, which was never announced */
+    len = cpu_copy_event(buf, sizeof(buf), h, 3);
+    assert_true(len > 0);
+    assert_int_equal(sched_kvev_decode(buf, len, &b, err, sizeof(err)), SCHED_OK);
+    assert_int_equal(b.n_events, 1);
+    assert_false(b.events[0].medium_gpu);
+    assert_int_equal(b.events[0].n_token_ids, 0);
+    sched_kvev_index_apply(idx, s, &b.events[0]);
+    sched_kvev_batch_free(&b);
+    sched_kvev_index_stats(idx, &st);
+    assert_int_equal(st.records, 4);
+    assert_int_equal(st.orphans, 1);
+    assert_int_equal(st.bad_events, 0);
+
+    assert_int_equal(sched_kvev_keys(toks, 9, 4, NULL, keys, 4), 2);
+    sched_kvev_index_match(idx, keys, 2, &uid, 1, 0.8, &depth, &w);
+    assert_int_equal(depth, 2);
+    assert_true(w == 2.0); /* both tiers: GPU counts */
+    /* the GPU copy of block 1 goes: its CPU copy still counts, less */
+    ev = (sched_kvev_event_t){
+        .kind = SCHED_KVEV_REMOVED, .block_hashes = &h[1], .n_block_hashes = 1, .medium_gpu = true};
+    sched_kvev_index_apply(idx, s, &ev);
+    sched_kvev_index_match(idx, keys, 2, &uid, 1, 0.8, &depth, &w);
+    assert_int_equal(depth, 2);
+    assert_true(w > 1.79 && w < 1.81);
+    /* then the CPU copy (a CPU removal): the run ends at block 0 */
+    ev.medium_gpu = false;
+    sched_kvev_index_apply(idx, s, &ev);
+    sched_kvev_index_match(idx, keys, 2, &uid, 1, 0.8, &depth, &w);
+    assert_int_equal(depth, 1);
+    assert_true(w == 1.0);
+    /* a tokenless GPU store still needs its tokens */
+    ev = stored(&h[2], 1, NULL, toks, 4, true);
+    ev.n_token_ids = 0;
+    sched_kvev_index_apply(idx, s, &ev);
+    sched_kvev_index_stats(idx, &st);
+    assert_int_equal(st.bad_events, 1);
+    sched_kvev_index_destroy(idx);
+}
+
 static void test_index_bound(void **state)
 {
     sched_kvev_index_t *idx;
@@ -667,10 +779,11 @@ static void test_rank_endpoint(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decode_golden),  cmocka_unit_test(test_decode_garbage),
-        cmocka_unit_test(test_index_chain),    cmocka_unit_test(test_index_bound),
-        cmocka_unit_test(test_sub_recovery),   cmocka_unit_test(test_sub_catch_up),
-        cmocka_unit_test(test_policy_precise), cmocka_unit_test(test_rank_endpoint),
+        cmocka_unit_test(test_decode_golden), cmocka_unit_test(test_decode_garbage),
+        cmocka_unit_test(test_index_chain),   cmocka_unit_test(test_index_cpu_copies),
+        cmocka_unit_test(test_index_bound),   cmocka_unit_test(test_sub_recovery),
+        cmocka_unit_test(test_sub_catch_up),  cmocka_unit_test(test_policy_precise),
+        cmocka_unit_test(test_rank_endpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,6 +31,45 @@ static const char *pick_decode(sched_pool_t *pool, const char *model)
     return id;
 }
 
+/* What sched_pool_models_each handed out, copied for the asserts. */
+typedef struct seen_model {
+    char name[64], owned_by[64], entry[512], inst[4][SCHED_ID_MAX];
+    size_t n_inst;
+    unsigned roles;
+    bool configured;
+    int64_t created;
+} seen_model_t;
+
+typedef struct seen {
+    seen_model_t m[8];
+    size_t n, stop_after; /* stop_after 0 = never stop */
+} seen_t;
+
+static bool collect(const sched_model_info_t *m, void *arg)
+{
+    seen_t *s = arg;
+    seen_model_t *c = &s->m[s->n++];
+    assert_true(s->n <= 8);
+    snprintf(c->name, sizeof(c->name), "%s", m->name);
+    snprintf(c->owned_by, sizeof(c->owned_by), "%s", m->owned_by ? m->owned_by : "(null)");
+    snprintf(c->entry, sizeof(c->entry), "%s", m->entry ? m->entry : "");
+    c->n_inst = m->n_instances;
+    for (size_t i = 0; i < m->n_instances && i < 4; i++)
+        snprintf(c->inst[i], sizeof(c->inst[i]), "%s", sched_instance_id(m->instances[i]));
+    c->roles = m->roles;
+    c->configured = m->configured;
+    c->created = m->created;
+    return s->stop_after == 0 || s->n < s->stop_after;
+}
+
+static seen_t list_models(sched_pool_t *pool, bool *known)
+{
+    seen_t s;
+    memset(&s, 0, sizeof(s));
+    assert_int_equal(sched_pool_models_each(pool, collect, &s, known), SCHED_OK);
+    return s;
+}
+
 /* Every policy picks only instances of the request's model. */
 static void test_every_policy_filters(void **state)
 {
@@ -89,16 +128,15 @@ static void test_learnt_names(void **state)
         "\"owned_by\":\"vllm\",\"root\":\"/models/m\"},{\"id\":\"m2\",\"object\":\"model\"},"
         "{\"object\":\"model\"},{\"id\":7}]}";
     bool known = true;
-    json_t *models;
+    seen_t s;
 
     (void)state;
     test_add(pool, "x", 9000, SCHED_ROLE_BOTH, "", 1);
     assert_string_equal(pick_decode(pool, "anything"), "x");
     assert_true(sched_pool_has_model(pool, "anything"));
-    models = sched_pool_models(pool, "pdgw", &known);
+    s = list_models(pool, &known);
     assert_false(known);
-    assert_int_equal(json_array_size(models), 0);
-    json_decref(models);
+    assert_int_equal(s.n, 0);
 
     /* garbage and empty lists keep the instance open to any model */
     sched_models_learn(pool, test_inst(pool, "x"), "not json", 8);
@@ -109,38 +147,59 @@ static void test_learnt_names(void **state)
     assert_string_equal(pick_decode(pool, "m2"), "x");
     assert_null(pick_decode(pool, "anything"));
     assert_false(sched_pool_has_model(pool, "anything"));
-    models = sched_pool_models(pool, "pdgw", &known);
+    s = list_models(pool, &known);
     assert_true(known);
-    assert_int_equal(json_array_size(models), 2); /* entries without a string id are skipped */
-    /* kept as the engine listed it */
-    assert_string_equal(json_string_value(json_object_get(json_array_get(models, 0), "root")),
-                        "/models/m");
-    json_decref(models);
+    assert_int_equal(s.n, 2); /* entries without a string id are skipped */
+    /* the engine's own fields: created, owned_by, and the entry as it listed it */
+    assert_string_equal(s.m[0].name, "m1");
+    assert_false(s.m[0].configured);
+    assert_int_equal(s.m[0].created, 5);
+    assert_string_equal(s.m[0].owned_by, "vllm");
+    assert_non_null(strstr(s.m[0].entry, "\"root\":\"/models/m\""));
+    assert_string_equal(s.m[1].name, "m2");
+    assert_string_equal(s.m[1].owned_by, "(null)");
+    assert_true(s.m[1].created > 1000000000); /* not sent: the time of the call */
+    assert_int_equal(s.m[1].n_inst, 1);
+    assert_string_equal(s.m[1].inst[0], "x");
+    assert_int_equal(s.m[1].roles, SCHED_ROLE_BOTH);
     sched_pool_destroy(pool);
 }
 
-/* The union lists a configured name once, with the OpenAI fields. */
+/* The union lists a configured name once, with every usable instance serving it and their
+ * roles; an instance that cannot take a booking is left out; fn can stop the walk. */
 static void test_union(void **state)
 {
-    static const char *const ab[] = {"a", "b"}, *const b[] = {"b"};
+    static const char *const ab[] = {"a", "b"}, *const b[] = {"b"}, *const c[] = {"c"};
     sched_pool_t *pool = test_pool(SCHED_POLICY_LEAST_LOAD, SCHED_POLICY_LEAST_LOAD);
     bool known = false;
-    json_t *models, *e;
-    size_t i;
+    seen_t s;
 
     (void)state;
     add_models(pool, "i0", 9000, SCHED_ROLE_PREFILL, ab, 2);
     add_models(pool, "i1", 9001, SCHED_ROLE_DECODE, b, 1);
-    models = sched_pool_models(pool, "pdgw", &known);
+    add_models(pool, "i2", 9002, SCHED_ROLE_DECODE, c, 1);
+    assert_int_equal(sched_pool_drain(pool, "i2"), SCHED_OK);
+    s = list_models(pool, &known);
     assert_true(known);
-    assert_int_equal(json_array_size(models), 2);
-    json_array_foreach(models, i, e)
-    {
-        assert_string_equal(json_string_value(json_object_get(e, "object")), "model");
-        assert_string_equal(json_string_value(json_object_get(e, "owned_by")), "pdgw");
-        assert_true(json_is_integer(json_object_get(e, "created")));
+    assert_int_equal(s.n, 2); /* c: its only instance drains */
+    assert_string_equal(s.m[0].name, "a");
+    assert_int_equal(s.m[0].n_inst, 1);
+    assert_int_equal(s.m[0].roles, SCHED_ROLE_PREFILL);
+    assert_string_equal(s.m[1].name, "b");
+    assert_int_equal(s.m[1].n_inst, 2);
+    assert_string_equal(s.m[1].inst[0], "i0");
+    assert_string_equal(s.m[1].inst[1], "i1");
+    assert_int_equal(s.m[1].roles, SCHED_ROLE_PREFILL | SCHED_ROLE_DECODE);
+    for (size_t i = 0; i < s.n; i++) {
+        assert_true(s.m[i].configured);
+        assert_string_equal(s.m[i].owned_by, "(null)"); /* the caller names the owner */
+        assert_true(s.m[i].created > 1000000000);
+        assert_string_equal(s.m[i].entry, "");
     }
-    json_decref(models);
+    memset(&s, 0, sizeof(s));
+    s.stop_after = 1;
+    assert_int_equal(sched_pool_models_each(pool, collect, &s, NULL), SCHED_OK);
+    assert_int_equal(s.n, 1);
     sched_pool_destroy(pool);
 }
 

@@ -1,5 +1,5 @@
 /*
- * fwd_pd_notif.c - the gateway's ProxyNotif listener (LMCache's proxy side channel).
+ * pdgw_notif.c - the gateway's ProxyNotif listener (LMCache's proxy side channel).
  *
  * A ZeroMQ PULL that LMCache senders (PUSH, one per TP rank of a prefill) connect to and
  * send msgpack ProxyNotif{req_id} on when a request's KV has been written to its decode
@@ -12,7 +12,7 @@
  * key file) that only admits the client public keys listed in a file (a ZAP handler on the
  * listener's own ZeroMQ context). Garbage never reaches the caller: it is counted by reason.
  */
-#include "fwd_pd.h"
+#include "pdgw_notif.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -27,13 +27,15 @@
 
 #include <zmq.h>
 
+#include "pdgw_alloc.h"
+
 #define NOTIF_MAX_MSG   4096 /* a ProxyNotif is a few dozen bytes */
 #define NOTIF_MAX_KEYS  256
 #define NOTIF_ZAP_EP    "inproc://zeromq.zap.01"
 #define NOTIF_Z85_KEY   40
 #define NOTIF_KEY_BYTES 32
 
-struct fwd_pd_notif {
+struct pdgw_notif {
     char protocol[64];
     void *ctx;
     void *pull;
@@ -43,12 +45,12 @@ struct fwd_pd_notif {
     size_t n_keys;
 };
 
-static void notif_reject(const fwd_pd_notif_t *n, const char *reason)
+static void notif_reject(const pdgw_notif_t *n, const char *reason)
 {
-    fwd_pd_notif_count_rejected(n->protocol, reason);
+    pdgw_notif_count_rejected(n->protocol, reason);
 }
 
-void fwd_pd_notif_count_rejected(const char *protocol, const char *reason)
+void pdgw_notif_count_rejected(const char *protocol, const char *reason)
 {
     pdgw_fwd_counter_inc_reason(protocol, "proxy_notifs_rejected",
                                 "ProxyNotifs ignored, by reason (malformed, unknown request, "
@@ -79,7 +81,7 @@ static int read_keys(const char *path, uint8_t (**out)[NOTIF_KEY_BYTES], size_t 
             char tok[NOTIF_Z85_KEY + 1];
             size_t len = strcspn(p, " \t\r\n\"");
             if (len == NOTIF_Z85_KEY && n < NOTIF_MAX_KEYS) {
-                void *grown = realloc(keys, (n + 1) * sizeof(*keys));
+                void *grown = pdgw_realloc(keys, (n + 1) * sizeof(*keys));
                 if (grown == NULL)
                     break;
                 keys = grown;
@@ -94,7 +96,7 @@ static int read_keys(const char *path, uint8_t (**out)[NOTIF_KEY_BYTES], size_t 
     }
     fclose(f);
     if (n == 0) {
-        free(keys);
+        pdgw_free(keys);
         snprintf(err, errlen, "%s holds no Z85 CURVE key (40 characters)", path);
         return -1;
     }
@@ -103,7 +105,7 @@ static int read_keys(const char *path, uint8_t (**out)[NOTIF_KEY_BYTES], size_t 
     return 0;
 }
 
-static int zap_bind(fwd_pd_notif_t *n, char *err, size_t errlen)
+static int zap_bind(pdgw_notif_t *n, char *err, size_t errlen)
 {
     int zero = 0;
     n->zap = zmq_socket(n->ctx, ZMQ_REP);
@@ -115,10 +117,10 @@ static int zap_bind(fwd_pd_notif_t *n, char *err, size_t errlen)
     return 0;
 }
 
-pdgw_fwd_status_t fwd_pd_notif_create(const char *protocol, const fwd_pd_kv_opts_t *o,
-                                      fwd_pd_notif_t **out, char *err, size_t errlen)
+pdgw_fwd_status_t pdgw_notif_create(const char *protocol, const pdgw_fwd_kv_opts_t *o,
+                                    pdgw_notif_t **out, char *err, size_t errlen)
 {
-    fwd_pd_notif_t *n = calloc(1, sizeof(*n));
+    pdgw_notif_t *n = pdgw_calloc(1, sizeof(*n));
     char ep[300], last[300];
     size_t ll = sizeof(last);
     int zero = 0;
@@ -160,10 +162,10 @@ pdgw_fwd_status_t fwd_pd_notif_create(const char *protocol, const fwd_pd_kv_opts
         if (zmq_setsockopt(n->pull, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0 ||
             zmq_setsockopt(n->pull, ZMQ_CURVE_SECRETKEY, sk[0], NOTIF_KEY_BYTES) != 0) {
             snprintf(err, errlen, "CURVE is not available in this libzmq: %s", zmq_strerror(errno));
-            free(sk);
+            pdgw_free(sk);
             goto err_ctx;
         }
-        free(sk);
+        pdgw_free(sk);
     }
     snprintf(ep, sizeof(ep), v6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", o->proxy_host,
              (long long)o->proxy_port);
@@ -188,12 +190,12 @@ err_ctx:
         zmq_close(n->zap);
     zmq_ctx_term(n->ctx);
 err_free:
-    free(n->keys);
-    free(n);
+    pdgw_free(n->keys);
+    pdgw_free(n);
     return PDGW_FWD_ERR_CONFIG;
 }
 
-void fwd_pd_notif_destroy(fwd_pd_notif_t *n)
+void pdgw_notif_destroy(pdgw_notif_t *n)
 {
     if (n == NULL)
         return;
@@ -201,16 +203,16 @@ void fwd_pd_notif_destroy(fwd_pd_notif_t *n)
     if (n->zap)
         zmq_close(n->zap);
     zmq_ctx_term(n->ctx);
-    free(n->keys);
-    free(n);
+    pdgw_free(n->keys);
+    pdgw_free(n);
 }
 
-int fwd_pd_notif_port(const fwd_pd_notif_t *n)
+int pdgw_notif_port(const pdgw_notif_t *n)
 {
     return n ? n->port : 0;
 }
 
-size_t fwd_pd_notif_fds(const fwd_pd_notif_t *n, int fds[2])
+size_t pdgw_notif_fds(const pdgw_notif_t *n, int fds[2])
 {
     size_t k = 0;
     size_t fl = sizeof(int);
@@ -252,7 +254,7 @@ static int recv_parts(void *sock, zmq_msg_t *parts, int max)
     return k;
 }
 
-static int key_allowed(const fwd_pd_notif_t *n, const zmq_msg_t *key)
+static int key_allowed(const pdgw_notif_t *n, const zmq_msg_t *key)
 {
     if (zmq_msg_size((zmq_msg_t *)key) != NOTIF_KEY_BYTES)
         return 0;
@@ -264,7 +266,7 @@ static int key_allowed(const fwd_pd_notif_t *n, const zmq_msg_t *key)
 
 /* Answer every queued ZAP request (RFC 27): version, request id, domain, address, identity,
  * mechanism, credentials -> version, request id, status code, text, user id, metadata. */
-static void zap_serve(fwd_pd_notif_t *n)
+static void zap_serve(pdgw_notif_t *n)
 {
     zmq_msg_t p[8];
     int k;
@@ -295,7 +297,7 @@ static void zap_serve(fwd_pd_notif_t *n)
     }
 }
 
-int fwd_pd_notif_recv(fwd_pd_notif_t *n, char *id, size_t cap, char *peer, size_t peercap)
+int pdgw_notif_recv(pdgw_notif_t *n, char *id, size_t cap, char *peer, size_t peercap)
 {
     zap_serve(n);
     for (;;) {
@@ -318,87 +320,4 @@ int fwd_pd_notif_recv(fwd_pd_notif_t *n, char *id, size_t cap, char *peer, size_
         zmq_msg_close(&p[0]);
         return 1;
     }
-}
-
-/* ---------------------------------------------------------------- options */
-
-static int is_ip_literal(const char *s)
-{
-    unsigned char buf[16];
-    return inet_pton(AF_INET, s, buf) == 1 || inet_pton(AF_INET6, s, buf) == 1;
-}
-
-/* The address to bind when proxy_host is not configured: the pod's own address (Kubernetes
- * downward API, POD_IP), else the first non-loopback IPv4 address of the host's name, else
- * loopback. Runs once at start-up (may resolve a name). */
-static void default_bind_host(char *out, size_t cap)
-{
-    const char *pod = getenv("POD_IP");
-    char name[256];
-    struct addrinfo hints, *res = NULL, *ai;
-    if (pod != NULL && is_ip_literal(pod)) {
-        snprintf(out, cap, "%s", pod);
-        return;
-    }
-    snprintf(out, cap, "127.0.0.1");
-    if (gethostname(name, sizeof(name)) != 0)
-        return;
-    name[sizeof(name) - 1] = '\0';
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(name, NULL, &hints, &res) != 0)
-        return;
-    for (ai = res; ai != NULL; ai = ai->ai_next) {
-        const struct sockaddr_in *sin = (const struct sockaddr_in *)ai->ai_addr;
-        if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127)
-            continue;
-        inet_ntop(AF_INET, &sin->sin_addr, out, (socklen_t)cap);
-        break;
-    }
-    freeaddrinfo(res);
-}
-
-pdgw_fwd_status_t fwd_pd_notif_opts_parse(const json_t *options, fwd_pd_kv_opts_t *o, char *err,
-                                          size_t errlen)
-{
-    static const char *const fallback[] = {"fail", "decode", NULL};
-    int fb = 0;
-    if (fwd_pd_opt_str(options, "proxy_host", "", o->proxy_host, sizeof(o->proxy_host), err,
-                       errlen) ||
-        fwd_pd_opt_int(options, "proxy_port", 8500, 0, 65535, &o->proxy_port, err, errlen) ||
-        fwd_pd_opt_int(options, "notif_timeout_ms", 30000, 1, 3600000, &o->notif_timeout_ms, err,
-                       errlen) ||
-        fwd_pd_opt_int(options, "admission_chunks", 4096, 0, INT32_MAX, &o->admission_chunks, err,
-                       errlen) ||
-        fwd_pd_opt_bool(options, "notif_check_peer", 1, &o->notif_check_peer, err, errlen) ||
-        fwd_pd_opt_enum(options, "notif_fallback", fallback, 0, &fb, err, errlen) ||
-        fwd_pd_opt_bool(options, "skip_proxy_notification", 0, &o->skip_proxy_notification, err,
-                        errlen) ||
-        fwd_pd_opt_str(options, "notif_curve_secret_key_file", "", o->curve_secret_key_file,
-                       sizeof(o->curve_secret_key_file), err, errlen) ||
-        fwd_pd_opt_str(options, "notif_curve_client_keys_file", "", o->curve_client_keys_file,
-                       sizeof(o->curve_client_keys_file), err, errlen) ||
-        fwd_pd_opt_str(options, "notif_relay_peers", "", o->notif_relay_peers,
-                       sizeof(o->notif_relay_peers), err, errlen) ||
-        fwd_pd_opt_int(options, "notif_relay_port", 0, 0, 65535, &o->notif_relay_port, err, errlen))
-        return PDGW_FWD_ERR_CONFIG;
-    if (o->notif_relay_peers[0] != '\0' && o->notif_relay_port == 0) {
-        snprintf(err, errlen,
-                 "protocol option notif_relay_peers needs notif_relay_port (the port every "
-                 "replica listens on for the notices its peers hand over)");
-        return PDGW_FWD_ERR_CONFIG;
-    }
-    o->notif_fallback_decode = fb == 1;
-    if (o->curve_client_keys_file[0] != '\0' && o->curve_secret_key_file[0] == '\0') {
-        snprintf(err, errlen,
-                 "protocol option notif_curve_client_keys_file needs "
-                 "notif_curve_secret_key_file (the listener must be a CURVE server)");
-        return PDGW_FWD_ERR_CONFIG;
-    }
-    if (o->proxy_host[0] == '\0')
-        default_bind_host(o->proxy_host, sizeof(o->proxy_host));
-    else if (strcmp(o->proxy_host, "*") == 0)
-        snprintf(o->proxy_host, sizeof(o->proxy_host), "0.0.0.0");
-    return PDGW_FWD_OK;
 }

@@ -1,5 +1,5 @@
 /*
- * fwd_pd_notif_relay.c - ProxyNotif relay between the replicas of one gateway.
+ * pdgw_notif_relay.c - ProxyNotif relay between the replicas of one gateway.
  *
  * An LMCache prefill sends its ProxyNotif to one configured address (pd_proxy_host /
  * pd_proxy_port), so behind a Service with several pdgw replicas it reaches one replica,
@@ -13,7 +13,7 @@
  *
  * Wire (pdgw's own, between pdgw replicas): three frames [RELAY_TAG, req_id, sender address].
  */
-#include "fwd_pd.h"
+#include "pdgw_notif.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -25,6 +25,8 @@
 #include <sys/socket.h>
 
 #include <zmq.h>
+
+#include "pdgw_alloc.h"
 
 #define RELAY_TAG        "pdgw-notif-relay/1"
 #define RELAY_MAX_PEERS  64
@@ -39,7 +41,7 @@ typedef struct relay_peer {
     int seen; /* still in the latest resolution */
 } relay_peer_t;
 
-struct fwd_pd_relay {
+struct pdgw_notif_relay {
     char protocol[64];
     void *ctx;
     void *pull;
@@ -51,7 +53,7 @@ struct fwd_pd_relay {
     int64_t resolved_ms;
 };
 
-static void relay_count(const fwd_pd_relay_t *r, const char *name, const char *help)
+static void relay_count(const pdgw_notif_relay_t *r, const char *name, const char *help)
 {
     pdgw_fwd_counter_inc(r->protocol, name, help);
 }
@@ -72,7 +74,7 @@ static void canon_addr(const char *in, char *out, size_t cap)
     }
 }
 
-static relay_peer_t *find_peer(fwd_pd_relay_t *r, const char *addr, int port)
+static relay_peer_t *find_peer(pdgw_notif_relay_t *r, const char *addr, int port)
 {
     for (size_t i = 0; i < r->n_peers; i++)
         if (strcmp(r->peers[i].addr, addr) == 0 && (port < 0 || r->peers[i].port == port))
@@ -80,7 +82,7 @@ static relay_peer_t *find_peer(fwd_pd_relay_t *r, const char *addr, int port)
     return NULL;
 }
 
-static void add_peer(fwd_pd_relay_t *r, const char *addr, int port)
+static void add_peer(pdgw_notif_relay_t *r, const char *addr, int port)
 {
     relay_peer_t *p = find_peer(r, addr, port);
     char ep[RELAY_ADDR_LEN + 32];
@@ -115,7 +117,7 @@ static void add_peer(fwd_pd_relay_t *r, const char *addr, int port)
 
 /* Look every entry of notif_relay_peers up again; peers that are gone are closed. May block
  * on DNS: runs on the KV control thread, at most once per RELAY_RESOLVE_MS. */
-static void resolve_peers(fwd_pd_relay_t *r)
+static void resolve_peers(pdgw_notif_relay_t *r)
 {
     char spec[sizeof(r->spec)], *save = NULL;
     for (size_t i = 0; i < r->n_peers; i++)
@@ -169,10 +171,10 @@ static void resolve_peers(fwd_pd_relay_t *r)
     r->resolved_ms = pdgw_fwd_now_ms();
 }
 
-pdgw_fwd_status_t fwd_pd_relay_create(const char *protocol, const fwd_pd_kv_opts_t *o,
-                                      fwd_pd_relay_t **out, char *err, size_t errlen)
+pdgw_fwd_status_t pdgw_notif_relay_create(const char *protocol, const pdgw_fwd_kv_opts_t *o,
+                                          pdgw_notif_relay_t **out, char *err, size_t errlen)
 {
-    fwd_pd_relay_t *r = calloc(1, sizeof(*r));
+    pdgw_notif_relay_t *r = pdgw_calloc(1, sizeof(*r));
     char ep[300], last[300];
     size_t ll = sizeof(last);
     int zero = 0, v6 = strchr(o->proxy_host, ':') != NULL;
@@ -216,11 +218,11 @@ pdgw_fwd_status_t fwd_pd_relay_create(const char *protocol, const fwd_pd_kv_opts
     return PDGW_FWD_OK;
 
 fail:
-    fwd_pd_relay_destroy(r);
+    pdgw_notif_relay_destroy(r);
     return PDGW_FWD_ERR_CONFIG;
 }
 
-void fwd_pd_relay_destroy(fwd_pd_relay_t *r)
+void pdgw_notif_relay_destroy(pdgw_notif_relay_t *r)
 {
     if (r == NULL)
         return;
@@ -230,15 +232,15 @@ void fwd_pd_relay_destroy(fwd_pd_relay_t *r)
         zmq_close(r->pull);
     if (r->ctx)
         zmq_ctx_term(r->ctx);
-    free(r);
+    pdgw_free(r);
 }
 
-int fwd_pd_relay_port(const fwd_pd_relay_t *r)
+int pdgw_notif_relay_port(const pdgw_notif_relay_t *r)
 {
     return r ? r->port : 0;
 }
 
-int fwd_pd_relay_fd(const fwd_pd_relay_t *r)
+int pdgw_notif_relay_fd(const pdgw_notif_relay_t *r)
 {
     int fd = -1;
     size_t fl = sizeof(fd);
@@ -247,7 +249,7 @@ int fwd_pd_relay_fd(const fwd_pd_relay_t *r)
     return fd;
 }
 
-void fwd_pd_relay_forward(fwd_pd_relay_t *r, const char *id, const char *sender)
+void pdgw_notif_relay_forward(pdgw_notif_relay_t *r, const char *id, const char *sender)
 {
     size_t sent = 0;
     if (pdgw_fwd_now_ms() - r->resolved_ms >= RELAY_RESOLVE_MS)
@@ -267,7 +269,7 @@ void fwd_pd_relay_forward(fwd_pd_relay_t *r, const char *id, const char *sender)
 
 /* Whether <addr> (a message's Peer-Address) is one of the peers; looks them up again (at most
  * once a second) before saying no, since a new replica may have joined. */
-static int from_peer(fwd_pd_relay_t *r, const char *addr)
+static int from_peer(pdgw_notif_relay_t *r, const char *addr)
 {
     char canon[RELAY_ADDR_LEN];
     canon_addr(addr ? addr : "", canon, sizeof(canon));
@@ -282,7 +284,8 @@ static int from_peer(fwd_pd_relay_t *r, const char *addr)
     return 0;
 }
 
-int fwd_pd_relay_recv(fwd_pd_relay_t *r, char *id, size_t cap, char *sender, size_t sendercap)
+int pdgw_notif_relay_recv(pdgw_notif_relay_t *r, char *id, size_t cap, char *sender,
+                          size_t sendercap)
 {
     for (;;) {
         zmq_msg_t f[3];
@@ -311,7 +314,7 @@ int fwd_pd_relay_recv(fwd_pd_relay_t *r, char *id, size_t cap, char *sender, siz
              zmq_msg_size(&f[1]) > 0 && zmq_msg_size(&f[1]) < cap &&
              zmq_msg_size(&f[2]) < sendercap;
         if (ok && !from_peer(r, zmq_msg_gets(&f[0], "Peer-Address"))) {
-            fwd_pd_notif_count_rejected(r->protocol, "relay_not_peer");
+            pdgw_notif_count_rejected(r->protocol, "relay_not_peer");
             ok = -1;
         }
         if (ok == 1) {
@@ -320,7 +323,7 @@ int fwd_pd_relay_recv(fwd_pd_relay_t *r, char *id, size_t cap, char *sender, siz
             memcpy(sender, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
             sender[zmq_msg_size(&f[2])] = '\0';
         } else if (ok == 0) {
-            fwd_pd_notif_count_rejected(r->protocol, "malformed");
+            pdgw_notif_count_rejected(r->protocol, "malformed");
         }
         while (k > 0)
             zmq_msg_close(&f[--k]);

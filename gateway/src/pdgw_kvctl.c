@@ -1,0 +1,378 @@
+/*
+ * pdgw_kvctl.c - the gateway's side of libkvt's control plane for the PD forwarders whose
+ * decode runs libkvt (vllm-kvt, lmcache; pdgw-sim or any engine embedding libkvt).
+ *
+ * One service thread per forwarder that opened the service owns the gateway's KV control client
+ * (forwarder.h pdgw_fwd_kv_*: one DEALER per receiver alloc port) and the checked ProxyNotif PULL
+ * (pdgw_notif.c, pdgw_kvctl_notif.c), and does everything that may block:
+ *   - ReserveRequest{req_id, total_chunks, ttl_ms} to every alloc port (TP rank) of the
+ *     chosen decode; the answer (granted, free_chunks) is handed back to the request,
+ *   - CancelNotif{req_id} at the end of an attempt (release of the reservation / pinned pages),
+ *   - ProxyNotif{req_id} counting (one per TP rank of the prefill), with per-request deadlines.
+ *     A ProxyNotif counts only for a request in flight (registered before its prefill leg),
+ *     only from that request's prefill addresses (zmq Peer-Address against the prefill's host
+ *     and kv_host) and at most once per TP rank; anything else (unknown, wrong peer, late,
+ *     surplus, malformed) is counted by reason and ignored, so a forged message never releases
+ *     a decode early.
+ * Requests talk to the thread through pdgw_fwd_kv_req_t objects (reference counted: the attempt
+ * and the thread each hold one) and are woken through their pdgw waker. The weighted
+ * admission semaphore (docs/protocols/lmcache.md) lives here too: ceil(prompt_tokens /
+ * chunk_tokens) slots per request, granted strictly FIFO so a large request is never starved.
+ */
+#include "pdgw_kvctl.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "pdgw_alloc.h"
+
+/* Every open service, so the server stops them at shutdown (pdgw_kvctl_shutdown). */
+static pthread_mutex_t g_svcs_lock = PTHREAD_MUTEX_INITIALIZER;
+static pdgw_fwd_kv_svc_t *g_svcs;
+
+void pdgw_kvctl_kick(pdgw_fwd_kv_svc_t *kv)
+{
+    uint64_t one = 1;
+    if (write(kv->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: control thread kick: %s", kv->protocol,
+                     strerror(errno));
+}
+
+void pdgw_kvctl_req_unref(pdgw_fwd_kv_req_t *q)
+{
+    if (q == NULL || atomic_fetch_sub(&q->refs, 1) != 1)
+        return;
+    if (q->waker)
+        pdgw_fwd_waker_unref(q->waker);
+    pdgw_free(q);
+}
+
+int pdgw_kvctl_push_cancel_locked(pdgw_fwd_kv_svc_t *kv, const kvctl_dest_t *dest, const char *id,
+                                  int urgent)
+{
+    kvctl_job_t *j = pdgw_calloc(1, sizeof(*j)), **pp;
+    if (j == NULL)
+        return 0;
+    j->cancel = 1;
+    j->dest = *dest;
+    snprintf(j->id, sizeof(j->id), "%s", id);
+    for (pp = &kv->jobs; !urgent && *pp != NULL; pp = &(*pp)->next)
+        ;
+    j->next = *pp;
+    *pp = j;
+    return 1;
+}
+
+static int port_muted(pdgw_fwd_kv_svc_t *kv, const char *host, int port)
+{
+    int64_t now = pdgw_fwd_now_ms();
+    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
+        if (kv->mute[i].port == port && kv->mute[i].until_ms > now &&
+            strcmp(kv->mute[i].host, host) == 0)
+            return 1;
+    return 0;
+}
+
+static void port_mute(pdgw_fwd_kv_svc_t *kv, const char *host, int port)
+{
+    int slot = 0;
+    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
+        if (kv->mute[i].until_ms < kv->mute[slot].until_ms)
+            slot = i; /* the oldest (or an unused) entry */
+    snprintf(kv->mute[slot].host, sizeof(kv->mute[slot].host), "%s", host);
+    kv->mute[slot].port = port;
+    kv->mute[slot].until_ms = pdgw_fwd_now_ms() + KVCTL_MUTE_MS;
+}
+
+static void run_reserve(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+{
+    int granted_all = 1, failed = 0, i;
+    int64_t min_free = -1;
+    for (i = 0; i < j->dest.nports; i++) {
+        int granted = 0;
+        int64_t free_chunks = -1;
+        char why[128];
+        pdgw_fwd_status_t st;
+        if (port_muted(kv, j->dest.host, j->dest.ports[i])) {
+            failed = 1; /* did not answer lately: go on unreserved without waiting again */
+            break;
+        }
+        st = pdgw_fwd_kv_reserve(kv->proxy, j->dest.host, j->dest.ports[i], j->id, j->chunks,
+                                 j->ttl_ms, (int)j->timeout_ms, &granted, &free_chunks, why,
+                                 sizeof(why));
+        if (st != PDGW_FWD_OK) {
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
+                         "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
+                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], why, KVCTL_MUTE_MS);
+            port_mute(kv, j->dest.host, j->dest.ports[i]);
+            failed = 1;
+            break;
+        }
+        if (!granted)
+            granted_all = 0;
+        if (free_chunks >= 0 && (min_free < 0 || free_chunks < min_free))
+            min_free = free_chunks;
+    }
+    pthread_mutex_lock(&kv->lock);
+    if (!j->q->ended) {
+        j->q->free_chunks = min_free;
+        j->q->res = failed ? RES_FAILED : granted_all ? RES_GRANTED : RES_REFUSED;
+        pdgw_kvctl_wake(j->q);
+    } else if (!failed) {
+        /* The attempt ended while we asked: give the pages back at once. */
+        (void)pdgw_kvctl_push_cancel_locked(kv, &j->dest, j->id, 1);
+    }
+    pthread_mutex_unlock(&kv->lock);
+    pdgw_kvctl_count(kv,
+                     failed        ? "reserve_errors"
+                     : granted_all ? "reserve_granted"
+                                   : "reserve_refused",
+                     failed        ? "ReserveRequests without an answer."
+                     : granted_all ? "ReserveRequests granted."
+                                   : "ReserveRequests refused.");
+}
+
+static void run_cancel(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+{
+    int i;
+    for (i = 0; i < j->dest.nports; i++) {
+        char why[128];
+        if (pdgw_fwd_kv_cancel(kv->proxy, j->dest.host, j->dest.ports[i], j->id, why,
+                               sizeof(why)) != PDGW_FWD_OK)
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: CancelNotif %s to %s:%d: %s", kv->protocol, j->id,
+                         j->dest.host, j->dest.ports[i], why);
+    }
+}
+
+/* Take the first due job (lock held); *next_ms = earliest not-yet-due time. */
+static kvctl_job_t *take_job_locked(pdgw_fwd_kv_svc_t *kv, int64_t now, int64_t *next_ms)
+{
+    kvctl_job_t **pp;
+    for (pp = &kv->jobs; *pp != NULL; pp = &(*pp)->next) {
+        kvctl_job_t *j = *pp;
+        if (j->not_before_ms <= now || (j->q != NULL && j->q->ended)) {
+            *pp = j->next;
+            j->skip = j->q != NULL && j->q->ended;
+            return j;
+        }
+        if (*next_ms < 0 || j->not_before_ms < *next_ms)
+            *next_ms = j->not_before_ms;
+    }
+    return NULL;
+}
+
+static void check_deadlines_locked(pdgw_fwd_kv_svc_t *kv, int64_t now, int64_t *next_ms)
+{
+    pdgw_fwd_kv_req_t *q;
+    for (q = kv->notif_waiters; q != NULL; q = q->notif_next) {
+        if (!q->notif_waiting || q->notif_got >= q->notif_need || q->notif_timed_out)
+            continue;
+        if (now >= q->notif_deadline_ms) {
+            q->notif_timed_out = 1;
+            pdgw_kvctl_wake(q);
+        } else if (*next_ms < 0 || q->notif_deadline_ms < *next_ms) {
+            *next_ms = q->notif_deadline_ms;
+        }
+    }
+    for (kvctl_tomb_t **tp = &kv->tombs; *tp != NULL;) {
+        kvctl_tomb_t *t = *tp;
+        if (now - t->t_ms > KVCTL_TOMB_TTL_MS) {
+            *tp = t->next;
+            kv->n_tombs--;
+            pdgw_free(t);
+        } else {
+            tp = &t->next;
+        }
+    }
+}
+
+static void *kvctl_main(void *arg)
+{
+    pdgw_fwd_kv_svc_t *kv = arg;
+    for (;;) {
+        struct pollfd pf[4];
+        int fds[2];
+        int npf = 1, timeout = KVCTL_POLL_MS;
+        int64_t next = -1, now;
+        kvctl_job_t *j;
+        uint64_t v;
+
+        pf[0].fd = kv->efd;
+        pf[0].events = POLLIN;
+        if (kv->notif) {
+            size_t nf = pdgw_notif_fds(kv->notif, fds);
+            for (size_t i = 0; i < nf; i++) {
+                pf[npf].fd = fds[i];
+                pf[npf++].events = POLLIN;
+            }
+        }
+        if (kv->relay && (pf[npf].fd = pdgw_notif_relay_fd(kv->relay)) >= 0)
+            pf[npf++].events = POLLIN;
+        pdgw_kvctl_drain_notifs(kv); /* ZMQ_FD is edge-style: always drain before waiting */
+        pthread_mutex_lock(&kv->lock);
+        if (kv->stop && kv->jobs == NULL) {
+            pthread_mutex_unlock(&kv->lock);
+            break;
+        }
+        now = pdgw_fwd_now_ms();
+        j = take_job_locked(kv, now, &next);
+        check_deadlines_locked(kv, now, &next);
+        pthread_mutex_unlock(&kv->lock);
+        if (j != NULL) {
+            if (j->cancel)
+                run_cancel(kv, j);
+            else if (!j->skip) /* ended attempts never reserve */
+                run_reserve(kv, j);
+            pdgw_kvctl_req_unref(j->q);
+            pdgw_free(j);
+            continue;
+        }
+        if (next >= 0 && next - now < timeout)
+            timeout = next > now ? (int)(next - now) : 0;
+        if (poll(pf, (nfds_t)npf, timeout) > 0 && (pf[0].revents & POLLIN))
+            (void)!read(kv->efd, &v, sizeof(v));
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- life */
+
+void pdgw_kvctl_apply_all(const pdgw_fwd_kv_opts_t *o)
+{
+    pthread_mutex_lock(&g_svcs_lock);
+    for (pdgw_fwd_kv_svc_t *kv = g_svcs; kv != NULL; kv = kv->next_svc) {
+        pdgw_kvctl_apply(kv, o);
+        pdgw_kvctl_kick(kv);
+    }
+    pthread_mutex_unlock(&g_svcs_lock);
+}
+
+bool pdgw_kvctl_any_open(void)
+{
+    bool any;
+    pthread_mutex_lock(&g_svcs_lock);
+    any = g_svcs != NULL;
+    pthread_mutex_unlock(&g_svcs_lock);
+    return any;
+}
+
+/* Stop the thread after its queued jobs (main thread; idempotent). */
+static void svc_stop(pdgw_fwd_kv_svc_t *kv)
+{
+    pthread_mutex_lock(&kv->lock);
+    kv->stop = 1;
+    pthread_mutex_unlock(&kv->lock);
+    pdgw_kvctl_kick(kv);
+    if (kv->started)
+        pthread_join(kv->th, NULL);
+    kv->started = 0;
+}
+
+void pdgw_kvctl_shutdown(void)
+{
+    pthread_mutex_lock(&g_svcs_lock);
+    for (pdgw_fwd_kv_svc_t *kv = g_svcs; kv != NULL; kv = kv->next_svc)
+        svc_stop(kv);
+    pthread_mutex_unlock(&g_svcs_lock);
+}
+
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_opts_t *o,
+                                       pdgw_fwd_kv_svc_t **out, char *err, size_t errlen)
+{
+    pdgw_fwd_kv_svc_t *kv = pdgw_calloc(1, sizeof(*kv));
+    if (kv == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    snprintf(kv->protocol, sizeof(kv->protocol), "%s", protocol);
+    kv->o = *o;
+    pthread_mutex_init(&kv->lock, NULL);
+    kv->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (kv->efd < 0) {
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        goto err_lock;
+    }
+    /* ProxyNotifs go to the checked listener below, not the client's own. */
+    if (pdgw_fwd_kv_client_create(&kv->proxy, err, errlen) != PDGW_FWD_OK)
+        goto err_efd;
+    if (o->proxy && pdgw_notif_create(protocol, o, &kv->notif, err, errlen) != PDGW_FWD_OK)
+        goto err_proxy;
+    if (o->proxy && o->notif_relay_peers[0] != '\0' &&
+        pdgw_notif_relay_create(protocol, o, &kv->relay, err, errlen) != PDGW_FWD_OK)
+        goto err_notif;
+    if (pthread_create(&kv->th, NULL, kvctl_main, kv) != 0) {
+        snprintf(err, errlen, "cannot start the KV control thread");
+        goto err_notif;
+    }
+    kv->started = 1;
+    if (o->proxy) {
+        int wide = strcmp(o->proxy_host, "0.0.0.0") == 0 || strcmp(o->proxy_host, "::") == 0;
+        pdgw_fwd_log(wide ? PDGW_FWD_LOG_WARN : PDGW_FWD_LOG_INFO,
+                     "%s: ProxyNotif PULL bound on %s:%d%s%s", protocol, o->proxy_host,
+                     pdgw_notif_port(kv->notif), o->curve_secret_key_file[0] ? " (CURVE)" : "",
+                     wide ? " on every interface (proxy_host)" : "");
+        if (kv->relay)
+            pdgw_fwd_log(PDGW_FWD_LOG_INFO, "%s: ProxyNotif relay on %s:%d, peers %s", protocol,
+                         o->proxy_host, pdgw_notif_relay_port(kv->relay), o->notif_relay_peers);
+    }
+    pthread_mutex_lock(&g_svcs_lock);
+    kv->next_svc = g_svcs;
+    g_svcs = kv;
+    pthread_mutex_unlock(&g_svcs_lock);
+    *out = kv;
+    return PDGW_FWD_OK;
+
+err_notif:
+    pdgw_notif_relay_destroy(kv->relay);
+    pdgw_notif_destroy(kv->notif);
+err_proxy:
+    pdgw_fwd_kv_client_destroy(kv->proxy);
+err_efd:
+    close(kv->efd);
+err_lock:
+    pthread_mutex_destroy(&kv->lock);
+    pdgw_free(kv);
+    return PDGW_FWD_ERR_CONFIG;
+}
+
+void pdgw_fwd_kv_svc_close(pdgw_fwd_kv_svc_t *kv)
+{
+    if (kv == NULL)
+        return;
+    pthread_mutex_lock(&g_svcs_lock);
+    for (pdgw_fwd_kv_svc_t **pp = &g_svcs; *pp != NULL; pp = &(*pp)->next_svc) {
+        if (*pp == kv) {
+            *pp = kv->next_svc;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_svcs_lock);
+    svc_stop(kv);
+    while (kv->jobs) { /* queued after the thread stopped: nobody sends them any more */
+        kvctl_job_t *j = kv->jobs;
+        kv->jobs = j->next;
+        pdgw_kvctl_req_unref(j->q);
+        pdgw_free(j);
+    }
+    while (kv->tombs) {
+        kvctl_tomb_t *t = kv->tombs;
+        kv->tombs = t->next;
+        pdgw_free(t);
+    }
+    pdgw_notif_relay_destroy(kv->relay);
+    pdgw_notif_destroy(kv->notif);
+    pdgw_fwd_kv_client_destroy(kv->proxy);
+    close(kv->efd);
+    pthread_mutex_destroy(&kv->lock);
+    pdgw_free(kv);
+}
+
+int pdgw_fwd_kv_svc_notif_port(const pdgw_fwd_kv_svc_t *kv)
+{
+    return kv && kv->notif ? pdgw_notif_port(kv->notif) : 0;
+}

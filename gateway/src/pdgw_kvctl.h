@@ -1,0 +1,164 @@
+/*
+ * pdgw_kvctl.h - the KV control service behind forwarder.h (pdgw_fwd_kv_svc_*,
+ * pdgw_fwd_kv_req_*): its objects, shared by
+ *   pdgw_kvctl.c       life and the service thread (reservation and cancel jobs, deadlines),
+ *   pdgw_kvctl_notif.c ProxyNotif counting and sender checks (on the service thread),
+ *   pdgw_kvctl_req.c   the per-attempt calls forwarders make from their request ops.
+ * Everything that may block (ZeroMQ round trips, name resolution) runs on the service thread.
+ */
+#ifndef PDGW_KVCTL_H
+#define PDGW_KVCTL_H
+
+#include <pdgw/forwarder.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pdgw_errors.h"
+#include "pdgw_notif.h"
+
+#define KVCTL_MAX_PORTS   16
+#define KVCTL_ID_MAX      160
+#define KVCTL_POLL_MS     20
+#define KVCTL_TOMB_TTL_MS 120000
+#define KVCTL_TOMB_MAX    16384 /* ended attempts remembered for late ProxyNotifs (bounded) */
+#define KVCTL_HOST_MAX    256
+#define KVCTL_ADDRS       8
+#define KVCTL_DNS_SLOTS   32
+#define KVCTL_DNS_TTL_MS  30000
+#define KVCTL_MUTE_MAX    64
+#define KVCTL_MUTE_MS     5000 /* an alloc port that did not answer is not asked again for this */
+
+typedef enum { RES_NONE = 0, RES_ASKING, RES_GRANTED, RES_REFUSED, RES_FAILED } res_state_t;
+typedef enum { ADM_NONE = 0, ADM_WAITING, ADM_HELD } adm_state_t;
+
+typedef struct kvctl_dest {
+    char host[256];
+    int ports[KVCTL_MAX_PORTS];
+    int nports;
+} kvctl_dest_t;
+
+struct pdgw_fwd_kv_req {
+    pdgw_fwd_kv_svc_t *kv;
+    atomic_int refs;
+    pdgw_fwd_waker_t *waker;
+    char id[KVCTL_ID_MAX];
+    kvctl_dest_t dest;
+    int have_dest;
+    /* all below under kv->lock */
+    int ended;
+    adm_state_t adm;
+    int64_t weight;
+    struct pdgw_fwd_kv_req *adm_next;
+    res_state_t res;
+    int64_t res_chunks;
+    int64_t free_chunks;
+    int refused;    /* the last failure was a refused reservation */
+    int notif_need; /* > 0 once registered (in flight for ProxyNotif) */
+    int notif_got;
+    int notif_timed_out;
+    int notif_waiting;             /* the decode gate is waiting: the deadline runs */
+    int64_t notif_deadline_ms;     /* valid while notif_waiting */
+    char phost[2][KVCTL_HOST_MAX]; /* the prefill's host and kv_host ("" = unknown) */
+    struct pdgw_fwd_kv_req *notif_next;
+};
+
+typedef struct kvctl_job {
+    struct kvctl_job *next;
+    int cancel; /* 0 reserve, 1 cancel */
+    int skip;   /* reserve of an attempt that already ended */
+    int64_t not_before_ms;
+    pdgw_fwd_kv_req_t *q; /* reserve: referenced */
+    kvctl_dest_t dest;
+    char id[KVCTL_ID_MAX];
+    int64_t chunks, ttl_ms, timeout_ms;
+} kvctl_job_t;
+
+/* A resolved host name (control thread only): a prefill named by DNS name is compared by the
+ * addresses the name had at most KVCTL_DNS_TTL_MS ago. */
+typedef struct kvctl_dns {
+    char host[KVCTL_HOST_MAX];
+    unsigned char addr[KVCTL_ADDRS][16];
+    int n;
+    int64_t t_ms;
+} kvctl_dns_t;
+
+/* An attempt that ended without completing: a transfer that still lands afterwards (its
+ * ProxyNotif arrives late) is released with another CancelNotif. */
+typedef struct kvctl_tomb {
+    struct kvctl_tomb *next;
+    char id[KVCTL_ID_MAX];
+    kvctl_dest_t dest;
+    int has_dest; /* the decode runs libkvt: a late landing is released with CancelNotif */
+    char phost[2][KVCTL_HOST_MAX];
+    int64_t t_ms;
+} kvctl_tomb_t;
+
+struct pdgw_fwd_kv_svc {
+    char protocol[64];
+    pdgw_fwd_kv_opts_t o;
+    pdgw_fwd_kv_client_t *proxy; /* the gateway's KV control client (Reserve, Cancel) */
+    pdgw_notif_t *notif;         /* the ProxyNotif PULL (o.proxy) */
+    pdgw_notif_relay_t *relay;   /* notices for requests other replicas own (notif_relay_peers) */
+    int efd;
+    pthread_t th;
+    int started;
+    pthread_mutex_t lock;
+    int stop;
+    kvctl_job_t *jobs;
+    kvctl_tomb_t *tombs;
+    size_t n_tombs;
+    kvctl_dns_t dns[KVCTL_DNS_SLOTS]; /* control thread only */
+    struct {
+        char host[256];
+        int port;
+        int64_t until_ms;
+    } mute[KVCTL_MUTE_MAX]; /* control thread only */
+    pdgw_fwd_kv_req_t *notif_waiters;
+    pdgw_fwd_kv_req_t *adm_head, *adm_tail;
+    int64_t adm_used;
+    struct pdgw_fwd_kv_svc *next_svc; /* the gateway's list of open services */
+};
+
+/* Stop the thread of every open service once its queued jobs (CancelNotifs of the attempts
+ * that just ended) went out: the server calls it at shutdown, after its workers stopped and
+ * before the forwarder's destroy closes the services. Idempotent. */
+void pdgw_kvctl_shutdown(void);
+
+/* ---- reload (pdgw_kvctl_reload.c) ---- */
+struct pdgw_reload;
+/* Apply the live protocol options of a reload to every open service. */
+pdgw_status_t pdgw_kvctl_reload_register(struct pdgw_reload *rl);
+/* The live fields of <o> (timeouts, refusal mode, admission capacity) into <kv> / every open
+ * service (pdgw_kvctl.c walks them); waiters that now fit are admitted. */
+void pdgw_kvctl_apply(pdgw_fwd_kv_svc_t *kv, const pdgw_fwd_kv_opts_t *o);
+void pdgw_kvctl_apply_all(const pdgw_fwd_kv_opts_t *o);
+/* Whether any service is open (a reload has something to apply the options to). */
+bool pdgw_kvctl_any_open(void);
+
+/* Wake the service thread (after queueing a job or arming a deadline). */
+void pdgw_kvctl_kick(pdgw_fwd_kv_svc_t *kv);
+/* Drop one reference of <q> (the attempt and the thread each hold one). */
+void pdgw_kvctl_req_unref(pdgw_fwd_kv_req_t *q);
+/* Queue CancelNotif{id} to every port of <dest> (lock held): first with <urgent> (releases
+ * go before reservations), else last. 0 on no memory. */
+int pdgw_kvctl_push_cancel_locked(pdgw_fwd_kv_svc_t *kv, const kvctl_dest_t *dest, const char *id,
+                                  int urgent);
+/* Grant queued admissions that fit, in order; all of them when admission is off (lock held). */
+void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv);
+/* Read every queued notice of the listener and the relay (service thread). */
+void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
+
+static inline void pdgw_kvctl_wake(pdgw_fwd_kv_req_t *q)
+{
+    if (q->waker)
+        pdgw_fwd_waker_wake(q->waker);
+}
+
+static inline void pdgw_kvctl_count(pdgw_fwd_kv_svc_t *kv, const char *name, const char *help)
+{
+    pdgw_fwd_counter_inc(kv->protocol, name, help);
+}
+
+#endif /* PDGW_KVCTL_H */

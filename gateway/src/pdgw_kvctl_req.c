@@ -1,0 +1,326 @@
+/*
+ * pdgw_kvctl_req.c - the per-attempt side of the KV control service (forwarder.h
+ * pdgw_fwd_kv_req_*), called from request ops on worker threads; never blocks. The weighted
+ * admission semaphore lives here: ceil(prompt_tokens / chunk_tokens) slots per request,
+ * granted strictly FIFO so a large request is never starved (docs/protocols/lmcache.md).
+ */
+#include "pdgw_kvctl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+
+pdgw_fwd_kv_req_t *pdgw_fwd_kv_req_new(pdgw_fwd_kv_svc_t *kv, const pdgw_fwd_request_t *req,
+                                       const char *kv_req_id)
+{
+    pdgw_fwd_kv_req_t *q = pdgw_calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    q->kv = kv;
+    atomic_init(&q->refs, 1);
+    q->waker = req->waker ? pdgw_fwd_waker_ref(req->waker) : NULL;
+    snprintf(q->id, sizeof(q->id), "%s", kv_req_id);
+    q->free_chunks = -1;
+    return q;
+}
+
+const char *pdgw_fwd_kv_req_id(const pdgw_fwd_kv_req_t *q)
+{
+    return q->id;
+}
+
+void pdgw_fwd_kv_req_set_decode(pdgw_fwd_kv_req_t *q, const pdgw_instance_t *decode)
+{
+    size_t i;
+    if (q == NULL || decode == NULL || q->have_dest)
+        return;
+    snprintf(q->dest.host, sizeof(q->dest.host), "%s",
+             decode->kv_host && decode->kv_host[0] ? decode->kv_host : decode->host);
+    for (i = 0; i < decode->n_alloc_ports && i < KVCTL_MAX_PORTS; i++)
+        if (decode->alloc_ports[i] > 0 && decode->alloc_ports[i] < 65536)
+            q->dest.ports[q->dest.nports++] = decode->alloc_ports[i];
+    q->have_dest = 1;
+}
+
+int pdgw_fwd_kv_req_refused(const pdgw_fwd_kv_req_t *q)
+{
+    return q != NULL && q->refused;
+}
+
+void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv)
+{
+    while (kv->adm_head != NULL &&
+           (kv->o.admission_chunks <= 0 ||
+            kv->adm_used + kv->adm_head->weight <= kv->o.admission_chunks)) {
+        pdgw_fwd_kv_req_t *q = kv->adm_head;
+        kv->adm_head = q->adm_next;
+        if (kv->adm_head == NULL)
+            kv->adm_tail = NULL;
+        q->adm_next = NULL;
+        q->adm = ADM_HELD;
+        kv->adm_used += q->weight;
+        pdgw_kvctl_wake(q);
+    }
+}
+
+static pdgw_fwd_status_t admit(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *req,
+                               pdgw_fwd_error_t *err)
+{
+    pdgw_fwd_kv_svc_t *kv = q->kv;
+    pdgw_fwd_status_t rc = PDGW_FWD_OK;
+    if (!kv->o.proxy)
+        return PDGW_FWD_OK;
+    pthread_mutex_lock(&kv->lock); /* admission_chunks changes on reload (pdgw_kvctl_apply) */
+    if (q->adm == ADM_NONE && kv->o.admission_chunks <= 0) {
+        pthread_mutex_unlock(&kv->lock);
+        return PDGW_FWD_OK;
+    }
+    if (q->adm == ADM_NONE) {
+        int64_t pt = req->prompt_tokens > 0 ? req->prompt_tokens : 1;
+        q->weight = (pt + kv->o.chunk_tokens - 1) / kv->o.chunk_tokens;
+        if (q->weight > kv->o.admission_chunks) {
+            int64_t cap = kv->o.admission_chunks;
+            pthread_mutex_unlock(&kv->lock);
+            pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 0, 400,
+                               "prompt needs %lld KV chunks of %lld tokens, more than the "
+                               "admission capacity (admission_chunks %lld)",
+                               (long long)q->weight, (long long)kv->o.chunk_tokens, (long long)cap);
+            return PDGW_FWD_ERR;
+        }
+        if (kv->adm_head == NULL && kv->adm_used + q->weight <= kv->o.admission_chunks) {
+            q->adm = ADM_HELD;
+            kv->adm_used += q->weight;
+        } else {
+            q->adm = ADM_WAITING;
+            if (kv->adm_tail)
+                kv->adm_tail->adm_next = q;
+            else
+                kv->adm_head = q;
+            kv->adm_tail = q;
+            pthread_mutex_unlock(&kv->lock);
+            pdgw_kvctl_count(kv, "admission_waits", "Requests that waited for weighted admission.");
+            return PDGW_FWD_PENDING;
+        }
+    }
+    if (q->adm == ADM_WAITING)
+        rc = PDGW_FWD_PENDING;
+    pthread_mutex_unlock(&kv->lock);
+    return rc;
+}
+
+static void enqueue_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
+{
+    pdgw_fwd_kv_svc_t *kv = q->kv;
+    kvctl_job_t *j = pdgw_calloc(1, sizeof(*j)), **pp;
+    if (j == NULL) {
+        q->res = RES_FAILED;
+        return;
+    }
+    atomic_fetch_add(&q->refs, 1);
+    j->q = q;
+    j->dest = q->dest;
+    snprintf(j->id, sizeof(j->id), "%s", q->id);
+    j->chunks = q->res_chunks;
+    j->ttl_ms = kv->o.reserve_ttl_ms;
+    j->timeout_ms = kv->o.reserve_timeout_ms;
+    j->not_before_ms = not_before;
+    for (pp = &kv->jobs; *pp != NULL; pp = &(*pp)->next)
+        ;
+    *pp = j;
+    q->res = RES_ASKING;
+}
+
+pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
+                                                 const pdgw_fwd_request_t *req,
+                                                 const pdgw_instance_t *decode,
+                                                 pdgw_fwd_error_t *err)
+{
+    pdgw_fwd_kv_svc_t *kv = q->kv;
+    pdgw_fwd_status_t rc = admit(q, req, err);
+    res_state_t res;
+    int64_t free_chunks;
+
+    if (rc != PDGW_FWD_OK)
+        return rc;
+    if (!kv->o.reserve || req->mode != PDGW_MODE_BATCH || decode == NULL)
+        return PDGW_FWD_OK;
+    pdgw_fwd_kv_req_set_decode(q, decode);
+    if (q->dest.nports == 0)
+        return PDGW_FWD_OK; /* an engine without libkvt: nothing to reserve */
+    pthread_mutex_lock(&kv->lock);
+    if (q->res == RES_NONE) {
+        int64_t pt = req->prompt_tokens > 0 ? req->prompt_tokens : 1;
+        q->res_chunks = (pt + kv->o.chunk_tokens - 1) / kv->o.chunk_tokens;
+        enqueue_reserve_locked(q, 0);
+        pthread_mutex_unlock(&kv->lock);
+        pdgw_kvctl_kick(kv);
+        return PDGW_FWD_PENDING;
+    }
+    res = q->res;
+    free_chunks = q->free_chunks;
+    if (res == RES_REFUSED && kv->o.on_refusal == PDGW_FWD_KV_REFUSAL_QUEUE) {
+        /* Queue: ask again shortly, up to the request deadline (the engine's gate timeout). */
+        enqueue_reserve_locked(q, pdgw_fwd_now_ms() + kv->o.reserve_retry_ms);
+        res = RES_ASKING;
+    }
+    pthread_mutex_unlock(&kv->lock);
+    if (free_chunks >= 0)
+        pdgw_fwd_instance_set_kv_free_chunks(decode, free_chunks); /* scheduler hint */
+    switch (res) {
+    case RES_ASKING:
+        pdgw_kvctl_kick(kv);
+        return PDGW_FWD_PENDING;
+    case RES_GRANTED:
+        return PDGW_FWD_OK;
+    case RES_REFUSED:
+        q->refused = 1;
+        pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 1, 503,
+                           "decode %s refused a KV reservation of %lld chunks (%lld free)",
+                           decode->id, (long long)q->res_chunks, (long long)free_chunks);
+        return PDGW_FWD_ERR;
+    default:
+        /* No answer from the receiver: go on unreserved (the transfer itself still fails
+         * over cleanly); counted as reserve_errors. */
+        return PDGW_FWD_OK;
+    }
+}
+
+/* Register q for ProxyNotif (lock held): from now on its notices count. */
+static void notif_register_locked(pdgw_fwd_kv_req_t *q, int need)
+{
+    pdgw_fwd_kv_svc_t *kv = q->kv;
+    if (q->notif_need > 0)
+        return;
+    q->notif_need = need;
+    q->notif_next = kv->notif_waiters;
+    kv->notif_waiters = q;
+    atomic_fetch_add(&q->refs, 1);
+}
+
+void pdgw_fwd_kv_req_expect_notifs(pdgw_fwd_kv_req_t *q, int need, const pdgw_instance_t *prefill)
+{
+    pdgw_fwd_kv_svc_t *kv = q->kv;
+    if (need <= 0 || kv->notif == NULL)
+        return;
+    pthread_mutex_lock(&kv->lock);
+    if (prefill != NULL && q->notif_need == 0) {
+        snprintf(q->phost[0], sizeof(q->phost[0]), "%s", prefill->host ? prefill->host : "");
+        snprintf(q->phost[1], sizeof(q->phost[1]), "%s", prefill->kv_host ? prefill->kv_host : "");
+    }
+    notif_register_locked(q, need);
+    pthread_mutex_unlock(&kv->lock);
+}
+
+pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *req,
+                                              int need, pdgw_fwd_error_t *err)
+{
+    pdgw_fwd_kv_svc_t *kv = q->kv;
+    int got, timed_out, fallback;
+    int64_t timeout_ms;
+    (void)req;
+    if (need <= 0 || kv->o.skip_proxy_notification)
+        return PDGW_FWD_OK; /* engines that send no ProxyNotif: the decode goes at once */
+    pthread_mutex_lock(&kv->lock);
+    notif_register_locked(q, need);
+    if (!q->notif_waiting) {
+        q->notif_waiting = 1;
+        q->notif_deadline_ms = pdgw_fwd_now_ms() + kv->o.notif_timeout_ms;
+    }
+    got = q->notif_got;
+    timed_out = q->notif_timed_out;
+    need = q->notif_need;
+    fallback = kv->o.notif_fallback_decode; /* live options: read under the lock */
+    timeout_ms = kv->o.notif_timeout_ms;
+    pthread_mutex_unlock(&kv->lock);
+    if (got >= need)
+        return PDGW_FWD_OK;
+    if (timed_out) {
+        pdgw_kvctl_count(kv, "notif_timeouts",
+                         "Requests whose ProxyNotifs did not all arrive in time.");
+        if (fallback) {
+            /* notif_fallback: decode. The decode finds what landed and recomputes the rest. */
+            pdgw_kvctl_count(
+                kv, "notif_fallback_decodes",
+                "Decodes sent without every ProxyNotif after the deadline (they recompute).");
+            return PDGW_FWD_OK;
+        }
+        pdgw_fwd_error_set(err, PDGW_PHASE_KV_TRANSFER, 0, 504,
+                           "KV transfer not confirmed: ProxyNotif{req_id=%s} arrived from %d of "
+                           "%d TP ranks within %lld ms",
+                           q->id, got, need, (long long)timeout_ms);
+        return PDGW_FWD_ERR;
+    }
+    pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
+    return PDGW_FWD_PENDING;
+}
+
+void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
+{
+    pdgw_fwd_kv_svc_t *kv;
+    int send_cancel, drop_notif_ref = 0;
+    if (q == NULL)
+        return;
+    kv = q->kv;
+    pthread_mutex_lock(&kv->lock);
+    q->ended = 1;
+    /* admission */
+    if (q->adm == ADM_HELD) {
+        kv->adm_used -= q->weight;
+    } else if (q->adm == ADM_WAITING) {
+        pdgw_fwd_kv_req_t **pp, *prev = NULL;
+        for (pp = &kv->adm_head; *pp != NULL; prev = *pp, pp = &(*pp)->adm_next) {
+            if (*pp == q) {
+                *pp = q->adm_next;
+                if (kv->adm_tail == q)
+                    kv->adm_tail = prev;
+                break;
+            }
+        }
+    }
+    q->adm = ADM_NONE;
+    pdgw_kvctl_adm_grant_locked(kv);
+    /* notif waiter */
+    if (q->notif_need > 0) {
+        pdgw_fwd_kv_req_t **pp;
+        for (pp = &kv->notif_waiters; *pp != NULL; pp = &(*pp)->notif_next) {
+            if (*pp == q) {
+                *pp = q->notif_next;
+                drop_notif_ref = 1;
+                break;
+            }
+        }
+    }
+    /* release on the decode */
+    /* A completed transfer releases its reservation on the receiver (all chunks landed), and a
+     * CancelNotif would leave a tombstone for the id there: cancel only attempts that did not
+     * complete. A reservation that is never drawn ends with its TTL. */
+    send_cancel = q->have_dest && q->dest.nports > 0 && reason != PDGW_END_OK;
+    /* Remember the ended attempt for a while: its late ProxyNotifs are told apart from unknown
+     * ones, and a transfer that lands after a failure is released (bounded: past the cap late
+     * notices just count as unknown). */
+    if (q->notif_need > 0 && kv->n_tombs < KVCTL_TOMB_MAX) {
+        kvctl_tomb_t *t = pdgw_calloc(1, sizeof(*t));
+        if (t != NULL) {
+            snprintf(t->id, sizeof(t->id), "%s", q->id);
+            t->dest = q->dest;
+            t->has_dest = send_cancel;
+            memcpy(t->phost, q->phost, sizeof(t->phost));
+            t->t_ms = pdgw_fwd_now_ms();
+            t->next = kv->tombs;
+            kv->tombs = t;
+            kv->n_tombs++;
+        }
+    }
+    if (send_cancel)
+        (void)pdgw_kvctl_push_cancel_locked(kv, &q->dest, q->id, 1); /* releases go first */
+    pthread_mutex_unlock(&kv->lock);
+    if (send_cancel) {
+        pdgw_kvctl_kick(kv);
+        if (reason != PDGW_END_OK)
+            pdgw_fwd_cancel_notif_sent(kv->protocol); /* pdgw_pd_cancel_notifs_total */
+    }
+    if (drop_notif_ref)
+        pdgw_kvctl_req_unref(q);
+    pdgw_kvctl_req_unref(q);
+}

@@ -1,0 +1,281 @@
+/*
+ * test_kvctl.c - the gateway's KV control service as a forwarder sees it (forwarder.h
+ * pdgw_fwd_kv_opts_parse, pdgw_fwd_kv_svc_*, pdgw_fwd_kv_req_*), driven over real loopback
+ * ZeroMQ sockets: which ProxyNotifs count, the notif deadline and its fallbacks, the
+ * CancelNotif of an attempt that did not complete, and the stop at server shutdown.
+ *
+ * Wire facts: LMCache's sender PUSHes one msgpack ProxyNotif{req_id} per TP rank to the
+ * proxy's PULL (LMCache lmcache/v1/storage_backend/pd_backend.py, _init_sender and
+ * batched_submit_put_task); the receiver's alloc socket takes [b"", payload] from a DEALER
+ * (our libkvt, kvtransfer/src/kvt_ctrl_proxy.c).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <zmq.h>
+
+#include <kvt/kvt_msg.h>
+#include <kvt/kvt_status.h>
+#include <pdgw/forwarder.h>
+
+#include "pdgw_kvctl.h"
+
+#define WAIT_MS 20000 /* generous: only a broken service ever waits this long */
+
+static const pdgw_instance_t p_local = {.id = "p-local", .host = "127.0.0.1", .kv_host = ""};
+static const pdgw_instance_t p_far = {.id = "p-far", .host = "10.9.9.9", .kv_host = "10.9.9.10"};
+
+static pdgw_fwd_kv_svc_t *svc_open(const char *opts_json)
+{
+    json_t *opts = json_loads(opts_json, 0, NULL);
+    pdgw_fwd_kv_opts_t o;
+    pdgw_fwd_kv_svc_t *svc = NULL;
+    char err[256] = "";
+    assert_non_null(opts);
+    assert_int_equal(pdgw_fwd_kv_opts_parse(opts, 0, 1, &o, err, sizeof(err)), PDGW_FWD_OK);
+    json_decref(opts);
+    assert_int_equal(pdgw_fwd_kv_svc_open("test-kv", &o, &svc, err, sizeof(err)), PDGW_FWD_OK);
+    return svc;
+}
+
+static pdgw_fwd_request_t request(const char *id)
+{
+    pdgw_fwd_request_t r;
+    memset(&r, 0, sizeof(r));
+    r.request_id = id;
+    r.mode = PDGW_MODE_BATCH;
+    r.prompt_tokens = 10;
+    return r;
+}
+
+/* The gate as the engine runs it without a waker: ask again until it is no longer PENDING. */
+static pdgw_fwd_status_t wait_gate(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *r, int need,
+                                   pdgw_fwd_error_t *e)
+{
+    int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
+    pdgw_fwd_status_t st;
+    while ((st = pdgw_fwd_kv_req_wait_notifs(q, r, need, e)) == PDGW_FWD_PENDING &&
+           pdgw_fwd_now_ms() < end) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return st;
+}
+
+static void push_notif(void *push, const char *req_id)
+{
+    kvt_msg_t m;
+    void *data = NULL;
+    size_t len = 0;
+    kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF);
+    assert_int_equal(kvt_msg_set_str(&m.u.proxy_notif.req_id, req_id), KVT_OK);
+    assert_int_equal(kvt_msg_encode(&m, &data, &len), KVT_OK);
+    assert_int_equal(zmq_send(push, data, len, 0), (int)len);
+    kvt_free(data);
+    kvt_msg_clear(&m);
+}
+
+/* A notice counts only for an attempt in flight, from its prefill's address, once per TP
+ * rank: garbage, unknown ids and a notice from the wrong host never release a decode. */
+static void test_notifs_checked(void **state)
+{
+    pdgw_fwd_kv_svc_t *svc = svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,"
+                                      "\"notif_timeout_ms\":600000}");
+    pdgw_fwd_request_t r1 = request("req-1"), r2 = request("req-2");
+    pdgw_fwd_kv_req_t *q1 = pdgw_fwd_kv_req_new(svc, &r1, r1.request_id);
+    pdgw_fwd_kv_req_t *q2 = pdgw_fwd_kv_req_new(svc, &r2, r2.request_id);
+    pdgw_fwd_error_t e;
+    void *zctx = zmq_ctx_new(), *push = zmq_socket(zctx, ZMQ_PUSH);
+    char ep[64];
+    (void)state;
+    assert_non_null(q1);
+    assert_non_null(q2);
+    assert_string_equal(pdgw_fwd_kv_req_id(q1), "req-1");
+    assert_true(pdgw_fwd_kv_svc_notif_port(svc) > 0);
+    pdgw_fwd_kv_req_expect_notifs(q1, 2, &p_local);
+    pdgw_fwd_kv_req_expect_notifs(q2, 1, &p_far);
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(pdgw_fwd_kv_req_wait_notifs(q1, &r1, 2, &e), PDGW_FWD_PENDING);
+
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", pdgw_fwd_kv_svc_notif_port(svc));
+    assert_int_equal(zmq_connect(push, ep), 0);
+    assert_int_equal(zmq_send(push, "garbage", 7, 0), 7);
+    push_notif(push, "req-unknown");
+    push_notif(push, "req-2"); /* from 127.0.0.1, but req-2's prefill is 10.9.9.9 */
+    push_notif(push, "req-1");
+    assert_int_equal(pdgw_fwd_kv_req_wait_notifs(q1, &r1, 2, &e), PDGW_FWD_PENDING);
+    push_notif(push, "req-1");
+    push_notif(push, "req-1"); /* surplus: ignored */
+    assert_int_equal(wait_gate(q1, &r1, 2, &e), PDGW_FWD_OK);
+    /* One PUSH, one PULL: the notices are taken in order, so req-2's was seen before req-1
+     * completed, and did not count. */
+    assert_int_equal(pdgw_fwd_kv_req_wait_notifs(q2, &r2, 1, &e), PDGW_FWD_PENDING);
+
+    pdgw_fwd_kv_req_end(q1, PDGW_END_OK);
+    pdgw_fwd_kv_req_end(q2, PDGW_END_CANCELLED);
+    zmq_close(push);
+    zmq_ctx_term(zctx);
+    pdgw_fwd_kv_svc_close(svc);
+}
+
+/* At notif_timeout_ms the decode gate fails with 504 kv_transfer, or goes on with
+ * notif_fallback: decode; skip_proxy_notification never waits. */
+static void test_notif_deadline(void **state)
+{
+    static const char *const cfg[] = {
+        "{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"notif_timeout_ms\":1}",
+        "{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"notif_timeout_ms\":1,"
+        "\"notif_fallback\":\"decode\"}",
+        "{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"skip_proxy_notification\":true}",
+    };
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        pdgw_fwd_kv_svc_t *svc = svc_open(cfg[i]);
+        pdgw_fwd_request_t r = request("req-late");
+        pdgw_fwd_kv_req_t *q = pdgw_fwd_kv_req_new(svc, &r, r.request_id);
+        pdgw_fwd_error_t e;
+        memset(&e, 0, sizeof(e));
+        pdgw_fwd_kv_req_expect_notifs(q, 1, &p_local);
+        if (i == 0) {
+            assert_int_equal(wait_gate(q, &r, 1, &e), PDGW_FWD_ERR);
+            assert_int_equal(e.http_status, 504);
+            assert_int_equal(e.phase, PDGW_PHASE_KV_TRANSFER);
+            assert_non_null(strstr(e.message, "req-late"));
+        } else {
+            assert_int_equal(wait_gate(q, &r, 1, &e), PDGW_FWD_OK);
+        }
+        pdgw_fwd_kv_req_end(q, PDGW_END_FAILED);
+        pdgw_fwd_kv_svc_close(svc);
+    }
+}
+
+/* An attempt that did not complete sends CancelNotif{req_id} to every alloc port of its
+ * decode, and the service's stop at server shutdown sends it before the thread exits. */
+static void test_cancel_and_shutdown(void **state)
+{
+    void *zctx = zmq_ctx_new(), *router = zmq_socket(zctx, ZMQ_ROUTER);
+    char last[128];
+    size_t ll = sizeof(last);
+    int alloc_port[1];
+    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
+    pdgw_fwd_kv_svc_t *svc = svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0}");
+    pdgw_fwd_request_t r = request("req-cancel");
+    pdgw_fwd_kv_req_t *q = pdgw_fwd_kv_req_new(svc, &r, r.request_id);
+    zmq_pollitem_t pi = {router, 0, ZMQ_POLLIN, 0};
+    zmq_msg_t part;
+    kvt_msg_t m;
+    int more = 1;
+    (void)state;
+    assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, last, &ll), 0);
+    alloc_port[0] = atoi(strrchr(last, ':') + 1);
+    dec.alloc_ports = alloc_port;
+    dec.n_alloc_ports = 1;
+    pdgw_fwd_kv_req_set_decode(q, &dec);
+    pdgw_fwd_kv_req_end(q, PDGW_END_FAILED);
+    pdgw_kvctl_shutdown();
+    pdgw_kvctl_shutdown(); /* idempotent */
+
+    assert_int_equal(zmq_poll(&pi, 1, WAIT_MS), 1);
+    zmq_msg_init(&part);
+    while (more) { /* [identity, "", payload]: keep the last frame */
+        size_t ml = sizeof(more);
+        zmq_msg_close(&part);
+        zmq_msg_init(&part);
+        assert_true(zmq_msg_recv(&part, router, 0) >= 0);
+        assert_int_equal(zmq_getsockopt(router, ZMQ_RCVMORE, &more, &ml), 0);
+    }
+    memset(&m, 0, sizeof(m));
+    assert_int_equal(kvt_msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), &m, NULL), KVT_OK);
+    assert_int_equal(m.type, KVT_MSG_CANCEL_NOTIF);
+    assert_string_equal(m.u.cancel.req_id, "req-cancel");
+    kvt_msg_clear(&m);
+    zmq_msg_close(&part);
+    pdgw_fwd_kv_svc_close(svc); /* after the stop: frees without waiting */
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+}
+
+/* A reload's live options (pdgw_kvctl_apply): a larger admission capacity admits the
+ * waiter that now fits; a shorter notif deadline holds for attempts that wait from now on. */
+static void test_apply_live(void **state)
+{
+    pdgw_fwd_kv_svc_t *svc = svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,"
+                                      "\"chunk_tokens\":10,\"admission_chunks\":1,"
+                                      "\"notif_timeout_ms\":600000}");
+    json_t *opts = json_loads("{\"chunk_tokens\":10,\"admission_chunks\":2,"
+                              "\"notif_timeout_ms\":1}",
+                              0, NULL);
+    pdgw_fwd_request_t ra = request("req-a"), rb = request("req-b");
+    pdgw_fwd_kv_req_t *qa = pdgw_fwd_kv_req_new(svc, &ra, ra.request_id);
+    pdgw_fwd_kv_req_t *qb = pdgw_fwd_kv_req_new(svc, &rb, rb.request_id);
+    pdgw_fwd_kv_opts_t o;
+    pdgw_fwd_error_t e;
+    char err[256];
+    (void)state;
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(pdgw_fwd_kv_req_before_prefill(qa, &ra, NULL, &e), PDGW_FWD_OK);
+    assert_int_equal(pdgw_fwd_kv_req_before_prefill(qb, &rb, NULL, &e), PDGW_FWD_PENDING);
+    assert_int_equal(pdgw_fwd_kv_opts_parse(opts, 0, 1, &o, err, sizeof(err)), PDGW_FWD_OK);
+    json_decref(opts);
+    pdgw_kvctl_apply_all(&o);
+    assert_int_equal(pdgw_fwd_kv_req_before_prefill(qb, &rb, NULL, &e), PDGW_FWD_OK);
+    pdgw_fwd_kv_req_expect_notifs(qb, 1, &p_local);
+    assert_int_equal(wait_gate(qb, &rb, 1, &e), PDGW_FWD_ERR);
+    assert_int_equal(e.http_status, 504);
+    assert_non_null(strstr(e.message, "within 1 ms"));
+    pdgw_fwd_kv_req_end(qa, PDGW_END_OK);
+    pdgw_fwd_kv_req_end(qb, PDGW_END_FAILED);
+    pdgw_fwd_kv_svc_close(svc);
+}
+
+static void test_opts(void **state)
+{
+    static const struct {
+        const char *json;
+        const char *err; /* NULL = accepted */
+    } cases[] = {
+        {"{\"notif_relay_peers\":\"gw:9000\"}", "notif_relay_port"},
+        {"{\"notif_curve_client_keys_file\":\"/k\"}", "notif_curve_secret_key_file"},
+        {"{\"reserve_on_refusal\":\"maybe\"}", "reserve_on_refusal"},
+        {"{\"chunk_tokens\":0}", "chunk_tokens"},
+        {"{\"proxy_host\":\"*\"}", NULL},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_t *opts = json_loads(cases[i].json, 0, NULL);
+        pdgw_fwd_kv_opts_t o;
+        char err[256] = "";
+        pdgw_fwd_status_t st = pdgw_fwd_kv_opts_parse(opts, 1, 1, &o, err, sizeof(err));
+        json_decref(opts);
+        if (cases[i].err == NULL) {
+            assert_int_equal(st, PDGW_FWD_OK);
+            assert_string_equal(o.proxy_host, "0.0.0.0");
+            assert_int_equal(o.reserve, 1);
+            assert_int_equal(o.chunk_tokens, 256);
+            assert_int_equal(o.notif_check_peer, 1);
+        } else {
+            assert_int_equal(st, PDGW_FWD_ERR_CONFIG);
+            assert_non_null(strstr(err, cases[i].err));
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_opts),
+        cmocka_unit_test(test_notifs_checked),
+        cmocka_unit_test(test_notif_deadline),
+        cmocka_unit_test(test_apply_live),
+        cmocka_unit_test(test_cancel_and_shutdown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
