@@ -30,6 +30,8 @@ static const char *const level_names[] = {"debug", "info", "warn", "error", NULL
 static const char *const format_names[] = {"text", "json", NULL};
 /* pdgw_pd_fields_mode_t order */
 static const char *const pd_fields_names[] = {"reject", "strip", "pass", NULL};
+/* pdgw_upstream_client_t order */
+static const char *const upstream_client_names[] = {"curl", "native", NULL};
 
 static const char *name_of(const char *const *names, size_t n, int v)
 {
@@ -131,6 +133,10 @@ static const pdgw_config_option_t options[] = {
      pd_fields_names, 0, 0, "reject", "ACTION", "PD control fields in a client body "
      "(kv_transfer_params, bootstrap_*, remote_*, DP ranks...): reject (400), strip, or pass "
      "(plain-proxy protocols such as neutral only).", C(client_pd_fields)},
+    {"upstream_client", "upstream-client", "PDGW_UPSTREAM_CLIENT", PDGW_OPT_ENUM,
+     upstream_client_names, 0, 0, "native", "CLIENT", "HTTP client of upstream legs: native "
+     "(pdgw's own HTTP/1.1 client; https:// upstreams use curl) or curl (libcurl for all).",
+     C(upstream_client)},
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",
      C(retries)},

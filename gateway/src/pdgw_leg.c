@@ -76,7 +76,7 @@ static void leg_on_drain(void *arg)
 
 static void leg_capture_status(pdgw_leg_t *leg)
 {
-    if (!leg->got_status) {
+    if (!leg->got_status && leg->easy != NULL) {
         curl_easy_getinfo(leg->easy, CURLINFO_RESPONSE_CODE, &leg->status);
         leg->got_status = true;
     }
@@ -167,12 +167,151 @@ static bool hdr_add(struct curl_slist **list, const char *line)
     return true;
 }
 
+static bool hdr_add_curl(void *ctx, const char *line)
+{
+    return hdr_add(ctx, line);
+}
+
+static bool hdr_add_native(void *ctx, const char *line)
+{
+    pdgw_status_t st = pdgw_h1_xfer_header(ctx, line);
+    return st == PDGW_OK || st == PDGW_ERR_INVALID; /* a malformed line is left out */
+}
+
+/* The headers pdgw sends on every leg, whichever client carries it: false when one could
+ * not be added (out of memory). */
+static bool leg_headers(pdgw_leg_t *leg, const char *method, const pdgw_fwd_leg_t *fl,
+                        bool (*add)(void *ctx, const char *line), void *ctx)
+{
+    pdgw_req_t *r = leg->req;
+    char hdr[256];
+    size_t off;
+    bool ok = true;
+
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 && !leg->raw)
+        ok &= add(ctx, "Content-Type: application/json"); /* a pass-through sends the
+                                                           * client's own Content-Type */
+    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->leg_id);
+    ok &= add(ctx, hdr);
+    if (r->traceparent[0]) {
+        snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);
+        ok &= add(ctx, hdr);
+    }
+    if (leg->relay && leg->sse)
+        ok &= add(ctx, "Accept: text/event-stream");
+    for (off = 0; off < r->fwd_headers.len;) {
+        const char *line = r->fwd_headers.data + off;
+        if (!(leg->relay && leg->sse && strncasecmp(line, "accept:", 7) == 0))
+            ok &= add(ctx, line);
+        off += strlen(line) + 1;
+    }
+    if (fl) {
+        size_t i;
+        for (i = 0; i < fl->n_headers && i < PDGW_FWD_LEG_MAX_HEADERS; i++)
+            if (fl->headers[i][0] && !strchr(fl->headers[i], '\n'))
+                ok &= add(ctx, fl->headers[i]);
+    }
+    return ok;
+}
+
 /* The instance's role, the label of pdgw_instance_inflight_requests. */
 static const char *leg_role_name(const pdgw_instance_t *inst)
 {
     return inst->role == PDGW_FWD_ROLE_PREFILL  ? "prefill"
            : inst->role == PDGW_FWD_ROLE_DECODE ? "decode"
                                                 : "both";
+}
+
+/* ---------------------------------------------------------------- native client glue */
+
+static int leg_h1_header(void *arg, const char *line, size_t len)
+{
+    pdgw_leg_t *leg = arg;
+    leg_on_header((char *)line, 1, len, leg);
+    if (len >= 12 && strncmp(line, "HTTP/", 5) == 0) {
+        /* The parser checked the status line's shape: three digits at 9..11. */
+        leg->status = (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
+        leg->got_status = true;
+    }
+    return 0;
+}
+
+static int leg_h1_body(void *arg, const char *data, size_t len)
+{
+    size_t rc = leg_on_write((char *)data, 1, len, arg);
+    if (rc == len)
+        return PDGW_H1_BODY_OK;
+    return rc == CURL_WRITEFUNC_PAUSE ? PDGW_H1_BODY_PAUSE : PDGW_H1_BODY_ABORT;
+}
+
+static void leg_finish(pdgw_leg_t *leg);
+
+/* A native transfer ended: the same verdicts as libcurl's codes give (pdgw_leg_on_done). */
+static void leg_h1_done(void *arg, pdgw_h1_result_t res, int os_errno, const char *msg)
+{
+    pdgw_leg_t *leg = arg;
+    leg->t_end_ms = pdgw_now_ms();
+    leg->os_errno = os_errno;
+    if (leg->err == PDGW_LEGERR_NONE) {
+        switch (res) {
+        case PDGW_H1_OK:
+            if (leg->status >= 400) {
+                leg->err = PDGW_LEGERR_STATUS;
+                snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream %s answered HTTP %ld",
+                         leg->inst->id, leg->status);
+            }
+            break;
+        case PDGW_H1_E_LOCAL:
+            leg->err = PDGW_LEGERR_LOCAL;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "gateway has no socket for %s: %s",
+                     leg->inst->id, msg ? msg : "out of resources");
+            break;
+        case PDGW_H1_E_CONNECT:
+        case PDGW_H1_E_CONNECT_TIMEOUT: /* curl: a timeout before connecting is a connect error */
+            leg->err = PDGW_LEGERR_CONNECT;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "cannot connect to %s: %s", leg->inst->id,
+                     msg ? msg : "failed");
+            break;
+        default: /* reset, partial body, malformed response, refused bytes */
+            leg->err = PDGW_LEGERR_RESET;
+            snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: %s", leg->inst->id,
+                     msg ? msg : pdgw_h1_result_name(res));
+            break;
+        }
+    }
+    leg_finish(leg);
+}
+
+static const pdgw_h1_xfer_cb_t leg_h1_cb = {
+    .on_header = leg_h1_header,
+    .on_body = leg_h1_body,
+    .on_done = leg_h1_done,
+};
+
+static pdgw_status_t leg_start_native(pdgw_leg_t *leg, const char *url, const char *method,
+                                      const pdgw_fwd_leg_t *fl)
+{
+    pdgw_req_t *r = leg->req;
+    pdgw_h1_xfer_t *x = &leg->h1;
+    pdgw_status_t st = pdgw_h1_xfer_begin(x, r->w->h1, method, url);
+    if (st == PDGW_OK && !leg_headers(leg, method, fl, hdr_add_native, x))
+        st = PDGW_ERR_NOMEM;
+    if (st == PDGW_OK)
+        /* Small read buffers for streams (thousands are open at once, events are small),
+         * larger ones for buffered bodies, as with curl. */
+        st = pdgw_h1_xfer_start(x, leg->body ? leg->body : "", leg->body_len,
+                                leg->relay && leg->sse ? 2048u : 16384u, &leg_h1_cb, leg);
+    if (st != PDGW_OK) {
+        pdgw_buf_free(&x->head);
+        leg->body = NULL; /* still the caller's on failure */
+        return st;
+    }
+    leg->native = true;
+    leg->state = PDGW_LEG_RUNNING;
+    pdgw_gateway_metrics_instance_leg(r->w->srv->opts.metrics, leg->inst->id,
+                                      leg_role_name(leg->inst), 1);
+    pdgw_req_timer_update(r);
+    return PDGW_OK;
 }
 
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
@@ -182,8 +321,6 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     pdgw_req_t *r = leg->req;
     pdgw_server_t *srv = r->w->srv;
     char url[1024];
-    char hdr[256];
-    size_t off;
     struct curl_slist *h = NULL;
     bool hdr_ok = true;
     CURL *easy;
@@ -205,12 +342,14 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     leg->bytes_in = 0;
     pdgw_buf_reset(&leg->resp);
 
+    snprintf(url, sizeof(url), "%s%s", inst->url, path);
+    if (r->w->h1 != NULL && pdgw_h1_url_supported(url))
+        return leg_start_native(leg, url, method, fl);
     easy = r->w->n_easy_pool > 0 ? r->w->easy_pool[--r->w->n_easy_pool] : curl_easy_init();
     if (easy == NULL) {
         leg->body = NULL; /* still the caller's on failure */
         return PDGW_ERR_NOMEM;
     }
-    snprintf(url, sizeof(url), "%s%s", inst->url, path);
     curl_easy_setopt(easy, CURLOPT_URL, url);
     curl_easy_setopt(easy, CURLOPT_PRIVATE, leg);
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
@@ -237,31 +376,10 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
         curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
         if (strcmp(method, "POST") != 0) /* pass-through PUT, DELETE, ... */
             curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
-        if (!leg->raw) /* a pass-through sends the client's own Content-Type */
-            hdr_ok &= hdr_add(&h, "Content-Type: application/json");
     }
     /* No "Expect: 100-continue" round trip on large bodies. */
     hdr_ok &= hdr_add(&h, "Expect:");
-    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->leg_id);
-    hdr_ok &= hdr_add(&h, hdr);
-    if (r->traceparent[0]) {
-        snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);
-        hdr_ok &= hdr_add(&h, hdr);
-    }
-    if (leg->relay && leg->sse)
-        hdr_ok &= hdr_add(&h, "Accept: text/event-stream");
-    for (off = 0; off < r->fwd_headers.len;) {
-        const char *line = r->fwd_headers.data + off;
-        if (!(leg->relay && leg->sse && strncasecmp(line, "accept:", 7) == 0))
-            hdr_ok &= hdr_add(&h, line);
-        off += strlen(line) + 1;
-    }
-    if (fl) {
-        size_t i;
-        for (i = 0; i < fl->n_headers && i < PDGW_FWD_LEG_MAX_HEADERS; i++)
-            if (fl->headers[i][0] && !strchr(fl->headers[i], '\n'))
-                hdr_ok &= hdr_add(&h, fl->headers[i]);
-    }
+    hdr_ok &= leg_headers(leg, method, fl, hdr_add_curl, &h);
     if (h == NULL || !hdr_ok) {
         curl_slist_free_all(h);
         curl_easy_cleanup(easy);
@@ -287,6 +405,13 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
 
 static void leg_free_transfer(pdgw_leg_t *leg)
 {
+    if (leg->native) {
+        pdgw_worker_t *w = leg->req->w;
+        pdgw_gateway_metrics_instance_leg(w->srv->opts.metrics, leg->inst->id,
+                                          leg_role_name(leg->inst), -1);
+        pdgw_h1_xfer_release(&leg->h1); /* a running transfer's connection is closed */
+        leg->native = false;
+    }
     if (leg->easy) {
         pdgw_worker_t *w = leg->req->w;
         pdgw_gateway_metrics_instance_leg(w->srv->opts.metrics, leg->inst->id,
@@ -330,12 +455,15 @@ void pdgw_leg_release(pdgw_leg_t *leg)
 
 void pdgw_leg_unpause(pdgw_leg_t *leg)
 {
-    if (!leg->paused || leg->easy == NULL)
+    if (!leg->paused || (leg->easy == NULL && !leg->native))
         return;
     leg->paused = false;
     /* Idle time counts again from now, not from before the pause. */
     leg->t_last_ms = pdgw_now_ms();
-    curl_easy_pause(leg->easy, CURLPAUSE_CONT);
+    if (leg->native)
+        pdgw_h1_xfer_unpause(&leg->h1); /* reads again from the worker loop */
+    else
+        curl_easy_pause(leg->easy, CURLPAUSE_CONT);
     pdgw_req_timer_update(leg->req);
 }
 
@@ -393,6 +521,12 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
             break;
         }
     }
+    leg_finish(leg);
+}
+
+/* The end of a leg, whichever client carried it. */
+static void leg_finish(pdgw_leg_t *leg)
+{
     if (leg->relay && leg->sse && leg->err == PDGW_LEGERR_NONE && leg->status == 200) {
         if (pdgw_sse_finish(&leg->parser, leg_on_event, leg) && !leg->saw_done) {
             leg->err = PDGW_LEGERR_RESET;

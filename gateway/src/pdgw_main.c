@@ -411,6 +411,7 @@ int main(int argc, char **argv)
     so.max_connections_per_client =
         cfg.max_connections_per_client > 0 ? (unsigned)cfg.max_connections_per_client : 0;
     so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
+    so.upstream_client = (pdgw_upstream_client_t)cfg.upstream_client;
     so.route.tokenize_timeout_ms = cfg.tokenize_timeout_ms;
     so.route.tokenize_cache_entries = (unsigned)cfg.tokenize_cache_entries;
     so.route.pd_min_prompt_tokens = (unsigned)cfg.pd_min_prompt_tokens;

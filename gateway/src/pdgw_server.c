@@ -34,6 +34,12 @@
  * cost no epoll_ctl at all. */
 #define HUP_WATCH_AFTER_MS 50
 #define MAX_EVENTS         128
+/* Idle upstream connections of the native client close after this: below the engines' 5 s
+ * keep-alive timeout (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default "5" in vllm/envs.py, given to
+ * uvicorn in vllm/entrypoints/openai/api_server.py; SGLang: timeout_keep_alive=5 in
+ * python/sglang/srt/entrypoints/http_server.py), so pdgw usually closes first and seldom picks
+ * a connection the engine is closing (that race costs one silent retry). */
+#define PDGW_H1_IDLE_TIMEOUT_MS 4000
 /* Request objects kept for reuse per worker. */
 #define REQ_POOL_MAX 1024
 
@@ -57,6 +63,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->idle_timeout_ms = 60000;
     o->retries = 1;
     o->client_header_timeout_ms = 30000;
+    o->upstream_client = PDGW_UPSTREAM_NATIVE;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
     pdgw_route_opts_init(&o->route);
@@ -366,7 +373,7 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d >= 0 && d - (int64_t)now < t)
             t = d - (int64_t)now;
     }
-    if (w->mhd_kick)
+    if (w->mhd_kick || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
@@ -390,7 +397,7 @@ static void *worker_main(void *arg)
             break;
         }
         for (i = 0; i < n; i++) {
-            int kind = (int)(evs[i].data.u64 >> 32);
+            int kind = (int)((evs[i].data.u64 >> 32) & 0xffu);
             int fd = (int)(uint32_t)evs[i].data.u64;
             switch (kind) {
             case PDGW_EV_MHD:
@@ -417,6 +424,9 @@ static void *worker_main(void *arg)
                 worker_curl_done(w);
                 break;
             }
+            case PDGW_EV_H1:
+                pdgw_h1_on_event(w->h1, evs[i].data.u64, evs[i].events);
+                break;
             case PDGW_EV_HUP:
                 if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {
                     pdgw_req_t *r = w->hup_reqs[fd];
@@ -437,6 +447,8 @@ static void *worker_main(void *arg)
         }
         /* Deadlines: connection timers shut sockets and set mhd_kick. */
         (void)pdgw_timers_run(&w->timers, now);
+        if (w->h1 != NULL)
+            pdgw_h1_run_posted(w->h1); /* native legs: resumes, failures found at start */
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
             MHD_socket s = MHD_quiesce_daemon(w->mhd);
             if (s != MHD_INVALID_SOCKET)
@@ -470,7 +482,9 @@ static void worker_close(pdgw_worker_t *w)
         MHD_stop_daemon(w->mhd);
         w->mhd = NULL;
     }
-    pdgw_kv_release_drop_all(w); /* releases still running need the multi handle */
+    pdgw_kv_release_drop_all(w);   /* releases still running need the multi handle */
+    pdgw_h1_client_destroy(w->h1); /* every leg has ended: only idle connections are left */
+    w->h1 = NULL;
     while (w->n_easy_pool > 0)
         curl_easy_cleanup(w->easy_pool[--w->n_easy_pool]);
     if (w->multi) {
@@ -569,6 +583,21 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
                       srv->conn_limit_per_worker < 1024u ? (long)srv->conn_limit_per_worker
                                                          : 1024L);
     curl_multi_setopt(w->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+    if (srv->opts.upstream_client == PDGW_UPSTREAM_NATIVE) {
+        pdgw_h1_client_opts_t ho = {
+            .epfd = w->epfd,
+            .timers = &w->timers,
+            .ev_kind = PDGW_EV_H1,
+            .connect_timeout_ms = srv->opts.connect_timeout_ms,
+            .idle_timeout_ms = PDGW_H1_IDLE_TIMEOUT_MS,
+            /* As many kept connections as curl's cache holds. */
+            .max_idle = srv->conn_limit_per_worker < 1024u ? srv->conn_limit_per_worker : 1024u,
+        };
+        if (pdgw_h1_client_create(&ho, &w->h1) != PDGW_OK) {
+            snprintf(err, errlen, "worker %u: out of memory", index);
+            goto err_close;
+        }
+    }
     return PDGW_OK;
 
 err_close:

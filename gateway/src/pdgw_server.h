@@ -27,6 +27,9 @@
 
 typedef struct pdgw_server pdgw_server_t;
 
+/* Which HTTP client carries upstream legs (https:// upstreams always use libcurl). */
+typedef enum { PDGW_UPSTREAM_CURL = 0, PDGW_UPSTREAM_NATIVE = 1 } pdgw_upstream_client_t;
+
 /* Everything the server needs; pointers are borrowed and must outlive the server. */
 typedef struct pdgw_server_opts {
     const char *listen_host; /* "" or NULL = any address */
@@ -60,10 +63,12 @@ typedef struct pdgw_server_opts {
     struct pdgw_admit *admit;        /* admission, backoff, affinity (pdgw_admit.h); NULL = none */
     struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
     const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
+    pdgw_upstream_client_t upstream_client; /* native (default) or curl */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,
- * 30 s for headers, derived connection limit, 1024 connections per client address). */
+ * 30 s for headers, derived connection limit, 1024 connections per client address, the
+ * native upstream client). */
 void pdgw_server_opts_init(pdgw_server_opts_t *opts);
 
 /*

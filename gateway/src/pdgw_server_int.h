@@ -28,6 +28,7 @@
 #include "pdgw_sse.h"
 #include "pdgw_timer.h"
 #include "pdgw_util.h"
+#include "pdgw_upstream_h1.h"
 #include "pdgw_validate.h"
 
 typedef struct pdgw_worker pdgw_worker_t;
@@ -40,7 +41,8 @@ typedef struct pdgw_fwd_gen pdgw_fwd_gen_t; /* a forwarder context, refcounted *
 /* epoll tags: kind in the high 32 bits of epoll_data.u64, fd in the low ones. Pointers are
  * never stored in epoll, so an event for a socket closed earlier in the same batch is
  * harmless. */
-enum { PDGW_EV_MHD = 1, PDGW_EV_WAKE = 2, PDGW_EV_CURL = 3, PDGW_EV_HUP = 4 };
+/* Kinds of epoll tags (bits 32..39; the native client keeps a generation above them). */
+enum { PDGW_EV_MHD = 1, PDGW_EV_WAKE = 2, PDGW_EV_CURL = 3, PDGW_EV_HUP = 4, PDGW_EV_H1 = 5 };
 
 /* ---------------------------------------------------------------- server */
 
@@ -91,6 +93,8 @@ struct pdgw_worker {
     struct MHD_Daemon *mhd;
     int mhd_epfd;
     CURLM *multi;
+    /* The native HTTP/1.1 client (upstream_client: native); NULL with curl. */
+    pdgw_h1_client_t *h1;
     /* Idle easy handles, reset and reused (saves allocating one per leg). */
     CURL *easy_pool[64];
     int n_easy_pool;
@@ -156,6 +160,8 @@ struct pdgw_leg {
     bool sse;   /* relay as SSE (client asked for stream) */
     CURL *easy;
     struct curl_slist *headers;
+    bool native;        /* this leg runs on the native client (h1), not curl */
+    pdgw_h1_xfer_t h1;  /* its transfer there */
     char *body;         /* request body text */
     bool body_borrowed; /* body points into the client request (not freed here) */
     size_t body_len;

@@ -3,10 +3,11 @@
  *
  * create: config -> transport -> pools (regions registered with the
  * transport once, through a pool hook) -> ZeroMQ sockets -> safety-net
- * tables -> progress thread. The progress thread polls the sockets, the wake
- * eventfd (commands from users, completions from transport threads) and
- * runs the timers of every flow (reply timeouts, TTL sweeps, parked
- * allocations, reservation expiry).
+ * tables -> progress thread. The progress thread waits on the sockets and the
+ * wake eventfd (commands from users, completions from transport threads)
+ * until the earliest armed timer (reply and handshake timeouts, TTL sweeps,
+ * parked allocations, waits, reservation expiry) and runs the timers due;
+ * with nothing armed it sleeps until woken. No periodic tick.
  */
 #include <errno.h>
 #include <limits.h>
@@ -22,6 +23,8 @@
 #include "kvt_engine_int.h"
 
 static atomic_uint g_engine_seq;
+/* The engine whose progress thread this is (NULL on every other thread). */
+static _Thread_local kvt_engine_t *tl_progress_engine;
 
 uint64_t kvt_engine_now(const kvt_engine_t *e)
 {
@@ -33,6 +36,42 @@ void kvt_engine_wake(kvt_engine_t *e)
     uint64_t one = 1;
     if (write(e->wake_fd, &one, sizeof(one)) < 0) {
         /* counter saturated: the progress thread wakes anyway */
+    }
+}
+
+void kvt_engine_clock_moved(kvt_engine_t *e)
+{
+    if (e != NULL)
+        kvt_engine_wake(e);
+}
+
+/* Engine timers (pending, parked, waiter, sweep) and two per sender peer. */
+#define KVT_ENGINE_TIMERS 4u
+
+kvt_status_t kvt_engine_timer_room(kvt_engine_t *e, uint32_t extra_speers)
+{
+    size_t need = KVT_ENGINE_TIMERS + 2u * ((size_t)e->nspeers + extra_speers);
+    return pdb_timers_reserve(&e->timers, need) == PDB_OK ? KVT_OK : KVT_ERR_NOMEM;
+}
+
+void kvt_engine_arm(kvt_engine_t *e, pdb_timer_t *t, uint64_t due_ns)
+{
+    /* room was reserved for every timer: this cannot fail; say so loudly if it ever does */
+    if (pdb_timer_arm(&e->timers, t, due_ns) != PDB_OK)
+        fprintf(stderr, "kvt %s: timer heap full: a deadline is lost\n", e->id);
+}
+
+void kvt_engine_due_lower(kvt_engine_t *e, _Atomic uint64_t *due, uint64_t t)
+{
+    uint64_t cur = atomic_load(due);
+
+    while (t < cur) {
+        if (atomic_compare_exchange_weak(due, &cur, t)) {
+            /* the progress thread re-reads the due times at the end of its turn */
+            if (tl_progress_engine != e)
+                kvt_engine_wake(e);
+            return;
+        }
     }
 }
 
@@ -392,6 +431,61 @@ static int progress_should_run(kvt_engine_t *e, uint64_t *drain_deadline_ns)
     return now < *drain_deadline_ns;
 }
 
+/* zmq_poll's timeout: until the earliest timer (rounded up: never early), -1 when none;
+ * while draining at shutdown, no later than the drain deadline (real time: a test clock
+ * that stands still must not keep destroy waiting). */
+static long poll_timeout(kvt_engine_t *e, uint64_t drain_deadline_ns)
+{
+    int64_t next = pdb_timers_next(&e->timers);
+    long ms = -1;
+
+    if (next >= 0) {
+        uint64_t now = kvt_engine_now(e), d;
+        d = (uint64_t)next > now ? (uint64_t)next - now : 0;
+        d = (d + KVT_NSEC_PER_MSEC - 1) / KVT_NSEC_PER_MSEC;
+        ms = d > (uint64_t)INT_MAX ? INT_MAX : (long)d;
+    }
+    if (drain_deadline_ns != 0) {
+        uint64_t now = kvt_clock_monotonic_ns();
+        uint64_t d = drain_deadline_ns > now ? drain_deadline_ns - now : 0;
+        uint64_t dms = (d + KVT_NSEC_PER_MSEC - 1) / KVT_NSEC_PER_MSEC;
+        long dm = dms > (uint64_t)INT_MAX ? INT_MAX : (long)dms;
+        if (ms < 0 || dm < ms)
+            ms = dm;
+    }
+    return ms;
+}
+
+/* The pollset: wake fd, the receiver's ROUTERs, the sender's PULL and peer DEALERs. */
+static size_t poll_items(kvt_engine_t *e, zmq_pollitem_t **items, size_t *cap)
+{
+    size_t n = 0, need = 4;
+
+    for (kvt_speer_t *p = e->speers; p != NULL; p = p->next)
+        need += 2;
+    if (need > *cap) {
+        zmq_pollitem_t *ni = kvt_realloc(*items, need * sizeof(*ni));
+        if (ni == NULL)
+            return 0;
+        *items = ni;
+        *cap = need;
+    }
+    (*items)[n++] = (zmq_pollitem_t){.fd = e->wake_fd, .events = ZMQ_POLLIN};
+    if (e->router != NULL)
+        (*items)[n++] = (zmq_pollitem_t){.socket = e->router, .events = ZMQ_POLLIN};
+    if (e->init_rt != NULL)
+        (*items)[n++] = (zmq_pollitem_t){.socket = e->init_rt, .events = ZMQ_POLLIN};
+    if (e->done_pull != NULL)
+        (*items)[n++] = (zmq_pollitem_t){.socket = e->done_pull, .events = ZMQ_POLLIN};
+    for (kvt_speer_t *p = e->speers; p != NULL; p = p->next) {
+        if (p->dealer != NULL)
+            (*items)[n++] = (zmq_pollitem_t){.socket = p->dealer, .events = ZMQ_POLLIN};
+        if (p->init_dealer != NULL)
+            (*items)[n++] = (zmq_pollitem_t){.socket = p->init_dealer, .events = ZMQ_POLLIN};
+    }
+    return n;
+}
+
 static void *progress_main(void *arg)
 {
     kvt_engine_t *e = arg;
@@ -399,41 +493,20 @@ static void *progress_main(void *arg)
     size_t cap = 0;
     uint64_t drain_deadline_ns = 0;
 
+    tl_progress_engine = e;
     while (progress_should_run(e, &drain_deadline_ns)) {
-        size_t n = 0, need = 4;
         uint64_t v;
-        /* parked requests retry when a page is freed (kvt_rent_free_locked
-         * wakes us); the timeout only catches deadlines */
-        long timeout = 20;
+        size_t n = poll_items(e, &items, &cap);
 
-        for (kvt_speer_t *p = e->speers; p != NULL; p = p->next)
-            need += 2;
-        if (need > cap) {
-            zmq_pollitem_t *ni = kvt_realloc(items, need * sizeof(*ni));
-            if (ni == NULL) {
-                usleep(1000);
-                continue;
-            }
-            items = ni;
-            cap = need;
+        if (n == 0) {
+            usleep(1000); /* no memory for the pollset: try again shortly */
+            continue;
         }
-        items[n++] = (zmq_pollitem_t){.fd = e->wake_fd, .events = ZMQ_POLLIN};
-        if (e->router != NULL)
-            items[n++] = (zmq_pollitem_t){.socket = e->router, .events = ZMQ_POLLIN};
-        if (e->init_rt != NULL)
-            items[n++] = (zmq_pollitem_t){.socket = e->init_rt, .events = ZMQ_POLLIN};
-        if (e->done_pull != NULL)
-            items[n++] = (zmq_pollitem_t){.socket = e->done_pull, .events = ZMQ_POLLIN};
-        for (kvt_speer_t *p = e->speers; p != NULL; p = p->next) {
-            if (p->dealer != NULL)
-                items[n++] = (zmq_pollitem_t){.socket = p->dealer, .events = ZMQ_POLLIN};
-            if (p->init_dealer != NULL)
-                items[n++] = (zmq_pollitem_t){.socket = p->init_dealer, .events = ZMQ_POLLIN};
-        }
-        if (zmq_poll(items, (int)n, timeout) < 0 && errno != EINTR && errno != EAGAIN)
+        if (zmq_poll(items, (int)n, poll_timeout(e, drain_deadline_ns)) < 0 && errno != EINTR &&
+            errno != EAGAIN)
             usleep(1000);
         if (read(e->wake_fd, &v, sizeof(v)) < 0) {
-            /* nothing to read: woken by a socket or the timeout */
+            /* nothing to read: woken by a socket or a timer */
         }
         run_commands(e);
         run_completions(e);
@@ -445,8 +518,10 @@ static void *progress_main(void *arg)
         if (e->done_pull != NULL)
             drain_socket(e, e->done_pull, 2);
         kvt_flow_sender_poll(e);
-        kvt_flow_sender_tick(e);
-        kvt_flow_recv_tick(e);
+        pdb_timers_run(&e->timers, kvt_engine_now(e));
+        kvt_flow_sender_kick_all(e);
+        kvt_flow_recv_turn(e);
+        atomic_fetch_add(&e->wakeups, 1); /* a turn done */
     }
     kvt_free(items);
     return NULL;
@@ -581,6 +656,7 @@ static void engine_free(kvt_engine_t *e)
         kvt_map_fini(&e->sgroups);
     if (e->hs_peers.buckets != NULL)
         kvt_map_fini(&e->hs_peers);
+    pdb_timers_free(&e->timers);
     if (e->wake_fd >= 0)
         close(e->wake_fd);
     if (e->event_fd >= 0)
@@ -655,6 +731,9 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     if (e == NULL)
         return KVT_ERR_NOMEM;
     e->wake_fd = e->event_fd = -1;
+    pdb_timers_init(&e->timers);
+    atomic_init(&e->waiter_due, UINT64_MAX);
+    atomic_init(&e->sweep_due, UINT64_MAX);
     pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->rx_lock, NULL);
     pthread_mutex_init(&e->mlock, NULL);
@@ -689,11 +768,13 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
                  atomic_fetch_add(&g_engine_seq, 1));
     }
 
+    kvt_flow_sender_init(e);
+    kvt_flow_recv_init(e);
     st = KVT_ERR_NOMEM;
-    if (kvt_map_init(&e->tasks, 256) != KVT_OK || kvt_map_init(&e->rents, 1024) != KVT_OK ||
-        kvt_map_init(&e->rreqs, 256) != KVT_OK || kvt_map_init(&e->sgroups, 256) != KVT_OK ||
-        kvt_map_init(&e->done_pushes, 16) != KVT_OK || kvt_map_init(&e->tombs, 64) != KVT_OK ||
-        kvt_map_init(&e->hs_peers, 16) != KVT_OK)
+    if (kvt_engine_timer_room(e, 0) != KVT_OK || kvt_map_init(&e->tasks, 256) != KVT_OK ||
+        kvt_map_init(&e->rents, 1024) != KVT_OK || kvt_map_init(&e->rreqs, 256) != KVT_OK ||
+        kvt_map_init(&e->sgroups, 256) != KVT_OK || kvt_map_init(&e->done_pushes, 16) != KVT_OK ||
+        kvt_map_init(&e->tombs, 64) != KVT_OK || kvt_map_init(&e->hs_peers, 16) != KVT_OK)
         goto err;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

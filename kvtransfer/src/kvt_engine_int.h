@@ -24,6 +24,7 @@
 #include "kvt/kvt_reserve.h"
 #include "kvt_strmap_int.h"
 #include "kvt_transport.h"
+#include "pdb/pdb_timer.h"
 
 /* ---- string map: the base map (kvt_strmap_int.h) under the engine's names */
 typedef kvt_strmap_t kvt_map_t;
@@ -151,7 +152,10 @@ struct kvt_speer {
     kvt_sreq_t *q_head, *q_tail; /* waiting for the channel */
     kvt_sreq_t *active;          /* request awaiting its reply */
     uint32_t dealer_gen;
-    int64_t ext; /* kvt_ext of the receiver's last answer (0: no pdgw extensions) */
+    int64_t ext;             /* kvt_ext of the receiver's last answer (0: no pdgw extensions) */
+    kvt_engine_t *eng;       /* for its timers' callbacks */
+    pdb_timer_t hs_timer;    /* hs_deadline_ns while the handshake is unanswered */
+    pdb_timer_t reply_timer; /* the deadline of <active> */
 };
 
 /* Request-level bookkeeping on the sender (ProxyNotif after every batch). */
@@ -375,8 +379,23 @@ struct kvt_engine {
     kvt_map_t hs_peers; /* node ids that ran the transport handshake here (value unused) */
     kvt_reserve_t *reserve;
     kvt_parked_t *parked;
-    uint64_t rreq_sweep_ns;
     kvt_load_job_t *jobs_head, *jobs_tail; /* delay loads, one active at a time */
+
+    /* Timers (progress thread only): every deadline of the flows is armed here and the
+     * progress thread sleeps until the earliest; nothing is polled. Deadlines set on other
+     * threads (a user's wait, a record or tombstone that will go stale) lower an atomic due
+     * time instead (kvt_engine_due_lower) and wake the thread, which arms the timer. Room for
+     * every timer is reserved up front (kvt_engine_timer_room) so arming never fails. */
+    pdb_timers_t timers;
+    uint32_t nspeers;
+    pdb_timer_t pending_timer; /* sender: the pull-pending table's first TTL */
+    pdb_timer_t parked_timer;  /* receiver: the first parked request's final answer */
+    pdb_timer_t waiter_timer;  /* receiver: the earliest kvt_submit_wait_req deadline */
+    pdb_timer_t sweep_timer;   /* receiver: stale records, tombstones, reservations */
+    _Atomic uint64_t waiter_due, sweep_due; /* UINT64_MAX: nothing to do */
+    uint64_t sweep_last_ns;                 /* sweeps run at most once a second */
+    atomic_ullong wakeups;                  /* progress turns done (tests: idle = none) */
+    atomic_ullong parked_total;             /* requests ever parked (tests wait on it) */
 
     /* metrics */
     pthread_mutex_t mlock;
@@ -386,6 +405,14 @@ struct kvt_engine {
 
 /* engine core (kvt_engine.c) */
 void kvt_engine_wake(kvt_engine_t *e);
+/* Arm <t> for <due_ns> on the engine clock (progress thread, or the destroying thread once
+ * the progress thread is gone). */
+void kvt_engine_arm(kvt_engine_t *e, pdb_timer_t *t, uint64_t due_ns);
+/* Room in the heap for the engine's timers plus two per sender peer, <extra_speers> more
+ * than now; KVT_ERR_NOMEM when it cannot grow. */
+kvt_status_t kvt_engine_timer_room(kvt_engine_t *e, uint32_t extra_speers);
+/* Any thread: make *due at most <t>; wakes the progress thread when it got earlier. */
+void kvt_engine_due_lower(kvt_engine_t *e, _Atomic uint64_t *due, uint64_t t);
 uint64_t kvt_engine_now(const kvt_engine_t *e);
 void kvt_engine_count(kvt_engine_t *e, uint64_t *field, uint64_t n);
 void kvt_engine_observe(kvt_engine_t *e, uint64_t start_ns);
@@ -434,11 +461,23 @@ kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_l
                            void **data, size_t *len);
 void *kvt_ctrl_done_push(kvt_engine_t *e, const char *url);
 
+/* init-port handshake (kvt_handshake.c): TransportInit{node_id, transport, regions (the
+ * receiver's answer), addr: the transport's blob, carried unread} */
+kvt_status_t kvt_hs_encode(kvt_engine_t *e, const void *blob, size_t len, int with_regions,
+                           void **out, size_t *out_len);
+/* a peer's: decoded and checked (node id, our transport, an address blob); <m> is cleared
+ * on error */
+kvt_status_t kvt_hs_decode(kvt_engine_t *e, const void *data, size_t len, kvt_msg_t *m,
+                           kvt_msg_err_t *err);
+
 /* flows */
 void kvt_flow_sender_submit(kvt_engine_t *e, kvt_sreq_t *r);
 void kvt_flow_sender_route(kvt_engine_t *e, kvt_sreq_t *r, const char *host, uint16_t port,
                            uint16_t init_port);
-void kvt_flow_sender_tick(kvt_engine_t *e);
+/* the engine-level sender timers (kvt_engine_create) */
+void kvt_flow_sender_init(kvt_engine_t *e);
+/* every progress turn: peers with queued work (a completion queued a landing echo) send it */
+void kvt_flow_sender_kick_all(kvt_engine_t *e);
 /* drain the peers' DEALER sockets */
 void kvt_flow_sender_poll(kvt_engine_t *e);
 /* fire-and-forget message on the DEALER of receiver host:alloc_port */
@@ -456,7 +495,11 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
                              const void *data, size_t len);
 void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
                            const void *data, size_t len);
-void kvt_flow_recv_tick(kvt_engine_t *e);
+/* the engine-level receiver timers (kvt_engine_create) */
+void kvt_flow_recv_init(kvt_engine_t *e);
+/* every progress turn: the first parked request tries again (pages may have been freed) and
+ * the timers whose due time other threads lowered are armed */
+void kvt_flow_recv_turn(kvt_engine_t *e);
 void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st);
 void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward);
 void kvt_flow_recv_fini(kvt_engine_t *e);

@@ -141,6 +141,9 @@ static kvt_rreq_t *rreq_get(kvt_engine_t *e, const char *req_id, int create)
         return NULL;
     }
     q->touched_ns = kvt_engine_now(e);
+    /* forgotten a TTL after its last use if nothing holds it (sweep timer) */
+    kvt_engine_due_lower(e, &e->sweep_due,
+                         q->touched_ns + kvt_sec_to_ns(e->cfg.pd_pull_pending_ttl));
     return q;
 }
 
@@ -374,6 +377,8 @@ static void tomb_add(kvt_engine_t *e, const char *req_id)
     *exp = until;
     if (kvt_map_put(&e->tombs, req_id, exp) != KVT_OK)
         kvt_free(exp);
+    else
+        kvt_engine_due_lower(e, &e->sweep_due, until);
 }
 
 static int tomb_has(kvt_engine_t *e, const char *req_id)
@@ -387,7 +392,7 @@ static int tomb_has(kvt_engine_t *e, const char *req_id)
 }
 
 typedef struct tomb_sweep {
-    uint64_t now;
+    uint64_t now, next; /* next: the earliest expiry of those that stay */
     char **v;
     uint32_t n, cap;
 } tomb_sweep_t;
@@ -395,8 +400,11 @@ typedef struct tomb_sweep {
 static void collect_tomb(void *arg, const char *key, void *val)
 {
     tomb_sweep_t *ts = arg;
-    if (ts->now < *(uint64_t *)val)
+    if (ts->now < *(uint64_t *)val) {
+        if (*(uint64_t *)val < ts->next)
+            ts->next = *(uint64_t *)val;
         return;
+    }
     if (ts->n == ts->cap) {
         uint32_t nc = ts->cap ? ts->cap * 2 : 64;
         char **nv = kvt_realloc(ts->v, nc * sizeof(*nv));
@@ -408,9 +416,10 @@ static void collect_tomb(void *arg, const char *key, void *val)
     ts->v[ts->n++] = (char *)key;
 }
 
-static void tomb_sweep_locked(kvt_engine_t *e, uint64_t now)
+/* Returns the earliest expiry of the tombstones left (UINT64_MAX: none). */
+static uint64_t tomb_sweep_locked(kvt_engine_t *e, uint64_t now)
 {
-    tomb_sweep_t ts = {.now = now};
+    tomb_sweep_t ts = {.now = now, .next = UINT64_MAX};
 
     kvt_map_each(&e->tombs, collect_tomb, &ts);
     for (uint32_t i = 0; i < ts.n; i++) {
@@ -420,6 +429,7 @@ static void tomb_sweep_locked(kvt_engine_t *e, uint64_t now)
         kvt_free(key);
     }
     kvt_free(ts.v);
+    return ts.next;
 }
 
 /* A late AllocRequest / PullReadyNotif of a cancelled request: nothing is
@@ -1130,6 +1140,8 @@ static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
          * (a retry keeps its X-Request-Id): its transfer must not meet the old tombstone. */
         pthread_mutex_lock(&e->rx_lock);
         kvt_free(kvt_map_del(&e->tombs, msg->u.reserve_req.req_id));
+        /* its expiry shows in the metrics when due, not at the next reservation */
+        kvt_engine_due_lower(e, &e->sweep_due, kvt_reserve_next_deadline(e->reserve));
         pthread_mutex_unlock(&e->rx_lock);
     }
     kvt_engine_count(e, granted ? &e->m.reserve_granted_total : &e->m.reserve_refused_total, 1);
@@ -1163,6 +1175,9 @@ static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
     for (tail = &e->parked; *tail != NULL; tail = &(*tail)->next)
         ;
     *tail = pk;
+    atomic_fetch_add(&e->parked_total, 1);
+    if (e->parked == pk) /* the first: its deadline is the earliest (one TTL for all) */
+        kvt_engine_arm(e, &e->parked_timer, pk->deadline_ns);
 }
 
 /* CancelNotif (PDBackendAsync's abort, or a proxy / libkvt peer): release the
@@ -1245,73 +1260,30 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
     kvt_msg_clear(&m);
 }
 
-/* Our handshake reply with the KV pool's regions in order, when the
- * transport did not list them (tcp): a sender that only gets LMCache's
- * remote_indexes (one index over the whole buffer) finds the region and
- * offset of index i from them, as an LMCache sender does from the buffer
- * NIXL registered. The blob is left as it is otherwise. */
-static size_t blob_with_regions(kvt_engine_t *e, uint8_t *blob, size_t len, size_t cap)
-{
-    kvt_msg_t m;
-    kvt_msg_transport_region_t regs[KVT_POOL_MAX_REGIONS];
-    char uuids[KVT_POOL_MAX_REGIONS][KVT_UUID_STR_LEN + 1];
-    uint32_t nr = e->pool != NULL ? kvt_pool_nregions(e->pool) : 0;
-    void *out = NULL;
-    size_t olen = 0;
-
-    if (nr == 0 || nr > KVT_POOL_MAX_REGIONS || kvt_msg_decode(blob, len, &m, NULL) != KVT_OK)
-        return len;
-    if (m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.nregions > 0) {
-        kvt_msg_clear(&m);
-        return len;
-    }
-    memset(regs, 0, sizeof(regs));
-    for (uint32_t i = 0; i < nr; i++) {
-        kvt_region_info_t info;
-        if (kvt_pool_region(e->pool, i, &info) != KVT_OK) {
-            kvt_msg_clear(&m);
-            return len;
-        }
-        kvt_uuid_to_str(&info.uuid, uuids[i]);
-        regs[i].uuid = uuids[i];
-        regs[i].length = (uint64_t)info.npages * info.page_size;
-    }
-    m.u.tinit.regions = regs;
-    m.u.tinit.nregions = nr;
-    if (kvt_msg_encode(&m, &out, &olen) == KVT_OK && olen <= cap) {
-        memcpy(blob, out, olen);
-        len = olen;
-    }
-    kvt_free(out);
-    m.u.tinit.regions = NULL; /* ours, not the message's */
-    m.u.tinit.nregions = 0;
-    kvt_msg_clear(&m);
-    return len;
-}
-
 void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
                            const void *data, size_t len)
 {
     kvt_msg_t m;
     uint8_t blob[KVT_TL_BLOB_MAX];
-    size_t bl = sizeof(blob);
+    size_t bl = sizeof(blob), rlen = 0;
+    void *reply = NULL;
     char peer[KVT_TL_PEER_ID_MAX + 1];
     kvt_msg_err_t err = {0};
-    kvt_status_t st = kvt_msg_decode(data, len, &m, &err);
+    kvt_status_t st = kvt_hs_decode(e, data, len, &m, &err);
 
-    if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0' ||
-        strlen(m.u.tinit.node_id) > KVT_TL_PEER_ID_MAX || strchr(m.u.tinit.node_id, '\n')) {
-        if (st == KVT_OK)
-            kvt_msg_clear(&m);
-        kvt_engine_bad_msg(e, "init port", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
+    if (st != KVT_OK) {
+        kvt_engine_bad_msg(e, "init port", st, &err);
         (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
         return;
     }
+    /* the peer's name comes from the envelope; its transport's bytes go to the transport */
     snprintf(peer, sizeof(peer), "%s", m.u.tinit.node_id);
-    kvt_msg_clear(&m);
     st = e->tl != NULL ? e->tdesc->ops->peer_prepare(e->tl, peer, blob, &bl) : KVT_ERR_CLOSED;
     if (st == KVT_OK)
-        st = e->tdesc->ops->peer_connect(e->tl, peer, data, len);
+        st = e->tdesc->ops->peer_connect(e->tl, peer, m.u.tinit.addr.p, m.u.tinit.addr.n);
+    kvt_msg_clear(&m);
+    if (st == KVT_OK)
+        st = kvt_hs_encode(e, blob, bl, 1, &reply, &rlen);
     if (st != KVT_OK) {
         kvt_engine_count(e, &e->m.bad_messages_total, 1);
         (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, "", 0);
@@ -1321,31 +1293,53 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
     if (kvt_map_get(&e->hs_peers, peer) == NULL && e->hs_peers.count < KVT_HS_PEERS_MAX)
         (void)kvt_map_put(&e->hs_peers, peer, e);
     pthread_mutex_unlock(&e->rx_lock);
-    bl = blob_with_regions(e, blob, bl, sizeof(blob));
-    (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, blob, bl);
+    (void)kvt_ctrl_reply_raw(e->init_rt, ident, ident_len, delim, reply, rlen);
+    kvt_free(reply);
 }
+
+/* ---- timers ---------------------------------------------------------------- */
+
+typedef struct waiter_ctx {
+    kvt_engine_t *e;
+    uint64_t now, next; /* next: the earliest deadline of the waiters left */
+} waiter_ctx_t;
 
 static void expire_waiters(void *arg, const char *key, void *val)
 {
-    kvt_engine_t *e = arg;
+    waiter_ctx_t *wc = arg;
     kvt_rreq_t *q = val;
-    uint64_t now = kvt_engine_now(e);
     uint32_t k = 0;
 
     (void)key;
     for (uint32_t i = 0; i < q->nwaiters; i++) {
-        if (q->waiter_deadline[i] != 0 && now >= q->waiter_deadline[i]) {
-            kvt_task_complete(e, q->waiters[i], KVT_ERR_TIMEOUT);
-        } else {
-            q->waiters[k] = q->waiters[i];
-            q->waiter_deadline[k++] = q->waiter_deadline[i];
+        uint64_t dl = q->waiter_deadline[i];
+        if (dl != 0 && wc->now >= dl) {
+            kvt_task_complete(wc->e, q->waiters[i], KVT_ERR_TIMEOUT);
+            continue;
         }
+        if (dl != 0 && dl < wc->next)
+            wc->next = dl;
+        q->waiters[k] = q->waiters[i];
+        q->waiter_deadline[k++] = dl;
     }
     q->nwaiters = k;
 }
 
+/* A kvt_submit_wait_req deadline is due: time out those waits. Every thread lowers
+ * waiter_due under rx_lock, so setting it here loses nothing. */
+static void on_waiter_timer(pdb_timer_t *t, uint64_t now)
+{
+    kvt_engine_t *e = t->arg;
+    waiter_ctx_t wc = {.e = e, .now = now, .next = UINT64_MAX};
+
+    pthread_mutex_lock(&e->rx_lock);
+    kvt_map_each(&e->rreqs, expire_waiters, &wc);
+    atomic_store(&e->waiter_due, wc.next);
+    pthread_mutex_unlock(&e->rx_lock);
+}
+
 typedef struct stale_ctx {
-    uint64_t now, ttl;
+    uint64_t now, ttl, next; /* next: when a record left may go stale */
     kvt_rreq_t **v;
     uint32_t n, cap;
 } stale_ctx_t;
@@ -1354,30 +1348,60 @@ static void collect_stale(void *arg, const char *key, void *val)
 {
     stale_ctx_t *sc = arg;
     kvt_rreq_t *q = val;
+    uint64_t exp = q->touched_ns + sc->ttl;
     (void)key;
-    /* a record with entries stays: release by request id walks its list */
+    /* a record with entries stays: release by request id walks its list; one busy past its
+     * TTL is looked at again a TTL later */
     if (q->nwaiters > 0 || q->reading > 0 || q->ack_ident != NULL || q->nents > 0 ||
-        sc->now < q->touched_ns + sc->ttl)
+        sc->now < exp) {
+        exp = exp > sc->now ? exp : sc->now + sc->ttl;
+        if (exp < sc->next)
+            sc->next = exp;
         return;
+    }
     if (sc->n == sc->cap) {
         uint32_t nc = sc->cap ? sc->cap * 2 : 64;
         kvt_rreq_t **nv = kvt_realloc(sc->v, nc * sizeof(*nv));
-        if (nv == NULL)
+        if (nv == NULL) {
+            sc->next = sc->now; /* try again at the next sweep */
             return;
+        }
         sc->v = nv;
         sc->cap = nc;
     }
     sc->v[sc->n++] = q;
 }
 
-void kvt_flow_recv_tick(kvt_engine_t *e)
+/* Forget request records nobody asked about for a TTL (their chunks stay until released),
+ * drop expired tombstones and reservations: keeps the tables bounded. */
+static void on_sweep_timer(pdb_timer_t *t, uint64_t now)
 {
-    kvt_parked_t *list = e->parked, **tail;
+    kvt_engine_t *e = t->arg;
+    stale_ctx_t sc = {
+        .now = now, .ttl = kvt_sec_to_ns(e->cfg.pd_pull_pending_ttl), .next = UINT64_MAX};
+    uint64_t next;
+
+    e->sweep_last_ns = now;
+    pthread_mutex_lock(&e->rx_lock);
+    kvt_map_each(&e->rreqs, collect_stale, &sc);
+    for (uint32_t i = 0; i < sc.n; i++)
+        rreq_free(e, sc.v[i], KVT_OK);
+    kvt_free(sc.v);
+    next = tomb_sweep_locked(e, now);
+    (void)kvt_reserve_sweep(e->reserve, NULL);
+    if (kvt_reserve_next_deadline(e->reserve) < next)
+        next = kvt_reserve_next_deadline(e->reserve);
+    atomic_store(&e->sweep_due, sc.next < next ? sc.next : next);
+    pthread_mutex_unlock(&e->rx_lock);
+}
+
+/* Parked requests, in order; stop at the first that still has to wait. The first one's
+ * deadline (the earliest: one TTL for all) is armed for its final answer. */
+static void retry_parked(kvt_engine_t *e)
+{
+    kvt_parked_t *list = e->parked;
     uint64_t now = kvt_engine_now(e);
 
-    if (!(e->role & KVT_ROLE_RECEIVER))
-        return;
-    /* parked requests, in order; stop at the first that still has to wait */
     e->parked = NULL;
     while (list != NULL) {
         kvt_parked_t *pk = list;
@@ -1394,22 +1418,47 @@ void kvt_flow_recv_tick(kvt_engine_t *e)
         kvt_free(pk->ident);
         kvt_free(pk);
     }
-    (void)tail;
-    pthread_mutex_lock(&e->rx_lock);
-    kvt_map_each(&e->rreqs, expire_waiters, e);
-    if (now >= e->rreq_sweep_ns) {
-        /* forget request records nobody asked about for a TTL (their
-         * chunks stay until released); keeps the table bounded */
-        stale_ctx_t sc = {.now = now, .ttl = kvt_sec_to_ns(e->cfg.pd_pull_pending_ttl)};
-        kvt_map_each(&e->rreqs, collect_stale, &sc);
-        for (uint32_t i = 0; i < sc.n; i++)
-            rreq_free(e, sc.v[i], KVT_OK);
-        kvt_free(sc.v);
-        tomb_sweep_locked(e, now);
-        e->rreq_sweep_ns = now + KVT_NSEC_PER_SEC;
-    }
-    pthread_mutex_unlock(&e->rx_lock);
-    (void)kvt_reserve_sweep(e->reserve, NULL);
+    if (e->parked != NULL)
+        kvt_engine_arm(e, &e->parked_timer, e->parked->deadline_ns);
+    else
+        pdb_timer_cancel(&e->timers, &e->parked_timer);
+}
+
+static void on_parked_timer(pdb_timer_t *t, uint64_t now)
+{
+    (void)now;
+    retry_parked(t->arg);
+}
+
+/* Arm <t> for <due> unless it is armed for it already (UINT64_MAX: nothing to do; a timer
+ * armed for an earlier time fires for nothing and re-reads the due time). */
+static void sync_timer(kvt_engine_t *e, pdb_timer_t *t, uint64_t due)
+{
+    if (due != UINT64_MAX && (!pdb_timer_armed(t) || t->due != due))
+        kvt_engine_arm(e, t, due);
+}
+
+void kvt_flow_recv_init(kvt_engine_t *e)
+{
+    pdb_timer_init(&e->parked_timer, on_parked_timer, e);
+    pdb_timer_init(&e->waiter_timer, on_waiter_timer, e);
+    pdb_timer_init(&e->sweep_timer, on_sweep_timer, e);
+}
+
+void kvt_flow_recv_turn(kvt_engine_t *e)
+{
+    uint64_t sweep;
+
+    if (!(e->role & KVT_ROLE_RECEIVER))
+        return;
+    if (e->parked != NULL)
+        retry_parked(e); /* pages freed since wake us */
+    sync_timer(e, &e->waiter_timer, atomic_load(&e->waiter_due));
+    /* sweeps walk whole tables: at most one a second, however many records go stale */
+    sweep = atomic_load(&e->sweep_due);
+    if (sweep != UINT64_MAX && sweep < e->sweep_last_ns + KVT_NSEC_PER_SEC)
+        sweep = e->sweep_last_ns + KVT_NSEC_PER_SEC;
+    sync_timer(e, &e->sweep_timer, sweep);
 }
 
 /* ---- user calls ------------------------------------------------------------ */
@@ -1454,6 +1503,8 @@ kvt_status_t kvt_submit_wait_req(kvt_engine_t *e, const char *req_id, int timeou
         q->waiters[q->nwaiters] = t;
         q->waiter_deadline[q->nwaiters] =
             timeout_ms < 0 ? 0 : kvt_engine_now(e) + (uint64_t)timeout_ms * KVT_NSEC_PER_MSEC + 1;
+        if (q->waiter_deadline[q->nwaiters] != 0)
+            kvt_engine_due_lower(e, &e->waiter_due, q->waiter_deadline[q->nwaiters]);
         q->nwaiters++;
     }
     pthread_mutex_unlock(&e->rx_lock);

@@ -167,6 +167,10 @@ static void batch_finish(kvt_engine_t *e, kvt_sreq_t *r, kvt_status_t st)
     kvt_sreq_free(r);
 }
 
+static void on_hs_timer(pdb_timer_t *t, uint64_t now);
+static void on_reply_timer(pdb_timer_t *t, uint64_t now);
+static void pending_arm(kvt_engine_t *e);
+
 static kvt_speer_t *speer_get(kvt_engine_t *e, const char *host, uint16_t alloc_port,
                               uint16_t init_port)
 {
@@ -181,9 +185,15 @@ static kvt_speer_t *speer_get(kvt_engine_t *e, const char *host, uint16_t alloc_
             return p;
         }
     }
+    if (kvt_engine_timer_room(e, 1) != KVT_OK)
+        return NULL; /* its two timers could not be armed */
     p = kvt_calloc(1, sizeof(*p));
     if (p == NULL)
         return NULL;
+    p->eng = e;
+    pdb_timer_init(&p->hs_timer, on_hs_timer, p);
+    pdb_timer_init(&p->reply_timer, on_reply_timer, p);
+    e->nspeers++;
     snprintf(p->addr, sizeof(p->addr), "%s", addr);
     snprintf(p->host, sizeof(p->host), "%s", host);
     p->alloc_port = alloc_port;
@@ -239,7 +249,8 @@ static void fail_queue(kvt_engine_t *e, kvt_speer_t *p, kvt_status_t st)
 static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
 {
     uint8_t blob[KVT_TL_BLOB_MAX];
-    size_t len = sizeof(blob);
+    size_t len = sizeof(blob), mlen = 0;
+    void *msg = NULL;
     kvt_status_t st;
 
     if (e->tl == NULL)
@@ -251,12 +262,17 @@ static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
     if (p->init_dealer == NULL)
         return KVT_ERR_IO;
     st = e->tdesc->ops->peer_prepare(e->tl, p->addr, blob, &len);
+    if (st == KVT_OK)
+        st = kvt_hs_encode(e, blob, len, 0, &msg, &mlen);
     if (st != KVT_OK)
         return st;
-    if (kvt_ctrl_send_req_raw(p->init_dealer, blob, len) != KVT_OK)
+    st = kvt_ctrl_send_req_raw(p->init_dealer, msg, mlen);
+    kvt_free(msg);
+    if (st != KVT_OK)
         return KVT_ERR_IO;
     p->hs_state = 1;
     p->hs_deadline_ns = kvt_engine_now(e) + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC;
+    kvt_engine_arm(e, &p->hs_timer, p->hs_deadline_ns);
     return KVT_OK;
 }
 
@@ -452,6 +468,7 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
         r->deadline_ns = kvt_engine_now(e) + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC +
                          kvt_sec_to_ns(e->cfg.pd_alloc_fail_backoff_ttl);
         p->active = r;
+        kvt_engine_arm(e, &p->reply_timer, r->deadline_ns);
     }
 }
 
@@ -633,24 +650,23 @@ void kvt_flow_sender_on_hs_reply(kvt_engine_t *e, kvt_speer_t *p, const void *da
 
     if (p->hs_state != 1)
         return; /* stale */
-    st = kvt_msg_decode(data, len, &m, &err);
-    if (st != KVT_OK || m.type != KVT_MSG_TRANSPORT_INIT || m.u.tinit.node_id[0] == '\0') {
-        if (st == KVT_OK)
-            kvt_msg_clear(&m);
-        kvt_engine_bad_msg(e, "handshake reply", st != KVT_OK ? st : KVT_ERR_MSG_TYPE, &err);
+    st = kvt_hs_decode(e, data, len, &m, &err);
+    if (st != KVT_OK) {
+        kvt_engine_bad_msg(e, "handshake reply", st, &err);
         p->hs_state = 0;
         fail_queue(e, p, KVT_ERR_PROTO);
         return;
     }
+    /* who answered: the control plane says so, not the transport's blob */
     snprintf(p->peer_id, sizeof(p->peer_id), "%s", m.u.tinit.node_id);
-    kvt_msg_clear(&m);
     st = e->tl != NULL ? KVT_OK : KVT_ERR_CLOSED;
     /* prepared under the address we dialled; the transport may have bound
      * state to that name */
     if (st == KVT_OK && strcmp(p->addr, p->peer_id) != 0 && e->tdesc->ops->peer_rename != NULL)
         st = e->tdesc->ops->peer_rename(e->tl, p->addr, p->peer_id);
     if (st == KVT_OK)
-        st = e->tdesc->ops->peer_connect(e->tl, p->peer_id, data, len);
+        st = e->tdesc->ops->peer_connect(e->tl, p->peer_id, m.u.tinit.addr.p, m.u.tinit.addr.n);
+    kvt_msg_clear(&m);
     kvt_ctrl_close(p->init_dealer);
     p->init_dealer = NULL;
     if (st != KVT_OK) {
@@ -850,6 +866,8 @@ static void on_pull_ack(kvt_engine_t *e, kvt_sreq_t *r, kvt_msg_t *m)
     if (nrest > 0) {
         st = kvt_pending_add(e->pending, r->pull_id, r->req_id, r->pool, rest, nrest, r->peer,
                              &already_done);
+        if (st == KVT_OK)
+            pending_arm(e);
         if (st == KVT_OK && already_done) {
             /* its PullDoneSignal came before this ack */
             kvt_engine_count(e, &e->m.pull_early_done_total, 1);
@@ -964,36 +982,81 @@ static void sweep_cb(void *arg, kvt_pending_entry_t *pe)
     kvt_engine_count(e, &e->m.pull_expired_total, 1);
 }
 
-void kvt_flow_sender_tick(kvt_engine_t *e)
+/* The handshake went unanswered: drop the socket, fail what waits. A timer left over from an
+ * earlier handshake finds it done, or re-arms for the current one's deadline. */
+static void on_hs_timer(pdb_timer_t *t, uint64_t now)
 {
-    uint64_t now = kvt_engine_now(e);
+    kvt_speer_t *p = t->arg;
+    kvt_engine_t *e = p->eng;
 
-    for (kvt_speer_t *p = e->speers; p != NULL; p = p->next) {
-        if (p->hs_state == 1 && now >= p->hs_deadline_ns) {
-            /* handshake unanswered: drop the socket, fail what waits */
-            kvt_engine_count(e, &e->m.ctrl_timeouts_total, 1);
-            kvt_ctrl_close(p->init_dealer);
-            p->init_dealer = NULL;
-            p->hs_state = 0;
-            fail_queue(e, p, KVT_ERR_TIMEOUT);
-        }
-        if (p->active != NULL && now >= p->active->deadline_ns) {
-            kvt_sreq_t *r = p->active;
-            /* a DEALER that missed its reply is never reused */
-            kvt_engine_count(e, &e->m.ctrl_timeouts_total, 1);
-            kvt_ctrl_close(p->dealer);
-            p->dealer = NULL;
-            p->dealer_gen++;
-            p->active = NULL;
-            release_pages(e, r, NULL);
-            sreq_finish(e, r, KVT_ERR_TIMEOUT);
-            speer_kick(e, p);
-        }
+    if (p->hs_state != 1)
+        return;
+    if (now < p->hs_deadline_ns) {
+        kvt_engine_arm(e, t, p->hs_deadline_ns);
+        return;
     }
+    kvt_engine_count(e, &e->m.ctrl_timeouts_total, 1);
+    kvt_ctrl_close(p->init_dealer);
+    p->init_dealer = NULL;
+    p->hs_state = 0;
+    fail_queue(e, p, KVT_ERR_TIMEOUT);
+}
+
+/* The active request missed its reply. Answered ones leave the timer to fire for nothing
+ * (cheaper than cancelling on every path that ends a request). */
+static void on_reply_timer(pdb_timer_t *t, uint64_t now)
+{
+    kvt_speer_t *p = t->arg;
+    kvt_engine_t *e = p->eng;
+    kvt_sreq_t *r = p->active;
+
+    if (r == NULL)
+        return;
+    if (now < r->deadline_ns) {
+        kvt_engine_arm(e, t, r->deadline_ns);
+        return;
+    }
+    /* a DEALER that missed its reply is never reused */
+    kvt_engine_count(e, &e->m.ctrl_timeouts_total, 1);
+    kvt_ctrl_close(p->dealer);
+    p->dealer = NULL;
+    p->dealer_gen++;
+    p->active = NULL;
+    release_pages(e, r, NULL);
+    sreq_finish(e, r, KVT_ERR_TIMEOUT);
+    speer_kick(e, p);
+}
+
+/* Arm the pull-pending table's timer for its first TTL (entries are added with the same TTL,
+ * so the head expires first). */
+static void pending_arm(kvt_engine_t *e)
+{
+    uint64_t next = e->pending != NULL ? kvt_pending_next_deadline(e->pending) : UINT64_MAX;
+
+    if (next != UINT64_MAX)
+        kvt_engine_arm(e, &e->pending_timer, next);
+    else
+        pdb_timer_cancel(&e->timers, &e->pending_timer);
+}
+
+static void on_pending_timer(pdb_timer_t *t, uint64_t now)
+{
+    kvt_engine_t *e = t->arg;
+
+    if (kvt_pending_next_deadline(e->pending) <= now)
+        kvt_pending_sweep(e->pending, sweep_cb, e, NULL);
+    pending_arm(e);
+}
+
+void kvt_flow_sender_init(kvt_engine_t *e)
+{
+    pdb_timer_init(&e->pending_timer, on_pending_timer, e);
+}
+
+void kvt_flow_sender_kick_all(kvt_engine_t *e)
+{
     for (kvt_speer_t *p = e->speers; p != NULL; p = p->next)
         speer_kick(e, p); /* landing confirmations queued by completions */
-    if (e->pending != NULL && kvt_pending_next_deadline(e->pending) <= now)
-        kvt_pending_sweep(e->pending, sweep_cb, e, NULL);
 }
 
 void kvt_flow_sender_on_done_sock(kvt_engine_t *e, const void *data, size_t len)

@@ -137,6 +137,7 @@ static const kvt_msg_field_t transport_init_fields[] = {
     FLDS(tinit_t, regions, nregions, &transport_region_desc, 0),
     FLD(tinit_t, version, KVT_F_INT, 0, 1),
     FLD(tinit_t, epoch, KVT_F_INT, 0, 0),
+    FLDX(tinit_t, addr, KVT_F_BIN),
 };
 
 static const kvt_msg_desc_t msg_descs[KVT_MSG_TYPE_COUNT] = {
@@ -294,6 +295,24 @@ kvt_status_t kvt_msg_set_str(char **dst, const char *s)
     return KVT_OK;
 }
 
+kvt_status_t kvt_bytes_set(kvt_bytes_t *b, const void *p, size_t n)
+{
+    uint8_t *copy = NULL;
+
+    if (n > KVT_MSG_MAX_STR)
+        return KVT_ERR_LIMIT;
+    if (n > 0) {
+        copy = kvt_malloc(n);
+        if (copy == NULL)
+            return KVT_ERR_NOMEM;
+        memcpy(copy, p, n);
+    }
+    kvt_free(b->p);
+    b->p = copy;
+    b->n = (uint32_t)n;
+    return KVT_OK;
+}
+
 /* ---- generic struct walkers ---------------------------------------------- */
 
 void kvt_msg_struct_clear(const kvt_msg_desc_t *d, void *base)
@@ -323,6 +342,13 @@ void kvt_msg_struct_clear(const kvt_msg_desc_t *d, void *base)
             }
             *arr = NULL;
             *cnt = 0;
+            break;
+        }
+        case KVT_F_BIN: {
+            kvt_bytes_t *b = KVT_FIELD_PTR(base, f, kvt_bytes_t);
+            kvt_free(b->p);
+            b->p = NULL;
+            b->n = 0;
             break;
         }
         case KVT_F_INT:
@@ -394,6 +420,11 @@ kvt_status_t kvt_msg_struct_copy(const kvt_msg_desc_t *d, void *dst, const void 
         case KVT_F_INT_LIST: {
             const kvt_int_list_t *l = KVT_FIELD_CPTR(src, f, kvt_int_list_t);
             status = kvt_int_list_set(KVT_FIELD_PTR(dst, f, kvt_int_list_t), l->v, l->n);
+            break;
+        }
+        case KVT_F_BIN: {
+            const kvt_bytes_t *b = KVT_FIELD_CPTR(src, f, kvt_bytes_t);
+            status = kvt_bytes_set(KVT_FIELD_PTR(dst, f, kvt_bytes_t), b->p, b->n);
             break;
         }
         case KVT_F_STRUCT_LIST: {

@@ -83,6 +83,19 @@ static kvt_status_t decode_field(const kvt_msg_field_t *f, const msgpack_object 
     case KVT_F_STR:
         status = get_str(v, KVT_FIELD_PTR(base, f, char *), &why);
         break;
+    case KVT_F_BIN:
+        if (v->type != MSGPACK_OBJECT_BIN) {
+            status = KVT_ERR_MSG_FIELD;
+            why = "expected bin";
+            break;
+        }
+        status =
+            kvt_bytes_set(KVT_FIELD_PTR(base, f, kvt_bytes_t), v->via.bin.ptr, v->via.bin.size);
+        if (status == KVT_ERR_LIMIT)
+            why = "bin too long";
+        else if (status != KVT_OK)
+            why = "out of memory";
+        break;
     case KVT_F_INT:
         status = get_int(v, KVT_FIELD_PTR(base, f, int64_t), &why);
         break;

@@ -81,6 +81,8 @@ static int field_omitted(const kvt_msg_field_t *f, const void *base)
         return KVT_FIELD_CPTR(base, f, kvt_str_list_t)->n == 0;
     case KVT_F_INT_LIST:
         return KVT_FIELD_CPTR(base, f, kvt_int_list_t)->n == 0;
+    case KVT_F_BIN:
+        return KVT_FIELD_CPTR(base, f, kvt_bytes_t)->n == 0;
     default:
         return 0;
     }
@@ -95,6 +97,15 @@ static kvt_status_t pack_field(msgpack_packer *pk, const kvt_msg_field_t *f, con
     switch (f->kind) {
     case KVT_F_STR:
         return pack_cstr(pk, *KVT_FIELD_CPTR(base, f, char *));
+    case KVT_F_BIN: {
+        const kvt_bytes_t *b = KVT_FIELD_CPTR(base, f, kvt_bytes_t);
+        if (b->n > KVT_MSG_MAX_STR)
+            return KVT_ERR_LIMIT;
+        msgpack_pack_bin(pk, b->n);
+        if (b->n > 0)
+            msgpack_pack_bin_body(pk, b->p, b->n);
+        return KVT_OK;
+    }
     case KVT_F_INT:
         msgpack_pack_int64(pk, *KVT_FIELD_CPTR(base, f, int64_t));
         return KVT_OK;

@@ -18,6 +18,7 @@ typedef enum kvt_msg_kind {
     KVT_F_STR_LIST,    /* kvt_str_list_t */
     KVT_F_INT_LIST,    /* kvt_int_list_t */
     KVT_F_STRUCT_LIST, /* T *ptr at off, uint32_t count at count_off, T per <elem> */
+    KVT_F_BIN,         /* kvt_bytes_t */
 } kvt_msg_kind_t;
 
 typedef struct kvt_msg_desc kvt_msg_desc_t;

@@ -9,6 +9,63 @@
 
 static json_t *struct_to_json(const kvt_msg_desc_t *d, const void *base);
 
+/* bin fields show as lowercase hex */
+static json_t *bytes_to_json(const kvt_bytes_t *b)
+{
+    static const char hex[] = "0123456789abcdef";
+    char *s = kvt_malloc((size_t)b->n * 2 + 1);
+    json_t *j;
+
+    if (s == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < b->n; i++) {
+        s[2 * i] = hex[b->p[i] >> 4];
+        s[2 * i + 1] = hex[b->p[i] & 15];
+    }
+    s[(size_t)b->n * 2] = '\0';
+    j = json_string(s);
+    kvt_free(s);
+    return j;
+}
+
+static int hex_val(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static kvt_status_t bytes_from_json(json_t *v, kvt_bytes_t *b)
+{
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    size_t n = s != NULL ? json_string_length(v) : 0;
+    uint8_t *p;
+    kvt_status_t st;
+
+    if (s == NULL || n % 2 != 0)
+        return KVT_ERR_MSG_FIELD;
+    if (n / 2 > KVT_MSG_MAX_STR)
+        return KVT_ERR_LIMIT;
+    p = kvt_malloc(n / 2 + 1);
+    if (p == NULL)
+        return KVT_ERR_NOMEM;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hex_val(s[2 * i]), lo = hex_val(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            kvt_free(p);
+            return KVT_ERR_MSG_FIELD;
+        }
+        p[i] = (uint8_t)(hi << 4 | lo);
+    }
+    st = kvt_bytes_set(b, p, n / 2);
+    kvt_free(p);
+    return st;
+}
+
 static json_t *field_to_json(const kvt_msg_field_t *f, const void *base)
 {
     switch (f->kind) {
@@ -16,6 +73,8 @@ static json_t *field_to_json(const kvt_msg_field_t *f, const void *base)
         const char *s = *KVT_FIELD_CPTR(base, f, char *);
         return json_string(s != NULL ? s : "");
     }
+    case KVT_F_BIN:
+        return bytes_to_json(KVT_FIELD_CPTR(base, f, kvt_bytes_t));
     case KVT_F_INT:
         return json_integer((json_int_t)*KVT_FIELD_CPTR(base, f, int64_t));
     case KVT_F_U64: {
@@ -70,6 +129,9 @@ static json_t *struct_to_json(const kvt_msg_desc_t *d, const void *base)
         /* like the wire: a pdgw extension at its default is not shown */
         if (d->fields[i].omit_default && d->fields[i].kind == KVT_F_INT &&
             *KVT_FIELD_CPTR(base, &d->fields[i], int64_t) == d->fields[i].def)
+            continue;
+        if (d->fields[i].omit_default && d->fields[i].kind == KVT_F_BIN &&
+            KVT_FIELD_CPTR(base, &d->fields[i], kvt_bytes_t)->n == 0)
             continue;
         if (json_object_set_new(o, d->fields[i].name, field_to_json(&d->fields[i], base)) != 0)
             goto err;
@@ -136,6 +198,9 @@ static kvt_status_t field_from_json(const kvt_msg_field_t *f, json_t *v, void *b
     switch (f->kind) {
     case KVT_F_STR:
         st = json_str(v, KVT_FIELD_PTR(base, f, char *));
+        break;
+    case KVT_F_BIN:
+        st = bytes_from_json(v, KVT_FIELD_PTR(base, f, kvt_bytes_t));
         break;
     case KVT_F_INT:
         if (!json_is_integer(v))

@@ -220,6 +220,29 @@ kvt_status_t kvt_reserve_sweep(kvt_reserve_t *t, uint32_t *nexpired_out)
     return KVT_OK;
 }
 
+static int min_deadline_cb(void *arg, const char *key, void *val)
+{
+    uint64_t *next = arg;
+    const reservation_t *r = val;
+
+    (void)key;
+    if (r->deadline_ns < *next)
+        *next = r->deadline_ns;
+    return 0; /* keep */
+}
+
+uint64_t kvt_reserve_next_deadline(kvt_reserve_t *t)
+{
+    uint64_t next = UINT64_MAX;
+
+    if (t == NULL)
+        return next;
+    pthread_mutex_lock(&t->lock);
+    kvt_strmap_filter(&t->map, min_deadline_cb, &next);
+    pthread_mutex_unlock(&t->lock);
+    return next;
+}
+
 int64_t kvt_reserve_free_chunks(kvt_reserve_t *t)
 {
     int64_t f;

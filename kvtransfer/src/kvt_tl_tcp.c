@@ -24,7 +24,6 @@
 #include <unistd.h>
 #include <fcntl.h>
 
-#include "kvt/kvt_msg.h"
 #include "kvt/kvt_uuid.h"
 #include "kvt_tl_tcp_int.h"
 
@@ -254,11 +253,7 @@ static kvt_status_t peer_token_locked(tcp_peer_t *p, char out[KVT_TCP_TOKEN_LEN 
 
 static kvt_status_t tcp_peer_prepare(kvt_tl_t *tl, const char *peer_id, void *blob, size_t *len)
 {
-    kvt_msg_t m;
-    kvt_msg_transport_lane_t lane;
     char token[KVT_TCP_TOKEN_LEN + 1];
-    void *data = NULL;
-    size_t dlen = 0;
     tcp_peer_t *p;
     kvt_status_t st;
 
@@ -273,60 +268,24 @@ static kvt_status_t tcp_peer_prepare(kvt_tl_t *tl, const char *peer_id, void *bl
     pthread_mutex_unlock(&tl->lock);
     if (st != KVT_OK)
         return st;
-    kvt_msg_init(&m, KVT_MSG_TRANSPORT_INIT);
-    memset(&lane, 0, sizeof(lane));
-    lane.host = tl->advertise;
-    lane.port = tl->port;
-    lane.gid = token; /* tcp has no GID: the lane's field carries the HELLO token */
-    m.u.tinit.node_id = tl->local_id;
-    m.u.tinit.transport = "tcp";
-    m.u.tinit.lanes = &lane;
-    m.u.tinit.nlanes = 1;
-    m.u.tinit.version = 1;
-    st = kvt_msg_encode(&m, &data, &dlen);
-    /* the fields point at our own storage: nothing to clear */
-    if (st != KVT_OK)
-        return st;
-    if (dlen > *len) {
-        kvt_free(data);
-        return KVT_ERR_LIMIT;
-    }
-    memcpy(blob, data, dlen);
-    *len = dlen;
-    kvt_free(data);
-    return KVT_OK;
+    return kvt_tcp_addr_pack(tl->advertise, tl->port, token, blob, len);
 }
 
 static kvt_status_t tcp_peer_connect(kvt_tl_t *tl, const char *peer_id, const void *blob,
                                      size_t len)
 {
-    kvt_msg_t m;
     char host[256];
     char token[KVT_TCP_TOKEN_LEN + 1];
-    kvt_uuid_t tu;
-    int64_t port;
+    uint16_t port;
     tcp_peer_t *p;
     kvt_status_t st;
 
     if (tl == NULL || peer_id == NULL || blob == NULL || len == 0 ||
         strlen(peer_id) > KVT_TL_PEER_ID_MAX || peer_id[0] == '\0')
         return KVT_ERR_INVALID;
-    st = kvt_msg_decode(blob, len, &m, NULL);
+    st = kvt_tcp_addr_unpack(blob, len, host, &port, token);
     if (st != KVT_OK)
         return st;
-    if (m.type != KVT_MSG_TRANSPORT_INIT || strcmp(m.u.tinit.transport, "tcp") != 0 ||
-        m.u.tinit.nlanes < 1 || m.u.tinit.lanes[0].host == NULL ||
-        m.u.tinit.lanes[0].host[0] == '\0' || strlen(m.u.tinit.lanes[0].host) >= sizeof(host) ||
-        m.u.tinit.lanes[0].port <= 0 || m.u.tinit.lanes[0].port > 65535 ||
-        m.u.tinit.lanes[0].gid == NULL || strlen(m.u.tinit.lanes[0].gid) != KVT_TCP_TOKEN_LEN ||
-        kvt_uuid_parse(m.u.tinit.lanes[0].gid, KVT_TCP_TOKEN_LEN, &tu) != KVT_OK) {
-        kvt_msg_clear(&m);
-        return KVT_ERR_PROTO;
-    }
-    memcpy(token, m.u.tinit.lanes[0].gid, sizeof(token));
-    snprintf(host, sizeof(host), "%s", m.u.tinit.lanes[0].host);
-    port = m.u.tinit.lanes[0].port;
-    kvt_msg_clear(&m);
     p = peer_get(tl, peer_id, 1);
     if (p == NULL)
         return KVT_ERR_NOMEM;

@@ -5,7 +5,8 @@
  * Every lane is one TCP connection from an initiator to a target's data
  * listener. The first frame is HELLO: the header's uuid field carries the
  * lane token the target handed to this initiator over the control plane
- * (TransportInit lane "token"), the payload is the initiator's node id.
+ * (in its address blob, kvt_tl_tcp_addr.c), the payload is the initiator's
+ * node id.
  * The target accepts the lane only if the token is the one it issued to
  * that id, so a lane can only ever act for the peer that was granted pages.
  * Then:
@@ -234,6 +235,14 @@ kvt_status_t kvt_tl_tcp_lanes_post(kvt_tl_t *tl, tcp_peer_t *p, kvt_tl_op_t op,
                                    const kvt_tl_xfer_t *xfers, size_t n, uint64_t cookie);
 /* Stop every lane of <p> (p->lock held): join threads, fail frames. */
 void kvt_tl_tcp_peer_teardown_locked(tcp_peer_t *p);
+
+/* The address blob (kvt_tl_tcp_addr.c): listener host and port and the lane token handed to
+ * the peer. pack: *len is the room in, the size out. unpack: KVT_ERR_PROTO on anything
+ * malformed (it comes from the network). */
+kvt_status_t kvt_tcp_addr_pack(const char *host, uint16_t port, const char *token, void *out,
+                               size_t *len);
+kvt_status_t kvt_tcp_addr_unpack(const void *blob, size_t len, char host[256], uint16_t *port,
+                                 char token[KVT_TCP_TOKEN_LEN + 1]);
 
 extern const kvt_transport_desc_t kvt_tl_tcp_desc;
 

@@ -12,7 +12,11 @@
  *   create      -> listener/devices ready, nothing connected yet
  *   reg_region  -> each large region registered once (never per page)
  *   peer_prepare/peer_connect
- *               -> handshake run by the engine over the init port:
+ *               -> handshake run by the engine over the init port. A blob
+ *                  is the transport's address (as UCX worker addresses): it
+ *                  packs and unpacks its own bytes; the engine carries them
+ *                  unread in TransportInit.addr next to the node ids, which
+ *                  come from the control plane (kvt_handshake.c):
  *                    initiator: blob_a = peer_prepare(target_id)
  *                               send blob_a ----------------------------->
  *                    target:    blob_b = peer_prepare(initiator_id)
@@ -138,7 +142,8 @@ typedef struct kvt_tl_ops {
 
     /* Handshake (see top of file). peer_prepare writes at most *len bytes of
      * this side's blob for <peer_id> (addresses, QP numbers, region
-     * rkeys/addrs of every registered region) and sets *len.
+     * rkeys/addrs of every registered region: whatever the transport needs,
+     * in its own format; no node id, the engine sends that) and sets *len.
      * peer_connect consumes the peer's blob; connections are established
      * lazily or eagerly as the transport prefers. Calling them again for a
      * known peer replaces the old connection (peer restarted). */

@@ -1,7 +1,8 @@
 /*
  * fuzz_tcp_frame.c - bytes from a TCP lane into the TCP transport, in-process.
  *
- * The frame codecs (request and reply headers) get the raw input; then the
+ * The frame codecs (request and reply headers) and the address-blob codec
+ * (kvt_tl_tcp_addr.c) get the raw input; then the
  * input is played as a whole lane into the target side (kvt_tl_tcp_serve)
  * through an in-memory reader, against a registered region with a few pages
  * granted to the peer "fuzz". Input byte 0 picks a prefix so the fuzzer
@@ -70,7 +71,8 @@ static void fz_init(void)
     uint32_t wpages[4] = {0, 1, 2, 3}, rpages[4] = {2, 3, 4, 5};
     uint8_t blob[KVT_TL_BLOB_MAX];
     size_t bl = sizeof(blob);
-    kvt_msg_t m;
+    char host[256];
+    uint16_t port;
 
     if (kvt_tl_tcp_desc.ops->create(&c, NULL, &g_tl) != KVT_OK)
         abort();
@@ -83,16 +85,26 @@ static void fz_init(void)
         abort();
     /* the token "fuzz" must present, as its handshake blob would carry it */
     if (kvt_tl_tcp_desc.ops->peer_prepare(g_tl, "fuzz", blob, &bl) != KVT_OK ||
-        kvt_msg_decode(blob, bl, &m, NULL) != KVT_OK)
+        kvt_tcp_addr_unpack(blob, bl, host, &port, g_token) != KVT_OK)
         abort();
-    snprintf(g_token, sizeof(g_token), "%s", m.u.tinit.lanes[0].gid);
-    kvt_msg_clear(&m);
 }
 
 static void check_codecs(const uint8_t *data, size_t size)
 {
     kvt_tcp_hdr_t h;
     kvt_tcp_reply_t r;
+    char host[256], token[KVT_TCP_TOKEN_LEN + 1];
+    uint16_t port;
+
+    /* a peer's address blob (it comes over the control plane): anything accepted packs
+     * back to the same bytes */
+    if (kvt_tcp_addr_unpack(data, size, host, &port, token) == KVT_OK) {
+        uint8_t b[KVT_TL_BLOB_MAX];
+        size_t bl = sizeof(b);
+        if (kvt_tcp_addr_pack(host, port, token, b, &bl) != KVT_OK || bl != size ||
+            memcmp(b, data, size) != 0)
+            abort();
+    }
 
     if (kvt_tcp_hdr_decode(data, size, &h) == KVT_OK) {
         /* anything accepted re-encodes to the same header */

@@ -82,6 +82,12 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
  * release every page, close everything. Tasks not yet harvested are freed. */
 void kvt_engine_destroy(kvt_engine_t *e);
 
+/* The injected clock (kvt_engine_params_t.clock) moved: the progress thread
+ * sleeps until the earliest deadline as that clock saw it, so a test that
+ * moves its clock calls this to have the deadlines now due run at once.
+ * Never needed with the monotonic clock. Any thread. */
+void kvt_engine_clock_moved(kvt_engine_t *e);
+
 /* This engine's node id (pd_node_id or "<hostname>-<pid>"); owned by e. */
 const char *kvt_engine_id(const kvt_engine_t *e);
 

@@ -33,7 +33,7 @@
  *  ReserveResponse     req_id:str granted:bool free_chunks:int         (pdgw extension)
  *  TransportInit       node_id:str transport:str lanes:[TransportLane]
  *                      regions:[TransportRegion]=[] version:int=1 epoch:int=0
- *                                                                      (pdgw extension)
+ *                      addr:bin=b"" (omitted when empty)               (pdgw extension)
  *    TransportLane     host:str="" port:int=0 qp_num:int=0 lid:int=0 gid:str=""
  *                      psn:int=0 mtu:int=0                 (nested map, "type" first)
  *    TransportRegion   uuid:str addr:int length:int rkey:int=0  (nested map, "type" first)
@@ -46,6 +46,12 @@
  * when both sides said so do they use the pdgw extensions (the "landed"
  * ProxyNotif echo).
  *
+ * TransportInit is libkvt-only: both ends of the init-port handshake are
+ * libkvt. Upstream LMCache's PD messages are AllocRequest, AllocResponse,
+ * ProxyNotif and CancelNotif (lmcache/v1/storage_backend/pd_backend.py); its
+ * init port carries the transfer channel's own handshake (NixlInitRequest /
+ * NixlInitResponse with opaque agent metadata bytes,
+ * lmcache/v1/transfer_channel/nixl_channel.py), which libkvt does not speak.
  * TransportInit is exchanged on pd_peer_init_port: each side sends its own
  * and answers with its own. TCP uses host/port per lane; verbs uses
  * qp_num/lid/gid/psn/mtu per lane (one lane = one QP) and addr/length/rkey
@@ -112,6 +118,12 @@ typedef struct kvt_int_list {
     int64_t *v;
     uint32_t n;
 } kvt_int_list_t;
+
+/* Opaque bytes (msgpack bin), at most KVT_MSG_MAX_STR. */
+typedef struct kvt_bytes {
+    uint8_t *p;
+    uint32_t n;
+} kvt_bytes_t;
 
 typedef struct kvt_msg_alloc_request {
     kvt_str_list_t keys;
@@ -205,8 +217,9 @@ typedef struct kvt_msg_transport_init {
     uint32_t nlanes;
     kvt_msg_transport_region_t *regions;
     uint32_t nregions;
-    int64_t version; /* 1 */
-    int64_t epoch;   /* 0 default */
+    int64_t version;  /* 1 */
+    int64_t epoch;    /* 0 default */
+    kvt_bytes_t addr; /* the transport's address blob, opaque to the engine */
 } kvt_msg_transport_init_t;
 
 typedef struct kvt_msg {
@@ -280,6 +293,8 @@ kvt_status_t kvt_str_list_push(kvt_str_list_t *l, const char *s);
 kvt_status_t kvt_int_list_set(kvt_int_list_t *l, const int64_t *v, uint32_t n);
 kvt_status_t kvt_int_list_push(kvt_int_list_t *l, int64_t v);
 /* Replace *dst with a copy of <s> (NULL -> ""). */
+/* Copy <n> bytes into <b> (freeing what it held); KVT_ERR_LIMIT past KVT_MSG_MAX_STR. */
+kvt_status_t kvt_bytes_set(kvt_bytes_t *b, const void *p, size_t n);
 kvt_status_t kvt_msg_set_str(char **dst, const char *s);
 void kvt_str_list_clear(kvt_str_list_t *l);
 void kvt_int_list_clear(kvt_int_list_t *l);

@@ -70,6 +70,9 @@ kvt_status_t kvt_reserve_sweep(kvt_reserve_t *t, uint32_t *nexpired_out);
 /* free pages - reserved pages (>= 0). */
 int64_t kvt_reserve_free_chunks(kvt_reserve_t *t);
 
+/* The earliest expiry (clock ns) of a reservation held, UINT64_MAX when none. */
+uint64_t kvt_reserve_next_deadline(kvt_reserve_t *t);
+
 /* Pages still reserved for <req_id>; KVT_ERR_NOT_FOUND if none. */
 kvt_status_t kvt_reserve_remaining(kvt_reserve_t *t, const char *req_id, uint32_t *remaining_out);
 

@@ -188,7 +188,8 @@ static int run_write(int argc, char **argv)
     uint32_t lpages = (uint32_t)strtoul(arg(argc, argv, "--pages", "4"), NULL, 10);
     uint8_t *mem = calloc(lpages ? lpages : 1, page);
     uint8_t blob[KVT_TL_BLOB_MAX];
-    size_t bl = sizeof(blob);
+    size_t bl = sizeof(blob), hl = 0;
+    void *hs = NULL;
     char uuid[KVT_UUID_STR_LEN + 1], ep[300], line[1 << 20];
     kvt_uuid_t u;
     void *zctx = zmq_ctx_new(), *dl = zmq_socket(zctx, ZMQ_DEALER);
@@ -209,15 +210,23 @@ static int run_write(int argc, char **argv)
         fprintf(stderr, "transport setup failed\n");
         return 2;
     }
-    /* libkvt's handshake: [b"", TransportInit] to the init ROUTER */
+    /* libkvt's handshake: [b"", TransportInit{node_id, transport, addr: the transport's
+     * blob}] to the init ROUTER */
     zmq_setsockopt(dl, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(dl, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
     snprintf(ep, sizeof(ep), "tcp://%s:%u", host, iport);
-    if (zmq_connect(dl, ep) != 0 || zmq_send(dl, "", 0, ZMQ_SNDMORE) < 0 ||
-        zmq_send(dl, blob, bl, 0) < 0) {
+    kvt_msg_init(&m, KVT_MSG_TRANSPORT_INIT);
+    m.u.tinit.node_id = (char *)node;
+    m.u.tinit.transport = "tcp";
+    m.u.tinit.version = 1;
+    m.u.tinit.addr.p = blob;
+    m.u.tinit.addr.n = (uint32_t)bl;
+    if (kvt_msg_encode(&m, &hs, &hl) != KVT_OK || zmq_connect(dl, ep) != 0 ||
+        zmq_send(dl, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(dl, hs, hl, 0) < 0) {
         fprintf(stderr, "handshake send failed\n");
         return 2;
     }
+    kvt_free(hs);
     zmq_msg_init(&f);
     do {
         if (zmq_msg_recv(&f, dl, 0) < 0) {
@@ -240,7 +249,7 @@ static int run_write(int argc, char **argv)
     }
     if ((td->ops->peer_rename != NULL &&
          td->ops->peer_rename(tl, "receiver", m.u.tinit.node_id) != KVT_OK) ||
-        td->ops->peer_connect(tl, m.u.tinit.node_id, zmq_msg_data(&f), zmq_msg_size(&f)) !=
+        td->ops->peer_connect(tl, m.u.tinit.node_id, m.u.tinit.addr.p, m.u.tinit.addr.n) !=
             KVT_OK) {
         fprintf(stderr, "handshake: connect failed\n");
         return 2;

@@ -38,9 +38,13 @@ static const kvt_clock_t *fake_clock_start(void)
     return &fake_clock;
 }
 
-static void fake_advance_ms(uint64_t ms)
+/* Move the clock and tell both engines (they sleep until their next deadline as they saw
+ * the clock). */
+static void fake_advance_ms(t_pair_t *p, uint64_t ms)
 {
     atomic_fetch_add(&fake_ns, ms * KVT_NSEC_PER_MSEC);
+    kvt_engine_clock_moved(p->s);
+    kvt_engine_clock_moved(p->r);
 }
 
 /* Still running after the engines had time to act (frozen clock: it waits
@@ -182,7 +186,7 @@ static void test_too_large_breaker(void **state)
     assert_true(t_pool_drained(p.s, 1000));
 
     /* after the TTL the peer is used again */
-    fake_advance_ms(600);
+    fake_advance_ms(&p, 600);
     res = store_wait(p.s, "after", keys, 30, 2, 0);
     assert_int_equal(res.status, KVT_OK);
     assert_int_equal(t_bits(&res), 2);
@@ -219,7 +223,7 @@ static void test_partial_after_wait(void **state)
     id = t_store(p.s, "part-b", keys, 6, 6, 0, 1, 6, &st);
     assert_int_equal(st, KVT_OK);
     assert_true(still_pending(p.s, id)); /* waits the backoff TTL (0.3 s) for space ... */
-    fake_advance_ms(350);
+    fake_advance_ms(&p, 350);
     assert_int_equal(t_wait(p.s, id, 5000, &res), KVT_OK); /* ... not the whole timeout */
     assert_int_equal(res.status, KVT_OK);
     assert_int_equal(t_bits(&res), 2);
@@ -269,7 +273,7 @@ static void test_full_waits_then_fails(void **state)
         assert_true(still_pending(p.s, id));
     cpu = cpu_seconds() - c0;
     assert_true(cpu < 0.4);
-    fake_advance_ms(850); /* past the backoff TTL: alloc_failed */
+    fake_advance_ms(&p, 850); /* past the backoff TTL: alloc_failed */
     assert_int_equal(t_wait(p.s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_ALLOC_FAILED);
     assert_int_equal(t_bits(&res), 0);
@@ -336,7 +340,7 @@ static void test_sweep_releases(void **state)
     kvt_task_result_clear(&res);
     kvt_engine_pool_stats(p.s, &ps);
     assert_int_equal(ps.pinned_pages, 6);
-    fake_advance_ms(400);
+    fake_advance_ms(&p, 400);
     assert_true(t_pool_drained(p.s, 3000));
     kvt_engine_metrics(p.s, &m);
     assert_int_equal(m.pull_expired_total, 1);

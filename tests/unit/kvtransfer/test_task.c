@@ -13,6 +13,7 @@
 
 #include "test_engine_common.h"
 #include "kvt/kvt_msg.h"
+#include "kvt_tl_tcp_int.h" /* a TCP address blob for the fake receiver */
 
 /* A test clock that moves only when told: time-outs fire because the test says so, not
  * because a loaded machine was slow. */
@@ -92,27 +93,29 @@ static void router_send(void *s, const char *ident, size_t ilen, const kvt_msg_t
     kvt_free(data);
 }
 
-/* Answer the sender's transport handshake with a TCP blob (never dialled:
- * these tests end before any byte moves). */
+/* Answer the sender's transport handshake: the envelope names us, "addr" carries a TCP
+ * address blob (never dialled: these tests end before any byte moves). */
 static void fake_handshake(fake_rx_t *f)
 {
     char ident[512];
-    size_t il;
+    size_t il, bl = 128;
+    uint8_t blob[128];
     kvt_msg_t m, r;
-    /* a tcp lane carries the HELLO token in "gid" (docs/protocols/kvt-tcp.md) */
-    kvt_msg_transport_lane_t lane = {
-        .host = "127.0.0.1", .port = 9, .gid = "6f1c2a3b-4d5e-4f60-8172-839405a6b7c8"};
 
     router_recv(f->init, ident, &il, &m);
     assert_int_equal(m.type, KVT_MSG_TRANSPORT_INIT);
     assert_string_equal(m.u.tinit.transport, "tcp");
+    assert_true(m.u.tinit.addr.n > 0); /* the sender's own address blob */
     kvt_msg_clear(&m);
+    assert_int_equal(
+        kvt_tcp_addr_pack("127.0.0.1", 9, "6f1c2a3b-4d5e-4f60-8172-839405a6b7c8", blob, &bl),
+        KVT_OK);
     kvt_msg_init(&r, KVT_MSG_TRANSPORT_INIT);
     r.u.tinit.node_id = "fake-receiver";
     r.u.tinit.transport = "tcp";
-    r.u.tinit.lanes = &lane;
-    r.u.tinit.nlanes = 1;
     r.u.tinit.version = 1;
+    r.u.tinit.addr.p = blob;
+    r.u.tinit.addr.n = (uint32_t)bl;
     router_send(f->init, ident, il, &r);
 }
 
@@ -484,10 +487,12 @@ static void test_missed_reply_replaces_dealer(void **state)
     kvt_msg_clear(&m);
     /* the sender's deadline: the control timeout plus the receiver's backoff TTL */
     atomic_fetch_add(&fake_ns, 401ull * KVT_NSEC_PER_MSEC);
+    kvt_engine_clock_moved(s);
     assert_int_equal(t_wait(s, id, 5000, &res), KVT_OK);
     assert_int_equal(res.status, KVT_ERR_TIMEOUT);
     kvt_task_result_clear(&res);
     atomic_fetch_add(&fake_ns, 200ull * KVT_NSEC_PER_MSEC); /* past any backoff of that peer */
+    kvt_engine_clock_moved(s);
     memcpy(old_ident, ident, il);
     old_il = il;
     /* the next request arrives first; then the late answer of the first ("everything already

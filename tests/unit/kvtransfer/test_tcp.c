@@ -80,7 +80,7 @@ static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_
     kvt_tl_region_params_t rp;
     uint8_t blob[KVT_TL_BLOB_MAX];
     size_t bl = sizeof(blob);
-    kvt_msg_t m;
+    char host[256], token[KVT_TCP_TOKEN_LEN + 1];
 
     if (lim != NULL) {
         c.timeout_ms = lim->timeout_ms ? lim->timeout_ms : c.timeout_ms;
@@ -104,11 +104,8 @@ static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_
         .uuid = e->uuid, .base = e->mem, .length = NPAGES * PAGE, .page_size = PAGE};
     assert_int_equal(ops()->reg_region(e->tl, &rp, &e->reg), KVT_OK);
     assert_int_equal(ops()->peer_prepare(e->tl, "x", blob, &bl), KVT_OK);
-    assert_int_equal(kvt_msg_decode(blob, bl, &m, NULL), KVT_OK);
-    assert_int_equal(m.type, KVT_MSG_TRANSPORT_INIT);
-    assert_string_equal(m.u.tinit.transport, "tcp");
-    e->port = (uint16_t)m.u.tinit.lanes[0].port;
-    kvt_msg_clear(&m);
+    /* the transport's own address blob: host, port, token and nothing else */
+    assert_int_equal(kvt_tcp_addr_unpack(blob, bl, host, &e->port, token), KVT_OK);
 }
 
 static void ep_open(ep_t *e, const char *id, const char *uuid)
@@ -121,14 +118,12 @@ static void issued_token(ep_t *e, const char *peer_id, char out[KVT_TL_UUID_LEN 
 {
     uint8_t blob[KVT_TL_BLOB_MAX];
     size_t bl = sizeof(blob);
-    kvt_msg_t m;
+    char host[256];
+    uint16_t port;
 
     assert_int_equal(ops()->peer_prepare(e->tl, peer_id, blob, &bl), KVT_OK);
-    assert_int_equal(kvt_msg_decode(blob, bl, &m, NULL), KVT_OK);
-    assert_non_null(m.u.tinit.lanes[0].gid);
-    assert_int_equal(strlen(m.u.tinit.lanes[0].gid), KVT_TL_UUID_LEN);
-    snprintf(out, KVT_TL_UUID_LEN + 1, "%s", m.u.tinit.lanes[0].gid);
-    kvt_msg_clear(&m);
+    assert_int_equal(kvt_tcp_addr_unpack(blob, bl, host, &port, out), KVT_OK);
+    assert_int_equal(strlen(out), KVT_TL_UUID_LEN);
 }
 
 /* Lanes <e> is serving right now. */
@@ -800,10 +795,8 @@ static void test_bye_crosses_frame(void **state)
     bye_target_t t = {0};
     struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t sl = sizeof(sa);
-    kvt_msg_t m;
-    kvt_msg_transport_lane_t lane = {.host = "127.0.0.1"};
-    void *blob = NULL;
-    size_t bl = 0;
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
     pthread_t th;
     kvt_tl_xfer_t x;
     kvt_tl_stats_t st;
@@ -814,18 +807,10 @@ static void test_bye_crosses_frame(void **state)
     assert_int_equal(bind(t.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     assert_int_equal(listen(t.lfd, 8), 0);
     assert_int_equal(getsockname(t.lfd, (struct sockaddr *)&sa, &sl), 0);
-    lane.port = ntohs(sa.sin_port);
-    lane.gid = UB; /* the fake checks no token */
-    kvt_msg_init(&m, KVT_MSG_TRANSPORT_INIT);
-    m.u.tinit.node_id = "F";
-    m.u.tinit.transport = "tcp";
-    m.u.tinit.lanes = &lane;
-    m.u.tinit.nlanes = 1;
-    m.u.tinit.version = 1;
-    assert_int_equal(kvt_msg_encode(&m, &blob, &bl), KVT_OK);
+    /* the fake checks no token */
+    assert_int_equal(kvt_tcp_addr_pack("127.0.0.1", ntohs(sa.sin_port), UB, blob, &bl), KVT_OK);
     ep_open(&a, "A", UA);
     assert_int_equal(ops()->peer_connect(a.tl, "F", blob, bl), KVT_OK);
-    free(blob);
     assert_int_equal(pthread_create(&th, NULL, bye_target_main, &t), 0);
     memset(a.mem, 0x5a, 4096);
     x = (kvt_tl_xfer_t){.local = a.reg, .length = 4096};
