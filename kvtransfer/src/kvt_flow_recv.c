@@ -915,14 +915,25 @@ static void alloc_post_reads(kvt_engine_t *e, alloc_job_t *j)
  * to read releases the sender at once. */
 static void alloc_post(kvt_engine_t *e, alloc_job_t *j)
 {
-    if (j->pl == NULL)
+    kvt_rpull_t *pl = j->pl;
+    int read_now, nothing_left;
+
+    if (pl == NULL)
         return;
-    if (!j->delay && j->pl->remaining > 0) {
+    /* alloc_run's reference keeps <pl> alive: once rx_lock was let go, a user thread may
+     * release or cancel every entry of the pull, which frees an unreferenced pull */
+    pthread_mutex_lock(&e->rx_lock);
+    read_now = !j->delay && pl->remaining > 0;
+    nothing_left = pl->remaining == 0;
+    pthread_mutex_unlock(&e->rx_lock);
+    if (read_now)
         alloc_post_reads(e, j);
-    } else if (j->pl->remaining == 0) {
-        send_done_signal(e, j->pl);
-        rpull_put(j->pl);
-    }
+    else if (nothing_left)
+        send_done_signal(e, pl);
+    pthread_mutex_lock(&e->rx_lock);
+    pl->refs--;
+    rpull_put(pl);
+    pthread_mutex_unlock(&e->rx_lock);
 }
 
 static int alloc_run(kvt_engine_t *e, alloc_job_t *j, int final)
@@ -951,6 +962,8 @@ static int alloc_run(kvt_engine_t *e, alloc_job_t *j, int final)
     q = rreq_get(e, j->req_id, 0);
     if (q != NULL)
         q->touched_ns = kvt_engine_now(e);
+    if (j->pl != NULL)
+        j->pl->refs++; /* alloc_post's: released there */
     pthread_mutex_unlock(&e->rx_lock);
     reply(e, &j->c, &m);
     kvt_msg_clear(&m);

@@ -314,6 +314,8 @@ void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const 
                      size_t n, const uint32_t *tokens, int block_size);
 void sim_kvev_removed(const char *medium, uint64_t hash);
 void sim_kvev_flush(void);
+/* KV-event batches published so far (tests compare it with what a subscriber applied). */
+unsigned long long sim_kvev_published(void);
 
 /* ---- metrics (sim_metrics.c) ---- */
 typedef struct sim_counters {

@@ -22,6 +22,7 @@
  * ROUTER has a thread of its own.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ static void *ctx, *pub, *router;
 static int enabled, map_layout;
 static char topic[256];
 static uint64_t next_seq;
+static atomic_ullong batches_published; /* read by /metrics on any thread */
 
 /* events of the current step, packed; count kept aside */
 static msgpack_sbuffer pending;
@@ -178,6 +180,12 @@ void sim_kvev_flush(void)
     pthread_mutex_unlock(&ring_mu);
     msgpack_sbuffer_destroy(&batch);
     next_seq++;
+    atomic_fetch_add(&batches_published, 1);
+}
+
+unsigned long long sim_kvev_published(void)
+{
+    return atomic_load(&batches_published);
 }
 
 static void serve_replay(void)

@@ -104,6 +104,12 @@ char *sim_metrics_render(void)
         render_cpu_tier(f);
     }
     fprintf(f,
+            "# HELP sim_kv_event_batches_total KV-event batches published (0 without KV "
+            "events).\n"
+            "# TYPE sim_kv_event_batches_total counter\n"
+            "sim_kv_event_batches_total %llu\n",
+            sim_kvev_published());
+    fprintf(f,
             "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
             "# TYPE vllm:prompt_tokens_total counter\n"
             "vllm:prompt_tokens_total{model_name=\"%s\"} %llu\n",

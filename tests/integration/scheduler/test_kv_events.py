@@ -102,18 +102,17 @@ class Fleet:
             time.sleep(0.05)
         raise TimeoutError(f"pdgw saw {self.gw_metric('pdgw_kv_events_total')} KV events")
 
-    def wait_quiet(self, quiet=0.3, timeout=10):
-        """Until no new KV event arrived for <quiet> seconds."""
+    def wait_synced(self, timeout=15):
+        """Until pdgw has applied every KV-event batch the engines published so far."""
+        published = sum(t.metric_value(t.request("GET", p, "/metrics", timeout=5)[2].decode(),
+                                       "sim_kv_event_batches_total") or 0.0
+                        for p in self.ports)
         deadline = time.time() + timeout
-        last, since = self.gw_metric("pdgw_kv_events_total"), time.time()
-        while time.time() < deadline:
+        while self.gw_metric("pdgw_kv_event_batches_total") < published:
+            if time.time() > deadline:
+                raise TimeoutError(f"pdgw applied {self.gw_metric('pdgw_kv_event_batches_total')}"
+                                   f" of {published} KV-event batches")
             time.sleep(0.05)
-            now = self.gw_metric("pdgw_kv_events_total")
-            if now != last:
-                last, since = now, time.time()
-            elif time.time() - since >= quiet:
-                return
-        raise TimeoutError("KV events never went quiet")
 
     def routed_to(self, prompt):
         before = [successes(p) for p in self.ports]
@@ -214,7 +213,7 @@ def test_follow_ups_go_where_the_prefix_is():
             complete(fleet.ports[0], tokens(20 + k, 60 * BLOCK))
         complete(fleet.ports[2], tokens(0, 12 * BLOCK))
         fleet.wait_events(removed + 3)
-        fleet.wait_quiet()
+        fleet.wait_synced()
         follow = tokens(0, 12 * BLOCK) + tokens(9, 20, salt=99)
         assert fleet.routed_to(follow) == 2
         for rnd in range(3):

@@ -30,8 +30,7 @@ def test_cpu_copies_count_less():
         complete(fleet.ports[1], tokens(1, 12 * BLOCK + 3))
         for k in range(2):
             complete(fleet.ports[1], tokens(20 + k, 60 * BLOCK))
-        fleet.wait_events(8)
-        fleet.wait_quiet()
+        fleet.wait_synced()
         assert sim_metric(fleet.ports[1], "sim_kv_offload_blocks_stored_total") == 24 + 120
 
         # family 0: 8 GPU blocks on sim0 beat 12 CPU-only blocks on sim1 (8 > 12 x 0.5);
