@@ -554,133 +554,181 @@ static void nixl_invalid_params(sim_req_t *req, json_t *kvp)
                              "error", "invalid kv_transfer_params"));
 }
 
-static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
+/* What a decode leg's body asks of the KV import (prepare_decode's parse). */
+typedef struct {
+    sim_pd_kind_t kind;
+    char ep[160], key[96];
+    const char *expect_engine, *wait_id; /* borrowed from the body */
+    json_t *ctl;                         /* the side-channel request to the prefill */
+    int64_t room;
+    int prefill_rank;
+} decode_spec_t;
+
+/* SGLang: bootstrap_host / bootstrap_port / bootstrap_room at the top level. */
+static int parse_sglang_decode(json_t *body, decode_spec_t *d, char **msg)
 {
     int bad = 0, port = 0;
-    sim_pd_kind_t kind = SIM_PD_NONE;
-    int64_t sgl_room = 0;
-    int sgl_prefill_rank = -1;
-    char ep[160] = "", key[96] = "";
-    const char *expect_engine = NULL, *wait_id = NULL;
-    json_t *ctl = NULL;
+    const char *h = opt_str(body, "bootstrap_host", &bad);
+    int null_port = json_is_null(json_object_get(body, "bootstrap_port"));
+    int has_port = null_port || opt_port(body, "bootstrap_port", &port, &bad);
+    json_t *room = json_object_get(body, "bootstrap_room");
+    if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0 ||
+        strlen(h) > 100)
+        return fail400(msg, "%s",
+                       "bootstrap_host (string), bootstrap_port (integer or null) and "
+                       "bootstrap_room (non-negative integer) are required together");
+    /* null: the engine's own --disaggregation-bootstrap-port (SGLang default 8998) */
+    if (null_port)
+        port = sim_cfg.bootstrap_port ? sim_cfg.bootstrap_port : 8998;
+    snprintf(d->ep, sizeof(d->ep), "http://%s:%d", h, port);
+    snprintf(d->key, sizeof(d->key), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
+    json_t *rdr = json_object_get(body, "routed_dp_rank");
+    json_t *pdr = json_object_get(body, "disagg_prefill_dp_rank");
+    if (rdr && !json_is_null(rdr) &&
+        (!json_is_integer(rdr) || json_integer_value(rdr) < 0 ||
+         json_integer_value(rdr) >= sim_cfg.dp_size))
+        return fail400(msg, "%s must be an integer in [0, --dp-size)", "routed_dp_rank");
+    if (pdr && !json_is_null(pdr) &&
+        (!json_is_integer(pdr) || json_integer_value(pdr) < 0 || json_integer_value(pdr) > 65535))
+        return fail400(msg, "%s must be a non-negative integer", "disagg_prefill_dp_rank");
+    d->room = json_integer_value(room);
+    d->prefill_rank = pdr && json_is_integer(pdr) ? (int)json_integer_value(pdr) : -1;
+    d->kind = SIM_PD_D_SGLANG;
+    return 0;
+}
+
+/* do_remote_prefill: Mooncake (transfer_id), NIXL (remote_block_ids...) or vllm-kvt staged. */
+static int parse_remote_prefill(sim_req_t *req, json_t *kvp, decode_spec_t *d, char **msg)
+{
+    int bad = 0, port = 0;
+    char tid[80];
+    if (opt_id(kvp, "transfer_id", tid, sizeof(tid), &bad)) {
+        const char *addr = opt_str(kvp, "remote_bootstrap_addr", &bad);
+        const char *bh = opt_str(kvp, "bootstrap_server_host", &bad);
+        int has_bp = opt_port(kvp, "bootstrap_server_port", &port, &bad);
+        if (addr) {
+            if (parse_bootstrap_addr(addr, d->ep, sizeof(d->ep)))
+                return fail400(msg,
+                               "kv_transfer_params.remote_bootstrap_addr '%s' is not "
+                               "http://host:port",
+                               addr);
+        } else if (bh && has_bp && strlen(bh) <= 100) {
+            snprintf(d->ep, sizeof(d->ep), "http://%s:%d", bh, port);
+        } else {
+            return fail400(msg, "kv_transfer_params with %s",
+                           "transfer_id needs remote_bootstrap_addr");
+        }
+        d->expect_engine = opt_str(kvp, "remote_engine_id", &bad);
+        snprintf(d->key, sizeof(d->key), "tid:%s", tid);
+        d->kind = SIM_PD_D_MOONCAKE_PAR;
+    } else if (bad) {
+        return fail400(msg, "kv_transfer_params.%s must be a string or an integer", "transfer_id");
+    } else {
+        const char *host = opt_str(kvp, "remote_host", &bad);
+        int has_port = opt_port(kvp, "remote_port", &port, &bad);
+        int nixl = json_object_get(kvp, "remote_engine_id") ||
+                   json_object_get(kvp, "remote_request_id") ||
+                   json_object_get(kvp, "remote_block_ids");
+        if (bad || (host && strlen(host) > 100))
+            return fail400(msg, "kv_transfer_params.%s",
+                           "remote_host (string) and remote_port (integer) are required");
+        if (nixl || !host || !has_port) {
+            /* vLLM NixlConnector (nixl/pull_scheduler.py, update_state_after_alloc):
+             * pulls only with non-empty remote_block_ids and remote_engine_id,
+             * remote_request_id, remote_host, remote_port; otherwise it warns "Got
+             * invalid KVTransferParams" and computes the prompt itself. */
+            json_t *ids = nixl_block_ids(kvp, &bad);
+            const char *rid = opt_str(kvp, "remote_request_id", &bad);
+            d->expect_engine = opt_str(kvp, "remote_engine_id", &bad);
+            if (bad) {
+                json_decref(ids);
+                return fail400(msg, "kv_transfer_params: %s",
+                               "remote_block_ids must be a list of integers (or of lists of "
+                               "integers); remote_engine_id and remote_request_id strings");
+            }
+            if (!ids || !rid || !d->expect_engine || !host || !has_port) {
+                json_decref(ids);
+                nixl_invalid_params(req, kvp);
+                return 0;
+            }
+            snprintf(d->ep, sizeof(d->ep), "tcp://%s:%d", host, port);
+            d->kind = SIM_PD_D_PULL_PARAMS;
+            d->ctl = json_pack("{s:s,s:s,s:o,s:s}", "op", "pull", "remote_request_id", rid,
+                               "remote_block_ids", ids, "remote_engine_id", d->expect_engine);
+        } else {
+            snprintf(d->ep, sizeof(d->ep), "tcp://%s:%d", host, port);
+            d->kind = SIM_PD_D_KVT_STAGED;
+            d->ctl = json_pack("{s:s}", "op", "pull");
+        }
+    }
+    return 0;
+}
+
+/* vllm-kvt batch: remote_host / remote_port without do_remote_prefill. */
+static int parse_kvt_batch(sim_req_t *req, json_t *body, json_t *kvp, decode_spec_t *d, char **msg)
+{
+    int bad = 0, port = 0;
+    const char *host = opt_str(kvp, "remote_host", &bad);
+    int has_port = opt_port(kvp, "remote_port", &port, &bad);
+    if (bad || !host || !has_port || strlen(host) > 100)
+        return fail400(msg, "kv_transfer_params.%s",
+                       "remote_host (string) and remote_port (integer) are required");
+    snprintf(d->ep, sizeof(d->ep), "tcp://%s:%d", host, port);
+    d->kind = SIM_PD_D_KVT_BATCH;
+    /* the prefill computes this very request: send it the body */
+    json_t *copy = json_deep_copy(body);
+    d->ctl = json_pack("{s:s,s:o,s:b}", "op", "compute", "body", copy, "is_chat", req->is_chat);
+    return 0;
+}
+
+/* LMCache: the decode waits for pushes named by disagg_spec.req_id (or its own id). */
+static int parse_lmcache_decode(json_t *kvp, decode_spec_t *d, char **msg)
+{
+    int bad = 0;
+    d->kind = SIM_PD_D_LMCACHE;
+    json_t *spec = kvp ? json_object_get(kvp, "disagg_spec") : NULL;
+    d->wait_id = spec ? opt_str(spec, "req_id", &bad) : NULL;
+    if (bad || (d->wait_id && (!*d->wait_id || strlen(d->wait_id) >= 100)))
+        return fail400(msg, "kv_transfer_params.disagg_spec.%s must be a string", "req_id");
+    return 0;
+}
+
+static int parse_decode(sim_req_t *req, json_t *body, json_t *kvp, decode_spec_t *d, char **msg)
+{
     json_t *drp = kvp ? json_object_get(kvp, "do_remote_prefill") : NULL;
     if (drp && !json_is_null(drp) && !json_is_boolean(drp))
         return fail400(msg, "kv_transfer_params.%s must be a boolean", "do_remote_prefill");
+    if (json_object_get(body, "bootstrap_room"))
+        return parse_sglang_decode(body, d, msg);
+    if (drp && json_is_true(drp))
+        return parse_remote_prefill(req, kvp, d, msg);
+    if (kvp && json_object_get(kvp, "remote_host"))
+        return parse_kvt_batch(req, body, kvp, d, msg);
+    if (sim_cfg.n_alloc_ports > 0)
+        return parse_lmcache_decode(kvp, d, msg);
+    return 0;
+}
 
-    if (json_object_get(body, "bootstrap_room")) {
-        const char *h = opt_str(body, "bootstrap_host", &bad);
-        int null_port = json_is_null(json_object_get(body, "bootstrap_port"));
-        int has_port = null_port || opt_port(body, "bootstrap_port", &port, &bad);
-        json_t *room = json_object_get(body, "bootstrap_room");
-        if (bad || !h || !has_port || !json_is_integer(room) || json_integer_value(room) < 0 ||
-            strlen(h) > 100)
-            return fail400(msg, "%s",
-                           "bootstrap_host (string), bootstrap_port (integer or null) and "
-                           "bootstrap_room (non-negative integer) are required together");
-        /* null: the engine's own --disaggregation-bootstrap-port (SGLang default 8998) */
-        if (null_port)
-            port = sim_cfg.bootstrap_port ? sim_cfg.bootstrap_port : 8998;
-        snprintf(ep, sizeof(ep), "http://%s:%d", h, port);
-        snprintf(key, sizeof(key), "room:%" JSON_INTEGER_FORMAT, json_integer_value(room));
-        json_t *rdr = json_object_get(body, "routed_dp_rank");
-        json_t *pdr = json_object_get(body, "disagg_prefill_dp_rank");
-        if (rdr && !json_is_null(rdr) &&
-            (!json_is_integer(rdr) || json_integer_value(rdr) < 0 ||
-             json_integer_value(rdr) >= sim_cfg.dp_size))
-            return fail400(msg, "%s must be an integer in [0, --dp-size)", "routed_dp_rank");
-        if (pdr && !json_is_null(pdr) &&
-            (!json_is_integer(pdr) || json_integer_value(pdr) < 0 ||
-             json_integer_value(pdr) > 65535))
-            return fail400(msg, "%s must be a non-negative integer", "disagg_prefill_dp_rank");
-        sgl_room = json_integer_value(room);
-        sgl_prefill_rank = pdr && json_is_integer(pdr) ? (int)json_integer_value(pdr) : -1;
-        kind = SIM_PD_D_SGLANG;
-    } else if (drp && json_is_true(drp)) {
-        char tid[80];
-        if (opt_id(kvp, "transfer_id", tid, sizeof(tid), &bad)) {
-            const char *addr = opt_str(kvp, "remote_bootstrap_addr", &bad);
-            const char *bh = opt_str(kvp, "bootstrap_server_host", &bad);
-            int has_bp = opt_port(kvp, "bootstrap_server_port", &port, &bad);
-            if (addr) {
-                if (parse_bootstrap_addr(addr, ep, sizeof(ep)))
-                    return fail400(msg,
-                                   "kv_transfer_params.remote_bootstrap_addr '%s' is not "
-                                   "http://host:port",
-                                   addr);
-            } else if (bh && has_bp && strlen(bh) <= 100) {
-                snprintf(ep, sizeof(ep), "http://%s:%d", bh, port);
-            } else {
-                return fail400(msg, "kv_transfer_params with %s",
-                               "transfer_id needs remote_bootstrap_addr");
-            }
-            expect_engine = opt_str(kvp, "remote_engine_id", &bad);
-            snprintf(key, sizeof(key), "tid:%s", tid);
-            kind = SIM_PD_D_MOONCAKE_PAR;
-        } else if (bad) {
-            return fail400(msg, "kv_transfer_params.%s must be a string or an integer",
-                           "transfer_id");
-        } else {
-            const char *host = opt_str(kvp, "remote_host", &bad);
-            int has_port = opt_port(kvp, "remote_port", &port, &bad);
-            int nixl = json_object_get(kvp, "remote_engine_id") ||
-                       json_object_get(kvp, "remote_request_id") ||
-                       json_object_get(kvp, "remote_block_ids");
-            if (bad || (host && strlen(host) > 100))
-                return fail400(msg, "kv_transfer_params.%s",
-                               "remote_host (string) and remote_port (integer) are required");
-            if (nixl || !host || !has_port) {
-                /* vLLM NixlConnector (nixl/pull_scheduler.py, update_state_after_alloc):
-                 * pulls only with non-empty remote_block_ids and remote_engine_id,
-                 * remote_request_id, remote_host, remote_port; otherwise it warns "Got
-                 * invalid KVTransferParams" and computes the prompt itself. */
-                json_t *ids = nixl_block_ids(kvp, &bad);
-                const char *rid = opt_str(kvp, "remote_request_id", &bad);
-                expect_engine = opt_str(kvp, "remote_engine_id", &bad);
-                if (bad) {
-                    json_decref(ids);
-                    return fail400(msg, "kv_transfer_params: %s",
-                                   "remote_block_ids must be a list of integers (or of lists of "
-                                   "integers); remote_engine_id and remote_request_id strings");
-                }
-                if (!ids || !rid || !expect_engine || !host || !has_port) {
-                    json_decref(ids);
-                    nixl_invalid_params(req, kvp);
-                    return 0;
-                }
-                snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
-                kind = SIM_PD_D_PULL_PARAMS;
-                ctl = json_pack("{s:s,s:s,s:o,s:s}", "op", "pull", "remote_request_id", rid,
-                                "remote_block_ids", ids, "remote_engine_id", expect_engine);
-            } else {
-                snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
-                kind = SIM_PD_D_KVT_STAGED;
-                ctl = json_pack("{s:s}", "op", "pull");
-            }
-        }
-    } else if (kvp && json_object_get(kvp, "remote_host")) {
-        const char *host = opt_str(kvp, "remote_host", &bad);
-        int has_port = opt_port(kvp, "remote_port", &port, &bad);
-        if (bad || !host || !has_port || strlen(host) > 100)
-            return fail400(msg, "kv_transfer_params.%s",
-                           "remote_host (string) and remote_port (integer) are required");
-        snprintf(ep, sizeof(ep), "tcp://%s:%d", host, port);
-        kind = SIM_PD_D_KVT_BATCH;
-        /* the prefill computes this very request: send it the body */
-        json_t *copy = json_deep_copy(body);
-        ctl = json_pack("{s:s,s:o,s:b}", "op", "compute", "body", copy, "is_chat", req->is_chat);
-    } else if (sim_cfg.n_alloc_ports > 0) {
-        kind = SIM_PD_D_LMCACHE;
-        json_t *spec = kvp ? json_object_get(kvp, "disagg_spec") : NULL;
-        wait_id = spec ? opt_str(spec, "req_id", &bad) : NULL;
-        if (bad || (wait_id && (!*wait_id || strlen(wait_id) >= 100)))
-            return fail400(msg, "kv_transfer_params.disagg_spec.%s must be a string", "req_id");
+static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
+{
+    decode_spec_t spec = {.kind = SIM_PD_NONE, .prefill_rank = -1};
+    decode_spec_t *d = &spec;
+    int rc = parse_decode(req, body, kvp, d, msg);
+    sim_pd_kind_t kind;
+    json_t *ctl;
+
+    if (rc != 0) {
+        json_decref(d->ctl);
+        return rc;
     }
+    kind = d->kind;
+    ctl = d->ctl;
     if (kind == SIM_PD_NONE)
         return 0;
     if ((kind == SIM_PD_D_SGLANG || kind == SIM_PD_D_MOONCAKE_PAR) && !ctl) {
-        ctl = json_pack("{s:s,s:s}", "op", "register", "key", key);
-        if (ctl && expect_engine) /* the prefill checks it names the rank that ran it */
-            json_object_set_new(ctl, "remote_engine_id", json_string(expect_engine));
+        ctl = json_pack("{s:s,s:s}", "op", "register", "key", d->key);
+        if (ctl && d->expect_engine) /* the prefill checks it names the rank that ran it */
+            json_object_set_new(ctl, "remote_engine_id", json_string(d->expect_engine));
     }
     if (kind != SIM_PD_D_LMCACHE && !ctl)
         return 500;
@@ -699,14 +747,15 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
     imp->mode = kv->mode;
     imp->ctl = ctl;
     imp->nranks = kind == SIM_PD_D_LMCACHE ? sim_cfg.n_alloc_ports : 1;
-    imp->room = sgl_room;
-    imp->prefill_rank = sgl_prefill_rank;
-    snprintf(imp->endpoint, sizeof(imp->endpoint), "%s", ep);
-    if (expect_engine)
-        imp->expect_engine_id = strdup(expect_engine);
-    if (wait_id) {
-        imp->wait_id = strdup(wait_id);
-        json_object_set_new(kv->info, "req_id", json_string(wait_id));
+    imp->room = d->room;
+    imp->prefill_rank = d->prefill_rank;
+    _Static_assert(sizeof(imp->endpoint) == sizeof(d->ep), "endpoint sizes");
+    memcpy(imp->endpoint, d->ep, sizeof(imp->endpoint)); /* NUL-terminated by snprintf */
+    if (d->expect_engine)
+        imp->expect_engine_id = strdup(d->expect_engine);
+    if (d->wait_id) {
+        imp->wait_id = strdup(d->wait_id);
+        json_object_set_new(kv->info, "req_id", json_string(d->wait_id));
     }
     sim_engine_lock();
     if (kind == SIM_PD_D_KVT_BATCH || kind == SIM_PD_D_KVT_STAGED) {
@@ -742,7 +791,7 @@ static int prepare_decode(sim_req_t *req, json_t *body, json_t *kvp, char **msg)
         json_object_set_new(ctl, "request_id", json_string(req->request_id));
         json_object_set_new(ctl, "prompt_hash", json_string(ph));
         json_object_set_new(ctl, "engine_id", json_string(sim_cfg.engine_id));
-        json_object_set_new(kv->info, "endpoint", json_string(ep));
+        json_object_set_new(kv->info, "endpoint", json_string(d->ep));
     }
     json_object_set_new(kv->info, "xfer", json_string(imp->xfer));
     return 0;
