@@ -17,6 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "pdgw_fleet.h"
 #include "pdgw_log.h"
 
 /* The header for clients that cannot change bodies; same meaning as the body's field. */
@@ -114,7 +115,7 @@ bool pdgw_admit_req_enter(pdgw_req_t *r)
     int64_t prio;
 
     pdgw_admit_ticket_init(&r->admit);
-    if (a == NULL || r->route != PDGW_ROUTE_INFER)
+    if (a == NULL || (r->route != PDGW_ROUTE_INFER && r->route != PDGW_ROUTE_PASSTHROUGH))
         return true;
     pdgw_admit_get_path_limits(a, &l);
     req_affinity(r, &l);
@@ -163,7 +164,10 @@ bool pdgw_admit_req_on_wake(pdgw_req_t *r)
     r->admit_waiting = false;
     pdgw_worker_active_remove(r->w, r);
     r->stage = PDGW_WF_NONE;
-    pdgw_wf_start(r);
+    if (r->route == PDGW_ROUTE_PASSTHROUGH)
+        pdgw_pt_start(r);
+    else
+        pdgw_wf_start(r);
     return true;
 }
 

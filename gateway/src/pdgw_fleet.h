@@ -22,7 +22,10 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
 /* ---- pdgw_passthrough.c */
 /* Is r->path one the gateway proxies unchanged (any other /v1/ path, engine utilities)? */
 bool pdgw_pt_route(const pdgw_req_t *r);
-/* Start proxying (authenticated, body complete, not draining). */
+/* Before admission: the body's model (unknown model: 404 answered, false) and, for a JSON
+ * body, r->json so admission reads `priority` / `user` as for chat. */
+bool pdgw_pt_prepare(pdgw_req_t *r);
+/* Start proxying (authenticated, body complete, not draining, admitted). */
 void pdgw_pt_start(pdgw_req_t *r);
 /* curl header callback of a raw leg: keep the engine's end-to-end headers. */
 void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len);

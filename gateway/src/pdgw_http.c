@@ -98,7 +98,7 @@ static void req_identity(pdgw_req_t *r)
 static void req_deadline(pdgw_req_t *r)
 {
     const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Timeout");
-    uint64_t ms = r->w->srv->opts.request_timeout_ms;
+    uint64_t ms = r->request_timeout_ms;
     if (h) {
         uint64_t v;
         if (pdgw_duration_parse(h, &v) == PDGW_OK && v > 0)
@@ -338,7 +338,7 @@ static void dispatch(pdgw_req_t *r)
         pdgw_gateway_metrics_rejected(gm, "body_too_large");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                               "request body exceeds the limit of %llu bytes",
-                              (unsigned long long)srv->opts.max_body_bytes);
+                              (unsigned long long)r->max_body_bytes);
         return;
     }
     switch (r->route) {
@@ -399,7 +399,10 @@ static void dispatch(pdgw_req_t *r)
     r->conn_tokens =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
-    /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on. */
+    if (r->route == PDGW_ROUTE_PASSTHROUGH && !pdgw_pt_prepare(r)) /* fleet hook */
+        return;
+    /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on;
+     * pass-through counts and waits like chat. */
     if (!pdgw_admit_req_enter(r))
         return;
     if (r->route == PDGW_ROUTE_PASSTHROUGH) { /* fleet hook */
@@ -433,6 +436,7 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     r->t_start_ns = pdgw_time_mono_ns();
     r->t_start_ms = r->t_start_ns / 1000000u;
     r->method = method;
+    pdgw_req_live_acquire(r); /* limits and forwarder context of this moment (reloads) */
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -533,7 +537,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         if (cl) {
             unsigned long long n = strtoull(cl, NULL, 10);
             r->declared_len = n;
-            if (n > w->srv->opts.max_body_bytes) {
+            if (n > r->max_body_bytes) {
                 /* Refuse before reading: MHD closes the connection after the reply. */
                 r->too_large = true;
                 if (r->route == PDGW_ROUTE_NONE || !method_ok(r)) {
@@ -542,7 +546,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
                 pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "body_too_large");
                 pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                                       "request body exceeds the limit of %llu bytes",
-                                      (unsigned long long)w->srv->opts.max_body_bytes);
+                                      (unsigned long long)r->max_body_bytes);
                 return refuse_early(r);
             }
         }
@@ -552,7 +556,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_NO;
     if (*upload_data_size > 0) {
         if (!r->too_large && !r->reply_ready) {
-            if (r->body.len + *upload_data_size > w->srv->opts.max_body_bytes) {
+            if (r->body.len + *upload_data_size > r->max_body_bytes) {
                 r->too_large = true;
                 pdgw_buf_free(&r->body);
             } else if (body_room(r, *upload_data_size) != PDGW_OK ||

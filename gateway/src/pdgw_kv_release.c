@@ -13,11 +13,12 @@
  * a request that is scheduled reads them, which frees them too. So a gateway releases held
  * KV by sending a decode engine the decode request the prefill's answer made, cut to one
  * output token and not streamed: the engine takes (or drops) the blocks and the prefill frees
- * them at once. pdgw does that when an attempt of vllm-nixl / vllm-mooncake ends after its
- * prefill answered while its decode leg never reached an engine (the client left before it
- * went, no decode instance could be booked, the decode's gate refused, the decode could not
- * be connected to or refused it with 429/503), and counts it. A decode leg that reached the
- * engine needs nothing: the engine aborts it when pdgw closes it, and frees the blocks itself.
+ * them at once. (The same rule decides whether a retry may keep the prefill and re-pick only
+ * the decode: pdgw_kv_still_held.) pdgw does that when an attempt of vllm-nixl / vllm-mooncake ends
+ * after its prefill answered while its decode leg never reached an engine (the client left before
+ * it went, no decode instance could be booked, the decode's gate refused, the decode could not be
+ * connected to or refused it with 429/503), and counts it. A decode leg that reached the engine
+ * needs nothing: the engine aborts it when pdgw closes it, and frees the blocks itself.
  *
  * The release leg outlives the client request: it runs under a small owner request of its
  * own on the same worker (never answered to anyone), bounded by KV_RELEASE_TIMEOUT_MS.
@@ -53,6 +54,11 @@ static bool decode_never_reached(const pdgw_leg_t *d)
     if (d->err == PDGW_LEGERR_CONNECT || d->err == PDGW_LEGERR_LOCAL)
         return true;
     return d->err == PDGW_LEGERR_STATUS && (d->status == 429 || d->status == 503);
+}
+
+bool pdgw_kv_still_held(const pdgw_req_t *r, const pdgw_leg_t *d)
+{
+    return !protocol_holds_kv(r->w->srv->desc->name) || decode_never_reached(d);
 }
 
 static const char *reason_name(pdgw_req_t *r, pdgw_end_reason_t reason)
@@ -96,8 +102,8 @@ static char *release_body(pdgw_req_t *r, const pdgw_instance_t *target, size_t *
     memset(&fl, 0, sizeof(fl));
     memset(&e, 0, sizeof(e));
     peers.decode = target;
-    if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, PDGW_LEG_DECODE, &peers, &fl,
-                       &e) != PDGW_FWD_OK ||
+    if (ops->build_leg(r->fwd_ctx, r->fwd_state, &r->freq, PDGW_LEG_DECODE, &peers, &fl, &e) !=
+            PDGW_FWD_OK ||
         fl.body == NULL) {
         json_decref(fl.body);
         return NULL;

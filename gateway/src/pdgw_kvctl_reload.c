@@ -71,9 +71,11 @@ static pdgw_status_t kv_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state,
     *state = NULL;
     if (!pdgw_reload_txn_changed(txn, "protocol_options"))
         return PDGW_OK;
-    if (key != NULL || !pdgw_kvctl_any_open()) {
-        snprintf(why, sizeof(why), "%s%s is read at start-up", key ? "protocol option " : "",
-                 key ? key : "the protocol's options");
+    if (!pdgw_kvctl_any_open())
+        return PDGW_OK; /* no KV control service: a new forwarder context takes them
+                           (pdgw_server_reload.c) */
+    if (key != NULL) {
+        snprintf(why, sizeof(why), "protocol option %s is read at start-up", key);
         pdgw_reload_txn_keep(txn, "protocol_options", why);
         return PDGW_OK;
     }

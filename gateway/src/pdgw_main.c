@@ -445,6 +445,10 @@ int main(int argc, char **argv)
         pdgw_log_error("main", "%s", err);
         goto out_pool;
     }
+    if (pdgw_server_reload_register(srv, reload) != PDGW_OK) {
+        pdgw_log_error("main", "cannot set up config reloads");
+        goto out_server;
+    }
 
     /* Stage 4: start. */
     if (sched_pool_start(pool) != SCHED_OK) {

@@ -126,19 +126,25 @@ static char *pt_target(pdgw_req_t *r)
     return pdgw_buf_steal(&out, &len);
 }
 
-/* The body's "model" when the body is a JSON object naming one (owned copy) or NULL. */
-static char *pt_body_model(const pdgw_req_t *r)
+/* The body's "model" when the body is a JSON object naming one (owned copy) or NULL. The
+ * parsed object stays in r->json for admission (the body's `priority` and `user`, read as
+ * for chat); the bytes go to the engine unchanged. */
+static char *pt_body_model(pdgw_req_t *r)
 {
     json_t *j, *m;
     char *model = NULL;
-    if (r->body.len == 0 || r->body.data == NULL || r->body.data[0] != '{')
+    if (r->json != NULL || r->body.len == 0 || r->body.data == NULL || r->body.data[0] != '{')
         return NULL;
     j = json_loadb(r->body.data, r->body.len, 0, NULL);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return NULL;
+    }
     m = json_object_get(j, "model");
     if (json_is_string(m) && json_string_length(m) > 0 &&
         strlen(json_string_value(m)) == json_string_length(m))
         model = pdgw_strdup(json_string_value(m));
-    json_decref(j);
+    r->json = j;
     return model;
 }
 
@@ -200,15 +206,20 @@ static bool pt_start_leg(pdgw_req_t *r)
     return true;
 }
 
+bool pdgw_pt_prepare(pdgw_req_t *r)
+{
+    r->passthrough = true;
+    if (r->pt_model == NULL)
+        r->pt_model = pt_body_model(r);
+    return pdgw_models_admit(r, r->pt_model);
+}
+
 void pdgw_pt_start(pdgw_req_t *r)
 {
+    sched_pool_t *pool = r->w->srv->opts.pool;
     sched_status_t st;
 
     r->pt = true;
-    r->passthrough = true;
-    r->pt_model = pt_body_model(r);
-    if (!pdgw_models_admit(r, r->pt_model))
-        return;
     if (pdgw_uuid4(r->leg_id) != PDGW_OK) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, NULL, "no randomness for a request id");
         return;
@@ -216,6 +227,17 @@ void pdgw_pt_start(pdgw_req_t *r)
     st = pt_book(r);
     if (st != SCHED_OK) {
         r->booking = NULL;
+        if (st == SCHED_ERR_NO_INSTANCE && sched_pool_usable_count(pool, SCHED_ROLE_DECODE) > 0) {
+            /* Instances are up but each is at its max_concurrent: overload, 429 as for
+             * chat (pdgw_workflow.c), not an outage. */
+            r->reply_retry_after_s = 1;
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_RATE_LIMITED, "no_capacity",
+                                  "every usable instance%s%s%s is at its max_concurrent; retry "
+                                  "later",
+                                  r->pt_model ? " of model '" : "", r->pt_model ? r->pt_model : "",
+                                  r->pt_model ? "'" : "");
+            return;
+        }
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
                               "no usable instance%s%s%s: %s", r->pt_model ? " of model '" : "",
                               r->pt_model ? r->pt_model : "", r->pt_model ? "'" : "",
@@ -351,7 +373,7 @@ static void pt_book_finish(pdgw_req_t *r, const pdgw_leg_t *leg)
 /* Before anything reached the client, a connect failure may go to another instance. */
 static bool pt_retry(pdgw_req_t *r, const pdgw_leg_t *leg)
 {
-    if (r->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || r->attempt >= r->w->srv->opts.retries ||
+    if (r->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || r->attempt >= r->max_retries ||
         pdgw_now_ms() >= r->deadline_ms)
         return false;
     pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);

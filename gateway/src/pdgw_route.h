@@ -107,6 +107,11 @@ bool pdgw_pd_decode_only(const pdgw_req_t *r);
  * prefill's KV now (pdgw_kv_release_total{reason,result}). Call before the forwarder's
  * attempt state is cleaned up. */
 void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason);
+/* Is the prefill's KV still held for another decode after the decode leg <d> of <r> ended?
+ * Always for protocols whose prefill does not hold KV for a decode; for vllm-nixl /
+ * vllm-mooncake only when <d> never reached a decode engine (one that answered, even with
+ * an error, has had the prefill free the blocks or read them). */
+bool pdgw_kv_still_held(const pdgw_req_t *r, const pdgw_leg_t *d);
 /* <leg> of <r> ended: true when it was a release leg (handled, <r> freed). */
 bool pdgw_kv_release_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
 /* Periodic: true when <r> only owns a release leg (its deadline checked; <r> may be freed). */

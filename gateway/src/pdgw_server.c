@@ -95,6 +95,7 @@ pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w)
 
 void pdgw_req_release(pdgw_req_t *r)
 {
+    pdgw_req_live_release(r); /* the forwarder context it started with */
     pdgw_freelist_put(&r->w->req_pool, r);
 }
 
@@ -704,6 +705,11 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         if (status != PDGW_OK)
             goto err_ctx;
     }
+    if (pdgw_server_live_init(srv) != PDGW_OK) {
+        snprintf(err, errlen, "out of memory");
+        status = PDGW_ERR_NOMEM;
+        goto err_ctx;
+    }
     if (srv->plan.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
         srv->ready_roles = SCHED_ROLE_DECODE;
     else
@@ -755,7 +761,9 @@ err_workers:
 err_ctx:
     pdgw_addr_table_destroy(srv->addrs);
     pdgw_route_destroy(srv->routing);
-    if (srv->desc->ops->destroy && srv->fwd_ctx)
+    if (srv->fwd_gen != NULL)
+        pdgw_server_live_fini(srv); /* destroys the context */
+    else if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
     pdgw_fwd_api_set_services(NULL, NULL);
@@ -846,8 +854,7 @@ void pdgw_server_destroy(pdgw_server_t *srv)
     /* Every attempt has ended: the KV control services send their last CancelNotifs and stop
      * before the forwarder closes them. */
     pdgw_kvctl_shutdown();
-    if (srv->desc->ops->destroy && srv->fwd_ctx)
-        srv->desc->ops->destroy(srv->fwd_ctx);
+    pdgw_server_live_fini(srv);            /* the forwarder's current context */
     pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */
     pdgw_free(srv);
 }

@@ -77,6 +77,10 @@ void pdgw_server_opts_init(pdgw_server_opts_t *opts);
  */
 pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t **out, char *err,
                                  size_t errlen);
+/* Apply request_timeout, max_body_bytes, retries and protocol_options on config reloads
+ * (pdgw_server_reload.c); <srv> must outlive every reload of <rl>. */
+struct pdgw_reload;
+pdgw_status_t pdgw_server_reload_register(pdgw_server_t *srv, struct pdgw_reload *rl);
 /* Start the worker threads. */
 pdgw_status_t pdgw_server_start(pdgw_server_t *srv);
 /* The bound port (useful with listen_port 0). */

@@ -36,6 +36,7 @@ typedef struct pdgw_req pdgw_req_t;
 typedef struct pdgw_leg pdgw_leg_t;
 typedef struct pdgw_conn pdgw_conn_t;
 typedef struct pdgw_addr_table pdgw_addr_table_t;
+typedef struct pdgw_fwd_gen pdgw_fwd_gen_t; /* a forwarder context, refcounted */
 
 /* epoll tags: kind in the high 32 bits of epoll_data.u64, fd in the low ones. Pointers are
  * never stored in epoll, so an event for a socket closed earlier in the same batch is
@@ -62,6 +63,13 @@ struct pdgw_server {
     unsigned conn_limit_per_worker;
     pdgw_addr_table_t *addrs;
     struct pdgw_routing *routing; /* tokenize cache, selective PD counters (pdgw_route.h) */
+    /* Reloadable (pdgw_server_reload.c): request limits a request copies when it arrives,
+     * and the forwarder context new requests take a reference to. */
+    atomic_uint_fast64_t live_max_body_bytes;
+    atomic_uint_fast64_t live_request_timeout_ms;
+    atomic_uint live_retries;
+    pthread_mutex_t fwd_gen_lock;
+    pdgw_fwd_gen_t *fwd_gen;
 };
 
 /* ---------------------------------------------------------------- worker */
@@ -294,8 +302,16 @@ struct pdgw_req {
     bool finalized;
     /* admission, retry backoff, session affinity (pdgw_admit_req.c) */
     pdgw_admit_ticket_t admit;
-    bool admit_waiting;       /* queued for admission (stage WAIT) */
-    uint64_t retry_at_ms;     /* backoff: the next attempt starts then (stage WAIT) */
+    bool admit_waiting;     /* queued for admission (stage WAIT) */
+    uint64_t retry_at_ms;   /* backoff: the next attempt starts then (stage WAIT) */
+    bool retry_decode_only; /* ... and it is a new decode for the kept prefill */
+    /* What the request started with, whatever a reload changes meanwhile
+     * (pdgw_server_reload.c): the forwarder context (referenced) and the limits. */
+    pdgw_fwd_gen_t *fwd_gen;
+    void *fwd_ctx;
+    uint64_t max_body_bytes;
+    uint64_t request_timeout_ms;
+    unsigned max_retries;
     const char *affinity_key; /* borrowed (MHD header or r->json), NULL = none */
     /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
     bool pt;               /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
@@ -486,6 +502,13 @@ void pdgw_waker_run_queue(pdgw_worker_t *w);
 void pdgw_waker_drop_queue(pdgw_worker_t *w);
 /* Metrics and pool behind the forwarder helpers (counters, KV hints); NULLs detach. */
 void pdgw_fwd_api_set_services(pdgw_gateway_metrics_t *gm, sched_pool_t *pool);
+/* pdgw_server_reload.c: the reloadable limits and forwarder context. init after the
+ * forwarder is set up, fini once every request is gone; a request acquires in req_new and
+ * releases when it is freed. */
+pdgw_status_t pdgw_server_live_init(pdgw_server_t *srv);
+void pdgw_server_live_fini(pdgw_server_t *srv);
+void pdgw_req_live_acquire(pdgw_req_t *r);
+void pdgw_req_live_release(pdgw_req_t *r);
 /* protocol_options kv pairs are converted by main; this converts one text value. */
 json_t *pdgw_fwd_option_value(const char *text);
 

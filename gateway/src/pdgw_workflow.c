@@ -165,7 +165,7 @@ static void wf_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
     if (r->attempt_live) {
         r->attempt_live = false;
         if (ops_of(r)->attempt_cleanup)
-            ops_of(r)->attempt_cleanup(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, reason);
+            ops_of(r)->attempt_cleanup(r->fwd_ctx, r->fwd_state, &r->freq, reason);
         r->fwd_state = NULL;
         pdgw_fwd_attempt_end(&r->freq);
     }
@@ -229,7 +229,7 @@ static bool wf_build_and_start(pdgw_req_t *r, pdgw_leg_kind_t k)
     }
     if (pdgw_pd_decode_only(r))
         fl.client_body = 1; /* route hook: decode-only, the engine computes the prompt */
-    else if (ops->build_leg(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
+    else if (ops->build_leg(r->fwd_ctx, r->fwd_state, &r->freq, k, &r->peers, &fl, &e) !=
                  PDGW_FWD_OK ||
              (fl.body == NULL && !fl.client_body)) {
         json_decref(fl.body);
@@ -285,7 +285,7 @@ static bool wf_gate(pdgw_req_t *r, pdgw_gate_point_t point)
     if (ops->gate == NULL || pdgw_pd_decode_only(r)) /* decode-only: the forwarder has no part */
         return true;
     memset(&e, 0, sizeof(e));
-    fs = ops->gate(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, point, &e);
+    fs = ops->gate(r->fwd_ctx, r->fwd_state, &r->freq, point, &e);
     if (fs == PDGW_FWD_OK)
         return true;
     if (fs == PDGW_FWD_PENDING) {
@@ -443,8 +443,7 @@ static void wf_start_attempt(pdgw_req_t *r)
         return;
     }
     if (ops->attempt_init) {
-        if (ops->attempt_init(r->w->srv->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) !=
-            PDGW_FWD_OK) {
+        if (ops->attempt_init(r->fwd_ctx, &r->freq, &r->peers, &r->fwd_state, &e) != PDGW_FWD_OK) {
             if (e.message[0] == '\0')
                 pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "forwarder %s: attempt_init",
                                    protocol_of(r));
@@ -512,8 +511,8 @@ static void wf_after_prefill(pdgw_req_t *r, pdgw_leg_t *leg)
     memset(&e, 0, sizeof(e));
     resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
     if (ops->on_prefill_response &&
-        ops->on_prefill_response(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, leg->status, resp,
-                                 &e) != PDGW_FWD_OK) {
+        ops->on_prefill_response(r->fwd_ctx, r->fwd_state, &r->freq, leg->status, resp, &e) !=
+            PDGW_FWD_OK) {
         json_decref(resp);
         if (e.message[0] == '\0')
             pdgw_fwd_error_set(&e, PDGW_PHASE_KV_TRANSFER, 1, 502,
@@ -649,7 +648,7 @@ static bool wf_decode_waits(pdgw_req_t *r)
         r->freq.dispatch != PDGW_DISPATCH_PARALLEL ||
         r->legs[PDGW_LEG_PREFILL].state != PDGW_LEG_RUNNING)
         return false;
-    wants = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, NULL);
+    wants = ops->rewrite_decode(r->fwd_ctx, r->fwd_state, &r->freq, 0, NULL);
     json_decref(wants);
     return wants != NULL;
 }
@@ -730,22 +729,37 @@ static unsigned default_scope(const pdgw_fwd_error_t *e)
 /* A serial request whose decode failed after its prefill answered may keep that prefill:
  * its result (e.g. vllm-nixl's kv_transfer_params) stays valid on the prefill until a decode
  * reads it or it expires, and the forwarder's retry_scope said so by re-picking the decode
- * only. */
+ * only. Not when the failed decode reached a vLLM engine: that one has had the prefill free
+ * the blocks (pdgw_kv_still_held), so the prefill runs again. */
 static bool wf_can_keep_prefill(const pdgw_req_t *r, unsigned scope, const pdgw_leg_t *failed_leg)
 {
     const pdgw_leg_t *p = &r->legs[PDGW_LEG_PREFILL];
     return scope == PDGW_REPICK_DECODE && r->freq.dispatch == PDGW_DISPATCH_SERIAL &&
            failed_leg != NULL && failed_leg->kind == PDGW_LEG_DECODE && p->state == PDGW_LEG_DONE &&
-           p->err == PDGW_LEGERR_NONE;
+           p->err == PDGW_LEGERR_NONE && pdgw_kv_still_held(r, failed_leg);
+}
+
+/* Run the decode stage again for the kept prefill (after a backoff, or at once). */
+static void wf_resume_decode(pdgw_req_t *r)
+{
+    wf_refresh_peers(r);
+    if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
+        wf_run_decode_stage(r);
 }
 
 /* Retry with a new decode inside the same attempt: no new prefill leg, the forwarder's
  * state (what the prefill returned) carries over, the decode leg is built again for the
- * newly booked decode. false when no other decode can be booked. */
+ * newly booked decode. false when no other decode can be booked, or when a decode's
+ * 429/503 asks for a backoff that does not fit before the deadline. */
 static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *e,
                                          pdgw_leg_t *failed_leg)
 {
     pdgw_server_t *srv = r->w->srv;
+    uint64_t delay_ms = 0;
+    /* A decode's 429/503 is overload: the same backoff (exponential, jitter, Retry-After,
+     * deadline) as any other retry, so an overloaded fleet is not hit again at once. */
+    if (!pdgw_admit_retry_delay(r, failed_leg, &delay_ms))
+        return false;
     wf_finish_booking(r, PDGW_LEG_DECODE, pdgw_leg_outcome(failed_leg), failed_leg);
     wf_add_failed(r, failed_leg->inst->id);
     if (sched_booking_rebook(r->booking, SCHED_LEG_DECODE) != SCHED_OK)
@@ -757,9 +771,17 @@ static bool wf_retry_decode_keep_prefill(pdgw_req_t *r, const pdgw_fwd_error_t *
                   r->attempt, e->message);
     pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
     pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
-    wf_refresh_peers(r);
-    if (wf_gate(r, PDGW_GATE_BEFORE_DECODE))
-        wf_run_decode_stage(r);
+    if (delay_ms > 0) {
+        /* The deadline scan resumes the decode when the backoff is over. */
+        pdgw_log_debug("workflow", "req=%s backing off %llu ms before decode retry %u", r->id,
+                       (unsigned long long)delay_ms, r->attempt);
+        r->retry_at_ms = pdgw_now_ms() + delay_ms;
+        r->retry_decode_only = true;
+        r->stage = PDGW_WF_WAIT;
+        pdgw_req_timer_update(r);
+        return true;
+    }
+    wf_resume_decode(r);
     return true;
 }
 
@@ -768,13 +790,13 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
     pdgw_server_t *srv = r->w->srv;
     unsigned scope;
     int k;
-    bool overload;
+    bool overload, fresh;
     uint64_t delay_ms = 0;
 
-    if (r->passthrough || !e->retryable || r->committed || r->attempt >= srv->opts.retries ||
+    if (r->passthrough || !e->retryable || r->committed || r->attempt >= r->max_retries ||
         r->booking == NULL || pdgw_now_ms() >= r->deadline_ms || r->client_gone)
         return false;
-    scope = ops_of(r)->retry_scope ? ops_of(r)->retry_scope(srv->fwd_ctx, r->fwd_state, &r->freq, e)
+    scope = ops_of(r)->retry_scope ? ops_of(r)->retry_scope(r->fwd_ctx, r->fwd_state, &r->freq, e)
                                    : default_scope(e);
     if (r->freq.dispatch == PDGW_DISPATCH_SINGLE && !srv->plan.single_needs_prefill)
         scope &= PDGW_REPICK_DECODE;
@@ -788,6 +810,13 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
                (failed_leg->status == 429 || failed_leg->status == 503);
     if (overload && !pdgw_admit_retry_delay(r, failed_leg, &delay_ms))
         return false; /* no retry fits before the deadline */
+    /* Book afresh (the same prefill allowed, the failed decode not) when overloaded, or when
+     * the decode that failed after a serial prefill had the prefill's KV freed: that prefill
+     * must run again (pdgw_kv_still_held). */
+    fresh = overload || (failed_leg != NULL && failed_leg->kind == PDGW_LEG_DECODE &&
+                         r->freq.dispatch == PDGW_DISPATCH_SERIAL &&
+                         r->legs[PDGW_LEG_PREFILL].state == PDGW_LEG_DONE &&
+                         !pdgw_kv_still_held(r, failed_leg));
     /* Close this attempt: failed leg with its outcome, the rest cancelled. */
     if (failed_leg) {
         wf_finish_booking(r, failed_leg->kind, pdgw_leg_outcome(failed_leg), failed_leg);
@@ -795,7 +824,7 @@ static bool wf_retry(pdgw_req_t *r, const pdgw_fwd_error_t *e, pdgw_leg_t *faile
             wf_add_failed(r, failed_leg->inst->id);
     }
     wf_attempt_end(r, PDGW_END_RETRY);
-    if (overload)
+    if (fresh)
         sched_booking_destroy(&r->booking);
     for (k = 0; k < 2 && r->booking != NULL; k++) {
         sched_leg_t sl = k == 0 ? SCHED_LEG_PREFILL : SCHED_LEG_DECODE;
@@ -997,7 +1026,7 @@ static bool wf_rewrite_event(pdgw_req_t *r, const pdgw_sse_event_t *ev)
     in = json_loadb(ev->data, ev->data_len, 0, NULL);
     if (in == NULL)
         return false;
-    out = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 1, in);
+    out = ops->rewrite_decode(r->fwd_ctx, r->fwd_state, &r->freq, 1, in);
     json_decref(in);
     if (out == NULL)
         return false;
@@ -1027,7 +1056,7 @@ static char *wf_rewrite_reply(pdgw_req_t *r, const pdgw_leg_t *leg, size_t *len)
     in = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
     if (in == NULL)
         return NULL;
-    out = ops->rewrite_decode(r->w->srv->fwd_ctx, r->fwd_state, &r->freq, 0, in);
+    out = ops->rewrite_decode(r->fwd_ctx, r->fwd_state, &r->freq, 0, in);
     json_decref(in);
     if (out == NULL)
         return NULL;
@@ -1157,7 +1186,12 @@ void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now)
             return;
         if (now >= r->retry_at_ms) {
             r->retry_at_ms = 0;
-            wf_start_attempt(r);
+            if (r->retry_decode_only) {
+                r->retry_decode_only = false;
+                wf_resume_decode(r);
+            } else {
+                wf_start_attempt(r);
+            }
         }
         return;
     }

@@ -107,6 +107,11 @@ static void usage(FILE *f)
             "  --kv-link-gbps G             model a link of G Gbit/s for sent KV (0 = off)\n"
             "Faults:\n"
             "  --fail-rate P --fail-status S  fail a fraction P of requests with S (500)\n"
+            "  --fail-retry-after S         those failures carry Retry-After: S (0 = none; what\n"
+            "                               a load balancer in front of an engine sends)\n"
+            "  --fail-in-front              those failures come from a proxy in front: the\n"
+            "                               engine never sees the request, so a decode does not\n"
+            "                               have the prefill free the KV the request names\n"
             "  --stall-after-tokens N       streams stop after N tokens (never finish)\n"
             "  --crash-after-ms MS          die MS after the first inference request\n"
             "  --kv-corrupt-rate P          corrupt a fraction P of sent KV pages\n"
@@ -158,6 +163,8 @@ enum {
     O_KVLINK,
     O_FAILRATE,
     O_FAILSTATUS,
+    O_FAILRETRYAFTER,
+    O_FAILINFRONT,
     O_STALL,
     O_CRASH,
     O_CORRUPT,
@@ -213,6 +220,8 @@ static const struct option opts[] = {
     {"kv-link-gbps", required_argument, 0, O_KVLINK},
     {"fail-rate", required_argument, 0, O_FAILRATE},
     {"fail-status", required_argument, 0, O_FAILSTATUS},
+    {"fail-retry-after", required_argument, 0, O_FAILRETRYAFTER},
+    {"fail-in-front", no_argument, 0, O_FAILINFRONT},
     {"stall-after-tokens", required_argument, 0, O_STALL},
     {"crash-after-ms", required_argument, 0, O_CRASH},
     {"kv-corrupt-rate", required_argument, 0, O_CORRUPT},
@@ -591,6 +600,14 @@ static int parse_fault_opt(int c, const char *name, sim_config_t *cfg)
         if (parse_long(name, optarg, 400, 599, &v))
             return -1;
         cfg->fail_status = (int)v;
+        break;
+    case O_FAILINFRONT:
+        cfg->fail_in_front = 1;
+        break;
+    case O_FAILRETRYAFTER:
+        if (parse_long(name, optarg, 0, 86400, &v))
+            return -1;
+        cfg->fail_retry_after_s = (int)v;
         break;
     case O_STALL:
         if (parse_long(name, optarg, 0, 1 << 30, &v))

@@ -76,6 +76,37 @@ static enum MHD_Result send_error(struct MHD_Connection *conn, sim_conn_t *sc, i
                     sim_openai_error_json(status, msg, type, param), request_id, -1);
 }
 
+/* An injected fault, with the Retry-After a load balancer in front of an overloaded engine
+ * sends (vLLM itself sends none) when --fail-retry-after is set. */
+static enum MHD_Result send_fault(struct MHD_Connection *conn, sim_conn_t *sc, int status,
+                                  const char *msg, const char *type, const char *request_id)
+{
+    char *body = sim_openai_error_json(status, msg, type, NULL);
+    struct MHD_Response *r;
+    enum MHD_Result ret;
+    char v[16];
+    if (sim_cfg.fail_retry_after_s <= 0)
+        return send_error(conn, sc, status, msg, type, NULL, request_id);
+    if (!body)
+        return MHD_NO;
+    if (sc && sc->rec_seq)
+        sim_record_set(sc->rec_seq, "status", json_integer(status));
+    r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (request_id)
+        MHD_add_response_header(r, "X-Request-Id", request_id);
+    snprintf(v, sizeof(v), "%d", sim_cfg.fail_retry_after_s);
+    MHD_add_response_header(r, "Retry-After", v);
+    atomic_fetch_add(status >= 500 ? &sim_ctr.http_5xx : &sim_ctr.http_4xx, 1);
+    ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static const char *status_type(int status)
 {
     switch (status) {
@@ -298,8 +329,10 @@ static int request_dp_rank(struct MHD_Connection *conn)
     return rank;
 }
 
-/* Parse <body> into <req>: 0, or an HTTP status with <msg>/<param>. */
-static int parse_request(sim_req_t *req, json_t *body, int is_chat, char **msg, const char **param)
+/* Parse <body> into <req>: 0, or an HTTP status with <msg>/<param>;
+ * <injected> set when that is a fault of --fail-rate. */
+static int parse_request(sim_req_t *req, json_t *body, int is_chat, char **msg, const char **param,
+                         int *injected)
 {
     const char *rid = req->request_id;
     int rc;
@@ -321,6 +354,7 @@ static int parse_request(sim_req_t *req, json_t *body, int is_chat, char **msg, 
         rc = sim_kv_prepare(req, body, msg);
     if (!rc && sim_fault_roll(sim_cfg.fail_rate)) {
         atomic_fetch_add(&sim_ctr.faults_injected, 1);
+        *injected = 1;
         rc = sim_cfg.fail_status;
         *msg = strdup("injected fault (--fail-rate)");
         *param = NULL;
@@ -359,7 +393,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     json_error_t jerr;
     char *msg = NULL;
     const char *param = NULL;
-    int rc;
+    int rc, injected = 0;
     json_t *body = NULL;
     char *rid = make_request_id(conn);
     if (!rid)
@@ -405,11 +439,19 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     req->dp_rank = request_dp_rank(conn);
     req->rec_seq = sc->rec_seq;
     req->created = (int64_t)time(NULL);
-    rc = parse_request(req, body, is_chat, &msg, &param);
+    rc = parse_request(req, body, is_chat, &msg, &param, &injected);
+    /* vLLM's serving layer (vllm/entrypoints/openai/engine/serving.py,
+     * _with_kv_transfer_rejection_cleanup): an error answer to a request whose
+     * kv_transfer_params ask for a remote prefill has the engine free the prefill's
+     * blocks at once. A proxy in front of the engine (--fail-in-front) does not. */
+    if (rc && body && sim_cfg.role == SIM_ROLE_DECODE && !(injected && sim_cfg.fail_in_front))
+        sim_kv_reject(body);
     json_decref(body);
     if (rc) {
         enum MHD_Result r =
-            send_error(conn, sc, rc, msg ? msg : "invalid request", status_type(rc), param, rid);
+            injected ? send_fault(conn, sc, rc, msg ? msg : "injected fault", status_type(rc), rid)
+                     : send_error(conn, sc, rc, msg ? msg : "invalid request", status_type(rc),
+                                  param, rid);
         free(msg);
         sim_engine_lock();
         sim_req_unref_locked(req);

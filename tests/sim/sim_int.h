@@ -83,6 +83,9 @@ typedef struct sim_config {
     /* faults */
     double fail_rate;
     int fail_status;
+    int fail_retry_after_s; /* Retry-After of injected faults (0 = none) */
+    int fail_in_front;      /* injected faults come from a proxy in front: the engine never
+                               sees the request (no KV-transfer cleanup) */
     int stall_after_tokens; /* -1 = off */
     int crash_after_ms;     /* -1 = off */
     double kv_corrupt_rate;
@@ -342,7 +345,8 @@ typedef struct sim_counters {
     atomic_ullong kv_transfers_ok;
     atomic_ullong kv_transfers_failed;
     atomic_ullong kv_hold_timeouts;
-    atomic_ullong kv_invalid_params; /* decode: unusable NIXL params, prompt recomputed */
+    atomic_ullong kv_rejected_releases; /* prefill: held KV freed at a decode's rejection */
+    atomic_ullong kv_invalid_params;    /* decode: unusable NIXL params, prompt recomputed */
     atomic_ullong kv_corruptions_injected;
     atomic_llong active_connections;
     atomic_llong open_streams;
@@ -405,6 +409,9 @@ void sim_kv_stop(void);
 /* Decide what a request's kv_transfer_params / bootstrap fields ask for.
  * Returns 0, or an HTTP status with *msg set on bad fields. */
 int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg);
+/* Decode: the serving layer refused <body> before the engine admitted it; a NIXL request
+ * that names a prefill's held KV has the prefill free it at once (sim_pd.c). */
+void sim_kv_reject(const json_t *body);
 /* Does this request's prefill run layer by layer (KV leaves per layer)? */
 int sim_kv_layered(const sim_req_t *req);
 /* Under the lock: layer <layer> of a layered prefill was computed. */

@@ -21,6 +21,11 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
     return 0;
 }
 
+void sim_kv_reject(const json_t *body)
+{
+    (void)body;
+}
+
 int sim_kv_layered(const sim_req_t *req)
 {
     return 0;

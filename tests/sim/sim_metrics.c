@@ -193,6 +193,10 @@ static void render_sim_kv(FILE *f, long long kv_used, long long kv_pinned)
             "# HELP sim_kv_hold_timeouts_total Held prefill KV freed because nobody claimed it.\n"
             "# TYPE sim_kv_hold_timeouts_total counter\n"
             "sim_kv_hold_timeouts_total %llu\n"
+            "# HELP sim_kv_rejected_releases_total Held prefill KV freed at once because the "
+            "decode refused the request that named it.\n"
+            "# TYPE sim_kv_rejected_releases_total counter\n"
+            "sim_kv_rejected_releases_total %llu\n"
             "# HELP sim_kv_invalid_params_total Decode requests whose NIXL kv_transfer_params "
             "could not be used (the prompt was recomputed, as vLLM does).\n"
             "# TYPE sim_kv_invalid_params_total counter\n"
@@ -209,7 +213,8 @@ static void render_sim_kv(FILE *f, long long kv_used, long long kv_pinned)
             LD(sim_ctr.kv_bytes_received), LD(sim_ctr.kv_bytes_sent),
             LD(sim_ctr.kv_verify_failures), LD(sim_ctr.kv_transfers_ok),
             LD(sim_ctr.kv_transfers_failed), LD(sim_ctr.kv_hold_timeouts),
-            LD(sim_ctr.kv_invalid_params), LD(sim_ctr.kv_corruptions_injected), kv_pinned, kv_used);
+            LD(sim_ctr.kv_rejected_releases), LD(sim_ctr.kv_invalid_params),
+            LD(sim_ctr.kv_corruptions_injected), kv_pinned, kv_used);
 }
 
 char *sim_metrics_render(void)

@@ -776,6 +776,32 @@ int sim_kv_prepare(sim_req_t *req, json_t *body, char **msg)
     return rc;
 }
 
+void sim_kv_reject(const json_t *body)
+{
+    const json_t *kvp = json_object_get(body, "kv_transfer_params");
+    const char *rid = json_string_value(json_object_get(kvp, "remote_request_id"));
+    const char *eid = json_string_value(json_object_get(kvp, "remote_engine_id"));
+    const char *host = json_string_value(json_object_get(kvp, "remote_host"));
+    json_t *port = json_object_get(kvp, "remote_port");
+    char ep[160];
+    static atomic_uint seq;
+    char xfer[64];
+    /* vLLM NixlConnector (nixl/pull_scheduler.py, request_finished): a request that ends
+     * still marked do_remote_prefill (rejected before it was scheduled) queues an empty
+     * read, and the worker's notification tells the prefill to free the blocks. Only a
+     * request naming where the KV is can do that. */
+    if (!json_is_true(json_object_get(kvp, "do_remote_prefill")) || !rid || !eid || !host ||
+        strlen(host) > 100 || !json_is_integer(port) || json_integer_value(port) <= 0 ||
+        json_integer_value(port) > 65535)
+        return;
+    snprintf(ep, sizeof(ep), "tcp://%s:%d", host, (int)json_integer_value(port));
+    snprintf(xfer, sizeof(xfer), "%.40s#rel%u", sim_cfg.engine_id, atomic_fetch_add(&seq, 1));
+    json_t *m = json_pack("{s:s,s:s,s:s,s:s}", "op", "release", "xfer", xfer, "remote_request_id",
+                          rid, "remote_engine_id", eid);
+    if (m)
+        sim_pd_send_ctl(ep, m); /* takes m */
+}
+
 /* The prompt tokens whose KV an lmcache decode looks up: LMCache's connector drops the last
  * skip_last_n_tokens before its lookup (vllm_v1_adapter.py, get_num_new_matched_tokens), so a
  * decode whose prompt ends with the prefill's first token (LMCache's proxy appends it) finds

@@ -211,6 +211,9 @@ int sim_pd_kvt_start(void);
 void sim_pd_kvt_stop(void);
 void sim_pd_kick_export(sim_export_t *e); /* engine lock held; takes a ref */
 void sim_pd_kick_import(sim_import_t *imp);
+/* Send <msg> (taken) to the prefill side channel <endpoint> from the KV thread; no reply
+ * is awaited (a decode's release of KV it will not read). */
+void sim_pd_send_ctl(const char *endpoint, json_t *msg);
 void sim_pd_kvt_stats(uint64_t *used, uint64_t *pinned);
 char *sim_pd_kvt_metrics(void);
 /* Receiver ports of this decode instance for <mode> (lazily created). */

@@ -12,6 +12,9 @@
  *    "prefill_dp_rank"?, ...same}    parallel rendezvous (the DP rank it expects)
  *   {"op":"compute", "body", "is_chat", ...same}    vllm-kvt batch: compute + push
  *   {"op":"cancel", "xfer"}                         the decode gave up
+ *   {"op":"release", "xfer", "remote_request_id", "remote_engine_id"}
+ *                                                   the decode refused the request: free
+ *                                                   the KV held for it now (no reply)
  * Replies (prefill → decode): {"xfer", "ok", "error"?, "engine_id", "nchunks",
  * "layers_per_key"} (the prefill's unit: whole chunks, or one layer with
  * --layerwise -- the decode names its keys after it);
@@ -244,6 +247,26 @@ void sim_pd_kick_import(sim_import_t *imp)
         atomic_fetch_sub(&imp->queued, 1);
 }
 
+typedef struct {
+    char endpoint[160];
+    json_t *msg;
+} ctl_send_t;
+
+void sim_pd_send_ctl(const char *endpoint, json_t *msg)
+{
+    ctl_send_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        json_decref(msg);
+        return;
+    }
+    snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+    c->msg = msg;
+    if (enqueue(3, c)) {
+        json_decref(msg);
+        free(c);
+    }
+}
+
 /* ---- side channel ---- */
 static void send_json(void *sock, const uint8_t *ident, size_t ident_len, json_t *msg)
 {
@@ -399,6 +422,26 @@ void sim_pd_rendezvous_attach_locked(sim_export_t *e)
 
 static void pump_export(sim_export_t *e);
 static void run_paced(void);
+
+/* "release": the decode refused the request; free the KV held for it now
+ * (no reply). */
+static void ctl_release(json_t *m)
+{
+    const char *rid = json_string_value(json_object_get(m, "remote_request_id"));
+    const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
+    sim_export_t *e;
+
+    sim_engine_lock();
+    e = rid ? sim_pd_export_find_locked(rid, NULL, 0, NULL) : NULL;
+    if (e && (!eid || !strcmp(eid, sim_cfg.engine_id)) && !e->req) {
+        /* held after its prefill finished, nobody reading: free it now */
+        atomic_fetch_add(&sim_ctr.kv_rejected_releases, 1);
+        sim_pd_export_finish_locked(e, 0);
+    } else {
+        atomic_fetch_add(&bad_ctl, 1); /* unknown, another engine's, or still computing */
+    }
+    sim_engine_unlock();
+}
 
 /* "cancel": forget a registration, fail the export, cancel libkvt's transfers. */
 static void ctl_cancel(const char *xfer)
@@ -575,6 +618,11 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
     if (!m || !op || !xfer || strlen(xfer) >= sizeof(((sim_export_t *)0)->xfer)) {
         atomic_fetch_add(&bad_ctl, 1);
         reply(ident, ident_len, xfer, 0, "malformed side-channel message", 0);
+        json_decref(m);
+        return;
+    }
+    if (!strcmp(op, "release")) {
+        ctl_release(m);
         json_decref(m);
         return;
     }
@@ -1393,6 +1441,15 @@ static void handle_task(kvt_task_result_t *res)
 
 static void handle_work(work_t *w)
 {
+    if (w->type == 3) {
+        ctl_send_t *c = w->p;
+        dealer_t *d = dealer_get(c->endpoint);
+        if (d)
+            send_json(d->sock, NULL, 0, c->msg);
+        json_decref(c->msg);
+        free(c);
+        return;
+    }
     if (w->type == 1) {
         sim_export_t *e = w->p;
         pump_export(e);
@@ -1705,7 +1762,10 @@ void sim_pd_kvt_stop(void)
     while (work_head) {
         work_t *w = work_head;
         work_head = w->next;
-        if (w->type == 1) {
+        if (w->type == 3) {
+            json_decref(((ctl_send_t *)w->p)->msg);
+            free(w->p);
+        } else if (w->type == 1) {
             sim_engine_lock();
             sim_pd_export_unref_locked(w->p);
             sim_engine_unlock();

@@ -41,10 +41,17 @@ def setup():
     env["failP"] = Sim("prefill", "prefill-fail", "--fail-rate", "1", "--fail-status", "500")
     env["D"] = Sim("decode", "decode-0", "--kv-wait-timeout-ms", "1500")
     env["failD"] = Sim("decode", "decode-fail", "--fail-rate", "1", "--fail-status", "500")
+    # an overloaded decode behind a load balancer: 429 with Retry-After: 1
+    env["busyD"] = Sim("decode", "decode-busy", "--fail-rate", "1", "--fail-status", "429",
+                       "--fail-retry-after", "1", "--fail-in-front")
+    # a refusing front of a decode (the engine behind never sees the request)
+    env["frontD"] = Sim("decode", "decode-front", "--fail-rate", "1", "--fail-status", "503",
+                        "--fail-in-front")
 
 
 def sims():
-    return [env[k] for k in ("slowP", "noproxyP", "P2", "failP", "D", "failD")]
+    return [env[k] for k in ("slowP", "noproxyP", "P2", "failP", "D", "failD", "busyD",
+                                         "frontD")]
 
 
 def disconnect_mid_prefill(gw, rid):
@@ -364,11 +371,11 @@ def test_reservation_engines_without_libkvt():
 
 
 def test_decode_retry_repicks_decode_only():
-    """A decode that fails before its first byte is replaced by another decode; the prefill
-    is neither re-picked nor re-run (vllm-nixl / mooncake serial / kvt staged: the KV lives on
-    that prefill and its params stay valid), the failed decode is not used again, and the
-    answer is verified KV."""
-    Ps, bad, good = [env["noproxyP"], env["P2"]], env["failD"], env["D"]
+    """A decode whose front refuses the request (503, the engine never saw it) is replaced by
+    another decode; the prefill is neither re-picked nor re-run (vllm-nixl / mooncake serial /
+    kvt staged: the KV lives on that prefill and its params stay valid), the failed decode is
+    not used again, and the answer is verified KV."""
+    Ps, bad, good = [env["noproxyP"], env["P2"]], env["frontD"], env["D"]
     for protocol, mode in (("vllm-nixl", "batch"), ("vllm-nixl", "staged"),
                            ("vllm-mooncake", "batch"), ("vllm-kvt", "staged")):
         gw = Gateway(protocol, mode,
@@ -398,12 +405,82 @@ def test_decode_retry_repicks_decode_only():
             gw.stop()
 
 
+def test_decode_overload_backs_off_keeping_the_prefill():
+    """A decode's 429 with Retry-After after the prefill answered: the new decode is tried
+    with the same backoff as a first-leg retry (never before the Retry-After), the prefill is
+    kept (one prefill leg), and the KV it holds is pulled by the new decode. vLLM's
+    NixlConnector keeps the prefill's blocks for a decode until it reads them or
+    VLLM_NIXL_ABORT_REQUEST_TIMEOUT passes (vllm-project/vllm vllm/envs.py,
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py), far beyond 1 s."""
+    P, busy, good = env["P2"], env["busyD"], env["D"]
+    gw = Gateway("vllm-nixl", "batch", [P.instance(), busy.instance(), good.instance()], {},
+                 retries=1, top={"decode_policy": "round-robin", "retry_backoff_base": "20ms",
+                                 "retry_backoff_max": "100ms"})
+    try:
+        backed_off = 0
+        for _ in range(2):  # round-robin: at least one starts on the busy decode
+            rid = "bo-" + uuid.uuid4().hex[:12]
+            st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                        {"X-Request-Id": rid})
+            assert st == 200, raw
+            assert len(P.records(rid)) == 1, ("prefill leg re-run", P.records(rid))
+            grecs, brecs = good.records(rid), busy.records(rid)
+            assert len(grecs) == 1 and grecs[0]["kv_result"]["ok"], grecs
+            if brecs:
+                assert len(brecs) == 1 and brecs[0]["status"] == 429, brecs
+                gap_us = grecs[0]["t_recv_us"] - brecs[0]["t_recv_us"]
+                assert gap_us >= 950_000, f"new decode tried {gap_us} us after Retry-After: 1"
+                backed_off += 1
+        assert backed_off >= 1, backed_off
+        assert gw.metric("pdgw_retries_total", {"protocol": "vllm-nixl"}) == backed_off
+        wait_idle(sims(), timeout=8.0)
+    finally:
+        gw.stop()
+
+
+def test_decode_engine_refusal_reruns_prefill():
+    """A vLLM decode engine that answers an error to a request naming a prefill's KV has that
+    prefill free the blocks at once (vllm-project/vllm
+    vllm/entrypoints/openai/engine/serving.py _with_kv_transfer_rejection_cleanup ->
+    vllm/engine/protocol.py notify_kv_transfer_request_rejected -> a pre-aborted request whose
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py request_finished
+    queues an empty read, and the worker notifies the prefill). So a retry cannot keep that
+    prefill: pdgw runs the prefill again (on the same instance) and the new decode reads the
+    new KV; the refused request's blocks are gone at once (no hold timeout)."""
+    P = Sim("prefill", "prefill-rerun", "--kv-hold-timeout-ms", "600000")
+    bad, good = env["failD"], env["D"]
+    gw = Gateway("vllm-nixl", "batch", [P.instance(), bad.instance(), good.instance()], {},
+                 retries=1, top={"decode_policy": "round-robin"})
+    try:
+        refused = 0
+        for _ in range(2):  # round-robin: at least one starts on the refusing decode
+            rid = "rp-" + uuid.uuid4().hex[:12]
+            st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                        {"X-Request-Id": rid})
+            assert st == 200, raw
+            brecs, grecs = bad.records(rid), good.records(rid)
+            assert len(grecs) == 1 and grecs[0]["kv_result"]["ok"], grecs
+            prefill_legs = len(P.records(rid))
+            assert prefill_legs == 1 + len(brecs), ("prefill runs", prefill_legs, len(brecs))
+            refused += len(brecs)
+        assert refused >= 1, refused
+        poll(lambda: P.metric("sim_kv_pages_pinned") == 0, "the prefill's pages held", 10.0)
+        assert P.metric("sim_kv_rejected_releases_total") == refused
+        assert P.metric("sim_kv_hold_timeouts_total") == 0
+        assert gw.metric("pdgw_retries_total", {"protocol": "vllm-nixl"}) == refused
+    finally:
+        gw.stop()
+        P.proc.kill()
+
+
 def main():
     setup()
     tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
     tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
               test_reservation_refused_repicks_decode, test_reservation_engines_without_libkvt,
               test_prefill_without_kv_params_counted, test_decode_retry_repicks_decode_only,
+              test_decode_overload_backs_off_keeping_the_prefill,
+              test_decode_engine_refusal_reruns_prefill,
               test_prefill_failure_taxonomy,
               test_decode_failure_taxonomy]
     passed = failed = 0

@@ -18,6 +18,11 @@ Upstream facts (vllm-project/vllm):
   other decode cut to one token, and the prefill sim's held pages are back to 0 long before
   its hold timeout (waited on as a condition); counted
   pdgw_kv_release_total{reason=decode_refused,result=ok}; no hold timeout fired.
+- vllm-nixl, the decode engine itself refuses (an error answer from vLLM's serving layer,
+  vllm/entrypoints/openai/engine/serving.py _with_kv_transfer_rejection_cleanup, which calls
+  vllm/engine/protocol.py notify_kv_transfer_request_rejected): the engine has the prefill
+  free the blocks itself (pdgw-sim's decode sends the release; sim_kv_rejected_releases_total),
+  the pages are back to 0 at once, and pdgw sends no release of its own (the blocks are gone).
 """
 
 import http.server
@@ -115,5 +120,34 @@ def test_mooncake_decode_refuses():
     run("vllm-mooncake", ["--kv-connector", "mooncake"], refusing=True)
 
 
+def test_nixl_decode_engine_refuses():
+    P = Sim("prefill", "rel-P-engine", *HOLD)
+    bad = Sim("decode", "rel-D-refuses", "--fail-rate", "1", "--fail-status", "500")
+    D = Sim("decode", "rel-D-ok")
+    gw = Gateway("vllm-nixl", "batch", [P.instance(), bad.instance(), D.instance()], {},
+                 retries=0, top={"decode_policy": "round-robin"})
+    try:
+        failed = 0
+        for i in range(4):
+            st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                        {"X-Request-Id": f"rel-{uuid.uuid4().hex[:8]}"})
+            assert st in (200, 500, 502), (st, raw[:200])
+            failed += st != 200
+        assert failed == 2, failed  # round-robin over the two decodes
+        wait_until("the prefill's held pages back to 0",
+                   lambda: P.metric("sim_kv_pages_pinned") == 0)
+        assert P.metric("sim_kv_rejected_releases_total") == failed
+        assert P.metric("sim_kv_hold_timeouts_total") == 0
+        for result in ("ok", "failed"):
+            assert gw.metric("pdgw_kv_release_total", {"reason": "decode_refused",
+                                                       "result": result}) == 0, result
+        wait_idle([P, D])
+    finally:
+        gw.stop()
+        for s in (P, bad, D):
+            s.proc.kill()
+
+
 if __name__ == "__main__":
-    T.run([test_nixl_decode_unreachable, test_mooncake_decode_refuses])
+    T.run([test_nixl_decode_unreachable, test_mooncake_decode_refuses,
+           test_nixl_decode_engine_refuses])

@@ -156,7 +156,9 @@ def test_at_most_n_at_the_engine_and_fifo():
 
 
 def test_priority_overtakes_the_queue():
-    sim, sport = start_slow_sim()
+    # The first request must still hold the only slot while five more are queued one by
+    # one (each waited for): 1.5 s leaves room on a loaded machine.
+    sim, sport = start_slow_sim(ttft_ms=1500)
     gw, gport = start_gw([f"http://127.0.0.1:{sport}"],
                          extra=["--max-concurrent-requests", "1", "--queue-size", "16"])
     first = Client(gport, "prio-first")
@@ -394,6 +396,80 @@ def test_limits_change_on_reload():
         os.unlink(path)
 
 
+class PtClient(threading.Thread):
+    """A pass-through request (vLLM's POST /tokenize) in its own thread."""
+
+    def __init__(self, port, headers=None):
+        super().__init__(daemon=True)
+        self.port, self.headers, self.status = port, dict(headers or {}), None
+        self.start()
+
+    def run(self):
+        try:
+            self.status, self.headers_out, self.data = T.request(
+                "POST", self.port, "/tokenize", {"prompt": "hello world"}, self.headers,
+                timeout=60)
+        except OSError as e:
+            self.status = e
+
+
+def test_passthrough_admitted_like_chat():
+    """A pass-through request (here /tokenize) takes a slot like chat: with one slot it waits
+    behind a chat request and reaches the engine only after that one was answered; with the
+    queue full it gets 429 queue_full at once; a waiter that leaves frees its place; and an
+    instance's own max_concurrent holds for it too (429, never sent)."""
+    sim, sport = start_slow_sim(ttft_ms=1500)
+    gw, gport = start_gw([f"http://127.0.0.1:{sport}"],
+                         extra=["--max-concurrent-requests", "1", "--queue-size", "1"])
+    chat = Client(gport, "ptq-chat")
+    wait_for(lambda: metric(gport, "pdgw_admission_inflight") == 1, 10, "chat admitted")
+    # a waiter that leaves: its place is freed at once, it never reaches the engine
+    body = b'{"prompt": "gone"}'
+    s = socket.create_connection(("127.0.0.1", gport))
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for(lambda: queued(gport) == 1, 10, "pass-through waiter queued")
+    s.close()
+    wait_for(lambda: metric(gport, "pdgw_admission_cancelled_total") == 1, 10,
+             "the cancelled pass-through counted")
+    assert_eq(queued(gport), 0.0, "its place freed while the chat still runs")
+    pt = PtClient(gport)
+    wait_for(lambda: queued(gport) == 1, 10, "pass-through queued behind the chat")
+    # /tokenize is answered at once by the engine: unanswered while the chat (1.5 s) still
+    # holds the only slot means it waits for admission, not for the engine.
+    assert chat.status is None, "the chat ended early"
+    assert_eq(pt.status, None, "pass-through answered while the chat held the only slot")
+    st, hdrs, data = T.request("POST", gport, "/tokenize", {"prompt": "one too many"})
+    assert_eq(st, 429, "pass-through with the queue full")
+    assert_eq(error_of(data)["code"], "queue_full", "code")
+    assert int(hdrs["retry-after"]) >= 1, "Retry-After"
+    chat.join(30)
+    pt.join(30)
+    assert_eq(chat.status, 200, "chat")
+    assert_eq(pt.status, 200, "queued pass-through")
+    assert "tokens" in json.loads(pt.data), pt.data
+    assert_eq(metric(gport, "pdgw_admission_admitted_total", {"path": "queued"}), 1.0,
+              "admitted from the queue")
+    assert_eq(metric(gport, "pdgw_admission_refused_total", {"reason": "queue_full"}), 1.0,
+              "refusal counted")
+    wait_for(lambda: metric(gport, "pdgw_admission_inflight") == 0, 10, "no slot leaked")
+    stop_gw(gw)
+    # An instance at its own max_concurrent: a pass-through is refused like chat.
+    gw, gport = gw_with_capped_instance(sport)
+    first = Client(gport, "ptcap-first")
+    wait_for(lambda: any(tag_of(r) == "ptcap-first" for r in sim_records(sport)), 10,
+             "chat at the engine")
+    st, hdrs, data = T.request("POST", gport, "/tokenize", {"prompt": "over capacity"})
+    assert_eq(st, 429, "pass-through while the only instance is at capacity")
+    assert "max_concurrent" in error_of(data)["message"], data
+    assert int(hdrs["retry-after"]) >= 1, "Retry-After"
+    first.join(30)
+    assert_eq(first.status, 200, "chat")
+    st, _, _ = T.request("POST", gport, "/tokenize", {"prompt": "capacity free again"})
+    assert_eq(st, 200, "pass-through once the instance is free")
+    stop_gw(gw)
+
+
 if __name__ == "__main__":
     T.run([
         test_at_most_n_at_the_engine_and_fifo,
@@ -404,4 +480,5 @@ if __name__ == "__main__":
         test_instance_capacity,
         test_slot_released_however_the_request_ends,
         test_limits_change_on_reload,
+        test_passthrough_admitted_like_chat,
     ])

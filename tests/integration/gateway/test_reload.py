@@ -10,17 +10,31 @@ file is rewritten and pdgw gets SIGHUP:
   refused with one log line and pdgw_config_reloads_total{result="error"}; the running
   config keeps serving;
 - a change that cannot be applied live (workers) is named "needs restart" and kept;
-- API keys change live: the new key works, the old one is refused at once.
+- API keys change live: the new key works, the old one is refused at once;
+- request_timeout, max_body_bytes and retries change live: a request in flight keeps the
+  values it started with, new ones get the new values (413 above the new body limit, 504 at
+  the new deadline);
+- protocol_options change live: vllm-mooncake's mooncake_bootstrap_fields switches the decode
+  leg's kv_transfer_params from remote_bootstrap_addr to bootstrap_server_host/port (both as
+  vLLM's MooncakeConnector reads them, vllm-project/vllm
+  vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py) for new
+  requests, while a request whose prefill was running during the reload finishes with the
+  forwarder context it started with.
 """
 
 import json
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
+import uuid
 
 import pdgwtest as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "forwarders"))
+from fwdconf import Gateway, Sim, client_body, path_of  # noqa: E402
 
 MODEL = "sim-model"
 
@@ -299,6 +313,146 @@ def test_reload_keeps_restart_only_options():
     assert gw.wait(timeout=30) == 0
 
 
+class Slow(threading.Thread):
+    """One chat request in its own thread."""
+
+    def __init__(self, port, body=None):
+        super().__init__(daemon=True)
+        self.port, self.status, self.data = port, None, None
+        self.body = body or {"model": MODEL, "max_tokens": 4,
+                             "messages": [{"role": "user", "content": "slow"}]}
+        self.start()
+
+    def run(self):
+        try:
+            self.status, _, self.data = T.request("POST", self.port, "/v1/chat/completions",
+                                                  self.body, timeout=60)
+        except OSError as e:
+            self.status = e
+
+
+def test_request_limits_apply_live():
+    sim_port = T.free_port()
+    sim = T.Proc("sim-slow", [T.binary("pdgw-sim"), "--role", "both", "--port", str(sim_port),
+                              "--ttft-ms", "1500", "--prefill-ms-per-token", "0", "--tpot-ms", "1",
+                              "--max-tokens-default", "4"])
+    T.wait_http(sim_port, "/health", proc=sim)
+    port = T.free_port()
+    d = tempfile.mkdtemp(prefix="pdgw-reload-")
+    path = os.path.join(d, "pdgw.yaml")
+    before = "request_timeout: 60s\nmax_body_bytes: 65536\nretries: 1"
+    after = "request_timeout: 500ms\nmax_body_bytes: 2048\nretries: 0"
+    write(path, config_text(port, [("s", sim_port)], before))
+    gw = T.Proc("pdgw", [T.binary("pdgw"), "--config", path])
+    T.wait_http(port, "/ready", proc=gw)
+    try:
+        big = {"model": MODEL, "max_tokens": 4,
+               "messages": [{"role": "user", "content": "x " * 1500}]}
+        # in flight across the reload: started under request_timeout 60 s
+        inflight = Slow(port)
+        wait_for("the request at the engine", lambda: sim_total(sim_port) >= 1)
+        write(path, config_text(port, [("s", sim_port)], after))
+        status, _, parsed, raw = T.post_json(port, "/admin/reload", {})
+        assert status == 200, raw
+        assert sorted(parsed["applied"]) == ["max_body_bytes", "request_timeout", "retries"], \
+            parsed
+        assert parsed["needs_restart"] == [], parsed
+        inflight.join(30)
+        assert inflight.status == 200, (inflight.status, inflight.data)
+        # new requests: the new body limit ...
+        status, _, data = T.request("POST", port, "/v1/chat/completions", big)
+        assert status == 413, (status, data)
+        # ... and the new deadline (the engine takes 1.5 s: 200 under the old one)
+        status, _, data = T.request("POST", port, "/v1/chat/completions",
+                                    {"model": MODEL, "max_tokens": 4,
+                                     "messages": [{"role": "user", "content": "late"}]})
+        assert status == 504, (status, data)
+        assert (T.metric_value(metrics(port), "pdgw_retries_total",
+                               {"protocol": "neutral"}) or 0) == 0
+        gw.signal(signal.SIGTERM)
+        assert gw.wait(timeout=30) == 0
+    finally:
+        gw.kill()
+        sim.kill()
+
+
+def test_protocol_options_apply_live():
+    P = Sim("prefill", "reload-P", "--kv-connector", "mooncake", "--ttft-ms", "1500")
+    D = Sim("decode", "reload-D")
+    gw = Gateway("vllm-mooncake", "batch", [P.instance(), D.instance()], {})
+    try:
+        def decode_kvp(rid):
+            [rec] = [r for r in D.records(rid) if r["path"] == path_of(False)]
+            assert rec["kv_result"]["ok"], rec
+            return rec["body"]["kv_transfer_params"]
+
+        def send(rid, out):
+            st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                        {"X-Request-Id": rid})
+            out.append((st, raw))
+
+        old_rid = "ro-" + uuid.uuid4().hex[:10]
+        res = []
+        t = threading.Thread(target=send, args=(old_rid, res), daemon=True)
+        t.start()
+        wait_for("the old request's prefill", lambda: P.records(old_rid))
+        with open(gw.cfg) as f:
+            text = f.read()
+        assert "protocol_options: {}" in text, text
+        write(gw.cfg, text.replace("protocol_options: {}",
+                                   "protocol_options:\n  mooncake_bootstrap_fields: host_port"))
+        status, _, parsed, raw = T.post_json(gw.port, "/admin/reload", {})
+        assert status == 200, raw
+        assert parsed["applied"] == ["protocol_options"], parsed
+        t.join(30)
+        assert res and res[0][0] == 200, res
+        old = decode_kvp(old_rid)
+        assert "remote_bootstrap_addr" in old and "bootstrap_server_host" not in old, old
+        new_rid = "rn-" + uuid.uuid4().hex[:10]
+        res = []
+        send(new_rid, res)
+        assert res[0][0] == 200, res
+        new = decode_kvp(new_rid)
+        assert new["bootstrap_server_host"] == "127.0.0.1", new
+        assert new["bootstrap_server_port"] == P.boot_port, new
+        assert "remote_bootstrap_addr" not in new, new
+    finally:
+        gw.stop()
+        P.proc.kill()
+        D.proc.kill()
+
+
+def test_protocol_options_kept_when_not_live():
+    """lmcache runs a KV control service: a change of one of its start-up options
+    (tokenize_timeout_ms) is reported "needs restart" with the reason, no second forwarder
+    context is made (its ProxyNotif port could not be bound twice), the running options stay
+    and the gateway keeps serving."""
+    pp = T.free_port()
+    P = Sim("prefill", "reload-lmP", "--proxy-host", "127.0.0.1", "--proxy-port", pp)
+    D = Sim("decode", "reload-lmD")
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": pp})
+    try:
+        with open(gw.cfg) as f:
+            text = f.read()
+        write(gw.cfg, text.replace("protocol_options:\n",
+                                   "protocol_options:\n  tokenize_timeout_ms: 5000\n"))
+        status, _, parsed, raw = T.post_json(gw.port, "/admin/reload", {})
+        assert status == 200, raw
+        assert parsed["needs_restart"] == ["protocol_options"], parsed
+        assert parsed["applied"] == [], parsed
+        wait_for("the reason logged",
+                 lambda: "'protocol_options' changed but needs restart" in gw.proc.output())
+        assert "cannot bind" not in gw.proc.output(), "a second context was tried"
+        st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False))
+        assert st == 200, raw
+    finally:
+        gw.stop()
+        P.proc.kill()
+        D.proc.kill()
+
+
 if __name__ == "__main__":
     T.run([test_sighup_under_load, test_removed_instance_finishes_its_stream,
-           test_reload_keeps_restart_only_options])
+           test_reload_keeps_restart_only_options, test_request_limits_apply_live,
+           test_protocol_options_apply_live, test_protocol_options_kept_when_not_live])
