@@ -961,105 +961,116 @@ pdgw_status_t pdgw_config_builtin_protocol_info(void *ctx, const pdgw_config_t *
     return PDGW_OK;
 }
 
-pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
-                                pdgw_config_error_t *err)
+typedef struct {
+    size_t prefill, decode, both;
+} role_counts_t;
+
+/* Instance ids unique, DP rank and per-TP-rank ports consistent; counts the roles. */
+static pdgw_status_t check_instances(const pdgw_config_t *cfg, pdgw_cfg_src_t *src,
+                                     role_counts_t *n)
 {
-    pdgw_cfg_src_t src = {.err = err};
     char key[96];
-    size_t n_prefill = 0, n_decode = 0, n_both = 0;
 
     for (size_t i = 0; i < cfg->n_instances; i++) {
         const pdgw_instance_config_t *in = &cfg->instances[i];
         for (size_t k = 0; k < i; k++) {
             if (strcmp(cfg->instances[k].id, in->id) == 0) {
                 snprintf(key, sizeof(key), "instances[%zu].id", i);
-                return pdgw_cfg_fail(
-                    &src, key, "duplicate instance id \"%s\" (also instances[%zu])", in->id, k);
+                return pdgw_cfg_fail(src, key, "duplicate instance id \"%s\" (also instances[%zu])",
+                                     in->id, k);
             }
         }
         if (in->dp_rank >= in->dp_size) {
             snprintf(key, sizeof(key), "instances[%zu].dp_rank", i);
-            return pdgw_cfg_fail(&src, key, "dp_rank %d must be below dp_size %d", in->dp_rank,
+            return pdgw_cfg_fail(src, key, "dp_rank %d must be below dp_size %d", in->dp_rank,
                                  in->dp_size);
         }
         if (in->alloc_ports.count != 0 && in->alloc_ports.count != (size_t)in->tp_size) {
             snprintf(key, sizeof(key), "instances[%zu].alloc_ports", i);
-            return pdgw_cfg_fail(&src, key, "needs one port per TP rank (tp_size %d), got %zu",
+            return pdgw_cfg_fail(src, key, "needs one port per TP rank (tp_size %d), got %zu",
                                  in->tp_size, in->alloc_ports.count);
         }
         if (in->init_ports.count != 0 && in->init_ports.count != (size_t)in->tp_size) {
             snprintf(key, sizeof(key), "instances[%zu].init_ports", i);
-            return pdgw_cfg_fail(&src, key, "needs one port per TP rank (tp_size %d), got %zu",
+            return pdgw_cfg_fail(src, key, "needs one port per TP rank (tp_size %d), got %zu",
                                  in->tp_size, in->init_ports.count);
         }
         if (in->role == PDGW_ROLE_PREFILL)
-            n_prefill++;
+            n->prefill++;
         else if (in->role == PDGW_ROLE_DECODE)
-            n_decode++;
+            n->decode++;
         else
-            n_both++;
+            n->both++;
     }
+    return PDGW_OK;
+}
+
+/* Credentials printable and bounded; TLS files and the files named readable. */
+static pdgw_status_t check_keys_and_files(const pdgw_config_t *cfg, pdgw_cfg_src_t *src)
+{
+    char key[96];
+
     for (size_t i = 0; i < cfg->api_keys.count; i++) {
         const char *k = cfg->api_keys.items[i];
         snprintf(key, sizeof(key), "api_keys[%zu]", i);
         if (strlen(k) > 256)
-            return pdgw_cfg_fail(&src, key, "longer than 256 bytes");
+            return pdgw_cfg_fail(src, key, "longer than 256 bytes");
         for (const char *c = k; *c; c++) {
             if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
-                return pdgw_cfg_fail(&src, key, "contains blanks or non-printable characters");
+                return pdgw_cfg_fail(src, key, "contains blanks or non-printable characters");
         }
     }
     if (strlen(cfg->admin_api_key) > 256)
-        return pdgw_cfg_fail(&src, "admin_api_key", "longer than 256 bytes");
+        return pdgw_cfg_fail(src, "admin_api_key", "longer than 256 bytes");
     for (const char *c = cfg->admin_api_key; *c; c++) {
         if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
-            return pdgw_cfg_fail(&src, "admin_api_key",
+            return pdgw_cfg_fail(src, "admin_api_key",
                                  "contains blanks or non-printable characters");
     }
     if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
-        return pdgw_cfg_fail(&src, cfg->tls_cert[0] ? "tls_key" : "tls_cert",
+        return pdgw_cfg_fail(src, cfg->tls_cert[0] ? "tls_key" : "tls_cert",
                              "tls_cert and tls_key go together");
     if (cfg->tls_cert[0] != '\0' && access(cfg->tls_cert, R_OK) != 0)
-        return pdgw_cfg_fail(&src, "tls_cert", "cannot read \"%s\"", cfg->tls_cert);
+        return pdgw_cfg_fail(src, "tls_cert", "cannot read \"%s\"", cfg->tls_cert);
     if (cfg->tls_key[0] != '\0' && access(cfg->tls_key, R_OK) != 0)
-        return pdgw_cfg_fail(&src, "tls_key", "cannot read \"%s\"", cfg->tls_key);
+        return pdgw_cfg_fail(src, "tls_key", "cannot read \"%s\"", cfg->tls_key);
     if (cfg->tls_ca[0] != '\0' && cfg->tls_cert[0] == '\0')
-        return pdgw_cfg_fail(&src, "tls_ca", "needs tls_cert and tls_key");
+        return pdgw_cfg_fail(src, "tls_ca", "needs tls_cert and tls_key");
     if (cfg->tls_ca[0] != '\0' && access(cfg->tls_ca, R_OK) != 0)
-        return pdgw_cfg_fail(&src, "tls_ca", "cannot read \"%s\"", cfg->tls_ca);
+        return pdgw_cfg_fail(src, "tls_ca", "cannot read \"%s\"", cfg->tls_ca);
     if (cfg->api_key_file[0] != '\0' && access(cfg->api_key_file, R_OK) != 0)
-        return pdgw_cfg_fail(&src, "api_key_file", "cannot read \"%s\"", cfg->api_key_file);
+        return pdgw_cfg_fail(src, "api_key_file", "cannot read \"%s\"", cfg->api_key_file);
     for (size_t i = 0; i < cfg->plugins.count; i++) {
         if (access(cfg->plugins.items[i], R_OK) != 0) {
             snprintf(key, sizeof(key), "plugins[%zu]", i);
-            return pdgw_cfg_fail(&src, key, "cannot read \"%s\"", cfg->plugins.items[i]);
+            return pdgw_cfg_fail(src, key, "cannot read \"%s\"", cfg->plugins.items[i]);
         }
     }
-    {
-        /* Admission, backoff and affinity: the same parse the gateway runs (pdgw_admit.c). */
-        pdgw_admit_limits_t al;
-        char aerr[256];
-        pdgw_admit_limits_init(&al);
-        if (pdgw_admit_limits_from_config(cfg, &al, aerr, sizeof(aerr)) != PDGW_OK) {
-            char akey[64];
-            const char *colon = strchr(aerr, ':');
-            size_t n = colon ? (size_t)(colon - aerr) : 0;
-            snprintf(akey, sizeof(akey), "%.*s", (int)n, aerr);
-            return pdgw_cfg_fail(&src, akey, "%s", colon ? colon + 2 : aerr);
-        }
-        pdgw_admit_limits_free(&al);
-    }
-    if (cfg->health_timeout_ms > cfg->health_interval_ms)
-        return pdgw_cfg_fail(&src, "health_timeout", "must not exceed health_interval");
-    if (cfg->k8s.api_server[0] != '\0') {
-        pdgw_url_t u;
-        if (pdgw_url_parse(cfg->k8s.api_server, &u) != PDGW_OK)
-            return pdgw_cfg_fail(&src, "discovery.kubernetes.api_server",
-                                 "expected an http(s):// URL, got \"%s\"", cfg->k8s.api_server);
-    }
-    if (cfg->protocol[0] == '\0')
-        return pdgw_cfg_fail(&src, "protocol", "must not be empty");
+    return PDGW_OK;
+}
 
+/* Admission, backoff and affinity: the same parse the gateway runs (pdgw_admit.c). */
+static pdgw_status_t check_admission(const pdgw_config_t *cfg, pdgw_cfg_src_t *src)
+{
+    pdgw_admit_limits_t al;
+    char aerr[256];
+    pdgw_admit_limits_init(&al);
+    if (pdgw_admit_limits_from_config(cfg, &al, aerr, sizeof(aerr)) != PDGW_OK) {
+        char akey[64];
+        const char *colon = strchr(aerr, ':');
+        size_t n = colon ? (size_t)(colon - aerr) : 0;
+        snprintf(akey, sizeof(akey), "%.*s", (int)n, aerr);
+        return pdgw_cfg_fail(src, akey, "%s", colon ? colon + 2 : aerr);
+    }
+    pdgw_admit_limits_free(&al);
+    return PDGW_OK;
+}
+
+/* The protocol exists, supports the scheduling mode, and has the instance roles it needs
+ * (configured or discoverable). */
+static pdgw_status_t check_protocol(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
+                                    pdgw_cfg_src_t *src, const role_counts_t *n)
+{
     pdgw_config_protocol_fn fn = pdgw_config_builtin_protocol_info;
     void *ctx = NULL;
     if (hooks != NULL && hooks->protocol_info != NULL) {
@@ -1073,37 +1084,62 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
     if (st != PDGW_OK) {
         if (perr[0] == '\0')
             snprintf(perr, sizeof(perr), "unknown protocol \"%s\"", cfg->protocol);
-        return pdgw_cfg_fail(&src, "protocol", "%s", perr);
+        return pdgw_cfg_fail(src, "protocol", "%s", perr);
     }
     if (cfg->scheduling == PDGW_SCHED_STAGED && !info.supports_staged)
-        return pdgw_cfg_fail(&src, "scheduling", "protocol %s does not support staged scheduling",
+        return pdgw_cfg_fail(src, "scheduling", "protocol %s does not support staged scheduling",
                              cfg->protocol);
     if (cfg->scheduling == PDGW_SCHED_BATCH && !info.supports_batch)
-        return pdgw_cfg_fail(&src, "scheduling", "protocol %s does not support batch scheduling",
+        return pdgw_cfg_fail(src, "scheduling", "protocol %s does not support batch scheduling",
                              cfg->protocol);
     bool dyn_prefill = cfg->dns.prefill[0] || cfg->k8s.prefill_selector[0];
     bool dyn_decode = cfg->dns.decode[0] || cfg->k8s.decode_selector[0];
     bool dyn_both = cfg->dns.both[0] || cfg->k8s.both_selector[0];
-    if (info.needs_both && n_both == 0 && !dyn_both)
-        return pdgw_cfg_fail(&src, "instances",
+    if (info.needs_both && n->both == 0 && !dyn_both)
+        return pdgw_cfg_fail(src, "instances",
                              "protocol %s forwards each request to one instance that serves both "
                              "roles: add --both URL, an instance with role: both, or "
                              "discovery.*.both",
                              cfg->protocol);
-    bool have_p = n_prefill + n_both > 0 || dyn_prefill || dyn_both;
-    bool have_d = n_decode + n_both > 0 || dyn_decode || dyn_both;
+    bool have_p = n->prefill + n->both > 0 || dyn_prefill || dyn_both;
+    bool have_d = n->decode + n->both > 0 || dyn_decode || dyn_both;
     if (!info.needs_prefill && info.needs_decode && !have_d)
-        return pdgw_cfg_fail(&src, "instances",
+        return pdgw_cfg_fail(src, "instances",
                              "protocol %s forwards each request to one decode-capable instance, "
                              "but no decode or both instance is configured (add --decode URL, "
                              "--both URL, or discovery)",
                              cfg->protocol);
     if ((info.needs_prefill && !have_p) || (info.needs_decode && !have_d))
-        return pdgw_cfg_fail(&src, "instances",
+        return pdgw_cfg_fail(src, "instances",
                              "protocol %s needs prefill and decode instances, but no %s instance "
                              "is configured (add --%s URL, instances with role: %s, or "
                              "discovery)",
                              cfg->protocol, !have_p ? "prefill" : "decode",
                              !have_p ? "prefill" : "decode", !have_p ? "prefill" : "decode");
     return PDGW_OK;
+}
+
+pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
+                                pdgw_config_error_t *err)
+{
+    pdgw_cfg_src_t src = {.err = err};
+    role_counts_t n = {0, 0, 0};
+    pdgw_status_t st;
+
+    if ((st = check_instances(cfg, &src, &n)) != PDGW_OK ||
+        (st = check_keys_and_files(cfg, &src)) != PDGW_OK ||
+        (st = check_admission(cfg, &src)) != PDGW_OK)
+        return st;
+    if (cfg->health_timeout_ms > cfg->health_interval_ms)
+        return pdgw_cfg_fail(&src, "health_timeout", "must not exceed health_interval");
+    if (cfg->k8s.api_server[0] != '\0') {
+        pdgw_url_t u;
+        if (pdgw_url_parse(cfg->k8s.api_server, &u) != PDGW_OK)
+            return pdgw_cfg_fail(&src, "discovery.kubernetes.api_server",
+                                 "expected an http(s):// URL, got \"%s\"", cfg->k8s.api_server);
+    }
+    if (cfg->protocol[0] == '\0')
+        return pdgw_cfg_fail(&src, "protocol", "must not be empty");
+
+    return check_protocol(cfg, hooks, &src, &n);
 }

@@ -289,6 +289,160 @@ static void raise_fd_limit(void)
     }
 }
 
+/* The server's options that come straight from the configuration (the caller adds what was
+ * built from it: auth, pool, metrics, tracing, admission, TLS, reload). */
+static void server_opts_from_config(const pdgw_config_t *c, json_t *options, pdgw_server_opts_t *o)
+{
+    pdgw_server_opts_init(o);
+    o->listen_host = c->listen_host;
+    o->listen_port = c->listen_port;
+    o->workers = (unsigned)pdgw_config_workers(c);
+    o->protocol = c->protocol;
+    o->mode = config_mode(c);
+    o->protocol_options = options;
+    o->max_body_bytes = c->max_body_bytes;
+    o->request_timeout_ms = c->request_timeout_ms;
+    o->connect_timeout_ms = c->connect_timeout_ms;
+    o->first_byte_timeout_ms = c->first_byte_timeout_ms;
+    o->idle_timeout_ms = c->idle_timeout_ms;
+    o->retries = c->retries > 0 ? (unsigned)c->retries : 0;
+    o->client_header_timeout_ms = c->client_header_timeout_ms;
+    o->max_connections = c->max_connections > 0 ? (unsigned)c->max_connections : 0;
+    o->max_connections_per_client =
+        c->max_connections_per_client > 0 ? (unsigned)c->max_connections_per_client : 0;
+    o->client_pd_fields = (pdgw_pd_fields_mode_t)c->client_pd_fields;
+    o->upstream_client = (pdgw_upstream_client_t)c->upstream_client;
+    o->route.tokenize_timeout_ms = c->tokenize_timeout_ms;
+    o->route.tokenize_cache_entries = (unsigned)c->tokenize_cache_entries;
+    o->route.pd_min_prompt_tokens = (unsigned)c->pd_min_prompt_tokens;
+    o->route.pd_skip_cached_percent = (unsigned)c->pd_skip_cached_percent;
+    o->models = (const char *const *)c->models.items;
+    o->n_models = c->models.count;
+    o->no_passthrough = !c->passthrough;
+    o->cors_origins = (const char *const *)c->cors_allowed_origins.items;
+    o->n_cors_origins = c->cors_allowed_origins.count;
+}
+
+/* Admission limits, retry backoff, session affinity: one swappable struct. */
+static pdgw_status_t make_admit(const pdgw_config_t *c, pdgw_metrics_t *reg, pdgw_admit_t **out,
+                                char *err, size_t errlen)
+{
+    pdgw_admit_limits_t al;
+    pdgw_status_t st;
+
+    pdgw_admit_limits_init(&al);
+    st = pdgw_admit_limits_from_config(c, &al, err, errlen);
+    if (st == PDGW_OK)
+        st = pdgw_admit_create(&al, reg, out);
+    pdgw_admit_limits_free(&al);
+    return st;
+}
+
+/* SIGTERM / SIGINT: stop taking requests, let those in flight finish within drain_timeout; a
+ * second signal stops at once. */
+static void drain(pdgw_server_t *srv, pdgw_reload_t *reload, const sigset_t *sigs, int sig)
+{
+    pdgw_log_info("main", "%s: draining (up to %llu ms, %llu request(s) in flight)",
+                  sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                  (unsigned long long)pdgw_reload_drain_timeout_ms(reload),
+                  (unsigned long long)pdgw_server_inflight(srv));
+    pdgw_server_drain(srv);
+    {
+        uint64_t end = pdgw_time_mono_ms() + pdgw_reload_drain_timeout_ms(reload);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        while (pdgw_server_inflight(srv) > 0 && pdgw_time_mono_ms() < end) {
+            int s = sigtimedwait(sigs, NULL, &ts);
+            if (s == SIGINT || s == SIGTERM) {
+                pdgw_log_warn("main", "second signal: stopping now");
+                break;
+            }
+        }
+    }
+    if (pdgw_server_inflight(srv) > 0)
+        pdgw_log_warn("main", "drain timeout: cancelling %llu request(s)",
+                      (unsigned long long)pdgw_server_inflight(srv));
+    else
+        pdgw_log_info("main", "drained");
+}
+
+/* Signals are handled by the main thread only (sigwait), never by a worker. */
+static void block_signals(sigset_t *sigs)
+{
+    signal(SIGPIPE, SIG_IGN);
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGTERM);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+}
+
+/* Client API keys and the admin key. */
+static pdgw_status_t make_auth(const pdgw_config_t *c, pdgw_auth_t **out, char *err, size_t errlen)
+{
+    char why[640];
+    pdgw_status_t st = pdgw_auth_create((const char *const *)c->api_keys.items, c->api_keys.count,
+                                        c->api_key_file, why, sizeof(why), out);
+    if (st != PDGW_OK) {
+        snprintf(err, errlen, "api keys: %s", why);
+        return st;
+    }
+    return pdgw_auth_set_admin_key(*out, c->admin_api_key, err, errlen);
+}
+
+/* SIGHUP reloads the configuration; returns the signal that stops the gateway. */
+static int serve_until_stopped(pdgw_reload_t *reload, const sigset_t *sigs)
+{
+    int sig = 0;
+
+    for (;;) {
+        if (sigwait(sigs, &sig) != 0)
+            continue;
+        if (sig != SIGHUP)
+            return sig;
+        json_decref(pdgw_reload_run(reload, "SIGHUP"));
+    }
+}
+
+/* Tracing (OTLP/HTTP), NULL when no endpoint is configured. */
+static pdgw_status_t make_otel(const pdgw_config_t *c, pdgw_otel_t **out, char *err, size_t errlen)
+{
+    pdgw_otel_config_t oc;
+    pdgw_status_t st = pdgw_otel_config_load(c->tracing.otlp_endpoint, c->tracing.service_name,
+                                             c->tracing.sample_ratio, environ, &oc, err, errlen);
+    return st != PDGW_OK ? st : pdgw_otel_create(&oc, out, err, errlen);
+}
+
+/* The reloader takes the config over; what the server borrows from it stays put (see
+ * pdgw_reload.h), and SIGHUP / POST /admin/reload re-read it from here on. */
+static pdgw_status_t make_reload(pdgw_config_t *cfg, int argc, char **argv,
+                                 const pdgw_config_hooks_t *hooks, pdgw_metrics_t *reg,
+                                 pdgw_auth_t *auth, sched_pool_t *pool, pdgw_admit_t *admit,
+                                 pdgw_reload_t **out)
+{
+    pdgw_config_t start = *cfg; /* scalars only, for the hooks' start-up view */
+
+    if (pdgw_reload_create(cfg, argc, argv, environ, hooks, reg, out) != PDGW_OK ||
+        pdgw_reload_hooks_register(*out, &start, auth, pool, map_instance) != PDGW_OK ||
+        (admit != NULL && pdgw_admit_reload_register(admit, *out) != PDGW_OK) ||
+        pdgw_kvctl_reload_register(*out) != PDGW_OK)
+        return PDGW_ERR_NOMEM;
+    return PDGW_OK;
+}
+
+/* The command line, environment and config file (pdgw_config_free even on failure). */
+static pdgw_status_t load_config(pdgw_config_t *cfg, int argc, char **argv,
+                                 pdgw_config_hooks_t *hooks, pdgw_config_action_t *action)
+{
+    pdgw_config_error_t cerr;
+
+    memset(hooks, 0, sizeof(*hooks));
+    hooks->protocol_info = main_protocol_info;
+    hooks->deep_check = main_deep_check;
+    hooks->progname = "pdgw";
+    memset(&cerr, 0, sizeof(cerr));
+    return pdgw_config_from_args(cfg, argc, argv, environ, hooks, action, &cerr);
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -296,14 +450,12 @@ int main(int argc, char **argv)
     pdgw_config_t cfg;
     pdgw_config_hooks_t hooks;
     pdgw_config_action_t action = PDGW_CONFIG_RUN;
-    pdgw_config_error_t cerr;
     pdgw_auth_t *auth = NULL;
     pdgw_metrics_t *reg = NULL;
     pdgw_gateway_metrics_t gm;
     sched_pool_t *pool = NULL;
     pdgw_server_t *srv = NULL;
     pdgw_server_opts_t so;
-    pdgw_otel_config_t otel_cfg;
     pdgw_otel_t *otel = NULL;
     pdgw_admit_t *admit = NULL;
     pdgw_tls_t *tls = NULL;
@@ -314,21 +466,11 @@ int main(int argc, char **argv)
     int rc = 1;
     int sig = 0;
 
-    /* Stage 1 happened before main(). Signals are handled by this thread only. */
-    signal(SIGPIPE, SIG_IGN);
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* Stage 1 happened before main(). */
+    block_signals(&sigs);
 
     /* Stage 2: configuration. */
-    memset(&hooks, 0, sizeof(hooks));
-    hooks.protocol_info = main_protocol_info;
-    hooks.deep_check = main_deep_check;
-    hooks.progname = "pdgw";
-    memset(&cerr, 0, sizeof(cerr));
-    if (pdgw_config_from_args(&cfg, argc, argv, environ, &hooks, &action, &cerr) != PDGW_OK)
+    if (load_config(&cfg, argc, argv, &hooks, &action) != PDGW_OK)
         goto out_cfg;
     if (action == PDGW_CONFIG_EXIT) {
         rc = 0;
@@ -345,12 +487,7 @@ int main(int argc, char **argv)
         pdgw_log_error("main", "curl_global_init failed");
         goto out_cfg;
     }
-    if (pdgw_auth_create((const char *const *)cfg.api_keys.items, cfg.api_keys.count,
-                         cfg.api_key_file, err, sizeof(err), &auth) != PDGW_OK) {
-        pdgw_log_error("main", "api keys: %s", err);
-        goto out_curl;
-    }
-    if (pdgw_auth_set_admin_key(auth, cfg.admin_api_key, err, sizeof(err)) != PDGW_OK) {
+    if (make_auth(&cfg, &auth, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_auth;
     }
@@ -370,75 +507,28 @@ int main(int argc, char **argv)
         goto out_metrics;
     }
     pdgw_metrics_collector_add(reg, collect_sched_metrics, pool);
-    if (pdgw_otel_config_load(cfg.tracing.otlp_endpoint, cfg.tracing.service_name,
-                              cfg.tracing.sample_ratio, environ, &otel_cfg, err,
-                              sizeof(err)) != PDGW_OK ||
-        pdgw_otel_create(&otel_cfg, &otel, err, sizeof(err)) != PDGW_OK) {
+    if (make_otel(&cfg, &otel, err, sizeof(err)) != PDGW_OK) {
         pdgw_log_error("main", "%s", err);
         goto out_pool;
     }
     if (otel != NULL)
         pdgw_metrics_collector_add(reg, pdgw_otel_metrics, otel);
     options = options_json(&cfg);
-    {
-        /* Admission limits, retry backoff, session affinity: one swappable struct. */
-        pdgw_admit_limits_t al;
-        pdgw_admit_limits_init(&al);
-        if (pdgw_admit_limits_from_config(&cfg, &al, err, sizeof(err)) != PDGW_OK ||
-            pdgw_admit_create(&al, reg, &admit) != PDGW_OK) {
-            pdgw_log_error("main", "admission: %s", err);
-            pdgw_admit_limits_free(&al);
-            goto out_pool;
-        }
-        pdgw_admit_limits_free(&al);
+    if (make_admit(&cfg, reg, &admit, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "admission: %s", err);
+        goto out_pool;
     }
 
-    pdgw_server_opts_init(&so);
-    so.listen_host = cfg.listen_host;
-    so.listen_port = cfg.listen_port;
-    so.workers = (unsigned)pdgw_config_workers(&cfg);
-    so.protocol = cfg.protocol;
-    so.mode = config_mode(&cfg);
-    so.protocol_options = options;
-    so.max_body_bytes = cfg.max_body_bytes;
-    so.request_timeout_ms = cfg.request_timeout_ms;
-    so.connect_timeout_ms = cfg.connect_timeout_ms;
-    so.first_byte_timeout_ms = cfg.first_byte_timeout_ms;
-    so.idle_timeout_ms = cfg.idle_timeout_ms;
-    so.retries = cfg.retries > 0 ? (unsigned)cfg.retries : 0;
-    so.client_header_timeout_ms = cfg.client_header_timeout_ms;
-    so.max_connections = cfg.max_connections > 0 ? (unsigned)cfg.max_connections : 0;
-    so.max_connections_per_client =
-        cfg.max_connections_per_client > 0 ? (unsigned)cfg.max_connections_per_client : 0;
-    so.client_pd_fields = (pdgw_pd_fields_mode_t)cfg.client_pd_fields;
-    so.upstream_client = (pdgw_upstream_client_t)cfg.upstream_client;
-    so.route.tokenize_timeout_ms = cfg.tokenize_timeout_ms;
-    so.route.tokenize_cache_entries = (unsigned)cfg.tokenize_cache_entries;
-    so.route.pd_min_prompt_tokens = (unsigned)cfg.pd_min_prompt_tokens;
-    so.route.pd_skip_cached_percent = (unsigned)cfg.pd_skip_cached_percent;
+    server_opts_from_config(&cfg, options, &so);
     so.auth = auth;
-    so.models = (const char *const *)cfg.models.items;
-    so.n_models = cfg.models.count;
-    so.no_passthrough = !cfg.passthrough;
-    so.cors_origins = (const char *const *)cfg.cors_allowed_origins.items;
-    so.n_cors_origins = cfg.cors_allowed_origins.count;
     so.pool = pool;
     so.metrics = &gm;
     so.otel = otel;
     so.admit = admit;
     so.tls = tls;
-    /* The reloader takes the config over; what the server borrows from it stays put (see
-     * pdgw_reload.h), and SIGHUP / POST /admin/reload re-read it from here on. */
-    {
-        pdgw_config_t *moved = &cfg;
-        pdgw_config_t start = cfg; /* scalars only, for the hooks' start-up view */
-        if (pdgw_reload_create(moved, argc, argv, environ, &hooks, reg, &reload) != PDGW_OK ||
-            pdgw_reload_hooks_register(reload, &start, auth, pool, map_instance) != PDGW_OK ||
-            (admit != NULL && pdgw_admit_reload_register(admit, reload) != PDGW_OK) ||
-            pdgw_kvctl_reload_register(reload) != PDGW_OK) {
-            pdgw_log_error("main", "cannot set up config reloads");
-            goto out_pool;
-        }
+    if (make_reload(&cfg, argc, argv, &hooks, reg, auth, pool, admit, &reload) != PDGW_OK) {
+        pdgw_log_error("main", "cannot set up config reloads");
+        goto out_pool;
     }
     so.reload = reload;
     if (pdgw_server_create(&so, &srv, err, sizeof(err)) != PDGW_OK) {
@@ -460,34 +550,8 @@ int main(int argc, char **argv)
     if (pdgw_auth_key_count(auth) > 0)
         pdgw_log_info("main", "API keys required (%zu configured)", pdgw_auth_key_count(auth));
 
-    for (;;) {
-        if (sigwait(&sigs, &sig) != 0)
-            continue;
-        if (sig != SIGHUP)
-            break;
-        json_decref(pdgw_reload_run(reload, "SIGHUP"));
-    }
-    pdgw_log_info("main", "%s: draining (up to %llu ms, %llu request(s) in flight)",
-                  sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                  (unsigned long long)pdgw_reload_drain_timeout_ms(reload),
-                  (unsigned long long)pdgw_server_inflight(srv));
-    pdgw_server_drain(srv);
-    {
-        uint64_t end = pdgw_time_mono_ms() + pdgw_reload_drain_timeout_ms(reload);
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        while (pdgw_server_inflight(srv) > 0 && pdgw_time_mono_ms() < end) {
-            int s = sigtimedwait(&sigs, NULL, &ts);
-            if (s == SIGINT || s == SIGTERM) {
-                pdgw_log_warn("main", "second signal: stopping now");
-                break;
-            }
-        }
-    }
-    if (pdgw_server_inflight(srv) > 0)
-        pdgw_log_warn("main", "drain timeout: cancelling %llu request(s)",
-                      (unsigned long long)pdgw_server_inflight(srv));
-    else
-        pdgw_log_info("main", "drained");
+    sig = serve_until_stopped(reload, &sigs);
+    drain(srv, reload, &sigs, sig);
     rc = 0;
 
 out_server:
@@ -509,7 +573,6 @@ out_metrics:
 out_auth:
     pdgw_tls_destroy(tls);
     pdgw_auth_destroy(auth);
-out_curl:
     curl_global_cleanup();
 out_cfg:
     pdgw_config_free(&cfg);
