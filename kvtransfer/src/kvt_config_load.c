@@ -53,6 +53,99 @@ static kvt_status_t yaml_next(yaml_parser_t *p, yaml_event_t *ev, kvt_config_err
     return KVT_OK;
 }
 
+/* A flat list value: the events after <ev> (a SEQUENCE_START) up to its end,
+ * applied to <tmp> as one list. On a parse error <ev> is left zeroed so the
+ * caller's yaml_event_delete is a no-op. */
+static kvt_status_t yaml_load_list(yaml_parser_t *p, yaml_event_t *ev, kvt_config_t *tmp,
+                                   const char *key, kvt_config_err_t *err)
+{
+    yaml_list_t l = {{0}, 0};
+    kvt_cfg_val_t v = {0};
+    kvt_status_t status = KVT_OK;
+
+    v.line = (int)ev->start_mark.line + 1;
+    for (;;) {
+        yaml_event_delete(ev);
+        status = yaml_next(p, ev, err);
+        if (status != KVT_OK) {
+            memset(ev, 0, sizeof(*ev));
+            yaml_list_free(&l);
+            return status;
+        }
+        if (ev->type == YAML_SEQUENCE_END_EVENT)
+            break;
+        if (ev->type != YAML_SCALAR_EVENT) {
+            status = kvt_config_fail(err, key, (int)ev->start_mark.line + 1,
+                                     "'%s' must be a flat list of scalars", key);
+            break;
+        }
+        if (l.n >= MAX_LIST_ITEMS) {
+            status = kvt_config_fail(err, key, v.line, "'%s' has too many items", key);
+            break;
+        }
+        l.items[l.n] = kvt_strndup((const char *)ev->data.scalar.value, ev->data.scalar.length);
+        if (l.items[l.n] == NULL) {
+            status = KVT_ERR_NOMEM;
+            break;
+        }
+        l.n++;
+    }
+    if (status == KVT_OK) {
+        v.is_list = 1;
+        v.items = (const char *const *)l.items;
+        v.nitems = l.n;
+        status = kvt_config_apply(tmp, key, &v, err);
+    }
+    yaml_list_free(&l);
+    return status;
+}
+
+/* The value event <ev> of <key>: a scalar (or null) or a flat list. */
+static kvt_status_t yaml_load_value(yaml_parser_t *p, yaml_event_t *ev, kvt_config_t *tmp,
+                                    const char *key, kvt_config_err_t *err)
+{
+    if (ev->type == YAML_SCALAR_EVENT) {
+        kvt_cfg_val_t v = {0};
+        v.scalar = yaml_plain_null(ev) ? NULL : (const char *)ev->data.scalar.value;
+        v.line = (int)ev->start_mark.line + 1;
+        if (ev->data.scalar.length != strlen((const char *)ev->data.scalar.value))
+            return kvt_config_fail(err, key, v.line, "'%s' contains a NUL byte", key);
+        return kvt_config_apply(tmp, key, &v, err);
+    }
+    if (ev->type == YAML_SEQUENCE_START_EVENT)
+        return yaml_load_list(p, ev, tmp, key, err);
+    return kvt_config_fail(err, key, (int)ev->start_mark.line + 1,
+                           "'%s' must be a scalar or a list", key);
+}
+
+/* One "key: value" entry; <ev> holds the key scalar on entry and, on return,
+ * the last event read (zeroed when there is none to delete). The key is kept
+ * in <seen> (freed by the caller) to reject duplicates. */
+static kvt_status_t yaml_load_entry(yaml_parser_t *p, yaml_event_t *ev, kvt_config_t *tmp,
+                                    char **seen, size_t *nseen, kvt_config_err_t *err)
+{
+    int line = (int)ev->start_mark.line + 1;
+    char *key = kvt_strndup((const char *)ev->data.scalar.value, ev->data.scalar.length);
+    kvt_status_t status;
+
+    yaml_event_delete(ev);
+    if (key == NULL)
+        return KVT_ERR_NOMEM;
+    if (seen_key(seen, *nseen, key) || *nseen == MAX_KEYS) {
+        status = kvt_config_fail(err, key, line,
+                                 *nseen == MAX_KEYS ? "too many keys" : "duplicate key '%s'", key);
+        kvt_free(key);
+        return status;
+    }
+    seen[(*nseen)++] = key;
+    status = yaml_next(p, ev, err);
+    if (status != KVT_OK) {
+        memset(ev, 0, sizeof(*ev));
+        return status;
+    }
+    return yaml_load_value(p, ev, tmp, key, err);
+}
+
 kvt_status_t kvt_config_load_yaml_string(kvt_config_t *cfg, const char *text, size_t len,
                                          kvt_config_err_t *err)
 {
@@ -74,9 +167,6 @@ kvt_status_t kvt_config_load_yaml_string(kvt_config_t *cfg, const char *text, si
     yaml_parser_set_input_string(&parser, (const unsigned char *)(text ? text : ""), len);
 
     while (status == KVT_OK && !done) {
-        char *key;
-        int line;
-
         status = yaml_next(&parser, &ev, err);
         if (status != KVT_OK)
             break;
@@ -105,75 +195,7 @@ kvt_status_t kvt_config_load_yaml_string(kvt_config_t *cfg, const char *text, si
                                              "the configuration must be a mapping of keys");
                 break;
             }
-            /* key */
-            line = (int)ev.start_mark.line + 1;
-            key = kvt_strndup((const char *)ev.data.scalar.value, ev.data.scalar.length);
-            yaml_event_delete(&ev);
-            if (key == NULL) {
-                status = KVT_ERR_NOMEM;
-                goto out_noev;
-            }
-            if (seen_key(seen, nseen, key) || nseen == MAX_KEYS) {
-                status = kvt_config_fail(err, key, line,
-                                         nseen == MAX_KEYS ? "too many keys" : "duplicate key '%s'",
-                                         key);
-                kvt_free(key);
-                goto out_noev;
-            }
-            seen[nseen++] = key;
-            /* value */
-            status = yaml_next(&parser, &ev, err);
-            if (status != KVT_OK)
-                goto out_noev;
-            if (ev.type == YAML_SCALAR_EVENT) {
-                kvt_cfg_val_t v = {0};
-                v.scalar = yaml_plain_null(&ev) ? NULL : (const char *)ev.data.scalar.value;
-                v.line = (int)ev.start_mark.line + 1;
-                if (ev.data.scalar.length != strlen((const char *)ev.data.scalar.value))
-                    status = kvt_config_fail(err, key, v.line, "'%s' contains a NUL byte", key);
-                else
-                    status = kvt_config_apply(&tmp, key, &v, err);
-            } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
-                yaml_list_t l = {{0}, 0};
-                kvt_cfg_val_t v = {0};
-                v.line = (int)ev.start_mark.line + 1;
-                for (;;) {
-                    yaml_event_delete(&ev);
-                    status = yaml_next(&parser, &ev, err);
-                    if (status != KVT_OK) {
-                        yaml_list_free(&l);
-                        goto out_noev;
-                    }
-                    if (ev.type == YAML_SEQUENCE_END_EVENT)
-                        break;
-                    if (ev.type != YAML_SCALAR_EVENT) {
-                        status = kvt_config_fail(err, key, (int)ev.start_mark.line + 1,
-                                                 "'%s' must be a flat list of scalars", key);
-                        break;
-                    }
-                    if (l.n >= MAX_LIST_ITEMS) {
-                        status = kvt_config_fail(err, key, v.line, "'%s' has too many items", key);
-                        break;
-                    }
-                    l.items[l.n] =
-                        kvt_strndup((const char *)ev.data.scalar.value, ev.data.scalar.length);
-                    if (l.items[l.n] == NULL) {
-                        status = KVT_ERR_NOMEM;
-                        break;
-                    }
-                    l.n++;
-                }
-                if (status == KVT_OK) {
-                    v.is_list = 1;
-                    v.items = (const char *const *)l.items;
-                    v.nitems = l.n;
-                    status = kvt_config_apply(&tmp, key, &v, err);
-                }
-                yaml_list_free(&l);
-            } else {
-                status = kvt_config_fail(err, key, (int)ev.start_mark.line + 1,
-                                         "'%s' must be a scalar or a list", key);
-            }
+            status = yaml_load_entry(&parser, &ev, &tmp, seen, &nseen, err);
             break;
         default:
             status = kvt_config_fail(err, "", (int)ev.start_mark.line + 1,
@@ -182,7 +204,6 @@ kvt_status_t kvt_config_load_yaml_string(kvt_config_t *cfg, const char *text, si
         }
         yaml_event_delete(&ev);
     }
-out_noev:
     for (size_t i = 0; i < nseen; i++)
         kvt_free(seen[i]);
     yaml_parser_delete(&parser);

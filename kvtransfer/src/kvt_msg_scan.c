@@ -38,6 +38,96 @@ static kvt_status_t scan_len(scan_t *s, unsigned n, uint64_t *out)
     return KVT_OK;
 }
 
+/* Header of a non-fix msgpack type <c> (0xc1..0xdf): the payload bytes to
+ * skip, or the element count and kind of a container (1 array, 2 map). */
+static kvt_status_t scan_head(scan_t *s, uint8_t c, uint64_t *n, uint64_t *skip, int *container)
+{
+    kvt_status_t status = KVT_OK;
+
+    switch (c) {
+    case 0xc4: /* bin8 */
+    case 0xd9: /* str8 */
+        status = scan_len(s, 1, skip);
+        break;
+    case 0xc5:
+    case 0xda:
+        status = scan_len(s, 2, skip);
+        break;
+    case 0xc6:
+    case 0xdb:
+        status = scan_len(s, 4, skip);
+        break;
+    case 0xc7: /* ext8/16/32: length then a type byte */
+        status = scan_len(s, 1, skip);
+        *skip += 1;
+        break;
+    case 0xc8:
+        status = scan_len(s, 2, skip);
+        *skip += 1;
+        break;
+    case 0xc9:
+        status = scan_len(s, 4, skip);
+        *skip += 1;
+        break;
+    case 0xca: /* float32 */
+        *skip = 4;
+        break;
+    case 0xcb: /* float64 */
+        *skip = 8;
+        break;
+    case 0xcc: /* uint8..64, int8..64 */
+    case 0xd0:
+        *skip = 1;
+        break;
+    case 0xcd:
+    case 0xd1:
+        *skip = 2;
+        break;
+    case 0xce:
+    case 0xd2:
+        *skip = 4;
+        break;
+    case 0xcf:
+    case 0xd3:
+        *skip = 8;
+        break;
+    case 0xd4: /* fixext 1/2/4/8/16 plus the type byte */
+        *skip = 2;
+        break;
+    case 0xd5:
+        *skip = 3;
+        break;
+    case 0xd6:
+        *skip = 5;
+        break;
+    case 0xd7:
+        *skip = 9;
+        break;
+    case 0xd8:
+        *skip = 17;
+        break;
+    case 0xdc:
+        status = scan_len(s, 2, n);
+        *container = 1;
+        break;
+    case 0xdd:
+        status = scan_len(s, 4, n);
+        *container = 1;
+        break;
+    case 0xde:
+        status = scan_len(s, 2, n);
+        *container = 2;
+        break;
+    case 0xdf:
+        status = scan_len(s, 4, n);
+        *container = 2;
+        break;
+    default: /* 0xc1: never used */
+        return KVT_ERR_PROTO;
+    }
+    return status;
+}
+
 static kvt_status_t scan_obj(scan_t *s, unsigned depth)
 {
     uint64_t n = 0, skip = 0;
@@ -62,87 +152,7 @@ static kvt_status_t scan_obj(scan_t *s, unsigned depth)
     } else if (c >= 0xa0 && c <= 0xbf) {
         skip = c & 0x1f;
     } else {
-        switch (c) {
-        case 0xc4: /* bin8 */
-        case 0xd9: /* str8 */
-            status = scan_len(s, 1, &skip);
-            break;
-        case 0xc5:
-        case 0xda:
-            status = scan_len(s, 2, &skip);
-            break;
-        case 0xc6:
-        case 0xdb:
-            status = scan_len(s, 4, &skip);
-            break;
-        case 0xc7: /* ext8/16/32: length then a type byte */
-            status = scan_len(s, 1, &skip);
-            skip += 1;
-            break;
-        case 0xc8:
-            status = scan_len(s, 2, &skip);
-            skip += 1;
-            break;
-        case 0xc9:
-            status = scan_len(s, 4, &skip);
-            skip += 1;
-            break;
-        case 0xca: /* float32 */
-            skip = 4;
-            break;
-        case 0xcb: /* float64 */
-            skip = 8;
-            break;
-        case 0xcc: /* uint8..64, int8..64 */
-        case 0xd0:
-            skip = 1;
-            break;
-        case 0xcd:
-        case 0xd1:
-            skip = 2;
-            break;
-        case 0xce:
-        case 0xd2:
-            skip = 4;
-            break;
-        case 0xcf:
-        case 0xd3:
-            skip = 8;
-            break;
-        case 0xd4: /* fixext 1/2/4/8/16 plus the type byte */
-            skip = 2;
-            break;
-        case 0xd5:
-            skip = 3;
-            break;
-        case 0xd6:
-            skip = 5;
-            break;
-        case 0xd7:
-            skip = 9;
-            break;
-        case 0xd8:
-            skip = 17;
-            break;
-        case 0xdc:
-            status = scan_len(s, 2, &n);
-            container = 1;
-            break;
-        case 0xdd:
-            status = scan_len(s, 4, &n);
-            container = 1;
-            break;
-        case 0xde:
-            status = scan_len(s, 2, &n);
-            container = 2;
-            break;
-        case 0xdf:
-            status = scan_len(s, 4, &n);
-            container = 2;
-            break;
-        default: /* 0xc1: never used */
-            return KVT_ERR_PROTO;
-        }
+        status = scan_head(s, c, &n, &skip, &container);
         if (status != KVT_OK)
             return status;
     }

@@ -365,51 +365,190 @@ static int ctl(void *d, const char *req, size_t rlen, char *out, size_t cap)
     return n;
 }
 
+/* Pipeline state of an initiator run: one slot per batch in flight. */
+typedef struct init_run {
+    double *lat; /* batch latencies, seconds */
+    size_t nlat, cap_lat;
+    double post_t[16];   /* when the slot's batch was posted, 0 never */
+    uint64_t last_k[16]; /* the stamp last written through the slot */
+    uint64_t moved, half_bytes;
+} init_run_t;
+
+/* Handshake with the target and check its region fits the run; its uuid
+ * into <ruuid> (64 bytes). 0, or 2 (reported). */
+static int init_connect(bench_tl_t *b, const opts_t *o, void *d, const char *ep, char *ruuid,
+                        char *reply, size_t rcap)
+{
+    uint8_t blob[KVT_TL_BLOB_MAX];
+    size_t bl = sizeof(blob);
+    unsigned long long rpages, rblock;
+    int n;
+
+    if (b->ops->peer_prepare(b->tl, "target", blob, &bl) != KVT_OK)
+        return 2;
+    n = ctl(d, (const char *)blob, bl, reply, rcap);
+    if (n <= 0 || b->ops->peer_connect(b->tl, "target", reply, (size_t)n) != KVT_OK) {
+        fprintf(stderr, "kvt-bench: handshake with %s failed\n", ep);
+        return 2;
+    }
+    if (ctl(d, "INFO", 4, reply, rcap) < 0 ||
+        sscanf(reply, "%63s %llu %llu", ruuid, &rpages, &rblock) != 3 || rblock != o->block ||
+        rpages < (unsigned long long)o->depth * o->batch) {
+        fprintf(stderr, "kvt-bench: target region too small or block size differs (%s)\n", reply);
+        return 2;
+    }
+    return 0;
+}
+
+/* Wait until slot <h> has no batch in flight. */
+static void init_wait_slot(bench_tl_t *b, uint32_t h)
+{
+    pthread_mutex_lock(&b->mu);
+    while (!b->done[h] && !b->failed)
+        pthread_cond_wait(&b->cv, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* At the end of a run: wait for the slots other than <h> (just accounted)
+ * and account the batches they completed. */
+static void init_drain(bench_tl_t *b, init_run_t *r, uint32_t h, uint32_t depth)
+{
+    for (uint32_t i = 1; i < depth; i++) {
+        uint32_t other = (h + i) % depth;
+        init_wait_slot(b, other);
+        if (r->post_t[other] > 0 && b->st[other] == KVT_OK && r->nlat < r->cap_lat) {
+            r->lat[r->nlat++] = now_s() - r->post_t[other];
+            r->moved += r->half_bytes;
+        }
+    }
+}
+
+/* Account slot <h>'s completed batch; a read's data is checked on the first
+ * batches and the last. 0, or 1 on a data mismatch. */
+static int init_account(const opts_t *o, init_run_t *r, const uint8_t *mem, uint32_t h, uint64_t k,
+                        int stop)
+{
+    int rc = 0;
+
+    if (r->nlat == r->cap_lat) {
+        r->cap_lat *= 2;
+        r->lat = realloc(r->lat, r->cap_lat * sizeof(double));
+    }
+    r->lat[r->nlat++] = now_s() - r->post_t[h];
+    r->moved += r->half_bytes;
+    if (strcmp(o->op, "write") != 0 && (k < 4 || stop)) {
+        for (uint32_t j = 0; j < o->batch; j++) {
+            if (!check_block(mem + h * r->half_bytes + j * o->block, o->block, 0,
+                             h * o->batch + j)) {
+                fprintf(stderr, "kvt-bench: read data mismatch in block %u\n", j);
+                rc = 1;
+            }
+        }
+    }
+    return rc;
+}
+
+/* Post slot <h>'s batch number <k> (a write stamps its blocks with <k> first). */
+static kvt_status_t init_post(bench_tl_t *b, const opts_t *o, init_run_t *r, kvt_tl_xfer_t *x,
+                              kvt_tl_region_t *reg, uint8_t *mem, const char *ruuid, uint32_t h,
+                              uint64_t k)
+{
+    int is_write = strcmp(o->op, "write") == 0;
+
+    if (is_write) {
+        for (uint32_t j = 0; j < o->batch; j++)
+            stamp_block(mem + h * r->half_bytes + j * o->block, k);
+        r->last_k[h] = k;
+    }
+    for (uint32_t j = 0; j < o->batch; j++) {
+        x[j].local = reg;
+        x[j].local_offset = h * r->half_bytes + j * o->block;
+        memcpy(x[j].remote_uuid, ruuid, KVT_TL_UUID_LEN + 1);
+        x[j].remote_offset = (uint64_t)(h * o->batch + j) * o->block;
+        x[j].length = o->block;
+    }
+    pthread_mutex_lock(&b->mu);
+    b->done[h] = 0;
+    pthread_mutex_unlock(&b->mu);
+    r->post_t[h] = now_s();
+    return b->ops->post(b->tl, "target", is_write ? KVT_TL_OP_WRITE : KVT_TL_OP_READ, x, o->batch,
+                        (uint64_t)h);
+}
+
+/* Have the target verify what a write run left in each slot; the verdict
+ * into <verdict>. Returns <rc>, or 1 when the target disagrees. */
+static int init_verify(const opts_t *o, const init_run_t *r, void *d, char *reply, size_t rcap,
+                       char *verdict, size_t vcap, int rc)
+{
+    if (strcmp(o->op, "write") == 0 && rc == 0) {
+        char req[512];
+        int rl = snprintf(req, sizeof(req), "VERIFY %u %u", o->batch, o->depth);
+        for (uint32_t h = 0; h < o->depth; h++)
+            rl += snprintf(req + rl, sizeof(req) - (size_t)rl, " %lld",
+                           r->last_k[h] == UINT64_MAX ? -1LL : (long long)r->last_k[h]);
+        if (ctl(d, req, (size_t)rl, reply, rcap) < 0 || strncmp(reply, "OK", 2) != 0) {
+            fprintf(stderr, "kvt-bench: target verification failed: %s\n", reply);
+            rc = 1;
+        }
+        snprintf(verdict, vcap, "%.100s", reply);
+    } else if (strcmp(o->op, "write") != 0) {
+        snprintf(verdict, vcap, rc == 0 ? "OK" : "BAD");
+    }
+    return rc;
+}
+
+/* Print the run's figures, for people and (RESULT line) for scripts. */
+static void init_print(const opts_t *o, init_run_t *r, double el, const char *verdict, int rc)
+{
+    double p50 = 0, p99 = 0;
+    size_t nlat = r->nlat;
+
+    if (nlat > 0) {
+        qsort(r->lat, nlat, sizeof(double), cmp_double);
+        p50 = r->lat[nlat / 2];
+        p99 =
+            r->lat[(size_t)((double)nlat * 0.99) < nlat ? (size_t)((double)nlat * 0.99) : nlat - 1];
+    }
+    printf("%s %s: %" PRIu64 " bytes in %.3f s = %.3f GB/s, %.0f ops/s, batch latency p50 "
+           "%.1f us p99 %.1f us (lanes %u, block %" PRIu64 ", batch %u), verify %s\n",
+           o->transport, o->op, r->moved, el, (double)r->moved / el / 1e9,
+           (double)nlat * o->batch / el, p50 * 1e6, p99 * 1e6, o->lanes, o->block, o->batch,
+           verdict);
+    printf("RESULT mode=initiator op=%s transport=%s lanes=%u bytes=%" PRIu64
+           " seconds=%.3f gbps=%.3f ops=%.0f p50_us=%.1f p99_us=%.1f verified=%d\n",
+           o->op, o->transport, o->lanes, r->moved, el, (double)r->moved / el / 1e9,
+           (double)nlat * o->batch / el, p50 * 1e6, p99 * 1e6, rc == 0);
+}
+
 static int run_initiator(const opts_t *o)
 {
     bench_tl_t b;
     void *ctx = zmq_ctx_new(), *d = zsock(ctx, ZMQ_DEALER);
-    char ep[300], reply[KVT_TL_BLOB_MAX + 1], ruuid[64];
-    uint8_t blob[KVT_TL_BLOB_MAX];
-    size_t bl = sizeof(blob);
-    unsigned long long rpages, rblock;
+    char ep[300], reply[KVT_TL_BLOB_MAX + 1], ruuid[64], verdict[128] = "n/a";
     uint8_t *mem;
     kvt_tl_region_t *reg;
     char uuid[KVT_UUID_STR_LEN + 1];
     kvt_uuid_t u;
     int is_write = strcmp(o->op, "write") == 0;
-    uint32_t batch = o->batch;
-    uint64_t half_bytes = (uint64_t)batch * o->block;
+    uint32_t batch = o->batch, depth = o->depth;
+    init_run_t r = {.cap_lat = 1 << 16, .half_bytes = (uint64_t)batch * o->block};
     kvt_tl_xfer_t *x;
-    double *lat = NULL, t0, t_end, post_t[16] = {0};
-    size_t nlat = 0, cap_lat = 1 << 16;
-    uint64_t k = 0, last_k[16], moved = 0;
-    uint32_t depth = o->depth;
-    int n, rc = 0;
+    double t0, t_end, el;
+    uint64_t k = 0;
+    int rc = 0;
 
     if (tl_open(&b, o, "kvt-bench-initiator") != 0)
         return 2;
     snprintf(ep, sizeof(ep), "tcp://%s:%u", o->host, (unsigned)o->port);
     zmq_connect(d, ep);
-    if (b.ops->peer_prepare(b.tl, "target", blob, &bl) != KVT_OK)
+    if (init_connect(&b, o, d, ep, ruuid, reply, sizeof(reply)) != 0)
         return 2;
-    n = ctl(d, (const char *)blob, bl, reply, sizeof(reply));
-    if (n <= 0 || b.ops->peer_connect(b.tl, "target", reply, (size_t)n) != KVT_OK) {
-        fprintf(stderr, "kvt-bench: handshake with %s failed\n", ep);
-        return 2;
-    }
-    if (ctl(d, "INFO", 4, reply, sizeof(reply)) < 0 ||
-        sscanf(reply, "%63s %llu %llu", ruuid, &rpages, &rblock) != 3 || rblock != o->block ||
-        rpages < (unsigned long long)depth * batch) {
-        fprintf(stderr, "kvt-bench: target region too small or block size differs (%s)\n", reply);
-        return 2;
-    }
-    mem = region_alloc(depth * half_bytes);
+    mem = region_alloc(depth * r.half_bytes);
     kvt_uuid_generate(&u);
     kvt_uuid_to_str(&u, uuid);
     {
         kvt_tl_region_params_t rp = {
-            .uuid = uuid, .base = mem, .length = depth * half_bytes, .page_size = o->block};
+            .uuid = uuid, .base = mem, .length = depth * r.half_bytes, .page_size = o->block};
         if (mem == NULL || b.ops->reg_region(b.tl, &rp, &reg) != KVT_OK)
             return 2;
     }
@@ -418,121 +557,43 @@ static int run_initiator(const opts_t *o)
     if (!is_write)
         ctl(d, "FILL ", 5, reply, sizeof(reply));
     x = calloc(batch, sizeof(*x));
-    lat = malloc(cap_lat * sizeof(double));
+    r.lat = malloc(r.cap_lat * sizeof(double));
     t0 = now_s();
     t_end = o->duration > 0 ? t0 + o->duration : 1e300;
     for (uint32_t h = 0; h < depth; h++) {
         b.done[h] = 1;
-        last_k[h] = UINT64_MAX;
+        r.last_k[h] = UINT64_MAX;
     }
     for (;;) {
         uint32_t h = (uint32_t)(k % depth); /* pipeline slot of this batch */
-        int stop = g_stop || now_s() >= t_end || (o->bytes > 0 && moved >= o->bytes);
-        /* wait for that half to be free (its previous batch completed) */
-        pthread_mutex_lock(&b.mu);
-        while (!b.done[h] && !b.failed)
-            pthread_cond_wait(&b.cv, &b.mu);
-        pthread_mutex_unlock(&b.mu);
-        if (b.failed || (post_t[h] > 0 && b.st[h] != KVT_OK)) {
+        int stop = g_stop || now_s() >= t_end || (o->bytes > 0 && r.moved >= o->bytes);
+        init_wait_slot(&b, h); /* its previous batch completed */
+        if (b.failed || (r.post_t[h] > 0 && b.st[h] != KVT_OK)) {
             fprintf(stderr, "kvt-bench: transfer failed: %s\n", kvt_strerror(b.st[h]));
             rc = 1;
             break;
         }
-        if (post_t[h] > 0) {
-            if (nlat == cap_lat) {
-                cap_lat *= 2;
-                lat = realloc(lat, cap_lat * sizeof(double));
-            }
-            lat[nlat++] = now_s() - post_t[h];
-            moved += half_bytes;
-            if (!is_write && (k < 4 || stop)) {
-                /* verify what a read brought (first batches and the last) */
-                for (uint32_t j = 0; j < batch; j++) {
-                    if (!check_block(mem + h * half_bytes + j * o->block, o->block, 0,
-                                     h * batch + j)) {
-                        fprintf(stderr, "kvt-bench: read data mismatch in block %u\n", j);
-                        rc = 1;
-                    }
-                }
-            }
-        }
+        if (r.post_t[h] > 0 && init_account(o, &r, mem, h, k, stop))
+            rc = 1;
         if (stop) {
-            /* drain the other slots (h itself was just accounted) */
-            for (uint32_t i = 1; i < depth; i++) {
-                uint32_t other = (h + i) % depth;
-                pthread_mutex_lock(&b.mu);
-                while (!b.done[other] && !b.failed)
-                    pthread_cond_wait(&b.cv, &b.mu);
-                pthread_mutex_unlock(&b.mu);
-                if (post_t[other] > 0 && b.st[other] == KVT_OK && nlat < cap_lat) {
-                    lat[nlat++] = now_s() - post_t[other];
-                    moved += half_bytes;
-                }
-            }
+            init_drain(&b, &r, h, depth);
             break;
         }
-        if (is_write) {
-            for (uint32_t j = 0; j < batch; j++)
-                stamp_block(mem + h * half_bytes + j * o->block, k);
-            last_k[h] = k;
-        }
-        for (uint32_t j = 0; j < batch; j++) {
-            x[j].local = reg;
-            x[j].local_offset = h * half_bytes + j * o->block;
-            memcpy(x[j].remote_uuid, ruuid, KVT_TL_UUID_LEN + 1);
-            x[j].remote_offset = (uint64_t)(h * batch + j) * o->block;
-            x[j].length = o->block;
-        }
-        pthread_mutex_lock(&b.mu);
-        b.done[h] = 0;
-        pthread_mutex_unlock(&b.mu);
-        post_t[h] = now_s();
-        if (b.ops->post(b.tl, "target", is_write ? KVT_TL_OP_WRITE : KVT_TL_OP_READ, x, batch,
-                        (uint64_t)h) != KVT_OK) {
+        if (init_post(&b, o, &r, x, reg, mem, ruuid, h, k) != KVT_OK) {
             fprintf(stderr, "kvt-bench: post failed\n");
             rc = 1;
             break;
         }
         k++;
     }
-    {
-        double el = now_s() - t0;
-        double p50 = 0, p99 = 0;
-        char verdict[128] = "n/a";
-        if (nlat > 0) {
-            qsort(lat, nlat, sizeof(double), cmp_double);
-            p50 = lat[nlat / 2];
-            p99 = lat[(size_t)((double)nlat * 0.99) < nlat ? (size_t)((double)nlat * 0.99)
-                                                           : nlat - 1];
-        }
-        if (is_write && rc == 0) {
-            char req[512];
-            int rl = snprintf(req, sizeof(req), "VERIFY %u %u", batch, depth);
-            for (uint32_t h = 0; h < depth; h++)
-                rl += snprintf(req + rl, sizeof(req) - (size_t)rl, " %lld",
-                               last_k[h] == UINT64_MAX ? -1LL : (long long)last_k[h]);
-            if (ctl(d, req, (size_t)rl, reply, sizeof(reply)) < 0 || strncmp(reply, "OK", 2) != 0) {
-                fprintf(stderr, "kvt-bench: target verification failed: %s\n", reply);
-                rc = 1;
-            }
-            snprintf(verdict, sizeof(verdict), "%.100s", reply);
-        } else if (!is_write) {
-            snprintf(verdict, sizeof(verdict), rc == 0 ? "OK" : "BAD");
-        }
-        b.ops->destroy(b.tl); /* before the target goes away: no peer-failure noise */
-        b.tl = NULL;
-        ctl(d, "BYE", 3, reply, sizeof(reply));
-        printf("%s %s: %" PRIu64 " bytes in %.3f s = %.3f GB/s, %.0f ops/s, batch latency p50 "
-               "%.1f us p99 %.1f us (lanes %u, block %" PRIu64 ", batch %u), verify %s\n",
-               o->transport, o->op, moved, el, (double)moved / el / 1e9, (double)nlat * batch / el,
-               p50 * 1e6, p99 * 1e6, o->lanes, o->block, batch, verdict);
-        printf("RESULT mode=initiator op=%s transport=%s lanes=%u bytes=%" PRIu64
-               " seconds=%.3f gbps=%.3f ops=%.0f p50_us=%.1f p99_us=%.1f verified=%d\n",
-               o->op, o->transport, o->lanes, moved, el, (double)moved / el / 1e9,
-               (double)nlat * batch / el, p50 * 1e6, p99 * 1e6, rc == 0);
-    }
+    el = now_s() - t0;
+    rc = init_verify(o, &r, d, reply, sizeof(reply), verdict, sizeof(verdict), rc);
+    b.ops->destroy(b.tl); /* before the target goes away: no peer-failure noise */
+    b.tl = NULL;
+    ctl(d, "BYE", 3, reply, sizeof(reply));
+    init_print(o, &r, el, verdict, rc);
     free(x);
-    free(lat);
+    free(r.lat);
     if (b.tl != NULL)
         b.ops->destroy(b.tl);
     free(mem);
@@ -904,6 +965,109 @@ static void usage(void)
             "  flight, initiator, 1..16, default 4)\n");
 }
 
+/* One command-line option into <o>; -1 for an unknown one. */
+static int apply_opt(int c, opts_t *o)
+{
+    switch (c) {
+    case 'm':
+        o->mode = optarg;
+        break;
+    case 'o':
+        o->op = optarg;
+        break;
+    case 't':
+        o->transport = optarg;
+        break;
+    case 'H':
+        o->host = optarg;
+        break;
+    case 'p':
+        o->port = (uint16_t)atoi(optarg);
+        break;
+    case 'i':
+        o->init_port = (uint16_t)atoi(optarg);
+        break;
+    case 'B':
+        o->bind = optarg;
+        break;
+    case 'b':
+        o->block = parse_size(optarg);
+        break;
+    case 'n':
+        o->batch = (uint32_t)atoi(optarg);
+        break;
+    case 'l':
+        o->lanes = (uint32_t)atoi(optarg);
+        break;
+    case 'd':
+        o->duration = atof(optarg);
+        break;
+    case 'y':
+        o->bytes = parse_size(optarg);
+        break;
+    case 'S':
+        o->buffer = parse_size(optarg);
+        break;
+    case 'P':
+        o->pull = 1;
+        break;
+    case 'D':
+        o->delay = 1;
+        break;
+    case 'h':
+        o->hold = 1;
+        break;
+    case 'T':
+        o->pending_ttl = atof(optarg);
+        break;
+    case 'L':
+        o->linger = atof(optarg);
+        break;
+    case 'v':
+        o->device = optarg;
+        break;
+    case 'e':
+        o->depth = (uint32_t)atoi(optarg);
+        break;
+    default:
+        return -1;
+    }
+    return 0;
+}
+
+/* Run the mode <o> asks for; 2 (after the usage) when its options do not fit it. */
+static int run_mode(opts_t *o)
+{
+    if (strcmp(o->mode, "target") == 0)
+        return run_target(o);
+    if (strcmp(o->mode, "initiator") == 0) {
+        if (o->port == 0) {
+            usage();
+            return 2;
+        }
+        if (strcmp(o->op, "alloc") == 0)
+            return run_alloc_rtt(o);
+        if (strcmp(o->op, "write") != 0 && strcmp(o->op, "read") != 0) {
+            usage();
+            return 2;
+        }
+        if (o->duration <= 0 && o->bytes == 0)
+            o->duration = 5;
+        return run_initiator(o);
+    }
+    if (strcmp(o->mode, "recv") == 0)
+        return run_recv(o);
+    if (strcmp(o->mode, "send") == 0) {
+        if (o->port == 0 || o->init_port == 0) {
+            usage();
+            return 2;
+        }
+        return run_send(o);
+    }
+    usage();
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o = {.mode = NULL,
@@ -934,68 +1098,7 @@ int main(int argc, char **argv)
     int c;
 
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            o.mode = optarg;
-            break;
-        case 'o':
-            o.op = optarg;
-            break;
-        case 't':
-            o.transport = optarg;
-            break;
-        case 'H':
-            o.host = optarg;
-            break;
-        case 'p':
-            o.port = (uint16_t)atoi(optarg);
-            break;
-        case 'i':
-            o.init_port = (uint16_t)atoi(optarg);
-            break;
-        case 'B':
-            o.bind = optarg;
-            break;
-        case 'b':
-            o.block = parse_size(optarg);
-            break;
-        case 'n':
-            o.batch = (uint32_t)atoi(optarg);
-            break;
-        case 'l':
-            o.lanes = (uint32_t)atoi(optarg);
-            break;
-        case 'd':
-            o.duration = atof(optarg);
-            break;
-        case 'y':
-            o.bytes = parse_size(optarg);
-            break;
-        case 'S':
-            o.buffer = parse_size(optarg);
-            break;
-        case 'P':
-            o.pull = 1;
-            break;
-        case 'D':
-            o.delay = 1;
-            break;
-        case 'h':
-            o.hold = 1;
-            break;
-        case 'T':
-            o.pending_ttl = atof(optarg);
-            break;
-        case 'L':
-            o.linger = atof(optarg);
-            break;
-        case 'v':
-            o.device = optarg;
-            break;
-        case 'e':
-            o.depth = (uint32_t)atoi(optarg);
-            break;
-        default:
+        if (apply_opt(c, &o) != 0) {
             usage();
             return 2;
         }
@@ -1010,32 +1113,5 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
-    if (strcmp(o.mode, "target") == 0)
-        return run_target(&o);
-    if (strcmp(o.mode, "initiator") == 0) {
-        if (o.port == 0) {
-            usage();
-            return 2;
-        }
-        if (strcmp(o.op, "alloc") == 0)
-            return run_alloc_rtt(&o);
-        if (strcmp(o.op, "write") != 0 && strcmp(o.op, "read") != 0) {
-            usage();
-            return 2;
-        }
-        if (o.duration <= 0 && o.bytes == 0)
-            o.duration = 5;
-        return run_initiator(&o);
-    }
-    if (strcmp(o.mode, "recv") == 0)
-        return run_recv(&o);
-    if (strcmp(o.mode, "send") == 0) {
-        if (o.port == 0 || o.init_port == 0) {
-            usage();
-            return 2;
-        }
-        return run_send(&o);
-    }
-    usage();
-    return 2;
+    return run_mode(&o);
 }

@@ -14,10 +14,114 @@ static json_t *ports_json(const int *ports, size_t n)
     return arr;
 }
 
+/* Model names: configured ones, else learnt ones ("models_source" says which;
+ * "any" = not known yet, the instance takes every model). */
+static void instance_models_json(json_t *o, sched_instance_t *inst)
+{
+    const sched_instance_desc_t *d = &inst->desc;
+    json_t *models = json_array();
+    const char *msrc = "config";
+
+    for (size_t i = 0; i < d->n_models; i++)
+        json_array_append_new(models, json_string(d->models[i]));
+    if (d->n_models == 0) {
+        pthread_mutex_lock(&inst->mu);
+        msrc = inst->learnt ? "engine" : "any";
+        for (size_t i = 0; inst->learnt && i < inst->learnt->n; i++)
+            json_array_append_new(models, json_string(inst->learnt->names[i]));
+        pthread_mutex_unlock(&inst->mu);
+    }
+    json_object_set_new(o, "models", models);
+    json_object_set_new(o, "models_source", json_string(msrc));
+}
+
+/* KV transfer endpoints and engine topology of the descriptor. */
+static void instance_engine_json(json_t *o, const sched_instance_desc_t *d)
+{
+    json_object_set_new(o, "kv_host", json_string(d->kv_host));
+    json_object_set_new(o, "kv_port", json_integer(d->kv_port));
+    json_object_set_new(o, "bootstrap_port", json_integer(d->bootstrap_port));
+    json_object_set_new(o, "engine_id", json_string(d->engine_id));
+    json_object_set_new(o, "alloc_ports", ports_json(d->alloc_ports, d->n_alloc_ports));
+    json_object_set_new(o, "init_ports", ports_json(d->init_ports, d->n_init_ports));
+    json_object_set_new(o, "tp_size", json_integer(d->tp_size));
+    json_object_set_new(o, "max_concurrent", json_integer((json_int_t)d->max_concurrent));
+    json_object_set_new(o, "dp_rank", json_integer(d->dp_rank));
+    json_object_set_new(o, "dp_size", json_integer(d->dp_size));
+    json_object_set_new(o, "kv_engine",
+                        json_string(d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? "libkvt" : "lmcache"));
+}
+
+static void instance_load_json(json_t *load, sched_pool_t *pool, sched_instance_t *inst,
+                               uint64_t now, uint64_t free_at)
+{
+    json_object_set_new(load, "inflight", json_integer(atomic_load(&inst->inflight)));
+    json_object_set_new(load, "prompt_tokens",
+                        json_integer((json_int_t)atomic_load(&inst->prompt_tokens)));
+    json_object_set_new(load, "kv_tokens", json_integer((json_int_t)atomic_load(&inst->kv_tokens)));
+    if (free_at && now < free_at + sched_pool_kv_ttl_ms(pool))
+        json_object_set_new(load, "kv_free_chunks",
+                            json_integer((json_int_t)atomic_load(&inst->kv_free_chunks)));
+    else
+        json_object_set_new(load, "kv_free_chunks", json_null());
+    json_object_set_new(
+        load, "score",
+        json_real((double)sched_instance_score(inst, now) / (double)SCHED_LOAD_UNIT));
+}
+
+/* Figures scraped from the engine's /metrics; the caller holds inst->mu. */
+static void instance_scraped_json(json_t *load, sched_pool_t *pool, sched_instance_t *inst,
+                                  uint64_t now)
+{
+    json_t *scraped;
+
+    if (inst->scraped_at_ms) {
+        uint64_t age = now > inst->scraped_at_ms ? now - inst->scraped_at_ms : 0;
+        scraped = json_object();
+        if (scraped) {
+            json_object_set_new(scraped, "running", json_real(inst->scraped_running));
+            json_object_set_new(scraped, "waiting", json_real(inst->scraped_waiting));
+            json_object_set_new(scraped, "kv_cache_usage", json_real(inst->scraped_kv_usage));
+            json_object_set_new(scraped, "age_ms", json_integer((json_int_t)age));
+            json_object_set_new(scraped, "stale", json_boolean(age > pool->stale_ms));
+            json_object_set_new(load, "scraped", scraped);
+        }
+    } else {
+        json_object_set_new(load, "scraped", json_null());
+    }
+}
+
+/* Health-probe state; the caller holds inst->mu. */
+static void instance_health_json(json_t *health, sched_instance_t *inst, uint64_t now)
+{
+    json_object_set_new(health, "up", json_boolean(!sched_gate_down(inst)));
+    json_object_set_new(health, "consecutive_ok", json_integer(inst->health_ok));
+    json_object_set_new(health, "consecutive_fail", json_integer(inst->health_fail));
+    json_object_set_new(health, "last_status", json_integer(inst->last_probe_status));
+    if (inst->last_probe_ms)
+        json_object_set_new(
+            health, "last_probe_age_ms",
+            json_integer((json_int_t)(now > inst->last_probe_ms ? now - inst->last_probe_ms : 0)));
+    else
+        json_object_set_new(health, "last_probe_age_ms", json_null());
+}
+
+/* Circuit-breaker state; the caller holds inst->mu. */
+static void instance_breaker_json(json_t *breaker, sched_instance_t *inst, sched_breaker_state_t br,
+                                  uint64_t br_until, uint64_t now)
+{
+    json_object_set_new(breaker, "state", json_string(sched_breaker_state_name(br)));
+    json_object_set_new(breaker, "consecutive_failures", json_integer(inst->breaker_failures));
+    json_object_set_new(breaker, "retry_in_ms",
+                        json_integer(br == SCHED_BREAKER_OPEN && br_until > now
+                                         ? (json_int_t)(br_until - now)
+                                         : 0));
+}
+
 json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint64_t now)
 {
     const sched_instance_desc_t *d = &inst->desc;
-    json_t *o, *labels, *load, *scraped, *health, *breaker;
+    json_t *o, *labels, *load, *health, *breaker;
     uint64_t free_at = atomic_load_explicit(&inst->kv_free_at_ms, RELAXED);
     uint64_t ov_until = atomic_load_explicit(&inst->overload_until_ms, RELAXED);
     uint64_t br_until = atomic_load_explicit(&inst->breaker_until_ms, RELAXED);
@@ -47,80 +151,15 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "zone", json_string(d->zone));
     json_object_set_new(o, "labels", labels);
     labels = NULL;
-    {
-        /* configured names, else learnt ones ("models_source" says which; "any" = not known
-         * yet, the instance takes every model) */
-        json_t *models = json_array();
-        const char *msrc = "config";
-        for (size_t i = 0; i < d->n_models; i++)
-            json_array_append_new(models, json_string(d->models[i]));
-        if (d->n_models == 0) {
-            pthread_mutex_lock(&inst->mu);
-            msrc = inst->learnt ? "engine" : "any";
-            for (size_t i = 0; inst->learnt && i < inst->learnt->n; i++)
-                json_array_append_new(models, json_string(inst->learnt->names[i]));
-            pthread_mutex_unlock(&inst->mu);
-        }
-        json_object_set_new(o, "models", models);
-        json_object_set_new(o, "models_source", json_string(msrc));
-    }
-    json_object_set_new(o, "kv_host", json_string(d->kv_host));
-    json_object_set_new(o, "kv_port", json_integer(d->kv_port));
-    json_object_set_new(o, "bootstrap_port", json_integer(d->bootstrap_port));
-    json_object_set_new(o, "engine_id", json_string(d->engine_id));
-    json_object_set_new(o, "alloc_ports", ports_json(d->alloc_ports, d->n_alloc_ports));
-    json_object_set_new(o, "init_ports", ports_json(d->init_ports, d->n_init_ports));
-    json_object_set_new(o, "tp_size", json_integer(d->tp_size));
-    json_object_set_new(o, "max_concurrent", json_integer((json_int_t)d->max_concurrent));
-    json_object_set_new(o, "dp_rank", json_integer(d->dp_rank));
-    json_object_set_new(o, "dp_size", json_integer(d->dp_size));
-    json_object_set_new(o, "kv_engine",
-                        json_string(d->kv_engine == SCHED_KV_ENGINE_LIBKVT ? "libkvt" : "lmcache"));
+    instance_models_json(o, inst);
+    instance_engine_json(o, d);
 
-    json_object_set_new(load, "inflight", json_integer(atomic_load(&inst->inflight)));
-    json_object_set_new(load, "prompt_tokens",
-                        json_integer((json_int_t)atomic_load(&inst->prompt_tokens)));
-    json_object_set_new(load, "kv_tokens", json_integer((json_int_t)atomic_load(&inst->kv_tokens)));
-    if (free_at && now < free_at + sched_pool_kv_ttl_ms(pool))
-        json_object_set_new(load, "kv_free_chunks",
-                            json_integer((json_int_t)atomic_load(&inst->kv_free_chunks)));
-    else
-        json_object_set_new(load, "kv_free_chunks", json_null());
-    json_object_set_new(
-        load, "score",
-        json_real((double)sched_instance_score(inst, now) / (double)SCHED_LOAD_UNIT));
+    instance_load_json(load, pool, inst, now, free_at);
 
     pthread_mutex_lock(&inst->mu);
-    if (inst->scraped_at_ms) {
-        uint64_t age = now > inst->scraped_at_ms ? now - inst->scraped_at_ms : 0;
-        scraped = json_object();
-        if (scraped) {
-            json_object_set_new(scraped, "running", json_real(inst->scraped_running));
-            json_object_set_new(scraped, "waiting", json_real(inst->scraped_waiting));
-            json_object_set_new(scraped, "kv_cache_usage", json_real(inst->scraped_kv_usage));
-            json_object_set_new(scraped, "age_ms", json_integer((json_int_t)age));
-            json_object_set_new(scraped, "stale", json_boolean(age > pool->stale_ms));
-            json_object_set_new(load, "scraped", scraped);
-        }
-    } else {
-        json_object_set_new(load, "scraped", json_null());
-    }
-    json_object_set_new(health, "up", json_boolean(!sched_gate_down(inst)));
-    json_object_set_new(health, "consecutive_ok", json_integer(inst->health_ok));
-    json_object_set_new(health, "consecutive_fail", json_integer(inst->health_fail));
-    json_object_set_new(health, "last_status", json_integer(inst->last_probe_status));
-    if (inst->last_probe_ms)
-        json_object_set_new(
-            health, "last_probe_age_ms",
-            json_integer((json_int_t)(now > inst->last_probe_ms ? now - inst->last_probe_ms : 0)));
-    else
-        json_object_set_new(health, "last_probe_age_ms", json_null());
-    json_object_set_new(breaker, "state", json_string(sched_breaker_state_name(br)));
-    json_object_set_new(breaker, "consecutive_failures", json_integer(inst->breaker_failures));
-    json_object_set_new(breaker, "retry_in_ms",
-                        json_integer(br == SCHED_BREAKER_OPEN && br_until > now
-                                         ? (json_int_t)(br_until - now)
-                                         : 0));
+    instance_scraped_json(load, pool, inst, now);
+    instance_health_json(health, inst, now);
+    instance_breaker_json(breaker, inst, br, br_until, now);
     json_object_set_new(o, "last_error",
                         inst->last_error[0] ? json_string(inst->last_error) : json_null());
     pthread_mutex_unlock(&inst->mu);

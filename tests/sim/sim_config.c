@@ -295,8 +295,347 @@ static int copy_str(const char *name, char *dst, size_t cap, const char *s)
     return 0;
 }
 
-/* Parse argv into cfg; returns 0, 1 for --help (exit 0), -1 on error. */
-int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
+#define OPT_NOT_MINE 2 /* an option group's answer for another group's option */
+
+/* Identity and HTTP front end of the engine. Returns 0, -1 on error, OPT_NOT_MINE. */
+static int parse_engine_opt(int c, const char *name, int argc, char **argv, sim_config_t *cfg)
+{
+    long v;
+
+    switch (c) {
+    case O_ROLE:
+        if (!strcmp(optarg, "both"))
+            cfg->role = SIM_ROLE_BOTH;
+        else if (!strcmp(optarg, "prefill"))
+            cfg->role = SIM_ROLE_PREFILL;
+        else if (!strcmp(optarg, "decode"))
+            cfg->role = SIM_ROLE_DECODE;
+        else {
+            fprintf(stderr, "pdgw-sim: --role: '%s' is not both|prefill|decode\n", optarg);
+            return -1;
+        }
+        break;
+    case O_HOST:
+        if (copy_str(name, cfg->host, sizeof(cfg->host), optarg))
+            return -1;
+        break;
+    case O_PORT:
+        if (parse_long(name, optarg, 0, 65535, &v))
+            return -1;
+        cfg->port = (int)v;
+        break;
+    case O_MODEL:
+        if (copy_str(name, cfg->model, sizeof(cfg->model), optarg))
+            return -1;
+        break;
+    case O_SERVED:
+        /* nargs="+" as vLLM's argument parser takes it: the following words too */
+        cfg->n_served = 0;
+        for (const char *n = optarg; n; n = NULL) {
+            if (copy_str(name, cfg->served[cfg->n_served++], sizeof(cfg->served[0]), n))
+                return -1;
+            while (optind < argc && argv[optind][0] != '-' && cfg->n_served < SIM_MAX_SERVED)
+                if (copy_str(name, cfg->served[cfg->n_served++], sizeof(cfg->served[0]),
+                             argv[optind++]))
+                    return -1;
+        }
+        break;
+    case O_DPSIZE:
+        if (parse_long(name, optarg, 1, 64, &v))
+            return -1;
+        cfg->dp_size = (int)v;
+        cfg->dp_size_set = 1;
+        break;
+    case O_RECCAP:
+        if (parse_long(name, optarg, 0, 1 << 20, &v))
+            return -1;
+        cfg->record_capacity = (int)v;
+        break;
+    case O_ZERO:
+        cfg->zero_delay = 1;
+        break;
+    case O_EMIT:
+        cfg->emit_timestamps = 1;
+        break;
+    default:
+        return OPT_NOT_MINE;
+    }
+    return 0;
+}
+
+/* Timing and capacity model of the engine. Returns 0, -1 on error, OPT_NOT_MINE. */
+static int parse_model_opt(int c, const char *name, sim_config_t *cfg)
+{
+    long v;
+
+    switch (c) {
+    case O_TTFT:
+        if (parse_double(name, optarg, 0, 3600000, &cfg->ttft_ms))
+            return -1;
+        break;
+    case O_TPOT:
+        if (parse_double(name, optarg, 0, 3600000, &cfg->tpot_ms))
+            return -1;
+        break;
+    case O_PREFILL_MS:
+        if (parse_double(name, optarg, 0, 60000, &cfg->prefill_ms_per_token))
+            return -1;
+        break;
+    case O_MAXTOK:
+        if (parse_long(name, optarg, 1, 1 << 20, &v))
+            return -1;
+        cfg->max_tokens_default = (int)v;
+        break;
+    case O_MAXLEN:
+        if (parse_long(name, optarg, 2, 1 << 24, &v))
+            return -1;
+        cfg->max_model_len = (int)v;
+        break;
+    case O_BATCH:
+        if (parse_long(name, optarg, 1, 1 << 20, &v))
+            return -1;
+        cfg->max_batch = (int)v;
+        break;
+    case O_BLOCK:
+        if (parse_long(name, optarg, 1, 4096, &v))
+            return -1;
+        cfg->block_size = (int)v;
+        break;
+    case O_KVBPT:
+        if (parse_long(name, optarg, 1, 1 << 24, &v))
+            return -1;
+        cfg->kv_bytes_per_token = (int)v;
+        break;
+    case O_KVCAP:
+        if (parse_long(name, optarg, 1, 1 << 28, &v))
+            return -1;
+        cfg->kv_capacity_tokens = (int)v;
+        break;
+    case O_EOS:
+        if (parse_long(name, optarg, 0, 1 << 30, &v))
+            return -1;
+        cfg->eos_period = (int)v;
+        break;
+    case O_NOPC:
+        cfg->no_prefix_cache = 1;
+        break;
+    default:
+        return OPT_NOT_MINE;
+    }
+    return 0;
+}
+
+/* The CPU offload tier and KV events. Returns 0, -1 on error, OPT_NOT_MINE. */
+static int parse_offload_opt(int c, const char *name, sim_config_t *cfg)
+{
+    long v;
+
+    switch (c) {
+    case O_KVOFFSIZE:
+        if (parse_double(name, optarg, 0, 65536, &cfg->kv_offloading_size_gib))
+            return -1;
+        break;
+    case O_KVOFFBLOCKS:
+        if (parse_long(name, optarg, 0, 1 << 22, &v))
+            return -1;
+        cfg->kv_offloading_blocks = (int)v;
+        break;
+    case O_KVOFFBACKEND:
+        /* vLLM: native | lmcache; LMCache's CPU tier is not simulated */
+        if (strcmp(optarg, "native") != 0) {
+            fprintf(stderr, "pdgw-sim: --kv-offloading-backend: only native is simulated\n");
+            return -1;
+        }
+        break;
+    case O_KVOFFCOST:
+        if (parse_double(name, optarg, 0, 1, &cfg->kv_offloading_load_cost))
+            return -1;
+        break;
+    case O_KVEVCFG:
+        cfg->kv_events_config = optarg;
+        break;
+    case O_KVEVLAYOUT:
+        cfg->kv_events_layout = optarg;
+        break;
+    default:
+        return OPT_NOT_MINE;
+    }
+    return 0;
+}
+
+/* KV transfer endpoints and connector. Returns 0, -1 on error, OPT_NOT_MINE. */
+static int parse_kv_endpoint_opt(int c, const char *name, sim_config_t *cfg)
+{
+    long v;
+
+    switch (c) {
+    case O_KVHOST:
+        if (copy_str(name, cfg->kv_host, sizeof(cfg->kv_host), optarg))
+            return -1;
+        break;
+    case O_KVPORT:
+        if (parse_long(name, optarg, 1, 65535, &v))
+            return -1;
+        cfg->kv_port = (int)v;
+        break;
+    case O_BOOT:
+        if (parse_long(name, optarg, 1, 65535, &v))
+            return -1;
+        cfg->bootstrap_port = (int)v;
+        break;
+    case O_KVCONN:
+        if (!strcmp(optarg, "mooncake")) {
+            cfg->mooncake_prefill = 1;
+        } else if (strcmp(optarg, "nixl")) {
+            fprintf(stderr, "pdgw-sim: --kv-connector must be nixl or mooncake\n");
+            return -1;
+        }
+        break;
+    case O_ALLOC:
+        if (parse_ports(name, optarg, cfg->alloc_ports, &cfg->n_alloc_ports))
+            return -1;
+        break;
+    case O_INIT:
+        if (parse_ports(name, optarg, cfg->init_ports, &cfg->n_init_ports))
+            return -1;
+        break;
+    case O_ENGINE:
+        if (copy_str(name, cfg->engine_id, sizeof(cfg->engine_id), optarg))
+            return -1;
+        break;
+    case O_PROXYH:
+        if (copy_str(name, cfg->proxy_host, sizeof(cfg->proxy_host), optarg))
+            return -1;
+        break;
+    case O_PROXYP:
+        if (parse_long(name, optarg, 1, 65535, &v))
+            return -1;
+        cfg->proxy_port = (int)v;
+        break;
+    default:
+        return OPT_NOT_MINE;
+    }
+    return 0;
+}
+
+/* KV transfer behaviour and its timing. Returns 0, -1 on error, OPT_NOT_MINE. */
+static int parse_kv_transfer_opt(int c, const char *name, sim_config_t *cfg)
+{
+    long v;
+
+    switch (c) {
+    case O_KVMODE:
+        if (!strcmp(optarg, "push"))
+            cfg->kv_mode = SIM_KV_MODE_PUSH;
+        else if (!strcmp(optarg, "pull-eager"))
+            cfg->kv_mode = SIM_KV_MODE_PULL_EAGER;
+        else if (!strcmp(optarg, "pull-delay"))
+            cfg->kv_mode = SIM_KV_MODE_PULL_DELAY;
+        else {
+            fprintf(stderr, "pdgw-sim: --kv-mode: '%s' is not push|pull-eager|pull-delay\n",
+                    optarg);
+            return -1;
+        }
+        break;
+    case O_LAYERS:
+        if (parse_long(name, optarg, 1, 1024, &v))
+            return -1;
+        cfg->layers = (int)v;
+        break;
+    case O_NOLW:
+        cfg->layerwise = 0;
+        break;
+    case O_HOLD:
+        if (parse_long(name, optarg, 1, 86400000, &v))
+            return -1;
+        cfg->kv_hold_timeout_ms = (int)v;
+        break;
+    case O_NIXLSHAPE:
+        if (!strcmp(optarg, "newest"))
+            cfg->nixl_older = 0;
+        else if (!strcmp(optarg, "older"))
+            cfg->nixl_older = 1;
+        else {
+            fprintf(stderr, "pdgw-sim: --nixl-shape must be newest or older\n");
+            return -1;
+        }
+        break;
+    case O_KVWAIT:
+        if (parse_long(name, optarg, 1, 86400000, &v))
+            return -1;
+        cfg->kv_wait_timeout_ms = (int)v;
+        break;
+    case O_KVBUF:
+        if (parse_long(name, optarg, 1, 65536, &v))
+            return -1;
+        cfg->kv_buffer_mb = (int)v;
+        break;
+    case O_KVLINK:
+        if (parse_double(name, optarg, 0, 100000, &cfg->kv_link_gbps))
+            return -1;
+        break;
+    case O_SKIPLAST:
+        if (parse_long(name, optarg, 0, 1024, &v))
+            return -1;
+        cfg->skip_last_n_tokens = (int)v;
+        break;
+    default:
+        return OPT_NOT_MINE;
+    }
+    return 0;
+}
+
+/* Fault injection. Returns 0, -1 on error, OPT_NOT_MINE. */
+static int parse_fault_opt(int c, const char *name, sim_config_t *cfg)
+{
+    long v;
+    double d;
+
+    switch (c) {
+    case O_FAILRATE:
+        if (parse_double(name, optarg, 0, 1, &cfg->fail_rate))
+            return -1;
+        break;
+    case O_FAILSTATUS:
+        if (parse_long(name, optarg, 400, 599, &v))
+            return -1;
+        cfg->fail_status = (int)v;
+        break;
+    case O_FAILINFRONT:
+        cfg->fail_in_front = 1;
+        break;
+    case O_FAILRETRYAFTER:
+        if (parse_long(name, optarg, 0, 86400, &v))
+            return -1;
+        cfg->fail_retry_after_s = (int)v;
+        break;
+    case O_STALL:
+        if (parse_long(name, optarg, 0, 1 << 30, &v))
+            return -1;
+        cfg->stall_after_tokens = (int)v;
+        break;
+    case O_CRASH:
+        if (parse_long(name, optarg, 0, 86400000, &v))
+            return -1;
+        cfg->crash_after_ms = (int)v;
+        break;
+    case O_CORRUPT:
+        if (parse_double(name, optarg, 0, 1, &cfg->kv_corrupt_rate))
+            return -1;
+        break;
+    case O_FSEED:
+        if (parse_double(name, optarg, 0, 1e18, &d))
+            return -1;
+        cfg->fault_seed = (uint64_t)d;
+        break;
+
+    default:
+        return OPT_NOT_MINE;
+    }
+    return 0;
+}
+
+static void set_defaults(sim_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->role = SIM_ROLE_BOTH;
@@ -325,294 +664,11 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
     cfg->stall_after_tokens = -1;
     cfg->crash_after_ms = -1;
     cfg->fault_seed = 1;
+}
 
-    long v;
-    double d;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        const char *name = NULL;
-        for (const struct option *o = opts; o->name; o++)
-            if (o->val == c)
-                name = o->name;
-        switch (c) {
-        case O_ROLE:
-            if (!strcmp(optarg, "both"))
-                cfg->role = SIM_ROLE_BOTH;
-            else if (!strcmp(optarg, "prefill"))
-                cfg->role = SIM_ROLE_PREFILL;
-            else if (!strcmp(optarg, "decode"))
-                cfg->role = SIM_ROLE_DECODE;
-            else {
-                fprintf(stderr, "pdgw-sim: --role: '%s' is not both|prefill|decode\n", optarg);
-                return -1;
-            }
-            break;
-        case O_HOST:
-            if (copy_str(name, cfg->host, sizeof(cfg->host), optarg))
-                return -1;
-            break;
-        case O_PORT:
-            if (parse_long(name, optarg, 0, 65535, &v))
-                return -1;
-            cfg->port = (int)v;
-            break;
-        case O_MODEL:
-            if (copy_str(name, cfg->model, sizeof(cfg->model), optarg))
-                return -1;
-            break;
-        case O_SERVED:
-            /* nargs="+" as vLLM's argument parser takes it: the following words too */
-            cfg->n_served = 0;
-            for (const char *n = optarg; n; n = NULL) {
-                if (copy_str(name, cfg->served[cfg->n_served++], sizeof(cfg->served[0]), n))
-                    return -1;
-                while (optind < argc && argv[optind][0] != '-' && cfg->n_served < SIM_MAX_SERVED)
-                    if (copy_str(name, cfg->served[cfg->n_served++], sizeof(cfg->served[0]),
-                                 argv[optind++]))
-                        return -1;
-            }
-            break;
-        case O_TTFT:
-            if (parse_double(name, optarg, 0, 3600000, &cfg->ttft_ms))
-                return -1;
-            break;
-        case O_TPOT:
-            if (parse_double(name, optarg, 0, 3600000, &cfg->tpot_ms))
-                return -1;
-            break;
-        case O_PREFILL_MS:
-            if (parse_double(name, optarg, 0, 60000, &cfg->prefill_ms_per_token))
-                return -1;
-            break;
-        case O_MAXTOK:
-            if (parse_long(name, optarg, 1, 1 << 20, &v))
-                return -1;
-            cfg->max_tokens_default = (int)v;
-            break;
-        case O_MAXLEN:
-            if (parse_long(name, optarg, 2, 1 << 24, &v))
-                return -1;
-            cfg->max_model_len = (int)v;
-            break;
-        case O_ZERO:
-            cfg->zero_delay = 1;
-            break;
-        case O_EMIT:
-            cfg->emit_timestamps = 1;
-            break;
-        case O_BATCH:
-            if (parse_long(name, optarg, 1, 1 << 20, &v))
-                return -1;
-            cfg->max_batch = (int)v;
-            break;
-        case O_BLOCK:
-            if (parse_long(name, optarg, 1, 4096, &v))
-                return -1;
-            cfg->block_size = (int)v;
-            break;
-        case O_KVBPT:
-            if (parse_long(name, optarg, 1, 1 << 24, &v))
-                return -1;
-            cfg->kv_bytes_per_token = (int)v;
-            break;
-        case O_KVCAP:
-            if (parse_long(name, optarg, 1, 1 << 28, &v))
-                return -1;
-            cfg->kv_capacity_tokens = (int)v;
-            break;
-        case O_EOS:
-            if (parse_long(name, optarg, 0, 1 << 30, &v))
-                return -1;
-            cfg->eos_period = (int)v;
-            break;
-        case O_NOPC:
-            cfg->no_prefix_cache = 1;
-            break;
-        case O_KVOFFSIZE:
-            if (parse_double(name, optarg, 0, 65536, &cfg->kv_offloading_size_gib))
-                return -1;
-            break;
-        case O_KVOFFBLOCKS:
-            if (parse_long(name, optarg, 0, 1 << 22, &v))
-                return -1;
-            cfg->kv_offloading_blocks = (int)v;
-            break;
-        case O_KVOFFBACKEND:
-            /* vLLM: native | lmcache; LMCache's CPU tier is not simulated */
-            if (strcmp(optarg, "native") != 0) {
-                fprintf(stderr, "pdgw-sim: --kv-offloading-backend: only native is simulated\n");
-                return -1;
-            }
-            break;
-        case O_KVOFFCOST:
-            if (parse_double(name, optarg, 0, 1, &cfg->kv_offloading_load_cost))
-                return -1;
-            break;
-        case O_RECCAP:
-            if (parse_long(name, optarg, 0, 1 << 20, &v))
-                return -1;
-            cfg->record_capacity = (int)v;
-            break;
-        case O_KVHOST:
-            if (copy_str(name, cfg->kv_host, sizeof(cfg->kv_host), optarg))
-                return -1;
-            break;
-        case O_KVPORT:
-            if (parse_long(name, optarg, 1, 65535, &v))
-                return -1;
-            cfg->kv_port = (int)v;
-            break;
-        case O_BOOT:
-            if (parse_long(name, optarg, 1, 65535, &v))
-                return -1;
-            cfg->bootstrap_port = (int)v;
-            break;
-        case O_DPSIZE:
-            if (parse_long(name, optarg, 1, 64, &v))
-                return -1;
-            cfg->dp_size = (int)v;
-            cfg->dp_size_set = 1;
-            break;
-        case O_KVCONN:
-            if (!strcmp(optarg, "mooncake")) {
-                cfg->mooncake_prefill = 1;
-            } else if (strcmp(optarg, "nixl")) {
-                fprintf(stderr, "pdgw-sim: --kv-connector must be nixl or mooncake\n");
-                return -1;
-            }
-            break;
-        case O_ALLOC:
-            if (parse_ports(name, optarg, cfg->alloc_ports, &cfg->n_alloc_ports))
-                return -1;
-            break;
-        case O_INIT:
-            if (parse_ports(name, optarg, cfg->init_ports, &cfg->n_init_ports))
-                return -1;
-            break;
-        case O_ENGINE:
-            if (copy_str(name, cfg->engine_id, sizeof(cfg->engine_id), optarg))
-                return -1;
-            break;
-        case O_PROXYH:
-            if (copy_str(name, cfg->proxy_host, sizeof(cfg->proxy_host), optarg))
-                return -1;
-            break;
-        case O_PROXYP:
-            if (parse_long(name, optarg, 1, 65535, &v))
-                return -1;
-            cfg->proxy_port = (int)v;
-            break;
-        case O_KVMODE:
-            if (!strcmp(optarg, "push"))
-                cfg->kv_mode = SIM_KV_MODE_PUSH;
-            else if (!strcmp(optarg, "pull-eager"))
-                cfg->kv_mode = SIM_KV_MODE_PULL_EAGER;
-            else if (!strcmp(optarg, "pull-delay"))
-                cfg->kv_mode = SIM_KV_MODE_PULL_DELAY;
-            else {
-                fprintf(stderr, "pdgw-sim: --kv-mode: '%s' is not push|pull-eager|pull-delay\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case O_LAYERS:
-            if (parse_long(name, optarg, 1, 1024, &v))
-                return -1;
-            cfg->layers = (int)v;
-            break;
-        case O_NOLW:
-            cfg->layerwise = 0;
-            break;
-        case O_HOLD:
-            if (parse_long(name, optarg, 1, 86400000, &v))
-                return -1;
-            cfg->kv_hold_timeout_ms = (int)v;
-            break;
-        case O_NIXLSHAPE:
-            if (!strcmp(optarg, "newest"))
-                cfg->nixl_older = 0;
-            else if (!strcmp(optarg, "older"))
-                cfg->nixl_older = 1;
-            else {
-                fprintf(stderr, "pdgw-sim: --nixl-shape must be newest or older\n");
-                return -1;
-            }
-            break;
-        case O_KVWAIT:
-            if (parse_long(name, optarg, 1, 86400000, &v))
-                return -1;
-            cfg->kv_wait_timeout_ms = (int)v;
-            break;
-        case O_KVBUF:
-            if (parse_long(name, optarg, 1, 65536, &v))
-                return -1;
-            cfg->kv_buffer_mb = (int)v;
-            break;
-        case O_KVLINK:
-            if (parse_double(name, optarg, 0, 100000, &cfg->kv_link_gbps))
-                return -1;
-            break;
-        case O_FAILRATE:
-            if (parse_double(name, optarg, 0, 1, &cfg->fail_rate))
-                return -1;
-            break;
-        case O_FAILSTATUS:
-            if (parse_long(name, optarg, 400, 599, &v))
-                return -1;
-            cfg->fail_status = (int)v;
-            break;
-        case O_FAILINFRONT:
-            cfg->fail_in_front = 1;
-            break;
-        case O_FAILRETRYAFTER:
-            if (parse_long(name, optarg, 0, 86400, &v))
-                return -1;
-            cfg->fail_retry_after_s = (int)v;
-            break;
-        case O_STALL:
-            if (parse_long(name, optarg, 0, 1 << 30, &v))
-                return -1;
-            cfg->stall_after_tokens = (int)v;
-            break;
-        case O_CRASH:
-            if (parse_long(name, optarg, 0, 86400000, &v))
-                return -1;
-            cfg->crash_after_ms = (int)v;
-            break;
-        case O_CORRUPT:
-            if (parse_double(name, optarg, 0, 1, &cfg->kv_corrupt_rate))
-                return -1;
-            break;
-        case O_KVEVCFG:
-            cfg->kv_events_config = optarg;
-            break;
-        case O_KVEVLAYOUT:
-            cfg->kv_events_layout = optarg;
-            break;
-        case O_SKIPLAST:
-            if (parse_long(name, optarg, 0, 1024, &v))
-                return -1;
-            cfg->skip_last_n_tokens = (int)v;
-            break;
-        case O_FSEED:
-            if (parse_double(name, optarg, 0, 1e18, &d))
-                return -1;
-            cfg->fault_seed = (uint64_t)d;
-            break;
-        case O_HELP:
-        case 'h':
-            usage(stdout);
-            return 1;
-        default:
-            usage(stderr);
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pdgw-sim: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
+/* Cross-option checks and the defaults that depend on other options. */
+static int finish_config(sim_config_t *cfg)
+{
     if (cfg->kv_bytes_per_token % cfg->layers) {
         fprintf(stderr, "pdgw-sim: --kv-bytes-per-token (%d) must be a multiple of --layers (%d)\n",
                 cfg->kv_bytes_per_token, cfg->layers);
@@ -636,6 +692,50 @@ int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
         return -1;
     }
     return 0;
+}
+
+/* Parse argv into cfg; returns 0, 1 for --help (exit 0), -1 on error. */
+int sim_config_parse(int argc, char **argv, sim_config_t *cfg)
+{
+    set_defaults(cfg);
+
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        const char *name = NULL;
+        for (const struct option *o = opts; o->name; o++)
+            if (o->val == c)
+                name = o->name;
+        int r = parse_engine_opt(c, name, argc, argv, cfg);
+        if (r == OPT_NOT_MINE)
+            r = parse_model_opt(c, name, cfg);
+        if (r == OPT_NOT_MINE)
+            r = parse_offload_opt(c, name, cfg);
+        if (r == OPT_NOT_MINE)
+            r = parse_kv_endpoint_opt(c, name, cfg);
+        if (r == OPT_NOT_MINE)
+            r = parse_kv_transfer_opt(c, name, cfg);
+        if (r == OPT_NOT_MINE)
+            r = parse_fault_opt(c, name, cfg);
+        if (r == -1)
+            return -1;
+        if (r == 0)
+            continue;
+        switch (c) {
+        case O_HELP:
+        case 'h':
+            usage(stdout);
+            return 1;
+        default:
+            usage(stderr);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "pdgw-sim: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    return finish_config(cfg);
 }
 
 /* vLLM: the served names (--served-model-name, else the model) are the only accepted `model`

@@ -272,19 +272,13 @@ static char *make_request_id(struct MHD_Connection *conn)
 
 /* is_chat: 0 completions, 1 chat completions, SIM_API_GENERATE SGLang's /generate */
 #define SIM_API_GENERATE 2
-static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t *sc,
-                                        const char *url, int is_chat)
-{
-    json_error_t jerr;
-    char *msg = NULL;
-    const char *param = NULL;
-    int rc, injected = 0;
-    json_t *body = NULL;
-    char *rid = make_request_id(conn);
-    if (!rid)
-        return MHD_NO;
 
-    /* record what arrived, before any validation */
+/* Record what arrived, before any validation; the body parsed as JSON (NULL
+ * when it is too big or not JSON, <jerr> then says why). */
+static json_t *record_arrival(struct MHD_Connection *conn, sim_conn_t *sc, const char *url,
+                              json_error_t *jerr)
+{
+    json_t *body = NULL;
     json_t *entry = json_object();
     json_t *hdrs = json_object();
     MHD_get_connection_values(conn, MHD_HEADER_KIND, collect_header, hdrs);
@@ -292,7 +286,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     const char *tp = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "traceparent");
     int auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization") != NULL;
     if (!sc->too_big)
-        body = json_loadb(sc->body ? sc->body : "", sc->len, JSON_REJECT_DUPLICATES, &jerr);
+        body = json_loadb(sc->body ? sc->body : "", sc->len, JSON_REJECT_DUPLICATES, jerr);
     json_object_set_new(entry, "time_ns", json_integer((json_int_t)sim_wall_ns()));
     json_object_set_new(entry, "method", json_string("POST"));
     json_object_set_new(entry, "path", json_string(url));
@@ -314,6 +308,98 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     json_object_set_new(entry, "status", json_null());
     sc->rec_seq = sim_record_add(entry);
     sim_fault_arm_crash();
+    return body;
+}
+
+/* X-data-parallel-rank: -1 none (or DP not modelled), -2 out of range. */
+static int request_dp_rank(struct MHD_Connection *conn)
+{
+    int rank = -1;
+    const char *dph = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-data-parallel-rank");
+    if (dph && sim_cfg.dp_size_set) { /* without --dp-size the sim does not model DP ranks */
+        char *end;
+        long r = strtol(dph, &end, 10);
+        if (*dph == '\0' || *end != '\0' || r < 0 || r >= sim_cfg.dp_size) {
+            /* vLLM refuses a rank outside its data-parallel size */
+            rank = -2;
+        } else {
+            rank = (int)r;
+        }
+    }
+    return rank;
+}
+
+/* Parse <body> into <req>: 0, or an HTTP status with <msg>/<param>;
+ * <injected> set when that is a fault of --fail-rate. */
+static int parse_request(sim_req_t *req, json_t *body, int is_chat, char **msg, const char **param,
+                         int *injected)
+{
+    const char *rid = req->request_id;
+    int rc;
+
+    if (asprintf(&req->resp_id, "%s%s", is_chat == 1 ? "chatcmpl-" : "cmpl-", rid) < 0)
+        req->resp_id = NULL;
+    if (!req->resp_id)
+        rc = 500;
+    else if (is_chat == SIM_API_GENERATE)
+        rc = sim_generate_parse(body, req, msg, param);
+    else
+        rc = sim_openai_parse(body, is_chat, req, msg, param);
+    if (!rc && req->dp_rank == -2) {
+        rc = 400;
+        if (asprintf(msg, "X-data-parallel-rank must be in [0, %d)", sim_cfg.dp_size) < 0)
+            *msg = NULL;
+    }
+    if (!rc)
+        rc = sim_kv_prepare(req, body, msg);
+    if (!rc && sim_fault_roll(sim_cfg.fail_rate)) {
+        atomic_fetch_add(&sim_ctr.faults_injected, 1);
+        *injected = 1;
+        rc = sim_cfg.fail_status;
+        *msg = strdup("injected fault (--fail-rate)");
+        *param = NULL;
+    }
+    return rc;
+}
+
+/* Hand a parsed request to the engine; respond now if it is already done,
+ * else suspend the connection until it is. */
+static enum MHD_Result start_request(struct MHD_Connection *conn, sim_conn_t *sc, sim_req_t *req)
+{
+    sc->req = req;
+    req->conn = conn;
+    req->http = 1;
+    atomic_fetch_add(&sim_ctr.inflight, 1);
+    sim_engine_submit(req);
+    sim_engine_lock();
+    if (req->response_ready) {
+        sim_engine_unlock();
+        return respond(conn, sc);
+    }
+    req->suspended = 1;
+    MHD_suspend_connection(conn);
+    /* held before its response started: notice a client that goes away */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci)
+        sim_watch_add_locked(req, ci->connect_fd);
+    sim_engine_unlock();
+    return MHD_YES;
+}
+
+static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t *sc,
+                                        const char *url, int is_chat)
+{
+    json_error_t jerr;
+    char *msg = NULL;
+    const char *param = NULL;
+    int rc, injected = 0;
+    json_t *body = NULL;
+    char *rid = make_request_id(conn);
+    if (!rid)
+        return MHD_NO;
+
+    body = record_arrival(conn, sc, url, &jerr);
 
     if (sc->too_big) {
         char m[96];
@@ -350,42 +436,10 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
     }
     req->refs = 1; /* the connection's */
     req->request_id = rid;
-    req->dp_rank = -1;
-    const char *dph = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-data-parallel-rank");
-    if (dph && sim_cfg.dp_size_set) { /* without --dp-size the sim does not model DP ranks */
-        char *end;
-        long r = strtol(dph, &end, 10);
-        if (*dph == '\0' || *end != '\0' || r < 0 || r >= sim_cfg.dp_size) {
-            /* vLLM refuses a rank outside its data-parallel size */
-            req->dp_rank = -2;
-        } else {
-            req->dp_rank = (int)r;
-        }
-    }
+    req->dp_rank = request_dp_rank(conn);
     req->rec_seq = sc->rec_seq;
     req->created = (int64_t)time(NULL);
-    if (asprintf(&req->resp_id, "%s%s", is_chat == 1 ? "chatcmpl-" : "cmpl-", rid) < 0)
-        req->resp_id = NULL;
-    if (!req->resp_id)
-        rc = 500;
-    else if (is_chat == SIM_API_GENERATE)
-        rc = sim_generate_parse(body, req, &msg, &param);
-    else
-        rc = sim_openai_parse(body, is_chat, req, &msg, &param);
-    if (!rc && req->dp_rank == -2) {
-        rc = 400;
-        if (asprintf(&msg, "X-data-parallel-rank must be in [0, %d)", sim_cfg.dp_size) < 0)
-            msg = NULL;
-    }
-    if (!rc)
-        rc = sim_kv_prepare(req, body, &msg);
-    if (!rc && sim_fault_roll(sim_cfg.fail_rate)) {
-        atomic_fetch_add(&sim_ctr.faults_injected, 1);
-        injected = 1;
-        rc = sim_cfg.fail_status;
-        msg = strdup("injected fault (--fail-rate)");
-        param = NULL;
-    }
+    rc = parse_request(req, body, is_chat, &msg, &param, &injected);
     /* vLLM's serving layer (vllm/entrypoints/openai/engine/serving.py,
      * _with_kv_transfer_rejection_cleanup): an error answer to a request whose
      * kv_transfer_params ask for a remote prefill has the engine free the prefill's
@@ -404,25 +458,7 @@ static enum MHD_Result handle_inference(struct MHD_Connection *conn, sim_conn_t 
         sim_engine_unlock();
         return r;
     }
-    sc->req = req;
-    req->conn = conn;
-    req->http = 1;
-    atomic_fetch_add(&sim_ctr.inflight, 1);
-    sim_engine_submit(req);
-    sim_engine_lock();
-    if (req->response_ready) {
-        sim_engine_unlock();
-        return respond(conn, sc);
-    }
-    req->suspended = 1;
-    MHD_suspend_connection(conn);
-    /* held before its response started: notice a client that goes away */
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci)
-        sim_watch_add_locked(req, ci->connect_fd);
-    sim_engine_unlock();
-    return MHD_YES;
+    return start_request(conn, sc, req);
 }
 
 /* vLLM's model list (vllm/entrypoints/openai/serving_models.py show_available_models, the

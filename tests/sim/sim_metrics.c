@@ -43,39 +43,29 @@ static void render_cpu_tier(FILE *f)
             LD(sim_ctr.offload_verify_failures));
 }
 
-char *sim_metrics_render(void)
+/* Scheduler-facing vLLM gauges and the prefix-cache counters. */
+static void render_vllm_load(FILE *f, const char *m, const sim_engine_stats_t *st)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    sim_engine_stats_t st;
-    const char *m = sim_model_name(); /* vLLM labels model_name with the first served name */
-    if (!f)
-        return NULL;
-    long long kv_used, kv_pinned;
-    sim_engine_stats(&st);
-    sim_kv_pages(&kv_used, &kv_pinned);
-
     fprintf(f,
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
             "# TYPE vllm:num_requests_running gauge\n"
             "vllm:num_requests_running{model_name=\"%s\"} %d\n",
-            m, st.running);
+            m, st->running);
     fprintf(f,
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
             "# TYPE vllm:num_requests_waiting gauge\n"
             "vllm:num_requests_waiting{model_name=\"%s\"} %d\n",
-            m, st.waiting);
+            m, st->waiting);
     fprintf(f,
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
             "# TYPE vllm:kv_cache_usage_perc gauge\n"
             "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n",
-            m, st.kv_usage);
+            m, st->kv_usage);
     fprintf(f,
             "# HELP vllm:gpu_cache_usage_perc KV-cache usage (older name).\n"
             "# TYPE vllm:gpu_cache_usage_perc gauge\n"
             "vllm:gpu_cache_usage_perc{model_name=\"%s\"} %.6f\n",
-            m, st.kv_usage);
+            m, st->kv_usage);
     fprintf(f,
             "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n"
             "# TYPE vllm:prefix_cache_queries_total counter\n"
@@ -86,23 +76,32 @@ char *sim_metrics_render(void)
             "# TYPE vllm:prefix_cache_hits_total counter\n"
             "vllm:prefix_cache_hits_total{model_name=\"%s\"} %llu\n",
             m, LD(sim_ctr.prefix_hits));
-    if (sim_cpu_tier_enabled()) {
-        /* vLLM exports these when a KV connector (here its CPU offloading)
-         * looks prompts up: tokens asked for, tokens it supplied
-         * (vllm/v1/metrics/loggers.py, counter_connector_prefix_cache_*) */
-        fprintf(f,
-                "# HELP vllm:external_prefix_cache_queries_total External prefix cache queries "
-                "from KV connector cross-instance cache sharing, in terms of number of queried "
-                "tokens.\n"
-                "# TYPE vllm:external_prefix_cache_queries_total counter\n"
-                "vllm:external_prefix_cache_queries_total{model_name=\"%s\"} %llu\n"
-                "# HELP vllm:external_prefix_cache_hits_total External prefix cache hits from KV "
-                "connector cross-instance cache sharing, in terms of number of cached tokens.\n"
-                "# TYPE vllm:external_prefix_cache_hits_total counter\n"
-                "vllm:external_prefix_cache_hits_total{model_name=\"%s\"} %llu\n",
-                m, LD(sim_ctr.external_queries), m, LD(sim_ctr.external_hits));
-        render_cpu_tier(f);
-    }
+}
+
+/* The KV connector's (here the CPU offload tier's) prefix-cache counters and the
+ * tier's own figures. */
+static void render_offload(FILE *f, const char *m)
+{
+    /* vLLM exports these when a KV connector (here its CPU offloading)
+     * looks prompts up: tokens asked for, tokens it supplied
+     * (vllm/v1/metrics/loggers.py, counter_connector_prefix_cache_*) */
+    fprintf(f,
+            "# HELP vllm:external_prefix_cache_queries_total External prefix cache queries "
+            "from KV connector cross-instance cache sharing, in terms of number of queried "
+            "tokens.\n"
+            "# TYPE vllm:external_prefix_cache_queries_total counter\n"
+            "vllm:external_prefix_cache_queries_total{model_name=\"%s\"} %llu\n"
+            "# HELP vllm:external_prefix_cache_hits_total External prefix cache hits from KV "
+            "connector cross-instance cache sharing, in terms of number of cached tokens.\n"
+            "# TYPE vllm:external_prefix_cache_hits_total counter\n"
+            "vllm:external_prefix_cache_hits_total{model_name=\"%s\"} %llu\n",
+            m, LD(sim_ctr.external_queries), m, LD(sim_ctr.external_hits));
+    render_cpu_tier(f);
+}
+
+/* KV-event batches, vLLM's token and finished-request counters. */
+static void render_vllm_tokens(FILE *f, const char *m)
+{
     fprintf(f,
             "# HELP sim_kv_event_batches_total KV-event batches published (0 without KV "
             "events).\n"
@@ -127,7 +126,11 @@ char *sim_metrics_render(void)
             "vllm:request_success_total{finished_reason=\"abort\",model_name=\"%s\"} %llu\n",
             m, LD(sim_ctr.req_finished_length), m, LD(sim_ctr.req_finished_stop), m,
             LD(sim_ctr.req_finished_abort));
+}
 
+/* The HTTP front end, fault injection and capacity model. */
+static void render_sim_http(FILE *f, const sim_engine_stats_t *st)
+{
     fprintf(
         f,
         "# HELP sim_http_requests_total HTTP requests received.\n"
@@ -166,9 +169,13 @@ char *sim_metrics_render(void)
         "sim_ttft_seconds_count %llu\n",
         LD(sim_ctr.http_requests), LD(sim_ctr.http_4xx), LD(sim_ctr.http_5xx),
         LD(sim_ctr.req_errors), LD(sim_ctr.faults_injected), LD(sim_ctr.client_disconnects),
-        LL(sim_ctr.active_connections), LL(sim_ctr.open_streams), st.blocks_total, st.blocks_used,
+        LL(sim_ctr.active_connections), LL(sim_ctr.open_streams), st->blocks_total, st->blocks_used,
         (double)LD(sim_ctr.ttft_us_sum) / 1e6, LD(sim_ctr.ttft_count));
+}
 
+/* KV transfer figures; <kv_used>/<kv_pinned> are transfer pages. */
+static void render_sim_kv(FILE *f, long long kv_used, long long kv_pinned)
+{
     fprintf(f,
             "# HELP sim_kv_bytes_received_total KV bytes received from a remote instance.\n"
             "# TYPE sim_kv_bytes_received_total counter\n"
@@ -208,6 +215,29 @@ char *sim_metrics_render(void)
             LD(sim_ctr.kv_transfers_failed), LD(sim_ctr.kv_hold_timeouts),
             LD(sim_ctr.kv_rejected_releases), LD(sim_ctr.kv_invalid_params),
             LD(sim_ctr.kv_corruptions_injected), kv_pinned, kv_used);
+}
+
+char *sim_metrics_render(void)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    sim_engine_stats_t st;
+    const char *m = sim_model_name(); /* vLLM labels model_name with the first served name */
+    if (!f)
+        return NULL;
+    long long kv_used, kv_pinned;
+    sim_engine_stats(&st);
+    sim_kv_pages(&kv_used, &kv_pinned);
+
+    render_vllm_load(f, m, &st);
+    if (sim_cpu_tier_enabled())
+        render_offload(f, m);
+    render_vllm_tokens(f, m);
+
+    render_sim_http(f, &st);
+
+    render_sim_kv(f, kv_used, kv_pinned);
     char *extra = sim_kv_metrics_render();
     if (extra) {
         fputs(extra, f);

@@ -423,6 +423,191 @@ void sim_pd_rendezvous_attach_locked(sim_export_t *e)
 static void pump_export(sim_export_t *e);
 static void run_paced(void);
 
+/* "release": the decode refused the request; free the KV held for it now
+ * (no reply). */
+static void ctl_release(json_t *m)
+{
+    const char *rid = json_string_value(json_object_get(m, "remote_request_id"));
+    const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
+    sim_export_t *e;
+
+    sim_engine_lock();
+    e = rid ? sim_pd_export_find_locked(rid, NULL, 0, NULL) : NULL;
+    if (e && (!eid || !strcmp(eid, sim_cfg.engine_id)) && !e->req) {
+        /* held after its prefill finished, nobody reading: free it now */
+        atomic_fetch_add(&sim_ctr.kv_rejected_releases, 1);
+        sim_pd_export_finish_locked(e, 0);
+    } else {
+        atomic_fetch_add(&bad_ctl, 1); /* unknown, another engine's, or still computing */
+    }
+    sim_engine_unlock();
+}
+
+/* "cancel": forget a registration, fail the export, cancel libkvt's transfers. */
+static void ctl_cancel(const char *xfer)
+{
+    sim_export_t *e;
+
+    sim_engine_lock();
+    for (reg_t **pp = &regs; *pp; pp = &(*pp)->next)
+        if (!strcmp((*pp)->xfer, xfer)) {
+            reg_t *r = *pp;
+            *pp = r->next;
+            free(r);
+            break;
+        }
+    e = sim_pd_export_find_xfer_locked(xfer);
+    if (e && !e->failed) {
+        e->failed = 1;
+        snprintf(e->err, sizeof(e->err), "cancelled by the decode instance");
+        e->ident_len = 0; /* nobody to tell */
+        sim_pd_kick_export(e);
+    }
+    if (e && e->kind == SIM_PD_P_COMPUTE && e->req)
+        sim_engine_cancel_locked(e->req); /* nobody wants this compute any more */
+    sim_engine_unlock();
+    /* and whatever libkvt still has of it */
+    pthread_mutex_lock(&eng_lock);
+    for (int p = 0; p < 2; p++)
+        for (int x = 0; x < 2; x++)
+            for (int r = 0; r < SIM_MAX_TP; r++)
+                if (senders[p][x][r])
+                    kvt_engine_cancel(senders[p][x][r]->e, xfer, 0, NULL, 0);
+    pthread_mutex_unlock(&eng_lock);
+}
+
+/* "pull": the decode asks for KV this prefill holds (NIXL-style handshake). */
+static void ctl_pull(const uint8_t *ident, size_t ident_len, json_t *m, const char *xfer,
+                     const sim_receiver_t *dest, sim_kv_mode_t mode)
+{
+    sim_export_t *e;
+    char err[256] = "";
+    size_t nchunks = 0;
+
+    const char *rid = json_string_value(json_object_get(m, "remote_request_id"));
+    const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
+    json_t *ids = json_object_get(m, "remote_block_ids");
+    sim_engine_lock();
+    e = sim_pd_export_find_locked(rid, json_string_value(json_object_get(m, "request_id")),
+                                  hash_of(m), NULL);
+    if (!e) {
+        snprintf(err, sizeof(err), "no KV held here for %s %s",
+                 rid ? "remote_request_id" : "request",
+                 rid ? rid : json_string_value(json_object_get(m, "request_id")));
+    } else if (eid && strcmp(eid, sim_cfg.engine_id)) {
+        snprintf(err, sizeof(err), "remote_engine_id %s is not this engine (%s)", eid,
+                 sim_cfg.engine_id);
+        e = NULL;
+    } else if (e->prompt_hash != hash_of(m)) {
+        snprintf(err, sizeof(err), "the decode's prompt differs from the prefill's");
+        e = NULL;
+    } else if (json_is_array(ids)) {
+        int match = json_array_size(ids) == e->n_block_ids;
+        for (size_t i = 0; match && i < e->n_block_ids; i++)
+            match = json_integer_value(json_array_get(ids, i)) == e->block_ids[i];
+        if (!match) {
+            snprintf(err, sizeof(err), "remote_block_ids do not match the held blocks");
+            e = NULL;
+        }
+    }
+    if (e) {
+        attach_dest_locked(e, dest, xfer, mode, ident, ident_len);
+        nchunks = e->nchunks;
+        e->refs++;
+    }
+    sim_engine_unlock();
+    reply(ident, ident_len, xfer, e != NULL, e ? NULL : err, nchunks);
+    if (e) {
+        pump_export(e);
+        sim_engine_lock();
+        sim_pd_export_unref_locked(e);
+        sim_engine_unlock();
+    }
+}
+
+/* "register": the decode announces where the KV of <key> goes, before or after
+ * the prefill has it. */
+static void ctl_register(const uint8_t *ident, size_t ident_len, json_t *m, const char *xfer,
+                         const sim_receiver_t *dest, sim_kv_mode_t mode)
+{
+    sim_export_t *e;
+    char err[256] = "";
+    size_t nchunks = 0;
+
+    const char *key = json_string_value(json_object_get(m, "key"));
+    const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
+    if (!key || strlen(key) >= sizeof(((reg_t *)0)->key)) {
+        atomic_fetch_add(&bad_ctl, 1);
+        reply(ident, ident_len, xfer, 0, "register without a key", 0);
+        return;
+    }
+    int eid_rank = eid ? sim_engine_id_rank(eid) : -1;
+    json_t *pdr = json_object_get(m, "prefill_dp_rank"); /* sglang */
+    if (json_is_integer(pdr))
+        eid_rank = (int)json_integer_value(pdr);
+    if (eid && eid_rank < 0) {
+        snprintf(err, sizeof(err), "remote_engine_id %s is not an engine of this instance", eid);
+        reply(ident, ident_len, xfer, 0, err, 0);
+        return;
+    }
+    sim_engine_lock();
+    e = sim_pd_export_find_locked(NULL, NULL, 0, key);
+    if (e) {
+        attach_dest_locked(e, dest, xfer, mode, ident, ident_len);
+        rank_check_locked(e, eid_rank);
+        if (e->prompt_hash != hash_of(m)) {
+            e->failed = 1;
+            snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
+                     key);
+        }
+        nchunks = e->nchunks;
+        e->refs++;
+    } else {
+        reg_t *r = calloc(1, sizeof(*r));
+        if (r) {
+            snprintf(r->key, sizeof(r->key), "%s", key);
+            snprintf(r->xfer, sizeof(r->xfer), "%s", xfer);
+            r->dest = *dest;
+            r->mode = mode;
+            r->prompt_hash = hash_of(m);
+            r->eid_rank = eid_rank;
+            if (ident_len <= sizeof(r->ident)) {
+                memcpy(r->ident, ident, ident_len);
+                r->ident_len = ident_len;
+            }
+            r->expire = sim_now_ns() + (uint64_t)sim_cfg.kv_hold_timeout_ms * 1000000ull;
+            r->next = regs;
+            regs = r;
+        }
+    }
+    sim_engine_unlock();
+    reply(ident, ident_len, xfer, 1, NULL, nchunks);
+    if (e) {
+        pump_export(e);
+        sim_engine_lock();
+        sim_pd_export_unref_locked(e);
+        sim_engine_unlock();
+    }
+}
+
+/* "compute": run the prefill of <body> here and push its KV to <dest>. */
+static void ctl_compute(const uint8_t *ident, size_t ident_len, json_t *m, const char *xfer,
+                        const sim_receiver_t *dest)
+{
+    char *cerr = NULL;
+    json_t *body = json_object_get(m, "body");
+    if (!json_is_object(body)) {
+        reply(ident, ident_len, xfer, 0, "compute without a body", 0);
+    } else if (sim_pd_compute_request(body, json_is_true(json_object_get(m, "is_chat")),
+                                      json_string_value(json_object_get(m, "request_id")), xfer,
+                                      dest, SIM_KV_MODE_PUSH, ident, ident_len, &cerr)) {
+        reply(ident, ident_len, xfer, 0, cerr ? cerr : "compute failed", 0);
+    } else {
+        reply(ident, ident_len, xfer, 1, NULL, 0);
+    }
+    free(cerr);
+}
+
 static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data, size_t len)
 {
     json_error_t jerr;
@@ -430,9 +615,6 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
     const char *op = json_string_value(json_object_get(m, "op"));
     const char *xfer = json_string_value(json_object_get(m, "xfer"));
     sim_receiver_t dest;
-    sim_export_t *e = NULL;
-    char err[256] = "";
-    size_t nchunks = 0;
     if (!m || !op || !xfer || strlen(xfer) >= sizeof(((sim_export_t *)0)->xfer)) {
         atomic_fetch_add(&bad_ctl, 1);
         reply(ident, ident_len, xfer, 0, "malformed side-channel message", 0);
@@ -440,48 +622,12 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
         return;
     }
     if (!strcmp(op, "release")) {
-        const char *rid = json_string_value(json_object_get(m, "remote_request_id"));
-        const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
-        sim_engine_lock();
-        e = rid ? sim_pd_export_find_locked(rid, NULL, 0, NULL) : NULL;
-        if (e && (!eid || !strcmp(eid, sim_cfg.engine_id)) && !e->req) {
-            /* held after its prefill finished, nobody reading: free it now */
-            atomic_fetch_add(&sim_ctr.kv_rejected_releases, 1);
-            sim_pd_export_finish_locked(e, 0);
-        } else {
-            atomic_fetch_add(&bad_ctl, 1); /* unknown, another engine's, or still computing */
-        }
-        sim_engine_unlock();
+        ctl_release(m);
         json_decref(m);
         return;
     }
     if (!strcmp(op, "cancel")) {
-        sim_engine_lock();
-        for (reg_t **pp = &regs; *pp; pp = &(*pp)->next)
-            if (!strcmp((*pp)->xfer, xfer)) {
-                reg_t *r = *pp;
-                *pp = r->next;
-                free(r);
-                break;
-            }
-        e = sim_pd_export_find_xfer_locked(xfer);
-        if (e && !e->failed) {
-            e->failed = 1;
-            snprintf(e->err, sizeof(e->err), "cancelled by the decode instance");
-            e->ident_len = 0; /* nobody to tell */
-            sim_pd_kick_export(e);
-        }
-        if (e && e->kind == SIM_PD_P_COMPUTE && e->req)
-            sim_engine_cancel_locked(e->req); /* nobody wants this compute any more */
-        sim_engine_unlock();
-        /* and whatever libkvt still has of it */
-        pthread_mutex_lock(&eng_lock);
-        for (int p = 0; p < 2; p++)
-            for (int x = 0; x < 2; x++)
-                for (int r = 0; r < SIM_MAX_TP; r++)
-                    if (senders[p][x][r])
-                        kvt_engine_cancel(senders[p][x][r]->e, xfer, 0, NULL, 0);
-        pthread_mutex_unlock(&eng_lock);
+        ctl_cancel(xfer);
         json_decref(m);
         return;
     }
@@ -493,116 +639,11 @@ static void handle_ctl(const uint8_t *ident, size_t ident_len, const char *data,
         return;
     }
     if (!strcmp(op, "pull")) {
-        const char *rid = json_string_value(json_object_get(m, "remote_request_id"));
-        const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
-        json_t *ids = json_object_get(m, "remote_block_ids");
-        sim_engine_lock();
-        e = sim_pd_export_find_locked(rid, json_string_value(json_object_get(m, "request_id")),
-                                      hash_of(m), NULL);
-        if (!e) {
-            snprintf(err, sizeof(err), "no KV held here for %s %s",
-                     rid ? "remote_request_id" : "request",
-                     rid ? rid : json_string_value(json_object_get(m, "request_id")));
-        } else if (eid && strcmp(eid, sim_cfg.engine_id)) {
-            snprintf(err, sizeof(err), "remote_engine_id %s is not this engine (%s)", eid,
-                     sim_cfg.engine_id);
-            e = NULL;
-        } else if (e->prompt_hash != hash_of(m)) {
-            snprintf(err, sizeof(err), "the decode's prompt differs from the prefill's");
-            e = NULL;
-        } else if (json_is_array(ids)) {
-            int match = json_array_size(ids) == e->n_block_ids;
-            for (size_t i = 0; match && i < e->n_block_ids; i++)
-                match = json_integer_value(json_array_get(ids, i)) == e->block_ids[i];
-            if (!match) {
-                snprintf(err, sizeof(err), "remote_block_ids do not match the held blocks");
-                e = NULL;
-            }
-        }
-        if (e) {
-            attach_dest_locked(e, &dest, xfer, mode, ident, ident_len);
-            nchunks = e->nchunks;
-            e->refs++;
-        }
-        sim_engine_unlock();
-        reply(ident, ident_len, xfer, e != NULL, e ? NULL : err, nchunks);
-        if (e) {
-            pump_export(e);
-            sim_engine_lock();
-            sim_pd_export_unref_locked(e);
-            sim_engine_unlock();
-        }
+        ctl_pull(ident, ident_len, m, xfer, &dest, mode);
     } else if (!strcmp(op, "register")) {
-        const char *key = json_string_value(json_object_get(m, "key"));
-        const char *eid = json_string_value(json_object_get(m, "remote_engine_id"));
-        if (!key || strlen(key) >= sizeof(((reg_t *)0)->key)) {
-            atomic_fetch_add(&bad_ctl, 1);
-            reply(ident, ident_len, xfer, 0, "register without a key", 0);
-            json_decref(m);
-            return;
-        }
-        int eid_rank = eid ? sim_engine_id_rank(eid) : -1;
-        json_t *pdr = json_object_get(m, "prefill_dp_rank"); /* sglang */
-        if (json_is_integer(pdr))
-            eid_rank = (int)json_integer_value(pdr);
-        if (eid && eid_rank < 0) {
-            snprintf(err, sizeof(err), "remote_engine_id %s is not an engine of this instance",
-                     eid);
-            reply(ident, ident_len, xfer, 0, err, 0);
-            json_decref(m);
-            return;
-        }
-        sim_engine_lock();
-        e = sim_pd_export_find_locked(NULL, NULL, 0, key);
-        if (e) {
-            attach_dest_locked(e, &dest, xfer, mode, ident, ident_len);
-            rank_check_locked(e, eid_rank);
-            if (e->prompt_hash != hash_of(m)) {
-                e->failed = 1;
-                snprintf(e->err, sizeof(e->err), "prompt of %s differs between prefill and decode",
-                         key);
-            }
-            nchunks = e->nchunks;
-            e->refs++;
-        } else {
-            reg_t *r = calloc(1, sizeof(*r));
-            if (r) {
-                snprintf(r->key, sizeof(r->key), "%s", key);
-                snprintf(r->xfer, sizeof(r->xfer), "%s", xfer);
-                r->dest = dest;
-                r->mode = mode;
-                r->prompt_hash = hash_of(m);
-                r->eid_rank = eid_rank;
-                if (ident_len <= sizeof(r->ident)) {
-                    memcpy(r->ident, ident, ident_len);
-                    r->ident_len = ident_len;
-                }
-                r->expire = sim_now_ns() + (uint64_t)sim_cfg.kv_hold_timeout_ms * 1000000ull;
-                r->next = regs;
-                regs = r;
-            }
-        }
-        sim_engine_unlock();
-        reply(ident, ident_len, xfer, 1, NULL, nchunks);
-        if (e) {
-            pump_export(e);
-            sim_engine_lock();
-            sim_pd_export_unref_locked(e);
-            sim_engine_unlock();
-        }
+        ctl_register(ident, ident_len, m, xfer, &dest, mode);
     } else if (!strcmp(op, "compute")) {
-        char *cerr = NULL;
-        json_t *body = json_object_get(m, "body");
-        if (!json_is_object(body)) {
-            reply(ident, ident_len, xfer, 0, "compute without a body", 0);
-        } else if (sim_pd_compute_request(body, json_is_true(json_object_get(m, "is_chat")),
-                                          json_string_value(json_object_get(m, "request_id")), xfer,
-                                          &dest, SIM_KV_MODE_PUSH, ident, ident_len, &cerr)) {
-            reply(ident, ident_len, xfer, 0, cerr ? cerr : "compute failed", 0);
-        } else {
-            reply(ident, ident_len, xfer, 1, NULL, 0);
-        }
-        free(cerr);
+        ctl_compute(ident, ident_len, m, xfer, &dest);
     } else {
         atomic_fetch_add(&bad_ctl, 1);
         reply(ident, ident_len, xfer, 0, "unknown op", 0);
@@ -1225,31 +1266,149 @@ static void verify_rank(sim_import_t *imp, int r, uint8_t *scratch)
         }
 }
 
+/* A store (push) of an export's pages finished. */
+static void task_store(tctx_t *t, kvt_task_result_t *res)
+{
+    sim_export_t *e = t->exp;
+    int ok = res->status == KVT_OK;
+    for (uint32_t i = 0; ok && res->bitmap && i < res->nkeys; i++)
+        ok = kvt_bitmap_test(res->bitmap, i);
+    sim_engine_lock();
+    e->stores_outstanding--;
+    if (ok) {
+        e->bytes_sent += t->bytes;
+        atomic_fetch_add(&sim_ctr.kv_bytes_sent, t->bytes);
+    } else if (!e->failed) {
+        e->failed = 1;
+        snprintf(e->err, sizeof(e->err), "libkvt store to %s failed: %s", e->dest.host,
+                 kvt_strerror(res->status != KVT_OK ? res->status : KVT_ERR_PEER));
+    }
+    sim_engine_unlock();
+    pump_export(e);
+    sim_engine_lock();
+    sim_pd_export_unref_locked(e);
+    sim_engine_unlock();
+}
+
+/* The receiver's wait for an import's pages finished. */
+static void task_wait(sim_import_t *imp, kvt_task_result_t *res)
+{
+    char msg[256];
+
+    if (res->status != KVT_OK && imp->kind == SIM_PD_D_LMCACHE) {
+        imp->recompute = 1; /* LMCache recomputes what did not arrive */
+        if (imp->outstanding == 0)
+            import_resolve(imp, 1, 200, NULL);
+    } else if (res->status != KVT_OK) {
+        int status = res->status == KVT_ERR_TIMEOUT ? 504 : 500;
+        if (res->status == KVT_ERR_TIMEOUT)
+            snprintf(msg, sizeof(msg), "no KV from the prefill instance within %d ms",
+                     sim_cfg.kv_wait_timeout_ms);
+        else
+            snprintf(msg, sizeof(msg), "KV transfer failed: %s", kvt_strerror(res->status));
+        import_fail(imp, status, msg);
+    } else if (imp->outstanding == 0) {
+        if (imp->kind == SIM_PD_D_LMCACHE)
+            import_lookups(imp);
+        else if (imp->peer_unit == 0)
+            imp->loads_waiting = 1; /* the prefill's reply names its key layout */
+        else
+            import_loads(imp);
+    }
+}
+
+/* Release the locks an import holds on every rank's pages. */
+static void import_unlock_ranks(sim_import_t *imp)
+{
+    for (int r = 0; r < imp->nranks; r++)
+        if (imp->locked[r]) {
+            kvt_unlock(receiver_eng(imp->mode, r)->e, (const char *const *)imp->keyp[r],
+                       (uint32_t)imp->nkeys);
+            imp->locked[r] = 0;
+        }
+}
+
+/* A lookup (and lock) of one rank's pages finished. */
+static void task_lookup(tctx_t *t, sim_import_t *imp, kvt_task_result_t *res)
+{
+    int all = res->status == KVT_OK && res->bitmap;
+    uint32_t hits = 0;
+    for (uint32_t i = 0; res->bitmap && i < res->nkeys; i++)
+        if (kvt_bitmap_test(res->bitmap, i))
+            hits++;
+    if (res->status == KVT_OK && res->bitmap)
+        imp->locked[t->rank] = hits == res->nkeys;
+    if (hits != res->nkeys) {
+        all = 0;
+        for (uint32_t i = 0; res->bitmap && i < res->nkeys; i++)
+            if (kvt_bitmap_test(res->bitmap, i))
+                kvt_unlock(t->eng->e, (const char *const *)&imp->keyp[t->rank][i], 1);
+    }
+    if (!all)
+        imp->recompute = 1;
+    if (imp->outstanding == 0 && imp->recompute && !imp->wait_id &&
+        sim_now_ns() < imp->t_start + lookup_grace_ns()) {
+        /* the pages may still be landing (the receiver learns that a
+         * request landed in parallel with the proxy): look again soon */
+        import_unlock_ranks(imp);
+        imp->recompute = 0;
+        imp->retry_at = sim_now_ns() + 2000000ull;
+        return;
+    }
+    if (imp->outstanding == 0) {
+        if (imp->recompute) {
+            /* like LMCache: KV that is not here is recomputed */
+            import_unlock_ranks(imp);
+            import_resolve(imp, 1, 200, NULL);
+        } else {
+            import_loads(imp);
+        }
+    }
+}
+
+/* A load of one rank's pages finished: verify them. */
+static void task_load(tctx_t *t, sim_import_t *imp, kvt_task_result_t *res)
+{
+    char msg[256];
+
+    int ok = res->status == KVT_OK;
+    for (uint32_t i = 0; ok && res->bitmap && i < res->nkeys; i++)
+        ok = kvt_bitmap_test(res->bitmap, i);
+    if (!ok) {
+        snprintf(msg, sizeof(msg), "loading KV pages failed: %s",
+                 kvt_strerror(res->status != KVT_OK ? res->status : KVT_ERR_NOT_FOUND));
+        import_fail(imp, 500, msg);
+        return;
+    }
+    uint8_t *scratch = malloc(imp->geom.page_bytes);
+    if (!scratch) {
+        import_fail(imp, 500, "out of memory");
+        return;
+    }
+    verify_rank(imp, t->rank, scratch);
+    free(scratch);
+    if (imp->outstanding == 0) {
+        atomic_fetch_add(&sim_ctr.kv_bytes_received, imp->bytes);
+        if (imp->verify_failures) {
+            atomic_fetch_add(&sim_ctr.kv_verify_failures, imp->verify_failures);
+            snprintf(msg, sizeof(msg),
+                     "KV verification failed: %zu of %zu pages differ from the prompt's KV",
+                     imp->verify_failures, imp->pages);
+            import_fail(imp, 500, msg);
+            return;
+        }
+        import_release_kv(imp, 0);
+        import_resolve(imp, 1, 200, NULL);
+    }
+}
+
 static void handle_task(kvt_task_result_t *res)
 {
     tctx_t *t = res->user;
     if (!t)
         return;
     if (t->kind == T_STORE) {
-        sim_export_t *e = t->exp;
-        int ok = res->status == KVT_OK;
-        for (uint32_t i = 0; ok && res->bitmap && i < res->nkeys; i++)
-            ok = kvt_bitmap_test(res->bitmap, i);
-        sim_engine_lock();
-        e->stores_outstanding--;
-        if (ok) {
-            e->bytes_sent += t->bytes;
-            atomic_fetch_add(&sim_ctr.kv_bytes_sent, t->bytes);
-        } else if (!e->failed) {
-            e->failed = 1;
-            snprintf(e->err, sizeof(e->err), "libkvt store to %s failed: %s", e->dest.host,
-                     kvt_strerror(res->status != KVT_OK ? res->status : KVT_ERR_PEER));
-        }
-        sim_engine_unlock();
-        pump_export(e);
-        sim_engine_lock();
-        sim_pd_export_unref_locked(e);
-        sim_engine_unlock();
+        task_store(t, res);
         free(t);
         return;
     }
@@ -1265,108 +1424,16 @@ static void handle_task(kvt_task_result_t *res)
         import_maybe_free(imp);
         return;
     }
-    char msg[256];
     switch (t->kind) {
     case T_WAIT:
-        if (res->status != KVT_OK && imp->kind == SIM_PD_D_LMCACHE) {
-            imp->recompute = 1; /* LMCache recomputes what did not arrive */
-            if (imp->outstanding == 0)
-                import_resolve(imp, 1, 200, NULL);
-        } else if (res->status != KVT_OK) {
-            int status = res->status == KVT_ERR_TIMEOUT ? 504 : 500;
-            if (res->status == KVT_ERR_TIMEOUT)
-                snprintf(msg, sizeof(msg), "no KV from the prefill instance within %d ms",
-                         sim_cfg.kv_wait_timeout_ms);
-            else
-                snprintf(msg, sizeof(msg), "KV transfer failed: %s", kvt_strerror(res->status));
-            import_fail(imp, status, msg);
-        } else if (imp->outstanding == 0) {
-            if (imp->kind == SIM_PD_D_LMCACHE)
-                import_lookups(imp);
-            else if (imp->peer_unit == 0)
-                imp->loads_waiting = 1; /* the prefill's reply names its key layout */
-            else
-                import_loads(imp);
-        }
+        task_wait(imp, res);
         break;
-    case T_LOOKUP: {
-        int all = res->status == KVT_OK && res->bitmap;
-        uint32_t hits = 0;
-        for (uint32_t i = 0; res->bitmap && i < res->nkeys; i++)
-            if (kvt_bitmap_test(res->bitmap, i))
-                hits++;
-        if (res->status == KVT_OK && res->bitmap)
-            imp->locked[t->rank] = hits == res->nkeys;
-        if (hits != res->nkeys) {
-            all = 0;
-            for (uint32_t i = 0; res->bitmap && i < res->nkeys; i++)
-                if (kvt_bitmap_test(res->bitmap, i))
-                    kvt_unlock(t->eng->e, (const char *const *)&imp->keyp[t->rank][i], 1);
-        }
-        if (!all)
-            imp->recompute = 1;
-        if (imp->outstanding == 0 && imp->recompute && !imp->wait_id &&
-            sim_now_ns() < imp->t_start + lookup_grace_ns()) {
-            /* the pages may still be landing (the receiver learns that a
-             * request landed in parallel with the proxy): look again soon */
-            for (int r = 0; r < imp->nranks; r++)
-                if (imp->locked[r]) {
-                    kvt_unlock(receiver_eng(imp->mode, r)->e, (const char *const *)imp->keyp[r],
-                               (uint32_t)imp->nkeys);
-                    imp->locked[r] = 0;
-                }
-            imp->recompute = 0;
-            imp->retry_at = sim_now_ns() + 2000000ull;
-            break;
-        }
-        if (imp->outstanding == 0) {
-            if (imp->recompute) {
-                /* like LMCache: KV that is not here is recomputed */
-                for (int r = 0; r < imp->nranks; r++)
-                    if (imp->locked[r]) {
-                        kvt_unlock(receiver_eng(imp->mode, r)->e, (const char *const *)imp->keyp[r],
-                                   (uint32_t)imp->nkeys);
-                        imp->locked[r] = 0;
-                    }
-                import_resolve(imp, 1, 200, NULL);
-            } else {
-                import_loads(imp);
-            }
-        }
+    case T_LOOKUP:
+        task_lookup(t, imp, res);
         break;
-    }
-    case T_LOAD: {
-        int ok = res->status == KVT_OK;
-        for (uint32_t i = 0; ok && res->bitmap && i < res->nkeys; i++)
-            ok = kvt_bitmap_test(res->bitmap, i);
-        if (!ok) {
-            snprintf(msg, sizeof(msg), "loading KV pages failed: %s",
-                     kvt_strerror(res->status != KVT_OK ? res->status : KVT_ERR_NOT_FOUND));
-            import_fail(imp, 500, msg);
-            break;
-        }
-        uint8_t *scratch = malloc(imp->geom.page_bytes);
-        if (!scratch) {
-            import_fail(imp, 500, "out of memory");
-            break;
-        }
-        verify_rank(imp, t->rank, scratch);
-        free(scratch);
-        if (imp->outstanding == 0) {
-            atomic_fetch_add(&sim_ctr.kv_bytes_received, imp->bytes);
-            if (imp->verify_failures) {
-                atomic_fetch_add(&sim_ctr.kv_verify_failures, imp->verify_failures);
-                snprintf(msg, sizeof(msg),
-                         "KV verification failed: %zu of %zu pages differ from the prompt's KV",
-                         imp->verify_failures, imp->pages);
-                import_fail(imp, 500, msg);
-                break;
-            }
-            import_release_kv(imp, 0);
-            import_resolve(imp, 1, 200, NULL);
-        }
+    case T_LOAD:
+        task_load(t, imp, res);
         break;
-    }
     }
     free(t);
     import_maybe_free(imp);
