@@ -55,8 +55,9 @@ def test_prefill_disconnect_mid_compute():
         s.close()
         seen = wait_metric(P, "sim_client_disconnects_total", base + 1, 1.0)
         assert seen - t_close < 1.0
-        # the compute stopped right away (long before the 1.5 s prefill ends)
-        wait_metric(P, "vllm:num_requests_running", 0, 0.5)
+        # the compute stopped: it ends as an abort (a prefill left to finish at 1.5 s would
+        # count under another reason), so the wait can be wide for a loaded machine
+        wait_metric(P, "vllm:num_requests_running", 0, 5.0)
         assert P.metric("vllm:request_success_total", {"finished_reason": "abort"}) == 1
         assert P.metric("sim_kv_pages_pinned") == 0
         assert P.metric("sim_kv_blocks_used") == blocks0
@@ -69,10 +70,12 @@ def test_prefill_disconnect_mid_compute():
         assert len(rec) == 1 and rec[0]["status"] is None, rec
         assert "response_kv_transfer_params" not in rec[0], rec
 
-        # a close late in the prefill, shortly before the KV would be held
+        # a close late in the prefill, before the KV would be held (0.5 s before the end of
+        # the 1.5 s prefill: a loaded machine let a 0.2 s margin run out, and a close after
+        # the end rightly leaves the KV held for the decode)
         s = open_request(P.port, pb, "gone-late")
         wait_metric(P, "vllm:num_requests_running", 1, 2)
-        time.sleep(1.3)
+        time.sleep(1.0)
         s.close()
         wait_metric(P, "vllm:num_requests_running", 0, 1.0)
         wait_metric(P, "sim_kv_pages_pinned", 0, 1.0)
