@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import pdgwtest as T
@@ -289,7 +288,7 @@ def test_bad_inputs_table():
     stop_gw(gw)
 
 
-class SlowUpstream:
+class SlowUpstream(T.RawServer):
     """An engine that streams one SSE event every `gap` seconds and records when the
     gateway closed the connection; optionally refuses to answer at all (never responds)."""
 
@@ -299,20 +298,7 @@ class SlowUpstream:
         self.die_after = die_after
         self.closed_at = None
         self.requests = 0
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        self.listen(16)
 
     def _serve(self, c):
         buf = b""

@@ -13,7 +13,6 @@
 
 import json
 import signal
-import socket
 import threading
 import time
 
@@ -23,7 +22,7 @@ from test_gateway import assert_eq, comp_body, metrics, start_gw, start_sim, sto
 MODEL = "sim-model"
 
 
-class OverloadedEngine:
+class OverloadedEngine(T.RawServer):
     """Answers the first `refusals` completions with (status, Retry-After) in turn, then
     200s; records when each completion arrived."""
 
@@ -31,20 +30,7 @@ class OverloadedEngine:
         self.refusals = list(refusals)
         self.arrivals = []
         self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        self.listen(16)
 
     def _serve(self, c):
         f = c.makefile("rb")

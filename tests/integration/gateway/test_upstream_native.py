@@ -13,7 +13,6 @@ Framing rules: RFC 9112 sections 5.2 (obs-fold), 6.3 (message body length), 7.1 
 import http.client
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ GOOD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %
         % (len(ANSWER), ANSWER))
 
 
-class ScriptedEngine:
+class ScriptedEngine(T.RawServer):
     """Answers GETs (health, models) and closes; answers each POST with self.reply (bytes),
     keeping the connection unless self.close_after; records POST heads and how many
     connections carried POSTs."""
@@ -42,20 +41,7 @@ class ScriptedEngine:
         self.heads = []
         self.post_conns = 0
         self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        self.listen(64)
 
     def _serve(self, c):
         buf = b""

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -48,6 +49,30 @@ def free_port():
         if port not in _handed_out:
             _handed_out.add(port)
             return port
+
+
+class RawServer:
+    """A TCP listener on 127.0.0.1 (ephemeral port) for fake engines that speak raw HTTP:
+    every accepted connection is handed to the subclass's _serve(conn) on its own thread."""
+
+    def listen(self, backlog=16):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(backlog)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, conn):
+        raise NotImplementedError
 
 
 def binary(name):
