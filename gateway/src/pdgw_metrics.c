@@ -767,6 +767,7 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     static const char *const l_upstream[] = {"protocol", "instance", "kind"};
     static const char *const l_reason[] = {"reason"};
     static const char *const l_kind[] = {"kind"};
+    static const char *const l_writer[] = {"writer"};
     static const char *const l_version[] = {"version"};
     static const char *const l_pd_field[] = {"protocol", "field", "action"};
     pdgw_gateway_metrics_t g;
@@ -841,6 +842,10 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Client connections refused at accept (connection_limit, per_client_limit) or closed "
         "because request headers or body did not arrive in time (header_timeout, body_timeout).",
         l_reason, 1, NULL, 0, &g.conn_closed);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_client_streams_total",
+        "Committed client streams by who wrote their body: direct (the gateway, on the socket) "
+        "or library (libmicrohttpd: TLS, HTTP/1.0).",
+        l_writer, 1, NULL, 0, &g.client_streams);
     ADD(PDGW_METRIC_COUNTER, "pdgw_prompt_tokens_total",
         "Prompt tokens the engines reported in usage (non-stream responses, and streams whose "
         "client asked for stream_options.include_usage).",
@@ -1109,4 +1114,10 @@ void pdgw_gateway_metrics_conn_closed(pdgw_gateway_metrics_t *gm, const char *re
 {
     if (gm != NULL && reason != NULL)
         pdgw_counter_inc(pdgw_metric_family_series1(gm->conn_closed, reason));
+}
+
+void pdgw_gateway_metrics_client_stream(pdgw_gateway_metrics_t *gm, const char *writer)
+{
+    if (gm != NULL && writer != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series1(gm->client_streams, writer));
 }

@@ -64,6 +64,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->retries = 1;
     o->client_header_timeout_ms = 30000;
     o->upstream_client = PDGW_UPSTREAM_NATIVE;
+    o->stream_output = PDGW_STREAM_OUT_DIRECT;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
     pdgw_route_opts_init(&o->route);
@@ -95,6 +96,7 @@ pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w)
 
 void pdgw_req_release(pdgw_req_t *r)
 {
+    pdgw_direct_forget(r);
     pdgw_req_live_release(r); /* the forwarder context it started with */
     pdgw_freelist_put(&r->w->req_pool, r);
 }
@@ -174,11 +176,11 @@ void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- hang-up watches */
 
-void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
+bool pdgw_worker_client_watch(pdgw_worker_t *w, pdgw_req_t *r, bool writable)
 {
     struct epoll_event ev;
-    if (r->hup_watched || r->fd < 0)
-        return;
+    if (r->fd < 0)
+        return false;
     if (r->fd >= w->hup_cap) {
         int cap = w->hup_cap ? w->hup_cap : 1024;
         pdgw_req_t **n;
@@ -186,18 +188,26 @@ void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
             cap *= 2;
         n = pdgw_realloc(w->hup_reqs, (size_t)cap * sizeof(*n));
         if (n == NULL)
-            return; /* disconnects are then seen when the stream resumes */
+            return false; /* disconnects are then seen when the stream resumes */
         memset(n + w->hup_cap, 0, (size_t)(cap - w->hup_cap) * sizeof(*n));
         w->hup_reqs = n;
         w->hup_cap = cap;
     }
     memset(&ev, 0, sizeof(ev));
-    ev.events = EPOLLRDHUP;
+    /* Writable: edge-triggered, so a socket with room reports once, when room comes back. */
+    ev.events = writable ? EPOLLRDHUP | EPOLLOUT | EPOLLET : EPOLLRDHUP;
     ev.data.u64 = tag(PDGW_EV_HUP, r->fd);
-    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, r->fd, &ev) != 0)
-        return;
+    if (epoll_ctl(w->epfd, r->hup_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, r->fd, &ev) != 0)
+        return false;
     w->hup_reqs[r->fd] = r;
     r->hup_watched = true;
+    return true;
+}
+
+void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    if (!r->hup_watched)
+        (void)pdgw_worker_client_watch(w, r, false);
 }
 
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r)
@@ -373,7 +383,7 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d >= 0 && d - (int64_t)now < t)
             t = d - (int64_t)now;
     }
-    if (w->mhd_kick || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
+    if (w->mhd_kick || w->flush_head != NULL || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
@@ -430,6 +440,10 @@ static void *worker_main(void *arg)
             case PDGW_EV_HUP:
                 if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {
                     pdgw_req_t *r = w->hup_reqs[fd];
+                    if (r->direct && !(evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+                        pdgw_direct_writable(r);
+                        break;
+                    }
                     pdgw_worker_hup_unwatch(w, r);
                     pdgw_req_client_hup(r);
                     run_mhd = true;
@@ -449,6 +463,8 @@ static void *worker_main(void *arg)
         (void)pdgw_timers_run(&w->timers, now);
         if (w->h1 != NULL)
             pdgw_h1_run_posted(w->h1); /* native legs: resumes, failures found at start */
+        /* Streams the sink writes itself: what this turn relayed leaves in one send each. */
+        pdgw_direct_flush_all(w);
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
             MHD_socket s = MHD_quiesce_daemon(w->mhd);
             if (s != MHD_INVALID_SOCKET)
@@ -469,6 +485,7 @@ static void *worker_main(void *arg)
             w->mhd_kick = false;
             MHD_run(w->mhd);
             pdgw_conn_after_run(w);
+            pdgw_direct_flush_all(w); /* streams taken over during this run */
         }
     }
     return NULL;
