@@ -1020,6 +1020,22 @@ static const char *usage_object_at(const char *s, size_t len)
     return NULL;
 }
 
+/* The closing quote of the JSON string that opens at <p>, or NULL: the next quote not
+ * escaped by an odd run of backslashes (memchr does the scanning). */
+static const char *string_end(const char *p, const char *end)
+{
+    const char *q = p + 1;
+    while (q < end && (q = memchr(q, '"', (size_t)(end - q))) != NULL) {
+        const char *b = q;
+        while (b > p + 1 && b[-1] == '\\')
+            b--;
+        if (((q - b) & 1) == 0)
+            return q;
+        q++;
+    }
+    return NULL;
+}
+
 /* The value of the last "usage" member of the top-level object of JSON text <s>, when it is
  * an object: where it starts, NULL otherwise. One pass over the bytes (strings and nesting
  * tracked), no allocation: an answer is relayed as it is and only this one member of it is
@@ -1035,10 +1051,8 @@ static const char *usage_member(const char *s, size_t len)
     for (; p < end; p++) {
         char c = *p;
         if (c == '"') {
-            const char *q = p + 1;
-            while (q < end && *q != '"')
-                q += *q == '\\' ? 2 : 1;
-            if (q >= end)
+            const char *q = string_end(p, end);
+            if (q == NULL)
                 return NULL;
             if (depth == 1 && q - p == 6 && memcmp(p + 1, "usage", 5) == 0) {
                 const char *v = q + 1;

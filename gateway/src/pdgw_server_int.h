@@ -109,6 +109,10 @@ struct pdgw_worker {
     pdgw_timers_t timers;
     /* Recycled request objects (pdgw_freelist.h). */
     pdgw_freelist_t req_pool;
+    /* The per-model metric families (pdgw_models.c), looked up once per worker. */
+    struct pdgw_model_families {
+        pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
+    } model_families;
     /* Streams the sink writes itself with bytes to send this loop turn. */
     pdgw_req_t *flush_head;
     /* Client sockets watched for hang-up while their connection is suspended. */
