@@ -241,7 +241,11 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
 {
     struct MHD_Response *resp;
     enum MHD_Result ret;
-    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
+    /* The block is MHD's buffer for a body it does not frame in chunks (HTTP/1.0); a chunked
+     * body is read straight into the connection's own buffer, and one the sink writes itself
+     * needs none: thousands of open streams should not each keep a 1 KiB block. */
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, pdgw_direct_eligible(r) ? 64 : 1024,
+                                             stream_reader, r, NULL);
     if (resp == NULL)
         return MHD_NO;
     if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
