@@ -177,7 +177,8 @@ static const pdgw_config_option_t options[] = {
      C(client_header_timeout_ms)},
     {"max_connections", "max-connections", "PDGW_MAX_CONNECTIONS", PDGW_OPT_INT, NULL, 0,
      10000000, "0", "N", "Client connections open at once, all workers (0 = derived from the "
-     "descriptor limit: (RLIMIT_NOFILE - reserve) / 3, leaving room for upstream legs).",
+     "descriptor limit: (RLIMIT_NOFILE - reserve) / 2 for one-leg protocols, / 3 when prefill "
+     "and decode run at once, leaving room for upstream legs).",
      C(max_connections)},
     {"max_connections_per_client", "max-connections-per-client",
      "PDGW_MAX_CONNECTIONS_PER_CLIENT", PDGW_OPT_INT, NULL, 0, 10000000, "1024", "N",

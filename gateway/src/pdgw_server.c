@@ -555,18 +555,17 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     /* The connection limit is enforced (and counted) by the accept policy; MHD's own limit
      * sits above it so that it never refuses first. Its idle timeout stays for connections
      * between deadlines (a reader that stops reading a response). */
-    w->mhd =
-        MHD_start_daemon(flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR,
-                         addr, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_NOTIFY_COMPLETED,
-                         pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION, pdgw_conn_notify, w,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT,
-                         srv->conn_limit_per_worker + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-                         /* 8 KiB per connection: request headers, upload chunks and the chunked
-                          * write buffer of a stream (an 8 KiB header limit, as common proxies
-                          * have). Small pools keep 10,000 open streams in a few hundred MiB. */
-                         (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024),
-                         MHD_OPTION_ARRAY, pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
+    w->mhd = MHD_start_daemon(
+        flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+        NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
+        pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+        MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        /* 8 KiB per connection: request headers, upload chunks and the chunked
+         * write buffer of a stream (an 8 KiB header limit, as common proxies
+         * have). Small pools keep 10,000 open streams in a few hundred MiB. */
+        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024), MHD_OPTION_ARRAY,
+        pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
     if (w->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",
                  ntohs(((const struct sockaddr_in *)addr)->sin_port), index);
@@ -661,16 +660,18 @@ static void conn_budget(pdgw_server_t *srv)
         }
         nofile = rl.rlim_cur == RLIM_INFINITY ? (uint64_t)1 << 20 : (uint64_t)rl.rlim_cur;
     }
+    if (workers == 0)
+        workers = 1;
     if (srv->opts.max_connections > 0)
-        srv->conn_limit_per_worker =
-            (srv->opts.max_connections + workers - 1) / (workers ? workers : 1);
-    else
-        srv->conn_limit_per_worker = pdgw_conn_limit_derive(nofile, workers);
+        srv->conn_limit = srv->opts.max_connections;
+    else /* one leg at a time needs 2 descriptors per connection, prefill beside decode 3 */
+        srv->conn_limit = pdgw_conn_limit_derive(
+            nofile, workers, srv->plan.dispatch == PDGW_DISPATCH_SINGLE ? 2u : 3u);
+    srv->conn_limit_per_worker = (srv->conn_limit + workers - 1) / workers;
     pdgw_log_info("server",
-                  "client connections: up to %u per worker (%s, RLIMIT_NOFILE %llu), %u per "
+                  "client connections: up to %u in all workers (%s, RLIMIT_NOFILE %llu), %u per "
                   "client address, request headers within %llu ms",
-                  srv->conn_limit_per_worker,
-                  srv->opts.max_connections > 0 ? "configured" : "derived",
+                  srv->conn_limit, srv->opts.max_connections > 0 ? "configured" : "derived",
                   (unsigned long long)nofile, srv->opts.max_connections_per_client,
                   (unsigned long long)srv->opts.client_header_timeout_ms);
 }

@@ -58,8 +58,12 @@ struct pdgw_server {
     atomic_bool draining;
     atomic_uint_fast64_t inflight;
     bool started;
-    /* Client connections: per-worker limit (derived from RLIMIT_NOFILE unless configured),
-     * open connections per client address across all workers. */
+    /* Client connections: the limit of all workers together (derived from RLIMIT_NOFILE
+     * unless configured) and how many are open (descriptors are the process's, so one worker
+     * may hold more than its share when SO_REUSEPORT spreads clients unevenly); a worker's
+     * share (sizes its upstream connection caches); open connections per client address. */
+    unsigned conn_limit;
+    atomic_uint conns_open;
     unsigned conn_limit_per_worker;
     pdgw_addr_table_t *addrs;
     struct pdgw_routing *routing; /* tokenize cache, selective PD counters (pdgw_route.h) */
@@ -384,9 +388,10 @@ void pdgw_conn_after_run(pdgw_worker_t *w);
 /* Per-address table shared by the workers. */
 pdgw_addr_table_t *pdgw_addr_table_create(void);
 void pdgw_addr_table_destroy(pdgw_addr_table_t *t);
-/* Per-worker connection limit from the descriptor limit: (RLIMIT_NOFILE - reserve) / 3
- * (each client connection may hold a prefill and a decode leg), split across workers. */
-unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers);
+/* Client connections all workers may hold from the descriptor limit: (RLIMIT_NOFILE -
+ * reserve) / <fds_per_conn>, the client's socket and the upstream legs it may hold at once
+ * (2 with one leg, 3 when prefill and decode run together). */
+unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers, unsigned fds_per_conn);
 
 /* ---- pdgw_http.c */
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
