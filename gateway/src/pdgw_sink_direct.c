@@ -19,7 +19,6 @@
 #include "pdgw_server_int.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -103,6 +102,22 @@ static bool send_wire(pdgw_req_t *r)
     return true;
 }
 
+/* "<len in hex>\r\n" into <head> (at least 20 bytes); its length. */
+static int chunk_head(char *head, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    char tmp[16];
+    int n = 0, hl = 0;
+    do
+        tmp[n++] = hex[len & 15u];
+    while ((len >>= 4) != 0);
+    while (n > 0)
+        head[hl++] = tmp[--n];
+    head[hl++] = '\r';
+    head[hl++] = '\n';
+    return hl;
+}
+
 /* Frame everything in r->out as one chunk and send it; whatever the socket does not take is
  * kept, framed, in r->wire. */
 static void send_out(pdgw_req_t *r)
@@ -117,7 +132,7 @@ static void send_out(pdgw_req_t *r)
 
     if (len == 0)
         return;
-    hl = snprintf(head, sizeof(head), "%zx\r\n", len);
+    hl = chunk_head(head, len);
     iov[0] = (struct iovec){head, (size_t)hl};
     iov[1] = (struct iovec){r->out.data + r->out_off, len};
     iov[2] = (struct iovec){(void *)"\r\n", 2};
