@@ -9,6 +9,7 @@
 #include "pdb/pdb_prom.h"
 #include "pdgw_metrics.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1080,35 +1081,126 @@ static const char *usage_member(const char *s, size_t len)
     return NULL;
 }
 
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* The JSON number token at <p>: its end, or NULL when it is not one. *integral says whether a
+ * parse makes it an integer (no fraction, no exponent). */
+static const char *number_end(const char *p, const char *end, bool *integral)
+{
+    const char *d;
+    *integral = true;
+    if (p < end && *p == '-')
+        p++;
+    d = p;
+    while (p < end && *p >= '0' && *p <= '9')
+        p++;
+    if (p == d || (*d == '0' && p - d > 1))
+        return NULL;
+    if (p < end && *p == '.') {
+        *integral = false;
+        d = ++p;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == d)
+            return NULL;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        *integral = false;
+        if (++p < end && (*p == '+' || *p == '-'))
+            p++;
+        d = p;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == d)
+            return NULL;
+    }
+    return p;
+}
+
+/* The integer a parse gives the value at <v>: 0 for anything but an integer, as
+ * json_integer_value says. false for a number no parse accepts (malformed, beyond 64 bits). */
+static bool member_integer(const char *v, const char *end, int64_t *out)
+{
+    bool integral;
+    const char *e;
+    char digits[24];
+    *out = 0;
+    if (v >= end || (*v != '-' && (*v < '0' || *v > '9')))
+        return true; /* a string, an object, null...: not an integer */
+    if ((e = number_end(v, end, &integral)) == NULL)
+        return false;
+    if (!integral)
+        return true;
+    if ((size_t)(e - v) >= sizeof(digits))
+        return false; /* more digits than 64 bits hold */
+    memcpy(digits, v, (size_t)(e - v));
+    digits[e - v] = '\0';
+    errno = 0;
+    *out = strtoll(digits, NULL, 10);
+    return errno != ERANGE;
+}
+
+/* prompt_tokens and completion_tokens of the usage object at <p>: its own members only (not
+ * those of prompt_tokens_details and the like), the last of a name counting as in a parse;
+ * absent or not an integer is 0. false on text that ends early or a number no parse accepts. */
+static bool usage_counts(const char *p, const char *end, int64_t *pt, int64_t *ct)
+{
+    int depth = 0;
+    *pt = *ct = 0;
+    for (; p < end; p++) {
+        if (*p == '"') {
+            const char *q = string_end(p, end), *v;
+            size_t n;
+            if (q == NULL)
+                return false;
+            n = (size_t)(q - p - 1);
+            for (v = q + 1; v < end && is_ws(*v); v++)
+                ;
+            if (depth == 1 && v < end && *v == ':') { /* a member name */
+                int64_t *slot = n == 13 && memcmp(p + 1, "prompt_tokens", 13) == 0       ? pt
+                                : n == 17 && memcmp(p + 1, "completion_tokens", 17) == 0 ? ct
+                                                                                         : NULL;
+                for (v++; v < end && is_ws(*v); v++)
+                    ;
+                if (slot != NULL && !member_integer(v, end, slot))
+                    return false;
+                p = v - 1; /* the value is walked like any other */
+            } else {
+                p = q;
+            }
+        } else if (*p == '{' || *p == '[') {
+            depth++;
+        } else if (*p == '}' || *p == ']') {
+            if (--depth == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
                                 size_t len, int64_t *prompt_out, int64_t *completion_out)
 {
-    json_t *usage;
-    json_int_t pt, ct;
+    int64_t pt, ct;
     const char *at;
-    bool found = false;
     if (gm == NULL || protocol == NULL || json == NULL || usage_object_at(json, len) == NULL)
         return false;
     at = usage_member(json, len);
-    if (at == NULL)
+    /* Only the two counts are read: no tree is built for them. */
+    if (at == NULL || !usage_counts(at, json + len, &pt, &ct))
         return false;
-    usage = json_loadb(at, len - (size_t)(at - json), JSON_DISABLE_EOF_CHECK, NULL);
-    if (json_is_object(usage)) {
-        pt = json_integer_value(json_object_get(usage, "prompt_tokens"));
-        ct = json_integer_value(json_object_get(usage, "completion_tokens"));
-        if (pt > 0)
-            pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
-        if (ct > 0)
-            pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol),
-                             (uint64_t)ct);
-        if (prompt_out)
-            *prompt_out = pt;
-        if (completion_out)
-            *completion_out = ct;
-        found = true;
-    }
-    json_decref(usage);
-    return found;
+    if (pt > 0)
+        pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
+    if (ct > 0)
+        pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol), (uint64_t)ct);
+    if (prompt_out)
+        *prompt_out = pt;
+    if (completion_out)
+        *completion_out = ct;
+    return true;
 }
 
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

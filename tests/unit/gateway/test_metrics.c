@@ -397,6 +397,16 @@ static void test_usage_matches_full_parse(void **state)
         "{\"usage\":{\"prompt_tokens\":1},\"usage\":null}",
         "{\"usage\":null}",
         "{\"usage\":{\"prompt_tokens\":\"12\",\"completion_tokens\":1.5}}",
+        /* vLLM's shape: details nested in usage are not its counts */
+        "{\"usage\":{\"prompt_tokens\":20,\"total_tokens\":24,\"completion_tokens\":4,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":16,\"prompt_tokens\":99}}}",
+        "{\"usage\":{\"prompt_tokens_details\":{\"prompt_tokens\":5},\"completion_tokens\":-3}}",
+        "{\"usage\":{\"prompt_tokens\":1e3,\"completion_tokens\":0,\"prompt_tokens\":[1]}}",
+        /* numbers a parse refuses: no usage at all */
+        "{\"usage\":{\"prompt_tokens\":99999999999999999999}}",
+        "{\"usage\":{\"prompt_tokens\":01}}",
+        "{\"usage\":{\"completion_tokens\":-}}",
+        "{\"usage\":{\"prompt_tokens\":9223372036854775807,\"completion_tokens\":1}}",
         /* not one object */
         "[{\"usage\":{\"prompt_tokens\":1}}]",
         "{\"usage\":{\"prompt_tokens\":1}} trailing",
