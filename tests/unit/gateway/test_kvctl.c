@@ -350,6 +350,9 @@ static void test_opts(void **state)
             assert_int_equal(o.reserve, 1);
             assert_int_equal(o.chunk_tokens, 256);
             assert_int_equal(o.notif_check_peer, 1);
+            /* no admission limit unless configured, as LMCache's current proxy
+             * (LMCache examples/disagg_prefill/disagg_proxy_server.py) */
+            assert_int_equal(o.admission_chunks, 0);
         } else {
             assert_int_equal(st, PDGW_FWD_ERR_CONFIG);
             assert_non_null(strstr(err, cases[i].err));
