@@ -215,7 +215,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
                                               int need, pdgw_fwd_error_t *err)
 {
     pdgw_fwd_kv_svc_t *kv = q->kv;
-    int got, timed_out, fallback;
+    int got, timed_out, fallback, kick = 0;
     int64_t timeout_ms;
     (void)req;
     if (need <= 0 || kv->o.skip_proxy_notification)
@@ -227,6 +227,10 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
         q->notif_deadline_ms = pdgw_fwd_now_ms() + kv->o.notif_timeout_ms;
         if (kv->next_deadline_ms < 0 || q->notif_deadline_ms < kv->next_deadline_ms)
             kv->next_deadline_ms = q->notif_deadline_ms;
+        /* The thread looks at the deadlines at least every KVCTL_POLL_MS: only a deadline
+         * sooner than that needs it woken now (a wake per request would put a hand-over
+         * between threads on the path of every notice). */
+        kick = kv->o.notif_timeout_ms < KVCTL_POLL_MS;
     }
     got = q->notif_got;
     timed_out = q->notif_timed_out;
@@ -252,7 +256,8 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
                            q->id, got, need, (long long)timeout_ms);
         return PDGW_FWD_ERR;
     }
-    pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
+    if (kick)
+        pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
     return PDGW_FWD_PENDING;
 }
 
