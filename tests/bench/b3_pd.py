@@ -377,6 +377,13 @@ def gw_internal_mean_us(before, after):
     return own
 
 
+def cpu_us(pid):
+    """CPU time (user + system, all threads) of process <pid> so far, in microseconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return f.read().split()[0]
@@ -398,12 +405,15 @@ def main():
         print(f"B3 direct-to-sim c=1: {len(base1)} requests, client + sim HTTP overhead "
               f"p50 {pct(base1, 50):.1f} us p99 {pct(base1, 99):.1f} us", flush=True)
 
-    def measure(row, port, sim_ports, legs):
+    def measure(row, gw, port, sim_ports, legs):
         for conc in CONCURRENCY:
             for p in sim_ports:
                 records(p)
             m0 = gw_sums(port)
+            c0 = cpu_us(gw.pid)
             samples, errors = load(port, conc, f"{row}{conc}")
+            # pdgw's CPU per answered request: the figure a loaded machine disturbs least
+            cpu = (cpu_us(gw.pid) - c0) / max(len(samples), 1)
             gw_mean = gw_internal_mean_us(m0, gw_sums(port))
             ov, missing = overheads(samples, [records(p) for p in sim_ports], legs)
             rps = len(samples) / DURATION
@@ -418,17 +428,18 @@ def main():
             print(f"B3 {row:24s} c={conc:<3d} {len(samples):6d} req ({rps:7.0f}/s) errors "
                   f"{len(errors):4d}  pdgw adds p50 {a50 / 1000:7.3f} ms  p99 {a99 / 1000:7.3f} ms"
                   f"  [baseline p50 {pct(base, 50):.0f} us; pdgw's own mean, its metrics: "
-                  f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}]{note}", flush=True)
+                  f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}; "
+                  f"pdgw CPU {cpu:.0f} us/req]{note}", flush=True)
             rows.append((row, conc, len(samples), len(errors), rps, a50, a99,
                          pct(ov, 50), pct(ov, 99), pct(base, 50), pct(base, 99), missing,
-                         "" if gw_mean is None else "%.1f" % gw_mean, loadavg()))
+                         "" if gw_mean is None else "%.1f" % gw_mean, cpu, loadavg()))
 
     # neutral through pdgw to the same both sim: the single-leg reference
     try:
         if ROWS and "neutral" not in ROWS:
             raise LookupError
         gw, gw_port = gateway("neutral", [both_inst], {})
-        measure("neutral", gw_port, [both_port], 1)
+        measure("neutral", gw, gw_port, [both_port], 1)
         stop(gw)
     except RuntimeError as e:
         print(f"SKIP neutral: pdgw did not start: {e}", flush=True)
@@ -471,16 +482,16 @@ def main():
             else:
                 # vllm-kvt batch has no prefill HTTP leg (the decode asks the prefill over
                 # the KV side channel, inside the decode's engine time)
-                measure(row, gw_port, [p_port, d_port], 1 if proto == "vllm-kvt" else 2)
+                measure(row, gw, gw_port, [p_port, d_port], 1 if proto == "vllm-kvt" else 2)
             for p in started:
                 stop(p)
 
     with open(os.path.join(RESULTS, "b3_pd.csv"), "w") as f:
         f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
                 "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
-                "legs_time_missing,gw_internal_mean_us,load1\n")
+                "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
         for r in rows:
-            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%s\n" % r)
+            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
 
 
 def on_signal(signum, frame):
