@@ -26,7 +26,8 @@ busy in both); the reported figure is the overhead percentile through pdgw minus
 the same percentile direct.
 
 Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64"),
-ROWS (only these rows, e.g. "neutral lmcache"; default all)
+ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
+per row at that fixed offered rate, written to b3_pd_rate.csv; default none)
 Prints one `B3 ...` line per point and `SKIP <protocol>: <why>` for a protocol that
 this pdgw does not have. Writes b3_pd.csv; the shell wrapper plots and summarises.
 """
@@ -49,6 +50,9 @@ DURATION = float(os.environ.get("DURATION", "4"))
 CONCURRENCY = [int(c) for c in os.environ.get("CONCURRENCY", "1 64").split()]
 # only these rows (names as printed, e.g. "neutral lmcache"); all when unset
 ROWS = set(os.environ.get("ROWS", "").split())
+# RATE (req/s): one more point per row, the most clients offering this fixed rate (open loop),
+# so rows compare at the same load instead of each at the rate its own bottleneck allows
+RATE = float(os.environ.get("RATE", "0"))
 PROMPT = "Disaggregated serving splits the prompt phase from the token phase " * 2
 
 
@@ -405,13 +409,18 @@ def main():
         print(f"B3 direct-to-sim c=1: {len(base1)} requests, client + sim HTTP overhead "
               f"p50 {pct(base1, 50):.1f} us p99 {pct(base1, 99):.1f} us", flush=True)
 
+    rate_rows = []
+
     def measure(row, gw, port, sim_ports, legs):
-        for conc in CONCURRENCY:
+        points = [(c, None) for c in CONCURRENCY]
+        if RATE > 0:
+            points.append((max(CONCURRENCY), RATE))
+        for conc, rate in points:
             for p in sim_ports:
                 records(p)
             m0 = gw_sums(port)
             c0 = cpu_us(gw.pid)
-            samples, errors = load(port, conc, f"{row}{conc}")
+            samples, errors = load(port, conc, f"{row}{conc}{'r' if rate else ''}", rate)
             # pdgw's CPU per answered request: the figure a loaded machine disturbs least
             cpu = (cpu_us(gw.pid) - c0) / max(len(samples), 1)
             gw_mean = gw_internal_mean_us(m0, gw_sums(port))
@@ -419,18 +428,19 @@ def main():
             rps = len(samples) / DURATION
             # one client: the client's cost does not depend on the rate; more clients:
             # the direct baseline runs at the rate this row reached
-            base = base1 if conc == 1 else baseline(conc, max(rps, 1.0))
+            base = base1 if conc == 1 and not rate else baseline(conc, max(rps, 1.0))
             a50 = pct(ov, 50) - pct(base, 50)
             a99 = pct(ov, 99) - pct(base, 99)
             note = ""
             if missing:
                 note = f" (a leg's engine time not recorded for {missing} requests: counted 0)"
-            print(f"B3 {row:24s} c={conc:<3d} {len(samples):6d} req ({rps:7.0f}/s) errors "
+            label = f"c={conc}" + (f"@{rate:.0f}/s" if rate else "")
+            print(f"B3 {row:24s} {label:<5s} {len(samples):6d} req ({rps:7.0f}/s) errors "
                   f"{len(errors):4d}  pdgw adds p50 {a50 / 1000:7.3f} ms  p99 {a99 / 1000:7.3f} ms"
                   f"  [baseline p50 {pct(base, 50):.0f} us; pdgw's own mean, its metrics: "
                   f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}; "
                   f"pdgw CPU {cpu:.0f} us/req]{note}", flush=True)
-            rows.append((row, conc, len(samples), len(errors), rps, a50, a99,
+            (rate_rows if rate else rows).append((row, conc, len(samples), len(errors), rps, a50, a99,
                          pct(ov, 50), pct(ov, 99), pct(base, 50), pct(base, 99), missing,
                          "" if gw_mean is None else "%.1f" % gw_mean, cpu, loadavg()))
 
@@ -492,6 +502,13 @@ def main():
                 "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
         for r in rows:
             f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
+    if rate_rows:
+        with open(os.path.join(RESULTS, "b3_pd_rate.csv"), "w") as f:
+            f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
+                    "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
+                    "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
+            for r in rate_rows:
+                f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
 
 
 def on_signal(signum, frame):

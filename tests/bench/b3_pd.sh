@@ -6,7 +6,8 @@
 # through pdgw is the single-leg reference row. Protocols this pdgw does not have
 # are skipped with one SKIP line. The load client is b3_pd.py.
 # Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), CONCURRENCY ("1 64"),
-#   ROWS (only these rows, e.g. "neutral lmcache"; default all)
+#   ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
+#   per row, the most clients offering that fixed rate; b3_pd_rate.csv)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 need /usr/bin/python3 "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim"
