@@ -574,9 +574,9 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
         NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
         pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
         MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        /* 8 KiB per connection: request headers, upload chunks and the chunked
-         * write buffer of a stream (an 8 KiB header limit, as common proxies
-         * have). Small pools keep 10,000 open streams in a few hundred MiB. */
+        /* client_buffer_size per connection: request headers, upload chunks and the
+         * write buffer of a stream MHD writes itself. Small pools keep 10,000 open
+         * streams in a few hundred MiB. */
         (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, client_buffer(srv), MHD_OPTION_ARRAY,
         pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
     if (w->mhd == NULL) {
