@@ -38,18 +38,17 @@ typedef struct lmc_ctx {
     pdgw_fwd_kv_svc_t *kv;
     int first_tok;               /* option flow: first_tok (1) or client_body (0) */
     int64_t tokenize_timeout_ms; /* one /tokenize call */
-    lmc_tok_t *tok;
 } lmc_ctx_t;
 
 typedef struct lmc_state {
     pdgw_fwd_kv_req_t *q;
     const pdgw_instance_t *decode;
-    int libkvt;            /* the decode runs libkvt (instance kv_engine) */
-    int first_tok;         /* this request runs the first_tok flow */
-    lmc_tok_job_t *job;    /* its /tokenize call */
-    json_t *ids;           /* the prompt's token ids */
-    lmc_head_t head;       /* what the prefill answered */
-    char prefill_url[256]; /* /tokenize goes to the prefill instance */
+    const pdgw_instance_t *prefill; /* /tokenize goes to the prefill instance */
+    int libkvt;                     /* the decode runs libkvt (instance kv_engine) */
+    int first_tok;                  /* this request runs the first_tok flow */
+    lmc_tok_job_t *job;             /* its /tokenize call */
+    json_t *ids;                    /* the prompt's token ids */
+    lmc_head_t head;                /* what the prefill answered */
 } lmc_state_t;
 
 static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
@@ -74,14 +73,9 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
     }
     c->first_tok = flow == 1;
     c->tokenize_timeout_ms = tok_ms;
-    /* --check-config (check_only): no tokenize thread, no ProxyNotif socket. */
-    if (c->first_tok && !env->check_only && (c->tok = lmc_tok_create(err, errlen)) == NULL) {
-        free(c);
-        return PDGW_FWD_ERR_CONFIG;
-    }
+    /* --check-config (check_only): no ProxyNotif socket. */
     if (!env->check_only &&
         pdgw_fwd_kv_svc_open(LMC_NAME, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
-        lmc_tok_destroy(c->tok);
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }
@@ -94,7 +88,6 @@ static void lmc_destroy(void *ctx)
     lmc_ctx_t *c = ctx;
     if (c == NULL)
         return;
-    lmc_tok_destroy(c->tok);
     pdgw_fwd_kv_svc_close(c->kv);
     free(c);
 }
@@ -142,8 +135,7 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
         return PDGW_FWD_ERR;
     }
     s->decode = d;
-    snprintf(s->prefill_url, sizeof(s->prefill_url), "%s",
-             peers->prefill ? peers->prefill->url : "");
+    s->prefill = peers->prefill;
     /* pdgw's own control messages (ReserveRequest, CancelNotif without LMCache's delimiter
      * frame) go only to decodes that run libkvt; an upstream LMCache receiver gets nothing
      * from the gateway, exactly as behind LMCache's own proxy. */
@@ -217,16 +209,19 @@ static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_f
             s->first_tok = 0; /* a prompt /tokenize cannot take (several prompts): older flow */
             return PDGW_FWD_OK;
         }
-        s->job = lmc_tok_start(c->tok, s->prefill_url, body, c->tokenize_timeout_ms, req->waker);
+        s->job = lmc_tok_start(req, s->prefill, body, c->tokenize_timeout_ms);
         if (s->job == NULL) {
-            pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
+            pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 503,
+                               "cannot start the tokenize call to the prefill instance");
             return PDGW_FWD_ERR;
         }
         pdgw_fwd_counter_inc(LMC_NAME, "tokenize_calls", "POST /tokenize calls (first_tok flow).");
     }
-    st = lmc_tok_result(c->tok, s->job, &s->ids, msg, sizeof(msg));
+    st = lmc_tok_result(s->job, &s->ids, msg, sizeof(msg));
     if (st == 0)
         return PDGW_FWD_PENDING;
+    lmc_tok_release(s->job); /* its connection and answer are no longer needed */
+    s->job = NULL;
     if (st < 0) {
         pdgw_fwd_counter_inc(LMC_NAME, "tokenize_errors", "Failed POST /tokenize calls.");
         pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502, "%s", msg);

@@ -68,7 +68,9 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
     if (b == NULL)
         return NULL;
     json_object_del(b, "messages");
-    json_object_set_new(b, "prompt", json_deep_copy(ids));
+    /* ids is never changed once read: the prefill body shares it (a copy would cost one
+     * allocation per token) */
+    json_object_set(b, "prompt", (json_t *)ids);
     json_object_set_new(b, "max_tokens", json_integer(1));
     if (json_object_get(b, "max_completion_tokens"))
         json_object_set_new(b, "max_completion_tokens", json_integer(1));
@@ -91,7 +93,11 @@ json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
 {
     json_int_t first_tok = head->first_tok;
     json_t *b = fwd_pd_body_decode(req, NULL);
-    json_t *prompt = json_deep_copy(ids);
+    json_t *prompt = json_array(); /* ids + [first_tok]: the ids' integers are shared */
+    if (prompt != NULL && json_array_extend(prompt, (json_t *)ids) != 0) {
+        json_decref(prompt);
+        prompt = NULL;
+    }
     if (b == NULL || prompt == NULL) {
         json_decref(b);
         json_decref(prompt);

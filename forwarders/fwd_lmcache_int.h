@@ -8,19 +8,15 @@
 
 #include "fwd_pd.h"
 
-/* ---- tokenize calls (fwd_lmcache_tok.c) ---- */
-typedef struct lmc_tok lmc_tok_t;
-typedef struct lmc_tok_job lmc_tok_job_t;
+/* ---- tokenize call (fwd_lmcache_tok.c) ---- */
+typedef pdgw_fwd_call_t lmc_tok_job_t;
 
-lmc_tok_t *lmc_tok_create(char *err, size_t errlen);
-/* Stops the thread; calls still running fail. */
-void lmc_tok_destroy(lmc_tok_t *t);
-/* POST <base_url>/tokenize with <body> (stolen); wakes <waker> when done. NULL on no memory.
- * Release with lmc_tok_release. */
-lmc_tok_job_t *lmc_tok_start(lmc_tok_t *t, const char *base_url, json_t *body, int64_t timeout_ms,
-                             pdgw_fwd_waker_t *waker);
+/* POST <inst>/tokenize with <body> (stolen) on the request's worker; the request's waker runs
+ * the gate again when it ends. NULL when it cannot start. Release with lmc_tok_release. */
+lmc_tok_job_t *lmc_tok_start(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
+                             json_t *body, int64_t timeout_ms);
 /* 0 pending; 1 done (*tokens = new reference to the id list); -1 failed (msg filled). */
-int lmc_tok_result(lmc_tok_t *t, lmc_tok_job_t *j, json_t **tokens, char *msg, size_t cap);
+int lmc_tok_result(const lmc_tok_job_t *j, json_t **tokens, char *msg, size_t cap);
 void lmc_tok_release(lmc_tok_job_t *j);
 
 /* ---- first_tok flow (fwd_lmcache_flow.c) ---- */

@@ -166,29 +166,31 @@ static kvctl_job_t *take_job_locked(pdgw_fwd_kv_svc_t *kv, int64_t now, int64_t 
     return NULL;
 }
 
+/* The waiters are walked only when the earliest deadline armed may have come (the loop runs
+ * once per batch of notices; a walk each time would cost O(requests in flight) per notice). */
 static void check_deadlines_locked(pdgw_fwd_kv_svc_t *kv, int64_t now, int64_t *next_ms)
 {
     pdgw_fwd_kv_req_t *q;
-    for (q = kv->notif_waiters; q != NULL; q = q->notif_next) {
-        if (!q->notif_waiting || q->notif_got >= q->notif_need || q->notif_timed_out)
-            continue;
-        if (now >= q->notif_deadline_ms) {
-            q->notif_timed_out = 1;
-            pdgw_kvctl_wake(q);
-        } else if (*next_ms < 0 || q->notif_deadline_ms < *next_ms) {
-            *next_ms = q->notif_deadline_ms;
+    int64_t earliest = -1;
+    if (kv->next_deadline_ms >= 0 && now < kv->next_deadline_ms) {
+        if (*next_ms < 0 || kv->next_deadline_ms < *next_ms)
+            *next_ms = kv->next_deadline_ms;
+    } else if (kv->next_deadline_ms >= 0) {
+        for (q = kv->notif_waiters; q != NULL; q = q->notif_next) {
+            if (!q->notif_waiting || q->notif_got >= q->notif_need || q->notif_timed_out)
+                continue;
+            if (now >= q->notif_deadline_ms) {
+                q->notif_timed_out = 1;
+                pdgw_kvctl_wake(q);
+            } else if (earliest < 0 || q->notif_deadline_ms < earliest) {
+                earliest = q->notif_deadline_ms;
+            }
         }
+        kv->next_deadline_ms = earliest;
+        if (earliest >= 0 && (*next_ms < 0 || earliest < *next_ms))
+            *next_ms = earliest;
     }
-    for (kvctl_tomb_t **tp = &kv->tombs; *tp != NULL;) {
-        kvctl_tomb_t *t = *tp;
-        if (now - t->t_ms > KVCTL_TOMB_TTL_MS) {
-            *tp = t->next;
-            kv->n_tombs--;
-            pdgw_free(t);
-        } else {
-            tp = &t->next;
-        }
-    }
+    pdgw_kvctl_tombs_expire_locked(kv, now, KVCTL_TOMB_TTL_MS);
 }
 
 static void *kvctl_main(void *arg)
@@ -292,6 +294,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_o
     snprintf(kv->protocol, sizeof(kv->protocol), "%s", protocol);
     kv->o = *o;
     pthread_mutex_init(&kv->lock, NULL);
+    kv->next_deadline_ms = -1;
     kv->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (kv->efd < 0) {
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
@@ -359,11 +362,7 @@ void pdgw_fwd_kv_svc_close(pdgw_fwd_kv_svc_t *kv)
         pdgw_kvctl_req_unref(j->q);
         pdgw_free(j);
     }
-    while (kv->tombs) {
-        kvctl_tomb_t *t = kv->tombs;
-        kv->tombs = t->next;
-        pdgw_free(t);
-    }
+    pdgw_kvctl_tombs_expire_locked(kv, INT64_MAX, -1); /* all of them */
     pdgw_notif_relay_destroy(kv->relay);
     pdgw_notif_destroy(kv->notif);
     pdgw_fwd_kv_client_destroy(kv->proxy);

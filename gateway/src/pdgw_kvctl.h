@@ -3,7 +3,8 @@
  * pdgw_fwd_kv_req_*): its objects, shared by
  *   pdgw_kvctl.c       life and the service thread (reservation and cancel jobs, deadlines),
  *   pdgw_kvctl_notif.c ProxyNotif counting and sender checks (on the service thread),
- *   pdgw_kvctl_req.c   the per-attempt calls forwarders make from their request ops.
+ *   pdgw_kvctl_req.c   the per-attempt calls forwarders make from their request ops,
+ *   pdgw_kvctl_index.c waiters and tombstones by request id.
  * Everything that may block (ZeroMQ round trips, name resolution) runs on the service thread.
  */
 #ifndef PDGW_KVCTL_H
@@ -23,6 +24,7 @@
 #define KVCTL_POLL_MS     20
 #define KVCTL_TOMB_TTL_MS 120000
 #define KVCTL_TOMB_MAX    16384 /* ended attempts remembered for late ProxyNotifs (bounded) */
+#define KVCTL_HASH        4096  /* buckets of the waiter and tombstone indexes */
 #define KVCTL_HOST_MAX    256
 #define KVCTL_ADDRS       8
 #define KVCTL_DNS_SLOTS   32
@@ -61,7 +63,8 @@ struct pdgw_fwd_kv_req {
     int notif_waiting;             /* the decode gate is waiting: the deadline runs */
     int64_t notif_deadline_ms;     /* valid while notif_waiting */
     char phost[2][KVCTL_HOST_MAX]; /* the prefill's host and kv_host ("" = unknown) */
-    struct pdgw_fwd_kv_req *notif_next;
+    struct pdgw_fwd_kv_req *notif_next, *notif_prev; /* kv->notif_waiters */
+    struct pdgw_fwd_kv_req *hnext;                   /* kv->waiter_hash bucket */
 };
 
 typedef struct kvctl_job {
@@ -87,7 +90,8 @@ typedef struct kvctl_dns {
 /* An attempt that ended without completing: a transfer that still lands afterwards (its
  * ProxyNotif arrives late) is released with another CancelNotif. */
 typedef struct kvctl_tomb {
-    struct kvctl_tomb *next;
+    struct kvctl_tomb *next;  /* kv->tombs, oldest first */
+    struct kvctl_tomb *hnext; /* kv->tomb_hash bucket */
     char id[KVCTL_ID_MAX];
     kvctl_dest_t dest;
     int has_dest; /* the decode runs libkvt: a late landing is released with CancelNotif */
@@ -107,8 +111,9 @@ struct pdgw_fwd_kv_svc {
     pthread_mutex_t lock;
     int stop;
     kvctl_job_t *jobs;
-    kvctl_tomb_t *tombs;
+    kvctl_tomb_t *tombs, *tomb_tail; /* oldest first */
     size_t n_tombs;
+    kvctl_tomb_t *tomb_hash[KVCTL_HASH];
     kvctl_dns_t dns[KVCTL_DNS_SLOTS]; /* control thread only */
     struct {
         char host[256];
@@ -116,6 +121,8 @@ struct pdgw_fwd_kv_svc {
         int64_t until_ms;
     } mute[KVCTL_MUTE_MAX]; /* control thread only */
     pdgw_fwd_kv_req_t *notif_waiters;
+    pdgw_fwd_kv_req_t *waiter_hash[KVCTL_HASH];
+    int64_t next_deadline_ms; /* no notif deadline falls before this (-1: none armed) */
     pdgw_fwd_kv_req_t *adm_head, *adm_tail;
     int64_t adm_used;
     struct pdgw_fwd_kv_svc *next_svc; /* the gateway's list of open services */
@@ -147,6 +154,17 @@ int pdgw_kvctl_push_cancel_locked(pdgw_fwd_kv_svc_t *kv, const kvctl_dest_t *des
                                   int urgent);
 /* Grant queued admissions that fit, in order; all of them when admission is off (lock held). */
 void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv);
+/* ---- waiters and tombstones by request id (pdgw_kvctl_index.c; kv->lock held) ---- */
+void pdgw_kvctl_waiter_add_locked(pdgw_fwd_kv_svc_t *kv, pdgw_fwd_kv_req_t *q);
+/* 1 when <q> was a waiter (and is no more), else 0. */
+int pdgw_kvctl_waiter_remove_locked(pdgw_fwd_kv_svc_t *kv, pdgw_fwd_kv_req_t *q);
+pdgw_fwd_kv_req_t *pdgw_kvctl_waiter_find_locked(pdgw_fwd_kv_svc_t *kv, const char *id);
+/* Takes <t> (allocated with pdgw_alloc); at KVCTL_TOMB_MAX the oldest one is dropped. */
+void pdgw_kvctl_tomb_add_locked(pdgw_fwd_kv_svc_t *kv, kvctl_tomb_t *t);
+kvctl_tomb_t *pdgw_kvctl_tomb_find_locked(pdgw_fwd_kv_svc_t *kv, const char *id);
+/* Drop the tombstones older than <ttl_ms>. */
+void pdgw_kvctl_tombs_expire_locked(pdgw_fwd_kv_svc_t *kv, int64_t now_ms, int64_t ttl_ms);
+
 /* Read every queued notice of the listener and the relay (service thread). */
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 

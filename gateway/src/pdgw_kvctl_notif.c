@@ -90,22 +90,6 @@ static int peer_is_prefill(pdgw_fwd_kv_svc_t *kv, const char phost[2][KVCTL_HOST
     return !known;
 }
 
-static pdgw_fwd_kv_req_t *find_waiter_locked(pdgw_fwd_kv_svc_t *kv, const char *id)
-{
-    for (pdgw_fwd_kv_req_t *q = kv->notif_waiters; q != NULL; q = q->notif_next)
-        if (strcmp(q->id, id) == 0)
-            return q;
-    return NULL;
-}
-
-static kvctl_tomb_t *find_tomb_locked(pdgw_fwd_kv_svc_t *kv, const char *id)
-{
-    for (kvctl_tomb_t *t = kv->tombs; t != NULL; t = t->next)
-        if (strcmp(t->id, id) == 0)
-            return t;
-    return NULL;
-}
-
 /* One ProxyNotif from <peer>: returns NULL when it counted, else the reason it was ignored.
  * The sender check may resolve a host name, so it runs without the lock. */
 static const char *on_notif(pdgw_fwd_kv_svc_t *kv, const char *id, const char *peer,
@@ -116,8 +100,8 @@ static const char *on_notif(pdgw_fwd_kv_svc_t *kv, const char *id, const char *p
     kvctl_tomb_t *t;
     int ok;
     pthread_mutex_lock(&kv->lock);
-    q = find_waiter_locked(kv, id);
-    t = q ? NULL : find_tomb_locked(kv, id);
+    q = pdgw_kvctl_waiter_find_locked(kv, id);
+    t = q ? NULL : pdgw_kvctl_tomb_find_locked(kv, id);
     if (q == NULL && t == NULL) {
         pthread_mutex_unlock(&kv->lock);
         return "unknown"; /* no such request in flight: forged, guessed, or another gateway's */
@@ -131,7 +115,7 @@ static const char *on_notif(pdgw_fwd_kv_svc_t *kv, const char *id, const char *p
         pthread_mutex_unlock(&kv->lock);
         return "peer";
     }
-    if ((q = find_waiter_locked(kv, id)) != NULL) {
+    if ((q = pdgw_kvctl_waiter_find_locked(kv, id)) != NULL) {
         const char *why = NULL;
         if (q->notif_got >= q->notif_need)
             why = "surplus"; /* more than one per TP rank: a replay */
@@ -140,7 +124,7 @@ static const char *on_notif(pdgw_fwd_kv_svc_t *kv, const char *id, const char *p
         pthread_mutex_unlock(&kv->lock);
         return why;
     }
-    if ((t = find_tomb_locked(kv, id)) != NULL && t->has_dest) {
+    if ((t = pdgw_kvctl_tomb_find_locked(kv, id)) != NULL && t->has_dest) {
         /* The transfer of an attempt that already ended landed after all: release it. */
         *late_release = pdgw_kvctl_push_cancel_locked(kv, &t->dest, id, 1);
     }

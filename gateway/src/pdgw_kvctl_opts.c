@@ -62,7 +62,11 @@ static pdgw_fwd_status_t notif_opts_parse(const json_t *options, pdgw_fwd_kv_opt
         pdgw_fwd_opt_int(options, "proxy_port", 8500, 0, 65535, &o->proxy_port, err, errlen) ||
         pdgw_fwd_opt_int(options, "notif_timeout_ms", 30000, 1, 3600000, &o->notif_timeout_ms, err,
                          errlen) ||
-        pdgw_fwd_opt_int(options, "admission_chunks", 4096, 0, INT32_MAX, &o->admission_chunks, err,
+        /* Off unless configured: LMCache's current proxy admits every request
+         * (examples/disagg_prefill/disagg_proxy_server.py has no limit); its weighted
+         * semaphore lives in the engine, where the pages are allocated
+         * (lmcache/v1/storage_backend/storage_manager.py, WeightedSemaphore). */
+        pdgw_fwd_opt_int(options, "admission_chunks", 0, 0, INT32_MAX, &o->admission_chunks, err,
                          errlen) ||
         pdgw_fwd_opt_bool(options, "notif_check_peer", 1, &o->notif_check_peer, err, errlen) ||
         pdgw_fwd_opt_enum(options, "notif_fallback", fallback, 0, &fb, err, errlen) ||

@@ -193,8 +193,7 @@ static void notif_register_locked(pdgw_fwd_kv_req_t *q, int need)
     if (q->notif_need > 0)
         return;
     q->notif_need = need;
-    q->notif_next = kv->notif_waiters;
-    kv->notif_waiters = q;
+    pdgw_kvctl_waiter_add_locked(kv, q);
     atomic_fetch_add(&q->refs, 1);
 }
 
@@ -216,7 +215,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
                                               int need, pdgw_fwd_error_t *err)
 {
     pdgw_fwd_kv_svc_t *kv = q->kv;
-    int got, timed_out, fallback;
+    int got, timed_out, fallback, kick = 0;
     int64_t timeout_ms;
     (void)req;
     if (need <= 0 || kv->o.skip_proxy_notification)
@@ -226,6 +225,12 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
     if (!q->notif_waiting) {
         q->notif_waiting = 1;
         q->notif_deadline_ms = pdgw_fwd_now_ms() + kv->o.notif_timeout_ms;
+        if (kv->next_deadline_ms < 0 || q->notif_deadline_ms < kv->next_deadline_ms)
+            kv->next_deadline_ms = q->notif_deadline_ms;
+        /* The thread looks at the deadlines at least every KVCTL_POLL_MS: only a deadline
+         * sooner than that needs it woken now (a wake per request would put a hand-over
+         * between threads on the path of every notice). */
+        kick = kv->o.notif_timeout_ms < KVCTL_POLL_MS;
     }
     got = q->notif_got;
     timed_out = q->notif_timed_out;
@@ -251,7 +256,8 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
                            q->id, got, need, (long long)timeout_ms);
         return PDGW_FWD_ERR;
     }
-    pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
+    if (kick)
+        pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
     return PDGW_FWD_PENDING;
 }
 
@@ -281,16 +287,8 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
     q->adm = ADM_NONE;
     pdgw_kvctl_adm_grant_locked(kv);
     /* notif waiter */
-    if (q->notif_need > 0) {
-        pdgw_fwd_kv_req_t **pp;
-        for (pp = &kv->notif_waiters; *pp != NULL; pp = &(*pp)->notif_next) {
-            if (*pp == q) {
-                *pp = q->notif_next;
-                drop_notif_ref = 1;
-                break;
-            }
-        }
-    }
+    if (q->notif_need > 0)
+        drop_notif_ref = pdgw_kvctl_waiter_remove_locked(kv, q);
     /* release on the decode */
     /* A completed transfer releases its reservation on the receiver (all chunks landed), and a
      * CancelNotif would leave a tombstone for the id there: cancel only attempts that did not
@@ -298,8 +296,8 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
     send_cancel = q->have_dest && q->dest.nports > 0 && reason != PDGW_END_OK;
     /* Remember the ended attempt for a while: its late ProxyNotifs are told apart from unknown
      * ones, and a transfer that lands after a failure is released (bounded: past the cap late
-     * notices just count as unknown). */
-    if (q->notif_need > 0 && kv->n_tombs < KVCTL_TOMB_MAX) {
+     * notices of the oldest ones just count as unknown). */
+    if (q->notif_need > 0) {
         kvctl_tomb_t *t = pdgw_calloc(1, sizeof(*t));
         if (t != NULL) {
             snprintf(t->id, sizeof(t->id), "%s", q->id);
@@ -307,9 +305,7 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
             t->has_dest = send_cancel;
             memcpy(t->phost, q->phost, sizeof(t->phost));
             t->t_ms = pdgw_fwd_now_ms();
-            t->next = kv->tombs;
-            kv->tombs = t;
-            kv->n_tombs++;
+            pdgw_kvctl_tomb_add_locked(kv, t);
         }
     }
     if (send_cancel)

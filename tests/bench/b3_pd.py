@@ -3,26 +3,37 @@
 Two pdgw-sim instances (prefill + decode, --zero-delay) per protocol behind one pdgw
 (batch scheduling, YAML config with every instance field the forwarders read). A
 small asyncio HTTP/1.1 keep-alive client sends non-streaming completions with
-`X-Request-Id: b3-...` at 1 and 64 concurrent clients. Per request:
+`X-Request-Id: b3-...` and a `traceparent` of its own trace id at 1 and 64 concurrent
+clients. Per request:
 
-    overhead = client total - engine time of the prefill leg - engine time of the decode leg
+    overhead = client total - the time an engine held the request
 
-The decode's engine time comes from the relayed body (`sim_engine_time_us`); the
-prefill's from the prefill sim's `/sim/requests` record (`engine_time_us`); a simulator
-that does not record it counts 0 (and the output says so). A protocol without a prefill
-HTTP leg (vllm-kvt batch: the decode asks the prefill over the KV side channel) has its
-prefill time inside the decode's engine time. The client's own cost
+pdgw gives its legs request ids of its own, but keeps the client's trace id in the
+traceparent it sends them, so every sim's `/sim/requests` record of a leg is found by the
+trace id. An engine holds a leg from the moment its server has read the request
+(`t_recv_us`, which includes the engine's own parsing, tokenizing and KV set-up, outside
+its `engine_time_us`) to its answer (`t_done_us`); a prefill that pushes its KV and then
+tells the proxy (lmcache: ProxyNotif) holds it until that notice went out
+(`kv_proxy_notif_us`): the proxy cannot start the decode earlier and the push is the
+engine's work. What stays counted against the proxy: every byte on the wire and the
+kernel's part of every hop, and the engines' HTTP reading and writing around that window. The engine time is the length of the union of these
+intervals within the client's own [send, answer] window, so legs that overlap (parallel
+dispatch, or a decode that waits for the prefill's KV inside its engine time) are counted
+once. A leg without a record counts 0 (the output says how many). The client's own cost
 is measured the same way against one `both` sim directly (with more than one
 client: at the request rate the row reached, so the client's event loop is as
 busy in both); the reported figure is the overhead percentile through pdgw minus
 the same percentile direct.
 
-Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64")
+Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64"),
+ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
+per row at that fixed offered rate, written to b3_pd_rate.csv; default none)
 Prints one `B3 ...` line per point and `SKIP <protocol>: <why>` for a protocol that
 this pdgw does not have. Writes b3_pd.csv; the shell wrapper plots and summarises.
 """
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -37,9 +48,23 @@ BIN = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
 RESULTS = sys.argv[2] if len(sys.argv) > 2 else "."
 DURATION = float(os.environ.get("DURATION", "4"))
 CONCURRENCY = [int(c) for c in os.environ.get("CONCURRENCY", "1 64").split()]
+# only these rows (names as printed, e.g. "neutral lmcache"); all when unset
+ROWS = set(os.environ.get("ROWS", "").split())
+# RATE (req/s): one more point per row, the most clients offering this fixed rate (open loop),
+# so rows compare at the same load instead of each at the rate its own bottleneck allows
+RATE = float(os.environ.get("RATE", "0"))
 PROMPT = "Disaggregated serving splits the prompt phase from the token phase " * 2
-BODY = json.dumps({"model": "sim-model", "prompt": PROMPT, "max_tokens": 16,
-                   "ignore_eos": True}).encode()
+
+
+def body_of(rid):
+    """Every request its own prompt (the request id first): a fleet does not see one prompt
+    over and over, and LMCache's receivers key pages by content, so identical prompts in
+    flight at once would share (and overwrite) each other's KV pages."""
+    return json.dumps({"model": "sim-model", "prompt": f"{rid}: {PROMPT}", "max_tokens": 16,
+                       "ignore_eos": True}).encode()
+
+
+BODY = body_of("b3-probe")
 
 # protocol -> (row name, protocol options) at 1P1D, batch scheduling
 PD_CONFIGS = {
@@ -208,10 +233,13 @@ async def client(port, tag, deadline, samples, errors, pace):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
         rid = f"b3-{tag}-{n}"
         n += 1
+        trace = trace_id(rid)
+        body = body_of(rid)
         req = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                f"Content-Type: application/json\r\nX-Request-Id: {rid}\r\n"
-               f"Content-Length: {len(BODY)}\r\n\r\n").encode() + BODY
-        t0 = time.perf_counter_ns()
+               f"traceparent: 00-{trace}-{trace[:16]}-01\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, the sims' clock too
         writer.write(req)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -227,7 +255,7 @@ async def client(port, tag, deadline, samples, errors, pace):
                     if size == 0:
                         break
                     body += chunk[:-2]
-            t1 = time.perf_counter_ns()
+            t1 = time.monotonic_ns()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             errors.append(rid)
             writer.close()
@@ -237,11 +265,7 @@ async def client(port, tag, deadline, samples, errors, pace):
         if status != 200:
             errors.append(rid)
             continue
-        try:
-            eng = json.loads(body).get("sim_engine_time_us")
-        except ValueError:
-            eng = None
-        samples[rid] = ((t1 - t0) / 1000.0, eng)
+        samples[trace] = (t0 // 1000, t1 // 1000)
         if b"connection: close" in lower:
             writer.close()
             writer = None
@@ -262,14 +286,23 @@ def load(port, conc, tag, rate=None):
     return samples, errors
 
 
+def trace_id(rid):
+    return hashlib.md5(rid.encode()).hexdigest()
+
+
 def records(port):
+    """trace id -> [(engine start, engine end) in us] of the sim's inference records."""
     st, body = http(port, "GET", "/sim/requests", timeout=30)
     if st != 200:
         return {}
     out = {}
     for r in json.loads(body).get("requests", []):
-        if r.get("request_id"):
-            out[r["request_id"]] = r
+        tp = r.get("traceparent") or ""
+        recv, done = r.get("t_recv_us"), r.get("t_done_us")
+        if len(tp) < 35 or recv is None or done is None:
+            continue
+        end = max(done, r.get("kv_proxy_notif_us") or 0)
+        out.setdefault(tp[3:35], []).append((recv, end))
     http(port, "DELETE", "/sim/requests")
     return out
 
@@ -281,21 +314,29 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * (len(xs) - 1) + 0.5))]
 
 
-def overheads(samples, prefill_recs):
-    """client total - engine time of both legs, per request (microseconds)."""
-    out, missing_prefill = [], 0
-    for rid, (total, eng_d) in samples.items():
-        eng_p = 0.0
-        if prefill_recs is not None:
-            rec = prefill_recs.get(rid)
-            if rec is not None and rec.get("engine_time_us") is not None:
-                eng_p = float(rec["engine_time_us"])
-            elif rec is not None:
-                missing_prefill += 1
-            # no record at all: no prefill HTTP leg (vllm-kvt batch: the decode asks the
-            # prefill over the KV side channel, and that time is in the decode's engine time)
-        out.append(total - float(eng_d or 0) - eng_p)
-    return out, missing_prefill
+def union_len(spans, lo, hi):
+    """Length of the union of [a, b) spans clipped to [lo, hi)."""
+    total, end = 0, lo
+    for a, b in sorted(spans):
+        a, b = max(a, end), min(b, hi)
+        if b > a:
+            total += b - a
+            end = b
+    return total
+
+
+def overheads(samples, sims, legs):
+    """client total - the union of the engine intervals of its legs (microseconds), per
+    request; <legs> sims must each hold a record of it (else counted as missing)."""
+    out, missing = [], 0
+    for trace, (t0, t1) in samples.items():
+        spans = []
+        for recs in sims:
+            spans += recs.get(trace, [])
+        if len(spans) < legs:
+            missing += 1
+        out.append((t1 - t0) - union_len(spans, t0, t1))
+    return out, missing
 
 
 def protocols_of_pdgw():
@@ -340,6 +381,13 @@ def gw_internal_mean_us(before, after):
     return own
 
 
+def cpu_us(pid):
+    """CPU time (user + system, all threads) of process <pid> so far, in microseconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return f.read().split()[0]
@@ -353,8 +401,7 @@ def main():
         """The client's own overhead against the sim directly, same concurrency and rate."""
         records(both_port)
         samples, errors = load(both_port, conc, f"direct{conc}", rate)
-        ov, _ = overheads(samples, None)
-        records(both_port)
+        ov, _ = overheads(samples, [records(both_port)], 1)
         return ov
 
     base1 = baseline(1, None) if 1 in CONCURRENCY else []
@@ -362,52 +409,73 @@ def main():
         print(f"B3 direct-to-sim c=1: {len(base1)} requests, client + sim HTTP overhead "
               f"p50 {pct(base1, 50):.1f} us p99 {pct(base1, 99):.1f} us", flush=True)
 
-    def measure(row, port, prefill_port):
-        for conc in CONCURRENCY:
-            if prefill_port:
-                records(prefill_port)
+    rate_rows = []
+
+    def measure(row, gw, port, sim_ports, legs):
+        points = [(c, None) for c in CONCURRENCY]
+        if RATE > 0:
+            points.append((max(CONCURRENCY), RATE))
+        for conc, rate in points:
+            for p in sim_ports:
+                records(p)
             m0 = gw_sums(port)
-            samples, errors = load(port, conc, f"{row}{conc}")
+            c0 = cpu_us(gw.pid)
+            samples, errors = load(port, conc, f"{row}{conc}{'r' if rate else ''}", rate)
+            # pdgw's CPU per answered request: the figure a loaded machine disturbs least
+            cpu = (cpu_us(gw.pid) - c0) / max(len(samples), 1)
             gw_mean = gw_internal_mean_us(m0, gw_sums(port))
-            recs = records(prefill_port) if prefill_port else None
-            ov, missing = overheads(samples, recs)
+            ov, missing = overheads(samples, [records(p) for p in sim_ports], legs)
             rps = len(samples) / DURATION
             # one client: the client's cost does not depend on the rate; more clients:
             # the direct baseline runs at the rate this row reached
-            base = base1 if conc == 1 else baseline(conc, max(rps, 1.0))
+            base = base1 if conc == 1 and not rate else baseline(conc, max(rps, 1.0))
             a50 = pct(ov, 50) - pct(base, 50)
             a99 = pct(ov, 99) - pct(base, 99)
             note = ""
-            if prefill_port and missing:
-                note = f" (prefill engine time not recorded for {missing} requests: counted 0)"
-            print(f"B3 {row:24s} c={conc:<3d} {len(samples):6d} req ({rps:7.0f}/s) errors "
+            if missing:
+                note = f" (a leg's engine time not recorded for {missing} requests: counted 0)"
+            label = f"c={conc}" + (f"@{rate:.0f}/s" if rate else "")
+            print(f"B3 {row:24s} {label:<5s} {len(samples):6d} req ({rps:7.0f}/s) errors "
                   f"{len(errors):4d}  pdgw adds p50 {a50 / 1000:7.3f} ms  p99 {a99 / 1000:7.3f} ms"
                   f"  [baseline p50 {pct(base, 50):.0f} us; pdgw's own mean, its metrics: "
-                  f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}]{note}", flush=True)
-            rows.append((row, conc, len(samples), len(errors), rps, a50, a99,
+                  f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}; "
+                  f"pdgw CPU {cpu:.0f} us/req]{note}", flush=True)
+            (rate_rows if rate else rows).append((row, conc, len(samples), len(errors), rps, a50, a99,
                          pct(ov, 50), pct(ov, 99), pct(base, 50), pct(base, 99), missing,
-                         "" if gw_mean is None else "%.1f" % gw_mean, loadavg()))
+                         "" if gw_mean is None else "%.1f" % gw_mean, cpu, loadavg()))
 
     # neutral through pdgw to the same both sim: the single-leg reference
     try:
+        if ROWS and "neutral" not in ROWS:
+            raise LookupError
         gw, gw_port = gateway("neutral", [both_inst], {})
-        measure("neutral", gw_port, None)
+        measure("neutral", gw, gw_port, [both_port], 1)
         stop(gw)
     except RuntimeError as e:
         print(f"SKIP neutral: pdgw did not start: {e}", flush=True)
+    except LookupError:
+        pass
 
     for proto in protocols_of_pdgw():
         for row, opts in PD_CONFIGS.get(proto, [(proto, {})]):
-            extra_p = []
+            if ROWS and row not in ROWS:
+                continue
+            extra_p, extra_d = [], []
             opts = dict(opts)
             if proto == "lmcache":
                 opts["proxy_port"] = free_port()
                 extra_p = ["--proxy-host", "127.0.0.1", "--proxy-port", opts["proxy_port"]]
+                # LMCache's example decoders run with skip_last_n_tokens: 1 (LMCache
+                # examples/disagg_prefill/1p1d/disagg_vllm_launcher.sh): its proxy (and pdgw's
+                # default flow, first_tok) appends the prefill's first token to the decode's
+                # prompt, so a decode that looked up the whole prompt would never find the
+                # pushed KV and recompute after its lookup grace (1 s of engine time each).
+                extra_d = ["--skip-last-n-tokens", "1"]
             started = []
             try:
                 P, p_port, p_inst = sim("prefill", extra_p)
                 started.append(P)
-                D, d_port, d_inst = sim("decode")
+                D, d_port, d_inst = sim("decode", extra_d)
                 started.append(D)
                 gw, gw_port = gateway(proto, [p_inst, d_inst], opts)
                 started.append(gw)
@@ -422,16 +490,25 @@ def main():
                 print(f"SKIP {row}: a single request fails with {st}: {body[:200]!r}",
                       flush=True)
             else:
-                measure(row, gw_port, p_port)
+                # vllm-kvt batch has no prefill HTTP leg (the decode asks the prefill over
+                # the KV side channel, inside the decode's engine time)
+                measure(row, gw, gw_port, [p_port, d_port], 1 if proto == "vllm-kvt" else 2)
             for p in started:
                 stop(p)
 
     with open(os.path.join(RESULTS, "b3_pd.csv"), "w") as f:
         f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
                 "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
-                "prefill_time_missing,gw_internal_mean_us,load1\n")
+                "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
         for r in rows:
-            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%s\n" % r)
+            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
+    if rate_rows:
+        with open(os.path.join(RESULTS, "b3_pd_rate.csv"), "w") as f:
+            f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
+                    "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
+                    "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
+            for r in rate_rows:
+                f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
 
 
 def on_signal(signum, frame):

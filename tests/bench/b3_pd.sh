@@ -5,7 +5,9 @@
 # directly against a sim), p50/p99 at 1 and 64 concurrent clients. `neutral`
 # through pdgw is the single-leg reference row. Protocols this pdgw does not have
 # are skipped with one SKIP line. The load client is b3_pd.py.
-# Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), CONCURRENCY ("1 64")
+# Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), CONCURRENCY ("1 64"),
+#   ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
+#   per row, the most clients offering that fixed rate; b3_pd_rate.csv)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 need /usr/bin/python3 "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim"
@@ -41,9 +43,10 @@ fi
 # at 64 clients lmcache (its FIFO admission gate) within 2 x the slowest of the others.
 summary_begin b3_pd
 others64=0
-while IFS=, read -r proto clients _ _ _ a50 _; do
+while IFS=, read -r proto clients _ _ _ a50 _ _ _ _ _ _ _ cpu _; do
     [[ "$proto" == protocol ]] && continue
     ms=$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')
+    info_row b3 "$proto c=$clients pdgw CPU per request" "$cpu" us
     if [[ "$clients" == 1 ]]; then
         check_target b3 "$proto c=1 added p50" "$ms" le 0.3 ms
     else

@@ -96,6 +96,14 @@ void sim_pd_export_finish_locked(sim_export_t *e, int ok)
     if (e->done)
         return;
     e->done = 1;
+    if (ok && e->lmcache && sim_cfg.proxy_port) {
+        /* When the push ended and the sender's ProxyNotif went to the proxy (libkvt sends it
+         * as the last batch completes, kvt_flow_send.c): a proxy waits for it before the
+         * decode, so the prefill engine's part of a request lasts until then (B3 counts it
+         * as engine time, not the proxy's). */
+        sim_record_set(e->rec_seq, "kv_proxy_notif_us",
+                       json_integer((json_int_t)(sim_now_ns() / 1000)));
+    }
     if (ok) {
         atomic_fetch_add(&sim_ctr.kv_transfers_ok, 1);
     } else if (e->have_dest) {
@@ -452,6 +460,7 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         e->dest = dest;
         e->have_dest = 1;
         e->lmcache = 1;
+        e->rec_seq = req->rec_seq; /* kv_proxy_notif_us */
         e->mode = kv->mode;
         snprintf(e->xfer, sizeof(e->xfer), "%s", lmc_req);
         json_object_set_new(kv->info, "req_id", json_string(lmc_req));

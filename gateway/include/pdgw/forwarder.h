@@ -604,6 +604,22 @@ void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *w);
 pdgw_fwd_waker_t *pdgw_fwd_waker_ref(pdgw_fwd_waker_t *w);
 void pdgw_fwd_waker_unref(pdgw_fwd_waker_t *w);
 
+/* A call of the forwarder's own to an instance (e.g. LMCache's proxy asks POST /tokenize
+ * before the prefill), on the request's worker with the gateway's upstream client: no thread
+ * of the forwarder's and no hand-over between threads. Start it from a request op (gate,
+ * attempt_init); when it ends the request's waker runs the pending gate again. <inst> must
+ * outlive the call (a peer of the attempt does); <body> is stolen. NULL when it cannot start
+ * (no memory, no socket). Release it (running or not) from a request op, at the latest in
+ * attempt_cleanup. */
+typedef struct pdgw_fwd_call pdgw_fwd_call_t;
+pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
+                                    const char *path, json_t *body, int64_t timeout_ms);
+/* 0 running; 1 answered (*status, the body in *data / *len, borrowed until the release);
+ * -1 failed (transport error or timeout; msg says why). */
+int pdgw_fwd_call_result(const pdgw_fwd_call_t *c, long *status, const char **data, size_t *len,
+                         char *msg, size_t cap);
+void pdgw_fwd_call_release(pdgw_fwd_call_t *c);
+
 /* Logging and a forwarder-specific counter (exposed on /metrics as
  * pdgw_fwd_<name>_total{protocol="..."}); both thread-safe. */
 typedef enum {

@@ -525,10 +525,12 @@ def test_client_body_flow_option():
 
 
 class BrokenTokenizer:
-    """An engine whose /tokenize fails (GET answers 200 so it passes health checks)."""
+    """An engine whose /tokenize fails (GET answers 200 so it passes health checks), or with
+    <hang> never answers it."""
 
-    def __init__(self):
+    def __init__(self, hang=False):
         import http.server
+        release = self.release = threading.Event()
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
@@ -539,6 +541,9 @@ class BrokenTokenizer:
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(n)
+                if hang:
+                    release.wait(60)
+                    return
                 body = b'{"error":{"message":"tokenizer down"}}'
                 self.send_response(500)
                 self.send_header("Content-Type", "application/json")
@@ -554,6 +559,7 @@ class BrokenTokenizer:
         self.th.start()
 
     def close(self):
+        self.release.set()
         self.srv.shutdown()
         self.srv.server_close()
 
@@ -580,10 +586,35 @@ def test_tokenize_failure_is_a_prefill_error():
         bt.close()
 
 
+def test_tokenize_timeout_is_a_prefill_error():
+    """A prefill whose /tokenize never answers: at tokenize_timeout_ms the request fails 502
+    phase prefill (the call runs on the request's worker, bounded by its own timer), counted,
+    and no leg is sent."""
+    bt = BrokenTokenizer(hang=True)
+    D = env["D"]
+    gw = Gateway("lmcache", "batch",
+                 [{"id": "hung-p", "url": f"http://127.0.0.1:{bt.port}", "role": "prefill"},
+                  D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": T.free_port(),
+                  "tokenize_timeout_ms": 300}, retries=0)
+    try:
+        rid = "tt-" + uuid.uuid4().hex[:12]
+        st, hdrs, data = T.request("POST", gw.port, "/v1/completions", body_of(False, False),
+                                   {"X-Request-Id": rid})
+        assert st == 502, (st, data)
+        assert b"no answer within 300 ms" in data, data
+        assert gw.metric("pdgw_fwd_tokenize_errors_total", {"protocol": "lmcache"}) == 1
+        assert not D.records(rid)
+    finally:
+        gw.stop()
+        bt.close()
+
+
 def main():
     setup()
     tests = [test_first_tok_stream_shape, test_client_body_flow_option,
-             test_tokenize_failure_is_a_prefill_error,test_upstream_decode_gets_only_upstream_messages,
+             test_tokenize_failure_is_a_prefill_error, test_tokenize_timeout_is_a_prefill_error,
+             test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
              test_notif_relay_between_replicas,
              test_fallback_decode_and_skip_notification,

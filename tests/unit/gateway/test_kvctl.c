@@ -203,6 +203,95 @@ static void test_cancel_and_shutdown(void **state)
     zmq_ctx_term(zctx);
 }
 
+/* Wait for one message on <router> (a decode's alloc port) and return its CancelNotif req_id. */
+static void recv_cancel(void *router, char *id, size_t cap)
+{
+    zmq_pollitem_t pi = {router, 0, ZMQ_POLLIN, 0};
+    zmq_msg_t part;
+    kvt_msg_t m;
+    int more = 1;
+    assert_int_equal(zmq_poll(&pi, 1, WAIT_MS), 1);
+    zmq_msg_init(&part);
+    while (more) { /* [identity, "", payload]: keep the last frame */
+        size_t ml = sizeof(more);
+        zmq_msg_close(&part);
+        zmq_msg_init(&part);
+        assert_true(zmq_msg_recv(&part, router, 0) >= 0);
+        assert_int_equal(zmq_getsockopt(router, ZMQ_RCVMORE, &more, &ml), 0);
+    }
+    memset(&m, 0, sizeof(m));
+    assert_int_equal(kvt_msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), &m, NULL), KVT_OK);
+    assert_int_equal(m.type, KVT_MSG_CANCEL_NOTIF);
+    snprintf(id, cap, "%s", m.u.cancel.req_id);
+    kvt_msg_clear(&m);
+    zmq_msg_close(&part);
+}
+
+/* Ended attempts are remembered (bounded) so a transfer that lands after its attempt failed is
+ * released: past KVCTL_TOMB_MAX ended attempts the oldest make room, so the newest failure is
+ * still known when its late ProxyNotif comes (a full table that refused new entries would
+ * leave that transfer pinned on the decode). A live attempt's notices still count. */
+static void test_tombs_keep_newest(void **state)
+{
+    void *zctx = zmq_ctx_new(), *router = zmq_socket(zctx, ZMQ_ROUTER),
+         *push = zmq_socket(zctx, ZMQ_PUSH);
+    char last[128], ep[64], id[64];
+    size_t ll = sizeof(last);
+    int alloc_port[1];
+    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
+    pdgw_fwd_kv_svc_t *svc = svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,"
+                                      "\"notif_timeout_ms\":600000}");
+    pdgw_fwd_request_t rf = request("req-failed"), rl = request("req-live");
+    pdgw_fwd_kv_req_t *qf, *ql;
+    pdgw_fwd_error_t e;
+    (void)state;
+    assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, last, &ll), 0);
+    alloc_port[0] = atoi(strrchr(last, ':') + 1);
+    dec.alloc_ports = alloc_port;
+    dec.n_alloc_ports = 1;
+
+    for (int i = 0; i < KVCTL_TOMB_MAX + 100; i++) {
+        pdgw_fwd_request_t r;
+        pdgw_fwd_kv_req_t *q;
+        snprintf(id, sizeof(id), "req-done-%d", i);
+        r = request(id);
+        q = pdgw_fwd_kv_req_new(svc, &r, r.request_id);
+        assert_non_null(q);
+        pdgw_fwd_kv_req_expect_notifs(q, 1, &p_local);
+        pdgw_fwd_kv_req_end(q, PDGW_END_OK);
+    }
+    pthread_mutex_lock(&svc->lock);
+    assert_int_equal(svc->n_tombs, KVCTL_TOMB_MAX);
+    assert_null(pdgw_kvctl_tomb_find_locked(svc, "req-done-0"));
+    assert_non_null(pdgw_kvctl_tomb_find_locked(svc, "req-done-100"));
+    pthread_mutex_unlock(&svc->lock);
+
+    qf = pdgw_fwd_kv_req_new(svc, &rf, rf.request_id);
+    ql = pdgw_fwd_kv_req_new(svc, &rl, rl.request_id);
+    pdgw_fwd_kv_req_set_decode(qf, &dec);
+    pdgw_fwd_kv_req_expect_notifs(qf, 1, &p_local);
+    pdgw_fwd_kv_req_expect_notifs(ql, 1, &p_local);
+    pdgw_fwd_kv_req_end(qf, PDGW_END_FAILED);
+    recv_cancel(router, id, sizeof(id)); /* the failed attempt's own release */
+    assert_string_equal(id, "req-failed");
+
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", pdgw_fwd_kv_svc_notif_port(svc));
+    assert_int_equal(zmq_connect(push, ep), 0);
+    push_notif(push, "req-failed"); /* its transfer landed after all */
+    push_notif(push, "req-live");
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(wait_gate(ql, &rl, 1, &e), PDGW_FWD_OK);
+    recv_cancel(router, id, sizeof(id)); /* released again */
+    assert_string_equal(id, "req-failed");
+
+    pdgw_fwd_kv_req_end(ql, PDGW_END_OK);
+    zmq_close(push);
+    pdgw_fwd_kv_svc_close(svc);
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+}
+
 /* A reload's live options (pdgw_kvctl_apply): a larger admission capacity admits the
  * waiter that now fits; a shorter notif deadline holds for attempts that wait from now on. */
 static void test_apply_live(void **state)
@@ -261,6 +350,9 @@ static void test_opts(void **state)
             assert_int_equal(o.reserve, 1);
             assert_int_equal(o.chunk_tokens, 256);
             assert_int_equal(o.notif_check_peer, 1);
+            /* no admission limit unless configured, as LMCache's current proxy
+             * (LMCache examples/disagg_prefill/disagg_proxy_server.py) */
+            assert_int_equal(o.admission_chunks, 0);
         } else {
             assert_int_equal(st, PDGW_FWD_ERR_CONFIG);
             assert_non_null(strstr(err, cases[i].err));
@@ -275,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_notifs_checked),
         cmocka_unit_test(test_notif_deadline),
         cmocka_unit_test(test_apply_live),
+        cmocka_unit_test(test_tombs_keep_newest),
         cmocka_unit_test(test_cancel_and_shutdown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
