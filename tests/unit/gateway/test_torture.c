@@ -564,7 +564,9 @@ static void test_workflow_object_only_for_upstream_work(void **s)
 }
 
 /* Clients that give up at every stage: the engine takes 60 ms per answer (and 30 ms per
- * event), so 10 ms is in the prefill, 90 ms in the decode's wait, 160+ ms mid-stream. */
+ * event), so 10 ms is in the prefill, 90 ms in the decode's wait, 160+ ms mid-stream. Once
+ * with recycled request and workflow objects (poisoned while listed), once with every one
+ * freed for real, so a late use of either is caught even after it was reused. */
 static void test_client_gives_up_at_every_stage(void **s)
 {
     static const long after_ms[] = {1, 10, 40, 70, 90, 120, 150, 170, 190, 220};
@@ -572,13 +574,15 @@ static void test_client_gives_up_at_every_stage(void **s)
     int k;
     (void)s;
     engine_delay_ms = 60;
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < 4; k++) {
+        pdgw_freelist_test_bypass(k >= 2);
         for (i = 0; i < sizeof(after_ms) / sizeof(after_ms[0]); i++) {
             resp_t r;
-            (void)post(k ? STREAM : PLAIN, after_ms[i], &r);
+            (void)post(k % 2 ? STREAM : PLAIN, after_ms[i], &r);
             assert_settled();
         }
     }
+    pdgw_freelist_test_bypass(false);
     engine_delay_ms = 0;
     assert_serves(STREAM, "[DONE]");
     assert_serves(PLAIN, "Hello");
