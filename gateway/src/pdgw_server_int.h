@@ -5,6 +5,7 @@
  *   pdgw_sink.c      the client response: reply, stream, write, end, flow control
  *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
+ *   pdgw_wf.c        the workflow object's life (pdgw_wf.h); pdgw_req.c the request's end
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
  *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
  *   pdgw_models_fanout.c  GET /v1/models (configured names, or the instances' union)
