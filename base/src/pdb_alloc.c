@@ -12,6 +12,9 @@
 #include <string.h>
 
 static atomic_uint_fast64_t alloc_count;
+/* Allocations are counted only once something asks (a test, the environment): a production
+ * process pays one plain load per allocation, not an atomic add on a line both workers share. */
+static atomic_int counting;
 static atomic_uint_fast64_t fail_at; /* absolute allocation number that fails; 0 = never */
 static atomic_int fail_sticky;
 static int report_failures; /* set from the environment: name each injected failure */
@@ -23,12 +26,14 @@ static int site_line;
 
 void pdb_alloc_fail_at(uint64_t n, int sticky)
 {
+    atomic_store(&counting, 1);
     atomic_store(&fail_sticky, sticky != 0);
     atomic_store(&fail_at, n == 0 ? 0 : atomic_load(&alloc_count) + n);
 }
 
 uint64_t pdb_alloc_count(void)
 {
+    atomic_store(&counting, 1);
     return atomic_load(&alloc_count);
 }
 
@@ -49,8 +54,12 @@ uint64_t pdb_alloc_last_failure(char *buf, size_t len)
 /* Counts one allocation; non-zero when it must fail (the site is then remembered). */
 static int should_fail(const char *file, int line)
 {
-    uint64_t n = atomic_fetch_add(&alloc_count, 1) + 1;
-    uint64_t at = atomic_load(&fail_at);
+    uint64_t n, at;
+
+    if (!atomic_load_explicit(&counting, memory_order_relaxed))
+        return 0;
+    n = atomic_fetch_add(&alloc_count, 1) + 1;
+    at = atomic_load(&fail_at);
 
     if (at == 0 || n < at || (n > at && !atomic_load(&fail_sticky)))
         return 0;
@@ -142,9 +151,12 @@ __attribute__((constructor)) static void pdb_alloc_setup(void)
 
     json_set_alloc_funcs(json_alloc, free);
     count_file = getenv("PDB_ALLOC_COUNT_FILE");
-    if (count_file != NULL && count_file[0] != '\0')
+    if (count_file != NULL && count_file[0] != '\0') {
+        atomic_store(&counting, 1);
         atexit(write_count);
+    }
     if (n != NULL && strtoull(n, NULL, 10) > 0) {
+        atomic_store(&counting, 1);
         /* N counts from the start of the process, constructors included */
         report_failures = 1;
         atomic_store(&fail_sticky, sticky != NULL && sticky[0] == '1');

@@ -32,6 +32,8 @@ static const char *const format_names[] = {"text", "json", NULL};
 static const char *const pd_fields_names[] = {"reject", "strip", "pass", NULL};
 /* pdgw_upstream_client_t order */
 static const char *const upstream_client_names[] = {"curl", "native", NULL};
+/* pdgw_stream_output_t order */
+static const char *const stream_output_names[] = {"library", "direct", NULL};
 
 static const char *name_of(const char *const *names, size_t n, int v)
 {
@@ -137,6 +139,10 @@ static const pdgw_config_option_t options[] = {
      upstream_client_names, 0, 0, "native", "CLIENT", "HTTP client of upstream legs: native "
      "(pdgw's own HTTP/1.1 client; https:// upstreams use curl) or curl (libcurl for all).",
      C(upstream_client)},
+    {"stream_output", "stream-output", "PDGW_STREAM_OUTPUT", PDGW_OPT_ENUM, stream_output_names,
+     0, 0, "direct", "WRITER", "Who writes a stream's body to a plain-HTTP/1.1 client once its "
+     "headers are sent: direct (pdgw, on the socket) or library (libmicrohttpd; always so for "
+     "TLS and HTTP/1.0).", C(stream_output)},
     {"retries", "retries", "PDGW_RETRIES", PDGW_OPT_INT, NULL, 0, 10, "1", "N",
      "Retries on another instance, only before the first byte reached the client.",
      C(retries)},
@@ -171,7 +177,8 @@ static const pdgw_config_option_t options[] = {
      C(client_header_timeout_ms)},
     {"max_connections", "max-connections", "PDGW_MAX_CONNECTIONS", PDGW_OPT_INT, NULL, 0,
      10000000, "0", "N", "Client connections open at once, all workers (0 = derived from the "
-     "descriptor limit: (RLIMIT_NOFILE - reserve) / 3, leaving room for upstream legs).",
+     "descriptor limit: (RLIMIT_NOFILE - reserve) / 2 for one-leg protocols, / 3 when prefill "
+     "and decode run at once, leaving room for upstream legs).",
      C(max_connections)},
     {"max_connections_per_client", "max-connections-per-client",
      "PDGW_MAX_CONNECTIONS_PER_CLIENT", PDGW_OPT_INT, NULL, 0, 10000000, "1024", "N",

@@ -185,6 +185,7 @@ typedef struct pdgw_config {
     int pd_skip_cached_percent;
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     int upstream_client;  /* pdgw_upstream_client_t: curl | native */
+    int stream_output;    /* pdgw_stream_output_t: library | direct */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
     char *api_key_file;  /* "" = none */

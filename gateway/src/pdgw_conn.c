@@ -193,21 +193,21 @@ static void conn_arm_headers(pdgw_conn_t *c)
 
 /* ---------------------------------------------------------------- MHD callbacks */
 
-unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers)
+unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers, unsigned fds_per_conn)
 {
     /* Reserve: listening sockets, epoll and event fds, logs, discovery and scrape
      * connections, libkvt and plugin sockets. The rest is shared by client connections and
-     * their upstream legs, up to two per request (prefill and decode). */
+     * their upstream legs. */
     const uint64_t reserve = 64 + 4 * (uint64_t)workers;
-    uint64_t per_worker, total = nofile > reserve ? (nofile - reserve) / 3 : 0;
-    if (workers == 0)
-        workers = 1;
-    per_worker = total / workers;
-    if (per_worker < 4)
-        per_worker = 4; /* a tiny budget still serves a few clients */
-    if (per_worker > 1000000)
-        per_worker = 1000000;
-    return (unsigned)per_worker;
+    uint64_t total;
+    if (fds_per_conn < 2)
+        fds_per_conn = 2;
+    total = nofile > reserve ? (nofile - reserve) / fds_per_conn : 0;
+    if (total < 4)
+        total = 4; /* a tiny budget still serves a few clients */
+    if (total > 10000000)
+        total = 10000000;
+    return (unsigned)total;
 }
 
 /* Refusals come in storms: one warning a second at most, with the count skipped. */
@@ -232,7 +232,7 @@ enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen
 
     /* A connection let in earlier that MHD did not announce (it failed to set it up). */
     pdgw_conn_after_run(w);
-    if (w->n_conns >= srv->conn_limit_per_worker) {
+    if (atomic_load(&srv->conns_open) >= srv->conn_limit) {
         conn_refused(w, "connection_limit");
         return MHD_NO;
     }
@@ -263,6 +263,7 @@ static void conn_started(pdgw_worker_t *w, struct MHD_Connection *conn, void **s
     pdgw_conn_t *c = pdgw_calloc(1, sizeof(*c));
     const union MHD_ConnectionInfo *ci;
     w->n_conns++;
+    atomic_fetch_add(&w->srv->conns_open, 1);
     if (c == NULL) {
         /* Served without a guard; its address reservation is released by after_run. */
         *socket_context = NULL;
@@ -286,8 +287,10 @@ static void conn_started(pdgw_worker_t *w, struct MHD_Connection *conn, void **s
 static void conn_closed(pdgw_worker_t *w, void **socket_context)
 {
     pdgw_conn_t *c = *socket_context;
-    if (w->n_conns > 0)
+    if (w->n_conns > 0) {
         w->n_conns--;
+        atomic_fetch_sub(&w->srv->conns_open, 1);
+    }
     if (c == NULL)
         return;
     conn_disarm(c);

@@ -527,7 +527,6 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
 {
     pdgw_worker_t *w = cls;
     pdgw_req_t *r = *con_cls;
-    (void)version;
 
     if (r == NULL) {
         const char *cl;
@@ -535,6 +534,7 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         if (r == NULL)
             return MHD_NO;
         *con_cls = r;
+        r->http11 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
         if (framing_ambiguous(conn)) {
             pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "ambiguous_length");
             pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
@@ -609,6 +609,9 @@ void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         return;
     *con_cls = NULL;
     pdgw_worker_hup_unwatch(r->w, r);
+    /* The socket is MHD's again (or closed; its number may be reused at once). */
+    pdgw_direct_forget(r);
+    r->direct = false;
     /* A kept-alive connection must send its next request headers in time. */
     pdgw_conn_request_done(r->cx);
     disconnected = r->client_gone || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;

@@ -300,7 +300,7 @@ static pdgw_status_t leg_start_native(pdgw_leg_t *leg, const char *url, const ch
         /* Small read buffers for streams (thousands are open at once, events are small),
          * larger ones for buffered bodies, as with curl. */
         st = pdgw_h1_xfer_start(x, leg->body ? leg->body : "", leg->body_len,
-                                leg->relay && leg->sse ? 2048u : 16384u, &leg_h1_cb, leg);
+                                leg->relay && leg->sse ? 1024u : 16384u, &leg_h1_cb, leg);
     if (st != PDGW_OK) {
         pdgw_buf_free(&x->head);
         leg->body = NULL; /* still the caller's on failure */

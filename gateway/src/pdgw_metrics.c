@@ -767,6 +767,7 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
     static const char *const l_upstream[] = {"protocol", "instance", "kind"};
     static const char *const l_reason[] = {"reason"};
     static const char *const l_kind[] = {"kind"};
+    static const char *const l_writer[] = {"writer"};
     static const char *const l_version[] = {"version"};
     static const char *const l_pd_field[] = {"protocol", "field", "action"};
     pdgw_gateway_metrics_t g;
@@ -841,6 +842,10 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Client connections refused at accept (connection_limit, per_client_limit) or closed "
         "because request headers or body did not arrive in time (header_timeout, body_timeout).",
         l_reason, 1, NULL, 0, &g.conn_closed);
+    ADD(PDGW_METRIC_COUNTER, "pdgw_client_streams_total",
+        "Committed client streams by who wrote their body: direct (the gateway, on the socket) "
+        "or library (libmicrohttpd: TLS, HTTP/1.0).",
+        l_writer, 1, NULL, 0, &g.client_streams);
     ADD(PDGW_METRIC_COUNTER, "pdgw_prompt_tokens_total",
         "Prompt tokens the engines reported in usage (non-stream responses, and streams whose "
         "client asked for stream_options.include_usage).",
@@ -1015,6 +1020,22 @@ static const char *usage_object_at(const char *s, size_t len)
     return NULL;
 }
 
+/* The closing quote of the JSON string that opens at <p>, or NULL: the next quote not
+ * escaped by an odd run of backslashes (memchr does the scanning). */
+static const char *string_end(const char *p, const char *end)
+{
+    const char *q = p + 1;
+    while (q < end && (q = memchr(q, '"', (size_t)(end - q))) != NULL) {
+        const char *b = q;
+        while (b > p + 1 && b[-1] == '\\')
+            b--;
+        if (((q - b) & 1) == 0)
+            return q;
+        q++;
+    }
+    return NULL;
+}
+
 /* The value of the last "usage" member of the top-level object of JSON text <s>, when it is
  * an object: where it starts, NULL otherwise. One pass over the bytes (strings and nesting
  * tracked), no allocation: an answer is relayed as it is and only this one member of it is
@@ -1030,10 +1051,8 @@ static const char *usage_member(const char *s, size_t len)
     for (; p < end; p++) {
         char c = *p;
         if (c == '"') {
-            const char *q = p + 1;
-            while (q < end && *q != '"')
-                q += *q == '\\' ? 2 : 1;
-            if (q >= end)
+            const char *q = string_end(p, end);
+            if (q == NULL)
                 return NULL;
             if (depth == 1 && q - p == 6 && memcmp(p + 1, "usage", 5) == 0) {
                 const char *v = q + 1;
@@ -1109,4 +1128,10 @@ void pdgw_gateway_metrics_conn_closed(pdgw_gateway_metrics_t *gm, const char *re
 {
     if (gm != NULL && reason != NULL)
         pdgw_counter_inc(pdgw_metric_family_series1(gm->conn_closed, reason));
+}
+
+void pdgw_gateway_metrics_client_stream(pdgw_gateway_metrics_t *gm, const char *writer)
+{
+    if (gm != NULL && writer != NULL)
+        pdgw_counter_inc(pdgw_metric_family_series1(gm->client_streams, writer));
 }

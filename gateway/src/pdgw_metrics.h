@@ -176,6 +176,9 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *                                                                 sent; field = rule name
  *                                                                 (bounded), action = rejected|
  *                                                                 stripped|passed
+ *   pdgw_client_streams_total{writer}                   counter   committed streams: direct
+ *                                                                 (pdgw writes the socket) |
+ *                                                                 library (MHD: TLS, HTTP/1.0)
  *   pdgw_build_info{version}                            gauge     always 1
  *   pdgw_metrics_series_refused_total                   counter   cardinality cap hits
  * Families are borrowed from <reg>; the struct itself is plain data (no destroy needed).
@@ -206,6 +209,7 @@ typedef struct pdgw_gateway_metrics {
     pdgw_metric_family_t *prompt_tokens; /* engine-reported usage */
     pdgw_metric_family_t *completion_tokens;
     pdgw_metric_family_t *client_pd_fields; /* {protocol,field,action} client PD fields */
+    pdgw_metric_family_t *client_streams;   /* {writer}: direct | library */
 } pdgw_gateway_metrics_t;
 
 /* Register the standard families in <reg> and fill <gm>. <version> labels pdgw_build_info. */
@@ -226,6 +230,8 @@ void pdgw_gateway_metrics_upstream_error(pdgw_gateway_metrics_t *gm, const char 
 void pdgw_gateway_metrics_client_disconnect(pdgw_gateway_metrics_t *gm, const char *protocol);
 void pdgw_gateway_metrics_retry(pdgw_gateway_metrics_t *gm, const char *protocol);
 void pdgw_gateway_metrics_rejected(pdgw_gateway_metrics_t *gm, const char *reason);
+/* A committed stream, by who writes its body ("direct" or "library"). */
+void pdgw_gateway_metrics_client_stream(pdgw_gateway_metrics_t *gm, const char *writer);
 void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char *protocol,
                                           double seconds);
 void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,

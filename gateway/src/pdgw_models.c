@@ -76,9 +76,7 @@ bool pdgw_models_serve_list(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- metrics */
 
-typedef struct {
-    pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
-} model_families_t;
+typedef struct pdgw_model_families model_families_t;
 
 static pthread_mutex_t families_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -94,12 +92,15 @@ static pdgw_metric_family_t *family(pdgw_metrics_t *reg, pdgw_metric_type_t type
     return f;
 }
 
+/* Fill <mf> once (a worker keeps it: the registry outlives the server). */
 static bool families(pdgw_metrics_t *reg, model_families_t *mf)
 {
     static const char *const l_code[] = {"model", "code"};
     static const char *const l_model[] = {"model"};
     static const char *const l_kind[] = {"model", "kind"};
 
+    if (mf->requests != NULL && mf->duration != NULL && mf->ttft != NULL && mf->tokens != NULL)
+        return true;
     pthread_mutex_lock(&families_mu);
     mf->requests = family(reg, PDGW_METRIC_COUNTER, "pdgw_model_requests_total",
                           "Requests by the model they named and HTTP status.", l_code, 2, NULL, 0);
@@ -120,28 +121,28 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
 {
     pdgw_metrics_t *reg = r->w->srv->opts.metrics ? r->w->srv->opts.metrics->reg : NULL;
     const pdgw_wf_t *wf = r->wf; /* what the workflow measured, NULL = none */
-    model_families_t mf;
+    model_families_t *mf = &r->w->model_families;
     char code[8];
 
     /* A model nobody serves was answered 404 and has no series: clients cannot grow the
      * label set with names of their own. */
     if (reg == NULL || model == NULL || model[0] == '\0' ||
-        strncmp(pdgw_req_error(r), "model not served: ", 18) == 0 || !families(reg, &mf))
+        strncmp(pdgw_req_error(r), "model not served: ", 18) == 0 || !families(reg, mf))
         return;
     snprintf(code, sizeof(code), "%d", status);
-    pdgw_counter_inc(pdgw_metric_family_series2(mf.requests, model, code));
-    pdgw_histogram_observe(pdgw_metric_family_series1(mf.duration, model), dur_s);
+    pdgw_counter_inc(pdgw_metric_family_series2(mf->requests, model, code));
+    pdgw_histogram_observe(pdgw_metric_family_series1(mf->duration, model), dur_s);
     if (wf == NULL)
         return;
     if (wf->t_first_token_ns > r->t_start_ns)
-        pdgw_histogram_observe(pdgw_metric_family_series1(mf.ttft, model),
+        pdgw_histogram_observe(pdgw_metric_family_series1(mf->ttft, model),
                                (double)(wf->t_first_token_ns - r->t_start_ns) / 1e9);
     if (wf->usage_seen) {
         if (wf->usage_prompt > 0)
-            pdgw_counter_add(pdgw_metric_family_series2(mf.tokens, model, "prompt"),
+            pdgw_counter_add(pdgw_metric_family_series2(mf->tokens, model, "prompt"),
                              (uint64_t)wf->usage_prompt);
         if (wf->usage_completion > 0)
-            pdgw_counter_add(pdgw_metric_family_series2(mf.tokens, model, "completion"),
+            pdgw_counter_add(pdgw_metric_family_series2(mf->tokens, model, "completion"),
                              (uint64_t)wf->usage_completion);
     }
 }

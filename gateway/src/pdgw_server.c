@@ -64,6 +64,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->retries = 1;
     o->client_header_timeout_ms = 30000;
     o->upstream_client = PDGW_UPSTREAM_NATIVE;
+    o->stream_output = PDGW_STREAM_OUT_DIRECT;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
     pdgw_route_opts_init(&o->route);
@@ -95,6 +96,7 @@ pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w)
 
 void pdgw_req_release(pdgw_req_t *r)
 {
+    pdgw_direct_forget(r);
     pdgw_req_live_release(r); /* the forwarder context it started with */
     pdgw_freelist_put(&r->w->req_pool, r);
 }
@@ -175,11 +177,11 @@ void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- hang-up watches */
 
-void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
+bool pdgw_worker_client_watch(pdgw_worker_t *w, pdgw_req_t *r, bool writable)
 {
     struct epoll_event ev;
-    if (r->hup_watched || r->fd < 0)
-        return;
+    if (r->fd < 0)
+        return false;
     if (r->fd >= w->hup_cap) {
         int cap = w->hup_cap ? w->hup_cap : 1024;
         pdgw_req_t **n;
@@ -187,18 +189,26 @@ void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
             cap *= 2;
         n = pdgw_realloc(w->hup_reqs, (size_t)cap * sizeof(*n));
         if (n == NULL)
-            return; /* disconnects are then seen when the stream resumes */
+            return false; /* disconnects are then seen when the stream resumes */
         memset(n + w->hup_cap, 0, (size_t)(cap - w->hup_cap) * sizeof(*n));
         w->hup_reqs = n;
         w->hup_cap = cap;
     }
     memset(&ev, 0, sizeof(ev));
-    ev.events = EPOLLRDHUP;
+    /* Writable: edge-triggered, so a socket with room reports once, when room comes back. */
+    ev.events = writable ? EPOLLRDHUP | EPOLLOUT | EPOLLET : EPOLLRDHUP;
     ev.data.u64 = tag(PDGW_EV_HUP, r->fd);
-    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, r->fd, &ev) != 0)
-        return;
+    if (epoll_ctl(w->epfd, r->hup_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, r->fd, &ev) != 0)
+        return false;
     w->hup_reqs[r->fd] = r;
     r->hup_watched = true;
+    return true;
+}
+
+void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r)
+{
+    if (!r->hup_watched)
+        (void)pdgw_worker_client_watch(w, r, false);
 }
 
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r)
@@ -374,7 +384,7 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d >= 0 && d - (int64_t)now < t)
             t = d - (int64_t)now;
     }
-    if (w->mhd_kick || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
+    if (w->mhd_kick || w->flush_head != NULL || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
@@ -431,6 +441,10 @@ static void *worker_main(void *arg)
             case PDGW_EV_HUP:
                 if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {
                     pdgw_req_t *r = w->hup_reqs[fd];
+                    if (r->direct && !(evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+                        pdgw_direct_writable(r);
+                        break;
+                    }
                     pdgw_worker_hup_unwatch(w, r);
                     pdgw_req_client_hup(r);
                     run_mhd = true;
@@ -450,6 +464,8 @@ static void *worker_main(void *arg)
         (void)pdgw_timers_run(&w->timers, now);
         if (w->h1 != NULL)
             pdgw_h1_run_posted(w->h1); /* native legs: resumes, failures found at start */
+        /* Streams the sink writes itself: what this turn relayed leaves in one send each. */
+        pdgw_direct_flush_all(w);
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
             MHD_socket s = MHD_quiesce_daemon(w->mhd);
             if (s != MHD_INVALID_SOCKET)
@@ -470,6 +486,7 @@ static void *worker_main(void *arg)
             w->mhd_kick = false;
             MHD_run(w->mhd);
             pdgw_conn_after_run(w);
+            pdgw_direct_flush_all(w); /* streams taken over during this run */
         }
     }
     return NULL;
@@ -541,18 +558,17 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     /* The connection limit is enforced (and counted) by the accept policy; MHD's own limit
      * sits above it so that it never refuses first. Its idle timeout stays for connections
      * between deadlines (a reader that stops reading a response). */
-    w->mhd =
-        MHD_start_daemon(flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR,
-                         addr, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_NOTIFY_COMPLETED,
-                         pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION, pdgw_conn_notify, w,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT,
-                         srv->conn_limit_per_worker + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-                         /* 8 KiB per connection: request headers, upload chunks and the chunked
-                          * write buffer of a stream (an 8 KiB header limit, as common proxies
-                          * have). Small pools keep 10,000 open streams in a few hundred MiB. */
-                         (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024),
-                         MHD_OPTION_ARRAY, pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
+    w->mhd = MHD_start_daemon(
+        flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+        NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
+        pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+        MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        /* 8 KiB per connection: request headers, upload chunks and the chunked
+         * write buffer of a stream (an 8 KiB header limit, as common proxies
+         * have). Small pools keep 10,000 open streams in a few hundred MiB. */
+        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024), MHD_OPTION_ARRAY,
+        pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
     if (w->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",
                  ntohs(((const struct sockaddr_in *)addr)->sin_port), index);
@@ -647,16 +663,18 @@ static void conn_budget(pdgw_server_t *srv)
         }
         nofile = rl.rlim_cur == RLIM_INFINITY ? (uint64_t)1 << 20 : (uint64_t)rl.rlim_cur;
     }
+    if (workers == 0)
+        workers = 1;
     if (srv->opts.max_connections > 0)
-        srv->conn_limit_per_worker =
-            (srv->opts.max_connections + workers - 1) / (workers ? workers : 1);
-    else
-        srv->conn_limit_per_worker = pdgw_conn_limit_derive(nofile, workers);
+        srv->conn_limit = srv->opts.max_connections;
+    else /* one leg at a time needs 2 descriptors per connection, prefill beside decode 3 */
+        srv->conn_limit = pdgw_conn_limit_derive(
+            nofile, workers, srv->plan.dispatch == PDGW_DISPATCH_SINGLE ? 2u : 3u);
+    srv->conn_limit_per_worker = (srv->conn_limit + workers - 1) / workers;
     pdgw_log_info("server",
-                  "client connections: up to %u per worker (%s, RLIMIT_NOFILE %llu), %u per "
+                  "client connections: up to %u in all workers (%s, RLIMIT_NOFILE %llu), %u per "
                   "client address, request headers within %llu ms",
-                  srv->conn_limit_per_worker,
-                  srv->opts.max_connections > 0 ? "configured" : "derived",
+                  srv->conn_limit, srv->opts.max_connections > 0 ? "configured" : "derived",
                   (unsigned long long)nofile, srv->opts.max_connections_per_client,
                   (unsigned long long)srv->opts.client_header_timeout_ms);
 }

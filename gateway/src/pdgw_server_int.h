@@ -60,8 +60,12 @@ struct pdgw_server {
     atomic_bool draining;
     atomic_uint_fast64_t inflight;
     bool started;
-    /* Client connections: per-worker limit (derived from RLIMIT_NOFILE unless configured),
-     * open connections per client address across all workers. */
+    /* Client connections: the limit of all workers together (derived from RLIMIT_NOFILE
+     * unless configured) and how many are open (descriptors are the process's, so one worker
+     * may hold more than its share when SO_REUSEPORT spreads clients unevenly); a worker's
+     * share (sizes its upstream connection caches); open connections per client address. */
+    unsigned conn_limit;
+    atomic_uint conns_open;
     unsigned conn_limit_per_worker;
     pdgw_addr_table_t *addrs;
     struct pdgw_routing *routing; /* tokenize cache, selective PD counters (pdgw_route.h) */
@@ -112,6 +116,12 @@ struct pdgw_worker {
     /* Recycled request and workflow objects (pdgw_freelist.h). */
     pdgw_freelist_t req_pool;
     pdgw_freelist_t wf_pool;
+    /* The per-model metric families (pdgw_models.c), looked up once per worker. */
+    struct pdgw_model_families {
+        pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
+    } model_families;
+    /* Streams the sink writes itself with bytes to send this loop turn. */
+    pdgw_req_t *flush_head;
     /* Client sockets watched for hang-up while their connection is suspended. */
     pdgw_req_t **hup_reqs;
     int hup_cap;
@@ -254,6 +264,15 @@ struct pdgw_req {
     size_t out_off;
     bool out_done;
     uint64_t bytes_out;
+    /* A stream the sink writes to the socket itself (pdgw_sink_direct.c). */
+    bool http11;         /* the client spoke HTTP/1.1: MHD frames a stream in chunks */
+    bool direct;         /* the socket is the sink's until the stream ends */
+    bool direct_ended;   /* every byte is out; MHD writes the last chunk */
+    bool stream_counted; /* the reader ran once: taken over or not, and counted */
+    bool flush_queued;   /* on w->flush_head */
+    pdgw_req_t *flush_next, *flush_prev;
+    pdgw_buf_t wire; /* framed bytes the socket has not taken */
+    size_t wire_off;
     /* The outcome the client saw, whoever decided it (a local reply, the connection guard, the
      * workflow); read at completion by the access log and the metrics. What the workflow
      * measured (instances, retries, leg times, tokens) stays in r->wf, which is released only
@@ -305,6 +324,9 @@ void pdgw_worker_curl_sockets(pdgw_worker_t *w, CURL *easy);
 void pdgw_worker_curl_socket_opened(pdgw_worker_t *w, curl_socket_t s);
 /* Watch / unwatch the client socket for hang-up while the connection is suspended. */
 void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
+/* Watch <r>'s client socket for hang-up, and with <writable> also for EPOLLOUT edges (a
+ * stream the sink writes itself); false when the watch could not be set. */
+bool pdgw_worker_client_watch(pdgw_worker_t *w, pdgw_req_t *r, bool writable);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
 
 /* ---- pdgw_conn.c */
@@ -326,9 +348,10 @@ void pdgw_conn_after_run(pdgw_worker_t *w);
 /* Per-address table shared by the workers. */
 pdgw_addr_table_t *pdgw_addr_table_create(void);
 void pdgw_addr_table_destroy(pdgw_addr_table_t *t);
-/* Per-worker connection limit from the descriptor limit: (RLIMIT_NOFILE - reserve) / 3
- * (each client connection may hold a prefill and a decode leg), split across workers. */
-unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers);
+/* Client connections all workers may hold from the descriptor limit: (RLIMIT_NOFILE -
+ * reserve) / <fds_per_conn>, the client's socket and the upstream legs it may hold at once
+ * (2 with one leg, 3 when prefill and decode run together). */
+unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers, unsigned fds_per_conn);
 
 /* ---- pdgw_http.c */
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
@@ -366,6 +389,22 @@ enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r);
 enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r);
 /* The client went away (hang-up while suspended). */
 void pdgw_req_client_hup(pdgw_req_t *r);
+
+/* ---- pdgw_sink_direct.c: a committed stream written to the socket by the sink */
+/* May <r>'s stream be taken over (plain HTTP/1.1, the option on)? */
+bool pdgw_direct_eligible(const pdgw_req_t *r);
+/* Take the socket over (MHD's reader, with the headers sent); false = stay with MHD. */
+bool pdgw_direct_take(pdgw_req_t *r);
+/* Framed bytes the socket has not taken. */
+size_t pdgw_direct_pending(const pdgw_req_t *r);
+/* Send <r>'s new bytes at the end of this loop turn. */
+void pdgw_direct_queue(pdgw_req_t *r);
+/* The socket can take more (its EPOLLOUT edge). */
+void pdgw_direct_writable(pdgw_req_t *r);
+/* Send what every queued stream of <w> has (once per loop turn). */
+void pdgw_direct_flush_all(pdgw_worker_t *w);
+/* The connection is over: drop <r> from the queue and its unsent bytes. */
+void pdgw_direct_forget(pdgw_req_t *r);
 
 /* Reply with the compact text of <obj> (taken); 500 when it cannot be rendered. */
 void pdgw_req_reply_json(pdgw_req_t *r, int status, json_t *obj);

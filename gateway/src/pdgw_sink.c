@@ -94,7 +94,7 @@ void pdgw_req_commit_stream(pdgw_req_t *r)
 
 size_t pdgw_req_out_pending(const pdgw_req_t *r)
 {
-    return r->out.len - r->out_off;
+    return r->out.len - r->out_off + pdgw_direct_pending(r);
 }
 
 bool pdgw_req_out_writable(const pdgw_req_t *r)
@@ -108,6 +108,16 @@ void pdgw_req_on_drain(pdgw_req_t *r, void (*fn)(void *arg), void *arg)
     r->on_drain_arg = arg;
 }
 
+/* New bytes (or the end) for the client: a stream the sink writes itself sends them at the
+ * end of this loop turn (pdgw_sink_direct.c); otherwise MHD's reader takes them. */
+static void out_wake(pdgw_req_t *r)
+{
+    if (r->direct)
+        pdgw_direct_queue(r);
+    else
+        pdgw_req_resume(r);
+}
+
 void pdgw_req_out_append(pdgw_req_t *r, const char *data, size_t len)
 {
     if (r->out_done || r->client_gone)
@@ -116,13 +126,13 @@ void pdgw_req_out_append(pdgw_req_t *r, const char *data, size_t len)
         /* Out of memory: the stream cannot continue intact; end it. */
         r->out_done = true;
     }
-    pdgw_req_resume(r);
+    out_wake(r);
 }
 
 void pdgw_req_out_end(pdgw_req_t *r)
 {
     r->out_done = true;
-    pdgw_req_resume(r);
+    out_wake(r);
 }
 
 void pdgw_req_client_hup(pdgw_req_t *r)
@@ -138,6 +148,23 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     if (r->client_gone)
         return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (r->direct) {
+        /* The sink writes this stream itself; MHD runs it again only for the last chunk. */
+        if (r->direct_ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        pdgw_req_suspend(r);
+        return 0;
+    }
+    if (!r->stream_counted) {
+        r->stream_counted = true;
+        if (pdgw_direct_eligible(r) && pdgw_direct_take(r)) {
+            /* The headers are on the wire and MHD's buffer is empty: the socket is ours. */
+            pdgw_gateway_metrics_client_stream(r->w->srv->opts.metrics, "direct");
+            pdgw_req_suspend(r);
+            return 0;
+        }
+        pdgw_gateway_metrics_client_stream(r->w->srv->opts.metrics, "library");
+    }
     avail = r->out.len - r->out_off;
     if (avail > 0) {
         size_t n = avail < max ? avail : max;
@@ -213,7 +240,11 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
 {
     struct MHD_Response *resp;
     enum MHD_Result ret;
-    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_reader, r, NULL);
+    /* The block is MHD's buffer for a body it does not frame in chunks (HTTP/1.0); a chunked
+     * body is read straight into the connection's own buffer, and one the sink writes itself
+     * needs none: thousands of open streams should not each keep a 1 KiB block. */
+    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, pdgw_direct_eligible(r) ? 64 : 1024,
+                                             stream_reader, r, NULL);
     if (resp == NULL)
         return MHD_NO;
     /* fleet hook: a pass-through relays the engine's status and headers */

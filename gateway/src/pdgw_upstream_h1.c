@@ -21,6 +21,7 @@
 #include "pdgw_upstream_h1.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -727,6 +728,50 @@ static pdgw_h1_upstream_t *up_find(pdgw_h1_client_t *c, const char *url)
     return up;
 }
 
+/* Append the strings up to NULL: the head is built from pieces, without printf. */
+static pdgw_status_t head_vcat(pdgw_buf_t *b, va_list ap)
+{
+    const char *s;
+    while ((s = va_arg(ap, const char *)) != NULL)
+        if (pdgw_buf_append(b, s, strlen(s)) != PDGW_OK)
+            return PDGW_ERR_NOMEM;
+    return PDGW_OK;
+}
+
+static pdgw_status_t head_cat(pdgw_buf_t *b, ...)
+{
+    va_list ap;
+    pdgw_status_t st;
+    va_start(ap, b);
+    st = head_vcat(b, ap);
+    va_end(ap);
+    return st;
+}
+
+/* A header line: <name> (<n> bytes, not terminated), then the strings up to NULL. */
+static pdgw_status_t head_line(pdgw_buf_t *b, const char *name, size_t n, ...)
+{
+    va_list ap;
+    pdgw_status_t st;
+    if (pdgw_buf_append(b, name, n) != PDGW_OK)
+        return PDGW_ERR_NOMEM;
+    va_start(ap, n);
+    st = head_vcat(b, ap);
+    va_end(ap);
+    return st;
+}
+
+/* <v> in decimal, in <buf> (24 bytes). */
+static const char *size_text(char *buf, size_t v)
+{
+    char *p = buf + 23;
+    *p = '\0';
+    do
+        *--p = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    return p;
+}
+
 pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const char *method,
                                  const char *url)
 {
@@ -744,8 +789,8 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
     x->head_request = strcmp(method, "HEAD") == 0;
     x->errmsg[0] = '\0';
     x->rbuf_size = 0;
-    if (pdgw_buf_appendf(&x->head, "%s %s%s HTTP/1.1\r\n", method, target[0] == '/' ? "" : "/",
-                         target) != PDGW_OK)
+    if (head_cat(&x->head, method, " ", target[0] == '/' ? "" : "/", target, " HTTP/1.1\r\n",
+                 NULL) != PDGW_OK)
         return PDGW_ERR_NOMEM;
     return PDGW_OK;
 }
@@ -790,11 +835,11 @@ pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
         if (*v != '\0')
             return PDGW_ERR_INVALID;
         /* "Name;" = the header with an empty value. */
-        return pdgw_buf_appendf(&x->head, "%.*s:\r\n", (int)n, line);
+        return head_line(&x->head, line, n, ":\r\n", NULL);
     }
     if (*v == '\0') /* "Name:" = do not send the client's own (a marker line, cut at start) */
-        return pdgw_buf_appendf(&x->head, "%.*s\x01\r\n", (int)n, line);
-    return pdgw_buf_appendf(&x->head, "%.*s: %s\r\n", (int)n, line, v);
+        return head_line(&x->head, line, n, "\x01\r\n", NULL);
+    return head_line(&x->head, line, n, ": ", v, "\r\n", NULL);
 }
 
 /* Remove the marker lines "Name\x01\r\n" left by header removals. */
@@ -824,14 +869,16 @@ pdgw_status_t pdgw_h1_xfer_start(pdgw_h1_xfer_t *x, const char *body, size_t bod
     pdgw_h1_upstream_t *up = x->up;
     bool has_body;
     pdgw_h1_conn_t *k;
+    char len_text[24];
 
     if (x->running || c == NULL || up == NULL || x->head.len == 0)
         return PDGW_ERR_INVALID;
     has_body = !x->head_request && strncmp(x->head.data, "GET ", 4) != 0;
     if ((!head_names(x, "host") &&
-         pdgw_buf_appendf(&x->head, "Host: %s\r\n", up->authority) != PDGW_OK) ||
+         head_cat(&x->head, "Host: ", up->authority, "\r\n", NULL) != PDGW_OK) ||
         (!head_names(x, "accept") && pdgw_buf_append_str(&x->head, "Accept: */*\r\n") != PDGW_OK) ||
-        (has_body && pdgw_buf_appendf(&x->head, "Content-Length: %zu\r\n", body_len) != PDGW_OK) ||
+        (has_body && head_cat(&x->head, "Content-Length: ", size_text(len_text, body_len), "\r\n",
+                              NULL) != PDGW_OK) ||
         pdgw_buf_append_str(&x->head, "\r\n") != PDGW_OK)
         return PDGW_ERR_NOMEM;
     head_drop_markers(x);

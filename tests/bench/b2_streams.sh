@@ -5,7 +5,9 @@
 # relayed, and the per-token delay (sim emit stamp vs client receipt, same clock),
 # measured against the sim directly (baseline) and through pdgw in the same run.
 # pdgw is restarted for every level so that memory kept by an earlier level does
-# not hide the cost of the next one.
+# not hide the cost of the next one. Its connect timeout is nginx's default (60 s, where
+# pdgw's own default is 3 s): thousands of streams opened at once overflow the sim's accept
+# queue, and a refused SYN is only retried after 1 s, then 3 s.
 # pdgw holds two descriptors per stream (client + upstream): when the hard fd
 # limit cannot hold a level, the level is still run and the shortfall is printed.
 # Usage: b2_streams.sh [BIN_DIR]
@@ -95,7 +97,7 @@ for n in $LEVELS; do
     bench_start "pdgw-$n" "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral \
         --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log \
         --request-timeout 600s --idle-timeout 120s --health-interval 30s \
-        --max-connections-per-client 0
+        --max-connections-per-client 0 --connect-timeout 60s
     pdgw_pid=$LAST_PID
     wait_http "$pdgw_port" /ready
     direct=$("$BIN_DIR/sse-flood" --port "$sim_port" --streams "$n" --tokens "$TOKENS" \

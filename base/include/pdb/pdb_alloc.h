@@ -49,7 +49,9 @@ void pdb_free(void *ptr);
  * one too when <sticky> is non-zero. n = 0 disarms. Process-wide and thread-safe.
  */
 void pdb_alloc_fail_at(uint64_t n, int sticky);
-/* Allocations made (successful or not) since the process started. */
+/* Allocations made (successful or not) since counting began: at start-up when the
+ * environment arms injection (PDB_ALLOC_FAIL, PDB_ALLOC_COUNT_FILE), else at the first call of
+ * this function or of pdb_alloc_fail_at (differences between two calls are exact). */
 uint64_t pdb_alloc_count(void);
 /*
  * Where the last injected failure happened: writes "file:line" into <buf> and returns the

@@ -204,9 +204,9 @@ def test_per_client_address_cap():
 
 
 def test_connection_limit_from_descriptor_limit():
-    """Under a descriptor limit of 256 one worker takes (256 - 68) / 3 = 62 clients; the
-    63rd is refused and counted, and the 62 still get their upstream legs (no descriptor
-    shortage)."""
+    """Under a descriptor limit of 256, neutral (one upstream leg per request: two
+    descriptors per client) takes (256 - 68) / 2 = 94 clients; the 95th is refused and
+    counted, and the 94 still get their upstream legs (no descriptor shortage)."""
     sim, sport = start_sim()
     port = T.free_port()
     gw = T.Proc("pdgw", ["prlimit", "--nofile=256:256", "--", T.binary("pdgw"),
@@ -214,8 +214,8 @@ def test_connection_limit_from_descriptor_limit():
                          "--workers", "1", "--both", f"http://127.0.0.1:{sport}",
                          "--health-interval", "1h", "--metrics-scrape-interval", "1h"])
     T.wait_http(port, "/ready", proc=gw)
-    wait_for(lambda: "up to 62 per worker" in gw.output(), 5, "derived limit in the log")
-    held = [connect_from("127.0.0.3", port) for _ in range(62)]
+    wait_for(lambda: "up to 94 in all workers" in gw.output(), 5, "derived limit in the log")
+    held = [connect_from("127.0.0.3", port) for _ in range(94)]
     refused = connect_from("127.0.0.3", port)
     refused.settimeout(5)
     try:
@@ -229,9 +229,9 @@ def test_connection_limit_from_descriptor_limit():
     body = json.dumps(comp_body(False)).encode()
     req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    for h in held[:20]:
+    for h in held[:60]:
         h.sendall(req)
-    for h in held[:20]:
+    for h in held[:60]:
         h.settimeout(10)
         data = b""
         while True:

@@ -26,7 +26,7 @@ static void fixture_init(fixture_t *f)
     memset(f, 0, sizeof(*f));
     pdgw_server_opts_init(&f->srv.opts);
     f->srv.opts.metrics = NULL; /* counting is NULL-safe */
-    f->srv.conn_limit_per_worker = 1000;
+    f->srv.conn_limit = 1000;
     f->srv.addrs = pdgw_addr_table_create();
     assert_non_null(f->srv.addrs);
     f->w.srv = &f->srv;
@@ -148,13 +148,15 @@ static void test_expire_only_due_and_body_is_408(void **state)
 static void test_limit_derived_from_nofile(void **state)
 {
     (void)state;
-    /* (nofile - 64 - 4 x workers) / 3, split across workers. */
-    assert_int_equal(pdgw_conn_limit_derive(20000, 2), (20000 - 72) / 3 / 2);
-    assert_int_equal(pdgw_conn_limit_derive(256, 1), 62);
-    assert_int_equal(pdgw_conn_limit_derive(1024, 4), (1024 - 80) / 3 / 4);
+    /* (nofile - 64 - 4 x workers) / descriptors per connection, for all workers. */
+    assert_int_equal(pdgw_conn_limit_derive(20000, 2, 3), (20000 - 72) / 3);
+    /* One leg at a time: the client's socket and one upstream (about 9,950 of 20,000). */
+    assert_int_equal(pdgw_conn_limit_derive(20000, 2, 2), (20000 - 72) / 2);
+    assert_int_equal(pdgw_conn_limit_derive(256, 1, 3), 62);
+    assert_int_equal(pdgw_conn_limit_derive(1024, 4, 3), (1024 - 80) / 3);
     /* A budget too small for the reserve still serves a few clients. */
-    assert_int_equal(pdgw_conn_limit_derive(40, 1), 4);
-    assert_int_equal(pdgw_conn_limit_derive(0, 0), 4);
+    assert_int_equal(pdgw_conn_limit_derive(40, 1, 3), 4);
+    assert_int_equal(pdgw_conn_limit_derive(0, 0, 0), 4);
 }
 
 static void test_address_table_cap_and_mapped_v4(void **state)
@@ -220,11 +222,11 @@ static void test_accept_policy(void **state)
     assert_int_equal(pdgw_conn_accept(&f.w, (struct sockaddr *)&a, sizeof(a)), MHD_YES);
     pdgw_conn_after_run(&f.w);
     assert_int_equal(f.w.pending_addr_len, 0);
-    /* The worker's connection limit. */
-    f.srv.conn_limit_per_worker = 2;
-    f.w.n_conns = 2;
+    /* The connection limit counts every worker's connections. */
+    f.srv.conn_limit = 2;
+    atomic_store(&f.srv.conns_open, 2);
     assert_int_equal(pdgw_conn_accept(&f.w, (struct sockaddr *)&a, sizeof(a)), MHD_NO);
-    f.w.n_conns = 1;
+    atomic_store(&f.srv.conns_open, 1);
     assert_int_equal(pdgw_conn_accept(&f.w, (struct sockaddr *)&a, sizeof(a)), MHD_YES);
     pdgw_conn_after_run(&f.w);
     fixture_fini(&f);
