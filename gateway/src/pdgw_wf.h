@@ -23,6 +23,13 @@
  *     detaches it at its end, so a late wake finds no workflow.
  *   - A KV release leg that outlives its request runs under a bare owner request with a
  *     workflow object of its own (pdgw_kv_release.c), freed when that leg ends.
+ *
+ * What stays on the request although the workflow uses it: what the client sent and the
+ * gateway parsed before any workflow exists (id, traceparent, json/info, deadline, headers to
+ * forward, the limits of its arrival), the outcome the client saw (final status, error text,
+ * failed PD phase: local replies and the connection guard set them too, the sink reads
+ * them), and the deadline timer (pdgw_server.c: it also arms the client's hang-up watch;
+ * armed only while a workflow runs, so in_active implies r->wf).
  */
 #ifndef PDGW_WF_H
 #define PDGW_WF_H
