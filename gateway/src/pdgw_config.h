@@ -156,6 +156,7 @@ typedef struct pdgw_config {
     pdgw_kv_list_t protocol_options;
     pdgw_str_list_t plugins;
     uint64_t max_body_bytes;
+    uint64_t client_buffer_size; /* libmicrohttpd's memory per connection */
     uint64_t request_timeout_ms;
     uint64_t connect_timeout_ms;
     uint64_t first_byte_timeout_ms;

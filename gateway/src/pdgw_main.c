@@ -301,6 +301,7 @@ static void server_opts_from_config(const pdgw_config_t *c, json_t *options, pdg
     o->mode = config_mode(c);
     o->protocol_options = options;
     o->max_body_bytes = c->max_body_bytes;
+    o->client_buffer_size = c->client_buffer_size;
     o->request_timeout_ms = c->request_timeout_ms;
     o->connect_timeout_ms = c->connect_timeout_ms;
     o->first_byte_timeout_ms = c->first_byte_timeout_ms;

@@ -57,6 +57,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->protocol = "neutral";
     o->mode = PDGW_MODE_BATCH;
     o->max_body_bytes = 16u << 20;
+    o->client_buffer_size = 6u << 10;
     o->request_timeout_ms = 600000;
     o->connect_timeout_ms = 3000;
     o->first_byte_timeout_ms = 300000;
@@ -492,6 +493,18 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* libmicrohttpd's memory per connection (its pool): held by every open connection, streams
+ * included, so it is most of what a parked stream costs. */
+static size_t client_buffer(const pdgw_server_t *srv)
+{
+    uint64_t b = srv->opts.client_buffer_size;
+    if (b < 2048)
+        b = 2048; /* room for a request line and a few headers */
+    if (b > (1u << 20))
+        b = 1u << 20;
+    return (size_t)b;
+}
+
 /* ---------------------------------------------------------------- create / destroy */
 
 static void worker_close(pdgw_worker_t *w)
@@ -564,10 +577,10 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
         NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
         pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
         MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        /* 8 KiB per connection: request headers, upload chunks and the chunked
-         * write buffer of a stream (an 8 KiB header limit, as common proxies
-         * have). Small pools keep 10,000 open streams in a few hundred MiB. */
-        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(8 * 1024), MHD_OPTION_ARRAY,
+        /* client_buffer_size per connection: request headers, upload chunks and the
+         * write buffer of a stream MHD writes itself. Small pools keep 10,000 open
+         * streams in a few hundred MiB. */
+        (unsigned)4096, MHD_OPTION_CONNECTION_MEMORY_LIMIT, client_buffer(srv), MHD_OPTION_ARRAY,
         pdgw_tls_mhd_options(srv->opts.tls), MHD_OPTION_END);
     if (w->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",

@@ -43,6 +43,7 @@ typedef struct pdgw_server_opts {
     pdgw_mode_t mode;
     const json_t *protocol_options; /* JSON object; NULL = {} */
     uint64_t max_body_bytes;
+    uint64_t client_buffer_size; /* per client connection: request line, headers, body pieces */
     uint64_t request_timeout_ms;
     uint64_t connect_timeout_ms;
     uint64_t first_byte_timeout_ms;

@@ -14,6 +14,7 @@
  */
 #include "pdgw_fwd_sdk.h"
 #include "pdgw_server_int.h"
+#include "pdgw_body_splice.h"
 #include "pdgw_fleet.h"
 
 #include <stdio.h>
@@ -193,14 +194,24 @@ static int dump_to_buf(const char *chunk, size_t n, void *arg)
 }
 
 /* A leg body is about the client body's size: one exact buffer instead of jansson's doubling
- * buffer plus its final copy (three prompt-sized blocks at the peak of each dump). */
-static char *json_text(json_t *body, size_t size_hint, size_t *len)
+ * buffer plus its final copy (three prompt-sized blocks at the peak of each dump). Members the
+ * leg shares with the client body are copied from the client's bytes (pdgw_body_splice.h);
+ * a body that cannot be spliced is serialised whole. */
+static char *json_text(const pdgw_req_t *r, json_t *body, size_t *len)
 {
     pdgw_buf_t b;
+    pdgw_status_t st;
 
     pdgw_buf_init(&b);
-    if (pdgw_buf_reserve_exact(&b, size_hint + 256) != PDGW_OK ||
-        json_dump_callback(body, dump_to_buf, &b, JSON_COMPACT) != 0) {
+    if (pdgw_buf_reserve_exact(&b, r->body.len + 256) != PDGW_OK)
+        return NULL;
+    st = pdgw_body_splice(r->body.data, r->body.len, r->json, body, &b);
+    if (st == PDGW_ERR_INVALID) {
+        b.len = 0;
+        st =
+            json_dump_callback(body, dump_to_buf, &b, JSON_COMPACT) == 0 ? PDGW_OK : PDGW_ERR_NOMEM;
+    }
+    if (st != PDGW_OK) {
         pdgw_buf_free(&b);
         return NULL;
     }
@@ -257,7 +268,7 @@ static bool wf_build_and_start(pdgw_wf_t *wf, pdgw_leg_kind_t k)
         wf_fail(wf, &e, NULL);
         return false;
     }
-    text = json_text(fl.body, r->body.len, &len);
+    text = json_text(r, fl.body, &len);
     json_decref(fl.body);
     if (text == NULL) {
         pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "out of memory");

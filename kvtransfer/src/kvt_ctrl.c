@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include "kvt_engine_int.h"
+#include "kvt_tsan.h"
 
 void *kvt_ctrl_socket(kvt_engine_t *e, int type)
 {
@@ -63,7 +64,7 @@ kvt_status_t kvt_ctrl_send_msg(void *sock, const kvt_msg_t *m, int flags)
 
     if (st != KVT_OK)
         return st;
-    if (zmq_send(sock, data, len, flags) < 0)
+    if (kvt_zmq_send(sock, data, len, flags) < 0)
         st = (errno == EAGAIN) ? KVT_ERR_TIMEOUT : KVT_ERR_IO;
     kvt_free(data);
     return st;
@@ -87,9 +88,9 @@ kvt_status_t kvt_ctrl_send_req_raw(void *dealer, const void *data, size_t len)
     /* [b"", payload]: the envelope a REQ socket would write, so a REP peer
      * (LMCache's sync backend, LMCache-Ascend) accepts it and a ROUTER sees
      * the same frames from us as from an LMCache DEALER */
-    if (zmq_send(dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    if (kvt_zmq_send(dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return errno == EAGAIN ? KVT_ERR_TIMEOUT : KVT_ERR_IO;
-    if (zmq_send(dealer, data, len, ZMQ_DONTWAIT) < 0)
+    if (kvt_zmq_send(dealer, data, len, ZMQ_DONTWAIT) < 0)
         return errno == EAGAIN ? KVT_ERR_TIMEOUT : KVT_ERR_IO;
     return KVT_OK;
 }
@@ -97,11 +98,11 @@ kvt_status_t kvt_ctrl_send_req_raw(void *dealer, const void *data, size_t len)
 kvt_status_t kvt_ctrl_reply_raw(void *router, const void *ident, size_t ident_len, int delim,
                                 const void *data, size_t len)
 {
-    if (zmq_send(router, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    if (kvt_zmq_send(router, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return KVT_ERR_IO;
-    if (delim && zmq_send(router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    if (delim && kvt_zmq_send(router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return KVT_ERR_IO;
-    if (zmq_send(router, data, len, ZMQ_DONTWAIT) < 0)
+    if (kvt_zmq_send(router, data, len, ZMQ_DONTWAIT) < 0)
         return KVT_ERR_IO;
     return KVT_OK;
 }
@@ -129,7 +130,7 @@ static void drop_rest(void *sock)
     while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml) == 0 && more) {
         zmq_msg_t f;
         zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, sock, ZMQ_DONTWAIT) < 0) {
+        if (kvt_zmq_msg_recv(&f, sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&f);
             break;
         }
@@ -165,7 +166,7 @@ kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_l
             break;
         }
         zmq_msg_init(&f[nf]);
-        if (zmq_msg_recv(&f[nf], sock, ZMQ_DONTWAIT) < 0) {
+        if (kvt_zmq_msg_recv(&f[nf], sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&f[nf]);
             st = (errno == EAGAIN) ? KVT_ERR_TIMEOUT : KVT_ERR_IO;
             break;

@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "kvt/kvt_engine.h"
+#include "kvt_tsan.h"
 #include "kvt/kvt_msg.h"
 #include "pdb/pdb_clock.h"
 
@@ -122,7 +123,7 @@ kvt_status_t kvt_proxy_recv(kvt_proxy_t *p, char *req_id, size_t cap, int timeou
         kvt_msg_t m;
 
         zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, p->pull, ZMQ_DONTWAIT) < 0) {
+        if (kvt_zmq_msg_recv(&f, p->pull, ZMQ_DONTWAIT) < 0) {
             zmq_pollitem_t it = {.socket = p->pull, .events = ZMQ_POLLIN};
             long wait;
             zmq_msg_close(&f);
@@ -143,7 +144,7 @@ kvt_status_t kvt_proxy_recv(kvt_proxy_t *p, char *req_id, size_t cap, int timeou
             zmq_msg_close(&f);
             do {
                 zmq_msg_init(&f);
-                if (zmq_msg_recv(&f, p->pull, ZMQ_DONTWAIT) < 0) {
+                if (kvt_zmq_msg_recv(&f, p->pull, ZMQ_DONTWAIT) < 0) {
                     zmq_msg_close(&f);
                     break;
                 }
@@ -220,8 +221,8 @@ static kvt_status_t send_msg(void *sock, const kvt_msg_t *m)
     if (st != KVT_OK)
         return st;
     /* [b"", payload]: what a REP-style receiver expects from a DEALER */
-    if (zmq_send(sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0)
+    if (kvt_zmq_send(sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        kvt_zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0)
         st = KVT_ERR_IO;
     kvt_free(data);
     return st;
@@ -268,7 +269,7 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
             return KVT_ERR_TIMEOUT;
         }
         zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, d->sock, ZMQ_DONTWAIT) < 0) {
+        if (kvt_zmq_msg_recv(&f, d->sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&f);
             continue;
         }
@@ -276,7 +277,7 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
         if (zmq_msg_size(&f) == 0 && more) { /* REP-style delimiter */
             zmq_msg_close(&f);
             zmq_msg_init(&f);
-            if (zmq_msg_recv(&f, d->sock, ZMQ_DONTWAIT) < 0) {
+            if (kvt_zmq_msg_recv(&f, d->sock, ZMQ_DONTWAIT) < 0) {
                 zmq_msg_close(&f);
                 continue;
             }

@@ -20,6 +20,7 @@
 #include <zmq.h>
 
 #include "kvt/kvt_uuid.h"
+#include "kvt_tsan.h"
 #include "kvt_engine_int.h"
 
 static atomic_uint g_engine_seq;
@@ -896,7 +897,7 @@ static void out_send(kvt_engine_t *e, kvt_out_t *o)
     if (o->url != NULL) {
         void *s = kvt_ctrl_done_push(e, o->url);
         if (s != NULL)
-            (void)zmq_send(s, o->data, o->len, ZMQ_DONTWAIT);
+            (void)kvt_zmq_send(s, o->data, o->len, ZMQ_DONTWAIT);
     } else if (e->router != NULL) {
         (void)kvt_ctrl_reply_raw(e->router, o->ident, o->ident_len, o->delim, o->data, o->len);
     }

@@ -14,6 +14,9 @@
 #ifndef KVT_TSAN_H
 #define KVT_TSAN_H
 
+#include <stddef.h>
+#include <zmq.h>
+
 #if defined(__SANITIZE_THREAD__)
 #define KVT_TSAN 1
 #elif defined(__has_feature)
@@ -32,5 +35,23 @@ extern char kvt_tsan_wire; /* the sync object: defined in kvt_pool_mem.c */
 #define KVT_TSAN_WIRE_RELEASE() ((void)0)
 #define KVT_TSAN_WIRE_ACQUIRE() ((void)0)
 #endif
+
+/* ZeroMQ orders a message's send before its receipt, through pipes and sockets TSan does not
+ * see into: one engine reuses a page only after the other said over ZeroMQ that it is done
+ * with it (and the other reads a page only after being told over ZeroMQ that it is filled).
+ * Every send releases and every receipt acquires the same sync object. */
+static inline int kvt_zmq_send(void *sock, const void *buf, size_t len, int flags)
+{
+    KVT_TSAN_WIRE_RELEASE();
+    return zmq_send(sock, buf, len, flags);
+}
+
+static inline int kvt_zmq_msg_recv(zmq_msg_t *msg, void *sock, int flags)
+{
+    int n = zmq_msg_recv(msg, sock, flags);
+    if (n >= 0)
+        KVT_TSAN_WIRE_ACQUIRE();
+    return n;
+}
 
 #endif

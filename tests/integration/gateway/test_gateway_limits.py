@@ -420,6 +420,40 @@ def test_client_disconnect_midstream_is_499():
         up.close()
 
 
+def test_client_buffer_size_bounds_the_request_head():
+    """client_buffer_size is each connection's memory for its request: a head that fits is
+    served, a larger one gets 431 (RFC 6585 section 5) and the gateway goes on serving."""
+    sim, sport = start_sim()
+    gw, port = start_gw([f"http://127.0.0.1:{sport}"], ["--client-buffer-size", "4KiB"])
+    try:
+        def get_with_header(n):
+            # No body: a refused head leaves nothing unread that would turn the close into a
+            # reset before the answer is read.
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                      b"Connection: close\r\n\r\n" % (b"a" * n))
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            return int(data.split(b" ", 2)[1]) if data else 0
+
+        assert_eq(get_with_header(2500), 200, "a 2.5 KB header within 4 KiB")
+        # Just beyond: the whole head is read (so the close after the 431 is orderly) but does
+        # not fit beside what the parsed headers need.
+        assert_eq(get_with_header(3900), 431, "a 3.9 KB header beyond 4 KiB")
+        assert_eq(get_with_header(100), 200, "served after the refusal")
+        status, _, _ = T.request("POST", port, "/v1/completions", comp_body(False, max_tokens=2))
+        assert_eq(status, 200, "a request with a body through the 4 KiB buffer")
+        stop_gw(gw)
+    finally:
+        gw.kill()
+        sim.kill()
+
+
 if __name__ == "__main__":
     T.run([
         test_slow_headers_closed_at_deadline,
@@ -431,4 +465,5 @@ if __name__ == "__main__":
         test_deadline_midstream_is_504,
         test_pd_decode_dies_midstream,
         test_client_disconnect_midstream_is_499,
+        test_client_buffer_size_bounds_the_request_head,
     ])

@@ -36,7 +36,8 @@ def test_cpu_copies_count_less():
         # family 0: 8 GPU blocks on sim0 beat 12 CPU-only blocks on sim1 (8 > 12 x 0.5);
         # counted as GPU blocks, sim1's 12 would have won
         follow = tokens(0, 12 * BLOCK) + tokens(9, 20, salt=1)
-        assert fleet.routed_to(follow) == 0
+        got = fleet.routed_to(follow)
+        assert got == 0, (got, fleet.gw_metric("pdgw_kv_event_batches_total"))
         # family 1: only sim1 holds it, in CPU: it goes there and is loaded from the tier
         hits = sim_metric(fleet.ports[1], "vllm:external_prefix_cache_hits_total")
         follow = tokens(1, 12 * BLOCK) + tokens(9, 20, salt=2)

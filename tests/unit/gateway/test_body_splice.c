@@ -1,0 +1,178 @@
+/*
+ * test_body_splice.c - leg bodies spliced from the client's bytes (pdgw_body_splice.c): the
+ * result always parses to the leg object; untouched members keep the client's exact bytes
+ * (whitespace and escapes included), changed ones are written where the client had them, new
+ * ones at the end; text that cannot be spliced safely is refused so the caller serialises.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "pdgw_body_splice.h"
+
+typedef struct {
+    json_t *client;
+    json_t *leg; /* shares the client's member values, as pdgw_fwd_body_shared makes it */
+    pdgw_buf_t out;
+} splice_t;
+
+static void setup(splice_t *s, const char *raw)
+{
+    json_error_t e;
+    s->client = json_loads(raw, 0, &e);
+    assert_non_null(s->client);
+    s->leg = json_copy(s->client);
+    assert_non_null(s->leg);
+    pdgw_buf_init(&s->out);
+}
+
+static void teardown(splice_t *s)
+{
+    json_decref(s->client);
+    json_decref(s->leg);
+    pdgw_buf_free(&s->out);
+}
+
+/* Splice <raw> and check the text parses to an object equal to the leg. */
+static const char *splice_ok(splice_t *s, const char *raw)
+{
+    json_error_t e;
+    json_t *back;
+    assert_int_equal(pdgw_body_splice(raw, strlen(raw), s->client, s->leg, &s->out), PDGW_OK);
+    assert_non_null(s->out.data); /* NUL-terminated by pdgw_buf_append */
+    back = json_loadb(s->out.data, s->out.len, 0, &e);
+    assert_non_null(back);
+    assert_true(json_equal(back, s->leg));
+    json_decref(back);
+    return s->out.data;
+}
+
+static void test_untouched_body_keeps_the_client_bytes(void **state)
+{
+    /* Python's json.dumps spacing and an escaped prompt stay byte for byte. */
+    const char *raw = "{\"model\": \"m\", \"prompt\": \"a \\\"quoted\\\" \\u00e9 line\\n\", "
+                      "\"messages\": [{\"role\": \"user\", \"content\": [1, 2, {\"x\": \"]}\"}]}]}";
+    splice_t s;
+    (void)state;
+    setup(&s, raw);
+    assert_string_equal(
+        splice_ok(&s, raw),
+        "{\"model\":\"m\",\"prompt\":\"a \\\"quoted\\\" \\u00e9 line\\n\","
+        "\"messages\":[{\"role\": \"user\", \"content\": [1, 2, {\"x\": \"]}\"}]}]}");
+    teardown(&s);
+}
+
+static void test_set_delete_and_add(void **state)
+{
+    const char *raw = "{\"model\":\"m\",\"prompt\":\"long prompt\",\"max_tokens\":100,"
+                      "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"n\":1}";
+    splice_t s;
+    (void)state;
+    setup(&s, raw);
+    json_object_set_new(s.leg, "max_tokens", json_integer(1));
+    json_object_set_new(s.leg, "stream", json_false());
+    json_object_del(s.leg, "stream_options");
+    json_object_set_new(s.leg, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
+    assert_string_equal(splice_ok(&s, raw),
+                        "{\"model\":\"m\",\"prompt\":\"long prompt\",\"max_tokens\":1,"
+                        "\"stream\":false,\"n\":1,"
+                        "\"kv_transfer_params\":{\"do_remote_decode\":true}}");
+    teardown(&s);
+}
+
+static void test_same_literal_singleton_is_copied(void **state)
+{
+    /* jansson's true/false/null are singletons: setting the value the client already had
+     * leaves the pointer equal, and the client's literal is the same text. */
+    const char *raw = "{ \"stream\" : false , \"echo\":null }";
+    splice_t s;
+    (void)state;
+    setup(&s, raw);
+    json_object_set_new(s.leg, "stream", json_false());
+    assert_string_equal(splice_ok(&s, raw), "{\"stream\":false,\"echo\":null}");
+    teardown(&s);
+}
+
+static void test_numbers_and_nesting_at_the_edges(void **state)
+{
+    const char *raw = "{\"a\":-1.5e3,\"b\":[[],{},[1,[2,[3]]]],\"c\":\"\\\\\",\"d\":0}";
+    splice_t s;
+    (void)state;
+    setup(&s, raw);
+    json_object_del(s.leg, "d");
+    assert_string_equal(splice_ok(&s, raw),
+                        "{\"a\":-1.5e3,\"b\":[[],{},[1,[2,[3]]]],\"c\":\"\\\\\"}");
+    teardown(&s);
+}
+
+static void test_empty_object_and_all_new(void **state)
+{
+    const char *raw = " {} ";
+    splice_t s;
+    (void)state;
+    setup(&s, raw);
+    json_object_set_new(s.leg, "prompt", json_string("x\"y"));
+    assert_string_equal(splice_ok(&s, raw), "{\"prompt\":\"x\\\"y\"}");
+    teardown(&s);
+}
+
+static void refused(const char *raw)
+{
+    json_t *client = json_loads(raw, 0, NULL);
+    json_t *leg = client ? json_copy(client) : json_object();
+    pdgw_buf_t out;
+    pdgw_buf_init(&out);
+    assert_int_equal(pdgw_body_splice(raw, strlen(raw), client ? client : leg, leg, &out),
+                     PDGW_ERR_INVALID);
+    pdgw_buf_free(&out);
+    json_decref(client);
+    json_decref(leg);
+}
+
+static void test_unsafe_text_is_refused(void **state)
+{
+    (void)state;
+    /* A key written with an escape: the bytes do not name the parsed key. */
+    refused("{\"mo\\u0064el\":\"m\"}");
+    /* A key twice: jansson keeps one, the bytes would carry both. */
+    refused("{\"stream\":true,\"stream\":false}");
+    /* Not an object. */
+    refused("[1,2]");
+}
+
+static void test_text_cut_short_is_refused(void **state)
+{
+    const char *raw = "{\"model\":\"m\",\"prompt\":\"abc\"}";
+    json_t *client = json_loads(raw, 0, NULL);
+    json_t *leg = json_copy(client);
+    pdgw_buf_t out;
+    (void)state;
+    /* The parse of the whole text against a prefix of it: the walk must stop, not read on. */
+    for (size_t n = 0; n + 1 < strlen(raw); n++) {
+        pdgw_buf_init(&out);
+        assert_int_equal(pdgw_body_splice(raw, n, client, leg, &out), PDGW_ERR_INVALID);
+        pdgw_buf_free(&out);
+    }
+    json_decref(client);
+    json_decref(leg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_untouched_body_keeps_the_client_bytes),
+        cmocka_unit_test(test_set_delete_and_add),
+        cmocka_unit_test(test_same_literal_singleton_is_copied),
+        cmocka_unit_test(test_numbers_and_nesting_at_the_edges),
+        cmocka_unit_test(test_empty_object_and_all_new),
+        cmocka_unit_test(test_unsafe_text_is_refused),
+        cmocka_unit_test(test_text_cut_short_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
