@@ -7,6 +7,7 @@
 
 void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uint64_t now_ns)
 {
+    const pdgw_wf_t *wf = r->wf; /* what the workflow measured, NULL = none */
     pdgw_access_entry_t a;
     pdgw_access_entry_init(&a);
     a.request_id = r->id;
@@ -14,21 +15,21 @@ void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uin
     a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
     a.path = r->path;
     a.protocol = r->w->srv->desc->name;
-    a.model = r->info_valid ? r->info.model : r->pt_model;
-    a.prefill_instance = r->prefill_id[0] ? r->prefill_id : NULL;
-    a.decode_instance = r->decode_id[0] ? r->decode_id : NULL;
-    a.error = r->error_text[0] ? r->error_text : NULL;
+    a.model = r->info_valid ? r->info.model : wf ? wf->pt_model : NULL;
+    a.prefill_instance = wf && wf->prefill_id[0] ? wf->prefill_id : NULL;
+    a.decode_instance = wf && wf->decode_id[0] ? wf->decode_id : NULL;
+    a.error = pdgw_req_error(r)[0] ? pdgw_req_error(r) : NULL;
     a.status = status;
-    a.retries = r->attempt;
+    a.retries = wf ? wf->attempt : 0;
     a.stream = r->info_valid && r->info.stream;
     a.client_disconnected = disconnected;
     a.total_us = (int64_t)((now_ns - r->t_start_ns) / 1000u);
-    if (r->t_first_token_ns)
-        a.ttft_us = (int64_t)((r->t_first_token_ns - r->t_start_ns) / 1000u);
-    if (r->t_prefill_us)
-        a.prefill_us = (int64_t)r->t_prefill_us;
-    if (r->t_decode_us)
-        a.decode_us = (int64_t)r->t_decode_us;
+    if (wf && wf->t_first_token_ns)
+        a.ttft_us = (int64_t)((wf->t_first_token_ns - r->t_start_ns) / 1000u);
+    if (wf && wf->t_prefill_us)
+        a.prefill_us = (int64_t)wf->t_prefill_us;
+    if (wf && wf->t_decode_us)
+        a.decode_us = (int64_t)wf->t_decode_us;
     a.bytes_in = r->body.len;
     if (r->pd_phase != PDGW_PHASE_NONE) {
         a.pd_phase = pdgw_phase_name(r->pd_phase);

@@ -76,7 +76,7 @@ bool pdgw_admin_authorize(pdgw_req_t *r)
     pdgw_api_error_set_type(&e, "permission_error");
     pdgw_api_error_set_code(&e, "admin_forbidden");
     pdgw_gateway_metrics_rejected(srv->opts.metrics, "admin_forbidden");
-    snprintf(r->error_text, sizeof(r->error_text), "%s", e.message);
+    pdgw_req_error_set(r, "%s", e.message);
     body = pdgw_api_error_body(&e, &len);
     pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");
     return false;
@@ -103,7 +103,7 @@ bool pdgw_tls_authorize(pdgw_req_t *r)
     pdgw_api_error_set_type(&e, "permission_error");
     pdgw_api_error_set_code(&e, "client_certificate_required");
     pdgw_gateway_metrics_rejected(srv->opts.metrics, "client_cert");
-    snprintf(r->error_text, sizeof(r->error_text), "%s", e.message);
+    pdgw_req_error_set(r, "%s", e.message);
     body = pdgw_api_error_body(&e, &len);
     pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");
     return false;

@@ -10,7 +10,7 @@
 void pdgw_admin_instances_serve(pdgw_req_t *r)
 {
     sched_pool_t *pool = r->w->srv->opts.pool;
-    const char *sub = r->admin_path; /* after "/admin/instances" */
+    const char *sub = r->admin_path ? r->admin_path : ""; /* after "/admin/instances" */
     char err[256] = "";
 
     if (sub[0] == '\0' || strcmp(sub, "/") == 0) {

@@ -84,14 +84,15 @@ static const char *req_api_key(pdgw_req_t *r, size_t *len)
 }
 
 /* The affinity key of the request (header value or body `user`), borrowed. */
-static void req_affinity(pdgw_req_t *r, const pdgw_admit_limits_t *l)
+static void req_affinity(pdgw_wf_t *wf, const pdgw_admit_limits_t *l)
 {
+    pdgw_req_t *r = wf->req;
     const char *v = NULL;
     if (l->affinity == PDGW_AFFINITY_HEADER)
         v = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, l->affinity_header);
     else if (l->affinity == PDGW_AFFINITY_USER && r->json != NULL)
         v = json_string_value(json_object_get(r->json, "user"));
-    r->affinity_key = v != NULL && v[0] != '\0' ? v : NULL;
+    wf->affinity_key = v != NULL && v[0] != '\0' ? v : NULL;
 }
 
 static void refuse(pdgw_req_t *r, uint64_t retry_after_ms, const char *code, const char *msg)
@@ -104,9 +105,10 @@ static void refuse(pdgw_req_t *r, uint64_t retry_after_ms, const char *code, con
     pdgw_req_reply_error(r, &e);
 }
 
-bool pdgw_admit_req_enter(pdgw_req_t *r)
+bool pdgw_admit_req_enter(pdgw_wf_t *wf)
 {
-    pdgw_admit_t *a = r->w->srv->opts.admit;
+    pdgw_req_t *r = wf->req;
+    pdgw_admit_t *a = wf->w->srv->opts.admit;
     pdgw_admit_limits_t l;
     pdgw_api_error_t e;
     const char *key;
@@ -114,32 +116,32 @@ bool pdgw_admit_req_enter(pdgw_req_t *r)
     uint64_t retry_ms = 0, now = pdgw_now_ms();
     int64_t prio;
 
-    pdgw_admit_ticket_init(&r->admit);
+    pdgw_admit_ticket_init(&wf->admit);
     if (a == NULL || (r->route != PDGW_ROUTE_INFER && r->route != PDGW_ROUTE_PASSTHROUGH))
         return true;
     pdgw_admit_get_path_limits(a, &l);
-    req_affinity(r, &l);
+    req_affinity(wf, &l);
     if (!req_priority(r, &prio, &e)) {
-        pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "invalid");
+        pdgw_gateway_metrics_rejected(wf->w->srv->opts.metrics, "invalid");
         pdgw_req_reply_error(r, &e);
         return false;
     }
-    r->admit.waiter.priority = prio;
-    if (r->waker == NULL)
-        r->waker = pdgw_waker_create(r->w, r);
-    if (r->waker == NULL) {
+    wf->admit.waiter.priority = prio;
+    if (wf->waker == NULL)
+        wf->waker = pdgw_waker_create(wf->w, wf);
+    if (wf->waker == NULL) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
         return false;
     }
     key = req_api_key(r, &key_len);
-    switch (pdgw_admit_enter(a, &r->admit, key, key_len, now, r->deadline_ms, on_grant, r->waker,
+    switch (pdgw_admit_enter(a, &wf->admit, key, key_len, now, r->deadline_ms, on_grant, wf->waker,
                              &retry_ms)) {
     case PDGW_ADMIT_ADMITTED:
         return true;
     case PDGW_ADMIT_QUEUED:
-        r->admit_waiting = true;
-        r->stage = PDGW_WF_WAIT;
-        pdgw_worker_active_add(r->w, r);
+        wf->admit_waiting = true;
+        wf->stage = PDGW_WF_WAIT;
+        pdgw_worker_active_add(wf->w, r);
         pdgw_req_timer_update(r); /* fires at the queue deadline (pdgw_wf_next_deadline) */
         return false;
     case PDGW_ADMIT_RATE_LIMITED:
@@ -155,46 +157,48 @@ bool pdgw_admit_req_enter(pdgw_req_t *r)
     }
 }
 
-bool pdgw_admit_req_on_wake(pdgw_req_t *r)
+bool pdgw_admit_req_on_wake(pdgw_wf_t *wf)
 {
-    if (!r->admit_waiting)
+    pdgw_req_t *r = wf->req;
+    if (!wf->admit_waiting)
         return false;
-    if (pdgw_admit_ticket_state(r->w->srv->opts.admit, &r->admit) != PDGW_TICKET_HELD)
+    if (pdgw_admit_ticket_state(wf->w->srv->opts.admit, &wf->admit) != PDGW_TICKET_HELD)
         return true; /* not granted (yet): a stale wake */
-    r->admit_waiting = false;
-    pdgw_worker_active_remove(r->w, r);
-    r->stage = PDGW_WF_NONE;
+    wf->admit_waiting = false;
+    pdgw_worker_active_remove(wf->w, r);
+    wf->stage = PDGW_WF_NONE;
     if (r->route == PDGW_ROUTE_PASSTHROUGH)
-        pdgw_pt_start(r);
+        pdgw_pt_start(wf);
     else
-        pdgw_wf_start(r);
+        pdgw_wf_start(wf);
     return true;
 }
 
-bool pdgw_admit_req_check(pdgw_req_t *r, uint64_t now)
+bool pdgw_admit_req_check(pdgw_wf_t *wf, uint64_t now)
 {
-    pdgw_admit_t *a = r->w->srv->opts.admit;
-    if (!r->admit_waiting)
+    pdgw_req_t *r = wf->req;
+    pdgw_admit_t *a = wf->w->srv->opts.admit;
+    if (!wf->admit_waiting)
         return false;
-    if (a != NULL && pdgw_admit_expire(a, &r->admit, now)) {
-        r->admit_waiting = false;
-        r->stage = PDGW_WF_FINISHED;
-        pdgw_worker_active_remove(r->w, r);
+    if (a != NULL && pdgw_admit_expire(a, &wf->admit, now)) {
+        wf->admit_waiting = false;
+        wf->stage = PDGW_WF_FINISHED;
+        pdgw_worker_active_remove(wf->w, r);
         pdgw_log_debug("admit", "req=%s waited %llu ms for admission: 429", r->id,
-                       (unsigned long long)(now - r->admit.t_queued_ms));
+                       (unsigned long long)(now - wf->admit.t_queued_ms));
         refuse(r, 1000, "queue_timeout",
                "Too many requests: timed out waiting for admission; retry later.");
     }
     return true;
 }
 
-void pdgw_admit_req_done(pdgw_req_t *r)
+void pdgw_admit_req_done(pdgw_wf_t *wf)
 {
-    pdgw_admit_t *a = r->w->srv->opts.admit;
+    pdgw_admit_t *a = wf->w->srv->opts.admit;
     if (a == NULL)
         return;
-    r->admit_waiting = false;
-    (void)pdgw_admit_leave(a, &r->admit, pdgw_now_ms());
+    wf->admit_waiting = false;
+    (void)pdgw_admit_leave(a, &wf->admit, pdgw_now_ms());
 }
 
 /* ---------------------------------------------------------------- retry backoff */
@@ -229,20 +233,21 @@ uint64_t pdgw_retry_backoff_ms(uint64_t base_ms, uint64_t max_ms, unsigned attem
     return d;
 }
 
-bool pdgw_admit_retry_delay(pdgw_req_t *r, const pdgw_leg_t *failed_leg, uint64_t *delay_ms)
+bool pdgw_admit_retry_delay(pdgw_wf_t *wf, const pdgw_leg_t *failed_leg, uint64_t *delay_ms)
 {
+    pdgw_req_t *r = wf->req;
     pdgw_admit_limits_t l;
     uint64_t now = pdgw_now_ms(), d;
     *delay_ms = 0;
     if (failed_leg == NULL || failed_leg->err != PDGW_LEGERR_STATUS ||
         (failed_leg->status != 429 && failed_leg->status != 503))
         return true;
-    if (r->w->srv->opts.admit != NULL) {
-        pdgw_admit_get_path_limits(r->w->srv->opts.admit, &l);
+    if (wf->w->srv->opts.admit != NULL) {
+        pdgw_admit_get_path_limits(wf->w->srv->opts.admit, &l);
     } else {
         pdgw_admit_limits_init(&l);
     }
-    d = pdgw_retry_backoff_ms(l.retry_backoff_base_ms, l.retry_backoff_max_ms, r->attempt,
+    d = pdgw_retry_backoff_ms(l.retry_backoff_base_ms, l.retry_backoff_max_ms, wf->attempt,
                               failed_leg->retry_after_ms, rng_next());
     if (now + d >= r->deadline_ms)
         return false;

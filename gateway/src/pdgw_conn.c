@@ -353,9 +353,9 @@ static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
         pdgw_req_t *r = c->req;
         /* Logged and counted as 408 when MHD completes the request. */
         r->final_status = 408;
-        snprintf(r->error_text, sizeof(r->error_text),
-                 "request body not received within the request deadline (%llu bytes read)",
-                 (unsigned long long)r->body.len);
+        pdgw_req_error_set(
+            r, "request body not received within the request deadline (%llu bytes read)",
+            (unsigned long long)r->body.len);
         pdgw_gateway_metrics_conn_closed(gm, "body_timeout");
     } else {
         pdgw_gateway_metrics_conn_closed(gm, "header_timeout");

@@ -80,7 +80,7 @@ bool pdgw_cors_preflight(pdgw_req_t *r)
         pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL,
                            "origin not allowed by cors_allowed_origins");
         pdgw_api_error_set_code(&e, "cors_origin_not_allowed");
-        snprintf(r->error_text, sizeof(r->error_text), "CORS preflight from a refused origin");
+        pdgw_req_error_set(r, "CORS preflight from a refused origin");
         body = pdgw_api_error_body(&e, &len);
         pdgw_req_reply(r, 403, body, body ? len : 0, "application/json");
         return true;

@@ -24,9 +24,9 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
 bool pdgw_pt_route(const pdgw_req_t *r);
 /* Before admission: the body's model (unknown model: 404 answered, false) and, for a JSON
  * body, r->json so admission reads `priority` / `user` as for chat. */
-bool pdgw_pt_prepare(pdgw_req_t *r);
+bool pdgw_pt_prepare(pdgw_wf_t *wf);
 /* Start proxying (authenticated, body complete, not draining, admitted). */
-void pdgw_pt_start(pdgw_req_t *r);
+void pdgw_pt_start(pdgw_wf_t *wf);
 /* curl header callback of a raw leg: keep the engine's end-to-end headers. */
 void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len);
 /* The kept headers on the client's response. */
@@ -34,10 +34,10 @@ void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp);
 /* curl write callback of a raw leg. */
 size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len);
 /* The raw leg ended. */
-void pdgw_pt_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
+void pdgw_pt_leg_done(pdgw_wf_t *wf, pdgw_leg_t *leg);
 /* Request deadline, first-byte and idle timeouts of the raw leg. */
-void pdgw_pt_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
-/* Connection completion: metrics (r->pt_model is freed with the request). */
+void pdgw_pt_check_deadlines(pdgw_wf_t *wf, uint64_t now_ms);
+/* Connection completion: metrics (r->wf->pt_model is freed with the workflow). */
 void pdgw_pt_finalize(pdgw_req_t *r, int status, double dur_s);
 
 /* ---- pdgw_cors.c */

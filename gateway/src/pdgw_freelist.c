@@ -6,6 +6,7 @@
  */
 #include "pdgw_freelist.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -33,6 +34,13 @@ typedef union fl_hdr {
     max_align_t align;
 } fl_hdr_t;
 
+static atomic_bool fl_bypass;
+
+void pdgw_freelist_test_bypass(bool on)
+{
+    atomic_store_explicit(&fl_bypass, on, memory_order_relaxed);
+}
+
 void pdgw_freelist_init(pdgw_freelist_t *fl, size_t obj_size, unsigned max_free)
 {
     memset(fl, 0, sizeof(*fl));
@@ -43,7 +51,7 @@ void pdgw_freelist_init(pdgw_freelist_t *fl, size_t obj_size, unsigned max_free)
 void *pdgw_freelist_get(pdgw_freelist_t *fl)
 {
     fl_hdr_t *h = fl->head;
-    if (h != NULL) {
+    if (h != NULL && !atomic_load_explicit(&fl_bypass, memory_order_relaxed)) {
         fl->head = h->next;
         fl->n_free--;
         fl->n_reuse++;
@@ -64,7 +72,7 @@ void pdgw_freelist_put(pdgw_freelist_t *fl, void *p)
     if (p == NULL)
         return;
     h = (fl_hdr_t *)p - 1;
-    if (fl->n_free >= fl->max_free) {
+    if (fl->n_free >= fl->max_free || atomic_load_explicit(&fl_bypass, memory_order_relaxed)) {
         pdgw_free(h);
         return;
     }

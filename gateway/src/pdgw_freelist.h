@@ -12,6 +12,7 @@
 #ifndef PDGW_FREELIST_H
 #define PDGW_FREELIST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct pdgw_freelist {
@@ -32,5 +33,10 @@ void *pdgw_freelist_get(pdgw_freelist_t *fl);
 void pdgw_freelist_put(pdgw_freelist_t *fl, void *p);
 /* Free every listed object. */
 void pdgw_freelist_drain(pdgw_freelist_t *fl);
+
+/* Test hook, process-wide, may be flipped from any thread: while <on>, every list hands out
+ * new objects and frees those given back (its listed ones stay listed), so each object a
+ * request takes is an allocation a torture run can fail. */
+void pdgw_freelist_test_bypass(bool on);
 
 #endif /* PDGW_FREELIST_H */

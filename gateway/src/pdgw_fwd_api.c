@@ -146,7 +146,7 @@ json_t *pdgw_fwd_option_value(const char *text)
 
 /* ---------------------------------------------------------------- waker */
 
-pdgw_fwd_waker_t *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r)
+pdgw_fwd_waker_t *pdgw_waker_create(pdgw_worker_t *w, pdgw_wf_t *wf)
 {
     pdgw_fwd_waker_t *wk = pdgw_calloc(1, sizeof(*wk));
     if (wk == NULL)
@@ -154,7 +154,7 @@ pdgw_fwd_waker_t *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r)
     atomic_init(&wk->refs, 1);
     pthread_mutex_init(&wk->lock, NULL);
     wk->worker = w;
-    wk->req = r;
+    wk->wf = wf;
     return wk;
 }
 
@@ -182,7 +182,7 @@ void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *wk)
     /* Everything under wk->lock: the worker detaches every waker (taking this lock)
      * before it closes its eventfd, so the worker is alive while we hold it. */
     pthread_mutex_lock(&wk->lock);
-    if (wk->req != NULL && !wk->queued) {
+    if (wk->wf != NULL && !wk->queued) {
         pdgw_worker_t *w = wk->worker;
         uint64_t one = 1;
         wk->queued = true;
@@ -200,7 +200,7 @@ void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *wk)
 void pdgw_waker_detach(pdgw_fwd_waker_t *wk)
 {
     pthread_mutex_lock(&wk->lock);
-    wk->req = NULL;
+    wk->wf = NULL;
     pthread_mutex_unlock(&wk->lock);
     pdgw_fwd_waker_unref(wk);
 }
@@ -214,16 +214,16 @@ void pdgw_waker_run_queue(pdgw_worker_t *w)
     pthread_mutex_unlock(&w->wake_lock);
     while (list) {
         pdgw_fwd_waker_t *wk = list;
-        pdgw_req_t *r;
+        pdgw_wf_t *wf;
         list = wk->next;
         pthread_mutex_lock(&wk->lock);
         wk->queued = false;
         wk->next = NULL;
-        r = wk->req;
+        wf = wk->wf;
         pthread_mutex_unlock(&wk->lock);
-        /* The request can only end on this thread, so r stays valid during the call. */
-        if (r)
-            pdgw_wf_on_wake(r);
+        /* The workflow can only end on this thread, so wf stays valid during the call. */
+        if (wf)
+            pdgw_wf_on_wake(wf);
         pdgw_fwd_waker_unref(wk);
     }
 }

@@ -193,13 +193,15 @@ static void route(pdgw_req_t *r, const char *url)
         r->route = PDGW_ROUTE_ADMIN; /* pdgw_admin_serve */
     } else if (strncmp(r->path, "/admin/instances", 16) == 0 &&
                (r->path[16] == '\0' || r->path[16] == '/')) {
+        /* The sub-path (up to the query, at most 191 bytes), kept only for this route. */
+        size_t n = strcspn(url + 16, "?");
         r->route = PDGW_ROUTE_ADMIN;
-        snprintf(r->admin_path, sizeof(r->admin_path), "%s", url + 16);
-        {
-            char *qq = strchr(r->admin_path, '?');
-            if (qq)
-                *qq = '\0';
+        r->admin_path = pdgw_malloc(n > 191 ? 192 : n + 1);
+        if (r->admin_path == NULL) {
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
+            return;
         }
+        snprintf(r->admin_path, n > 191 ? 192 : n + 1, "%s", url + 16);
     } else if (pdgw_pt_route(r)) { /* fleet hook: pass-through */
         r->route = PDGW_ROUTE_PASSTHROUGH;
     } else {
@@ -210,7 +212,7 @@ static void route(pdgw_req_t *r, const char *url)
 /* The Allow header of a 405 (RFC 9110 15.5.6): the methods the target answers. */
 const char *pdgw_http_allowed_methods(const pdgw_req_t *r)
 {
-    const char *sub = r->admin_path, *slash;
+    const char *sub = r->admin_path ? r->admin_path : "", *slash;
     switch (r->route) {
     case PDGW_ROUTE_INFER:
         return "POST";
@@ -302,6 +304,7 @@ static void dispatch(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
+    pdgw_wf_t *wf;
 
     if (!pdgw_tls_authorize(r))
         return;
@@ -395,21 +398,29 @@ static void dispatch(pdgw_req_t *r)
                               "the gateway is shutting down");
         return;
     }
-    /* Upstream work: collect the headers to forward, then run the workflow. */
+    /* Upstream work: a workflow object, the headers to forward, then the workflow. */
+    wf = pdgw_wf_create(r);
+    if (wf == NULL) {
+        pdgw_gateway_metrics_local_resource_error(gm, "memory");
+        r->reply_retry_after_s = 1;
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, NULL,
+                              "the gateway is out of memory; retry later");
+        return;
+    }
     r->conn_tokens =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
-    if (r->route == PDGW_ROUTE_PASSTHROUGH && !pdgw_pt_prepare(r)) /* fleet hook */
+    if (r->route == PDGW_ROUTE_PASSTHROUGH && !pdgw_pt_prepare(wf)) /* fleet hook */
         return;
     /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on;
      * pass-through counts and waits like chat. */
-    if (!pdgw_admit_req_enter(r))
+    if (!pdgw_admit_req_enter(wf))
         return;
     if (r->route == PDGW_ROUTE_PASSTHROUGH) { /* fleet hook */
-        pdgw_pt_start(r);
+        pdgw_pt_start(wf);
         return;
     }
-    pdgw_wf_start(r);
+    pdgw_wf_start(wf);
 }
 
 /* ---------------------------------------------------------------- the handler */
@@ -443,8 +454,6 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     if (ci && ci->client_addr)
         sockaddr_text(ci->client_addr, r->client_addr, sizeof(r->client_addr));
     r->body.limit = 0;
-    pdgw_leg_init(&r->legs[PDGW_LEG_PREFILL], r, PDGW_LEG_PREFILL, &pdgw_wf_leg_owner);
-    pdgw_leg_init(&r->legs[PDGW_LEG_DECODE], r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     route(r, url);
     req_identity(r);
     req_deadline(r);
@@ -576,7 +585,8 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         return pdgw_sink_queue_reply(r);
     if (r->committed)
         return pdgw_sink_queue_stream(r);
-    if (r->stage == PDGW_WF_NONE && !r->suspended) {
+    if (!r->dispatched && !r->suspended) {
+        r->dispatched = true;
         dispatch(r);
         if (r->reply_ready)
             return pdgw_sink_queue_reply(r);
@@ -605,5 +615,5 @@ void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     /* A kept-alive connection must send its next request headers in time. */
     pdgw_conn_request_done(r->cx);
     disconnected = r->client_gone || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
-    pdgw_wf_finalize(r, disconnected);
+    pdgw_req_finalize(r, disconnected);
 }

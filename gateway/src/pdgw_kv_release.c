@@ -56,12 +56,12 @@ static bool decode_never_reached(const pdgw_leg_t *d)
     return d->err == PDGW_LEGERR_STATUS && (d->status == 429 || d->status == 503);
 }
 
-bool pdgw_kv_still_held(const pdgw_req_t *r, const pdgw_leg_t *d)
+bool pdgw_kv_still_held(const pdgw_wf_t *wf, const pdgw_leg_t *d)
 {
-    return !protocol_holds_kv(r->w->srv->desc->name) || decode_never_reached(d);
+    return !protocol_holds_kv(wf->w->srv->desc->name) || decode_never_reached(d);
 }
 
-static const char *reason_name(pdgw_req_t *r, pdgw_end_reason_t reason)
+static const char *reason_name(pdgw_wf_t *wf, pdgw_end_reason_t reason)
 {
     if (reason == PDGW_END_CANCELLED)
         return "client_gone";
@@ -69,16 +69,16 @@ static const char *reason_name(pdgw_req_t *r, pdgw_end_reason_t reason)
         return "timeout";
     if (reason == PDGW_END_RETRY)
         return "retry";
-    return r->legs[PDGW_LEG_DECODE].state == PDGW_LEG_IDLE ? "no_decode" : "decode_refused";
+    return wf->legs[PDGW_LEG_DECODE].state == PDGW_LEG_IDLE ? "no_decode" : "decode_refused";
 }
 
 /* A usable decode instance other than <avoid> (NULL = any); new reference or NULL. */
-static sched_instance_t *pick_decode(pdgw_req_t *r, const char *avoid)
+static sched_instance_t *pick_decode(pdgw_wf_t *wf, const char *avoid)
 {
-    pdgw_routing_t *rt = r->w->srv->routing;
-    size_t n = sched_pool_usable_count(r->w->srv->opts.pool, SCHED_ROLE_DECODE);
+    pdgw_routing_t *rt = wf->w->srv->routing;
+    size_t n = sched_pool_usable_count(wf->w->srv->opts.pool, SCHED_ROLE_DECODE);
     for (size_t i = 0; i < n; i++) {
-        sched_instance_t *si = sched_pool_pick_usable(r->w->srv->opts.pool, SCHED_ROLE_DECODE,
+        sched_instance_t *si = sched_pool_pick_usable(wf->w->srv->opts.pool, SCHED_ROLE_DECODE,
                                                       atomic_fetch_add(&rt->turn, 1));
         if (si == NULL)
             return NULL;
@@ -90,10 +90,10 @@ static sched_instance_t *pick_decode(pdgw_req_t *r, const char *avoid)
 }
 
 /* The decode body the forwarder builds for <target>, cut to one token, not streamed. */
-static char *release_body(pdgw_req_t *r, const pdgw_instance_t *target, size_t *len)
+static char *release_body(pdgw_wf_t *wf, const pdgw_instance_t *target, size_t *len)
 {
-    const pdgw_fwd_ops_t *ops = r->w->srv->desc->ops;
-    pdgw_fwd_peers_t peers = r->peers;
+    const pdgw_fwd_ops_t *ops = wf->w->srv->desc->ops;
+    pdgw_fwd_peers_t peers = wf->peers;
     pdgw_fwd_leg_t fl;
     pdgw_fwd_error_t e;
     json_t *b;
@@ -102,7 +102,7 @@ static char *release_body(pdgw_req_t *r, const pdgw_instance_t *target, size_t *
     memset(&fl, 0, sizeof(fl));
     memset(&e, 0, sizeof(e));
     peers.decode = target;
-    if (ops->build_leg(r->fwd_ctx, r->fwd_state, &r->freq, PDGW_LEG_DECODE, &peers, &fl, &e) !=
+    if (ops->build_leg(wf->fwd_ctx, wf->fwd_state, &wf->freq, PDGW_LEG_DECODE, &peers, &fl, &e) !=
             PDGW_FWD_OK ||
         fl.body == NULL) {
         json_decref(fl.body);
@@ -126,63 +126,72 @@ static char *release_body(pdgw_req_t *r, const pdgw_instance_t *target, size_t *
 /* The release leg reports here (its owner), not to the workflow. */
 static void release_on_leg_done(pdgw_leg_t *leg)
 {
-    (void)pdgw_kv_release_leg_done(leg->req, leg);
+    (void)pdgw_kv_release_leg_done(leg->wf, leg);
 }
 
 static const pdgw_leg_owner_t release_leg_owner = {NULL, release_on_leg_done};
 
-void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
+void pdgw_kv_release_attempt_end(pdgw_wf_t *wf, pdgw_end_reason_t reason)
 {
-    pdgw_server_t *srv = r->w->srv;
+    pdgw_req_t *r = wf->req;
+    pdgw_server_t *srv = wf->w->srv;
     pdgw_routing_t *rt = srv->routing;
-    const pdgw_leg_t *p = &r->legs[PDGW_LEG_PREFILL], *d = &r->legs[PDGW_LEG_DECODE];
+    const pdgw_leg_t *p = &wf->legs[PDGW_LEG_PREFILL], *d = &wf->legs[PDGW_LEG_DECODE];
     const char *why, *avoid = NULL;
     sched_instance_t *si = NULL;
     pdgw_req_t *o = NULL;
+    pdgw_wf_t *ow = NULL;
     pdgw_req_route_t *q;
     char *body;
     size_t len = 0;
 
-    if (reason == PDGW_END_OK || !r->attempt_live || !protocol_holds_kv(srv->desc->name) ||
+    if (reason == PDGW_END_OK || !wf->attempt_live || !protocol_holds_kv(srv->desc->name) ||
         p->state != PDGW_LEG_DONE || p->err != PDGW_LEGERR_NONE || p->status < 200 ||
         p->status >= 300 || !decode_never_reached(d))
         return;
-    why = reason_name(r, reason);
+    why = reason_name(wf, reason);
     /* The booked decode when the leg never went; another one when it refused. */
-    if (d->state == PDGW_LEG_IDLE && r->sched_inst[PDGW_LEG_DECODE] != NULL)
-        si = sched_instance_ref(r->sched_inst[PDGW_LEG_DECODE]);
+    if (d->state == PDGW_LEG_IDLE && wf->sched_inst[PDGW_LEG_DECODE] != NULL)
+        si = sched_instance_ref(wf->sched_inst[PDGW_LEG_DECODE]);
     else
-        avoid = r->inst_set[PDGW_LEG_DECODE] ? r->inst_view[PDGW_LEG_DECODE].id : NULL;
+        avoid = wf->inst_set[PDGW_LEG_DECODE] ? wf->inst_view[PDGW_LEG_DECODE].id : NULL;
     if (si == NULL)
-        si = pick_decode(r, avoid);
+        si = pick_decode(wf, avoid);
     if (si == NULL) {
         rel_count(rt, why, "no_instance");
         return;
     }
+    /* A bare request (for its timer) and a workflow object of its own (the leg, the route
+     * state); not from the worker's free lists, like the route state. */
     o = pdgw_calloc(1, sizeof(*o));
-    q = o ? pdgw_calloc(1, sizeof(*q)) : NULL;
+    ow = o ? pdgw_calloc(1, sizeof(*ow)) : NULL;
+    q = ow ? pdgw_calloc(1, sizeof(*q)) : NULL;
     if (q == NULL) {
+        pdgw_free(ow);
         pdgw_free(o);
         sched_instance_unref(si);
         rel_count(rt, why, "error");
         return;
     }
-    o->w = r->w;
+    o->w = wf->w;
     o->route = PDGW_ROUTE_NONE;
-    o->stage = PDGW_WF_DECODE;
-    memcpy(o->leg_id, r->leg_id, sizeof(o->leg_id));
-    o->rt = q;
+    o->wf = ow;
+    ow->req = o;
+    ow->w = wf->w;
+    ow->stage = PDGW_WF_DECODE;
+    memcpy(ow->leg_id, wf->leg_id, sizeof(ow->leg_id));
+    ow->rt = q;
     q->release = true;
     q->release_reason = why;
     q->si = si;
     pdgw_instance_view_from_sched(&q->inst, si);
-    body = release_body(r, &q->inst, &len);
+    body = release_body(wf, &q->inst, &len);
     q->leg = body ? pdgw_calloc(1, sizeof(*q->leg)) : NULL;
     if (q->leg == NULL) {
         free(body);
         goto err;
     }
-    pdgw_leg_init(q->leg, o, PDGW_LEG_DECODE, &release_leg_owner);
+    pdgw_leg_init(q->leg, ow, PDGW_LEG_DECODE, &release_leg_owner);
     if (pdgw_leg_start(q->leg, &q->inst, r->path, "POST", body, len, NULL) != PDGW_OK) {
         free(body);
         goto err;
@@ -192,23 +201,27 @@ void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason)
     return;
 err:
     rel_count(rt, why, "error");
-    pdgw_route_req_release(o);
+    pdgw_route_req_release(ow);
+    pdgw_free(ow);
     pdgw_free(o);
 }
 
-static void release_free(pdgw_req_t *o)
+/* The owner <o> and its bare request go. */
+static void release_free(pdgw_wf_t *o)
 {
-    pdgw_worker_active_remove(o->w, o);
+    pdgw_req_t *req = o->req;
+    pdgw_worker_active_remove(req->w, req);
     pdgw_route_req_release(o);
     pdgw_free(o);
+    pdgw_free(req);
 }
 
 static bool is_release_owner(const pdgw_req_t *o)
 {
-    return o->rt != NULL && o->rt->release;
+    return o->wf != NULL && o->wf->rt != NULL && o->wf->rt->release;
 }
 
-bool pdgw_kv_release_leg_done(pdgw_req_t *o, pdgw_leg_t *leg)
+bool pdgw_kv_release_leg_done(pdgw_wf_t *o, pdgw_leg_t *leg)
 {
     pdgw_req_route_t *q = o->rt;
     bool ok;
@@ -230,7 +243,7 @@ bool pdgw_kv_release_leg_done(pdgw_req_t *o, pdgw_leg_t *leg)
     return true;
 }
 
-bool pdgw_kv_release_check_deadline(pdgw_req_t *o, uint64_t now_ms)
+bool pdgw_kv_release_check_deadline(pdgw_wf_t *o, uint64_t now_ms)
 {
     pdgw_req_route_t *q = o->rt;
     if (q == NULL || !q->release)
@@ -246,5 +259,5 @@ void pdgw_kv_release_drop_all(pdgw_worker_t *w)
 {
     pdgw_req_t *o;
     while ((o = pdgw_worker_find_active(w, is_release_owner)) != NULL)
-        release_free(o);
+        release_free(o->wf);
 }

@@ -49,15 +49,15 @@ static curl_socket_t leg_open_socket(void *cls, curlsocktype purpose, struct cur
     (void)purpose;
     leg->os_errno = fd == CURL_SOCKET_BAD ? errno : 0;
     if (fd != CURL_SOCKET_BAD)
-        pdgw_worker_curl_socket_opened(leg->req->w, fd);
+        pdgw_worker_curl_socket_opened(leg->wf->w, fd);
     return fd;
 }
 
-void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_wf_t *wf, pdgw_leg_kind_t kind,
                    const pdgw_leg_owner_t *owner)
 {
     memset(leg, 0, sizeof(*leg));
-    leg->req = r;
+    leg->wf = wf;
     leg->owner = owner;
     leg->kind = kind;
     pdgw_sse_init(&leg->parser);
@@ -85,7 +85,7 @@ static void leg_capture_status(pdgw_leg_t *leg)
 static size_t leg_on_write(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
     pdgw_leg_t *leg = userdata;
-    pdgw_req_t *r = leg->req;
+    pdgw_req_t *r = leg->wf->req;
     size_t len = size * nmemb;
     uint64_t now = pdgw_now_ms();
 
@@ -183,7 +183,7 @@ static bool hdr_add_native(void *ctx, const char *line)
 static bool leg_headers(pdgw_leg_t *leg, const char *method, const pdgw_fwd_leg_t *fl,
                         bool (*add)(void *ctx, const char *line), void *ctx)
 {
-    pdgw_req_t *r = leg->req;
+    pdgw_req_t *r = leg->wf->req;
     char hdr[256];
     size_t off;
     bool ok = true;
@@ -191,7 +191,7 @@ static bool leg_headers(pdgw_leg_t *leg, const char *method, const pdgw_fwd_leg_
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 && !leg->raw)
         ok &= add(ctx, "Content-Type: application/json"); /* a pass-through sends the
                                                            * client's own Content-Type */
-    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", r->leg_id);
+    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", leg->wf->leg_id);
     ok &= add(ctx, hdr);
     if (r->traceparent[0]) {
         snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);
@@ -291,7 +291,7 @@ static const pdgw_h1_xfer_cb_t leg_h1_cb = {
 static pdgw_status_t leg_start_native(pdgw_leg_t *leg, const char *url, const char *method,
                                       const pdgw_fwd_leg_t *fl)
 {
-    pdgw_req_t *r = leg->req;
+    pdgw_req_t *r = leg->wf->req;
     pdgw_h1_xfer_t *x = &leg->h1;
     pdgw_status_t st = pdgw_h1_xfer_begin(x, r->w->h1, method, url);
     if (st == PDGW_OK && !leg_headers(leg, method, fl, hdr_add_native, x))
@@ -318,7 +318,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
                              const char *method, char *body, size_t body_len,
                              const pdgw_fwd_leg_t *fl)
 {
-    pdgw_req_t *r = leg->req;
+    pdgw_req_t *r = leg->wf->req;
     pdgw_server_t *srv = r->w->srv;
     char url[1024];
     struct curl_slist *h = NULL;
@@ -406,14 +406,14 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
 static void leg_free_transfer(pdgw_leg_t *leg)
 {
     if (leg->native) {
-        pdgw_worker_t *w = leg->req->w;
+        pdgw_worker_t *w = leg->wf->w;
         pdgw_gateway_metrics_instance_leg(w->srv->opts.metrics, leg->inst->id,
                                           leg_role_name(leg->inst), -1);
         pdgw_h1_xfer_release(&leg->h1); /* a running transfer's connection is closed */
         leg->native = false;
     }
     if (leg->easy) {
-        pdgw_worker_t *w = leg->req->w;
+        pdgw_worker_t *w = leg->wf->w;
         pdgw_gateway_metrics_instance_leg(w->srv->opts.metrics, leg->inst->id,
                                           leg_role_name(leg->inst), -1);
         curl_multi_remove_handle(w->multi, leg->easy);
@@ -464,7 +464,7 @@ void pdgw_leg_unpause(pdgw_leg_t *leg)
         pdgw_h1_xfer_unpause(&leg->h1); /* reads again from the worker loop */
     else
         curl_easy_pause(leg->easy, CURLPAUSE_CONT);
-    pdgw_req_timer_update(leg->req);
+    pdgw_req_timer_update(leg->wf->req);
 }
 
 /* Did the connect fail because this process ran out of descriptors or buffers? Then the

@@ -29,7 +29,7 @@ bool pdgw_models_admit(pdgw_req_t *r, const char *model)
     pdgw_api_error_set(&e, PDGW_API_ERR_NOT_FOUND, "model", "The model `%s` does not exist.",
                        model);
     pdgw_api_error_set_code(&e, "model_not_found");
-    snprintf(r->error_text, sizeof(r->error_text), "model not served: %.200s", model);
+    pdgw_req_error_set(r, "model not served: %.200s", model);
     body = pdgw_api_error_body(&e, &len);
     pdgw_req_reply(r, 404, body, body ? len : 0, "application/json");
     return false;
@@ -120,26 +120,29 @@ static bool families(pdgw_metrics_t *reg, model_families_t *mf)
 void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, double dur_s)
 {
     pdgw_metrics_t *reg = r->w->srv->opts.metrics ? r->w->srv->opts.metrics->reg : NULL;
+    const pdgw_wf_t *wf = r->wf; /* what the workflow measured, NULL = none */
     model_families_t *mf = &r->w->model_families;
     char code[8];
 
     /* A model nobody serves was answered 404 and has no series: clients cannot grow the
      * label set with names of their own. */
     if (reg == NULL || model == NULL || model[0] == '\0' ||
-        strncmp(r->error_text, "model not served: ", 18) == 0 || !families(reg, mf))
+        strncmp(pdgw_req_error(r), "model not served: ", 18) == 0 || !families(reg, mf))
         return;
     snprintf(code, sizeof(code), "%d", status);
     pdgw_counter_inc(pdgw_metric_family_series2(mf->requests, model, code));
     pdgw_histogram_observe(pdgw_metric_family_series1(mf->duration, model), dur_s);
-    if (r->t_first_token_ns > r->t_start_ns)
+    if (wf == NULL)
+        return;
+    if (wf->t_first_token_ns > r->t_start_ns)
         pdgw_histogram_observe(pdgw_metric_family_series1(mf->ttft, model),
-                               (double)(r->t_first_token_ns - r->t_start_ns) / 1e9);
-    if (r->usage_seen) {
-        if (r->usage_prompt > 0)
+                               (double)(wf->t_first_token_ns - r->t_start_ns) / 1e9);
+    if (wf->usage_seen) {
+        if (wf->usage_prompt > 0)
             pdgw_counter_add(pdgw_metric_family_series2(mf->tokens, model, "prompt"),
-                             (uint64_t)r->usage_prompt);
-        if (r->usage_completion > 0)
+                             (uint64_t)wf->usage_prompt);
+        if (wf->usage_completion > 0)
             pdgw_counter_add(pdgw_metric_family_series2(mf->tokens, model, "completion"),
-                             (uint64_t)r->usage_completion);
+                             (uint64_t)wf->usage_completion);
     }
 }

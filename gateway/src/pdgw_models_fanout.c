@@ -26,13 +26,14 @@ void pdgw_models_serve_local(pdgw_req_t *r)
 #define MODELS_MAX_INSTANCES 16
 #define MODELS_TIMEOUT_MS    5000
 
-static void wf_models_reply(pdgw_req_t *r)
+static void wf_models_reply(pdgw_wf_t *wf)
 {
+    pdgw_req_t *r = wf->req;
     json_t *data = json_array();
     json_t *seen = json_object();
     size_t i, ok = 0;
-    for (i = 0; i < r->n_mlegs; i++) {
-        pdgw_leg_t *leg = &r->mlegs[i];
+    for (i = 0; i < wf->n_mlegs; i++) {
+        pdgw_leg_t *leg = &wf->mlegs[i];
         json_t *resp, *arr, *m;
         size_t j;
         if (leg->err != PDGW_LEGERR_NONE || leg->status != 200)
@@ -53,7 +54,7 @@ static void wf_models_reply(pdgw_req_t *r)
         json_decref(resp);
     }
     json_decref(seen);
-    pdgw_wf_set_finished(r);
+    pdgw_wf_set_finished(wf);
     if (ok == 0) {
         json_decref(data);
         pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_GATEWAY, "upstream_error",
@@ -72,112 +73,113 @@ static void wf_models_reply(pdgw_req_t *r)
     }
 }
 
-void pdgw_models_leg_done(pdgw_req_t *r)
+void pdgw_models_leg_done(pdgw_wf_t *wf)
 {
-    if (++r->n_mdone == r->n_mlegs && r->stage != PDGW_WF_FINISHED)
-        wf_models_reply(r);
+    if (++wf->n_mdone == wf->n_mlegs && wf->stage != PDGW_WF_FINISHED)
+        wf_models_reply(wf);
 }
 
-static char *wf_models_keep(pdgw_req_t *r, size_t slot, const char *s)
+static char *wf_models_keep(pdgw_wf_t *wf, size_t slot, const char *s)
 {
     char *c = pdgw_strdup(s ? s : "");
     size_t n = c ? strlen(c) : 0;
     while (n > 0 && c[n - 1] == '/')
         c[--n] = '\0'; /* base URL without a trailing slash */
-    r->mstr[slot] = c;
+    wf->mstr[slot] = c;
     return c;
 }
 
 static void models_on_leg_done(pdgw_leg_t *leg)
 {
-    pdgw_models_leg_done(leg->req);
+    pdgw_models_leg_done(leg->wf);
 }
 
 static const pdgw_leg_owner_t models_leg_owner = {NULL, models_on_leg_done};
 
-void pdgw_models_start(pdgw_req_t *r)
+void pdgw_models_start(pdgw_wf_t *wf)
 {
-    pdgw_server_t *srv = r->w->srv;
+    pdgw_req_t *r = wf->req;
+    pdgw_server_t *srv = wf->w->srv;
     sched_instance_t **usable = NULL;
     size_t i, n = 0, n_usable = 0;
 
-    r->passthrough = true;
-    r->stage = PDGW_WF_DECODE;
-    pdgw_worker_active_add(r->w, r);
-    r->mlegs = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->mlegs));
-    r->minst = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*r->minst));
-    r->mstr = pdgw_calloc(2 * MODELS_MAX_INSTANCES, sizeof(*r->mstr));
-    if (r->mlegs == NULL || r->minst == NULL || r->mstr == NULL ||
+    wf->passthrough = true;
+    wf->stage = PDGW_WF_DECODE;
+    pdgw_worker_active_add(wf->w, r);
+    wf->mlegs = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*wf->mlegs));
+    wf->minst = pdgw_calloc(MODELS_MAX_INSTANCES, sizeof(*wf->minst));
+    wf->mstr = pdgw_calloc(2 * MODELS_MAX_INSTANCES, sizeof(*wf->mstr));
+    if (wf->mlegs == NULL || wf->minst == NULL || wf->mstr == NULL ||
         sched_pool_usable(srv->opts.pool, &usable, &n_usable) != SCHED_OK) {
-        pdgw_wf_set_finished(r);
+        pdgw_wf_set_finished(wf);
         pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
     /* The instances that could take a request now (up, not draining, breaker not open). */
     for (i = 0; i < n_usable && n < MODELS_MAX_INSTANCES; i++) {
-        pdgw_instance_t *v = &r->minst[n];
-        v->id = wf_models_keep(r, 2 * n, sched_instance_id(usable[i]));
-        v->url = wf_models_keep(r, 2 * n + 1, sched_instance_url(usable[i]));
+        pdgw_instance_t *v = &wf->minst[n];
+        v->id = wf_models_keep(wf, 2 * n, sched_instance_id(usable[i]));
+        v->url = wf_models_keep(wf, 2 * n + 1, sched_instance_url(usable[i]));
         if (v->id == NULL || v->url == NULL)
             break;
-        pdgw_leg_init(&r->mlegs[n], r, PDGW_LEG_DECODE, &models_leg_owner);
+        pdgw_leg_init(&wf->mlegs[n], wf, PDGW_LEG_DECODE, &models_leg_owner);
         n++;
     }
     sched_pool_release_usable(usable, n_usable);
     if (n == 0) {
-        pdgw_wf_set_finished(r);
+        pdgw_wf_set_finished(wf);
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
                               "no usable instance to list models from");
         return;
     }
-    r->n_mlegs = n;
+    wf->n_mlegs = n;
     for (i = 0; i < n; i++) {
-        if (pdgw_leg_start(&r->mlegs[i], &r->minst[i], "/v1/models", "GET", NULL, 0, NULL) !=
+        if (pdgw_leg_start(&wf->mlegs[i], &wf->minst[i], "/v1/models", "GET", NULL, 0, NULL) !=
             PDGW_OK) {
-            r->mlegs[i].err = PDGW_LEGERR_PROTOCOL;
-            r->mlegs[i].state = PDGW_LEG_DONE;
-            pdgw_models_leg_done(r);
+            wf->mlegs[i].err = PDGW_LEGERR_PROTOCOL;
+            wf->mlegs[i].state = PDGW_LEG_DONE;
+            pdgw_models_leg_done(wf);
         }
     }
 }
 
-void pdgw_models_release(pdgw_req_t *r)
+void pdgw_models_release(pdgw_wf_t *wf)
 {
     size_t i;
-    for (i = 0; i < r->n_mlegs; i++)
-        pdgw_leg_release(&r->mlegs[i]);
-    if (r->mstr)
+    for (i = 0; i < wf->n_mlegs; i++)
+        pdgw_leg_release(&wf->mlegs[i]);
+    if (wf->mstr)
         for (i = 0; i < 2 * MODELS_MAX_INSTANCES; i++)
-            pdgw_free(r->mstr[i]);
-    pdgw_free(r->mstr);
-    pdgw_free(r->minst);
-    pdgw_free(r->mlegs);
-    r->mstr = NULL;
-    r->minst = NULL;
-    r->mlegs = NULL;
-    r->n_mlegs = 0;
+            pdgw_free(wf->mstr[i]);
+    pdgw_free(wf->mstr);
+    pdgw_free(wf->minst);
+    pdgw_free(wf->mlegs);
+    wf->mstr = NULL;
+    wf->minst = NULL;
+    wf->mlegs = NULL;
+    wf->n_mlegs = 0;
 }
 
-void pdgw_models_check_deadlines(pdgw_req_t *r, uint64_t now)
+void pdgw_models_check_deadlines(pdgw_wf_t *wf, uint64_t now)
 {
     size_t i;
-    for (i = 0; i < r->n_mlegs; i++) {
-        pdgw_leg_t *leg = &r->mlegs[i];
+    for (i = 0; i < wf->n_mlegs; i++) {
+        pdgw_leg_t *leg = &wf->mlegs[i];
         if (leg->state == PDGW_LEG_RUNNING && now >= leg->t_start_ms + MODELS_TIMEOUT_MS) {
             pdgw_leg_abort(leg);
             leg->err = PDGW_LEGERR_TIMEOUT;
-            pdgw_models_leg_done(r);
+            pdgw_models_leg_done(wf);
         }
     }
 }
 
-uint64_t pdgw_models_next_deadline(const pdgw_req_t *r)
+uint64_t pdgw_models_next_deadline(const pdgw_wf_t *wf)
 {
     uint64_t due = UINT64_MAX;
     size_t i;
-    for (i = 0; i < r->n_mlegs; i++)
-        if (r->mlegs[i].state == PDGW_LEG_RUNNING &&
-            r->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS < due)
-            due = r->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS;
+    for (i = 0; i < wf->n_mlegs; i++)
+        if (wf->mlegs[i].state == PDGW_LEG_RUNNING &&
+            wf->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS < due)
+            due = wf->mlegs[i].t_start_ms + MODELS_TIMEOUT_MS;
     return due;
 }

@@ -148,33 +148,35 @@ static char *pt_body_model(pdgw_req_t *r)
     return model;
 }
 
-static void pt_finish(pdgw_req_t *r)
+static void pt_finish(pdgw_wf_t *wf)
 {
-    r->stage = PDGW_WF_FINISHED;
-    pdgw_worker_active_remove(r->w, r);
+    pdgw_req_t *r = wf->req;
+    wf->stage = PDGW_WF_FINISHED;
+    pdgw_worker_active_remove(wf->w, r);
 }
 
 /* Book a decode-capable instance of the request's model, a `both` one first. */
-static sched_status_t pt_book(pdgw_req_t *r)
+static sched_status_t pt_book(pdgw_wf_t *wf)
 {
-    sched_pool_t *pool = r->w->srv->opts.pool;
+    sched_pool_t *pool = wf->w->srv->opts.pool;
     sched_request_t sr;
     sched_status_t st;
     memset(&sr, 0, sizeof(sr));
-    sr.model = r->pt_model;
+    sr.model = wf->pt_model;
     sr.only_role = SCHED_ROLE_BOTH;
-    st = sched_book_decode(pool, &sr, &r->booking);
+    st = sched_book_decode(pool, &sr, &wf->booking);
     if (st == SCHED_ERR_NO_INSTANCE) {
         sr.only_role = 0;
-        st = sched_book_decode(pool, &sr, &r->booking);
+        st = sched_book_decode(pool, &sr, &wf->booking);
     }
     return st;
 }
 
-static bool pt_start_leg(pdgw_req_t *r)
+static bool pt_start_leg(pdgw_wf_t *wf)
 {
-    pdgw_leg_t *leg = &r->legs[PDGW_LEG_DECODE];
-    sched_instance_t *si = sched_booking_instance(r->booking, SCHED_LEG_DECODE);
+    pdgw_req_t *r = wf->req;
+    pdgw_leg_t *leg = &wf->legs[PDGW_LEG_DECODE];
+    sched_instance_t *si = sched_booking_instance(wf->booking, SCHED_LEG_DECODE);
     const char *ctype = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Type");
     pdgw_fwd_leg_t fl;
     char *target;
@@ -183,9 +185,9 @@ static bool pt_start_leg(pdgw_req_t *r)
     memset(&fl, 0, sizeof(fl));
     if (ctype && !strpbrk(ctype, "\r\n") && strlen(ctype) < sizeof(fl.headers[0]) - 16)
         snprintf(fl.headers[fl.n_headers++], sizeof(fl.headers[0]), "Content-Type: %s", ctype);
-    pdgw_instance_view_from_sched(&r->inst_view[PDGW_LEG_DECODE], si);
-    snprintf(r->decode_id, sizeof(r->decode_id), "%s", sched_instance_id(si));
-    pdgw_leg_init(leg, r, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
+    pdgw_instance_view_from_sched(&wf->inst_view[PDGW_LEG_DECODE], si);
+    snprintf(wf->decode_id, sizeof(wf->decode_id), "%s", sched_instance_id(si));
+    pdgw_leg_init(leg, wf, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
     leg->raw = true;
     leg->relay = true;
     leg->body_borrowed = true;
@@ -195,7 +197,7 @@ static bool pt_start_leg(pdgw_req_t *r)
                               "request target too long to forward");
         return false;
     }
-    st = pdgw_leg_start(leg, &r->inst_view[PDGW_LEG_DECODE], target, r->method, r->body.data,
+    st = pdgw_leg_start(leg, &wf->inst_view[PDGW_LEG_DECODE], target, r->method, r->body.data,
                         r->body.len, &fl);
     pdgw_free(target);
     if (st != PDGW_OK) {
@@ -206,27 +208,29 @@ static bool pt_start_leg(pdgw_req_t *r)
     return true;
 }
 
-bool pdgw_pt_prepare(pdgw_req_t *r)
+bool pdgw_pt_prepare(pdgw_wf_t *wf)
 {
-    r->passthrough = true;
-    if (r->pt_model == NULL)
-        r->pt_model = pt_body_model(r);
-    return pdgw_models_admit(r, r->pt_model);
+    pdgw_req_t *r = wf->req;
+    wf->passthrough = true;
+    if (wf->pt_model == NULL)
+        wf->pt_model = pt_body_model(r);
+    return pdgw_models_admit(r, wf->pt_model);
 }
 
-void pdgw_pt_start(pdgw_req_t *r)
+void pdgw_pt_start(pdgw_wf_t *wf)
 {
-    sched_pool_t *pool = r->w->srv->opts.pool;
+    pdgw_req_t *r = wf->req;
+    sched_pool_t *pool = wf->w->srv->opts.pool;
     sched_status_t st;
 
-    r->pt = true;
-    if (pdgw_uuid4(r->leg_id) != PDGW_OK) {
+    wf->pt = true;
+    if (pdgw_uuid4(wf->leg_id) != PDGW_OK) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, NULL, "no randomness for a request id");
         return;
     }
-    st = pt_book(r);
+    st = pt_book(wf);
     if (st != SCHED_OK) {
-        r->booking = NULL;
+        wf->booking = NULL;
         if (st == SCHED_ERR_NO_INSTANCE && sched_pool_usable_count(pool, SCHED_ROLE_DECODE) > 0) {
             /* Instances are up but each is at its max_concurrent: overload, 429 as for
              * chat (pdgw_workflow.c), not an outage. */
@@ -234,20 +238,20 @@ void pdgw_pt_start(pdgw_req_t *r)
             pdgw_req_reply_errorf(r, PDGW_API_ERR_RATE_LIMITED, "no_capacity",
                                   "every usable instance%s%s%s is at its max_concurrent; retry "
                                   "later",
-                                  r->pt_model ? " of model '" : "", r->pt_model ? r->pt_model : "",
-                                  r->pt_model ? "'" : "");
+                                  wf->pt_model ? " of model '" : "",
+                                  wf->pt_model ? wf->pt_model : "", wf->pt_model ? "'" : "");
             return;
         }
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "no_instance",
-                              "no usable instance%s%s%s: %s", r->pt_model ? " of model '" : "",
-                              r->pt_model ? r->pt_model : "", r->pt_model ? "'" : "",
+                              "no usable instance%s%s%s: %s", wf->pt_model ? " of model '" : "",
+                              wf->pt_model ? wf->pt_model : "", wf->pt_model ? "'" : "",
                               sched_strerror(st));
         return;
     }
-    r->stage = PDGW_WF_DECODE;
-    pdgw_worker_active_add(r->w, r);
-    if (!pt_start_leg(r))
-        pt_finish(r);
+    wf->stage = PDGW_WF_DECODE;
+    pdgw_worker_active_add(wf->w, r);
+    if (!pt_start_leg(wf))
+        pt_finish(wf);
 }
 
 /* ---------------------------------------------------------------- response */
@@ -279,19 +283,19 @@ static bool pt_header_own(const char *name, size_t n)
 
 void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len)
 {
-    pdgw_req_t *r = leg->req;
+    pdgw_wf_t *wf = leg->wf;
     const char *colon;
     size_t n, vlen, mark;
 
     if (len >= 5 && strncmp(line, "HTTP/", 5) == 0) {
-        pdgw_buf_reset(&r->pt_headers); /* a new status line (after 100 Continue) */
+        pdgw_buf_reset(&wf->pt_headers); /* a new status line (after 100 Continue) */
         return;
     }
     colon = memchr(line, ':', len);
-    if (colon == NULL || colon == line || r->pt_relayed)
+    if (colon == NULL || colon == line || wf->pt_relayed)
         return;
     n = (size_t)(colon - line);
-    if (pt_header_own(line, n) || r->pt_headers.len > 16 * 1024)
+    if (pt_header_own(line, n) || wf->pt_headers.len > 16 * 1024)
         return;
     colon++;
     while (colon < line + len && (*colon == ' ' || *colon == '\t'))
@@ -302,36 +306,38 @@ void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len)
         vlen--;
     if (memchr(colon, '\0', vlen) != NULL || memchr(line, '\0', n) != NULL)
         return;
-    mark = r->pt_headers.len;
-    if (pdgw_buf_append(&r->pt_headers, line, n) != PDGW_OK ||
-        pdgw_buf_append_char(&r->pt_headers, '\0') != PDGW_OK ||
-        pdgw_buf_append(&r->pt_headers, colon, vlen) != PDGW_OK ||
-        pdgw_buf_append_char(&r->pt_headers, '\0') != PDGW_OK)
-        r->pt_headers.len = mark; /* out of memory: only whole pairs stay */
+    mark = wf->pt_headers.len;
+    if (pdgw_buf_append(&wf->pt_headers, line, n) != PDGW_OK ||
+        pdgw_buf_append_char(&wf->pt_headers, '\0') != PDGW_OK ||
+        pdgw_buf_append(&wf->pt_headers, colon, vlen) != PDGW_OK ||
+        pdgw_buf_append_char(&wf->pt_headers, '\0') != PDGW_OK)
+        wf->pt_headers.len = mark; /* out of memory: only whole pairs stay */
 }
 
 void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp)
 {
+    const pdgw_buf_t *h = &r->wf->pt_headers; /* only a pass-through (with a workflow) */
     size_t off = 0;
-    while (off < r->pt_headers.len) {
-        const char *name = r->pt_headers.data + off;
+    while (off < h->len) {
+        const char *name = h->data + off;
         const char *value = name + strlen(name) + 1;
         MHD_add_response_header(resp, name, value);
-        off = (size_t)(value - r->pt_headers.data) + strlen(value) + 1;
+        off = (size_t)(value - h->data) + strlen(value) + 1;
     }
 }
 
 /* The engine's status, type and headers go out with its first bytes (pdgw_http.c
  * queue_stream reads them for a pass-through). */
-static void pt_commit(pdgw_req_t *r, const pdgw_leg_t *leg)
+static void pt_commit(pdgw_wf_t *wf, const pdgw_leg_t *leg)
 {
-    r->pt_relayed = true;
+    pdgw_req_t *r = wf->req;
+    wf->pt_relayed = true;
     r->reply_status = (int)leg->status;
     snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s",
              leg->content_type[0] ? leg->content_type : "application/octet-stream");
     r->committed = true;
     r->final_status = (int)leg->status;
-    r->t_first_token_ns = pdgw_time_mono_ns();
+    wf->t_first_token_ns = pdgw_time_mono_ns();
     pdgw_req_resume(r);
 }
 
@@ -342,11 +348,12 @@ static void pt_on_drain(void *leg)
 
 size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
 {
-    pdgw_req_t *r = leg->req;
-    if (r->client_gone || r->stage == PDGW_WF_FINISHED)
+    pdgw_wf_t *wf = leg->wf;
+    pdgw_req_t *r = wf->req;
+    if (r->client_gone || wf->stage == PDGW_WF_FINISHED)
         return 0;
-    if (!r->pt_relayed)
-        pt_commit(r, leg);
+    if (!wf->pt_relayed)
+        pt_commit(wf, leg);
     if (pdgw_req_out_pending(r) > PDGW_OUT_HIGH_WATER) {
         leg->paused = true; /* the sink resumes it once the client caught up */
         pdgw_req_on_drain(r, pt_on_drain, leg);
@@ -357,56 +364,58 @@ size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len)
     return len;
 }
 
-static void pt_book_finish(pdgw_req_t *r, const pdgw_leg_t *leg)
+static void pt_book_finish(pdgw_wf_t *wf, const pdgw_leg_t *leg)
 {
     sched_result_t res;
-    if (r->booking == NULL || !sched_booking_leg_open(r->booking, SCHED_LEG_DECODE))
+    if (wf->booking == NULL || !sched_booking_leg_open(wf->booking, SCHED_LEG_DECODE))
         return;
     memset(&res, 0, sizeof(res));
     res.outcome = pdgw_leg_outcome(leg);
     res.http_status = (int)leg->status;
     res.retry_after_ms = leg->retry_after_ms;
     res.detail = leg->errmsg[0] ? leg->errmsg : NULL;
-    (void)sched_booking_finish(r->booking, SCHED_LEG_DECODE, &res);
+    (void)sched_booking_finish(wf->booking, SCHED_LEG_DECODE, &res);
 }
 
 /* Before anything reached the client, a connect failure may go to another instance. */
-static bool pt_retry(pdgw_req_t *r, const pdgw_leg_t *leg)
+static bool pt_retry(pdgw_wf_t *wf, const pdgw_leg_t *leg)
 {
-    if (r->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || r->attempt >= r->max_retries ||
+    pdgw_req_t *r = wf->req;
+    if (wf->pt_relayed || leg->err != PDGW_LEGERR_CONNECT || wf->attempt >= r->max_retries ||
         pdgw_now_ms() >= r->deadline_ms)
         return false;
-    pdgw_leg_release(&r->legs[PDGW_LEG_DECODE]);
-    if (sched_booking_rebook(r->booking, SCHED_LEG_DECODE) != SCHED_OK)
+    pdgw_leg_release(&wf->legs[PDGW_LEG_DECODE]);
+    if (sched_booking_rebook(wf->booking, SCHED_LEG_DECODE) != SCHED_OK)
         return false;
-    r->attempt++;
-    pdgw_gateway_metrics_retry(r->w->srv->opts.metrics, PT_PROTOCOL);
-    return pt_start_leg(r);
+    wf->attempt++;
+    pdgw_gateway_metrics_retry(wf->w->srv->opts.metrics, PT_PROTOCOL);
+    return pt_start_leg(wf);
 }
 
-void pdgw_pt_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
+void pdgw_pt_leg_done(pdgw_wf_t *wf, pdgw_leg_t *leg)
 {
-    pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;
-    if (r->stage == PDGW_WF_FINISHED)
+    pdgw_req_t *r = wf->req;
+    pdgw_gateway_metrics_t *gm = wf->w->srv->opts.metrics;
+    if (wf->stage == PDGW_WF_FINISHED)
         return;
-    pt_book_finish(r, leg);
+    pt_book_finish(wf, leg);
     if (leg->err != PDGW_LEGERR_NONE && leg->err != PDGW_LEGERR_STATUS) {
         if (leg->err != PDGW_LEGERR_LOCAL)
             pdgw_gateway_metrics_upstream_error(gm, PT_PROTOCOL, leg->inst->id,
                                                 pdgw_leg_err_name(leg->err));
-        snprintf(r->error_text, sizeof(r->error_text), "%s", leg->errmsg);
-        if (pt_retry(r, leg))
+        pdgw_req_error_set(r, "%s", leg->errmsg);
+        if (pt_retry(wf, leg))
             return;
     }
-    pt_finish(r);
-    if (r->pt_relayed) {
+    pt_finish(wf);
+    if (wf->pt_relayed) {
         /* A cut stream ends here; the client sees the bytes the engine sent. */
         pdgw_req_out_end(r);
         return;
     }
     if (leg->err == PDGW_LEGERR_NONE || leg->err == PDGW_LEGERR_STATUS) {
         /* The engine answered without a body: its status and headers all the same. */
-        pt_commit(r, leg);
+        pt_commit(wf, leg);
         pdgw_req_out_end(r);
         return;
     }
@@ -415,13 +424,14 @@ void pdgw_pt_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
         "%s", leg->errmsg[0] ? leg->errmsg : "upstream failed");
 }
 
-void pdgw_pt_check_deadlines(pdgw_req_t *r, uint64_t now)
+void pdgw_pt_check_deadlines(pdgw_wf_t *wf, uint64_t now)
 {
-    const pdgw_server_opts_t *o = &r->w->srv->opts;
-    pdgw_leg_t *leg = &r->legs[PDGW_LEG_DECODE];
+    pdgw_req_t *r = wf->req;
+    const pdgw_server_opts_t *o = &wf->w->srv->opts;
+    pdgw_leg_t *leg = &wf->legs[PDGW_LEG_DECODE];
     const char *why = NULL;
 
-    if (r->stage == PDGW_WF_FINISHED || leg->state != PDGW_LEG_RUNNING)
+    if (wf->stage == PDGW_WF_FINISHED || leg->state != PDGW_LEG_RUNNING)
         return;
     if (now >= r->deadline_ms)
         why = "request deadline passed";
@@ -436,7 +446,7 @@ void pdgw_pt_check_deadlines(pdgw_req_t *r, uint64_t now)
     pdgw_leg_abort(leg);
     leg->err = PDGW_LEGERR_TIMEOUT;
     snprintf(leg->errmsg, sizeof(leg->errmsg), "%s: %s", leg->inst->id, why);
-    pdgw_pt_leg_done(r, leg);
+    pdgw_pt_leg_done(wf, leg);
 }
 
 void pdgw_pt_finalize(pdgw_req_t *r, int status, double dur_s)
@@ -447,7 +457,7 @@ void pdgw_pt_finalize(pdgw_req_t *r, int status, double dur_s)
     char code[8];
 
     (void)dur_s;
-    if (!r->pt)
+    if (r->wf == NULL || !r->wf->pt)
         return;
     if (reg != NULL) {
         f = pdgw_metrics_family_find(reg, "pdgw_passthrough_requests_total");

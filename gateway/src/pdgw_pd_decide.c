@@ -38,8 +38,9 @@ const char *pdgw_pd_decision_name(pdgw_pd_decision_t d)
 }
 
 /* The prompt's length in tokens: the engine's when known, else the estimate. */
-static uint64_t prompt_tokens(const pdgw_req_t *r, const sched_request_t *sr)
+static uint64_t prompt_tokens(const pdgw_wf_t *wf, const sched_request_t *sr)
 {
+    const pdgw_req_t *r = wf->req;
     if (sr->tokens && sr->n_tokens)
         return sr->n_tokens;
     if (r->info_valid && r->info.est_prompt_tokens > 0)
@@ -47,30 +48,30 @@ static uint64_t prompt_tokens(const pdgw_req_t *r, const sched_request_t *sr)
     return 0;
 }
 
-pdgw_pd_decision_t pdgw_pd_decide_before_book(pdgw_req_t *r, const sched_request_t *sr)
+pdgw_pd_decision_t pdgw_pd_decide_before_book(pdgw_wf_t *wf, const sched_request_t *sr)
 {
-    const pdgw_routing_t *rt = r->w->srv->routing;
+    const pdgw_routing_t *rt = wf->w->srv->routing;
     uint64_t n;
     if (rt == NULL || rt->o.pd_min_prompt_tokens == 0)
         return PDGW_PD_RUN;
-    n = prompt_tokens(r, sr);
+    n = prompt_tokens(wf, sr);
     if (n == 0) /* nothing known about the prompt: keep the configured protocol */
         return PDGW_PD_RUN;
     return n < rt->o.pd_min_prompt_tokens ? PDGW_PD_SKIP_SHORT : PDGW_PD_RUN;
 }
 
-pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_req_t *r, const sched_request_t *sr,
+pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_wf_t *wf, const sched_request_t *sr,
                                              sched_instance_t *decode)
 {
-    const pdgw_routing_t *rt = r->w->srv->routing;
+    const pdgw_routing_t *rt = wf->w->srv->routing;
     size_t cached = 0;
     uint64_t n;
 
     if (rt == NULL || decode == NULL ||
         (rt->o.pd_min_prompt_tokens == 0 && rt->o.pd_skip_cached_percent == 0))
         return PDGW_PD_RUN;
-    n = prompt_tokens(r, sr);
-    if (n == 0 || !sched_kvev_cached_tokens(r->w->srv->opts.pool, sr, decode, &cached))
+    n = prompt_tokens(wf, sr);
+    if (n == 0 || !sched_kvev_cached_tokens(wf->w->srv->opts.pool, sr, decode, &cached))
         return PDGW_PD_RUN;
     if (cached > n)
         cached = n;
@@ -81,22 +82,22 @@ pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_req_t *r, const sched_request_
     return PDGW_PD_RUN;
 }
 
-void pdgw_pd_count(pdgw_req_t *r, pdgw_pd_decision_t d)
+void pdgw_pd_count(pdgw_wf_t *wf, pdgw_pd_decision_t d)
 {
-    pdgw_routing_t *rt = r->w->srv->routing;
+    pdgw_routing_t *rt = wf->w->srv->routing;
     pdgw_req_route_t *q;
     if (d == PDGW_PD_RUN)
         return;
-    q = pdgw_route_req(r);
+    q = pdgw_route_req(wf);
     if (q)
         q->pd = d;
     if (rt && rt->pd_skipped)
         pdgw_counter_inc(pdgw_metric_family_series1(rt->pd_skipped, pdgw_pd_decision_name(d)));
 }
 
-bool pdgw_pd_decode_only(const pdgw_req_t *r)
+bool pdgw_pd_decode_only(const pdgw_wf_t *wf)
 {
-    return r->rt != NULL && r->rt->pd != PDGW_PD_RUN;
+    return wf->rt != NULL && wf->rt->pd != PDGW_PD_RUN;
 }
 
 /* vllm-project/vllm vllm/entrypoints/openai/engine/serving.py _get_data_parallel_rank reads

@@ -26,6 +26,7 @@
 #include "pdgw_util.h"
 
 typedef struct pdgw_req pdgw_req_t;
+typedef struct pdgw_wf pdgw_wf_t;
 typedef struct pdgw_leg pdgw_leg_t;
 typedef struct pdgw_worker pdgw_worker_t;
 
@@ -82,40 +83,40 @@ typedef struct pdgw_req_route {
 
 /* Before the first attempt. true: a tokenize leg was started, the workflow waits and is
  * resumed by pdgw_wf_start_attempt(); false: go on now (tokens from the cache or none). */
-bool pdgw_tokenize_begin(pdgw_req_t *r);
+bool pdgw_tokenize_begin(pdgw_wf_t *wf);
 /* <leg> ended: true when it was the tokenize leg (handled, the workflow resumed). */
-bool pdgw_tokenize_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
+bool pdgw_tokenize_leg_done(pdgw_wf_t *wf, pdgw_leg_t *leg);
 /* Periodic: true while the request still waits for its tokens (nothing else to check). */
-bool pdgw_tokenize_check_deadline(pdgw_req_t *r, uint64_t now_ms);
-/* The ids learnt for <r> (NULL when none). */
-const uint32_t *pdgw_route_tokens(const pdgw_req_t *r, size_t *n_out);
+bool pdgw_tokenize_check_deadline(pdgw_wf_t *wf, uint64_t now_ms);
+/* The ids learnt for <wf> (NULL when none). */
+const uint32_t *pdgw_route_tokens(const pdgw_wf_t *wf, size_t *n_out);
 /* Free the request's route state (aborts a running tokenize leg). */
-void pdgw_route_req_release(pdgw_req_t *r);
+void pdgw_route_req_release(pdgw_wf_t *wf);
 
 /* Selective PD before booking: PDGW_PD_SKIP_SHORT or PDGW_PD_RUN. */
-pdgw_pd_decision_t pdgw_pd_decide_before_book(pdgw_req_t *r, const sched_request_t *sr);
+pdgw_pd_decision_t pdgw_pd_decide_before_book(pdgw_wf_t *wf, const sched_request_t *sr);
 /* After a PD booking: PDGW_PD_SKIP_CACHED when the booked decode holds enough. */
-pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_req_t *r, const sched_request_t *sr,
+pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_wf_t *wf, const sched_request_t *sr,
                                              sched_instance_t *decode);
-/* Record a decision taken for <r> and count it (pdgw_pd_skipped_total{reason}). */
-void pdgw_pd_count(pdgw_req_t *r, pdgw_pd_decision_t d);
+/* Record a decision taken for <wf> and count it (pdgw_pd_skipped_total{reason}). */
+void pdgw_pd_count(pdgw_wf_t *wf, pdgw_pd_decision_t d);
 /* The request goes decode-only (a skip was recorded). */
-bool pdgw_pd_decode_only(const pdgw_req_t *r);
+bool pdgw_pd_decode_only(const pdgw_wf_t *wf);
 
-/* No stranded KV (pdgw_kv_release.c). An attempt of <r> ends for <reason>: when its prefill
+/* No stranded KV (pdgw_kv_release.c). An attempt of <wf> ends for <reason>: when its prefill
  * answered and its decode never reached an engine, a decode engine is asked to take the
  * prefill's KV now (pdgw_kv_release_total{reason,result}). Call before the forwarder's
  * attempt state is cleaned up. */
-void pdgw_kv_release_attempt_end(pdgw_req_t *r, pdgw_end_reason_t reason);
-/* Is the prefill's KV still held for another decode after the decode leg <d> of <r> ended?
+void pdgw_kv_release_attempt_end(pdgw_wf_t *wf, pdgw_end_reason_t reason);
+/* Is the prefill's KV still held for another decode after the decode leg <d> of <wf> ended?
  * Always for protocols whose prefill does not hold KV for a decode; for vllm-nixl /
  * vllm-mooncake only when <d> never reached a decode engine (one that answered, even with
  * an error, has had the prefill free the blocks or read them). */
-bool pdgw_kv_still_held(const pdgw_req_t *r, const pdgw_leg_t *d);
-/* <leg> of <r> ended: true when it was a release leg (handled, <r> freed). */
-bool pdgw_kv_release_leg_done(pdgw_req_t *r, pdgw_leg_t *leg);
-/* Periodic: true when <r> only owns a release leg (its deadline checked; <r> may be freed). */
-bool pdgw_kv_release_check_deadline(pdgw_req_t *r, uint64_t now_ms);
+bool pdgw_kv_still_held(const pdgw_wf_t *wf, const pdgw_leg_t *d);
+/* <leg> of <wf> ended: true when it was a release leg (handled, <wf> freed). */
+bool pdgw_kv_release_leg_done(pdgw_wf_t *wf, pdgw_leg_t *leg);
+/* Periodic: true when <wf> only owns a release leg (its deadline checked; <wf> may be freed). */
+bool pdgw_kv_release_check_deadline(pdgw_wf_t *wf, uint64_t now_ms);
 /* Worker shutdown: free every release still running on <w>. */
 void pdgw_kv_release_drop_all(pdgw_worker_t *w);
 
@@ -125,6 +126,6 @@ void pdgw_kv_release_drop_all(pdgw_worker_t *w);
 void pdgw_route_dp_header(const pdgw_instance_t *inst, pdgw_fwd_leg_t *fl);
 
 /* The workflow's entry after the tokens are known (or given up). */
-void pdgw_wf_start_attempt(pdgw_req_t *r);
+void pdgw_wf_start_attempt(pdgw_wf_t *wf);
 
 #endif /* PDGW_ROUTE_H */

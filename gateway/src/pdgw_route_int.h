@@ -31,6 +31,6 @@ struct pdgw_routing {
 };
 
 /* The request's route state, allocated on first use; NULL on OOM. */
-pdgw_req_route_t *pdgw_route_req(pdgw_req_t *r);
+pdgw_req_route_t *pdgw_route_req(pdgw_wf_t *wf);
 
 #endif /* PDGW_ROUTE_INT_H */

@@ -106,7 +106,8 @@ void pdgw_req_release(pdgw_req_t *r)
 
 static uint64_t req_next_due(const pdgw_req_t *r)
 {
-    uint64_t due = pdgw_wf_next_deadline(r);
+    /* Only requests whose workflow runs are timed: r->wf is set. */
+    uint64_t due = r->wf != NULL ? pdgw_wf_next_deadline(r->wf) : UINT64_MAX;
     if (r->suspended && !r->hup_watched && r->suspended_at_ms + HUP_WATCH_AFTER_MS < due)
         due = r->suspended_at_ms + HUP_WATCH_AFTER_MS;
     return due;
@@ -116,14 +117,14 @@ static void req_on_timer(pdgw_timer_t *t, uint64_t now)
 {
     pdgw_req_t *r = (pdgw_req_t *)(void *)((char *)t - offsetof(pdgw_req_t, timer));
     uint64_t due;
-    if (r->rt != NULL && r->rt->release) {
+    if (r->wf->rt != NULL && r->wf->rt->release) {
         /* A KV release's owner has one deadline, and its check may free it. */
-        pdgw_wf_check_deadlines(r, now);
+        pdgw_wf_check_deadlines(r->wf, now);
         return;
     }
     if (r->suspended && !r->hup_watched && now >= r->suspended_at_ms + HUP_WATCH_AFTER_MS)
         pdgw_worker_hup_watch(r->w, r);
-    pdgw_wf_check_deadlines(r, now); /* may end the workflow (and leave in_active) */
+    pdgw_wf_check_deadlines(r->wf, now); /* may end the workflow (and leave in_active) */
     if (!r->in_active)
         return;
     due = req_next_due(r);
@@ -536,6 +537,7 @@ static void worker_close(pdgw_worker_t *w)
     /* Every guard and request was freed when the daemon closed its connections. */
     pdgw_timers_free(&w->timers);
     pdgw_freelist_drain(&w->req_pool);
+    pdgw_freelist_drain(&w->wf_pool);
     pthread_mutex_destroy(&w->wake_lock);
 }
 
@@ -554,6 +556,7 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     w->curl_timer_ms = -1;
     pdgw_timers_init(&w->timers);
     pdgw_freelist_init(&w->req_pool, sizeof(pdgw_req_t), REQ_POOL_MAX);
+    pdgw_freelist_init(&w->wf_pool, sizeof(pdgw_wf_t), REQ_POOL_MAX);
     pthread_mutex_init(&w->wake_lock, NULL);
 
     w->epfd = epoll_create1(EPOLL_CLOEXEC);

@@ -5,6 +5,7 @@
  *   pdgw_sink.c      the client response: reply, stream, write, end, flow control
  *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)
+ *   pdgw_wf.c        the workflow object's life (pdgw_wf.h); pdgw_req.c the request's end
  *   pdgw_fwd_api.c   helpers and the waker offered to forwarders
  *   pdgw_conn.c      client connections: limits at accept, header and body deadlines
  *   pdgw_models_fanout.c  GET /v1/models (configured names, or the instances' union)
@@ -34,6 +35,7 @@
 typedef struct pdgw_worker pdgw_worker_t;
 typedef struct pdgw_req pdgw_req_t;
 typedef struct pdgw_leg pdgw_leg_t;
+typedef struct pdgw_wf pdgw_wf_t;
 typedef struct pdgw_conn pdgw_conn_t;
 typedef struct pdgw_addr_table pdgw_addr_table_t;
 typedef struct pdgw_fwd_gen pdgw_fwd_gen_t; /* a forwarder context, refcounted */
@@ -82,7 +84,7 @@ struct pdgw_fwd_waker {
     atomic_int refs;
     pthread_mutex_t lock;
     pdgw_worker_t *worker;
-    pdgw_req_t *req; /* NULL once the request ended */
+    pdgw_wf_t *wf; /* NULL once the workflow ended */
     bool queued;
     struct pdgw_fwd_waker *next; /* in worker->wake_queue */
 };
@@ -111,8 +113,9 @@ struct pdgw_worker {
     bool mhd_kick; /* a connection was resumed: run MHD this iteration */
     /* Every deadline of this worker's connections and requests (pdgw_timer.h). */
     pdgw_timers_t timers;
-    /* Recycled request objects (pdgw_freelist.h). */
+    /* Recycled request and workflow objects (pdgw_freelist.h). */
     pdgw_freelist_t req_pool;
+    pdgw_freelist_t wf_pool;
     /* The per-model metric families (pdgw_models.c), looked up once per worker. */
     struct pdgw_model_families {
         pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
@@ -160,7 +163,7 @@ typedef struct pdgw_leg_owner {
 } pdgw_leg_owner_t;
 
 struct pdgw_leg {
-    pdgw_req_t *req;
+    pdgw_wf_t *wf; /* the workflow it belongs to */
     const pdgw_leg_owner_t *owner;
     pdgw_leg_kind_t kind;
     pdgw_leg_state_t state;
@@ -193,6 +196,10 @@ struct pdgw_leg {
     char errmsg[160];
 };
 
+/* ---------------------------------------------------------------- workflows */
+
+#include "pdgw_wf.h"
+
 /* ---------------------------------------------------------------- requests */
 
 typedef enum {
@@ -206,15 +213,6 @@ typedef enum {
     PDGW_ROUTE_PASSTHROUGH, /* other /v1/ paths and engine utility endpoints */
 } pdgw_route_t;
 
-typedef enum {
-    PDGW_WF_NONE = 0,
-    PDGW_WF_GATE,     /* waiting for the forwarder's gate */
-    PDGW_WF_PREFILL,  /* serial: prefill leg running */
-    PDGW_WF_DECODE,   /* decode (or single, or parallel) legs running */
-    PDGW_WF_FINISHED, /* the outcome is decided */
-    PDGW_WF_WAIT,     /* admission queue or retry backoff (pdgw_admit_req.c) */
-} pdgw_wf_stage_t;
-
 struct pdgw_req {
     pdgw_worker_t *w;
     struct MHD_Connection *conn;
@@ -226,22 +224,18 @@ struct pdgw_req {
     pdgw_route_t route;
     const char *method;
     char path[128];
-    char admin_path[192];
+    char *admin_path; /* /admin/instances only: the part after the prefix (owned) */
     /* body */
     pdgw_buf_t body;
     uint64_t declared_len; /* Content-Length, 0 when absent: the body buffer grows to it exactly */
     bool too_large;
-    bool counted; /* counted in server->inflight */
+    bool counted;    /* counted in server->inflight */
+    bool dispatched; /* the whole request was in and was decided on (dispatch ran) */
     /* identity */
     char id[132]; /* the client's X-Request-Id (or one minted for it): echoed and logged only */
-    /* Minted per attempt (uuid4, 122 random bits): the X-Request-Id the engines see and
-     * the name of every KV transfer. Never derived from anything the client sent. */
-    char leg_id[PDGW_UUID_STR_LEN + 1];
     char traceparent[PDGW_TRACEPARENT_LEN + 1];
     pdgw_traceparent_t client_tp; /* the client's context (tracing), when has_client_tp */
     bool has_client_tp;
-    bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */
-    int64_t usage_prompt, usage_completion;
     pdgw_buf_t fwd_headers;  /* "Name: value\0" client headers to forward */
     const char *conn_tokens; /* the client's Connection header (MHD-owned), while collecting */
     json_t *json;
@@ -279,70 +273,36 @@ struct pdgw_req {
     pdgw_req_t *flush_next, *flush_prev;
     pdgw_buf_t wire; /* framed bytes the socket has not taken */
     size_t wire_off;
-    /* workflow */
-    pdgw_wf_stage_t stage;
-    pdgw_gate_point_t gate_point;
-    uint64_t gate_deadline_ms;
-    sched_booking_t *booking;
-    pdgw_instance_t inst_view[2]; /* [PDGW_LEG_PREFILL], [PDGW_LEG_DECODE] */
-    bool inst_set[2];
-    pdgw_fwd_request_t freq;
-    pdgw_fwd_peers_t peers;
-    void *fwd_state;
-    bool attempt_live; /* attempt_init ran, cleanup pending */
-    bool passthrough;  /* not a forwarder workflow (GET /v1/models) */
-    /* GET /v1/models without configured names: one leg per usable instance. */
-    pdgw_leg_t *mlegs;
-    pdgw_instance_t *minst;
-    char **mstr; /* owned copies of the instances' ids and urls */
-    size_t n_mlegs;
-    size_t n_mdone;
-    struct pdgw_req_route *rt; /* tokens and the PD decision (pdgw_route.h); NULL = none */
-    unsigned attempt;
-    pdgw_leg_t legs[2];
-    struct pdgw_fwd_waker *waker;
-    char failed_ids[4][SCHED_ID_MAX];
-    size_t n_failed;
-    /* outcome */
+    /* The outcome the client saw, whoever decided it (a local reply, the connection guard, the
+     * workflow); read at completion by the access log and the metrics. What the workflow
+     * measured (instances, retries, leg times, tokens) stays in r->wf, which is released only
+     * after they were read (pdgw_req_finalize). */
+    int final_status;
+    char *error_text;      /* PDGW_REQ_ERROR_MAX bytes, allocated by the first error; NULL = none */
     pdgw_phase_t pd_phase; /* failed PD phase of the final failure (NONE = none) */
     int pd_retryable;
-    uint64_t t_prefill_done_ms;
-    bool kv_wait_observed;
-    bool decode_parked;              /* parallel: the decode's answer waits for the prefill's */
-    sched_instance_t *sched_inst[2]; /* referenced instances behind inst_view */
-    int final_status;
-    char error_text[640];
-    uint64_t t_first_token_ns;
-    uint64_t t_last_token_ns;
-    uint64_t t_prefill_us;
-    uint64_t t_decode_us;
-    char prefill_id[SCHED_ID_MAX];
-    char decode_id[SCHED_ID_MAX];
     bool finalized;
-    /* admission, retry backoff, session affinity (pdgw_admit_req.c) */
-    pdgw_admit_ticket_t admit;
-    bool admit_waiting;     /* queued for admission (stage WAIT) */
-    uint64_t retry_at_ms;   /* backoff: the next attempt starts then (stage WAIT) */
-    bool retry_decode_only; /* ... and it is a new decode for the kept prefill */
+    /* The workflow of a request that needs upstream work (inference, pass-through, GET
+     * /v1/models fan-out); NULL = none (local replies never have one). Allocated at dispatch
+     * from the worker's free list, released by pdgw_req_finalize. */
+    pdgw_wf_t *wf;
     /* What the request started with, whatever a reload changes meanwhile
-     * (pdgw_server_reload.c): the forwarder context (referenced) and the limits. */
+     * (pdgw_server_reload.c): the forwarder context (referenced for the request's whole life;
+     * its workflow borrows it) and the limits. */
     pdgw_fwd_gen_t *fwd_gen;
     void *fwd_ctx;
     uint64_t max_body_bytes;
     uint64_t request_timeout_ms;
     unsigned max_retries;
-    const char *affinity_key; /* borrowed (MHD header or r->json), NULL = none */
-    /* Fleet hooks (pdgw_passthrough.c, pdgw_cors.c, pdgw_models.c) */
-    bool pt;               /* a pass-through request (PDGW_ROUTE_PASSTHROUGH) */
-    bool pt_relayed;       /* the engine's status and first bytes went to the client */
-    char *pt_model;        /* the body's "model" of a pass-through request (owned) or NULL */
-    pdgw_buf_t pt_headers; /* the engine's response headers to relay ("Name\0value\0"...) */
-    uint8_t cors;          /* pdgw_cors_t: what the request's Origin is allowed */
-    /* The request's next deadline (request, gate, upstream first byte / idle, hang-up watch)
-     * while its workflow runs (in_active). */
+    uint8_t cors; /* pdgw_cors_t: what the request's Origin is allowed (pdgw_cors.c) */
+    /* The request's next deadline (its workflow's deadlines, hang-up watch) while its
+     * workflow runs (in_active). */
     pdgw_timer_t timer;
     bool in_active;
 };
+
+/* Longest error text kept for the access log and traces. */
+#define PDGW_REQ_ERROR_MAX 640
 
 /* ---- pdgw_server.c */
 uint64_t pdgw_now_ms(void);
@@ -453,11 +413,11 @@ void pdgw_req_reply_json(pdgw_req_t *r, int status, json_t *obj);
 /* Answer from the configured model names. */
 void pdgw_models_serve_local(pdgw_req_t *r);
 /* Ask every usable instance; the reply is sent when the last one answered. */
-void pdgw_models_start(pdgw_req_t *r);
-void pdgw_models_leg_done(pdgw_req_t *r);
-void pdgw_models_check_deadlines(pdgw_req_t *r, uint64_t now);
-uint64_t pdgw_models_next_deadline(const pdgw_req_t *r);
-void pdgw_models_release(pdgw_req_t *r);
+void pdgw_models_start(pdgw_wf_t *wf);
+void pdgw_models_leg_done(pdgw_wf_t *wf);
+void pdgw_models_check_deadlines(pdgw_wf_t *wf, uint64_t now);
+uint64_t pdgw_models_next_deadline(const pdgw_wf_t *wf);
+void pdgw_models_release(pdgw_wf_t *wf);
 
 /* ---- pdgw_access.c */
 /* The access log line of <r>, finished with <status> at <now_ns>; <disconnected> = the client
@@ -469,7 +429,7 @@ void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uin
 void pdgw_admin_instances_serve(pdgw_req_t *r);
 
 /* ---- pdgw_leg.c */
-void pdgw_leg_init(pdgw_leg_t *leg, pdgw_req_t *r, pdgw_leg_kind_t kind,
+void pdgw_leg_init(pdgw_leg_t *leg, pdgw_wf_t *wf, pdgw_leg_kind_t kind,
                    const pdgw_leg_owner_t *owner);
 /* Start <leg> to <inst> with <body> (taken) and the forwarder's extra headers. */
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
@@ -488,39 +448,18 @@ const char *pdgw_leg_err_name(pdgw_leg_err_t e);
 /* What a finished leg says about its instance (for the booking's outcome). */
 sched_outcome_t pdgw_leg_outcome(const pdgw_leg_t *leg);
 
-/* ---- pdgw_workflow.c */
-/* The forwarder's read-only view <v> of scheduler instance <si> (strings borrowed from it). */
-void pdgw_instance_view_from_sched(pdgw_instance_t *v, sched_instance_t *si);
-/* Start the workflow of a validated inference request. */
-void pdgw_wf_start(pdgw_req_t *r);
-/* The workflow as the owner of a request's prefill and decode legs. */
-extern const pdgw_leg_owner_t pdgw_wf_leg_owner;
-/* Deadlines of <r> at <now_ms>. */
-void pdgw_wf_check_deadlines(pdgw_req_t *r, uint64_t now_ms);
-/* The earliest deadline of <r>'s workflow (absolute mono ms), UINT64_MAX = none. */
-uint64_t pdgw_wf_next_deadline(const pdgw_req_t *r);
-/* The forwarder's waker fired. */
-void pdgw_wf_on_wake(pdgw_req_t *r);
-/* The outcome is decided: no more deadlines. */
-void pdgw_wf_set_finished(pdgw_req_t *r);
-/* The client is gone or the request is being torn down: stop all, cleanup once. */
-void pdgw_wf_cancel(pdgw_req_t *r);
-/* Final bookkeeping at connection completion (access log, metrics, free). */
-void pdgw_wf_finalize(pdgw_req_t *r, bool client_disconnected);
+/* ---- pdgw_req.c */
+/* The request's end at its connection's completion: metrics, access log, its workflow
+ * stopped and released, everything freed. <client_disconnected>: it went away first. */
+void pdgw_req_finalize(pdgw_req_t *r, bool client_disconnected);
+/* The error text of the access log and trace (kept to PDGW_REQ_ERROR_MAX bytes): set
+ * (replacing) / set only if none yet. Without memory for it the log goes without. */
+void pdgw_req_error_set(pdgw_req_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void pdgw_req_error_first(pdgw_req_t *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The error text, "" when none. */
+const char *pdgw_req_error(const pdgw_req_t *r);
 
-/* ---- pdgw_admit_req.c (hooks of admission control in the request path) */
-/* dispatch: true = run the workflow now; false = refused (reply set) or queued (it starts
- * when granted). */
-bool pdgw_admit_req_enter(pdgw_req_t *r);
-/* a wake: true when it was admission's (the workflow was started or the wake ignored). */
-bool pdgw_admit_req_on_wake(pdgw_req_t *r);
-/* deadline scan: true when <r> waits in the admission queue (timed out or still waiting). */
-bool pdgw_admit_req_check(pdgw_req_t *r, uint64_t now_ms);
-/* the request ends: leave the queue or release the slot, exactly once. */
-void pdgw_admit_req_done(pdgw_req_t *r);
-/* Backoff before retrying <failed_leg>'s 429/503: false = no retry fits before the
- * deadline; true with *delay_ms (0 = retry at once: not an overload answer). */
-bool pdgw_admit_retry_delay(pdgw_req_t *r, const pdgw_leg_t *failed_leg, uint64_t *delay_ms);
 /* ---- pdgw_admin.c */
 /* The /admin/... rule (admin_api_key, loopback-only writes without it); false = refused, the
  * reply is queued and counted. */
@@ -532,8 +471,8 @@ bool pdgw_admin_serve(pdgw_req_t *r);
 bool pdgw_tls_authorize(pdgw_req_t *r);
 
 /* ---- pdgw_fwd_api.c */
-struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_req_t *r);
-/* Detach from the request (wake becomes a no-op) and drop the request's reference. */
+struct pdgw_fwd_waker *pdgw_waker_create(pdgw_worker_t *w, pdgw_wf_t *wf);
+/* Detach from the workflow (wake becomes a no-op) and drop the workflow's reference. */
 void pdgw_waker_detach(struct pdgw_fwd_waker *wk);
 /* Worker: run every queued waker. */
 void pdgw_waker_run_queue(pdgw_worker_t *w);

@@ -62,8 +62,7 @@ void pdgw_req_reply_error(pdgw_req_t *r, const pdgw_api_error_t *err)
 {
     size_t len = 0;
     char *body = pdgw_api_error_body(err, &len);
-    if (r->error_text[0] == '\0')
-        snprintf(r->error_text, sizeof(r->error_text), "%s", err->message);
+    pdgw_req_error_first(r, "%s", err->message);
     if (err->kind == PDGW_API_ERR_UNAUTHORIZED)
         r->reply_www_auth = true;
     pdgw_req_reply(r, pdgw_api_error_http_status(err), body, body ? len : 0, "application/json");
@@ -248,7 +247,8 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
                                              stream_reader, r, NULL);
     if (resp == NULL)
         return MHD_NO;
-    if (r->pt) { /* fleet hook: a pass-through relays the engine's status and headers */
+    /* fleet hook: a pass-through relays the engine's status and headers */
+    if (r->wf != NULL && r->wf->pt) {
         pdgw_pt_add_headers(r, resp);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
         add_common_headers(r, resp);

@@ -167,19 +167,19 @@ static void cache_put(pdgw_routing_t *rt, const uint64_t key[2], const uint32_t 
 
 /* ---------------------------------------------------------------- request */
 
-pdgw_req_route_t *pdgw_route_req(pdgw_req_t *r)
+pdgw_req_route_t *pdgw_route_req(pdgw_wf_t *wf)
 {
-    if (r->rt == NULL)
-        r->rt = pdgw_calloc(1, sizeof(*r->rt));
-    return r->rt;
+    if (wf->rt == NULL)
+        wf->rt = pdgw_calloc(1, sizeof(*wf->rt));
+    return wf->rt;
 }
 
-const uint32_t *pdgw_route_tokens(const pdgw_req_t *r, size_t *n_out)
+const uint32_t *pdgw_route_tokens(const pdgw_wf_t *wf, size_t *n_out)
 {
-    if (r->rt == NULL || r->rt->tokens == NULL)
+    if (wf->rt == NULL || wf->rt->tokens == NULL)
         return NULL;
-    *n_out = r->rt->n_tokens;
-    return r->rt->tokens;
+    *n_out = wf->rt->n_tokens;
+    return wf->rt->tokens;
 }
 
 static void tok_leg_free(pdgw_req_route_t *q)
@@ -195,21 +195,22 @@ static void tok_leg_free(pdgw_req_route_t *q)
     }
 }
 
-void pdgw_route_req_release(pdgw_req_t *r)
+void pdgw_route_req_release(pdgw_wf_t *wf)
 {
-    if (r->rt == NULL)
+    if (wf->rt == NULL)
         return;
-    tok_leg_free(r->rt);
-    pdgw_free(r->rt->tokens);
-    pdgw_free(r->rt);
-    r->rt = NULL;
+    tok_leg_free(wf->rt);
+    pdgw_free(wf->rt->tokens);
+    pdgw_free(wf->rt);
+    wf->rt = NULL;
 }
 
 /* The tokenize body for the client's request, or NULL when the prompt is not one text
  * (token ids already, a batch of prompts) or the body is unusual. Sorted keys, so equal
  * requests hash equal. */
-static char *tok_body(pdgw_req_t *r, size_t *len)
+static char *tok_body(pdgw_wf_t *wf, size_t *len)
 {
+    pdgw_req_t *r = wf->req;
     static const char *const chat_keys[] = {"add_generation_prompt", "continue_final_message",
                                             "add_special_tokens",    "chat_template",
                                             "chat_template_kwargs",  "tools",
@@ -249,14 +250,15 @@ out:
 /* The /tokenize leg reports here (its owner), which resumes the workflow. */
 static void tokenize_on_leg_done(pdgw_leg_t *leg)
 {
-    (void)pdgw_tokenize_leg_done(leg->req, leg);
+    (void)pdgw_tokenize_leg_done(leg->wf, leg);
 }
 
 static const pdgw_leg_owner_t tokenize_leg_owner = {NULL, tokenize_on_leg_done};
 
-bool pdgw_tokenize_begin(pdgw_req_t *r)
+bool pdgw_tokenize_begin(pdgw_wf_t *wf)
 {
-    pdgw_server_t *srv = r->w->srv;
+    pdgw_req_t *r = wf->req;
+    pdgw_server_t *srv = wf->w->srv;
     pdgw_routing_t *rt = srv->routing;
     pdgw_req_route_t *q;
     XXH128_hash_t h;
@@ -267,10 +269,10 @@ bool pdgw_tokenize_begin(pdgw_req_t *r)
     if (rt == NULL || !rt->want_tokens || rt->o.tokenize_timeout_ms == 0 || !r->info_valid ||
         r->info.prompt_tokens != NULL || r->json == NULL)
         return false;
-    body = tok_body(r, &len);
+    body = tok_body(wf, &len);
     if (body == NULL)
         return false;
-    q = pdgw_route_req(r);
+    q = pdgw_route_req(wf);
     if (q == NULL) {
         free(body);
         return false;
@@ -300,7 +302,7 @@ bool pdgw_tokenize_begin(pdgw_req_t *r)
         tok_count(rt, "error");
         return false;
     }
-    pdgw_leg_init(q->leg, r, PDGW_LEG_DECODE, &tokenize_leg_owner);
+    pdgw_leg_init(q->leg, wf, PDGW_LEG_DECODE, &tokenize_leg_owner);
     /* The leg takes the body (pdgw_free is free, json_dumps used malloc). */
     st = pdgw_leg_start(q->leg, &q->inst, "/tokenize", "POST", body, len, NULL);
     if (st != PDGW_OK) {
@@ -353,10 +355,11 @@ static bool tok_parse(const pdgw_leg_t *leg, uint32_t **tokens, size_t *n)
     return true;
 }
 
-bool pdgw_tokenize_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
+bool pdgw_tokenize_leg_done(pdgw_wf_t *wf, pdgw_leg_t *leg)
 {
-    pdgw_routing_t *rt = r->w->srv->routing;
-    pdgw_req_route_t *q = r->rt;
+    pdgw_req_t *r = wf->req;
+    pdgw_routing_t *rt = wf->w->srv->routing;
+    pdgw_req_route_t *q = wf->rt;
 
     if (q == NULL || leg != q->leg)
         return false;
@@ -376,22 +379,22 @@ bool pdgw_tokenize_leg_done(pdgw_req_t *r, pdgw_leg_t *leg)
                           (unsigned long long)skipped);
     }
     tok_leg_free(q);
-    if (r->stage != PDGW_WF_FINISHED)
-        pdgw_wf_start_attempt(r);
+    if (wf->stage != PDGW_WF_FINISHED)
+        pdgw_wf_start_attempt(wf);
     return true;
 }
 
-bool pdgw_tokenize_check_deadline(pdgw_req_t *r, uint64_t now_ms)
+bool pdgw_tokenize_check_deadline(pdgw_wf_t *wf, uint64_t now_ms)
 {
-    pdgw_req_route_t *q = r->rt;
+    pdgw_req_route_t *q = wf->rt;
     if (q == NULL || q->leg == NULL)
         return false;
     if (now_ms < q->t_deadline_ms)
         return true;
     /* Too slow: route without tokens rather than hold the request. */
-    tok_count(r->w->srv->routing, "timeout");
+    tok_count(wf->w->srv->routing, "timeout");
     tok_leg_free(q);
-    if (r->stage != PDGW_WF_FINISHED)
-        pdgw_wf_start_attempt(r);
+    if (wf->stage != PDGW_WF_FINISHED)
+        pdgw_wf_start_attempt(wf);
     return false;
 }

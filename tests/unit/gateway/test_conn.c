@@ -125,7 +125,7 @@ static void test_expire_only_due_and_body_is_408(void **state)
     assert_int_equal(pdgw_timers_run(&f.w.timers, 499), 0);
     assert_int_equal(pdgw_timers_run(&f.w.timers, 500), 1);
     assert_int_equal(r->final_status, 408);
-    assert_non_null(strstr(r->error_text, "request body"));
+    assert_non_null(strstr(pdgw_req_error(r), "request body"));
     assert_int_equal(a->phase, CONN_CLOSING);
     assert_int_equal(b->phase, CONN_HEADERS);
     /* A closing connection is not re-armed by the request's end. */
@@ -140,6 +140,7 @@ static void test_expire_only_due_and_body_is_408(void **state)
     assert_true(pdgw_timers_next(&f.w.timers) >= (int64_t)pdgw_now_ms() + 29000);
     free(a);
     free(b);
+    pdgw_free(r->error_text); /* allocated on demand (pdgw_req.c) */
     free(r);
     fixture_fini(&f);
 }

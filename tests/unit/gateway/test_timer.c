@@ -293,6 +293,34 @@ static void test_freelist_reuse(void **s)
     assert_int_equal(fl.n_free, 0);
 }
 
+/* The torture hook: while bypassed, a list neither hands out nor keeps objects (each one is
+ * a fresh allocation, freed when given back); what it listed before is there afterwards. */
+static void test_freelist_bypass(void **s)
+{
+    pdgw_freelist_t fl;
+    obj_t *a, *b;
+    (void)s;
+    pdgw_freelist_init(&fl, sizeof(obj_t), 4);
+    a = pdgw_freelist_get(&fl);
+    assert_non_null(a);
+    pdgw_freelist_put(&fl, a);
+    assert_int_equal(fl.n_free, 1);
+    pdgw_freelist_test_bypass(true);
+    b = pdgw_freelist_get(&fl);
+    assert_non_null(b);
+    assert_ptr_not_equal(b, a);
+    assert_int_equal(fl.n_alloc, 2);
+    assert_int_equal(fl.n_reuse, 0);
+    b->tag = 7;
+    pdgw_freelist_put(&fl, b); /* freed, not listed */
+    assert_int_equal(fl.n_free, 1);
+    pdgw_freelist_test_bypass(false);
+    assert_ptr_equal(pdgw_freelist_get(&fl), a);
+    assert_int_equal(fl.n_reuse, 1);
+    pdgw_freelist_put(&fl, a);
+    pdgw_freelist_drain(&fl);
+}
+
 static void test_freelist_out_of_memory(void **s)
 {
     pdgw_freelist_t fl;
@@ -345,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_arm_without_memory),
         cmocka_unit_test(test_random_against_model),
         cmocka_unit_test(test_freelist_reuse),
+        cmocka_unit_test(test_freelist_bypass),
         cmocka_unit_test(test_freelist_out_of_memory),
         cmocka_unit_test(test_freelist_poisoned_under_asan),
     };

@@ -12,7 +12,9 @@
  * The client uses plain sockets and the fake engine no JSON library, so the Nth allocation is
  * always one of the gateway's.
  * A failed allocation may show as any error status or as a closed connection; what is checked
- * is that the request ends and leaves nothing behind.
+ * is that the request ends and leaves nothing behind. The runs are made once with the worker's
+ * free lists warm and once with them bypassed, so the request and workflow objects' own
+ * allocations fail in turn too (a workflow object that cannot be had is a clean 503).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,9 +37,11 @@
 #include <sys/socket.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_freelist.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 #include "pdgw_server.h"
+#include "pdgw_server_int.h" /* the worker's free lists (counters) */
 
 /* ---------------------------------------------------------------- fake engine */
 
@@ -351,9 +355,19 @@ typedef enum { CLIENT_DONE = 0, CLIENT_CLOSED, CLIENT_GAVE_UP } client_rc_t;
 static const char PLAIN[] = "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":4}";
 static const char STREAM[] = "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":4,\"stream\":true}";
 
+static client_rc_t request(const char *method, const char *path, const char *body, long timeout_ms,
+                           resp_t *out);
+
 /* POST one request with "Connection: close" and read until the gateway closes; the client
  * gives up (closes) after <timeout_ms> (0 = 20 s). */
 static client_rc_t post(const char *body, long timeout_ms, resp_t *out)
+{
+    return request("POST", "/v1/completions", body, timeout_ms, out);
+}
+
+/* <method> <path> with <body> (NULL = none), as post(). */
+static client_rc_t request(const char *method, const char *path, const char *body, long timeout_ms,
+                           resp_t *out)
 {
     struct sockaddr_in a;
     char req[1024];
@@ -370,9 +384,9 @@ static client_rc_t post(const char *body, long timeout_ms, resp_t *out)
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     n = snprintf(req, sizeof(req),
-                 "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                 "%s %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
                  "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                 strlen(body), body);
+                 method, path, body ? strlen(body) : 0, body ? body : "");
     assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
     clock_gettime(CLOCK_MONOTONIC, &ts);
     end = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u +
@@ -441,11 +455,16 @@ static long allocs_of(const char *body, const char *expect)
     return after - before;
 }
 
-static void torture(const char *body, const char *expect)
+/* With <cold>, the worker's free lists are bypassed: the request and workflow objects are
+ * allocated afresh for every request, so their allocations fail in turn too (a warm list
+ * hands out recycled ones). Returns how many requests got the 503 of a workflow object that
+ * could not be allocated. */
+static int torture_run(const char *body, const char *expect, bool cold)
 {
     long n, total;
-    int failed_requests = 0;
+    int failed_requests = 0, wf_refused = 0;
     engine_delay_ms = 0;
+    pdgw_freelist_test_bypass(cold);
     total = allocs_of(body, expect);
     assert_true(total > 0);
     /* A few past the count: allocations that vary from run to run (buffers growing). */
@@ -462,13 +481,23 @@ static void torture(const char *body, const char *expect)
         assert_int_not_equal(rc, CLIENT_GAVE_UP);
         if (r.status != 200 || strstr(r.body, expect) == NULL)
             failed_requests++;
+        if (r.status == 503 && strstr(r.body, "out of memory; retry later") != NULL &&
+            strstr(r.body, "Retry-After: 1\r\n") != NULL)
+            wf_refused++;
         assert_settled();
     }
     /* Failures were injected and seen (the loop did reach the request path). */
-    print_message("%ld allocations per request; %d of %ld requests failed\n", total,
-                  failed_requests, total + 4);
+    print_message("%ld allocations per request%s; %d of %ld requests failed\n", total,
+                  cold ? " (free lists bypassed)" : "", failed_requests, total + 4);
     assert_true(failed_requests > 0);
     assert_serves(body, expect);
+    pdgw_freelist_test_bypass(false);
+    return wf_refused;
+}
+
+static void torture(const char *body, const char *expect)
+{
+    (void)torture_run(body, expect, false);
 }
 
 static void test_every_allocation_fails_plain(void **s)
@@ -483,8 +512,61 @@ static void test_every_allocation_fails_stream(void **s)
     torture(STREAM, "[DONE]");
 }
 
+/* Every allocation of a request whose objects are not recycled: the request object's, the
+ * workflow object's (taken only at dispatch: its failure is a clean 503 with Retry-After,
+ * then the connection closes) and all the others. */
+static void test_every_allocation_fails_cold(void **s)
+{
+    (void)s;
+    assert_true(torture_run(PLAIN, "Hello", true) > 0);
+    assert_true(torture_run(STREAM, "[DONE]", true) > 0);
+}
+
+/* Free-list use of the two objects (one worker): local replies never take a workflow object;
+ * an inference request takes one at dispatch and gives it back at completion, and the next
+ * one reuses it. Counters are read once the gateway is idle: the worker released the object
+ * before counting the request out. */
+static void test_workflow_object_only_for_upstream_work(void **s)
+{
+    pdgw_freelist_t *wl = &F.srv->workers[0].wf_pool;
+    static const char *const local[][3] = {
+        {"GET", "/health", NULL},
+        {"GET", "/ready", NULL},
+        {"GET", "/metrics", NULL},
+        {"GET", "/nowhere", NULL},
+        {"POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":0}"},
+        {"POST", "/v1/completions", "{not json"},
+    };
+    unsigned long taken, allocs;
+    unsigned free_before;
+    size_t i;
+    (void)s;
+    engine_delay_ms = 0;
+    assert_serves(PLAIN, "Hello"); /* one is listed now */
+    taken = wl->n_alloc + wl->n_reuse;
+    allocs = wl->n_alloc;
+    free_before = wl->n_free;
+    assert_true(free_before >= 1);
+    for (i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
+        resp_t r;
+        /* (the metrics outgrow the client's buffer: it stops reading early) */
+        assert_int_not_equal(request(local[i][0], local[i][1], local[i][2], 0, &r), CLIENT_GAVE_UP);
+        assert_true(r.status >= 200);
+    }
+    assert_settled();
+    assert_int_equal(wl->n_alloc + wl->n_reuse, taken);
+    assert_serves(PLAIN, "Hello");
+    assert_serves(STREAM, "[DONE]");
+    /* Two more taken, both recycled, both back. */
+    assert_int_equal(wl->n_alloc + wl->n_reuse, taken + 2);
+    assert_int_equal(wl->n_alloc, allocs);
+    assert_int_equal(wl->n_free, free_before);
+}
+
 /* Clients that give up at every stage: the engine takes 60 ms per answer (and 30 ms per
- * event), so 10 ms is in the prefill, 90 ms in the decode's wait, 160+ ms mid-stream. */
+ * event), so 10 ms is in the prefill, 90 ms in the decode's wait, 160+ ms mid-stream. Once
+ * with recycled request and workflow objects (poisoned while listed), once with every one
+ * freed for real, so a late use of either is caught even after it was reused. */
 static void test_client_gives_up_at_every_stage(void **s)
 {
     static const long after_ms[] = {1, 10, 40, 70, 90, 120, 150, 170, 190, 220};
@@ -492,13 +574,15 @@ static void test_client_gives_up_at_every_stage(void **s)
     int k;
     (void)s;
     engine_delay_ms = 60;
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < 4; k++) {
+        pdgw_freelist_test_bypass(k >= 2);
         for (i = 0; i < sizeof(after_ms) / sizeof(after_ms[0]); i++) {
             resp_t r;
-            (void)post(k ? STREAM : PLAIN, after_ms[i], &r);
+            (void)post(k % 2 ? STREAM : PLAIN, after_ms[i], &r);
             assert_settled();
         }
     }
+    pdgw_freelist_test_bypass(false);
     engine_delay_ms = 0;
     assert_serves(STREAM, "[DONE]");
     assert_serves(PLAIN, "Hello");
@@ -591,6 +675,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_allocation_fails_plain),
         cmocka_unit_test(test_every_allocation_fails_stream),
+        cmocka_unit_test(test_every_allocation_fails_cold),
+        cmocka_unit_test(test_workflow_object_only_for_upstream_work),
         cmocka_unit_test(test_client_gives_up_at_every_stage),
         cmocka_unit_test(test_slow_client_pauses_the_upstream),
     };

@@ -1,0 +1,36 @@
+/*
+ * pdgw_wf.c - the workflow object's life (pdgw_wf.h): made at dispatch from its worker's
+ * free list, given back when its request is finalized.
+ */
+#include "pdgw_server_int.h"
+
+#include "pdgw_alloc.h"
+#include "pdgw_route.h"
+
+pdgw_wf_t *pdgw_wf_create(pdgw_req_t *r)
+{
+    pdgw_wf_t *wf = pdgw_freelist_get(&r->w->wf_pool);
+    if (wf == NULL)
+        return NULL;
+    wf->req = r;
+    wf->w = r->w;
+    wf->fwd_ctx = r->fwd_ctx;
+    pdgw_leg_init(&wf->legs[PDGW_LEG_PREFILL], wf, PDGW_LEG_PREFILL, &pdgw_wf_leg_owner);
+    pdgw_leg_init(&wf->legs[PDGW_LEG_DECODE], wf, PDGW_LEG_DECODE, &pdgw_wf_leg_owner);
+    r->wf = wf;
+    return wf;
+}
+
+void pdgw_wf_release(pdgw_wf_t *wf)
+{
+    int k;
+    for (k = 0; k < 2; k++)
+        pdgw_leg_release(&wf->legs[k]);
+    pdgw_models_release(wf);
+    pdgw_route_req_release(wf); /* route hook */
+    pdgw_free(wf->pt_model);    /* fleet: pass-through's model and headers */
+    pdgw_buf_free(&wf->pt_headers);
+    if (wf->req != NULL && wf->req->wf == wf)
+        wf->req->wf = NULL;
+    pdgw_freelist_put(&wf->w->wf_pool, wf);
+}
