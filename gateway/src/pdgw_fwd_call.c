@@ -62,16 +62,16 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
 {
     pdgw_fwd_waker_t *wk = req != NULL ? req->waker : NULL;
     pdgw_fwd_call_t *c;
-    pdgw_req_t *r;
+    pdgw_wf_t *wf;
     char *text;
 
-    /* The waker names the request and its worker; ops run on that worker, so the request is
+    /* The waker names the workflow and its worker; ops run on that worker, so the workflow is
      * alive while we are called. */
-    if (wk == NULL || wk->req == NULL || inst == NULL || body == NULL) {
+    if (wk == NULL || wk->wf == NULL || inst == NULL || body == NULL) {
         json_decref(body);
         return NULL;
     }
-    r = wk->req;
+    wf = wk->wf;
     text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     c = text ? pdgw_calloc(1, sizeof(*c)) : NULL;
@@ -79,12 +79,12 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
         free(text);
         return NULL;
     }
-    c->w = r->w;
+    c->w = wf->w;
     c->timeout_ms = timeout_ms;
     c->waker = pdgw_fwd_waker_ref(wk);
     pdgw_timer_init(&c->timer, call_on_timer);
     c->timer.arg = c;
-    pdgw_leg_init(&c->leg, r, PDGW_LEG_PREFILL, &call_owner);
+    pdgw_leg_init(&c->leg, wf, PDGW_LEG_PREFILL, &call_owner);
     /* The leg takes the text (json_dumps used malloc, pdgw_free is free). */
     if (pdgw_leg_start(&c->leg, inst, path, "POST", text, strlen(text), NULL) != PDGW_OK) {
         free(text);
