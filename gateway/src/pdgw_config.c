@@ -120,7 +120,7 @@ static const pdgw_config_option_t options[] = {
      "16MiB", "SIZE", "Largest accepted request body (bytes or 16MiB-style); larger gives "
      "413.", C(max_body_bytes)},
     {"client_buffer_size", "client-buffer-size", "PDGW_CLIENT_BUFFER_SIZE", PDGW_OPT_SIZE, NULL,
-     2048, 0, "6KiB", "SIZE", "Memory of each client connection for its request: the request "
+     2048, 0, "5KiB", "SIZE", "Memory of each client connection for its request: the request "
      "line and headers must fit in it (a larger head gets 431), the body passes through it in "
      "pieces. Every open connection holds it, streams included.", C(client_buffer_size)},
     {"request_timeout", "request-timeout", "PDGW_REQUEST_TIMEOUT", PDGW_OPT_DURATION, NULL,

@@ -57,7 +57,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->protocol = "neutral";
     o->mode = PDGW_MODE_BATCH;
     o->max_body_bytes = 16u << 20;
-    o->client_buffer_size = 6u << 10;
+    o->client_buffer_size = 5u << 10;
     o->request_timeout_ms = 600000;
     o->connect_timeout_ms = 3000;
     o->first_byte_timeout_ms = 300000;
