@@ -300,31 +300,32 @@ static bool req_pd_fields(pdgw_req_t *r, pdgw_api_error_t *e)
     return true;
 }
 
-static void dispatch(pdgw_req_t *r)
+/* The checks every route passes first (client certificate, CORS preflight, route, method,
+ * credentials, body size); false = answered. */
+static bool dispatch_admit(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
-    pdgw_wf_t *wf;
 
     if (!pdgw_tls_authorize(r))
-        return;
+        return false;
     if (pdgw_cors_preflight(r)) /* fleet hook: CORS preflight, before routing and auth */
-        return;
+        return false;
     if (r->route == PDGW_ROUTE_NONE) {
         pdgw_gateway_metrics_rejected(gm, "not_found");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_NOT_FOUND, "unknown_url", "no route for %s %s",
                               r->method, r->path);
-        return;
+        return false;
     }
     if (!method_ok(r)) {
         pdgw_gateway_metrics_rejected(gm, "method");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_METHOD_NOT_ALLOWED, "method_not_allowed",
                               "method %s not allowed on %s", r->method, r->path);
-        return;
+        return false;
     }
     if (r->route == PDGW_ROUTE_ADMIN) {
         if (!pdgw_admin_authorize(r))
-            return;
+            return false;
     } else if (route_needs_auth(r)) {
         const char *h =
             MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -334,7 +335,7 @@ static void dispatch(pdgw_req_t *r)
             pdgw_auth_result_to_error(ar, &e);
             pdgw_gateway_metrics_rejected(gm, "auth");
             pdgw_req_reply_error(r, &e);
-            return;
+            return false;
         }
     }
     if (r->too_large) {
@@ -342,57 +343,77 @@ static void dispatch(pdgw_req_t *r)
         pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                               "request body exceeds the limit of %llu bytes",
                               (unsigned long long)r->max_body_bytes);
-        return;
+        return false;
     }
+    return true;
+}
+
+/* Routes the gateway answers itself; true = answered. */
+static bool dispatch_local(pdgw_req_t *r)
+{
     switch (r->route) {
     case PDGW_ROUTE_HEALTH: {
         char *ok = pdgw_strdup("{\"status\":\"ok\"}");
         pdgw_req_reply(r, 200, ok, ok ? strlen(ok) : 0, "application/json");
+        return true;
     }
-        return;
     case PDGW_ROUTE_READY:
         serve_ready(r);
-        return;
+        return true;
     case PDGW_ROUTE_METRICS:
         serve_metrics(r);
-        return;
+        return true;
     case PDGW_ROUTE_ADMIN:
         if (!pdgw_admin_serve(r))
             pdgw_admin_instances_serve(r);
-        return;
+        return true;
     case PDGW_ROUTE_MODELS:
-        if (srv->opts.n_models > 0) {
+        if (r->w->srv->opts.n_models > 0) {
             pdgw_models_serve_local(r);
-            return;
+            return true;
         }
-        if (pdgw_models_serve_list(r)) /* fleet hook: the union the pool knows */
-            return;
-        break;
+        return pdgw_models_serve_list(r); /* fleet hook: the union the pool knows */
     default:
-        break;
+        return false;
     }
-    if (r->route == PDGW_ROUTE_INFER) {
-        pdgw_api_error_t e;
-        if (pdgw_request_parse(r->body.data ? r->body.data : "", r->body.len, &r->json, &e) !=
-            PDGW_OK) {
-            pdgw_gateway_metrics_rejected(gm, "bad_json");
-            pdgw_req_reply_error(r, &e);
-            return;
-        }
-        if (pdgw_request_validate(r->kind, r->json, &r->info, &e) != PDGW_OK) {
-            pdgw_gateway_metrics_rejected(gm, "invalid");
-            pdgw_req_reply_error(r, &e);
-            return;
-        }
-        r->info_valid = true;
-        if (!req_pd_fields(r, &e)) {
-            pdgw_gateway_metrics_rejected(gm, "client_pd_field");
-            pdgw_req_reply_error(r, &e);
-            return;
-        }
-        if (!pdgw_models_admit(r, r->info.model)) /* fleet hook: unknown model → 404 */
-            return;
+}
+
+/* A completions / chat body: parsed, validated, PD fields handled, its model served; false =
+ * answered. */
+static bool dispatch_infer_body(pdgw_req_t *r)
+{
+    pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;
+    pdgw_api_error_t e;
+
+    if (pdgw_request_parse(r->body.data ? r->body.data : "", r->body.len, &r->json, &e) !=
+        PDGW_OK) {
+        pdgw_gateway_metrics_rejected(gm, "bad_json");
+        pdgw_req_reply_error(r, &e);
+        return false;
     }
+    if (pdgw_request_validate(r->kind, r->json, &r->info, &e) != PDGW_OK) {
+        pdgw_gateway_metrics_rejected(gm, "invalid");
+        pdgw_req_reply_error(r, &e);
+        return false;
+    }
+    r->info_valid = true;
+    if (!req_pd_fields(r, &e)) {
+        pdgw_gateway_metrics_rejected(gm, "client_pd_field");
+        pdgw_req_reply_error(r, &e);
+        return false;
+    }
+    return pdgw_models_admit(r, r->info.model); /* fleet hook: unknown model → 404 */
+}
+
+static void dispatch(pdgw_req_t *r)
+{
+    pdgw_server_t *srv = r->w->srv;
+    pdgw_wf_t *wf;
+
+    if (!dispatch_admit(r) || dispatch_local(r))
+        return;
+    if (r->route == PDGW_ROUTE_INFER && !dispatch_infer_body(r))
+        return;
     if (srv->draining) {
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "shutting_down",
                               "the gateway is shutting down");
@@ -401,7 +422,7 @@ static void dispatch(pdgw_req_t *r)
     /* Upstream work: a workflow object, the headers to forward, then the workflow. */
     wf = pdgw_wf_create(r);
     if (wf == NULL) {
-        pdgw_gateway_metrics_local_resource_error(gm, "memory");
+        pdgw_gateway_metrics_local_resource_error(srv->opts.metrics, "memory");
         r->reply_retry_after_s = 1;
         pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, NULL,
                               "the gateway is out of memory; retry later");
