@@ -1,114 +1,17 @@
 /*
  * pdgw_body_splice.c - a leg body written by splicing the client's own bytes (see the header).
  *
- * The client's text is walked once at its top level: each member gives its key and the byte
- * range of its value. The text parsed without error into <client> moments ago, so the walk
- * only has to find boundaries (strings with their escapes, nesting), not validate; it still
- * checks every bound and gives up on anything unexpected.
+ * The client's text is walked once at its top level (pdgw_json_text.h): each member gives its
+ * key and the byte range of its value. The text parsed without error into <client> moments
+ * ago, so the walk only has to find boundaries; anything unexpected makes the splice give up.
  */
 #include "pdgw_body_splice.h"
+
+#include "pdgw_json_text.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    const char *p, *end;
-} cursor_t;
-
-static void skip_ws(cursor_t *c)
-{
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
-        c->p++;
-}
-
-/* The closing quote of the string opening at <p>: the next quote not escaped by an odd run
- * of backslashes. NULL when there is none. */
-static const char *string_close(const char *p, const char *end)
-{
-    const char *q = p + 1;
-    while (q < end && (q = memchr(q, '"', (size_t)(end - q))) != NULL) {
-        const char *b = q;
-        while (b > p + 1 && b[-1] == '\\')
-            b--;
-        if (((q - b) & 1) == 0)
-            return q;
-        q++;
-    }
-    return NULL;
-}
-
-/* Past the value that starts at c->p; false on text that ends early. */
-static bool skip_value(cursor_t *c)
-{
-    int depth = 0;
-    do {
-        const char *q;
-        if (c->p >= c->end)
-            return false;
-        switch (*c->p) {
-        case '"':
-            if ((q = string_close(c->p, c->end)) == NULL)
-                return false;
-            c->p = q + 1;
-            break;
-        case '{':
-        case '[':
-            depth++;
-            c->p++;
-            break;
-        case '}':
-        case ']':
-            if (--depth < 0)
-                return false;
-            c->p++;
-            break;
-        default:
-            if (depth == 0) { /* number or literal: up to the next delimiter */
-                while (c->p < c->end && *c->p != ',' && *c->p != '}' && *c->p != ' ' &&
-                       *c->p != '\t' && *c->p != '\n' && *c->p != '\r')
-                    c->p++;
-                return true;
-            }
-            c->p++;
-            break;
-        }
-    } while (depth > 0);
-    return true;
-}
-
-/* One member: key and value ranges. 0 = got one, 1 = end of the object, -1 = cannot splice. */
-static int next_member(cursor_t *c, bool first, const char **key, size_t *key_len, const char **val,
-                       size_t *val_len)
-{
-    const char *q;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}')
-        return 1;
-    if (!first) {
-        if (c->p >= c->end || *c->p != ',')
-            return -1;
-        c->p++;
-        skip_ws(c);
-    }
-    if (c->p >= c->end || *c->p != '"' || (q = string_close(c->p, c->end)) == NULL)
-        return -1;
-    *key = c->p + 1;
-    *key_len = (size_t)(q - c->p - 1);
-    if (memchr(*key, '\\', *key_len) != NULL)
-        return -1; /* the name as written is not the name as parsed */
-    c->p = q + 1;
-    skip_ws(c);
-    if (c->p >= c->end || *c->p != ':')
-        return -1;
-    c->p++;
-    skip_ws(c);
-    *val = c->p;
-    if (!skip_value(c))
-        return -1;
-    *val_len = (size_t)(c->p - *val);
-    return 0;
-}
 
 static int append_cb(const char *chunk, size_t n, void *arg)
 {
@@ -144,33 +47,33 @@ static pdgw_status_t put_raw(pdgw_buf_t *out, bool *first, const char *key, size
 pdgw_status_t pdgw_body_splice(const char *raw, size_t raw_len, const json_t *client,
                                const json_t *leg, pdgw_buf_t *out)
 {
-    cursor_t c = {raw, raw + raw_len};
-    const char *key, *val, *lkey;
-    size_t key_len, val_len, members = 0;
-    bool first_raw = true, first_out = true;
+    pdgw_json_members_t it;
+    pdgw_json_member_t m;
+    const char *lkey;
+    size_t members = 0;
+    bool first_out = true;
     json_t *lv;
     int got;
 
-    if (raw == NULL || !json_is_object(client) || !json_is_object(leg))
+    if (raw == NULL || !json_is_object(client) || !json_is_object(leg) ||
+        !pdgw_json_members_begin(&it, raw, raw_len))
         return PDGW_ERR_INVALID;
-    skip_ws(&c);
-    if (c.p >= c.end || *c.p != '{')
-        return PDGW_ERR_INVALID;
-    c.p++;
     if (pdgw_buf_append(out, "{", 1) != PDGW_OK)
         return PDGW_ERR_NOMEM;
-    while ((got = next_member(&c, first_raw, &key, &key_len, &val, &val_len)) == 0) {
-        json_t *cv = json_object_getn(client, key, key_len);
+    while ((got = pdgw_json_members_next(&it, &m)) == 0) {
+        json_t *cv;
         pdgw_status_t st = PDGW_OK;
-        first_raw = false;
+        if (m.key_escaped)
+            return PDGW_ERR_INVALID; /* the name as written is not the name as parsed */
+        cv = json_object_getn(client, m.key, m.key_len);
         members++;
         if (cv == NULL)
             return PDGW_ERR_INVALID; /* the text and its parse disagree */
-        lv = json_object_getn(leg, key, key_len);
+        lv = json_object_getn(leg, m.key, m.key_len);
         if (lv == cv)
-            st = put_raw(out, &first_out, key, key_len, val, val_len);
+            st = put_raw(out, &first_out, m.key, m.key_len, m.val, m.val_len);
         else if (lv != NULL)
-            st = put_dumped(out, &first_out, key, key_len, lv);
+            st = put_dumped(out, &first_out, m.key, m.key_len, lv);
         if (st != PDGW_OK)
             return st;
     }

@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_json_text.h"
 #include "pdgw_log.h"
 
 #define LABEL_VALUE_MAX 256
@@ -1021,69 +1022,22 @@ static const char *usage_object_at(const char *s, size_t len)
     return NULL;
 }
 
-/* The closing quote of the JSON string that opens at <p>, or NULL: the next quote not
- * escaped by an odd run of backslashes (memchr does the scanning). */
-static const char *string_end(const char *p, const char *end)
-{
-    const char *q = p + 1;
-    while (q < end && (q = memchr(q, '"', (size_t)(end - q))) != NULL) {
-        const char *b = q;
-        while (b > p + 1 && b[-1] == '\\')
-            b--;
-        if (((q - b) & 1) == 0)
-            return q;
-        q++;
-    }
-    return NULL;
-}
-
 /* The value of the last "usage" member of the top-level object of JSON text <s>, when it is
- * an object: where it starts, NULL otherwise. One pass over the bytes (strings and nesting
- * tracked), no allocation: an answer is relayed as it is and only this one member of it is
- * parsed. Text that is not one balanced object gives NULL, as a failed parse would. */
+ * an object: where it starts, NULL otherwise. No allocation: an answer is relayed as it is and
+ * only this one member of it is read. Text that is not one object gives NULL, as a failed parse
+ * would. */
 static const char *usage_member(const char *s, size_t len)
 {
-    const char *p = s, *end = s + len, *found = NULL;
-    int depth = 0;
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
-        p++;
-    if (p == end || *p != '{')
+    pdgw_json_members_t it;
+    pdgw_json_member_t m;
+    const char *found = NULL;
+    int got;
+    if (!pdgw_json_members_begin(&it, s, len))
         return NULL;
-    for (; p < end; p++) {
-        char c = *p;
-        if (c == '"') {
-            const char *q = string_end(p, end);
-            if (q == NULL)
-                return NULL;
-            if (depth == 1 && q - p == 6 && memcmp(p + 1, "usage", 5) == 0) {
-                const char *v = q + 1;
-                while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
-                    v++;
-                if (v < end && *v == ':') { /* a key, not a value */
-                    v++;
-                    while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
-                        v++;
-                    found = v < end && *v == '{' ? v : NULL; /* the last one counts */
-                }
-            }
-            p = q;
-        } else if (c == '{' || c == '[') {
-            depth++;
-        } else if (c == '}' || c == ']') {
-            if (--depth == 0) {
-                for (p++; p < end; p++)
-                    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-                        return NULL;
-                return found;
-            }
-        }
-    }
-    return NULL;
-}
-
-static bool is_ws(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+    while ((got = pdgw_json_members_next(&it, &m)) == 0)
+        if (m.key_len == 5 && memcmp(m.key, "usage", 5) == 0) /* the last one counts */
+            found = m.val_len > 0 && m.val[0] == '{' ? m.val : NULL;
+    return got == 1 && pdgw_json_only_ws(it.p, s + len) ? found : NULL;
 }
 
 /* The JSON number token at <p>: its end, or NULL when it is not one. *integral says whether a
@@ -1148,37 +1102,20 @@ static bool member_integer(const char *v, const char *end, int64_t *out)
  * absent or not an integer is 0. false on text that ends early or a number no parse accepts. */
 static bool usage_counts(const char *p, const char *end, int64_t *pt, int64_t *ct)
 {
-    int depth = 0;
+    pdgw_json_members_t it;
+    pdgw_json_member_t m;
+    int got;
     *pt = *ct = 0;
-    for (; p < end; p++) {
-        if (*p == '"') {
-            const char *q = string_end(p, end), *v;
-            size_t n;
-            if (q == NULL)
-                return false;
-            n = (size_t)(q - p - 1);
-            for (v = q + 1; v < end && is_ws(*v); v++)
-                ;
-            if (depth == 1 && v < end && *v == ':') { /* a member name */
-                int64_t *slot = n == 13 && memcmp(p + 1, "prompt_tokens", 13) == 0       ? pt
-                                : n == 17 && memcmp(p + 1, "completion_tokens", 17) == 0 ? ct
+    if (!pdgw_json_members_begin(&it, p, (size_t)(end - p)))
+        return false;
+    while ((got = pdgw_json_members_next(&it, &m)) == 0) {
+        int64_t *slot = m.key_len == 13 && memcmp(m.key, "prompt_tokens", 13) == 0       ? pt
+                        : m.key_len == 17 && memcmp(m.key, "completion_tokens", 17) == 0 ? ct
                                                                                          : NULL;
-                for (v++; v < end && is_ws(*v); v++)
-                    ;
-                if (slot != NULL && !member_integer(v, end, slot))
-                    return false;
-                p = v - 1; /* the value is walked like any other */
-            } else {
-                p = q;
-            }
-        } else if (*p == '{' || *p == '[') {
-            depth++;
-        } else if (*p == '}' || *p == ']') {
-            if (--depth == 0)
-                return true;
-        }
+        if (slot != NULL && !member_integer(m.val, m.val + m.val_len, slot))
+            return false;
     }
-    return false;
+    return got == 1;
 }
 
 bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,

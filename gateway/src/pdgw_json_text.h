@@ -1,0 +1,38 @@
+/*
+ * pdgw_json_text.h - walking the top level of a JSON object's text without parsing it.
+ *
+ * Where pdgw needs one or two members of a body it relays or splices (an answer's usage, the
+ * members a leg shares with the client body), building a tree of the whole text costs more
+ * than the work itself. The walker finds member boundaries only: strings with their escapes,
+ * nesting. It checks every bound but does not validate what lies between them; callers use it
+ * on text a parser has accepted, or where a wrong guess costs only a figure.
+ */
+#ifndef PDGW_JSON_TEXT_H
+#define PDGW_JSON_TEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct pdgw_json_members {
+    const char *p, *end;
+    bool first;
+} pdgw_json_members_t;
+
+/* One member: its name as written (between the quotes) and its value's bytes. */
+typedef struct pdgw_json_member {
+    const char *key;
+    size_t key_len;
+    bool key_escaped; /* the name contains escapes: as written it is not the parsed name */
+    const char *val;
+    size_t val_len;
+} pdgw_json_member_t;
+
+/* Start at the object opening at <text> (leading whitespace allowed); false if none does. */
+bool pdgw_json_members_begin(pdgw_json_members_t *it, const char *text, size_t len);
+/* 0 = *m is the next member, 1 = the object closed (it->p is just past its '}'), -1 = the
+ * text ends early or is not an object's members. */
+int pdgw_json_members_next(pdgw_json_members_t *it, pdgw_json_member_t *m);
+/* Only whitespace from <p> to <end>. */
+bool pdgw_json_only_ws(const char *p, const char *end);
+
+#endif /* PDGW_JSON_TEXT_H */
