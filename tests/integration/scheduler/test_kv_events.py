@@ -53,22 +53,9 @@ def complete(port, prompt, max_tokens=1):
 
 class Fleet:
     def __init__(self, layouts=("map", "array", "map"), capacity=1024, sim_args=()):
-        self.ports = [t.free_port() for _ in layouts]
-        self.ev_ports = [t.free_port() for _ in layouts]
-        self.rp_ports = [t.free_port() for _ in layouts]
-        self.sims = []
-        for i, port in enumerate(self.ports):
-            kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
-                      "endpoint": f"tcp://*:{self.ev_ports[i]}",
-                      "replay_endpoint": f"tcp://*:{self.rp_ports[i]}", "topic": "kv"}
-            p = t.Proc(f"sim{i}", [t.binary("pdgw-sim"), "--role", "both", "--port", str(port),
-                                   "--ttft-ms", "1", "--tpot-ms", "1", "--model", MODEL,
-                                   "--block-size", str(BLOCK),
-                                   "--kv-capacity-tokens", str(capacity),
-                                   "--kv-events-config", json.dumps(kv_cfg),
-                                   "--kv-events-layout", layouts[i]] + list(sim_args))
-            self.sims.append(p)
-            t.wait_http(port, "/health", timeout=10, proc=p)
+        self.ports, self.ev_ports, self.rp_ports, self.sims = [], [], [], []
+        for i, layout in enumerate(layouts):
+            self._start_sim(i, layout, capacity, sim_args)
         self.gw_port = t.free_port()
         self.cfg = tempfile.NamedTemporaryFile("w", prefix="pdgw-kvev-", suffix=".yaml",
                                                delete=False)
@@ -84,6 +71,35 @@ class Fleet:
         self.cfg.close()
         self.gw = t.Proc("pdgw", [t.binary("pdgw"), "--config", self.cfg.name])
         t.wait_http(self.gw_port, "/ready", timeout=15, proc=self.gw)
+
+    def _start_sim(self, i, layout, capacity, sim_args, attempts=3):
+        """Sim <i> on ports picked now. A picked port can be taken by someone else before the
+        sim binds it (picking releases it): then the sim is started again on new ones."""
+        for attempt in range(attempts):
+            port, ev, rp = t.free_port(), t.free_port(), t.free_port()
+            kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+                      "endpoint": f"tcp://*:{ev}", "replay_endpoint": f"tcp://*:{rp}",
+                      "topic": "kv"}
+            p = t.Proc(f"sim{i}", [t.binary("pdgw-sim"), "--role", "both", "--port", str(port),
+                                   "--ttft-ms", "1", "--tpot-ms", "1", "--model", MODEL,
+                                   "--block-size", str(BLOCK),
+                                   "--kv-capacity-tokens", str(capacity),
+                                   "--kv-events-config", json.dumps(kv_cfg),
+                                   "--kv-events-layout", layout] + list(sim_args))
+            try:
+                t.wait_http(port, "/health", timeout=10, proc=p)
+            except RuntimeError:
+                out = p.output()
+                in_use = "in use" in out or "cannot listen" in out
+                p.kill()
+                if in_use and attempt + 1 < attempts:
+                    continue
+                raise
+            self.ports.append(port)
+            self.ev_ports.append(ev)
+            self.rp_ports.append(rp)
+            self.sims.append(p)
+            return
 
     def close(self):
         for p in self.sims + [self.gw]:
@@ -114,7 +130,28 @@ class Fleet:
                                    f" of {published} KV-event batches")
             time.sleep(0.05)
 
+    def wait_settled(self, timeout=15):
+        """Until pdgw has scraped every engine since now and sees them all idle: the score
+        mixes the cached fraction with load, and a scrape taken while an engine was still
+        busy with a warm-up prompt would weigh it down until the next scrape."""
+        since = time.time()
+        deadline = since + timeout
+        seen = None
+        while time.time() < deadline:
+            status, _, raw = t.request("GET", self.gw_port, "/admin/instances", timeout=5)
+            assert status == 200, status
+            loads = [i["load"] for i in json.loads(raw)]
+            scraped = [ld["scraped"] for ld in loads]
+            fresh = all(sc and sc["age_ms"] / 1000.0 < time.time() - since for sc in scraped)
+            idle = all(sc and sc["running"] == 0 and sc["waiting"] == 0 for sc in scraped)
+            seen = loads
+            if fresh and idle and len({ld["score"] for ld in loads}) == 1:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"engines not seen idle: {seen}")
+
     def routed_to(self, prompt):
+        self.wait_settled()
         before = [successes(p) for p in self.ports]
         complete(self.gw_port, prompt)
         after = [successes(p) for p in self.ports]
