@@ -35,6 +35,13 @@ int lmc_tok_result(const lmc_tok_job_t *j, json_t **tokens, char *msg, size_t ca
         snprintf(msg, cap, "tokenize answered HTTP %ld", status);
         return -1;
     }
+    toks = pdgw_fwd_answer_ids(data, len, "tokens");
+    if (json_array_size(toks) > 0) {
+        *tokens = toks;
+        return 1;
+    }
+    json_decref(toks);
+    /* not a plain id list: the whole parse says what is wrong */
     doc = json_loadb(data, len, 0, NULL);
     toks = doc ? json_object_get(doc, "tokens") : NULL;
     if (!json_is_array(toks) || json_array_size(toks) == 0) {

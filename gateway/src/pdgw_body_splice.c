@@ -10,6 +10,7 @@
 #include "pdgw_json_text.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,15 +19,64 @@ static int append_cb(const char *chunk, size_t n, void *arg)
     return pdgw_buf_append(arg, chunk, n) == PDGW_OK ? 0 : -1;
 }
 
+/* Decimal digits of <v> ending at <end> (written backwards); returns the first. */
+static char *int_text(json_int_t v, char *end)
+{
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--end = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--end = '-';
+    return end;
+}
+
+/* An array of integers (a prompt of token ids, rebuilt for every leg of some protocols)
+ * written here: jansson formats each integer through snprintf, which costs more than the
+ * rest of the body. 0 = written, 1 = not such an array, -1 = no memory. */
+static int put_int_array(pdgw_buf_t *out, const json_t *v)
+{
+    char num[24];
+    size_t n = json_array_size(v), i;
+    char *w;
+
+    if (!json_is_array(v) || n == 0)
+        return 1;
+    for (i = 0; i < n; i++)
+        if (!json_is_integer(json_array_get(v, i)))
+            return 1;
+    /* room for the longest text: 20 characters and a comma per integer, the brackets */
+    if (n > (SIZE_MAX - 2) / 21 || pdgw_buf_reserve(out, n * 21 + 2) != PDGW_OK)
+        return -1;
+    w = out->data + out->len;
+    *w++ = '[';
+    for (i = 0; i < n; i++) {
+        char *d = int_text(json_integer_value(json_array_get(v, i)), num + sizeof(num));
+        size_t k = (size_t)(num + sizeof(num) - d);
+        if (i > 0)
+            *w++ = ',';
+        memcpy(w, d, k);
+        w += k;
+    }
+    *w++ = ']';
+    out->len = (size_t)(w - out->data);
+    return 0;
+}
+
 /* ,"key": then <v> serialised. */
 static pdgw_status_t put_dumped(pdgw_buf_t *out, bool *first, const char *key, size_t key_len,
                                 const json_t *v)
 {
+    int ints;
     if ((!*first && pdgw_buf_append(out, ",", 1) != PDGW_OK) ||
         pdgw_buf_append(out, "\"", 1) != PDGW_OK ||
         pdgw_buf_append_json_escaped(out, key, key_len) != PDGW_OK ||
-        pdgw_buf_append(out, "\":", 2) != PDGW_OK ||
-        json_dump_callback(v, append_cb, out, JSON_COMPACT | JSON_ENCODE_ANY) != 0)
+        pdgw_buf_append(out, "\":", 2) != PDGW_OK)
+        return PDGW_ERR_NOMEM;
+    ints = put_int_array(out, v);
+    if (ints < 0 ||
+        (ints > 0 && json_dump_callback(v, append_cb, out, JSON_COMPACT | JSON_ENCODE_ANY) != 0))
         return PDGW_ERR_NOMEM;
     *first = false;
     return PDGW_OK;
@@ -88,4 +138,25 @@ pdgw_status_t pdgw_body_splice(const char *raw, size_t raw_len, const json_t *cl
             return PDGW_ERR_NOMEM;
     }
     return pdgw_buf_append(out, "}", 1);
+}
+
+char *pdgw_body_text(const char *raw, size_t raw_len, const json_t *client, const json_t *body,
+                     size_t *len)
+{
+    pdgw_buf_t b;
+    pdgw_status_t st;
+
+    pdgw_buf_init(&b);
+    if (pdgw_buf_reserve_exact(&b, raw_len + 256) != PDGW_OK)
+        return NULL;
+    st = pdgw_body_splice(raw, raw_len, client, body, &b);
+    if (st == PDGW_ERR_INVALID) {
+        b.len = 0;
+        st = json_dump_callback(body, append_cb, &b, JSON_COMPACT) == 0 ? PDGW_OK : PDGW_ERR_NOMEM;
+    }
+    if (st != PDGW_OK) {
+        pdgw_buf_free(&b);
+        return NULL;
+    }
+    return pdgw_buf_steal(&b, len);
 }

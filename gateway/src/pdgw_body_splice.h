@@ -28,4 +28,12 @@
 pdgw_status_t pdgw_body_splice(const char *raw, size_t raw_len, const json_t *client,
                                const json_t *leg, pdgw_buf_t *out);
 
+/*
+ * <body>'s text in a buffer of its own (released with pdgw_free), spliced from <raw> where it
+ * can be, else serialised whole; *len its length. A body is about the client body's size: one
+ * exact buffer instead of jansson's doubling buffer plus its final copy. NULL on no memory.
+ */
+char *pdgw_body_text(const char *raw, size_t raw_len, const json_t *client, const json_t *body,
+                     size_t *len);
+
 #endif /* PDGW_BODY_SPLICE_H */

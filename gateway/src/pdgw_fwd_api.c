@@ -191,7 +191,9 @@ void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *wk)
         wk->next = w->wake_queue;
         w->wake_queue = wk;
         pthread_mutex_unlock(&w->wake_lock);
-        if (write(w->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        if (pdgw_this_worker == w) /* its loop runs the queue before it waits again */
+            w->wake_local = true;
+        else if (write(w->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
             pdgw_log_warn("waker", "eventfd write: %s", strerror(errno));
     }
     pthread_mutex_unlock(&wk->lock);

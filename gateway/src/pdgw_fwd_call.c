@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_body_splice.h"
 #include "pdgw_server_int.h"
 #include "pdgw_timer.h"
 
@@ -64,6 +65,7 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
     pdgw_fwd_call_t *c;
     pdgw_wf_t *wf;
     char *text;
+    size_t len = 0;
 
     /* The waker names the workflow and its worker; ops run on that worker, so the workflow is
      * alive while we are called. */
@@ -72,11 +74,13 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
         return NULL;
     }
     wf = wk->wf;
-    text = json_dumps(body, JSON_COMPACT);
+    /* A call's body often carries the client's prompt (/tokenize): its bytes are copied, not
+     * escaped again. */
+    text = pdgw_body_text(wf->req->body.data, wf->req->body.len, wf->req->json, body, &len);
     json_decref(body);
     c = text ? pdgw_calloc(1, sizeof(*c)) : NULL;
     if (c == NULL) {
-        free(text);
+        pdgw_free(text);
         return NULL;
     }
     c->w = wf->w;
@@ -85,9 +89,9 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
     pdgw_timer_init(&c->timer, call_on_timer);
     c->timer.arg = c;
     pdgw_leg_init(&c->leg, wf, PDGW_LEG_PREFILL, &call_owner);
-    /* The leg takes the text (json_dumps used malloc, pdgw_free is free). */
-    if (pdgw_leg_start(&c->leg, inst, path, "POST", text, strlen(text), NULL) != PDGW_OK) {
-        free(text);
+    /* The leg takes the text. */
+    if (pdgw_leg_start(&c->leg, inst, path, "POST", text, len, NULL) != PDGW_OK) {
+        pdgw_free(text);
         pdgw_leg_release(&c->leg);
         pdgw_fwd_waker_unref(c->waker);
         pdgw_free(c);

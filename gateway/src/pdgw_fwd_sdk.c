@@ -11,9 +11,15 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_fwd_sdk.h"
+#include "pdgw_json_text.h"
 #include "pdgw_registry.h"
 
 /* ---------------------------------------------------------------- bodies */
+
+json_t *pdgw_fwd_answer_ids(const char *answer, size_t len, const char *name)
+{
+    return answer && name ? pdgw_json_member_id_list(answer, len, name) : NULL;
+}
 
 json_t *pdgw_fwd_body_prefill_kvp(const pdgw_fwd_request_t *req, json_t *kvp)
 {

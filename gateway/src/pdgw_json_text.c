@@ -3,6 +3,7 @@
  */
 #include "pdgw_json_text.h"
 
+#include <limits.h>
 #include <string.h>
 
 static bool is_ws(char c)
@@ -114,4 +115,62 @@ int pdgw_json_members_next(pdgw_json_members_t *it, pdgw_json_member_t *m)
     it->p = q;
     it->first = false;
     return 0;
+}
+
+json_t *pdgw_json_id_list(const char *text, size_t len)
+{
+    const char *p = text, *end = text + len;
+    json_t *arr;
+
+    p = skip_ws(p, end);
+    if (p >= end || *p != '[')
+        return NULL;
+    p = skip_ws(p + 1, end);
+    if ((arr = json_array()) == NULL)
+        return NULL;
+    if (p < end && *p == ']')
+        return pdgw_json_only_ws(p + 1, end) ? arr : (json_decref(arr), NULL);
+    for (;;) {
+        json_int_t v = 0;
+        const char *digits = p;
+        while (p < end && *p >= '0' && *p <= '9') {
+            int d = *p - '0';
+            if (v > (LLONG_MAX - d) / 10)
+                goto fail; /* beyond int64: the parser's error says so */
+            v = v * 10 + d;
+            p++;
+        }
+        if (p == digits || (*digits == '0' && p - digits > 1))
+            goto fail;
+        if (json_array_append_new(arr, json_integer(v)) != 0)
+            goto fail;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = skip_ws(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == ']' && pdgw_json_only_ws(p + 1, end))
+            return arr;
+        goto fail;
+    }
+fail:
+    json_decref(arr);
+    return NULL;
+}
+
+json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)
+{
+    pdgw_json_members_t it;
+    pdgw_json_member_t m, last = {0};
+    size_t n = strlen(name);
+    int got;
+
+    if (!pdgw_json_members_begin(&it, text, len))
+        return NULL;
+    while ((got = pdgw_json_members_next(&it, &m)) == 0)
+        if (!m.key_escaped && m.key_len == n && memcmp(m.key, name, n) == 0)
+            last = m;
+    if (got != 1 || !pdgw_json_only_ws(it.p, it.end) || last.val == NULL)
+        return NULL;
+    return pdgw_json_id_list(last.val, last.val_len);
 }

@@ -10,6 +10,7 @@
 #ifndef PDGW_JSON_TEXT_H
 #define PDGW_JSON_TEXT_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -34,5 +35,16 @@ bool pdgw_json_members_begin(pdgw_json_members_t *it, const char *text, size_t l
 int pdgw_json_members_next(pdgw_json_members_t *it, pdgw_json_member_t *m);
 /* Only whitespace from <p> to <end>. */
 bool pdgw_json_only_ws(const char *p, const char *end);
+
+/* The value at <text> when it is an array of non-negative integers, as JSON writes them
+ * ("[1, 22, 333]": no sign, no leading zero, no fraction or exponent, at most INT64_MAX):
+ * a new jansson array of them. NULL when it is anything else (the caller parses the text for
+ * a precise error) or on no memory. Reading a /tokenize answer of thousands of ids this way
+ * costs a fraction of a general parse. */
+json_t *pdgw_json_id_list(const char *text, size_t len);
+
+/* The id list (as above) under the top-level member <name> of the object <text>; the last
+ * one when the name repeats, as a parser keeps it. NULL when there is none. */
+json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name);
 
 #endif /* PDGW_JSON_TEXT_H */

@@ -385,17 +385,22 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d >= 0 && d - (int64_t)now < t)
             t = d - (int64_t)now;
     }
-    if (w->mhd_kick || w->flush_head != NULL || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
+    if (w->mhd_kick || w->wake_local || w->flush_head != NULL ||
+        (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
         t = 0;
     if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
     return t < 0 ? 0 : (int)t;
 }
 
+_Thread_local pdgw_worker_t *pdgw_this_worker;
+
 static void *worker_main(void *arg)
 {
     pdgw_worker_t *w = arg;
     struct epoll_event evs[MAX_EVENTS];
+
+    pdgw_this_worker = w;
 
     while (!atomic_load(&w->stop)) {
         int n = epoll_wait(w->epfd, evs, MAX_EVENTS, worker_timeout(w));
@@ -454,6 +459,10 @@ static void *worker_main(void *arg)
             default:
                 break;
             }
+        }
+        if (w->wake_local) { /* wakers queued by this turn's events */
+            w->wake_local = false;
+            pdgw_waker_run_queue(w);
         }
         now = pdgw_now_ms();
         if (w->curl_timer_ms >= 0 && (int64_t)now >= w->curl_timer_ms) {

@@ -128,12 +128,18 @@ struct pdgw_worker {
     /* Wakers queued from any thread. */
     pthread_mutex_t wake_lock;
     struct pdgw_fwd_waker *wake_queue;
+    /* A waker was queued from this worker's own thread: the queue runs later in this loop turn
+     * without the eventfd round trip (worker thread only). */
+    bool wake_local;
     /* Client connections of this worker (pdgw_conn.c): count, and the address let in by the
      * accept policy that MHD has not announced yet. */
     unsigned n_conns;
     unsigned char pending_addr[16];
     unsigned pending_addr_len; /* 0 = none */
 };
+
+/* The worker whose loop runs on the calling thread (NULL elsewhere). */
+extern _Thread_local pdgw_worker_t *pdgw_this_worker;
 
 /* ---------------------------------------------------------------- legs */
 

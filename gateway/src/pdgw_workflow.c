@@ -188,34 +188,11 @@ static void wf_succeed(pdgw_wf_t *wf)
     pdgw_wf_set_finished(wf);
 }
 
-static int dump_to_buf(const char *chunk, size_t n, void *arg)
-{
-    return pdgw_buf_append(arg, chunk, n) == PDGW_OK ? 0 : -1;
-}
-
-/* A leg body is about the client body's size: one exact buffer instead of jansson's doubling
- * buffer plus its final copy (three prompt-sized blocks at the peak of each dump). Members the
- * leg shares with the client body are copied from the client's bytes (pdgw_body_splice.h);
- * a body that cannot be spliced is serialised whole. */
+/* Members a leg shares with the client body are copied from the client's bytes
+ * (pdgw_body_splice.h); a body that cannot be spliced is serialised whole. */
 static char *json_text(const pdgw_req_t *r, json_t *body, size_t *len)
 {
-    pdgw_buf_t b;
-    pdgw_status_t st;
-
-    pdgw_buf_init(&b);
-    if (pdgw_buf_reserve_exact(&b, r->body.len + 256) != PDGW_OK)
-        return NULL;
-    st = pdgw_body_splice(r->body.data, r->body.len, r->json, body, &b);
-    if (st == PDGW_ERR_INVALID) {
-        b.len = 0;
-        st =
-            json_dump_callback(body, dump_to_buf, &b, JSON_COMPACT) == 0 ? PDGW_OK : PDGW_ERR_NOMEM;
-    }
-    if (st != PDGW_OK) {
-        pdgw_buf_free(&b);
-        return NULL;
-    }
-    return pdgw_buf_steal(&b, len);
+    return pdgw_body_text(r->body.data, r->body.len, r->json, body, len);
 }
 
 static bool wf_build_and_start(pdgw_wf_t *wf, pdgw_leg_kind_t k)

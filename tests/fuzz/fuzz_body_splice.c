@@ -34,6 +34,10 @@ static void edit(json_t *leg, uint8_t choice)
         json_object_set_new(leg, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
     if (choice & 16u)
         json_object_set_new(leg, "stream", json_false());
+    if (choice & 32u) /* a prompt of token ids, as some protocols rebuild it per leg */
+        json_object_set_new(leg, "prompt",
+                            json_pack("[I,I,I]", (json_int_t)choice, -(json_int_t)choice * 977,
+                                      (json_int_t)INT64_MIN + choice));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -619,6 +619,11 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
 int pdgw_fwd_call_result(const pdgw_fwd_call_t *c, long *status, const char **data, size_t *len,
                          char *msg, size_t cap);
 void pdgw_fwd_call_release(pdgw_fwd_call_t *c);
+/* The token ids under the top-level member <name> of a JSON answer (a /tokenize answer's
+ * "tokens"), read without a general parse (a prompt of thousands of tokens costs a fraction of
+ * one): a new array of non-negative integers. NULL when the member is missing or is anything
+ * else: parse the answer then, to say why. */
+json_t *pdgw_fwd_answer_ids(const char *answer, size_t len, const char *name);
 
 /* Logging and a forwarder-specific counter (exposed on /metrics as
  * pdgw_fwd_<name>_total{protocol="..."}); both thread-safe. */

@@ -3,6 +3,8 @@
  * result always parses to the leg object; untouched members keep the client's exact bytes
  * (whitespace and escapes included), changed ones are written where the client had them, new
  * ones at the end; text that cannot be spliced safely is refused so the caller serialises.
+ * Token-id lists are written and read without jansson's general paths (pdgw_json_text.c):
+ * the same text, and only what a parser accepts.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +16,9 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "pdgw_alloc.h"
 #include "pdgw_body_splice.h"
+#include "pdgw_json_text.h"
 
 typedef struct {
     json_t *client;
@@ -163,6 +167,116 @@ static void test_text_cut_short_is_refused(void **state)
     json_decref(leg);
 }
 
+static void test_token_id_prompt_is_written_as_jansson_would(void **state)
+{
+    const char *raw = "{\"model\":\"m\",\"prompt\":\"text\",\"max_tokens\":5}";
+    json_t *ids = json_pack("[I,I,I,I,I]", (json_int_t)0, (json_int_t)7, (json_int_t)1445121646,
+                            (json_int_t)INT64_MAX, (json_int_t)INT64_MIN);
+    json_t *mixed = json_pack("[i,s]", 1, "x");
+    char *want;
+    splice_t s;
+    (void)state;
+    setup(&s, raw);
+    json_object_set(s.leg, "prompt", ids);
+    json_object_set_new(s.leg, "extra", mixed); /* not all integers: jansson writes it */
+    json_object_set_new(s.leg, "none", json_array());
+    want = json_dumps(ids, JSON_COMPACT);
+    assert_string_equal(splice_ok(&s, raw),
+                        "{\"model\":\"m\",\"prompt\":[0,7,1445121646,9223372036854775807,"
+                        "-9223372036854775808],\"max_tokens\":5,\"extra\":[1,\"x\"],\"none\":[]}");
+    assert_non_null(strstr(s.out.data, want));
+    free(want);
+    json_decref(ids);
+    teardown(&s);
+}
+
+static void test_body_text_splices_or_serialises(void **state)
+{
+    const char *raw = "{\"prompt\": \"a\\u00e9\", \"model\": \"m\"}";
+    json_t *client = json_loads(raw, 0, NULL);
+    json_t *call =
+        json_pack("{s:O,s:s}", "prompt", json_object_get(client, "prompt"), "model", "other");
+    size_t len = 0;
+    char *text;
+    (void)state;
+    /* the prompt's bytes as the client wrote them, the new model serialised */
+    text = pdgw_body_text(raw, strlen(raw), client, call, &len);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"prompt\":\"a\\u00e9\",\"model\":\"other\"}");
+    assert_int_equal(len, strlen(text));
+    pdgw_free(text);
+    /* no client text to splice from: the whole body serialised (the prompt in UTF-8) */
+    text = pdgw_body_text(NULL, 0, NULL, call, &len);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"prompt\":\"a\xc3\xa9\",\"model\":\"other\"}");
+    pdgw_free(text);
+    json_decref(call);
+    json_decref(client);
+}
+
+/* <text> read as an id list equals jansson's parse of it. */
+static void ids_ok(const char *text)
+{
+    json_t *fast = pdgw_json_id_list(text, strlen(text));
+    json_t *slow = json_loads(text, JSON_DECODE_ANY, NULL);
+    assert_non_null(fast);
+    assert_non_null(slow);
+    assert_true(json_equal(fast, slow));
+    json_decref(fast);
+    json_decref(slow);
+}
+
+static void ids_refused(const char *text)
+{
+    assert_null(pdgw_json_id_list(text, strlen(text)));
+}
+
+static void test_id_list_reads_only_what_a_parser_accepts(void **state)
+{
+    (void)state;
+    ids_ok("[1,2,3]");
+    ids_ok(" [ 0 , 10\t,\n9223372036854775807 ] ");
+    ids_ok("[]");
+    ids_refused("[9223372036854775808]"); /* beyond int64: jansson refuses it too */
+    ids_refused("[-1]");                  /* not an id */
+    ids_refused("[01]");                  /* not JSON */
+    ids_refused("[1.0]");
+    ids_refused("[1e3]");
+    ids_refused("[1,]");
+    ids_refused("[,1]");
+    ids_refused("[1 2]");
+    ids_refused("[1]x");
+    ids_refused("[\"1\"]");
+    ids_refused("[[1]]");
+    ids_refused("[1");
+    ids_refused("");
+    ids_refused("{}");
+}
+
+static void test_member_id_list(void **state)
+{
+    const char *answer = "{\"count\":3,\"max_model_len\":8192,\"tokens\":[5, 6, 7]}";
+    const char *twice = "{\"tokens\":[1],\"tokens\":[2,3]}";
+    json_t *got;
+    (void)state;
+    got = pdgw_json_member_id_list(answer, strlen(answer), "tokens");
+    assert_non_null(got);
+    assert_int_equal(json_array_size(got), 3);
+    assert_int_equal(json_integer_value(json_array_get(got, 2)), 7);
+    json_decref(got);
+    /* a name given twice: the last one, as jansson keeps it */
+    got = pdgw_json_member_id_list(twice, strlen(twice), "tokens");
+    assert_non_null(got);
+    assert_int_equal(json_array_size(got), 2);
+    json_decref(got);
+    /* anything the fast path cannot be sure of is left to the parser */
+    assert_null(pdgw_json_member_id_list("{\"count\":3}", 11, "tokens"));
+    assert_null(pdgw_json_member_id_list("{\"tok\\u0065ns\":[1]}", 19, "tokens"));
+    assert_null(pdgw_json_member_id_list("{\"tokens\":[1]", 13, "tokens"));
+    assert_null(pdgw_json_member_id_list("{\"tokens\":[1]} x", 16, "tokens"));
+    assert_null(pdgw_json_member_id_list("[1]", 3, "tokens"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -173,6 +287,10 @@ int main(void)
         cmocka_unit_test(test_empty_object_and_all_new),
         cmocka_unit_test(test_unsafe_text_is_refused),
         cmocka_unit_test(test_text_cut_short_is_refused),
+        cmocka_unit_test(test_token_id_prompt_is_written_as_jansson_would),
+        cmocka_unit_test(test_body_text_splices_or_serialises),
+        cmocka_unit_test(test_id_list_reads_only_what_a_parser_accepts),
+        cmocka_unit_test(test_member_id_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
