@@ -3,6 +3,7 @@
  * driven by the same descriptor tables as the msgpack codec.
  */
 #include "kvt_msg_int.h"
+#include "kvt_hex.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -28,17 +29,6 @@ static json_t *bytes_to_json(const kvt_bytes_t *b)
     return j;
 }
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static kvt_status_t bytes_from_json(json_t *v, kvt_bytes_t *b)
 {
     const char *s = json_is_string(v) ? json_string_value(v) : NULL;
@@ -54,7 +44,7 @@ static kvt_status_t bytes_from_json(json_t *v, kvt_bytes_t *b)
     if (p == NULL)
         return KVT_ERR_NOMEM;
     for (size_t i = 0; i < n / 2; i++) {
-        int hi = hex_val(s[2 * i]), lo = hex_val(s[2 * i + 1]);
+        int hi = kvt_hex_val(s[2 * i]), lo = kvt_hex_val(s[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             kvt_free(p);
             return KVT_ERR_MSG_FIELD;

@@ -2,6 +2,7 @@
  * kvt_uuid.c -- random v4 UUIDs and their canonical 8-4-4-4-12 text form.
  */
 #include "kvt/kvt_uuid.h"
+#include "kvt_hex.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -74,17 +75,6 @@ char *kvt_uuid_to_str(const kvt_uuid_t *u, char *out)
     return out;
 }
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 kvt_status_t kvt_uuid_parse(const char *s, size_t len, kvt_uuid_t *out)
 {
     kvt_uuid_t u;
@@ -99,8 +89,8 @@ kvt_status_t kvt_uuid_parse(const char *s, size_t len, kvt_uuid_t *out)
                 return KVT_ERR_INVALID;
             i++;
         }
-        hi = hex_val(s[i]);
-        lo = hex_val(s[i + 1]);
+        hi = kvt_hex_val(s[i]);
+        lo = kvt_hex_val(s[i + 1]);
         if (hi < 0 || lo < 0)
             return KVT_ERR_INVALID;
         u.b[b] = (uint8_t)(hi << 4 | lo);

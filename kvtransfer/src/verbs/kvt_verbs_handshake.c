@@ -12,6 +12,7 @@
 
 #include "kvt/kvt_msg.h"
 #include "kvt_verbs_int.h"
+#include "kvt_hex.h"
 
 #define KVT_VERBS_TRANSPORT_NAME "verbs"
 
@@ -47,17 +48,6 @@ void kvt_verbs_gid_format(const uint8_t gid[16], char out[40])
         snprintf(out + i * 5, 6, "%02x%02x%s", gid[2 * i], gid[2 * i + 1], i < 7 ? ":" : "");
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 kvt_status_t kvt_verbs_gid_parse(const char *s, uint8_t gid[16])
 {
     uint8_t g[16];
@@ -69,7 +59,7 @@ kvt_status_t kvt_verbs_gid_parse(const char *s, uint8_t gid[16])
         int v[4];
 
         for (int k = 0; k < 4; k++) {
-            v[k] = hexval(p[k]);
+            v[k] = kvt_hex_val(p[k]);
             if (v[k] < 0)
                 return KVT_ERR_INVALID;
         }
