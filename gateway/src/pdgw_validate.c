@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_json_load.h"
 #include "pdgw_util.h"
 
 #define API_CMPL (1u << PDGW_API_COMPLETIONS)
@@ -135,7 +136,7 @@ pdgw_status_t pdgw_request_parse(const char *body, size_t len, json_t **out, pdg
         return PDGW_ERR_PARSE;
     }
     json_error_t jerr;
-    json_t *j = json_loadb(body, len, 0, &jerr);
+    json_t *j = pdgw_json_loadb(body, len, &jerr); /* long prompts decoded fast */
     if (j == NULL) {
         pdgw_api_error_set(err, PDGW_API_ERR_BAD_REQUEST, NULL,
                            "Invalid JSON in request body at line %d, column %d: %s", jerr.line,

@@ -1,0 +1,74 @@
+/*
+ * fuzz_json_load.c - client bodies parsed with their long strings decoded outside jansson
+ * (gateway/src/pdgw_json_load.c) against jansson on the same text.
+ *
+ * Both must agree: the same tree, or both refuse. The input is used as it is and, so that
+ * the fuzzer reaches long strings without writing 256 bytes, with every string of it made
+ * long by repeating its content (each "s" becomes "ssss..."). Never a crash, over-read or leak.
+ */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pdgw_json_load.h"
+
+static void check(const char *text, size_t len)
+{
+    json_t *fast = pdgw_json_loadb(text, len, NULL);
+    json_t *slow = json_loadb(text, len, 0, NULL);
+    if ((fast == NULL) != (slow == NULL) || (fast != NULL && !json_equal(fast, slow)))
+        abort();
+    json_decref(fast);
+    json_decref(slow);
+}
+
+/* Each string's content repeated until it is long: quotes are found as a JSON lexer finds
+ * them; an escape cut by a repeat boundary is still an escape (content is repeated whole). */
+static char *lengthen(const char *in, size_t len, size_t *out_len)
+{
+    size_t cap = len * 64 + 1, o = 0, i = 0;
+    char *out = malloc(cap);
+    if (out == NULL)
+        return NULL;
+    while (i < len) {
+        if (in[i] != '"') {
+            out[o++] = in[i++];
+            continue;
+        }
+        size_t j = i + 1;
+        while (j < len && in[j] != '"')
+            j += in[j] == '\\' ? 2 : 1;
+        if (j >= len) { /* does not close: copy the rest */
+            memcpy(out + o, in + i, len - i);
+            o += len - i;
+            break;
+        }
+        size_t n = j - i - 1, reps = n ? (PDGW_JSON_LONG_STRING + n - 1) / n : 0;
+        if (reps > 63)
+            reps = 63;
+        out[o++] = '"';
+        for (size_t r = 0; r < reps; r++) {
+            memcpy(out + o, in + i + 1, n);
+            o += n;
+        }
+        out[o++] = '"';
+        i = j + 1;
+    }
+    *out_len = o;
+    return out;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    size_t n;
+    char *longer;
+    if (size > 4096)
+        return 0;
+    check((const char *)data, size);
+    longer = lengthen((const char *)data, size, &n);
+    if (longer != NULL)
+        check(longer, n);
+    free(longer);
+    return 0;
+}
