@@ -301,6 +301,31 @@ static json_t *rewrite_done(lmc_head_t *h, const pdgw_fwd_request_t *req, int ss
     return out;
 }
 
+/* <resp> with new objects where the rewrite edits it (the top level, choices, choices[0],
+ * usage); every other value is shared with <resp>. A deep copy would rebuild the whole answer,
+ * logprobs and all, for every request. */
+static json_t *copy_for_edit(const json_t *resp)
+{
+    json_t *c = json_copy((json_t *)resp), *chs, *u;
+    if (c == NULL)
+        return NULL;
+    chs = json_object_get(c, "choices");
+    if (json_is_array(chs)) {
+        json_t *nchs = json_copy(chs);
+        json_t *ch0 = json_array_get(nchs, 0);
+        if (nchs == NULL || json_object_set_new(c, "choices", nchs) != 0 ||
+            (json_is_object(ch0) && json_array_set_new(nchs, 0, json_copy(ch0)) != 0))
+            goto fail;
+    }
+    u = json_object_get(c, "usage");
+    if (json_is_object(u) && json_object_set_new(c, "usage", json_copy(u)) != 0)
+        goto fail;
+    return c;
+fail:
+    json_decref(c);
+    return NULL;
+}
+
 json_t *lmc_flow_rewrite(lmc_head_t *head, const pdgw_fwd_request_t *req, int sse,
                          const json_t *resp)
 {
@@ -317,7 +342,7 @@ json_t *lmc_flow_rewrite(lmc_head_t *head, const pdgw_fwd_request_t *req, int ss
             const char *text;
             char *full;
             size_t n;
-            c = json_deep_copy(resp);
+            c = copy_for_edit(resp);
             ch = json_array_get(json_object_get(c, "choices"), 0);
             text = json_string_value(json_object_get(ch, "text"));
             n = strlen(head->text) + strlen(text ? text : "") + 1;
@@ -340,7 +365,7 @@ json_t *lmc_flow_rewrite(lmc_head_t *head, const pdgw_fwd_request_t *req, int ss
             add_head(out, head, req->is_chat);
             head->sent = 1;
         }
-        c = req->is_chat ? to_chat(resp, 1, NULL) : json_deep_copy(resp);
+        c = req->is_chat ? to_chat(resp, 1, NULL) : copy_for_edit(resp);
         if (c) {
             fix_usage(c);
             json_array_append_new(out, c);
