@@ -411,7 +411,7 @@ def main():
 
     rate_rows = []
 
-    def measure(row, gw, port, sim_ports, legs):
+    def measure(row, gw, port, sim_ports, legs, sim_procs):
         points = [(c, None) for c in CONCURRENCY]
         if RATE > 0:
             points.append((max(CONCURRENCY), RATE))
@@ -420,9 +420,13 @@ def main():
                 records(p)
             m0 = gw_sums(port)
             c0 = cpu_us(gw.pid)
+            e0 = sum(cpu_us(p.pid) for p in sim_procs)
             samples, errors = load(port, conc, f"{row}{conc}{'r' if rate else ''}", rate)
             # pdgw's CPU per answered request: the figure a loaded machine disturbs least
             cpu = (cpu_us(gw.pid) - c0) / max(len(samples), 1)
+            # the engines' CPU per request: on a shared machine, what they burn (KV pushes,
+            # tokenizing) is CPU every other process waits for when the clients are many
+            ecpu = (sum(cpu_us(p.pid) for p in sim_procs) - e0) / max(len(samples), 1)
             gw_mean = gw_internal_mean_us(m0, gw_sums(port))
             ov, missing = overheads(samples, [records(p) for p in sim_ports], legs)
             rps = len(samples) / DURATION
@@ -439,17 +443,17 @@ def main():
                   f"{len(errors):4d}  pdgw adds p50 {a50 / 1000:7.3f} ms  p99 {a99 / 1000:7.3f} ms"
                   f"  [baseline p50 {pct(base, 50):.0f} us; pdgw's own mean, its metrics: "
                   f"{'-' if gw_mean is None else '%.3f ms' % (gw_mean / 1000)}; "
-                  f"pdgw CPU {cpu:.0f} us/req]{note}", flush=True)
+                  f"pdgw CPU {cpu:.0f} us/req; engines CPU {ecpu:.0f} us/req]{note}", flush=True)
             (rate_rows if rate else rows).append((row, conc, len(samples), len(errors), rps, a50, a99,
                          pct(ov, 50), pct(ov, 99), pct(base, 50), pct(base, 99), missing,
-                         "" if gw_mean is None else "%.1f" % gw_mean, cpu, loadavg()))
+                         "" if gw_mean is None else "%.1f" % gw_mean, cpu, loadavg(), ecpu))
 
     # neutral through pdgw to the same both sim: the single-leg reference
     try:
         if ROWS and "neutral" not in ROWS:
             raise LookupError
         gw, gw_port = gateway("neutral", [both_inst], {})
-        measure("neutral", gw, gw_port, [both_port], 1)
+        measure("neutral", gw, gw_port, [both_port], 1, [both])
         stop(gw)
     except RuntimeError as e:
         print(f"SKIP neutral: pdgw did not start: {e}", flush=True)
@@ -492,23 +496,26 @@ def main():
             else:
                 # vllm-kvt batch has no prefill HTTP leg (the decode asks the prefill over
                 # the KV side channel, inside the decode's engine time)
-                measure(row, gw, gw_port, [p_port, d_port], 1 if proto == "vllm-kvt" else 2)
+                measure(row, gw, gw_port, [p_port, d_port], 1 if proto == "vllm-kvt" else 2,
+                        [P, D])
             for p in started:
                 stop(p)
 
     with open(os.path.join(RESULTS, "b3_pd.csv"), "w") as f:
         f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
                 "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
-                "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
+                "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1,"
+                "engines_cpu_us_per_req\n")
         for r in rows:
-            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
+            f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s,%.0f\n" % r)
     if rate_rows:
         with open(os.path.join(RESULTS, "b3_pd_rate.csv"), "w") as f:
             f.write("protocol,clients,requests,errors,req_per_s,added_p50_us,added_p99_us,"
                     "overhead_p50_us,overhead_p99_us,baseline_p50_us,baseline_p99_us,"
-                    "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1\n")
+                    "legs_time_missing,gw_internal_mean_us,gw_cpu_us_per_req,load1,"
+                "engines_cpu_us_per_req\n")
             for r in rate_rows:
-                f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s\n" % r)
+                f.write("%s,%d,%d,%d,%.0f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%s,%.0f,%s,%.0f\n" % r)
 
 
 def on_signal(signum, frame):

@@ -43,10 +43,11 @@ fi
 # at 64 clients lmcache (its FIFO admission gate) within 2 x the slowest of the others.
 summary_begin b3_pd
 others64=0
-while IFS=, read -r proto clients _ _ _ a50 _ _ _ _ _ _ _ cpu _; do
+while IFS=, read -r proto clients _ _ _ a50 _ _ _ _ _ _ _ cpu _ ecpu; do
     [[ "$proto" == protocol ]] && continue
     ms=$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')
     info_row b3 "$proto c=$clients pdgw CPU per request" "$cpu" us
+    [[ -n "$ecpu" ]] && info_row b3 "$proto c=$clients engines CPU per request" "$ecpu" us
     if [[ "$clients" == 1 ]]; then
         check_target b3 "$proto c=1 added p50" "$ms" le 0.3 ms
     else
