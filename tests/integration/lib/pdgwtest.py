@@ -10,6 +10,7 @@ import atexit
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,13 +39,33 @@ for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
 _handed_out = set()
 
 
+def _pick_range():
+    """Ports below the kernel's ephemeral range, when it leaves room: the kernel gives ports of
+    that range to every outgoing connection, and one could take a picked port between the pick
+    and the child's bind. None: pick with bind(0)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, _ = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return (2048, lo - 1) if lo - 1 - 2048 >= 2000 else None
+
+
+_rng = random.Random(os.getpid() ^ time.time_ns())
+_range = _pick_range()
+
+
 def free_port():
-    """An ephemeral port that was free a moment ago (bind to 0, read, close), and never one
-    this process handed out before: a test picks several ports before anything binds them,
-    and the kernel may offer a just-closed port again."""
+    """A port that was free a moment ago, and never one this process handed out before: a
+    test picks several ports before anything binds them. Picked at random below the ephemeral
+    range where there is one (see _pick_range), else from the kernel (bind to 0)."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
+            port = _rng.randint(*_range) if _range else 0
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or lingering from an earlier test
             port = s.getsockname()[1]
         if port not in _handed_out:
             _handed_out.add(port)
