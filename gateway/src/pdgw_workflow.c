@@ -15,6 +15,7 @@
 #include "pdgw_fwd_sdk.h"
 #include "pdgw_server_int.h"
 #include "pdgw_body_splice.h"
+#include "pdgw_json_load.h"
 #include "pdgw_fleet.h"
 
 #include <stdio.h>
@@ -1057,7 +1058,8 @@ static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len)
     if (ops->rewrite_decode == NULL || pdgw_pd_decode_only(wf) || leg->status < 200 ||
         leg->status >= 300)
         return NULL;
-    in = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+    /* a whole answer: its text can be thousands of tokens long */
+    in = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);
     if (in == NULL)
         return NULL;
     out = ops->rewrite_decode(wf->fwd_ctx, wf->fwd_state, &wf->freq, 0, in);
