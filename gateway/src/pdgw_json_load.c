@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "pdb/pdb_hex.h"
 #include "pdgw_alloc.h"
 
 typedef struct long_str {
@@ -34,22 +35,11 @@ typedef struct {
     size_t tag_len;
 } long_strs_t;
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static long hex4(const char *p)
 {
     long v = 0;
     for (int i = 0; i < 4; i++) {
-        int d = hex_digit(p[i]);
+        int d = pdb_hex_val(p[i]);
         if (d < 0)
             return -1;
         v = v << 4 | d;

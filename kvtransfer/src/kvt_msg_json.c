@@ -3,7 +3,7 @@
  * driven by the same descriptor tables as the msgpack codec.
  */
 #include "kvt_msg_int.h"
-#include "kvt_hex.h"
+#include "pdb/pdb_hex.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -44,7 +44,7 @@ static kvt_status_t bytes_from_json(json_t *v, kvt_bytes_t *b)
     if (p == NULL)
         return KVT_ERR_NOMEM;
     for (size_t i = 0; i < n / 2; i++) {
-        int hi = kvt_hex_val(s[2 * i]), lo = kvt_hex_val(s[2 * i + 1]);
+        int hi = pdb_hex_val(s[2 * i]), lo = pdb_hex_val(s[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             kvt_free(p);
             return KVT_ERR_MSG_FIELD;

@@ -2,7 +2,7 @@
  * kvt_uuid.c -- random v4 UUIDs and their canonical 8-4-4-4-12 text form.
  */
 #include "kvt/kvt_uuid.h"
-#include "kvt_hex.h"
+#include "pdb/pdb_hex.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -89,8 +89,8 @@ kvt_status_t kvt_uuid_parse(const char *s, size_t len, kvt_uuid_t *out)
                 return KVT_ERR_INVALID;
             i++;
         }
-        hi = kvt_hex_val(s[i]);
-        lo = kvt_hex_val(s[i + 1]);
+        hi = pdb_hex_val(s[i]);
+        lo = pdb_hex_val(s[i + 1]);
         if (hi < 0 || lo < 0)
             return KVT_ERR_INVALID;
         u.b[b] = (uint8_t)(hi << 4 | lo);

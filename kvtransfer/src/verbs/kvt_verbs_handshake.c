@@ -12,7 +12,7 @@
 
 #include "kvt/kvt_msg.h"
 #include "kvt_verbs_int.h"
-#include "kvt_hex.h"
+#include "pdb/pdb_hex.h"
 
 #define KVT_VERBS_TRANSPORT_NAME "verbs"
 
@@ -59,7 +59,7 @@ kvt_status_t kvt_verbs_gid_parse(const char *s, uint8_t gid[16])
         int v[4];
 
         for (int k = 0; k < 4; k++) {
-            v[k] = kvt_hex_val(p[k]);
+            v[k] = pdb_hex_val(p[k]);
             if (v[k] < 0)
                 return KVT_ERR_INVALID;
         }

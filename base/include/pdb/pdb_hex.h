@@ -1,12 +1,12 @@
 /*
- * kvt_hex.h - one hexadecimal digit's value, for the text forms libkvt reads (UUIDs, byte
- * strings in JSON messages, GIDs in the verbs handshake).
+ * pdb_hex.h - one hexadecimal digit's value, for the text forms pdgw and libkvt read (UUIDs,
+ * byte strings in JSON messages, verbs GIDs, JSON \u escapes).
  */
-#ifndef KVT_HEX_H
-#define KVT_HEX_H
+#ifndef PDB_HEX_H
+#define PDB_HEX_H
 
 /* 0..15, or -1 when <c> is not a hexadecimal digit (either case). */
-static inline int kvt_hex_val(char c)
+static inline int pdb_hex_val(char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -17,4 +17,4 @@ static inline int kvt_hex_val(char c)
     return -1;
 }
 
-#endif /* KVT_HEX_H */
+#endif /* PDB_HEX_H */
