@@ -251,6 +251,7 @@ static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
     uint8_t blob[KVT_TL_BLOB_MAX];
     size_t len = sizeof(blob), mlen = 0;
     void *msg = NULL;
+    uint64_t sent_ns;
     kvt_status_t st;
 
     if (e->tl == NULL)
@@ -266,12 +267,15 @@ static kvt_status_t start_handshake(kvt_engine_t *e, kvt_speer_t *p)
         st = kvt_hs_encode(e, blob, len, 0, &msg, &mlen);
     if (st != KVT_OK)
         return st;
+    /* the deadline runs from the send: a reply (or a clock moved by a test that saw the
+     * request) can come before this thread is back from it */
+    sent_ns = kvt_engine_now(e);
     st = kvt_ctrl_send_req_raw(p->init_dealer, msg, mlen);
     kvt_free(msg);
     if (st != KVT_OK)
         return KVT_ERR_IO;
     p->hs_state = 1;
-    p->hs_deadline_ns = kvt_engine_now(e) + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC;
+    p->hs_deadline_ns = sent_ns + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC;
     kvt_engine_arm(e, &p->hs_timer, p->hs_deadline_ns);
     return KVT_OK;
 }
@@ -417,6 +421,7 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
 {
     while (p->active == NULL && p->q_head != NULL) {
         kvt_sreq_t *r;
+        uint64_t sent_ns;
         kvt_status_t st;
 
         if (p->hs_state == 1 && !p->q_head->op->before_handshake)
@@ -457,6 +462,7 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
             sreq_finish(e, r, KVT_ERR_IO);
             continue;
         }
+        sent_ns = kvt_engine_now(e); /* the deadline runs from the send, as above */
         st = r->op->send(e, p, r);
         if (st != KVT_OK) {
             release_pages(e, r, NULL);
@@ -465,7 +471,7 @@ static void speer_kick(kvt_engine_t *e, kvt_speer_t *p)
         }
         r->state = SREQ_WAIT_REPLY;
         /* the receiver may wait up to the backoff TTL for space first */
-        r->deadline_ns = kvt_engine_now(e) + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC +
+        r->deadline_ns = sent_ns + (uint64_t)e->ctrl_timeout_ms * KVT_NSEC_PER_MSEC +
                          kvt_sec_to_ns(e->cfg.pd_alloc_fail_backoff_ttl);
         p->active = r;
         kvt_engine_arm(e, &p->reply_timer, r->deadline_ns);
