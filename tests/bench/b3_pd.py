@@ -27,7 +27,8 @@ the same percentile direct.
 
 Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64"),
 ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
-per row at that fixed offered rate, written to b3_pd_rate.csv; default none)
+per row at that fixed offered rate, written to b3_pd_rate.csv; default none), PROMPT_WORDS
+(a prompt of that many words; default a short fixed one), MAX_TOKENS (16)
 Prints one `B3 ...` line per point and `SKIP <protocol>: <why>` for a protocol that
 this pdgw does not have. Writes b3_pd.csv; the shell wrapper plots and summarises.
 """
@@ -54,14 +55,19 @@ ROWS = set(os.environ.get("ROWS", "").split())
 # so rows compare at the same load instead of each at the rate its own bottleneck allows
 RATE = float(os.environ.get("RATE", "0"))
 PROMPT = "Disaggregated serving splits the prompt phase from the token phase " * 2
+# PROMPT_WORDS: a prompt of that many distinct words instead (long-prompt runs: the gateway's
+# parse and body costs grow with it); MAX_TOKENS: the answer's length (16)
+if int(os.environ.get("PROMPT_WORDS", "0")) > 0:
+    PROMPT = " ".join(f"w{i % 997}x{i}" for i in range(int(os.environ["PROMPT_WORDS"])))
+MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "16"))
 
 
 def body_of(rid):
     """Every request its own prompt (the request id first): a fleet does not see one prompt
     over and over, and LMCache's receivers key pages by content, so identical prompts in
     flight at once would share (and overwrite) each other's KV pages."""
-    return json.dumps({"model": "sim-model", "prompt": f"{rid}: {PROMPT}", "max_tokens": 16,
-                       "ignore_eos": True}).encode()
+    return json.dumps({"model": "sim-model", "prompt": f"{rid}: {PROMPT}",
+                       "max_tokens": MAX_TOKENS, "ignore_eos": True}).encode()
 
 
 BODY = body_of("b3-probe")

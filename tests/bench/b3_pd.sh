@@ -8,7 +8,8 @@
 # Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), CONCURRENCY ("1 64"),
 #   ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
 #   per row, the most clients offering that fixed rate; b3_pd_rate.csv; default 600, below
-#   every row's closed-loop rate here; 0 skips it)
+#   every row's closed-loop rate here; 0 skips it), PROMPT_WORDS (a long prompt of that many
+#   words), MAX_TOKENS (answer length, 16): long-prompt runs compare pdgw's CPU per request
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 need /usr/bin/python3 "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim"
