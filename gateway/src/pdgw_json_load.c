@@ -1,5 +1,5 @@
 /*
- * pdgw_json_load.c - a client body parsed with its long strings decoded here (see the header).
+ * pdgw_json_load.c - a JSON body parsed with its long strings decoded here (see the header).
  *
  * 1. One pass over the text finds every string token (a quote not escaped by an odd run of
  *    backslashes ends it, as in jansson's lexer). A value string of PDGW_JSON_LONG_STRING

@@ -1,6 +1,6 @@
 /*
- * pdgw_json_load.h - parsing a client body whose long strings (prompts, message contents)
- * are most of its bytes.
+ * pdgw_json_load.h - parsing a JSON body whose long strings are most of its bytes: a client's
+ * prompt or message contents, an engine's long answer.
  *
  * jansson reads a string one byte at a time through its stream layer (UTF-8 check, line and
  * column count) and then decodes it in a second pass: about 20 ns a byte, so a 100 KiB prompt
