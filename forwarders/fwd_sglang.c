@@ -264,6 +264,15 @@ static json_t *sgl_rewrite_decode(void *ctx, void *state, const pdgw_fwd_request
     return sse ? json_pack("[o]", out) : out;
 }
 
+/* Only a request asking for logprobs has its decode answer rewritten: the others are relayed
+ * without the gateway parsing every event. */
+static int sgl_rewrites_decode(void *ctx, void *state, const pdgw_fwd_request_t *req)
+{
+    (void)ctx;
+    return state != NULL && sgl_is_generate(req) &&
+           json_is_true(json_object_get(req->body, "return_logprob"));
+}
+
 static const pdgw_fwd_ops_t sgl_ops = {
     .plan = sgl_plan,
     .attempt_init = sgl_attempt_init,
@@ -272,6 +281,7 @@ static const pdgw_fwd_ops_t sgl_ops = {
     .attempt_cleanup = sgl_attempt_cleanup,
     .on_prefill_response = sgl_on_prefill_response,
     .rewrite_decode = sgl_rewrite_decode,
+    .rewrites_decode = sgl_rewrites_decode,
 };
 
 /* SGLang's native generate endpoint (python/sglang/srt/entrypoints/http_server.py). */

@@ -1018,6 +1018,16 @@ static bool event_has_content(const pdgw_sse_event_t *ev)
     return found;
 }
 
+/* Whether the forwarder may rewrite this attempt's decode answer: else it is relayed
+ * without being parsed. */
+static bool wf_rewrites(pdgw_wf_t *wf)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(wf);
+    return ops->rewrite_decode != NULL && !pdgw_pd_decode_only(wf) &&
+           (ops->rewrites_decode == NULL ||
+            ops->rewrites_decode(wf->fwd_ctx, wf->fwd_state, &wf->freq) != 0);
+}
+
 /* The forwarder's rewrite of one decode event: true when it replaced the event (the new
  * events were appended), false to pass the original through. */
 static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
@@ -1026,7 +1036,7 @@ static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
     const pdgw_fwd_ops_t *ops = ops_of(wf);
     json_t *in, *out, *item;
     size_t i;
-    if (ops->rewrite_decode == NULL || pdgw_pd_decode_only(wf) || ev->is_done || !ev->has_data)
+    if (ev->is_done || !ev->has_data || !wf_rewrites(wf))
         return false;
     in = json_loadb(ev->data, ev->data_len, 0, NULL);
     if (in == NULL)
@@ -1055,8 +1065,7 @@ static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len)
     const pdgw_fwd_ops_t *ops = ops_of(wf);
     json_t *in, *out;
     char *s;
-    if (ops->rewrite_decode == NULL || pdgw_pd_decode_only(wf) || leg->status < 200 ||
-        leg->status >= 300)
+    if (leg->status < 200 || leg->status >= 300 || !wf_rewrites(wf))
         return NULL;
     /* a whole answer: its text can be thousands of tokens long */
     in = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);

@@ -314,6 +314,13 @@ typedef struct pdgw_fwd_ops {
      * would fail. Default: every instance is usable. */
     pdgw_fwd_status_t (*check_instance)(void *ctx, const pdgw_instance_t *inst, char *err,
                                         size_t errlen);
+
+    /* Whether rewrite_decode may change this attempt's decode answer (optional; default: it
+     * may, and every answer and SSE event is parsed and offered to it). A forwarder that
+     * rewrites only some requests (sglang: those asking for logprobs) answers 0 for the
+     * others, and their answers are relayed without being parsed. Asked on the request's
+     * worker, any number of times; the answer must not change during an attempt. */
+    int (*rewrites_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req);
 } pdgw_fwd_ops_t;
 
 /* ---- option tables (ABI 4) ----
