@@ -7,6 +7,7 @@ import them themselves (Debian's python3-msgpack / python3-zmq).
 """
 
 import atexit
+import fcntl
 import http.client
 import json
 import os
@@ -53,23 +54,54 @@ def _pick_range():
 
 _rng = random.Random(os.getpid() ^ time.time_ns())
 _range = _pick_range()
+# Ports handed out by every test process of this machine in the last _LEASE_S seconds: tests
+# run side by side, and a port one test names but never binds (an engine meant to be dead)
+# must not become another test's listener.
+_LEASES = os.path.join(tempfile.gettempdir(), "pdgwtest-ports")
+_LEASE_S = 900
+
+
+def _bindable(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return 0  # in use, or lingering from an earlier test
+        return s.getsockname()[1]
 
 
 def free_port():
-    """A port that was free a moment ago, and never one this process handed out before: a
-    test picks several ports before anything binds them. Picked at random below the ephemeral
-    range where there is one (see _pick_range), else from the kernel (bind to 0)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            port = _rng.randint(*_range) if _range else 0
+    """A port that was free a moment ago and that no test on this machine was given in the last
+    quarter of an hour: a test picks several ports before anything binds them. Picked at
+    random below the ephemeral range where there is one (see _pick_range), else by the kernel
+    (bind to 0)."""
+    with open(_LEASES, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        now = time.time()
+        leased = {}
+        for line in f.read().split("\n"):
             try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue  # in use, or lingering from an earlier test
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+                port, t = line.split()
+                if now - float(t) < _LEASE_S:
+                    leased[int(port)] = t
+            except ValueError:
+                continue
+        for attempt in range(1000):
+            want = _rng.randint(*_range) if _range and attempt < 900 else 0
+            if want in leased or want in _handed_out:
+                continue
+            port = _bindable(want)
+            if port and port not in leased and port not in _handed_out:
+                break
+        else:
+            raise RuntimeError("no free port")
+        _handed_out.add(port)
+        leased[port] = f"{now:.0f}"
+        f.seek(0)
+        f.truncate()
+        f.write("".join(f"{p} {t}\n" for p, t in leased.items()))
+    return port
 
 
 class RawServer:
