@@ -264,6 +264,16 @@ static json_t *take_placeholder(long_strs_t *s, const json_t *v)
     return str;
 }
 
+static int restore(long_strs_t *s, json_t *v, int depth);
+
+/* <x>, a member or an element: *repl the decoded string it stands for (new reference, NULL if
+ * it is no placeholder), or its own placeholders put back. -1 on no memory. */
+static int restore_child(long_strs_t *s, json_t *x, int depth, json_t **repl)
+{
+    *repl = json_is_string(x) ? take_placeholder(s, x) : NULL;
+    return json_is_string(x) ? 0 : restore(s, x, depth + 1);
+}
+
 /* Put the decoded strings back; -1 on no memory. */
 static int restore(long_strs_t *s, json_t *v, int depth)
 {
@@ -276,22 +286,16 @@ static int restore(long_strs_t *s, json_t *v, int depth)
     if (json_is_object(v)) {
         json_object_foreach(v, key, x)
         {
-            if (json_is_string(x)) {
-                if ((str = take_placeholder(s, x)) != NULL && json_object_set_new(v, key, str) != 0)
-                    return -1;
-            } else if (restore(s, x, depth + 1) != 0) {
+            if (restore_child(s, x, depth, &str) != 0 ||
+                (str != NULL && json_object_set_new(v, key, str) != 0))
                 return -1;
-            }
         }
     } else if (json_is_array(v)) {
         json_array_foreach(v, i, x)
         {
-            if (json_is_string(x)) {
-                if ((str = take_placeholder(s, x)) != NULL && json_array_set_new(v, i, str) != 0)
-                    return -1;
-            } else if (restore(s, x, depth + 1) != 0) {
+            if (restore_child(s, x, depth, &str) != 0 ||
+                (str != NULL && json_array_set_new(v, i, str) != 0))
                 return -1;
-            }
         }
     }
     return 0;

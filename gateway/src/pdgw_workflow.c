@@ -189,13 +189,6 @@ static void wf_succeed(pdgw_wf_t *wf)
     pdgw_wf_set_finished(wf);
 }
 
-/* Members a leg shares with the client body are copied from the client's bytes
- * (pdgw_body_splice.h); a body that cannot be spliced is serialised whole. */
-static char *json_text(const pdgw_req_t *r, json_t *body, size_t *len)
-{
-    return pdgw_body_text(r->body.data, r->body.len, r->json, body, len);
-}
-
 static bool wf_build_and_start(pdgw_wf_t *wf, pdgw_leg_kind_t k)
 {
     pdgw_req_t *r = wf->req;
@@ -246,7 +239,8 @@ static bool wf_build_and_start(pdgw_wf_t *wf, pdgw_leg_kind_t k)
         wf_fail(wf, &e, NULL);
         return false;
     }
-    text = json_text(r, fl.body, &len);
+    /* members the leg shares with the client body are copied from the client's bytes */
+    text = pdgw_body_text(r->body.data, r->body.len, r->json, fl.body, &len);
     json_decref(fl.body);
     if (text == NULL) {
         pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "out of memory");

@@ -11,6 +11,7 @@
  * ...} on stdout when the input is refused; 2 on usage / I/O errors.
  */
 #include <kvt/kvt_msg.h>
+#include <pdb/pdb_hex.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,17 +56,6 @@ static int read_all(FILE *f, unsigned char **out, size_t *len_out)
     return 0;
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decode hex text in place, skipping whitespace. */
 static int unhex(unsigned char *buf, size_t len, size_t *out_len)
 {
@@ -76,7 +66,7 @@ static int unhex(unsigned char *buf, size_t len, size_t *out_len)
         int v;
         if (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\r' || buf[i] == '\t')
             continue;
-        v = hexval(buf[i]);
+        v = pdb_hex_val((char)buf[i]);
         if (v < 0)
             return -1;
         if (hi < 0) {

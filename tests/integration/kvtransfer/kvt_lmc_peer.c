@@ -35,6 +35,7 @@
 #include "kvt/kvt_engine.h"
 #include "kvt/kvt_msg.h"
 #include "kvt/kvt_uuid.h"
+#include "pdb/pdb_hex.h"
 #include "kvt_transport.h"
 
 static const char *arg(int argc, char **argv, const char *name, const char *def)
@@ -43,17 +44,6 @@ static const char *arg(int argc, char **argv, const char *name, const char *def)
         if (strcmp(argv[i], name) == 0)
             return argv[i + 1];
     return def;
-}
-
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 /* ---- recv ----------------------------------------------------------------- */
@@ -266,8 +256,10 @@ static int run_write(int argc, char **argv)
                 fflush(stdout);
                 continue;
             }
-            for (char *h = sp + 1; hexval(h[0]) >= 0 && hexval(h[1]) >= 0 && k < page; h += 2)
-                mem[(size_t)lp * page + k++] = (uint8_t)(hexval(h[0]) << 4 | hexval(h[1]));
+            for (char *h = sp + 1; pdb_hex_val(h[0]) >= 0 && pdb_hex_val(h[1]) >= 0 && k < page;
+                 h += 2)
+                mem[(size_t)lp * page + k++] =
+                    (uint8_t)(pdb_hex_val(h[0]) << 4 | pdb_hex_val(h[1]));
             if (td->ops->grant != NULL)
                 (void)td->ops->grant(tl, m.u.tinit.node_id, reg, &lp, 1, KVT_TL_ACCESS_READ);
             printf("{\"uuid\": \"%s\", \"index\": %u}\n", uuid, lp);
@@ -279,8 +271,9 @@ static int run_write(int argc, char **argv)
         kvt_status_t st = KVT_ERR_INVALID;
         uint32_t r = 0;
         if (sp != NULL && idx >= 0) {
-            for (char *h = sp + 1; hexval(h[0]) >= 0 && hexval(h[1]) >= 0 && n < page; h += 2)
-                mem[n++] = (uint8_t)(hexval(h[0]) << 4 | hexval(h[1]));
+            for (char *h = sp + 1; pdb_hex_val(h[0]) >= 0 && pdb_hex_val(h[1]) >= 0 && n < page;
+                 h += 2)
+                mem[n++] = (uint8_t)(pdb_hex_val(h[0]) << 4 | pdb_hex_val(h[1]));
             while (r + 1 < nreg && (uint64_t)idx >= firsts[r + 1])
                 r++;
             kvt_tl_xfer_t x = {.local = reg, .local_offset = 0, .length = n};

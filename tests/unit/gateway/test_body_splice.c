@@ -253,6 +253,8 @@ static void test_id_list_reads_only_what_a_parser_accepts(void **state)
     ids_refused("{}");
 }
 
+/* A /tokenize answer as vLLM writes it (vllm-project/vllm vllm/entrypoints/openai/protocol.py,
+ * TokenizeResponse: count, max_model_len, tokens as a list of ints, token_strs optional). */
 static void test_member_id_list(void **state)
 {
     const char *answer = "{\"count\":3,\"max_model_len\":8192,\"tokens\":[5, 6, 7]}";
