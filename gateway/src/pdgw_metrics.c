@@ -344,6 +344,20 @@ err_fam:
 
 /* ---------------------------------------------------------------- series */
 
+const char *pdgw_metric_status_label(int status, char buf[PDGW_STATUS_LABEL_SIZE])
+{
+    /* Once per request and metric family: written by hand, not by snprintf. */
+    if (status >= 100 && status <= 999) {
+        buf[0] = (char)('0' + status / 100);
+        buf[1] = (char)('0' + status / 10 % 10);
+        buf[2] = (char)('0' + status % 10);
+        buf[3] = '\0';
+    } else {
+        snprintf(buf, PDGW_STATUS_LABEL_SIZE, "%d", status);
+    }
+    return buf;
+}
+
 static uint64_t hash_values(const char *const *values, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -424,16 +438,18 @@ pdgw_metric_t *pdgw_metric_family_series(pdgw_metric_family_t *fam, const char *
         for (size_t i = 0; i < fam->n_labels; i++) {
             if (label_values[i] == NULL)
                 return NULL;
-            size_t len = strnlen(label_values[i], LABEL_VALUE_MAX + 1);
-            if (len > LABEL_VALUE_MAX || !valid_utf8(label_values[i], len))
-                return NULL;
         }
     }
     uint64_t h = hash_values(label_values, fam->n_labels);
     size_t n = atomic_load_explicit(&fam->count, memory_order_acquire);
     pdgw_metric_t *m = scan(fam, 0, n, h, label_values);
     if (m != NULL)
-        return m;
+        return m; /* values equal to a series' were checked when it was made */
+    for (size_t i = 0; i < fam->n_labels; i++) {
+        size_t len = strnlen(label_values[i], LABEL_VALUE_MAX + 1);
+        if (len > LABEL_VALUE_MAX || !valid_utf8(label_values[i], len))
+            return NULL;
+    }
 
     pthread_mutex_lock(&fam->lock);
     size_t n2 = atomic_load_explicit(&fam->count, memory_order_relaxed);
@@ -881,9 +897,9 @@ void pdgw_gateway_metrics_request_done(pdgw_gateway_metrics_t *gm, const char *p
 {
     if (gm == NULL || protocol == NULL)
         return;
-    char status[16];
-    snprintf(status, sizeof(status), "%d", http_status);
-    pdgw_counter_inc(pdgw_metric_family_series2(gm->requests_total, protocol, status));
+    char status[PDGW_STATUS_LABEL_SIZE];
+    pdgw_counter_inc(pdgw_metric_family_series2(gm->requests_total, protocol,
+                                                pdgw_metric_status_label(http_status, status)));
     if (duration_s >= 0)
         pdgw_histogram_observe(pdgw_metric_family_series1(gm->request_duration, protocol),
                                duration_s);

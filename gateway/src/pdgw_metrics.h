@@ -81,6 +81,9 @@ pdgw_metric_t *pdgw_metric_family_series2(pdgw_metric_family_t *fam, const char 
                                           const char *v2);
 /* Number of series the family has now. */
 size_t pdgw_metric_family_size(const pdgw_metric_family_t *fam);
+/* An HTTP status as a label value ("200"), written into <buf>. */
+#define PDGW_STATUS_LABEL_SIZE 12
+const char *pdgw_metric_status_label(int status, char buf[PDGW_STATUS_LABEL_SIZE]);
 
 /* Shortcuts: family without labels and its single series. NULL on error (logged). */
 pdgw_metric_t *pdgw_metrics_counter_new(pdgw_metrics_t *reg, const char *name, const char *help);

@@ -122,15 +122,15 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
     pdgw_metrics_t *reg = r->w->srv->opts.metrics ? r->w->srv->opts.metrics->reg : NULL;
     const pdgw_wf_t *wf = r->wf; /* what the workflow measured, NULL = none */
     model_families_t *mf = &r->w->model_families;
-    char code[8];
+    char code[PDGW_STATUS_LABEL_SIZE];
 
     /* A model nobody serves was answered 404 and has no series: clients cannot grow the
      * label set with names of their own. */
     if (reg == NULL || model == NULL || model[0] == '\0' ||
         strncmp(pdgw_req_error(r), "model not served: ", 18) == 0 || !families(reg, mf))
         return;
-    snprintf(code, sizeof(code), "%d", status);
-    pdgw_counter_inc(pdgw_metric_family_series2(mf->requests, model, code));
+    pdgw_counter_inc(
+        pdgw_metric_family_series2(mf->requests, model, pdgw_metric_status_label(status, code)));
     pdgw_histogram_observe(pdgw_metric_family_series1(mf->duration, model), dur_s);
     if (wf == NULL)
         return;

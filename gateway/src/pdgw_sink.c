@@ -43,6 +43,13 @@ void pdgw_req_suspend(pdgw_req_t *r)
     pdgw_req_timer_update(r);
 }
 
+static void copy_ctype(pdgw_req_t *r, const char *ctype)
+{
+    size_t n = strnlen(ctype, sizeof(r->reply_ctype) - 1);
+    memcpy(r->reply_ctype, ctype, n);
+    r->reply_ctype[n] = '\0';
+}
+
 void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const char *ctype)
 {
     if (r->reply_ready || r->queued || r->committed) {
@@ -52,7 +59,7 @@ void pdgw_req_reply(pdgw_req_t *r, int status, char *body, size_t len, const cha
     r->reply_status = status;
     r->reply_body = body;
     r->reply_len = len;
-    snprintf(r->reply_ctype, sizeof(r->reply_ctype), "%s", ctype ? ctype : "application/json");
+    copy_ctype(r, ctype != NULL ? ctype : "application/json");
     r->reply_ready = true;
     r->final_status = status;
     pdgw_req_resume(r);

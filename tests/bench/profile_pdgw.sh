@@ -85,7 +85,7 @@ else
     run_load $((SECONDS_PROFILED + 3)) &
     loadpid=$!
     sleep 1.5
-    perf record -F 999 --call-graph dwarf,16384 -p "$pdgw_pid" -o "$out" -- sleep "$SECONDS_PROFILED" 2>/dev/null
+    perf record ${PERF_EVENT:+-e $PERF_EVENT} -F 999 --call-graph dwarf,16384 -p "$pdgw_pid" -o "$out" -- sleep "$SECONDS_PROFILED" 2>/dev/null
     wait "$loadpid" || true
     echo "--- by shared object"
     perf report -i "$out" --no-children --sort dso --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -8

@@ -172,6 +172,17 @@ static void test_invalid_and_null(void **state)
     big[sizeof(big) - 1] = '\0';
     assert_null(pdgw_metric_family_series1(lf, big));
     assert_non_null(pdgw_metric_family_series1(lf, "h\xc3\xa9llo"));
+    /* a value checked once is found again; a refused one stays refused */
+    assert_ptr_equal(pdgw_metric_family_series1(lf, "h\xc3\xa9llo"),
+                     pdgw_metric_family_series1(lf, "h\xc3\xa9llo"));
+    assert_null(pdgw_metric_family_series1(lf, big));
+    /* status labels */
+    char code[PDGW_STATUS_LABEL_SIZE];
+    assert_string_equal(pdgw_metric_status_label(200, code), "200");
+    assert_string_equal(pdgw_metric_status_label(504, code), "504");
+    assert_string_equal(pdgw_metric_status_label(0, code), "0");
+    assert_string_equal(pdgw_metric_status_label(1000, code), "1000");
+    assert_string_equal(pdgw_metric_status_label(-1, code), "-1");
     pdgw_metrics_destroy(reg);
 }
 
