@@ -163,10 +163,9 @@ static void send_out(pdgw_req_t *r)
             }
         }
     }
-    pdgw_buf_reset(&r->out);
+    /* Given back, not kept: a parked stream holds no output buffer between events. */
+    pdgw_buf_free(&r->out);
     r->out_off = 0;
-    if (r->out.cap > 64 * 1024)
-        pdgw_buf_free(&r->out);
 }
 
 static void flush_one(pdgw_req_t *r)

@@ -36,7 +36,8 @@
 
 #include "pdgw_alloc.h"
 
-#define RBUF_MAX (PDGW_H1P_MAX_HEAD + 4096u) /* a head line may need the whole head */
+#define RBUF_MAX        (PDGW_H1P_MAX_HEAD + 4096u) /* a head line may need the whole head */
+#define RBUF_STREAM_MAX 4096u /* read buffers up to this size are released between reads */
 
 typedef enum { CONN_CONNECTING = 0, CONN_ACTIVE, CONN_IDLE } conn_state_t;
 
@@ -521,6 +522,17 @@ static void conn_eof(pdgw_h1_conn_t *k, int err)
 }
 
 /* Parse what is buffered and read more while the owner takes it. */
+/* A stream's connection waits long between reads: its read buffer, empty then, is given
+ * back, so parked streams hold none (a buffered body's reads follow each other: kept). */
+static void conn_rest(pdgw_h1_conn_t *k)
+{
+    if (k->rlen == 0 && k->rcap > 0 && k->rcap <= RBUF_STREAM_MAX) {
+        pdgw_free(k->rbuf);
+        k->rbuf = NULL;
+        k->rcap = 0;
+    }
+}
+
 static void conn_read(pdgw_h1_conn_t *k)
 {
     for (;;) {
@@ -552,8 +564,10 @@ static void conn_read(pdgw_h1_conn_t *k)
             if (x->paused)
                 return;
         }
-        if (!k->rd_ready)
+        if (!k->rd_ready) {
+            conn_rest(k);
             return;
+        }
         if (k->rlen == k->rcap) {
             size_t cap = k->rcap ? k->rcap * 2 : x->rbuf_size;
             char *nb;
@@ -585,6 +599,7 @@ static void conn_read(pdgw_h1_conn_t *k)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             k->rd_ready = false;
+            conn_rest(k);
             return;
         }
         conn_eof(k, n < 0 ? errno : 0);
@@ -914,7 +929,7 @@ pdgw_status_t pdgw_h1_xfer_start(pdgw_h1_xfer_t *x, const char *body, size_t bod
     k->wr_dead = false;
     k->doomed = false;
     pdgw_h1p_init(&k->parser, x->head_request);
-    if (k->rcap != x->rbuf_size) {
+    if (k->rcap != x->rbuf_size && !(k->rcap == 0 && x->rbuf_size <= RBUF_STREAM_MAX)) {
         /* Sized for this transfer: small for streams (thousands at once), larger for
          * buffered bodies. */
         char *nb = pdgw_realloc(k->rbuf, x->rbuf_size);

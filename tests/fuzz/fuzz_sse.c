@@ -4,7 +4,7 @@
  *
  * The input is fed twice: whole, and in pieces whose sizes come from the
  * input itself (TCP may cut a stream anywhere). Both runs must yield the
- * same events (data, event name, [DONE]) and the same end-of-stream verdict;
+ * same events (raw bytes, data, event name, [DONE]) and the same end-of-stream verdict;
  * never a crash, over-read or leak. Byte 0 sets a small max_event so the
  * size limit is exercised too.
  */
@@ -32,6 +32,7 @@ static int on_event(void *arg, const pdgw_sse_event_t *ev)
     digest_t *d = arg;
     if (strlen(ev->data) != ev->data_len && memchr(ev->data, '\0', ev->data_len) == NULL)
         abort();
+    mix(d, ev->raw, ev->raw_len);
     mix(d, ev->data, ev->data_len);
     mix(d, ev->event, strlen(ev->event));
     mix(d, &ev->is_done, sizeof(ev->is_done));

@@ -185,12 +185,50 @@ static void test_limit_and_stop(void **state)
     pdgw_sse_free(&p);
 }
 
+/* Whole events are parsed where they lie; only an incomplete event is kept, and nothing is
+ * held once it is handed out (thousands of parked streams). */
+static void test_no_buffer_between_events(void **state)
+{
+    pdgw_sse_t p;
+    collected_t c;
+    (void)state;
+    memset(&c, 0, sizeof(c));
+    pdgw_sse_init(&p);
+    assert_int_equal(pdgw_sse_feed(&p, "data: a\n\ndata: b\n\n", 18, on_event, &c), PDGW_OK);
+    assert_int_equal(c.n, 2);
+    assert_int_equal(p.buf.cap, 0);
+    assert_int_equal(p.data.cap, 0);
+    /* an event cut after its first line: only its bytes stay */
+    assert_int_equal(pdgw_sse_feed(&p, "data: c\n\nevent: e\ndata: d", 25, on_event, &c), PDGW_OK);
+    assert_int_equal(c.n, 3);
+    assert_int_equal(pdgw_sse_pending(&p), strlen("event: e\ndata: d"));
+    assert_int_equal(pdgw_sse_feed(&p, "1\n\n", 3, on_event, &c), PDGW_OK);
+    assert_int_equal(c.n, 4);
+    assert_string_equal(c.raw[3], "event: e\ndata: d1\n\n");
+    assert_string_equal(c.data[3], "d1");
+    assert_int_equal(p.buf.cap, 0);
+    assert_int_equal(p.data.cap, 0);
+    /* a stop in a chunk parsed in place keeps the rest, raw bytes intact */
+    c.stop_after = 5;
+    assert_int_equal(pdgw_sse_feed(&p, "data: 5\n\ndata: 6\r\n\r\n", 20, on_event, &c),
+                     PDGW_ERR_CANCELLED);
+    assert_int_equal(c.n, 5);
+    assert_int_equal(pdgw_sse_pending(&p), 11);
+    c.stop_after = 0;
+    assert_int_equal(pdgw_sse_feed(&p, NULL, 0, on_event, &c), PDGW_OK);
+    assert_int_equal(c.n, 6);
+    assert_string_equal(c.raw[5], "data: 6\r\n\r\n");
+    assert_int_equal(p.buf.cap, 0);
+    assert_false(pdgw_sse_finish(&p, on_event, &c));
+    pdgw_sse_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whole_buffer),   cmocka_unit_test(test_every_split_point),
         cmocka_unit_test(test_byte_by_byte),   cmocka_unit_test(test_truncated_stream),
-        cmocka_unit_test(test_limit_and_stop),
+        cmocka_unit_test(test_limit_and_stop), cmocka_unit_test(test_no_buffer_between_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
