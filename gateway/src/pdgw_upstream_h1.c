@@ -473,6 +473,13 @@ static int cb_header(void *arg, const char *line, size_t len)
 static int cb_headers_done(void *arg, int status)
 {
     pdgw_h1_conn_t *k = arg;
+    pdgw_h1_xfer_t *x = k->x;
+    if (x->sent == xfer_total(x) && x->head.cap > 0) {
+        /* All sent and answered: no retry will send the head again, so a stream does not
+         * keep it for its whole life (sent still equals the total without it). */
+        x->sent -= x->head.len;
+        pdgw_buf_free(&x->head);
+    }
     return k->x->cb->on_headers_done ? k->x->cb->on_headers_done(k->x->arg, status) : 0;
 }
 
