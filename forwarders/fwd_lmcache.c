@@ -47,7 +47,7 @@ typedef struct lmc_state {
     int libkvt;                     /* the decode runs libkvt (instance kv_engine) */
     int first_tok;                  /* this request runs the first_tok flow */
     lmc_tok_job_t *job;             /* its /tokenize call */
-    json_t *ids;                    /* the prompt's token ids */
+    json_t *ids;                    /* the prompt's token ids, as text */
     lmc_head_t head;                /* what the prefill answered */
 } lmc_state_t;
 

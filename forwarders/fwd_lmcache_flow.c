@@ -45,11 +45,10 @@ json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
             (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
             p = json_array_get(p, 0); /* one prompt in a list */
         if (json_is_array(p) && json_array_size(p) > 0) {
-            size_t i;
-            json_t *v;
-            json_array_foreach(p, i,
-                               v) if (!json_is_integer(v) || json_integer_value(v) < 0) return NULL;
-            *ids = json_deep_copy(p); /* already token ids: nothing to tokenize */
+            size_t n;
+            /* already token ids: nothing to tokenize (NULL ids when they are not all ids,
+             * or on no memory: the older flow runs then) */
+            *ids = pdgw_fwd_ids_text_from(p, &n);
             return NULL;
         }
         if (!json_is_string(p))
@@ -68,8 +67,8 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
     if (b == NULL)
         return NULL;
     json_object_del(b, "messages");
-    /* ids is never changed once read: the prefill body shares it (a copy would cost one
-     * allocation per token) */
+    /* the ids as text (forwarder.h pdgw_fwd_ids_text_*): never changed once read, so the
+     * prefill body shares them */
     json_object_set(b, "prompt", (json_t *)ids);
     json_object_set_new(b, "max_tokens", json_integer(1));
     if (json_object_get(b, "max_completion_tokens"))
@@ -93,17 +92,12 @@ json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
 {
     json_int_t first_tok = head->first_tok;
     json_t *b = fwd_pd_body_decode(req, NULL);
-    json_t *prompt = json_array(); /* ids + [first_tok]: the ids' integers are shared */
-    if (prompt != NULL && json_array_extend(prompt, (json_t *)ids) != 0) {
-        json_decref(prompt);
-        prompt = NULL;
-    }
+    json_t *prompt = pdgw_fwd_ids_text_append(ids, first_tok); /* ids + [first_tok] */
     if (b == NULL || prompt == NULL) {
         json_decref(b);
         json_decref(prompt);
         return NULL;
     }
-    json_array_append_new(prompt, json_integer(first_tok));
     json_object_del(b, "messages");
     json_object_del(b, "kv_transfer_params");
     json_object_set_new(b, "prompt", prompt);

@@ -22,7 +22,8 @@ void lmc_tok_release(lmc_tok_job_t *j);
 /* ---- first_tok flow (fwd_lmcache_flow.c) ---- */
 
 /* The /tokenize body for the client's request (NULL when the prompt needs none: it already
- * is a list of token ids, copied to *ids). */
+ * is a list of token ids, given in *ids as text). Token ids are held as text throughout
+ * (forwarder.h pdgw_fwd_ids_text_*): written into both legs, never parsed into integers. */
 json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids);
 /* Prefill leg: client body with prompt = ids, max_tokens 1, stream false, no messages,
  * stream_options or min_tokens, kv_transfer_params = {ret_first_tok: true, disagg_spec: spec

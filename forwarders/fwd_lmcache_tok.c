@@ -35,9 +35,9 @@ int lmc_tok_result(const lmc_tok_job_t *j, json_t **tokens, char *msg, size_t ca
         snprintf(msg, cap, "tokenize answered HTTP %ld", status);
         return -1;
     }
-    toks = pdgw_fwd_answer_ids(data, len, "tokens");
-    if (json_array_size(toks) > 0) {
-        *tokens = toks;
+    toks = pdgw_fwd_answer_ids_text(data, len, "tokens", &i);
+    if (toks != NULL && i > 0) {
+        *tokens = toks; /* kept as text: never a jansson integer per id */
         return 1;
     }
     json_decref(toks);
@@ -57,8 +57,13 @@ int lmc_tok_result(const lmc_tok_job_t *j, json_t **tokens, char *msg, size_t ca
             return -1;
         }
     }
-    *tokens = json_incref(toks);
+    /* Valid after all (written in a way the text reader leaves to the parser: "1e0"?). */
+    *tokens = pdgw_fwd_ids_text_from(toks, &i);
     json_decref(doc);
+    if (*tokens == NULL) {
+        snprintf(msg, cap, "tokenize answer has a token that is not an id");
+        return -1;
+    }
     return 1;
 }
 

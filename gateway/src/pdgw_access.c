@@ -5,14 +5,30 @@
 
 #include "pdgw_log.h"
 
+#include <arpa/inet.h>
+
+/* "a.b.c.d" or the IPv6 text of the peer's address; NULL when unknown. */
+static const char *client_addr_text(const pdgw_req_t *r, char *out, size_t len)
+{
+    const void *addr = NULL;
+    if (r->client_addr.sa.sa_family == AF_INET)
+        addr = &r->client_addr.in.sin_addr;
+    else if (r->client_addr.sa.sa_family == AF_INET6)
+        addr = &r->client_addr.in6.sin6_addr;
+    if (addr == NULL || inet_ntop(r->client_addr.sa.sa_family, addr, out, (socklen_t)len) == NULL)
+        return NULL;
+    return out;
+}
+
 void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uint64_t now_ns)
 {
     const pdgw_wf_t *wf = r->wf; /* what the workflow measured, NULL = none */
     pdgw_access_entry_t a;
+    char addr[INET6_ADDRSTRLEN];
     pdgw_access_entry_init(&a);
     a.request_id = r->id;
     a.method = r->method;
-    a.client_addr = r->client_addr[0] ? r->client_addr : NULL;
+    a.client_addr = client_addr_text(r, addr, sizeof(addr));
     a.path = r->path;
     a.protocol = r->w->srv->desc->name;
     a.model = r->info_valid ? r->info.model : wf ? wf->pt_model : NULL;

@@ -7,6 +7,7 @@
  */
 #include "pdgw_body_splice.h"
 
+#include "pdgw_json_raw.h"
 #include "pdgw_json_text.h"
 
 #include <stdbool.h>
@@ -64,16 +65,24 @@ static int put_int_array(pdgw_buf_t *out, const json_t *v)
     return 0;
 }
 
-/* ,"key": then <v> serialised. */
+/* ,"key": then <v> serialised (a raw value: its text). */
 static pdgw_status_t put_dumped(pdgw_buf_t *out, bool *first, const char *key, size_t key_len,
                                 const json_t *v)
 {
+    const char *text;
+    size_t text_len;
     int ints;
     if ((!*first && pdgw_buf_append(out, ",", 1) != PDGW_OK) ||
         pdgw_buf_append(out, "\"", 1) != PDGW_OK ||
         pdgw_buf_append_json_escaped(out, key, key_len) != PDGW_OK ||
         pdgw_buf_append(out, "\":", 2) != PDGW_OK)
         return PDGW_ERR_NOMEM;
+    if (pdgw_json_raw_text(v, &text, &text_len)) {
+        if (pdgw_buf_append(out, text, text_len) != PDGW_OK)
+            return PDGW_ERR_NOMEM;
+        *first = false;
+        return PDGW_OK;
+    }
     ints = put_int_array(out, v);
     if (ints < 0 ||
         (ints > 0 && json_dump_callback(v, append_cb, out, JSON_COMPACT | JSON_ENCODE_ANY) != 0))
@@ -100,7 +109,7 @@ pdgw_status_t pdgw_body_splice(const char *raw, size_t raw_len, const json_t *cl
     pdgw_json_members_t it;
     pdgw_json_member_t m;
     const char *lkey;
-    size_t members = 0;
+    size_t members = 0, n;
     bool first_out = true;
     json_t *lv;
     int got;
@@ -130,11 +139,32 @@ pdgw_status_t pdgw_body_splice(const char *raw, size_t raw_len, const json_t *cl
     /* A name given twice parses to one member: the bytes would then say more than the parse. */
     if (got < 0 || members != json_object_size(client))
         return PDGW_ERR_INVALID;
-    json_object_foreach((json_t *)leg, lkey, lv)
+    json_object_keylen_foreach((json_t *)leg, lkey, n, lv)
     {
-        size_t n = strlen(lkey);
         if (json_object_getn(client, lkey, n) == NULL &&
             put_dumped(out, &first_out, lkey, n, lv) != PDGW_OK)
+            return PDGW_ERR_NOMEM;
+    }
+    return pdgw_buf_append(out, "}", 1);
+}
+
+/* <body> serialised whole: an object member by member, so that raw values are written as
+ * their text here too. */
+static pdgw_status_t put_members(pdgw_buf_t *out, const json_t *body)
+{
+    const char *key;
+    size_t key_len;
+    json_t *v;
+    bool first = true;
+
+    if (!json_is_object(body))
+        return json_dump_callback(body, append_cb, out, JSON_COMPACT) == 0 ? PDGW_OK
+                                                                           : PDGW_ERR_NOMEM;
+    if (pdgw_buf_append(out, "{", 1) != PDGW_OK)
+        return PDGW_ERR_NOMEM;
+    json_object_keylen_foreach((json_t *)body, key, key_len, v)
+    {
+        if (put_dumped(out, &first, key, key_len, v) != PDGW_OK)
             return PDGW_ERR_NOMEM;
     }
     return pdgw_buf_append(out, "}", 1);
@@ -152,7 +182,7 @@ char *pdgw_body_text(const char *raw, size_t raw_len, const json_t *client, cons
     st = pdgw_body_splice(raw, raw_len, client, body, &b);
     if (st == PDGW_ERR_INVALID) {
         b.len = 0;
-        st = json_dump_callback(body, append_cb, &b, JSON_COMPACT) == 0 ? PDGW_OK : PDGW_ERR_NOMEM;
+        st = put_members(&b, body);
     }
     if (st != PDGW_OK) {
         pdgw_buf_free(&b);

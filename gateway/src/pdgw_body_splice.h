@@ -29,6 +29,8 @@ pdgw_status_t pdgw_body_splice(const char *raw, size_t raw_len, const json_t *cl
                                const json_t *leg, pdgw_buf_t *out);
 
 /*
+ * Both write a top-level member whose value is a raw value (pdgw_json_raw.h) as its text.
+ *
  * <body>'s text in a buffer of its own (released with pdgw_free), spliced from <raw> where it
  * can be, else serialised whole; *len its length. A body is about the client body's size: one
  * exact buffer instead of jansson's doubling buffer plus its final copy. NULL on no memory.

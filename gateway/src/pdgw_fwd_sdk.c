@@ -11,14 +11,101 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_fwd_sdk.h"
+#include "pdgw_json_raw.h"
 #include "pdgw_json_text.h"
 #include "pdgw_registry.h"
+#include "pdgw_util.h"
 
 /* ---------------------------------------------------------------- bodies */
 
 json_t *pdgw_fwd_answer_ids(const char *answer, size_t len, const char *name)
 {
     return answer && name ? pdgw_json_member_id_list(answer, len, name) : NULL;
+}
+
+json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *name, size_t *count)
+{
+    const char *val;
+    size_t val_len;
+
+    *count = 0;
+    if (answer == NULL || name == NULL ||
+        !pdgw_json_member_value(answer, len, name, &val, &val_len) ||
+        !pdgw_json_id_list_count(val, val_len, count))
+        return NULL;
+    return pdgw_json_raw(val, val_len); /* checked: copied as the engine wrote it */
+}
+
+/* <sep> (when not NUL) and the digits of <id> >= 0, without printf (thousands per prompt). */
+static pdgw_status_t append_id(pdgw_buf_t *b, char sep, json_int_t id)
+{
+    char num[24], *d = num + sizeof(num);
+    unsigned long long u = (unsigned long long)id;
+    do {
+        *--d = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (sep != '\0')
+        *--d = sep;
+    return pdgw_buf_append(b, d, (size_t)(num + sizeof(num) - d));
+}
+
+json_t *pdgw_fwd_ids_text_from(const json_t *array, size_t *count)
+{
+    pdgw_buf_t b;
+    size_t i;
+    json_t *v, *raw = NULL;
+
+    *count = 0;
+    if (!json_is_array(array))
+        return NULL;
+    pdgw_buf_init(&b);
+    if (pdgw_buf_reserve(&b, json_array_size(array) * 8 + 2) != PDGW_OK ||
+        pdgw_buf_append(&b, "[", 1) != PDGW_OK)
+        return NULL;
+    json_array_foreach(array, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            append_id(&b, i > 0 ? ',' : '\0', json_integer_value(v)) != PDGW_OK)
+            goto out;
+    }
+    if (pdgw_buf_append(&b, "]", 1) == PDGW_OK) {
+        raw = pdgw_json_raw(b.data, b.len);
+        *count = raw != NULL ? json_array_size(array) : 0;
+    }
+out:
+    pdgw_buf_free(&b);
+    return raw;
+}
+
+json_t *pdgw_fwd_ids_text_append(const json_t *ids, json_int_t id)
+{
+    const char *text;
+    size_t len, close;
+    pdgw_buf_t b;
+    json_t *raw = NULL;
+
+    if (id < 0 || !pdgw_json_raw_text(ids, &text, &len))
+        return NULL;
+    close = len; /* the list's ']' (whitespace may follow it) */
+    while (close > 0 && text[close - 1] != ']')
+        close--;
+    if (close == 0)
+        return NULL;
+    close--;
+    pdgw_buf_init(&b);
+    {
+        size_t open = close; /* an empty list takes no comma */
+        while (open > 0 && (text[open - 1] == ' ' || text[open - 1] == '\t' ||
+                            text[open - 1] == '\n' || text[open - 1] == '\r'))
+            open--;
+        if (open > 0 && pdgw_buf_append(&b, text, close) == PDGW_OK &&
+            append_id(&b, text[open - 1] == '[' ? '\0' : ',', id) == PDGW_OK &&
+            pdgw_buf_append(&b, "]", 1) == PDGW_OK)
+            raw = pdgw_json_raw(b.data, b.len);
+    }
+    pdgw_buf_free(&b);
+    return raw;
 }
 
 json_t *pdgw_fwd_body_prefill_kvp(const pdgw_fwd_request_t *req, json_t *kvp)

@@ -446,14 +446,15 @@ static void dispatch(pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- the handler */
 
-/* "a.b.c.d" or the IPv6 text of <sa>; "" for other families. */
-static void sockaddr_text(const struct sockaddr *sa, char *out, size_t len)
+/* The peer's address, kept as it is (its text is written by the access log, if any). */
+static void keep_client_addr(pdgw_req_t *r, const struct sockaddr *sa)
 {
-    out[0] = '\0';
     if (sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)len);
+        memcpy(&r->client_addr.in, sa, sizeof(r->client_addr.in));
     else if (sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)len);
+        memcpy(&r->client_addr.in6, sa, sizeof(r->client_addr.in6));
+    else
+        r->client_addr.sa.sa_family = AF_UNSPEC;
 }
 
 static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
@@ -473,7 +474,7 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const 
     r->fd = ci ? ci->connect_fd : -1;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ci && ci->client_addr)
-        sockaddr_text(ci->client_addr, r->client_addr, sizeof(r->client_addr));
+        keep_client_addr(r, ci->client_addr);
     r->body.limit = 0;
     route(r, url);
     req_identity(r);

@@ -117,48 +117,72 @@ int pdgw_json_members_next(pdgw_json_members_t *it, pdgw_json_member_t *m)
     return 0;
 }
 
-json_t *pdgw_json_id_list(const char *text, size_t len)
+/* Walk the id list at <text> (see pdgw_json_id_list), handing each id to <put> (false stops
+ * the walk: a failure); true when the whole text is such a list. */
+static bool scan_id_list(const char *text, size_t len, bool (*put)(void *arg, json_int_t v),
+                         void *arg)
 {
     const char *p = text, *end = text + len;
-    json_t *arr;
 
     p = skip_ws(p, end);
     if (p >= end || *p != '[')
-        return NULL;
+        return false;
     p = skip_ws(p + 1, end);
-    if ((arr = json_array()) == NULL)
-        return NULL;
     if (p < end && *p == ']')
-        return pdgw_json_only_ws(p + 1, end) ? arr : (json_decref(arr), NULL);
+        return pdgw_json_only_ws(p + 1, end);
     for (;;) {
         json_int_t v = 0;
         const char *digits = p;
         while (p < end && *p >= '0' && *p <= '9') {
             int d = *p - '0';
             if (v > (LLONG_MAX - d) / 10)
-                goto fail; /* beyond int64: the parser's error says so */
+                return false; /* beyond int64: the parser's error says so */
             v = v * 10 + d;
             p++;
         }
         if (p == digits || (*digits == '0' && p - digits > 1))
-            goto fail;
-        if (json_array_append_new(arr, json_integer(v)) != 0)
-            goto fail;
+            return false;
+        if (!put(arg, v))
+            return false;
         p = skip_ws(p, end);
         if (p < end && *p == ',') {
             p = skip_ws(p + 1, end);
             continue;
         }
-        if (p < end && *p == ']' && pdgw_json_only_ws(p + 1, end))
-            return arr;
-        goto fail;
+        return p < end && *p == ']' && pdgw_json_only_ws(p + 1, end);
     }
-fail:
-    json_decref(arr);
-    return NULL;
 }
 
-json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)
+static bool put_json_int(void *arg, json_int_t v)
+{
+    return json_array_append_new(arg, json_integer(v)) == 0;
+}
+
+static bool count_id(void *arg, json_int_t v)
+{
+    (void)v;
+    (*(size_t *)arg)++;
+    return true;
+}
+
+json_t *pdgw_json_id_list(const char *text, size_t len)
+{
+    json_t *arr = json_array();
+    if (arr != NULL && !scan_id_list(text, len, put_json_int, arr)) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+bool pdgw_json_id_list_count(const char *text, size_t len, size_t *count)
+{
+    *count = 0;
+    return scan_id_list(text, len, count_id, count);
+}
+
+bool pdgw_json_member_value(const char *text, size_t len, const char *name, const char **val,
+                            size_t *val_len)
 {
     pdgw_json_members_t it;
     pdgw_json_member_t m, last = {0};
@@ -166,11 +190,21 @@ json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)
     int got;
 
     if (!pdgw_json_members_begin(&it, text, len))
-        return NULL;
+        return false;
     while ((got = pdgw_json_members_next(&it, &m)) == 0)
         if (!m.key_escaped && m.key_len == n && memcmp(m.key, name, n) == 0)
             last = m;
     if (got != 1 || !pdgw_json_only_ws(it.p, it.end) || last.val == NULL)
-        return NULL;
-    return pdgw_json_id_list(last.val, last.val_len);
+        return false;
+    *val = last.val;
+    *val_len = last.val_len;
+    return true;
+}
+
+json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)
+{
+    const char *val;
+    size_t val_len;
+    return pdgw_json_member_value(text, len, name, &val, &val_len) ? pdgw_json_id_list(val, val_len)
+                                                                   : NULL;
 }

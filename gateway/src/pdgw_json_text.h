@@ -43,8 +43,16 @@ bool pdgw_json_only_ws(const char *p, const char *end);
  * costs a fraction of a general parse. */
 json_t *pdgw_json_id_list(const char *text, size_t len);
 
-/* The id list (as above) under the top-level member <name> of the object <text>; the last
- * one when the name repeats, as a parser keeps it. NULL when there is none. */
+/* Is <text> such an id list? *count gets the number of ids (nothing is allocated). */
+bool pdgw_json_id_list_count(const char *text, size_t len, size_t *count);
+
+/* The bytes of the top-level member <name> of the object <text>; the last one when the name
+ * repeats, as a parser keeps it. false when there is none or the text is not one object. */
+bool pdgw_json_member_value(const char *text, size_t len, const char *name, const char **val,
+                            size_t *val_len);
+
+/* The id list (as above) under the top-level member <name> of the object <text>; NULL when
+ * there is none. */
 json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name);
 
 #endif /* PDGW_JSON_TEXT_H */

@@ -19,6 +19,7 @@
 #define PDGW_SERVER_INT_H
 
 #include <curl/curl.h>
+#include <netinet/in.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -222,8 +223,13 @@ typedef enum {
 struct pdgw_req {
     pdgw_worker_t *w;
     struct MHD_Connection *conn;
-    pdgw_conn_t *cx;      /* the connection's guard (NULL if MHD gave none) */
-    char client_addr[48]; /* the peer's address for the access log ("" = unknown) */
+    pdgw_conn_t *cx; /* the connection's guard (NULL if MHD gave none) */
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in;
+        struct sockaddr_in6 in6;
+    } client_addr; /* the peer's address (sa_family AF_UNSPEC = unknown): written as text
+                    * only for the access log that asks for it */
     int fd;
     uint64_t t_start_ns;
     uint64_t t_start_ms;

@@ -631,6 +631,19 @@ void pdgw_fwd_call_release(pdgw_fwd_call_t *c);
  * one): a new array of non-negative integers. NULL when the member is missing or is anything
  * else: parse the answer then, to say why. */
 json_t *pdgw_fwd_answer_ids(const char *answer, size_t len, const char *name);
+/* Token ids kept as their JSON text: a prompt of thousands of ids is one value, not thousands
+ * of integers each allocated, written and freed once per leg. Set one as a top-level member of
+ * a leg body (json_object_set) and the gateway writes its text there; anywhere else it is an
+ * opaque jansson string (nested values are written as strings: do not nest it).
+ * pdgw_fwd_answer_ids_text: the ids under <name> of a JSON answer, as pdgw_fwd_answer_ids
+ *   reads them (NULL when it would return NULL); *count gets how many.
+ * pdgw_fwd_ids_text_from: the ids of a jansson array of non-negative integers (a client's
+ *   prompt of ids); NULL when it is anything else. *count as above.
+ * pdgw_fwd_ids_text_append: a new value, <ids> (one of the above) followed by <id> >= 0.
+ * NULL also on no memory. */
+json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *name, size_t *count);
+json_t *pdgw_fwd_ids_text_from(const json_t *array, size_t *count);
+json_t *pdgw_fwd_ids_text_append(const json_t *ids, json_int_t id);
 
 /* Logging and a forwarder-specific counter (exposed on /metrics as
  * pdgw_fwd_<name>_total{protocol="..."}); both thread-safe. */

@@ -4,7 +4,8 @@
  * (whitespace and escapes included), changed ones are written where the client had them, new
  * ones at the end; text that cannot be spliced safely is refused so the caller serialises.
  * Token-id lists are written and read without jansson's general paths (pdgw_json_text.c):
- * the same text, and only what a parser accepts.
+ * the same text, and only what a parser accepts; kept as text (pdgw_json_raw.h, the SDK's
+ * pdgw_fwd_ids_text_*) they are written into a body as they are.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,8 +17,11 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include <pdgw/forwarder.h>
+
 #include "pdgw_alloc.h"
 #include "pdgw_body_splice.h"
+#include "pdgw_json_raw.h"
 #include "pdgw_json_text.h"
 
 typedef struct {
@@ -214,21 +218,26 @@ static void test_body_text_splices_or_serialises(void **state)
     json_decref(client);
 }
 
-/* <text> read as an id list equals jansson's parse of it. */
+/* <text> read as an id list equals jansson's parse of it; counted the same. */
 static void ids_ok(const char *text)
 {
     json_t *fast = pdgw_json_id_list(text, strlen(text));
     json_t *slow = json_loads(text, JSON_DECODE_ANY, NULL);
+    size_t n = 99;
     assert_non_null(fast);
     assert_non_null(slow);
     assert_true(json_equal(fast, slow));
+    assert_true(pdgw_json_id_list_count(text, strlen(text), &n));
+    assert_int_equal(n, json_array_size(slow));
     json_decref(fast);
     json_decref(slow);
 }
 
 static void ids_refused(const char *text)
 {
+    size_t n;
     assert_null(pdgw_json_id_list(text, strlen(text)));
+    assert_false(pdgw_json_id_list_count(text, strlen(text), &n));
 }
 
 static void test_id_list_reads_only_what_a_parser_accepts(void **state)
@@ -279,6 +288,127 @@ static void test_member_id_list(void **state)
     assert_null(pdgw_json_member_id_list("[1]", 3, "tokens"));
 }
 
+/* The body's text, parsed, equals <want> (JSON text). */
+static void body_is(const char *raw, const json_t *client, const json_t *body, const char *want)
+{
+    size_t len = 0;
+    char *text = pdgw_body_text(raw, raw ? strlen(raw) : 0, client, body, &len);
+    json_t *got, *exp = json_loads(want, 0, NULL);
+    assert_non_null(text);
+    got = json_loadb(text, len, 0, NULL);
+    assert_non_null(got);
+    assert_non_null(exp);
+    assert_true(json_equal(got, exp));
+    json_decref(got);
+    json_decref(exp);
+    pdgw_free(text);
+}
+
+/* A body whose prompt is the string <s> is written with a string there. */
+static void written_as_string(const char *s)
+{
+    json_t *body = json_pack("{s:s}", "prompt", s), *back;
+    size_t len = 0;
+    char *text;
+    assert_non_null(body);
+    text = pdgw_body_text(NULL, 0, NULL, body, &len);
+    assert_non_null(text);
+    back = json_loadb(text, len, 0, NULL);
+    assert_non_null(back);
+    assert_string_equal(json_string_value(json_object_get(back, "prompt")), s);
+    json_decref(back);
+    json_decref(body);
+    pdgw_free(text);
+}
+
+/* Token ids held as text (the lmcache flow's prompt): written into a leg body as they are,
+ * whether it is spliced or serialised whole, and never mistaken for a client's string. */
+static void test_ids_kept_as_text(void **state)
+{
+    const char *answer = "{\"count\":3,\"max_model_len\":8192,\"tokens\":[5, 6, 7]}";
+    const char *raw = "{\"model\":\"m\",\"prompt\":\"hi\"}";
+    const char *escaped = "{\"mod\\u0065l\":\"m\",\"prompt\":\"hi\"}"; /* refused by the splice */
+    json_t *client = json_loads(raw, 0, NULL), *client2 = json_loads(escaped, 0, NULL);
+    json_t *ids, *more, *body, *arr;
+    const char *t;
+    size_t n = 0, tl;
+    char forged[128];
+    (void)state;
+
+    ids = pdgw_fwd_answer_ids_text(answer, strlen(answer), "tokens", &n);
+    assert_non_null(ids);
+    assert_int_equal(n, 3);
+    assert_true(pdgw_json_raw_text(ids, &t, &tl));
+    assert_int_equal(tl, strlen("[5, 6, 7]")); /* the engine's bytes, checked, not rewritten */
+    more = pdgw_fwd_ids_text_append(ids, 8);
+    assert_non_null(more);
+
+    /* spliced: the prompt changed, the model is the client's */
+    body = json_copy(client);
+    json_object_set(body, "prompt", ids);
+    body_is(raw, client, body, "{\"model\":\"m\",\"prompt\":[5,6,7]}");
+    /* a new member, and the same ids + [8] */
+    json_object_set(body, "prompt", more);
+    json_object_set(body, "ids", ids);
+    body_is(raw, client, body, "{\"model\":\"m\",\"prompt\":[5,6,7,8],\"ids\":[5,6,7]}");
+    json_decref(body);
+    /* serialised whole (a key written with an escape cannot be spliced) */
+    body = json_copy(client2);
+    json_object_set(body, "prompt", more);
+    body_is(escaped, client2, body, "{\"model\":\"m\",\"prompt\":[5,6,7,8]}");
+    json_decref(body);
+
+    /* a client string that starts like the marker is a string still: cut short, or of the
+     * marker's length with one random digit changed */
+    assert_true(pdgw_json_raw_text(ids, &t, &tl));
+    {
+        size_t ml = (size_t)(t - json_string_value(ids));
+        assert_true(ml + 4 <= sizeof(forged));
+        memcpy(forged, json_string_value(ids), ml - 3);
+        memcpy(forged + ml - 3, "[1]", 4);
+        written_as_string(forged);
+        memcpy(forged, json_string_value(ids), ml);
+        forged[ml - 2] = forged[ml - 2] == 'a' ? 'b' : 'a';
+        memcpy(forged + ml, "[1]", 4);
+        written_as_string(forged);
+    }
+
+    /* a client's own ids, and the edges of append */
+    arr = json_pack("[iii]", 0, 42, 9);
+    json_decref(more);
+    more = pdgw_fwd_ids_text_from(arr, &n);
+    assert_non_null(more);
+    assert_int_equal(n, 3);
+    assert_true(pdgw_json_raw_text(more, &t, &tl));
+    assert_int_equal(tl, 8);
+    assert_memory_equal(t, "[0,42,9]", 8);
+    json_decref(more);
+    json_array_append_new(arr, json_integer(-1));
+    assert_null(pdgw_fwd_ids_text_from(arr, &n));
+    json_decref(arr);
+    arr = json_pack("[s]", "1");
+    assert_null(pdgw_fwd_ids_text_from(arr, &n));
+    json_decref(arr);
+    arr = json_array();
+    more = pdgw_fwd_ids_text_from(arr, &n);
+    assert_int_equal(n, 0);
+    body = pdgw_fwd_ids_text_append(more, 3); /* [] + 3 */
+    assert_true(pdgw_json_raw_text(body, &t, &tl));
+    assert_int_equal(tl, 3);
+    assert_memory_equal(t, "[3]", 3);
+    json_decref(body);
+    json_decref(more);
+    json_decref(arr);
+    assert_null(pdgw_fwd_ids_text_append(ids, -1));
+    assert_null(pdgw_fwd_ids_text_append(client, 1)); /* not ids held as text */
+    assert_null(pdgw_fwd_answer_ids_text("{\"tokens\":[1,-2]}", 18, "tokens", &n));
+    assert_null(pdgw_fwd_answer_ids_text("{\"count\":1}", 11, "tokens", &n));
+
+    json_decref(ids);
+    json_decref(client);
+    json_decref(client2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -293,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_body_text_splices_or_serialises),
         cmocka_unit_test(test_id_list_reads_only_what_a_parser_accepts),
         cmocka_unit_test(test_member_id_list),
+        cmocka_unit_test(test_ids_kept_as_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
