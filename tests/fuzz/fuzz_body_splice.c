@@ -3,16 +3,39 @@
  *
  * The input is the client's text. When jansson parses it to an object, a leg is made the way
  * forwarders make one (the client's member values shared), and edited with choices taken from
- * the last input bytes: members removed, replaced, added. A splice that succeeds must parse to
- * an object equal to the leg; one that refuses must say PDGW_ERR_INVALID. Never a crash,
- * over-read or leak.
+ * the last input bytes: members removed, replaced, added, token ids held as text. A splice that
+ * succeeds must parse to an object equal to the leg (the ids as integers); one that refuses must
+ * say PDGW_ERR_INVALID; the body text (spliced or serialised whole) parses to the same object.
+ * Never a crash, over-read or leak.
  */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <pdgw/forwarder.h>
+
+#include "pdgw_alloc.h"
 #include "pdgw_body_splice.h"
+
+/* A prompt of token ids held as text (pdgw_json_raw.h) in <leg>, the same ids as integers in
+ * <expect>: what the written body must parse to. */
+static void set_ids_text(json_t *leg, json_t *expect, uint8_t choice)
+{
+    json_t *ids = json_pack("[I,I]", (json_int_t)choice, (json_int_t)choice * 977);
+    size_t n;
+    json_t *raw = pdgw_fwd_ids_text_from(ids, &n);
+    json_t *more = pdgw_fwd_ids_text_append(raw, 7);
+    if (more == NULL) {
+        json_decref(ids);
+        json_decref(raw);
+        return;
+    }
+    json_array_append_new(ids, json_integer(7));
+    json_object_set_new(leg, (choice & 128u) ? "prompt" : "token_ids", more);
+    json_object_set_new(expect, (choice & 128u) ? "prompt" : "token_ids", ids);
+    json_decref(raw);
+}
 
 static void edit(json_t *leg, uint8_t choice)
 {
@@ -43,7 +66,7 @@ static void edit(json_t *leg, uint8_t choice)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     json_t *client = json_loadb((const char *)data, size, 0, NULL);
-    json_t *leg, *back;
+    json_t *leg, *back, *expect;
     pdgw_buf_t out;
     pdgw_status_t st;
 
@@ -60,17 +83,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         edit(leg, data[size - 1]);
     if (size > 1)
         edit(leg, data[size - 2]);
+    expect = json_copy(leg);
+    if (size > 2 && (data[size - 3] & 64u) && expect != NULL)
+        set_ids_text(leg, expect, data[size - 3]);
     pdgw_buf_init(&out);
     st = pdgw_body_splice((const char *)data, size, client, leg, &out);
     if (st == PDGW_OK) {
         back = json_loadb(out.data, out.len, 0, NULL);
-        if (back == NULL || !json_equal(back, leg))
+        if (back == NULL || !json_equal(back, expect))
             abort();
         json_decref(back);
     } else if (st != PDGW_ERR_INVALID && st != PDGW_ERR_NOMEM) {
         abort();
     }
     pdgw_buf_free(&out);
+    {
+        /* spliced or serialised whole, the text parses to the same object */
+        size_t len = 0;
+        char *text = pdgw_body_text((const char *)data, size, client, leg, &len);
+        if (text != NULL) {
+            back = json_loadb(text, len, 0, NULL);
+            if (back == NULL || !json_equal(back, expect))
+                abort();
+            json_decref(back);
+            pdgw_free(text);
+        }
+    }
+    json_decref(expect);
     json_decref(leg);
     json_decref(client);
     return 0;

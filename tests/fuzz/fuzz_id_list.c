@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pdgw/forwarder.h>
+
+#include "pdgw_json_raw.h"
 #include "pdgw_json_text.h"
 
 static int all_ids(const json_t *v)
@@ -30,8 +33,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *text = (const char *)data;
     json_t *fast = pdgw_json_id_list(text, size);
     json_t *slow = json_loadb(text, size, JSON_DECODE_ANY, NULL);
+    size_t n = 0;
 
     if (fast != NULL && (slow == NULL || !json_equal(fast, slow)))
+        abort();
+    /* the counting reader accepts exactly what the list reader does */
+    if (pdgw_json_id_list_count(text, size, &n) != (fast != NULL) ||
+        (fast != NULL && n != json_array_size(fast)))
         abort();
     if (fast == NULL && all_ids(slow) && memchr(text, 0, size) == NULL &&
         memchr(text, '-', size) == NULL)
@@ -43,6 +51,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     slow = json_loadb(text, size, 0, NULL);
     if (fast != NULL && slow != NULL && !json_equal(fast, json_object_get(slow, "tokens")))
         abort();
+    {
+        /* kept as text: the same acceptance, and the text parses to the same ids */
+        json_t *raw = pdgw_fwd_answer_ids_text(text, size, "tokens", &n);
+        const char *t;
+        size_t tl;
+        if ((raw != NULL) != (fast != NULL))
+            abort();
+        if (raw != NULL) {
+            json_t *back;
+            if (!pdgw_json_raw_text(raw, &t, &tl) || n != json_array_size(fast))
+                abort();
+            back = json_loadb(t, tl, JSON_DECODE_ANY, NULL);
+            if (back == NULL || !json_equal(back, fast))
+                abort();
+            json_decref(back);
+        }
+        json_decref(raw);
+    }
     json_decref(fast);
     json_decref(slow);
     return 0;
