@@ -20,19 +20,6 @@ static int append_cb(const char *chunk, size_t n, void *arg)
     return pdgw_buf_append(arg, chunk, n) == PDGW_OK ? 0 : -1;
 }
 
-/* Decimal digits of <v> ending at <end> (written backwards); returns the first. */
-static char *int_text(json_int_t v, char *end)
-{
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do {
-        *--end = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *--end = '-';
-    return end;
-}
-
 /* An array of integers (a prompt of token ids, rebuilt for every leg of some protocols)
  * written here: jansson formats each integer through snprintf, which costs more than the
  * rest of the body. 0 = written, 1 = not such an array, -1 = no memory. */
@@ -53,7 +40,7 @@ static int put_int_array(pdgw_buf_t *out, const json_t *v)
     w = out->data + out->len;
     *w++ = '[';
     for (i = 0; i < n; i++) {
-        char *d = int_text(json_integer_value(json_array_get(v, i)), num + sizeof(num));
+        char *d = pdgw_json_int_text(json_integer_value(json_array_get(v, i)), num + sizeof(num));
         size_t k = (size_t)(num + sizeof(num) - d);
         if (i > 0)
             *w++ = ',';

@@ -36,15 +36,10 @@ json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *nam
     return pdgw_json_raw(val, val_len); /* checked: copied as the engine wrote it */
 }
 
-/* <sep> (when not NUL) and the digits of <id> >= 0, without printf (thousands per prompt). */
+/* <sep> (when not NUL) and the digits of <id> (thousands per prompt). */
 static pdgw_status_t append_id(pdgw_buf_t *b, char sep, json_int_t id)
 {
-    char num[24], *d = num + sizeof(num);
-    unsigned long long u = (unsigned long long)id;
-    do {
-        *--d = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
+    char num[PDGW_JSON_INT_TEXT_MAX + 2], *d = pdgw_json_int_text(id, num + sizeof(num));
     if (sep != '\0')
         *--d = sep;
     return pdgw_buf_append(b, d, (size_t)(num + sizeof(num) - d));

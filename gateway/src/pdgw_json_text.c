@@ -208,3 +208,15 @@ json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)
     return pdgw_json_member_value(text, len, name, &val, &val_len) ? pdgw_json_id_list(val, val_len)
                                                                    : NULL;
 }
+
+char *pdgw_json_int_text(json_int_t v, char *end)
+{
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--end = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--end = '-';
+    return end;
+}

@@ -55,4 +55,9 @@ bool pdgw_json_member_value(const char *text, size_t len, const char *name, cons
  * there is none. */
 json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name);
 
+/* The decimal text of <v>, written backwards so that it ends just before <end> (room for 20
+ * characters): returns where it starts. Without printf: token-id lists have thousands. */
+#define PDGW_JSON_INT_TEXT_MAX 20
+char *pdgw_json_int_text(json_int_t v, char *end);
+
 #endif /* PDGW_JSON_TEXT_H */

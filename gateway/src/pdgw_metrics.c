@@ -346,16 +346,9 @@ err_fam:
 
 const char *pdgw_metric_status_label(int status, char buf[PDGW_STATUS_LABEL_SIZE])
 {
-    /* Once per request and metric family: written by hand, not by snprintf. */
-    if (status >= 100 && status <= 999) {
-        buf[0] = (char)('0' + status / 100);
-        buf[1] = (char)('0' + status / 10 % 10);
-        buf[2] = (char)('0' + status % 10);
-        buf[3] = '\0';
-    } else {
-        snprintf(buf, PDGW_STATUS_LABEL_SIZE, "%d", status);
-    }
-    return buf;
+    /* Once per request and metric family: written without snprintf. */
+    buf[PDGW_STATUS_LABEL_SIZE - 1] = '\0';
+    return pdgw_json_int_text(status, buf + PDGW_STATUS_LABEL_SIZE - 1);
 }
 
 static uint64_t hash_values(const char *const *values, size_t n)
