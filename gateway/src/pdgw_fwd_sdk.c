@@ -73,32 +73,35 @@ out:
     return raw;
 }
 
+/* <n> less the whitespace <t> ends with. */
+static size_t trim_end(const char *t, size_t n)
+{
+    while (n > 0 && (t[n - 1] == ' ' || t[n - 1] == '\t' || t[n - 1] == '\n' || t[n - 1] == '\r'))
+        n--;
+    return n;
+}
+
 json_t *pdgw_fwd_ids_text_append(const json_t *ids, json_int_t id)
 {
     const char *text;
-    size_t len, close;
+    size_t len, close, last;
     pdgw_buf_t b;
     json_t *raw = NULL;
 
     if (id < 0 || !pdgw_json_raw_text(ids, &text, &len))
         return NULL;
-    close = len; /* the list's ']' (whitespace may follow it) */
-    while (close > 0 && text[close - 1] != ']')
-        close--;
-    if (close == 0)
+    close = trim_end(text, len); /* just past the list's ']' */
+    if (close == 0 || text[close - 1] != ']')
         return NULL;
     close--;
+    last = trim_end(text, close); /* just past the last id, or the '[' of an empty list */
+    if (last == 0)
+        return NULL;
     pdgw_buf_init(&b);
-    {
-        size_t open = close; /* an empty list takes no comma */
-        while (open > 0 && (text[open - 1] == ' ' || text[open - 1] == '\t' ||
-                            text[open - 1] == '\n' || text[open - 1] == '\r'))
-            open--;
-        if (open > 0 && pdgw_buf_append(&b, text, close) == PDGW_OK &&
-            append_id(&b, text[open - 1] == '[' ? '\0' : ',', id) == PDGW_OK &&
-            pdgw_buf_append(&b, "]", 1) == PDGW_OK)
-            raw = pdgw_json_raw(b.data, b.len);
-    }
+    if (pdgw_buf_append(&b, text, close) == PDGW_OK &&
+        append_id(&b, text[last - 1] == '[' ? '\0' : ',', id) == PDGW_OK &&
+        pdgw_buf_append(&b, "]", 1) == PDGW_OK)
+        raw = pdgw_json_raw(b.data, b.len);
     pdgw_buf_free(&b);
     return raw;
 }

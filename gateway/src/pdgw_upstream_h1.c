@@ -480,7 +480,7 @@ static int cb_headers_done(void *arg, int status)
         x->sent -= x->head.len;
         pdgw_buf_free(&x->head);
     }
-    return k->x->cb->on_headers_done ? k->x->cb->on_headers_done(k->x->arg, status) : 0;
+    return x->cb->on_headers_done ? x->cb->on_headers_done(x->arg, status) : 0;
 }
 
 static int cb_body(void *arg, const char *data, size_t len)
@@ -528,7 +528,6 @@ static void conn_eof(pdgw_h1_conn_t *k, int err)
                   k->parser.err ? k->parser.err : "connection closed");
 }
 
-/* Parse what is buffered and read more while the owner takes it. */
 /* A stream's connection waits long between reads: its read buffer, empty then, is given
  * back, so parked streams hold none (a buffered body's reads follow each other: kept). */
 static void conn_rest(pdgw_h1_conn_t *k)
@@ -540,6 +539,7 @@ static void conn_rest(pdgw_h1_conn_t *k)
     }
 }
 
+/* Parse what is buffered and read more while the owner takes it. */
 static void conn_read(pdgw_h1_conn_t *k)
 {
     for (;;) {
