@@ -15,7 +15,9 @@ trace id. An engine holds a leg from the moment its server has read the request
 its `engine_time_us`) to its answer (`t_done_us`); a prefill that pushes its KV and then
 tells the proxy (lmcache: ProxyNotif) holds it until that notice went out
 (`kv_proxy_notif_us`): the proxy cannot start the decode earlier and the push is the
-engine's work. What stays counted against the proxy: every byte on the wire and the
+engine's work. The engine's answer to a `/tokenize` call (lmcache's flow) is its work too and
+is counted the same way (the sims record those calls: `--record-tokenize`). What stays counted
+against the proxy: every byte on the wire and the
 kernel's part of every hop, and the engines' HTTP reading and writing around that window. The engine time is the length of the union of these
 intervals within the client's own [send, answer] window, so legs that overlap (parallel
 dispatch, or a decode that waits for the prefill's KV inside its engine time) are counted
@@ -173,7 +175,8 @@ def wait_http(port, path, proc, timeout=15.0):
 def sim(role, extra=()):
     port = free_port()
     argv = [f"{BIN}/pdgw-sim", "--role", role, "--port", port, "--zero-delay",
-            "--record-capacity", "100000", "--max-batch", "1024", "--eos-period", "0",
+            "--record-capacity", "100000", "--record-tokenize", "--max-batch", "1024",
+            "--eos-period", "0",
             "--engine-id", f"b3-{role}-{port}", *extra]
     inst = {"id": f"{role}-0", "url": f"http://127.0.0.1:{port}", "role": role,
             "engine_id": f"b3-{role}-{port}"}
@@ -297,7 +300,8 @@ def trace_id(rid):
 
 
 def records(port):
-    """trace id -> [(engine start, engine end) in us] of the sim's inference records."""
+    """trace id -> [(engine start, engine end) in us] of the sim's records (inference and
+    /tokenize calls)."""
     st, body = http(port, "GET", "/sim/requests", timeout=30)
     if st != 200:
         return {}

@@ -78,6 +78,8 @@ static void usage(FILE *f)
             "  --kv-offloading-load-cost F  a CPU-tier hit token costs F x\n"
             "                               --prefill-ms-per-token (0.25)\n"
             "  --record-capacity N          requests kept for GET /sim/requests; 0 = off (1024)\n"
+            "  --record-tokenize            record /tokenize and /detokenize calls too (their\n"
+            "                               time is the engine's: benchmarks count it so)\n"
             "PD / KV transfer:\n"
             "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
             "127.0.0.1)\n"
@@ -143,6 +145,7 @@ enum {
     O_EOS,
     O_NOPC,
     O_RECCAP,
+    O_RECTOK,
     O_KVHOST,
     O_KVPORT,
     O_BOOT,
@@ -199,6 +202,7 @@ static const struct option opts[] = {
     {"eos-period", required_argument, 0, O_EOS},
     {"no-prefix-cache", no_argument, 0, O_NOPC},
     {"record-capacity", required_argument, 0, O_RECCAP},
+    {"record-tokenize", no_argument, 0, O_RECTOK},
     {"kv-host", required_argument, 0, O_KVHOST},
     {"kv-port", required_argument, 0, O_KVPORT},
     {"bootstrap-port", required_argument, 0, O_BOOT},
@@ -350,6 +354,9 @@ static int parse_engine_opt(int c, const char *name, int argc, char **argv, sim_
         if (parse_long(name, optarg, 0, 1 << 20, &v))
             return -1;
         cfg->record_capacity = (int)v;
+        break;
+    case O_RECTOK:
+        cfg->record_tokenize = 1;
         break;
     case O_ZERO:
         cfg->zero_delay = 1;

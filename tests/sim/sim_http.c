@@ -275,8 +275,8 @@ static char *make_request_id(struct MHD_Connection *conn)
 
 /* Record what arrived, before any validation; the body parsed as JSON (NULL
  * when it is too big or not JSON, <jerr> then says why). */
-static json_t *record_arrival(struct MHD_Connection *conn, sim_conn_t *sc, const char *url,
-                              json_error_t *jerr)
+static json_t *record_entry(struct MHD_Connection *conn, sim_conn_t *sc, const char *url,
+                            json_error_t *jerr)
 {
     json_t *body = NULL;
     json_t *entry = json_object();
@@ -307,6 +307,14 @@ static json_t *record_arrival(struct MHD_Connection *conn, sim_conn_t *sc, const
     }
     json_object_set_new(entry, "status", json_null());
     sc->rec_seq = sim_record_add(entry);
+    return body;
+}
+
+/* An inference request's arrival: recorded, and the crash fault's clock starts. */
+static json_t *record_arrival(struct MHD_Connection *conn, sim_conn_t *sc, const char *url,
+                              json_error_t *jerr)
+{
+    json_t *body = record_entry(conn, sc, url, jerr);
     sim_fault_arm_crash();
     return body;
 }
@@ -561,11 +569,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         char *m = NULL, *out;
         if (!is_post)
             return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
+        if (sim_cfg.record_tokenize) {
+            json_error_t jerr;
+            json_decref(record_entry(conn, sc, url, &jerr));
+        }
         out = sim_tokenize_handle(url, sc->body, sc->too_big ? 0 : sc->len, &st, &m);
-        if (out)
+        if (out) {
+            if (sc->rec_seq)
+                sim_record_set(sc->rec_seq, "status", json_integer(200));
             return send_buf(conn, 200, "application/json", out, NULL, -1);
-        enum MHD_Result r =
-            send_error(conn, NULL, st, m ? m : "error", status_type(st), NULL, NULL);
+        }
+        enum MHD_Result r = send_error(conn, sc, st, m ? m : "error", status_type(st), NULL, NULL);
         free(m);
         return r;
     }

@@ -57,6 +57,7 @@ typedef struct sim_config {
     int kv_offloading_blocks;
     double kv_offloading_load_cost;
     int record_capacity;
+    int record_tokenize; /* /tokenize and /detokenize calls are recorded too */
     int kv_buffer_mb;    /* libkvt buffer per engine */
     double kv_link_gbps; /* link model for KV pushes/pulls; 0 = none */
     /* KV side channels */

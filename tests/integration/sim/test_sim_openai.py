@@ -175,6 +175,29 @@ def test_record_of_requests():
     stop_clean(p)
 
 
+def test_record_of_tokenize_calls():
+    """/tokenize (vLLM's TokenizeCompletionRequest, vllm/entrypoints/openai/protocol.py) is
+    recorded only with --record-tokenize: tests that count an engine's inference requests see
+    none of them, a benchmark that counts the engine's time sees them all."""
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for flag in (False, True):
+        p, port = start_sim("--record-capacity", 8, *(["--record-tokenize"] if flag else []))
+        st, _, raw = T.request("POST", port, "/tokenize",
+                               json.dumps({"prompt": "hello world"}).encode(),
+                               {"Content-Type": "application/json", "traceparent": tp})
+        assert st == 200 and json.loads(raw)["count"] == 2, raw
+        T.request("POST", port, "/tokenize", b"{", {"Content-Type": "application/json"})
+        recs = records(port)
+        if not flag:
+            assert recs == [], recs
+        else:
+            assert [r["path"] for r in recs] == ["/tokenize", "/tokenize"], recs
+            assert recs[0]["traceparent"] == tp and recs[0]["status"] == 200
+            assert recs[0]["t_done_us"] >= recs[0]["t_recv_us"]
+            assert recs[1]["status"] == 400 and recs[1]["body"] is None
+        stop_clean(p)
+
+
 def test_metrics_batch_and_prefix_cache():
     # one running request at a time: the second waits. The second is sent only once the
     # first is seen running (two threads started together may reach the engine far apart
@@ -338,6 +361,7 @@ def test_faults():
 
 if __name__ == "__main__":
     T.run([test_endpoints_and_shapes, test_determinism_and_sampling, test_bad_input,
-           test_record_of_requests, test_metrics_batch_and_prefix_cache,
+           test_record_of_requests, test_record_of_tokenize_calls,
+           test_metrics_batch_and_prefix_cache,
            test_timing_timestamps_and_zero_delay, test_concurrent_streams_and_disconnect,
            test_faults])
