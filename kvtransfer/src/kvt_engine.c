@@ -745,6 +745,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     e->page_size = p->page_size;
     if (p->clock != NULL)
         e->clock = *p->clock;
+    e->on_proxy_notif = p->on_proxy_notif;
+    e->on_proxy_notif_arg = p->on_proxy_notif_arg;
     e->ctrl_timeout_ms = p->ctrl_timeout_ms
                              ? p->ctrl_timeout_ms
                              : (uint32_t)(e->cfg.pd_allocation_timeout_sec * 1000.0 + 0.5);

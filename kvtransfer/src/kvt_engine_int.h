@@ -339,6 +339,8 @@ struct kvt_engine {
     void *init_rt;    /* receiver handshake ROUTER */
     void *done_pull;  /* sender PULL for PullDoneSignal / CancelNotif */
     void *proxy_push; /* sender PUSH to pd_proxy */
+    void (*on_proxy_notif)(void *arg, const char *req_id); /* kvt_engine_params_t */
+    void *on_proxy_notif_arg;
     kvt_engine_ports_t ports;
     kvt_map_t done_pushes; /* receiver: done url -> PUSH socket */
 

@@ -66,7 +66,10 @@ static void proxy_notify(kvt_engine_t *e, const char *req_id)
         pthread_mutex_lock(&e->mlock);
         e->m.proxy_notifs_total--;
         pthread_mutex_unlock(&e->mlock);
+        return;
     }
+    if (e->on_proxy_notif != NULL)
+        e->on_proxy_notif(e->on_proxy_notif_arg, req_id);
 }
 
 static void enqueue(kvt_speer_t *p, kvt_sreq_t *r)

@@ -15,6 +15,7 @@
  * and verified every page, then runs with its prefill already done.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,20 +91,82 @@ void sim_pd_export_remove_locked(sim_export_t *e)
     sim_pd_export_unref_locked(e);
 }
 
+/* ---- when the ProxyNotif went out ----
+ * A proxy waits for an LMCache prefill's ProxyNotif before the decode, so the prefill engine's
+ * part of a request lasts until the notice left (B3 counts it as engine time, not the
+ * proxy's). libkvt sends it once the receiver confirmed the last batch, which can be well
+ * after the sim hears that its stores finished (the confirmation waits its turn on the
+ * receiver's channel) or, rarely, before: whichever of the two comes second writes the
+ * record's kv_proxy_notif_us. Pending halves are few (one per transfer in flight); the
+ * oldest are dropped past NOTIF_PENDING_MAX. */
+#define NOTIF_PENDING_MAX 4096
+
+typedef struct notif_pending {
+    struct notif_pending *next;
+    char xfer[SIM_XFER_MAX];
+    uint64_t rec_seq; /* 0: the stores have not finished yet */
+    uint64_t sent_us; /* 0: the ProxyNotif has not gone out yet */
+} notif_pending_t;
+
+static pthread_mutex_t notif_lock = PTHREAD_MUTEX_INITIALIZER;
+static notif_pending_t *notif_head;
+static size_t notif_count;
+
+/* Record one half for <xfer>; stamps the record when the other half is there. */
+static void notif_half(const char *xfer, uint64_t rec_seq, uint64_t sent_us)
+{
+    notif_pending_t **pp, *n = NULL;
+    pthread_mutex_lock(&notif_lock);
+    for (pp = &notif_head; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->xfer, xfer) == 0) {
+            n = *pp;
+            *pp = n->next;
+            notif_count--;
+            break;
+        }
+    }
+    if (n != NULL) {
+        uint64_t seq = rec_seq ? rec_seq : n->rec_seq;
+        uint64_t at = sent_us ? sent_us : n->sent_us;
+        free(n);
+        pthread_mutex_unlock(&notif_lock);
+        if (seq && at)
+            sim_record_set(seq, "kv_proxy_notif_us", json_integer((json_int_t)at));
+        return;
+    }
+    n = calloc(1, sizeof(*n));
+    if (n != NULL) {
+        snprintf(n->xfer, sizeof(n->xfer), "%s", xfer);
+        n->rec_seq = rec_seq;
+        n->sent_us = sent_us;
+        n->next = notif_head;
+        notif_head = n;
+        if (++notif_count > NOTIF_PENDING_MAX) { /* drop the oldest (the list's tail) */
+            for (pp = &notif_head; (*pp)->next != NULL; pp = &(*pp)->next)
+                ;
+            free(*pp);
+            *pp = NULL;
+            notif_count--;
+        }
+    }
+    pthread_mutex_unlock(&notif_lock);
+}
+
+void sim_pd_proxy_notif_sent(void *arg, const char *xfer)
+{
+    (void)arg;
+    if (xfer != NULL && xfer[0] != '\0')
+        notif_half(xfer, 0, sim_now_ns() / 1000);
+}
+
 /* The transfer ended (or never will): free the held blocks, leave the table. */
 void sim_pd_export_finish_locked(sim_export_t *e, int ok)
 {
     if (e->done)
         return;
     e->done = 1;
-    if (ok && e->lmcache && sim_cfg.proxy_port) {
-        /* When the push ended and the sender's ProxyNotif went to the proxy (libkvt sends it
-         * as the last batch completes, kvt_flow_send.c): a proxy waits for it before the
-         * decode, so the prefill engine's part of a request lasts until then (B3 counts it
-         * as engine time, not the proxy's). */
-        sim_record_set(e->rec_seq, "kv_proxy_notif_us",
-                       json_integer((json_int_t)(sim_now_ns() / 1000)));
-    }
+    if (ok && e->lmcache && sim_cfg.proxy_port && e->rec_seq && e->xfer[0])
+        notif_half(e->xfer, e->rec_seq, 0);
     if (ok) {
         atomic_fetch_add(&sim_ctr.kv_transfers_ok, 1);
     } else if (e->have_dest) {

@@ -191,6 +191,9 @@ void sim_pd_export_unref_locked(sim_export_t *e);
 sim_export_t *sim_pd_export_find_xfer_locked(const char *xfer);
 void sim_pd_export_remove_locked(sim_export_t *e);
 void sim_pd_export_finish_locked(sim_export_t *e, int ok);
+/* libkvt sent the ProxyNotif of transfer <xfer> (kvt_engine_params_t.on_proxy_notif; any
+ * thread): the record's kv_proxy_notif_us is that moment. */
+void sim_pd_proxy_notif_sent(void *arg, const char *xfer);
 sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind);
 void sim_pd_exports_expire_locked(uint64_t now);
 /* A decode may have registered for e->rv_key before the prefill arrived. */

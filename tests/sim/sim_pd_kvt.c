@@ -150,6 +150,8 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
     p.page_size = sim_geom.page_bytes;
     p.bind_host = sim_cfg.host;
     p.advertise_host = sim_cfg.kv_host;
+    if (proxy && sim_cfg.proxy_port)
+        p.on_proxy_notif = sim_pd_proxy_notif_sent; /* kv_proxy_notif_us of the record */
     st = kvt_engine_create(&p, &se->e);
     if (st != KVT_OK) {
         fprintf(stderr, "pdgw-sim: libkvt engine %s: %s\n", c.pd_node_id, kvt_strerror(st));

@@ -72,6 +72,10 @@ typedef struct kvt_engine_params {
     const kvt_clock_t *clock;   /* NULL = monotonic; tests drive TTLs with it */
     uint32_t delay_pull_chunks; /* pull-delay ping-pong pool pages per side; 0 = 8 */
     uint32_t ctrl_timeout_ms;   /* per control request; 0 = pd_allocation_timeout_sec */
+    /* Sender: called on the progress thread right after a ProxyNotif{req_id} went to the
+     * proxy (the moment a proxy may start the decode); NULL = none. Must not block. */
+    void (*on_proxy_notif)(void *arg, const char *req_id);
+    void *on_proxy_notif_arg;
 } kvt_engine_params_t;
 
 /* Create and start (sockets bound, progress thread running). Output set

@@ -61,10 +61,12 @@ typedef struct t_pair {
     kvt_engine_ports_t rp;
 } t_pair_t;
 
-/* Receiver first (its ports are ephemeral), then a sender pointing at it.
- * Returns the create status of the first engine that failed. */
-static inline kvt_status_t t_pair_open_ex(t_pair_t *p, const kvt_config_t *scfg,
-                                          const kvt_config_t *rcfg, const kvt_clock_t *clock)
+/* Receiver first (its ports are ephemeral), then a sender pointing at it, whose
+ * ProxyNotifs are reported to <on_notif> (NULL = none). Returns the create status of the
+ * first engine that failed. */
+static inline kvt_status_t t_pair_open_notif(t_pair_t *p, const kvt_config_t *scfg,
+                                             const kvt_config_t *rcfg, const kvt_clock_t *clock,
+                                             void (*on_notif)(void *, const char *), void *arg)
 {
     kvt_engine_params_t ep = {.page_size = T_PAGE,
                               .bind_host = "127.0.0.1",
@@ -83,12 +85,20 @@ static inline kvt_status_t t_pair_open_ex(t_pair_t *p, const kvt_config_t *scfg,
     sc.pd_peer_alloc_port.v[0] = p->rp.alloc_port;
     sc.pd_peer_init_port.v[0] = p->rp.init_port;
     ep.cfg = &sc;
+    ep.on_proxy_notif = on_notif;
+    ep.on_proxy_notif_arg = arg;
     st = kvt_engine_create(&ep, &p->s);
     if (st != KVT_OK) {
         kvt_engine_destroy(p->r);
         p->r = NULL;
     }
     return st;
+}
+
+static inline kvt_status_t t_pair_open_ex(t_pair_t *p, const kvt_config_t *scfg,
+                                          const kvt_config_t *rcfg, const kvt_clock_t *clock)
+{
+    return t_pair_open_notif(p, scfg, rcfg, clock, NULL, NULL);
 }
 
 static inline kvt_status_t t_pair_open(t_pair_t *p, t_mode_t mode, uint64_t sbuf, uint64_t rbuf,

@@ -14,7 +14,9 @@
  * make a TTL expire early nor late. Waits are on conditions, never on a
  * sleep that hopes something happened meanwhile.
  */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "test_engine_common.h"
@@ -115,7 +117,7 @@ static void dedup_case(t_mode_t mode)
     kvt_release_req(p.r, "dup-b");
     assert_true(t_pool_drained(p.r, 2000));
     t_pair_close(&p);
-    t_keys_free(keys, 12);
+    t_keys_free(keys, 8);
 }
 
 static void test_dedup_push(void **state)
@@ -201,6 +203,79 @@ static void test_too_large_breaker(void **state)
     t_keys_free(keys, 40);
 }
 
+/* What the sender's on_proxy_notif hook saw. */
+typedef struct notif_seen {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int n;
+    char last[64];
+} notif_seen_t;
+
+static void on_notif(void *arg, const char *req_id)
+{
+    notif_seen_t *ns = arg;
+    pthread_mutex_lock(&ns->lock);
+    ns->n++;
+    snprintf(ns->last, sizeof(ns->last), "%s", req_id);
+    pthread_cond_broadcast(&ns->cond);
+    pthread_mutex_unlock(&ns->lock);
+}
+
+/* Wait until the hook has been called <n> times (3 s at most); returns the count. */
+static int notif_wait(notif_seen_t *ns, int n)
+{
+    struct timespec until;
+    int got;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 3;
+    pthread_mutex_lock(&ns->lock);
+    while (ns->n < n && pthread_cond_timedwait(&ns->cond, &ns->lock, &until) == 0)
+        ;
+    got = ns->n;
+    pthread_mutex_unlock(&ns->lock);
+    return got;
+}
+
+/* The sender reports every ProxyNotif it sent (kvt_engine_params_t.on_proxy_notif), after
+ * the receiver confirmed the request landed: the moment a proxy may start the decode, which an
+ * engine (or a simulator timing itself) can only learn this way. */
+static void test_proxy_notif_hook(void **state)
+{
+    t_pair_t p;
+    kvt_config_t sc, rc;
+    kvt_proxy_t *px;
+    char **keys = t_keys("hook", 8);
+    kvt_task_result_t res;
+    notif_seen_t ns = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    char rid[64];
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 16 * T_PAGE, "tcp");
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 16 * T_PAGE, "tcp");
+    snprintf(sc.pd_proxy_host, sizeof(sc.pd_proxy_host), "127.0.0.1");
+    sc.pd_proxy_port = kvt_proxy_port(px);
+    assert_int_equal(t_pair_open_notif(&p, &sc, &rc, NULL, on_notif, &ns), KVT_OK);
+    res = store_wait(p.s, "hook-1", keys, 0, 4, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 3000), KVT_OK);
+    assert_string_equal(rid, "hook-1");
+    assert_int_equal(notif_wait(&ns, 1), 1);
+    assert_string_equal(ns.last, "hook-1");
+    /* one report per request */
+    res = store_wait(p.s, "hook-2", keys, 4, 4, 0);
+    assert_int_equal(res.status, KVT_OK);
+    kvt_task_result_clear(&res);
+    assert_int_equal(kvt_proxy_recv(px, rid, sizeof(rid), 3000), KVT_OK);
+    assert_string_equal(rid, "hook-2");
+    assert_int_equal(notif_wait(&ns, 2), 2);
+    assert_string_equal(ns.last, "hook-2");
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 8);
+}
+
 /* The receiver has 8 pages, 6 taken: a batch of 6 waits the backoff TTL for
  * space, then gets the 2 pages there are. */
 static void test_partial_after_wait(void **state)
@@ -234,7 +309,7 @@ static void test_partial_after_wait(void **state)
     assert_true(t_pool_drained(p.r, 1000));
     assert_true(t_pool_drained(p.s, 1000));
     t_pair_close(&p);
-    t_keys_free(keys, 12);
+    t_keys_free(keys, 8);
 }
 
 static double cpu_seconds(void)
@@ -282,7 +357,7 @@ static void test_full_waits_then_fails(void **state)
     assert_true(t_pool_drained(p.r, 1000));
     assert_true(t_pool_drained(p.s, 1000));
     t_pair_close(&p);
-    t_keys_free(keys, 12);
+    t_keys_free(keys, 8);
 }
 
 /* Space freed while a request is parked: it proceeds in full. */
@@ -317,7 +392,7 @@ static void test_parked_gets_space(void **state)
     kvt_release_req(p.r, "park-b");
     assert_true(t_pool_drained(p.r, 1000));
     t_pair_close(&p);
-    t_keys_free(keys, 12);
+    t_keys_free(keys, 8);
 }
 
 /* pull-delay receiver that never loads: the sender's pins go by the TTL. */
@@ -376,7 +451,7 @@ static void test_backpressure(void **state)
     assert_int_equal(res.status, KVT_OK);
     kvt_task_result_clear(&res);
     t_pair_close(&p);
-    t_keys_free(keys, 12);
+    t_keys_free(keys, 8);
 }
 
 /* A PullDoneSignal that arrives before the sender registered its pull. */
@@ -685,19 +760,13 @@ static void test_control_garbage(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dedup_push),
-        cmocka_unit_test(test_dedup_pull),
-        cmocka_unit_test(test_too_large_breaker),
-        cmocka_unit_test(test_partial_after_wait),
-        cmocka_unit_test(test_full_waits_then_fails),
-        cmocka_unit_test(test_parked_gets_space),
-        cmocka_unit_test(test_sweep_releases),
-        cmocka_unit_test(test_backpressure),
-        cmocka_unit_test(test_early_done),
-        cmocka_unit_test(test_cancel_both_sides),
-        cmocka_unit_test(test_reserve),
-        cmocka_unit_test(test_tombstone_push),
-        cmocka_unit_test(test_tombstone_pull),
+        cmocka_unit_test(test_dedup_push),         cmocka_unit_test(test_dedup_pull),
+        cmocka_unit_test(test_too_large_breaker),  cmocka_unit_test(test_proxy_notif_hook),
+        cmocka_unit_test(test_partial_after_wait), cmocka_unit_test(test_full_waits_then_fails),
+        cmocka_unit_test(test_parked_gets_space),  cmocka_unit_test(test_sweep_releases),
+        cmocka_unit_test(test_backpressure),       cmocka_unit_test(test_early_done),
+        cmocka_unit_test(test_cancel_both_sides),  cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_tombstone_push),     cmocka_unit_test(test_tombstone_pull),
         cmocka_unit_test(test_control_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
