@@ -117,7 +117,7 @@ static void dedup_case(t_mode_t mode)
     kvt_release_req(p.r, "dup-b");
     assert_true(t_pool_drained(p.r, 2000));
     t_pair_close(&p);
-    t_keys_free(keys, 8);
+    t_keys_free(keys, 12);
 }
 
 static void test_dedup_push(void **state)
@@ -309,7 +309,7 @@ static void test_partial_after_wait(void **state)
     assert_true(t_pool_drained(p.r, 1000));
     assert_true(t_pool_drained(p.s, 1000));
     t_pair_close(&p);
-    t_keys_free(keys, 8);
+    t_keys_free(keys, 12);
 }
 
 static double cpu_seconds(void)
@@ -357,7 +357,7 @@ static void test_full_waits_then_fails(void **state)
     assert_true(t_pool_drained(p.r, 1000));
     assert_true(t_pool_drained(p.s, 1000));
     t_pair_close(&p);
-    t_keys_free(keys, 8);
+    t_keys_free(keys, 12);
 }
 
 /* Space freed while a request is parked: it proceeds in full. */
@@ -392,7 +392,7 @@ static void test_parked_gets_space(void **state)
     kvt_release_req(p.r, "park-b");
     assert_true(t_pool_drained(p.r, 1000));
     t_pair_close(&p);
-    t_keys_free(keys, 8);
+    t_keys_free(keys, 12);
 }
 
 /* pull-delay receiver that never loads: the sender's pins go by the TTL. */
@@ -451,7 +451,7 @@ static void test_backpressure(void **state)
     assert_int_equal(res.status, KVT_OK);
     kvt_task_result_clear(&res);
     t_pair_close(&p);
-    t_keys_free(keys, 8);
+    t_keys_free(keys, 12);
 }
 
 /* A PullDoneSignal that arrives before the sender registered its pull. */
