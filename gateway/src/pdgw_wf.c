@@ -30,6 +30,7 @@ void pdgw_wf_release(pdgw_wf_t *wf)
     pdgw_route_req_release(wf); /* route hook */
     pdgw_free(wf->pt_model);    /* fleet: pass-through's model and headers */
     pdgw_buf_free(&wf->pt_headers);
+    pdgw_free(wf->failed_ids);
     if (wf->req != NULL && wf->req->wf == wf)
         wf->req->wf = NULL;
     pdgw_freelist_put(&wf->w->wf_pool, wf);

@@ -43,6 +43,8 @@ typedef enum {
     PDGW_WF_WAIT,     /* admission queue or retry backoff (pdgw_admit_req.c) */
 } pdgw_wf_stage_t;
 
+#define WF_FAILED_MAX 4 /* failed instances a request remembers */
+
 struct pdgw_wf {
     pdgw_req_t *req; /* the request it runs for */
     pdgw_worker_t *w;
@@ -65,7 +67,9 @@ struct pdgw_wf {
     unsigned attempt;
     pdgw_leg_t legs[2];
     struct pdgw_fwd_waker *waker;
-    char failed_ids[4][SCHED_ID_MAX];
+    /* instances that failed an attempt (excluded from the next pick; WF_FAILED_MAX at most):
+     * allocated at the first failure, as most requests never have one */
+    char (*failed_ids)[SCHED_ID_MAX];
     size_t n_failed;
     uint64_t t_prefill_done_ms;
     bool kv_wait_observed;

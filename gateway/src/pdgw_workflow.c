@@ -326,7 +326,7 @@ static bool wf_book(pdgw_wf_t *wf)
     pdgw_req_t *r = wf->req;
     pdgw_server_t *srv = wf->w->srv;
     sched_request_t sr;
-    const char *excl[4];
+    const char *excl[WF_FAILED_MAX];
     sched_status_t st = SCHED_OK;
     pdgw_fwd_error_t e;
 
@@ -542,7 +542,10 @@ static void wf_add_failed(pdgw_wf_t *wf, const char *id)
     for (i = 0; i < wf->n_failed; i++)
         if (strcmp(wf->failed_ids[i], id) == 0)
             return;
-    if (wf->n_failed < 4)
+    if (wf->failed_ids == NULL &&
+        (wf->failed_ids = pdgw_calloc(WF_FAILED_MAX, sizeof(*wf->failed_ids))) == NULL)
+        return; /* out of memory: the next pick may choose it again */
+    if (wf->n_failed < WF_FAILED_MAX)
         snprintf(wf->failed_ids[wf->n_failed++], SCHED_ID_MAX, "%s", id);
 }
 
