@@ -1,39 +1,36 @@
 /*
- * pdgw_json_load.c - a JSON body parsed with its long strings decoded here (see the header).
+ * pdgw_json_load.c - a JSON body parsed in one pass into jansson's tree (see the header).
  *
- * 1. One pass over the text finds every string token (a quote not escaped by an odd run of
- *    backslashes ends it, as in jansson's lexer). A value string of PDGW_JSON_LONG_STRING
- *    bytes or more is checked and decoded as jansson would: no raw control character, only
- *    JSON's escapes, surrogates paired, no \u0000, well-formed UTF-8 (no overlong form, no
- *    surrogate, nothing above U+10FFFF). Anything else gives up: jansson then parses the text.
- * 2. jansson parses a copy of the text in which each such string is a placeholder holding a
- *    nonce of this call and the string's index: a client cannot name one by accident.
- * 3. The tree's placeholders become the decoded strings.
+ * A recursive descent over the text as RFC 8259 writes it, with jansson's choices where the
+ * RFC leaves one: the root is an object or an array, a later duplicate member replaces an
+ * earlier one in its place, integers are json_int_t (strtoll) and other numbers doubles
+ * (strtod), \u0000 and lone surrogates are refused. Whatever this parser is not sure of it
+ * declines (NULL): a syntax error, a number out of range (jansson refuses overflow but keeps
+ * underflow: both are declined), nesting deeper than FAST_DEPTH_MAX, no memory. jansson then
+ * parses the text alone, so every refusal and its message are jansson's own.
  */
 #include "pdgw_json_load.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pdb/pdb_hex.h"
 #include "pdgw_alloc.h"
 
-typedef struct long_str {
-    size_t start, end; /* the token in the text, quotes included */
-    char *val;         /* decoded; NULL once it went into the tree */
-    size_t val_len;
-} long_str_t;
+/* jansson itself allows 2,048 levels; deeper bodies are left to it */
+#define FAST_DEPTH_MAX 256
+/* longer number tokens are left to jansson (they are out of range or absurd) */
+#define NUMBER_TOKEN_MAX 64
 
 typedef struct {
-    long_str_t *v;
-    size_t n, cap;
-    char tag[32]; /* "\x01pdgw" + nonce: the decoded placeholder's prefix */
-    size_t tag_len;
-} long_strs_t;
+    const char *p, *end;
+    int depth;
+    char *scratch; /* decoded strings that had escapes */
+    size_t scratch_cap;
+} parser_t;
 
 static long hex4(const char *p)
 {
@@ -99,67 +96,47 @@ static size_t utf8_char(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
-/* Decode the string's content [p, end) into w (room for end - p bytes); the end of what was
- * written, or NULL when jansson would refuse it. */
-static char *decode(const char *p, const char *end, char *w)
+/* Decode the string's content [p, end) into w (room for end - p bytes): the end of what was
+ * written, or NULL at an escape jansson would refuse. Its other bytes were checked by the
+ * caller (no raw control character, well-formed UTF-8), so the runs between escapes are
+ * copied whole. */
+static char *decode_escapes(const char *p, const char *end, char *w)
 {
     while (p < end) {
-        unsigned char c = (unsigned char)*p;
-        if (c >= 0x20 && c < 0x80 && c != '\\') {
-            *w++ = (char)c;
-            p++;
-        } else if (c >= 0x80) {
-            size_t n = utf8_char((const unsigned char *)p, (const unsigned char *)end);
-            if (n == 0)
+        const char *bs = memchr(p, '\\', (size_t)(end - p));
+        size_t run = (size_t)((bs != NULL ? bs : end) - p);
+        memcpy(w, p, run);
+        w += run;
+        p += run;
+        if (bs == NULL)
+            break;
+        if (end - p < 2)
+            return NULL;
+        char e = p[1];
+        const char *simple = strchr("\"\\/bfnrt", e);
+        if (e != 'u') {
+            if (simple == NULL || e == '\0')
                 return NULL;
-            memcpy(w, p, n);
-            w += n;
-            p += n;
-        } else if (c == '\\' && end - p >= 2) {
-            char e = p[1];
-            const char *simple = strchr("\"\\/bfnrt", e);
-            if (e != 'u') {
-                if (simple == NULL || e == '\0')
-                    return NULL;
-                *w++ = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
-                p += 2;
-                continue;
-            }
-            long cp = end - p >= 6 ? hex4(p + 2) : -1;
-            p += 6;
-            if (cp <= 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
-                return NULL; /* \u0000, a bad digit, a low surrogate first */
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                long lo = end - p >= 6 && p[0] == '\\' && p[1] == 'u' ? hex4(p + 2) : -1;
-                if (lo < 0xDC00 || lo > 0xDFFF)
-                    return NULL;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                p += 6;
-            }
-            w = put_utf8(w, cp);
-        } else {
-            return NULL; /* a raw control character, or a backslash at the end */
+            *w++ = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
+            p += 2;
+            continue;
         }
+        if (end - p < 6)
+            return NULL;
+        long cp = hex4(p + 2);
+        p += 6;
+        if (cp <= 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+            return NULL; /* \u0000, a bad digit, a low surrogate first */
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            long lo = end - p >= 6 && p[0] == '\\' && p[1] == 'u' ? hex4(p + 2) : -1;
+            if (lo < 0xDC00 || lo > 0xDFFF)
+                return NULL;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            p += 6;
+        }
+        w = put_utf8(w, cp);
     }
     return w;
-}
-
-/* Just past the string token opening at text[i] (a quote), or 0 if it does not close. */
-static size_t string_end(const char *text, size_t len, size_t i)
-{
-    size_t j = i + 1;
-    for (;;) {
-        const char *q = memchr(text + j, '"', len - j);
-        size_t k, bs = 0;
-        if (q == NULL)
-            return 0;
-        k = (size_t)(q - text);
-        while (k - bs > i + 1 && text[k - bs - 1] == '\\')
-            bs++;
-        if (bs % 2 == 0)
-            return k + 1;
-        j = k + 1;
-    }
 }
 
 static bool is_ws(char c)
@@ -167,186 +144,285 @@ static bool is_ws(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-static void strs_free(long_strs_t *s)
+static void skip_ws(parser_t *ps)
 {
-    for (size_t i = 0; i < s->n; i++)
-        pdgw_free(s->v[i].val);
-    pdgw_free(s->v);
+    while (ps->p < ps->end && is_ws(*ps->p))
+        ps->p++;
 }
 
-/* Every long value string of the text, decoded. -1 when one is not what jansson accepts (or
- * no memory): the caller lets jansson parse the text. */
-static int find_long_strings(const char *text, size_t len, long_strs_t *s)
+static bool scratch_room(parser_t *ps, size_t n)
 {
-    size_t i = 0;
-    for (;;) {
-        const char *q = memchr(text + i, '"', len - i);
-        size_t start, end, k;
-        if (q == NULL)
-            return 0;
-        start = (size_t)(q - text);
-        end = string_end(text, len, start);
-        if (end == 0)
-            return -1;
-        i = end;
-        if (end - start < PDGW_JSON_LONG_STRING)
-            continue;
-        for (k = end; k < len && is_ws(text[k]); k++)
-            ;
-        if (k < len && text[k] == ':')
-            continue; /* a member name: names are few and short, jansson reads them */
-        if (s->n == s->cap) {
-            size_t cap = s->cap ? s->cap * 2 : 8;
-            long_str_t *v = pdgw_realloc(s->v, cap * sizeof(*v));
-            if (v == NULL)
-                return -1;
-            s->v = v;
-            s->cap = cap;
+    char *b;
+    if (n <= ps->scratch_cap)
+        return true;
+    b = pdgw_realloc(ps->scratch, n);
+    if (b == NULL)
+        return false;
+    ps->scratch = b;
+    ps->scratch_cap = n;
+    return true;
+}
+
+/* The string token at ps->p (a quote): its content, decoded, in *s / *n. A string without
+ * escapes is the text itself; one with escapes is decoded into the scratch buffer, valid until
+ * the next string. */
+static bool string_token(parser_t *ps, const char **s, size_t *n)
+{
+    const unsigned char *start = (const unsigned char *)ps->p + 1, *p = start;
+    const unsigned char *end = (const unsigned char *)ps->end;
+    bool escaped = false;
+    char *w;
+
+    while (p < end && *p != '"') {
+        if (*p == '\\') {
+            if (end - p < 2)
+                return false;
+            escaped = true;
+            p += 2; /* the escaped byte cannot close the string; decode_escapes() reads it */
+        } else if (*p >= 0x20 && *p < 0x80) {
+            p++;
+        } else if (*p >= 0x80) {
+            size_t k = utf8_char(p, end);
+            if (k == 0)
+                return false;
+            p += k;
+        } else {
+            return false; /* a raw control character */
         }
-        long_str_t *ls = &s->v[s->n];
-        char *w;
-        ls->start = start;
-        ls->end = end;
-        ls->val = pdgw_malloc(end - start);
-        if (ls->val == NULL)
-            return -1;
-        s->n++;
-        w = decode(text + start + 1, text + end - 1, ls->val);
-        if (w == NULL)
-            return -1;
-        ls->val_len = (size_t)(w - ls->val);
     }
+    if (p >= end)
+        return false;
+    ps->p = (const char *)p + 1;
+    if (!escaped) {
+        *s = (const char *)start;
+        *n = (size_t)(p - start);
+        return true;
+    }
+    if (!scratch_room(ps, (size_t)(p - start)))
+        return false;
+    w = decode_escapes((const char *)start, (const char *)p, ps->scratch);
+    if (w == NULL)
+        return false;
+    *s = ps->scratch;
+    *n = (size_t)(w - ps->scratch);
+    return true;
 }
 
-/* The text with each long string replaced by "\u0001pdgw<nonce>:<index>". */
-static char *with_placeholders(const char *text, size_t len, const long_strs_t *s, size_t *out_len)
+static bool is_digit(const char *p, const char *end)
 {
-    char *out = pdgw_malloc(len + 1), *w = out;
-    size_t at = 0;
-    if (out == NULL)
-        return NULL;
-    for (size_t i = 0; i < s->n; i++) {
-        memcpy(w, text + at, s->v[i].start - at);
-        w += s->v[i].start - at;
-        /* the tag's first byte is written as the escape \u0001 */
-        w += sprintf(w, "\"\\u0001%s:%zu\"", s->tag + 1, i);
-        at = s->v[i].end;
-    }
-    memcpy(w, text + at, len - at);
-    w += len - at;
-    *out_len = (size_t)(w - out);
-    return out;
+    return p < end && *p >= '0' && *p <= '9';
 }
 
-/* The decoded string a placeholder names, moved into a jansson string; NULL if <v> is not one
- * of this call's placeholders. */
-static json_t *take_placeholder(long_strs_t *s, const json_t *v)
+static const char *digits(const char *p, const char *end)
 {
-    const char *t = json_string_value(v);
-    size_t n = json_string_length(v), idx = 0, i;
-    json_t *str;
+    while (is_digit(p, end))
+        p++;
+    return p;
+}
 
-    if (t == NULL || n <= s->tag_len + 1 || t[0] != '\x01' || memcmp(t, s->tag, s->tag_len) != 0 ||
-        t[s->tag_len] != ':')
+static json_t *number_token(parser_t *ps)
+{
+    const char *p = ps->p, *end = ps->end;
+    char tok[NUMBER_TOKEN_MAX];
+    bool real = false;
+    size_t len;
+    json_t *v;
+
+    if (*p == '-')
+        p++;
+    if (p < end && *p == '0')
+        p++;
+    else if (is_digit(p, end))
+        p = digits(p, end);
+    else
         return NULL;
-    for (i = s->tag_len + 1; i < n; i++) {
-        if (t[i] < '0' || t[i] > '9')
+    if (p < end && *p == '.') {
+        if (!is_digit(++p, end))
             return NULL;
-        idx = idx * 10 + (size_t)(t[i] - '0');
-        if (idx >= s->n)
-            return NULL;
+        p = digits(p, end);
+        real = true;
     }
-    if (s->v[idx].val == NULL)
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        if (++p < end && (*p == '+' || *p == '-'))
+            p++;
+        if (!is_digit(p, end))
+            return NULL;
+        p = digits(p, end);
+        real = true;
+    }
+    len = (size_t)(p - ps->p);
+    if (len >= sizeof(tok))
         return NULL;
-    str = json_stringn_nocheck(s->v[idx].val, s->v[idx].val_len);
-    pdgw_free(s->v[idx].val);
-    s->v[idx].val = NULL;
-    return str;
+    memcpy(tok, ps->p, len);
+    tok[len] = '\0';
+    errno = 0;
+    if (real) {
+        double d = strtod(tok, NULL);
+        v = errno == ERANGE ? NULL : json_real(d);
+    } else {
+        long long i = strtoll(tok, NULL, 10);
+        v = errno == ERANGE ? NULL : json_integer((json_int_t)i);
+    }
+    ps->p = p;
+    return v;
 }
 
-static int restore(long_strs_t *s, json_t *v, int depth);
+static json_t *value(parser_t *ps);
 
-/* <x>, a member or an element: *repl the decoded string it stands for (new reference, NULL if
- * it is no placeholder), or its own placeholders put back. -1 on no memory. */
-static int restore_child(long_strs_t *s, json_t *x, int depth, json_t **repl)
+static json_t *literal(parser_t *ps, const char *word, json_t *v)
 {
-    *repl = json_is_string(x) ? take_placeholder(s, x) : NULL;
-    return json_is_string(x) ? 0 : restore(s, x, depth + 1);
+    size_t n = strlen(word);
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0)
+        return NULL;
+    ps->p += n;
+    return v;
 }
 
-/* Put the decoded strings back; -1 on no memory. */
-static int restore(long_strs_t *s, json_t *v, int depth)
+/* After a member or an element: true at its container's close (consumed), false after a
+ * comma (consumed) or at anything else (*bad set). */
+static bool container_ends(parser_t *ps, char close, bool *bad)
 {
-    size_t i;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return true;
+    }
+    if (ps->p < ps->end && *ps->p == ',') {
+        ps->p++;
+        skip_ws(ps);
+        return false;
+    }
+    *bad = true;
+    return true;
+}
+
+static bool member(parser_t *ps, json_t *obj)
+{
     const char *key;
-    json_t *x, *str;
+    char *key_copy = NULL;
+    size_t key_len;
+    json_t *v;
+    bool ok;
 
-    if (depth > 4096)
-        return -1;
-    if (json_is_object(v)) {
-        json_object_foreach(v, key, x)
-        {
-            if (restore_child(s, x, depth, &str) != 0 ||
-                (str != NULL && json_object_set_new(v, key, str) != 0))
-                return -1;
-        }
-    } else if (json_is_array(v)) {
-        json_array_foreach(v, i, x)
-        {
-            if (restore_child(s, x, depth, &str) != 0 ||
-                (str != NULL && json_array_set_new(v, i, str) != 0))
-                return -1;
-        }
+    if (ps->p >= ps->end || *ps->p != '"' || !string_token(ps, &key, &key_len))
+        return false;
+    if (key == ps->scratch) { /* the value's strings reuse the scratch buffer */
+        if ((key_copy = pdgw_malloc(key_len ? key_len : 1)) == NULL)
+            return false;
+        key = memcpy(key_copy, key, key_len);
     }
-    return 0;
+    skip_ws(ps);
+    ok = ps->p < ps->end && *ps->p++ == ':';
+    if (ok) {
+        skip_ws(ps);
+        v = value(ps);
+        ok = v != NULL && json_object_setn_new_nocheck(obj, key, key_len, v) == 0;
+    }
+    pdgw_free(key_copy);
+    return ok;
 }
 
-static uint64_t nonce(void)
+static json_t *object(parser_t *ps)
 {
-    static _Thread_local uint64_t x;
-    if (x == 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        x = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ (uint64_t)(uintptr_t)&x;
-        x |= 1;
+    json_t *obj = json_object();
+    bool bad = false;
+
+    ps->p++;
+    skip_ws(ps);
+    if (obj == NULL)
+        return NULL;
+    if (ps->p < ps->end && *ps->p == '}') {
+        ps->p++;
+        return obj;
     }
-    x ^= x << 13; /* xorshift64: placeholders only need to differ from what clients write */
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
+    do {
+        if (!member(ps, obj))
+            bad = true;
+    } while (!bad && !container_ends(ps, '}', &bad));
+    if (bad) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}
+
+static json_t *array(parser_t *ps)
+{
+    json_t *arr = json_array();
+    bool bad = false;
+
+    ps->p++;
+    skip_ws(ps);
+    if (arr == NULL)
+        return NULL;
+    if (ps->p < ps->end && *ps->p == ']') {
+        ps->p++;
+        return arr;
+    }
+    do {
+        json_t *v = value(ps);
+        if (v == NULL || json_array_append_new(arr, v) != 0)
+            bad = true;
+    } while (!bad && !container_ends(ps, ']', &bad));
+    if (bad) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static json_t *value(parser_t *ps)
+{
+    const char *s;
+    size_t n;
+    json_t *v = NULL;
+
+    if (ps->p >= ps->end)
+        return NULL;
+    if ((*ps->p == '{' || *ps->p == '[') && ps->depth >= FAST_DEPTH_MAX)
+        return NULL;
+    switch (*ps->p) {
+    case '{':
+    case '[':
+        ps->depth++;
+        v = *ps->p == '{' ? object(ps) : array(ps);
+        ps->depth--;
+        return v;
+    case '"':
+        return string_token(ps, &s, &n) ? json_stringn_nocheck(s, n) : NULL;
+    case 't':
+        return literal(ps, "true", json_true());
+    case 'f':
+        return literal(ps, "false", json_false());
+    case 'n':
+        return literal(ps, "null", json_null());
+    default:
+        return *ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9') ? number_token(ps) : NULL;
+    }
+}
+
+json_t *pdgw_json_load_fast(const char *text, size_t len)
+{
+    parser_t ps = {.p = text, .end = text + len};
+    json_t *root = NULL;
+
+    if (text == NULL)
+        return NULL;
+    skip_ws(&ps);
+    if (ps.p < ps.end && (*ps.p == '{' || *ps.p == '['))
+        root = value(&ps);
+    skip_ws(&ps);
+    if (root != NULL && ps.p != ps.end) { /* something after the root */
+        json_decref(root);
+        root = NULL;
+    }
+    pdgw_free(ps.scratch);
+    return root;
 }
 
 json_t *pdgw_json_loadb(const char *text, size_t len, json_error_t *err)
 {
-    long_strs_t s = {0};
-    json_t *j = NULL;
-    char *alt;
-    size_t alt_len;
-
-    if (text == NULL || len < PDGW_JSON_LONG_STRING || find_long_strings(text, len, &s) != 0 ||
-        s.n == 0) {
-        strs_free(&s);
-        return json_loadb(text ? text : "", len, 0, err);
-    }
-    s.tag_len =
-        (size_t)snprintf(s.tag, sizeof(s.tag), "\x01pdgw%016llx", (unsigned long long)nonce());
-    alt = with_placeholders(text, len, &s, &alt_len);
-    if (alt != NULL)
-        j = json_loadb(alt, alt_len, 0, NULL);
-    pdgw_free(alt);
-    if (j != NULL && restore(&s, j, 0) != 0) {
-        json_decref(j);
-        j = NULL;
-    }
-    strs_free(&s);
-    /* anything unexpected: jansson on the client's own text, for its result and its error */
-    return j != NULL ? j : json_loadb(text, len, 0, err);
-}
-
-size_t pdgw_json_long_strings(const char *text, size_t len)
-{
-    long_strs_t s = {0};
-    size_t n = text != NULL && find_long_strings(text, len, &s) == 0 ? s.n : 0;
-    strs_free(&s);
-    return n;
+    json_t *j = pdgw_json_load_fast(text, len);
+    /* declined: jansson on the same text, for its result and its error */
+    return j != NULL ? j : json_loadb(text ? text : "", len, 0, err);
 }

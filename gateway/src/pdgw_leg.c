@@ -15,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "pdb/pdb_str.h"
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
@@ -191,10 +192,10 @@ static bool leg_headers(pdgw_leg_t *leg, const char *method, const pdgw_fwd_leg_
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 && !leg->raw)
         ok &= add(ctx, "Content-Type: application/json"); /* a pass-through sends the
                                                            * client's own Content-Type */
-    snprintf(hdr, sizeof(hdr), "X-Request-Id: %s", leg->wf->leg_id);
+    pdb_str_join(hdr, sizeof(hdr), "X-Request-Id: ", leg->wf->leg_id);
     ok &= add(ctx, hdr);
     if (r->traceparent[0]) {
-        snprintf(hdr, sizeof(hdr), "traceparent: %s", r->traceparent);
+        pdb_str_join(hdr, sizeof(hdr), "traceparent: ", r->traceparent);
         ok &= add(ctx, hdr);
     }
     if (leg->relay && leg->sse)
@@ -342,7 +343,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     leg->bytes_in = 0;
     pdgw_buf_reset(&leg->resp);
 
-    snprintf(url, sizeof(url), "%s%s", inst->url, path);
+    pdb_str_join(url, sizeof(url), inst->url, path);
     if (r->w->h1 != NULL && pdgw_h1_url_supported(url))
         return leg_start_native(leg, url, method, fl);
     easy = r->w->n_easy_pool > 0 ? r->w->easy_pool[--r->w->n_easy_pool] : curl_easy_init();

@@ -18,6 +18,7 @@
 #include <strings.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_json_load.h"
 #include "pdgw_log.h"
 
 #define PT_PROTOCOL "passthrough" /* protocol label of its upstream-error metrics */
@@ -135,7 +136,7 @@ static char *pt_body_model(pdgw_req_t *r)
     char *model = NULL;
     if (r->json != NULL || r->body.len == 0 || r->body.data == NULL || r->body.data[0] != '{')
         return NULL;
-    j = json_loadb(r->body.data, r->body.len, 0, NULL);
+    j = pdgw_json_loadb(r->body.data, r->body.len, NULL);
     if (!json_is_object(j)) {
         json_decref(j);
         return NULL;

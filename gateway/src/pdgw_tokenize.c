@@ -24,6 +24,7 @@
 #include <xxhash.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_json_load.h"
 #include "pdgw_log.h"
 #include "pdgw_route.h"
 #include "pdgw_route_int.h"
@@ -325,7 +326,7 @@ static bool tok_parse(const pdgw_leg_t *leg, uint32_t **tokens, size_t *n)
 
     if (leg->err != PDGW_LEGERR_NONE || leg->status != 200)
         return false;
-    resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+    resp = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);
     arr = json_object_get(resp, "tokens");
     cnt = json_array_size(arr);
     if (!json_is_array(arr) || cnt == 0 || cnt > TOK_MAX_TOKENS ||

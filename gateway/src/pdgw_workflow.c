@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pdb/pdb_str.h"
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
@@ -88,7 +89,8 @@ static void wf_refresh_peers(pdgw_wf_t *wf)
         pdgw_instance_view_from_sched(&wf->inst_view[k], si);
         wf->inst_set[k] = true;
         wf->sched_inst[k] = si; /* borrowed: valid while the booking lives */
-        snprintf(k == 0 ? wf->prefill_id : wf->decode_id, SCHED_ID_MAX, "%s", wf->inst_view[k].id);
+        pdb_str_join(k == 0 ? wf->prefill_id : wf->decode_id, SCHED_ID_MAX, wf->inst_view[k].id,
+                     "");
     }
     if (wf->inst_set[0])
         wf->peers.prefill = &wf->inst_view[0];
@@ -499,7 +501,7 @@ static void wf_after_prefill(pdgw_wf_t *wf, pdgw_leg_t *leg)
     json_t *resp;
 
     memset(&e, 0, sizeof(e));
-    resp = json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, 0, NULL);
+    resp = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);
     if (ops->on_prefill_response &&
         ops->on_prefill_response(wf->fwd_ctx, wf->fwd_state, &wf->freq, leg->status, resp, &e) !=
             PDGW_FWD_OK) {
@@ -992,7 +994,7 @@ static void wf_fail(pdgw_wf_t *wf, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
  * parse is paid once or twice. */
 static bool event_has_content(const pdgw_sse_event_t *ev)
 {
-    json_t *o = json_loadb(ev->data, ev->data_len, 0, NULL);
+    json_t *o = pdgw_json_loadb(ev->data, ev->data_len, NULL);
     json_t *choices, *ch;
     size_t i;
     bool found = false;
@@ -1035,7 +1037,7 @@ static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
     size_t i;
     if (ev->is_done || !ev->has_data || !wf_rewrites(wf))
         return false;
-    in = json_loadb(ev->data, ev->data_len, 0, NULL);
+    in = pdgw_json_loadb(ev->data, ev->data_len, NULL);
     if (in == NULL)
         return false;
     out = ops->rewrite_decode(wf->fwd_ctx, wf->fwd_state, &wf->freq, 1, in);

@@ -17,6 +17,7 @@
 #include "pdb/pdb_clock.h"
 #include "pdb/pdb_map.h"
 #include "pdb/pdb_prom.h"
+#include "pdb/pdb_str.h"
 
 static void test_fail_nth_names_site(void **state)
 {
@@ -157,6 +158,22 @@ static uint64_t fake_now(void *arg)
     return *(uint64_t *)arg;
 }
 
+static void test_str_join_cuts_like_snprintf(void **state)
+{
+    char buf[8];
+    (void)state;
+    assert_int_equal(pdb_str_join(buf, sizeof(buf), "ab", "cd"), 4);
+    assert_string_equal(buf, "abcd");
+    assert_int_equal(pdb_str_join(buf, sizeof(buf), "abcde", "fghij"), 10); /* cut in b */
+    assert_string_equal(buf, "abcdefg");
+    assert_int_equal(pdb_str_join(buf, sizeof(buf), "0123456789", "x"), 11); /* cut in a */
+    assert_string_equal(buf, "0123456");
+    assert_int_equal(pdb_str_join(buf, sizeof(buf), "", ""), 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(pdb_str_join(buf, 1, "a", "b"), 2);
+    assert_string_equal(buf, "");
+}
+
 static void test_clock_injectable(void **state)
 {
     uint64_t t = 42;
@@ -180,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_buf_limit_and_failure),
         cmocka_unit_test(test_buf_reserve_exact),
         cmocka_unit_test(test_prom),
+        cmocka_unit_test(test_str_join_cuts_like_snprintf),
         cmocka_unit_test(test_clock_injectable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,9 +1,10 @@
 /*
- * test_json_load.c - client bodies whose long strings are decoded outside jansson
- * (pdgw_json_load.c) give jansson's tree for what it accepts and jansson's own error, at
- * jansson's position, for what it refuses.
+ * test_json_load.c - the one-pass body parser (pdgw_json_load.c) gives jansson's tree, in
+ * jansson's member order, for what it takes; declines what jansson refuses or may read
+ * differently; and pdgw_json_loadb then gives jansson's own error at jansson's position.
  */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,23 +30,30 @@ static char *body_with(const char *piece, const char *rest)
     return b;
 }
 
-/* <fast_strings> long strings decoded by the fast path (0: jansson parses the text whole). */
-static void same_as_jansson(const char *text, size_t fast_strings)
+/* <fast>: the one-pass parser takes the text (else it declines and jansson parses it). */
+static void same_as_jansson(const char *text, bool fast)
 {
     json_error_t e1, e2;
-    json_t *fast = pdgw_json_loadb(text, strlen(text), &e1);
+    json_t *quick = pdgw_json_load_fast(text, strlen(text));
+    json_t *loaded = pdgw_json_loadb(text, strlen(text), &e1);
     json_t *slow = json_loadb(text, strlen(text), 0, &e2);
-    assert_int_equal(pdgw_json_long_strings(text, strlen(text)), fast_strings);
+    assert_int_equal(quick != NULL, fast);
+    json_decref(quick);
     if (slow == NULL) {
-        assert_null(fast);
+        assert_null(loaded);
         assert_string_equal(e1.text, e2.text);
         assert_int_equal(e1.line, e2.line);
         assert_int_equal(e1.column, e2.column);
         return;
     }
-    assert_non_null(fast);
-    assert_true(json_equal(fast, slow));
-    json_decref(fast);
+    assert_non_null(loaded);
+    assert_true(json_equal(loaded, slow));
+    /* the same member order too: leg bodies are written from the tree */
+    char *a = json_dumps(loaded, JSON_COMPACT), *b = json_dumps(slow, JSON_COMPACT);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    json_decref(loaded);
     json_decref(slow);
 }
 
@@ -57,7 +65,7 @@ static void test_long_prompt_with_every_escape(void **state)
     b = body_with("a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\\u00e9\\u00E9\\u20ac\\ud83d\\ude00"
                   " caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 ",
                   ",\"model\":\"m\",\"max_tokens\":3");
-    same_as_jansson(b, 1);
+    same_as_jansson(b, true);
     free(b);
 }
 
@@ -73,7 +81,7 @@ static void test_long_strings_anywhere_but_names(void **state)
              "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"},{\"role\":\"assistant\","
              "\"content\":[{\"type\":\"text\",\"text\":\"%s\"}]}],\"%s\":[\"%s\", 1, null]}",
              name, name, name, name);
-    same_as_jansson(text, 3);
+    same_as_jansson(text, true);
 }
 
 static void test_what_jansson_refuses_it_refuses_alike(void **state)
@@ -102,7 +110,7 @@ static void test_what_jansson_refuses_it_refuses_alike(void **state)
         assert_non_null(mid);
         assert_non_null(t);
         sprintf(t, "%.*s%s%s", (int)(mid - b), b, bad[i], mid);
-        same_as_jansson(t, 0);
+        same_as_jansson(t, false);
         free(t);
         free(b);
     }
@@ -110,23 +118,112 @@ static void test_what_jansson_refuses_it_refuses_alike(void **state)
     {
         char cut[320] = "{\"prompt\":\"";
         memset(cut + strlen(cut), 'x', 300); /* a long string that never closes */
-        same_as_jansson(cut, 0);
+        same_as_jansson(cut, false);
     }
     {
         char *b = body_with("y", ",\"max_tokens\":}");
-        same_as_jansson(b, 1); /* decoded, then jansson's error on the rest */
+        same_as_jansson(b, false); /* a syntax error after a long string */
         free(b);
     }
 }
 
-static void test_a_client_cannot_name_a_placeholder(void **state)
+static void test_numbers_as_jansson_reads_them(void **state)
 {
-    /* strings that look like the placeholders stay what the client wrote */
-    char *b = body_with("z", ",\"fake\":\"\\u0001pdgw0000000000000000:0\","
-                             "\"fake2\":\"\\u0001pdgw\",\"dup\":\"x\",\"dup\":\"y\"");
+    static const char *const taken[] = {
+        "[0, -0, 7, -7, 16, 9223372036854775807, -9223372036854775808]",
+        "[0.0, -0.0, 1.5, -2.25e3, 1E5, 1e+2, 1e-2, 123456789.123456789, 2.2250738585072014e-308]",
+        "{\"max_tokens\":16,\"temperature\":0.7,\"top_p\":1}",
+    };
+    /* out of range: jansson refuses overflow and keeps underflow; the parser declines both */
+    static const char *const declined[] = {
+        "[9223372036854775808]",
+        "[-9223372036854775809]",
+        "[1e400]",
+        "[-1e400]",
+        "[1e-400]",
+        "[01]",
+        "[-]",
+        "[1.]",
+        "[.5]",
+        "[1e]",
+        "[1e+]",
+        "[+1]",
+        "[0x10]",
+        "[1.5.2]",
+        "[11111111111111111111111111111111111111111111111111111111111111111111111.5]",
+    };
     (void)state;
-    same_as_jansson(b, 1);
-    free(b);
+    for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
+        same_as_jansson(taken[i], true);
+    for (size_t i = 0; i < sizeof(declined) / sizeof(declined[0]); i++)
+        same_as_jansson(declined[i], false);
+}
+
+static void test_roots_literals_and_what_follows(void **state)
+{
+    static const char *const taken[] = {
+        "{}",
+        " [ ] ",
+        "\r\n\t{\"a\" : [ true , false , null ] }\n",
+        "[[[[]]],{}]",
+        "{\"\":\"\",\"k\\u00e9y\":\"v\\n\",\"k\\\"q\":{\"x\\ty\":\"\\u20ac\"}}",
+    };
+    static const char *const declined[] = {
+        "",
+        "   ",
+        "\"root string\"",
+        "1",
+        "true",
+        "null",
+        "{} x",
+        "{}{}",
+        "[] ]",
+        "{\"a\"}",
+        "{\"a\":}",
+        "{\"a\":1,}",
+        "[1,]",
+        "[,1]",
+        "{,}",
+        "[tru]",
+        "[truex]",
+        "[nul]",
+        "{\"a\" 1}",
+        "{a:1}",
+        "['a']",
+        "\xef\xbb\xbf{}",
+        "[\"a\"\"b\"]",
+        "{\"a\":1 \"b\":2}",
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
+        same_as_jansson(taken[i], true);
+    for (size_t i = 0; i < sizeof(declined) / sizeof(declined[0]); i++)
+        same_as_jansson(declined[i], false);
+}
+
+static void test_escaped_names_do_not_share_the_values_buffer(void **state)
+{
+    /* a name with escapes, then a value with escapes: the name must survive the value's
+     * decoding; repeated names with escapes replace the earlier member in its place */
+    (void)state;
+    same_as_jansson("{\"n\\u00e9\":\"v\\u00e8\\t\",\"b\":1,\"n\\u00e9\":\"w\\n\"}", true);
+    same_as_jansson("{\"a\\\\b\":{\"c\\/d\":[\"e\\\"f\",\"g\\bh\"]}}", true);
+}
+
+static void test_nesting_deeper_than_the_parser_goes(void **state)
+{
+    char deep[2 * 600 + 1];
+    (void)state;
+    for (int levels = 255; levels <= 257; levels++) { /* around the parser's own limit */
+        memset(deep, '[', (size_t)levels);
+        memset(deep + levels, ']', (size_t)levels);
+        deep[2 * levels] = '\0';
+        same_as_jansson(deep, levels <= 256);
+    }
+    memset(deep, '[', 600);
+    memset(deep + 600, ']', 600);
+    deep[1200] = '\0';
+    same_as_jansson(deep, false); /* jansson still takes it */
 }
 
 static void test_duplicate_names_keep_the_last(void **state)
@@ -146,7 +243,10 @@ int main(void)
         cmocka_unit_test(test_long_prompt_with_every_escape),
         cmocka_unit_test(test_long_strings_anywhere_but_names),
         cmocka_unit_test(test_what_jansson_refuses_it_refuses_alike),
-        cmocka_unit_test(test_a_client_cannot_name_a_placeholder),
+        cmocka_unit_test(test_numbers_as_jansson_reads_them),
+        cmocka_unit_test(test_roots_literals_and_what_follows),
+        cmocka_unit_test(test_escaped_names_do_not_share_the_values_buffer),
+        cmocka_unit_test(test_nesting_deeper_than_the_parser_goes),
         cmocka_unit_test(test_duplicate_names_keep_the_last),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
