@@ -30,7 +30,8 @@ the same percentile direct.
 Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64"),
 ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
 per row at that fixed offered rate, written to b3_pd_rate.csv; default none), PROMPT_WORDS
-(a prompt of that many words; default a short fixed one), MAX_TOKENS (16)
+(a prompt of that many words; default a short fixed one), MAX_TOKENS (16), GAPS (1: print
+the p50 of each hop outside the engines per point)
 Prints one `B3 ...` line per point and `SKIP <protocol>: <why>` for a protocol that
 this pdgw does not have. Writes b3_pd.csv; the shell wrapper plots and summarises.
 """
@@ -312,7 +313,7 @@ def records(port):
         if len(tp) < 35 or recv is None or done is None:
             continue
         end = max(done, r.get("kv_proxy_notif_us") or 0)
-        out.setdefault(tp[3:35], []).append((recv, end))
+        out.setdefault(tp[3:35], []).append((recv, end, f"{r.get('role')}{r.get('path')}"))
     http(port, "DELETE", "/sim/requests")
     return out
 
@@ -327,7 +328,7 @@ def pct(xs, p):
 def union_len(spans, lo, hi):
     """Length of the union of [a, b) spans clipped to [lo, hi)."""
     total, end = 0, lo
-    for a, b in sorted(spans):
+    for a, b, *_ in sorted(spans):
         a, b = max(a, end), min(b, hi)
         if b > a:
             total += b - a
@@ -347,6 +348,21 @@ def overheads(samples, sims, legs):
             missing += 1
         out.append((t1 - t0) - union_len(spans, t0, t1))
     return out, missing
+
+
+def hops(samples, sims):
+    """GAPS=1: the p50 of every hop outside the engines, in time order (client -> first
+    engine, engine -> next engine, last engine -> client), for requests whose engine spans
+    follow one another; a hop is named by the engine records it lies between."""
+    by_hop = {}
+    for trace, (t0, t1) in samples.items():
+        spans = sorted(s for recs in sims for s in recs.get(trace, []))
+        marks = [(t0, "client")] + [m for a, b, n in spans for m in ((a, n), (b, n))]
+        marks.append((t1, "client"))
+        for i in range(0, len(marks) - 1, 2):
+            (a, na), (b, nb) = marks[i], marks[i + 1]
+            by_hop.setdefault((i // 2, f"{na} -> {nb}"), []).append(b - a)
+    return "; ".join(f"{name} {pct(v, 50):.0f}" for (_, name), v in sorted(by_hop.items()))
 
 
 def protocols_of_pdgw():
@@ -438,7 +454,10 @@ def main():
             # tokenizing) is CPU every other process waits for when the clients are many
             ecpu = (sum(cpu_us(p.pid) for p in sim_procs) - e0) / max(len(samples), 1)
             gw_mean = gw_internal_mean_us(m0, gw_sums(port))
-            ov, missing = overheads(samples, [records(p) for p in sim_ports], legs)
+            recs = [records(p) for p in sim_ports]
+            ov, missing = overheads(samples, recs, legs)
+            if os.environ.get("GAPS"):
+                print(f"B3 {row} c={conc} hops p50 us: {hops(samples, recs)}", flush=True)
             rps = len(samples) / DURATION
             # one client: the client's cost does not depend on the rate; more clients:
             # the direct baseline runs at the rate this row reached
