@@ -222,7 +222,7 @@ static pdgw_fwd_status_t mc_build_leg(void *ctx, void *state, const pdgw_fwd_req
     } else if (kind == PDGW_LEG_PREFILL) {
         leg->body = fwd_pd_body_prefill(req, fwd_pd_kvp_remote_decode());
     } else {
-        leg->body = fwd_pd_body_decode(req, s->kvp ? json_deep_copy(s->kvp) : NULL);
+        leg->body = fwd_pd_body_decode(req, s->kvp ? json_incref(s->kvp) : NULL);
     }
     if (leg->body == NULL) {
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "cannot build the %s body",
@@ -257,7 +257,7 @@ static pdgw_fwd_status_t mc_on_prefill_response(void *ctx, void *state,
         return PDGW_FWD_OK;
     }
     json_decref(s->kvp);
-    s->kvp = json_deep_copy(kvp);
+    s->kvp = json_incref(kvp); /* by reference: nothing edits a prefill answer */
     return PDGW_FWD_OK;
 }
 

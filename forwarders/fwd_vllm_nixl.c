@@ -130,7 +130,7 @@ static pdgw_fwd_status_t nixl_build_leg(void *ctx, void *state, const pdgw_fwd_r
     if (kind == PDGW_LEG_PREFILL)
         leg->body = fwd_pd_body_prefill(req, fwd_pd_kvp_remote_decode());
     else
-        leg->body = fwd_pd_body_decode(req, s && s->kvp ? json_deep_copy(s->kvp) : NULL);
+        leg->body = fwd_pd_body_decode(req, s && s->kvp ? json_incref(s->kvp) : NULL);
     if (leg->body == NULL) {
         pdgw_fwd_error_set(err, kind == PDGW_LEG_PREFILL ? PDGW_PHASE_PREFILL : PDGW_PHASE_DECODE,
                            0, 500, "cannot build the %s body",
@@ -224,8 +224,9 @@ static pdgw_fwd_status_t nixl_on_prefill_response(void *ctx, void *state,
         nixl_warn(c, req, what);
     }
     json_decref(s->kvp);
-    /* Passed on verbatim even when incomplete, as vLLM's proxy does: the decode decides. */
-    s->kvp = kvp ? json_deep_copy(kvp) : NULL;
+    /* Passed on verbatim even when incomplete, as vLLM's proxy does: the decode decides.
+     * Kept by reference, not copied: nothing edits a prefill answer or a built leg body. */
+    s->kvp = kvp ? json_incref(kvp) : NULL;
     s->lease_end_ms = kvp && gap == NULL ? nixl_lease_end(c, kvp) : 0;
     return PDGW_FWD_OK;
 }

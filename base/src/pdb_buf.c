@@ -81,8 +81,18 @@ pdb_status_t pdb_buf_reserve_exact(pdb_buf_t *buf, size_t extra)
 
 pdb_status_t pdb_buf_append(pdb_buf_t *buf, const void *data, size_t len)
 {
-    pdb_status_t st = pdb_buf_reserve(buf, len);
+    pdb_status_t st;
 
+    /* Most appends are a few bytes into room already there (a JSON writer calls this per
+     * token): those skip the reserve. */
+    if (len < buf->cap - buf->len && (buf->limit == 0 || buf->len + len <= buf->limit)) {
+        if (len > 0)
+            memcpy(buf->data + buf->len, data, len);
+        buf->len += len;
+        buf->data[buf->len] = '\0';
+        return PDB_OK;
+    }
+    st = pdb_buf_reserve(buf, len);
     if (st != PDB_OK)
         return st;
     if (len > 0)

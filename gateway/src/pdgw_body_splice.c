@@ -7,6 +7,7 @@
  */
 #include "pdgw_body_splice.h"
 
+#include "pdgw_json_dump.h"
 #include "pdgw_json_raw.h"
 #include "pdgw_json_text.h"
 
@@ -71,8 +72,7 @@ static pdgw_status_t put_dumped(pdgw_buf_t *out, bool *first, const char *key, s
         return PDGW_OK;
     }
     ints = put_int_array(out, v);
-    if (ints < 0 ||
-        (ints > 0 && json_dump_callback(v, append_cb, out, JSON_COMPACT | JSON_ENCODE_ANY) != 0))
+    if (ints < 0 || (ints > 0 && pdgw_json_dump(out, v) != PDGW_OK))
         return PDGW_ERR_NOMEM;
     *first = false;
     return PDGW_OK;

@@ -19,6 +19,7 @@
 
 #include "pdb/pdb_hex.h"
 #include "pdgw_alloc.h"
+#include "pdgw_json_text.h"
 
 /* jansson itself allows 2,048 levels; deeper bodies are left to it */
 #define FAST_DEPTH_MAX 256
@@ -62,38 +63,6 @@ static char *put_utf8(char *w, long cp)
         *w++ = (char)(0x80 | (cp & 0x3F));
     }
     return w;
-}
-
-/* Length of the well-formed UTF-8 character at p (p < end, *p >= 0x80), 0 if it is not. */
-static size_t utf8_char(const unsigned char *p, const unsigned char *end)
-{
-    unsigned char c = *p;
-    size_t n;
-    long v;
-
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-        v = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        v = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        v = c & 0x07;
-    } else {
-        return 0;
-    }
-    if ((size_t)(end - p) < n)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-        v = v << 6 | (p[i] & 0x3F);
-    }
-    if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) || (n == 3 && v < 0x800) ||
-        (n == 4 && v < 0x10000))
-        return 0;
-    return n;
 }
 
 /* Decode the string's content [p, end) into w (room for end - p bytes): the end of what was
@@ -182,7 +151,7 @@ static bool string_token(parser_t *ps, const char **s, size_t *n)
         } else if (*p >= 0x20 && *p < 0x80) {
             p++;
         } else if (*p >= 0x80) {
-            size_t k = utf8_char(p, end);
+            size_t k = pdgw_json_utf8_char(p, end);
             if (k == 0)
                 return false;
             p += k;

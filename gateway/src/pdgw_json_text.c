@@ -220,3 +220,34 @@ char *pdgw_json_int_text(json_int_t v, char *end)
         *--end = '-';
     return end;
 }
+
+size_t pdgw_json_utf8_char(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char c = *p;
+    size_t n;
+    long v;
+
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+        v = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        v = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        v = c & 0x07;
+    } else {
+        return 0;
+    }
+    if ((size_t)(end - p) < n)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+        v = v << 6 | (p[i] & 0x3F);
+    }
+    if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) || (n == 3 && v < 0x800) ||
+        (n == 4 && v < 0x10000))
+        return 0;
+    return n;
+}

@@ -60,4 +60,8 @@ json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)
 #define PDGW_JSON_INT_TEXT_MAX 20
 char *pdgw_json_int_text(json_int_t v, char *end);
 
+/* Length of the well-formed UTF-8 character at p (p < end, *p >= 0x80) as jansson checks it
+ * (no overlong form, no surrogate, nothing above U+10FFFF), 0 if it is not one. */
+size_t pdgw_json_utf8_char(const unsigned char *p, const unsigned char *end);
+
 #endif /* PDGW_JSON_TEXT_H */

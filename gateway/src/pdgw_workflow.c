@@ -15,6 +15,7 @@
 #include "pdgw_fwd_sdk.h"
 #include "pdgw_server_int.h"
 #include "pdgw_body_splice.h"
+#include "pdgw_json_dump.h"
 #include "pdgw_json_load.h"
 #include "pdgw_fleet.h"
 
@@ -1046,13 +1047,14 @@ static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
         return false;
     json_array_foreach(out, i, item)
     {
-        char *s = json_dumps(item, JSON_COMPACT);
+        size_t n;
+        char *s = json_is_object(item) || json_is_array(item) ? pdgw_json_dumps(item, &n) : NULL;
         if (s == NULL)
             continue;
         pdgw_req_out_append(r, "data: ", 6);
-        pdgw_req_out_append(r, s, strlen(s));
+        pdgw_req_out_append(r, s, n);
         pdgw_req_out_append(r, "\n\n", 2);
-        free(s);
+        pdgw_free(s);
     }
     json_decref(out);
     return true;
@@ -1074,10 +1076,8 @@ static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len)
     json_decref(in);
     if (out == NULL)
         return NULL;
-    s = json_dumps(out, JSON_COMPACT);
+    s = json_is_object(out) || json_is_array(out) ? pdgw_json_dumps(out, len) : NULL;
     json_decref(out);
-    if (s != NULL)
-        *len = strlen(s);
     return s;
 }
 

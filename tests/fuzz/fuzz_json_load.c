@@ -2,7 +2,8 @@
  * fuzz_json_load.c - bodies parsed by the one-pass parser (gateway/src/pdgw_json_load.c)
  * against jansson on the same text.
  *
- * Whatever the parser takes, jansson takes too, as an equal tree with the same member order;
+ * Whatever the parser takes, jansson takes too, as an equal tree with the same member order,
+ * and pdgw_json_dump (gateway/src/pdgw_json_dump.c) writes every tree as jansson writes it;
  * pdgw_json_loadb (the parser, jansson when it declines) agrees with jansson on every input.
  * The input is used as it is and, so that the fuzzer reaches long strings without writing
  * hundreds of bytes, with every string of it made long by repeating its content (each "s"
@@ -13,18 +14,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pdgw_json_dump.h"
 #include "pdgw_json_load.h"
 
 #define LONG_STRING 256
 
+/* jansson writes both trees alike, and pdgw_json_dump writes them as jansson does */
 static void same_text(const json_t *a, const json_t *b)
 {
     char *x = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
     char *y = json_dumps(b, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (x == NULL || y == NULL || strcmp(x, y) != 0)
+    size_t n = 0;
+    char *z = pdgw_json_dumps(a, &n);
+    if (x == NULL || y == NULL || z == NULL || strcmp(x, y) != 0 || n != strlen(x) ||
+        memcmp(x, z, n) != 0)
         abort();
     free(x);
     free(y);
+    free(z);
 }
 
 static void check(const char *text, size_t len)
