@@ -811,6 +811,9 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
     x->head_request = strcmp(method, "HEAD") == 0;
     x->errmsg[0] = '\0';
     x->rbuf_size = 0;
+    /* A proxied head is a few hundred bytes: one allocation instead of growing from 64. */
+    if (pdgw_buf_reserve(&x->head, 512) != PDGW_OK)
+        return PDGW_ERR_NOMEM;
     if (head_cat(&x->head, method, " ", target[0] == '/' ? "" : "/", target, " HTTP/1.1\r\n",
                  NULL) != PDGW_OK)
         return PDGW_ERR_NOMEM;

@@ -67,7 +67,10 @@ const char *pdgw_pd_fields_mode_name(pdgw_pd_fields_mode_t mode)
 
 static bool rule_match(const char *rule, const char *key)
 {
-    size_t n = strlen(rule);
+    size_t n;
+    if (rule[0] != key[0]) /* every body key is checked against every rule */
+        return false;
+    n = strlen(rule);
     if (n > 0 && rule[n - 1] == '*')
         return strncmp(rule, key, n - 1) == 0;
     return strcmp(rule, key) == 0;

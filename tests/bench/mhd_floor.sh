@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# What libmicrohttpd alone costs, against B1's target (pdgw's CPU per proxied request <= 1.0 x
+# nginx's). wrk (keep-alive, 64 connections) posts B1's completion request to:
+#   nginx        proxy_pass with upstream keep-alive to a pdgw-sim, as in B1;
+#   pdgw         pdgw --protocol neutral to the same sim, as in B1;
+#   mhd-direct   mhd-floor: libmicrohttpd in pdgw's mode reading the body and answering a fixed
+#                completion from the access handler (no upstream, no parsing, no metrics);
+#   mhd-suspend  the same, suspended at the end of the body and resumed on the next loop turn,
+#                as pdgw does for every proxied request;
+#   nginx-static nginx answering the same completion itself (`return 200`): nginx's own floor.
+# Rounds alternate the order. The figure is CPU time per request of the server's processes
+# (from /proc), as ratios to nginx's proxying: if mhd-suspend's floor, which leaves out the
+# upstream half of the work, is already near nginx's whole proxy, no gateway on
+# libmicrohttpd in this mode reaches 1.0 x.
+# Usage: mhd_floor.sh [BIN_DIR]   env: DURATION (s per run, 5), ROUNDS (4), WORKERS (2)
+source "$(dirname "$0")/lib.sh"
+BIN_DIR=${1:-$BIN_DIR}
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-4}
+WORKERS=${WORKERS:-2}
+need wrk nginx curl "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim" "$BIN_DIR/mhd-floor"
+raise_nofile >/dev/null
+
+sim_port=$(free_port)
+nginx_port=$(free_port)
+static_port=$(free_port)
+pdgw_port=$(free_port)
+direct_port=$(free_port)
+suspend_port=$(free_port)
+reply='{"id":"cmpl-0","object":"text_completion","created":1700000000,"model":"sim-model","choices":[{"index":0,"text":" a b c d e f g h i j k l m n o p","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":6,"completion_tokens":16,"total_tokens":22}}'
+
+bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --zero-delay \
+    --max-tokens-default 16 --record-capacity 0 --max-batch 4096
+wait_http "$sim_port" /health
+mkdir -p "$BENCH_TMP/nginx"
+cat >"$BENCH_TMP/nginx/nginx.conf" <<NGINX
+worker_processes $WORKERS;
+daemon off;
+pid $BENCH_TMP/nginx/nginx.pid;
+error_log $BENCH_TMP/nginx/error.log warn;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    client_body_temp_path $BENCH_TMP/nginx/body;
+    proxy_temp_path $BENCH_TMP/nginx/proxy;
+    fastcgi_temp_path $BENCH_TMP/nginx/fcgi;
+    uwsgi_temp_path $BENCH_TMP/nginx/uwsgi;
+    scgi_temp_path $BENCH_TMP/nginx/scgi;
+    upstream sim { server 127.0.0.1:$sim_port; keepalive 512; }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location / {
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+    server {
+        listen 127.0.0.1:$static_port;
+        location / {
+            client_body_buffer_size 16k;
+            default_type application/json;
+            return 200 '$reply';
+        }
+    }
+}
+NGINX
+bench_start nginx nginx -c "$BENCH_TMP/nginx/nginx.conf" -p "$BENCH_TMP/nginx" -e stderr
+nginx_pid=$LAST_PID
+bench_start pdgw "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral \
+    --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log
+pdgw_pid=$LAST_PID
+bench_start mhd-direct "$BIN_DIR/mhd-floor" --port "$direct_port" --workers "$WORKERS" --mode direct
+direct_pid=$LAST_PID
+bench_start mhd-suspend "$BIN_DIR/mhd-floor" --port "$suspend_port" --workers "$WORKERS" \
+    --mode suspend
+suspend_pid=$LAST_PID
+wait_http "$nginx_port" /health
+wait_http "$static_port" /
+wait_http "$pdgw_port" /ready
+wait_http "$direct_port" /
+wait_http "$suspend_port" /
+
+cat >"$BENCH_TMP/post.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"sim-model","prompt":"The quick brown fox jumps over the lazy dog","max_tokens":16}'
+LUA
+
+port_of() {
+    case $1 in
+    nginx) echo "$nginx_port" ;;
+    nginx-static) echo "$static_port" ;;
+    pdgw) echo "$pdgw_port" ;;
+    mhd-direct) echo "$direct_port" ;;
+    mhd-suspend) echo "$suspend_port" ;;
+    esac
+}
+pids_of() {
+    case $1 in
+    nginx | nginx-static) echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')" ;;
+    pdgw) echo "$pdgw_pid" ;;
+    mhd-direct) echo "$direct_pid" ;;
+    mhd-suspend) echo "$suspend_pid" ;;
+    esac
+}
+
+raw=$BENCH_TMP/raw.csv
+: >"$raw"
+echo "mhd-floor load before: $(load_avg)"
+targets="nginx pdgw mhd-suspend mhd-direct nginx-static"
+for ((r = 0; r < ROUNDS; r++)); do
+    order=$targets
+    ((r % 2 == 1)) && order=$(tr ' ' '\n' <<<"$targets" | tac | tr '\n' ' ')
+    for name in $order; do
+        pids=$(pids_of "$name")
+        cpu0=$(proc_cpu_s $pids)
+        out=$(wrk -t 2 -c 64 -d "${DURATION}s" -s "$BENCH_TMP/post.lua" \
+            "http://127.0.0.1:$(port_of "$name")/v1/completions")
+        cpu1=$(proc_cpu_s $pids)
+        rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+        total=$(awk '/requests in/ {print $1}' <<<"$out")
+        non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
+        cpu_us=$(awk -v a="$cpu0" -v b="$cpu1" -v n="${total:-0}" \
+            'BEGIN { printf "%.1f", (n > 0 ? (b - a) / n * 1e6 : 0) }')
+        echo "$name,$r,$rps,$cpu_us,${non2xx:-0},$(load_avg | cut -d' ' -f1)" >>"$raw"
+        printf 'mhd-floor %-12s round %d %10s req/s  cpu %6s us/req  non-2xx %s\n' "$name" "$r" \
+            "$rps" "$cpu_us" "${non2xx:-0}"
+    done
+done
+
+csv=$RESULTS_DIR/mhd_floor.csv
+echo "target,req_per_s,cpu_us_per_req,cpu_vs_nginx_proxy,non2xx,load1" >"$csv"
+awk -F, '{ if (!($1 in n)) order[++m] = $1; n[$1]++; rps[$1] += $3; cpu[$1] += $4;
+    bad[$1] += $5; load[$1] += $6 }
+    END { base = cpu["nginx"] / n["nginx"];
+        for (i = 1; i <= m; i++) { k = order[i];
+            printf "%s,%.0f,%.1f,%.2f,%d,%.2f\n", k, rps[k] / n[k], cpu[k] / n[k],
+                (base > 0 ? cpu[k] / n[k] / base : 0), bad[k], load[k] / n[k] } }' "$raw" >>"$csv"
+column -s, -t "$csv"
