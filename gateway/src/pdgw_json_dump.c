@@ -41,6 +41,23 @@ static const char *escape_of(unsigned char c, char u[7])
     }
 }
 
+/* A JSON text is written a token at a time: a token that fits in the room already there is
+ * copied here, without the buffer's calls. */
+static inline pdgw_status_t put(pdgw_buf_t *out, const char *s, size_t n)
+{
+    if (n < out->cap - out->len && (out->limit == 0 || out->len + n <= out->limit)) {
+        if (n > 8)
+            memcpy(out->data + out->len, s, n);
+        else
+            for (size_t i = 0; i < n; i++)
+                out->data[out->len + i] = s[i];
+        out->len += n;
+        out->data[out->len] = '\0';
+        return PDGW_OK;
+    }
+    return pdgw_buf_append(out, s, n);
+}
+
 /* Bytes a string's writer must look at: control characters, the quote, the backslash and the
  * start of every multi-byte UTF-8 character; the rest are copied in runs. */
 static bool needs_look(unsigned char c)
@@ -54,7 +71,8 @@ static pdgw_status_t put_string(pdgw_buf_t *out, const char *s, size_t len)
     size_t run = 0;
     char u[7];
 
-    if (pdgw_buf_append(out, "\"", 1) != PDGW_OK)
+    /* room for the string as it is and its quotes: most need no escapes */
+    if (pdgw_buf_reserve(out, len + 2) != PDGW_OK || put(out, "\"", 1) != PDGW_OK)
         return PDGW_ERR_NOMEM;
     for (size_t i = 0; i < len; i++) {
         const char *esc;
@@ -71,13 +89,11 @@ static pdgw_status_t put_string(pdgw_buf_t *out, const char *s, size_t len)
         esc = escape_of((unsigned char)s[i], u);
         if (esc == NULL)
             continue;
-        if (pdgw_buf_append(out, s + run, i - run) != PDGW_OK ||
-            pdgw_buf_append(out, esc, strlen(esc)) != PDGW_OK)
+        if (put(out, s + run, i - run) != PDGW_OK || put(out, esc, strlen(esc)) != PDGW_OK)
             return PDGW_ERR_NOMEM;
         run = i + 1;
     }
-    if (pdgw_buf_append(out, s + run, len - run) != PDGW_OK ||
-        pdgw_buf_append(out, "\"", 1) != PDGW_OK)
+    if (put(out, s + run, len - run) != PDGW_OK || put(out, "\"", 1) != PDGW_OK)
         return PDGW_ERR_NOMEM;
     return PDGW_OK;
 }
@@ -102,45 +118,45 @@ static pdgw_status_t put_value(pdgw_buf_t *out, const json_t *v, int depth)
         return PDGW_ERR_INVALID;
     switch (json_typeof(v)) {
     case JSON_OBJECT:
-        st = pdgw_buf_append(out, "{", 1);
+        st = put(out, "{", 1);
         i = 0;
         json_object_foreach((json_t *)v, key, x)
         {
             if (st != PDGW_OK)
                 break;
             if (i++ > 0)
-                st = pdgw_buf_append(out, ",", 1);
+                st = put(out, ",", 1);
             if (st == PDGW_OK)
                 st = put_string(out, key, json_object_iter_key_len(json_object_key_to_iter(key)));
             if (st == PDGW_OK)
-                st = pdgw_buf_append(out, ":", 1);
+                st = put(out, ":", 1);
             if (st == PDGW_OK)
                 st = put_value(out, x, depth + 1);
         }
-        return st == PDGW_OK ? pdgw_buf_append(out, "}", 1) : st;
+        return st == PDGW_OK ? put(out, "}", 1) : st;
     case JSON_ARRAY:
-        st = pdgw_buf_append(out, "[", 1);
+        st = put(out, "[", 1);
         for (i = 0; i < json_array_size(v) && st == PDGW_OK; i++) {
             if (i > 0)
-                st = pdgw_buf_append(out, ",", 1);
+                st = put(out, ",", 1);
             if (st == PDGW_OK)
                 st = put_value(out, json_array_get(v, i), depth + 1);
         }
-        return st == PDGW_OK ? pdgw_buf_append(out, "]", 1) : st;
+        return st == PDGW_OK ? put(out, "]", 1) : st;
     case JSON_STRING:
         return put_string(out, json_string_value(v), json_string_length(v));
     case JSON_INTEGER:
         d = pdgw_json_int_text(json_integer_value(v), num + sizeof(num));
-        return pdgw_buf_append(out, d, (size_t)(num + sizeof(num) - d));
+        return put(out, d, (size_t)(num + sizeof(num) - d));
     case JSON_REAL:
         return put_real(out, v);
     case JSON_TRUE:
-        return pdgw_buf_append(out, "true", 4);
+        return put(out, "true", 4);
     case JSON_FALSE:
-        return pdgw_buf_append(out, "false", 5);
+        return put(out, "false", 5);
     case JSON_NULL:
     default:
-        return pdgw_buf_append(out, "null", 4);
+        return put(out, "null", 4);
     }
 }
 

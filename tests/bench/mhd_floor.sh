@@ -106,6 +106,18 @@ pids_of() {
     esac
 }
 
+# proc_user_sys_s PID...: user and system CPU seconds of the processes, on one line.
+proc_user_sys_s() {
+    local pid u=0 k=0 a b
+    for pid in "$@"; do
+        read -r a b < <(awk '{ sub(/^.*\) /, ""); print $12, $13 }' "/proc/$pid/stat" 2>/dev/null ||
+            echo 0 0)
+        u=$((u + ${a:-0}))
+        k=$((k + ${b:-0}))
+    done
+    awk -v u="$u" -v k="$k" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f %.3f\n", u / hz, k / hz }'
+}
+
 raw=$BENCH_TMP/raw.csv
 : >"$raw"
 echo "mhd-floor load before: $(load_avg)"
@@ -115,27 +127,30 @@ for ((r = 0; r < ROUNDS; r++)); do
     ((r % 2 == 1)) && order=$(tr ' ' '\n' <<<"$targets" | tac | tr '\n' ' ')
     for name in $order; do
         pids=$(pids_of "$name")
-        cpu0=$(proc_cpu_s $pids)
+        read -r u0 k0 < <(proc_user_sys_s $pids)
         out=$(wrk -t 2 -c 64 -d "${DURATION}s" -s "$BENCH_TMP/post.lua" \
             "http://127.0.0.1:$(port_of "$name")/v1/completions")
-        cpu1=$(proc_cpu_s $pids)
+        read -r u1 k1 < <(proc_user_sys_s $pids)
         rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
         total=$(awk '/requests in/ {print $1}' <<<"$out")
         non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
-        cpu_us=$(awk -v a="$cpu0" -v b="$cpu1" -v n="${total:-0}" \
-            'BEGIN { printf "%.1f", (n > 0 ? (b - a) / n * 1e6 : 0) }')
-        echo "$name,$r,$rps,$cpu_us,${non2xx:-0},$(load_avg | cut -d' ' -f1)" >>"$raw"
-        printf 'mhd-floor %-12s round %d %10s req/s  cpu %6s us/req  non-2xx %s\n' "$name" "$r" \
-            "$rps" "$cpu_us" "${non2xx:-0}"
+        read -r user_us sys_us < <(awk -v u0="$u0" -v u1="$u1" -v k0="$k0" -v k1="$k1" \
+            -v n="${total:-0}" 'BEGIN { if (n == 0) n = -1e99
+                printf "%.1f %.1f\n", (u1 - u0) / n * 1e6, (k1 - k0) / n * 1e6 }')
+        cpu_us=$(awk -v u="$user_us" -v k="$sys_us" 'BEGIN { printf "%.1f", u + k }')
+        echo "$name,$r,$rps,$cpu_us,${non2xx:-0},$(load_avg | cut -d' ' -f1),$user_us,$sys_us" >>"$raw"
+        printf 'mhd-floor %-12s round %d %10s req/s  cpu %6s us/req (user %s, system %s)  non-2xx %s\n' \
+            "$name" "$r" "$rps" "$cpu_us" "$user_us" "$sys_us" "${non2xx:-0}"
     done
 done
 
 csv=$RESULTS_DIR/mhd_floor.csv
-echo "target,req_per_s,cpu_us_per_req,cpu_vs_nginx_proxy,non2xx,load1" >"$csv"
+echo "target,req_per_s,cpu_us_per_req,user_us_per_req,sys_us_per_req,cpu_vs_nginx_proxy,non2xx,load1" >"$csv"
 awk -F, '{ if (!($1 in n)) order[++m] = $1; n[$1]++; rps[$1] += $3; cpu[$1] += $4;
-    bad[$1] += $5; load[$1] += $6 }
+    bad[$1] += $5; load[$1] += $6; usr[$1] += $7; sys[$1] += $8 }
     END { base = cpu["nginx"] / n["nginx"];
         for (i = 1; i <= m; i++) { k = order[i];
-            printf "%s,%.0f,%.1f,%.2f,%d,%.2f\n", k, rps[k] / n[k], cpu[k] / n[k],
-                (base > 0 ? cpu[k] / n[k] / base : 0), bad[k], load[k] / n[k] } }' "$raw" >>"$csv"
+            printf "%s,%.0f,%.1f,%.1f,%.1f,%.2f,%d,%.2f\n", k, rps[k] / n[k], cpu[k] / n[k],
+                usr[k] / n[k], sys[k] / n[k], (base > 0 ? cpu[k] / n[k] / base : 0), bad[k],
+                load[k] / n[k] } }' "$raw" >>"$csv"
 column -s, -t "$csv"
