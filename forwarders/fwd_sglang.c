@@ -287,6 +287,9 @@ static const pdgw_fwd_ops_t sgl_ops = {
 /* SGLang's native generate endpoint (python/sglang/srt/entrypoints/http_server.py). */
 static const char *const sgl_native_paths[] = {"/generate", NULL};
 
+/* What sgl_on_prefill_response reads of the prefill's answer: its prompt logprobs. */
+static const char *const sgl_answer_members[] = {"meta_info", NULL};
+
 static const pdgw_fwd_desc_t fwd_sglang_desc = {
     PDGW_FWD_DESC_HEADER,
     .name = SGL_NAME,
@@ -296,6 +299,7 @@ static const pdgw_fwd_desc_t fwd_sglang_desc = {
     .dispatch = PDGW_DISPATCH_PARALLEL,
     .ops = &sgl_ops,
     .native_paths = sgl_native_paths,
+    .prefill_answer_members = sgl_answer_members,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_sglang_desc)

@@ -331,6 +331,9 @@ static const pdgw_fwd_ops_t mc_ops = {
     .check_instance = mc_check_instance,
 };
 
+/* All the prefill's answer gives the decode (mc_on_prefill_response). */
+static const char *const mc_answer_members[] = {"kv_transfer_params", NULL};
+
 static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {
     PDGW_FWD_DESC_HEADER,
     .name = MC_NAME,
@@ -339,6 +342,7 @@ static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
     .dispatch = PDGW_DISPATCH_SERIAL | PDGW_DISPATCH_PARALLEL,
     .ops = &mc_ops,
+    .prefill_answer_members = mc_answer_members,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_vllm_mooncake_desc)

@@ -276,6 +276,9 @@ static const pdgw_fwd_ops_t nixl_ops = {
     .attempt_cleanup = nixl_attempt_cleanup,
 };
 
+/* All the prefill's answer gives the decode (nixl_on_prefill_response). */
+static const char *const nixl_answer_members[] = {"kv_transfer_params", NULL};
+
 static const pdgw_fwd_desc_t fwd_vllm_nixl_desc = {
     PDGW_FWD_DESC_HEADER,
     .name = NIXL_NAME,
@@ -283,6 +286,7 @@ static const pdgw_fwd_desc_t fwd_vllm_nixl_desc = {
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
     .dispatch = PDGW_DISPATCH_SERIAL,
     .ops = &nixl_ops,
+    .prefill_answer_members = nixl_answer_members,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_vllm_nixl_desc)

@@ -395,3 +395,47 @@ json_t *pdgw_json_loadb(const char *text, size_t len, json_error_t *err)
     /* declined: jansson on the same text, for its result and its error */
     return j != NULL ? j : json_loadb(text ? text : "", len, 0, err);
 }
+
+/* Is the member name <key> (as written, no escapes) one of <names>? */
+static bool name_listed(const char *key, size_t len, const char *const *names)
+{
+    for (size_t i = 0; names[i] != NULL; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], key, len) == 0)
+            return true;
+    return false;
+}
+
+json_t *pdgw_json_load_members(const char *text, size_t len, const char *const *names)
+{
+    pdgw_json_members_t it;
+    pdgw_json_member_t m;
+    json_t *obj, *v;
+    int got;
+
+    if (text == NULL || !pdgw_json_members_begin(&it, text, len))
+        return NULL;
+    obj = json_object();
+    if (obj == NULL)
+        return NULL;
+    while ((got = pdgw_json_members_next(&it, &m)) == 0) {
+        if (m.key_escaped) { /* the name as written is not the name: read it all */
+            json_decref(obj);
+            return pdgw_json_loadb(text, len, NULL);
+        }
+        if (!name_listed(m.key, m.key_len, names))
+            continue;
+        /* a name given twice: the last value counts, as in jansson's tree */
+        v = m.val[0] == '{' || m.val[0] == '['
+                ? pdgw_json_loadb(m.val, m.val_len, NULL)
+                : json_loadb(m.val, m.val_len, JSON_DECODE_ANY, NULL); /* a string, number, ... */
+        if (v == NULL || json_object_setn_new(obj, m.key, m.key_len, v) != 0) {
+            json_decref(obj);
+            return NULL;
+        }
+    }
+    if (got != 1 || !pdgw_json_only_ws(it.p, it.end)) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}

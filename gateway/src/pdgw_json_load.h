@@ -25,4 +25,11 @@ json_t *pdgw_json_loadb(const char *text, size_t len, json_error_t *err);
  * model). */
 json_t *pdgw_json_load_fast(const char *text, size_t len);
 
+/* Of the JSON object <text>, a tree of only the top-level members named in <names>
+ * (NULL-terminated): the others are walked past, not built. The values built are checked as
+ * pdgw_json_loadb checks them; of the rest only the structure (strings closed, brackets
+ * matched) is. NULL when <text> is not one object or a wanted value does not parse. A text
+ * whose member names contain escapes is parsed whole. */
+json_t *pdgw_json_load_members(const char *text, size_t len, const char *const *names);
+
 #endif /* PDGW_JSON_LOAD_H */

@@ -494,6 +494,16 @@ static void wf_run_decode_stage(pdgw_wf_t *wf)
     (void)wf_build_and_start(wf, PDGW_LEG_DECODE);
 }
 
+/* The prefill's answer as on_prefill_response sees it: only the members the forwarder reads
+ * are built (a whole completion answer costs more to build than the legs' bodies). */
+static json_t *wf_prefill_answer(const pdgw_wf_t *wf, const pdgw_leg_t *leg)
+{
+    const char *const *members = wf->w->srv->desc->prefill_answer_members;
+    const char *text = leg->resp.data ? leg->resp.data : "";
+    return members != NULL ? pdgw_json_load_members(text, leg->resp.len, members)
+                           : pdgw_json_loadb(text, leg->resp.len, NULL);
+}
+
 /* Serial: prefill answered 2xx. */
 static void wf_after_prefill(pdgw_wf_t *wf, pdgw_leg_t *leg)
 {
@@ -502,7 +512,7 @@ static void wf_after_prefill(pdgw_wf_t *wf, pdgw_leg_t *leg)
     json_t *resp;
 
     memset(&e, 0, sizeof(e));
-    resp = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);
+    resp = ops->on_prefill_response != NULL ? wf_prefill_answer(wf, leg) : NULL;
     if (ops->on_prefill_response &&
         ops->on_prefill_response(wf->fwd_ctx, wf->fwd_state, &wf->freq, leg->status, resp, &e) !=
             PDGW_FWD_OK) {

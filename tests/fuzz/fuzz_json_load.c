@@ -4,7 +4,8 @@
  *
  * Whatever the parser takes, jansson takes too, as an equal tree with the same member order,
  * and pdgw_json_dump (gateway/src/pdgw_json_dump.c) writes every tree as jansson writes it;
- * pdgw_json_loadb (the parser, jansson when it declines) agrees with jansson on every input.
+ * pdgw_json_loadb (the parser, jansson when it declines) agrees with jansson on every input,
+ * and pdgw_json_load_members reads each member it is asked for as jansson does.
  * The input is used as it is and, so that the fuzzer reaches long strings without writing
  * hundreds of bytes, with every string of it made long by repeating its content (each "s"
  * becomes "ssss..."). Never a crash, over-read or leak.
@@ -34,6 +35,26 @@ static void same_text(const json_t *a, const json_t *b)
     free(z);
 }
 
+/* pdgw_json_load_members on text jansson reads as an object: each listed member as in jansson's
+ * tree (an escaped name makes it read the whole text: extra members are allowed then). */
+static void same_members(const char *text, size_t len, const json_t *slow)
+{
+    static const char *const names[] = {"a", "s", "prompt", "kv_transfer_params", "", NULL};
+    json_t *got;
+    if (!json_is_object(slow))
+        return;
+    got = pdgw_json_load_members(text, len, names);
+    if (got == NULL)
+        abort();
+    for (size_t i = 0; names[i] != NULL; i++) {
+        const json_t *want = json_object_get(slow, names[i]),
+                     *have = json_object_get(got, names[i]);
+        if ((want == NULL) != (have == NULL) || (want != NULL && !json_equal(want, have)))
+            abort();
+    }
+    json_decref(got);
+}
+
 static void check(const char *text, size_t len)
 {
     json_t *quick = pdgw_json_load_fast(text, len);
@@ -45,6 +66,7 @@ static void check(const char *text, size_t len)
         if (!json_equal(loaded, slow))
             abort();
         same_text(loaded, slow);
+        same_members(text, len, slow);
     }
     json_decref(quick);
     json_decref(loaded);

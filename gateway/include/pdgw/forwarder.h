@@ -402,6 +402,12 @@ typedef struct pdgw_fwd_desc {
     /* ABI 4. Without an attempt_init op: the `state` of every op is a zeroed block of
      * state_size bytes from the attempt arena, released after attempt_cleanup. */
     size_t state_size;
+    /* ABI 4, later field. The top-level members of the prefill's answer that
+     * on_prefill_response reads (NULL-terminated, e.g. "kv_transfer_params"): its `resp` then
+     * holds only those, and the rest of the answer is walked past, not parsed into a tree
+     * (only its structure is checked). NULL = the whole answer. Without an
+     * on_prefill_response op the answer is not parsed at all. */
+    const char *const *prefill_answer_members;
 } pdgw_fwd_desc_t;
 
 /* The versioning fields of a descriptor, first in its designated initializer:

@@ -237,6 +237,58 @@ static void test_duplicate_names_keep_the_last(void **state)
     free(b);
 }
 
+/* A prefill's answer read for the members its forwarder names (pdgw_json_load_members): those
+ * as jansson reads them, nothing else, and no tree at all from text that is not one object or
+ * whose wanted value does not parse. */
+static const char *const kvp_members[] = {"kv_transfer_params", "n", NULL};
+
+static json_t *members_of(const char *text)
+{
+    return pdgw_json_load_members(text, strlen(text), kvp_members);
+}
+
+static void test_only_the_named_members(void **state)
+{
+    static const char answer[] =
+        "{\"id\":\"cmpl-1\",\"choices\":[{\"text\":\"} ] {\\\" x\",\"logprobs\":null}],"
+        "\"kv_transfer_params\":{\"remote_block_ids\":[[0,1]],\"remote_host\":\"h\"},"
+        "\"usage\":{\"prompt_tokens\":24}, \"n\" : 7 }";
+    json_t *got, *want;
+    (void)state;
+    got = members_of(answer);
+    want = json_loads(answer, 0, NULL);
+    assert_non_null(got);
+    assert_non_null(want);
+    assert_int_equal(json_object_size(got), 2);
+    assert_true(json_equal(json_object_get(got, "kv_transfer_params"),
+                           json_object_get(want, "kv_transfer_params")));
+    assert_int_equal(json_integer_value(json_object_get(got, "n")), 7);
+    json_decref(got);
+    json_decref(want);
+
+    /* a name given twice: the last one, as jansson keeps it */
+    got = members_of("{\"n\":1,\"n\":{\"a\":2}}");
+    assert_non_null(got);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(got, "n"), "a")), 2);
+    json_decref(got);
+    /* none of them: an empty object, not a failure */
+    got = members_of("{\"id\":\"x\"}");
+    assert_non_null(got);
+    assert_int_equal(json_object_size(got), 0);
+    json_decref(got);
+    /* an escaped name may be a wanted one: the whole answer is read */
+    got = members_of("{\"\\u006e\":3,\"id\":1}");
+    assert_non_null(got);
+    assert_int_equal(json_integer_value(json_object_get(got, "n")), 3);
+    json_decref(got);
+    /* not one object; a wanted value that is not JSON; text after the object */
+    assert_null(members_of("[1]"));
+    assert_null(members_of("{\"n\":tru}"));
+    assert_null(members_of("{\"kv_transfer_params\":{\"a\":}}"));
+    assert_null(members_of("{\"id\":\"open}"));
+    assert_null(members_of("{\"n\":1} x"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +300,7 @@ int main(void)
         cmocka_unit_test(test_escaped_names_do_not_share_the_values_buffer),
         cmocka_unit_test(test_nesting_deeper_than_the_parser_goes),
         cmocka_unit_test(test_duplicate_names_keep_the_last),
+        cmocka_unit_test(test_only_the_named_members),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
