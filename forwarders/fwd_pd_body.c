@@ -4,15 +4,28 @@
  */
 #include "fwd_pd.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
 
+static json_t *remote_decode_kvp;
+static pthread_once_t remote_decode_once = PTHREAD_ONCE_INIT;
+
+static void remote_decode_kvp_make(void)
+{
+    remote_decode_kvp =
+        json_pack("{s:b,s:b,s:n,s:n,s:n,s:n}", "do_remote_decode", 1, "do_remote_prefill", 0,
+                  "remote_engine_id", "remote_block_ids", "remote_host", "remote_port");
+}
+
+/* The same for every request: made once and shared (jansson counts references atomically,
+ * and a leg body is not edited once built). */
 json_t *fwd_pd_kvp_remote_decode(void)
 {
-    return json_pack("{s:b,s:b,s:n,s:n,s:n,s:n}", "do_remote_decode", 1, "do_remote_prefill", 0,
-                     "remote_engine_id", "remote_block_ids", "remote_host", "remote_port");
+    pthread_once(&remote_decode_once, remote_decode_kvp_make);
+    return remote_decode_kvp != NULL ? json_incref(remote_decode_kvp) : NULL;
 }
 
 int64_t fwd_pd_random63(void)
