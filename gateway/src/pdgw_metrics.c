@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include <jansson.h>
+#define XXH_INLINE_ALL /* as pdgw_tokenize.c: header-only, nothing to link */
+#include <xxhash.h>
 
 #include "pdgw_alloc.h"
 #include "pdgw_json_text.h"
@@ -351,16 +353,15 @@ const char *pdgw_metric_status_label(int status, char buf[PDGW_STATUS_LABEL_SIZE
     return pdgw_json_int_text(status, buf + PDGW_STATUS_LABEL_SIZE - 1);
 }
 
+/* Every request looks up about fourteen series: a byte-at-a-time hash of their label values
+ * was most of the lookup. Each value's hash seeds the next, and its length goes in too, so
+ * ("ab","c") and ("a","bc") differ. */
 static uint64_t hash_values(const char *const *values, size_t n)
 {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 0;
     for (size_t i = 0; i < n; i++) {
-        for (const unsigned char *p = (const unsigned char *)values[i]; *p; p++) {
-            h ^= *p;
-            h *= 1099511628211ull;
-        }
-        h ^= 0xff; /* separator: ("ab","c") != ("a","bc") */
-        h *= 1099511628211ull;
+        size_t len = strlen(values[i]);
+        h = XXH3_64bits_withSeed(values[i], len, h ^ len);
     }
     return h;
 }
