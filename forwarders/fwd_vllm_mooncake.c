@@ -331,7 +331,8 @@ static const pdgw_fwd_ops_t mc_ops = {
     .check_instance = mc_check_instance,
 };
 
-/* All the prefill's answer gives the decode (mc_on_prefill_response). */
+/* All the prefill's answer gives the decode (mc_on_prefill_response), as vLLM's proxy reads it
+ * (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, which Mooncake's docs use). */
 static const char *const mc_answer_members[] = {"kv_transfer_params", NULL};
 
 static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {

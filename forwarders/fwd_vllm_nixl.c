@@ -276,7 +276,8 @@ static const pdgw_fwd_ops_t nixl_ops = {
     .attempt_cleanup = nixl_attempt_cleanup,
 };
 
-/* All the prefill's answer gives the decode (nixl_on_prefill_response). */
+/* All the prefill's answer gives the decode (nixl_on_prefill_response), as vLLM's own proxy
+ * reads it (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py). */
 static const char *const nixl_answer_members[] = {"kv_transfer_params", NULL};
 
 static const pdgw_fwd_desc_t fwd_vllm_nixl_desc = {

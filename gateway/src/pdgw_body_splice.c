@@ -61,9 +61,8 @@ static pdgw_status_t put_dumped(pdgw_buf_t *out, bool *first, const char *key, s
     size_t text_len;
     int ints;
     if ((!*first && pdgw_buf_append(out, ",", 1) != PDGW_OK) ||
-        pdgw_buf_append(out, "\"", 1) != PDGW_OK ||
-        pdgw_buf_append_json_escaped(out, key, key_len) != PDGW_OK ||
-        pdgw_buf_append(out, "\":", 2) != PDGW_OK)
+        pdgw_json_dump_string(out, key, key_len) != PDGW_OK ||
+        pdgw_buf_append(out, ":", 1) != PDGW_OK)
         return PDGW_ERR_NOMEM;
     if (pdgw_json_raw_text(v, &text, &text_len)) {
         if (pdgw_buf_append(out, text, text_len) != PDGW_OK)

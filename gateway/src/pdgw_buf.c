@@ -72,55 +72,6 @@ pdgw_status_t pdgw_buf_appendf(pdgw_buf_t *buf, const char *fmt, ...)
     return st;
 }
 
-pdgw_status_t pdgw_buf_append_json_escaped(pdgw_buf_t *buf, const char *s, size_t len)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t start = 0;
-    pdgw_status_t st = PDGW_OK;
-    for (size_t i = 0; i < len && st == PDGW_OK; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *rep = NULL;
-        char u[7];
-        switch (c) {
-        case '"':
-            rep = "\\\"";
-            break;
-        case '\\':
-            rep = "\\\\";
-            break;
-        case '\n':
-            rep = "\\n";
-            break;
-        case '\r':
-            rep = "\\r";
-            break;
-        case '\t':
-            rep = "\\t";
-            break;
-        default:
-            if (c < 0x20 || c == 0x7f) {
-                u[0] = '\\';
-                u[1] = 'u';
-                u[2] = '0';
-                u[3] = '0';
-                u[4] = hex[c >> 4];
-                u[5] = hex[c & 15];
-                u[6] = '\0';
-                rep = u;
-            }
-        }
-        if (rep == NULL)
-            continue;
-        st = pdgw_buf_append(buf, s + start, i - start);
-        if (st == PDGW_OK)
-            st = pdgw_buf_append_str(buf, rep);
-        start = i + 1;
-    }
-    if (st == PDGW_OK)
-        st = pdgw_buf_append(buf, s + start, len - start);
-    return st;
-}
-
 void pdgw_buf_consume(pdgw_buf_t *buf, size_t n)
 {
     pdb_buf_consume(buf, n);

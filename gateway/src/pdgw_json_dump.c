@@ -65,8 +65,7 @@ static bool needs_look(unsigned char c)
     return c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
 }
 
-/* PDGW_ERR_INVALID for a string that is not UTF-8. */
-static pdgw_status_t put_string(pdgw_buf_t *out, const char *s, size_t len)
+pdgw_status_t pdgw_json_dump_string(pdgw_buf_t *out, const char *s, size_t len)
 {
     size_t run = 0;
     char u[7];
@@ -112,7 +111,7 @@ static pdgw_status_t put_value(pdgw_buf_t *out, const json_t *v, int depth)
     pdgw_status_t st = PDGW_OK;
     const char *key;
     const json_t *x;
-    size_t i;
+    size_t i, key_len;
 
     if (depth > PDGW_JSON_DUMP_DEPTH_MAX)
         return PDGW_ERR_INVALID;
@@ -120,14 +119,14 @@ static pdgw_status_t put_value(pdgw_buf_t *out, const json_t *v, int depth)
     case JSON_OBJECT:
         st = put(out, "{", 1);
         i = 0;
-        json_object_foreach((json_t *)v, key, x)
+        json_object_keylen_foreach((json_t *)v, key, key_len, x)
         {
             if (st != PDGW_OK)
                 break;
             if (i++ > 0)
                 st = put(out, ",", 1);
             if (st == PDGW_OK)
-                st = put_string(out, key, json_object_iter_key_len(json_object_key_to_iter(key)));
+                st = pdgw_json_dump_string(out, key, key_len);
             if (st == PDGW_OK)
                 st = put(out, ":", 1);
             if (st == PDGW_OK)
@@ -144,7 +143,7 @@ static pdgw_status_t put_value(pdgw_buf_t *out, const json_t *v, int depth)
         }
         return st == PDGW_OK ? put(out, "]", 1) : st;
     case JSON_STRING:
-        return put_string(out, json_string_value(v), json_string_length(v));
+        return pdgw_json_dump_string(out, json_string_value(v), json_string_length(v));
     case JSON_INTEGER:
         d = pdgw_json_int_text(json_integer_value(v), num + sizeof(num));
         return put(out, d, (size_t)(num + sizeof(num) - d));

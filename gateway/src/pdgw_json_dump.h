@@ -23,6 +23,10 @@
  * was appended so far stays). */
 pdgw_status_t pdgw_json_dump(pdgw_buf_t *out, const json_t *v);
 
+/* Append <s> (<len> bytes) as a JSON string, quotes included, escaped as jansson escapes it.
+ * PDGW_ERR_NOMEM, or PDGW_ERR_INVALID for text that is not UTF-8. */
+pdgw_status_t pdgw_json_dump_string(pdgw_buf_t *out, const char *s, size_t len);
+
 /* <v> as a NUL-terminated text of pdgw_malloc's (pdgw_free it), its length in *len; NULL on
  * failure. */
 char *pdgw_json_dumps(const json_t *v, size_t *len);

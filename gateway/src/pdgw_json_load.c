@@ -291,53 +291,36 @@ static bool member(parser_t *ps, json_t *obj)
     return ok;
 }
 
-static json_t *object(parser_t *ps)
+static bool element(parser_t *ps, json_t *arr)
 {
-    json_t *obj = json_object();
-    bool bad = false;
-
-    ps->p++;
-    skip_ws(ps);
-    if (obj == NULL)
-        return NULL;
-    if (ps->p < ps->end && *ps->p == '}') {
-        ps->p++;
-        return obj;
-    }
-    do {
-        if (!member(ps, obj))
-            bad = true;
-    } while (!bad && !container_ends(ps, '}', &bad));
-    if (bad) {
-        json_decref(obj);
-        return NULL;
-    }
-    return obj;
+    json_t *v = value(ps);
+    return v != NULL && json_array_append_new(arr, v) == 0;
 }
 
-static json_t *array(parser_t *ps)
+/* The object or array opening at ps->p. */
+static json_t *container(parser_t *ps)
 {
-    json_t *arr = json_array();
-    bool bad = false;
+    bool is_object = *ps->p == '{', bad = false;
+    char close = is_object ? '}' : ']';
+    json_t *c = is_object ? json_object() : json_array();
 
     ps->p++;
     skip_ws(ps);
-    if (arr == NULL)
+    if (c == NULL)
         return NULL;
-    if (ps->p < ps->end && *ps->p == ']') {
+    if (ps->p < ps->end && *ps->p == close) {
         ps->p++;
-        return arr;
+        return c;
     }
     do {
-        json_t *v = value(ps);
-        if (v == NULL || json_array_append_new(arr, v) != 0)
+        if (!(is_object ? member(ps, c) : element(ps, c)))
             bad = true;
-    } while (!bad && !container_ends(ps, ']', &bad));
+    } while (!bad && !container_ends(ps, close, &bad));
     if (bad) {
-        json_decref(arr);
+        json_decref(c);
         return NULL;
     }
-    return arr;
+    return c;
 }
 
 static json_t *value(parser_t *ps)
@@ -354,7 +337,7 @@ static json_t *value(parser_t *ps)
     case '{':
     case '[':
         ps->depth++;
-        v = *ps->p == '{' ? object(ps) : array(ps);
+        v = container(ps);
         ps->depth--;
         return v;
     case '"':

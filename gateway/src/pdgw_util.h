@@ -37,8 +37,6 @@ pdgw_status_t pdgw_buf_append_char(pdgw_buf_t *buf, char c);
 pdgw_status_t pdgw_buf_appendf(pdgw_buf_t *buf, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 pdgw_status_t pdgw_buf_vappendf(pdgw_buf_t *buf, const char *fmt, va_list ap);
-/* Append <s> (<len> bytes) as the inside of a JSON string (quotes not included). */
-pdgw_status_t pdgw_buf_append_json_escaped(pdgw_buf_t *buf, const char *s, size_t len);
 /* Drop the first <n> bytes (n > len drops all); keeps capacity. */
 void pdgw_buf_consume(pdgw_buf_t *buf, size_t n);
 /* len = 0, keeps capacity. */

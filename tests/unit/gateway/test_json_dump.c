@@ -48,6 +48,12 @@ static void test_every_byte_of_a_string(void **state)
         assert_null(pdgw_json_dumps(bad, &len));
         json_decref(bad);
     }
+    /* a name written alone, as the body splice writes the names it changes */
+    pdgw_buf_t b = PDGW_BUF_INIT;
+    assert_int_equal(pdgw_json_dump_string(&b, "k\"\\\n\x01\x1f\x7f/", 8), PDGW_OK);
+    assert_string_equal(b.data, "\"k\\\"\\\\\\n\\u0001\\u001F\x7f/\"");
+    assert_int_equal(pdgw_json_dump_string(&b, "\xff", 1), PDGW_ERR_INVALID);
+    pdgw_buf_free(&b);
 }
 
 static void test_names_values_and_nesting(void **state)
