@@ -43,35 +43,9 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 nginx_pids=""
 if [[ -n "$NGINX_LEVELS" ]] && command -v nginx >/dev/null 2>&1; then
     nginx_port=$(free_port)
-    mkdir -p "$BENCH_TMP/nginx"
-    cat >"$BENCH_TMP/nginx/nginx.conf" <<NGINX
-worker_processes $WORKERS;
-worker_rlimit_nofile $nofile;
-daemon off;
-pid $BENCH_TMP/nginx/nginx.pid;
-error_log $BENCH_TMP/nginx/error.log warn;
-events { worker_connections $((2 * max_level + 256)); }
-http {
-    access_log off;
-    client_body_temp_path $BENCH_TMP/nginx/body;
-    proxy_temp_path $BENCH_TMP/nginx/proxy;
-    fastcgi_temp_path $BENCH_TMP/nginx/fcgi;
-    uwsgi_temp_path $BENCH_TMP/nginx/uwsgi;
-    scgi_temp_path $BENCH_TMP/nginx/scgi;
-    upstream sim { server 127.0.0.1:$sim_port; keepalive 1024; }
-    server {
-        listen 127.0.0.1:$nginx_port backlog=65535;
-        location / {
-            proxy_pass http://sim;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 600s;
-        }
-    }
-}
-NGINX
-    bench_start nginx nginx -c "$BENCH_TMP/nginx/nginx.conf" -p "$BENCH_TMP/nginx" -e stderr
+    nginx_start "$WORKERS" $((2 * max_level + 256)) \
+        "$(nginx_proxy_block "$sim_port" "$nginx_port" 1024 backlog=65535 'proxy_read_timeout 600s;')" \
+        "worker_rlimit_nofile $nofile;"
     nginx_master=$LAST_PID
     wait_http "$nginx_port" /health
     nginx_pids="$nginx_master $(pgrep -P "$nginx_master" | tr '\n' ' ')"

@@ -68,6 +68,51 @@ wait_http() {
     return 1
 }
 
+# nginx_start WORKERS CONNECTIONS HTTP_BLOCKS [MAIN_LINES]: writes $BENCH_TMP/nginx/nginx.conf
+# (what every benchmark's nginx shares, HTTP_BLOCKS inside http {}) and starts nginx; sets
+# LAST_PID to its master.
+nginx_start() {
+    local workers=$1 conns=$2 blocks=$3 main=${4:-} d=$BENCH_TMP/nginx
+    mkdir -p "$d"
+    cat >"$d/nginx.conf" <<NGINX
+worker_processes $workers;
+$main
+daemon off;
+pid $d/nginx.pid;
+error_log $d/error.log warn;
+events { worker_connections $conns; }
+http {
+    access_log off;
+    client_body_temp_path $d/body;
+    proxy_temp_path $d/proxy;
+    fastcgi_temp_path $d/fcgi;
+    uwsgi_temp_path $d/uwsgi;
+    scgi_temp_path $d/scgi;
+$blocks
+}
+NGINX
+    bench_start nginx nginx -c "$d/nginx.conf" -p "$d" -e stderr
+}
+
+# nginx_proxy_block SIM_PORT LISTEN_PORT KEEPALIVE [LISTEN_OPTIONS] [LOCATION_LINES]: the
+# baseline proxy every benchmark compares pdgw with: proxy_pass to the sim, HTTP/1.1 with
+# upstream keep-alive, no buffering.
+nginx_proxy_block() {
+    cat <<BLOCK
+    upstream sim { server 127.0.0.1:$1; keepalive $3; }
+    server {
+        listen 127.0.0.1:$2${4:+ $4};
+        location / {
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            ${5:-}
+        }
+    }
+BLOCK
+}
+
 # need TOOL...: fails with a clear message when a tool is missing.
 need() {
     local t

@@ -32,41 +32,14 @@ reply='{"id":"cmpl-0","object":"text_completion","created":1700000000,"model":"s
 bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --zero-delay \
     --max-tokens-default 16 --record-capacity 0 --max-batch 4096
 wait_http "$sim_port" /health
-mkdir -p "$BENCH_TMP/nginx"
-cat >"$BENCH_TMP/nginx/nginx.conf" <<NGINX
-worker_processes $WORKERS;
-daemon off;
-pid $BENCH_TMP/nginx/nginx.pid;
-error_log $BENCH_TMP/nginx/error.log warn;
-events { worker_connections 16384; }
-http {
-    access_log off;
-    client_body_temp_path $BENCH_TMP/nginx/body;
-    proxy_temp_path $BENCH_TMP/nginx/proxy;
-    fastcgi_temp_path $BENCH_TMP/nginx/fcgi;
-    uwsgi_temp_path $BENCH_TMP/nginx/uwsgi;
-    scgi_temp_path $BENCH_TMP/nginx/scgi;
-    upstream sim { server 127.0.0.1:$sim_port; keepalive 512; }
-    server {
-        listen 127.0.0.1:$nginx_port;
-        location / {
-            proxy_pass http://sim;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }
-    }
+nginx_start "$WORKERS" 16384 "$(nginx_proxy_block "$sim_port" "$nginx_port" 512)
     server {
         listen 127.0.0.1:$static_port;
         location / {
-            client_body_buffer_size 16k;
             default_type application/json;
             return 200 '$reply';
         }
-    }
-}
-NGINX
-bench_start nginx nginx -c "$BENCH_TMP/nginx/nginx.conf" -p "$BENCH_TMP/nginx" -e stderr
+    }"
 nginx_pid=$LAST_PID
 bench_start pdgw "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral \
     --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log
