@@ -39,6 +39,10 @@ static const char *string_close(const char *p, const char *end)
     return NULL;
 }
 
+/* The bytes that end a run of nothing to track inside a nested value. */
+static const bool tracked[256] = {
+    ['"'] = true, ['{'] = true, ['['] = true, ['}'] = true, [']'] = true};
+
 /* Past the value starting at <p>; NULL on text that ends early. */
 static const char *value_end(const char *p, const char *end)
 {
@@ -71,6 +75,8 @@ static const char *value_end(const char *p, const char *end)
                 return p;
             }
             p++;
+            while (p < end && !tracked[(unsigned char)*p])
+                p++;
             break;
         }
     } while (depth > 0);

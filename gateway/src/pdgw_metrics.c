@@ -51,7 +51,10 @@ struct pdgw_metric_family {
     pdgw_metric_t **series;
     pthread_mutex_t lock;
     pdgw_metric_family_t *next;
+    uint64_t id; /* unique in the process: see series_memo_t */
 };
+
+static _Atomic uint64_t next_family_id = 1;
 
 struct pdgw_metrics {
     size_t max_series;
@@ -296,6 +299,7 @@ pdgw_status_t pdgw_metrics_family_add(pdgw_metrics_t *reg, pdgw_metric_type_t ty
     if (fam == NULL)
         return PDGW_ERR_NOMEM;
     pthread_mutex_init(&fam->lock, NULL);
+    fam->id = atomic_fetch_add_explicit(&next_family_id, 1, memory_order_relaxed);
     fam->reg = reg;
     fam->type = type;
     fam->cap = reg->max_series;
@@ -351,6 +355,53 @@ const char *pdgw_metric_status_label(int status, char buf[PDGW_STATUS_LABEL_SIZE
     /* Once per request and metric family: written without snprintf. */
     buf[PDGW_STATUS_LABEL_SIZE - 1] = '\0';
     return pdgw_json_int_text(status, buf + PDGW_STATUS_LABEL_SIZE - 1);
+}
+
+/* A request looks a series up by label values that are nearly always the same strings at the
+ * same addresses (the protocol from the options, status and phase names from tables, a model
+ * or instance name held for the request's life). Each thread remembers its recent lookups by
+ * family and value addresses: a hit costs one strcmp per label instead of a hash and a scan.
+ * The family is named by an id no other family ever gets (a freed family's address can be
+ * reused), and a hit still compares the values with the series' own, so a value address that
+ * now holds other text misses. */
+#define MEMO_SLOTS  64
+#define MEMO_LABELS 2
+typedef struct series_memo {
+    uint64_t fam_id;
+    const char *values[MEMO_LABELS];
+    pdgw_metric_t *m;
+} series_memo_t;
+static _Thread_local series_memo_t series_memo[MEMO_SLOTS];
+
+static series_memo_t *memo_slot(const pdgw_metric_family_t *fam, const char *const *values)
+{
+    uint64_t h = fam->id * 0x9e3779b97f4a7c15u;
+    for (size_t i = 0; i < fam->n_labels; i++)
+        h = (h ^ (uint64_t)(uintptr_t)values[i]) * 0x9e3779b97f4a7c15u;
+    return &series_memo[h >> 58]; /* 64 slots */
+}
+
+static pdgw_metric_t *memo_find(const series_memo_t *e, const pdgw_metric_family_t *fam,
+                                const char *const *values)
+{
+    if (e->fam_id != fam->id || e->m == NULL)
+        return NULL;
+    for (size_t i = 0; i < fam->n_labels; i++)
+        if (e->values[i] != values[i] || strcmp(e->m->values[i], values[i]) != 0)
+            return NULL;
+    return e->m;
+}
+
+static pdgw_metric_t *memo_keep(series_memo_t *e, const pdgw_metric_family_t *fam,
+                                const char *const *values, pdgw_metric_t *m)
+{
+    if (m != NULL) {
+        e->fam_id = fam->id;
+        for (size_t i = 0; i < fam->n_labels; i++)
+            e->values[i] = values[i];
+        e->m = m;
+    }
+    return m;
 }
 
 /* Every request looks up about fourteen series: a byte-at-a-time hash of their label values
@@ -434,11 +485,15 @@ pdgw_metric_t *pdgw_metric_family_series(pdgw_metric_family_t *fam, const char *
                 return NULL;
         }
     }
+    series_memo_t *memo = fam->n_labels <= MEMO_LABELS ? memo_slot(fam, label_values) : NULL;
+    pdgw_metric_t *m = memo != NULL ? memo_find(memo, fam, label_values) : NULL;
+    if (m != NULL)
+        return m;
     uint64_t h = hash_values(label_values, fam->n_labels);
     size_t n = atomic_load_explicit(&fam->count, memory_order_acquire);
-    pdgw_metric_t *m = scan(fam, 0, n, h, label_values);
-    if (m != NULL)
-        return m; /* values equal to a series' were checked when it was made */
+    m = scan(fam, 0, n, h, label_values);
+    if (m != NULL) /* values equal to a series' were checked when it was made */
+        return memo != NULL ? memo_keep(memo, fam, label_values, m) : m;
     for (size_t i = 0; i < fam->n_labels; i++) {
         size_t len = strnlen(label_values[i], LABEL_VALUE_MAX + 1);
         if (len > LABEL_VALUE_MAX || !valid_utf8(label_values[i], len))
@@ -461,7 +516,7 @@ pdgw_metric_t *pdgw_metric_family_series(pdgw_metric_family_t *fam, const char *
         }
     }
     pthread_mutex_unlock(&fam->lock);
-    return m;
+    return memo != NULL ? memo_keep(memo, fam, label_values, m) : m;
 }
 
 pdgw_metric_t *pdgw_metric_family_series1(pdgw_metric_family_t *fam, const char *v1)

@@ -117,6 +117,21 @@ static bool families(pdgw_metrics_t *reg, model_families_t *mf)
     return mf->requests != NULL;
 }
 
+/* <model> as a label value at an address that stays the same while requests name the same
+ * model: a series lookup remembers label values by address (pdgw_metrics.c), and each request
+ * brings its model name in a body of its own. */
+static const char *steady_label(model_families_t *mf, const char *model)
+{
+    size_t len;
+    if (strcmp(model, mf->last_model) == 0)
+        return mf->last_model;
+    len = strlen(model);
+    if (len >= sizeof(mf->last_model))
+        return model;
+    memcpy(mf->last_model, model, len + 1);
+    return mf->last_model;
+}
+
 void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, double dur_s)
 {
     pdgw_metrics_t *reg = r->w->srv->opts.metrics ? r->w->srv->opts.metrics->reg : NULL;
@@ -129,6 +144,7 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
     if (reg == NULL || model == NULL || model[0] == '\0' ||
         strncmp(pdgw_req_error(r), "model not served: ", 18) == 0 || !families(reg, mf))
         return;
+    model = steady_label(mf, model);
     pdgw_counter_inc(
         pdgw_metric_family_series2(mf->requests, model, pdgw_metric_status_label(status, code)));
     pdgw_histogram_observe(pdgw_metric_family_series1(mf->duration, model), dur_s);

@@ -120,6 +120,7 @@ struct pdgw_worker {
     /* The per-model metric families (pdgw_models.c), looked up once per worker. */
     struct pdgw_model_families {
         pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
+        char last_model[128]; /* the last model label, at a fixed address (pdgw_models.c) */
     } model_families;
     /* Streams the sink writes itself with bytes to send this loop turn. */
     pdgw_req_t *flush_head;

@@ -5,7 +5,8 @@
  * Whatever the parser takes, jansson takes too, as an equal tree with the same member order,
  * and pdgw_json_dump (gateway/src/pdgw_json_dump.c) writes every tree as jansson writes it;
  * pdgw_json_loadb (the parser, jansson when it declines) agrees with jansson on every input,
- * and pdgw_json_load_members reads each member it is asked for as jansson does.
+ * pdgw_json_load_members reads each member it is asked for as jansson does, and the answer's
+ * usage counts (pdgw_gateway_metrics_usage, read without a parse) are what jansson's tree holds.
  * The input is used as it is and, so that the fuzzer reaches long strings without writing
  * hundreds of bytes, with every string of it made long by repeating its content (each "s"
  * becomes "ssss..."). Never a crash, over-read or leak.
@@ -17,6 +18,7 @@
 
 #include "pdgw_json_dump.h"
 #include "pdgw_json_load.h"
+#include "pdgw_metrics.h"
 
 #define LONG_STRING 256
 
@@ -55,6 +57,29 @@ static void same_members(const char *text, size_t len, const json_t *slow)
     json_decref(got);
 }
 
+/* The usage counts found without a parse, on text jansson accepts: present exactly when its
+ * tree has a top-level "usage" object, with the counts json_integer_value reads from it. Names
+ * are compared as written, so text with a \u escape (the only way to spell "usage" escaped) is
+ * left out: engines do not write their member names that way, and a miss costs only a figure. */
+static void same_usage(const char *text, size_t len, const json_t *slow)
+{
+    static pdgw_metrics_t *reg;
+    static pdgw_gateway_metrics_t gm;
+    const json_t *u = json_is_object(slow) ? json_object_get(slow, "usage") : NULL;
+    int64_t pt = -1, ct = -1;
+    bool got;
+    if (slow == NULL || memmem(text, len, "\\u", 2) != NULL)
+        return;
+    if (reg == NULL && (pdgw_metrics_create(0, &reg) != PDGW_OK ||
+                        pdgw_gateway_metrics_init(reg, "0", &gm) != PDGW_OK))
+        abort();
+    got = pdgw_gateway_metrics_usage(&gm, "neutral", text, len, &pt, &ct);
+    if (got != json_is_object(u) ||
+        (got && (pt != json_integer_value(json_object_get(u, "prompt_tokens")) ||
+                 ct != json_integer_value(json_object_get(u, "completion_tokens")))))
+        abort();
+}
+
 static void check(const char *text, size_t len)
 {
     json_t *quick = pdgw_json_load_fast(text, len);
@@ -62,6 +87,7 @@ static void check(const char *text, size_t len)
     json_t *slow = json_loadb(text, len, 0, NULL);
     if ((loaded == NULL) != (slow == NULL) || (quick != NULL && slow == NULL))
         abort();
+    same_usage(text, len, slow);
     if (slow != NULL) {
         if (!json_equal(loaded, slow))
             abort();

@@ -442,6 +442,59 @@ static void test_usage_matches_full_parse(void **state)
     pdgw_metrics_destroy(reg);
 }
 
+/* The exposition of <reg> contains <line>. */
+static bool exposition_has(pdgw_metrics_t *reg, const char *line)
+{
+    pdgw_buf_t out = {0};
+    bool has;
+    assert_int_equal(pdgw_metrics_render(reg, &out), PDGW_OK);
+    has = out.data != NULL && strstr(out.data, line) != NULL;
+    pdgw_buf_free(&out);
+    return has;
+}
+
+/* A lookup is remembered per thread by the addresses of its label values: the same address
+ * holding other text must find the other series, and a family made where a destroyed one was
+ * must never be handed the old family's series (ASan would see the freed memory). */
+static void test_series_lookup_memo(void **state)
+{
+    static const char *const lbl[] = {"model"};
+    char value[16] = "alpha";
+    pdgw_metrics_t *reg;
+    pdgw_metric_family_t *fam;
+    pdgw_metric_t *alpha, *beta;
+    (void)state;
+    assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+    assert_int_equal(
+        pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "memo_total", "h", lbl, 1, NULL, 0, &fam),
+        PDGW_OK);
+    alpha = pdgw_metric_family_series1(fam, value);
+    assert_non_null(alpha);
+    assert_ptr_equal(pdgw_metric_family_series1(fam, value), alpha);
+    strcpy(value, "beta"); /* same address, other text */
+    beta = pdgw_metric_family_series1(fam, value);
+    assert_non_null(beta);
+    assert_ptr_not_equal(beta, alpha);
+    pdgw_counter_add(beta, 2);
+    strcpy(value, "alpha");
+    assert_ptr_equal(pdgw_metric_family_series1(fam, value), alpha);
+    pdgw_counter_add(alpha, 5);
+    assert_int_equal(pdgw_metric_family_size(fam), 2);
+    assert_true(exposition_has(reg, "memo_total{model=\"alpha\"} 5\n"));
+    assert_true(exposition_has(reg, "memo_total{model=\"beta\"} 2\n"));
+    pdgw_metrics_destroy(reg);
+
+    for (int round = 0; round < 4; round++) { /* allocations often land where the last were */
+        assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+        assert_int_equal(pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "memo_total", "h", lbl,
+                                                 1, NULL, 0, &fam),
+                         PDGW_OK);
+        pdgw_counter_inc(pdgw_metric_family_series1(fam, value));
+        assert_true(exposition_has(reg, "memo_total{model=\"alpha\"} 1\n"));
+        pdgw_metrics_destroy(reg);
+    }
+}
+
 static void test_promtool_rejects_garbage(void **state)
 {
     (void)state;
@@ -460,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_gateway_metrics_and_collector),
         cmocka_unit_test(test_usage_matches_full_parse),
+        cmocka_unit_test(test_series_lookup_memo),
         cmocka_unit_test(test_promtool_rejects_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
