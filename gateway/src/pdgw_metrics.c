@@ -1183,6 +1183,20 @@ static bool usage_counts(const char *p, const char *end, int64_t *pt, int64_t *c
     return got == 1;
 }
 
+static bool usage_count(pdgw_gateway_metrics_t *gm, const char *protocol, int64_t pt, int64_t ct,
+                        int64_t *prompt_out, int64_t *completion_out)
+{
+    if (pt > 0)
+        pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
+    if (ct > 0)
+        pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol), (uint64_t)ct);
+    if (prompt_out)
+        *prompt_out = pt;
+    if (completion_out)
+        *completion_out = ct;
+    return true;
+}
+
 bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
                                 size_t len, int64_t *prompt_out, int64_t *completion_out)
 {
@@ -1194,15 +1208,19 @@ bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol
     /* Only the two counts are read: no tree is built for them. */
     if (at == NULL || !usage_counts(at, json + len, &pt, &ct))
         return false;
-    if (pt > 0)
-        pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
-    if (ct > 0)
-        pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol), (uint64_t)ct);
-    if (prompt_out)
-        *prompt_out = pt;
-    if (completion_out)
-        *completion_out = ct;
-    return true;
+    return usage_count(gm, protocol, pt, ct, prompt_out, completion_out);
+}
+
+bool pdgw_gateway_metrics_usage_tree(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                     const json_t *reply, int64_t *prompt_out,
+                                     int64_t *completion_out)
+{
+    const json_t *u = json_object_get(reply, "usage");
+    if (gm == NULL || protocol == NULL || !json_is_object(u))
+        return false;
+    return usage_count(gm, protocol, json_integer_value(json_object_get(u, "prompt_tokens")),
+                       json_integer_value(json_object_get(u, "completion_tokens")), prompt_out,
+                       completion_out);
 }
 
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

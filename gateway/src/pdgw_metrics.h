@@ -251,6 +251,11 @@ void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *p
  * true and sets *prompt_out / *completion_out (when not NULL) when it held usage. */
 bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
                                 size_t len, int64_t *prompt_out, int64_t *completion_out);
+/* The same for a reply the gateway holds as a tree (a rewritten answer): its top-level
+ * "usage" object, the counts read as json_integer_value reads them. */
+bool pdgw_gateway_metrics_usage_tree(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                     const json_t *reply, int64_t *prompt_out,
+                                     int64_t *completion_out);
 /* An upstream leg to <instance> (of role <role>: prefill|decode|both) started (+1) or
  * ended (-1): pdgw_instance_inflight_requests. */
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

@@ -30,7 +30,7 @@ static void wf_fail(pdgw_wf_t *wf, const pdgw_fwd_error_t *e, pdgw_leg_t *failed
 static void wf_start_attempt(pdgw_wf_t *wf);
 static void wf_run_decode_stage(pdgw_wf_t *wf);
 static void wf_decode_finish(pdgw_wf_t *wf, pdgw_leg_t *leg);
-static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len);
+static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len, bool *usage_read);
 
 static const char *protocol_of(const pdgw_wf_t *wf)
 {
@@ -629,10 +629,11 @@ static void wf_decode_finish(pdgw_wf_t *wf, pdgw_leg_t *leg)
         pdgw_req_out_end(r);
     } else {
         size_t len = 0;
-        char *body = wf_rewrite_reply(wf, leg, &len);
+        bool usage_read = false;
+        char *body = wf_rewrite_reply(wf, leg, &len, &usage_read);
         if (body == NULL)
             body = pdgw_buf_steal(&leg->resp, &len);
-        if (body != NULL)
+        if (body != NULL && !usage_read)
             wf->usage_seen |=
                 pdgw_gateway_metrics_usage(wf->w->srv->opts.metrics, protocol_of(wf), body, len,
                                            &wf->usage_prompt, &wf->usage_completion);
@@ -1071,7 +1072,9 @@ static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
 }
 
 /* The forwarder's rewrite of a non-stream decode answer (new body or NULL). */
-static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len)
+/* The decode's answer as the forwarder rewrote it, NULL when it is relayed as it came. The
+ * rewritten tree's usage is counted here (*usage_read), so the text is not scanned again. */
+static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len, bool *usage_read)
 {
     const pdgw_fwd_ops_t *ops = ops_of(wf);
     json_t *in, *out;
@@ -1087,6 +1090,11 @@ static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len)
     if (out == NULL)
         return NULL;
     s = json_is_object(out) || json_is_array(out) ? pdgw_json_dumps(out, len) : NULL;
+    if (s != NULL)
+        wf->usage_seen |=
+            pdgw_gateway_metrics_usage_tree(wf->w->srv->opts.metrics, protocol_of(wf), out,
+                                            &wf->usage_prompt, &wf->usage_completion);
+    *usage_read = s != NULL;
     json_decref(out);
     return s;
 }

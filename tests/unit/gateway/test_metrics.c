@@ -438,6 +438,16 @@ static void test_usage_matches_full_parse(void **state)
         if (got != want || (want && (p1 != p2 || c1 != c2)))
             fail_msg("case %zu (%s): got %d %lld/%lld, a full parse %d %lld/%lld", i, cases[i], got,
                      (long long)p1, (long long)c1, want, (long long)p2, (long long)c2);
+        /* a rewritten answer's tree gives what its text would */
+        json_t *tree = json_loads(cases[i], 0, NULL);
+        int64_t p3 = -1, c3 = -1;
+        bool from_tree =
+            tree != NULL && pdgw_gateway_metrics_usage_tree(&gm, "neutral", tree, &p3, &c3);
+        if (from_tree != want || (want && (p3 != p2 || c3 != c2)))
+            fail_msg("case %zu (%s): from the tree %d %lld/%lld, a full parse %d %lld/%lld", i,
+                     cases[i], from_tree, (long long)p3, (long long)c3, want, (long long)p2,
+                     (long long)c2);
+        json_decref(tree);
     }
     pdgw_metrics_destroy(reg);
 }
