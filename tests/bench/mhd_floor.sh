@@ -7,18 +7,23 @@
 #                completion from the access handler (no upstream, no parsing, no metrics);
 #   mhd-suspend  the same, suspended at the end of the body and resumed on the next loop turn,
 #                as pdgw does for every proxied request;
-#   nginx-static nginx answering the same completion itself (`return 200`): nginx's own floor.
+#   nginx-static nginx answering the same completion itself (`return 200`): nginx's own floor;
+#   epoll-later  epoll-floor: a bare edge-triggered epoll loop answering the same completion on
+#                the loop's next turn, as mhd-suspend does: what a front end of pdgw's own would
+#                spend in the same mode (its sockets stay in the epoll set);
+#   epoll-direct the same answering at once.
 # Rounds alternate the order. The figure is CPU time per request of the server's processes
 # (from /proc), as ratios to nginx's proxying: if mhd-suspend's floor, which leaves out the
 # upstream half of the work, is already near nginx's whole proxy, no gateway on
-# libmicrohttpd in this mode reaches 1.0 x.
+# libmicrohttpd in this mode reaches 1.0 x; epoll-later against mhd-suspend is what that mode
+# costs libmicrohttpd and would not cost a loop of pdgw's own.
 # Usage: mhd_floor.sh [BIN_DIR]   env: DURATION (s per run, 5), ROUNDS (4), WORKERS (2)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-4}
 WORKERS=${WORKERS:-2}
-need wrk nginx curl "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim" "$BIN_DIR/mhd-floor"
+need wrk nginx curl "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim" "$BIN_DIR/mhd-floor" "$BIN_DIR/epoll-floor"
 raise_nofile >/dev/null
 
 sim_port=$(free_port)
@@ -27,6 +32,8 @@ static_port=$(free_port)
 pdgw_port=$(free_port)
 direct_port=$(free_port)
 suspend_port=$(free_port)
+epoll_later_port=$(free_port)
+epoll_direct_port=$(free_port)
 reply='{"id":"cmpl-0","object":"text_completion","created":1700000000,"model":"sim-model","choices":[{"index":0,"text":" a b c d e f g h i j k l m n o p","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":6,"completion_tokens":16,"total_tokens":22}}'
 
 bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --zero-delay \
@@ -49,11 +56,19 @@ direct_pid=$LAST_PID
 bench_start mhd-suspend "$BIN_DIR/mhd-floor" --port "$suspend_port" --workers "$WORKERS" \
     --mode suspend
 suspend_pid=$LAST_PID
+bench_start epoll-later "$BIN_DIR/epoll-floor" --port "$epoll_later_port" --workers "$WORKERS" \
+    --mode later
+epoll_later_pid=$LAST_PID
+bench_start epoll-direct "$BIN_DIR/epoll-floor" --port "$epoll_direct_port" --workers "$WORKERS" \
+    --mode direct
+epoll_direct_pid=$LAST_PID
 wait_http "$nginx_port" /health
 wait_http "$static_port" /
 wait_http "$pdgw_port" /ready
 wait_http "$direct_port" /
 wait_http "$suspend_port" /
+wait_http "$epoll_later_port" /
+wait_http "$epoll_direct_port" /
 
 cat >"$BENCH_TMP/post.lua" <<'LUA'
 wrk.method = "POST"
@@ -68,6 +83,8 @@ port_of() {
     pdgw) echo "$pdgw_port" ;;
     mhd-direct) echo "$direct_port" ;;
     mhd-suspend) echo "$suspend_port" ;;
+    epoll-later) echo "$epoll_later_port" ;;
+    epoll-direct) echo "$epoll_direct_port" ;;
     esac
 }
 pids_of() {
@@ -76,6 +93,8 @@ pids_of() {
     pdgw) echo "$pdgw_pid" ;;
     mhd-direct) echo "$direct_pid" ;;
     mhd-suspend) echo "$suspend_pid" ;;
+    epoll-later) echo "$epoll_later_pid" ;;
+    epoll-direct) echo "$epoll_direct_pid" ;;
     esac
 }
 
@@ -94,7 +113,7 @@ proc_user_sys_s() {
 raw=$BENCH_TMP/raw.csv
 : >"$raw"
 echo "mhd-floor load before: $(load_avg)"
-targets="nginx pdgw mhd-suspend mhd-direct nginx-static"
+targets="nginx pdgw mhd-suspend mhd-direct nginx-static epoll-later epoll-direct"
 for ((r = 0; r < ROUNDS; r++)); do
     order=$targets
     ((r % 2 == 1)) && order=$(tr ' ' '\n' <<<"$targets" | tac | tr '\n' ' ')
