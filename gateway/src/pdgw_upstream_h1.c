@@ -809,6 +809,7 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
     target = url + x->up->origin_len;
     pdgw_buf_reset(&x->head);
     x->head_request = strcmp(method, "HEAD") == 0;
+    x->named_host = x->named_accept = x->has_markers = false;
     x->errmsg[0] = '\0';
     x->rbuf_size = 0;
     /* A proxied head is a few hundred bytes: one allocation instead of growing from 64. */
@@ -829,21 +830,6 @@ static bool header_is_framing(const char *name, size_t n)
            (n == 6 && strncasecmp(name, "expect", 6) == 0);
 }
 
-/* Has the head (from after the request line) a header <name> already, or a removal of it? */
-static bool head_names(const pdgw_h1_xfer_t *x, const char *name)
-{
-    size_t nl = strlen(name);
-    const char *p = memchr(x->head.data, '\n', x->head.len);
-    const char *end = x->head.data + x->head.len;
-    while (p != NULL && ++p < end) {
-        if ((size_t)(end - p) > nl && strncasecmp(p, name, nl) == 0 &&
-            (p[nl] == ':' || p[nl] == '\x01'))
-            return true;
-        p = memchr(p, '\n', (size_t)(end - p));
-    }
-    return false;
-}
-
 pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
 {
     const char *sep = line + strcspn(line, ":;");
@@ -853,6 +839,11 @@ pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
         return PDGW_ERR_INVALID;
     if (header_is_framing(line, n))
         return PDGW_OK;
+    /* Host and Accept are added at the start unless the owner set (or removed) its own. */
+    if (n == 4 && strncasecmp(line, "host", 4) == 0)
+        x->named_host = true;
+    else if (n == 6 && strncasecmp(line, "accept", 6) == 0)
+        x->named_accept = true;
     v = sep + 1;
     while (*v == ' ' || *v == '\t')
         v++;
@@ -862,8 +853,10 @@ pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
         /* "Name;" = the header with an empty value. */
         return head_line(&x->head, line, n, ":\r\n", NULL);
     }
-    if (*v == '\0') /* "Name:" = do not send the client's own (a marker line, cut at start) */
+    if (*v == '\0') { /* "Name:" = do not send the client's own (a marker line, cut at start) */
+        x->has_markers = true;
         return head_line(&x->head, line, n, "\x01\r\n", NULL);
+    }
     return head_line(&x->head, line, n, ": ", v, "\r\n", NULL);
 }
 
@@ -899,14 +892,14 @@ pdgw_status_t pdgw_h1_xfer_start(pdgw_h1_xfer_t *x, const char *body, size_t bod
     if (x->running || c == NULL || up == NULL || x->head.len == 0)
         return PDGW_ERR_INVALID;
     has_body = !x->head_request && strncmp(x->head.data, "GET ", 4) != 0;
-    if ((!head_names(x, "host") &&
-         head_cat(&x->head, "Host: ", up->authority, "\r\n", NULL) != PDGW_OK) ||
-        (!head_names(x, "accept") && pdgw_buf_append_str(&x->head, "Accept: */*\r\n") != PDGW_OK) ||
+    if ((!x->named_host && head_cat(&x->head, "Host: ", up->authority, "\r\n", NULL) != PDGW_OK) ||
+        (!x->named_accept && pdgw_buf_append_str(&x->head, "Accept: */*\r\n") != PDGW_OK) ||
         (has_body && head_cat(&x->head, "Content-Length: ", size_text(len_text, body_len), "\r\n",
                               NULL) != PDGW_OK) ||
         pdgw_buf_append_str(&x->head, "\r\n") != PDGW_OK)
         return PDGW_ERR_NOMEM;
-    head_drop_markers(x);
+    if (x->has_markers)
+        head_drop_markers(x);
     x->body = has_body ? body : NULL;
     x->body_len = has_body ? body_len : 0;
     x->sent = 0;

@@ -130,6 +130,9 @@ typedef struct pdgw_h1_xfer {
     size_t sent;      /* of head + body */
     size_t rbuf_size; /* read buffer this transfer wants (grows for long header lines) */
     bool head_request;
+    /* What the owner's header lines said (pdgw_h1_xfer_header): its own Host or Accept, or a
+     * removal of one; removal marker lines to cut before sending. */
+    bool named_host, named_accept, has_markers;
     bool running;
     bool paused;
     bool got_bytes; /* a response byte arrived (no silent retry after that) */

@@ -389,6 +389,40 @@ static void test_reuse(void **state)
     srv_stop(&s);
 }
 
+/* The owner's own Host replaces the default one and "Name:" removes a header: the default
+ * Accept is not added and no marker line reaches the wire. */
+static void test_owner_host_and_removal(void **state)
+{
+    server_t s;
+    env_t e;
+    leg_t a;
+    char url[128];
+    (void)state;
+    srv_start(&s, SRV_ANSWER);
+    env_open(&e, 10000);
+    memset(&a, 0, sizeof(a));
+    a.e = &e;
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1/completions", s.port);
+    assert_int_equal(pdgw_h1_xfer_begin(&a.x, e.c, "POST", url), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_header(&a.x, "host: engine.example"), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_header(&a.x, "ACCEPT:"), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_header(&a.x, "X-Empty;"), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_start(&a.x, "{}", 2, 4096, &leg_cb, &a), PDGW_OK);
+    RUN_UNTIL(&e, a.done);
+    assert_int_equal(a.res, PDGW_H1_OK);
+    pthread_mutex_lock(&s.lock);
+    assert_non_null(strstr(s.last_head, "\r\nhost: engine.example\r\n"));
+    assert_null(strstr(s.last_head, "Host: 127.0.0.1"));
+    assert_null(strcasestr(s.last_head, "accept"));
+    assert_null(strchr(s.last_head, '\x01'));
+    assert_non_null(strstr(s.last_head, "\r\nX-Empty:\r\n"));
+    assert_non_null(strstr(s.last_head, "\r\nContent-Length: 2\r\n"));
+    pthread_mutex_unlock(&s.lock);
+    leg_done(&a);
+    env_close(&e);
+    srv_stop(&s);
+}
+
 static void test_idle_close(void **state)
 {
     server_t s;
@@ -603,6 +637,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_owner_host_and_removal),
         cmocka_unit_test(test_idle_close),
         cmocka_unit_test(test_server_closes_kept),
         cmocka_unit_test(test_retry_once_on_reused),
