@@ -132,9 +132,10 @@ static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdat
 {
     pdgw_leg_t *leg = userdata;
     size_t len = size * nitems;
+    char first = len > 0 ? (char)(buf[0] | 0x20) : '\0'; /* most lines are none of these */
     if (leg->raw) /* fleet hook: pass-through relays the engine's headers */
         pdgw_pt_on_header(leg, buf, len);
-    if (len > 13 && strncasecmp(buf, "content-type:", 13) == 0) {
+    if (first == 'c' && len > 13 && strncasecmp(buf, "content-type:", 13) == 0) {
         const char *v = buf + 13;
         size_t n;
         while (*v == ' ' || *v == '\t')
@@ -146,7 +147,7 @@ static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdat
             n = sizeof(leg->content_type) - 1;
         memcpy(leg->content_type, v, n);
         leg->content_type[n] = '\0';
-    } else if (len > 12 && strncasecmp(buf, "retry-after:", 12) == 0) {
+    } else if (first == 'r' && len > 12 && strncasecmp(buf, "retry-after:", 12) == 0) {
         long s = strtol(buf + 12, NULL, 10);
         if (s > 0 && s < 3600)
             leg->retry_after_ms = (uint64_t)s * 1000u;

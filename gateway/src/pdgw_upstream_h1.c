@@ -770,17 +770,22 @@ static pdgw_status_t head_cat(pdgw_buf_t *b, ...)
     return st;
 }
 
-/* A header line: <name> (<n> bytes, not terminated), then the strings up to NULL. */
-static pdgw_status_t head_line(pdgw_buf_t *b, const char *name, size_t n, ...)
+/* A header line: <name> (<n> bytes, not terminated), <sep>, <value> (NUL-terminated), CRLF;
+ * one reserve and three copies (every leg adds a few). */
+static pdgw_status_t head_line(pdgw_buf_t *b, const char *name, size_t n, const char *sep,
+                               const char *value)
 {
-    va_list ap;
-    pdgw_status_t st;
-    if (pdgw_buf_append(b, name, n) != PDGW_OK)
+    size_t sn = strlen(sep), vn = strlen(value);
+    char *p;
+    if (pdgw_buf_reserve(b, n + sn + vn + 2) != PDGW_OK)
         return PDGW_ERR_NOMEM;
-    va_start(ap, n);
-    st = head_vcat(b, ap);
-    va_end(ap);
-    return st;
+    p = b->data + b->len;
+    memcpy(p, name, n);
+    memcpy(p + n, sep, sn);
+    memcpy(p + n + sn, value, vn);
+    memcpy(p + n + sn + vn, "\r\n", 3); /* with the terminating NUL the buffer keeps */
+    b->len += n + sn + vn + 2;
+    return PDGW_OK;
 }
 
 /* <v> in decimal, in <buf> (24 bytes). */
@@ -851,13 +856,13 @@ pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
         if (*v != '\0')
             return PDGW_ERR_INVALID;
         /* "Name;" = the header with an empty value. */
-        return head_line(&x->head, line, n, ":\r\n", NULL);
+        return head_line(&x->head, line, n, ":", "");
     }
     if (*v == '\0') { /* "Name:" = do not send the client's own (a marker line, cut at start) */
         x->has_markers = true;
-        return head_line(&x->head, line, n, "\x01\r\n", NULL);
+        return head_line(&x->head, line, n, "\x01", "");
     }
-    return head_line(&x->head, line, n, ": ", v, "\r\n", NULL);
+    return head_line(&x->head, line, n, ": ", v);
 }
 
 /* Remove the marker lines "Name\x01\r\n" left by header removals. */

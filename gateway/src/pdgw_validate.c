@@ -262,7 +262,56 @@ static pdgw_status_t check_rule(const field_rule_t *r, const json_t *v, pdgw_api
     return PDGW_OK;
 }
 
-static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, pdgw_api_error_t *err)
+/* The members validation reads by name, found in one walk of the body: a lookup by name
+ * hashes the name each time, and a body has a handful of members. NULL = absent; a jansson
+ * object holds each name once, so this is what json_object_get gives. */
+typedef struct known {
+    const json_t *model, *stream, *stream_options, *response_format, *max_tokens,
+        *max_completion_tokens, *n, *prompt;
+} known_t;
+
+static void find_known(const json_t *body, known_t *k)
+{
+    const char *key;
+    const json_t *v;
+    memset(k, 0, sizeof(*k));
+    json_object_foreach((json_t *)body, key, v)
+    {
+        switch (key[0]) {
+        case 'm':
+            if (strcmp(key, "model") == 0)
+                k->model = v;
+            else if (strcmp(key, "max_tokens") == 0)
+                k->max_tokens = v;
+            else if (strcmp(key, "max_completion_tokens") == 0)
+                k->max_completion_tokens = v;
+            break;
+        case 's':
+            if (strcmp(key, "stream") == 0)
+                k->stream = v;
+            else if (strcmp(key, "stream_options") == 0)
+                k->stream_options = v;
+            break;
+        case 'r':
+            if (strcmp(key, "response_format") == 0)
+                k->response_format = v;
+            break;
+        case 'n':
+            if (key[1] == '\0')
+                k->n = v;
+            break;
+        case 'p':
+            if (strcmp(key, "prompt") == 0)
+                k->prompt = v;
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, const known_t *k,
+                                    pdgw_api_error_t *err)
 {
     unsigned api = 1u << kind;
     /* Walk the body's keys (a handful) rather than probing every rule (dozens). */
@@ -282,9 +331,9 @@ static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, pd
             break;
         }
     }
-    const json_t *so = json_object_get(body, "stream_options");
+    const json_t *so = k->stream_options;
     if (so != NULL && !json_is_null(so)) {
-        if (!json_is_true(json_object_get(body, "stream")))
+        if (!json_is_true(k->stream))
             return fail(err, "stream_options", "invalid_value",
                         "'stream_options' is only allowed when 'stream' is true.");
         static const char *const so_bools[] = {"include_usage", "continuous_usage_stats"};
@@ -297,7 +346,7 @@ static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, pd
             }
         }
     }
-    const json_t *rf = json_object_get(body, "response_format");
+    const json_t *rf = k->response_format;
     if (rf != NULL && json_is_object(rf) && !json_is_string(json_object_get(rf, "type")))
         return fail_type(err, "response_format.type", "a string");
     return PDGW_OK;
@@ -340,10 +389,9 @@ static int64_t est_tokens(size_t bytes)
 }
 
 /* <key> holds the prompt(s): "prompt" (completions), "text" or "input_ids" (native generate). */
-static pdgw_status_t validate_prompt_key(const json_t *body, const char *key,
+static pdgw_status_t validate_prompt_key(const json_t *prompt, const char *key,
                                          pdgw_request_info_t *info, pdgw_api_error_t *err)
 {
-    const json_t *prompt = json_object_get(body, key);
     if (prompt == NULL || json_is_null(prompt))
         return fail(err, key, "missing_required_parameter", "Missing required parameter: '%s'.",
                     key);
@@ -409,12 +457,6 @@ static pdgw_status_t validate_prompt_key(const json_t *body, const char *key,
     }
     snprintf(sub, sizeof(sub), "%s[0]", key);
     return fail_type(err, sub, "a string, a token id or an array of token ids");
-}
-
-static pdgw_status_t validate_prompt(const json_t *body, pdgw_request_info_t *info,
-                                     pdgw_api_error_t *err)
-{
-    return validate_prompt_key(body, "prompt", info, err);
 }
 
 static pdgw_status_t validate_messages(const json_t *body, pdgw_request_info_t *info,
@@ -556,7 +598,7 @@ static pdgw_status_t validate_generate(const json_t *body, pdgw_request_info_t *
     r.stream = json_is_true(st0);
     r.max_tokens = json_is_integer(mnt) ? json_integer_value(mnt) : -1;
     r.n = 1;
-    st = validate_prompt_key(body, has_text ? "text" : "input_ids", &r, err);
+    st = validate_prompt_key(has_text ? text : ids, has_text ? "text" : "input_ids", &r, err);
     if (st == PDGW_OK && has_text && !json_is_string(text) &&
         !json_is_string(json_array_get(text, 0)))
         st = fail_type(err, "text", "a string or an array of strings");
@@ -581,7 +623,9 @@ pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
         return PDGW_ERR_INVALID;
     if (!json_is_object(body))
         return fail(err, NULL, "invalid_type", "Request body must be a JSON object.");
-    const json_t *model = json_object_get(body, "model");
+    known_t k;
+    find_known(body, &k);
+    const json_t *model = k.model;
     if (model == NULL || json_is_null(model))
         return fail(err, "model", "missing_required_parameter",
                     "Missing required parameter: 'model'.");
@@ -590,7 +634,7 @@ pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
     if (json_string_length(model) == 0)
         return fail(err, "model", "invalid_value", "'model' must not be empty.");
 
-    pdgw_status_t st = check_optional(kind, body, err);
+    pdgw_status_t st = check_optional(kind, body, &k, err);
     if (st != PDGW_OK)
         return st;
 
@@ -598,19 +642,18 @@ pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
     memset(&r, 0, sizeof(r));
     r.kind = kind;
     r.model = json_string_value(model);
-    r.stream = json_is_true(json_object_get(body, "stream"));
-    const json_t *so = json_object_get(body, "stream_options");
-    r.include_usage = so != NULL && json_is_true(json_object_get(so, "include_usage"));
+    r.stream = json_is_true(k.stream);
+    r.include_usage = k.stream_options != NULL &&
+                      json_is_true(json_object_get(k.stream_options, "include_usage"));
     r.max_tokens = -1;
-    const json_t *mt = json_object_get(body, "max_completion_tokens");
+    const json_t *mt = k.max_completion_tokens;
     if (kind != PDGW_API_CHAT_COMPLETIONS || !json_is_integer(mt))
-        mt = json_object_get(body, "max_tokens");
+        mt = k.max_tokens;
     if (json_is_integer(mt))
         r.max_tokens = json_integer_value(mt);
-    const json_t *n = json_object_get(body, "n");
-    r.n = json_is_integer(n) ? json_integer_value(n) : 1;
+    r.n = json_is_integer(k.n) ? json_integer_value(k.n) : 1;
 
-    st = kind == PDGW_API_COMPLETIONS ? validate_prompt(body, &r, err)
+    st = kind == PDGW_API_COMPLETIONS ? validate_prompt_key(k.prompt, "prompt", &r, err)
                                       : validate_messages(body, &r, err);
     if (st != PDGW_OK) {
         pdgw_request_info_release(&r);
