@@ -1071,9 +1071,9 @@ static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
     return true;
 }
 
-/* The forwarder's rewrite of a non-stream decode answer (new body or NULL). */
-/* The decode's answer as the forwarder rewrote it, NULL when it is relayed as it came. The
- * rewritten tree's usage is counted here (*usage_read), so the text is not scanned again. */
+/* The forwarder's rewrite of a non-stream decode answer: the new body, NULL when it is relayed
+ * as it came. The rewritten tree's usage is counted here (*usage_read), so the text written from
+ * it is not scanned again. */
 static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len, bool *usage_read)
 {
     const pdgw_fwd_ops_t *ops = ops_of(wf);
