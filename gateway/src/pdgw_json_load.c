@@ -353,7 +353,8 @@ static json_t *value(parser_t *ps)
     }
 }
 
-json_t *pdgw_json_load_fast(const char *text, size_t len)
+/* The one value of <text>; only an object or an array unless <any> (JSON_DECODE_ANY). */
+static json_t *load_fast(const char *text, size_t len, bool any)
 {
     parser_t ps = {.p = text, .end = text + len};
     json_t *root = NULL;
@@ -361,7 +362,7 @@ json_t *pdgw_json_load_fast(const char *text, size_t len)
     if (text == NULL)
         return NULL;
     skip_ws(&ps);
-    if (ps.p < ps.end && (*ps.p == '{' || *ps.p == '['))
+    if (ps.p < ps.end && (any || *ps.p == '{' || *ps.p == '['))
         root = value(&ps);
     skip_ws(&ps);
     if (root != NULL && ps.p != ps.end) { /* something after the root */
@@ -370,6 +371,11 @@ json_t *pdgw_json_load_fast(const char *text, size_t len)
     }
     pdgw_free(ps.scratch);
     return root;
+}
+
+json_t *pdgw_json_load_fast(const char *text, size_t len)
+{
+    return load_fast(text, len, false);
 }
 
 json_t *pdgw_json_loadb(const char *text, size_t len, json_error_t *err)
@@ -408,9 +414,9 @@ json_t *pdgw_json_load_members(const char *text, size_t len, const char *const *
         if (!name_listed(m.key, m.key_len, names))
             continue;
         /* a name given twice: the last value counts, as in jansson's tree */
-        v = m.val[0] == '{' || m.val[0] == '['
-                ? pdgw_json_loadb(m.val, m.val_len, NULL)
-                : json_loadb(m.val, m.val_len, JSON_DECODE_ANY, NULL); /* a string, number, ... */
+        v = load_fast(m.val, m.val_len, true);
+        if (v == NULL) /* declined: jansson decides */
+            v = json_loadb(m.val, m.val_len, JSON_DECODE_ANY, NULL);
         if (v == NULL || json_object_setn_new(obj, m.key, m.key_len, v) != 0) {
             json_decref(obj);
             return NULL;
