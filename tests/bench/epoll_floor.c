@@ -30,17 +30,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_WORKERS 16
-#define IN_CAP      8192
-#define TAG_LISTEN  ((void *)1)
-#define TAG_WAKE    ((void *)2)
+#include "floor_common.h"
 
-static const char BODY[] =
-    "{\"id\":\"cmpl-0\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"sim-"
-    "model\","
-    "\"choices\":[{\"index\":0,\"text\":\" a b c d e f g h i j k l m n o p\",\"logprobs\":null,"
-    "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":16,"
-    "\"total_tokens\":22}}";
+#define IN_CAP     8192
+#define TAG_LISTEN ((void *)1)
+#define TAG_WAKE   ((void *)2)
 
 typedef struct conn {
     int fd;
@@ -62,7 +56,6 @@ typedef struct worker {
 } worker_t;
 
 static bool g_later;
-static volatile sig_atomic_t g_stop;
 
 /* The whole answer with a Date header, written again once a second as servers do. */
 static void reply_refresh(worker_t *w)
@@ -78,7 +71,7 @@ static void reply_refresh(worker_t *w)
     w->reply_len = (size_t)snprintf(w->reply, sizeof(w->reply),
                                     "HTTP/1.1 200 OK\r\nDate: %s\r\nContent-Type: "
                                     "application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                                    date, sizeof(BODY) - 1, BODY);
+                                    date, sizeof(FLOOR_REPLY) - 1, FLOOR_REPLY);
 }
 
 static void conn_close(worker_t *w, conn_t *c)
@@ -215,7 +208,7 @@ static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     struct epoll_event evs[128];
-    while (!g_stop) {
+    while (!floor_stop) {
         int n = epoll_wait(w->epfd, evs, 128, 1000);
         for (int i = 0; i < n; i++) {
             void *tag = evs[i].data.ptr;
@@ -265,38 +258,21 @@ static int worker_start(worker_t *w, uint16_t port)
     return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
 }
 
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
 int main(int argc, char **argv)
 {
-    static worker_t workers[MAX_WORKERS];
-    int port = 0, n_workers = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--port") == 0)
-            port = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--workers") == 0)
-            n_workers = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--mode") == 0)
-            g_later = strcmp(argv[i + 1], "later") == 0;
-    }
-    if (port <= 0 || port > 65535 || n_workers < 1 || n_workers > MAX_WORKERS) {
-        fprintf(stderr, "usage: epoll-floor --port P [--workers N] [--mode direct|later]\n");
+    static worker_t workers[FLOOR_MAX_WORKERS];
+    floor_args_t a;
+    if (!floor_parse(argc, argv, "epoll-floor", "later", &a))
         return 2;
-    }
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    g_later = a.later;
     signal(SIGPIPE, SIG_IGN);
-    for (int i = 0; i < n_workers; i++) {
-        if (worker_start(&workers[i], (uint16_t)port) != 0) {
-            fprintf(stderr, "epoll-floor: cannot start worker %d on port %d\n", i, port);
+    for (int i = 0; i < a.workers; i++) {
+        if (worker_start(&workers[i], (uint16_t)a.port) != 0) {
+            fprintf(stderr, "epoll-floor: cannot start worker %d on port %d\n", i, a.port);
             return 1;
         }
     }
-    for (int i = 0; i < n_workers; i++)
+    for (int i = 0; i < a.workers; i++)
         pthread_join(workers[i].thread, NULL);
     return 0;
 }

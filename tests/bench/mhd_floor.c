@@ -13,7 +13,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,17 +24,11 @@
 
 #include <microhttpd.h>
 
-#define MAX_WORKERS 16
+#include "floor_common.h"
+
 #define MAX_PENDING 4096
 #define EV_MHD      1
 #define EV_WAKE     2
-
-static const char REPLY[] =
-    "{\"id\":\"cmpl-0\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"sim-"
-    "model\","
-    "\"choices\":[{\"index\":0,\"text\":\" a b c d e f g h i j k l m n o p\",\"logprobs\":null,"
-    "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":16,"
-    "\"total_tokens\":22}}";
 
 typedef struct worker {
     struct MHD_Daemon *mhd;
@@ -50,7 +43,6 @@ typedef struct request {
 } request_t;
 
 static bool g_suspend;
-static volatile sig_atomic_t g_stop;
 static struct MHD_Response *g_reply;
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url,
@@ -95,7 +87,7 @@ static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     struct epoll_event evs[64];
-    while (!g_stop) {
+    while (!floor_stop) {
         /* MHD's timeout is 0 while it has work left from the last run (resumed connections,
          * a reply not all sent): block only when it has none, as pdgw's loop does. */
         MHD_UNSIGNED_LONG_LONG to = 1000;
@@ -141,44 +133,27 @@ static int worker_start(worker_t *w, uint16_t port)
     return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
 }
 
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
 int main(int argc, char **argv)
 {
-    static worker_t workers[MAX_WORKERS];
-    int port = 0, n_workers = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--port") == 0)
-            port = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--workers") == 0)
-            n_workers = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--mode") == 0)
-            g_suspend = strcmp(argv[i + 1], "suspend") == 0;
-    }
-    if (port <= 0 || port > 65535 || n_workers < 1 || n_workers > MAX_WORKERS) {
-        fprintf(stderr, "usage: mhd-floor --port P [--workers N] [--mode direct|suspend]\n");
+    static worker_t workers[FLOOR_MAX_WORKERS];
+    floor_args_t a;
+    if (!floor_parse(argc, argv, "mhd-floor", "suspend", &a))
         return 2;
-    }
-    g_reply =
-        MHD_create_response_from_buffer(sizeof(REPLY) - 1, (void *)REPLY, MHD_RESPMEM_PERSISTENT);
+    g_suspend = a.later;
+    g_reply = MHD_create_response_from_buffer(sizeof(FLOOR_REPLY) - 1, (void *)FLOOR_REPLY,
+                                              MHD_RESPMEM_PERSISTENT);
     if (g_reply == NULL ||
         MHD_add_response_header(g_reply, "Content-Type", "application/json") != MHD_YES)
         return 1;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    for (int i = 0; i < n_workers; i++) {
-        if (worker_start(&workers[i], (uint16_t)port) != 0) {
-            fprintf(stderr, "mhd-floor: cannot start worker %d on port %d\n", i, port);
+    for (int i = 0; i < a.workers; i++) {
+        if (worker_start(&workers[i], (uint16_t)a.port) != 0) {
+            fprintf(stderr, "mhd-floor: cannot start worker %d on port %d\n", i, a.port);
             return 1;
         }
     }
-    for (int i = 0; i < n_workers; i++)
+    for (int i = 0; i < a.workers; i++)
         pthread_join(workers[i].thread, NULL);
-    for (int i = 0; i < n_workers; i++)
+    for (int i = 0; i < a.workers; i++)
         MHD_stop_daemon(workers[i].mhd);
     MHD_destroy_response(g_reply);
     return 0;

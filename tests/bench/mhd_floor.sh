@@ -27,48 +27,40 @@ need wrk nginx curl "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim" "$BIN_DIR/mhd-floor" "$B
 raise_nofile >/dev/null
 
 sim_port=$(free_port)
-nginx_port=$(free_port)
-static_port=$(free_port)
-pdgw_port=$(free_port)
-direct_port=$(free_port)
-suspend_port=$(free_port)
-epoll_later_port=$(free_port)
-epoll_direct_port=$(free_port)
+targets="nginx pdgw mhd-suspend mhd-direct nginx-static epoll-later epoll-direct"
+declare -A port pid
+for t in $targets; do port[$t]=$(free_port); done
 reply='{"id":"cmpl-0","object":"text_completion","created":1700000000,"model":"sim-model","choices":[{"index":0,"text":" a b c d e f g h i j k l m n o p","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":6,"completion_tokens":16,"total_tokens":22}}'
 
 bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --zero-delay \
     --max-tokens-default 16 --record-capacity 0 --max-batch 4096
 wait_http "$sim_port" /health
-nginx_start "$WORKERS" 16384 "$(nginx_proxy_block "$sim_port" "$nginx_port" 512)
+nginx_start "$WORKERS" 16384 "$(nginx_proxy_block "$sim_port" "${port[nginx]}" 512)
     server {
-        listen 127.0.0.1:$static_port;
+        listen 127.0.0.1:${port[nginx-static]};
         location / {
             default_type application/json;
             return 200 '$reply';
         }
     }"
-nginx_pid=$LAST_PID
-bench_start pdgw "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral \
+pid[nginx]=$LAST_PID
+bench_start pdgw "$BIN_DIR/pdgw" --listen "127.0.0.1:${port[pdgw]}" --protocol neutral \
     --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log
-pdgw_pid=$LAST_PID
-bench_start mhd-direct "$BIN_DIR/mhd-floor" --port "$direct_port" --workers "$WORKERS" --mode direct
-direct_pid=$LAST_PID
-bench_start mhd-suspend "$BIN_DIR/mhd-floor" --port "$suspend_port" --workers "$WORKERS" \
-    --mode suspend
-suspend_pid=$LAST_PID
-bench_start epoll-later "$BIN_DIR/epoll-floor" --port "$epoll_later_port" --workers "$WORKERS" \
-    --mode later
-epoll_later_pid=$LAST_PID
-bench_start epoll-direct "$BIN_DIR/epoll-floor" --port "$epoll_direct_port" --workers "$WORKERS" \
-    --mode direct
-epoll_direct_pid=$LAST_PID
-wait_http "$nginx_port" /health
-wait_http "$static_port" /
-wait_http "$pdgw_port" /ready
-wait_http "$direct_port" /
-wait_http "$suspend_port" /
-wait_http "$epoll_later_port" /
-wait_http "$epoll_direct_port" /
+pid[pdgw]=$LAST_PID
+# start_floor NAME TOOL MODE: one of the floor servers on its port.
+start_floor() {
+    bench_start "$1" "$BIN_DIR/$2" --port "${port[$1]}" --workers "$WORKERS" --mode "$3"
+    pid[$1]=$LAST_PID
+}
+start_floor mhd-direct mhd-floor direct
+start_floor mhd-suspend mhd-floor suspend
+start_floor epoll-later epoll-floor later
+start_floor epoll-direct epoll-floor direct
+wait_http "${port[nginx]}" /health
+wait_http "${port[pdgw]}" /ready
+for t in nginx-static mhd-direct mhd-suspend epoll-later epoll-direct; do
+    wait_http "${port[$t]}" /
+done
 
 cat >"$BENCH_TMP/post.lua" <<'LUA'
 wrk.method = "POST"
@@ -76,25 +68,11 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"model":"sim-model","prompt":"The quick brown fox jumps over the lazy dog","max_tokens":16}'
 LUA
 
-port_of() {
-    case $1 in
-    nginx) echo "$nginx_port" ;;
-    nginx-static) echo "$static_port" ;;
-    pdgw) echo "$pdgw_port" ;;
-    mhd-direct) echo "$direct_port" ;;
-    mhd-suspend) echo "$suspend_port" ;;
-    epoll-later) echo "$epoll_later_port" ;;
-    epoll-direct) echo "$epoll_direct_port" ;;
-    esac
-}
+# pids_of TARGET: its processes (nginx's master and workers serve both nginx targets).
 pids_of() {
     case $1 in
-    nginx | nginx-static) echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')" ;;
-    pdgw) echo "$pdgw_pid" ;;
-    mhd-direct) echo "$direct_pid" ;;
-    mhd-suspend) echo "$suspend_pid" ;;
-    epoll-later) echo "$epoll_later_pid" ;;
-    epoll-direct) echo "$epoll_direct_pid" ;;
+    nginx | nginx-static) echo "${pid[nginx]} $(pgrep -P "${pid[nginx]}" | tr '\n' ' ')" ;;
+    *) echo "${pid[$1]}" ;;
     esac
 }
 
@@ -113,7 +91,6 @@ proc_user_sys_s() {
 raw=$BENCH_TMP/raw.csv
 : >"$raw"
 echo "mhd-floor load before: $(load_avg)"
-targets="nginx pdgw mhd-suspend mhd-direct nginx-static epoll-later epoll-direct"
 for ((r = 0; r < ROUNDS; r++)); do
     order=$targets
     ((r % 2 == 1)) && order=$(tr ' ' '\n' <<<"$targets" | tac | tr '\n' ' ')
@@ -121,7 +98,7 @@ for ((r = 0; r < ROUNDS; r++)); do
         pids=$(pids_of "$name")
         read -r u0 k0 < <(proc_user_sys_s $pids)
         out=$(wrk -t 2 -c 64 -d "${DURATION}s" -s "$BENCH_TMP/post.lua" \
-            "http://127.0.0.1:$(port_of "$name")/v1/completions")
+            "http://127.0.0.1:${port[$name]}/v1/completions")
         read -r u1 k1 < <(proc_user_sys_s $pids)
         rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
         total=$(awk '/requests in/ {print $1}' <<<"$out")

@@ -315,13 +315,19 @@ static void env_turn(env_t *e, int wait_ms)
         }                                                                                          \
     } while (0)
 
-static void leg_send(env_t *e, leg_t *l, int port, const char *body)
+/* A POST of a completion to the server on <port>, begun: headers come next. */
+static void leg_begin(env_t *e, leg_t *l, int port)
 {
     char url[128];
     memset(l, 0, sizeof(*l));
     l->e = e;
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1/completions", port);
     assert_int_equal(pdgw_h1_xfer_begin(&l->x, e->c, "POST", url), PDGW_OK);
+}
+
+static void leg_send(env_t *e, leg_t *l, int port, const char *body)
+{
+    leg_begin(e, l, port);
     assert_int_equal(pdgw_h1_xfer_header(&l->x, "Content-Type: application/json"), PDGW_OK);
     assert_int_equal(pdgw_h1_xfer_header(&l->x, "X-Request-Id: abc"), PDGW_OK);
     assert_int_equal(pdgw_h1_xfer_header(&l->x, "Content-Length: 999"), PDGW_OK); /* dropped */
@@ -396,14 +402,10 @@ static void test_owner_host_and_removal(void **state)
     server_t s;
     env_t e;
     leg_t a;
-    char url[128];
     (void)state;
     srv_start(&s, SRV_ANSWER);
     env_open(&e, 10000);
-    memset(&a, 0, sizeof(a));
-    a.e = &e;
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1/completions", s.port);
-    assert_int_equal(pdgw_h1_xfer_begin(&a.x, e.c, "POST", url), PDGW_OK);
+    leg_begin(&e, &a, s.port);
     assert_int_equal(pdgw_h1_xfer_header(&a.x, "host: engine.example"), PDGW_OK);
     assert_int_equal(pdgw_h1_xfer_header(&a.x, "ACCEPT:"), PDGW_OK);
     assert_int_equal(pdgw_h1_xfer_header(&a.x, "X-Empty;"), PDGW_OK);
