@@ -21,11 +21,7 @@
 /* Is the client of <r> on this host (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104)? */
 static bool peer_is_loopback(const pdgw_req_t *r)
 {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
-    if (sa == NULL)
-        return false;
+    const struct sockaddr *sa = &r->client_addr.sa; /* AF_UNSPEC when unknown */
     if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
         return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
@@ -94,7 +90,7 @@ bool pdgw_tls_authorize(pdgw_req_t *r)
     if (!pdgw_tls_wants_client_cert(srv->opts.tls) || r->route == PDGW_ROUTE_HEALTH ||
         r->route == PDGW_ROUTE_READY)
         return true;
-    ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    ci = r->conn ? MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_GNUTLS_SESSION) : NULL;
     if (pdgw_tls_verify_client(ci ? ci->tls_session : NULL, why, sizeof(why)) == PDGW_OK)
         return true;
     pdgw_api_error_set(&e, PDGW_API_ERR_UNAUTHORIZED, NULL,

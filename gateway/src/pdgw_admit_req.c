@@ -45,7 +45,7 @@ static bool req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
         *out = (int64_t)json_integer_value(p);
         return true;
     }
-    h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, PRIORITY_HEADER);
+    h = pdgw_req_header(r, PRIORITY_HEADER);
     if (h != NULL) {
         char *end;
         long long v;
@@ -67,8 +67,7 @@ static bool req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
 /* The API key the client presented ("Authorization: Bearer <key>"), for its rate limit. */
 static const char *req_api_key(pdgw_req_t *r, size_t *len)
 {
-    const char *h =
-        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *h = pdgw_req_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
     const char *end;
     *len = 0;
     if (h == NULL || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
@@ -89,7 +88,7 @@ static void req_affinity(pdgw_wf_t *wf, const pdgw_admit_limits_t *l)
     pdgw_req_t *r = wf->req;
     const char *v = NULL;
     if (l->affinity == PDGW_AFFINITY_HEADER)
-        v = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, l->affinity_header);
+        v = pdgw_req_header(r, l->affinity_header);
     else if (l->affinity == PDGW_AFFINITY_USER && r->json != NULL)
         v = json_string_value(json_object_get(r->json, "user"));
     wf->affinity_key = v != NULL && v[0] != '\0' ? v : NULL;

@@ -46,7 +46,7 @@ static bool origin_allowed(const pdgw_server_opts_t *o, const char *origin, bool
 void pdgw_cors_classify(pdgw_req_t *r)
 {
     const pdgw_server_opts_t *o = &r->w->srv->opts;
-    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    const char *origin = pdgw_req_header(r, "Origin");
     bool any;
     r->cors = PDGW_CORS_NONE;
     if (origin == NULL || origin[0] == '\0' || o->n_cors_origins == 0)
@@ -69,8 +69,8 @@ bool pdgw_cors_preflight(pdgw_req_t *r)
     const char *acrm;
     if (strcmp(r->method, "OPTIONS") != 0)
         return false;
-    acrm = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Access-Control-Request-Method");
-    if (acrm == NULL || MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin") == NULL)
+    acrm = pdgw_req_header(r, "Access-Control-Request-Method");
+    if (acrm == NULL || pdgw_req_header(r, "Origin") == NULL)
         return false; /* a plain OPTIONS: routed as any other method */
     if (r->cors != PDGW_CORS_ALLOWED) {
         pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "cors_origin");
@@ -90,7 +90,7 @@ bool pdgw_cors_preflight(pdgw_req_t *r)
     return true;
 }
 
-void pdgw_cors_add_headers(const pdgw_req_t *r, struct MHD_Response *resp)
+void pdgw_cors_add_headers(const pdgw_req_t *r, pdgw_hdr_out_t *out)
 {
     const pdgw_server_opts_t *o = &r->w->srv->opts;
     const char *origin;
@@ -98,20 +98,19 @@ void pdgw_cors_add_headers(const pdgw_req_t *r, struct MHD_Response *resp)
 
     if (r->cors != PDGW_CORS_ALLOWED)
         return;
-    origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    origin = pdgw_req_header(r, "Origin");
     if (origin == NULL || !origin_allowed(o, origin, &any) || !echo_safe(origin))
         return;
-    MHD_add_response_header(resp, "Access-Control-Allow-Origin", any ? "*" : origin);
+    pdgw_hdr_add(out, "Access-Control-Allow-Origin", any ? "*" : origin);
     if (!any)
-        MHD_add_response_header(resp, "Vary", "Origin");
+        pdgw_hdr_add(out, "Vary", "Origin");
     if (r->reply_status == 204 && strcmp(r->method, "OPTIONS") == 0) {
-        const char *acrh =
-            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
-        MHD_add_response_header(resp, "Access-Control-Allow-Methods", CORS_METHODS);
-        MHD_add_response_header(resp, "Access-Control-Allow-Headers",
-                                acrh && echo_safe(acrh) ? acrh : CORS_DEFAULT_HEADERS);
-        MHD_add_response_header(resp, "Access-Control-Max-Age", CORS_MAX_AGE);
+        const char *acrh = pdgw_req_header(r, "Access-Control-Request-Headers");
+        pdgw_hdr_add(out, "Access-Control-Allow-Methods", CORS_METHODS);
+        pdgw_hdr_add(out, "Access-Control-Allow-Headers",
+                     acrh && echo_safe(acrh) ? acrh : CORS_DEFAULT_HEADERS);
+        pdgw_hdr_add(out, "Access-Control-Max-Age", CORS_MAX_AGE);
         return;
     }
-    MHD_add_response_header(resp, "Access-Control-Expose-Headers", CORS_EXPOSE);
+    pdgw_hdr_add(out, "Access-Control-Expose-Headers", CORS_EXPOSE);
 }

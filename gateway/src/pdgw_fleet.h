@@ -30,7 +30,7 @@ void pdgw_pt_start(pdgw_wf_t *wf);
 /* curl header callback of a raw leg: keep the engine's end-to-end headers. */
 void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len);
 /* The kept headers on the client's response. */
-void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp);
+void pdgw_pt_add_headers(const pdgw_req_t *r, pdgw_hdr_out_t *out);
 /* curl write callback of a raw leg. */
 size_t pdgw_pt_on_write(pdgw_leg_t *leg, const char *data, size_t len);
 /* The raw leg ended. */
@@ -51,6 +51,6 @@ void pdgw_cors_classify(pdgw_req_t *r);
 /* OPTIONS preflight: answered (204 or 403) → true. */
 bool pdgw_cors_preflight(pdgw_req_t *r);
 /* The CORS headers of an allowed Origin on any response (replies, streams, errors). */
-void pdgw_cors_add_headers(const pdgw_req_t *r, struct MHD_Response *resp);
+void pdgw_cors_add_headers(const pdgw_req_t *r, pdgw_hdr_out_t *out);
 
 #endif /* PDGW_FLEET_H */

@@ -56,26 +56,24 @@ static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
     return false;
 }
 
-static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                      const char *value)
+static bool collect_header(void *cls, const char *key, const char *value)
 {
     pdgw_req_t *r = cls;
-    (void)kind;
     if (key == NULL || value == NULL || header_is_hop_or_own(r, key))
-        return MHD_YES;
+        return true;
     if (strchr(value, '\r') || strchr(value, '\n'))
-        return MHD_YES;
+        return true;
     if (pdgw_buf_append(&r->fwd_headers, key, strlen(key)) != PDGW_OK ||
         pdgw_buf_append(&r->fwd_headers, ": ", 2) != PDGW_OK ||
         pdgw_buf_append(&r->fwd_headers, value, strlen(value) + 1) != PDGW_OK) /* with its NUL */
-        return MHD_NO;
-    return MHD_YES;
+        return false;
+    return true;
 }
 
 static void req_identity(pdgw_req_t *r)
 {
-    const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
-    const char *tp = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "traceparent");
+    const char *id = pdgw_req_header(r, "X-Request-Id");
+    const char *tp = pdgw_req_header(r, "traceparent");
     pdgw_traceparent_t parent, child;
 
     if (id && pdgw_request_id_is_valid(id, strlen(id)))
@@ -98,7 +96,7 @@ static void req_identity(pdgw_req_t *r)
 
 static void req_deadline(pdgw_req_t *r)
 {
-    const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Timeout");
+    const char *h = pdgw_req_header(r, "X-Request-Timeout");
     uint64_t ms = r->request_timeout_ms;
     if (h) {
         uint64_t v;
@@ -328,8 +326,7 @@ static bool dispatch_admit(pdgw_req_t *r)
         if (!pdgw_admin_authorize(r))
             return false;
     } else if (route_needs_auth(r)) {
-        const char *h =
-            MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        const char *h = pdgw_req_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
         pdgw_auth_result_t ar = pdgw_auth_check(srv->opts.auth, h);
         if (!pdgw_auth_allowed(ar)) {
             pdgw_api_error_t e;
@@ -429,9 +426,8 @@ static void dispatch(pdgw_req_t *r)
                               "the gateway is out of memory; retry later");
         return;
     }
-    r->conn_tokens =
-        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
-    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_header, r);
+    r->conn_tokens = pdgw_req_header(r, MHD_HTTP_HEADER_CONNECTION);
+    pdgw_req_headers_each(r, collect_header, r);
     if (r->route == PDGW_ROUTE_PASSTHROUGH && !pdgw_pt_prepare(wf)) /* fleet hook */
         return;
     /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on;
@@ -458,30 +454,30 @@ static void keep_client_addr(pdgw_req_t *r, const struct sockaddr *sa)
         r->client_addr.sa.sa_family = AF_UNSPEC;
 }
 
-static pdgw_req_t *req_new(pdgw_worker_t *w, struct MHD_Connection *conn, const char *url,
-                           const char *method)
+static pdgw_req_t *req_new(pdgw_worker_t *w, const pdgw_http_origin_t *o)
 {
     pdgw_req_t *r = pdgw_req_alloc(w);
-    const union MHD_ConnectionInfo *ci;
     if (r == NULL)
         return NULL;
     r->w = w;
-    r->conn = conn;
+    r->conn = o->conn;
+    r->fc = o->fc;
     r->t_start_ns = pdgw_time_mono_ns();
     r->t_start_ms = r->t_start_ns / 1000000u;
-    r->method = method;
+    r->method = o->method;
+    r->http11 = o->http11;
     pdgw_req_live_acquire(r); /* limits and forwarder context of this moment (reloads) */
-    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    r->fd = ci ? ci->connect_fd : -1;
-    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (ci && ci->client_addr)
-        keep_client_addr(r, ci->client_addr);
+    r->fd = o->fd;
+    if (o->addr != NULL)
+        keep_client_addr(r, o->addr);
+    else
+        r->client_addr.sa.sa_family = AF_UNSPEC;
     r->body.limit = 0;
-    route(r, url);
+    route(r, o->url);
     req_identity(r);
     req_deadline(r);
     pdgw_cors_classify(r); /* fleet hook */
-    r->cx = pdgw_conn_of(conn);
+    r->cx = o->cx;
     pdgw_conn_headers_done(r->cx, r);
     if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
         r->route == PDGW_ROUTE_PASSTHROUGH) {
@@ -500,32 +496,22 @@ typedef struct {
     unsigned transfer_encoding;
 } framing_t;
 
-static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
-                                     const char *value)
+static bool count_framing(void *cls, const char *key, const char *value)
 {
     framing_t *f = cls;
-    (void)kind;
     (void)value;
     if (key && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
         f->content_length++;
     else if (key && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
         f->transfer_encoding++;
-    return MHD_YES;
+    return true;
 }
 
-static bool framing_ambiguous(struct MHD_Connection *conn)
+static bool framing_ambiguous(const pdgw_req_t *r)
 {
     framing_t f = {0, 0};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_framing, &f);
+    pdgw_req_headers_each(r, count_framing, &f);
     return f.content_length > 1 || (f.content_length > 0 && f.transfer_encoding > 0);
-}
-
-/* Refuse before reading the body; the connection is closed after the reply. */
-static enum MHD_Result refuse_early(pdgw_req_t *r)
-{
-    r->reply_close = true;
-    pdgw_conn_body_done(r->cx);
-    return pdgw_sink_queue_reply(r);
 }
 
 /* Room for <more> body bytes. With a Content-Length the buffer still grows only as bytes
@@ -544,6 +530,78 @@ static pdgw_status_t body_room(pdgw_req_t *r, size_t more)
     return pdgw_buf_reserve_exact(&r->body, want - r->body.len);
 }
 
+/* Refuse before reading the body: the connection is closed after the reply. */
+static void refuse_early(pdgw_req_t *r)
+{
+    r->reply_close = true;
+    pdgw_conn_body_done(r->cx);
+}
+
+pdgw_req_t *pdgw_http_begin(pdgw_worker_t *w, const pdgw_http_origin_t *o)
+{
+    pdgw_req_t *r = req_new(w, o);
+    const char *cl;
+    if (r == NULL)
+        return NULL;
+    if (framing_ambiguous(r)) {
+        pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "ambiguous_length");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
+                              "a request may not carry both Content-Length and "
+                              "Transfer-Encoding, nor Content-Length twice");
+        refuse_early(r);
+        return r;
+    }
+    cl = pdgw_req_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        unsigned long long n = strtoull(cl, NULL, 10);
+        r->declared_len = n;
+        if (n > r->max_body_bytes) {
+            r->too_large = true;
+            pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "body_too_large");
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
+                                  "request body exceeds the limit of %llu bytes",
+                                  (unsigned long long)r->max_body_bytes);
+            refuse_early(r);
+        }
+    }
+    return r;
+}
+
+bool pdgw_http_body(pdgw_req_t *r, const char *data, size_t len)
+{
+    if (r->too_large || r->reply_ready)
+        return true; /* read and dropped */
+    if (r->body.len + len > r->max_body_bytes) {
+        r->too_large = true;
+        pdgw_buf_free(&r->body);
+        return true;
+    }
+    return body_room(r, len) == PDGW_OK && pdgw_buf_append(&r->body, data, len) == PDGW_OK;
+}
+
+void pdgw_http_body_done(pdgw_req_t *r)
+{
+    /* The whole request is in: its receive deadline is over. */
+    pdgw_conn_body_done(r->cx);
+    if (r->reply_ready || r->committed || r->dispatched)
+        return;
+    r->dispatched = true;
+    dispatch(r);
+}
+
+void pdgw_http_end(pdgw_req_t *r, bool ok)
+{
+    pdgw_worker_hup_unwatch(r->w, r);
+    /* The socket is the front end's again (or closed; its number may be reused at once). */
+    pdgw_direct_forget(r);
+    r->direct = false;
+    /* A kept-alive connection must send its next request headers in time. */
+    pdgw_conn_request_done(r->cx);
+    pdgw_req_finalize(r, r->client_gone || !ok);
+}
+
+/* ---------------------------------------------------------------- libmicrohttpd glue */
+
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
@@ -552,70 +610,42 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
     pdgw_req_t *r = *con_cls;
 
     if (r == NULL) {
-        const char *cl;
-        r = req_new(w, conn, url, method);
+        const union MHD_ConnectionInfo *fd =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ad =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        pdgw_http_origin_t o = {
+            .conn = conn,
+            .cx = pdgw_conn_of(conn),
+            .fd = fd ? fd->connect_fd : -1,
+            .addr = ad ? ad->client_addr : NULL,
+            .url = url,
+            .method = method,
+            .http11 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) == 0,
+        };
+        r = pdgw_http_begin(w, &o);
         if (r == NULL)
             return MHD_NO;
         *con_cls = r;
-        r->http11 = version != NULL && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
-        if (framing_ambiguous(conn)) {
-            pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "ambiguous_length");
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
-                                  "a request may not carry both Content-Length and "
-                                  "Transfer-Encoding, nor Content-Length twice");
-            return refuse_early(r);
-        }
-        cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            unsigned long long n = strtoull(cl, NULL, 10);
-            r->declared_len = n;
-            if (n > r->max_body_bytes) {
-                /* Refuse before reading: MHD closes the connection after the reply. */
-                r->too_large = true;
-                if (r->route == PDGW_ROUTE_NONE || !method_ok(r)) {
-                    /* still answer with the routing error first */
-                }
-                pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "body_too_large");
-                pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
-                                      "request body exceeds the limit of %llu bytes",
-                                      (unsigned long long)r->max_body_bytes);
-                return refuse_early(r);
-            }
-        }
+        if (r->reply_ready) /* refused before the body; MHD closes after the reply */
+            return pdgw_sink_queue_reply(r);
         return MHD_YES;
     }
     if (r->client_gone)
         return MHD_NO;
     if (*upload_data_size > 0) {
-        if (!r->too_large && !r->reply_ready) {
-            if (r->body.len + *upload_data_size > r->max_body_bytes) {
-                r->too_large = true;
-                pdgw_buf_free(&r->body);
-            } else if (body_room(r, *upload_data_size) != PDGW_OK ||
-                       pdgw_buf_append(&r->body, upload_data, *upload_data_size) != PDGW_OK) {
-                *upload_data_size = 0;
-                return MHD_NO;
-            }
-        }
+        bool ok = pdgw_http_body(r, upload_data, *upload_data_size);
         *upload_data_size = 0;
-        return MHD_YES;
+        return ok ? MHD_YES : MHD_NO;
     }
     if (r->queued)
         return MHD_YES;
-    /* The whole request is in: its receive deadline is over. */
-    pdgw_conn_body_done(r->cx);
+    if (!r->suspended)
+        pdgw_http_body_done(r);
     if (r->reply_ready)
         return pdgw_sink_queue_reply(r);
     if (r->committed)
         return pdgw_sink_queue_stream(r);
-    if (!r->dispatched && !r->suspended) {
-        r->dispatched = true;
-        dispatch(r);
-        if (r->reply_ready)
-            return pdgw_sink_queue_reply(r);
-        if (r->committed)
-            return pdgw_sink_queue_stream(r);
-    }
     /* The answer is not known yet: wait for the workflow. */
     pdgw_req_suspend(r);
     return MHD_YES;
@@ -625,18 +655,10 @@ void pdgw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     pdgw_req_t *r = *con_cls;
-    bool disconnected;
     (void)cls;
     (void)conn;
     if (r == NULL)
         return;
     *con_cls = NULL;
-    pdgw_worker_hup_unwatch(r->w, r);
-    /* The socket is MHD's again (or closed; its number may be reused at once). */
-    pdgw_direct_forget(r);
-    r->direct = false;
-    /* A kept-alive connection must send its next request headers in time. */
-    pdgw_conn_request_done(r->cx);
-    disconnected = r->client_gone || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
-    pdgw_req_finalize(r, disconnected);
+    pdgw_http_end(r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
 }

@@ -95,13 +95,11 @@ static void pct_encode(pdgw_buf_t *out, const char *s, bool *ok)
     }
 }
 
-static enum MHD_Result add_query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
-                                     const char *value)
+static bool add_query_arg(void *cls, const char *key, const char *value)
 {
     query_ctx_t *q = cls;
-    (void)kind;
     if (key == NULL)
-        return MHD_YES;
+        return true;
     q->ok &= pdgw_buf_append_char(q->out, q->first ? '?' : '&') == PDGW_OK;
     q->first = false;
     pct_encode(q->out, key, &q->ok);
@@ -109,17 +107,17 @@ static enum MHD_Result add_query_arg(void *cls, enum MHD_ValueKind kind, const c
         q->ok &= pdgw_buf_append_char(q->out, '=') == PDGW_OK;
         pct_encode(q->out, value, &q->ok);
     }
-    return MHD_YES;
+    return true;
 }
 
-/* r->path plus the client's query (re-encoded from MHD's parsed arguments). */
+/* r->path plus the client's query (re-encoded from its decoded arguments). */
 static char *pt_target(pdgw_req_t *r)
 {
     pdgw_buf_t out = PDGW_BUF_INIT;
     query_ctx_t q = {&out, true, true};
     size_t len;
     q.ok = pdgw_buf_append(&out, r->path, strlen(r->path)) == PDGW_OK;
-    MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_query_arg, &q);
+    pdgw_req_query_each(r, add_query_arg, &q);
     if (!q.ok || out.len >= 1000) { /* the leg's URL buffer holds about 1 KiB */
         pdgw_buf_free(&out);
         return NULL;
@@ -178,7 +176,7 @@ static bool pt_start_leg(pdgw_wf_t *wf)
     pdgw_req_t *r = wf->req;
     pdgw_leg_t *leg = &wf->legs[PDGW_LEG_DECODE];
     sched_instance_t *si = sched_booking_instance(wf->booking, SCHED_LEG_DECODE);
-    const char *ctype = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Type");
+    const char *ctype = pdgw_req_header(r, "Content-Type");
     pdgw_fwd_leg_t fl;
     char *target;
     pdgw_status_t st;
@@ -315,14 +313,14 @@ void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len)
         wf->pt_headers.len = mark; /* out of memory: only whole pairs stay */
 }
 
-void pdgw_pt_add_headers(const pdgw_req_t *r, struct MHD_Response *resp)
+void pdgw_pt_add_headers(const pdgw_req_t *r, pdgw_hdr_out_t *out)
 {
     const pdgw_buf_t *h = &r->wf->pt_headers; /* only a pass-through (with a workflow) */
     size_t off = 0;
     while (off < h->len) {
         const char *name = h->data + off;
         const char *value = name + strlen(name) + 1;
-        MHD_add_response_header(resp, name, value);
+        pdgw_hdr_add(out, name, value);
         off = (size_t)(value - h->data) + strlen(value) + 1;
     }
 }

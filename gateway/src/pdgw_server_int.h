@@ -38,6 +38,7 @@ typedef struct pdgw_req pdgw_req_t;
 typedef struct pdgw_leg pdgw_leg_t;
 typedef struct pdgw_wf pdgw_wf_t;
 typedef struct pdgw_conn pdgw_conn_t;
+typedef struct pdgw_front_conn pdgw_front_conn_t; /* a connection of the native front end */
 typedef struct pdgw_addr_table pdgw_addr_table_t;
 typedef struct pdgw_fwd_gen pdgw_fwd_gen_t; /* a forwarder context, refcounted */
 
@@ -223,7 +224,10 @@ typedef enum {
 
 struct pdgw_req {
     pdgw_worker_t *w;
+    /* The connection it arrived on: libmicrohttpd's, or the native front end's (exactly one
+     * is set). Read the request through pdgw_req_header() and its kin, never through these. */
     struct MHD_Connection *conn;
+    pdgw_front_conn_t *fc;
     pdgw_conn_t *cx; /* the connection's guard (NULL if MHD gave none) */
     union {
         struct sockaddr sa;
@@ -342,6 +346,25 @@ void pdgw_worker_hup_watch(pdgw_worker_t *w, pdgw_req_t *r);
 bool pdgw_worker_client_watch(pdgw_worker_t *w, pdgw_req_t *r, bool writable);
 void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
 
+/* ---- pdgw_req_headers.c: the client's request head, whichever front end read it */
+/* A header or query argument; false stops the walk. */
+typedef bool (*pdgw_pair_fn)(void *arg, const char *name, const char *value);
+/* The first value of request header <name> (case-insensitive), NULL when absent. */
+const char *pdgw_req_header(const pdgw_req_t *r, const char *name);
+/* Every request header, in the order received. */
+void pdgw_req_headers_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg);
+/* Every query argument, decoded (a NULL value: the argument had no '='). */
+void pdgw_req_query_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg);
+
+/* Where response headers go: a libmicrohttpd response, or the native front end's head. */
+typedef struct pdgw_hdr_out {
+    void (*add)(struct pdgw_hdr_out *o, const char *name, const char *value);
+} pdgw_hdr_out_t;
+static inline void pdgw_hdr_add(pdgw_hdr_out_t *o, const char *name, const char *value)
+{
+    o->add(o, name, value);
+}
+
 /* ---- pdgw_conn.c */
 /* MHD accept policy: per-worker connection limit and per-client-address cap. */
 enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen);
@@ -366,7 +389,28 @@ void pdgw_addr_table_destroy(pdgw_addr_table_t *t);
  * (2 with one leg, 3 when prefill and decode run together). */
 unsigned pdgw_conn_limit_derive(uint64_t nofile, unsigned workers, unsigned fds_per_conn);
 
-/* ---- pdgw_http.c */
+/* ---- pdgw_http.c: the request path's entry points, for either front end */
+/* Where a request arrived: one of <conn> (libmicrohttpd) and <fc> (native) is set. */
+typedef struct pdgw_http_origin {
+    struct MHD_Connection *conn;
+    pdgw_front_conn_t *fc;
+    pdgw_conn_t *cx; /* the connection's guard (may be NULL) */
+    int fd;
+    const struct sockaddr *addr; /* NULL = unknown */
+    const char *url, *method;    /* kept by the front end for the request's life */
+    bool http11;
+} pdgw_http_origin_t;
+/* The request's headers are in: a new request (NULL = out of memory). It may already hold a
+ * reply: refused before its body (r->reply_close set; the connection closes after it). */
+pdgw_req_t *pdgw_http_begin(pdgw_worker_t *w, const pdgw_http_origin_t *o);
+/* Body bytes (dropped once the body is refused); false = out of memory: close. */
+bool pdgw_http_body(pdgw_req_t *r, const char *data, size_t len);
+/* The whole request is in: decide. Then r->reply_ready, r->committed, or neither (the
+ * answer comes later, through the sink). */
+void pdgw_http_body_done(pdgw_req_t *r);
+/* The exchange is over; <ok> = the whole answer was handed to the client's socket. Frees r. */
+void pdgw_http_end(pdgw_req_t *r, bool ok);
+/* libmicrohttpd's handler and completion callback. */
 enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls);
@@ -397,6 +441,12 @@ bool pdgw_req_out_writable(const pdgw_req_t *r);
 void pdgw_req_on_drain(pdgw_req_t *r, void (*fn)(void *arg), void *arg);
 /* The answer is not known yet: suspend the connection until the sink resumes it. */
 void pdgw_req_suspend(pdgw_req_t *r);
+/* The headers of a filled reply (Content-Type first), whichever front end writes them; does
+ * the reply close the connection (draining, or framing that cannot be trusted)? */
+void pdgw_sink_reply_headers(pdgw_req_t *r, pdgw_hdr_out_t *o);
+bool pdgw_sink_reply_closes(const pdgw_req_t *r);
+/* The headers of a committed stream; its status. */
+int pdgw_sink_stream_headers(pdgw_req_t *r, pdgw_hdr_out_t *o);
 /* MHD side: queue the filled reply / the committed stream on the connection. */
 enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r);
 enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r);

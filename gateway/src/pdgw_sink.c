@@ -198,77 +198,103 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     return 0;
 }
 
-/* ---------------------------------------------------------------- MHD responses */
+/* ---------------------------------------------------------------- response headers */
 
-static enum MHD_Result add_common_headers(pdgw_req_t *r, struct MHD_Response *resp)
+static void add_common_headers(pdgw_req_t *r, pdgw_hdr_out_t *o)
 {
     if (r->id[0])
-        MHD_add_response_header(resp, "X-Request-Id", r->id);
+        pdgw_hdr_add(o, "X-Request-Id", r->id);
     if (r->pd_phase != PDGW_PHASE_NONE) {
-        MHD_add_response_header(resp, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
-        MHD_add_response_header(resp, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
+        pdgw_hdr_add(o, "X-PD-Failure-Phase", pdgw_phase_name(r->pd_phase));
+        pdgw_hdr_add(o, "X-PD-Retryable", r->pd_retryable ? "true" : "false");
     }
-    pdgw_cors_add_headers(r, resp); /* fleet hook: CORS */
-    return MHD_YES;
+    pdgw_cors_add_headers(r, o); /* fleet hook: CORS */
+}
+
+bool pdgw_sink_reply_closes(const pdgw_req_t *r)
+{
+    return r->w->srv->draining || r->reply_close;
+}
+
+void pdgw_sink_reply_headers(pdgw_req_t *r, pdgw_hdr_out_t *o)
+{
+    pdgw_hdr_add(o, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+    if (r->reply_www_auth)
+        pdgw_hdr_add(o, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (r->reply_status == 405 && pdgw_http_allowed_methods(r) != NULL)
+        pdgw_hdr_add(o, MHD_HTTP_HEADER_ALLOW, pdgw_http_allowed_methods(r));
+    if (r->reply_retry_after_s > 0) {
+        char secs[16];
+        snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);
+        pdgw_hdr_add(o, MHD_HTTP_HEADER_RETRY_AFTER, secs);
+    }
+    add_common_headers(r, o);
+}
+
+int pdgw_sink_stream_headers(pdgw_req_t *r, pdgw_hdr_out_t *o)
+{
+    /* fleet hook: a pass-through relays the engine's status and headers */
+    if (r->wf != NULL && r->wf->pt) {
+        pdgw_pt_add_headers(r, o);
+        pdgw_hdr_add(o, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
+        add_common_headers(r, o);
+        return r->reply_status;
+    }
+    pdgw_hdr_add(o, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    pdgw_hdr_add(o, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    add_common_headers(r, o);
+    return MHD_HTTP_OK;
+}
+
+/* ---------------------------------------------------------------- libmicrohttpd responses */
+
+typedef struct {
+    pdgw_hdr_out_t out;
+    struct MHD_Response *resp;
+} mhd_hdr_out_t;
+
+static void mhd_add(pdgw_hdr_out_t *o, const char *name, const char *value)
+{
+    MHD_add_response_header(((mhd_hdr_out_t *)(void *)o)->resp, name, value);
 }
 
 enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r)
 {
-    struct MHD_Response *resp;
+    mhd_hdr_out_t ho = {{mhd_add}, NULL};
     enum MHD_Result ret;
     if (r->reply_body != NULL)
-        resp = MHD_create_response_from_buffer(r->reply_len, r->reply_body, MHD_RESPMEM_MUST_FREE);
+        ho.resp =
+            MHD_create_response_from_buffer(r->reply_len, r->reply_body, MHD_RESPMEM_MUST_FREE);
     else /* out of memory while building the body: an empty answer, never a freed literal */
-        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-    if (resp == NULL)
+        ho.resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (ho.resp == NULL)
         return MHD_NO;
     r->reply_body = NULL; /* owned by MHD now */
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
-    if (r->reply_www_auth)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (r->reply_status == 405 && pdgw_http_allowed_methods(r) != NULL)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, pdgw_http_allowed_methods(r));
-    if (r->reply_retry_after_s > 0) {
-        char secs[16];
-        snprintf(secs, sizeof(secs), "%u", r->reply_retry_after_s);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
-    }
-    if (r->w->srv->draining || r->reply_close)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    add_common_headers(r, resp);
+    pdgw_sink_reply_headers(r, &ho.out);
+    if (pdgw_sink_reply_closes(r))
+        MHD_add_response_header(ho.resp, MHD_HTTP_HEADER_CONNECTION, "close");
     r->bytes_out = r->reply_len;
-    ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
-    MHD_destroy_response(resp);
+    ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, ho.resp);
+    MHD_destroy_response(ho.resp);
     r->queued = true;
     return ret;
 }
 
 enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
 {
-    struct MHD_Response *resp;
+    mhd_hdr_out_t ho = {{mhd_add}, NULL};
     enum MHD_Result ret;
+    int status;
     /* The block is MHD's buffer for a body it does not frame in chunks (HTTP/1.0); a chunked
      * body is read straight into the connection's own buffer, and one the sink writes itself
      * needs none: thousands of open streams should not each keep a 1 KiB block. */
-    resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, pdgw_direct_eligible(r) ? 64 : 1024,
-                                             stream_reader, r, NULL);
-    if (resp == NULL)
+    ho.resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, pdgw_direct_eligible(r) ? 64 : 1024, stream_reader, r, NULL);
+    if (ho.resp == NULL)
         return MHD_NO;
-    /* fleet hook: a pass-through relays the engine's status and headers */
-    if (r->wf != NULL && r->wf->pt) {
-        pdgw_pt_add_headers(r, resp);
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
-        add_common_headers(r, resp);
-        ret = MHD_queue_response(r->conn, (unsigned)r->reply_status, resp);
-        MHD_destroy_response(resp);
-        r->queued = true;
-        return ret;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    add_common_headers(r, resp);
-    ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
+    status = pdgw_sink_stream_headers(r, &ho.out);
+    ret = MHD_queue_response(r->conn, (unsigned)status, ho.resp);
+    MHD_destroy_response(ho.resp);
     r->queued = true;
     return ret;
 }

@@ -82,6 +82,17 @@ void pdgw_h1p_init(pdgw_h1p_t *p, bool head_request);
  * (state DONE) and when the body callback pauses (call again with the same bytes).
  */
 long pdgw_h1p_feed(pdgw_h1p_t *p, const char *buf, size_t len, const pdgw_h1p_cb_t *cb, void *arg);
+/* A parser for a body alone (a request's, whose head the front end read): chunked, or
+ * <length> bytes. Feed it the bytes after the head; it reports them through on_body. */
+void pdgw_h1p_init_body(pdgw_h1p_t *p, bool chunked, uint64_t length);
+/* HTTP/1 grammar shared with the front end's request parser (RFC 9110 5.6.2, 8.6). */
+bool pdgw_h1_is_tchar(unsigned char c);
+/* Does the comma-separated list <v, n> hold <token> (any case)? */
+bool pdgw_h1_list_has(const char *v, size_t n, const char *token);
+/* Is the last element of the comma-separated list <v, n> <token> (any case)? */
+bool pdgw_h1_list_last_is(const char *v, size_t n, const char *token);
+/* Content-Length: digits, or a list of equal values. */
+bool pdgw_h1_parse_length(const char *v, size_t n, int64_t *out);
 /* The peer closed the connection: true when that completes the response (a body that runs
  * until close), false when the response was cut short (p->err says where). */
 bool pdgw_h1p_eof(pdgw_h1p_t *p);

@@ -25,6 +25,19 @@ void pdgw_h1p_init(pdgw_h1p_t *p, bool head_request)
     p->content_length = -1;
 }
 
+void pdgw_h1p_init_body(pdgw_h1p_t *p, bool chunked, uint64_t length)
+{
+    pdgw_h1p_init(p, false);
+    p->chunked = chunked;
+    if (chunked) {
+        p->state = PDGW_H1P_CHUNK_SIZE;
+    } else {
+        p->content_length = (int64_t)length;
+        p->remaining = length;
+        p->state = length > 0 ? PDGW_H1P_BODY_LENGTH : PDGW_H1P_DONE;
+    }
+}
+
 static long fail(pdgw_h1p_t *p, const char *why)
 {
     p->state = PDGW_H1P_ERROR;
@@ -45,7 +58,7 @@ static size_t next_line(const char *buf, size_t len, size_t *text_len)
     return n + 1;
 }
 
-static bool is_tchar(unsigned char c)
+bool pdgw_h1_is_tchar(unsigned char c)
 {
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
         return true;
@@ -72,7 +85,7 @@ static bool is_tchar(unsigned char c)
 }
 
 /* Does the comma-separated header value hold <token> (any case)? */
-static bool list_has(const char *v, size_t n, const char *token)
+bool pdgw_h1_list_has(const char *v, size_t n, const char *token)
 {
     size_t tl = strlen(token), i = 0;
     while (i < n) {
@@ -92,7 +105,7 @@ static bool list_has(const char *v, size_t n, const char *token)
 }
 
 /* Is the last element of a Transfer-Encoding list "chunked"? */
-static bool list_last_is(const char *v, size_t n, const char *token)
+bool pdgw_h1_list_last_is(const char *v, size_t n, const char *token)
 {
     size_t tl = strlen(token), e = n, s;
     while (e > 0 && (v[e - 1] == ' ' || v[e - 1] == '\t' || v[e - 1] == ','))
@@ -106,7 +119,7 @@ static bool list_last_is(const char *v, size_t n, const char *token)
 }
 
 /* Content-Length: digits, or a list of equal values (RFC 9110 8.6). */
-static bool parse_length(const char *v, size_t n, int64_t *out)
+bool pdgw_h1_parse_length(const char *v, size_t n, int64_t *out)
 {
     int64_t first = -1;
     size_t i = 0;
@@ -166,7 +179,7 @@ static long header_line(pdgw_h1p_t *p, const char *s, size_t n)
         return fail(p, "malformed header line");
     name_len = (size_t)(colon - s);
     for (i = 0; i < name_len; i++)
-        if (!is_tchar((unsigned char)s[i]))
+        if (!pdgw_h1_is_tchar((unsigned char)s[i]))
             return fail(p, "malformed header name");
     v = colon + 1;
     vn = n - name_len - 1;
@@ -179,7 +192,7 @@ static long header_line(pdgw_h1p_t *p, const char *s, size_t n)
             return fail(p, "control character in a header value");
     if (name_len == 14 && strncasecmp(s, "content-length", 14) == 0) {
         int64_t cl;
-        if (!parse_length(v, vn, &cl))
+        if (!pdgw_h1_parse_length(v, vn, &cl))
             return fail(p, "invalid Content-Length");
         if (p->content_length >= 0 && p->content_length != cl)
             return fail(p, "conflicting Content-Length headers");
@@ -187,11 +200,11 @@ static long header_line(pdgw_h1p_t *p, const char *s, size_t n)
     } else if (name_len == 17 && strncasecmp(s, "transfer-encoding", 17) == 0) {
         /* Several fields form one list: the last coding of the last field decides. */
         p->has_te = true;
-        p->chunked = list_last_is(v, vn, "chunked");
+        p->chunked = pdgw_h1_list_last_is(v, vn, "chunked");
     } else if (name_len == 10 && strncasecmp(s, "connection", 10) == 0) {
-        if (list_has(v, vn, "close"))
+        if (pdgw_h1_list_has(v, vn, "close"))
             p->keep_alive = false;
-        else if (list_has(v, vn, "keep-alive") && p->version_minor == 0)
+        else if (pdgw_h1_list_has(v, vn, "keep-alive") && p->version_minor == 0)
             p->keep_alive = true;
     }
     return 0;

@@ -1,0 +1,40 @@
+/*
+ * pdgw_req_headers.c - the client's request head as the request path reads it: headers by
+ * name, all headers, the query's arguments. The request arrived through libmicrohttpd or
+ * through the native front end (pdgw_front.c); nothing above this file needs to know which.
+ */
+#include "pdgw_server_int.h"
+
+typedef struct {
+    pdgw_pair_fn fn;
+    void *arg;
+} mhd_walk_t;
+
+static enum MHD_Result mhd_pair(void *cls, enum MHD_ValueKind kind, const char *name,
+                                const char *value)
+{
+    mhd_walk_t *walk = cls;
+    (void)kind;
+    return walk->fn(walk->arg, name, value) ? MHD_YES : MHD_NO;
+}
+
+const char *pdgw_req_header(const pdgw_req_t *r, const char *name)
+{
+    if (r->conn != NULL)
+        return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+    return NULL;
+}
+
+void pdgw_req_headers_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
+{
+    mhd_walk_t walk = {fn, arg};
+    if (r->conn != NULL)
+        MHD_get_connection_values(r->conn, MHD_HEADER_KIND, mhd_pair, &walk);
+}
+
+void pdgw_req_query_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
+{
+    mhd_walk_t walk = {fn, arg};
+    if (r->conn != NULL)
+        MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, mhd_pair, &walk);
+}
