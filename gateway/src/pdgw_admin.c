@@ -43,8 +43,7 @@ static bool is_write(const pdgw_req_t *r)
 bool pdgw_admin_authorize(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
-    const char *h =
-        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *h = pdgw_req_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
     pdgw_auth_result_t ar =
         pdgw_auth_check_admin(srv->opts.auth, h, is_write(r), peer_is_loopback(r));
     pdgw_api_error_t e;

@@ -32,6 +32,8 @@ static const char *const format_names[] = {"text", "json", NULL};
 static const char *const pd_fields_names[] = {"reject", "strip", "pass", NULL};
 /* pdgw_upstream_client_t order */
 static const char *const upstream_client_names[] = {"curl", "native", NULL};
+/* pdgw_frontend_t order */
+static const char *const frontend_names[] = {"mhd", "native", NULL};
 /* pdgw_stream_output_t order */
 static const char *const stream_output_names[] = {"library", "direct", NULL};
 
@@ -143,6 +145,10 @@ static const pdgw_config_option_t options[] = {
      upstream_client_names, 0, 0, "native", "CLIENT", "HTTP client of upstream legs: native "
      "(pdgw's own HTTP/1.1 client; https:// upstreams use curl) or curl (libcurl for all).",
      C(upstream_client)},
+    {"frontend", "frontend", "PDGW_FRONTEND", PDGW_OPT_ENUM, frontend_names, 0, 0, "mhd",
+     "SERVER", "HTTP server of client connections: mhd (libmicrohttpd: plain HTTP and TLS) or "
+     "native (pdgw's own HTTP/1.x server on the worker loop; plain HTTP only).",
+     C(frontend)},
     {"stream_output", "stream-output", "PDGW_STREAM_OUTPUT", PDGW_OPT_ENUM, stream_output_names,
      0, 0, "direct", "WRITER", "Who writes a stream's body to a plain-HTTP/1.1 client once its "
      "headers are sent: direct (pdgw, on the socket) or library (libmicrohttpd; always so for "
@@ -1038,6 +1044,9 @@ static pdgw_status_t check_keys_and_files(const pdgw_config_t *cfg, pdgw_cfg_src
             return pdgw_cfg_fail(src, "admin_api_key",
                                  "contains blanks or non-printable characters");
     }
+    if (cfg->frontend == 1 /* native */ && cfg->tls_cert[0] != '\0')
+        return pdgw_cfg_fail(src, "frontend",
+                             "the native front end serves plain HTTP; TLS needs frontend: mhd");
     if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0'))
         return pdgw_cfg_fail(src, cfg->tls_cert[0] ? "tls_key" : "tls_cert",
                              "tls_cert and tls_key go together");

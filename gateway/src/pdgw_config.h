@@ -187,6 +187,7 @@ typedef struct pdgw_config {
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
     int upstream_client;  /* pdgw_upstream_client_t: curl | native */
     int stream_output;    /* pdgw_stream_output_t: library | direct */
+    int frontend;         /* pdgw_frontend_t: mhd | native */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
     char *api_key_file;  /* "" = none */

@@ -31,12 +31,12 @@ typedef enum {
     CONN_HEADERS = 0, /* waiting for complete request headers */
     CONN_BODY,        /* headers done, body being received */
     CONN_BUSY,        /* request read: the workflow and the response own the time */
+    CONN_WRITE,       /* an answer waits for the client to read it (native front end) */
     CONN_CLOSING,     /* the guard shut the socket */
 } conn_phase_t;
 
 struct pdgw_conn {
     pdgw_worker_t *w;
-    struct MHD_Connection *conn;
     int fd;
     conn_phase_t phase;
     pdgw_req_t *req;    /* request whose body is being received (CONN_BODY) */
@@ -258,35 +258,29 @@ void pdgw_conn_after_run(pdgw_worker_t *w)
     w->pending_addr_len = 0;
 }
 
-static void conn_started(pdgw_worker_t *w, struct MHD_Connection *conn, void **socket_context)
+pdgw_conn_t *pdgw_conn_open(pdgw_worker_t *w, int fd)
 {
     pdgw_conn_t *c = pdgw_calloc(1, sizeof(*c));
-    const union MHD_ConnectionInfo *ci;
     w->n_conns++;
     atomic_fetch_add(&w->srv->conns_open, 1);
-    if (c == NULL) {
-        /* Served without a guard; its address reservation is released by after_run. */
-        *socket_context = NULL;
-        return;
-    }
+    if (c == NULL)
+        return NULL; /* served without a guard; its address reservation is released by
+                      * pdgw_conn_after_run */
     c->w = w;
-    c->conn = conn;
+    c->fd = fd;
     pdgw_timer_init(&c->timer, conn_on_deadline);
-    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    c->fd = ci ? ci->connect_fd : -1;
-    /* The policy callback has just let this connection in: take over its address. */
+    /* The accept policy has just let this connection in: take over its address. */
     if (w->pending_addr_len > 0) {
         memcpy(c->addr, w->pending_addr, w->pending_addr_len);
         c->addr_len = w->pending_addr_len;
         w->pending_addr_len = 0;
     }
-    *socket_context = c;
     conn_arm_headers(c);
+    return c;
 }
 
-static void conn_closed(pdgw_worker_t *w, void **socket_context)
+void pdgw_conn_close(pdgw_worker_t *w, pdgw_conn_t *c)
 {
-    pdgw_conn_t *c = *socket_context;
     if (w->n_conns > 0) {
         w->n_conns--;
         atomic_fetch_sub(&w->srv->conns_open, 1);
@@ -296,7 +290,6 @@ static void conn_closed(pdgw_worker_t *w, void **socket_context)
     conn_disarm(c);
     if (c->addr_len > 0)
         addr_release(w->srv->addrs, c->addr, c->addr_len);
-    *socket_context = NULL;
     pdgw_free(c);
 }
 
@@ -304,10 +297,14 @@ void pdgw_conn_notify(void *cls, struct MHD_Connection *conn, void **socket_cont
                       enum MHD_ConnectionNotificationCode code)
 {
     pdgw_worker_t *w = cls;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED)
-        conn_started(w, conn, socket_context);
-    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
-        conn_closed(w, socket_context);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = pdgw_conn_open(w, ci ? ci->connect_fd : -1);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        pdgw_conn_close(w, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 pdgw_conn_t *pdgw_conn_of(struct MHD_Connection *conn)
@@ -342,7 +339,17 @@ void pdgw_conn_request_done(pdgw_conn_t *c)
     conn_arm_headers(c);
 }
 
-/* The deadline passed: shut the socket (MHD closes the connection on its next run). */
+void pdgw_conn_write_wait(pdgw_conn_t *c, uint64_t ms)
+{
+    if (c == NULL || c->phase == CONN_CLOSING || c->phase == CONN_WRITE)
+        return;
+    c->phase = CONN_WRITE;
+    c->req = NULL;
+    conn_arm(c, pdgw_now_ms() + ms);
+}
+
+/* The deadline passed: shut the socket (its front end reads the end of the stream and closes
+ * the connection). */
 static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
 {
     pdgw_conn_t *c = (pdgw_conn_t *)(void *)((char *)t - offsetof(pdgw_conn_t, timer));
@@ -358,14 +365,17 @@ static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
             (unsigned long long)r->body.len);
         pdgw_gateway_metrics_conn_closed(gm, "body_timeout");
     } else {
-        pdgw_gateway_metrics_conn_closed(gm, "header_timeout");
+        pdgw_gateway_metrics_conn_closed(gm, c->phase == CONN_WRITE ? "write_timeout"
+                                                                    : "header_timeout");
     }
-    pdgw_log_debug("http", "closing a client connection: request %s not complete in time",
-                   c->phase == CONN_BODY ? "body" : "headers");
+    pdgw_log_debug("http", "closing a client connection: %s not complete in time",
+                   c->phase == CONN_BODY    ? "request body"
+                   : c->phase == CONN_WRITE ? "reading of the answer"
+                                            : "request headers");
     c->phase = CONN_CLOSING;
     c->req = NULL;
-    /* MHD reads the end of the stream on its next run and closes the connection (and
-     * completes its request) itself; the descriptor stays MHD's to close. */
+    /* The front end reads the end of the stream (MHD on its next run) and closes the
+     * connection (and completes its request) itself; the descriptor stays its to close. */
     if (c->fd >= 0 && shutdown(c->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
         pdgw_log_debug("http", "shutdown: %s", strerror(errno));
     w->mhd_kick = true;

@@ -314,6 +314,7 @@ static void server_opts_from_config(const pdgw_config_t *c, json_t *options, pdg
     o->client_pd_fields = (pdgw_pd_fields_mode_t)c->client_pd_fields;
     o->upstream_client = (pdgw_upstream_client_t)c->upstream_client;
     o->stream_output = (pdgw_stream_output_t)c->stream_output;
+    o->frontend = (pdgw_frontend_t)c->frontend;
     o->route.tokenize_timeout_ms = c->tokenize_timeout_ms;
     o->route.tokenize_cache_entries = (unsigned)c->tokenize_cache_entries;
     o->route.pd_min_prompt_tokens = (unsigned)c->pd_min_prompt_tokens;

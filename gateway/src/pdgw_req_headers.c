@@ -4,6 +4,11 @@
  * through the native front end (pdgw_front.c); nothing above this file needs to know which.
  */
 #include "pdgw_server_int.h"
+#include "pdgw_front.h"
+
+#include <string.h>
+
+#include "pdgw_alloc.h"
 
 typedef struct {
     pdgw_pair_fn fn;
@@ -20,6 +25,8 @@ static enum MHD_Result mhd_pair(void *cls, enum MHD_ValueKind kind, const char *
 
 const char *pdgw_req_header(const pdgw_req_t *r, const char *name)
 {
+    if (r->fc != NULL)
+        return pdgw_front_head_get(pdgw_front_conn_head(r->fc), name);
     if (r->conn != NULL)
         return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
     return NULL;
@@ -28,13 +35,31 @@ const char *pdgw_req_header(const pdgw_req_t *r, const char *name)
 void pdgw_req_headers_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
 {
     mhd_walk_t walk = {fn, arg};
-    if (r->conn != NULL)
+    if (r->fc != NULL) {
+        const pdgw_front_head_t *h = pdgw_front_conn_head(r->fc);
+        unsigned i;
+        for (i = 0; i < h->n_headers; i++)
+            if (!fn(arg, h->headers[i].name, h->headers[i].value))
+                return;
+    } else if (r->conn != NULL) {
         MHD_get_connection_values(r->conn, MHD_HEADER_KIND, mhd_pair, &walk);
+    }
 }
 
 void pdgw_req_query_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
 {
     mhd_walk_t walk = {fn, arg};
-    if (r->conn != NULL)
+    if (r->fc != NULL) {
+        const char *q = pdgw_front_conn_head(r->fc)->query;
+        char *scratch;
+        if (q == NULL)
+            return;
+        scratch = pdgw_malloc(strlen(q) + 2); /* a decoded argument is never longer */
+        if (scratch == NULL)
+            return;
+        pdgw_front_query_each(q, scratch, fn, arg);
+        pdgw_free(scratch);
+    } else if (r->conn != NULL) {
         MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, mhd_pair, &walk);
+    }
 }

@@ -385,10 +385,10 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d >= 0 && d - (int64_t)now < t)
             t = d - (int64_t)now;
     }
-    if (w->mhd_kick || w->wake_local || w->flush_head != NULL ||
+    if (w->mhd_kick || w->wake_local || w->flush_head != NULL || w->front_ready != NULL ||
         (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
         t = 0;
-    if (MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
+    if (w->mhd != NULL && MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
     return t < 0 ? 0 : (int)t;
 }
@@ -444,6 +444,12 @@ static void *worker_main(void *arg)
             case PDGW_EV_H1:
                 pdgw_h1_on_event(w->h1, evs[i].data.u64, evs[i].events);
                 break;
+            case PDGW_EV_FRONT:
+                pdgw_front_on_event(w, fd, evs[i].events);
+                break;
+            case PDGW_EV_FRONT_LISTEN:
+                pdgw_front_on_accept(w);
+                break;
             case PDGW_EV_HUP:
                 if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {
                     pdgw_req_t *r = w->hup_reqs[fd];
@@ -476,12 +482,23 @@ static void *worker_main(void *arg)
             pdgw_h1_run_posted(w->h1); /* native legs: resumes, failures found at start */
         /* Streams the sink writes itself: what this turn relayed leaves in one send each. */
         pdgw_direct_flush_all(w);
+        /* Native connections the sink woke: replies written, streams started or ended (an
+         * ended stream wakes its connection again from the flush). */
+        while (w->front_ready != NULL) {
+            pdgw_front_run_ready(w);
+            pdgw_direct_flush_all(w);
+        }
         if (atomic_load(&w->srv->draining) && !w->quiesced) {
-            MHD_socket s = MHD_quiesce_daemon(w->mhd);
-            if (s != MHD_INVALID_SOCKET)
-                close(s);
+            if (w->mhd != NULL) {
+                MHD_socket s = MHD_quiesce_daemon(w->mhd);
+                if (s != MHD_INVALID_SOCKET)
+                    close(s);
+            }
+            pdgw_front_quiesce(w);
             w->quiesced = true;
         }
+        if (w->mhd == NULL)
+            continue;
         /* MHD has its own epoll set (edge-triggered inside); running it when its fd is
          * ready or its timeout says so is enough. */
         {
@@ -522,6 +539,9 @@ static void worker_close(pdgw_worker_t *w)
         MHD_stop_daemon(w->mhd);
         w->mhd = NULL;
     }
+    pdgw_front_close_all(w);
+    pdgw_free(w->front_scratch);
+    w->front_scratch = NULL;
     pdgw_kv_release_drop_all(w);   /* releases still running need the multi handle */
     pdgw_h1_client_destroy(w->h1); /* every leg has ended: only idle connections are left */
     w->h1 = NULL;
@@ -550,30 +570,14 @@ static void worker_close(pdgw_worker_t *w)
     pthread_mutex_destroy(&w->wake_lock);
 }
 
-static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned index,
-                                 const struct sockaddr *addr, char *err, size_t errlen)
+/* frontend: mhd. A libmicrohttpd daemon on its own epoll set, which the worker's set watches. */
+static pdgw_status_t mhd_open(pdgw_server_t *srv, pdgw_worker_t *w, const struct sockaddr *addr,
+                              char *err, size_t errlen)
 {
     struct epoll_event ev;
     const union MHD_DaemonInfo *info;
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO;
-
-    memset(w, 0, sizeof(*w));
-    w->srv = srv;
-    w->index = index;
-    w->epfd = -1;
-    w->wakefd = -1;
-    w->curl_timer_ms = -1;
-    pdgw_timers_init(&w->timers);
-    pdgw_freelist_init(&w->req_pool, sizeof(pdgw_req_t), REQ_POOL_MAX);
-    pdgw_freelist_init(&w->wf_pool, sizeof(pdgw_wf_t), REQ_POOL_MAX);
-    pthread_mutex_init(&w->wake_lock, NULL);
-
-    w->epfd = epoll_create1(EPOLL_CLOEXEC);
-    w->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (w->epfd < 0 || w->wakefd < 0) {
-        snprintf(err, errlen, "worker %u: epoll/eventfd: %s", index, strerror(errno));
-        goto err_close;
-    }
+    unsigned index = w->index;
     if (addr->sa_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     flags |= pdgw_tls_mhd_flags(srv->opts.tls);
@@ -594,7 +598,7 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     if (w->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on port %d (worker %u): address in use or invalid",
                  ntohs(((const struct sockaddr_in *)addr)->sin_port), index);
-        goto err_close;
+        return PDGW_ERR_SYSTEM;
     }
     info = MHD_get_daemon_info(w->mhd, MHD_DAEMON_INFO_EPOLL_FD);
     w->mhd_epfd = info ? info->epoll_fd : -1;
@@ -603,8 +607,47 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     ev.data.u64 = tag(PDGW_EV_MHD, w->mhd_epfd);
     if (w->mhd_epfd < 0 || epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->mhd_epfd, &ev) != 0) {
         snprintf(err, errlen, "worker %u: cannot watch the HTTP daemon", index);
+        return PDGW_ERR_SYSTEM;
+    }
+    return PDGW_OK;
+}
+
+static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned index,
+                                 const struct sockaddr *addr, char *err, size_t errlen)
+{
+    struct epoll_event ev;
+
+    memset(w, 0, sizeof(*w));
+    w->srv = srv;
+    w->index = index;
+    w->epfd = -1;
+    w->wakefd = -1;
+    w->front_fd = -1;
+    w->curl_timer_ms = -1;
+    pdgw_timers_init(&w->timers);
+    pdgw_freelist_init(&w->req_pool, sizeof(pdgw_req_t), REQ_POOL_MAX);
+    pdgw_freelist_init(&w->wf_pool, sizeof(pdgw_wf_t), REQ_POOL_MAX);
+    pthread_mutex_init(&w->wake_lock, NULL);
+
+    w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    w->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->epfd < 0 || w->wakefd < 0) {
+        snprintf(err, errlen, "worker %u: epoll/eventfd: %s", index, strerror(errno));
         goto err_close;
     }
+    if (srv->opts.frontend == PDGW_FRONTEND_NATIVE) {
+        w->front_scratch = pdgw_malloc(64u * 1024u);
+        if (w->front_scratch == NULL) {
+            snprintf(err, errlen, "worker %u: out of memory", index);
+            goto err_close;
+        }
+        if (pdgw_front_listen(w, addr, err, errlen) != PDGW_OK)
+            goto err_close;
+    } else if (mhd_open(srv, w, addr, err, errlen) != PDGW_OK) {
+        goto err_close;
+    }
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
     ev.data.u64 = tag(PDGW_EV_WAKE, w->wakefd);
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->wakefd, &ev) != 0) {
         snprintf(err, errlen, "worker %u: epoll_ctl: %s", index, strerror(errno));
@@ -789,8 +832,11 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         srv->n_workers = i + 1;
         if (i == 0) {
             const union MHD_DaemonInfo *di =
-                MHD_get_daemon_info(srv->workers[0].mhd, MHD_DAEMON_INFO_BIND_PORT);
-            srv->port = di ? di->port : opts->listen_port;
+                srv->workers[0].mhd != NULL
+                    ? MHD_get_daemon_info(srv->workers[0].mhd, MHD_DAEMON_INFO_BIND_PORT)
+                    : NULL;
+            int native = pdgw_front_port(&srv->workers[0]);
+            srv->port = di ? di->port : native > 0 ? native : opts->listen_port;
             set_port(&ss, srv->port);
         }
     }
@@ -825,11 +871,12 @@ pdgw_status_t pdgw_server_start(pdgw_server_t *srv)
         srv->workers[i].thread_started = true;
     }
     srv->started = true;
-    pdgw_log_info("server", "listening on %s%s:%d with %u worker(s), protocol %s (%s, %s)",
+    pdgw_log_info("server", "listening on %s%s:%d with %u worker(s)%s, protocol %s (%s, %s)",
                   srv->opts.tls ? "https://" : "",
                   srv->opts.listen_host && srv->opts.listen_host[0] ? srv->opts.listen_host : "*",
-                  srv->port, srv->n_workers, srv->desc->name,
-                  srv->opts.mode == PDGW_MODE_BATCH ? "batch" : "staged",
+                  srv->port, srv->n_workers,
+                  srv->opts.frontend == PDGW_FRONTEND_NATIVE ? " on the native front end" : "",
+                  srv->desc->name, srv->opts.mode == PDGW_MODE_BATCH ? "batch" : "staged",
                   srv->plan.dispatch == PDGW_DISPATCH_SINGLE   ? "single-stage"
                   : srv->plan.dispatch == PDGW_DISPATCH_SERIAL ? "two-stage serial"
                                                                : "two-stage parallel");

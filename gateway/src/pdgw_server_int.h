@@ -46,7 +46,15 @@ typedef struct pdgw_fwd_gen pdgw_fwd_gen_t; /* a forwarder context, refcounted *
  * never stored in epoll, so an event for a socket closed earlier in the same batch is
  * harmless. */
 /* Kinds of epoll tags (bits 32..39; the native client keeps a generation above them). */
-enum { PDGW_EV_MHD = 1, PDGW_EV_WAKE = 2, PDGW_EV_CURL = 3, PDGW_EV_HUP = 4, PDGW_EV_H1 = 5 };
+enum {
+    PDGW_EV_MHD = 1,
+    PDGW_EV_WAKE = 2,
+    PDGW_EV_CURL = 3,
+    PDGW_EV_HUP = 4,
+    PDGW_EV_H1 = 5,
+    PDGW_EV_FRONT_LISTEN = 6, /* the native front end's listening socket */
+    PDGW_EV_FRONT = 7,        /* one of its connections */
+};
 
 /* ---------------------------------------------------------------- server */
 
@@ -97,9 +105,18 @@ struct pdgw_worker {
     pthread_t thread;
     bool thread_started;
     int epfd;
-    int wakefd; /* eventfd: wakers, drain, stop */
-    struct MHD_Daemon *mhd;
+    int wakefd;             /* eventfd: wakers, drain, stop */
+    struct MHD_Daemon *mhd; /* frontend: mhd */
     int mhd_epfd;
+    /* frontend: native (pdgw_front.c): the listening socket (-1 = none), connections by
+     * descriptor, those the sink woke this loop turn, the cached Date and a read buffer. */
+    int front_fd;
+    pdgw_front_conn_t **front_conns;
+    int front_cap;
+    pdgw_front_conn_t *front_ready;
+    char front_date[40];
+    long long front_date_sec;
+    char *front_scratch;
     CURLM *multi;
     /* The native HTTP/1.1 client (upstream_client: native); NULL with curl. */
     pdgw_h1_client_t *h1;
@@ -285,6 +302,7 @@ struct pdgw_req {
     bool http11;         /* the client spoke HTTP/1.1: MHD frames a stream in chunks */
     bool direct;         /* the socket is the sink's until the stream ends */
     bool direct_ended;   /* every byte is out; MHD writes the last chunk */
+    bool direct_raw;     /* HTTP/1.0 on the native front end: no chunks, the close ends it */
     bool stream_counted; /* the reader ran once: taken over or not, and counted */
     bool flush_queued;   /* on w->flush_head */
     pdgw_req_t *flush_next, *flush_prev;
@@ -371,12 +389,18 @@ enum MHD_Result pdgw_conn_accept(void *cls, const struct sockaddr *addr, socklen
 /* MHD connection notifications: guard created (header deadline armed) / freed. */
 void pdgw_conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
                       enum MHD_ConnectionNotificationCode code);
+/* A connection the accept policy let in opened / closed (either front end): its guard, with
+ * the header deadline armed (NULL without memory; the connection is served unguarded). */
+pdgw_conn_t *pdgw_conn_open(pdgw_worker_t *w, int fd);
+void pdgw_conn_close(pdgw_worker_t *w, pdgw_conn_t *c);
 /* The guard of <conn> (NULL if none). */
 pdgw_conn_t *pdgw_conn_of(struct MHD_Connection *conn);
 /* Request headers complete: the body must arrive by <r>'s deadline. */
 void pdgw_conn_headers_done(pdgw_conn_t *cx, pdgw_req_t *r);
 /* The body is complete (or a reply is queued): no receive deadline any more. */
 void pdgw_conn_body_done(pdgw_conn_t *cx);
+/* An answer is written and the client's socket is full: it must be read within <ms>. */
+void pdgw_conn_write_wait(pdgw_conn_t *cx, uint64_t ms);
 /* The request ended; a kept-alive connection gets the header deadline again. */
 void pdgw_conn_request_done(pdgw_conn_t *cx);
 /* After MHD_run: a connection the policy let in but MHD never announced is forgotten. */
@@ -445,13 +469,32 @@ void pdgw_req_suspend(pdgw_req_t *r);
  * the reply close the connection (draining, or framing that cannot be trusted)? */
 void pdgw_sink_reply_headers(pdgw_req_t *r, pdgw_hdr_out_t *o);
 bool pdgw_sink_reply_closes(const pdgw_req_t *r);
-/* The headers of a committed stream; its status. */
-int pdgw_sink_stream_headers(pdgw_req_t *r, pdgw_hdr_out_t *o);
+/* The status and headers of a committed stream. */
+int pdgw_sink_stream_status(const pdgw_req_t *r);
+void pdgw_sink_stream_headers(pdgw_req_t *r, pdgw_hdr_out_t *o);
 /* MHD side: queue the filled reply / the committed stream on the connection. */
 enum MHD_Result pdgw_sink_queue_reply(pdgw_req_t *r);
 enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r);
 /* The client went away (hang-up while suspended). */
 void pdgw_req_client_hup(pdgw_req_t *r);
+
+/* ---- pdgw_front.c: the native front end (pdgw_front.h) */
+/* Listen on <addr> (SO_REUSEPORT, one socket per worker); its port once bound. */
+pdgw_status_t pdgw_front_listen(pdgw_worker_t *w, const struct sockaddr *addr, char *err,
+                                size_t errlen);
+int pdgw_front_port(const pdgw_worker_t *w);
+/* Events: the listening socket is readable / a connection's socket reported <events>. */
+void pdgw_front_on_accept(pdgw_worker_t *w);
+void pdgw_front_on_event(pdgw_worker_t *w, int fd, uint32_t events);
+/* The sink has news for <fc>'s request (an answer, the end of a stream, a hang-up); acted
+ * on by pdgw_front_run_ready at the end of the loop turn. */
+void pdgw_front_wake(pdgw_front_conn_t *fc);
+void pdgw_front_run_ready(pdgw_worker_t *w);
+/* Stop accepting (draining) / close every connection, ending their requests (shutdown). */
+void pdgw_front_quiesce(pdgw_worker_t *w);
+void pdgw_front_close_all(pdgw_worker_t *w);
+/* The head of <fc>'s current request (pdgw_req_headers.c). */
+const struct pdgw_front_head *pdgw_front_conn_head(const pdgw_front_conn_t *fc);
 
 /* ---- pdgw_sink_direct.c: a committed stream written to the socket by the sink */
 /* May <r>'s stream be taken over (plain HTTP/1.1, the option on)? */

@@ -22,6 +22,10 @@
 
 void pdgw_req_resume(pdgw_req_t *r)
 {
+    if (r->fc != NULL) { /* the native front end never suspends: it is told */
+        pdgw_front_wake(r->fc);
+        return;
+    }
     if (!r->suspended)
         return;
     /* The hang-up watch stays until the connection completes: one epoll_ctl per request
@@ -33,6 +37,11 @@ void pdgw_req_resume(pdgw_req_t *r)
 
 void pdgw_req_suspend(pdgw_req_t *r)
 {
+    if (r->fc != NULL) {
+        /* Nothing to do on the socket; the request's deadlines are watched from now on. */
+        pdgw_req_timer_update(r);
+        return;
+    }
     if (r->suspended)
         return;
     MHD_suspend_connection(r->conn);
@@ -231,19 +240,22 @@ void pdgw_sink_reply_headers(pdgw_req_t *r, pdgw_hdr_out_t *o)
     add_common_headers(r, o);
 }
 
-int pdgw_sink_stream_headers(pdgw_req_t *r, pdgw_hdr_out_t *o)
+int pdgw_sink_stream_status(const pdgw_req_t *r)
 {
     /* fleet hook: a pass-through relays the engine's status and headers */
+    return r->wf != NULL && r->wf->pt ? r->reply_status : MHD_HTTP_OK;
+}
+
+void pdgw_sink_stream_headers(pdgw_req_t *r, pdgw_hdr_out_t *o)
+{
     if (r->wf != NULL && r->wf->pt) {
         pdgw_pt_add_headers(r, o);
         pdgw_hdr_add(o, MHD_HTTP_HEADER_CONTENT_TYPE, r->reply_ctype);
-        add_common_headers(r, o);
-        return r->reply_status;
+    } else {
+        pdgw_hdr_add(o, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        pdgw_hdr_add(o, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     }
-    pdgw_hdr_add(o, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    pdgw_hdr_add(o, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     add_common_headers(r, o);
-    return MHD_HTTP_OK;
 }
 
 /* ---------------------------------------------------------------- libmicrohttpd responses */
@@ -284,7 +296,6 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
 {
     mhd_hdr_out_t ho = {{mhd_add}, NULL};
     enum MHD_Result ret;
-    int status;
     /* The block is MHD's buffer for a body it does not frame in chunks (HTTP/1.0); a chunked
      * body is read straight into the connection's own buffer, and one the sink writes itself
      * needs none: thousands of open streams should not each keep a 1 KiB block. */
@@ -292,8 +303,8 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r)
         MHD_SIZE_UNKNOWN, pdgw_direct_eligible(r) ? 64 : 1024, stream_reader, r, NULL);
     if (ho.resp == NULL)
         return MHD_NO;
-    status = pdgw_sink_stream_headers(r, &ho.out);
-    ret = MHD_queue_response(r->conn, (unsigned)status, ho.resp);
+    pdgw_sink_stream_headers(r, &ho.out);
+    ret = MHD_queue_response(r->conn, (unsigned)pdgw_sink_stream_status(r), ho.resp);
     MHD_destroy_response(ho.resp);
     r->queued = true;
     return ret;

@@ -132,11 +132,11 @@ static void send_out(pdgw_req_t *r)
 
     if (len == 0)
         return;
-    hl = chunk_head(head, len);
+    hl = r->direct_raw ? 0 : chunk_head(head, len); /* HTTP/1.0: the bytes alone */
     iov[0] = (struct iovec){head, (size_t)hl};
     iov[1] = (struct iovec){r->out.data + r->out_off, len};
-    iov[2] = (struct iovec){(void *)"\r\n", 2};
-    total = (size_t)hl + len + 2;
+    iov[2] = (struct iovec){(void *)"\r\n", r->direct_raw ? 0 : 2};
+    total = (size_t)hl + len + iov[2].iov_len;
     memset(&msg, 0, sizeof(msg));
     msg.msg_iov = iov;
     msg.msg_iovlen = 3;

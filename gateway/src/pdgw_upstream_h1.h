@@ -86,7 +86,11 @@ long pdgw_h1p_feed(pdgw_h1p_t *p, const char *buf, size_t len, const pdgw_h1p_cb
  * <length> bytes. Feed it the bytes after the head; it reports them through on_body. */
 void pdgw_h1p_init_body(pdgw_h1p_t *p, bool chunked, uint64_t length);
 /* HTTP/1 grammar shared with the front end's request parser (RFC 9110 5.6.2, 8.6). */
-bool pdgw_h1_is_tchar(unsigned char c);
+extern const unsigned char pdgw_h1_tchar[256];
+static inline bool pdgw_h1_is_tchar(unsigned char c)
+{
+    return pdgw_h1_tchar[c] != 0;
+}
 /* Does the comma-separated list <v, n> hold <token> (any case)? */
 bool pdgw_h1_list_has(const char *v, size_t n, const char *token);
 /* Is the last element of the comma-separated list <v, n> <token> (any case)? */

@@ -8,7 +8,7 @@
 # Usage: profile_pdgw.sh [BIN_DIR] passthrough|streams [perf|callgrind]
 #   env: SECONDS_PROFILED (perf: 4), CONNS (passthrough: 64), STREAMS (streams: 1000),
 #        TPOT_MS (streams: 50), OUT_DIR (/tmp), PERF_EVENT (perf: its default; cycles:u for
-#        user time alone)
+#        user time alone), PDGW_ARGS (more pdgw options, e.g. --frontend native)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 load=${2:-passthrough}
@@ -45,7 +45,7 @@ bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --record-capa
 wait_http "$sim_port" /health
 
 pdgw_cmd=("$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral
-    --both "http://127.0.0.1:$sim_port" --log-level warn --no-access-log)
+    --both "http://127.0.0.1:$sim_port" --log-level warn --no-access-log $PDGW_ARGS)
 if [[ $tool == callgrind ]]; then
     out=$OUT_DIR/callgrind.pdgw.$load.out
     bench_start pdgw valgrind --tool=callgrind --callgrind-out-file="$out" "${pdgw_cmd[@]}" --workers 1

@@ -443,8 +443,12 @@ def test_client_buffer_size_bounds_the_request_head():
 
         assert_eq(get_with_header(2500), 200, "a 2.5 KB header within 4 KiB")
         # Just beyond: the whole head is read (so the close after the 431 is orderly) but does
-        # not fit beside what the parsed headers need.
-        assert_eq(get_with_header(3900), 431, "a 3.9 KB header beyond 4 KiB")
+        # not fit. libmicrohttpd's buffer also holds the parsed headers; the native front end
+        # (frontend: native) bounds the head's own bytes.
+        native = os.environ.get("PDGW_FRONTEND") == "native"
+        if native:
+            assert_eq(get_with_header(3900), 200, "a 3.9 KB header: a 4.0 KB head fits 4 KiB")
+        assert_eq(get_with_header(4100 if native else 3900), 431, "a header beyond 4 KiB")
         assert_eq(get_with_header(100), 200, "served after the refusal")
         status, _, _ = T.request("POST", port, "/v1/completions", comp_body(False, max_tokens=2))
         assert_eq(status, 200, "a request with a body through the 4 KiB buffer")

@@ -312,6 +312,9 @@ def run(tests):
     """Run test functions in order, print each result and the closing count line,
     and exit non-zero if any failed. On failure every live process log is shown."""
     passed = failed = 0
+    only = os.environ.get("PDGW_TEST_ONLY")  # run just these (comma-separated names)
+    if only:
+        tests = [t for t in tests if t.__name__ in only.split(",")]
     for t in tests:
         start = time.time()
         try:

@@ -15,6 +15,7 @@
  * is that the request ends and leaves nothing behind. The runs are made once with the worker's
  * free lists warm and once with them bypassed, so the request and workflow objects' own
  * allocations fail in turn too (a workflow object that cannot be had is a clean 503).
+ * Everything runs once through each front end (libmicrohttpd, and pdgw's own).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -277,6 +278,9 @@ typedef struct fixture {
 
 static fixture_t F;
 
+/* The front end the group runs through (the whole group runs once for each). */
+static pdgw_frontend_t torture_frontend = PDGW_FRONTEND_MHD;
+
 static int fixture_setup(void **s)
 {
     sched_config_t sc;
@@ -322,6 +326,7 @@ static int fixture_setup(void **s)
     /* An allocation failing inside libcurl can leave a transfer that never reports back; the
      * request deadline must still end the request. Short, so such cases stay quick. */
     so.request_timeout_ms = 3000;
+    so.frontend = torture_frontend;
     assert_int_equal(pdgw_server_create(&so, &F.srv, err, sizeof(err)), PDGW_OK);
     assert_int_equal(pdgw_server_start(F.srv), PDGW_OK);
     return 0;
@@ -690,7 +695,10 @@ int main(void)
     pdgw_log_set_level(getenv("TORTURE_LOG") ? PDGW_LOG_LEVEL_DEBUG : PDGW_LOG_LEVEL_ERROR);
     pdgw_log_set_access(false);
     assert_int_equal(pdgw_fwd_register(&t_serial), 0);
-    rc = cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);
+    rc = cmocka_run_group_tests_name("libmicrohttpd front end", tests, fixture_setup,
+                                     fixture_teardown);
+    torture_frontend = PDGW_FRONTEND_NATIVE;
+    rc |= cmocka_run_group_tests_name("native front end", tests, fixture_setup, fixture_teardown);
     curl_global_cleanup();
     return rc;
 }
