@@ -1,9 +1,11 @@
 /*
- * pdgw_http.c - the client side: libmicrohttpd access handler, routing, request body,
- * replies, and the streaming response callback.
+ * pdgw_http.c - the request path's entry: routing, request body, local replies, dispatch to
+ * the workflow. Either front end calls it (begin / body / body done / end): libmicrohttpd's
+ * access handler at the end of this file, or the native one (pdgw_front.c).
  *
- * A request that needs upstream work suspends its connection; the answer comes back through
- * the sink (pdgw_sink.c), which resumes it, and the handler queues it then.
+ * A request that needs upstream work waits (under libmicrohttpd its connection is suspended);
+ * the answer comes back through the sink (pdgw_sink.c), which wakes the front end, and the
+ * front end writes it then.
  */
 #include "pdgw_server_int.h"
 

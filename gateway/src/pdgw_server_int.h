@@ -1,7 +1,10 @@
 /*
  * pdgw_server_int.h - internals shared by the serving core's files:
  *   pdgw_server.c    life cycle, worker threads, the epoll loop
- *   pdgw_http.c      libmicrohttpd handler: routing, body, dispatch
+ *   pdgw_http.c      the request path's entry: routing, body, dispatch (and libmicrohttpd's
+ *                    handler on top of it)
+ *   pdgw_front.c     the native front end (frontend: native): connections on the worker loop
+ *   pdgw_req_headers.c  the request head as read by either front end
  *   pdgw_sink.c      the client response: reply, stream, write, end, flow control
  *   pdgw_leg.c       one upstream HTTP leg on the worker's curl multi handle
  *   pdgw_workflow.c  the workflow engine (booking, stages, retries, relay decisions)

@@ -3,11 +3,13 @@
  *
  * Whoever decides the answer (workflow, /v1/models, admin, local endpoints; all on the
  * request's worker) uses this small API: reply with a buffer (or an OpenAI error), or commit
- * a 200 SSE stream and then write / end it. A connection waiting for its answer is
- * suspended; filling the reply or writing resumes it, and MHD calls the handler (which queues
- * the reply) or the stream reader (which takes the written bytes) again. Flow control lives
- * here too: a writer asks pdgw_req_out_writable() and, when the client is behind, registers
- * an on-drain callback that the reader runs once the backlog has halved.
+ * a 200 SSE stream and then write / end it. Filling the reply or writing wakes the front end:
+ * under libmicrohttpd the waiting connection is suspended and resumed, and MHD calls the
+ * handler (which queues the reply) or the stream reader (which takes the written bytes) again;
+ * the native front end is told directly (pdgw_front_wake) and writes at the end of the loop
+ * turn. The headers of either come from here. Flow control lives here too: a writer asks
+ * pdgw_req_out_writable() and, when the client is behind, registers an on-drain callback that
+ * the reader (or the direct writer) runs once the backlog has halved.
  */
 #include "pdgw_server_int.h"
 #include "pdgw_fleet.h"
