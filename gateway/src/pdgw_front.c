@@ -203,7 +203,11 @@ static void end_request(pdgw_front_conn_t *fc, bool ok)
         return;
     fc->r = NULL;
     pdgw_http_end(r, ok);
-    pdgw_buf_free(&fc->out);
+    /* A small head buffer is kept for the next answer (one allocation less per request). */
+    if (fc->out.cap > 4096)
+        pdgw_buf_free(&fc->out);
+    else
+        pdgw_buf_reset(&fc->out);
     fc->out_off = 0;
     fc->body_ptr = NULL;
     fc->body_left = 0;
