@@ -33,7 +33,7 @@ static const char *const pd_fields_names[] = {"reject", "strip", "pass", NULL};
 /* pdgw_upstream_client_t order */
 static const char *const upstream_client_names[] = {"curl", "native", NULL};
 /* pdgw_frontend_t order */
-static const char *const frontend_names[] = {"mhd", "native", NULL};
+static const char *const frontend_names[] = {"mhd", "native", "auto", NULL};
 /* pdgw_stream_output_t order */
 static const char *const stream_output_names[] = {"library", "direct", NULL};
 
@@ -145,9 +145,10 @@ static const pdgw_config_option_t options[] = {
      upstream_client_names, 0, 0, "native", "CLIENT", "HTTP client of upstream legs: native "
      "(pdgw's own HTTP/1.1 client; https:// upstreams use curl) or curl (libcurl for all).",
      C(upstream_client)},
-    {"frontend", "frontend", "PDGW_FRONTEND", PDGW_OPT_ENUM, frontend_names, 0, 0, "mhd",
-     "SERVER", "HTTP server of client connections: mhd (libmicrohttpd: plain HTTP and TLS) or "
-     "native (pdgw's own HTTP/1.x server on the worker loop; plain HTTP only).",
+    {"frontend", "frontend", "PDGW_FRONTEND", PDGW_OPT_ENUM, frontend_names, 0, 0, "auto",
+     "SERVER", "HTTP server of client connections: native (pdgw's own HTTP/1.x server on the "
+     "worker loop; plain HTTP only), mhd (libmicrohttpd: plain HTTP and TLS), or auto (native, "
+     "mhd when tls_cert is set).",
      C(frontend)},
     {"stream_output", "stream-output", "PDGW_STREAM_OUTPUT", PDGW_OPT_ENUM, stream_output_names,
      0, 0, "direct", "WRITER", "Who writes a stream's body to a plain-HTTP/1.1 client once its "

@@ -41,6 +41,8 @@
 #define MAX_PIPELINED (64u * 1024u)
 /* Connections accepted per readiness event (the rest on the next turn: fairness). */
 #define ACCEPT_BURST 64
+/* How long accepting pauses when the process is out of descriptors. */
+#define ACCEPT_PAUSE_MS 100u
 /* A client must take a written answer within this (libmicrohttpd's idle timeout in pdgw). */
 #define WRITE_TIMEOUT_MS 300000u
 
@@ -332,7 +334,11 @@ static bool send_pending(pdgw_front_conn_t *fc)
             iov[n++] = (struct iovec){(void *)fc->body_ptr, fc->body_left};
         if (n == 0)
             return true;
-        sent = writev(fc->fd, iov, n);
+        struct msghdr msg;
+        memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)n;
+        sent = sendmsg(fc->fd, &msg, MSG_NOSIGNAL); /* no SIGPIPE inside a library user */
         if (sent < 0) {
             if (errno == EINTR)
                 continue;
@@ -750,6 +756,33 @@ static void after_response(pdgw_front_conn_t *fc)
 
 /* ---------------------------------------------------------------- events */
 
+static void accept_resume(pdgw_timer_t *t, uint64_t now_ms)
+{
+    pdgw_worker_t *w =
+        (pdgw_worker_t *)(void *)((char *)t - offsetof(pdgw_worker_t, front_accept_timer));
+    struct epoll_event ev;
+    (void)now_ms;
+    if (w->front_fd < 0)
+        return;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag(PDGW_EV_FRONT_LISTEN, w->front_fd);
+    (void)epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->front_fd, &ev);
+}
+
+/* Out of descriptors: the pending connection stays queued, and the listening socket would
+ * report it again at once, every loop turn. Stop watching it for a moment instead. */
+static void accept_pause(pdgw_worker_t *w)
+{
+    pdgw_gateway_metrics_conn_closed(w->srv->opts.metrics, "descriptor_limit");
+    if (epoll_ctl(w->epfd, EPOLL_CTL_DEL, w->front_fd, NULL) != 0)
+        return;
+    pdgw_timer_init(&w->front_accept_timer, accept_resume);
+    if (pdgw_timer_arm(&w->timers, &w->front_accept_timer, pdgw_now_ms() + ACCEPT_PAUSE_MS) !=
+        PDGW_OK)
+        accept_resume(&w->front_accept_timer, 0);
+}
+
 void pdgw_front_on_accept(pdgw_worker_t *w)
 {
     int i;
@@ -764,7 +797,7 @@ void pdgw_front_on_accept(pdgw_worker_t *w)
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno == EMFILE || errno == ENFILE)
-                pdgw_gateway_metrics_conn_closed(w->srv->opts.metrics, "descriptor_limit");
+                accept_pause(w);
             return;
         }
         if (pdgw_conn_accept(w, (struct sockaddr *)&ss, len) != MHD_YES) {

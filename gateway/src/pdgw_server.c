@@ -66,6 +66,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->client_header_timeout_ms = 30000;
     o->upstream_client = PDGW_UPSTREAM_NATIVE;
     o->stream_output = PDGW_STREAM_OUT_DIRECT;
+    o->frontend = PDGW_FRONTEND_AUTO;
     o->max_connections = 0;
     o->max_connections_per_client = 1024;
     pdgw_route_opts_init(&o->route);
@@ -764,12 +765,19 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         snprintf(err, errlen, "server: pool, metrics and workers >= 1 are required");
         return PDGW_ERR_INVALID;
     }
+    if (opts->frontend == PDGW_FRONTEND_NATIVE && opts->tls != NULL) {
+        snprintf(err, errlen, "the native front end serves plain HTTP; TLS needs frontend: mhd");
+        return PDGW_ERR_INVALID;
+    }
     srv = pdgw_calloc(1, sizeof(*srv));
     if (srv == NULL) {
         snprintf(err, errlen, "out of memory");
         return PDGW_ERR_NOMEM;
     }
     srv->opts = *opts;
+    /* auto: pdgw's own server for plain HTTP; TLS sessions are libmicrohttpd's. */
+    if (srv->opts.frontend == PDGW_FRONTEND_AUTO)
+        srv->opts.frontend = srv->opts.tls != NULL ? PDGW_FRONTEND_MHD : PDGW_FRONTEND_NATIVE;
     pdgw_fwd_api_set_services(opts->metrics, opts->pool);
     atomic_init(&srv->draining, false);
     atomic_init(&srv->inflight, 0);

@@ -33,8 +33,13 @@ typedef enum { PDGW_UPSTREAM_CURL = 0, PDGW_UPSTREAM_NATIVE = 1 } pdgw_upstream_
 /* Who writes a committed stream's body to a plain-HTTP/1.1 client: pdgw itself on the socket
  * (direct), or libmicrohttpd through its reader (library). */
 typedef enum { PDGW_STREAM_OUT_LIBRARY = 0, PDGW_STREAM_OUT_DIRECT = 1 } pdgw_stream_output_t;
-/* Who serves client connections: libmicrohttpd, or pdgw's own HTTP/1.x server. */
-typedef enum { PDGW_FRONTEND_MHD = 0, PDGW_FRONTEND_NATIVE = 1 } pdgw_frontend_t;
+/* Who serves client connections: libmicrohttpd, pdgw's own HTTP/1.x server, or the latter
+ * unless TLS is configured (auto; resolved when the server is created). */
+typedef enum {
+    PDGW_FRONTEND_MHD = 0,
+    PDGW_FRONTEND_NATIVE = 1,
+    PDGW_FRONTEND_AUTO = 2
+} pdgw_frontend_t;
 
 /* Everything the server needs; pointers are borrowed and must outlive the server. */
 typedef struct pdgw_server_opts {
@@ -72,7 +77,7 @@ typedef struct pdgw_server_opts {
     const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
     pdgw_upstream_client_t upstream_client; /* native (default) or curl */
     pdgw_stream_output_t stream_output;     /* direct (default) or library */
-    pdgw_frontend_t frontend;               /* mhd (default) or native (plain HTTP only) */
+    pdgw_frontend_t frontend;               /* auto (default), native (plain HTTP only), mhd */
 } pdgw_server_opts_t;
 
 /* Fill defaults (1 worker, neutral, batch, 16 MiB, 600 s / 3 s / 300 s / 60 s, 1 retry,

@@ -120,6 +120,7 @@ struct pdgw_worker {
     char front_date[40];
     long long front_date_sec;
     char *front_scratch;
+    pdgw_timer_t front_accept_timer; /* accepting paused: out of descriptors */
     CURLM *multi;
     /* The native HTTP/1.1 client (upstream_client: native); NULL with curl. */
     pdgw_h1_client_t *h1;

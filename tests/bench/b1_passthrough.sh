@@ -2,9 +2,9 @@
 # B1 passthrough overhead: wrk (keep-alive) non-streaming completions against
 # (a) pdgw-sim directly, (b) nginx proxy_pass with upstream keep-alive to the same
 # sim, (c) pdgw --protocol neutral to the same sim as it ships (upstream legs on its own
-# HTTP/1.1 client), (d) the same with --upstream-client curl ("pdgwc": legs on libcurl), (e) the
-# same as (c) with --frontend native ("pdgwn": pdgw's own HTTP/1.x server in front instead of
-# libmicrohttpd), in one run. The targets apply to (c); (e) says what the front end changes. Every connection
+# HTTP/1.1 client and its own HTTP/1.x server in front), (d) the same with --upstream-client curl
+# ("pdgwc": legs on libcurl), (e) the same as (c) with --frontend mhd ("pdgwm": libmicrohttpd in
+# front), in one run. The targets apply to (c); (e) says what the front end changes. Every connection
 # count is measured ROUNDS times with the order of the three targets alternating
 # (drift of a shared machine hits all three alike); figures are the mean of the
 # rounds. Besides req/s and latency, the proxies' CPU time per request is taken
@@ -31,7 +31,7 @@ sim_port=$(free_port)
 nginx_port=$(free_port)
 pdgw_port=$(free_port)
 pdgwc_port=$(free_port)
-pdgwn_port=$(free_port)
+pdgwm_port=$(free_port)
 
 bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --zero-delay \
     --max-tokens-default 16 --record-capacity 0 --max-batch 4096
@@ -46,12 +46,12 @@ bench_start pdgwc "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgwc_port" --protocol ne
     --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log \
     --upstream-client curl
 pdgwc_pid=$LAST_PID
-bench_start pdgwn "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgwn_port" --protocol neutral \
+bench_start pdgwm "$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgwm_port" --protocol neutral \
     --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log \
-    --frontend native
-pdgwn_pid=$LAST_PID
+    --frontend mhd
+pdgwm_pid=$LAST_PID
 wait_http "$pdgw_port" /ready
-wait_http "$pdgwn_port" /ready
+wait_http "$pdgwm_port" /ready
 wait_http "$pdgwc_port" /ready
 wait_http "$nginx_port" /health
 
@@ -77,7 +77,7 @@ pids_of() {
     nginx) echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')" ;;
     pdgw) echo "$pdgw_pid" ;;
     pdgwc) echo "$pdgwc_pid" ;;
-    pdgwn) echo "$pdgwn_pid" ;;
+    pdgwm) echo "$pdgwm_pid" ;;
     *) echo "" ;;
     esac
 }
@@ -88,7 +88,7 @@ port_of() {
     nginx) echo "$nginx_port" ;;
     pdgw) echo "$pdgw_port" ;;
     pdgwc) echo "$pdgwc_port" ;;
-    pdgwn) echo "$pdgwn_port" ;;
+    pdgwm) echo "$pdgwm_port" ;;
     esac
 }
 
@@ -102,8 +102,8 @@ for c in $CONNS; do
     t=$WRK_THREADS
     ((nconn < t)) && t=$nconn
     for ((r = 0; r < ROUNDS; r++)); do
-        order="direct nginx pdgw pdgwc pdgwn"
-        ((r % 2 == 1)) && order="pdgwn pdgwc pdgw nginx direct"
+        order="direct nginx pdgw pdgwc pdgwm"
+        ((r % 2 == 1)) && order="pdgwm pdgwc pdgw nginx direct"
         for name in $order; do
             pids=$(pids_of "$name")
             cpu0=$(proc_cpu_s $pids)
@@ -136,12 +136,12 @@ awk -F, '{ k = $1 "," $2; if (!(k in n)) order[++m] = k; n[k]++; rps[k] += $4; p
             load[k] / n[k] } }' "$raw" >>"$csv"
 column -s, -t "$csv"
 if command -v gnuplot >/dev/null 2>&1; then
-    # wide table: connections, then req/s, p50 and p99 of direct, nginx, pdgw, pdgwc, pdgwn
+    # wide table: connections, then req/s, p50 and p99 of direct, nginx, pdgw, pdgwc, pdgwm
     awk -F, 'NR > 1 { v[$2, $3, "r"] = $4; v[$2, $3, "5"] = $5; v[$2, $3, "9"] = $6;
         if (!($3 in seen)) { seen[$3] = 1; o[++n] = $3 } }
         END { for (i = 1; i <= n; i++) { c = o[i]; printf "%s", c;
             split("r 5 9", ks, " ");
-            for (k = 1; k <= 3; k++) printf " %s %s %s %s %s", v["direct", c, ks[k]], v["nginx", c, ks[k]], v["pdgw", c, ks[k]], v["pdgwc", c, ks[k]], v["pdgwn", c, ks[k]];
+            for (k = 1; k <= 3; k++) printf " %s %s %s %s %s", v["direct", c, ks[k]], v["nginx", c, ks[k]], v["pdgw", c, ks[k]], v["pdgwc", c, ks[k]], v["pdgwm", c, ks[k]];
             printf "\n" } }' "$csv" >"$BENCH_TMP/b1.dat"
     gnuplot <<GP
 set terminal pngcairo size 1200,500 noenhanced
@@ -156,10 +156,10 @@ set xlabel 'connections'
 set yrange [0:*]
 set title 'throughput'
 set ylabel 'req/s'
-plot '$BENCH_TMP/b1.dat' using 2:xtic(1) title 'direct', '' using 3 title 'nginx', '' using 4 title 'pdgw', '' using 5 title 'pdgw (libcurl legs)', '' using 6 title 'pdgw (native front end)'
+plot '$BENCH_TMP/b1.dat' using 2:xtic(1) title 'direct', '' using 3 title 'nginx', '' using 4 title 'pdgw', '' using 5 title 'pdgw (libcurl legs)', '' using 6 title 'pdgw (libmicrohttpd front end)'
 set title 'latency p99'
 set ylabel 'ms'
-plot '$BENCH_TMP/b1.dat' using 12:xtic(1) title 'direct', '' using 13 title 'nginx', '' using 14 title 'pdgw', '' using 15 title 'pdgw (libcurl legs)', '' using 16 title 'pdgw (native front end)'
+plot '$BENCH_TMP/b1.dat' using 12:xtic(1) title 'direct', '' using 13 title 'nginx', '' using 14 title 'pdgw', '' using 15 title 'pdgw (libcurl legs)', '' using 16 title 'pdgw (libmicrohttpd front end)'
 unset multiplot
 GP
 fi
@@ -200,9 +200,9 @@ for c in $CONNS; do
     vr=$(awk -v a="$(get pdgw "$c" 4)" -v b="$(get pdgwc "$c" 4)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
     vc=$(awk -v a="$(get pdgw "$c" 8)" -v b="$(get pdgwc "$c" 8)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
     echo "B1 c=$c: libcurl legs/nginx req/s $cr x, CPU/req $cc x; own client/libcurl req/s $vr x, CPU/req $vc x"
-    nr=$(awk -v a="$(get pdgwn "$c" 4)" -v b="$(get nginx "$c" 4)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
-    nc=$(awk -v a="$(get pdgwn "$c" 8)" -v b="$(get nginx "$c" 8)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
-    fc=$(awk -v a="$(get pdgwn "$c" 8)" -v b="$(get pdgw "$c" 8)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
-    echo "B1 c=$c: native front end/nginx req/s $nr x, CPU/req $nc x; native/libmicrohttpd CPU/req $fc x"
+    nr=$(awk -v a="$(get pdgwm "$c" 4)" -v b="$(get nginx "$c" 4)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+    nc=$(awk -v a="$(get pdgwm "$c" 8)" -v b="$(get nginx "$c" 8)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+    fc=$(awk -v a="$(get pdgw "$c" 8)" -v b="$(get pdgwm "$c" 8)" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
+    echo "B1 c=$c: libmicrohttpd front end/nginx req/s $nr x, CPU/req $nc x; native/libmicrohttpd front end CPU/req $fc x"
 done
 echo "machine: $(machine_line)"

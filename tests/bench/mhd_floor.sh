@@ -2,8 +2,8 @@
 # What libmicrohttpd alone costs, against B1's target (pdgw's CPU per proxied request <= 1.0 x
 # nginx's). wrk (keep-alive, 64 connections) posts B1's completion request to:
 #   nginx        proxy_pass with upstream keep-alive to a pdgw-sim, as in B1;
-#   pdgw         pdgw --protocol neutral to the same sim, as in B1;
-#   pdgw-native  the same with --frontend native (pdgw's own HTTP/1.x server, no libmicrohttpd);
+#   pdgw         pdgw --protocol neutral to the same sim, as in B1 (its own HTTP/1.x server);
+#   pdgw-mhd     the same with --frontend mhd (libmicrohttpd in front);
 #   mhd-direct   mhd-floor: libmicrohttpd in pdgw's mode reading the body and answering a fixed
 #                completion from the access handler (no upstream, no parsing, no metrics);
 #   mhd-suspend  the same, suspended at the end of the body and resumed on the next loop turn,
@@ -28,7 +28,7 @@ need wrk nginx curl "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim" "$BIN_DIR/mhd-floor" "$B
 raise_nofile >/dev/null
 
 sim_port=$(free_port)
-targets="nginx pdgw pdgw-native mhd-suspend mhd-direct nginx-static epoll-later epoll-direct"
+targets="nginx pdgw pdgw-mhd mhd-suspend mhd-direct nginx-static epoll-later epoll-direct"
 declare -A port pid
 for t in $targets; do port[$t]=$(free_port); done
 reply='{"id":"cmpl-0","object":"text_completion","created":1700000000,"model":"sim-model","choices":[{"index":0,"text":" a b c d e f g h i j k l m n o p","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":6,"completion_tokens":16,"total_tokens":22}}'
@@ -48,10 +48,10 @@ pid[nginx]=$LAST_PID
 bench_start pdgw "$BIN_DIR/pdgw" --listen "127.0.0.1:${port[pdgw]}" --protocol neutral \
     --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" --log-level warn --no-access-log
 pid[pdgw]=$LAST_PID
-bench_start pdgw-native "$BIN_DIR/pdgw" --listen "127.0.0.1:${port[pdgw-native]}" \
+bench_start pdgw-mhd "$BIN_DIR/pdgw" --listen "127.0.0.1:${port[pdgw-mhd]}" \
     --protocol neutral --both "http://127.0.0.1:$sim_port" --workers "$WORKERS" \
-    --log-level warn --no-access-log --frontend native
-pid[pdgw-native]=$LAST_PID
+    --log-level warn --no-access-log --frontend mhd
+pid[pdgw-mhd]=$LAST_PID
 # start_floor NAME TOOL MODE: one of the floor servers on its port.
 start_floor() {
     bench_start "$1" "$BIN_DIR/$2" --port "${port[$1]}" --workers "$WORKERS" --mode "$3"
@@ -63,7 +63,7 @@ start_floor epoll-later epoll-floor later
 start_floor epoll-direct epoll-floor direct
 wait_http "${port[nginx]}" /health
 wait_http "${port[pdgw]}" /ready
-wait_http "${port[pdgw-native]}" /ready
+wait_http "${port[pdgw-mhd]}" /ready
 for t in nginx-static mhd-direct mhd-suspend epoll-later epoll-direct; do
     wait_http "${port[$t]}" /
 done

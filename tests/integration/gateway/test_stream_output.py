@@ -8,7 +8,9 @@ framing itself is checked:
 - a client that reads slowly through a small receive buffer gets every byte in order (the
   socket fills, pdgw keeps the rest and sends it on the socket's next writable edge);
 - a client that leaves mid-stream is counted as a disconnect, the gateway stays usable.
-pdgw_client_streams_total{writer} says which writer served each stream.
+pdgw_client_streams_total{writer} says which writer served each stream. The choice exists
+under libmicrohttpd only (frontend: mhd); the native front end always writes streams itself
+(test_frontend_native.py).
 """
 
 import json
@@ -22,6 +24,8 @@ import pdgwtest as T
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_gateway import (MODEL, assert_eq, comp_body, metrics, start_gw, start_sim,  # noqa: E402
                           stop_gw, wait_metrics)
+
+MHD = ["--frontend", "mhd"]
 
 
 def send_request(sock, body, version="HTTP/1.1"):
@@ -127,8 +131,8 @@ def stream_once(port, body, version="HTTP/1.1"):
 
 def test_direct_and_library_write_the_same_stream():
     sim, sport = start_sim()
-    direct, dport = start_gw([f"http://127.0.0.1:{sport}"])
-    library, lport = start_gw([f"http://127.0.0.1:{sport}"], ["--stream-output", "library"])
+    direct, dport = start_gw([f"http://127.0.0.1:{sport}"], MHD)
+    library, lport = start_gw([f"http://127.0.0.1:{sport}"], MHD + ["--stream-output", "library"])
     try:
         body = comp_body(True, max_tokens=16, text="one two three four")
         ev_d = stream_once(dport, body)
@@ -153,7 +157,7 @@ def test_keep_alive_after_a_direct_stream():
     """The last chunk MHD writes after the direct body must leave the connection in step: a
     second stream and a plain request follow on the same socket."""
     sim, sport = start_sim()
-    gw, port = start_gw([f"http://127.0.0.1:{sport}"])
+    gw, port = start_gw([f"http://127.0.0.1:{sport}"], MHD)
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=20)
         rd = Reader(s)
@@ -179,7 +183,7 @@ def test_keep_alive_after_a_direct_stream():
 
 def test_http10_stream_stays_with_the_library():
     sim, sport = start_sim()
-    gw, port = start_gw([f"http://127.0.0.1:{sport}"])
+    gw, port = start_gw([f"http://127.0.0.1:{sport}"], MHD)
     try:
         ev = stream_once(port, comp_body(True, max_tokens=8), version="HTTP/1.0")
         assert_eq(ev[-1], "[DONE]", "HTTP/1.0 stream complete")
@@ -197,7 +201,7 @@ def test_slow_reader_gets_every_byte():
     short, and pdgw keeps the rest of a chunk for the socket's next writable edge."""
     sim, sport = start_sim(["--tpot-ms", "0", "--ttft-ms", "0", "--eos-period", "0",
                             "--max-model-len", "100000"])
-    gw, port = start_gw([f"http://127.0.0.1:{sport}"])
+    gw, port = start_gw([f"http://127.0.0.1:{sport}"], MHD)
     try:
         body = comp_body(True, max_tokens=30000, text="slow reader")
         want = stream_once(port, body)
@@ -223,7 +227,7 @@ def test_slow_reader_gets_every_byte():
 
 def test_client_leaving_a_direct_stream():
     sim, sport = start_sim(["--tpot-ms", "20", "--eos-period", "0"])
-    gw, port = start_gw([f"http://127.0.0.1:{sport}"])
+    gw, port = start_gw([f"http://127.0.0.1:{sport}"], MHD)
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=20)
         send_request(s, comp_body(True, max_tokens=500))
