@@ -32,6 +32,7 @@ typedef enum {
     CONN_BODY,        /* headers done, body being received */
     CONN_BUSY,        /* request read: the workflow and the response own the time */
     CONN_WRITE,       /* an answer waits for the client to read it (native front end) */
+    CONN_LINGER,      /* answered and half-closed: what the client still sends is dropped */
     CONN_CLOSING,     /* the guard shut the socket */
 } conn_phase_t;
 
@@ -348,6 +349,15 @@ void pdgw_conn_write_wait(pdgw_conn_t *c, uint64_t ms)
     conn_arm(c, pdgw_now_ms() + ms);
 }
 
+void pdgw_conn_linger(pdgw_conn_t *c, uint64_t ms)
+{
+    if (c == NULL || c->phase == CONN_CLOSING)
+        return;
+    c->phase = CONN_LINGER;
+    c->req = NULL;
+    conn_arm(c, pdgw_now_ms() + ms);
+}
+
 /* The deadline passed: shut the socket (its front end reads the end of the stream and closes
  * the connection). */
 static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
@@ -356,6 +366,13 @@ static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
     pdgw_worker_t *w = c->w;
     pdgw_gateway_metrics_t *gm = w->srv->opts.metrics;
     (void)now_ms;
+    if (c->phase == CONN_LINGER) {
+        /* Not an error: the answer went out; the rest of the request is not waited for. */
+        c->phase = CONN_CLOSING;
+        if (c->fd >= 0)
+            (void)shutdown(c->fd, SHUT_RDWR);
+        return;
+    }
     if (c->phase == CONN_BODY && c->req != NULL) {
         pdgw_req_t *r = c->req;
         /* Logged and counted as 408 when MHD completes the request. */

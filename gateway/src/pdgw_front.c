@@ -41,6 +41,9 @@
 #define MAX_PIPELINED (64u * 1024u)
 /* Connections accepted per readiness event (the rest on the next turn: fairness). */
 #define ACCEPT_BURST 64
+/* How long a closing connection reads on, so that what the client is still sending (the body
+ * of a refused request) does not turn the close into a reset that destroys the answer. */
+#define LINGER_MS 2000u
 /* How long accepting pauses when the process is out of descriptors. */
 #define ACCEPT_PAUSE_MS 100u
 /* A client must take a written answer within this (libmicrohttpd's idle timeout in pdgw). */
@@ -53,6 +56,7 @@ typedef enum {
     FC_WRITE,    /* a reply is being written */
     FC_STREAM,   /* the sink's direct writer owns the output */
     FC_FINISH,   /* a stream's last chunk is being written */
+    FC_LINGER,   /* answered and half-closed: the rest of the client's bytes are dropped */
 } fc_state_t;
 
 struct pdgw_front_conn {
@@ -639,6 +643,8 @@ static size_t consume(pdgw_front_conn_t *fc, const char *data, size_t len, bool 
                 request_read(fc);
             else if (k == 0)
                 break;
+        } else if (fc->state == FC_LINGER) {
+            used = len; /* dropped */
         } else {
             break; /* bytes behind a request wait until it is answered */
         }
@@ -739,7 +745,18 @@ static void after_response(pdgw_front_conn_t *fc)
     pdgw_worker_t *w = fc->w;
     int fd = fc->fd;
     if (fc->close_after || fc->eof || (w->front_fd < 0 && atomic_load(&w->srv->draining))) {
-        conn_close(fc);
+        if (fc->eof || fc->cx == NULL || shutdown(fd, SHUT_WR) != 0) {
+            conn_close(fc);
+            return;
+        }
+        /* Half-closed: the client reads the whole answer and then its end; what it still
+         * sends is read and dropped until it closes (or the linger deadline passes). */
+        fc->state = FC_LINGER;
+        fc->read_held = false;
+        pdgw_buf_free(&fc->in);
+        pdgw_conn_linger(fc->cx, LINGER_MS);
+        if (!fc->consuming)
+            read_some(fc);
         return;
     }
     fc->state = FC_HEAD;

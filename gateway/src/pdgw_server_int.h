@@ -405,6 +405,9 @@ void pdgw_conn_headers_done(pdgw_conn_t *cx, pdgw_req_t *r);
 void pdgw_conn_body_done(pdgw_conn_t *cx);
 /* An answer is written and the client's socket is full: it must be read within <ms>. */
 void pdgw_conn_write_wait(pdgw_conn_t *cx, uint64_t ms);
+/* The connection is half-closed after its last answer: it closes when the client does, or
+ * after <ms>. */
+void pdgw_conn_linger(pdgw_conn_t *cx, uint64_t ms);
 /* The request ended; a kept-alive connection gets the header deadline again. */
 void pdgw_conn_request_done(pdgw_conn_t *cx);
 /* After MHD_run: a connection the policy let in but MHD never announced is forgotten. */

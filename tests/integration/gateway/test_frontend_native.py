@@ -6,7 +6,8 @@ is not there to lean on:
   Content-Length (RFC 9112 section 7.1); Expect: 100-continue gets its interim answer
   before the client sends the body (RFC 9110 section 10.1.1);
 - heads a proxy in front could read differently are refused with the right status and the
-  connection closed, and counted (RFC 9112 sections 2.2, 3, 5.2, 6.1, 6.3);
+  connection closed, and counted (RFC 9112 sections 2.2, 3, 5.2, 6.1, 6.3); a body refused
+  on its length is answered and the rest of it read and dropped before the close (9.6);
 - HTTP/1.0: keep-alive only when asked, a stream without chunks ended by the close;
 - HEAD answers with the length and no body, and the connection goes on;
 - a client too slow to send its head is cut off at the header deadline; one that leaves
@@ -166,6 +167,29 @@ def test_heads_refused():
     stop_gw(gw)
 
 
+def test_refused_upload_read_to_its_end():
+    """A body refused on its Content-Length (413) is answered at once; the gateway then reads
+    and drops what the client still sends before closing, so the close is not a reset that
+    destroys the answer in the client's socket (RFC 9112 section 9.6)."""
+    sim, sport = start_sim()
+    gw, port = start_gw([f"http://127.0.0.1:{sport}"], NATIVE + ["--max-body-bytes", "64KiB"])
+    s = connect(port)
+    try:
+        body = b"x" * (4 << 20)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.sendall(body)  # a reset would fail this, or the reads below
+        rd = Reader(s)
+        status, headers, got = read_response(rd)
+        assert_eq(status, 413, "refused on its length")
+        assert_eq(json.loads(got)["error"]["code"], "request_too_large", "error code")
+        assert_eq(headers.get("connection"), "close", "closed after it")
+        assert_eq(rd.rest(), b"", "an orderly end")
+    finally:
+        s.close()
+    stop_gw(gw)
+
+
 def test_http10_and_head():
     sim, sport = start_sim()
     gw, port = start_gw([f"http://127.0.0.1:{sport}"], NATIVE)
@@ -230,4 +254,5 @@ def test_slow_and_vanishing_clients():
 
 if __name__ == "__main__":
     T.run([test_pipelined_requests_in_order, test_chunked_body_and_100_continue,
-           test_heads_refused, test_http10_and_head, test_slow_and_vanishing_clients])
+           test_heads_refused, test_refused_upload_read_to_its_end, test_http10_and_head,
+           test_slow_and_vanishing_clients])
