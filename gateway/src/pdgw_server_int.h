@@ -133,7 +133,8 @@ struct pdgw_worker {
     size_t curl_fd_cap;
     atomic_bool stop;
     bool quiesced;
-    bool mhd_kick; /* a connection was resumed: run MHD this iteration */
+    bool mhd_kick;   /* a connection was resumed: run MHD this iteration */
+    uint64_t now_ms; /* this loop turn's time (pdgw_now_ms), 0 before the loop runs */
     /* Every deadline of this worker's connections and requests (pdgw_timer.h). */
     pdgw_timers_t timers;
     /* Recycled request and workflow objects (pdgw_freelist.h). */
