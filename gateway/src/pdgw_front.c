@@ -105,7 +105,13 @@ pdgw_status_t pdgw_front_listen(pdgw_worker_t *w, const struct sockaddr *addr, c
         addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
     struct epoll_event ev;
     int one = 1;
-    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd;
+    w->front_scratch = pdgw_malloc(READ_STEP);
+    if (w->front_scratch == NULL) {
+        snprintf(err, errlen, "worker %u: out of memory", w->index);
+        return PDGW_ERR_NOMEM;
+    }
+    fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         snprintf(err, errlen, "worker %u: socket: %s", w->index, strerror(errno));
         return PDGW_ERR_SYSTEM;
@@ -496,7 +502,9 @@ static void refuse_head(pdgw_front_conn_t *fc, int status, const char *why)
     }
     pdgw_free(body);
     fc->body_left = 0;
-    if (send_pending(fc) || fc->eof)
+    if (send_pending(fc))
+        after_response(fc); /* closes, after reading what the client still sends */
+    else if (fc->eof)
         conn_close(fc);
     else
         pdgw_conn_write_wait(fc->cx, WRITE_TIMEOUT_MS);
@@ -677,6 +685,10 @@ static void process(pdgw_front_conn_t *fc, const char *fresh, size_t fresh_len)
         used = consume(fc, fc->in.data, fc->in.len, &closed);
         if (closed)
             return;
+        if (fc->state == FC_LINGER) {
+            pdgw_buf_free(&fc->in); /* the rest is dropped */
+            return;
+        }
         if (used > 0) {
             memmove(fc->in.data, fc->in.data + used, fc->in.len - used);
             fc->in.len -= used;
@@ -753,10 +765,11 @@ static void after_response(pdgw_front_conn_t *fc)
          * sends is read and dropped until it closes (or the linger deadline passes). */
         fc->state = FC_LINGER;
         fc->read_held = false;
-        pdgw_buf_free(&fc->in);
         pdgw_conn_linger(fc->cx, LINGER_MS);
-        if (!fc->consuming)
+        if (!fc->consuming) { /* else consume() drops the rest, and process() the buffer */
+            pdgw_buf_free(&fc->in);
             read_some(fc);
+        }
         return;
     }
     fc->state = FC_HEAD;

@@ -642,11 +642,6 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
         goto err_close;
     }
     if (srv->opts.frontend == PDGW_FRONTEND_NATIVE) {
-        w->front_scratch = pdgw_malloc(64u * 1024u);
-        if (w->front_scratch == NULL) {
-            snprintf(err, errlen, "worker %u: out of memory", index);
-            goto err_close;
-        }
         if (pdgw_front_listen(w, addr, err, errlen) != PDGW_OK)
             goto err_close;
     } else if (mhd_open(srv, w, addr, err, errlen) != PDGW_OK) {

@@ -487,7 +487,8 @@ enum MHD_Result pdgw_sink_queue_stream(pdgw_req_t *r);
 void pdgw_req_client_hup(pdgw_req_t *r);
 
 /* ---- pdgw_front.c: the native front end (pdgw_front.h) */
-/* Listen on <addr> (SO_REUSEPORT, one socket per worker); its port once bound. */
+/* Listen on <addr> (SO_REUSEPORT, one socket per worker; the worker's read buffer with it);
+ * its port once bound. */
 pdgw_status_t pdgw_front_listen(pdgw_worker_t *w, const struct sockaddr *addr, char *err,
                                 size_t errlen);
 int pdgw_front_port(const pdgw_worker_t *w);

@@ -75,6 +75,15 @@ def test_pipelined_requests_in_order():
         # The connection is still open for more.
         s.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
         assert_eq(read_response(rd)[0], 200, "after the pipeline")
+        # A request that closes the connection, waiting behind an upstream answer and answered
+        # at once when its turn comes: the connection ends after it, what follows is dropped.
+        s.sendall(post(comp_body(False, 2), "fourth") +
+                  b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n" +
+                  b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+        assert_eq(read_response(rd)[1].get("x-request-id"), "fourth", "before the last")
+        status, headers, _ = read_response(rd)
+        assert_eq((status, headers.get("connection")), (200, "close"), "the last one")
+        assert_eq(rd.rest(), b"", "closed after it")
     finally:
         s.close()
     stop_gw(gw)
