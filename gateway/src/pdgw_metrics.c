@@ -906,8 +906,10 @@ pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version
         "Requests refused because the gateway itself ran out of a resource (descriptors, memory).",
         l_kind, 1, NULL, 0, &g.local_resource_errors);
     ADD(PDGW_METRIC_COUNTER, "pdgw_client_connections_closed_total",
-        "Client connections refused at accept (connection_limit, per_client_limit) or closed "
-        "because request headers or body did not arrive in time (header_timeout, body_timeout).",
+        "Client connections refused at accept (connection_limit, per_client_limit, "
+        "descriptor_limit) or closed by the gateway: request headers or body not in time "
+        "(header_timeout, body_timeout), an answer not read in time (write_timeout), a request "
+        "head refused (malformed_request, head_too_large).",
         l_reason, 1, NULL, 0, &g.conn_closed);
     ADD(PDGW_METRIC_COUNTER, "pdgw_client_streams_total",
         "Committed client streams by who wrote their body: direct (the gateway, on the socket) "

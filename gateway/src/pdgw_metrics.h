@@ -169,9 +169,14 @@ extern const size_t pdgw_metrics_tpot_buckets_n;
  *                                                                 kind = fd|memory|socket|accept
  *                                                                 (not the instance's fault)
  *   pdgw_client_connections_closed_total{reason}        counter   reason = connection_limit|
- *                                                                 per_client_limit (refused at
+ *                                                                 per_client_limit|
+ *                                                                 descriptor_limit (refused at
  *                                                                 accept)|header_timeout|
- *                                                                 body_timeout (closed late)
+ *                                                                 body_timeout|write_timeout
+ *                                                                 (closed late)|
+ *                                                                 malformed_request|
+ *                                                                 head_too_large (native front
+ *                                                                 end: head refused)
  *   pdgw_prompt_tokens_total{protocol}                  counter   usage.prompt_tokens the
  *                                                                 engines reported
  *   pdgw_completion_tokens_total{protocol}              counter   usage.completion_tokens
@@ -263,8 +268,9 @@ void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *i
 void pdgw_gateway_metrics_client_pd_field(pdgw_gateway_metrics_t *gm, const char *protocol,
                                           const char *field, const char *action);
 void pdgw_gateway_metrics_local_resource_error(pdgw_gateway_metrics_t *gm, const char *kind);
-/* A client connection refused at accept (connection_limit, per_client_limit) or closed by
- * the gateway (header_timeout, body_timeout). */
+/* A client connection refused at accept (connection_limit, per_client_limit,
+ * descriptor_limit) or closed by the gateway (header_timeout, body_timeout, write_timeout,
+ * malformed_request, head_too_large). */
 void pdgw_gateway_metrics_conn_closed(pdgw_gateway_metrics_t *gm, const char *reason);
 
 /*
