@@ -369,6 +369,20 @@ static bool send_pending(pdgw_front_conn_t *fc)
 
 static void after_response(pdgw_front_conn_t *fc);
 
+/* Send what is left of the answer: the request ends once all of it is out; a full socket
+ * waits for its EPOLLOUT edge, under the write deadline; a broken one closes. */
+static void write_rest(pdgw_front_conn_t *fc)
+{
+    if (send_pending(fc)) {
+        end_request(fc, true);
+        after_response(fc);
+    } else if (fc->eof) {
+        conn_close(fc);
+    } else {
+        pdgw_conn_write_wait(fc->cx, WRITE_TIMEOUT_MS);
+    }
+}
+
 /* Write r's filled reply. */
 static void start_reply(pdgw_front_conn_t *fc)
 {
@@ -402,14 +416,7 @@ static void start_reply(pdgw_front_conn_t *fc)
     fc->body_left = bodiless || head_only || r->reply_body == NULL ? 0 : r->reply_len;
     r->bytes_out = fc->body_left;
     fc->state = FC_WRITE;
-    if (send_pending(fc)) {
-        end_request(fc, true);
-        after_response(fc);
-    } else if (fc->eof) {
-        conn_close(fc);
-    } else {
-        pdgw_conn_write_wait(fc->cx, WRITE_TIMEOUT_MS);
-    }
+    write_rest(fc);
 }
 
 /* Hand r's committed stream to the sink's direct writer, its head first. */
@@ -461,14 +468,7 @@ static void finish_stream(pdgw_front_conn_t *fc)
             return;
         }
     }
-    if (send_pending(fc)) {
-        end_request(fc, true);
-        after_response(fc);
-    } else if (fc->eof) {
-        conn_close(fc);
-    } else {
-        pdgw_conn_write_wait(fc->cx, WRITE_TIMEOUT_MS);
-    }
+    write_rest(fc);
 }
 
 /* ---------------------------------------------------------------- reading */
@@ -502,12 +502,7 @@ static void refuse_head(pdgw_front_conn_t *fc, int status, const char *why)
     }
     pdgw_free(body);
     fc->body_left = 0;
-    if (send_pending(fc))
-        after_response(fc); /* closes, after reading what the client still sends */
-    else if (fc->eof)
-        conn_close(fc);
-    else
-        pdgw_conn_write_wait(fc->cx, WRITE_TIMEOUT_MS);
+    write_rest(fc); /* then closes, after reading what the client still sends */
 }
 
 static size_t head_limit(const pdgw_worker_t *w)
@@ -868,12 +863,7 @@ void pdgw_front_on_event(pdgw_worker_t *w, int fd, uint32_t events)
     }
     if (events & EPOLLOUT) {
         if (fc->state == FC_WRITE) {
-            if (send_pending(fc)) {
-                end_request(fc, true);
-                after_response(fc);
-            } else if (fc->eof) {
-                conn_close(fc);
-            }
+            write_rest(fc);
         } else if (fc->state == FC_STREAM && fc->r != NULL) {
             pdgw_direct_writable(fc->r);
         } else if (fc->state == FC_FINISH) {

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "pdb/pdb_hex.h"
 #include "pdgw_upstream_h1.h"
 
 size_t pdgw_front_head_end(const char *buf, size_t len, size_t from)
@@ -62,17 +63,6 @@ static char *take_line(char *t, size_t len, size_t *pos, size_t *line_len, bool 
     return s;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decode <s> in place (an invalid escape stays as it is); false when it decodes to
  * a NUL, which would cut the path short for some readers and not others. */
 static bool decode_in_place(char *s)
@@ -80,7 +70,7 @@ static bool decode_in_place(char *s)
     char *out = s;
     for (; *s; s++) {
         int hi, lo;
-        if (*s == '%' && (hi = hexval(s[1])) >= 0 && (lo = hexval(s[2])) >= 0) {
+        if (*s == '%' && (hi = pdb_hex_val(s[1])) >= 0 && (lo = pdb_hex_val(s[2])) >= 0) {
             char c = (char)(hi * 16 + lo);
             if (c == '\0')
                 return false;
@@ -116,8 +106,8 @@ static int request_line(char *s, size_t n, pdgw_front_head_t *h, const char **wh
     }
     {
         const char *v = sp2 + 1;
-        if ((size_t)(s + n - v) != 8 || strncmp(v, "HTTP/", 5) != 0 || v[5] < '0' ||
-            v[5] > '9' || v[6] != '.' || v[7] < '0' || v[7] > '9')
+        if ((size_t)(s + n - v) != 8 || strncmp(v, "HTTP/", 5) != 0 || v[5] < '0' || v[5] > '9' ||
+            v[6] != '.' || v[7] < '0' || v[7] > '9')
             return refuse(why, "malformed HTTP version", 400);
         if (v[5] != '1' || v[7] > '1')
             return refuse(why, "HTTP version not supported", 505);
@@ -282,8 +272,8 @@ static char *decode_component(const char *s, size_t n, char *out)
         int hi, lo;
         if (s[i] == '+') {
             *out++ = ' ';
-        } else if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 &&
-                   (lo = hexval(s[i + 2])) >= 0) {
+        } else if (s[i] == '%' && i + 2 < n && (hi = pdb_hex_val(s[i + 1])) >= 0 &&
+                   (lo = pdb_hex_val(s[i + 2])) >= 0) {
             *out++ = (char)(hi * 16 + lo);
             i += 2;
         } else {
