@@ -157,6 +157,22 @@ static int token_equal(const char *a, const char *b)
     return diff == 0 && a[0] != '\0';
 }
 
+/* Leave the "before HELLO" count (listener lanes only). Lock held. */
+static void pending_done_locked(kvt_tl_t *tl, tcp_conn_t *c)
+{
+    if (c->pending) {
+        c->pending = 0;
+        tl->npending--;
+    }
+}
+
+static void pending_done(kvt_tl_t *tl, tcp_conn_t *c)
+{
+    pthread_mutex_lock(&tl->lock);
+    pending_done_locked(tl, c);
+    pthread_mutex_unlock(&tl->lock);
+}
+
 /* Admit the lane of <peer> presenting <token>: the token must be one this
  * side issued to that id, and the peer must be under its lane cap. */
 static kvt_status_t hello_admit(kvt_tl_t *tl, tcp_conn_t *c, const char *peer, const char *token)
@@ -182,6 +198,9 @@ static kvt_status_t hello_admit(kvt_tl_t *tl, tcp_conn_t *c, const char *peer, c
     snprintf(c->peer, sizeof(c->peer), "%s", peer);
     c->hello_ok = 1;
 out:
+    /* Decided: the lane stops counting as "before HELLO" before the initiator hears the
+     * answer, so a lane it opens next is never refused for this one. */
+    pending_done_locked(tl, c);
     pthread_mutex_unlock(&tl->lock);
     return st;
 }
@@ -223,17 +242,6 @@ static kvt_status_t serve_hello(kvt_tl_t *tl, tcp_conn_t *c, const kvt_tcp_io_t 
     /* a refused initiator learns why, then the lane closes */
     (void)send_reply(io, st, h.seq, 0, NULL, 0);
     return st;
-}
-
-/* Leave the "before HELLO" count (listener lanes only). */
-static void pending_done(kvt_tl_t *tl, tcp_conn_t *c)
-{
-    pthread_mutex_lock(&tl->lock);
-    if (c->pending) {
-        c->pending = 0;
-        tl->npending--;
-    }
-    pthread_mutex_unlock(&tl->lock);
 }
 
 static kvt_status_t serve_frames(kvt_tl_t *tl, tcp_conn_t *c, const kvt_tcp_io_t *io)

@@ -136,6 +136,16 @@ static unsigned served_lanes(ep_t *e)
     return n;
 }
 
+/* Lanes accepted whose HELLO is not decided yet. */
+static unsigned lanes_before_hello(ep_t *e)
+{
+    unsigned n;
+    pthread_mutex_lock(&e->tl->lock);
+    n = e->tl->npending;
+    pthread_mutex_unlock(&e->tl->lock);
+    return n;
+}
+
 static void ep_close(ep_t *e)
 {
     if (e->tl != NULL)
@@ -636,6 +646,8 @@ static void test_conn_caps(void **state)
     /* 3. per peer: the third lane of "A" is refused with LIMIT */
     a1 = hello_lane(&b, "A");
     a2 = hello_lane(&b, "A");
+    /* an answered HELLO no longer counts against the pre-HELLO cap */
+    assert_int_equal(lanes_before_hello(&b), 0);
     {
         char tok_a[KVT_TL_UUID_LEN + 1];
         issued_token(&b, "A", tok_a);
