@@ -1145,9 +1145,9 @@ static const char *number_end(const char *p, const char *end, bool *integral)
  * json_integer_value says. false for a number no parse accepts (malformed, beyond 64 bits). */
 static bool member_integer(const char *v, const char *end, int64_t *out)
 {
-    bool integral;
+    bool integral, neg = *v == '-';
     const char *e;
-    char digits[24];
+    uint64_t u = 0;
     *out = 0;
     if (v >= end || (*v != '-' && (*v < '0' || *v > '9')))
         return true; /* a string, an object, null...: not an integer */
@@ -1155,13 +1155,16 @@ static bool member_integer(const char *v, const char *end, int64_t *out)
         return false;
     if (!integral)
         return true;
-    if ((size_t)(e - v) >= sizeof(digits))
-        return false; /* more digits than 64 bits hold */
-    memcpy(digits, v, (size_t)(e - v));
-    digits[e - v] = '\0';
-    errno = 0;
-    *out = strtoll(digits, NULL, 10);
-    return errno != ERANGE;
+    for (const char *p = v + neg; p < e; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (u > (UINT64_MAX - d) / 10)
+            return false;
+        u = u * 10 + d;
+    }
+    if (u > (neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX))
+        return false; /* beyond 64 bits: a parse refuses it */
+    *out = neg ? (u == 0 ? 0 : -(int64_t)(u - 1) - 1) : (int64_t)u;
+    return true;
 }
 
 /* prompt_tokens and completion_tokens of the usage object at <p>: its own members only (not
@@ -1199,18 +1202,32 @@ static bool usage_count(pdgw_gateway_metrics_t *gm, const char *protocol, int64_
     return true;
 }
 
-bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
-                                size_t len, int64_t *prompt_out, int64_t *completion_out)
+static bool usage_read(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                       size_t len, bool probe, int64_t *prompt_out, int64_t *completion_out)
 {
     int64_t pt, ct;
     const char *at;
-    if (gm == NULL || protocol == NULL || json == NULL || usage_object_at(json, len) == NULL)
+    if (gm == NULL || protocol == NULL || json == NULL ||
+        (probe && usage_object_at(json, len) == NULL))
         return false;
     at = usage_member(json, len);
     /* Only the two counts are read: no tree is built for them. */
     if (at == NULL || !usage_counts(at, json + len, &pt, &ct))
         return false;
     return usage_count(gm, protocol, pt, ct, prompt_out, completion_out);
+}
+
+bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
+                                size_t len, int64_t *prompt_out, int64_t *completion_out)
+{
+    return usage_read(gm, protocol, json, len, true, prompt_out, completion_out);
+}
+
+bool pdgw_gateway_metrics_usage_answer(pdgw_gateway_metrics_t *gm, const char *protocol,
+                                       const char *json, size_t len, int64_t *prompt_out,
+                                       int64_t *completion_out)
+{
+    return usage_read(gm, protocol, json, len, false, prompt_out, completion_out);
 }
 
 bool pdgw_gateway_metrics_usage_tree(pdgw_gateway_metrics_t *gm, const char *protocol,

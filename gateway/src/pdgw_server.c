@@ -377,7 +377,9 @@ static void worker_curl_done(pdgw_worker_t *w)
 
 static int worker_timeout(pdgw_worker_t *w)
 {
-    uint64_t now = w->now_ms = pdgw_time_mono_ms();
+    /* The time read after this turn's events serves: what ran since took microseconds, and
+     * deadlines are in milliseconds. */
+    uint64_t now = w->now_ms != 0 ? w->now_ms : (w->now_ms = pdgw_time_mono_ms());
     int64_t t = 1000;
     MHD_UNSIGNED_LONG_LONG mhd_to;
     if (w->curl_timer_ms >= 0) {

@@ -345,7 +345,6 @@ struct pdgw_req {
 #define PDGW_REQ_ERROR_MAX 640
 
 /* ---- pdgw_server.c */
-uint64_t pdgw_now_ms(void);
 /* The request's workflow runs / ended: its deadlines are watched (a timer) / no longer. */
 void pdgw_worker_active_add(pdgw_worker_t *w, pdgw_req_t *r);
 void pdgw_worker_active_remove(pdgw_worker_t *w, pdgw_req_t *r);

@@ -217,8 +217,7 @@ static void conn_make_idle(pdgw_h1_conn_t *k)
     k->up->idle = k;
     c->st.idle++;
     if (c->o.idle_timeout_ms > 0 &&
-        pdgw_timer_arm(c->o.timers, &k->timer, pdgw_time_mono_ms() + c->o.idle_timeout_ms) !=
-            PDGW_OK)
+        pdgw_timer_arm(c->o.timers, &k->timer, pdgw_now_ms() + c->o.idle_timeout_ms) != PDGW_OK)
         conn_close(k); /* no room to time it out: do not keep it */
 }
 

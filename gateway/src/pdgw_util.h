@@ -99,6 +99,9 @@ void pdgw_traceparent_format(const pdgw_traceparent_t *tp, char out[PDGW_TRACEPA
 uint64_t pdgw_time_mono_ns(void);
 uint64_t pdgw_time_mono_us(void);
 uint64_t pdgw_time_mono_ms(void);
+/* On a worker thread, the time of this turn of its loop (no clock read); elsewhere the clock
+ * (defined in pdgw_server.c). For deadlines, not for durations. */
+uint64_t pdgw_now_ms(void);
 double pdgw_time_mono_sec(void);
 /* CLOCK_REALTIME in nanoseconds (for log timestamps). */
 uint64_t pdgw_time_real_ns(void);

@@ -635,8 +635,8 @@ static void wf_decode_finish(pdgw_wf_t *wf, pdgw_leg_t *leg)
             body = pdgw_buf_steal(&leg->resp, &len);
         if (body != NULL && !usage_read)
             wf->usage_seen |=
-                pdgw_gateway_metrics_usage(wf->w->srv->opts.metrics, protocol_of(wf), body, len,
-                                           &wf->usage_prompt, &wf->usage_completion);
+                pdgw_gateway_metrics_usage_answer(wf->w->srv->opts.metrics, protocol_of(wf), body,
+                                                  len, &wf->usage_prompt, &wf->usage_completion);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }

@@ -78,6 +78,11 @@ static void same_usage(const char *text, size_t len, const json_t *slow)
         (got && (pt != json_integer_value(json_object_get(u, "prompt_tokens")) ||
                  ct != json_integer_value(json_object_get(u, "completion_tokens")))))
         abort();
+    pt = ct = -1;
+    if (pdgw_gateway_metrics_usage_answer(&gm, "neutral", text, len, &pt, &ct) != got ||
+        (got && (pt != json_integer_value(json_object_get(u, "prompt_tokens")) ||
+                 ct != json_integer_value(json_object_get(u, "completion_tokens")))))
+        abort();
 }
 
 static void check(const char *text, size_t len)

@@ -418,6 +418,14 @@ static void test_usage_matches_full_parse(void **state)
         "{\"usage\":{\"prompt_tokens\":01}}",
         "{\"usage\":{\"completion_tokens\":-}}",
         "{\"usage\":{\"prompt_tokens\":9223372036854775807,\"completion_tokens\":1}}",
+        "{\"usage\":{\"prompt_tokens\":9223372036854775808,\"completion_tokens\":1}}",
+        "{\"usage\":{\"prompt_tokens\":-9223372036854775808,\"completion_tokens\":-0}}",
+        "{\"usage\":{\"prompt_tokens\":-9223372036854775809,\"completion_tokens\":2}}",
+        "{\"usage\":{\"prompt_tokens\":18446744073709551616,\"completion_tokens\":2}}",
+        /* escaped quotes and backslashes, short and long, before the usage */
+        "{\"a\":\"x\\\"y\\\\\",\"b\":\"0123456789012345678901234567890123\\\\\\\"\\\\\","
+        "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+        "{\"a\":\"0123456789012345678901234567890123456789\\\",\"usage\":{\"prompt_tokens\":3}}\"}",
         /* not one object */
         "[{\"usage\":{\"prompt_tokens\":1}}]",
         "{\"usage\":{\"prompt_tokens\":1}} trailing",
@@ -438,6 +446,14 @@ static void test_usage_matches_full_parse(void **state)
         if (got != want || (want && (p1 != p2 || c1 != c2)))
             fail_msg("case %zu (%s): got %d %lld/%lld, a full parse %d %lld/%lld", i, cases[i], got,
                      (long long)p1, (long long)c1, want, (long long)p2, (long long)c2);
+        /* a whole answer, walked without the quick look first, reads the same */
+        p1 = c1 = -1;
+        got =
+            pdgw_gateway_metrics_usage_answer(&gm, "neutral", cases[i], strlen(cases[i]), &p1, &c1);
+        if (got != want || (want && (p1 != p2 || c1 != c2)))
+            fail_msg("case %zu (%s): as an answer %d %lld/%lld, a full parse %d %lld/%lld", i,
+                     cases[i], got, (long long)p1, (long long)c1, want, (long long)p2,
+                     (long long)c2);
         /* a rewritten answer's tree gives what its text would */
         json_t *tree = json_loads(cases[i], 0, NULL);
         int64_t p3 = -1, c3 = -1;
