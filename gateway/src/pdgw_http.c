@@ -53,7 +53,8 @@ static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
         }
     }
     /* The gateway's own key is not the engine's business. */
-    if (strcasecmp(name, "authorization") == 0 && pdgw_auth_key_count(r->w->srv->opts.auth) > 0)
+    if ((name[0] | 0x20) == 'a' && strcasecmp(name, "authorization") == 0 &&
+        pdgw_auth_key_count(r->w->srv->opts.auth) > 0)
         return true;
     return false;
 }
@@ -501,10 +502,11 @@ typedef struct {
 static bool count_framing(void *cls, const char *key, const char *value)
 {
     framing_t *f = cls;
+    char first = key != NULL ? (char)(key[0] | 0x20) : '\0'; /* most names start otherwise */
     (void)value;
-    if (key && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+    if (first == 'c' && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
         f->content_length++;
-    else if (key && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+    else if (first == 't' && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
         f->transfer_encoding++;
     return true;
 }

@@ -151,7 +151,7 @@ static size_t leg_on_header(char *buf, size_t size, size_t nitems, void *userdat
         long s = strtol(buf + 12, NULL, 10);
         if (s > 0 && s < 3600)
             leg->retry_after_ms = (uint64_t)s * 1000u;
-    } else if (len >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
+    } else if (first == 'h' && len >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
         /* A new status line (e.g. after 100 Continue): forget earlier headers. */
         leg->content_type[0] = '\0';
         leg->got_status = false;
@@ -230,7 +230,7 @@ static int leg_h1_header(void *arg, const char *line, size_t len)
 {
     pdgw_leg_t *leg = arg;
     leg_on_header((char *)line, 1, len, leg);
-    if (len >= 12 && strncmp(line, "HTTP/", 5) == 0) {
+    if (len >= 12 && line[0] == 'H' && strncmp(line, "HTTP/", 5) == 0) {
         /* The parser checked the status line's shape: three digits at 9..11. */
         leg->status = (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
         leg->got_status = true;
