@@ -9,7 +9,6 @@
 #include "pdb/pdb_prom.h"
 #include "pdgw_metrics.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1145,12 +1144,13 @@ static const char *number_end(const char *p, const char *end, bool *integral)
  * json_integer_value says. false for a number no parse accepts (malformed, beyond 64 bits). */
 static bool member_integer(const char *v, const char *end, int64_t *out)
 {
-    bool integral, neg = *v == '-';
+    bool integral, neg;
     const char *e;
     uint64_t u = 0;
     *out = 0;
     if (v >= end || (*v != '-' && (*v < '0' || *v > '9')))
         return true; /* a string, an object, null...: not an integer */
+    neg = *v == '-';
     if ((e = number_end(v, end, &integral)) == NULL)
         return false;
     if (!integral)
