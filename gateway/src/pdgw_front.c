@@ -86,9 +86,7 @@ struct pdgw_front_conn {
     size_t out_off;
     const char *body_ptr;
     size_t body_left;
-    /* on w->front_ready */
-    bool ready;
-    pdgw_front_conn_t *ready_next, *ready_prev;
+    pdb_dlink_t ready_link; /* on w->front_ready */
 };
 
 static uint64_t tag(int kind, int fd)
@@ -173,32 +171,9 @@ static bool table_put(pdgw_worker_t *w, int fd, pdgw_front_conn_t *fc)
     return true;
 }
 
-static void ready_remove(pdgw_front_conn_t *fc)
-{
-    pdgw_worker_t *w = fc->w;
-    if (!fc->ready)
-        return;
-    if (fc->ready_prev != NULL)
-        fc->ready_prev->ready_next = fc->ready_next;
-    else
-        w->front_ready = fc->ready_next;
-    if (fc->ready_next != NULL)
-        fc->ready_next->ready_prev = fc->ready_prev;
-    fc->ready_next = fc->ready_prev = NULL;
-    fc->ready = false;
-}
-
 void pdgw_front_wake(pdgw_front_conn_t *fc)
 {
-    pdgw_worker_t *w = fc->w;
-    if (fc->ready)
-        return;
-    fc->ready_prev = NULL;
-    fc->ready_next = w->front_ready;
-    if (w->front_ready != NULL)
-        w->front_ready->ready_prev = fc;
-    w->front_ready = fc;
-    fc->ready = true;
+    pdb_dlist_push(&fc->w->front_ready, &fc->ready_link);
 }
 
 const pdgw_front_head_t *pdgw_front_conn_head(const pdgw_front_conn_t *fc)
@@ -229,7 +204,7 @@ static void conn_close(pdgw_front_conn_t *fc)
 {
     pdgw_worker_t *w = fc->w;
     end_request(fc, false);
-    ready_remove(fc);
+    pdb_dlist_remove(&w->front_ready, &fc->ready_link);
     if (fc->fd >= 0) {
         if (fc->fd < w->front_cap)
             w->front_conns[fc->fd] = NULL;
@@ -876,10 +851,10 @@ void pdgw_front_on_event(pdgw_worker_t *w, int fd, uint32_t events)
  * that left. */
 void pdgw_front_run_ready(pdgw_worker_t *w)
 {
-    while (w->front_ready != NULL) {
-        pdgw_front_conn_t *fc = w->front_ready;
+    while (!pdb_dlist_empty(&w->front_ready)) {
+        pdgw_front_conn_t *fc = PDB_DLIST_ENTRY(w->front_ready.head, pdgw_front_conn_t, ready_link);
         pdgw_req_t *r = fc->r;
-        ready_remove(fc);
+        pdb_dlist_remove(&w->front_ready, &fc->ready_link);
         if (r == NULL)
             continue;
         if (r->client_gone) {

@@ -392,8 +392,8 @@ static int worker_timeout(pdgw_worker_t *w)
         if (d >= 0 && d - (int64_t)now < t)
             t = d - (int64_t)now;
     }
-    if (w->mhd_kick || w->wake_local || w->flush_head != NULL || w->front_ready != NULL ||
-        (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
+    if (w->mhd_kick || w->wake_local || !pdb_dlist_empty(&w->flush_queue) ||
+        !pdb_dlist_empty(&w->front_ready) || (w->h1 != NULL && pdgw_h1_has_posted(w->h1)))
         t = 0;
     if (w->mhd != NULL && MHD_get_timeout(w->mhd, &mhd_to) == MHD_YES && (int64_t)mhd_to < t)
         t = (int64_t)mhd_to;
@@ -492,7 +492,7 @@ static void *worker_main(void *arg)
         pdgw_direct_flush_all(w);
         /* Native connections the sink woke: replies written, streams started or ended (an
          * ended stream wakes its connection again from the flush). */
-        while (w->front_ready != NULL) {
+        while (!pdb_dlist_empty(&w->front_ready)) {
             pdgw_front_run_ready(w);
             pdgw_direct_flush_all(w);
         }

@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "pdb/pdb_dlist.h"
 #include "pdgw_admit.h"
 #include "pdgw_freelist.h"
 #include "pdgw_server.h"
@@ -116,7 +117,7 @@ struct pdgw_worker {
     int front_fd;
     pdgw_front_conn_t **front_conns;
     int front_cap;
-    pdgw_front_conn_t *front_ready;
+    pdb_dlist_t front_ready;
     char front_date[40];
     long long front_date_sec;
     char *front_scratch;
@@ -146,7 +147,7 @@ struct pdgw_worker {
         char last_model[128]; /* the last model label, at a fixed address (pdgw_models.c) */
     } model_families;
     /* Streams the sink writes itself with bytes to send this loop turn. */
-    pdgw_req_t *flush_head;
+    pdb_dlist_t flush_queue;
     /* Client sockets watched for hang-up while their connection is suspended. */
     pdgw_req_t **hup_reqs;
     int hup_cap;
@@ -304,14 +305,13 @@ struct pdgw_req {
     bool out_done;
     uint64_t bytes_out;
     /* A stream the sink writes to the socket itself (pdgw_sink_direct.c). */
-    bool http11;         /* the client spoke HTTP/1.1: MHD frames a stream in chunks */
-    bool direct;         /* the socket is the sink's until the stream ends */
-    bool direct_ended;   /* every byte is out; MHD writes the last chunk */
-    bool direct_raw;     /* HTTP/1.0 on the native front end: no chunks, the close ends it */
-    bool stream_counted; /* the reader ran once: taken over or not, and counted */
-    bool flush_queued;   /* on w->flush_head */
-    pdgw_req_t *flush_next, *flush_prev;
-    pdgw_buf_t wire; /* framed bytes the socket has not taken */
+    bool http11;            /* the client spoke HTTP/1.1: MHD frames a stream in chunks */
+    bool direct;            /* the socket is the sink's until the stream ends */
+    bool direct_ended;      /* every byte is out; MHD writes the last chunk */
+    bool direct_raw;        /* HTTP/1.0 on the native front end: no chunks, the close ends it */
+    bool stream_counted;    /* the reader ran once: taken over or not, and counted */
+    pdb_dlink_t flush_link; /* on w->flush_queue */
+    pdgw_buf_t wire;        /* framed bytes the socket has not taken */
     size_t wire_off;
     /* The outcome the client saw, whoever decided it (a local reply, the connection guard, the
      * workflow); read at completion by the access log and the metrics. What the workflow

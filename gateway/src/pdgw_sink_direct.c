@@ -40,32 +40,9 @@ size_t pdgw_direct_pending(const pdgw_req_t *r)
 
 /* ---------------------------------------------------------------- flush queue */
 
-static void queue_remove(pdgw_req_t *r)
-{
-    pdgw_worker_t *w = r->w;
-    if (!r->flush_queued)
-        return;
-    if (r->flush_prev != NULL)
-        r->flush_prev->flush_next = r->flush_next;
-    else
-        w->flush_head = r->flush_next;
-    if (r->flush_next != NULL)
-        r->flush_next->flush_prev = r->flush_prev;
-    r->flush_next = r->flush_prev = NULL;
-    r->flush_queued = false;
-}
-
 void pdgw_direct_queue(pdgw_req_t *r)
 {
-    pdgw_worker_t *w = r->w;
-    if (r->flush_queued)
-        return;
-    r->flush_prev = NULL;
-    r->flush_next = w->flush_head;
-    if (w->flush_head != NULL)
-        w->flush_head->flush_prev = r;
-    w->flush_head = r;
-    r->flush_queued = true;
+    pdb_dlist_push(&r->w->flush_queue, &r->flush_link);
 }
 
 /* ---------------------------------------------------------------- writing */
@@ -191,9 +168,9 @@ static void flush_one(pdgw_req_t *r)
 
 void pdgw_direct_flush_all(pdgw_worker_t *w)
 {
-    while (w->flush_head != NULL) {
-        pdgw_req_t *r = w->flush_head;
-        queue_remove(r);
+    while (!pdb_dlist_empty(&w->flush_queue)) {
+        pdgw_req_t *r = PDB_DLIST_ENTRY(w->flush_queue.head, pdgw_req_t, flush_link);
+        pdb_dlist_remove(&w->flush_queue, &r->flush_link);
         flush_one(r);
     }
 }
@@ -221,7 +198,7 @@ bool pdgw_direct_take(pdgw_req_t *r)
 
 void pdgw_direct_forget(pdgw_req_t *r)
 {
-    queue_remove(r);
+    pdb_dlist_remove(&r->w->flush_queue, &r->flush_link);
     pdgw_buf_free(&r->wire);
     r->wire_off = 0;
 }

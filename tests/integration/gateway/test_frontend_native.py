@@ -45,6 +45,19 @@ def read_response(rd):
     return status, headers, rd.exact(int(headers.get("content-length", "0")))
 
 
+def expect_refusal(rd, status, code, what):
+    """The next answer on <rd> refuses with <status> and error <code> (any code: None), and the
+    gateway closes the connection after it, with nothing more written. Its headers."""
+    got, headers, body = read_response(rd)
+    assert_eq(got, status, what)
+    err = json.loads(body)["error"]
+    if code is not None:
+        assert_eq(err["code"], code, what + ": error code")
+    assert_eq(headers.get("connection"), "close", what + ": closed after it")
+    assert_eq(rd.rest(), b"", what + ": nothing after the close")
+    return headers
+
+
 def connect(port):
     return socket.create_connection(("127.0.0.1", port), timeout=20)
 
@@ -120,11 +133,7 @@ def test_chunked_body_and_100_continue():
         # A chunk size that is not hex: 400, and the connection is closed after it.
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
-        status, headers, got = read_response(rd)
-        assert_eq(status, 400, "malformed chunked body")
-        assert_eq(json.loads(got)["error"]["code"], "malformed_body", "error code")
-        assert_eq(headers.get("connection"), "close", "closed after a broken body")
-        assert_eq(rd.rest(), b"", "nothing after the close")
+        expect_refusal(rd, 400, "malformed_body", "malformed chunked body")
     finally:
         s.close()
     stop_gw(gw)
@@ -149,12 +158,7 @@ def test_heads_refused():
         s = connect(port)
         try:
             s.sendall(raw)
-            rd = Reader(s)
-            status, headers, body = read_response(rd)
-            assert_eq(status, want, raw[:40])
-            assert_eq(headers.get("connection"), "close", "closed after a refused head")
-            assert "error" in json.loads(body), body
-            assert_eq(rd.rest(), b"", "nothing after the refusal")
+            expect_refusal(Reader(s), want, None, repr(raw[:40]))
         finally:
             s.close()
     after = closed_count(port, "malformed_request")
@@ -165,11 +169,8 @@ def test_heads_refused():
     try:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
-        rd = Reader(s)
-        status, _, body = read_response(rd)
-        assert_eq(status, 400, "Content-Length with Transfer-Encoding")
-        assert_eq(json.loads(body)["error"]["code"], "ambiguous_request_length", "code")
-        assert_eq(rd.rest(), b"", "closed after it")
+        expect_refusal(Reader(s), 400, "ambiguous_request_length",
+                       "Content-Length with Transfer-Encoding")
     finally:
         s.close()
     assert_eq(T.request("GET", port, "/health")[0], 200, "still serving")
@@ -188,12 +189,7 @@ def test_refused_upload_read_to_its_end():
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json"
                   b"\r\nContent-Length: %d\r\n\r\n" % len(body))
         s.sendall(body)  # a reset would fail this, or the reads below
-        rd = Reader(s)
-        status, headers, got = read_response(rd)
-        assert_eq(status, 413, "refused on its length")
-        assert_eq(json.loads(got)["error"]["code"], "request_too_large", "error code")
-        assert_eq(headers.get("connection"), "close", "closed after it")
-        assert_eq(rd.rest(), b"", "an orderly end")
+        expect_refusal(Reader(s), 413, "request_too_large", "refused on its length")
     finally:
         s.close()
     stop_gw(gw)

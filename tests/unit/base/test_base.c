@@ -15,6 +15,7 @@
 #include "pdb/pdb_alloc.h"
 #include "pdb/pdb_buf.h"
 #include "pdb/pdb_clock.h"
+#include "pdb/pdb_dlist.h"
 #include "pdb/pdb_map.h"
 #include "pdb/pdb_prom.h"
 #include "pdb/pdb_str.h"
@@ -188,6 +189,48 @@ static void test_clock_injectable(void **state)
     assert_true(b2 >= a);
 }
 
+typedef struct item {
+    int id;
+    pdb_dlink_t link;
+} item_t;
+
+/* The ids on <list> from the head, as one number (digits in order), and the back links
+ * checked on the way. */
+static int dlist_ids(const pdb_dlist_t *list)
+{
+    int ids = 0;
+    const pdb_dlink_t *prev = NULL;
+    for (const pdb_dlink_t *l = list->head; l != NULL; prev = l, l = l->next) {
+        assert_ptr_equal(l->prev, prev);
+        ids = ids * 10 + PDB_DLIST_ENTRY(l, item_t, link)->id;
+    }
+    return ids;
+}
+
+static void test_dlist(void **state)
+{
+    item_t it[3] = {{.id = 1}, {.id = 2}, {.id = 3}};
+    pdb_dlist_t list = {0};
+    (void)state;
+    assert_true(pdb_dlist_empty(&list));
+    pdb_dlist_remove(&list, &it[0].link); /* not on it: nothing happens */
+    for (int i = 0; i < 3; i++)
+        pdb_dlist_push(&list, &it[i].link);
+    pdb_dlist_push(&list, &it[1].link); /* on it already: stays where it is */
+    assert_int_equal(dlist_ids(&list), 321);
+    assert_true(pdb_dlist_linked(&list, &it[0].link)); /* the last one: no next, a prev */
+    pdb_dlist_remove(&list, &it[1].link);              /* the middle */
+    assert_int_equal(dlist_ids(&list), 31);
+    assert_false(pdb_dlist_linked(&list, &it[1].link));
+    pdb_dlist_remove(&list, &it[2].link); /* the head */
+    assert_int_equal(dlist_ids(&list), 1);
+    assert_true(pdb_dlist_linked(&list, &it[0].link)); /* alone: linked as the head */
+    pdb_dlist_remove(&list, &it[0].link);
+    assert_true(pdb_dlist_empty(&list));
+    pdb_dlist_push(&list, &it[1].link); /* taken out links go on again */
+    assert_int_equal(dlist_ids(&list), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -199,6 +242,7 @@ int main(void)
         cmocka_unit_test(test_prom),
         cmocka_unit_test(test_str_join_cuts_like_snprintf),
         cmocka_unit_test(test_clock_injectable),
+        cmocka_unit_test(test_dlist),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
