@@ -83,6 +83,103 @@ static const char *value_end(const char *p, const char *end)
     return p;
 }
 
+/* Walking back from the end. At a quote outside any string, the quote closes a string; the
+ * string opens at the nearest quote before it that an even run of backslashes precedes (a
+ * quote inside a string is always escaped, the opening one never is). */
+static const char *skip_ws_back(const char *start, const char *p)
+{
+    while (p > start && is_ws(p[-1]))
+        p--;
+    return p;
+}
+
+/* The opening quote of the string whose closing quote is at <q>; NULL when there is none. */
+static const char *string_open(const char *start, const char *q)
+{
+    const char *p = q;
+    while (p > start && (p = memrchr(start, '"', (size_t)(p - start))) != NULL) {
+        const char *b = p;
+        while (b > start && b[-1] == '\\')
+            b--;
+        if (((p - b) & 1) == 0)
+            return p;
+    }
+    return NULL;
+}
+
+/* Where the value that ends just before <e> starts; NULL on text that is not one. */
+static const char *value_start(const char *start, const char *e)
+{
+    const char *p = e;
+    int depth = 0;
+    do {
+        if (p <= start)
+            return NULL;
+        switch (p[-1]) {
+        case '"':
+            if ((p = string_open(start, p - 1)) == NULL)
+                return NULL;
+            break;
+        case '}':
+        case ']':
+            depth++;
+            p--;
+            break;
+        case '{':
+        case '[':
+            if (--depth < 0)
+                return NULL;
+            p--;
+            break;
+        default:
+            if (depth == 0) { /* number or literal: back to the colon or whitespace */
+                while (p > start && p[-1] != ':' && p[-1] != ',' && !is_ws(p[-1]) &&
+                       !tracked[(unsigned char)p[-1]])
+                    p--;
+                return p < e ? p : NULL;
+            }
+            p--;
+            while (p > start && !tracked[(unsigned char)p[-1]])
+                p--;
+            break;
+        }
+    } while (depth > 0);
+    return p;
+}
+
+bool pdgw_json_last_member(const char *text, size_t len, const char *name, const char **val,
+                           size_t *val_len)
+{
+    const char *start = text, *p = skip_ws_back(start, text + len);
+    size_t n = strlen(name);
+    if (p == start || p[-1] != '}')
+        return false;
+    p = skip_ws_back(start, p - 1);
+    while (p > start && p[-1] != '{') {
+        const char *ve = p, *vs = value_start(start, ve), *key;
+        if (vs == NULL)
+            return false;
+        p = skip_ws_back(start, vs);
+        if (p == start || p[-1] != ':')
+            return false;
+        p = skip_ws_back(start, p - 1);
+        if (p == start || p[-1] != '"' || (key = string_open(start, p - 1)) == NULL)
+            return false;
+        bool named = (size_t)(p - key - 2) == n && memcmp(key + 1, name, n) == 0;
+        p = skip_ws_back(start, key);
+        if (p == start || (p[-1] != ',' && p[-1] != '{'))
+            return false;
+        if (named) {
+            *val = vs;
+            *val_len = (size_t)(ve - vs);
+            return true;
+        }
+        if (p[-1] == ',')
+            p = skip_ws_back(start, p - 1);
+    }
+    return false;
+}
+
 bool pdgw_json_members_begin(pdgw_json_members_t *it, const char *text, size_t len)
 {
     const char *end = text + len, *p = skip_ws(text, end);

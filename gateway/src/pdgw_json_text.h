@@ -51,6 +51,14 @@ bool pdgw_json_id_list_count(const char *text, size_t len, size_t *count);
 bool pdgw_json_member_value(const char *text, size_t len, const char *name, const char **val,
                             size_t *val_len);
 
+/* The last top-level member <name> of the object that <text> ends with, found walking back
+ * from the end: only the members after it are read. An answer's usage comes last or nearly
+ * so; reading it this way costs a few of its members instead of all of its text. The text
+ * before the member is not looked at, so text that only ends like an object also answers;
+ * use it where a wrong guess costs only a figure. Names are compared as written. */
+bool pdgw_json_last_member(const char *text, size_t len, const char *name, const char **val,
+                           size_t *val_len);
+
 /* The id list (as above) under the top-level member <name> of the object <text>; NULL when
  * there is none. */
 json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name);

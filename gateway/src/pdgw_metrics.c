@@ -1088,22 +1088,15 @@ static const char *usage_object_at(const char *s, size_t len)
     return NULL;
 }
 
-/* The value of the last "usage" member of the top-level object of JSON text <s>, when it is
- * an object: where it starts, NULL otherwise. No allocation: an answer is relayed as it is and
- * only this one member of it is read. Text that is not one object gives NULL, as a failed parse
- * would. */
+/* The value of the last "usage" member of the object JSON text <s> ends with, when it is an
+ * object: where it starts, NULL otherwise. No allocation: an answer is relayed as it is and
+ * only this one member of it is read, walking back from its end (engines write usage last or
+ * nearly so). */
 static const char *usage_member(const char *s, size_t len)
 {
-    pdgw_json_members_t it;
-    pdgw_json_member_t m;
-    const char *found = NULL;
-    int got;
-    if (!pdgw_json_members_begin(&it, s, len))
-        return NULL;
-    while ((got = pdgw_json_members_next(&it, &m)) == 0)
-        if (m.key_len == 5 && memcmp(m.key, "usage", 5) == 0) /* the last one counts */
-            found = m.val_len > 0 && m.val[0] == '{' ? m.val : NULL;
-    return got == 1 && pdgw_json_only_ws(it.p, s + len) ? found : NULL;
+    const char *val;
+    size_t val_len;
+    return pdgw_json_last_member(s, len, "usage", &val, &val_len) && val[0] == '{' ? val : NULL;
 }
 
 /* The JSON number token at <p>: its end, or NULL when it is not one. *integral says whether a

@@ -52,6 +52,29 @@ static void test_fail_nth_names_site(void **state)
     assert_null(pdb_strdup(NULL));
 }
 
+/* Small blocks come from the thread's cache (a block just freed, still dirty) and are zeroed
+ * by hand; large ones stay with calloc. */
+static void test_calloc_zeroes_reused_blocks(void **state)
+{
+    static const size_t sizes[] = {1, 24, 512, 1024, 1025, 65536};
+    (void)state;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        unsigned char *dirty = pdb_malloc(sizes[i]), *z;
+        assert_non_null(dirty);
+        memset(dirty, 0xa5, sizes[i]);
+        pdb_free(dirty);
+        z = pdb_calloc(1, sizes[i]);
+        assert_non_null(z);
+        for (size_t j = 0; j < sizes[i]; j++)
+            if (z[j] != 0)
+                fail_msg("calloc(1, %zu): byte %zu is %#x", sizes[i], j, z[j]);
+        pdb_free(z);
+    }
+    void *p = pdb_calloc(0, 8);
+    assert_non_null(p);
+    pdb_free(p);
+}
+
 static void test_jansson_allocates_through_wrapper(void **state)
 {
     uint64_t before = pdb_alloc_count();
@@ -235,6 +258,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fail_nth_names_site),
+        cmocka_unit_test(test_calloc_zeroes_reused_blocks),
         cmocka_unit_test(test_jansson_allocates_through_wrapper),
         cmocka_unit_test(test_map),
         cmocka_unit_test(test_buf_limit_and_failure),

@@ -288,6 +288,58 @@ static void test_member_id_list(void **state)
     assert_null(pdgw_json_member_id_list("[1]", 3, "tokens"));
 }
 
+/* The last member <name> of <text> is <want> (NULL: none is found). */
+static void last_member_is(const char *text, const char *name, const char *want)
+{
+    const char *val = NULL;
+    size_t len = 0;
+    bool got = pdgw_json_last_member(text, strlen(text), name, &val, &len);
+    if (want == NULL) {
+        if (got)
+            fail_msg("%s in %s: found %.*s, wanted none", name, text, (int)len, val);
+        return;
+    }
+    if (!got || len != strlen(want) || memcmp(val, want, len) != 0)
+        fail_msg("%s in %s: %s %.*s, wanted %s", name, text, got ? "found" : "none", (int)len,
+                 got ? val : "", want);
+}
+
+/* A non-stream answer as vLLM writes it ends with usage and then kv_transfer_params
+ * (vllm-project/vllm vllm/entrypoints/openai/completion/protocol.py, CompletionResponse): the
+ * member is found walking back from the end, past values of every kind. */
+static void test_last_member_walks_back(void **state)
+{
+    (void)state;
+    last_member_is("{\"id\":\"cmpl-1\",\"choices\":[{\"text\":\"a \\\"usage\\\": {}\"}],"
+                   "\"usage\":{\"prompt_tokens\":9},\"kv_transfer_params\":{\"remote_block_ids\":"
+                   "[1,2],\"remote_host\":\"10.0.0.1\",\"do_remote_decode\":false}}",
+                   "usage", "{\"prompt_tokens\":9}");
+    /* numbers, literals, strings ending in escaped backslashes and brackets, whitespace */
+    last_member_is(" { \"usage\" : [1, {\"a\": \"]\"}] ,\n\"n\": -1.5e3, \"t\":true,\"z\":null,"
+                   "\"s\":\"\\\\\",\"b\":\"}\\\"{\" } \n",
+                   "usage", "[1, {\"a\": \"]\"}]");
+    last_member_is("{\"x\":1,\"usage\":null}", "usage", "null");
+    /* the last of a repeated name, as a parser keeps it; nested members are not the object's */
+    last_member_is("{\"usage\":1,\"usage\":2}", "usage", "2");
+    last_member_is("{\"usage\":1,\"o\":{\"usage\":3}}", "usage", "1");
+    last_member_is("{\"o\":{\"usage\":3},\"a\":[{\"usage\":4}]}", "usage", NULL);
+    /* a value that happens to read "usage", an escaped name, an empty object */
+    last_member_is("{\"k\":\"usage\"}", "usage", NULL);
+    last_member_is("{\"us\\u0061ge\":1}", "usage", NULL);
+    last_member_is("{}", "usage", NULL);
+    /* text that does not end like an object's members */
+    last_member_is("[{\"usage\":1}]", "usage", NULL);
+    last_member_is("{\"usage\":1} x", "usage", NULL);
+    last_member_is("{\"usage\":1,}", "usage", NULL);
+    last_member_is("{\"usage\":}", "usage", NULL);
+    last_member_is("{\"usage\" 1}", "usage", NULL);
+    last_member_is("\"usage\":1}", "usage", NULL);
+    last_member_is("{\"a\":\"x}", "usage", NULL);
+    last_member_is("", "usage", NULL);
+    /* the text before the member is not read: what only ends like an object answers too */
+    last_member_is("[garbage,\"usage\":1}", "usage", "1");
+}
+
 /* The body's text, parsed, equals <want> (JSON text). */
 static void body_is(const char *raw, const json_t *client, const json_t *body, const char *want)
 {
@@ -423,6 +475,7 @@ int main(void)
         cmocka_unit_test(test_body_text_splices_or_serialises),
         cmocka_unit_test(test_id_list_reads_only_what_a_parser_accepts),
         cmocka_unit_test(test_member_id_list),
+        cmocka_unit_test(test_last_member_walks_back),
         cmocka_unit_test(test_ids_kept_as_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
