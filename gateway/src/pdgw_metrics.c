@@ -942,38 +942,96 @@ err:
     return st;
 }
 
-void pdgw_gateway_metrics_request_done(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       int http_status, double duration_s)
+static const char *const phase_names[PDGW_DURATION_PHASES] = {
+    [PDGW_DURATION_QUEUE] = "queue",
+    [PDGW_DURATION_PREFILL] = "prefill",
+    [PDGW_DURATION_KV_TRANSFER] = "kv_transfer",
+    [PDGW_DURATION_DECODE] = "decode",
+};
+
+void pdgw_proto_metrics_init(pdgw_proto_metrics_t *pm, pdgw_gateway_metrics_t *gm,
+                             const char *protocol)
 {
-    if (gm == NULL || protocol == NULL)
+    memset(pm, 0, sizeof(*pm));
+    if (gm != NULL && protocol != NULL) {
+        pm->gm = gm;
+        pm->protocol = protocol;
+    }
+}
+
+/* The view's series of <fam> with the protocol label (and <v2>, NULL for a family without a
+ * second label): from <slot> once it was looked up. */
+static pdgw_metric_t *view_series(pdgw_proto_metrics_t *pm, _Atomic(pdgw_metric_t *) *slot,
+                                  pdgw_metric_family_t *fam, const char *v2)
+{
+    pdgw_metric_t *m = atomic_load_explicit(slot, memory_order_acquire);
+    if (m != NULL)
+        return m;
+    m = v2 != NULL ? pdgw_metric_family_series2(fam, pm->protocol, v2)
+                   : pdgw_metric_family_series1(fam, pm->protocol);
+    atomic_store_explicit(slot, m, memory_order_release);
+    return m;
+}
+
+void pdgw_gateway_metrics_request_done(pdgw_proto_metrics_t *pm, int http_status, double duration_s)
+{
+    if (pm == NULL || pm->gm == NULL)
         return;
     char status[PDGW_STATUS_LABEL_SIZE];
-    pdgw_counter_inc(pdgw_metric_family_series2(gm->requests_total, protocol,
-                                                pdgw_metric_status_label(http_status, status)));
+    pdgw_counter_inc(
+        http_status == 200
+            ? view_series(pm, &pm->requests_ok, pm->gm->requests_total, "200")
+            : pdgw_metric_family_series2(pm->gm->requests_total, pm->protocol,
+                                         pdgw_metric_status_label(http_status, status)));
     if (duration_s >= 0)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->request_duration, protocol),
-                               duration_s);
+        pdgw_histogram_observe(
+            view_series(pm, &pm->request_duration, pm->gm->request_duration, NULL), duration_s);
 }
 
-void pdgw_gateway_metrics_observe_ttft(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       double seconds)
+void pdgw_gateway_metrics_observe_ttft(pdgw_proto_metrics_t *pm, double seconds)
 {
-    if (gm != NULL && protocol != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->ttft, protocol), seconds);
+    if (pm != NULL && pm->gm != NULL)
+        pdgw_histogram_observe(view_series(pm, &pm->ttft, pm->gm->ttft, NULL), seconds);
 }
 
-void pdgw_gateway_metrics_observe_tpot(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       double seconds)
+void pdgw_gateway_metrics_observe_tpot(pdgw_proto_metrics_t *pm, double seconds)
 {
-    if (gm != NULL && protocol != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->tpot, protocol), seconds);
+    if (pm != NULL && pm->gm != NULL)
+        pdgw_histogram_observe(view_series(pm, &pm->tpot, pm->gm->tpot, NULL), seconds);
 }
 
-void pdgw_gateway_metrics_observe_phase(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                        const char *phase, double seconds)
+void pdgw_gateway_metrics_observe_phase(pdgw_proto_metrics_t *pm, pdgw_duration_phase_t phase,
+                                        double seconds)
 {
-    if (gm != NULL && protocol != NULL && phase != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series2(gm->phase_duration, protocol, phase),
+    if (pm != NULL && pm->gm != NULL && phase >= 0 && phase < PDGW_DURATION_PHASES)
+        pdgw_histogram_observe(
+            view_series(pm, &pm->phase[phase], pm->gm->phase_duration, phase_names[phase]),
+            seconds);
+}
+
+void pdgw_gateway_metrics_observe_prefill(pdgw_proto_metrics_t *pm, double seconds)
+{
+    if (pm != NULL && pm->gm != NULL)
+        pdgw_histogram_observe(view_series(pm, &pm->prefill_seconds, pm->gm->prefill_seconds, NULL),
+                               seconds);
+}
+
+void pdgw_gateway_metrics_observe_kv_wait(pdgw_proto_metrics_t *pm, double seconds)
+{
+    if (pm == NULL || pm->gm == NULL)
+        return;
+    pdgw_histogram_observe(view_series(pm, &pm->kv_wait_seconds, pm->gm->kv_wait_seconds, NULL),
+                           seconds);
+    pdgw_histogram_observe(view_series(pm, &pm->phase[PDGW_DURATION_KV_TRANSFER],
+                                       pm->gm->phase_duration,
+                                       phase_names[PDGW_DURATION_KV_TRANSFER]),
+                           seconds);
+}
+
+void pdgw_gateway_metrics_observe_decode(pdgw_proto_metrics_t *pm, double seconds)
+{
+    if (pm != NULL && pm->gm != NULL)
+        pdgw_histogram_observe(view_series(pm, &pm->decode_seconds, pm->gm->decode_seconds, NULL),
                                seconds);
 }
 
@@ -1002,31 +1060,6 @@ void pdgw_gateway_metrics_rejected(pdgw_gateway_metrics_t *gm, const char *reaso
 {
     if (gm != NULL && reason != NULL)
         pdgw_counter_inc(pdgw_metric_family_series1(gm->rejected, reason));
-}
-
-void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                          double seconds)
-{
-    if (gm != NULL && protocol != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->prefill_seconds, protocol), seconds);
-}
-
-void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                          double seconds)
-{
-    if (gm == NULL || protocol == NULL)
-        return;
-    pdgw_histogram_observe(pdgw_metric_family_series1(gm->kv_wait_seconds, protocol), seconds);
-    /* The KV wait is the kv_transfer phase of pdgw_phase_duration_seconds. */
-    pdgw_histogram_observe(pdgw_metric_family_series2(gm->phase_duration, protocol, "kv_transfer"),
-                           seconds);
-}
-
-void pdgw_gateway_metrics_observe_decode(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                         double seconds)
-{
-    if (gm != NULL && protocol != NULL)
-        pdgw_histogram_observe(pdgw_metric_family_series1(gm->decode_seconds, protocol), seconds);
 }
 
 void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *protocol,
@@ -1181,13 +1214,15 @@ static bool usage_counts(const char *p, const char *end, int64_t *pt, int64_t *c
     return got == 1;
 }
 
-static bool usage_count(pdgw_gateway_metrics_t *gm, const char *protocol, int64_t pt, int64_t ct,
-                        int64_t *prompt_out, int64_t *completion_out)
+static bool usage_count(pdgw_proto_metrics_t *pm, int64_t pt, int64_t ct, int64_t *prompt_out,
+                        int64_t *completion_out)
 {
     if (pt > 0)
-        pdgw_counter_add(pdgw_metric_family_series1(gm->prompt_tokens, protocol), (uint64_t)pt);
+        pdgw_counter_add(view_series(pm, &pm->prompt_tokens, pm->gm->prompt_tokens, NULL),
+                         (uint64_t)pt);
     if (ct > 0)
-        pdgw_counter_add(pdgw_metric_family_series1(gm->completion_tokens, protocol), (uint64_t)ct);
+        pdgw_counter_add(view_series(pm, &pm->completion_tokens, pm->gm->completion_tokens, NULL),
+                         (uint64_t)ct);
     if (prompt_out)
         *prompt_out = pt;
     if (completion_out)
@@ -1195,42 +1230,40 @@ static bool usage_count(pdgw_gateway_metrics_t *gm, const char *protocol, int64_
     return true;
 }
 
-static bool usage_read(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
-                       size_t len, bool probe, int64_t *prompt_out, int64_t *completion_out)
+static bool usage_read(pdgw_proto_metrics_t *pm, const char *json, size_t len, bool probe,
+                       int64_t *prompt_out, int64_t *completion_out)
 {
     int64_t pt, ct;
     const char *at;
-    if (gm == NULL || protocol == NULL || json == NULL ||
+    if (pm == NULL || pm->gm == NULL || json == NULL ||
         (probe && usage_object_at(json, len) == NULL))
         return false;
     at = usage_member(json, len);
     /* Only the two counts are read: no tree is built for them. */
     if (at == NULL || !usage_counts(at, json + len, &pt, &ct))
         return false;
-    return usage_count(gm, protocol, pt, ct, prompt_out, completion_out);
+    return usage_count(pm, pt, ct, prompt_out, completion_out);
 }
 
-bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
-                                size_t len, int64_t *prompt_out, int64_t *completion_out)
+bool pdgw_gateway_metrics_usage(pdgw_proto_metrics_t *pm, const char *json, size_t len,
+                                int64_t *prompt_out, int64_t *completion_out)
 {
-    return usage_read(gm, protocol, json, len, true, prompt_out, completion_out);
+    return usage_read(pm, json, len, true, prompt_out, completion_out);
 }
 
-bool pdgw_gateway_metrics_usage_answer(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       const char *json, size_t len, int64_t *prompt_out,
-                                       int64_t *completion_out)
+bool pdgw_gateway_metrics_usage_answer(pdgw_proto_metrics_t *pm, const char *json, size_t len,
+                                       int64_t *prompt_out, int64_t *completion_out)
 {
-    return usage_read(gm, protocol, json, len, false, prompt_out, completion_out);
+    return usage_read(pm, json, len, false, prompt_out, completion_out);
 }
 
-bool pdgw_gateway_metrics_usage_tree(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                     const json_t *reply, int64_t *prompt_out,
-                                     int64_t *completion_out)
+bool pdgw_gateway_metrics_usage_tree(pdgw_proto_metrics_t *pm, const json_t *reply,
+                                     int64_t *prompt_out, int64_t *completion_out)
 {
     const json_t *u = json_object_get(reply, "usage");
-    if (gm == NULL || protocol == NULL || !json_is_object(u))
+    if (pm == NULL || pm->gm == NULL || !json_is_object(u))
         return false;
-    return usage_count(gm, protocol, json_integer_value(json_object_get(u, "prompt_tokens")),
+    return usage_count(pm, json_integer_value(json_object_get(u, "prompt_tokens")),
                        json_integer_value(json_object_get(u, "completion_tokens")), prompt_out,
                        completion_out);
 }

@@ -224,15 +224,46 @@ typedef struct pdgw_gateway_metrics {
 pdgw_status_t pdgw_gateway_metrics_init(pdgw_metrics_t *reg, const char *version,
                                         pdgw_gateway_metrics_t *gm);
 
-/* Helpers over the families above (lookups are lock-free; NULL-safe). */
-void pdgw_gateway_metrics_request_done(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       int http_status, double duration_s);
-void pdgw_gateway_metrics_observe_ttft(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       double seconds);
-void pdgw_gateway_metrics_observe_tpot(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       double seconds);
-void pdgw_gateway_metrics_observe_phase(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                        const char *phase, double seconds);
+/* The phases of pdgw_phase_duration_seconds. */
+typedef enum pdgw_duration_phase {
+    PDGW_DURATION_QUEUE,
+    PDGW_DURATION_PREFILL,
+    PDGW_DURATION_KV_TRANSFER,
+    PDGW_DURATION_DECODE,
+    PDGW_DURATION_PHASES
+} pdgw_duration_phase_t;
+
+/* The series one protocol's requests observe, each looked up at its first use and kept
+ * (the protocol of a server never changes and series are never dropped): a request's figures
+ * then cost no lookup. requests_total is kept for status 200 only. Workers share a view: the
+ * slots are atomic, and a lookup made twice finds the same series. */
+typedef struct pdgw_proto_metrics {
+    pdgw_gateway_metrics_t *gm; /* NULL: nothing is counted */
+    const char *protocol;       /* borrowed: outlives the view */
+    _Atomic(pdgw_metric_t *) requests_ok;
+    _Atomic(pdgw_metric_t *) request_duration, ttft, tpot;
+    _Atomic(pdgw_metric_t *) prefill_seconds, kv_wait_seconds, decode_seconds;
+    _Atomic(pdgw_metric_t *) prompt_tokens, completion_tokens;
+    _Atomic(pdgw_metric_t *) phase[PDGW_DURATION_PHASES];
+} pdgw_proto_metrics_t;
+
+/* A view of <protocol> (NULL <gm> or <protocol>: one that counts nothing). */
+void pdgw_proto_metrics_init(pdgw_proto_metrics_t *pm, pdgw_gateway_metrics_t *gm,
+                             const char *protocol);
+
+/* What a request of the view's protocol observed (NULL-safe). */
+void pdgw_gateway_metrics_request_done(pdgw_proto_metrics_t *pm, int http_status,
+                                       double duration_s);
+void pdgw_gateway_metrics_observe_ttft(pdgw_proto_metrics_t *pm, double seconds);
+void pdgw_gateway_metrics_observe_tpot(pdgw_proto_metrics_t *pm, double seconds);
+void pdgw_gateway_metrics_observe_phase(pdgw_proto_metrics_t *pm, pdgw_duration_phase_t phase,
+                                        double seconds);
+void pdgw_gateway_metrics_observe_prefill(pdgw_proto_metrics_t *pm, double seconds);
+/* The KV wait, which is also the kv_transfer phase. */
+void pdgw_gateway_metrics_observe_kv_wait(pdgw_proto_metrics_t *pm, double seconds);
+void pdgw_gateway_metrics_observe_decode(pdgw_proto_metrics_t *pm, double seconds);
+
+/* Helpers over the families above for rarer events (lookups are lock-free; NULL-safe). */
 void pdgw_gateway_metrics_upstream_error(pdgw_gateway_metrics_t *gm, const char *protocol,
                                          const char *instance, const char *kind);
 void pdgw_gateway_metrics_client_disconnect(pdgw_gateway_metrics_t *gm, const char *protocol);
@@ -240,12 +271,6 @@ void pdgw_gateway_metrics_retry(pdgw_gateway_metrics_t *gm, const char *protocol
 void pdgw_gateway_metrics_rejected(pdgw_gateway_metrics_t *gm, const char *reason);
 /* A committed stream, by who writes its body ("direct" or "library"). */
 void pdgw_gateway_metrics_client_stream(pdgw_gateway_metrics_t *gm, const char *writer);
-void pdgw_gateway_metrics_observe_prefill(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                          double seconds);
-void pdgw_gateway_metrics_observe_kv_wait(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                          double seconds);
-void pdgw_gateway_metrics_observe_decode(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                         double seconds);
 void pdgw_gateway_metrics_pd_failure(pdgw_gateway_metrics_t *gm, const char *protocol,
                                      const char *phase);
 void pdgw_gateway_metrics_prefill_missing_kv_params(pdgw_gateway_metrics_t *gm,
@@ -254,18 +279,16 @@ void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *p
 /* Count the engine-reported token usage in one relayed response body or SSE event <json>
  * (<len> bytes; a body without a "usage" object costs one scan and counts nothing). Returns
  * true and sets *prompt_out / *completion_out (when not NULL) when it held usage. */
-bool pdgw_gateway_metrics_usage(pdgw_gateway_metrics_t *gm, const char *protocol, const char *json,
-                                size_t len, int64_t *prompt_out, int64_t *completion_out);
+bool pdgw_gateway_metrics_usage(pdgw_proto_metrics_t *pm, const char *json, size_t len,
+                                int64_t *prompt_out, int64_t *completion_out);
 /* The same for a whole non-stream answer, which nearly always holds usage: it is walked once,
  * without the quick look for "usage" that spares most SSE events the walk. */
-bool pdgw_gateway_metrics_usage_answer(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                       const char *json, size_t len, int64_t *prompt_out,
-                                       int64_t *completion_out);
+bool pdgw_gateway_metrics_usage_answer(pdgw_proto_metrics_t *pm, const char *json, size_t len,
+                                       int64_t *prompt_out, int64_t *completion_out);
 /* The same for a reply the gateway holds as a tree (a rewritten answer): its top-level
  * "usage" object, the counts read as json_integer_value reads them. */
-bool pdgw_gateway_metrics_usage_tree(pdgw_gateway_metrics_t *gm, const char *protocol,
-                                     const json_t *reply, int64_t *prompt_out,
-                                     int64_t *completion_out);
+bool pdgw_gateway_metrics_usage_tree(pdgw_proto_metrics_t *pm, const json_t *reply,
+                                     int64_t *prompt_out, int64_t *completion_out);
 /* An upstream leg to <instance> (of role <role>: prefill|decode|both) started (+1) or
  * ended (-1): pdgw_instance_inflight_requests. */
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,

@@ -118,18 +118,36 @@ static bool families(pdgw_metrics_t *reg, model_families_t *mf)
 }
 
 /* <model> as a label value at an address that stays the same while requests name the same
- * model: a series lookup remembers label values by address (pdgw_metrics.c), and each request
- * brings its model name in a body of its own. */
+ * model, with the series found for it so far: most workers serve one model, and each request
+ * brings its model name in a body of its own. A model too long for the copy is looked up
+ * each time (NULL). */
 static const char *steady_label(model_families_t *mf, const char *model)
 {
     size_t len;
     if (strcmp(model, mf->last_model) == 0)
         return mf->last_model;
+    mf->ok = mf->duration_of = mf->ttft_of = mf->prompt_tokens = mf->completion_tokens = NULL;
     len = strlen(model);
-    if (len >= sizeof(mf->last_model))
-        return model;
+    if (len >= sizeof(mf->last_model)) {
+        mf->last_model[0] = '\0';
+        return NULL;
+    }
     memcpy(mf->last_model, model, len + 1);
     return mf->last_model;
+}
+
+/* The series of <fam> for (<model>, <v2>) (<v2> NULL: a family of the model alone), from
+ * <slot> when the model is the steady one (<steady>) and it was looked up before. */
+static pdgw_metric_t *model_series(pdgw_metric_t **slot, bool steady, pdgw_metric_family_t *fam,
+                                   const char *model, const char *v2)
+{
+    if (steady && *slot != NULL)
+        return *slot;
+    pdgw_metric_t *m = v2 != NULL ? pdgw_metric_family_series2(fam, model, v2)
+                                  : pdgw_metric_family_series1(fam, model);
+    if (steady)
+        *slot = m;
+    return m;
 }
 
 void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, double dur_s)
@@ -138,27 +156,36 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
     const pdgw_wf_t *wf = r->wf; /* what the workflow measured, NULL = none */
     model_families_t *mf = &r->w->model_families;
     char code[PDGW_STATUS_LABEL_SIZE];
+    const char *steady;
+    pdgw_metric_t *unkept = NULL;
 
     /* A model nobody serves was answered 404 and has no series: clients cannot grow the
      * label set with names of their own. */
     if (reg == NULL || model == NULL || model[0] == '\0' ||
         strncmp(pdgw_req_error(r), "model not served: ", 18) == 0 || !families(reg, mf))
         return;
-    model = steady_label(mf, model);
-    pdgw_counter_inc(
-        pdgw_metric_family_series2(mf->requests, model, pdgw_metric_status_label(status, code)));
-    pdgw_histogram_observe(pdgw_metric_family_series1(mf->duration, model), dur_s);
+    steady = steady_label(mf, model);
+    if (steady != NULL)
+        model = steady;
+    pdgw_counter_inc(status == 200
+                         ? model_series(&mf->ok, steady != NULL, mf->requests, model, "200")
+                         : model_series(&unkept, false, mf->requests, model,
+                                        pdgw_metric_status_label(status, code)));
+    pdgw_histogram_observe(
+        model_series(&mf->duration_of, steady != NULL, mf->duration, model, NULL), dur_s);
     if (wf == NULL)
         return;
     if (wf->t_first_token_ns > r->t_start_ns)
-        pdgw_histogram_observe(pdgw_metric_family_series1(mf->ttft, model),
+        pdgw_histogram_observe(model_series(&mf->ttft_of, steady != NULL, mf->ttft, model, NULL),
                                (double)(wf->t_first_token_ns - r->t_start_ns) / 1e9);
     if (wf->usage_seen) {
         if (wf->usage_prompt > 0)
-            pdgw_counter_add(pdgw_metric_family_series2(mf->tokens, model, "prompt"),
-                             (uint64_t)wf->usage_prompt);
+            pdgw_counter_add(
+                model_series(&mf->prompt_tokens, steady != NULL, mf->tokens, model, "prompt"),
+                (uint64_t)wf->usage_prompt);
         if (wf->usage_completion > 0)
-            pdgw_counter_add(pdgw_metric_family_series2(mf->tokens, model, "completion"),
+            pdgw_counter_add(model_series(&mf->completion_tokens, steady != NULL, mf->tokens, model,
+                                          "completion"),
                              (uint64_t)wf->usage_completion);
     }
 }

@@ -144,7 +144,7 @@ void pdgw_req_finalize(pdgw_req_t *r, bool client_disconnected)
         double dur = (double)(now_ns - r->t_start_ns) / 1e9;
         if (r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
             r->route == PDGW_ROUTE_PASSTHROUGH)
-            pdgw_gateway_metrics_request_done(gm, srv->desc->name, status, dur);
+            pdgw_gateway_metrics_request_done(&srv->proto_metrics, status, dur);
         /* fleet hooks: per-model and pass-through metrics */
         pdgw_models_request_done(r,
                                  wf != NULL && wf->pt ? wf->pt_model

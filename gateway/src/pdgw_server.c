@@ -794,6 +794,7 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
         srv->desc = fs.desc;
         srv->fwd_ctx = fs.ctx;
         srv->plan = fs.plan;
+        pdgw_proto_metrics_init(&srv->proto_metrics, opts->metrics, srv->desc->name);
     }
     {
         pdgw_fwd_setup_t fs = {.desc = srv->desc, .ctx = srv->fwd_ctx, .plan = srv->plan};

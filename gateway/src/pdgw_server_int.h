@@ -30,6 +30,7 @@
 #include "pdb/pdb_dlist.h"
 #include "pdgw_admit.h"
 #include "pdgw_freelist.h"
+#include "pdgw_metrics.h"
 #include "pdgw_server.h"
 #include "pdgw_sse.h"
 #include "pdgw_timer.h"
@@ -65,6 +66,7 @@ enum {
 struct pdgw_server {
     pdgw_server_opts_t opts;
     const pdgw_fwd_desc_t *desc;
+    pdgw_proto_metrics_t proto_metrics; /* opts.metrics as seen by desc's requests */
     void *fwd_ctx;
     pdgw_fwd_plan_t plan;
     sched_role_t ready_roles;
@@ -145,6 +147,8 @@ struct pdgw_worker {
     struct pdgw_model_families {
         pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
         char last_model[128]; /* the last model label, at a fixed address (pdgw_models.c) */
+        /* its series as looked up so far (status 200 for requests), NULL = not yet */
+        pdgw_metric_t *ok, *duration_of, *ttft_of, *prompt_tokens, *completion_tokens;
     } model_families;
     /* Streams the sink writes itself with bytes to send this loop turn. */
     pdb_dlist_t flush_queue;

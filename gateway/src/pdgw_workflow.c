@@ -301,7 +301,7 @@ static void wf_run_first_stage(pdgw_wf_t *wf)
 {
     pdgw_req_t *r = wf->req;
     if (wf->attempt == 0) /* queue: arrival to the first leg (booking, gate waits) */
-        pdgw_gateway_metrics_observe_phase(wf->w->srv->opts.metrics, protocol_of(wf), "queue",
+        pdgw_gateway_metrics_observe_phase(&wf->w->srv->proto_metrics, PDGW_DURATION_QUEUE,
                                            (double)(pdgw_now_ms() - r->t_start_ms) / 1e3);
     switch (wf->freq.dispatch) {
     case PDGW_DISPATCH_SINGLE:
@@ -634,9 +634,8 @@ static void wf_decode_finish(pdgw_wf_t *wf, pdgw_leg_t *leg)
         if (body == NULL)
             body = pdgw_buf_steal(&leg->resp, &len);
         if (body != NULL && !usage_read)
-            wf->usage_seen |=
-                pdgw_gateway_metrics_usage_answer(wf->w->srv->opts.metrics, protocol_of(wf), body,
-                                                  len, &wf->usage_prompt, &wf->usage_completion);
+            wf->usage_seen |= pdgw_gateway_metrics_usage_answer(
+                &wf->w->srv->proto_metrics, body, len, &wf->usage_prompt, &wf->usage_completion);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }
@@ -695,23 +694,21 @@ static void wf_leg_done(pdgw_leg_t *leg)
     if (leg->kind == PDGW_LEG_PREFILL) {
         wf_finish_booking(wf, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, leg);
         wf->t_prefill_done_ms = leg->t_end_ms;
-        pdgw_gateway_metrics_observe_phase(wf->w->srv->opts.metrics, protocol_of(wf), "prefill",
+        pdgw_gateway_metrics_observe_phase(&wf->w->srv->proto_metrics, PDGW_DURATION_PREFILL,
                                            (double)dur_us / 1e6);
-        pdgw_gateway_metrics_observe_prefill(wf->w->srv->opts.metrics, protocol_of(wf),
-                                             (double)dur_us / 1e6);
+        pdgw_gateway_metrics_observe_prefill(&wf->w->srv->proto_metrics, (double)dur_us / 1e6);
         wf_after_prefill(wf, leg);
         return;
     }
     /* Decode (relayed) leg completed. */
-    pdgw_gateway_metrics_observe_phase(wf->w->srv->opts.metrics, protocol_of(wf), "decode",
+    pdgw_gateway_metrics_observe_phase(&wf->w->srv->proto_metrics, PDGW_DURATION_DECODE,
                                        (double)dur_us / 1e6);
-    pdgw_gateway_metrics_observe_decode(wf->w->srv->opts.metrics, protocol_of(wf),
-                                        (double)dur_us / 1e6);
+    pdgw_gateway_metrics_observe_decode(&wf->w->srv->proto_metrics, (double)dur_us / 1e6);
     if (!leg->sse && wf->t_prefill_done_ms && !wf->kv_wait_observed) {
         /* Non-stream: the KV wait ends with the decode leg's first byte. */
         wf->kv_wait_observed = true;
         if (leg->t_first_ms >= wf->t_prefill_done_ms)
-            pdgw_gateway_metrics_observe_kv_wait(wf->w->srv->opts.metrics, protocol_of(wf),
+            pdgw_gateway_metrics_observe_kv_wait(&wf->w->srv->proto_metrics,
                                                  (double)(leg->t_first_ms - wf->t_prefill_done_ms) /
                                                      1e3);
     }
@@ -1091,9 +1088,8 @@ static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len,
         return NULL;
     s = json_is_object(out) || json_is_array(out) ? pdgw_json_dumps(out, len) : NULL;
     if (s != NULL)
-        wf->usage_seen |=
-            pdgw_gateway_metrics_usage_tree(wf->w->srv->opts.metrics, protocol_of(wf), out,
-                                            &wf->usage_prompt, &wf->usage_completion);
+        wf->usage_seen |= pdgw_gateway_metrics_usage_tree(&wf->w->srv->proto_metrics, out,
+                                                          &wf->usage_prompt, &wf->usage_completion);
     *usage_read = s != NULL;
     json_decref(out);
     return s;
@@ -1116,7 +1112,7 @@ static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
         if (wf->t_prefill_done_ms && !wf->kv_wait_observed && now >= wf->t_prefill_done_ms) {
             /* From the prefill's end to the first relayed decode event. */
             wf->kv_wait_observed = true;
-            pdgw_gateway_metrics_observe_kv_wait(wf->w->srv->opts.metrics, protocol_of(wf),
+            pdgw_gateway_metrics_observe_kv_wait(&wf->w->srv->proto_metrics,
                                                  (double)(now - wf->t_prefill_done_ms) / 1e3);
         }
         if (wf->t_first_token_ns == 0) {
@@ -1124,20 +1120,20 @@ static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
             if (event_has_content(ev)) {
                 wf->t_first_token_ns = now_ns;
                 wf->t_last_token_ns = now_ns;
-                pdgw_gateway_metrics_observe_ttft(wf->w->srv->opts.metrics, protocol_of(wf),
+                pdgw_gateway_metrics_observe_ttft(&wf->w->srv->proto_metrics,
                                                   (double)(now_ns - r->t_start_ns) / 1e9);
             }
         } else {
             /* TPOT: every later data event is a step of the generation. */
-            pdgw_gateway_metrics_observe_tpot(wf->w->srv->opts.metrics, protocol_of(wf),
+            pdgw_gateway_metrics_observe_tpot(&wf->w->srv->proto_metrics,
                                               (double)(now_ns - wf->t_last_token_ns) / 1e9);
             wf->t_last_token_ns = now_ns;
         }
     }
     if (ev->has_data && !ev->is_done)
         wf->usage_seen |=
-            pdgw_gateway_metrics_usage(wf->w->srv->opts.metrics, protocol_of(wf), ev->data,
-                                       ev->data_len, &wf->usage_prompt, &wf->usage_completion);
+            pdgw_gateway_metrics_usage(&wf->w->srv->proto_metrics, ev->data, ev->data_len,
+                                       &wf->usage_prompt, &wf->usage_completion);
     /* Pass the event through byte for byte, unless the forwarder rewrites decode answers. */
     if (!wf_rewrite_event(wf, ev))
         pdgw_req_out_append(r, ev->raw, ev->raw_len);

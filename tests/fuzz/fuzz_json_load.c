@@ -65,6 +65,7 @@ static void same_usage(const char *text, size_t len, const json_t *slow)
 {
     static pdgw_metrics_t *reg;
     static pdgw_gateway_metrics_t gm;
+    static pdgw_proto_metrics_t pm;
     const json_t *u = json_is_object(slow) ? json_object_get(slow, "usage") : NULL;
     int64_t pt = -1, ct = -1;
     bool got;
@@ -73,13 +74,15 @@ static void same_usage(const char *text, size_t len, const json_t *slow)
     if (reg == NULL && (pdgw_metrics_create(0, &reg) != PDGW_OK ||
                         pdgw_gateway_metrics_init(reg, "0", &gm) != PDGW_OK))
         abort();
-    got = pdgw_gateway_metrics_usage(&gm, "neutral", text, len, &pt, &ct);
+    if (pm.gm == NULL)
+        pdgw_proto_metrics_init(&pm, &gm, "neutral");
+    got = pdgw_gateway_metrics_usage(&pm, text, len, &pt, &ct);
     if (got != json_is_object(u) ||
         (got && (pt != json_integer_value(json_object_get(u, "prompt_tokens")) ||
                  ct != json_integer_value(json_object_get(u, "completion_tokens")))))
         abort();
     pt = ct = -1;
-    if (pdgw_gateway_metrics_usage_answer(&gm, "neutral", text, len, &pt, &ct) != got ||
+    if (pdgw_gateway_metrics_usage_answer(&pm, text, len, &pt, &ct) != got ||
         (got && (pt != json_integer_value(json_object_get(u, "prompt_tokens")) ||
                  ct != json_integer_value(json_object_get(u, "completion_tokens")))))
         abort();

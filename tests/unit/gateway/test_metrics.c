@@ -304,22 +304,30 @@ static void test_gateway_metrics_and_collector(void **state)
     int calls = 0;
     assert_int_equal(pdgw_metrics_collector_add(reg, ext_collect, &calls), PDGW_OK);
 
+    pdgw_proto_metrics_t neutral, kvt, none;
+    pdgw_proto_metrics_init(&neutral, &gm, "neutral");
+    pdgw_proto_metrics_init(&kvt, &gm, "vllm-kvt");
+    pdgw_proto_metrics_init(&none, NULL, "neutral"); /* counts nothing, and does not crash */
+    pdgw_gateway_metrics_request_done(&none, 200, 1);
+    pdgw_gateway_metrics_observe_phase(&none, PDGW_DURATION_DECODE, 1);
     pdgw_gauge_inc(gm.inflight);
-    pdgw_gateway_metrics_request_done(&gm, "neutral", 200, 0.25);
-    pdgw_gateway_metrics_request_done(&gm, "neutral", 200, 0.75);
-    pdgw_gateway_metrics_request_done(&gm, "vllm-kvt", 502, 1.0);
-    pdgw_gateway_metrics_observe_ttft(&gm, "neutral", 0.05);
-    pdgw_gateway_metrics_observe_tpot(&gm, "neutral", 0.01);
-    pdgw_gateway_metrics_observe_phase(&gm, "vllm-kvt", "prefill", 0.2);
+    pdgw_gateway_metrics_request_done(&neutral, 200, 0.25);
+    pdgw_gateway_metrics_request_done(&neutral, 200, 0.75);
+    pdgw_gateway_metrics_request_done(&kvt, 502, 1.0);
+    pdgw_gateway_metrics_request_done(&kvt, 200, 0.5);
+    pdgw_gateway_metrics_observe_ttft(&neutral, 0.05);
+    pdgw_gateway_metrics_observe_tpot(&neutral, 0.01);
+    pdgw_gateway_metrics_observe_phase(&kvt, PDGW_DURATION_PREFILL, 0.2);
+    pdgw_gateway_metrics_observe_phase(&kvt, PDGW_DURATION_PHASES, 0.2); /* no such phase */
     pdgw_gateway_metrics_upstream_error(&gm, "vllm-kvt", "10.0.0.1:8000", "connect");
     pdgw_gateway_metrics_client_disconnect(&gm, "neutral");
     pdgw_gateway_metrics_retry(&gm, "vllm-kvt");
     pdgw_gateway_metrics_rejected(&gm, "bad_json");
     pdgw_gauge_set(pdgw_metric_family_series2(gm.instance_inflight, "p0", "prefill"), 3);
     pdgw_gateway_metrics_touch_protocol(&gm, "sglang");
-    pdgw_gateway_metrics_observe_prefill(&gm, "vllm-kvt", 0.5);
-    pdgw_gateway_metrics_observe_kv_wait(&gm, "vllm-kvt", 0.02);
-    pdgw_gateway_metrics_observe_decode(&gm, "vllm-kvt", 2);
+    pdgw_gateway_metrics_observe_prefill(&kvt, 0.5);
+    pdgw_gateway_metrics_observe_kv_wait(&kvt, 0.02);
+    pdgw_gateway_metrics_observe_decode(&kvt, 2);
     pdgw_gateway_metrics_pd_failure(&gm, "vllm-kvt", "kv_transfer");
     pdgw_gateway_metrics_prefill_missing_kv_params(&gm, "vllm-kvt");
     pdgw_gateway_metrics_cancel_notif(&gm, "lmcache");
@@ -331,12 +339,15 @@ static void test_gateway_metrics_and_collector(void **state)
     static const char *const must[] = {
         "pdgw_requests_total{protocol=\"neutral\",status=\"200\"} 2\n",
         "pdgw_requests_total{protocol=\"vllm-kvt\",status=\"502\"} 1\n",
+        "pdgw_requests_total{protocol=\"vllm-kvt\",status=\"200\"} 1\n",
         "pdgw_request_duration_seconds_count{protocol=\"neutral\"} 2\n",
         "pdgw_request_duration_seconds_sum{protocol=\"neutral\"} 1\n",
         "pdgw_request_duration_seconds_bucket{protocol=\"neutral\",le=\"0.25\"} 1\n",
         "pdgw_ttft_seconds_count{protocol=\"neutral\"} 1\n",
         "pdgw_tpot_seconds_count{protocol=\"neutral\"} 1\n",
         "pdgw_phase_duration_seconds_count{protocol=\"vllm-kvt\",phase=\"prefill\"} 1\n",
+        /* the KV wait is also the kv_transfer phase */
+        "pdgw_phase_duration_seconds_count{protocol=\"vllm-kvt\",phase=\"kv_transfer\"} 1\n",
         "pdgw_inflight_requests 1\n",
         "pdgw_instance_inflight_requests{instance=\"p0\",role=\"prefill\"} 3\n",
         "pdgw_upstream_errors_total{protocol=\"vllm-kvt\",instance=\"10.0.0.1:8000\","
@@ -439,17 +450,18 @@ static void test_usage_matches_full_parse(void **state)
     (void)state;
     assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
     assert_int_equal(pdgw_gateway_metrics_init(reg, "0.1.0", &gm), PDGW_OK);
+    pdgw_proto_metrics_t pm;
+    pdgw_proto_metrics_init(&pm, &gm, "neutral");
     for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int64_t p1 = -1, c1 = -1, p2 = -1, c2 = -1;
         bool want = usage_by_full_parse(cases[i], &p2, &c2);
-        bool got = pdgw_gateway_metrics_usage(&gm, "neutral", cases[i], strlen(cases[i]), &p1, &c1);
+        bool got = pdgw_gateway_metrics_usage(&pm, cases[i], strlen(cases[i]), &p1, &c1);
         if (got != want || (want && (p1 != p2 || c1 != c2)))
             fail_msg("case %zu (%s): got %d %lld/%lld, a full parse %d %lld/%lld", i, cases[i], got,
                      (long long)p1, (long long)c1, want, (long long)p2, (long long)c2);
         /* a whole answer, walked without the quick look first, reads the same */
         p1 = c1 = -1;
-        got =
-            pdgw_gateway_metrics_usage_answer(&gm, "neutral", cases[i], strlen(cases[i]), &p1, &c1);
+        got = pdgw_gateway_metrics_usage_answer(&pm, cases[i], strlen(cases[i]), &p1, &c1);
         if (got != want || (want && (p1 != p2 || c1 != c2)))
             fail_msg("case %zu (%s): as an answer %d %lld/%lld, a full parse %d %lld/%lld", i,
                      cases[i], got, (long long)p1, (long long)c1, want, (long long)p2,
@@ -457,8 +469,7 @@ static void test_usage_matches_full_parse(void **state)
         /* a rewritten answer's tree gives what its text would */
         json_t *tree = json_loads(cases[i], 0, NULL);
         int64_t p3 = -1, c3 = -1;
-        bool from_tree =
-            tree != NULL && pdgw_gateway_metrics_usage_tree(&gm, "neutral", tree, &p3, &c3);
+        bool from_tree = tree != NULL && pdgw_gateway_metrics_usage_tree(&pm, tree, &p3, &c3);
         if (from_tree != want || (want && (p3 != p2 || c3 != c2)))
             fail_msg("case %zu (%s): from the tree %d %lld/%lld, a full parse %d %lld/%lld", i,
                      cases[i], from_tree, (long long)p3, (long long)c3, want, (long long)p2,
