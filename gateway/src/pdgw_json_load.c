@@ -132,6 +132,35 @@ static bool scratch_room(parser_t *ps, size_t n)
     return true;
 }
 
+/* Past the bytes from <p> that need no look: none is a quote, a backslash, below 0x20 or from
+ * 0x80. Eight at a time: each test flags a word holding such a byte, and its lowest flag is
+ * the first one (a borrow only spreads upwards from a byte that is itself flagged). Prompts are
+ * mostly such bytes. */
+#define BYTES_EACH(b) (0x0101010101010101ull * (b))
+static const unsigned char *plain_run(const unsigned char *p, const unsigned char *end)
+{
+    while (end - p >= 8) {
+        uint64_t x, q, b, hits;
+        memcpy(&x, p, 8);
+        q = x ^ BYTES_EACH('"');
+        b = x ^ BYTES_EACH('\\');
+        hits = (x | ((q - BYTES_EACH(1)) & ~q) | ((b - BYTES_EACH(1)) & ~b) |
+                ((x - BYTES_EACH(0x20)) & ~x)) &
+               BYTES_EACH(0x80);
+        if (hits != 0) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            return p + (__builtin_clzll(hits) >> 3);
+#else
+            return p + (__builtin_ctzll(hits) >> 3);
+#endif
+        }
+        p += 8;
+    }
+    while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+        p++;
+    return p;
+}
+
 /* The string token at ps->p (a quote): its content, decoded, in *s / *n. A string without
  * escapes is the text itself; one with escapes is decoded into the scratch buffer, valid until
  * the next string. */
@@ -142,14 +171,12 @@ static bool string_token(parser_t *ps, const char **s, size_t *n)
     bool escaped = false;
     char *w;
 
-    while (p < end && *p != '"') {
+    while ((p = plain_run(p, end)) < end && *p != '"') {
         if (*p == '\\') {
             if (end - p < 2)
                 return false;
             escaped = true;
             p += 2; /* the escaped byte cannot close the string; decode_escapes() reads it */
-        } else if (*p >= 0x20 && *p < 0x80) {
-            p++;
         } else if (*p >= 0x80) {
             size_t k = pdgw_json_utf8_char(p, end);
             if (k == 0)
