@@ -10,7 +10,9 @@
 #include "pdgw_validate.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -80,6 +82,38 @@ static const field_rule_t field_rules[] = {
     {"tools", API_CHAT, R_ARRAY_OBJ, 0, 0, 0, 0, false},
     {"tool_choice", API_CHAT, R_STR_OBJ, 0, 0, 0, 0, false},
 };
+
+#define N_FIELD_RULES (sizeof(field_rules) / sizeof(field_rules[0]))
+_Static_assert(N_FIELD_RULES <= 64, "rules_by_letter holds a 64-bit set per letter");
+
+/* For each first letter of a name, the set of rules (bit i: field_rules[i]) with a name that
+ * starts with it: a body key is compared with those alone. */
+static uint64_t rules_by_letter[26];
+static pthread_once_t rules_indexed = PTHREAD_ONCE_INIT;
+
+static void index_rules(void)
+{
+    for (size_t i = 0; i < N_FIELD_RULES; i++) {
+        unsigned char c = (unsigned char)field_rules[i].name[0];
+        if (c >= 'a' && c <= 'z')
+            rules_by_letter[c - 'a'] |= 1ull << i;
+    }
+}
+
+/* The rule for body member <key> under API bit <api>; NULL when none checks it. */
+static const field_rule_t *rule_for(const char *key, unsigned api)
+{
+    unsigned char c = (unsigned char)key[0];
+    if (c < 'a' || c > 'z')
+        return NULL;
+    pthread_once(&rules_indexed, index_rules);
+    for (uint64_t set = rules_by_letter[c - 'a']; set != 0; set &= set - 1) {
+        const field_rule_t *r = &field_rules[__builtin_ctzll(set)];
+        if ((r->apis & api) && strcmp(r->name, key) == 0)
+            return r;
+    }
+    return NULL;
+}
 
 /* ---------------------------------------------------------------- error helpers */
 
@@ -321,15 +355,10 @@ static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, co
     {
         if (json_is_null(v))
             continue;
-        for (size_t i = 0; i < sizeof(field_rules) / sizeof(field_rules[0]); i++) {
-            const field_rule_t *r = &field_rules[i];
-            if (!(r->apis & api) || r->name[0] != key[0] || strcmp(r->name, key) != 0)
-                continue;
-            pdgw_status_t st = check_rule(r, v, err);
-            if (st != PDGW_OK)
-                return st;
-            break;
-        }
+        const field_rule_t *r = rule_for(key, api);
+        pdgw_status_t st = r != NULL ? check_rule(r, v, err) : PDGW_OK;
+        if (st != PDGW_OK)
+            return st;
     }
     const json_t *so = k->stream_options;
     if (so != NULL && !json_is_null(so)) {

@@ -152,6 +152,77 @@ static void test_bad_table(void **state)
     }
 }
 
+/* Each optional field is checked where its API has it, with the wrong type refused under its
+ * own name, and left alone by the API that does not have it. */
+static void test_every_optional_field_is_checked(void **state)
+{
+    static const struct {
+        const char *name;
+        unsigned apis; /* 1: completions, 2: chat */
+        const char *wrong;
+    } fields[] = {
+        {"stream", 3, "\"x\""},
+        {"echo", 1, "\"x\""},
+        {"ignore_eos", 3, "\"x\""},
+        {"skip_special_tokens", 3, "\"x\""},
+        {"include_stop_str_in_output", 3, "\"x\""},
+        {"parallel_tool_calls", 2, "\"x\""},
+        {"logprobs", 3, "\"x\""},
+        {"max_tokens", 3, "\"x\""},
+        {"max_completion_tokens", 2, "\"x\""},
+        {"min_tokens", 3, "\"x\""},
+        {"n", 3, "\"x\""},
+        {"best_of", 3, "\"x\""},
+        {"top_logprobs", 2, "\"x\""},
+        {"top_k", 3, "\"x\""},
+        {"seed", 3, "\"x\""},
+        {"temperature", 3, "\"x\""},
+        {"top_p", 3, "\"x\""},
+        {"min_p", 3, "\"x\""},
+        {"presence_penalty", 3, "\"x\""},
+        {"frequency_penalty", 3, "\"x\""},
+        {"repetition_penalty", 3, "\"x\""},
+        {"user", 3, "5"},
+        {"suffix", 1, "5"},
+        {"stop", 3, "5"},
+        {"stop_token_ids", 3, "\"x\""},
+        {"stream_options", 3, "\"x\""},
+        {"response_format", 3, "\"x\""},
+        {"metadata", 3, "\"x\""},
+        {"logit_bias", 3, "\"x\""},
+        {"tools", 2, "\"x\""},
+        {"tool_choice", 2, "5"},
+    };
+    static const char *const base[] = {
+        "{\"model\":\"m\",\"prompt\":\"x\",\"%s\":%s}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"%s\":%s}",
+    };
+    static const pdgw_api_kind_t kinds[] = {CMPL, CHAT};
+    (void)state;
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        for (int k = 0; k < 2; k++) {
+            char text[256];
+            pdgw_request_info_t info;
+            pdgw_api_error_t err;
+            snprintf(text, sizeof(text), base[k], fields[i].name, fields[i].wrong);
+            json_t *body = json_loads(text, 0, NULL);
+            assert_non_null(body);
+            memset(&err, 0, sizeof(err));
+            pdgw_status_t st = pdgw_request_validate(kinds[k], body, &info, &err);
+            if (fields[i].apis & (1u << k)) {
+                if (st != PDGW_ERR_INVALID || strcmp(err.param, fields[i].name) != 0 ||
+                    strcmp(err.code, "invalid_type") != 0)
+                    fail_msg("%s: status %d, param '%s', code '%s'", text, st, err.param, err.code);
+            } else {
+                if (st != PDGW_OK)
+                    fail_msg("%s: refused (%s) where the API has no such field", text, err.message);
+                pdgw_request_info_release(&info);
+            }
+            json_decref(body);
+        }
+    }
+}
+
 static json_t *load(const char *s)
 {
     json_t *j = json_loads(s, 0, NULL);
@@ -368,9 +439,13 @@ static void test_error_builders(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_table),    cmocka_unit_test(test_good_completions),
-        cmocka_unit_test(test_good_chat),    cmocka_unit_test(test_parse),
-        cmocka_unit_test(test_validate_oom), cmocka_unit_test(test_error_builders),
+        cmocka_unit_test(test_bad_table),
+        cmocka_unit_test(test_every_optional_field_is_checked),
+        cmocka_unit_test(test_good_completions),
+        cmocka_unit_test(test_good_chat),
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_validate_oom),
+        cmocka_unit_test(test_error_builders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
