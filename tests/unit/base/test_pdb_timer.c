@@ -165,6 +165,19 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Every armed timer knows its heap position, and no position is due before its parent. */
+static void check_heap(const pdb_timers_t *h)
+{
+    for (size_t i = 0; i < pdb_timers_count(h); i++) {
+        const pdb_timer_t *t = h->v[i];
+        assert_int_equal(t->idx, i);
+        if (i > 0) {
+            const pdb_timer_t *p = h->v[(i - 1) / 2];
+            assert_true(p->due < t->due || (p->due == t->due && p->seq < t->seq));
+        }
+    }
+}
+
 /* Random arms, re-arms and cancels; what runs must be the model's deadlines, sorted. */
 static void test_random_against_model(void **s)
 {
@@ -184,7 +197,10 @@ static void test_random_against_model(void **s)
             pdb_timer_cancel(&h, &x->t);
         else
             assert_int_equal(pdb_timer_arm(&h, &x->t, (uint64_t)(rand() % 10000)), PDB_OK);
+        if (round % 97 == 0)
+            check_heap(&h);
     }
+    check_heap(&h);
     for (int i = 0; i < N; i++)
         if (pdb_timer_armed(&it[i].t))
             model[live++] = it[i].t.due;
