@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "pdb/pdb_hex.h"
+#include "pdb/pdb_swar.h"
 #include "pdgw_alloc.h"
 #include "pdgw_json_text.h"
 
@@ -133,27 +134,15 @@ static bool scratch_room(parser_t *ps, size_t n)
 }
 
 /* Past the bytes from <p> that need no look: none is a quote, a backslash, below 0x20 or from
- * 0x80. Eight at a time: each test flags a word holding such a byte, and its lowest flag is
- * the first one (a borrow only spreads upwards from a byte that is itself flagged). Prompts are
- * mostly such bytes. */
-#define BYTES_EACH(b) (0x0101010101010101ull * (b))
+ * 0x80. Eight at a time (pdb_swar.h): prompts are mostly such bytes. */
 static const unsigned char *plain_run(const unsigned char *p, const unsigned char *end)
 {
     while (end - p >= 8) {
-        uint64_t x, q, b, hits;
-        memcpy(&x, p, 8);
-        q = x ^ BYTES_EACH('"');
-        b = x ^ BYTES_EACH('\\');
-        hits = (x | ((q - BYTES_EACH(1)) & ~q) | ((b - BYTES_EACH(1)) & ~b) |
-                ((x - BYTES_EACH(0x20)) & ~x)) &
-               BYTES_EACH(0x80);
-        if (hits != 0) {
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-            return p + (__builtin_clzll(hits) >> 3);
-#else
-            return p + (__builtin_ctzll(hits) >> 3);
-#endif
-        }
+        uint64_t x = pdb_swar_load(p);
+        uint64_t hits =
+            pdb_swar_eq(x, '"') | pdb_swar_eq(x, '\\') | pdb_swar_below(x, 0x20) | pdb_swar_high(x);
+        if (hits != 0)
+            return p + pdb_swar_first(hits);
         p += 8;
     }
     while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "pdb/pdb_swar.h"
+
 #define MAX_CHUNK_LINE 4096u /* chunk size plus extensions */
 
 void pdgw_h1p_init(pdgw_h1p_t *p, bool head_request)
@@ -156,6 +158,21 @@ static long status_line(pdgw_h1p_t *p, const char *s, size_t n)
     return 0;
 }
 
+/* A NUL or CR in the <n> bytes at <v> (eight at a time: every header value is scanned). */
+static bool has_nul_or_cr(const char *v, size_t n)
+{
+    size_t i = 0;
+    for (; n - i >= 8; i += 8) {
+        uint64_t x = pdb_swar_load(v + i);
+        if ((pdb_swar_eq(x, '\0') | pdb_swar_eq(x, '\r')) != 0)
+            return true;
+    }
+    for (; i < n; i++)
+        if (v[i] == '\0' || v[i] == '\r')
+            return true;
+    return false;
+}
+
 static long header_line(pdgw_h1p_t *p, const char *s, size_t n)
 {
     const char *colon = memchr(s, ':', n), *v;
@@ -174,9 +191,8 @@ static long header_line(pdgw_h1p_t *p, const char *s, size_t n)
         v++, vn--;
     while (vn > 0 && (v[vn - 1] == ' ' || v[vn - 1] == '\t'))
         vn--;
-    for (i = 0; i < vn; i++)
-        if (v[i] == '\0' || v[i] == '\r')
-            return fail(p, "control character in a header value");
+    if (has_nul_or_cr(v, vn))
+        return fail(p, "control character in a header value");
     if (name_len == 14 && strncasecmp(s, "content-length", 14) == 0) {
         int64_t cl;
         if (!pdgw_h1_parse_length(v, vn, &cl))

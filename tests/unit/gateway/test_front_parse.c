@@ -157,6 +157,37 @@ static void test_refusals(void **state)
     }
 }
 
+/* Values are scanned a word at a time: a control byte or DEL at every offset of a value of
+ * every length around a word is refused; a tab there is taken. */
+static void test_value_bytes_at_every_offset(void **state)
+{
+    static const struct {
+        char c;
+        int status;
+    } bytes[] = {{'\x01', 400}, {'\x1f', 400}, {'\x7f', 400}, {'\t', 0}, {'~', 0}};
+    (void)state;
+    for (size_t len = 1; len <= 20; len++) {
+        for (size_t at = 0; at < len; at++) {
+            for (size_t k = 0; k < sizeof(bytes) / sizeof(bytes[0]); k++) {
+                char text[128], copy[256], value[32];
+                pdgw_front_head_t h;
+                const char *why = NULL;
+                for (size_t i = 0; i < len; i++)
+                    value[i] = i == at ? bytes[k].c : (char)('a' + i % 26);
+                /* a tab at either end is trimmed whitespace: keep it inside */
+                if (bytes[k].c == '\t' && (at == 0 || at == len - 1))
+                    continue;
+                value[len] = '\0';
+                snprintf(text, sizeof(text), "GET / HTTP/1.1\r\nHost: a\r\nX: %s\r\n\r\n", value);
+                int st = parse(text, copy, sizeof(copy), &h, &why);
+                if (st != bytes[k].status)
+                    fail_msg("byte %#x at %zu of %zu: status %d, want %d", bytes[k].c, at, len, st,
+                             bytes[k].status);
+            }
+        }
+    }
+}
+
 static void test_too_many_fields(void **state)
 {
     char text[8192], copy[8192];
@@ -208,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_head_end_at_every_cut),
         cmocka_unit_test(test_request_fields),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_value_bytes_at_every_offset),
         cmocka_unit_test(test_too_many_fields),
         cmocka_unit_test(test_query_decoding),
     };

@@ -314,6 +314,38 @@ static void test_refused(void **state)
     assert_string_equal(p.err, "control character in a header value");
 }
 
+/* Values are scanned a word at a time: a NUL or CR at every offset of a value of every length
+ * around a word is refused, and the same value without it is taken. */
+static void test_value_bytes_at_every_offset(void **state)
+{
+    static const char bad[] = {'\0', '\r'};
+    (void)state;
+    for (size_t len = 1; len <= 20; len++) {
+        for (size_t at = 0; at <= len; at++) {
+            for (size_t k = 0; k <= sizeof(bad); k++) {
+                char text[128];
+                pdgw_h1p_t p;
+                seen_t s;
+                size_t n = (size_t)snprintf(text, sizeof(text), "HTTP/1.1 200 OK\r\nX-A: ");
+                bool poisoned = k < sizeof(bad) && at < len;
+                for (size_t i = 0; i < len; i++)
+                    text[n++] = poisoned && i == at ? bad[k] : (char)('a' + i % 26);
+                n += (size_t)snprintf(text + n, sizeof(text) - n, "\r\nContent-Length: 0\r\n\r\n");
+                memset(&s, 0, sizeof(s));
+                pdgw_h1p_init(&p, false);
+                long rc = pdgw_h1p_feed(&p, text, n, &cb, &s);
+                if (poisoned) {
+                    if (rc != -1 || strcmp(p.err, "control character in a header value") != 0)
+                        fail_msg("byte %#x at %zu of %zu: not refused", bad[k], at, len);
+                } else if (rc != (long)n) {
+                    fail_msg("clean value of %zu bytes: %ld of %zu taken (%s)", len, rc, n,
+                             p.err ? p.err : "");
+                }
+            }
+        }
+    }
+}
+
 static void test_pause_and_abort(void **state)
 {
     static const char msg[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
@@ -349,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_close_delimited_and_bodiless),
         cmocka_unit_test(test_cut_short),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_value_bytes_at_every_offset),
         cmocka_unit_test(test_pause_and_abort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
