@@ -403,8 +403,8 @@ static pdgw_metric_t *memo_keep(series_memo_t *e, const pdgw_metric_family_t *fa
     return m;
 }
 
-/* Every request looks up about fourteen series: a byte-at-a-time hash of their label values
- * was most of the lookup. Each value's hash seeds the next, and its length goes in too, so
+/* Series missing from the memo are found by hash (a byte-at-a-time hash of their label values
+ * was most of such a lookup). Each value's hash seeds the next, and its length goes in too, so
  * ("ab","c") and ("a","bc") differ. */
 static uint64_t hash_values(const char *const *values, size_t n)
 {

@@ -137,7 +137,8 @@ static const char *steady_label(model_families_t *mf, const char *model)
 }
 
 /* The series of <fam> for (<model>, <v2>) (<v2> NULL: a family of the model alone), from
- * <slot> when the model is the steady one (<steady>) and it was looked up before. */
+ * <slot> when the model is the steady one (<steady>) and it was looked up before (<slot> is
+ * not used otherwise). */
 static pdgw_metric_t *model_series(pdgw_metric_t **slot, bool steady, pdgw_metric_family_t *fam,
                                    const char *model, const char *v2)
 {
@@ -157,7 +158,6 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
     model_families_t *mf = &r->w->model_families;
     char code[PDGW_STATUS_LABEL_SIZE];
     const char *steady;
-    pdgw_metric_t *unkept = NULL;
 
     /* A model nobody serves was answered 404 and has no series: clients cannot grow the
      * label set with names of their own. */
@@ -169,7 +169,7 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
         model = steady;
     pdgw_counter_inc(status == 200
                          ? model_series(&mf->ok, steady != NULL, mf->requests, model, "200")
-                         : model_series(&unkept, false, mf->requests, model,
+                         : model_series(NULL, false, mf->requests, model,
                                         pdgw_metric_status_label(status, code)));
     pdgw_histogram_observe(
         model_series(&mf->duration_of, steady != NULL, mf->duration, model, NULL), dur_s);
