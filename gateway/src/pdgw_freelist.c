@@ -48,22 +48,40 @@ void pdgw_freelist_init(pdgw_freelist_t *fl, size_t obj_size, unsigned max_free)
     fl->max_free = max_free;
 }
 
-void *pdgw_freelist_get(pdgw_freelist_t *fl)
+/* A listed object unpoisoned (its bytes as they were left), or NULL when none is listed. */
+static void *take_listed(pdgw_freelist_t *fl)
 {
     fl_hdr_t *h = fl->head;
-    if (h != NULL && !atomic_load_explicit(&fl_bypass, memory_order_relaxed)) {
-        fl->head = h->next;
-        fl->n_free--;
-        fl->n_reuse++;
-        UNPOISON(h + 1, fl->obj_size);
-        memset(h + 1, 0, fl->obj_size);
-        return h + 1;
-    }
-    h = pdgw_calloc(1, sizeof(*h) + fl->obj_size);
+    if (h == NULL || atomic_load_explicit(&fl_bypass, memory_order_relaxed))
+        return NULL;
+    fl->head = h->next;
+    fl->n_free--;
+    fl->n_reuse++;
+    UNPOISON(h + 1, fl->obj_size);
+    return h + 1;
+}
+
+static void *take_new(pdgw_freelist_t *fl)
+{
+    fl_hdr_t *h = pdgw_calloc(1, sizeof(*h) + fl->obj_size);
     if (h == NULL)
         return NULL;
     fl->n_alloc++;
     return h + 1;
+}
+
+void *pdgw_freelist_get(pdgw_freelist_t *fl)
+{
+    void *p = take_listed(fl);
+    if (p != NULL)
+        return memset(p, 0, fl->obj_size);
+    return take_new(fl);
+}
+
+void *pdgw_freelist_get_dirty(pdgw_freelist_t *fl)
+{
+    void *p = take_listed(fl);
+    return p != NULL ? p : take_new(fl);
 }
 
 void pdgw_freelist_put(pdgw_freelist_t *fl, void *p)

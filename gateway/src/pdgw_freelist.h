@@ -29,6 +29,10 @@ void pdgw_freelist_init(pdgw_freelist_t *fl, size_t obj_size, unsigned max_free)
 /* A zeroed object of fl->obj_size bytes (from the list, or a new one); NULL when out of
  * memory. */
 void *pdgw_freelist_get(pdgw_freelist_t *fl);
+/* The same without the zeroing: a listed object keeps the bytes its last user left, for a
+ * caller that sets every byte itself (zeroing a large object it then initializes part by
+ * part writes its memory twice). */
+void *pdgw_freelist_get_dirty(pdgw_freelist_t *fl);
 /* Give <p> (from pdgw_freelist_get of the same list, or NULL) back. */
 void pdgw_freelist_put(pdgw_freelist_t *fl, void *p);
 /* Free every listed object. */

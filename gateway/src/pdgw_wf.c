@@ -4,14 +4,25 @@
  */
 #include "pdgw_server_int.h"
 
+#include <stddef.h>
+#include <string.h>
+
 #include "pdgw_alloc.h"
 #include "pdgw_route.h"
 
+typedef pdgw_leg_t wf_legs_t[2];
+_Static_assert(sizeof(((pdgw_wf_t *)0)->legs) == sizeof(wf_legs_t), "legs: two legs");
+
 pdgw_wf_t *pdgw_wf_create(pdgw_req_t *r)
 {
-    pdgw_wf_t *wf = pdgw_freelist_get(&r->w->wf_pool);
+    /* The legs are most of the object and pdgw_leg_init sets each whole: everything else is
+     * zeroed here, the legs once, by their init. */
+    const size_t legs_at = offsetof(pdgw_wf_t, legs), legs_end = legs_at + sizeof(wf_legs_t);
+    pdgw_wf_t *wf = pdgw_freelist_get_dirty(&r->w->wf_pool);
     if (wf == NULL)
         return NULL;
+    memset(wf, 0, legs_at);
+    memset((char *)wf + legs_end, 0, sizeof(*wf) - legs_end);
     wf->req = r;
     wf->w = r->w;
     wf->fwd_ctx = r->fwd_ctx;

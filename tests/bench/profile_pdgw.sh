@@ -45,7 +45,7 @@ bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --record-capa
 wait_http "$sim_port" /health
 
 pdgw_cmd=("$BIN_DIR/pdgw" --listen "127.0.0.1:$pdgw_port" --protocol neutral
-    --both "http://127.0.0.1:$sim_port" --log-level warn --no-access-log $PDGW_ARGS)
+    --both "http://127.0.0.1:$sim_port" --log-level warn --no-access-log ${PDGW_ARGS:-})
 if [[ $tool == callgrind ]]; then
     out=$OUT_DIR/callgrind.pdgw.$load.out
     bench_start pdgw valgrind --tool=callgrind --callgrind-out-file="$out" "${pdgw_cmd[@]}" --workers 1
@@ -86,7 +86,7 @@ else
     run_load $((SECONDS_PROFILED + 3)) &
     loadpid=$!
     sleep 1.5
-    perf record ${PERF_EVENT:+-e $PERF_EVENT} -F 999 --call-graph dwarf,16384 -p "$pdgw_pid" -o "$out" -- sleep "$SECONDS_PROFILED" 2>/dev/null
+    perf record ${PERF_EVENT:+-e $PERF_EVENT} -F ${PERF_FREQ:-999} --call-graph dwarf,16384 -p "$pdgw_pid" -o "$out" -- sleep "$SECONDS_PROFILED" 2>/dev/null
     wait "$loadpid" || true
     echo "--- by shared object"
     perf report -i "$out" --no-children --sort dso --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -8

@@ -293,6 +293,36 @@ static void test_freelist_reuse(void **s)
     assert_int_equal(fl.n_free, 0);
 }
 
+/* The dirty get: a new object is zeroed like any, a listed one comes back as its last user
+ * left it (the caller sets every byte); the count and order are those of the zeroing get. */
+static void test_freelist_dirty(void **s)
+{
+    pdgw_freelist_t fl;
+    obj_t *a, *b;
+    (void)s;
+    pdgw_freelist_init(&fl, sizeof(obj_t), 2);
+    a = pdgw_freelist_get_dirty(&fl);
+    assert_non_null(a);
+    assert_int_equal(a->tag, 0);
+    assert_int_equal(a->bytes[199], 0);
+    a->tag = 7;
+    memset(a->bytes, 0x5a, sizeof(a->bytes));
+    pdgw_freelist_put(&fl, a);
+    b = pdgw_freelist_get_dirty(&fl);
+    assert_ptr_equal(b, a);
+    assert_int_equal(b->tag, 7);
+    assert_int_equal(b->bytes[0], 0x5a);
+    assert_int_equal(fl.n_reuse, 1);
+    assert_int_equal(fl.n_alloc, 1);
+    /* the zeroing get still zeroes what the dirty one left */
+    pdgw_freelist_put(&fl, b);
+    b = pdgw_freelist_get(&fl);
+    assert_ptr_equal(b, a);
+    assert_int_equal(b->tag, 0);
+    pdgw_freelist_put(&fl, b);
+    pdgw_freelist_drain(&fl);
+}
+
 /* The torture hook: while bypassed, a list neither hands out nor keeps objects (each one is
  * a fresh allocation, freed when given back); what it listed before is there afterwards. */
 static void test_freelist_bypass(void **s)
@@ -373,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_arm_without_memory),
         cmocka_unit_test(test_random_against_model),
         cmocka_unit_test(test_freelist_reuse),
+        cmocka_unit_test(test_freelist_dirty),
         cmocka_unit_test(test_freelist_bypass),
         cmocka_unit_test(test_freelist_out_of_memory),
         cmocka_unit_test(test_freelist_poisoned_under_asan),
