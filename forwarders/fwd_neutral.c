@@ -48,6 +48,7 @@ static const pdgw_fwd_desc_t fwd_neutral_desc = {
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
     .dispatch = PDGW_DISPATCH_SINGLE,
     .ops = &fwd_neutral_ops,
+    .body_unread = 1,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_neutral_desc)

@@ -33,7 +33,7 @@ static void on_grant(void *arg)
  * else the X-Priority header, else 0. false = malformed (<e> filled). */
 static bool req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
 {
-    json_t *p = r->json ? json_object_get(r->json, "priority") : NULL;
+    json_t *p = pdgw_req_json_member(r, "priority");
     const char *h;
     *out = 0;
     if (p != NULL && !json_is_null(p)) {
@@ -89,8 +89,8 @@ static void req_affinity(pdgw_wf_t *wf, const pdgw_admit_limits_t *l)
     const char *v = NULL;
     if (l->affinity == PDGW_AFFINITY_HEADER)
         v = pdgw_req_header(r, l->affinity_header);
-    else if (l->affinity == PDGW_AFFINITY_USER && r->json != NULL)
-        v = json_string_value(json_object_get(r->json, "user"));
+    else if (l->affinity == PDGW_AFFINITY_USER)
+        v = json_string_value(pdgw_req_json_member(r, "user"));
     wf->affinity_key = v != NULL && v[0] != '\0' ? v : NULL;
 }
 

@@ -76,7 +76,8 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
     wf = wk->wf;
     /* A call's body often carries the client's prompt (/tokenize): its bytes are copied, not
      * escaped again. */
-    text = pdgw_body_text(wf->req->body.data, wf->req->body.len, wf->req->json, body, &len);
+    text =
+        pdgw_body_text(wf->req->body.data, wf->req->body.len, pdgw_req_json(wf->req), body, &len);
     json_decref(body);
     c = text ? pdgw_calloc(1, sizeof(*c)) : NULL;
     if (c == NULL) {

@@ -381,11 +381,27 @@ static bool dispatch_local(pdgw_req_t *r)
 
 /* A completions / chat body: parsed, validated, PD fields handled, its model served; false =
  * answered. */
+/* A body of scalar members for a forwarder that never reads the tree is validated on its text;
+ * the tree is built only if something asks for it (pdgw_req_json). */
+static bool dispatch_infer_flat(pdgw_req_t *r)
+{
+    const pdgw_server_t *srv = r->w->srv;
+    if (!srv->desc->body_unread || r->body.data == NULL ||
+        !pdgw_request_validate_flat(r->kind, r->body.data, r->body.len, srv->desc->client_fields,
+                                    &r->info, r->model_copy, sizeof(r->model_copy)))
+        return false;
+    r->info_valid = true;
+    r->json_deferred = true;
+    return true;
+}
+
 static bool dispatch_infer_body(pdgw_req_t *r)
 {
     pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;
     pdgw_api_error_t e;
 
+    if (dispatch_infer_flat(r))
+        return pdgw_models_admit(r, r->info.model); /* fleet hook: unknown model → 404 */
     if (pdgw_request_parse(r->body.data ? r->body.data : "", r->body.len, &r->json, &e) !=
         PDGW_OK) {
         pdgw_gateway_metrics_rejected(gm, "bad_json");

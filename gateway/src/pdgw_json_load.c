@@ -30,7 +30,14 @@
 typedef struct {
     const char *p, *end;
     int depth;
-    char *scratch; /* decoded strings that had escapes */
+    /* Only check: no value is made; every value that would have been reads as json_null()
+     * (jansson's static null, never freed). */
+    bool check_only;
+    /* check_only: each member of the root object, once its value was checked */
+    pdgw_json_member_fn on_member;
+    void *member_arg;
+    bool string_escaped; /* the last string token had escapes */
+    char *scratch;       /* decoded strings that had escapes */
     size_t scratch_cap;
 } parser_t;
 
@@ -178,6 +185,7 @@ static bool string_token(parser_t *ps, const char **s, size_t *n)
     if (p >= end)
         return false;
     ps->p = (const char *)p + 1;
+    ps->string_escaped = escaped;
     if (!escaped) {
         *s = (const char *)start;
         *n = (size_t)(p - start);
@@ -241,6 +249,14 @@ static json_t *number_token(parser_t *ps)
     memcpy(tok, ps->p, len);
     tok[len] = '\0';
     errno = 0;
+    if (ps->check_only) {
+        if (real)
+            (void)strtod(tok, NULL);
+        else
+            (void)strtoll(tok, NULL, 10);
+        ps->p = p;
+        return errno == ERANGE ? NULL : json_null();
+    }
     if (real) {
         double d = strtod(tok, NULL);
         v = errno == ERANGE ? NULL : json_real(d);
@@ -281,17 +297,33 @@ static bool container_ends(parser_t *ps, char close, bool *bad)
     return true;
 }
 
+/* The root object's member just checked (name from <key_at>, value from <val_at>) to the
+ * walk's callback. */
+static bool member_checked(parser_t *ps, const char *key_at, bool key_escaped, const char *key_end,
+                           const char *val_at)
+{
+    pdgw_json_member_t m = {.key = key_at,
+                            .key_len = (size_t)(key_end - key_at),
+                            .key_escaped = key_escaped,
+                            .val = val_at,
+                            .val_len = (size_t)(ps->p - val_at)};
+    return ps->on_member(ps->member_arg, &m, ps->string_escaped);
+}
+
 static bool member(parser_t *ps, json_t *obj)
 {
-    const char *key;
+    const char *key, *key_at = ps->p + 1, *key_end, *val_at;
     char *key_copy = NULL;
     size_t key_len;
+    bool key_escaped;
     json_t *v;
     bool ok;
 
     if (ps->p >= ps->end || *ps->p != '"' || !string_token(ps, &key, &key_len))
         return false;
-    if (key == ps->scratch) { /* the value's strings reuse the scratch buffer */
+    key_end = ps->p - 1; /* its closing quote */
+    key_escaped = ps->string_escaped;
+    if (key == ps->scratch && !ps->check_only) { /* the value's strings reuse the scratch */
         if ((key_copy = pdgw_malloc(key_len ? key_len : 1)) == NULL)
             return false;
         key = memcpy(key_copy, key, key_len);
@@ -300,8 +332,12 @@ static bool member(parser_t *ps, json_t *obj)
     ok = ps->p < ps->end && *ps->p++ == ':';
     if (ok) {
         skip_ws(ps);
+        val_at = ps->p;
         v = value(ps);
-        ok = v != NULL && json_object_setn_new_nocheck(obj, key, key_len, v) == 0;
+        ok = v != NULL &&
+             (ps->check_only || json_object_setn_new_nocheck(obj, key, key_len, v) == 0);
+        if (ok && ps->on_member != NULL && ps->depth == 1)
+            ok = member_checked(ps, key_at, key_escaped, key_end, val_at);
     }
     pdgw_free(key_copy);
     return ok;
@@ -310,7 +346,7 @@ static bool member(parser_t *ps, json_t *obj)
 static bool element(parser_t *ps, json_t *arr)
 {
     json_t *v = value(ps);
-    return v != NULL && json_array_append_new(arr, v) == 0;
+    return v != NULL && (ps->check_only || json_array_append_new(arr, v) == 0);
 }
 
 /* The object or array opening at ps->p. */
@@ -318,7 +354,7 @@ static json_t *container(parser_t *ps)
 {
     bool is_object = *ps->p == '{', bad = false;
     char close = is_object ? '}' : ']';
-    json_t *c = is_object ? json_object() : json_array();
+    json_t *c = ps->check_only ? json_null() : is_object ? json_object() : json_array();
 
     ps->p++;
     skip_ws(ps);
@@ -333,7 +369,8 @@ static json_t *container(parser_t *ps)
             bad = true;
     } while (!bad && !container_ends(ps, close, &bad));
     if (bad) {
-        json_decref(c);
+        if (!ps->check_only)
+            json_decref(c);
         return NULL;
     }
     return c;
@@ -357,7 +394,9 @@ static json_t *value(parser_t *ps)
         ps->depth--;
         return v;
     case '"':
-        return string_token(ps, &s, &n) ? json_stringn_nocheck(s, n) : NULL;
+        if (!string_token(ps, &s, &n))
+            return NULL;
+        return ps->check_only ? json_null() : json_stringn_nocheck(s, n);
     case 't':
         return literal(ps, "true", json_true());
     case 'f':
@@ -369,10 +408,16 @@ static json_t *value(parser_t *ps)
     }
 }
 
-/* The one value of <text>; only an object or an array unless <any> (JSON_DECODE_ANY). */
-static json_t *load_fast(const char *text, size_t len, bool any)
+/* The one value of <text>; only an object or an array unless <any> (JSON_DECODE_ANY). With
+ * <check_only>, json_null() for a text it would load, nothing made. */
+static json_t *parse_root(const char *text, size_t len, bool any, bool check_only,
+                          pdgw_json_member_fn on_member, void *member_arg)
 {
-    parser_t ps = {.p = text, .end = text + len};
+    parser_t ps = {.p = text,
+                   .end = text + len,
+                   .check_only = check_only,
+                   .on_member = on_member,
+                   .member_arg = member_arg};
     json_t *root = NULL;
 
     if (text == NULL)
@@ -382,11 +427,30 @@ static json_t *load_fast(const char *text, size_t len, bool any)
         root = value(&ps);
     skip_ws(&ps);
     if (root != NULL && ps.p != ps.end) { /* something after the root */
-        json_decref(root);
+        if (!check_only)
+            json_decref(root);
         root = NULL;
     }
     pdgw_free(ps.scratch);
     return root;
+}
+
+static json_t *load_fast(const char *text, size_t len, bool any)
+{
+    return parse_root(text, len, any, false, NULL, NULL);
+}
+
+bool pdgw_json_check_fast(const char *text, size_t len)
+{
+    return parse_root(text, len, false, true, NULL, NULL) != NULL;
+}
+
+bool pdgw_json_check_members(const char *text, size_t len, pdgw_json_member_fn fn, void *arg)
+{
+    const char *p = text, *end = text + len;
+    while (p < end && is_ws(*p))
+        p++;
+    return p < end && *p == '{' && parse_root(text, len, false, true, fn, arg) != NULL;
 }
 
 json_t *pdgw_json_load_fast(const char *text, size_t len)

@@ -13,6 +13,8 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_fleet.h"
+#include "pdgw_json_load.h"
+#include "pdgw_json_text.h"
 #include "pdgw_log.h"
 #include "pdgw_otel.h"
 #include "pdgw_route.h"
@@ -56,6 +58,29 @@ void pdgw_req_error_first(pdgw_req_t *r, const char *fmt, ...)
 const char *pdgw_req_error(const pdgw_req_t *r)
 {
     return r->error_text != NULL ? r->error_text : "";
+}
+
+json_t *pdgw_req_json(pdgw_req_t *r)
+{
+    /* The text was checked by the same parser, so only memory can fail here. */
+    if (r->json == NULL && r->json_deferred &&
+        (r->json = pdgw_json_load_fast(r->body.data, r->body.len)) != NULL)
+        r->json_deferred = false;
+    return r->json;
+}
+
+json_t *pdgw_req_json_member(pdgw_req_t *r, const char *name)
+{
+    const char *v;
+    size_t n;
+    json_t *body;
+    /* a body validated on its text has no escaped names: its text says whether the member is
+     * there, and the tree is built only when it is */
+    if (r->json == NULL && r->json_deferred &&
+        !pdgw_json_member_value(r->body.data, r->body.len, name, &v, &n))
+        return NULL;
+    body = pdgw_req_json(r);
+    return body != NULL ? json_object_get(body, name) : NULL;
 }
 
 /* The spans of a finished request (pdgw_otel.h); the legs' and instances' part comes from

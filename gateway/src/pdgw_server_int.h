@@ -177,6 +177,10 @@ extern _Thread_local pdgw_worker_t *pdgw_this_worker;
  * resumed below half of it). */
 #define PDGW_OUT_HIGH_WATER (256u * 1024u)
 
+/* Longest model name (and its NUL) a body validated on its text holds; a longer one is
+ * validated on the tree. */
+#define PDGW_MODEL_COPY_MAX 128
+
 typedef enum { PDGW_LEG_IDLE = 0, PDGW_LEG_RUNNING, PDGW_LEG_DONE } pdgw_leg_state_t;
 
 /* Why a leg failed (also the metric's kind label). */
@@ -282,7 +286,12 @@ struct pdgw_req {
     bool has_client_tp;
     pdgw_buf_t fwd_headers;  /* "Name: value\0" client headers to forward */
     const char *conn_tokens; /* the client's Connection header (MHD-owned), while collecting */
+    /* The body as a tree. NULL also while json_deferred: the body was validated on its text
+     * (pdgw_request_validate_flat) and the tree is built when something reads it
+     * (pdgw_req_json). */
     json_t *json;
+    bool json_deferred;
+    char model_copy[PDGW_MODEL_COPY_MAX]; /* info.model of a body validated on its text */
     pdgw_request_info_t info;
     bool info_valid;
     pdgw_api_kind_t kind;
@@ -577,6 +586,13 @@ void pdgw_req_error_first(pdgw_req_t *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The error text, "" when none. */
 const char *pdgw_req_error(const pdgw_req_t *r);
+/* The request body as a tree (borrowed: the request holds it), built at the first call when
+ * the body was validated on its text; NULL when the route has no body tree or out of memory
+ * (a later call tries again). */
+json_t *pdgw_req_json(pdgw_req_t *r);
+/* The body's top-level member <name> (borrowed), NULL when absent; a body validated on its
+ * text is not built into a tree for a member it does not have. */
+json_t *pdgw_req_json_member(pdgw_req_t *r, const char *name);
 
 /* ---- pdgw_admin.c */
 /* The /admin/... rule (admin_api_key, loopback-only writes without it); false = refused, the

@@ -268,7 +268,7 @@ bool pdgw_tokenize_begin(pdgw_wf_t *wf)
     pdgw_status_t st;
 
     if (rt == NULL || !rt->want_tokens || rt->o.tokenize_timeout_ms == 0 || !r->info_valid ||
-        r->info.prompt_tokens != NULL || r->json == NULL)
+        r->info.prompt_tokens != NULL || pdgw_req_json(r) == NULL)
         return false;
     body = tok_body(wf, &len);
     if (body == NULL)

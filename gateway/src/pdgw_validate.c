@@ -19,34 +19,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_json_load.h"
 #include "pdgw_util.h"
-
-#define API_CMPL (1u << PDGW_API_COMPLETIONS)
-#define API_CHAT (1u << PDGW_API_CHAT_COMPLETIONS)
-#define API_ANY  (API_CMPL | API_CHAT)
-
-typedef enum rule {
-    R_BOOL,
-    R_INT, /* integer within [imin, imax] */
-    R_NUM, /* number within [dmin, dmax]; open bounds via flags */
-    R_STRING,
-    R_STOP,      /* string | array of strings */
-    R_INT_ARRAY, /* array of integers */
-    R_OBJECT,
-    R_NUM_MAP,   /* object whose values are numbers */
-    R_ARRAY_OBJ, /* array of objects */
-    R_STR_OBJ,   /* string | object */
-} rule_t;
-
-typedef struct field_rule {
-    const char *name;
-    unsigned apis;
-    rule_t rule;
-    int64_t imin, imax;
-    double dmin, dmax;
-    bool min_open; /* dmin excluded */
-} field_rule_t;
-
-#define BIG INT64_MAX
+#include "pdgw_validate_int.h"
 
 static const field_rule_t field_rules[] = {
     {"stream", API_ANY, R_BOOL, 0, 0, 0, 0, false},
@@ -100,8 +73,7 @@ static void index_rules(void)
     }
 }
 
-/* The rule for body member <key> under API bit <api>; NULL when none checks it. */
-static const field_rule_t *rule_for(const char *key, unsigned api)
+const field_rule_t *pdgw_validate_rule_for(const char *key, unsigned api)
 {
     unsigned char c = (unsigned char)key[0];
     if (c < 'a' || c > 'z')
@@ -355,7 +327,7 @@ static pdgw_status_t check_optional(pdgw_api_kind_t kind, const json_t *body, co
     {
         if (json_is_null(v))
             continue;
-        const field_rule_t *r = rule_for(key, api);
+        const field_rule_t *r = pdgw_validate_rule_for(key, api);
         pdgw_status_t st = r != NULL ? check_rule(r, v, err) : PDGW_OK;
         if (st != PDGW_OK)
             return st;
@@ -412,7 +384,7 @@ static pdgw_status_t copy_ids(const json_t *arr, pdgw_request_info_t *info)
     return PDGW_OK;
 }
 
-static int64_t est_tokens(size_t bytes)
+int64_t pdgw_validate_est_tokens(size_t bytes)
 {
     return (int64_t)((bytes + 3) / 4);
 }
@@ -431,7 +403,7 @@ static pdgw_status_t validate_prompt_key(const json_t *prompt, const char *key,
         info->prompt_text = json_string_value(prompt);
         info->prompt_text_len = len;
         info->n_prompts = 1;
-        info->est_prompt_tokens = est_tokens(len);
+        info->est_prompt_tokens = pdgw_validate_est_tokens(len);
         return PDGW_OK;
     }
     if (!json_is_array(prompt))
@@ -458,7 +430,7 @@ static pdgw_status_t validate_prompt_key(const json_t *prompt, const char *key,
                 snprintf(sub, sizeof(sub), "%s[%zu]", key, i);
                 return fail_type(err, sub, "a string");
             }
-            est += est_tokens(json_string_length(x));
+            est += pdgw_validate_est_tokens(json_string_length(x));
         }
         info->prompt_text = json_string_value(first);
         info->prompt_text_len = json_string_length(first);
@@ -581,7 +553,7 @@ static pdgw_status_t validate_messages(const json_t *body, pdgw_request_info_t *
         return PDGW_ERR_NOMEM;
     info->prompt_text_owned = true;
     info->n_prompts = 1;
-    info->est_prompt_tokens = est_tokens(info->prompt_text_len);
+    info->est_prompt_tokens = pdgw_validate_est_tokens(info->prompt_text_len);
     return PDGW_OK;
 }
 

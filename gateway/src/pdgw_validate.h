@@ -84,6 +84,18 @@ pdgw_status_t pdgw_request_parse(const char *body, size_t len, json_t **out, pdg
 pdgw_status_t pdgw_request_validate(pdgw_api_kind_t kind, const json_t *body,
                                     pdgw_request_info_t *info, pdgw_api_error_t *err);
 
+/*
+ * The same decision for a /v1/completions body taken on its text, without a tree
+ * (pdgw_validate_flat.c): true when pdgw_request_parse, pdgw_request_validate and
+ * pdgw_request_pd_fields (with <client_fields>) would all accept <body> and find no PD field;
+ * then *info is filled (it owns nothing; info->model is <model>, a copy of up to
+ * <model_cap> - 1 bytes, and the prompt text is borrowed from <body>). false = not decided
+ * here (any other body, also every one they would refuse): take the tree's way.
+ */
+bool pdgw_request_validate_flat(pdgw_api_kind_t kind, const char *body, size_t len,
+                                const char *const *client_fields, pdgw_request_info_t *info,
+                                char *model, size_t model_cap);
+
 /* Free what <info> owns; the struct may be reused. NULL-safe. */
 void pdgw_request_info_release(pdgw_request_info_t *info);
 
@@ -119,6 +131,10 @@ typedef struct pdgw_pd_fields_result {
 pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
                                      const char *const *extra, pdgw_pd_fields_result_t *res,
                                      pdgw_api_error_t *err);
+
+/* Is the top-level member <key> one pdgw_request_pd_fields looks at (a PD control field of
+ * the built-in list or <extra>, or vllm_xargs, whose keys may be)? */
+bool pdgw_pd_field_named(const char *key, const char *const *extra);
 
 /* "reject" / "strip" / "pass". */
 const char *pdgw_pd_fields_mode_name(pdgw_pd_fields_mode_t mode);

@@ -103,6 +103,12 @@ static void hit_add(pdgw_pd_fields_result_t *res, const char *rule, const char *
     res->n_hits++;
 }
 
+bool pdgw_pd_field_named(const char *key, const char *const *extra)
+{
+    const char *why;
+    return match_key(key, extra, &why) != NULL || strcmp(key, "vllm_xargs") == 0;
+}
+
 pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
                                      const char *const *extra, pdgw_pd_fields_result_t *res,
                                      pdgw_api_error_t *err)

@@ -243,7 +243,7 @@ static bool wf_build_and_start(pdgw_wf_t *wf, pdgw_leg_kind_t k)
         return false;
     }
     /* members the leg shares with the client body are copied from the client's bytes */
-    text = pdgw_body_text(r->body.data, r->body.len, r->json, fl.body, &len);
+    text = pdgw_body_text(r->body.data, r->body.len, pdgw_req_json(r), fl.body, &len);
     json_decref(fl.body);
     if (text == NULL) {
         pdgw_fwd_error_set(&e, PDGW_PHASE_NONE, 0, 500, "out of memory");
@@ -462,7 +462,8 @@ void pdgw_wf_start(pdgw_wf_t *wf)
     memset(&wf->freq, 0, sizeof(wf->freq));
     wf->freq.client_request_id = r->id;
     wf->freq.path = r->path;
-    wf->freq.body = r->json;
+    /* a forwarder that never reads the tree does not make the gateway build it */
+    wf->freq.body = srv->desc->body_unread ? r->json : pdgw_req_json(r);
     wf->freq.stream = r->info.stream;
     wf->freq.is_chat = r->kind == PDGW_API_CHAT_COMPLETIONS;
     wf->freq.mode = srv->opts.mode;

@@ -95,6 +95,8 @@ static void check(const char *text, size_t len)
     json_t *slow = json_loadb(text, len, 0, NULL);
     if ((loaded == NULL) != (slow == NULL) || (quick != NULL && slow == NULL))
         abort();
+    if (pdgw_json_check_fast(text, len) != (quick != NULL)) /* the check walks as the load */
+        abort();
     same_usage(text, len, slow);
     if (slow != NULL) {
         if (!json_equal(loaded, slow))

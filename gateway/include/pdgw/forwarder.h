@@ -408,6 +408,11 @@ typedef struct pdgw_fwd_desc {
      * (only its structure is checked). NULL = the whole answer. Without an
      * on_prefill_response op the answer is not parsed at all. */
     const char *const *prefill_answer_members;
+    /* ABI 4, later field. Nonzero: no op of this forwarder reads pdgw_fwd_request_t.body (its
+     * legs send the client's bytes as they came, pdgw_fwd_leg_t.client_body), so the gateway
+     * may validate a request on its text and leave body NULL instead of parsing it into a
+     * tree. 0 = body is always the parsed tree. */
+    int body_unread;
 } pdgw_fwd_desc_t;
 
 /* The versioning fields of a descriptor, first in its designated initializer:
