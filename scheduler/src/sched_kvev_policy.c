@@ -15,6 +15,7 @@
  */
 #include <string.h>
 
+#include "sched_alloc_int.h"
 #include "sched_int.h"
 #include "sched_kvev_int.h"
 
@@ -53,10 +54,41 @@ void sched_kvev_pool_destroy(sched_pool_t *pool)
     pool->kvev_index = NULL;
 }
 
-static bool has_uid(const sched_snapshot_t *snap, uint64_t uid)
+/* The uids of a snapshot as an open-addressing set: a sync asks about every instance of both
+ * snapshots, and a scan of the snapshot for each made it O(instances^2) (filling a pool of
+ * 10,000 instances one add at a time took minutes). Without memory for the set, the scan. */
+typedef struct uid_set {
+    const sched_snapshot_t *snap;
+    uint64_t *slots; /* uid + 1; 0 = empty (uids count up from the pool's first) */
+    size_t mask;
+} uid_set_t;
+
+static uint64_t *uid_slot(const uid_set_t *s, uint64_t uid)
 {
-    for (size_t i = 0; snap && i < snap->n_all; i++)
-        if (snap->all[i]->uid == uid)
+    size_t i = (size_t)((uid + 1) * 0x9e3779b97f4a7c15u >> 17) & s->mask;
+    while (s->slots[i] != 0 && s->slots[i] != uid + 1)
+        i = (i + 1) & s->mask;
+    return &s->slots[i];
+}
+
+static void uid_set_build(uid_set_t *s, const sched_snapshot_t *snap)
+{
+    size_t n = snap ? snap->n_all : 0, cap = 16;
+    s->snap = snap;
+    while (cap < 2 * n)
+        cap <<= 1;
+    s->mask = cap - 1;
+    s->slots = n > 0 ? sched_calloc(cap, sizeof(*s->slots)) : NULL;
+    for (size_t i = 0; s->slots != NULL && i < n; i++)
+        *uid_slot(s, snap->all[i]->uid) = snap->all[i]->uid + 1;
+}
+
+static bool has_uid(const uid_set_t *s, uint64_t uid)
+{
+    if (s->slots != NULL)
+        return *uid_slot(s, uid) != 0;
+    for (size_t i = 0; s->snap && i < s->snap->n_all; i++)
+        if (s->snap->all[i]->uid == uid)
             return true;
     return false;
 }
@@ -64,19 +96,22 @@ static bool has_uid(const sched_snapshot_t *snap, uint64_t uid)
 void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
                           const sched_snapshot_t *next)
 {
+    uid_set_t in_prev, in_next;
     if (!pool->kvev_sub)
         return;
+    uid_set_build(&in_prev, prev);
+    uid_set_build(&in_next, next);
     /* A replaced instance (new descriptor) is a new object with a new uid:
      * the old one is removed and the new one subscribed afresh. */
     for (size_t i = 0; prev && i < prev->n_all; i++)
-        if (!has_uid(next, prev->all[i]->uid))
+        if (!has_uid(&in_next, prev->all[i]->uid))
             sched_kvev_sub_remove(pool->kvev_sub, prev->all[i]->uid);
     for (size_t i = 0; i < next->n_all; i++) {
         const sched_instance_t *inst = next->all[i];
         char ep[512], rp[512];
         bool replay;
         int rank;
-        if (has_uid(prev, inst->uid) || !inst->desc.kv_events_endpoint ||
+        if (has_uid(&in_prev, inst->uid) || !inst->desc.kv_events_endpoint ||
             !inst->desc.kv_events_endpoint[0])
             continue;
         /* An instance that is one rank of a data-parallel engine (dp_size > 1) listens to
@@ -92,6 +127,8 @@ void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
                                      "kv events: cannot subscribe to %s",
                                      inst->desc.kv_events_endpoint);
     }
+    sched_free(in_prev.slots);
+    sched_free(in_next.slots);
 }
 
 sched_status_t sched_kvev_request_keys(sched_pool_t *pool, const sched_request_t *req,
