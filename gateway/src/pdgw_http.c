@@ -379,8 +379,6 @@ static bool dispatch_local(pdgw_req_t *r)
     }
 }
 
-/* A completions / chat body: parsed, validated, PD fields handled, its model served; false =
- * answered. */
 /* A body of scalar members for a forwarder that never reads the tree is validated on its text;
  * the tree is built only if something asks for it (pdgw_req_json). */
 static bool dispatch_infer_flat(pdgw_req_t *r)
@@ -395,6 +393,8 @@ static bool dispatch_infer_flat(pdgw_req_t *r)
     return true;
 }
 
+/* A completions / chat body: parsed, validated, PD fields handled, its model served; false =
+ * answered. */
 static bool dispatch_infer_body(pdgw_req_t *r)
 {
     pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;

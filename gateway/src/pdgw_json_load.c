@@ -312,14 +312,17 @@ static bool member_checked(parser_t *ps, const char *key_at, bool key_escaped, c
 
 static bool member(parser_t *ps, json_t *obj)
 {
-    const char *key, *key_at = ps->p + 1, *key_end, *val_at;
+    const char *key, *key_at, *key_end, *val_at;
     char *key_copy = NULL;
     size_t key_len;
     bool key_escaped;
     json_t *v;
     bool ok;
 
-    if (ps->p >= ps->end || *ps->p != '"' || !string_token(ps, &key, &key_len))
+    if (ps->p >= ps->end || *ps->p != '"')
+        return false;
+    key_at = ps->p + 1;
+    if (!string_token(ps, &key, &key_len))
         return false;
     key_end = ps->p - 1; /* its closing quote */
     key_escaped = ps->string_escaped;

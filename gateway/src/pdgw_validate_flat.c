@@ -3,13 +3,13 @@
  *
  * Most completions bodies are a handful of scalar members (model, prompt, max_tokens,
  * temperature, stream, ...). Parsing one into jansson's tree, walking the tree and freeing it
- * was about a seventh of the gateway's user time per proxied request, and a forwarder that
- * sends the client's bytes as they came never reads that tree. This walk reaches the decision
- * pdgw_request_parse + pdgw_request_validate + pdgw_request_pd_fields reach for such a body,
- * and declines every other body: a member it would have to look into (an array, an object, a
- * string with escapes), a name with escapes, a value a rule refuses, a PD control field. A
- * declined body goes the tree's way, so refusals and their messages stay the tree
- * validator's alone.
+ * took 10 of a proxied request's 17 allocations, and a forwarder that sends the client's bytes
+ * as they came never reads that tree. This walk reaches the decision pdgw_request_parse +
+ * pdgw_request_validate + pdgw_request_pd_fields reach for such a body, in one pass of the
+ * fast parser that builds nothing, and declines every other body: an array or an object under
+ * a rule, a model or prompt with escapes, a name with escapes, a value a rule refuses, a PD
+ * control field, chat. A declined body goes the tree's way, so refusals and their messages
+ * stay the tree validator's alone.
  */
 #include <stdlib.h>
 #include <string.h>
