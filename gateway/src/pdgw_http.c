@@ -384,7 +384,7 @@ static bool dispatch_local(pdgw_req_t *r)
 static bool dispatch_infer_flat(pdgw_req_t *r)
 {
     const pdgw_server_t *srv = r->w->srv;
-    if (!srv->desc->body_unread || r->body.data == NULL ||
+    if (!srv->desc->body_unread ||
         !pdgw_request_validate_flat(r->kind, r->body.data, r->body.len, srv->desc->client_fields,
                                     &r->info, r->model_copy, sizeof(r->model_copy)))
         return false;

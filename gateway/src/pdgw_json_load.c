@@ -443,11 +443,6 @@ static json_t *load_fast(const char *text, size_t len, bool any)
     return parse_root(text, len, any, false, NULL, NULL);
 }
 
-bool pdgw_json_check_fast(const char *text, size_t len)
-{
-    return parse_root(text, len, false, true, NULL, NULL) != NULL;
-}
-
 bool pdgw_json_check_members(const char *text, size_t len, pdgw_json_member_fn fn, void *arg)
 {
     const char *p = text, *end = text + len;

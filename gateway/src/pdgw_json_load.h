@@ -27,16 +27,14 @@ json_t *pdgw_json_loadb(const char *text, size_t len, json_error_t *err);
  * declines (jansson would refuse the text, or may take it in a way this parser does not
  * model). */
 json_t *pdgw_json_load_fast(const char *text, size_t len);
-/* Would pdgw_json_load_fast load <text>? The same walk and the same checks, nothing made: true
- * for a text it loads, false for one it declines (jansson may still accept it). */
-bool pdgw_json_check_fast(const char *text, size_t len);
 /* A member of the checked object to <fn>, in order, once its value was checked: its name and
  * value as written (pdgw_json_text.h), and whether the value, when it is a string, has
  * escapes. false stops the walk. */
 typedef bool (*pdgw_json_member_fn)(void *arg, const pdgw_json_member_t *m, bool val_escaped);
-/* The check of pdgw_json_check_fast for a text that must be one object, handing each of its
- * members to <fn> on the way: true when pdgw_json_load_fast would load the text and <fn> took
- * every member. */
+/* Would pdgw_json_load_fast load <text> as one object? The same walk and the same checks with
+ * nothing made, each top-level member handed to <fn> (NULL: none) on the way: true when it
+ * would and <fn> took every member; false also for a text it declines that jansson may
+ * still accept. */
 bool pdgw_json_check_members(const char *text, size_t len, pdgw_json_member_fn fn, void *arg);
 
 /* Of the JSON object <text>, a tree of only the top-level members named in <names>

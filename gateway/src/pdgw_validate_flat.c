@@ -19,7 +19,7 @@
 #include "pdgw_validate_int.h"
 
 #define NAME_MAX_FLAT 128 /* a longer member name is not copied: its body is declined */
-#define NUMBER_MAX    64  /* pdgw_json_check_fast declines longer number tokens */
+#define NUMBER_MAX    64  /* pdgw_json_check_members declines longer number tokens */
 
 typedef enum token {
     TOK_NULL,

@@ -47,6 +47,9 @@ static const pd_rule_t pd_rules[] = {
     {"remote_*", "names the KV peer"},
 };
 
+/* The member vLLM merges into SamplingParams.extra_args (its keys are checked too). */
+static const char xargs_member[] = "vllm_xargs";
+
 /* Keys of vllm_xargs that vLLM lifts into the request's KV parameters, and their rule names. */
 static const char *const xargs_keys[][2] = {
     {"kv_transfer_params", "vllm_xargs.kv_transfer_params"},
@@ -106,7 +109,7 @@ static void hit_add(pdgw_pd_fields_result_t *res, const char *rule, const char *
 bool pdgw_pd_field_named(const char *key, const char *const *extra)
 {
     const char *why;
-    return match_key(key, extra, &why) != NULL || strcmp(key, "vllm_xargs") == 0;
+    return match_key(key, extra, &why) != NULL || strcmp(key, xargs_member) == 0;
 }
 
 pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
@@ -132,7 +135,7 @@ pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
         if (mode == PDGW_PD_FIELDS_STRIP)
             json_object_del(body, key);
     }
-    json_t *xargs = json_object_get(body, "vllm_xargs");
+    json_t *xargs = json_object_get(body, xargs_member);
     if (json_is_object(xargs)) {
         for (size_t i = 0; i < sizeof(xargs_keys) / sizeof(xargs_keys[0]); i++) {
             if (json_object_get(xargs, xargs_keys[i][0]) == NULL)

@@ -10,15 +10,12 @@
 #include "pdgw_alloc.h"
 #include "pdgw_route.h"
 
-typedef pdgw_leg_t wf_legs_t[2];
-_Static_assert(sizeof(((pdgw_wf_t *)0)->legs) == sizeof(wf_legs_t), "legs: two legs");
-
 pdgw_wf_t *pdgw_wf_create(pdgw_req_t *r)
 {
     /* The legs are most of the object and pdgw_leg_init sets each whole: everything else is
      * zeroed here, the legs once, by their init. */
-    const size_t legs_at = offsetof(pdgw_wf_t, legs), legs_end = legs_at + sizeof(wf_legs_t);
     pdgw_wf_t *wf = pdgw_freelist_get_dirty(&r->w->wf_pool);
+    const size_t legs_at = offsetof(pdgw_wf_t, legs), legs_end = legs_at + sizeof(wf->legs);
     if (wf == NULL)
         return NULL;
     memset(wf, 0, legs_at);

@@ -8,7 +8,8 @@
 # Usage: profile_pdgw.sh [BIN_DIR] passthrough|streams [perf|callgrind]
 #   env: SECONDS_PROFILED (perf: 4), CONNS (passthrough: 64), STREAMS (streams: 1000),
 #        TPOT_MS (streams: 50), OUT_DIR (/tmp), PERF_EVENT (perf: its default; cycles:u for
-#        user time alone), PDGW_ARGS (more pdgw options, e.g. --frontend mhd)
+#        user time alone; cpu-clock:u on a VM without hardware counters), PERF_FREQ (perf:
+#        samples per second, 999), PDGW_ARGS (more pdgw options, e.g. --frontend mhd)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
 load=${2:-passthrough}

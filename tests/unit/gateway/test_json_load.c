@@ -38,8 +38,9 @@ static void same_as_jansson(const char *text, bool fast)
     json_t *loaded = pdgw_json_loadb(text, strlen(text), &e1);
     json_t *slow = json_loadb(text, strlen(text), 0, &e2);
     assert_int_equal(quick != NULL, fast);
-    /* the check alone takes what the parser loads and declines what it declines */
-    assert_int_equal(pdgw_json_check_fast(text, strlen(text)), fast);
+    /* the check alone takes the objects the parser loads and nothing else */
+    assert_int_equal(pdgw_json_check_members(text, strlen(text), NULL, NULL),
+                     quick != NULL && json_is_object(quick));
     json_decref(quick);
     if (slow == NULL) {
         assert_null(loaded);
