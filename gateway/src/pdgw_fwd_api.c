@@ -177,26 +177,35 @@ void pdgw_fwd_waker_unref(pdgw_fwd_waker_t *w)
 
 void pdgw_fwd_waker_wake(pdgw_fwd_waker_t *wk)
 {
+    pdgw_worker_t *write_to = NULL; /* another thread's worker: its eventfd */
+    uint64_t one = 1;
     if (wk == NULL)
         return;
-    /* Everything under wk->lock: the worker detaches every waker (taking this lock)
-     * before it closes its eventfd, so the worker is alive while we hold it. */
+    /* Queued under wk->lock: the worker detaches every waker (taking this lock) before it
+     * closes its eventfd. The eventfd is written after the lock is dropped, so a worker that
+     * wakes at once does not block on it; wake_writers keeps the descriptor open meanwhile. */
     pthread_mutex_lock(&wk->lock);
     if (wk->wf != NULL && !wk->queued) {
         pdgw_worker_t *w = wk->worker;
-        uint64_t one = 1;
         wk->queued = true;
         atomic_fetch_add(&wk->refs, 1); /* the queue's reference */
         pthread_mutex_lock(&w->wake_lock);
         wk->next = w->wake_queue;
         w->wake_queue = wk;
         pthread_mutex_unlock(&w->wake_lock);
-        if (pdgw_this_worker == w) /* its loop runs the queue before it waits again */
+        if (pdgw_this_worker == w) { /* its loop runs the queue before it waits again */
             w->wake_local = true;
-        else if (write(w->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-            pdgw_log_warn("waker", "eventfd write: %s", strerror(errno));
+        } else {
+            write_to = w;
+            atomic_fetch_add(&w->wake_writers, 1);
+        }
     }
     pthread_mutex_unlock(&wk->lock);
+    if (write_to == NULL)
+        return;
+    if (write(write_to->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        pdgw_log_warn("waker", "eventfd write: %s", strerror(errno));
+    atomic_fetch_sub(&write_to->wake_writers, 1);
 }
 
 void pdgw_waker_detach(pdgw_fwd_waker_t *wk)
@@ -271,10 +280,19 @@ static pdgw_metrics_t *fwd_metrics_reg;
 static pdgw_gateway_metrics_t *fwd_gm;
 static sched_pool_t *fwd_pool;
 static pthread_mutex_t fwd_metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The families of forwarder counters by short name (fwd_metrics_lock held): a counter is
+ * bumped on every request of some flows, and finding its family by full name in the registry
+ * walks every family. Emptied when the registry changes; a full table just stops caching. */
+#define FWD_FAM_SLOTS 64
+static struct fwd_fam_slot {
+    char name[64];
+    pdgw_metric_family_t *fam;
+} fwd_fams[FWD_FAM_SLOTS];
 
 void pdgw_fwd_api_set_services(pdgw_gateway_metrics_t *gm, sched_pool_t *pool)
 {
     pthread_mutex_lock(&fwd_metrics_lock);
+    memset(fwd_fams, 0, sizeof(fwd_fams)); /* a new registry may sit at the old address */
     fwd_gm = gm;
     fwd_metrics_reg = gm ? gm->reg : NULL;
     fwd_pool = pool;
@@ -312,10 +330,40 @@ void pdgw_fwd_instance_set_kv_free_chunks(const pdgw_instance_t *inst, int64_t f
     }
 }
 
+static pdgw_metric_family_t *fwd_family_locked(const char *name, const char *help,
+                                               const char *const *labels, size_t n_labels)
+{
+    char full[160];
+    pdgw_metric_family_t *fam;
+    size_t h = 5381, i, len = strlen(name);
+    struct fwd_fam_slot *free_slot = NULL;
+    for (i = 0; i < len; i++)
+        h = h * 33 + (unsigned char)name[i];
+    for (i = 0; i < FWD_FAM_SLOTS; i++) {
+        struct fwd_fam_slot *e = &fwd_fams[(h + i) % FWD_FAM_SLOTS];
+        if (e->fam == NULL) {
+            free_slot = e;
+            break;
+        }
+        if (strcmp(e->name, name) == 0)
+            return e->fam;
+    }
+    snprintf(full, sizeof(full), "pdgw_fwd_%s_total", name);
+    fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    if (fam == NULL && pdgw_metrics_family_add(fwd_metrics_reg, PDGW_METRIC_COUNTER, full,
+                                               help ? help : "Forwarder event count.", labels,
+                                               n_labels, NULL, 0, &fam) != PDGW_OK)
+        fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    if (fam != NULL && free_slot != NULL && len < sizeof(free_slot->name)) {
+        memcpy(free_slot->name, name, len + 1);
+        free_slot->fam = fam;
+    }
+    return fam;
+}
+
 void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const char *help,
                                  const char *reason)
 {
-    char full[160];
     pdgw_metric_family_t *fam;
     static const char *const labels[] = {"protocol", "reason"};
     pthread_mutex_lock(&fwd_metrics_lock);
@@ -323,12 +371,7 @@ void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const c
         pthread_mutex_unlock(&fwd_metrics_lock);
         return;
     }
-    snprintf(full, sizeof(full), "pdgw_fwd_%s_total", name);
-    fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
-    if (fam == NULL && pdgw_metrics_family_add(fwd_metrics_reg, PDGW_METRIC_COUNTER, full,
-                                               help ? help : "Forwarder event count.", labels, 2,
-                                               NULL, 0, &fam) != PDGW_OK)
-        fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    fam = fwd_family_locked(name, help, labels, 2);
     pthread_mutex_unlock(&fwd_metrics_lock);
     if (fam)
         pdgw_counter_inc(pdgw_metric_family_series2(fam, protocol, reason));
@@ -336,7 +379,6 @@ void pdgw_fwd_counter_inc_reason(const char *protocol, const char *name, const c
 
 void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *help)
 {
-    char full[160];
     pdgw_metric_family_t *fam;
     static const char *const labels[] = {"protocol"};
     pthread_mutex_lock(&fwd_metrics_lock);
@@ -344,12 +386,7 @@ void pdgw_fwd_counter_inc(const char *protocol, const char *name, const char *he
         pthread_mutex_unlock(&fwd_metrics_lock);
         return;
     }
-    snprintf(full, sizeof(full), "pdgw_fwd_%s_total", name);
-    fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
-    if (fam == NULL && pdgw_metrics_family_add(fwd_metrics_reg, PDGW_METRIC_COUNTER, full,
-                                               help ? help : "Forwarder event count.", labels, 1,
-                                               NULL, 0, &fam) != PDGW_OK)
-        fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
+    fam = fwd_family_locked(name, help, labels, 1);
     pthread_mutex_unlock(&fwd_metrics_lock);
     if (fam)
         pdgw_counter_inc(pdgw_metric_family_series1(fam, protocol));

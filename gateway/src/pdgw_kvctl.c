@@ -43,6 +43,21 @@ void pdgw_kvctl_kick(pdgw_fwd_kv_svc_t *kv)
                      strerror(errno));
 }
 
+void pdgw_kvctl_unlock(pdgw_fwd_kv_svc_t *kv)
+{
+    pdgw_fwd_kv_req_t *q = kv->wakes;
+    kv->wakes = NULL;
+    for (pdgw_fwd_kv_req_t *n = q; n != NULL; n = n->wake_next)
+        n->wake_listed = 0;
+    pthread_mutex_unlock(&kv->lock);
+    while (q != NULL) {
+        pdgw_fwd_kv_req_t *next = q->wake_next;
+        pdgw_fwd_waker_wake(q->waker);
+        pdgw_kvctl_req_unref(q);
+        q = next;
+    }
+}
+
 void pdgw_kvctl_req_unref(pdgw_fwd_kv_req_t *q)
 {
     if (q == NULL || atomic_fetch_sub(&q->refs, 1) != 1)
@@ -122,12 +137,12 @@ static void run_reserve(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
     if (!j->q->ended) {
         j->q->free_chunks = min_free;
         j->q->res = failed ? RES_FAILED : granted_all ? RES_GRANTED : RES_REFUSED;
-        pdgw_kvctl_wake(j->q);
+        pdgw_kvctl_wake_locked(j->q);
     } else if (!failed) {
         /* The attempt ended while we asked: give the pages back at once. */
         (void)pdgw_kvctl_push_cancel_locked(kv, &j->dest, j->id, 1);
     }
-    pthread_mutex_unlock(&kv->lock);
+    pdgw_kvctl_unlock(kv);
     pdgw_kvctl_count(kv,
                      failed        ? "reserve_errors"
                      : granted_all ? "reserve_granted"
@@ -181,7 +196,7 @@ static void check_deadlines_locked(pdgw_fwd_kv_svc_t *kv, int64_t now, int64_t *
                 continue;
             if (now >= q->notif_deadline_ms) {
                 q->notif_timed_out = 1;
-                pdgw_kvctl_wake(q);
+                pdgw_kvctl_wake_locked(q);
             } else if (earliest < 0 || q->notif_deadline_ms < earliest) {
                 earliest = q->notif_deadline_ms;
             }
@@ -224,7 +239,7 @@ static void *kvctl_main(void *arg)
         now = pdgw_fwd_now_ms();
         j = take_job_locked(kv, now, &next);
         check_deadlines_locked(kv, now, &next);
-        pthread_mutex_unlock(&kv->lock);
+        pdgw_kvctl_unlock(kv);
         if (j != NULL) {
             if (j->cancel)
                 run_cancel(kv, j);

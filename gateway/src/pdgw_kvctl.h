@@ -65,6 +65,8 @@ struct pdgw_fwd_kv_req {
     char phost[2][KVCTL_HOST_MAX]; /* the prefill's host and kv_host ("" = unknown) */
     struct pdgw_fwd_kv_req *notif_next, *notif_prev; /* kv->notif_waiters */
     struct pdgw_fwd_kv_req *hnext;                   /* kv->waiter_hash bucket */
+    struct pdgw_fwd_kv_req *wake_next;               /* kv->wakes */
+    int wake_listed;                                 /* in kv->wakes (holds a reference) */
 };
 
 typedef struct kvctl_job {
@@ -125,6 +127,7 @@ struct pdgw_fwd_kv_svc {
     int64_t next_deadline_ms; /* no notif deadline falls before this (-1: none armed) */
     pdgw_fwd_kv_req_t *adm_head, *adm_tail;
     int64_t adm_used;
+    pdgw_fwd_kv_req_t *wakes;         /* to wake once the lock is dropped (pdgw_kvctl_unlock) */
     struct pdgw_fwd_kv_svc *next_svc; /* the gateway's list of open services */
 };
 
@@ -168,11 +171,19 @@ void pdgw_kvctl_tombs_expire_locked(pdgw_fwd_kv_svc_t *kv, int64_t now_ms, int64
 /* Read every queued notice of the listener and the relay (service thread). */
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 
-static inline void pdgw_kvctl_wake(pdgw_fwd_kv_req_t *q)
+/* Wake <q>'s request once the lock is dropped (lock held): a worker woken while the lock is
+ * still held would block on it at once. */
+static inline void pdgw_kvctl_wake_locked(pdgw_fwd_kv_req_t *q)
 {
-    if (q->waker)
-        pdgw_fwd_waker_wake(q->waker);
+    if (q->waker == NULL || q->wake_listed)
+        return;
+    q->wake_listed = 1;
+    atomic_fetch_add(&q->refs, 1);
+    q->wake_next = q->kv->wakes;
+    q->kv->wakes = q;
 }
+/* Drop kv->lock, then wake the requests pdgw_kvctl_wake_locked listed. */
+void pdgw_kvctl_unlock(pdgw_fwd_kv_svc_t *kv);
 
 static inline void pdgw_kvctl_count(pdgw_fwd_kv_svc_t *kv, const char *name, const char *help)
 {

@@ -120,8 +120,8 @@ static const char *on_notif(pdgw_fwd_kv_svc_t *kv, const char *id, const char *p
         if (q->notif_got >= q->notif_need)
             why = "surplus"; /* more than one per TP rank: a replay */
         else if (++q->notif_got >= q->notif_need)
-            pdgw_kvctl_wake(q);
-        pthread_mutex_unlock(&kv->lock);
+            pdgw_kvctl_wake_locked(q);
+        pdgw_kvctl_unlock(kv);
         return why;
     }
     if ((t = pdgw_kvctl_tomb_find_locked(kv, id)) != NULL && t->has_dest) {

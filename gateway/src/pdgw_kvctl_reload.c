@@ -56,7 +56,7 @@ void pdgw_kvctl_apply(pdgw_fwd_kv_svc_t *kv, const pdgw_fwd_kv_opts_t *o)
     kv->o.on_refusal = o->on_refusal;
     kv->o.admission_chunks = o->admission_chunks;
     pdgw_kvctl_adm_grant_locked(kv);
-    pthread_mutex_unlock(&kv->lock);
+    pdgw_kvctl_unlock(kv);
 }
 
 static pdgw_status_t kv_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state, char *err,

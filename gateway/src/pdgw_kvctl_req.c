@@ -60,7 +60,7 @@ void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv)
         q->adm_next = NULL;
         q->adm = ADM_HELD;
         kv->adm_used += q->weight;
-        pdgw_kvctl_wake(q);
+        pdgw_kvctl_wake_locked(q);
     }
 }
 
@@ -310,7 +310,7 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
     }
     if (send_cancel)
         (void)pdgw_kvctl_push_cancel_locked(kv, &q->dest, q->id, 1); /* releases go first */
-    pthread_mutex_unlock(&kv->lock);
+    pdgw_kvctl_unlock(kv); /* wakes the admissions granted above */
     if (send_cancel) {
         pdgw_kvctl_kick(kv);
         if (reason != PDGW_END_OK)

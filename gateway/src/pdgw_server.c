@@ -10,6 +10,7 @@
 #include "pdgw_server_int.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -561,6 +562,8 @@ static void worker_close(pdgw_worker_t *w)
     }
     /* Wakes that arrived after the loop stopped still hold a queue reference. */
     pdgw_waker_drop_queue(w);
+    while (atomic_load(&w->wake_writers) > 0)
+        sched_yield(); /* a wake queued before the detach is still writing the eventfd */
     if (w->wakefd >= 0)
         close(w->wakefd);
     if (w->epfd >= 0)
@@ -636,6 +639,7 @@ static pdgw_status_t worker_open(pdgw_server_t *srv, pdgw_worker_t *w, unsigned 
     pdgw_freelist_init(&w->req_pool, sizeof(pdgw_req_t), REQ_POOL_MAX);
     pdgw_freelist_init(&w->wf_pool, sizeof(pdgw_wf_t), REQ_POOL_MAX);
     pthread_mutex_init(&w->wake_lock, NULL);
+    atomic_init(&w->wake_writers, 0);
 
     w->epfd = epoll_create1(EPOLL_CLOEXEC);
     w->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

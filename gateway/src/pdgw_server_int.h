@@ -158,6 +158,9 @@ struct pdgw_worker {
     /* Wakers queued from any thread. */
     pthread_mutex_t wake_lock;
     struct pdgw_fwd_waker *wake_queue;
+    /* Threads between queueing a waker and writing wakefd (pdgw_fwd_waker_wake): the
+     * descriptor is closed only once none is left. */
+    atomic_int wake_writers;
     /* A waker was queued from this worker's own thread: the queue runs later in this loop turn
      * without the eventfd round trip (worker thread only). */
     bool wake_local;

@@ -15,7 +15,9 @@
 
 #include <cmocka.h>
 
+#include "pdgw/forwarder.h"
 #include "pdgw_metrics.h"
+#include "pdgw_server_int.h"
 
 static const char *promtool_path(void)
 {
@@ -532,6 +534,34 @@ static void test_series_lookup_memo(void **state)
     }
 }
 
+/* Forwarder counters find their family by short name in a table of their own: counts land in
+ * the registry set now, never in a destroyed one whose families the table knew (ASan would
+ * see the freed memory), and each name keeps its own family. */
+static void test_forwarder_counters(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 4; round++) { /* allocations often land where the last were */
+        pdgw_metrics_t *reg;
+        pdgw_gateway_metrics_t gm;
+        assert_int_equal(pdgw_metrics_create(0, &reg), PDGW_OK);
+        assert_int_equal(pdgw_gateway_metrics_init(reg, "0.1.0", &gm), PDGW_OK);
+        pdgw_fwd_api_set_services(&gm, NULL);
+        pdgw_fwd_counter_inc("p", "tokenize_calls", "Calls.");
+        pdgw_fwd_counter_inc("p", "tokenize_calls", "Calls.");
+        pdgw_fwd_counter_inc("q", "tokenize_calls", "Calls.");
+        pdgw_fwd_counter_inc("p", "proxy_notifs", "Notices.");
+        pdgw_fwd_counter_inc_reason("p", "notifs_rejected", "Rejected.", "peer");
+        assert_true(exposition_has(reg, "pdgw_fwd_tokenize_calls_total{protocol=\"p\"} 2\n"));
+        assert_true(exposition_has(reg, "pdgw_fwd_tokenize_calls_total{protocol=\"q\"} 1\n"));
+        assert_true(exposition_has(reg, "pdgw_fwd_proxy_notifs_total{protocol=\"p\"} 1\n"));
+        assert_true(exposition_has(
+            reg, "pdgw_fwd_notifs_rejected_total{protocol=\"p\",reason=\"peer\"} 1\n"));
+        pdgw_fwd_api_set_services(NULL, NULL);
+        pdgw_fwd_counter_inc("p", "tokenize_calls", "Calls."); /* no registry: dropped */
+        pdgw_metrics_destroy(reg);
+    }
+}
+
 static void test_promtool_rejects_garbage(void **state)
 {
     (void)state;
@@ -551,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_gateway_metrics_and_collector),
         cmocka_unit_test(test_usage_matches_full_parse),
         cmocka_unit_test(test_series_lookup_memo),
+        cmocka_unit_test(test_forwarder_counters),
         cmocka_unit_test(test_promtool_rejects_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
