@@ -22,7 +22,7 @@ void pdb_timers_free(pdb_timers_t *h)
 pdb_status_t pdb_timers_reserve(pdb_timers_t *h, size_t n)
 {
     size_t cap = h->cap ? h->cap : 16;
-    pdb_timer_t **v;
+    pdb_timer_slot_t *v;
 
     if (n <= h->cap)
         return PDB_OK;
@@ -44,76 +44,86 @@ void pdb_timer_init(pdb_timer_t *t, pdb_timer_fn fn, void *arg)
     t->arg = arg;
 }
 
-static bool before(const pdb_timer_t *a, const pdb_timer_t *b)
+static bool before(const pdb_timer_slot_t *a, const pdb_timer_slot_t *b)
 {
     return a->due < b->due || (a->due == b->due && a->seq < b->seq);
 }
 
-static void put(pdb_timers_t *h, size_t i, pdb_timer_t *t)
+static void put(pdb_timers_t *h, size_t i, const pdb_timer_slot_t *s)
 {
-    h->v[i] = t;
-    t->idx = i;
+    h->v[i] = *s;
+    s->t->idx = i;
 }
 
-static void sift_up(pdb_timers_t *h, size_t i)
+static void sift_up(pdb_timers_t *h, size_t i, pdb_timer_slot_t s)
 {
-    pdb_timer_t *t = h->v[i];
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (!before(t, h->v[p]))
+        if (!before(&s, &h->v[p]))
             break;
-        put(h, i, h->v[p]);
+        put(h, i, &h->v[p]);
         i = p;
     }
-    put(h, i, t);
+    put(h, i, &s);
 }
 
-static void sift_down(pdb_timers_t *h, size_t i)
+static void sift_down(pdb_timers_t *h, size_t i, pdb_timer_slot_t s)
 {
-    pdb_timer_t *t = h->v[i];
     for (;;) {
         size_t l = 2 * i + 1, m = i;
-        const pdb_timer_t *best = t;
-        if (l < h->n && before(h->v[l], best)) {
+        const pdb_timer_slot_t *best = &s;
+        if (l < h->n && before(&h->v[l], best)) {
             m = l;
-            best = h->v[l];
+            best = &h->v[l];
         }
-        if (l + 1 < h->n && before(h->v[l + 1], best))
+        if (l + 1 < h->n && before(&h->v[l + 1], best))
             m = l + 1;
         if (m == i)
             break;
-        put(h, i, h->v[m]);
+        put(h, i, &h->v[m]);
         i = m;
     }
-    put(h, i, t);
+    put(h, i, &s);
+}
+
+/* Put <s> at slot <i> (whose old entry is gone) and move it to where it belongs. */
+static void settle(pdb_timers_t *h, size_t i, pdb_timer_slot_t s)
+{
+    if (i > 0 && before(&s, &h->v[(i - 1) / 2]))
+        sift_up(h, i, s);
+    else
+        sift_down(h, i, s);
 }
 
 void pdb_timer_cancel(pdb_timers_t *h, pdb_timer_t *t)
 {
     size_t i = t->idx;
-    pdb_timer_t *last;
     if (i == PDB_TIMER_IDLE)
         return;
     t->idx = PDB_TIMER_IDLE;
-    last = h->v[--h->n];
-    if (last == t)
+    if (i == --h->n)
         return;
-    put(h, i, last);
-    if (i > 0 && before(last, h->v[(i - 1) / 2]))
-        sift_up(h, i);
-    else
-        sift_down(h, i);
+    settle(h, i, h->v[h->n]);
 }
 
 pdb_status_t pdb_timer_arm(pdb_timers_t *h, pdb_timer_t *t, uint64_t due)
 {
-    pdb_timer_cancel(h, t);
+    pdb_timer_slot_t s;
+    s.due = due;
+    s.seq = ++h->seq;
+    s.t = t;
+    if (t->idx != PDB_TIMER_IDLE) {
+        /* armed already: its slot takes the new key (a re-arm is one sift, not two) */
+        t->due = due;
+        t->seq = s.seq;
+        settle(h, t->idx, s);
+        return PDB_OK;
+    }
     if (h->n == h->cap && pdb_timers_reserve(h, h->cap ? 2 * h->cap : 256) != PDB_OK)
         return PDB_ERR_NOMEM;
     t->due = due;
-    t->seq = ++h->seq;
-    put(h, h->n++, t);
-    sift_up(h, t->idx);
+    t->seq = s.seq;
+    sift_up(h, h->n++, s);
     return PDB_OK;
 }
 
@@ -128,14 +138,14 @@ int64_t pdb_timers_next(const pdb_timers_t *h)
 {
     if (h->n == 0)
         return -1;
-    return h->v[0]->due > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)h->v[0]->due;
+    return h->v[0].due > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)h->v[0].due;
 }
 
 size_t pdb_timers_run(pdb_timers_t *h, uint64_t now)
 {
     size_t ran = 0;
-    while (h->n > 0 && h->v[0]->due <= now) {
-        pdb_timer_t *t = h->v[0];
+    while (h->n > 0 && h->v[0].due <= now) {
+        pdb_timer_t *t = h->v[0].t;
         pdb_timer_cancel(h, t);
         ran++;
         if (t->fn)

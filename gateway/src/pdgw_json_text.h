@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct pdgw_json_members {
     const char *p, *end;
@@ -45,6 +46,16 @@ json_t *pdgw_json_id_list(const char *text, size_t len);
 
 /* Is <text> such an id list? *count gets the number of ids (nothing is allocated). */
 bool pdgw_json_id_list_count(const char *text, size_t len, size_t *count);
+
+/* A member name's bit in a 64-bit set of names (a one-hash Bloom filter): a name whose bit
+ * is clear is not in the set; a set bit only says it may be. */
+static inline uint64_t pdgw_json_name_bit(const char *name, size_t len)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)name[i]) * 16777619u;
+    return (uint64_t)1 << (h & 63);
+}
 
 /* The bytes of the top-level member <name> of the object <text>; the last one when the name
  * repeats, as a parser keeps it. false when there is none or the text is not one object. */

@@ -74,10 +74,11 @@ json_t *pdgw_req_json_member(pdgw_req_t *r, const char *name)
     const char *v;
     size_t n;
     json_t *body;
-    /* a body validated on its text has no escaped names: its text says whether the member is
-     * there, and the tree is built only when it is */
+    /* a body validated on its text has no escaped names: the names its walk saw, then its
+     * text, say whether the member is there, and the tree is built only when it is */
     if (r->json == NULL && r->json_deferred &&
-        !pdgw_json_member_value(r->body.data, r->body.len, name, &v, &n))
+        (!(r->info.member_names & pdgw_json_name_bit(name, strlen(name))) ||
+         !pdgw_json_member_value(r->body.data, r->body.len, name, &v, &n)))
         return NULL;
     body = pdgw_req_json(r);
     return body != NULL ? json_object_get(body, name) : NULL;

@@ -153,7 +153,7 @@ pdgw_req_t *pdgw_worker_find_active(pdgw_worker_t *w, bool (*pred)(const pdgw_re
 {
     size_t i;
     for (i = 0; i < w->timers.n; i++) {
-        pdgw_timer_t *t = w->timers.v[i];
+        pdgw_timer_t *t = w->timers.v[i].t;
         pdgw_req_t *r;
         if (t->fn != req_on_timer)
             continue;

@@ -68,6 +68,9 @@ typedef struct pdgw_request_info {
     size_t n_prompt_tokens;
     size_t n_prompts;          /* completions batch size (1 for chat) */
     int64_t est_prompt_tokens; /* ids count, else ceil(bytes / 4) over all prompts */
+    /* Validated on the text (pdgw_request_validate_flat): the body's top-level member names
+     * (pdgw_json_name_bit), so a lookup of a member it lacks reads nothing. 0 otherwise. */
+    uint64_t member_names;
 } pdgw_request_info_t;
 
 /*

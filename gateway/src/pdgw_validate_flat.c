@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "pdgw_json_load.h"
+#include "pdgw_json_text.h"
 #include "pdgw_validate.h"
 #include "pdgw_validate_int.h"
 
@@ -104,6 +105,7 @@ typedef struct flat_known {
     pdgw_json_member_t model, prompt, stream, max_tokens, n;
     bool has_model, has_prompt, has_stream, has_max_tokens, has_n;
     bool model_plain, prompt_plain;
+    uint64_t names; /* every member's pdgw_json_name_bit */
 } flat_known_t;
 
 static void keep_known(flat_known_t *k, const char *name, const pdgw_json_member_t *m, bool plain)
@@ -150,6 +152,7 @@ static bool flat_member(void *arg, const pdgw_json_member_t *m, bool val_escaped
         return false;
     memcpy(name, m->key, m->key_len);
     name[m->key_len] = '\0';
+    k->names |= pdgw_json_name_bit(name, m->key_len);
     if (pdgw_pd_field_named(name, k->client_fields))
         return false; /* refused, stripped or counted by the tree's check */
     keep_known(k, name, m, t == TOK_STRING && !val_escaped);
@@ -190,5 +193,6 @@ bool pdgw_request_validate_flat(pdgw_api_kind_t kind, const char *body, size_t l
     info->prompt_text_len = k.prompt.val_len - 2;
     info->n_prompts = 1;
     info->est_prompt_tokens = pdgw_validate_est_tokens(info->prompt_text_len);
+    info->member_names = k.names;
     return true;
 }

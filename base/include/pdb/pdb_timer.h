@@ -3,9 +3,9 @@
  *
  * Every deadline of an event loop is a pdb_timer_t embedded in the object it belongs to and
  * armed in the loop's heap. The loop sleeps until the earliest one (pdb_timers_next) and runs
- * those that are due (pdb_timers_run); nothing scans all objects. Arming, re-arming and
- * cancelling cost O(log n) and never allocate except to grow the heap (pdb_timers_reserve
- * grows it ahead, so arming cannot fail afterwards).
+ * those that are due (pdb_timers_run); nothing scans all objects. Arming, re-arming (one
+ * sift from where the timer is) and cancelling cost O(log n) and never allocate except to
+ * grow the heap (pdb_timers_reserve grows it ahead, so arming cannot fail afterwards).
  *
  * Time is whatever unit the owner picks (the gateway's workers use milliseconds, libkvt
  * nanoseconds of its pdb_clock); the heap only compares numbers. Timers due at the same time
@@ -40,8 +40,15 @@ struct pdb_timer {
 
 #define PDB_TIMER_IDLE ((size_t)-1)
 
+/* One heap slot: the timer's key is kept next to it, so a sift compares slots without reading
+ * the timers it passes. */
+typedef struct pdb_timer_slot {
+    uint64_t due, seq;
+    pdb_timer_t *t;
+} pdb_timer_slot_t;
+
 typedef struct pdb_timers {
-    pdb_timer_t **v;
+    pdb_timer_slot_t *v;
     size_t n, cap;
     uint64_t seq;
 } pdb_timers_t;

@@ -165,15 +165,17 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Every armed timer knows its heap position, and no position is due before its parent. */
+/* Every armed timer knows its heap position and its slot holds its key, and no position is
+ * due before its parent. */
 static void check_heap(const pdb_timers_t *h)
 {
     for (size_t i = 0; i < pdb_timers_count(h); i++) {
-        const pdb_timer_t *t = h->v[i];
-        assert_int_equal(t->idx, i);
+        const pdb_timer_slot_t *s = &h->v[i];
+        assert_int_equal(s->t->idx, i);
+        assert_true(s->due == s->t->due && s->seq == s->t->seq);
         if (i > 0) {
-            const pdb_timer_t *p = h->v[(i - 1) / 2];
-            assert_true(p->due < t->due || (p->due == t->due && p->seq < t->seq));
+            const pdb_timer_slot_t *p = &h->v[(i - 1) / 2];
+            assert_true(p->due < s->due || (p->due == s->due && p->seq < s->seq));
         }
     }
 }

@@ -54,9 +54,9 @@ static void check_heap(const pdgw_worker_t *w)
 {
     size_t i;
     for (i = 0; i < w->timers.n; i++) {
-        assert_int_equal(w->timers.v[i]->idx, i);
+        assert_int_equal(w->timers.v[i].t->idx, i);
         if (i > 0)
-            assert_true(w->timers.v[(i - 1) / 2]->due <= w->timers.v[i]->due);
+            assert_true(w->timers.v[(i - 1) / 2].due <= w->timers.v[i].due);
     }
 }
 
@@ -92,7 +92,7 @@ static void test_heap_order_through_arm_and_disarm(void **state)
     assert_int_equal(f.w.timers.n, left);
     /* Popping through expiry gives non-decreasing deadlines and empties the heap. */
     while (f.w.timers.n > 0) {
-        pdgw_conn_t *top = conn_of_timer(f.w.timers.v[0]);
+        pdgw_conn_t *top = conn_of_timer(f.w.timers.v[0].t);
         uint64_t due = top->timer.due;
         assert_int_equal(pdgw_timers_next(&f.w.timers), (int64_t)due);
         assert_true(due >= last);

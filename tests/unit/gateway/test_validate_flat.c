@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "pdgw_json_text.h"
 #include "pdgw_validate.h"
 
 #define CMPL PDGW_API_COMPLETIONS
@@ -58,6 +59,20 @@ static bool flat_agrees(pdgw_api_kind_t kind, const char *body, const char *cons
     assert_null(flat.prompt_tokens);
     assert_int_equal(flat.n_prompts, tree.n_prompts);
     assert_int_equal(flat.est_prompt_tokens, tree.est_prompt_tokens);
+    /* every member is in the name set: a lookup never misses one that is there */
+    {
+        const char *key;
+        json_t *v;
+        uint64_t names = 0;
+        json_object_foreach(j, key, v)
+        {
+            uint64_t bit = pdgw_json_name_bit(key, strlen(key));
+            if (!(flat.member_names & bit))
+                fail_msg("member %s missing from the name set: %s", key, body);
+            names |= bit;
+        }
+        assert_true(flat.member_names == names); /* and nothing else */
+    }
     pdgw_request_info_release(&tree);
     pdgw_request_info_release(&flat);
     json_decref(j);
