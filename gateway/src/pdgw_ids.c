@@ -102,14 +102,17 @@ pdgw_status_t pdgw_uuid4(char out[PDGW_UUID_STR_LEN + 1])
         return st;
     b[6] = (uint8_t)((b[6] & 0x0f) | 0x40); /* version 4 */
     b[8] = (uint8_t)((b[8] & 0x3f) | 0x80); /* RFC 4122 variant */
-    char *p = out;
-    for (int i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
-            *p++ = '-';
-        *p++ = hexdig[b[i] >> 4];
-        *p++ = hexdig[b[i] & 15];
-    }
-    *p = '\0';
+    /* 8-4-4-4-12 hex digits: the groups are fixed, so no test per byte for the dashes */
+    hex_encode(b, 4, out);
+    out[8] = '-';
+    hex_encode(b + 4, 2, out + 9);
+    out[13] = '-';
+    hex_encode(b + 6, 2, out + 14);
+    out[18] = '-';
+    hex_encode(b + 8, 2, out + 19);
+    out[23] = '-';
+    hex_encode(b + 10, 6, out + 24);
+    out[36] = '\0';
     return PDGW_OK;
 }
 
