@@ -14,6 +14,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 #include "pdb/pdb_clock.h"
+#include "pdb/pdb_map.h"
 
 /* ---------------------------------------------------------------- names */
 
@@ -282,17 +283,13 @@ static sched_pool_t *fwd_pool;
 static pthread_mutex_t fwd_metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The families of forwarder counters by short name (fwd_metrics_lock held): a counter is
  * bumped on every request of some flows, and finding its family by full name in the registry
- * walks every family. Emptied when the registry changes; a full table just stops caching. */
-#define FWD_FAM_SLOTS 64
-static struct fwd_fam_slot {
-    char name[64];
-    pdgw_metric_family_t *fam;
-} fwd_fams[FWD_FAM_SLOTS];
+ * walks every family. Emptied whenever the registry is set. */
+static pdb_map_t fwd_fams;
 
 void pdgw_fwd_api_set_services(pdgw_gateway_metrics_t *gm, sched_pool_t *pool)
 {
     pthread_mutex_lock(&fwd_metrics_lock);
-    memset(fwd_fams, 0, sizeof(fwd_fams)); /* a new registry may sit at the old address */
+    pdb_map_fini(&fwd_fams, NULL); /* a new registry may sit at the old address */
     fwd_gm = gm;
     fwd_metrics_reg = gm ? gm->reg : NULL;
     fwd_pool = pool;
@@ -334,30 +331,18 @@ static pdgw_metric_family_t *fwd_family_locked(const char *name, const char *hel
                                                const char *const *labels, size_t n_labels)
 {
     char full[160];
-    pdgw_metric_family_t *fam;
-    size_t h = 5381, i, len = strlen(name);
-    struct fwd_fam_slot *free_slot = NULL;
-    for (i = 0; i < len; i++)
-        h = h * 33 + (unsigned char)name[i];
-    for (i = 0; i < FWD_FAM_SLOTS; i++) {
-        struct fwd_fam_slot *e = &fwd_fams[(h + i) % FWD_FAM_SLOTS];
-        if (e->fam == NULL) {
-            free_slot = e;
-            break;
-        }
-        if (strcmp(e->name, name) == 0)
-            return e->fam;
-    }
+    pdgw_metric_family_t *fam = pdb_map_get(&fwd_fams, name);
+    if (fam != NULL)
+        return fam;
     snprintf(full, sizeof(full), "pdgw_fwd_%s_total", name);
     fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
     if (fam == NULL && pdgw_metrics_family_add(fwd_metrics_reg, PDGW_METRIC_COUNTER, full,
                                                help ? help : "Forwarder event count.", labels,
                                                n_labels, NULL, 0, &fam) != PDGW_OK)
         fam = pdgw_metrics_family_find(fwd_metrics_reg, full);
-    if (fam != NULL && free_slot != NULL && len < sizeof(free_slot->name)) {
-        memcpy(free_slot->name, name, len + 1);
-        free_slot->fam = fam;
-    }
+    /* Without memory for the map the family is just looked up again next time. */
+    if (fam != NULL && (fwd_fams.buckets != NULL || pdb_map_init(&fwd_fams, 16) == PDB_OK))
+        (void)pdb_map_put(&fwd_fams, name, fam);
     return fam;
 }
 
