@@ -362,7 +362,8 @@ char *sim_metrics_render(void);
 /* ---- /sim/requests ring (sim_record.c) ---- */
 int sim_record_init(int capacity);
 void sim_record_fini(void);
-/* Store one received request; takes ownership of entry. Returns its seq. */
+/* Store one received request; takes ownership of entry. Its t_recv_us is now unless the
+ * entry has one. Returns its seq. */
 uint64_t sim_record_add(json_t *entry);
 /* Attach key=value (stolen) to the entry with seq (if still in the ring). */
 void sim_record_set(uint64_t seq, const char *key, json_t *value);

@@ -40,9 +40,11 @@ uint64_t sim_record_add(json_t *entry)
     uint64_t seq = next_seq++;
     size_t slot = (size_t)(seq % cap);
     json_object_set_new(entry, "seq", json_integer((json_int_t)seq));
-    /* When it arrived and (below, with its status) when it was answered: tests derive how
-     * many requests the engine held at once from these. */
-    json_object_set_new(entry, "t_recv_us", json_integer((json_int_t)(sim_now_ns() / 1000)));
+    /* When it arrived (unless the caller stamped it when the request had been read) and
+     * (below, with its status) when it was answered: tests derive how many requests the
+     * engine held at once from these. */
+    if (json_object_get(entry, "t_recv_us") == NULL)
+        json_object_set_new(entry, "t_recv_us", json_integer((json_int_t)(sim_now_ns() / 1000)));
     json_decref(ring[slot]);
     ring[slot] = entry;
     if (seq - first_seq >= cap)

@@ -365,3 +365,29 @@ if __name__ == "__main__":
            test_metrics_batch_and_prefix_cache,
            test_timing_timestamps_and_zero_delay, test_concurrent_streams_and_disconnect,
            test_faults])
+
+
+def test_record_receipt_stamped_before_parsing():
+    """A record's t_recv_us is when the sim had read the request, before it parsed it: B3
+    (tests/bench/b3_pd.py) charges everything inside [t_recv_us, t_done_us] to the engine and
+    everything outside it to the gateway, so an engine's own parse must fall inside. A body of
+    400,000 token ids takes the parser far longer than the read's wake-up; the receipt must
+    lie in the first half of the span from the client's last byte to the answer."""
+    p, port = start_sim("--record-capacity", 4)
+    body = json.dumps({"model": "sim-model", "prompt": list(range(400000)),
+                       "max_tokens": 1}).encode()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Content-Type", "application/json")
+    c.putheader("Content-Length", str(len(body)))
+    c.endheaders()
+    c.send(body)
+    t_sent_us = time.monotonic_ns() // 1000  # CLOCK_MONOTONIC, the sim's clock too
+    c.getresponse().read()
+    c.close()
+    rec = records(port)[0]
+    assert rec["t_done_us"] > rec["t_recv_us"], rec
+    # t_recv_us may precede t_sent_us by the time the client took to stamp it
+    assert rec["t_recv_us"] - t_sent_us < (rec["t_done_us"] - t_sent_us) / 2, \
+        (t_sent_us, rec["t_recv_us"], rec["t_done_us"])
+    stop_clean(p)
