@@ -259,6 +259,16 @@ static json_t *lmc_rewrite_decode(void *ctx, void *state, const pdgw_fwd_request
     return lmc_flow_rewrite(&s->head, req, sse, resp);
 }
 
+static int lmc_rewrite_decode_text(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                                   const char *text, size_t len, pdgw_fwd_text_t *out)
+{
+    lmc_state_t *s = state;
+    (void)ctx;
+    if (s == NULL || !s->first_tok)
+        return 0;
+    return lmc_flow_rewrite_text(&s->head, req, sse, text, len, out);
+}
+
 static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request_t *req,
                                   pdgw_gate_point_t point, pdgw_fwd_error_t *err)
 {
@@ -328,6 +338,7 @@ static const pdgw_fwd_ops_t lmc_ops = {
     .attempt_cleanup = lmc_attempt_cleanup,
     .rewrite_decode = lmc_rewrite_decode,
     .check_instance = lmc_check_instance,
+    .rewrite_decode_text = lmc_rewrite_decode_text,
 };
 
 static const pdgw_fwd_desc_t fwd_lmcache_desc = {

@@ -199,6 +199,14 @@ static void add_head(json_t *out, const lmc_head_t *h, int chat)
     }
 }
 
+json_t *lmc_flow_head_events(const lmc_head_t *h, int chat)
+{
+    json_t *out = json_array();
+    if (out != NULL)
+        add_head(out, h, chat);
+    return out;
+}
+
 /* A text_completion object (chunk or whole answer) as its chat counterpart. */
 static json_t *to_chat(const json_t *c, int sse, const char *prefix)
 {

@@ -57,5 +57,15 @@ void lmc_head_clear(lmc_head_t *head);
  * rewrite_decode). */
 json_t *lmc_flow_rewrite(lmc_head_t *head, const pdgw_fwd_request_t *req, int sse,
                          const json_t *resp);
+/* The events a stream starts with (a new array of objects). */
+json_t *lmc_flow_head_events(const lmc_head_t *h, int chat);
+
+/* ---- the same rewrite on the answer's text (fwd_lmcache_text.c) ---- */
+
+/* pdgw_fwd_ops_t rewrite_decode_text for the first_tok flow: 1 written into <out>, 0
+ * unchanged, -1 lmc_flow_rewrite must do it (chat, an answer the first token ended, text it
+ * does not recognise). */
+int lmc_flow_rewrite_text(lmc_head_t *head, const pdgw_fwd_request_t *req, int sse,
+                          const char *text, size_t len, pdgw_fwd_text_t *out);
 
 #endif /* FWD_LMCACHE_INT_H */

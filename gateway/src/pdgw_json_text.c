@@ -70,7 +70,7 @@ static const char *value_end(const char *p, const char *end)
             break;
         default:
             if (depth == 0) { /* number or literal: up to the next delimiter */
-                while (p < end && *p != ',' && *p != '}' && !is_ws(*p))
+                while (p < end && *p != ',' && *p != '}' && *p != ']' && !is_ws(*p))
                     p++;
                 return p;
             }
@@ -302,6 +302,56 @@ bool pdgw_json_member_value(const char *text, size_t len, const char *name, cons
     *val = last.val;
     *val_len = last.val_len;
     return true;
+}
+
+int pdgw_json_members_find(const char *text, size_t len, const char *const *names,
+                           const char **vals, size_t *val_lens)
+{
+    pdgw_json_members_t it;
+    pdgw_json_member_t m;
+    int got;
+
+    for (size_t i = 0; names[i] != NULL; i++)
+        vals[i] = NULL;
+    if (!pdgw_json_members_begin(&it, text, len))
+        return -1;
+    while ((got = pdgw_json_members_next(&it, &m)) == 0) {
+        if (m.key_escaped)
+            return -1;
+        for (size_t i = 0; names[i] != NULL; i++) {
+            if (strlen(names[i]) == m.key_len && memcmp(m.key, names[i], m.key_len) == 0) {
+                vals[i] = m.val; /* a later one replaces it, as a parser keeps the last */
+                val_lens[i] = m.val_len;
+            }
+        }
+    }
+    if (got != 1 || !pdgw_json_only_ws(it.p, it.end))
+        return -1;
+    return 0;
+}
+
+int pdgw_json_member_find(const char *text, size_t len, const char *name, const char **val,
+                          size_t *val_len)
+{
+    const char *names[] = {name, NULL};
+    if (pdgw_json_members_find(text, len, names, val, val_len) != 0)
+        return -1;
+    return *val != NULL;
+}
+
+int pdgw_json_array_first(const char *text, size_t len, const char **val, size_t *val_len)
+{
+    const char *end = text + len, *p = skip_ws(text, end), *q;
+    if (p >= end || *p != '[')
+        return -1;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == ']')
+        return 0;
+    if ((q = value_end(p, end)) == NULL || q == p)
+        return -1;
+    *val = p;
+    *val_len = (size_t)(q - p);
+    return 1;
 }
 
 json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name)

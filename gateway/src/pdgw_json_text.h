@@ -70,6 +70,20 @@ bool pdgw_json_member_value(const char *text, size_t len, const char *name, cons
 bool pdgw_json_last_member(const char *text, size_t len, const char *name, const char **val,
                            size_t *val_len);
 
+/* The same with every name checked: 1 found, 0 no such member, -1 when the text is not one
+ * object or a member's name is written with escapes (as written it may not be the name a
+ * parser reads). For rewriting an answer on its text, where a missed member would change it. */
+int pdgw_json_member_find(const char *text, size_t len, const char *name, const char **val,
+                          size_t *val_len);
+/* Several members in one walk: for each name of the NULL-terminated <names>, vals[i] /
+ * val_lens[i] its value's bytes (vals[i] NULL when there is none). 0, or -1 as above. */
+int pdgw_json_members_find(const char *text, size_t len, const char *const *names,
+                           const char **vals, size_t *val_lens);
+
+/* The first element of the array at <text> (leading whitespace allowed): 1 found, 0 the array
+ * is empty, -1 it is not an array. Only the element's bounds are checked. */
+int pdgw_json_array_first(const char *text, size_t len, const char **val, size_t *val_len);
+
 /* The id list (as above) under the top-level member <name> of the object <text>; NULL when
  * there is none. */
 json_t *pdgw_json_member_id_list(const char *text, size_t len, const char *name);

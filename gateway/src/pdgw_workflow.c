@@ -13,6 +13,7 @@
  * A failure before the first byte reached the client may be retried on other instances.
  */
 #include "pdgw_fwd_sdk.h"
+#include "pdgw_fwd_text.h"
 #include "pdgw_server_int.h"
 #include "pdgw_body_splice.h"
 #include "pdgw_json_dump.h"
@@ -1047,6 +1048,16 @@ static bool wf_rewrite_event(pdgw_wf_t *wf, const pdgw_sse_event_t *ev)
     size_t i;
     if (ev->is_done || !ev->has_data || !wf_rewrites(wf))
         return false;
+    if (ops->rewrite_decode_text != NULL) {
+        pdgw_fwd_text_t t = {0};
+        int got = ops->rewrite_decode_text(wf->fwd_ctx, wf->fwd_state, &wf->freq, 1, ev->data,
+                                           ev->data_len, &t);
+        if (got == 1 && t.buf.len > 0)
+            pdgw_req_out_append(r, t.buf.data, t.buf.len);
+        pdgw_buf_free(&t.buf);
+        if (got >= 0)
+            return got == 1;
+    }
     in = pdgw_json_loadb(ev->data, ev->data_len, NULL);
     if (in == NULL)
         return false;
@@ -1079,6 +1090,16 @@ static char *wf_rewrite_reply(pdgw_wf_t *wf, const pdgw_leg_t *leg, size_t *len,
     char *s;
     if (leg->status < 200 || leg->status >= 300 || !wf_rewrites(wf))
         return NULL;
+    if (ops->rewrite_decode_text != NULL) {
+        pdgw_fwd_text_t t = {0};
+        int got = ops->rewrite_decode_text(wf->fwd_ctx, wf->fwd_state, &wf->freq, 0,
+                                           leg->resp.data ? leg->resp.data : "", leg->resp.len, &t);
+        if (got == 1)
+            return pdgw_buf_steal(&t.buf, len); /* its usage is read from the text */
+        pdgw_buf_free(&t.buf);
+        if (got == 0)
+            return NULL;
+    }
     /* a whole answer: its text can be thousands of tokens long */
     in = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);
     if (in == NULL)

@@ -169,6 +169,9 @@ typedef struct pdgw_fwd_request {
     struct pdgw_fwd_arena *arena;
 } pdgw_fwd_request_t;
 
+/* A text the gateway owns, written by rewrite_decode_text (pdgw_fwd_text_append ...). */
+typedef struct pdgw_fwd_text pdgw_fwd_text_t;
+
 /* The instances of this attempt. Members are NULL when not (yet) chosen:
  * in staged mode `decode` is NULL while building the prefill leg. */
 typedef struct pdgw_fwd_peers {
@@ -321,6 +324,17 @@ typedef struct pdgw_fwd_ops {
      * others, and their answers are relayed without being parsed. Asked on the request's
      * worker, any number of times; the answer must not change during an attempt. */
     int (*rewrites_decode)(void *ctx, void *state, const pdgw_fwd_request_t *req);
+
+    /* rewrite_decode done on the text (optional; tried first, for the same answers and
+     * events): `text` is one SSE event's data (`sse` set) or a whole 2xx non-stream answer, as
+     * the decode sent it. Return 1 with the replacement written into `out` (an event: the
+     * events sent in its place, each written whole as "data: <json>\n\n", none = drop it; an
+     * answer: the body sent instead), 0 to relay it unchanged, -1 when this one needs the parse
+     * (`out` is then discarded and rewrite_decode gets the tree). A rewrite that changes a few
+     * values of a long answer costs a copy of its bytes instead of a parse, a tree and a
+     * serialisation (the pdgw_fwd_text_* and pdgw_fwd_json_* helpers below). */
+    int (*rewrite_decode_text)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
+                               const char *text, size_t len, pdgw_fwd_text_t *out);
 } pdgw_fwd_ops_t;
 
 /* ---- option tables (ABI 4) ----
@@ -655,6 +669,32 @@ json_t *pdgw_fwd_answer_ids(const char *answer, size_t len, const char *name);
 json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *name, size_t *count);
 json_t *pdgw_fwd_ids_text_from(const json_t *array, size_t *count);
 json_t *pdgw_fwd_ids_text_append(const json_t *ids, json_int_t id);
+
+/* Answers rewritten on their text (rewrite_decode_text). The output buffer is the gateway's;
+ * each append returns 0, or -1 on no memory (or, escaped, text that is not UTF-8).
+ * pdgw_fwd_text_append_escaped: <s> as the inside of a JSON string (no quotes), escaped as
+ *   the gateway escapes every string it writes.
+ * pdgw_fwd_text_append_json: <v> serialised compactly.
+ * pdgw_fwd_json_member: the bytes of the member <name> of the object at <text> (the last one
+ *   when a name repeats, as a parser keeps it): 1 found, 0 none, -1 when the text is not one
+ *   object or a name in it is written with escapes (then parse). Only bounds are checked: use
+ *   it on text a parser would accept, such as an engine's answer.
+ * pdgw_fwd_json_members: several members in one walk of <text>: for each name of the
+ *   NULL-terminated <names>, vals[i] / val_lens[i] (vals[i] NULL when there is none); 0, or
+ *   -1 as above.
+ * pdgw_fwd_json_first: the first element of the array at <text>: 1, 0 when it is empty, -1
+ *   when it is not an array.
+ * pdgw_fwd_json_int: the integer at <text> (-?digits, no fraction or exponent, within
+ *   int64): 1 with *v, else 0. */
+int pdgw_fwd_text_append(pdgw_fwd_text_t *t, const char *s, size_t n);
+int pdgw_fwd_text_append_escaped(pdgw_fwd_text_t *t, const char *s, size_t n);
+int pdgw_fwd_text_append_json(pdgw_fwd_text_t *t, const json_t *v);
+int pdgw_fwd_json_member(const char *text, size_t len, const char *name, const char **val,
+                         size_t *val_len);
+int pdgw_fwd_json_members(const char *text, size_t len, const char *const *names, const char **vals,
+                          size_t *val_lens);
+int pdgw_fwd_json_first(const char *text, size_t len, const char **val, size_t *val_len);
+int pdgw_fwd_json_int(const char *text, size_t len, int64_t *v);
 
 /* Logging and a forwarder-specific counter (exposed on /metrics as
  * pdgw_fwd_<name>_total{protocol="..."}); both thread-safe. */
