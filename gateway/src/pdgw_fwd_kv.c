@@ -11,6 +11,7 @@
 #include <pdgw/forwarder.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_kvctl.h"
 
 struct pdgw_fwd_kv_client {
     kvt_proxy_t *proxy;
@@ -81,6 +82,51 @@ pdgw_fwd_status_t pdgw_fwd_kv_cancel(pdgw_fwd_kv_client_t *c, const char *host, 
         return PDGW_FWD_ERR;
     }
     return PDGW_FWD_OK;
+}
+
+int pdgw_kvctl_client_reserve_send(pdgw_fwd_kv_client_t *c, const char *host, int port,
+                                   const char *id, int64_t chunks, int64_t ttl_ms, char *why,
+                                   size_t cap)
+{
+    kvt_status_t st;
+    if (port <= 0 || port > 65535) {
+        snprintf(why, cap, "bad port %d", port);
+        return -1;
+    }
+    st = kvt_proxy_reserve_send(c->proxy, host, (uint16_t)port, id, chunks, ttl_ms);
+    if (st != KVT_OK) {
+        snprintf(why, cap, "%s", kvt_strerror(st));
+        return -1;
+    }
+    return 0;
+}
+
+int pdgw_kvctl_client_reserve_recv(pdgw_fwd_kv_client_t *c, pdgw_kvctl_answer_t *a)
+{
+    kvt_proxy_reply_t r;
+    if (kvt_proxy_reserve_recv(c->proxy, &r) != KVT_OK)
+        return 0;
+    snprintf(a->ep, sizeof(a->ep), "%s", r.ep);
+    snprintf(a->req_id, sizeof(a->req_id), "%s", r.req_id);
+    a->granted = r.granted;
+    a->free_chunks = r.free_chunks;
+    return 1;
+}
+
+size_t pdgw_kvctl_client_fds(pdgw_fwd_kv_client_t *c, int *fds, size_t max)
+{
+    return kvt_proxy_reserve_fds(c->proxy, fds, max);
+}
+
+void pdgw_kvctl_client_forget(pdgw_fwd_kv_client_t *c, const char *host, int port)
+{
+    if (port > 0 && port <= 65535)
+        kvt_proxy_reserve_drop(c->proxy, host, (uint16_t)port);
+}
+
+void pdgw_kvctl_client_endpoint(const char *host, int port, char *ep, size_t cap)
+{
+    kvt_proxy_reserve_endpoint(host, (uint16_t)(port > 0 && port <= 65535 ? port : 0), ep, cap);
 }
 
 int pdgw_fwd_kv_proxy_notif_decode(const void *data, size_t len, char *req_id, size_t cap)

@@ -83,75 +83,6 @@ int pdgw_kvctl_push_cancel_locked(pdgw_fwd_kv_svc_t *kv, const kvctl_dest_t *des
     return 1;
 }
 
-static int port_muted(pdgw_fwd_kv_svc_t *kv, const char *host, int port)
-{
-    int64_t now = pdgw_fwd_now_ms();
-    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
-        if (kv->mute[i].port == port && kv->mute[i].until_ms > now &&
-            strcmp(kv->mute[i].host, host) == 0)
-            return 1;
-    return 0;
-}
-
-static void port_mute(pdgw_fwd_kv_svc_t *kv, const char *host, int port)
-{
-    int slot = 0;
-    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
-        if (kv->mute[i].until_ms < kv->mute[slot].until_ms)
-            slot = i; /* the oldest (or an unused) entry */
-    snprintf(kv->mute[slot].host, sizeof(kv->mute[slot].host), "%s", host);
-    kv->mute[slot].port = port;
-    kv->mute[slot].until_ms = pdgw_fwd_now_ms() + KVCTL_MUTE_MS;
-}
-
-static void run_reserve(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
-{
-    int granted_all = 1, failed = 0, i;
-    int64_t min_free = -1;
-    for (i = 0; i < j->dest.nports; i++) {
-        int granted = 0;
-        int64_t free_chunks = -1;
-        char why[128];
-        pdgw_fwd_status_t st;
-        if (port_muted(kv, j->dest.host, j->dest.ports[i])) {
-            failed = 1; /* did not answer lately: go on unreserved without waiting again */
-            break;
-        }
-        st = pdgw_fwd_kv_reserve(kv->proxy, j->dest.host, j->dest.ports[i], j->id, j->chunks,
-                                 j->ttl_ms, (int)j->timeout_ms, &granted, &free_chunks, why,
-                                 sizeof(why));
-        if (st != PDGW_FWD_OK) {
-            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
-                         "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
-                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], why, KVCTL_MUTE_MS);
-            port_mute(kv, j->dest.host, j->dest.ports[i]);
-            failed = 1;
-            break;
-        }
-        if (!granted)
-            granted_all = 0;
-        if (free_chunks >= 0 && (min_free < 0 || free_chunks < min_free))
-            min_free = free_chunks;
-    }
-    pthread_mutex_lock(&kv->lock);
-    if (!j->q->ended) {
-        j->q->free_chunks = min_free;
-        j->q->res = failed ? RES_FAILED : granted_all ? RES_GRANTED : RES_REFUSED;
-        pdgw_kvctl_wake_locked(j->q);
-    } else if (!failed) {
-        /* The attempt ended while we asked: give the pages back at once. */
-        (void)pdgw_kvctl_push_cancel_locked(kv, &j->dest, j->id, 1);
-    }
-    pdgw_kvctl_unlock(kv);
-    pdgw_kvctl_count(kv,
-                     failed        ? "reserve_errors"
-                     : granted_all ? "reserve_granted"
-                                   : "reserve_refused",
-                     failed        ? "ReserveRequests without an answer."
-                     : granted_all ? "ReserveRequests granted."
-                                   : "ReserveRequests refused.");
-}
-
 static void run_cancel(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
 {
     int i;
@@ -208,13 +139,17 @@ static void check_deadlines_locked(pdgw_fwd_kv_svc_t *kv, int64_t now, int64_t *
     pdgw_kvctl_tombs_expire_locked(kv, now, KVCTL_TOMB_TTL_MS);
 }
 
+/* The descriptors the thread waits on: its kick, the notice listener and relay, and the
+ * sockets reservations wait for answers on. */
+#define KVCTL_POLL_FDS (4 + 64)
+
 static void *kvctl_main(void *arg)
 {
     pdgw_fwd_kv_svc_t *kv = arg;
     for (;;) {
-        struct pollfd pf[4];
-        int fds[2];
-        int npf = 1, timeout = KVCTL_POLL_MS;
+        struct pollfd pf[KVCTL_POLL_FDS];
+        int fds[KVCTL_POLL_FDS];
+        int npf = 1, timeout = KVCTL_POLL_MS, stopping;
         int64_t next = -1, now;
         kvctl_job_t *j;
         uint64_t v;
@@ -230,9 +165,12 @@ static void *kvctl_main(void *arg)
         }
         if (kv->relay && (pf[npf].fd = pdgw_notif_relay_fd(kv->relay)) >= 0)
             pf[npf++].events = POLLIN;
-        pdgw_kvctl_drain_notifs(kv); /* ZMQ_FD is edge-style: always drain before waiting */
+        /* ZMQ_FD is edge-style: always drain before waiting */
+        pdgw_kvctl_drain_notifs(kv);
+        pdgw_kvctl_reserve_drain(kv);
         pthread_mutex_lock(&kv->lock);
-        if (kv->stop && kv->jobs == NULL) {
+        stopping = kv->stop;
+        if (stopping && kv->jobs == NULL && kv->asking == NULL) {
             pthread_mutex_unlock(&kv->lock);
             break;
         }
@@ -240,14 +178,24 @@ static void *kvctl_main(void *arg)
         j = take_job_locked(kv, now, &next);
         check_deadlines_locked(kv, now, &next);
         pdgw_kvctl_unlock(kv);
+        pdgw_kvctl_reserve_expire(kv, now, stopping, &next);
         if (j != NULL) {
-            if (j->cancel)
-                run_cancel(kv, j);
-            else if (!j->skip) /* ended attempts never reserve */
-                run_reserve(kv, j);
-            pdgw_kvctl_req_unref(j->q);
-            pdgw_free(j);
+            if (j->cancel || j->skip) { /* ended attempts never reserve */
+                if (j->cancel)
+                    run_cancel(kv, j);
+                pdgw_kvctl_req_unref(j->q);
+                pdgw_free(j);
+            } else {
+                pdgw_kvctl_reserve_start(kv, j); /* owns it from here on */
+            }
             continue;
+        }
+        if (kv->asking != NULL) { /* listed last: expiring ones closed their sockets */
+            size_t nr = pdgw_kvctl_client_fds(kv->proxy, fds, (size_t)(KVCTL_POLL_FDS - npf));
+            for (size_t i = 0; i < nr; i++) {
+                pf[npf].fd = fds[i];
+                pf[npf++].events = POLLIN;
+            }
         }
         if (next >= 0 && next - now < timeout)
             timeout = next > now ? (int)(next - now) : 0;

@@ -1,7 +1,8 @@
 /*
  * pdgw_kvctl.h - the KV control service behind forwarder.h (pdgw_fwd_kv_svc_*,
  * pdgw_fwd_kv_req_*): its objects, shared by
- *   pdgw_kvctl.c       life and the service thread (reservation and cancel jobs, deadlines),
+ *   pdgw_kvctl.c       life and the service thread (its jobs, deadlines),
+ *   pdgw_kvctl_reserve.c ReserveRequests in flight (on the service thread),
  *   pdgw_kvctl_notif.c ProxyNotif counting and sender checks (on the service thread),
  *   pdgw_kvctl_req.c   the per-attempt calls forwarders make from their request ops,
  *   pdgw_kvctl_index.c waiters and tombstones by request id.
@@ -78,6 +79,11 @@ typedef struct kvctl_job {
     kvctl_dest_t dest;
     char id[KVCTL_ID_MAX];
     int64_t chunks, ttl_ms, timeout_ms;
+    /* a reservation in flight (pdgw_kvctl_reserve.c; service thread only) */
+    unsigned char res_asked[KVCTL_MAX_PORTS]; /* asked, no answer yet */
+    int res_waiting;                          /* how many of them */
+    int res_granted_all, res_failed;
+    int64_t res_min_free, res_deadline_ms;
 } kvctl_job_t;
 
 /* A resolved host name (control thread only): a prefill named by DNS name is compared by the
@@ -113,6 +119,7 @@ struct pdgw_fwd_kv_svc {
     pthread_mutex_t lock;
     int stop;
     kvctl_job_t *jobs;
+    kvctl_job_t *asking; /* reservations waiting for their answers (service thread only) */
     kvctl_tomb_t *tombs, *tomb_tail; /* oldest first */
     size_t n_tombs;
     kvctl_tomb_t *tomb_hash[KVCTL_HASH];
@@ -170,6 +177,35 @@ void pdgw_kvctl_tombs_expire_locked(pdgw_fwd_kv_svc_t *kv, int64_t now_ms, int64
 
 /* Read every queued notice of the listener and the relay (service thread). */
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
+
+/* ---- reservations in flight (pdgw_kvctl_reserve.c; service thread) ---- */
+/* Ask every port of <j> (taken off kv->jobs; owned from here on): it waits on kv->asking for
+ * its answers, or ends at once (a port muted or not reachable). */
+void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j);
+/* Take every answer that arrived; a reservation with all of them ends. */
+void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv);
+/* End the reservations whose time ran out (all of them when <stopping>): their silent ports
+ * are muted; *next_ms gets the earliest deadline still armed. */
+void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping, int64_t *next_ms);
+
+/* ---- the KV control client's asynchronous reservations (pdgw_fwd_kv.c) ---- */
+typedef struct pdgw_kvctl_answer {
+    char ep[300]; /* the port's endpoint, as pdgw_kvctl_client_endpoint writes it */
+    char req_id[256];
+    int granted;
+    int64_t free_chunks;
+} pdgw_kvctl_answer_t;
+/* Send ReserveRequest{id, chunks, ttl_ms} to host:port; 0, or -1 with <why>. */
+int pdgw_kvctl_client_reserve_send(pdgw_fwd_kv_client_t *c, const char *host, int port,
+                                   const char *id, int64_t chunks, int64_t ttl_ms, char *why,
+                                   size_t cap);
+/* 1 with the next ReserveResponse that arrived, 0 when none waits. */
+int pdgw_kvctl_client_reserve_recv(pdgw_fwd_kv_client_t *c, pdgw_kvctl_answer_t *a);
+/* The descriptors to poll for answers (edge-style: drain before waiting). */
+size_t pdgw_kvctl_client_fds(pdgw_fwd_kv_client_t *c, int *fds, size_t max);
+/* Close host:port's socket (its answer came too late to be used). */
+void pdgw_kvctl_client_forget(pdgw_fwd_kv_client_t *c, const char *host, int port);
+void pdgw_kvctl_client_endpoint(const char *host, int port, char *ep, size_t cap);
 
 /* Wake <q>'s request once the lock is dropped (lock held): a worker woken while the lock is
  * still held would block on it at once. */

@@ -4,6 +4,7 @@
  * timeout, CancelNotif. A DEALER that missed a reply is closed and replaced.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,7 +178,7 @@ static proxy_dealer_t *dealer_get(kvt_proxy_t *p, const char *host, uint16_t por
     int zero = 0;
     int64_t maxmsg = KVT_MSG_MAX_BYTES;
 
-    snprintf(ep, sizeof(ep), "tcp://%s:%u", host, (unsigned)port);
+    kvt_proxy_reserve_endpoint(host, port, ep, sizeof(ep));
     for (int i = 0; i < PROXY_MAX_DEALERS; i++) {
         if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0)
             return &p->dealers[i];
@@ -297,6 +298,114 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
         }
         kvt_msg_clear(&r); /* a stale answer of an earlier request */
     }
+}
+
+kvt_status_t kvt_proxy_reserve_send(kvt_proxy_t *p, const char *host, uint16_t alloc_port,
+                                    const char *req_id, int64_t total_chunks, int64_t ttl_ms)
+{
+    proxy_dealer_t *d;
+    kvt_msg_t m;
+    kvt_status_t st;
+
+    if (p == NULL || host == NULL || alloc_port == 0 || req_id == NULL || req_id[0] == '\0' ||
+        total_chunks < 0)
+        return KVT_ERR_INVALID;
+    d = dealer_get(p, host, alloc_port);
+    if (d == NULL)
+        return KVT_ERR_IO;
+    kvt_msg_init(&m, KVT_MSG_RESERVE_REQUEST);
+    m.u.reserve_req.req_id = (char *)req_id;
+    m.u.reserve_req.total_chunks = total_chunks;
+    m.u.reserve_req.ttl_ms = ttl_ms;
+    st = send_msg(d->sock, &m);
+    if (st != KVT_OK)
+        dealer_drop(d);
+    return st;
+}
+
+/* The payload of the next message on <sock> (a REP-style empty delimiter skipped); false when
+ * none is waiting. */
+static bool dealer_next(void *sock, zmq_msg_t *f)
+{
+    int more = 0;
+    size_t ml = sizeof(more);
+    zmq_msg_init(f);
+    if (kvt_zmq_msg_recv(f, sock, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(f);
+        return false;
+    }
+    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml);
+    while (more) { /* the payload is the last frame */
+        zmq_msg_close(f);
+        zmq_msg_init(f);
+        if (kvt_zmq_msg_recv(f, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(f);
+            return false;
+        }
+        ml = sizeof(more);
+        zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml);
+    }
+    return true;
+}
+
+kvt_status_t kvt_proxy_reserve_recv(kvt_proxy_t *p, kvt_proxy_reply_t *out)
+{
+    if (p == NULL || out == NULL)
+        return KVT_ERR_INVALID;
+    for (int i = 0; i < PROXY_MAX_DEALERS; i++) {
+        proxy_dealer_t *d = &p->dealers[i];
+        zmq_msg_t f;
+        while (d->sock != NULL && dealer_next(d->sock, &f)) {
+            kvt_msg_t r;
+            kvt_status_t st = kvt_msg_decode(zmq_msg_data(&f), zmq_msg_size(&f), &r, NULL);
+            zmq_msg_close(&f);
+            if (st != KVT_OK) {
+                p->bad++;
+                continue;
+            }
+            if (r.type != KVT_MSG_RESERVE_RESPONSE || r.u.reserve_resp.req_id == NULL ||
+                strlen(r.u.reserve_resp.req_id) >= sizeof(out->req_id)) {
+                p->bad++;
+                kvt_msg_clear(&r);
+                continue;
+            }
+            snprintf(out->ep, sizeof(out->ep), "%s", d->ep);
+            snprintf(out->req_id, sizeof(out->req_id), "%s", r.u.reserve_resp.req_id);
+            out->granted = r.u.reserve_resp.granted;
+            out->free_chunks = r.u.reserve_resp.free_chunks;
+            kvt_msg_clear(&r);
+            return KVT_OK;
+        }
+    }
+    return KVT_ERR_TIMEOUT;
+}
+
+size_t kvt_proxy_reserve_fds(kvt_proxy_t *p, int *fds, size_t max)
+{
+    size_t n = 0;
+    for (int i = 0; p != NULL && i < PROXY_MAX_DEALERS && n < max; i++) {
+        int fd;
+        size_t fl = sizeof(fd);
+        if (p->dealers[i].sock != NULL && zmq_getsockopt(p->dealers[i].sock, ZMQ_FD, &fd, &fl) == 0)
+            fds[n++] = fd;
+    }
+    return n;
+}
+
+void kvt_proxy_reserve_drop(kvt_proxy_t *p, const char *host, uint16_t alloc_port)
+{
+    char ep[300];
+    if (p == NULL || host == NULL)
+        return;
+    kvt_proxy_reserve_endpoint(host, alloc_port, ep, sizeof(ep));
+    for (int i = 0; i < PROXY_MAX_DEALERS; i++)
+        if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0)
+            dealer_drop(&p->dealers[i]);
+}
+
+void kvt_proxy_reserve_endpoint(const char *host, uint16_t alloc_port, char *ep, size_t cap)
+{
+    snprintf(ep, cap, "tcp://%s:%u", host, (unsigned)alloc_port);
 }
 
 kvt_status_t kvt_proxy_cancel(kvt_proxy_t *p, const char *host, uint16_t alloc_port,

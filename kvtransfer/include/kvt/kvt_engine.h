@@ -251,6 +251,30 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
                                const char *req_id, int64_t total_chunks, int64_t ttl_ms,
                                int timeout_ms, int *granted_out, int64_t *free_chunks_out);
 
+/* The same without waiting, for a loop that keeps many reservations in flight at once
+ * (one receiver that does not answer must not hold up the others):
+ *  - kvt_proxy_reserve_send sends the ReserveRequest on host:alloc_port's socket;
+ *  - kvt_proxy_reserve_recv gives the next ReserveResponse that arrived on any of them
+ *    (KVT_ERR_TIMEOUT when none is waiting; garbage is counted and skipped), with the
+ *    endpoint it came from as kvt_proxy_reserve_endpoint writes it; a caller matches it to
+ *    its request by endpoint and req_id;
+ *  - kvt_proxy_reserve_fds lists the sockets' descriptors (ZMQ_FD, edge-style: call
+ *    kvt_proxy_reserve_recv until KVT_ERR_TIMEOUT before waiting on them);
+ *  - kvt_proxy_reserve_drop closes the socket of a receiver whose answer did not come in
+ *    time: it is never reused, so an answer that comes later is never taken for another. */
+typedef struct kvt_proxy_reply {
+    char ep[300];
+    char req_id[256];
+    int granted;
+    int64_t free_chunks;
+} kvt_proxy_reply_t;
+kvt_status_t kvt_proxy_reserve_send(kvt_proxy_t *p, const char *host, uint16_t alloc_port,
+                                    const char *req_id, int64_t total_chunks, int64_t ttl_ms);
+kvt_status_t kvt_proxy_reserve_recv(kvt_proxy_t *p, kvt_proxy_reply_t *out);
+size_t kvt_proxy_reserve_fds(kvt_proxy_t *p, int *fds, size_t max);
+void kvt_proxy_reserve_drop(kvt_proxy_t *p, const char *host, uint16_t alloc_port);
+void kvt_proxy_reserve_endpoint(const char *host, uint16_t alloc_port, char *ep, size_t cap);
+
 /* CancelNotif{req_id, keys} to the receiver at host:alloc_port (fire and
  * forget; the receiver releases everything of req_id). */
 kvt_status_t kvt_proxy_cancel(kvt_proxy_t *p, const char *host, uint16_t alloc_port,

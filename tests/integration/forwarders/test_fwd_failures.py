@@ -183,7 +183,7 @@ class FakeAllocPort:
     """A libkvt receiver's alloc port that answers ReserveRequest as told (ZMQ ROUTER,
     msgpack maps with "type" first) and records every message."""
 
-    def __init__(self, grant_after):
+    def __init__(self, grant_after, silent=False):
         import threading
         import msgpack
         import zmq
@@ -192,6 +192,7 @@ class FakeAllocPort:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.grant_after = grant_after  # refuse this many ReserveRequests first (None = never)
+        self.silent = silent  # record, never answer
         self.msgs = []
         self.stop = False
         self.th = threading.Thread(target=self.serve, daemon=True)
@@ -207,7 +208,7 @@ class FakeAllocPort:
             ident, payload = frames[0], frames[-1]
             m = self.msgpack.unpackb(payload, raw=False)
             self.msgs.append(m)
-            if m.get("type") == "ReserveRequest":
+            if m.get("type") == "ReserveRequest" and not self.silent:
                 n = sum(1 for x in self.msgs if x.get("type") == "ReserveRequest")
                 ok = self.grant_after is not None and n > self.grant_after
                 self.sock.send_multipart([ident, b"", self.msgpack.packb(
@@ -370,6 +371,56 @@ def test_reservation_engines_without_libkvt():
         gw.stop()
 
 
+def test_silent_alloc_port_holds_up_no_other_reservation():
+    """Reservations wait for their answers side by side: while one waits out
+    reserve_timeout_ms on an alloc port that never answers, another decode's reservation is
+    answered and its request served at once. (Asked one at a time, every request of the
+    protocol would wait behind the silent port.)"""
+    import threading
+    silent, ok = FakeAllocPort(None, silent=True), FakeAllocPort(grant_after=0)
+    P, D = env["noproxyP"], env["D"]
+    mute = dict(D.instance(), id="decode-mute", alloc_ports=[silent.port])
+    good = dict(D.instance(), alloc_ports=[ok.port])
+    gw = Gateway("vllm-kvt", "batch", [P.instance(), mute, good], {"reserve_timeout_ms": 4000},
+                 retries=0, top={"decode_policy": "round-robin"})
+    done, threads = {}, []
+
+    def send(rid):
+        t0 = time.time()
+        st, _, _, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                    {"X-Request-Id": rid})
+        done[rid] = (st, time.time() - t0, raw)
+
+    try:
+        # round-robin starts on either decode: send until one request waits on the silent port
+        for k in range(2):
+            rid = f"sl-{k}-" + uuid.uuid4().hex[:8]
+            th = threading.Thread(target=send, args=(rid,))
+            th.start()
+            threads.append(th)
+            poll(lambda: rid in done or silent.of("ReserveRequest"), "no reservation asked")
+            if silent.of("ReserveRequest"):
+                break
+        assert len(silent.of("ReserveRequest")) == 1 and len(done) == len(threads) - 1, done
+        rid = "sl-next-" + uuid.uuid4().hex[:8]
+        send(rid)  # the good decode's turn
+        st, took, raw = done[rid]
+        assert st == 200, raw
+        assert ok.of("ReserveRequest")[-1]["req_id"] == D.records(rid)[0]["request_id"]
+        # well short of the 4 s the silent port's reservation waits, however loaded the machine
+        assert took < 2.0, took
+        assert len(done) == len(threads), "the silent port's request ended early"
+        for th in threads:
+            th.join(10)
+        assert all(v[0] == 200 for v in done.values()), done  # it went on unreserved
+        assert gw.metric("pdgw_fwd_reserve_errors_total", {"protocol": "vllm-kvt"}) == 1
+        wait_idle(sims())
+    finally:
+        gw.stop()
+        silent.close()
+        ok.close()
+
+
 def test_decode_retry_repicks_decode_only():
     """A decode whose front refuses the request (503, the engine never saw it) is replaced by
     another decode; the prefill is neither re-picked nor re-run (vllm-nixl / mooncake serial /
@@ -478,6 +529,7 @@ def main():
     tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
     tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
               test_reservation_refused_repicks_decode, test_reservation_engines_without_libkvt,
+              test_silent_alloc_port_holds_up_no_other_reservation,
               test_prefill_without_kv_params_counted, test_decode_retry_repicks_decode_only,
               test_decode_overload_backs_off_keeping_the_prefill,
               test_decode_engine_refusal_reruns_prefill,

@@ -3,9 +3,11 @@
  * ProxyNotif through the PULL and its fd in an epoll loop (edge-style
  * ZMQ_FD handled by draining until KVT_ERR_TIMEOUT), garbage on the PULL
  * counted and skipped, ReserveRequest with a timeout against a peer that
- * never answers (the socket is replaced, the next reserve works), and the
+ * never answers (the socket is replaced, the next reserve works), reservations
+ * in flight side by side without waiting, and the
  * sender's ProxyNotif only after the LAST batch of a request completed.
  */
+#include <poll.h>
 #include <sys/epoll.h>
 #include <stdatomic.h>
 #include <zmq.h>
@@ -111,6 +113,57 @@ static void test_reserve_timeout_replaces_socket(void **state)
         KVT_ERR_TIMEOUT);
     assert_int_equal(kvt_proxy_reserve(px, NULL, port, "q", 1, 1, 1, &granted, NULL),
                      KVT_ERR_INVALID);
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    zmq_close(mute);
+    zmq_ctx_term(ctx);
+}
+
+/* Reservations without waiting: one to a receiver that never answers and one to a real one
+ * are in flight at once; the real one's answer comes back with its endpoint while the other is
+ * still unanswered, and a dropped socket never hands a late answer to anyone. */
+static void test_reserve_in_flight_side_by_side(void **state)
+{
+    kvt_proxy_t *px;
+    void *ctx = zmq_ctx_new(), *mute = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64], want[300];
+    size_t l = sizeof(ep);
+    uint16_t port;
+    int zero = 0, fds[8];
+    kvt_proxy_reply_t r;
+    kvt_status_t st = KVT_ERR_TIMEOUT;
+    t_pair_t p;
+    (void)state;
+
+    zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(mute, "tcp://127.0.0.1:*"), 0);
+    zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, ep, &l);
+    port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 8 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
+    assert_int_equal(kvt_proxy_reserve_recv(px, &r), KVT_ERR_TIMEOUT); /* nothing asked */
+    assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", port, "slow", 1, 1000), KVT_OK);
+    assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", p.rp.alloc_port, "fast", 3, 1000),
+                     KVT_OK);
+    assert_int_equal(kvt_proxy_reserve_fds(px, fds, 8), 2);
+    for (uint64_t end = t_now_ms() + 5000; st != KVT_OK && t_now_ms() < end;) {
+        struct pollfd pf[2] = {{.fd = fds[0], .events = POLLIN}, {.fd = fds[1], .events = POLLIN}};
+        st = kvt_proxy_reserve_recv(px, &r); /* edge-style: drain before waiting */
+        if (st != KVT_OK)
+            (void)poll(pf, 2, 50);
+    }
+    assert_int_equal(st, KVT_OK);
+    kvt_proxy_reserve_endpoint("127.0.0.1", p.rp.alloc_port, want, sizeof(want));
+    assert_string_equal(r.ep, want);
+    assert_string_equal(r.req_id, "fast");
+    assert_int_equal(r.granted, 1);
+    assert_int_equal(r.free_chunks, 5);
+    assert_int_equal(kvt_proxy_reserve_recv(px, &r), KVT_ERR_TIMEOUT);
+    /* the silent one is given up: its socket is gone, the next ask makes a new one */
+    kvt_proxy_reserve_drop(px, "127.0.0.1", port);
+    assert_int_equal(kvt_proxy_reserve_fds(px, fds, 8), 1);
+    assert_int_equal(kvt_proxy_reserve_send(px, NULL, port, "x", 1, 1), KVT_ERR_INVALID);
+    assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", port, "", 1, 1), KVT_ERR_INVALID);
     t_pair_close(&p);
     kvt_proxy_destroy(px);
     zmq_close(mute);
@@ -289,6 +342,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_proxy_notif_epoll),
         cmocka_unit_test(test_reserve_timeout_replaces_socket),
+        cmocka_unit_test(test_reserve_in_flight_side_by_side),
         cmocka_unit_test(test_proxy_notif_after_last_batch),
         cmocka_unit_test(test_dead_receiver_timeout),
         cmocka_unit_test(test_notif_means_landed_push),

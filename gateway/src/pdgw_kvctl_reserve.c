@@ -1,0 +1,180 @@
+/*
+ * pdgw_kvctl_reserve.c - ReserveRequests of the KV control service (service thread), any number
+ * in flight at once.
+ *
+ * A reservation asks every alloc port (TP rank) of the chosen decode at once and waits for
+ * their answers among the thread's other work: the answers arrive on the client's sockets,
+ * which the thread polls beside its notices. Waiting for each answer in turn would hold every
+ * other reservation, ProxyNotif and deadline of the protocol behind the slowest receiver, and
+ * one that does not answer would stop them all for reserve_timeout_ms.
+ *
+ * Outcome per request, as before: granted by every port, refused by one, or failed (a port did
+ * not answer in time, could not be asked, or was muted: it did not answer lately and is not
+ * asked again for KVCTL_MUTE_MS); the request goes on unreserved after a failure.
+ */
+#include "pdgw_kvctl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+
+static int port_muted(pdgw_fwd_kv_svc_t *kv, const char *host, int port, int64_t now)
+{
+    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
+        if (kv->mute[i].port == port && kv->mute[i].until_ms > now &&
+            strcmp(kv->mute[i].host, host) == 0)
+            return 1;
+    return 0;
+}
+
+static void port_mute(pdgw_fwd_kv_svc_t *kv, const char *host, int port, int64_t now)
+{
+    int slot = 0;
+    for (int i = 0; i < KVCTL_MUTE_MAX; i++)
+        if (kv->mute[i].until_ms < kv->mute[slot].until_ms)
+            slot = i; /* the oldest (or an unused) entry */
+    snprintf(kv->mute[slot].host, sizeof(kv->mute[slot].host), "%s", host);
+    kv->mute[slot].port = port;
+    kv->mute[slot].until_ms = now + KVCTL_MUTE_MS;
+}
+
+/* Hand the outcome to the request, free the job. */
+static void finish(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+{
+    int failed = j->res_failed, granted_all = j->res_waiting == 0 && j->res_granted_all;
+    pthread_mutex_lock(&kv->lock);
+    if (!j->q->ended) {
+        j->q->free_chunks = j->res_min_free;
+        j->q->res = failed ? RES_FAILED : granted_all ? RES_GRANTED : RES_REFUSED;
+        pdgw_kvctl_wake_locked(j->q);
+    } else if (!failed) {
+        /* The attempt ended while we asked: give the pages back at once. */
+        (void)pdgw_kvctl_push_cancel_locked(kv, &j->dest, j->id, 1);
+    }
+    pdgw_kvctl_unlock(kv);
+    pdgw_kvctl_count(kv,
+                     failed        ? "reserve_errors"
+                     : granted_all ? "reserve_granted"
+                                   : "reserve_refused",
+                     failed        ? "ReserveRequests without an answer."
+                     : granted_all ? "ReserveRequests granted."
+                                   : "ReserveRequests refused.");
+    pdgw_kvctl_req_unref(j->q);
+    pdgw_free(j);
+}
+
+/* Unlink <j> from the reservations in flight. */
+static void unlink_asking(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+{
+    for (kvctl_job_t **pp = &kv->asking; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == j) {
+            *pp = j->next;
+            return;
+        }
+    }
+}
+
+void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+{
+    int64_t now = pdgw_fwd_now_ms();
+    j->res_granted_all = 1;
+    j->res_min_free = -1;
+    j->res_waiting = 0;
+    for (int i = 0; i < j->dest.nports && !j->res_failed; i++) {
+        char why[128];
+        if (port_muted(kv, j->dest.host, j->dest.ports[i], now)) {
+            j->res_failed = 1; /* did not answer lately: go on unreserved without waiting */
+            break;
+        }
+        if (pdgw_kvctl_client_reserve_send(kv->proxy, j->dest.host, j->dest.ports[i], j->id,
+                                           j->chunks, j->ttl_ms, why, sizeof(why)) != 0) {
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
+                         "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
+                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], why, KVCTL_MUTE_MS);
+            port_mute(kv, j->dest.host, j->dest.ports[i], now);
+            j->res_failed = 1;
+            break;
+        }
+        j->res_asked[i] = 1;
+        j->res_waiting++;
+    }
+    if (j->res_failed || j->res_waiting == 0) {
+        finish(kv, j);
+        return;
+    }
+    j->res_deadline_ms = now + (j->timeout_ms > 0 ? j->timeout_ms : 0);
+    j->next = kv->asking;
+    kv->asking = j;
+}
+
+/* The job asking <ep> about <id>, and which of its ports <ep> is (NULL when none: a late or
+ * stray answer). */
+static kvctl_job_t *asking_find(pdgw_fwd_kv_svc_t *kv, const char *ep, const char *id, int *port)
+{
+    for (kvctl_job_t *j = kv->asking; j != NULL; j = j->next) {
+        if (strcmp(j->id, id) != 0)
+            continue;
+        for (int i = 0; i < j->dest.nports; i++) {
+            char mine[300];
+            if (!j->res_asked[i])
+                continue;
+            pdgw_kvctl_client_endpoint(j->dest.host, j->dest.ports[i], mine, sizeof(mine));
+            if (strcmp(mine, ep) == 0) {
+                *port = i;
+                return j;
+            }
+        }
+    }
+    return NULL;
+}
+
+void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
+{
+    pdgw_kvctl_answer_t a;
+    while (kv->asking != NULL && pdgw_kvctl_client_reserve_recv(kv->proxy, &a)) {
+        int i;
+        kvctl_job_t *j = asking_find(kv, a.ep, a.req_id, &i);
+        if (j == NULL)
+            continue; /* its request gave up on it already */
+        j->res_asked[i] = 0;
+        j->res_waiting--;
+        if (!a.granted)
+            j->res_granted_all = 0;
+        if (a.free_chunks >= 0 && (j->res_min_free < 0 || a.free_chunks < j->res_min_free))
+            j->res_min_free = a.free_chunks;
+        if (j->res_waiting == 0) {
+            unlink_asking(kv, j);
+            finish(kv, j);
+        }
+    }
+}
+
+void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping, int64_t *next_ms)
+{
+    kvctl_job_t **pp = &kv->asking;
+    while (*pp != NULL) {
+        kvctl_job_t *j = *pp;
+        if (now < j->res_deadline_ms && !stopping) {
+            if (*next_ms < 0 || j->res_deadline_ms < *next_ms)
+                *next_ms = j->res_deadline_ms;
+            pp = &j->next;
+            continue;
+        }
+        for (int i = 0; i < j->dest.nports; i++) {
+            if (!j->res_asked[i] || stopping)
+                continue;
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
+                         "%s: ReserveRequest %s to %s:%d: no answer within %lld ms; not asking "
+                         "it again for %d ms",
+                         kv->protocol, j->id, j->dest.host, j->dest.ports[i],
+                         (long long)j->timeout_ms, KVCTL_MUTE_MS);
+            port_mute(kv, j->dest.host, j->dest.ports[i], now);
+            /* its answer may still come: on a socket of its own, never taken for another */
+            pdgw_kvctl_client_forget(kv->proxy, j->dest.host, j->dest.ports[i]);
+        }
+        *pp = j->next;
+        j->res_failed = 1;
+        finish(kv, j);
+    }
+}
