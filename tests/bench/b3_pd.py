@@ -22,12 +22,14 @@ kernel's part of every hop, and the engines' HTTP reading and writing around tha
 intervals within the client's own [send, answer] window, so legs that overlap (parallel
 dispatch, or a decode that waits for the prefill's KV inside its engine time) are counted
 once. A leg without a record counts 0 (the output says how many). The client's own cost
-is measured the same way against one `both` sim directly (with more than one
-client: at the request rate the row reached, so the client's event loop is as
-busy in both); the reported figure is the overhead percentile through pdgw minus
-the same percentile direct.
+is measured the same way against one `both` sim directly (one client: in ROUNDS
+slices, each right before a slice of the row, so that both meet the same moments of a
+shared machine; more than one client: at the request rate the row reached, so the
+client's event loop is as busy in both); the reported figure is the overhead percentile
+through pdgw minus the same percentile direct.
 
-Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), CONCURRENCY ("1 64"),
+Usage: b3_pd.py BIN_DIR RESULTS_DIR   env: DURATION (s per point, 4), ROUNDS (slices of the
+one-client point, alternated with the direct baseline, 4), CONCURRENCY ("1 64"),
 ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
 per row at that fixed offered rate, written to b3_pd_rate.csv; default none), PROMPT_WORDS
 (a prompt of that many words; default a short fixed one), MAX_TOKENS (16), GAPS (1: print
@@ -51,6 +53,7 @@ import time
 BIN = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
 RESULTS = sys.argv[2] if len(sys.argv) > 2 else "."
 DURATION = float(os.environ.get("DURATION", "4"))
+ROUNDS = max(1, int(os.environ.get("ROUNDS", "4")))
 CONCURRENCY = [int(c) for c in os.environ.get("CONCURRENCY", "1 64").split()]
 # only these rows (names as printed, e.g. "neutral lmcache"); all when unset
 ROWS = set(os.environ.get("ROWS", "").split())
@@ -283,11 +286,11 @@ async def client(port, tag, deadline, samples, errors, pace):
         writer.close()
 
 
-def load(port, conc, tag, rate=None):
+def load(port, conc, tag, rate=None, duration=None):
     samples, errors = {}, []
 
     async def main():
-        deadline = time.monotonic() + DURATION
+        deadline = time.monotonic() + (duration or DURATION)
         pace = [time.monotonic(), 1.0 / rate] if rate else None
         await asyncio.gather(*(client(port, f"{tag}-{i}", deadline, samples, errors, pace)
                                for i in range(conc)))
@@ -423,10 +426,10 @@ def main():
     rows = []
     both, both_port, both_inst = sim("both")
 
-    def baseline(conc, rate):
+    def baseline(conc, rate, duration=None, tag=""):
         """The client's own overhead against the sim directly, same concurrency and rate."""
         records(both_port)
-        samples, errors = load(both_port, conc, f"direct{conc}", rate)
+        samples, errors = load(both_port, conc, f"direct{conc}{tag}", rate, duration)
         ov, _ = overheads(samples, [records(both_port)], 1)
         return ov
 
@@ -442,26 +445,49 @@ def main():
         if RATE > 0:
             points.append((max(CONCURRENCY), RATE))
         for conc, rate in points:
-            for p in sim_ports:
-                records(p)
-            m0 = gw_sums(port)
-            c0 = cpu_us(gw.pid)
-            e0 = sum(cpu_us(p.pid) for p in sim_procs)
-            samples, errors = load(port, conc, f"{row}{conc}{'r' if rate else ''}", rate)
-            # pdgw's CPU per answered request: the figure a loaded machine disturbs least
-            cpu = (cpu_us(gw.pid) - c0) / max(len(samples), 1)
-            # the engines' CPU per request: on a shared machine, what they burn (KV pushes,
-            # tokenizing) is CPU every other process waits for when the clients are many
-            ecpu = (sum(cpu_us(p.pid) for p in sim_procs) - e0) / max(len(samples), 1)
-            gw_mean = gw_internal_mean_us(m0, gw_sums(port))
-            recs = [records(p) for p in sim_ports]
+            # One client: ROUNDS slices of the row, each right after a slice of the direct
+            # baseline, so both see the same moments of a shared machine (its speed drifts
+            # over a run by more than the differences measured here).
+            one = conc == 1 and not rate
+            rounds = ROUNDS if one else 1
+            samples, errors, recs, base = {}, [], [{} for _ in sim_ports], []
+            cpu = ecpu = 0.0
+            gw_total = {}
+            for k in range(rounds):
+                if one:
+                    base += baseline(1, None, DURATION / rounds, f"-{row}-{k}")
+                for p in sim_ports:
+                    records(p)
+                m0 = gw_sums(port)
+                c0 = cpu_us(gw.pid)
+                e0 = sum(cpu_us(p.pid) for p in sim_procs)
+                got, errs = load(port, conc, f"{row}{conc}{'r' if rate else ''}-{k}", rate,
+                                 DURATION / rounds)
+                # pdgw's CPU per answered request: the figure a loaded machine disturbs least
+                cpu += cpu_us(gw.pid) - c0
+                # the engines' CPU per request: on a shared machine, what they burn (KV
+                # pushes, tokenizing) is CPU every other process waits for when the clients
+                # are many
+                ecpu += sum(cpu_us(p.pid) for p in sim_procs) - e0
+                m1 = gw_sums(port)
+                for key, v in m1.items():
+                    gw_total[key] = gw_total.get(key, 0.0) + v - m0.get(key, 0.0)
+                samples.update(got)
+                errors += errs
+                for i, p in enumerate(sim_ports):
+                    for t, spans in records(p).items():
+                        recs[i].setdefault(t, []).extend(spans)
+            cpu /= max(len(samples), 1)
+            ecpu /= max(len(samples), 1)
+            gw_mean = gw_internal_mean_us({}, gw_total)
             ov, missing = overheads(samples, recs, legs)
             if os.environ.get("GAPS"):
                 print(f"B3 {row} c={conc} hops p50 us: {hops(samples, recs)}", flush=True)
             rps = len(samples) / DURATION
             # one client: the client's cost does not depend on the rate; more clients:
             # the direct baseline runs at the rate this row reached
-            base = base1 if conc == 1 and not rate else baseline(conc, max(rps, 1.0))
+            if not one:
+                base = baseline(conc, max(rps, 1.0))
             a50 = pct(ov, 50) - pct(base, 50)
             a99 = pct(ov, 99) - pct(base, 99)
             note = ""

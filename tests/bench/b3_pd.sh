@@ -5,7 +5,8 @@
 # directly against a sim), p50/p99 at 1 and 64 concurrent clients. `neutral`
 # through pdgw is the single-leg reference row. Protocols this pdgw does not have
 # are skipped with one SKIP line. The load client is b3_pd.py.
-# Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), CONCURRENCY ("1 64"),
+# Usage: b3_pd.sh [BIN_DIR]   env: DURATION (s per point, default 4), ROUNDS (the one-client
+#   point in that many slices, each after a slice of the direct baseline; 4), CONCURRENCY ("1 64"),
 #   ROWS (only these rows, e.g. "neutral lmcache"; default all), RATE (req/s: one more point
 #   per row, the most clients offering that fixed rate; b3_pd_rate.csv; default 600, below
 #   every row's closed-loop rate here; 0 skips it), PROMPT_WORDS (a long prompt of that many
