@@ -3,11 +3,11 @@
  * (forwarder.h rewrite_decode_text). What it changes is what lmc_flow_rewrite changes: the
  * prefill's first token goes in front of choices[0].text of a whole answer, and usage counts
  * that token as generated (prompt_tokens - 1, completion_tokens + 1); a stream gets the head
- * event first. Those are a few values of the decode's answer, so they are spliced into a copy
- * of its bytes: the rest of a long answer (logprobs included) is neither parsed nor written
- * again, and a stream's chunks without usage are relayed as they came. Chat (the answer is
- * converted to chat.completion), an answer the first token already ended, and anything this
- * file does not recognise go to the tree rewrite (-1).
+ * event first; a chat client gets each object converted to its chat counterpart. Those are a few
+ * values of the decode's answer, so they are spliced into a copy of its bytes: the rest of a long
+ * answer (logprobs included) is neither parsed nor written again, and a completions stream's chunks
+ * without usage are relayed as they came. An answer the first token already ended, a chat answer of
+ * more than one choice, and anything this file does not recognise go to the tree rewrite (-1).
  */
 #include "fwd_lmcache_int.h"
 
@@ -40,7 +40,7 @@ static void edit_add(edits_t *ed, const char *at, size_t cut, const char *ins, s
 }
 
 /* The top-level members the rewrite looks at, found in one walk. */
-enum { M_ERROR, M_CHOICES, M_USAGE, M_COUNT };
+enum { M_ERROR, M_CHOICES, M_USAGE, M_ID, M_CREATED, M_MODEL, M_COUNT };
 
 typedef struct answer {
     const char *v[M_COUNT];
@@ -49,7 +49,8 @@ typedef struct answer {
 
 static int answer_read(answer_t *a, const char *text, size_t len)
 {
-    static const char *const names[] = {"error", "choices", "usage", NULL};
+    static const char *const names[] = {"error",   "choices", "usage", "id",
+                                        "created", "model",   NULL};
     return pdgw_fwd_json_members(text, len, names, a->v, a->n);
 }
 
@@ -111,9 +112,9 @@ static int write_edited(pdgw_fwd_text_t *out, const char *text, size_t len, edit
 }
 
 /* The head events a stream starts with, each as "data: <json>\n\n". */
-static int write_head(pdgw_fwd_text_t *out, const lmc_head_t *head)
+static int write_head(pdgw_fwd_text_t *out, const lmc_head_t *head, int chat)
 {
-    json_t *evs = lmc_flow_head_events(head, 0), *ev;
+    json_t *evs = lmc_flow_head_events(head, chat), *ev;
     size_t i;
     int rc = evs != NULL ? 0 : -1;
     json_array_foreach(evs, i, ev)
@@ -127,6 +128,64 @@ static int write_head(pdgw_fwd_text_t *out, const lmc_head_t *head)
     return rc;
 }
 
+static int put(pdgw_fwd_text_t *out, const char *s)
+{
+    return pdgw_fwd_text_append(out, s, strlen(s));
+}
+
+/* A value as it came, or null when the answer has none. */
+static int put_raw(pdgw_fwd_text_t *out, const char *v, size_t n)
+{
+    return v != NULL ? pdgw_fwd_text_append(out, v, n) : put(out, "null");
+}
+
+/* choices[0] of a chat answer: its members as to_chat reads them. */
+enum { C_INDEX, C_TEXT, C_LOGPROBS, C_FINISH, C_STOP_REASON, C_COUNT };
+
+/* The decode's text_completion object as its chat counterpart, as lmc_flow_rewrite's to_chat
+ * writes it (a stream's chunk: delta; a whole answer: message, with the first token's text in
+ * front): 1 written, -1 for the tree (more than one choice, a choice without an index). */
+static int write_chat(pdgw_fwd_text_t *out, const answer_t *a, int sse, const lmc_head_t *head)
+{
+    static const char *const names[] = {"index",         "text",        "logprobs",
+                                        "finish_reason", "stop_reason", NULL};
+    const char *ch0 = NULL, *c[C_COUNT], *after, *cend;
+    size_t ch0l = 0, cl[C_COUNT];
+    edits_t ed = {.n = 0};
+    int rc = 0;
+    if (a->v[M_CHOICES] == NULL ||
+        pdgw_fwd_json_first(a->v[M_CHOICES], a->n[M_CHOICES], &ch0, &ch0l) != 1 || *ch0 != '{' ||
+        pdgw_fwd_json_members(ch0, ch0l, names, c, cl) != 0 || c[C_INDEX] == NULL)
+        return -1;
+    cend = a->v[M_CHOICES] + a->n[M_CHOICES];
+    for (after = ch0 + ch0l;
+         after < cend && (*after == ' ' || *after == '\t' || *after == '\n' || *after == '\r');)
+        after++;
+    if (after >= cend || *after != ']' || (a->v[M_USAGE] != NULL && usage_edits(a, &ed) < 0))
+        return -1; /* n > 1: the tree writes every choice */
+    rc |= put(out, "{\"id\":") | put_raw(out, a->v[M_ID], a->n[M_ID]);
+    rc |= put(out, sse ? ",\"object\":\"chat.completion.chunk\",\"created\":"
+                       : ",\"object\":\"chat.completion\",\"created\":");
+    rc |= put_raw(out, a->v[M_CREATED], a->n[M_CREATED]) | put(out, ",\"model\":") |
+          put_raw(out, a->v[M_MODEL], a->n[M_MODEL]);
+    rc |= put(out, ",\"choices\":[{\"index\":") | put_raw(out, c[C_INDEX], cl[C_INDEX]);
+    rc |= put(out, sse ? ",\"delta\":{\"content\":\""
+                       : ",\"message\":{\"role\":\"assistant\",\"content\":\"");
+    if (!sse)
+        rc |= pdgw_fwd_text_append_escaped(out, head->text, strlen(head->text));
+    if (c[C_TEXT] != NULL && *c[C_TEXT] == '"') /* a text that is not a string counts as "" */
+        rc |= pdgw_fwd_text_append(out, c[C_TEXT] + 1, cl[C_TEXT] - 2);
+    rc |= put(out, "\"},\"logprobs\":") | put_raw(out, c[C_LOGPROBS], cl[C_LOGPROBS]);
+    rc |= put(out, ",\"finish_reason\":") | put_raw(out, c[C_FINISH], cl[C_FINISH]);
+    if (!sse && c[C_STOP_REASON] != NULL)
+        rc |= put(out, ",\"stop_reason\":") | put_raw(out, c[C_STOP_REASON], cl[C_STOP_REASON]);
+    rc |= put(out, "}]");
+    if (a->v[M_USAGE] != NULL)
+        rc |= put(out, ",\"usage\":") | write_edited(out, a->v[M_USAGE], a->n[M_USAGE], &ed);
+    rc |= put(out, "}");
+    return rc == 0 ? 1 : -1;
+}
+
 int lmc_flow_rewrite_text(lmc_head_t *head, const pdgw_fwd_request_t *req, int sse,
                           const char *text, size_t len, pdgw_fwd_text_t *out)
 {
@@ -134,10 +193,21 @@ int lmc_flow_rewrite_text(lmc_head_t *head, const pdgw_fwd_request_t *req, int s
     answer_t a;
     const char *at;
     int got;
-    if (req->is_chat || head->done || answer_read(&a, text, len) != 0)
+    if (head->done || answer_read(&a, text, len) != 0)
         return -1;
     if (a.v[M_ERROR] != NULL)
         return 0; /* an error passes unchanged */
+    if (req->is_chat) {
+        if (sse && ((!head->sent && write_head(out, head, 1) != 0) ||
+                    pdgw_fwd_text_append(out, "data: ", 6) != 0))
+            return -1;
+        if (write_chat(out, &a, sse, head) != 1 ||
+            (sse && pdgw_fwd_text_append(out, "\n\n", 2) != 0))
+            return -1;
+        if (sse)
+            head->sent = 1;
+        return 1;
+    }
     if (!sse) {
         if ((at = first_text_at(&a)) == NULL)
             return -1;
@@ -150,7 +220,7 @@ int lmc_flow_rewrite_text(lmc_head_t *head, const pdgw_fwd_request_t *req, int s
         return -1;
     if (head->sent && got == 0)
         return 0; /* a chunk without usage: as it came */
-    if (!head->sent && write_head(out, head) != 0)
+    if (!head->sent && write_head(out, head, 0) != 0)
         return -1;
     if (pdgw_fwd_text_append(out, "data: ", 6) != 0 || write_edited(out, text, len, &ed) != 0 ||
         pdgw_fwd_text_append(out, "\n\n", 2) != 0)

@@ -114,6 +114,17 @@ static void test_answer_edits_match_the_tree(void **state)
                      1);
     assert_int_equal(check_answer(ANSWER("\"text\":\"x\"", "{\"prompt_tokens\":4}"), "T", 0, 0), 1);
     assert_int_equal(check_answer("{\"choices\":[{\"text\":\"\"}]}", "", 0, 0), 1);
+    /* chat: the answer as a chat.completion, the first token in front of the message */
+    assert_int_equal(check_answer(ANSWER("\"text\":\" jumps\"",
+                                         "{\"prompt_tokens\":12,\"completion_tokens\":15}"),
+                                  "\"q\"\n", 1, 0),
+                     1);
+    assert_int_equal(
+        check_answer("{\"choices\":[{\"index\":0,\"text\":null,\"stop_reason\":7}]}", "T", 1, 0),
+        1);
+    assert_int_equal(
+        check_answer("{\"id\":\"x\",\"choices\" : [ {\"index\":0} ] ,\"usage\":null}", "T", 1, 0),
+        1);
 }
 
 static void test_answer_handed_to_the_tree(void **state)
@@ -122,7 +133,7 @@ static void test_answer_handed_to_the_tree(void **state)
     /* an error answer passes unchanged */
     assert_int_equal(check_answer("{\"error\":{\"message\":\"x\"}}", "T", 0, 0), 0);
     /* a name written with escapes, no text, no choices, a text that is not a string, an
-     * answer the first token already ended, chat: the tree decides */
+     * answer the first token already ended: the tree decides */
     assert_int_equal(check_answer(ANSWER("\"t\\u0065xt\":\"x\"", "null"), "T", 0, 0), -1);
     assert_int_equal(check_answer("{\"choices\":[{\"index\":0}]}", "T", 0, 0), -1);
     assert_int_equal(check_answer("{\"choices\":[]}", "T", 0, 0), -1);
@@ -131,7 +142,12 @@ static void test_answer_handed_to_the_tree(void **state)
     assert_int_equal(check_answer("{\"choices\":[{\"text\":\"x\"}],\"us\\u0061ge\":{}}", "T", 0, 0),
                      -1);
     assert_int_equal(check_answer(ANSWER("\"text\":\"x\"", "null"), "T", 0, 1), -1);
-    assert_int_equal(check_answer(ANSWER("\"text\":\"x\"", "null"), "T", 1, 0), -1);
+    /* chat with more than one choice: the tree writes them all */
+    assert_int_equal(check_answer("{\"choices\":[{\"index\":0,\"text\":\"a\"},{\"index\":1,"
+                                  "\"text\":\"b\"}]}",
+                                  "T", 1, 0),
+                     -1);
+    assert_int_equal(check_answer("{\"choices\":[{\"text\":\"a\"}]}", "T", 1, 0), -1);
 }
 
 /* The "data: <json>\n\n" events of <text> as JSON objects, in order. */
@@ -174,6 +190,32 @@ static int check_event(lmc_head_t *ht, lmc_head_t *hj, const char *data)
     return got;
 }
 
+/* The same for a chat client. */
+static int check_chat_event(lmc_head_t *ht, lmc_head_t *hj, const char *data)
+{
+    pdgw_fwd_request_t req = {.is_chat = 1};
+    pdgw_fwd_text_t out = {0};
+    json_t *in = parse(data, strlen(data)), *want;
+    int got = lmc_flow_rewrite_text(ht, &req, 1, data, strlen(data), &out);
+    want = lmc_flow_rewrite(hj, &req, 1, in);
+    if (got == 1) {
+        json_t *have = events_of(out.buf.data, out.buf.len);
+        assert_non_null(want);
+        if (!json_equal(have, want)) {
+            char *w = json_dumps(want, JSON_SORT_KEYS);
+            fail_msg("text rewrite\n  %.*s\ntree rewrite\n  %s", (int)out.buf.len, out.buf.data, w);
+        }
+        json_decref(have);
+    } else if (got == 0) {
+        assert_null(want);
+    }
+    assert_int_equal(ht->sent, hj->sent);
+    json_decref(want);
+    json_decref(in);
+    pdgw_buf_free(&out.buf);
+    return got;
+}
+
 #define CHUNK(text, usage)                                                                         \
     "{\"id\":\"cmpl-d\",\"object\":\"text_completion\",\"created\":1700000001,\"model\":\"m\","    \
     "\"choices\":[{\"index\":0,\"text\":\"" text "\",\"logprobs\":null,\"finish_reason\":null,"    \
@@ -207,6 +249,27 @@ static void test_stream_events_match_the_tree(void **state)
     head_init(&hj, "\"q\"");
     assert_int_equal(
         check_event(&ht, &hj, CHUNK("z", "{\"prompt_tokens\":2,\"completion_tokens\":1}")), 1);
+    lmc_head_clear(&ht);
+    lmc_head_clear(&hj);
+}
+
+static void test_chat_stream_events_match_the_tree(void **state)
+{
+    lmc_head_t ht, hj;
+    (void)state;
+    head_init(&ht, " fox");
+    head_init(&hj, " fox");
+    assert_int_equal(check_chat_event(&ht, &hj, "{\"error\":{\"message\":\"x\"}}"), 0);
+    assert_int_equal(check_chat_event(&ht, &hj, CHUNK(" jumps\\\"", "null")), 1);
+    assert_int_equal(ht.sent, 1);
+    assert_int_equal(check_chat_event(&ht, &hj, CHUNK(" over", "null")), 1);
+    assert_int_equal(
+        check_chat_event(
+            &ht, &hj,
+            "{\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"\",\"logprobs\":{\"a\":[1]},"
+            "\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{"
+            "\"prompt_tokens\":13,\"completion_tokens\":15,\"total_tokens\":28}}"),
+        1);
     lmc_head_clear(&ht);
     lmc_head_clear(&hj);
 }
@@ -284,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_answer_edits_match_the_tree),
         cmocka_unit_test(test_answer_handed_to_the_tree),
         cmocka_unit_test(test_stream_events_match_the_tree),
+        cmocka_unit_test(test_chat_stream_events_match_the_tree),
         cmocka_unit_test(test_text_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
