@@ -1,13 +1,14 @@
 /*
- * fwd_lmcache_text.c - the first_tok flow's rewrite of a completions answer done on its text
+ * fwd_lmcache_text.c - the first_tok flow's rewrite of the decode's answer done on its text
  * (forwarder.h rewrite_decode_text). What it changes is what lmc_flow_rewrite changes: the
  * prefill's first token goes in front of choices[0].text of a whole answer, and usage counts
  * that token as generated (prompt_tokens - 1, completion_tokens + 1); a stream gets the head
- * event first; a chat client gets each object converted to its chat counterpart. Those are a few
- * values of the decode's answer, so they are spliced into a copy of its bytes: the rest of a long
- * answer (logprobs included) is neither parsed nor written again, and a completions stream's chunks
- * without usage are relayed as they came. An answer the first token already ended, a chat answer of
- * more than one choice, and anything this file does not recognise go to the tree rewrite (-1).
+ * events first; a chat client gets each object converted to its chat counterpart. Those are a
+ * few values of the decode's answer, so they are spliced into a copy of its bytes (or, for
+ * chat, written around them): the rest of a long answer (logprobs included) is neither parsed
+ * nor written again, and a completions stream's chunks without usage are relayed as they came.
+ * An answer the first token already ended, a chat answer of more than one choice, and anything
+ * this file does not recognise go to the tree rewrite (-1).
  */
 #include "fwd_lmcache_int.h"
 
