@@ -477,13 +477,20 @@ void pdgw_otel_record(pdgw_otel_t *otel, const pdgw_otel_request_t *req)
     };
     for (int i = 0; i < 4; i++) {
         otel_span_t *s;
-        if (ph[i].a == 0 || ph[i].b == 0 || ph[i].b + 1000000u < ph[i].a)
+        if (ph[i].a == 0 || ph[i].b == 0)
             continue;
-        /* Leg times have millisecond resolution: keep the phases inside the request. */
-        if (ph[i].a < req->start_ns)
-            ph[i].a = req->start_ns;
-        if (ph[i].b > req->end_ns)
-            ph[i].b = req->end_ns;
+        /* A leg's times are its loop turn's, in milliseconds, read before the turn's events:
+         * a leg started in the turn that read its request can seem to start before the
+         * request did, by the turn's work before it. Keep every phase inside the request. */
+        for (int k = 0; k < 2; k++) {
+            uint64_t *t = k == 0 ? &ph[i].a : &ph[i].b;
+            if (*t < req->start_ns)
+                *t = req->start_ns;
+            if (*t > req->end_ns)
+                *t = req->end_ns;
+        }
+        if (ph[i].b + 1000000u < ph[i].a)
+            continue; /* ends before it starts: not a phase of this request */
         if (ph[i].b < ph[i].a)
             ph[i].b = ph[i].a; /* shorter than the clock's resolution */
         s = &spans[n++];
