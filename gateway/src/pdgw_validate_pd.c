@@ -23,6 +23,7 @@
  */
 #include "pdgw_validate.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,10 +80,23 @@ static bool rule_match(const char *rule, const char *key)
     return strcmp(rule, key) == 0;
 }
 
+/* The first letters of the built-in rules: every body key is checked, and most keys (model,
+ * prompt, max_tokens, ...) start with none of them. */
+static bool rule_initial[256];
+static pthread_once_t rule_initials_once = PTHREAD_ONCE_INIT;
+
+static void rule_initials_init(void)
+{
+    for (size_t i = 0; i < sizeof(pd_rules) / sizeof(pd_rules[0]); i++)
+        rule_initial[(unsigned char)pd_rules[i].name[0]] = true;
+}
+
 /* The rule (built-in or the forwarder's) that <key> falls under, or NULL. */
 static const char *match_key(const char *key, const char *const *extra, const char **why)
 {
-    for (size_t i = 0; i < sizeof(pd_rules) / sizeof(pd_rules[0]); i++) {
+    (void)pthread_once(&rule_initials_once, rule_initials_init);
+    for (size_t i = 0;
+         rule_initial[(unsigned char)key[0]] && i < sizeof(pd_rules) / sizeof(pd_rules[0]); i++) {
         if (rule_match(pd_rules[i].name, key)) {
             *why = pd_rules[i].why;
             return pd_rules[i].name;
@@ -109,7 +123,8 @@ static void hit_add(pdgw_pd_fields_result_t *res, const char *rule, const char *
 bool pdgw_pd_field_named(const char *key, const char *const *extra)
 {
     const char *why;
-    return match_key(key, extra, &why) != NULL || strcmp(key, xargs_member) == 0;
+    return match_key(key, extra, &why) != NULL ||
+           (key[0] == xargs_member[0] && strcmp(key, xargs_member) == 0);
 }
 
 pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
