@@ -2,11 +2,14 @@
  * pdgw_kvctl.c - the gateway's side of libkvt's control plane for the PD forwarders whose
  * decode runs libkvt (vllm-kvt, lmcache; pdgw-sim or any engine embedding libkvt).
  *
- * One service thread per forwarder that opened the service owns the gateway's KV control client
- * (forwarder.h pdgw_fwd_kv_*: one DEALER per receiver alloc port) and the checked ProxyNotif PULL
- * (pdgw_notif.c, pdgw_kvctl_notif.c), and does everything that may block:
+ * One service thread per forwarder that opened the service owns the checked ProxyNotif PULL
+ * (pdgw_notif.c, pdgw_kvctl_notif.c) and, with the workers under client_lock, the gateway's KV
+ * control client (forwarder.h pdgw_fwd_kv_*: one DEALER per receiver alloc port). It does
+ * everything that may block or wait:
  *   - ReserveRequest{req_id, total_chunks, ttl_ms} to every alloc port (TP rank) of the
- *     chosen decode; the answer (granted, free_chunks) is handed back to the request,
+ *     chosen decode (sent by the request's worker when it can go at once, by this thread
+ *     when it waits for a retry; pdgw_kvctl_reserve.c): this thread collects the answers
+ *     (granted, free_chunks) and hands them back to the request,
  *   - CancelNotif{req_id} at the end of an attempt (release of the reservation / pinned pages),
  *   - ProxyNotif{req_id} counting (one per TP rank of the prefill), with per-request deadlines.
  *     A ProxyNotif counts only for a request in flight (registered before its prefill leg),
@@ -86,6 +89,7 @@ int pdgw_kvctl_push_cancel_locked(pdgw_fwd_kv_svc_t *kv, const kvctl_dest_t *des
 static void run_cancel(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
 {
     int i;
+    pthread_mutex_lock(&kv->client_lock);
     for (i = 0; i < j->dest.nports; i++) {
         char why[128];
         if (pdgw_fwd_kv_cancel(kv->proxy, j->dest.host, j->dest.ports[i], j->id, why,
@@ -93,6 +97,7 @@ static void run_cancel(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
             pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: CancelNotif %s to %s:%d: %s", kv->protocol, j->id,
                          j->dest.host, j->dest.ports[i], why);
     }
+    pthread_mutex_unlock(&kv->client_lock);
 }
 
 /* Take the first due job (lock held); *next_ms = earliest not-yet-due time. */
@@ -149,7 +154,7 @@ static void *kvctl_main(void *arg)
     for (;;) {
         struct pollfd pf[KVCTL_POLL_FDS];
         int fds[KVCTL_POLL_FDS];
-        int npf = 1, timeout = KVCTL_POLL_MS, stopping;
+        int npf = 1, timeout = KVCTL_POLL_MS, stopping, idle;
         int64_t next = -1, now;
         kvctl_job_t *j;
         uint64_t v;
@@ -168,9 +173,10 @@ static void *kvctl_main(void *arg)
         /* ZMQ_FD is edge-style: always drain before waiting */
         pdgw_kvctl_drain_notifs(kv);
         pdgw_kvctl_reserve_drain(kv);
+        idle = pdgw_kvctl_reserve_idle(kv);
         pthread_mutex_lock(&kv->lock);
         stopping = kv->stop;
-        if (stopping && kv->jobs == NULL && kv->asking == NULL) {
+        if (stopping && kv->jobs == NULL && idle) {
             pthread_mutex_unlock(&kv->lock);
             break;
         }
@@ -190,6 +196,7 @@ static void *kvctl_main(void *arg)
             }
             continue;
         }
+        pthread_mutex_lock(&kv->client_lock);
         if (kv->asking != NULL) { /* listed last: expiring ones closed their sockets */
             size_t nr = pdgw_kvctl_client_fds(kv->proxy, fds, (size_t)(KVCTL_POLL_FDS - npf));
             for (size_t i = 0; i < nr; i++) {
@@ -197,6 +204,7 @@ static void *kvctl_main(void *arg)
                 pf[npf++].events = POLLIN;
             }
         }
+        pthread_mutex_unlock(&kv->client_lock);
         if (next >= 0 && next - now < timeout)
             timeout = next > now ? (int)(next - now) : 0;
         if (poll(pf, (nfds_t)npf, timeout) > 0 && (pf[0].revents & POLLIN))
@@ -257,6 +265,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_o
     snprintf(kv->protocol, sizeof(kv->protocol), "%s", protocol);
     kv->o = *o;
     pthread_mutex_init(&kv->lock, NULL);
+    pthread_mutex_init(&kv->client_lock, NULL);
     kv->next_deadline_ms = -1;
     kv->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (kv->efd < 0) {
@@ -301,6 +310,7 @@ err_proxy:
 err_efd:
     close(kv->efd);
 err_lock:
+    pthread_mutex_destroy(&kv->client_lock);
     pthread_mutex_destroy(&kv->lock);
     pdgw_free(kv);
     return PDGW_FWD_ERR_CONFIG;
@@ -330,6 +340,7 @@ void pdgw_fwd_kv_svc_close(pdgw_fwd_kv_svc_t *kv)
     pdgw_notif_destroy(kv->notif);
     pdgw_fwd_kv_client_destroy(kv->proxy);
     close(kv->efd);
+    pthread_mutex_destroy(&kv->client_lock);
     pthread_mutex_destroy(&kv->lock);
     pdgw_free(kv);
 }

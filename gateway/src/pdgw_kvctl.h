@@ -119,7 +119,11 @@ struct pdgw_fwd_kv_svc {
     pthread_mutex_t lock;
     int stop;
     kvctl_job_t *jobs;
-    kvctl_job_t *asking; /* reservations waiting for their answers (service thread only) */
+    /* The KV control client (proxy), the reservations waiting for their answers (asking) and
+     * the muted ports: a worker sends its own ReserveRequest (one hand-off less before the
+     * decode leg), the service thread collects the answers. Never held with kv->lock. */
+    pthread_mutex_t client_lock;
+    kvctl_job_t *asking;
     kvctl_tomb_t *tombs, *tomb_tail; /* oldest first */
     size_t n_tombs;
     kvctl_tomb_t *tomb_hash[KVCTL_HASH];
@@ -128,7 +132,7 @@ struct pdgw_fwd_kv_svc {
         char host[256];
         int port;
         int64_t until_ms;
-    } mute[KVCTL_MUTE_MAX]; /* control thread only */
+    } mute[KVCTL_MUTE_MAX]; /* under client_lock */
     pdgw_fwd_kv_req_t *notif_waiters;
     pdgw_fwd_kv_req_t *waiter_hash[KVCTL_HASH];
     int64_t next_deadline_ms; /* no notif deadline falls before this (-1: none armed) */
@@ -179,9 +183,11 @@ void pdgw_kvctl_tombs_expire_locked(pdgw_fwd_kv_svc_t *kv, int64_t now_ms, int64
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 
 /* ---- reservations in flight (pdgw_kvctl_reserve.c; service thread) ---- */
-/* Ask every port of <j> (taken off kv->jobs; owned from here on): it waits on kv->asking for
- * its answers, or ends at once (a port muted or not reachable). */
+/* Ask every port of <j> (owned from here on; any thread, neither lock held): it waits on
+ * kv->asking for its answers, or ends at once (a port muted or not reachable). */
 void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j);
+/* No reservation waits for an answer. */
+bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv);
 /* Take every answer that arrived; a reservation with all of them ends. */
 void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv);
 /* End the reservations whose time ran out (all of them when <stopping>): their silent ports

@@ -109,13 +109,15 @@ static pdgw_fwd_status_t admit(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *r
     return rc;
 }
 
-static void enqueue_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
+/* A reservation job for <q> (lock held): not queued yet; NULL on no memory (q->res is then
+ * RES_FAILED: the request goes on unreserved). */
+static kvctl_job_t *reserve_job_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
 {
     pdgw_fwd_kv_svc_t *kv = q->kv;
-    kvctl_job_t *j = pdgw_calloc(1, sizeof(*j)), **pp;
+    kvctl_job_t *j = pdgw_calloc(1, sizeof(*j));
     if (j == NULL) {
         q->res = RES_FAILED;
-        return;
+        return NULL;
     }
     atomic_fetch_add(&q->refs, 1);
     j->q = q;
@@ -125,10 +127,19 @@ static void enqueue_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
     j->ttl_ms = kv->o.reserve_ttl_ms;
     j->timeout_ms = kv->o.reserve_timeout_ms;
     j->not_before_ms = not_before;
-    for (pp = &kv->jobs; *pp != NULL; pp = &(*pp)->next)
+    q->res = RES_ASKING;
+    return j;
+}
+
+/* Queue a reservation for the service thread to start at <not_before> (lock held). */
+static void enqueue_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
+{
+    kvctl_job_t *j = reserve_job_locked(q, not_before), **pp;
+    if (j == NULL)
+        return;
+    for (pp = &q->kv->jobs; *pp != NULL; pp = &(*pp)->next)
         ;
     *pp = j;
-    q->res = RES_ASKING;
 }
 
 pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
@@ -151,9 +162,16 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
     pthread_mutex_lock(&kv->lock);
     if (q->res == RES_NONE) {
         int64_t pt = req->prompt_tokens > 0 ? req->prompt_tokens : 1;
+        kvctl_job_t *j;
         q->res_chunks = (pt + kv->o.chunk_tokens - 1) / kv->o.chunk_tokens;
-        enqueue_reserve_locked(q, 0);
+        j = reserve_job_locked(q, 0);
         pthread_mutex_unlock(&kv->lock);
+        if (j == NULL)
+            return PDGW_FWD_OK; /* no memory for it: unreserved, as when it fails */
+        /* Sent from here, not by the service thread: one wake-up between threads less before
+         * the decode leg. The thread then collects the answer (the kick also makes it poll
+         * the socket the send may have opened). */
+        pdgw_kvctl_reserve_start(kv, j);
         pdgw_kvctl_kick(kv);
         return PDGW_FWD_PENDING;
     }

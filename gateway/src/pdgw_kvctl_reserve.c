@@ -1,12 +1,17 @@
 /*
- * pdgw_kvctl_reserve.c - ReserveRequests of the KV control service (service thread), any number
- * in flight at once.
+ * pdgw_kvctl_reserve.c - ReserveRequests of the KV control service, any number in flight at
+ * once.
  *
  * A reservation asks every alloc port (TP rank) of the chosen decode at once and waits for
  * their answers among the thread's other work: the answers arrive on the client's sockets,
  * which the thread polls beside its notices. Waiting for each answer in turn would hold every
  * other reservation, ProxyNotif and deadline of the protocol behind the slowest receiver, and
  * one that does not answer would stop them all for reserve_timeout_ms.
+ *
+ * The worker whose request needs the reservation sends it (kv->client_lock guards the client,
+ * the reservations in flight and the muted ports): handing the send to the service thread
+ * would cost the decode leg one more wake-up between threads. The service thread, kicked
+ * after every send, collects the answers and ends the reservations that ran out of time.
  *
  * Outcome per request, as before: granted by every port, refused by one, or failed (a port did
  * not answer in time, could not be asked, or was muted: it did not answer lately and is not
@@ -81,6 +86,7 @@ void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
     j->res_granted_all = 1;
     j->res_min_free = -1;
     j->res_waiting = 0;
+    pthread_mutex_lock(&kv->client_lock);
     for (int i = 0; i < j->dest.nports && !j->res_failed; i++) {
         char why[128];
         if (port_muted(kv, j->dest.host, j->dest.ports[i], now)) {
@@ -100,12 +106,23 @@ void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
         j->res_waiting++;
     }
     if (j->res_failed || j->res_waiting == 0) {
+        pthread_mutex_unlock(&kv->client_lock);
         finish(kv, j);
         return;
     }
     j->res_deadline_ms = now + (j->timeout_ms > 0 ? j->timeout_ms : 0);
     j->next = kv->asking;
     kv->asking = j;
+    pthread_mutex_unlock(&kv->client_lock);
+}
+
+bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv)
+{
+    bool idle;
+    pthread_mutex_lock(&kv->client_lock);
+    idle = kv->asking == NULL;
+    pthread_mutex_unlock(&kv->client_lock);
+    return idle;
 }
 
 /* The job asking <ep> about <id>, and which of its ports <ep> is (NULL when none: a late or
@@ -132,6 +149,8 @@ static kvctl_job_t *asking_find(pdgw_fwd_kv_svc_t *kv, const char *ep, const cha
 void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
 {
     pdgw_kvctl_answer_t a;
+    kvctl_job_t *done = NULL;
+    pthread_mutex_lock(&kv->client_lock);
     while (kv->asking != NULL && pdgw_kvctl_client_reserve_recv(kv->proxy, &a)) {
         int i;
         kvctl_job_t *j = asking_find(kv, a.ep, a.req_id, &i);
@@ -145,14 +164,23 @@ void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
             j->res_min_free = a.free_chunks;
         if (j->res_waiting == 0) {
             unlink_asking(kv, j);
-            finish(kv, j);
+            j->next = done;
+            done = j;
         }
+    }
+    pthread_mutex_unlock(&kv->client_lock);
+    while (done != NULL) { /* each takes kv->lock */
+        kvctl_job_t *j = done;
+        done = j->next;
+        finish(kv, j);
     }
 }
 
 void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping, int64_t *next_ms)
 {
-    kvctl_job_t **pp = &kv->asking;
+    kvctl_job_t **pp, *done = NULL;
+    pthread_mutex_lock(&kv->client_lock);
+    pp = &kv->asking;
     while (*pp != NULL) {
         kvctl_job_t *j = *pp;
         if (now < j->res_deadline_ms && !stopping) {
@@ -175,6 +203,13 @@ void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping,
         }
         *pp = j->next;
         j->res_failed = 1;
+        j->next = done;
+        done = j;
+    }
+    pthread_mutex_unlock(&kv->client_lock);
+    while (done != NULL) { /* each takes kv->lock */
+        kvctl_job_t *j = done;
+        done = j->next;
         finish(kv, j);
     }
 }

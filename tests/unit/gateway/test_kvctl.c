@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include <cmocka.h>
 #include <zmq.h>
@@ -325,6 +327,130 @@ static void test_apply_live(void **state)
     pdgw_fwd_kv_svc_close(svc);
 }
 
+/* A libkvt receiver's alloc port (ROUTER) that grants every ReserveRequest, until told to
+ * stop (tests/integration's fake answers the same way). */
+typedef struct granter {
+    void *router;
+    int port;
+    atomic_int stop, answered;
+    pthread_t th;
+} granter_t;
+
+static void *grant_main(void *arg)
+{
+    granter_t *g = arg;
+    while (!atomic_load(&g->stop)) {
+        zmq_pollitem_t it = {.socket = g->router, .events = ZMQ_POLLIN};
+        zmq_msg_t ident, delim, body;
+        kvt_msg_t m, r;
+        void *data = NULL;
+        size_t len = 0;
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_init(&ident);
+        zmq_msg_init(&delim);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&ident, g->router, 0) >= 0 && zmq_msg_recv(&delim, g->router, 0) >= 0 &&
+            zmq_msg_recv(&body, g->router, 0) >= 0 &&
+            kvt_msg_decode(zmq_msg_data(&body), zmq_msg_size(&body), &m, NULL) == KVT_OK) {
+            if (m.type == KVT_MSG_RESERVE_REQUEST) {
+                kvt_msg_init(&r, KVT_MSG_RESERVE_RESPONSE);
+                r.u.reserve_resp.req_id = m.u.reserve_req.req_id;
+                r.u.reserve_resp.granted = 1;
+                r.u.reserve_resp.free_chunks = 100;
+                if (kvt_msg_encode(&r, &data, &len) == KVT_OK) {
+                    zmq_send(g->router, zmq_msg_data(&ident), zmq_msg_size(&ident), ZMQ_SNDMORE);
+                    zmq_send(g->router, "", 0, ZMQ_SNDMORE);
+                    zmq_send(g->router, data, len, 0);
+                    atomic_fetch_add(&g->answered, 1);
+                }
+                free(data);
+            }
+            kvt_msg_clear(&m);
+        }
+        zmq_msg_close(&ident);
+        zmq_msg_close(&delim);
+        zmq_msg_close(&body);
+    }
+    return NULL;
+}
+
+typedef struct asker {
+    pdgw_fwd_kv_svc_t *svc;
+    const pdgw_instance_t *dec;
+    int n, granted;
+    char prefix[16];
+    pthread_t th;
+} asker_t;
+
+/* A worker: each of its requests reserves (sent from this thread), waits for the service
+ * thread to collect the answer, and ends. */
+static void *ask_main(void *arg)
+{
+    asker_t *a = arg;
+    for (int i = 0; i < a->n; i++) {
+        char id[32];
+        pdgw_fwd_request_t r;
+        pdgw_fwd_kv_req_t *q;
+        pdgw_fwd_error_t e;
+        pdgw_fwd_status_t st;
+        int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
+        snprintf(id, sizeof(id), "%s-%d", a->prefix, i);
+        r = request(id);
+        q = pdgw_fwd_kv_req_new(a->svc, &r, r.request_id);
+        memset(&e, 0, sizeof(e));
+        while ((st = pdgw_fwd_kv_req_before_prefill(q, &r, a->dec, &e)) == PDGW_FWD_PENDING &&
+               pdgw_fwd_now_ms() < end) {
+            struct timespec ts = {0, 200 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (st == PDGW_FWD_OK) {
+            pthread_mutex_lock(&a->svc->lock);
+            a->granted += q->res == RES_GRANTED;
+            pthread_mutex_unlock(&a->svc->lock);
+        }
+        pdgw_fwd_kv_req_end(q, PDGW_END_OK);
+    }
+    return NULL;
+}
+
+/* Reservations sent from two worker threads at once, their answers collected by the service
+ * thread (the client, the reservations in flight and the muted ports are shared under
+ * client_lock): every one is granted, none is lost. */
+static void test_reservations_from_workers(void **state)
+{
+    void *zctx = zmq_ctx_new();
+    granter_t g = {.router = zmq_socket(zctx, ZMQ_ROUTER)};
+    char last[64];
+    size_t ll = sizeof(last);
+    int zero = 0, alloc_port[1];
+    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
+    pdgw_fwd_kv_svc_t *svc =
+        svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
+                 "\"reserve_timeout_ms\":10000}");
+    asker_t a[2] = {{.svc = svc, .dec = &dec, .n = 50, .prefix = "wa"},
+                    {.svc = svc, .dec = &dec, .n = 50, .prefix = "wb"}};
+    (void)state;
+    zmq_setsockopt(g.router, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(g.router, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(g.router, ZMQ_LAST_ENDPOINT, last, &ll), 0);
+    alloc_port[0] = atoi(strrchr(last, ':') + 1);
+    dec.alloc_ports = alloc_port;
+    dec.n_alloc_ports = 1;
+    assert_int_equal(pthread_create(&g.th, NULL, grant_main, &g), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&a[i].th, NULL, ask_main, &a[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(a[i].th, NULL);
+    assert_int_equal(a[0].granted + a[1].granted, 100);
+    assert_int_equal(atomic_load(&g.answered), 100);
+    pdgw_fwd_kv_svc_close(svc);
+    atomic_store(&g.stop, 1);
+    pthread_join(g.th, NULL);
+    zmq_close(g.router);
+    zmq_ctx_term(zctx);
+}
+
 static void test_opts(void **state)
 {
     static const struct {
@@ -369,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_apply_live),
         cmocka_unit_test(test_tombs_keep_newest),
         cmocka_unit_test(test_cancel_and_shutdown),
+        cmocka_unit_test(test_reservations_from_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
