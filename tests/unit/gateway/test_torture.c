@@ -522,9 +522,18 @@ static void test_every_allocation_fails_stream(void **s)
  * then the connection closes) and all the others. */
 static void test_every_allocation_fails_cold(void **s)
 {
+    static const char *const body[][2] = {{PLAIN, "Hello"}, {STREAM, "[DONE]"}};
     (void)s;
-    assert_true(torture_run(PLAIN, "Hello", true) > 0);
-    assert_true(torture_run(STREAM, "[DONE]", true) > 0);
+    for (size_t b = 0; b < 2; b++) {
+        int refused = 0;
+        /* How many allocations come before dispatch varies from run to run (buffers grow as
+         * the bytes arrive): a sweep can step over the workflow object's allocation when the
+         * count shifts between two of its runs (seen once in a sanitizer run). Three sweeps
+         * that all miss it mean it is never refused cleanly. */
+        for (int sweep = 0; sweep < 3 && refused == 0; sweep++)
+            refused = torture_run(body[b][0], body[b][1], true);
+        assert_true(refused > 0);
+    }
 }
 
 /* Free-list use of the two objects (one worker): local replies never take a workflow object;
