@@ -69,6 +69,17 @@ static void finish(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
     pdgw_free(j);
 }
 
+/* finish() each job of the list <done> (taken off kv->asking; client_lock not held: each
+ * takes kv->lock). */
+static void finish_all(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *done)
+{
+    while (done != NULL) {
+        kvctl_job_t *j = done;
+        done = j->next;
+        finish(kv, j);
+    }
+}
+
 /* Unlink <j> from the reservations in flight. */
 static void unlink_asking(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
 {
@@ -169,11 +180,7 @@ void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
         }
     }
     pthread_mutex_unlock(&kv->client_lock);
-    while (done != NULL) { /* each takes kv->lock */
-        kvctl_job_t *j = done;
-        done = j->next;
-        finish(kv, j);
-    }
+    finish_all(kv, done);
 }
 
 void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping, int64_t *next_ms)
@@ -207,9 +214,5 @@ void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping,
         done = j;
     }
     pthread_mutex_unlock(&kv->client_lock);
-    while (done != NULL) { /* each takes kv->lock */
-        kvctl_job_t *j = done;
-        done = j->next;
-        finish(kv, j);
-    }
+    finish_all(kv, done);
 }

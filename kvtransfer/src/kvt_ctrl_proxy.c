@@ -234,25 +234,17 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
                                int timeout_ms, int *granted_out, int64_t *free_chunks_out)
 {
     proxy_dealer_t *d;
-    kvt_msg_t m;
     kvt_status_t st;
     uint64_t deadline;
 
-    if (p == NULL || host == NULL || alloc_port == 0 || req_id == NULL || req_id[0] == '\0' ||
-        total_chunks < 0 || granted_out == NULL)
+    if (granted_out == NULL)
         return KVT_ERR_INVALID;
-    d = dealer_get(p, host, alloc_port);
+    st = kvt_proxy_reserve_send(p, host, alloc_port, req_id, total_chunks, ttl_ms);
+    if (st != KVT_OK)
+        return st;
+    d = dealer_get(p, host, alloc_port); /* the one it was sent on */
     if (d == NULL)
         return KVT_ERR_IO;
-    kvt_msg_init(&m, KVT_MSG_RESERVE_REQUEST);
-    m.u.reserve_req.req_id = (char *)req_id;
-    m.u.reserve_req.total_chunks = total_chunks;
-    m.u.reserve_req.ttl_ms = ttl_ms;
-    st = send_msg(d->sock, &m);
-    if (st != KVT_OK) {
-        dealer_drop(d);
-        return st;
-    }
     deadline = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     for (;;) {
         zmq_pollitem_t it = {.socket = d->sock, .events = ZMQ_POLLIN};
