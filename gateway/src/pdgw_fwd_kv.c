@@ -118,6 +118,11 @@ size_t pdgw_kvctl_client_fds(pdgw_fwd_kv_client_t *c, int *fds, size_t max)
     return kvt_proxy_reserve_fds(c->proxy, fds, max);
 }
 
+int pdgw_kvctl_client_fd(pdgw_fwd_kv_client_t *c, const char *host, int port)
+{
+    return port > 0 && port <= 65535 ? kvt_proxy_reserve_fd(c->proxy, host, (uint16_t)port) : -1;
+}
+
 void pdgw_kvctl_client_forget(pdgw_fwd_kv_client_t *c, const char *host, int port)
 {
     if (port > 0 && port <= 65535)

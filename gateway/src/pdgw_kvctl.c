@@ -192,21 +192,31 @@ static void *kvctl_main(void *arg)
                 pdgw_kvctl_req_unref(j->q);
                 pdgw_free(j);
             } else {
-                pdgw_kvctl_reserve_start(kv, j); /* owns it from here on */
+                (void)pdgw_kvctl_reserve_start(kv, j); /* owns it from here on */
             }
             continue;
         }
         pthread_mutex_lock(&kv->client_lock);
-        if (kv->asking != NULL) { /* listed last: expiring ones closed their sockets */
+        /* Answers a worker watches wake that worker; the thread polls for the others. Listed
+         * last: expiring ones closed their sockets. */
+        if (kv->asking_unwatched > 0) {
             size_t nr = pdgw_kvctl_client_fds(kv->proxy, fds, (size_t)(KVCTL_POLL_FDS - npf));
             for (size_t i = 0; i < nr; i++) {
                 pf[npf].fd = fds[i];
                 pf[npf++].events = POLLIN;
             }
         }
-        pthread_mutex_unlock(&kv->client_lock);
+        {
+            /* read under the lock that guards ctl_wake_ms: a reservation started after this
+             * and due sooner kicks the thread */
+            int64_t res_next = pdgw_kvctl_reserve_next_locked(kv);
+            if (res_next >= 0 && (next < 0 || res_next < next))
+                next = res_next;
+        }
         if (next >= 0 && next - now < timeout)
             timeout = next > now ? (int)(next - now) : 0;
+        kv->ctl_wake_ms = now + timeout;
+        pthread_mutex_unlock(&kv->client_lock);
         if (poll(pf, (nfds_t)npf, timeout) > 0 && (pf[0].revents & POLLIN))
             (void)!read(kv->efd, &v, sizeof(v));
     }
@@ -222,6 +232,15 @@ void pdgw_kvctl_apply_all(const pdgw_fwd_kv_opts_t *o)
         pdgw_kvctl_apply(kv, o);
         pdgw_kvctl_kick(kv);
     }
+    pthread_mutex_unlock(&g_svcs_lock);
+}
+
+void pdgw_kvctl_worker_ready(void)
+{
+    /* under the list's lock: a service closed meanwhile is no longer on it */
+    pthread_mutex_lock(&g_svcs_lock);
+    for (pdgw_fwd_kv_svc_t *kv = g_svcs; kv != NULL; kv = kv->next_svc)
+        pdgw_kvctl_reserve_drain(kv);
     pthread_mutex_unlock(&g_svcs_lock);
 }
 

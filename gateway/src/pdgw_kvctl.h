@@ -83,6 +83,7 @@ typedef struct kvctl_job {
     unsigned char res_asked[KVCTL_MAX_PORTS]; /* asked, no answer yet */
     int res_waiting;                          /* how many of them */
     int res_granted_all, res_failed;
+    int res_watched; /* the worker that sent it is woken by its answers */
     int64_t res_min_free, res_deadline_ms;
 } kvctl_job_t;
 
@@ -124,6 +125,8 @@ struct pdgw_fwd_kv_svc {
      * decode leg), the service thread collects the answers. Never held with kv->lock. */
     pthread_mutex_t client_lock;
     kvctl_job_t *asking;
+    int asking_unwatched; /* of them, those no worker watches: the thread polls for them */
+    int64_t ctl_wake_ms;  /* the thread sleeps until then at the latest */
     kvctl_tomb_t *tombs, *tomb_tail; /* oldest first */
     size_t n_tombs;
     kvctl_tomb_t *tomb_hash[KVCTL_HASH];
@@ -179,17 +182,26 @@ kvctl_tomb_t *pdgw_kvctl_tomb_find_locked(pdgw_fwd_kv_svc_t *kv, const char *id)
 /* Drop the tombstones older than <ttl_ms>. */
 void pdgw_kvctl_tombs_expire_locked(pdgw_fwd_kv_svc_t *kv, int64_t now_ms, int64_t ttl_ms);
 
+/* A worker's loop saw a KV control socket it watches (pdgw_worker_watch_kvctl) ready: take
+ * what arrived on every open service's sockets. */
+void pdgw_kvctl_worker_ready(void);
+
 /* Read every queued notice of the listener and the relay (service thread). */
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 
 /* ---- reservations in flight (pdgw_kvctl_reserve.c; service thread) ---- */
 /* Ask every port of <j> (owned from here on; any thread, neither lock held): it waits on
- * kv->asking for its answers, or ends at once (a port muted or not reachable). */
-void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j);
+ * kv->asking for its answers, or ends at once (a port muted or not reachable). A worker
+ * calling it is woken by the answers (pdgw_worker_watch_kvctl). 1 when the service thread
+ * must be kicked to look after it (it would not poll for its answers, or it sleeps past its
+ * deadline), else 0. */
+int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j);
 /* No reservation waits for an answer. */
 bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv);
-/* Take every answer that arrived; a reservation with all of them ends. */
+/* Take every answer that arrived (any thread); a reservation with all of them ends. */
 void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv);
+/* The earliest deadline of the reservations in flight (-1: none; client_lock held). */
+int64_t pdgw_kvctl_reserve_next_locked(pdgw_fwd_kv_svc_t *kv);
 /* End the reservations whose time ran out (all of them when <stopping>): their silent ports
  * are muted; *next_ms gets the earliest deadline still armed. */
 void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping, int64_t *next_ms);
@@ -209,6 +221,8 @@ int pdgw_kvctl_client_reserve_send(pdgw_fwd_kv_client_t *c, const char *host, in
 int pdgw_kvctl_client_reserve_recv(pdgw_fwd_kv_client_t *c, pdgw_kvctl_answer_t *a);
 /* The descriptors to poll for answers (edge-style: drain before waiting). */
 size_t pdgw_kvctl_client_fds(pdgw_fwd_kv_client_t *c, int *fds, size_t max);
+/* The descriptor of host:port's socket (-1: none is open). */
+int pdgw_kvctl_client_fd(pdgw_fwd_kv_client_t *c, const char *host, int port);
 /* Close host:port's socket (its answer came too late to be used). */
 void pdgw_kvctl_client_forget(pdgw_fwd_kv_client_t *c, const char *host, int port);
 void pdgw_kvctl_client_endpoint(const char *host, int port, char *ep, size_t cap);

@@ -168,11 +168,10 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
         pthread_mutex_unlock(&kv->lock);
         if (j == NULL)
             return PDGW_FWD_OK; /* no memory for it: unreserved, as when it fails */
-        /* Sent from here, not by the service thread: one wake-up between threads less before
-         * the decode leg. The thread then collects the answer (the kick also makes it poll
-         * the socket the send may have opened). */
-        pdgw_kvctl_reserve_start(kv, j);
-        pdgw_kvctl_kick(kv);
+        /* Sent from here, not by the service thread, and this worker is woken by the answer
+         * (pdgw_kvctl_reserve.c): the decode leg waits for no hand-over between threads. */
+        if (pdgw_kvctl_reserve_start(kv, j))
+            pdgw_kvctl_kick(kv);
         return PDGW_FWD_PENDING;
     }
     res = q->res;

@@ -8,10 +8,17 @@
  * other reservation, ProxyNotif and deadline of the protocol behind the slowest receiver, and
  * one that does not answer would stop them all for reserve_timeout_ms.
  *
- * The worker whose request needs the reservation sends it (kv->client_lock guards the client,
- * the reservations in flight and the muted ports): handing the send to the service thread
- * would cost the decode leg one more wake-up between threads. The service thread, kicked
- * after every send, collects the answers and ends the reservations that ran out of time.
+ * The worker whose request needs the reservation sends it and is woken by its answer
+ * (kv->client_lock guards the client, the reservations in flight and the muted ports): the
+ * worker's loop watches the socket and collects what arrived (pdgw_kvctl_worker_ready), so
+ * the decode leg waits for no hand-over between threads. The service thread ends the
+ * reservations that ran out of time, and polls the sockets itself only for reservations no
+ * worker watches (those it sent, retries after a refusal; or a watch that failed); it drains
+ * them at every turn anyway, at least every KVCTL_POLL_MS.
+ *
+ * The sockets' descriptors are edge-style (ZMQ_FD): any call on a socket, a send too, may
+ * take the readiness of an answer that is waiting. So every send is followed by a drain
+ * under the same lock, and a drain always reads to the end, stray answers included.
  *
  * Outcome per request, as before: granted by every port, refused by one, or failed (a port did
  * not answer in time, could not be asked, or was muted: it did not answer lately and is not
@@ -23,6 +30,7 @@
 #include <string.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_server.h"
 
 static int port_muted(pdgw_fwd_kv_svc_t *kv, const char *host, int port, int64_t now)
 {
@@ -80,60 +88,17 @@ static void finish_all(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *done)
     }
 }
 
-/* Unlink <j> from the reservations in flight. */
+/* Unlink <j> from the reservations in flight (client_lock held). */
 static void unlink_asking(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
 {
     for (kvctl_job_t **pp = &kv->asking; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == j) {
             *pp = j->next;
+            if (!j->res_watched)
+                kv->asking_unwatched--;
             return;
         }
     }
-}
-
-void pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
-{
-    int64_t now = pdgw_fwd_now_ms();
-    j->res_granted_all = 1;
-    j->res_min_free = -1;
-    j->res_waiting = 0;
-    pthread_mutex_lock(&kv->client_lock);
-    for (int i = 0; i < j->dest.nports && !j->res_failed; i++) {
-        char why[128];
-        if (port_muted(kv, j->dest.host, j->dest.ports[i], now)) {
-            j->res_failed = 1; /* did not answer lately: go on unreserved without waiting */
-            break;
-        }
-        if (pdgw_kvctl_client_reserve_send(kv->proxy, j->dest.host, j->dest.ports[i], j->id,
-                                           j->chunks, j->ttl_ms, why, sizeof(why)) != 0) {
-            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
-                         "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
-                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], why, KVCTL_MUTE_MS);
-            port_mute(kv, j->dest.host, j->dest.ports[i], now);
-            j->res_failed = 1;
-            break;
-        }
-        j->res_asked[i] = 1;
-        j->res_waiting++;
-    }
-    if (j->res_failed || j->res_waiting == 0) {
-        pthread_mutex_unlock(&kv->client_lock);
-        finish(kv, j);
-        return;
-    }
-    j->res_deadline_ms = now + (j->timeout_ms > 0 ? j->timeout_ms : 0);
-    j->next = kv->asking;
-    kv->asking = j;
-    pthread_mutex_unlock(&kv->client_lock);
-}
-
-bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv)
-{
-    bool idle;
-    pthread_mutex_lock(&kv->client_lock);
-    idle = kv->asking == NULL;
-    pthread_mutex_unlock(&kv->client_lock);
-    return idle;
 }
 
 /* The job asking <ep> about <id>, and which of its ports <ep> is (NULL when none: a late or
@@ -157,12 +122,13 @@ static kvctl_job_t *asking_find(pdgw_fwd_kv_svc_t *kv, const char *ep, const cha
     return NULL;
 }
 
-void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
+/* Take every answer that arrived (client_lock held): reservations with all of theirs go onto
+ * *done. Reads to the end even with nothing asking, so the sockets' descriptors are ready
+ * again for the next answer. */
+static void drain_locked(pdgw_fwd_kv_svc_t *kv, kvctl_job_t **done)
 {
     pdgw_kvctl_answer_t a;
-    kvctl_job_t *done = NULL;
-    pthread_mutex_lock(&kv->client_lock);
-    while (kv->asking != NULL && pdgw_kvctl_client_reserve_recv(kv->proxy, &a)) {
+    while (pdgw_kvctl_client_reserve_recv(kv->proxy, &a)) {
         int i;
         kvctl_job_t *j = asking_find(kv, a.ep, a.req_id, &i);
         if (j == NULL)
@@ -175,10 +141,89 @@ void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
             j->res_min_free = a.free_chunks;
         if (j->res_waiting == 0) {
             unlink_asking(kv, j);
-            j->next = done;
-            done = j;
+            j->next = *done;
+            *done = j;
         }
     }
+}
+
+int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+{
+    int64_t now = pdgw_fwd_now_ms();
+    kvctl_job_t *done = NULL;
+    int kick;
+    j->res_granted_all = 1;
+    j->res_min_free = -1;
+    j->res_waiting = 0;
+    j->res_watched = 1;
+    pthread_mutex_lock(&kv->client_lock);
+    for (int i = 0; i < j->dest.nports && !j->res_failed; i++) {
+        char why[128];
+        if (port_muted(kv, j->dest.host, j->dest.ports[i], now)) {
+            j->res_failed = 1; /* did not answer lately: go on unreserved without waiting */
+            break;
+        }
+        if (pdgw_kvctl_client_reserve_send(kv->proxy, j->dest.host, j->dest.ports[i], j->id,
+                                           j->chunks, j->ttl_ms, why, sizeof(why)) != 0) {
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
+                         "%s: ReserveRequest %s to %s:%d: %s; not asking it again for %d ms",
+                         kv->protocol, j->id, j->dest.host, j->dest.ports[i], why, KVCTL_MUTE_MS);
+            port_mute(kv, j->dest.host, j->dest.ports[i], now);
+            j->res_failed = 1;
+            break;
+        }
+        j->res_asked[i] = 1;
+        j->res_waiting++;
+        /* the calling worker is woken by the answer; any other thread leaves it to the
+         * service thread's poll */
+        if (pdgw_worker_watch_kvctl(
+                pdgw_kvctl_client_fd(kv->proxy, j->dest.host, j->dest.ports[i])) != 0)
+            j->res_watched = 0;
+    }
+    if (j->res_failed || j->res_waiting == 0) {
+        drain_locked(kv, &done);
+        pthread_mutex_unlock(&kv->client_lock);
+        finish(kv, j);
+        finish_all(kv, done);
+        return 0;
+    }
+    j->res_deadline_ms = now + (j->timeout_ms > 0 ? j->timeout_ms : 0);
+    j->next = kv->asking;
+    kv->asking = j;
+    if (!j->res_watched)
+        kv->asking_unwatched++;
+    /* The service thread must look now when it does not poll for this answer yet, or sleeps
+     * past its deadline. */
+    kick = !j->res_watched || j->res_deadline_ms < kv->ctl_wake_ms;
+    drain_locked(kv, &done); /* the send may have taken an answer's readiness */
+    pthread_mutex_unlock(&kv->client_lock);
+    finish_all(kv, done);
+    return kick;
+}
+
+bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv)
+{
+    bool idle;
+    pthread_mutex_lock(&kv->client_lock);
+    idle = kv->asking == NULL;
+    pthread_mutex_unlock(&kv->client_lock);
+    return idle;
+}
+
+int64_t pdgw_kvctl_reserve_next_locked(pdgw_fwd_kv_svc_t *kv)
+{
+    int64_t next = -1;
+    for (kvctl_job_t *j = kv->asking; j != NULL; j = j->next)
+        if (next < 0 || j->res_deadline_ms < next)
+            next = j->res_deadline_ms;
+    return next;
+}
+
+void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
+{
+    kvctl_job_t *done = NULL;
+    pthread_mutex_lock(&kv->client_lock);
+    drain_locked(kv, &done);
     pthread_mutex_unlock(&kv->client_lock);
     finish_all(kv, done);
 }
@@ -209,6 +254,8 @@ void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping,
             pdgw_kvctl_client_forget(kv->proxy, j->dest.host, j->dest.ports[i]);
         }
         *pp = j->next;
+        if (!j->res_watched)
+            kv->asking_unwatched--;
         j->res_failed = 1;
         j->next = done;
         done = j;

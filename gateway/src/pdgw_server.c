@@ -94,6 +94,18 @@ static uint64_t tag(int kind, int fd)
     return ((uint64_t)(unsigned)kind << 32) | (uint32_t)fd;
 }
 
+int pdgw_worker_watch_kvctl(int fd)
+{
+    pdgw_worker_t *w = pdgw_this_worker;
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (w == NULL || fd < 0)
+        return -1;
+    /* Level-triggered: every wake drains (pdgw_kvctl_worker_ready). The watch ends with the
+     * socket, whose close drops it from the set. */
+    ev.data.u64 = tag(PDGW_EV_KVCTL, fd);
+    return epoll_ctl(w->epfd, EPOLL_CTL_ADD, fd, &ev) == 0 || errno == EEXIST ? 0 : -1;
+}
+
 /* ---------------------------------------------------------------- request objects */
 
 pdgw_req_t *pdgw_req_alloc(pdgw_worker_t *w)
@@ -458,6 +470,9 @@ static void *worker_main(void *arg)
                 break;
             case PDGW_EV_FRONT_LISTEN:
                 pdgw_front_on_accept(w);
+                break;
+            case PDGW_EV_KVCTL:
+                pdgw_kvctl_worker_ready();
                 break;
             case PDGW_EV_HUP:
                 if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {

@@ -108,4 +108,10 @@ bool pdgw_server_wait_idle(pdgw_server_t *srv, uint64_t timeout_ms);
 /* Stop the workers (in-flight requests are cancelled), free everything. NULL-safe. */
 void pdgw_server_destroy(pdgw_server_t *srv);
 
+/* Wake the calling worker's loop when <fd> (a KV control socket's descriptor, pdgw_kvctl.h)
+ * is readable; the loop then collects what arrived (pdgw_kvctl_worker_ready). Watching a
+ * descriptor twice is harmless. 0, or -1 when the caller is not a worker thread or <fd> cannot
+ * be watched. */
+int pdgw_worker_watch_kvctl(int fd);
+
 #endif /* PDGW_SERVER_H */

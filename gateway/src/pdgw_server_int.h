@@ -59,6 +59,7 @@ enum {
     PDGW_EV_H1 = 5,
     PDGW_EV_FRONT_LISTEN = 6, /* the native front end's listening socket */
     PDGW_EV_FRONT = 7,        /* one of its connections */
+    PDGW_EV_KVCTL = 8,        /* a KV control socket (pdgw_worker_watch_kvctl) */
 };
 
 /* ---------------------------------------------------------------- server */

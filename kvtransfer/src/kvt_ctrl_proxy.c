@@ -384,6 +384,22 @@ size_t kvt_proxy_reserve_fds(kvt_proxy_t *p, int *fds, size_t max)
     return n;
 }
 
+int kvt_proxy_reserve_fd(kvt_proxy_t *p, const char *host, uint16_t alloc_port)
+{
+    char ep[300];
+    if (p == NULL || host == NULL)
+        return -1;
+    kvt_proxy_reserve_endpoint(host, alloc_port, ep, sizeof(ep));
+    for (int i = 0; i < PROXY_MAX_DEALERS; i++) {
+        int fd;
+        size_t fl = sizeof(fd);
+        if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0 &&
+            zmq_getsockopt(p->dealers[i].sock, ZMQ_FD, &fd, &fl) == 0)
+            return fd;
+    }
+    return -1;
+}
+
 void kvt_proxy_reserve_drop(kvt_proxy_t *p, const char *host, uint16_t alloc_port)
 {
     char ep[300];

@@ -259,7 +259,9 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
  *    endpoint it came from as kvt_proxy_reserve_endpoint writes it; a caller matches it to
  *    its request by endpoint and req_id;
  *  - kvt_proxy_reserve_fds lists the sockets' descriptors (ZMQ_FD, edge-style: call
- *    kvt_proxy_reserve_recv until KVT_ERR_TIMEOUT before waiting on them);
+ *    kvt_proxy_reserve_recv until KVT_ERR_TIMEOUT before waiting on them; any call on a
+ *    socket, a send too, may take its readiness while an answer waits);
+ *  - kvt_proxy_reserve_fd gives host:alloc_port's socket's descriptor (-1: none is open);
  *  - kvt_proxy_reserve_drop closes the socket of a receiver whose answer did not come in
  *    time: it is never reused, so an answer that comes later is never taken for another. */
 typedef struct kvt_proxy_reply {
@@ -272,6 +274,7 @@ kvt_status_t kvt_proxy_reserve_send(kvt_proxy_t *p, const char *host, uint16_t a
                                     const char *req_id, int64_t total_chunks, int64_t ttl_ms);
 kvt_status_t kvt_proxy_reserve_recv(kvt_proxy_t *p, kvt_proxy_reply_t *out);
 size_t kvt_proxy_reserve_fds(kvt_proxy_t *p, int *fds, size_t max);
+int kvt_proxy_reserve_fd(kvt_proxy_t *p, const char *host, uint16_t alloc_port);
 void kvt_proxy_reserve_drop(kvt_proxy_t *p, const char *host, uint16_t alloc_port);
 void kvt_proxy_reserve_endpoint(const char *host, uint16_t alloc_port, char *ep, size_t cap);
 

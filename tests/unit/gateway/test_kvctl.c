@@ -28,6 +28,10 @@
 #include <pdgw/forwarder.h>
 
 #include "pdgw_kvctl.h"
+#include "pdgw_server_int.h" /* a worker's loop: its epoll set and the tag of its events */
+
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #define WAIT_MS 20000 /* generous: only a broken service ever waits this long */
 
@@ -375,6 +379,22 @@ static void *grant_main(void *arg)
     return NULL;
 }
 
+/* Open a granting receiver and a decode that names it. */
+static void granter_start(void *zctx, granter_t *g, pdgw_instance_t *dec, int *alloc_port)
+{
+    char last[64];
+    size_t ll = sizeof(last);
+    int zero = 0;
+    g->router = zmq_socket(zctx, ZMQ_ROUTER);
+    zmq_setsockopt(g->router, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(g->router, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(g->router, ZMQ_LAST_ENDPOINT, last, &ll), 0);
+    *alloc_port = atoi(strrchr(last, ':') + 1);
+    dec->alloc_ports = alloc_port;
+    dec->n_alloc_ports = 1;
+    assert_int_equal(pthread_create(&g->th, NULL, grant_main, g), 0);
+}
+
 typedef struct asker {
     pdgw_fwd_kv_svc_t *svc;
     const pdgw_instance_t *dec;
@@ -420,10 +440,8 @@ static void *ask_main(void *arg)
 static void test_reservations_from_workers(void **state)
 {
     void *zctx = zmq_ctx_new();
-    granter_t g = {.router = zmq_socket(zctx, ZMQ_ROUTER)};
-    char last[64];
-    size_t ll = sizeof(last);
-    int zero = 0, alloc_port[1];
+    granter_t g = {0};
+    int alloc_port[1];
     pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
     pdgw_fwd_kv_svc_t *svc =
         svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
@@ -431,13 +449,7 @@ static void test_reservations_from_workers(void **state)
     asker_t a[2] = {{.svc = svc, .dec = &dec, .n = 50, .prefix = "wa"},
                     {.svc = svc, .dec = &dec, .n = 50, .prefix = "wb"}};
     (void)state;
-    zmq_setsockopt(g.router, ZMQ_LINGER, &zero, sizeof(zero));
-    assert_int_equal(zmq_bind(g.router, "tcp://127.0.0.1:*"), 0);
-    assert_int_equal(zmq_getsockopt(g.router, ZMQ_LAST_ENDPOINT, last, &ll), 0);
-    alloc_port[0] = atoi(strrchr(last, ':') + 1);
-    dec.alloc_ports = alloc_port;
-    dec.n_alloc_ports = 1;
-    assert_int_equal(pthread_create(&g.th, NULL, grant_main, &g), 0);
+    granter_start(zctx, &g, &dec, alloc_port);
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&a[i].th, NULL, ask_main, &a[i]), 0);
     for (int i = 0; i < 2; i++)
@@ -445,6 +457,68 @@ static void test_reservations_from_workers(void **state)
     assert_int_equal(a[0].granted + a[1].granted, 100);
     assert_int_equal(atomic_load(&g.answered), 100);
     pdgw_fwd_kv_svc_close(svc);
+    atomic_store(&g.stop, 1);
+    pthread_join(g.th, NULL);
+    zmq_close(g.router);
+    zmq_ctx_term(zctx);
+}
+
+/* A worker that sends a reservation is woken by its answer itself: the socket joins the
+ * worker loop's epoll set, tagged as a KV control socket, and the answer makes it ready; the
+ * worker's drain grants the request, with no hand-over from the service thread. (The service
+ * thread still drains at every turn, at least every 20 ms, so now and then it takes an answer
+ * first; most wake their worker.) */
+static void test_reservation_wakes_its_worker(void **state)
+{
+    void *zctx = zmq_ctx_new();
+    granter_t g = {0};
+    int alloc_port[1], woken = 0, granted = 0;
+    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
+    pdgw_fwd_kv_svc_t *svc =
+        svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
+                 "\"reserve_timeout_ms\":10000}");
+    pdgw_worker_t w;
+    (void)state;
+    memset(&w, 0, sizeof(w));
+    w.epfd = epoll_create1(EPOLL_CLOEXEC);
+    assert_true(w.epfd >= 0);
+    granter_start(zctx, &g, &dec, alloc_port);
+    pdgw_this_worker = &w;
+    for (int i = 0; i < 20; i++) {
+        char id[32];
+        pdgw_fwd_request_t r;
+        pdgw_fwd_kv_req_t *q;
+        pdgw_fwd_error_t e;
+        pdgw_fwd_status_t st;
+        struct epoll_event ev;
+        int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
+        snprintf(id, sizeof(id), "ww-%d", i);
+        r = request(id);
+        q = pdgw_fwd_kv_req_new(svc, &r, r.request_id);
+        memset(&e, 0, sizeof(e));
+        assert_int_equal(pdgw_fwd_kv_req_before_prefill(q, &r, &dec, &e), PDGW_FWD_PENDING);
+        if (epoll_wait(w.epfd, &ev, 1, 2000) == 1) {
+            assert_int_equal((int)((ev.data.u64 >> 32) & 0xffu), PDGW_EV_KVCTL);
+            woken++;
+            pdgw_kvctl_worker_ready();
+        }
+        while ((st = pdgw_fwd_kv_req_before_prefill(q, &r, &dec, &e)) == PDGW_FWD_PENDING &&
+               pdgw_fwd_now_ms() < end) {
+            struct timespec ts = {0, 200 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        assert_int_equal(st, PDGW_FWD_OK);
+        pthread_mutex_lock(&svc->lock);
+        granted += q->res == RES_GRANTED;
+        pthread_mutex_unlock(&svc->lock);
+        pdgw_fwd_kv_req_end(q, PDGW_END_OK);
+    }
+    pdgw_this_worker = NULL;
+    print_message("reservations: 20 granted %d, woke their worker %d\n", granted, woken);
+    assert_int_equal(granted, 20);
+    assert_true(woken >= 10);
+    pdgw_fwd_kv_svc_close(svc);
+    close(w.epfd);
     atomic_store(&g.stop, 1);
     pthread_join(g.th, NULL);
     zmq_close(g.router);
@@ -496,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_tombs_keep_newest),
         cmocka_unit_test(test_cancel_and_shutdown),
         cmocka_unit_test(test_reservations_from_workers),
+        cmocka_unit_test(test_reservation_wakes_its_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

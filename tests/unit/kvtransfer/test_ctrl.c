@@ -146,6 +146,9 @@ static void test_reserve_in_flight_side_by_side(void **state)
     assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", p.rp.alloc_port, "fast", 3, 1000),
                      KVT_OK);
     assert_int_equal(kvt_proxy_reserve_fds(px, fds, 8), 2);
+    /* each endpoint's own descriptor, for a loop that waits on that one alone */
+    assert_int_equal(kvt_proxy_reserve_fd(px, "127.0.0.1", port), fds[0]);
+    assert_int_equal(kvt_proxy_reserve_fd(px, "127.0.0.1", p.rp.alloc_port), fds[1]);
     for (uint64_t end = t_now_ms() + 5000; st != KVT_OK && t_now_ms() < end;) {
         struct pollfd pf[2] = {{.fd = fds[0], .events = POLLIN}, {.fd = fds[1], .events = POLLIN}};
         st = kvt_proxy_reserve_recv(px, &r); /* edge-style: drain before waiting */
@@ -162,6 +165,8 @@ static void test_reserve_in_flight_side_by_side(void **state)
     /* the silent one is given up: its socket is gone, the next ask makes a new one */
     kvt_proxy_reserve_drop(px, "127.0.0.1", port);
     assert_int_equal(kvt_proxy_reserve_fds(px, fds, 8), 1);
+    assert_int_equal(kvt_proxy_reserve_fd(px, "127.0.0.1", port), -1);
+    assert_int_equal(kvt_proxy_reserve_fd(px, NULL, port), -1);
     assert_int_equal(kvt_proxy_reserve_send(px, NULL, port, "x", 1, 1), KVT_ERR_INVALID);
     assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", port, "", 1, 1), KVT_ERR_INVALID);
     t_pair_close(&p);
