@@ -2,7 +2,8 @@
  * pdgw_kvctl.h - the KV control service behind forwarder.h (pdgw_fwd_kv_svc_*,
  * pdgw_fwd_kv_req_*): its objects, shared by
  *   pdgw_kvctl.c       life and the service thread (its jobs, deadlines),
- *   pdgw_kvctl_reserve.c ReserveRequests in flight (on the service thread),
+ *   pdgw_kvctl_reserve.c ReserveRequests in flight (sent and collected by workers; the service
+ *                      thread runs their deadlines and retries),
  *   pdgw_kvctl_notif.c ProxyNotif counting and sender checks (on the service thread),
  *   pdgw_kvctl_req.c   the per-attempt calls forwarders make from their request ops,
  *   pdgw_kvctl_index.c waiters and tombstones by request id.
@@ -79,7 +80,7 @@ typedef struct kvctl_job {
     kvctl_dest_t dest;
     char id[KVCTL_ID_MAX];
     int64_t chunks, ttl_ms, timeout_ms;
-    /* a reservation in flight (pdgw_kvctl_reserve.c; service thread only) */
+    /* a reservation in flight (pdgw_kvctl_reserve.c; under client_lock) */
     unsigned char res_asked[KVCTL_MAX_PORTS]; /* asked, no answer yet */
     int res_waiting;                          /* how many of them */
     int res_granted_all, res_failed;
@@ -121,8 +122,9 @@ struct pdgw_fwd_kv_svc {
     int stop;
     kvctl_job_t *jobs;
     /* The KV control client (proxy), the reservations waiting for their answers (asking) and
-     * the muted ports: a worker sends its own ReserveRequest (one hand-off less before the
-     * decode leg), the service thread collects the answers. Never held with kv->lock. */
+     * the muted ports: a worker sends its own ReserveRequest and is woken by the answer, with
+     * no hand-off between threads before the decode leg (pdgw_kvctl_reserve.c). Never held
+     * with kv->lock. */
     pthread_mutex_t client_lock;
     kvctl_job_t *asking;
     int asking_unwatched; /* of them, those no worker watches: the thread polls for them */
@@ -189,7 +191,7 @@ void pdgw_kvctl_worker_ready(void);
 /* Read every queued notice of the listener and the relay (service thread). */
 void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 
-/* ---- reservations in flight (pdgw_kvctl_reserve.c; service thread) ---- */
+/* ---- reservations in flight (pdgw_kvctl_reserve.c; workers and the service thread) ---- */
 /* Ask every port of <j> (owned from here on; any thread, neither lock held): it waits on
  * kv->asking for its answers, or ends at once (a port muted or not reachable). A worker
  * calling it is woken by the answers (pdgw_worker_watch_kvctl). 1 when the service thread
