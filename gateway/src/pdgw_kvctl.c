@@ -7,9 +7,9 @@
  * control client (forwarder.h pdgw_fwd_kv_*: one DEALER per receiver alloc port). It does
  * everything that may block or wait:
  *   - ReserveRequest{req_id, total_chunks, ttl_ms} to every alloc port (TP rank) of the
- *     chosen decode (sent by the request's worker when it can go at once, by this thread
- *     when it waits for a retry; pdgw_kvctl_reserve.c): this thread collects the answers
- *     (granted, free_chunks) and hands them back to the request,
+ *     chosen decode (sent by the request's worker when it can go at once, which also takes
+ *     the answers (granted, free_chunks) off the socket; by this thread when it waits for a
+ *     retry; pdgw_kvctl_reserve.c): this thread runs their deadlines,
  *   - CancelNotif{req_id} at the end of an attempt (release of the reservation / pinned pages),
  *   - ProxyNotif{req_id} counting (one per TP rank of the prefill), with per-request deadlines.
  *     A ProxyNotif counts only for a request in flight (registered before its prefill leg),

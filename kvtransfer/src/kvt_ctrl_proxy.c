@@ -171,20 +171,31 @@ kvt_status_t kvt_proxy_recv(kvt_proxy_t *p, char *req_id, size_t cap, int timeou
     }
 }
 
+/* host:port's open socket, or NULL. */
+static proxy_dealer_t *dealer_find(kvt_proxy_t *p, const char *host, uint16_t port)
+{
+    char ep[300];
+    kvt_proxy_reserve_endpoint(host, port, ep, sizeof(ep));
+    for (int i = 0; i < PROXY_MAX_DEALERS; i++)
+        if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0)
+            return &p->dealers[i];
+    return NULL;
+}
+
+/* host:port's socket, opened when there is none. */
 static proxy_dealer_t *dealer_get(kvt_proxy_t *p, const char *host, uint16_t port)
 {
     char ep[300], ident[64];
-    proxy_dealer_t *free_slot = NULL;
+    proxy_dealer_t *have = dealer_find(p, host, port), *free_slot = NULL;
     int zero = 0;
     int64_t maxmsg = KVT_MSG_MAX_BYTES;
 
+    if (have != NULL)
+        return have;
     kvt_proxy_reserve_endpoint(host, port, ep, sizeof(ep));
-    for (int i = 0; i < PROXY_MAX_DEALERS; i++) {
-        if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0)
-            return &p->dealers[i];
-        if (p->dealers[i].sock == NULL && free_slot == NULL)
+    for (int i = 0; i < PROXY_MAX_DEALERS && free_slot == NULL; i++)
+        if (p->dealers[i].sock == NULL)
             free_slot = &p->dealers[i];
-    }
     if (free_slot == NULL) {
         free_slot = &p->dealers[p->gen % PROXY_MAX_DEALERS];
         zmq_close(free_slot->sock);
@@ -242,7 +253,7 @@ kvt_status_t kvt_proxy_reserve(kvt_proxy_t *p, const char *host, uint16_t alloc_
     st = kvt_proxy_reserve_send(p, host, alloc_port, req_id, total_chunks, ttl_ms);
     if (st != KVT_OK)
         return st;
-    d = dealer_get(p, host, alloc_port); /* the one it was sent on */
+    d = dealer_find(p, host, alloc_port); /* the one it was sent on */
     if (d == NULL)
         return KVT_ERR_IO;
     deadline = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
@@ -386,29 +397,17 @@ size_t kvt_proxy_reserve_fds(kvt_proxy_t *p, int *fds, size_t max)
 
 int kvt_proxy_reserve_fd(kvt_proxy_t *p, const char *host, uint16_t alloc_port)
 {
-    char ep[300];
-    if (p == NULL || host == NULL)
-        return -1;
-    kvt_proxy_reserve_endpoint(host, alloc_port, ep, sizeof(ep));
-    for (int i = 0; i < PROXY_MAX_DEALERS; i++) {
-        int fd;
-        size_t fl = sizeof(fd);
-        if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0 &&
-            zmq_getsockopt(p->dealers[i].sock, ZMQ_FD, &fd, &fl) == 0)
-            return fd;
-    }
-    return -1;
+    proxy_dealer_t *d = p != NULL && host != NULL ? dealer_find(p, host, alloc_port) : NULL;
+    int fd;
+    size_t fl = sizeof(fd);
+    return d != NULL && zmq_getsockopt(d->sock, ZMQ_FD, &fd, &fl) == 0 ? fd : -1;
 }
 
 void kvt_proxy_reserve_drop(kvt_proxy_t *p, const char *host, uint16_t alloc_port)
 {
-    char ep[300];
-    if (p == NULL || host == NULL)
-        return;
-    kvt_proxy_reserve_endpoint(host, alloc_port, ep, sizeof(ep));
-    for (int i = 0; i < PROXY_MAX_DEALERS; i++)
-        if (p->dealers[i].sock != NULL && strcmp(p->dealers[i].ep, ep) == 0)
-            dealer_drop(&p->dealers[i]);
+    proxy_dealer_t *d = p != NULL && host != NULL ? dealer_find(p, host, alloc_port) : NULL;
+    if (d != NULL) /* one socket per endpoint: dealer_get never opens a second */
+        dealer_drop(d);
 }
 
 void kvt_proxy_reserve_endpoint(const char *host, uint16_t alloc_port, char *ep, size_t cap)
