@@ -175,6 +175,75 @@ static void test_reserve_in_flight_side_by_side(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* A receiver that answers a ReserveRequest with garbage and with a message of another type
+ * before its real answer: both are counted and skipped, the real answer is given, and after
+ * the drain to the end the socket's descriptor is no longer ready (a loop that waits on it
+ * level-triggered does not spin on what it skipped). */
+static void test_reserve_answers_garbage_skipped(void **state)
+{
+    kvt_proxy_t *px;
+    void *ctx = zmq_ctx_new(), *rt = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64], ident[64];
+    size_t l = sizeof(ep);
+    int zero = 0, fd, il;
+    uint16_t port;
+    kvt_proxy_reply_t r;
+    kvt_msg_t m;
+    void *data = NULL;
+    size_t len = 0;
+    struct pollfd pf;
+    (void)state;
+
+    zmq_setsockopt(rt, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(rt, "tcp://127.0.0.1:*"), 0);
+    zmq_getsockopt(rt, ZMQ_LAST_ENDPOINT, ep, &l);
+    port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", port, "g", 2, 1000), KVT_OK);
+    /* [ident, "", payload] */
+    il = zmq_recv(rt, ident, sizeof(ident), 0);
+    assert_true(il > 0);
+    assert_int_equal(zmq_recv(rt, ep, sizeof(ep), 0), 0);
+    assert_true(zmq_recv(rt, ep, sizeof(ep), 0) > 0);
+    kvt_msg_init(&m, KVT_MSG_PROXY_NOTIF); /* a valid message, not an answer */
+    assert_int_equal(kvt_msg_set_str(&m.u.proxy_notif.req_id, "g"), KVT_OK);
+    assert_int_equal(kvt_msg_encode(&m, &data, &len), KVT_OK);
+    kvt_msg_clear(&m);
+    zmq_send(rt, ident, (size_t)il, ZMQ_SNDMORE);
+    zmq_send(rt, "", 0, ZMQ_SNDMORE);
+    zmq_send(rt, "\xc1garbage", 8, 0);
+    zmq_send(rt, ident, (size_t)il, ZMQ_SNDMORE);
+    zmq_send(rt, "", 0, ZMQ_SNDMORE);
+    zmq_send(rt, data, len, 0);
+    kvt_free(data);
+    kvt_msg_init(&m, KVT_MSG_RESERVE_RESPONSE);
+    m.u.reserve_resp.req_id = "g";
+    m.u.reserve_resp.granted = 1;
+    m.u.reserve_resp.free_chunks = 7;
+    assert_int_equal(kvt_msg_encode(&m, &data, &len), KVT_OK);
+    zmq_send(rt, ident, (size_t)il, ZMQ_SNDMORE);
+    zmq_send(rt, "", 0, ZMQ_SNDMORE);
+    zmq_send(rt, data, len, 0);
+    kvt_free(data);
+
+    fd = kvt_proxy_reserve_fd(px, "127.0.0.1", port);
+    assert_true(fd >= 0);
+    pf = (struct pollfd){.fd = fd, .events = POLLIN};
+    for (uint64_t end = t_now_ms() + 5000;
+         kvt_proxy_reserve_recv(px, &r) != KVT_OK && t_now_ms() < end;)
+        (void)poll(&pf, 1, 50);
+    assert_string_equal(r.req_id, "g");
+    assert_int_equal(r.granted, 1);
+    assert_int_equal(r.free_chunks, 7);
+    assert_int_equal(kvt_proxy_bad_messages(px), 2);
+    assert_int_equal(kvt_proxy_reserve_recv(px, &r), KVT_ERR_TIMEOUT); /* drained to the end */
+    pf.revents = 0;
+    assert_int_equal(poll(&pf, 1, 0), 0); /* not ready: nothing left to wake a loop */
+    kvt_proxy_destroy(px);
+    zmq_close(rt);
+    zmq_ctx_term(ctx);
+}
+
 /* Layer-wise: three parts; the ProxyNotif comes once, after the last. */
 static void test_proxy_notif_after_last_batch(void **state)
 {
@@ -348,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_proxy_notif_epoll),
         cmocka_unit_test(test_reserve_timeout_replaces_socket),
         cmocka_unit_test(test_reserve_in_flight_side_by_side),
+        cmocka_unit_test(test_reserve_answers_garbage_skipped),
         cmocka_unit_test(test_proxy_notif_after_last_batch),
         cmocka_unit_test(test_dead_receiver_timeout),
         cmocka_unit_test(test_notif_means_landed_push),
