@@ -4,8 +4,12 @@
  * ZMQ_FD handled by draining until KVT_ERR_TIMEOUT), garbage on the PULL
  * counted and skipped, ReserveRequest with a timeout against a peer that
  * never answers (the socket is replaced, the next reserve works), reservations
- * in flight side by side without waiting, and the
+ * in flight side by side without waiting, garbage and stray messages among
+ * the answers counted and skipped, and the
  * sender's ProxyNotif only after the LAST batch of a request completed.
+ * ReserveRequest / ReserveResponse are libkvt's own messages (no upstream
+ * engine sends them), framed [b"", payload] as libkvt's DEALER sends them
+ * (kvtransfer/src/kvt_ctrl_proxy.c send_msg); no upstream fact is encoded.
  */
 #include <poll.h>
 #include <sys/epoll.h>
