@@ -192,7 +192,7 @@ static void *kvctl_main(void *arg)
                 pdgw_kvctl_req_unref(j->q);
                 pdgw_free(j);
             } else {
-                (void)pdgw_kvctl_reserve_start(kv, j); /* owns it from here on */
+                (void)pdgw_kvctl_reserve_start(kv, j, NULL); /* owns it from here on */
             }
             continue;
         }

@@ -33,6 +33,8 @@
 #define KVCTL_DNS_TTL_MS  30000
 #define KVCTL_MUTE_MAX    64
 #define KVCTL_MUTE_MS     5000 /* an alloc port that did not answer is not asked again for this */
+#define KVCTL_ROOM_MAX    256  /* alloc ports whose last answered free_chunks is remembered */
+#define KVCTL_ROOM_MS     1000 /* a decode leg goes ahead only on answers younger than this */
 
 typedef enum { RES_NONE = 0, RES_ASKING, RES_GRANTED, RES_REFUSED, RES_FAILED } res_state_t;
 typedef enum { ADM_NONE = 0, ADM_WAITING, ADM_HELD } adm_state_t;
@@ -59,6 +61,8 @@ struct pdgw_fwd_kv_req {
     int64_t res_chunks;
     int64_t free_chunks;
     int refused;    /* the last failure was a refused reservation */
+    int ahead;      /* the leg went on before the reservation's answer (pdgw_kvctl_reserve.c) */
+    int end_ok;     /* ended with the attempt complete (valid once ended) */
     int notif_need; /* > 0 once registered (in flight for ProxyNotif) */
     int notif_got;
     int notif_timed_out;
@@ -84,7 +88,9 @@ typedef struct kvctl_job {
     unsigned char res_asked[KVCTL_MAX_PORTS]; /* asked, no answer yet */
     int res_waiting;                          /* how many of them */
     int res_granted_all, res_failed;
-    int res_watched; /* the worker that sent it is woken by its answers */
+    int res_watched;      /* the worker that sent it is woken by its answers */
+    int res_may_go_ahead; /* sent from the gate: its request may go on before the answers */
+    int res_ahead;        /* ... and does: the answers only update the ports' room */
     int64_t res_min_free, res_deadline_ms;
 } kvctl_job_t;
 
@@ -138,6 +144,12 @@ struct pdgw_fwd_kv_svc {
         int port;
         int64_t until_ms;
     } mute[KVCTL_MUTE_MAX]; /* under client_lock */
+    struct {
+        char host[256];
+        int port;
+        int64_t free_chunks; /* in its last answer to this gateway */
+        int64_t t_ms;        /* when that answer arrived (0: unused entry) */
+    } room[KVCTL_ROOM_MAX];  /* under client_lock */
     pdgw_fwd_kv_req_t *notif_waiters;
     pdgw_fwd_kv_req_t *waiter_hash[KVCTL_HASH];
     int64_t next_deadline_ms; /* no notif deadline falls before this (-1: none armed) */
@@ -194,10 +206,14 @@ void pdgw_kvctl_drain_notifs(pdgw_fwd_kv_svc_t *kv);
 /* ---- reservations in flight (pdgw_kvctl_reserve.c; workers and the service thread) ---- */
 /* Ask every port of <j> (owned from here on; any thread, neither lock held): it waits on
  * kv->asking for its answers, or ends at once (a port muted or not reachable). A worker
- * calling it is woken by the answers (pdgw_worker_watch_kvctl). 1 when the service thread
- * must be kicked to look after it (it would not poll for its answers, or it sleeps past its
- * deadline), else 0. */
-int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j);
+ * calling it is woken by the answers (pdgw_worker_watch_kvctl). With j->res_may_go_ahead,
+ * *ahead_room (may be NULL) is -1 unless the request goes on now, without the answers: every
+ * port's last answer (at most KVCTL_ROOM_MS old), less the chunks still asked of that port,
+ * leaves room for this request twice over; it is then the least room left after this request
+ * by that count, and the answers only count and update the ports' room. 1 when the service
+ * thread must be kicked to look after it (it would not poll for its answers, or it sleeps
+ * past its deadline), else 0. */
+int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j, int64_t *ahead_room);
 /* No reservation waits for an answer. */
 bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv);
 /* Take every answer that arrived (any thread); a reservation with all of them ends. */

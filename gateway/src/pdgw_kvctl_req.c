@@ -127,6 +127,7 @@ static kvctl_job_t *reserve_job_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
     j->ttl_ms = kv->o.reserve_ttl_ms;
     j->timeout_ms = kv->o.reserve_timeout_ms;
     j->not_before_ms = not_before;
+    j->res_may_go_ahead = not_before == 0; /* the gate's first ask, not a queued retry */
     q->res = RES_ASKING;
     return j;
 }
@@ -160,8 +161,12 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
     if (q->dest.nports == 0)
         return PDGW_FWD_OK; /* an engine without libkvt: nothing to reserve */
     pthread_mutex_lock(&kv->lock);
+    if (q->ahead) {
+        pthread_mutex_unlock(&kv->lock);
+        return PDGW_FWD_OK; /* went on before its answer: asked again only by mistake */
+    }
     if (q->res == RES_NONE) {
-        int64_t pt = req->prompt_tokens > 0 ? req->prompt_tokens : 1;
+        int64_t pt = req->prompt_tokens > 0 ? req->prompt_tokens : 1, room;
         kvctl_job_t *j;
         q->res_chunks = (pt + kv->o.chunk_tokens - 1) / kv->o.chunk_tokens;
         j = reserve_job_locked(q, 0);
@@ -169,10 +174,20 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
         if (j == NULL)
             return PDGW_FWD_OK; /* no memory for it: unreserved, as when it fails */
         /* Sent from here, not by the service thread, and this worker is woken by the answer
-         * (pdgw_kvctl_reserve.c): the decode leg waits for no hand-over between threads. */
-        if (pdgw_kvctl_reserve_start(kv, j))
+         * (pdgw_kvctl_reserve.c): the decode leg waits for no hand-over between threads, and
+         * for no answer at all while the decode's last answers leave room for it. */
+        if (pdgw_kvctl_reserve_start(kv, j, &room))
             pdgw_kvctl_kick(kv);
-        return PDGW_FWD_PENDING;
+        if (room < 0)
+            return PDGW_FWD_PENDING;
+        pthread_mutex_lock(&kv->lock);
+        q->ahead = 1;
+        pthread_mutex_unlock(&kv->lock);
+        pdgw_fwd_instance_set_kv_free_chunks(decode, room); /* scheduler hint */
+        pdgw_kvctl_count(kv, "reserve_ahead",
+                         "Legs sent before their ReserveRequest's answer: the decode's last "
+                         "answers left room for the request twice over.");
+        return PDGW_FWD_OK;
     }
     res = q->res;
     free_chunks = q->free_chunks;
@@ -287,6 +302,7 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
     kv = q->kv;
     pthread_mutex_lock(&kv->lock);
     q->ended = 1;
+    q->end_ok = reason == PDGW_END_OK;
     /* admission */
     if (q->adm == ADM_HELD) {
         kv->adm_used -= q->weight;

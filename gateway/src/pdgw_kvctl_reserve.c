@@ -23,6 +23,17 @@
  * Outcome per request, as before: granted by every port, refused by one, or failed (a port did
  * not answer in time, could not be asked, or was muted: it did not answer lately and is not
  * asked again for KVCTL_MUTE_MS); the request goes on unreserved after a failure.
+ *
+ * Going ahead: the answer costs a round trip through both sides' ZeroMQ threads and the
+ * receiver's, on the path of every request, while a decode with room grants nearly every
+ * reservation. So each port's free_chunks from its last answer is remembered, and a request
+ * whose decode's ports all answered within KVCTL_ROOM_MS with room for it twice over, after
+ * the chunks of every reservation still unanswered by that port, goes on without waiting.
+ * Its ReserveRequest is still sent first (the receiver meets it before the transfer it
+ * covers), and its answer only counts. Room this gateway does not know of (another
+ * gateway's reservations since the last answer) can still refuse it: the transfer then runs
+ * unreserved, as after a reservation that failed, and reserve_ahead_refused counts it. A
+ * decode short of room, or not heard from lately, is waited for as before.
  */
 #include "pdgw_kvctl.h"
 
@@ -60,12 +71,18 @@ static void finish(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
     if (!j->q->ended) {
         j->q->free_chunks = j->res_min_free;
         j->q->res = failed ? RES_FAILED : granted_all ? RES_GRANTED : RES_REFUSED;
-        pdgw_kvctl_wake_locked(j->q);
-    } else if (!failed) {
-        /* The attempt ended while we asked: give the pages back at once. */
+        if (!j->res_ahead) /* a request that went ahead waits for nothing here */
+            pdgw_kvctl_wake_locked(j->q);
+    } else if (!failed && !j->q->end_ok) {
+        /* The attempt ended unfinished while we asked: give the pages back at once. (A
+         * completed one, gone ahead of its answer, had its transfer draw from them.) */
         (void)pdgw_kvctl_push_cancel_locked(kv, &j->dest, j->id, 1);
     }
     pdgw_kvctl_unlock(kv);
+    if (j->res_ahead && !failed && !granted_all)
+        pdgw_kvctl_count(kv, "reserve_ahead_refused",
+                         "ReserveRequests refused after their request went on without waiting "
+                         "(the decode had less room than its last answers said).");
     pdgw_kvctl_count(kv,
                      failed        ? "reserve_errors"
                      : granted_all ? "reserve_granted"
@@ -86,6 +103,65 @@ static void finish_all(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *done)
         done = j->next;
         finish(kv, j);
     }
+}
+
+/* Remember <port>'s room from its answer (client_lock held): its own entry, else an unused or
+ * the oldest one. */
+static void room_note(pdgw_fwd_kv_svc_t *kv, const char *host, int port, int64_t free_chunks,
+                      int64_t now)
+{
+    int slot = 0;
+    for (int i = 0; i < KVCTL_ROOM_MAX; i++) {
+        if (kv->room[i].t_ms != 0 && kv->room[i].port == port &&
+            strcmp(kv->room[i].host, host) == 0) {
+            slot = i;
+            break;
+        }
+        if (kv->room[i].t_ms < kv->room[slot].t_ms)
+            slot = i;
+    }
+    snprintf(kv->room[slot].host, sizeof(kv->room[slot].host), "%s", host);
+    kv->room[slot].port = port;
+    kv->room[slot].free_chunks = free_chunks;
+    kv->room[slot].t_ms = now;
+}
+
+/* The room <port> has left by this gateway's count (client_lock held): its last answer's
+ * free_chunks less the chunks of the reservations it has not answered yet; -1 when it did not
+ * answer within KVCTL_ROOM_MS. */
+static int64_t room_left(pdgw_fwd_kv_svc_t *kv, const char *host, int port, int64_t now)
+{
+    int64_t left = -1;
+    for (int i = 0; i < KVCTL_ROOM_MAX; i++) {
+        if (kv->room[i].t_ms != 0 && kv->room[i].port == port &&
+            strcmp(kv->room[i].host, host) == 0) {
+            if (now - kv->room[i].t_ms <= KVCTL_ROOM_MS)
+                left = kv->room[i].free_chunks;
+            break;
+        }
+    }
+    for (kvctl_job_t *a = kv->asking; a != NULL && left >= 0; a = a->next)
+        for (int k = 0; k < a->dest.nports; k++)
+            if (a->res_asked[k] && a->dest.ports[k] == port && strcmp(a->dest.host, host) == 0)
+                left -= a->chunks;
+    return left;
+}
+
+/* Whether <j>'s request may go on before its answers (client_lock held; j not asking yet):
+ * every port has room for it twice over. *least gets the least room left after it. */
+static int room_for_ahead(pdgw_fwd_kv_svc_t *kv, const kvctl_job_t *j, int64_t now, int64_t *least)
+{
+    *least = -1;
+    if (j->dest.nports == 0)
+        return 0;
+    for (int i = 0; i < j->dest.nports; i++) {
+        int64_t left = room_left(kv, j->dest.host, j->dest.ports[i], now);
+        if (left < 2 * j->chunks)
+            return 0;
+        if (*least < 0 || left - j->chunks < *least)
+            *least = left - j->chunks;
+    }
+    return 1;
 }
 
 /* Unlink <j> from the reservations in flight (client_lock held). */
@@ -135,6 +211,8 @@ static void drain_locked(pdgw_fwd_kv_svc_t *kv, kvctl_job_t **done)
             continue; /* its request gave up on it already */
         j->res_asked[i] = 0;
         j->res_waiting--;
+        if (a.free_chunks >= 0)
+            room_note(kv, j->dest.host, j->dest.ports[i], a.free_chunks, pdgw_fwd_now_ms());
         if (!a.granted)
             j->res_granted_all = 0;
         if (a.free_chunks >= 0 && (j->res_min_free < 0 || a.free_chunks < j->res_min_free))
@@ -147,9 +225,9 @@ static void drain_locked(pdgw_fwd_kv_svc_t *kv, kvctl_job_t **done)
     }
 }
 
-int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
+int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j, int64_t *ahead_room)
 {
-    int64_t now = pdgw_fwd_now_ms();
+    int64_t now = pdgw_fwd_now_ms(), least = -1;
     kvctl_job_t *done = NULL;
     int kick;
     j->res_granted_all = 1;
@@ -157,6 +235,10 @@ int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
     j->res_waiting = 0;
     j->res_watched = 1;
     pthread_mutex_lock(&kv->client_lock);
+    /* decided before this job counts among those asking */
+    j->res_ahead = j->res_may_go_ahead && room_for_ahead(kv, j, now, &least);
+    if (ahead_room != NULL)
+        *ahead_room = j->res_ahead ? least : -1;
     for (int i = 0; i < j->dest.nports && !j->res_failed; i++) {
         char why[128];
         if (port_muted(kv, j->dest.host, j->dest.ports[i], now)) {

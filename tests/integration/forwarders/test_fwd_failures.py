@@ -183,7 +183,7 @@ class FakeAllocPort:
     """A libkvt receiver's alloc port that answers ReserveRequest as told (ZMQ ROUTER,
     msgpack maps with "type" first) and records every message."""
 
-    def __init__(self, grant_after, silent=False):
+    def __init__(self, grant_after, silent=False, answer_when=None):
         import threading
         import msgpack
         import zmq
@@ -193,6 +193,8 @@ class FakeAllocPort:
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.grant_after = grant_after  # refuse this many ReserveRequests first (None = never)
         self.silent = silent  # record, never answer
+        # answer_when(n): whether the n-th ReserveRequest may be answered yet (polled, 10 s)
+        self.answer_when = answer_when
         self.msgs = []
         self.stop = False
         self.th = threading.Thread(target=self.serve, daemon=True)
@@ -211,6 +213,9 @@ class FakeAllocPort:
             if m.get("type") == "ReserveRequest" and not self.silent:
                 n = sum(1 for x in self.msgs if x.get("type") == "ReserveRequest")
                 ok = self.grant_after is not None and n > self.grant_after
+                until = time.time() + 10
+                while self.answer_when and not self.answer_when(n) and time.time() < until:
+                    time.sleep(0.005)
                 self.sock.send_multipart([ident, b"", self.msgpack.packb(
                     {"type": "ReserveResponse", "req_id": m["req_id"], "granted": ok,
                      "free_chunks": 100 if ok else 0})])
@@ -248,6 +253,36 @@ def test_reservation_queue_then_granted():
         assert not fake.of("CancelNotif"), fake.msgs
         assert gw.metric("pdgw_fwd_reserve_refused_total", {"protocol": "vllm-kvt"}) == 3
         assert gw.metric("pdgw_fwd_reserve_granted_total", {"protocol": "vllm-kvt"}) == 1
+        wait_idle(sims())
+    finally:
+        gw.stop()
+        fake.close()
+
+
+def test_reservation_goes_ahead_with_room():
+    """vllm-kvt batch: once the decode's last answer left room for a request twice over, the
+    next request's decode leg goes without waiting for its reservation's answer (the
+    ReserveRequest is still sent first); that answer then only counts. ReserveRequest and its
+    answer are libkvt's own messages between the gateway and libkvt's receiver
+    (kvtransfer/src/kvt_ctrl_proxy.c), no engine's wire."""
+    D, rid2 = env["D"], "ra-" + uuid.uuid4().hex[:12]
+    # the second ReserveRequest is answered only once its decode leg reached the engine
+    fake = FakeAllocPort(grant_after=0, answer_when=lambda n: n != 2 or bool(D.records(rid2)))
+    gw = Gateway("vllm-kvt", "batch", [env["noproxyP"].instance(),
+                                       dict(D.instance(), alloc_ports=[fake.port])], {},
+                 retries=0)
+    try:
+        for rid in ("ra-" + uuid.uuid4().hex[:12], rid2):
+            st, _, obj, raw = T.post_json(gw.port, path_of(False), client_body(False, False),
+                                          {"X-Request-Id": rid})
+            assert st == 200, raw
+        assert len(fake.of("ReserveRequest")) == 2, fake.msgs
+        # the first waited (nothing known of the decode), the second went ahead
+        assert gw.metric("pdgw_fwd_reserve_ahead_total", {"protocol": "vllm-kvt"}) == 1
+        poll(lambda: gw.metric("pdgw_fwd_reserve_granted_total", {"protocol": "vllm-kvt"}) == 2,
+             "the held answer was not counted")
+        assert gw.metric("pdgw_fwd_reserve_errors_total", {"protocol": "vllm-kvt"}) == 0
+        assert not fake.of("CancelNotif"), fake.msgs  # both completed: nothing to release
         wait_idle(sims())
     finally:
         gw.stop()
@@ -528,6 +563,7 @@ def main():
     setup()
     tests = [make_disconnect_test(*c) for c in DISCONNECT_CONFIGS]
     tests += [test_lmcache_proxynotif_never_comes, test_reservation_queue_then_granted,
+              test_reservation_goes_ahead_with_room,
               test_reservation_refused_repicks_decode, test_reservation_engines_without_libkvt,
               test_silent_alloc_port_holds_up_no_other_reservation,
               test_prefill_without_kv_params_counted, test_decode_retry_repicks_decode_only,

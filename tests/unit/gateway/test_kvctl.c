@@ -331,12 +331,14 @@ static void test_apply_live(void **state)
     pdgw_fwd_kv_svc_close(svc);
 }
 
-/* A libkvt receiver's alloc port (ROUTER) that grants every ReserveRequest, until told to
- * stop (tests/integration's fake answers the same way). */
+/* A libkvt receiver's alloc port (ROUTER) that grants every ReserveRequest, or refuses them
+ * (refuse), answering free_chunks = free; while hold is set it leaves them queued (a receiver
+ * slow to answer); until told to stop (tests/integration's fake answers the same way). */
 typedef struct granter {
     void *router;
     int port;
-    atomic_int stop, answered;
+    int64_t free;
+    atomic_int stop, answered, hold, refuse;
     pthread_t th;
 } granter_t;
 
@@ -345,6 +347,11 @@ static void *grant_main(void *arg)
     granter_t *g = arg;
     while (!atomic_load(&g->stop)) {
         zmq_pollitem_t it = {.socket = g->router, .events = ZMQ_POLLIN};
+        if (atomic_load(&g->hold)) {
+            struct timespec ts = {0, 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
         zmq_msg_t ident, delim, body;
         kvt_msg_t m, r;
         void *data = NULL;
@@ -360,8 +367,8 @@ static void *grant_main(void *arg)
             if (m.type == KVT_MSG_RESERVE_REQUEST) {
                 kvt_msg_init(&r, KVT_MSG_RESERVE_RESPONSE);
                 r.u.reserve_resp.req_id = m.u.reserve_req.req_id;
-                r.u.reserve_resp.granted = 1;
-                r.u.reserve_resp.free_chunks = 100;
+                r.u.reserve_resp.granted = !atomic_load(&g->refuse);
+                r.u.reserve_resp.free_chunks = g->free;
                 if (kvt_msg_encode(&r, &data, &len) == KVT_OK) {
                     zmq_send(g->router, zmq_msg_data(&ident), zmq_msg_size(&ident), ZMQ_SNDMORE);
                     zmq_send(g->router, "", 0, ZMQ_SNDMORE);
@@ -379,12 +386,14 @@ static void *grant_main(void *arg)
     return NULL;
 }
 
-/* Open a granting receiver and a decode that names it. */
-static void granter_start(void *zctx, granter_t *g, pdgw_instance_t *dec, int *alloc_port)
+/* Open a granting receiver answering free_chunks = <free>, and a decode that names it. */
+static void granter_start(void *zctx, granter_t *g, int64_t free, pdgw_instance_t *dec,
+                          int *alloc_port)
 {
     char last[64];
     size_t ll = sizeof(last);
     int zero = 0;
+    g->free = free;
     g->router = zmq_socket(zctx, ZMQ_ROUTER);
     zmq_setsockopt(g->router, ZMQ_LINGER, &zero, sizeof(zero));
     assert_int_equal(zmq_bind(g->router, "tcp://127.0.0.1:*"), 0);
@@ -449,7 +458,7 @@ static void test_reservations_from_workers(void **state)
     asker_t a[2] = {{.svc = svc, .dec = &dec, .n = 50, .prefix = "wa"},
                     {.svc = svc, .dec = &dec, .n = 50, .prefix = "wb"}};
     (void)state;
-    granter_start(zctx, &g, &dec, alloc_port);
+    granter_start(zctx, &g, 1, &dec, alloc_port); /* room for one: every request waits */
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&a[i].th, NULL, ask_main, &a[i]), 0);
     for (int i = 0; i < 2; i++)
@@ -482,7 +491,7 @@ static void test_reservation_wakes_its_worker(void **state)
     memset(&w, 0, sizeof(w));
     w.epfd = epoll_create1(EPOLL_CLOEXEC);
     assert_true(w.epfd >= 0);
-    granter_start(zctx, &g, &dec, alloc_port);
+    granter_start(zctx, &g, 1, &dec, alloc_port); /* room for one: every request waits */
     pdgw_this_worker = &w;
     for (int i = 0; i < 20; i++) {
         char id[32];
@@ -519,6 +528,101 @@ static void test_reservation_wakes_its_worker(void **state)
     assert_true(woken >= 10);
     pdgw_fwd_kv_svc_close(svc);
     close(w.epfd);
+    atomic_store(&g.stop, 1);
+    pthread_join(g.th, NULL);
+    zmq_close(g.router);
+    zmq_ctx_term(zctx);
+}
+
+/* Ask for <id> at the gate once: its status. */
+static pdgw_fwd_status_t gate_once(pdgw_fwd_kv_svc_t *svc, const pdgw_instance_t *dec,
+                                   const char *id, pdgw_fwd_kv_req_t **out)
+{
+    pdgw_fwd_request_t r = request(id);
+    pdgw_fwd_error_t e;
+    memset(&e, 0, sizeof(e));
+    *out = pdgw_fwd_kv_req_new(svc, &r, r.request_id);
+    return pdgw_fwd_kv_req_before_prefill(*out, &r, dec, &e);
+}
+
+/* Wait until <q>'s reservation has its answer (RES_ASKING no more): that state. */
+static res_state_t answered(pdgw_fwd_kv_svc_t *svc, pdgw_fwd_kv_req_t *q)
+{
+    int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
+    res_state_t res;
+    for (;;) {
+        struct timespec ts = {0, 200 * 1000};
+        pthread_mutex_lock(&svc->lock);
+        res = q->res;
+        pthread_mutex_unlock(&svc->lock);
+        if (res != RES_ASKING || pdgw_fwd_now_ms() >= end)
+            return res;
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A request goes on before its reservation's answer only while the decode's last answer
+ * (younger than KVCTL_ROOM_MS), less the chunks asked of it and not answered yet, leaves room
+ * for it twice over; otherwise it waits. Its ReserveRequest is sent all the same, and a late
+ * refusal leaves it going (unreserved), counted. */
+static void test_reservation_goes_ahead_with_room(void **state)
+{
+    void *zctx = zmq_ctx_new();
+    granter_t g = {0};
+    int alloc_port[1];
+    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
+    pdgw_fwd_kv_svc_t *svc =
+        svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
+                 "\"reserve_timeout_ms\":10000}");
+    pdgw_fwd_kv_req_t *q[5];
+    (void)state;
+    granter_start(zctx, &g, 3, &dec, alloc_port); /* each request: one chunk; 3 free */
+    /* nothing known of the decode yet: the first one waits for its answer */
+    assert_int_equal(gate_once(svc, &dec, "ga-0", &q[0]), PDGW_FWD_PENDING);
+    assert_int_equal(answered(svc, q[0]), RES_GRANTED);
+    assert_int_equal(q[0]->ahead, 0);
+    /* 3 free, nothing unanswered: room for 1 twice over; the receiver holds its answers */
+    atomic_store(&g.hold, 1);
+    assert_int_equal(gate_once(svc, &dec, "ga-1", &q[1]), PDGW_FWD_OK);
+    assert_int_equal(q[1]->ahead, 1);
+    /* 3 free less 1 unanswered: still twice over */
+    assert_int_equal(gate_once(svc, &dec, "ga-2", &q[2]), PDGW_FWD_OK);
+    /* 3 free less 2 unanswered: room for one, not two: this one waits */
+    assert_int_equal(gate_once(svc, &dec, "ga-3", &q[3]), PDGW_FWD_PENDING);
+    assert_int_equal(q[3]->ahead, 0);
+    assert_int_equal(atomic_load(&g.answered), 1);
+    /* every ReserveRequest was sent: the held ones are answered once the receiver goes on */
+    atomic_store(&g.hold, 0);
+    assert_int_equal(answered(svc, q[1]), RES_GRANTED);
+    assert_int_equal(answered(svc, q[2]), RES_GRANTED);
+    assert_int_equal(answered(svc, q[3]), RES_GRANTED);
+    assert_int_equal(atomic_load(&g.answered), 4);
+    /* the gate asked again after going ahead does not ask twice */
+    {
+        pdgw_fwd_request_t r = request("ga-1");
+        pdgw_fwd_error_t e;
+        memset(&e, 0, sizeof(e));
+        assert_int_equal(pdgw_fwd_kv_req_before_prefill(q[1], &r, &dec, &e), PDGW_FWD_OK);
+    }
+    /* a late refusal: the request has gone on, nothing waits; the answer is counted */
+    atomic_store(&g.refuse, 1);
+    assert_int_equal(gate_once(svc, &dec, "ga-4", &q[4]), PDGW_FWD_OK);
+    assert_int_equal(answered(svc, q[4]), RES_REFUSED);
+    assert_false(pdgw_fwd_kv_req_refused(q[4])); /* not a refusal its retry would re-pick on */
+    pdgw_fwd_kv_req_end(q[4], PDGW_END_OK);
+    atomic_store(&g.refuse, 0);
+    /* an answer older than KVCTL_ROOM_MS says nothing: the next request waits again */
+    pthread_mutex_lock(&svc->client_lock);
+    for (int i = 0; i < KVCTL_ROOM_MAX; i++)
+        if (svc->room[i].t_ms != 0)
+            svc->room[i].t_ms -= KVCTL_ROOM_MS + 1;
+    pthread_mutex_unlock(&svc->client_lock);
+    for (int i = 0; i < 4; i++)
+        pdgw_fwd_kv_req_end(q[i], PDGW_END_OK);
+    assert_int_equal(gate_once(svc, &dec, "ga-5", &q[0]), PDGW_FWD_PENDING);
+    assert_int_equal(answered(svc, q[0]), RES_GRANTED);
+    pdgw_fwd_kv_req_end(q[0], PDGW_END_OK);
+    pdgw_fwd_kv_svc_close(svc);
     atomic_store(&g.stop, 1);
     pthread_join(g.th, NULL);
     zmq_close(g.router);
@@ -571,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_cancel_and_shutdown),
         cmocka_unit_test(test_reservations_from_workers),
         cmocka_unit_test(test_reservation_wakes_its_worker),
+        cmocka_unit_test(test_reservation_goes_ahead_with_room),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
