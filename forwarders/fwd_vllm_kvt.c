@@ -89,8 +89,9 @@ static pdgw_fwd_status_t kvtf_attempt_init(void *ctx, const pdgw_fwd_request_t *
         return PDGW_FWD_ERR;
     }
     if (c->kv != NULL && req->mode == PDGW_MODE_BATCH) {
-        /* The decode's transfer is named by the leg's X-Request-Id (the same on every attempt):
-         * the reservation must carry that name to be the one the transfer draws from. */
+        /* The decode's transfer is named by the leg's X-Request-Id (a fresh one per attempt,
+         * so a failed attempt's release never meets its retry's reservation): the reservation
+         * must carry that name to be the one the transfer draws from. */
         s->q = pdgw_fwd_kv_req_new(c->kv, req, req->request_id);
         if (s->q == NULL) {
             free(s);
