@@ -1141,20 +1141,34 @@ static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
     int granted = 0;
     int64_t free_chunks = 0;
     kvt_status_t st;
+    kvt_rreq_t *q;
 
-    st = kvt_reserve_request(e->reserve, msg->u.reserve_req.req_id, msg->u.reserve_req.total_chunks,
-                             msg->u.reserve_req.ttl_ms, &granted, &free_chunks);
-    if (st != KVT_OK) {
-        granted = 0;
+    pthread_mutex_lock(&e->rx_lock);
+    q = rreq_get(e, msg->u.reserve_req.req_id, 0);
+    if (q != NULL && q->notified && q->reading == 0 && q->ents != NULL &&
+        !tomb_has(e, msg->u.reserve_req.req_id)) {
+        /* Its transfer landed already (a proxy that sent the request's leg before this
+         * answer came): the room was drawn and given back; holding it again would keep it
+         * from every other request until the TTL. Granted, nothing held. (A cancelled id's
+         * reservation is a new attempt: below, and it lifts the tombstone.) */
+        granted = 1;
         free_chunks = kvt_reserve_free_chunks(e->reserve);
-    }
-    if (granted) {
-        /* A proxy reserving again for a cancelled id starts a new attempt of that request
-         * (a retry keeps its X-Request-Id): its transfer must not meet the old tombstone. */
-        pthread_mutex_lock(&e->rx_lock);
-        kvt_free(kvt_map_del(&e->tombs, msg->u.reserve_req.req_id));
-        /* its expiry shows in the metrics when due, not at the next reservation */
-        kvt_engine_due_lower(e, &e->sweep_due, kvt_reserve_next_deadline(e->reserve));
+        pthread_mutex_unlock(&e->rx_lock);
+    } else {
+        st = kvt_reserve_request(e->reserve, msg->u.reserve_req.req_id,
+                                 msg->u.reserve_req.total_chunks, msg->u.reserve_req.ttl_ms,
+                                 &granted, &free_chunks);
+        if (st != KVT_OK) {
+            granted = 0;
+            free_chunks = kvt_reserve_free_chunks(e->reserve);
+        }
+        if (granted) {
+            /* A proxy reserving again for a cancelled id starts a new attempt of that request
+             * (a retry keeps its X-Request-Id): its transfer must not meet the old tombstone. */
+            kvt_free(kvt_map_del(&e->tombs, msg->u.reserve_req.req_id));
+            /* its expiry shows in the metrics when due, not at the next reservation */
+            kvt_engine_due_lower(e, &e->sweep_due, kvt_reserve_next_deadline(e->reserve));
+        }
         pthread_mutex_unlock(&e->rx_lock);
     }
     kvt_engine_count(e, granted ? &e->m.reserve_granted_total : &e->m.reserve_refused_total, 1);

@@ -7,7 +7,8 @@
  * the TTL sweep releases pulls of a receiver that never answers; backpressure
  * refuses pulls above the high-water mark; an early PullDoneSignal still
  * releases; CancelNotif releases everything of a request on both sides;
- * decode admission reservations; garbage on the control sockets.
+ * decode admission reservations (one that comes after its request landed
+ * holds nothing); garbage on the control sockets.
  *
  * Time-driven nets (backoff TTL, pull-pending TTL) run on a test clock both
  * engines share: the test moves it by hand, so a loaded machine can neither
@@ -681,6 +682,45 @@ static void test_reserve(void **state)
     t_keys_free(keys, 8);
 }
 
+/* A ReserveRequest that comes after its request's transfer landed (a proxy that sent the
+ * request on before the answer) is granted without holding anything: the room was drawn and
+ * given back already, and held again it would be kept from every other request until its TTL. */
+static void test_reserve_after_landing(void **state)
+{
+    t_pair_t p;
+    kvt_proxy_t *px;
+    char **keys = t_keys("late", 4);
+    kvt_task_result_t res;
+    int granted = -1;
+    int64_t free_chunks = -1;
+    (void)state;
+
+    assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
+    assert_int_equal(t_pair_open(&p, MODE_PUSH, 16 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
+    res = store_wait(p.s, "late-a", keys, 0, 4, 0);
+    assert_int_equal(t_bits(&res), 4);
+    kvt_task_result_clear(&res);
+    wait_landed(p.r, "late-a");
+    /* 8 pages, 4 of them hold late-a's landed chunks */
+    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "late-a", 4, 5000, 3000,
+                                       &granted, &free_chunks),
+                     KVT_OK);
+    assert_int_equal(granted, 1);
+    assert_int_equal(free_chunks, 4); /* nothing more held */
+    /* the four free pages are still anyone's */
+    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "late-b", 4, 5000, 3000,
+                                       &granted, &free_chunks),
+                     KVT_OK);
+    assert_int_equal(granted, 1);
+    assert_int_equal(free_chunks, 0);
+    assert_int_equal(kvt_proxy_cancel(px, "127.0.0.1", p.rp.alloc_port, "late-b", NULL, 0), KVT_OK);
+    kvt_release_req(p.r, "late-a");
+    assert_true(t_pool_drained(p.r, 2000));
+    t_pair_close(&p);
+    kvt_proxy_destroy(px);
+    t_keys_free(keys, 4);
+}
+
 static void test_control_garbage(void **state)
 {
     t_pair_t p;
@@ -767,7 +807,7 @@ int main(void)
         cmocka_unit_test(test_backpressure),       cmocka_unit_test(test_early_done),
         cmocka_unit_test(test_cancel_both_sides),  cmocka_unit_test(test_reserve),
         cmocka_unit_test(test_tombstone_push),     cmocka_unit_test(test_tombstone_pull),
-        cmocka_unit_test(test_control_garbage),
+        cmocka_unit_test(test_control_garbage),    cmocka_unit_test(test_reserve_after_landing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
