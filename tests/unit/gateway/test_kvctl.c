@@ -339,6 +339,7 @@ typedef struct granter {
     int port;
     int64_t free;
     atomic_int stop, answered, hold, refuse;
+    atomic_int holding; /* the thread saw hold set: nothing more is taken off the socket */
     pthread_t th;
 } granter_t;
 
@@ -349,9 +350,11 @@ static void *grant_main(void *arg)
         zmq_pollitem_t it = {.socket = g->router, .events = ZMQ_POLLIN};
         if (atomic_load(&g->hold)) {
             struct timespec ts = {0, 1000 * 1000};
+            atomic_store(&g->holding, 1);
             nanosleep(&ts, NULL);
             continue;
         }
+        atomic_store(&g->holding, 0);
         zmq_msg_t ident, delim, body;
         kvt_msg_t m, r;
         void *data = NULL;
@@ -581,8 +584,15 @@ static void test_reservation_goes_ahead_with_room(void **state)
     assert_int_equal(gate_once(svc, &dec, "ga-0", &q[0]), PDGW_FWD_PENDING);
     assert_int_equal(answered(svc, q[0]), RES_GRANTED);
     assert_int_equal(q[0]->ahead, 0);
-    /* 3 free, nothing unanswered: room for 1 twice over; the receiver holds its answers */
+    /* 3 free, nothing unanswered: room for 1 twice over; the receiver holds its answers (once
+     * its thread is out of the poll it may be in) */
     atomic_store(&g.hold, 1);
+    for (int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
+         !atomic_load(&g.holding) && pdgw_fwd_now_ms() < end;) {
+        struct timespec ts = {0, 200 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(&g.holding));
     assert_int_equal(gate_once(svc, &dec, "ga-1", &q[1]), PDGW_FWD_OK);
     assert_int_equal(q[1]->ahead, 1);
     /* 3 free less 1 unanswered: still twice over */
