@@ -407,6 +407,35 @@ static void granter_start(void *zctx, granter_t *g, int64_t free, pdgw_instance_
     assert_int_equal(pthread_create(&g->th, NULL, grant_main, g), 0);
 }
 
+/* A KV control service and a decode whose one alloc port is a granter answering free_chunks
+ * = <free>: the reservation tests' stage. */
+typedef struct res_stage {
+    void *zctx;
+    granter_t g;
+    int alloc_port[1];
+    pdgw_instance_t dec;
+    pdgw_fwd_kv_svc_t *svc;
+} res_stage_t;
+
+static void res_stage_open(res_stage_t *t, int64_t free)
+{
+    memset(t, 0, sizeof(*t));
+    t->zctx = zmq_ctx_new();
+    t->dec = (pdgw_instance_t){.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
+    t->svc = svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
+                      "\"reserve_timeout_ms\":10000}");
+    granter_start(t->zctx, &t->g, free, &t->dec, t->alloc_port);
+}
+
+static void res_stage_close(res_stage_t *t)
+{
+    pdgw_fwd_kv_svc_close(t->svc);
+    atomic_store(&t->g.stop, 1);
+    pthread_join(t->g.th, NULL);
+    zmq_close(t->g.router);
+    zmq_ctx_term(t->zctx);
+}
+
 typedef struct asker {
     pdgw_fwd_kv_svc_t *svc;
     const pdgw_instance_t *dec;
@@ -451,28 +480,19 @@ static void *ask_main(void *arg)
  * client_lock): every one is granted, none is lost. */
 static void test_reservations_from_workers(void **state)
 {
-    void *zctx = zmq_ctx_new();
-    granter_t g = {0};
-    int alloc_port[1];
-    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
-    pdgw_fwd_kv_svc_t *svc =
-        svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
-                 "\"reserve_timeout_ms\":10000}");
-    asker_t a[2] = {{.svc = svc, .dec = &dec, .n = 50, .prefix = "wa"},
-                    {.svc = svc, .dec = &dec, .n = 50, .prefix = "wb"}};
+    res_stage_t t;
+    asker_t a[2];
     (void)state;
-    granter_start(zctx, &g, 1, &dec, alloc_port); /* room for one: every request waits */
+    res_stage_open(&t, 1); /* room for one: every request waits */
+    a[0] = (asker_t){.svc = t.svc, .dec = &t.dec, .n = 50, .prefix = "wa"};
+    a[1] = (asker_t){.svc = t.svc, .dec = &t.dec, .n = 50, .prefix = "wb"};
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&a[i].th, NULL, ask_main, &a[i]), 0);
     for (int i = 0; i < 2; i++)
         pthread_join(a[i].th, NULL);
     assert_int_equal(a[0].granted + a[1].granted, 100);
-    assert_int_equal(atomic_load(&g.answered), 100);
-    pdgw_fwd_kv_svc_close(svc);
-    atomic_store(&g.stop, 1);
-    pthread_join(g.th, NULL);
-    zmq_close(g.router);
-    zmq_ctx_term(zctx);
+    assert_int_equal(atomic_load(&t.g.answered), 100);
+    res_stage_close(&t);
 }
 
 /* A worker that sends a reservation is woken by its answer itself: the socket joins the
@@ -482,19 +502,14 @@ static void test_reservations_from_workers(void **state)
  * first; most wake their worker.) */
 static void test_reservation_wakes_its_worker(void **state)
 {
-    void *zctx = zmq_ctx_new();
-    granter_t g = {0};
-    int alloc_port[1], woken = 0, granted = 0;
-    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
-    pdgw_fwd_kv_svc_t *svc =
-        svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
-                 "\"reserve_timeout_ms\":10000}");
+    res_stage_t t;
+    int woken = 0, granted = 0;
     pdgw_worker_t w;
     (void)state;
     memset(&w, 0, sizeof(w));
     w.epfd = epoll_create1(EPOLL_CLOEXEC);
     assert_true(w.epfd >= 0);
-    granter_start(zctx, &g, 1, &dec, alloc_port); /* room for one: every request waits */
+    res_stage_open(&t, 1); /* room for one: every request waits */
     pdgw_this_worker = &w;
     for (int i = 0; i < 20; i++) {
         char id[32];
@@ -506,35 +521,31 @@ static void test_reservation_wakes_its_worker(void **state)
         int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
         snprintf(id, sizeof(id), "ww-%d", i);
         r = request(id);
-        q = pdgw_fwd_kv_req_new(svc, &r, r.request_id);
+        q = pdgw_fwd_kv_req_new(t.svc, &r, r.request_id);
         memset(&e, 0, sizeof(e));
-        assert_int_equal(pdgw_fwd_kv_req_before_prefill(q, &r, &dec, &e), PDGW_FWD_PENDING);
+        assert_int_equal(pdgw_fwd_kv_req_before_prefill(q, &r, &t.dec, &e), PDGW_FWD_PENDING);
         if (epoll_wait(w.epfd, &ev, 1, 2000) == 1) {
             assert_int_equal((int)((ev.data.u64 >> 32) & 0xffu), PDGW_EV_KVCTL);
             woken++;
             pdgw_kvctl_worker_ready();
         }
-        while ((st = pdgw_fwd_kv_req_before_prefill(q, &r, &dec, &e)) == PDGW_FWD_PENDING &&
+        while ((st = pdgw_fwd_kv_req_before_prefill(q, &r, &t.dec, &e)) == PDGW_FWD_PENDING &&
                pdgw_fwd_now_ms() < end) {
             struct timespec ts = {0, 200 * 1000};
             nanosleep(&ts, NULL);
         }
         assert_int_equal(st, PDGW_FWD_OK);
-        pthread_mutex_lock(&svc->lock);
+        pthread_mutex_lock(&t.svc->lock);
         granted += q->res == RES_GRANTED;
-        pthread_mutex_unlock(&svc->lock);
+        pthread_mutex_unlock(&t.svc->lock);
         pdgw_fwd_kv_req_end(q, PDGW_END_OK);
     }
     pdgw_this_worker = NULL;
     print_message("reservations: 20 granted %d, woke their worker %d\n", granted, woken);
     assert_int_equal(granted, 20);
     assert_true(woken >= 10);
-    pdgw_fwd_kv_svc_close(svc);
+    res_stage_close(&t);
     close(w.epfd);
-    atomic_store(&g.stop, 1);
-    pthread_join(g.th, NULL);
-    zmq_close(g.router);
-    zmq_ctx_term(zctx);
 }
 
 /* Ask for <id> at the gate once: its status. */
@@ -570,73 +581,63 @@ static res_state_t answered(pdgw_fwd_kv_svc_t *svc, pdgw_fwd_kv_req_t *q)
  * refusal leaves it going (unreserved), counted. */
 static void test_reservation_goes_ahead_with_room(void **state)
 {
-    void *zctx = zmq_ctx_new();
-    granter_t g = {0};
-    int alloc_port[1];
-    pdgw_instance_t dec = {.id = "d", .host = "127.0.0.1", .kv_host = "127.0.0.1"};
-    pdgw_fwd_kv_svc_t *svc =
-        svc_open("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":true,"
-                 "\"reserve_timeout_ms\":10000}");
+    res_stage_t t;
     pdgw_fwd_kv_req_t *q[5];
     (void)state;
-    granter_start(zctx, &g, 3, &dec, alloc_port); /* each request: one chunk; 3 free */
+    res_stage_open(&t, 3); /* each request: one chunk; 3 free */
     /* nothing known of the decode yet: the first one waits for its answer */
-    assert_int_equal(gate_once(svc, &dec, "ga-0", &q[0]), PDGW_FWD_PENDING);
-    assert_int_equal(answered(svc, q[0]), RES_GRANTED);
+    assert_int_equal(gate_once(t.svc, &t.dec, "ga-0", &q[0]), PDGW_FWD_PENDING);
+    assert_int_equal(answered(t.svc, q[0]), RES_GRANTED);
     assert_int_equal(q[0]->ahead, 0);
     /* 3 free, nothing unanswered: room for 1 twice over; the receiver holds its answers (once
      * its thread is out of the poll it may be in) */
-    atomic_store(&g.hold, 1);
+    atomic_store(&t.g.hold, 1);
     for (int64_t end = pdgw_fwd_now_ms() + WAIT_MS;
-         !atomic_load(&g.holding) && pdgw_fwd_now_ms() < end;) {
+         !atomic_load(&t.g.holding) && pdgw_fwd_now_ms() < end;) {
         struct timespec ts = {0, 200 * 1000};
         nanosleep(&ts, NULL);
     }
-    assert_true(atomic_load(&g.holding));
-    assert_int_equal(gate_once(svc, &dec, "ga-1", &q[1]), PDGW_FWD_OK);
+    assert_true(atomic_load(&t.g.holding));
+    assert_int_equal(gate_once(t.svc, &t.dec, "ga-1", &q[1]), PDGW_FWD_OK);
     assert_int_equal(q[1]->ahead, 1);
     /* 3 free less 1 unanswered: still twice over */
-    assert_int_equal(gate_once(svc, &dec, "ga-2", &q[2]), PDGW_FWD_OK);
+    assert_int_equal(gate_once(t.svc, &t.dec, "ga-2", &q[2]), PDGW_FWD_OK);
     /* 3 free less 2 unanswered: room for one, not two: this one waits */
-    assert_int_equal(gate_once(svc, &dec, "ga-3", &q[3]), PDGW_FWD_PENDING);
+    assert_int_equal(gate_once(t.svc, &t.dec, "ga-3", &q[3]), PDGW_FWD_PENDING);
     assert_int_equal(q[3]->ahead, 0);
-    assert_int_equal(atomic_load(&g.answered), 1);
+    assert_int_equal(atomic_load(&t.g.answered), 1);
     /* every ReserveRequest was sent: the held ones are answered once the receiver goes on */
-    atomic_store(&g.hold, 0);
-    assert_int_equal(answered(svc, q[1]), RES_GRANTED);
-    assert_int_equal(answered(svc, q[2]), RES_GRANTED);
-    assert_int_equal(answered(svc, q[3]), RES_GRANTED);
-    assert_int_equal(atomic_load(&g.answered), 4);
+    atomic_store(&t.g.hold, 0);
+    assert_int_equal(answered(t.svc, q[1]), RES_GRANTED);
+    assert_int_equal(answered(t.svc, q[2]), RES_GRANTED);
+    assert_int_equal(answered(t.svc, q[3]), RES_GRANTED);
+    assert_int_equal(atomic_load(&t.g.answered), 4);
     /* the gate asked again after going ahead does not ask twice */
     {
         pdgw_fwd_request_t r = request("ga-1");
         pdgw_fwd_error_t e;
         memset(&e, 0, sizeof(e));
-        assert_int_equal(pdgw_fwd_kv_req_before_prefill(q[1], &r, &dec, &e), PDGW_FWD_OK);
+        assert_int_equal(pdgw_fwd_kv_req_before_prefill(q[1], &r, &t.dec, &e), PDGW_FWD_OK);
     }
     /* a late refusal: the request has gone on, nothing waits; the answer is counted */
-    atomic_store(&g.refuse, 1);
-    assert_int_equal(gate_once(svc, &dec, "ga-4", &q[4]), PDGW_FWD_OK);
-    assert_int_equal(answered(svc, q[4]), RES_REFUSED);
+    atomic_store(&t.g.refuse, 1);
+    assert_int_equal(gate_once(t.svc, &t.dec, "ga-4", &q[4]), PDGW_FWD_OK);
+    assert_int_equal(answered(t.svc, q[4]), RES_REFUSED);
     assert_false(pdgw_fwd_kv_req_refused(q[4])); /* not a refusal its retry would re-pick on */
     pdgw_fwd_kv_req_end(q[4], PDGW_END_OK);
-    atomic_store(&g.refuse, 0);
+    atomic_store(&t.g.refuse, 0);
     /* an answer older than KVCTL_ROOM_MS says nothing: the next request waits again */
-    pthread_mutex_lock(&svc->client_lock);
+    pthread_mutex_lock(&t.svc->client_lock);
     for (int i = 0; i < KVCTL_ROOM_MAX; i++)
-        if (svc->room[i].t_ms != 0)
-            svc->room[i].t_ms -= KVCTL_ROOM_MS + 1;
-    pthread_mutex_unlock(&svc->client_lock);
+        if (t.svc->room[i].t_ms != 0)
+            t.svc->room[i].t_ms -= KVCTL_ROOM_MS + 1;
+    pthread_mutex_unlock(&t.svc->client_lock);
     for (int i = 0; i < 4; i++)
         pdgw_fwd_kv_req_end(q[i], PDGW_END_OK);
-    assert_int_equal(gate_once(svc, &dec, "ga-5", &q[0]), PDGW_FWD_PENDING);
-    assert_int_equal(answered(svc, q[0]), RES_GRANTED);
+    assert_int_equal(gate_once(t.svc, &t.dec, "ga-5", &q[0]), PDGW_FWD_PENDING);
+    assert_int_equal(answered(t.svc, q[0]), RES_GRANTED);
     pdgw_fwd_kv_req_end(q[0], PDGW_END_OK);
-    pdgw_fwd_kv_svc_close(svc);
-    atomic_store(&g.stop, 1);
-    pthread_join(g.th, NULL);
-    zmq_close(g.router);
-    zmq_ctx_term(zctx);
+    res_stage_close(&t);
 }
 
 static void test_opts(void **state)

@@ -19,6 +19,22 @@
 #include "test_engine_common.h"
 #include "kvt/kvt_msg.h"
 
+/* A ROUTER bound to an ephemeral loopback port (linger 0): a receiver's alloc or init port
+ * whose answers the test writes itself, or that never answers. */
+static void *router_open(void *ctx, uint16_t *port)
+{
+    void *rt = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64];
+    size_t l = sizeof(ep);
+    int zero = 0;
+    assert_non_null(rt);
+    zmq_setsockopt(rt, ZMQ_LINGER, &zero, sizeof(zero));
+    assert_int_equal(zmq_bind(rt, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(rt, ZMQ_LAST_ENDPOINT, ep, &l), 0);
+    *port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    return rt;
+}
+
 static void push_raw(uint16_t port, const void *data, size_t len)
 {
     void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_PUSH);
@@ -82,21 +98,15 @@ static void test_proxy_notif_epoll(void **state)
 static void test_reserve_timeout_replaces_socket(void **state)
 {
     kvt_proxy_t *px;
-    void *ctx = zmq_ctx_new(), *mute = zmq_socket(ctx, ZMQ_ROUTER);
-    char ep[64];
-    size_t l = sizeof(ep);
+    void *ctx = zmq_ctx_new(), *mute;
     uint16_t port;
-    int granted = -1, zero = 0;
+    int granted = -1;
     int64_t free_chunks = -1;
     uint64_t t0;
     t_pair_t p;
     (void)state;
 
-    /* a ROUTER that reads and never answers */
-    zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero));
-    assert_int_equal(zmq_bind(mute, "tcp://127.0.0.1:*"), 0);
-    zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, ep, &l);
-    port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    mute = router_open(ctx, &port); /* reads and never answers */
     assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
     t0 = t_now_ms();
     assert_int_equal(
@@ -129,20 +139,16 @@ static void test_reserve_timeout_replaces_socket(void **state)
 static void test_reserve_in_flight_side_by_side(void **state)
 {
     kvt_proxy_t *px;
-    void *ctx = zmq_ctx_new(), *mute = zmq_socket(ctx, ZMQ_ROUTER);
-    char ep[64], want[300];
-    size_t l = sizeof(ep);
+    void *ctx = zmq_ctx_new(), *mute;
+    char want[300];
     uint16_t port;
-    int zero = 0, fds[8];
+    int fds[8];
     kvt_proxy_reply_t r;
     kvt_status_t st = KVT_ERR_TIMEOUT;
     t_pair_t p;
     (void)state;
 
-    zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero));
-    assert_int_equal(zmq_bind(mute, "tcp://127.0.0.1:*"), 0);
-    zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, ep, &l);
-    port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    mute = router_open(ctx, &port);
     assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
     assert_int_equal(t_pair_open(&p, MODE_PUSH, 8 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
     assert_int_equal(kvt_proxy_reserve_recv(px, &r), KVT_ERR_TIMEOUT); /* nothing asked */
@@ -186,10 +192,9 @@ static void test_reserve_in_flight_side_by_side(void **state)
 static void test_reserve_answers_garbage_skipped(void **state)
 {
     kvt_proxy_t *px;
-    void *ctx = zmq_ctx_new(), *rt = zmq_socket(ctx, ZMQ_ROUTER);
+    void *ctx = zmq_ctx_new(), *rt;
     char ep[64], ident[64];
-    size_t l = sizeof(ep);
-    int zero = 0, fd, il;
+    int fd, il;
     uint16_t port;
     kvt_proxy_reply_t r;
     kvt_msg_t m;
@@ -198,10 +203,7 @@ static void test_reserve_answers_garbage_skipped(void **state)
     struct pollfd pf;
     (void)state;
 
-    zmq_setsockopt(rt, ZMQ_LINGER, &zero, sizeof(zero));
-    assert_int_equal(zmq_bind(rt, "tcp://127.0.0.1:*"), 0);
-    zmq_getsockopt(rt, ZMQ_LAST_ENDPOINT, ep, &l);
-    port = (uint16_t)atoi(strrchr(ep, ':') + 1);
+    rt = router_open(ctx, &port);
     assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
     assert_int_equal(kvt_proxy_reserve_send(px, "127.0.0.1", port, "g", 2, 1000), KVT_OK);
     /* [ident, "", payload] */
@@ -317,28 +319,17 @@ static void test_dead_receiver_timeout(void **state)
                               .ctrl_timeout_ms = 300,
                               .clock = &fake_clock};
     zmq_pollitem_t hs;
-    void *ctx = zmq_ctx_new(), *mute = zmq_socket(ctx, ZMQ_ROUTER), *mute_i;
-    char e1[64];
-    size_t l = sizeof(e1);
+    void *ctx = zmq_ctx_new(), *mute, *mute_i;
     uint16_t port, iport;
     char **keys = t_keys("dead", 2);
     kvt_task_result_t res;
     kvt_task_id_t id;
     kvt_status_t st;
     kvt_metrics_t m;
-    int zero = 0;
     (void)state;
 
-    zmq_setsockopt(mute, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_bind(mute, "tcp://127.0.0.1:*");
-    zmq_getsockopt(mute, ZMQ_LAST_ENDPOINT, e1, &l);
-    port = (uint16_t)atoi(strrchr(e1, ':') + 1);
-    mute_i = zmq_socket(ctx, ZMQ_ROUTER);
-    zmq_setsockopt(mute_i, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_bind(mute_i, "tcp://127.0.0.1:*");
-    l = sizeof(e1);
-    zmq_getsockopt(mute_i, ZMQ_LAST_ENDPOINT, e1, &l);
-    iport = (uint16_t)atoi(strrchr(e1, ':') + 1);
+    mute = router_open(ctx, &port);
+    mute_i = router_open(ctx, &iport);
     t_cfg(&sc, KVT_ROLE_SENDER, MODE_PUSH, 8 * T_PAGE, "tcp");
     sc.pd_peer_alloc_port.v[0] = port;
     sc.pd_peer_init_port.v[0] = iport;

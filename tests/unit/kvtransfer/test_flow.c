@@ -82,6 +82,18 @@ static void wait_landed(kvt_engine_t *r, const char *req)
     kvt_task_result_clear(&res);
 }
 
+/* ReserveRequest{<id>, <chunks>} to <p>'s receiver through <px>: whether it was granted;
+ * *free_chunks gets the answer's. */
+static int reserve_on(kvt_proxy_t *px, const t_pair_t *p, const char *id, int64_t chunks,
+                      int64_t *free_chunks)
+{
+    int granted = -1;
+    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p->rp.alloc_port, id, chunks, 5000, 3000,
+                                       &granted, free_chunks),
+                     KVT_OK);
+    return granted;
+}
+
 static void dedup_case(t_mode_t mode)
 {
     t_pair_t p;
@@ -596,12 +608,8 @@ static void tombstone_case(t_mode_t mode)
     assert_int_equal(m.breaker_open, 0);
     /* a proxy that reserves again for the id (a retry of the request) lifts the tombstone */
     {
-        int granted = 0;
         int64_t free_chunks = 0;
-        assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "tomb-1", 4, 5000,
-                                           3000, &granted, &free_chunks),
-                         KVT_OK);
-        assert_true(granted);
+        assert_true(reserve_on(px, &p, "tomb-1", 4, &free_chunks));
         res = store_wait(p.s, "tomb-1", keys, 0, 4, 0);
         assert_int_equal(res.status, KVT_OK);
         assert_int_equal(t_bits(&res), 4);
@@ -645,22 +653,15 @@ static void test_reserve(void **state)
     kvt_proxy_t *px;
     char **keys = t_keys("rsv", 8);
     kvt_task_result_t res;
-    int granted = -1;
     int64_t free_chunks = -1;
     kvt_metrics_t m;
     (void)state;
 
     assert_int_equal(kvt_proxy_create("127.0.0.1", 0, &px), KVT_OK);
     assert_int_equal(t_pair_open(&p, MODE_PUSH, 16 * T_PAGE, 8 * T_PAGE, "tcp"), KVT_OK);
-    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "rsv-a", 6, 5000, 3000,
-                                       &granted, &free_chunks),
-                     KVT_OK);
-    assert_int_equal(granted, 1);
+    assert_int_equal(reserve_on(px, &p, "rsv-a", 6, &free_chunks), 1);
     assert_int_equal(free_chunks, 2);
-    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "rsv-b", 4, 5000, 3000,
-                                       &granted, &free_chunks),
-                     KVT_OK);
-    assert_int_equal(granted, 0);
+    assert_int_equal(reserve_on(px, &p, "rsv-b", 4, &free_chunks), 0);
     /* another request cannot eat the reserved pages: it gets 2 after waiting */
     res = store_wait(p.s, "rsv-c", keys, 0, 4, 0);
     assert_int_equal(t_bits(&res), 2);
@@ -682,7 +683,8 @@ static void test_reserve(void **state)
     t_keys_free(keys, 8);
 }
 
-/* A ReserveRequest that comes after its request's transfer landed (a proxy that sent the
+/* A ReserveRequest (libkvt's own message, kvtransfer/src/kvt_ctrl_proxy.c; no upstream engine
+ * sends it) that comes after its request's transfer landed (a proxy that sent the
  * request on before the answer) is granted without holding anything: the room was drawn and
  * given back already, and held again it would be kept from every other request until its TTL. */
 static void test_reserve_after_landing(void **state)
@@ -691,7 +693,6 @@ static void test_reserve_after_landing(void **state)
     kvt_proxy_t *px;
     char **keys = t_keys("late", 4);
     kvt_task_result_t res;
-    int granted = -1;
     int64_t free_chunks = -1;
     (void)state;
 
@@ -702,16 +703,10 @@ static void test_reserve_after_landing(void **state)
     kvt_task_result_clear(&res);
     wait_landed(p.r, "late-a");
     /* 8 pages, 4 of them hold late-a's landed chunks */
-    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "late-a", 4, 5000, 3000,
-                                       &granted, &free_chunks),
-                     KVT_OK);
-    assert_int_equal(granted, 1);
+    assert_int_equal(reserve_on(px, &p, "late-a", 4, &free_chunks), 1);
     assert_int_equal(free_chunks, 4); /* nothing more held */
     /* the four free pages are still anyone's */
-    assert_int_equal(kvt_proxy_reserve(px, "127.0.0.1", p.rp.alloc_port, "late-b", 4, 5000, 3000,
-                                       &granted, &free_chunks),
-                     KVT_OK);
-    assert_int_equal(granted, 1);
+    assert_int_equal(reserve_on(px, &p, "late-b", 4, &free_chunks), 1);
     assert_int_equal(free_chunks, 0);
     assert_int_equal(kvt_proxy_cancel(px, "127.0.0.1", p.rp.alloc_port, "late-b", NULL, 0), KVT_OK);
     kvt_release_req(p.r, "late-a");
