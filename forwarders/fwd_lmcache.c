@@ -6,8 +6,12 @@
  * instances are picked before any send; staged scheduling is refused at start-up).
  * Option flow: first_tok (default, LMCache's current proxy; fwd_lmcache_flow.c) or
  * client_body (its older proxy: the decode gets the client's body unchanged).
- *   0. first_tok: POST /tokenize to the prefill instance (fwd_lmcache_tok.c); the ids are the
- *      prompt of both legs.
+ *   0. first_tok: the prompt's token ids. Option prompt_ids: prefill (default) sends a
+ *      completions prompt of text to the prefill as it is, with return_token_ids, and takes
+ *      the ids from its answer (choices[0].prompt_token_ids; an engine that answers none gets
+ *      the /tokenize call then, while its KV is on the way); chat, and prompt_ids: tokenize
+ *      (LMCache's proxy), POST /tokenize to the prefill instance first (fwd_lmcache_tok.c) and
+ *      send the ids as the prefill's prompt.
  *   1. gate BEFORE_PREFILL: weighted admission, ceil(prompt_tokens / chunk_tokens) slots of
  *      admission_chunks (FIFO), then ReserveRequest for the whole prompt on every alloc port
  *      of the decode (option reserve, default true), only to decodes with kv_engine: libkvt.
@@ -37,6 +41,7 @@
 typedef struct lmc_ctx {
     pdgw_fwd_kv_svc_t *kv;
     int first_tok;               /* option flow: first_tok (1) or client_body (0) */
+    int ids_from_prefill;        /* option prompt_ids: prefill (1) or tokenize (0) */
     int64_t tokenize_timeout_ms; /* one /tokenize call */
 } lmc_ctx_t;
 
@@ -46,6 +51,8 @@ typedef struct lmc_state {
     const pdgw_instance_t *prefill; /* /tokenize goes to the prefill instance */
     int libkvt;                     /* the decode runs libkvt (instance kv_engine) */
     int first_tok;                  /* this request runs the first_tok flow */
+    int ids_asked;                  /* the prefill answers the ids (return_token_ids) */
+    int ids_answered;               /* and it did: they are the prompt after its truncation */
     lmc_tok_job_t *job;             /* its /tokenize call */
     json_t *ids;                    /* the prompt's token ids, as text */
     lmc_head_t head;                /* what the prefill answered */
@@ -55,15 +62,17 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
                                        char *err, size_t errlen)
 {
     static const char *const known[] = {PDGW_FWD_KV_OPT_KEYS, PDGW_FWD_KV_NOTIF_OPT_KEYS, "flow",
-                                        "tokenize_timeout_ms", NULL};
+                                        "prompt_ids",         "tokenize_timeout_ms",      NULL};
     static const char *const flows[] = {"client_body", "first_tok", NULL};
+    static const char *const id_sources[] = {"tokenize", "prefill", NULL};
     pdgw_fwd_kv_opts_t o;
     lmc_ctx_t *c;
-    int flow = 1;
+    int flow = 1, id_source = 1;
     int64_t tok_ms = 0;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         pdgw_fwd_kv_opts_parse(options, 1, 1, &o, err, errlen) ||
         fwd_pd_opt_enum(options, "flow", flows, 1, &flow, err, errlen) ||
+        fwd_pd_opt_enum(options, "prompt_ids", id_sources, 1, &id_source, err, errlen) ||
         fwd_pd_opt_int(options, "tokenize_timeout_ms", 10000, 1, 600000, &tok_ms, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
     c = calloc(1, sizeof(*c));
@@ -72,6 +81,7 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
         return PDGW_FWD_ERR_CONFIG;
     }
     c->first_tok = flow == 1;
+    c->ids_from_prefill = id_source == 1;
     c->tokenize_timeout_ms = tok_ms;
     /* --check-config (check_only): no ProxyNotif socket. */
     if (!env->check_only &&
@@ -145,6 +155,8 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
     /* first_tok needs the answer's first token to be the only one the prefill made, so a
      * request that asks for one token at most (or gives no max_tokens) runs client_body. */
     s->first_tok = c->first_tok && req->max_tokens >= 2 && req->dispatch == PDGW_DISPATCH_SERIAL;
+    /* a completions prompt of text goes to the prefill as it is, which answers its ids */
+    s->ids_asked = s->first_tok && c->ids_from_prefill && lmc_flow_prompt_is_text(req);
     /* In flight from now: ProxyNotifs count only for it and only from its prefill. */
     pdgw_fwd_kv_req_expect_notifs(s->q, (int)d->n_init_ports, peers->prefill);
     *state = s;
@@ -179,7 +191,7 @@ static pdgw_fwd_status_t lmc_build_leg(void *ctx, void *state, const pdgw_fwd_re
             leg->body =
                 spec ? fwd_pd_body_prefill(req, json_pack("{s:o}", "disagg_spec", spec)) : NULL;
     } else if (s->first_tok) {
-        leg->body = lmc_flow_decode_body(req, s->ids, &s->head);
+        leg->body = lmc_flow_decode_body(req, s->ids, s->ids_answered, &s->head);
     } else {
         leg->body = fwd_pd_body_decode(req, NULL);
     }
@@ -205,6 +217,10 @@ static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_f
         json_t *body = lmc_flow_tokenize_body(req, &s->ids);
         if (s->ids != NULL)
             return PDGW_FWD_OK; /* the client already sent token ids */
+        if (body == NULL && s->ids_asked) {
+            pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 500, "out of memory");
+            return PDGW_FWD_ERR;
+        }
         if (body == NULL) {
             s->first_tok = 0; /* a prompt /tokenize cannot take (several prompts): older flow */
             return PDGW_FWD_OK;
@@ -230,9 +246,10 @@ static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_f
     return PDGW_FWD_OK;
 }
 
-static pdgw_fwd_status_t lmc_on_prefill_response(void *ctx, void *state,
-                                                 const pdgw_fwd_request_t *req, long status,
-                                                 const json_t *resp, pdgw_fwd_error_t *err)
+/* Read on its text: the prompt's ids in a prefill's answer are as long as the prompt. */
+static pdgw_fwd_status_t lmc_on_prefill_text(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                             long status, const char *text, size_t len,
+                                             pdgw_fwd_error_t *err)
 {
     lmc_state_t *s = state;
     char msg[200];
@@ -241,11 +258,17 @@ static pdgw_fwd_status_t lmc_on_prefill_response(void *ctx, void *state,
     (void)status;
     if (!s->first_tok)
         return PDGW_FWD_OK;
-    if (lmc_flow_read_prefill(resp, &s->head, msg, sizeof(msg)) != 0) {
+    if (lmc_flow_read_prefill_text(text, len, &s->head, s->ids_asked ? &s->ids : NULL, msg,
+                                   sizeof(msg)) != 0) {
         fwd_pd_count_missing_kv_params(LMC_NAME);
         pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502, "%s", msg);
         return PDGW_FWD_ERR;
     }
+    s->ids_answered = s->ids != NULL;
+    if (s->ids_asked && !s->ids_answered)
+        pdgw_fwd_counter_inc(LMC_NAME, "prompt_ids_fallback",
+                             "Prefill answers without prompt_token_ids (an engine without "
+                             "return_token_ids): the ids came from /tokenize.");
     return PDGW_FWD_OK;
 }
 
@@ -274,12 +297,17 @@ static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request
 {
     lmc_ctx_t *c = ctx;
     lmc_state_t *s = state;
+    pdgw_fwd_status_t st;
     if (point == PDGW_GATE_BEFORE_PREFILL) {
-        pdgw_fwd_status_t st = s->first_tok ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
+        st = s->first_tok && !s->ids_asked ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
         if (st != PDGW_FWD_OK)
             return st;
         return pdgw_fwd_kv_req_before_prefill(s->q, req, s->libkvt ? s->decode : NULL, err);
     }
+    /* a prefill that did not answer the ids: /tokenize now, while its KV is on the way */
+    st = s->first_tok && s->ids == NULL ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
+    if (st != PDGW_FWD_OK)
+        return st;
     return pdgw_fwd_kv_req_wait_notifs(s->q, req, (int)s->decode->n_init_ports, err);
 }
 
@@ -332,13 +360,13 @@ static const pdgw_fwd_ops_t lmc_ops = {
     .plan = lmc_plan,
     .attempt_init = lmc_attempt_init,
     .build_leg = lmc_build_leg,
-    .on_prefill_response = lmc_on_prefill_response,
     .gate = lmc_gate,
     .retry_scope = lmc_retry_scope,
     .attempt_cleanup = lmc_attempt_cleanup,
     .rewrite_decode = lmc_rewrite_decode,
     .check_instance = lmc_check_instance,
     .rewrite_decode_text = lmc_rewrite_decode_text,
+    .on_prefill_text = lmc_on_prefill_text,
 };
 
 static const pdgw_fwd_desc_t fwd_lmcache_desc = {

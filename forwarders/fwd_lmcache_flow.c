@@ -21,7 +21,10 @@
  * messages from both legs once the prompt holds their token ids; /tokenize also gets the
  * client's model; and when the first token already ended the answer (EOS or a stop string:
  * the prefill's finish_reason is "stop") the decode is asked for one token only and its output
- * is dropped, where LMCache's proxy would let the decode continue past the end. Unlike the
+ * is dropped, where LMCache's proxy would let the decode continue past the end. A completions
+ * prompt of text skips step 1 (option prompt_ids: prefill, the default): the prefill gets the
+ * text and return_token_ids, and vLLM answers the ids it made in choices[0].prompt_token_ids
+ * (vllm/entrypoints/openai/completion/serving.py), one call less per request. Unlike the
  * other two-stage flows the prefill keeps ignore_eos and stop as the client sent them: its
  * one token is the first token of the answer.
  */
@@ -60,6 +63,16 @@ json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
     return b;
 }
 
+int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req)
+{
+    const json_t *p = json_object_get(req->body, "prompt");
+    if (req->is_chat)
+        return 0;
+    if (json_is_array(p) && json_array_size(p) == 1)
+        p = json_array_get(p, 0); /* one prompt in a list */
+    return json_is_string(p);
+}
+
 json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec)
 {
     json_t *kvp = spec ? json_pack("{s:b,s:o}", "ret_first_tok", 1, "disagg_spec", spec) : NULL;
@@ -69,7 +82,10 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
     json_object_del(b, "messages");
     /* the ids as text (forwarder.h pdgw_fwd_ids_text_*): never changed once read, so the
      * prefill body shares them */
-    json_object_set(b, "prompt", (json_t *)ids);
+    if (ids != NULL)
+        json_object_set(b, "prompt", (json_t *)ids);
+    else
+        json_object_set_new(b, "return_token_ids", json_true()); /* the ids come back */
     json_object_set_new(b, "max_tokens", json_integer(1));
     if (json_object_get(b, "max_completion_tokens"))
         json_object_set_new(b, "max_completion_tokens", json_integer(1));
@@ -87,7 +103,7 @@ static void minus_one(json_t *b, const char *key)
         json_object_set_new(b, key, json_integer(json_integer_value(v) - 1));
 }
 
-json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
+json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids, int ids_cut,
                              const lmc_head_t *head)
 {
     json_int_t first_tok = head->first_tok;
@@ -101,6 +117,9 @@ json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
     json_object_del(b, "messages");
     json_object_del(b, "kv_transfer_params");
     json_object_set_new(b, "prompt", prompt);
+    if (ids_cut) /* the prefill's prompt_token_ids are already cut: cutting them again would
+                  * move the decode's window off the KV the prefill made */
+        json_object_del(b, "truncate_prompt_tokens");
     minus_one(b, "max_tokens");
     minus_one(b, "max_completion_tokens");
     if (head->done) {
@@ -151,6 +170,59 @@ int lmc_flow_read_prefill(const json_t *resp, lmc_head_t *head, char *msg, size_
         return -1;
     }
     return 0;
+}
+
+/* <names>' values of the object at <text>, each parsed on its own, into a new object; -1 when
+ * the text must be parsed whole (a member name written with escapes). */
+static int small_members(const char *text, size_t len, const char *const *names, size_t n,
+                         json_t **obj, const char **vals, size_t *lens)
+{
+    size_t i;
+    if (pdgw_fwd_json_members(text, len, names, vals, lens) != 0 || (*obj = json_object()) == NULL)
+        return -1;
+    for (i = 0; i < n; i++)
+        if (vals[i] != NULL)
+            json_object_set_new(*obj, names[i],
+                                json_loadb(vals[i], lens[i], JSON_DECODE_ANY, NULL));
+    return 0;
+}
+
+int lmc_flow_read_prefill_text(const char *text, size_t len, lmc_head_t *head, json_t **ids,
+                               char *msg, size_t cap)
+{
+    /* "choices" is read apart (its prompt_token_ids are read as text, not as a tree) */
+    static const char *const top[] = {
+        "kv_transfer_params", "id", "model", "created", "usage", "choices", NULL};
+    static const char *const inner[] = {"text", "finish_reason", "stop_reason", NULL};
+    const char *tv[6], *cv[3], *ch = NULL;
+    size_t tl[6], cl[3], chl = 0, n;
+    json_t *resp = NULL, *choice = NULL;
+    int rc;
+
+    if (small_members(text, len, top, 5, &resp, tv, tl) != 0 ||
+        (tv[5] != NULL && pdgw_fwd_json_first(tv[5], tl[5], &ch, &chl) < 0) ||
+        (ch != NULL && small_members(ch, chl, inner, 3, &choice, cv, cl) != 0)) {
+        /* written in a way the text readers leave to the parser */
+        const json_t *p;
+        json_decref(resp);
+        resp = json_loadb(text, len, 0, NULL);
+        p = json_object_get(json_array_get(json_object_get(resp, "choices"), 0),
+                            "prompt_token_ids");
+        if (ids != NULL)
+            *ids = pdgw_fwd_ids_text_from(p, &n);
+    } else {
+        if (choice != NULL)
+            json_object_set_new(resp, "choices", json_pack("[o]", choice));
+        if (ids != NULL)
+            *ids = ch ? pdgw_fwd_answer_ids_text(ch, chl, "prompt_token_ids", &n) : NULL;
+    }
+    rc = lmc_flow_read_prefill(resp, head, msg, cap);
+    json_decref(resp);
+    if (rc != 0 && ids != NULL) {
+        json_decref(*ids);
+        *ids = NULL;
+    }
+    return rc;
 }
 
 void lmc_head_clear(lmc_head_t *head)

@@ -29,6 +29,10 @@ json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids);
  * stream_options or min_tokens, kv_transfer_params = {ret_first_tok: true, disagg_spec: spec
  * (stolen)}. */
 json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec);
+/* With <ids> NULL the prefill keeps the client's text prompt and asks return_token_ids: vLLM
+ * answers the prompt's ids itself (choices[0].prompt_token_ids), saving the /tokenize call.
+ * Whether the client's prompt is one text (a completions request) that can go so. */
+int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req);
 
 /* What the prefill answered, kept for the client's answer. */
 typedef struct lmc_head {
@@ -45,13 +49,18 @@ typedef struct lmc_head {
 
 /* Decode leg (LMCache's proxy): client body with prompt = ids + [first_tok], max_tokens - 1
  * (max_completion_tokens too), no kv_transfer_params, no messages; one token when the
- * prefill's answer already ended (head->done). */
-json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids,
+ * prefill's answer already ended (head->done). <ids_cut>: the ids are the prefill's
+ * prompt_token_ids, already truncated (truncate_prompt_tokens is dropped). */
+json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids, int ids_cut,
                              const lmc_head_t *head);
 
 /* Read first_tok and the head from a prefill answer; -1 when kv_transfer_params.first_tok is
  * missing (msg filled). */
 int lmc_flow_read_prefill(const json_t *resp, lmc_head_t *head, char *msg, size_t cap);
+/* The same on the answer's text, with only its small members parsed; with <ids> also
+ * choices[0].prompt_token_ids as ids text (*ids NULL when there are none). */
+int lmc_flow_read_prefill_text(const char *text, size_t len, lmc_head_t *head, json_t **ids,
+                               char *msg, size_t cap);
 void lmc_head_clear(lmc_head_t *head);
 /* The client's answer from one decode event / the decode's whole answer (pdgw_fwd_ops_t
  * rewrite_decode). */

@@ -506,26 +506,38 @@ static json_t *wf_prefill_answer(const pdgw_wf_t *wf, const pdgw_leg_t *leg)
                            : pdgw_json_loadb(text, leg->resp.len, NULL);
 }
 
+/* The forwarder reads the prefill's 2xx answer: its text (on_prefill_text), then its tree
+ * (on_prefill_response). */
+static pdgw_fwd_status_t wf_read_prefill(pdgw_wf_t *wf, const pdgw_leg_t *leg, pdgw_fwd_error_t *e)
+{
+    const pdgw_fwd_ops_t *ops = ops_of(wf);
+    pdgw_fwd_status_t st = PDGW_FWD_OK;
+    json_t *resp;
+
+    if (ops->on_prefill_text != NULL)
+        st = ops->on_prefill_text(wf->fwd_ctx, wf->fwd_state, &wf->freq, leg->status,
+                                  leg->resp.data ? leg->resp.data : "", leg->resp.len, e);
+    if (st != PDGW_FWD_OK || ops->on_prefill_response == NULL)
+        return st;
+    resp = wf_prefill_answer(wf, leg);
+    st = ops->on_prefill_response(wf->fwd_ctx, wf->fwd_state, &wf->freq, leg->status, resp, e);
+    json_decref(resp);
+    return st;
+}
+
 /* Serial: prefill answered 2xx. */
 static void wf_after_prefill(pdgw_wf_t *wf, pdgw_leg_t *leg)
 {
-    const pdgw_fwd_ops_t *ops = ops_of(wf);
     pdgw_fwd_error_t e;
-    json_t *resp;
 
     memset(&e, 0, sizeof(e));
-    resp = ops->on_prefill_response != NULL ? wf_prefill_answer(wf, leg) : NULL;
-    if (ops->on_prefill_response &&
-        ops->on_prefill_response(wf->fwd_ctx, wf->fwd_state, &wf->freq, leg->status, resp, &e) !=
-            PDGW_FWD_OK) {
-        json_decref(resp);
+    if (wf_read_prefill(wf, leg, &e) != PDGW_FWD_OK) {
         if (e.message[0] == '\0')
             pdgw_fwd_error_set(&e, PDGW_PHASE_KV_TRANSFER, 1, 502,
                                "forwarder %s rejected the prefill response", protocol_of(wf));
         wf_fail(wf, &e, NULL);
         return;
     }
-    json_decref(resp);
     if (wf->freq.dispatch == PDGW_DISPATCH_PARALLEL) {
         /* decode is already running, or its answer waited for this one */
         if (wf->decode_parked) {

@@ -85,7 +85,8 @@ PD_CONFIGS = {
                       ("vllm-mooncake/parallel", {"mooncake_dispatch": "parallel"})],
     "vllm-kvt": [("vllm-kvt", {})],
     "sglang": [("sglang", {})],
-    "lmcache": [("lmcache", {"proxy_host": "127.0.0.1"})],
+    "lmcache": [("lmcache", {"proxy_host": "127.0.0.1"}),
+                ("lmcache/tokenize", {"proxy_host": "127.0.0.1", "prompt_ids": "tokenize"})],
 }
 
 procs = []

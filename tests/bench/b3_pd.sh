@@ -52,11 +52,14 @@ while IFS=, read -r proto clients _ _ _ a50 _ _ _ _ _ _ _ cpu _ ecpu; do
     ms=$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')
     info_row b3 "$proto c=$clients pdgw CPU per request" "$cpu" us
     [[ -n "$ecpu" ]] && info_row b3 "$proto c=$clients engines CPU per request" "$ecpu" us
-    if [[ "$clients" == 1 ]]; then
+    if [[ "$clients" == 1 && "$proto" == lmcache/tokenize ]]; then
+        # LMCache's own proxy flow (a /tokenize call first), beside the default: for comparison
+        info_row b3 "$proto c=1 added p50" "$ms" ms
+    elif [[ "$clients" == 1 ]]; then
         check_target b3 "$proto c=1 added p50" "$ms" le 0.3 ms
     else
         info_row b3 "$proto c=$clients added p50" "$ms" ms
-        [[ "$proto" != lmcache ]] && others64=$(awk -v a="$ms" -v b="$others64" 'BEGIN { print (a > b ? a : b) }')
+        [[ "$proto" != lmcache* ]] && others64=$(awk -v a="$ms" -v b="$others64" 'BEGIN { print (a > b ? a : b) }')
     fi
 done <"$csv"
 lm64=$(awk -F, '$1 == "lmcache" && $2 != 1 { printf "%.3f", $6 / 1000 }' "$csv")
@@ -69,7 +72,7 @@ fi
 # in the gateway, where the other rows' queue waits in their engines (engine time).
 rate_csv=$RESULTS_DIR/b3_pd_rate.csv
 if [[ -s "$rate_csv" ]]; then
-    read -r lm_r others_r < <(awk -F, 'NR > 1 { if ($1 == "lmcache") l = $6; else if ($6 > o) o = $6 }
+    read -r lm_r others_r < <(awk -F, 'NR > 1 { if ($1 == "lmcache") l = $6; else if ($1 !~ /^lmcache/ && $6 > o) o = $6 }
         END { printf "%s %s\n", l, o }' "$rate_csv")
     if [[ -n "$lm_r" ]] && awk -v b="$others_r" 'BEGIN { exit !(b > 0) }'; then
         info_row b3 "lmcache c=64 at ${RATE-600} req/s added p50 / slowest other" \

@@ -80,6 +80,8 @@ static void usage(FILE *f)
             "  --record-capacity N          requests kept for GET /sim/requests; 0 = off (1024)\n"
             "  --record-tokenize            record /tokenize and /detokenize calls too (their\n"
             "                               time is the engine's: benchmarks count it so)\n"
+            "  --no-return-token-ids        ignore return_token_ids, as a vLLM from before the\n"
+            "                               field (answers carry no prompt_token_ids)\n"
             "PD / KV transfer:\n"
             "  --kv-host ADDR               host advertised for KV endpoints (--host, or "
             "127.0.0.1)\n"
@@ -146,6 +148,7 @@ enum {
     O_NOPC,
     O_RECCAP,
     O_RECTOK,
+    O_NORETIDS,
     O_KVHOST,
     O_KVPORT,
     O_BOOT,
@@ -203,6 +206,7 @@ static const struct option opts[] = {
     {"no-prefix-cache", no_argument, 0, O_NOPC},
     {"record-capacity", required_argument, 0, O_RECCAP},
     {"record-tokenize", no_argument, 0, O_RECTOK},
+    {"no-return-token-ids", no_argument, 0, O_NORETIDS},
     {"kv-host", required_argument, 0, O_KVHOST},
     {"kv-port", required_argument, 0, O_KVPORT},
     {"bootstrap-port", required_argument, 0, O_BOOT},
@@ -357,6 +361,9 @@ static int parse_engine_opt(int c, const char *name, int argc, char **argv, sim_
         break;
     case O_RECTOK:
         cfg->record_tokenize = 1;
+        break;
+    case O_NORETIDS:
+        cfg->no_return_token_ids = 1;
         break;
     case O_ZERO:
         cfg->zero_delay = 1;

@@ -57,9 +57,10 @@ typedef struct sim_config {
     int kv_offloading_blocks;
     double kv_offloading_load_cost;
     int record_capacity;
-    int record_tokenize; /* /tokenize and /detokenize calls are recorded too */
-    int kv_buffer_mb;    /* libkvt buffer per engine */
-    double kv_link_gbps; /* link model for KV pushes/pulls; 0 = none */
+    int record_tokenize;     /* /tokenize and /detokenize calls are recorded too */
+    int no_return_token_ids; /* return_token_ids ignored (a vLLM from before the field) */
+    int kv_buffer_mb;        /* libkvt buffer per engine */
+    double kv_link_gbps;     /* link model for KV pushes/pulls; 0 = none */
     /* KV side channels */
     char kv_host[64]; /* advertised host of this instance's KV endpoints */
     int kv_port;
@@ -200,6 +201,7 @@ typedef struct sim_req {
     int return_logprob; /* /generate: meta_info carries token logprobs */
     int stream;
     int include_usage;
+    int return_token_ids; /* completions: answers carry prompt_token_ids and token_ids */
     int64_t created;
     sim_tokens_t prompt;
     uint64_t prompt_hash;

@@ -217,6 +217,11 @@ int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, cons
         if ((rc = get_bool(so, "include_usage", &req->include_usage, msg, param)))
             return rc;
     }
+    /* vLLM completion/protocol.py return_token_ids: the answer carries the prompt's and the
+     * output's token ids (chat's variant is not imitated here) */
+    if (!is_chat && !sim_cfg.no_return_token_ids &&
+        (rc = get_bool(body, "return_token_ids", &req->return_token_ids, msg, param)))
+        return rc;
     if ((rc = get_int(body, "n", 1, 1, &v, NULL, msg, param)))
         return rc;
     v = sim_cfg.max_tokens_default;
@@ -276,6 +281,14 @@ static json_t *usage_json(sim_req_t *req)
                      (json_int_t)(req->prompt.n + req->out.n), "prompt_tokens_details");
 }
 
+static json_t *ids_json(const uint32_t *ids, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
 char *sim_openai_full_response(sim_req_t *req)
 {
     json_t *choice, *root;
@@ -288,6 +301,11 @@ char *sim_openai_full_response(sim_req_t *req)
         choice = json_pack("{s:i,s:s,s:n,s:s,s:o,s:n}", "index", 0, "text", req->out.text,
                            "logprobs", "finish_reason", req->out.finish_reason, "stop_reason",
                            stop_reason, "prompt_logprobs");
+    if (choice != NULL && req->return_token_ids) {
+        /* vLLM completion/serving.py: the choice's prompt_token_ids and token_ids */
+        json_object_set_new(choice, "prompt_token_ids", ids_json(req->prompt.ids, req->prompt.n));
+        json_object_set_new(choice, "token_ids", ids_json(req->out.ids, req->out.n));
+    }
     uint64_t engine_us = (req->t_done - req->t_arrive) / 1000;
     root = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o,s:o,s:I}", "id", req->resp_id, "object",
                      req->is_chat ? "chat.completion" : "text_completion", "created",
@@ -384,7 +402,17 @@ static void chunk_tail(sim_req_t *req)
     PUTS(req, "}\n\n");
 }
 
-static void chunk_token(sim_req_t *req, const char *piece, size_t n, const char *finish)
+static void pend_ids(sim_req_t *req, const char *name, const uint32_t *ids, size_t n)
+{
+    pend_printf(req, ",\"%s\":[", name);
+    for (size_t i = 0; i < n; i++)
+        pend_printf(req, i ? ",%u" : "%u", ids[i]);
+    PUTS(req, "]");
+}
+
+/* Token <i>'s chunk; with return_token_ids it carries its id, and the first one the prompt's
+ * (vLLM completion/serving.py, the stream generator). */
+static void chunk_token(sim_req_t *req, size_t i, const char *piece, size_t n, const char *finish)
 {
     chunk_head(req);
     if (req->is_chat)
@@ -404,6 +432,11 @@ static void chunk_token(sim_req_t *req, const char *piece, size_t n, const char 
         pend_json_str(req, req->out.stop_reason, strlen(req->out.stop_reason));
     else
         PUTS(req, "null");
+    if (req->return_token_ids) {
+        if (i == 0)
+            pend_ids(req, "prompt_token_ids", req->prompt.ids, req->prompt.n);
+        pend_ids(req, "token_ids", req->out.ids + i, 1);
+    }
     PUTS(req, "}]");
     chunk_tail(req);
 }
@@ -431,9 +464,9 @@ int sim_openai_stream_next(sim_req_t *req)
         size_t n = req->out.off[i + 1] - req->out.off[i];
         int last = i + 1 == req->out.n;
         if (last)
-            chunk_token(req, piece, n, req->out.finish_reason);
-        else if (n)
-            chunk_token(req, piece, n, NULL);
+            chunk_token(req, i, piece, n, req->out.finish_reason);
+        else if (n || req->return_token_ids) /* a token without text still has its id */
+            chunk_token(req, i, piece, n, NULL);
         produced = 1;
     }
     if (req->emitted < req->tokens_ready)

@@ -335,6 +335,16 @@ typedef struct pdgw_fwd_ops {
      * serialisation (the pdgw_fwd_text_* and pdgw_fwd_json_* helpers below). */
     int (*rewrite_decode_text)(void *ctx, void *state, const pdgw_fwd_request_t *req, int sse,
                                const char *text, size_t len, pdgw_fwd_text_t *out);
+
+    /* ABI 4, later op. The prefill's 2xx answer as the prefill sent it (optional; `text`
+     * borrowed for the call), before on_prefill_response and with the same contract: for
+     * what a tree costs too much to build (the prompt's token ids of a long answer:
+     * pdgw_fwd_answer_ids_text and the pdgw_fwd_json_* helpers read them on the text). A
+     * forwarder that reads everything here leaves on_prefill_response NULL, and the answer is
+     * never parsed. */
+    pdgw_fwd_status_t (*on_prefill_text)(void *ctx, void *state, const pdgw_fwd_request_t *req,
+                                         long status, const char *text, size_t len,
+                                         pdgw_fwd_error_t *err);
 } pdgw_fwd_ops_t;
 
 /* ---- option tables (ABI 4) ----

@@ -281,7 +281,17 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
             # ret_first_tok, the decode gets ids + [first_tok] and max_tokens - 1
             assert pb["kv_transfer_params"] == {"ret_first_tok": True, "disagg_spec": spec}, pb
             assert prec["path"] == drec["path"] == "/v1/completions", (prec["path"], drec["path"])
-            ids = pb["prompt"]
+            if not chat and opts.get("prompt_ids", "prefill") == "prefill":
+                # vLLM vllm/entrypoints/openai/completion/protocol.py (return_token_ids) and
+                # completion/serving.py (the answer's choices[0].prompt_token_ids): a text
+                # prompt goes to the prefill as it is and its answer gives the ids, no /tokenize
+                assert pb["prompt"] == client["prompt"] and pb["return_token_ids"] is True, pb
+                st, _, tok, raw = T.post_json(P.port, "/tokenize", {"prompt": client["prompt"]})
+                assert st == 200, raw
+                ids = tok["tokens"]
+            else:
+                ids = pb["prompt"]
+                assert "return_token_ids" not in pb, pb
             assert ids and all(isinstance(i, int) for i in ids), pb
             assert "messages" not in pb and "messages" not in db, (pb, db)
             first = prec["response_kv_transfer_params"]["first_tok"]

@@ -13,6 +13,10 @@ Upstream facts encoded here (LMCache/LMCache):
   (lmcache/integration/vllm/vllm_v1_adapter.py request_finished), decode with prompt
   ids + [first_tok] and max_tokens - 1; the client first gets a chunk with the prefill's
   text, id, created and model (chat: a role chunk, then a content chunk).
+vLLM (vllm-project/vllm): vllm/entrypoints/openai/completion/protocol.py has return_token_ids
+on CompletionRequest, and completion/serving.py answers it with choices[0].prompt_token_ids
+(the prompt as the engine tokenized it, after truncation) and token_ids; an engine from before
+the field ignores it (its answer has no prompt_token_ids).
 ReserveRequest and delimiter-less frames are pdgw extensions: only for kv_engine: libkvt.
 """
 
@@ -44,6 +48,9 @@ def setup():
                          "--kv-hold-timeout-ms", "1500")
     env["D"] = Sim("decode", "lmc-decode", "--kv-wait-timeout-ms", "3000")
     env["P"] = Sim("prefill", "lmc-prefill", *px, env["proxy_port"])
+    # a vLLM from before return_token_ids, its /tokenize calls recorded
+    env["Pold"] = Sim("prefill", "lmc-prefill-old", *px, env["proxy_port"],
+                      "--no-return-token-ids", "--record-tokenize")
     # the older flow's decoders look up the whole prompt (skip_last_n_tokens 0, the default of
     # LMCache's connector)
     env["D0"] = Sim("decode", "lmc-decode-noskip", "--kv-wait-timeout-ms", "3000",
@@ -496,7 +503,71 @@ def test_first_tok_stream_shape():
             assert drec["body"]["stream"] is True
             kvr = drec["kv_result"]
             assert kvr["ok"] and not kvr["recompute"] and kvr["verify_failures"] == 0, kvr
-        assert gw.metric("pdgw_fwd_tokenize_calls_total", {"protocol": "lmcache"}) == 2
+        # only the chat request asked /tokenize: the completions prefill answered its ids
+        assert gw.metric("pdgw_fwd_tokenize_calls_total", {"protocol": "lmcache"}) == 1
+    finally:
+        gw.stop()
+
+
+def tokenize(sim, text):
+    st, _, obj, raw = T.post_json(sim.port, "/tokenize", {"prompt": text})
+    assert st == 200, raw
+    return obj["tokens"]
+
+
+def test_prompt_ids_from_the_prefill_answer():
+    """A completions prompt of text goes to the prefill as it is, with return_token_ids; the
+    decode gets the ids the prefill answered + [first_tok], without the client's
+    truncate_prompt_tokens (those ids are already cut), and no /tokenize call is made."""
+    P, D = env["P"], env["D"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    try:
+        rid = "pi-" + uuid.uuid4().hex[:12]
+        body = dict(body_of(False, False), truncate_prompt_tokens=4000)
+        st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body, {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert obj["choices"][0]["text"] == reference(False)[0], obj
+        prec = [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]
+        drec = D.records(rid)[0]
+        assert prec["body"]["prompt"] == LONG, prec["body"]
+        assert prec["body"]["return_token_ids"] is True, prec["body"]
+        assert prec["body"]["truncate_prompt_tokens"] == 4000, prec["body"]
+        first = prec["response_kv_transfer_params"]["first_tok"]
+        assert drec["body"]["prompt"] == tokenize(P, LONG) + [first], drec["body"]["prompt"]
+        assert "truncate_prompt_tokens" not in drec["body"], drec["body"]
+        assert "return_token_ids" not in drec["body"], drec["body"]
+        assert drec["kv_result"]["ok"] and not drec["kv_result"]["recompute"], drec["kv_result"]
+        assert not gw.metric("pdgw_fwd_tokenize_calls_total", {"protocol": "lmcache"})
+        assert not gw.metric("pdgw_fwd_prompt_ids_fallback_total", {"protocol": "lmcache"})
+    finally:
+        gw.stop()
+
+
+def test_prompt_ids_fallback_to_tokenize():
+    """A prefill whose answer has no prompt_token_ids (a vLLM from before return_token_ids):
+    the ids come from its /tokenize, asked after its answer (while its KV is on the way), and
+    the decode still finds the KV; counted as a fallback."""
+    P, D = env["Pold"], env["D"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    try:
+        rid = "pf-" + uuid.uuid4().hex[:12]
+        st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body_of(False, False),
+                                      {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert obj["choices"][0]["text"] == reference(False)[0], obj
+        recs = P.records(rid)
+        prec = [r for r in recs if r["path"] == "/v1/completions"][0]
+        trec = [r for r in recs if r["path"] == "/tokenize"]
+        assert prec["body"]["prompt"] == LONG, prec["body"]
+        assert len(trec) == 1 and trec[0]["t_recv_us"] >= prec["t_done_us"], (trec, prec)
+        drec = D.records(rid)[0]
+        first = prec["response_kv_transfer_params"]["first_tok"]
+        assert drec["body"]["prompt"] == tokenize(P, LONG) + [first], drec["body"]["prompt"]
+        assert drec["kv_result"]["ok"] and not drec["kv_result"]["recompute"], drec["kv_result"]
+        assert gw.metric("pdgw_fwd_tokenize_calls_total", {"protocol": "lmcache"}) == 1
+        assert gw.metric("pdgw_fwd_prompt_ids_fallback_total", {"protocol": "lmcache"}) == 1
     finally:
         gw.stop()
 
@@ -571,7 +642,8 @@ def test_tokenize_failure_is_a_prefill_error():
     gw = Gateway("lmcache", "batch",
                  [{"id": "broken-p", "url": f"http://127.0.0.1:{bt.port}", "role": "prefill"},
                   D.instance()],
-                 {"proxy_host": "127.0.0.1", "proxy_port": T.free_port()}, retries=0)
+                 {"proxy_host": "127.0.0.1", "proxy_port": T.free_port(),
+                  "prompt_ids": "tokenize"}, retries=0)
     try:
         rid = "tk-" + uuid.uuid4().hex[:12]
         st, hdrs, data = T.request("POST", gw.port, "/v1/completions", body_of(False, False),
@@ -596,7 +668,7 @@ def test_tokenize_timeout_is_a_prefill_error():
                  [{"id": "hung-p", "url": f"http://127.0.0.1:{bt.port}", "role": "prefill"},
                   D.instance()],
                  {"proxy_host": "127.0.0.1", "proxy_port": T.free_port(),
-                  "tokenize_timeout_ms": 300}, retries=0)
+                  "tokenize_timeout_ms": 300, "prompt_ids": "tokenize"}, retries=0)
     try:
         rid = "tt-" + uuid.uuid4().hex[:12]
         st, hdrs, data = T.request("POST", gw.port, "/v1/completions", body_of(False, False),
@@ -612,7 +684,8 @@ def test_tokenize_timeout_is_a_prefill_error():
 
 def main():
     setup()
-    tests = [test_first_tok_stream_shape, test_client_body_flow_option,
+    tests = [test_first_tok_stream_shape, test_prompt_ids_from_the_prefill_answer,
+             test_prompt_ids_fallback_to_tokenize, test_client_body_flow_option,
              test_tokenize_failure_is_a_prefill_error, test_tokenize_timeout_is_a_prefill_error,
              test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,

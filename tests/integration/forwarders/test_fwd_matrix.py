@@ -26,6 +26,8 @@ CONFIGS = [
     ("sglang", "batch", {}),
     ("sglang", "staged", {}),
     ("lmcache", "batch", {"proxy_host": "127.0.0.1"}),
+    # LMCache's own proxy: the ids from /tokenize before the prefill
+    ("lmcache", "batch", {"proxy_host": "127.0.0.1", "prompt_ids": "tokenize"}),
 ]
 
 counts = {"cases": 0}
@@ -99,7 +101,7 @@ def run_config(protocol, mode, opts, n):
 def make_test(protocol, mode, opts, n):
     def t():
         run_config(protocol, mode, opts, n)
-    shape = opts.get("mooncake_dispatch", "")
+    shape = opts.get("mooncake_dispatch", opts.get("prompt_ids", ""))
     t.__name__ = f"test_{protocol}_{shape + '_' if shape else ''}{mode}_{n}p{n}d".replace("-", "_")
     return t
 

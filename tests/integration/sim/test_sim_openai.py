@@ -359,14 +359,6 @@ def test_faults():
     assert p.popen.returncode != 0
 
 
-if __name__ == "__main__":
-    T.run([test_endpoints_and_shapes, test_determinism_and_sampling, test_bad_input,
-           test_record_of_requests, test_record_of_tokenize_calls,
-           test_metrics_batch_and_prefix_cache,
-           test_timing_timestamps_and_zero_delay, test_concurrent_streams_and_disconnect,
-           test_faults])
-
-
 def test_record_receipt_stamped_before_parsing():
     """A record's t_recv_us is when the sim had read the request, before it parsed it: B3
     (tests/bench/b3_pd.py) charges everything inside [t_recv_us, t_done_us] to the engine and
@@ -391,3 +383,38 @@ def test_record_receipt_stamped_before_parsing():
     assert rec["t_recv_us"] - t_sent_us < (rec["t_done_us"] - t_sent_us) / 2, \
         (t_sent_us, rec["t_recv_us"], rec["t_done_us"])
     stop_clean(p)
+
+
+def test_return_token_ids():
+    """vLLM's return_token_ids (vllm/entrypoints/openai/completion/protocol.py, answered in
+    completion/serving.py): a completions answer's choice carries prompt_token_ids (the prompt
+    as /tokenize gives it) and token_ids (one per completion token); a stream carries the
+    prompt's ids in its first chunk only and each chunk its token's ids. --no-return-token-ids
+    imitates an engine from before the field: it is ignored."""
+    for old in (False, True):
+        p, port = start_sim(*(["--no-return-token-ids"] if old else []))
+        body = {"prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "return_token_ids": True}
+        st, _, raw = T.request("POST", port, "/tokenize", json.dumps({"prompt": PROMPT}).encode(),
+                               {"Content-Type": "application/json"})
+        assert st == 200, raw
+        tokens = json.loads(raw)["tokens"]
+        ch = complete(port, body)[0]["choices"][0]
+        chunks = [c for c in stream(port, body)[0] if c["choices"]]
+        if old:
+            assert "prompt_token_ids" not in ch and "token_ids" not in ch, ch
+            assert not any("token_ids" in c["choices"][0] for c in chunks), chunks
+        else:
+            assert ch["prompt_token_ids"] == tokens, (ch, tokens)
+            assert len(ch["token_ids"]) == 5 and all(isinstance(i, int) for i in ch["token_ids"])
+            assert chunks[0]["choices"][0]["prompt_token_ids"] == tokens, chunks[0]
+            assert not any("prompt_token_ids" in c["choices"][0] for c in chunks[1:]), chunks
+            assert [i for c in chunks for i in c["choices"][0]["token_ids"]] == ch["token_ids"]
+        stop_clean(p)
+
+
+if __name__ == "__main__":
+    T.run([test_endpoints_and_shapes, test_determinism_and_sampling, test_bad_input,
+           test_record_of_requests, test_record_of_tokenize_calls,
+           test_metrics_batch_and_prefix_cache,
+           test_timing_timestamps_and_zero_delay, test_concurrent_streams_and_disconnect,
+           test_faults, test_record_receipt_stamped_before_parsing, test_return_token_ids])

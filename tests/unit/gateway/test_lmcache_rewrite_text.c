@@ -20,6 +20,7 @@
 #include "../../../forwarders/fwd_lmcache_int.h"
 #include "pdgw_fwd_text.h"
 #include "pdgw_json_dump.h"
+#include "pdgw_json_raw.h"
 
 static void head_init(lmc_head_t *h, const char *text)
 {
@@ -254,6 +255,89 @@ static void test_chat_stream_events_match_the_tree(void **state)
     lmc_head_clear(&hj);
 }
 
+static void assert_heads_equal(const lmc_head_t *a, const lmc_head_t *b)
+{
+    assert_int_equal(a->first_tok, b->first_tok);
+    assert_int_equal(a->done, b->done);
+    assert_string_equal(a->text, b->text);
+    assert_string_equal(a->id, b->id);
+    assert_string_equal(a->model, b->model);
+    assert_int_equal(a->created, b->created);
+    assert_true(json_equal(a->usage, b->usage) || (a->usage == NULL && b->usage == NULL));
+    assert_true(json_equal(a->stop_reason, b->stop_reason) ||
+                (a->stop_reason == NULL && b->stop_reason == NULL));
+}
+
+/* A prefill's answer read on its text (lmc_flow_read_prefill_text) gives the head the tree
+ * reader gives, and the prompt's ids as written (vLLM completion/serving.py: with
+ * return_token_ids the choice carries prompt_token_ids and token_ids). */
+static void test_prefill_answer_read_on_its_text(void **state)
+{
+    static const struct {
+        const char *answer, *ids; /* ids NULL: none to read */
+    } cases[] = {
+        {"{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":17,\"model\":\"m\","
+         "\"choices\":[{\"index\":0,\"text\":\" a\\\"b\",\"logprobs\":null,\"finish_reason\":"
+         "\"length\",\"stop_reason\":null,\"token_ids\":[9],\"prompt_token_ids\":[1, 22,333]}],"
+         "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4},"
+         "\"kv_transfer_params\":{\"first_tok\":9}}",
+         "[1, 22,333]"},
+        /* an engine from before return_token_ids; the first token ended the answer */
+        {"{\"id\":\"cmpl-2\",\"created\":18,\"model\":\"m\",\"choices\":[{\"text\":\"x\","
+         "\"finish_reason\":\"stop\",\"stop_reason\":\"</s>\"}],\"kv_transfer_params\":"
+         "{\"first_tok\":2}}",
+         NULL},
+        /* a member name written with an escape: the text readers hand it to the parser */
+        {"{\"id\":\"cmpl-3\",\"created\":19,\"model\":\"m\",\"choices\":[{\"text\":\"y\","
+         "\"finish_reason\":\"length\",\"prompt_\\u0074oken_ids\":[5,6]}],"
+         "\"kv_transfer_params\":{\"first_tok\":7}}",
+         "[5,6]"},
+    };
+    size_t i;
+    (void)state;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *a = cases[i].answer, *t;
+        size_t tl;
+        char msg[200];
+        lmc_head_t from_text, from_tree;
+        json_t *ids = NULL, *tree = parse(a, strlen(a));
+        memset(&from_text, 0, sizeof(from_text));
+        memset(&from_tree, 0, sizeof(from_tree));
+        assert_int_equal(
+            lmc_flow_read_prefill_text(a, strlen(a), &from_text, &ids, msg, sizeof(msg)), 0);
+        assert_int_equal(lmc_flow_read_prefill(tree, &from_tree, msg, sizeof(msg)), 0);
+        assert_heads_equal(&from_text, &from_tree);
+        if (cases[i].ids == NULL) {
+            assert_null(ids);
+        } else {
+            assert_non_null(ids);
+            assert_true(pdgw_json_raw_text(ids, &t, &tl));
+            /* as written, or (parsed) written again without spaces */
+            assert_true((tl == strlen(cases[i].ids) && memcmp(t, cases[i].ids, tl) == 0) ||
+                        (i == 2 && tl == 5 && memcmp(t, "[5,6]", 5) == 0));
+        }
+        json_decref(ids);
+        json_decref(tree);
+        lmc_head_clear(&from_text);
+        lmc_head_clear(&from_tree);
+    }
+    {
+        /* no first_tok, or not JSON: refused, and no ids are left behind */
+        static const char *const bad[] = {
+            "{\"choices\":[{\"text\":\"x\",\"prompt_token_ids\":[1]}]}", "not json", ""};
+        for (i = 0; i < 3; i++) {
+            char msg[200];
+            lmc_head_t h;
+            json_t *ids = NULL;
+            memset(&h, 0, sizeof(h));
+            assert_int_equal(
+                lmc_flow_read_prefill_text(bad[i], strlen(bad[i]), &h, &ids, msg, sizeof(msg)), -1);
+            assert_null(ids);
+            assert_non_null(strstr(msg, "first_tok"));
+        }
+    }
+}
+
 static void test_text_helpers(void **state)
 {
     const char *v;
@@ -329,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_stream_events_match_the_tree),
         cmocka_unit_test(test_chat_stream_events_match_the_tree),
         cmocka_unit_test(test_text_helpers),
+        cmocka_unit_test(test_prefill_answer_read_on_its_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
