@@ -19,14 +19,14 @@
  * - 1, completion_tokens + 1: the decode saw it as prompt); min_tokens / min_completion_tokens
  * are dropped from the prefill (an engine refuses min_tokens above max_tokens 1) and the chat
  * messages from both legs once the prompt holds their token ids; /tokenize also gets the
- * client's model; and when the first token already ended the answer (EOS or a stop string:
- * the prefill's finish_reason is "stop") the decode is asked for one token only and its output
- * is dropped, where LMCache's proxy would let the decode continue past the end. A completions
- * prompt of text skips step 1 (option prompt_ids: prefill, the default): the prefill gets the
- * text and return_token_ids, and vLLM answers the ids it made in choices[0].prompt_token_ids
- * (vllm/entrypoints/openai/completion/serving.py), one call less per request. Unlike the
- * other two-stage flows the prefill keeps ignore_eos and stop as the client sent them: its
- * one token is the first token of the answer.
+ * client's model and chat-template options (tools, chat_template_kwargs, ...); and when the first
+ * token already ended the answer (EOS or a stop string: the prefill's finish_reason is "stop") the
+ * decode is asked for one token only and its output is dropped, where LMCache's proxy would let the
+ * decode continue past the end. A completions prompt of text skips step 1 (option prompt_ids:
+ * prefill, the default): the prefill gets the text and return_token_ids, and vLLM answers the ids
+ * it made in choices[0].prompt_token_ids (vllm/entrypoints/openai/completion/serving.py), one call
+ * less per request. Unlike the other two-stage flows the prefill keeps ignore_eos and stop as the
+ * client sent them: its one token is the first token of the answer.
  */
 #include "fwd_lmcache_int.h"
 
@@ -36,14 +36,8 @@
 json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
 {
     const json_t *p = json_object_get(req->body, "prompt");
-    json_t *b;
     *ids = NULL;
-    if (req->is_chat) {
-        const json_t *m = json_object_get(req->body, "messages");
-        if (!json_is_array(m) || json_array_size(m) == 0)
-            return NULL;
-        b = json_pack("{s:O}", "messages", m);
-    } else {
+    if (!req->is_chat) {
         if (json_is_array(p) && json_array_size(p) == 1 &&
             (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
             p = json_array_get(p, 0); /* one prompt in a list */
@@ -54,13 +48,10 @@ json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
             *ids = pdgw_fwd_ids_text_from(p, &n);
             return NULL;
         }
-        if (!json_is_string(p))
-            return NULL;
-        b = json_pack("{s:O}", "prompt", p);
     }
-    if (b != NULL && req->model != NULL && req->model[0] != '\0')
-        json_object_set_new(b, "model", json_string(req->model));
-    return b;
+    /* with the chat-template options the client set (tools, chat_template_kwargs, ...),
+     * which LMCache's proxy leaves out: the ids are the ones the request itself runs on */
+    return pdgw_fwd_tokenize_body(req, p);
 }
 
 int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req)

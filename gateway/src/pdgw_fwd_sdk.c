@@ -14,6 +14,7 @@
 #include "pdgw_json_raw.h"
 #include "pdgw_json_text.h"
 #include "pdgw_registry.h"
+#include "pdgw_tokenize_body.h"
 #include "pdgw_util.h"
 
 /* ---------------------------------------------------------------- bodies */
@@ -34,6 +35,11 @@ json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *nam
         !pdgw_json_id_list_count(val, val_len, count))
         return NULL;
     return pdgw_json_raw(val, val_len); /* checked: copied as the engine wrote it */
+}
+
+json_t *pdgw_fwd_tokenize_body(const pdgw_fwd_request_t *req, const json_t *prompt)
+{
+    return req ? pdgw_tokenize_body(req->body, req->is_chat, prompt, req->model) : NULL;
 }
 
 /* <sep> (when not NUL) and the digits of <id> (thousands per prompt). */

@@ -28,6 +28,7 @@
 #include "pdgw_log.h"
 #include "pdgw_route.h"
 #include "pdgw_route_int.h"
+#include "pdgw_tokenize_body.h"
 #include "pdgw_server_int.h"
 
 #define TOK_WAYS       4
@@ -212,38 +213,15 @@ void pdgw_route_req_release(pdgw_wf_t *wf)
 static char *tok_body(pdgw_wf_t *wf, size_t *len)
 {
     pdgw_req_t *r = wf->req;
-    static const char *const chat_keys[] = {"add_generation_prompt", "continue_final_message",
-                                            "add_special_tokens",    "chat_template",
-                                            "chat_template_kwargs",  "tools",
-                                            "mm_processor_kwargs",   NULL};
-    json_t *b = json_object(), *v;
+    json_t *b = pdgw_tokenize_body(r->json, r->kind == PDGW_API_CHAT_COMPLETIONS,
+                                   json_object_get(r->json, "prompt"), r->info.model);
     char *text = NULL;
 
     if (b == NULL)
         return NULL;
-    if (r->info.model)
-        json_object_set_new(b, "model", json_string(r->info.model));
-    if (r->kind == PDGW_API_CHAT_COMPLETIONS) {
-        v = json_object_get(r->json, "messages");
-        if (!json_is_array(v) || json_array_size(v) == 0)
-            goto out;
-        json_object_set(b, "messages", v);
-        /* vLLM's chat defaults (add_generation_prompt true) unless the client set them. */
-        for (size_t i = 0; chat_keys[i]; i++)
-            if ((v = json_object_get(r->json, chat_keys[i])) != NULL)
-                json_object_set(b, chat_keys[i], v);
-    } else {
-        v = json_object_get(r->json, "prompt");
-        if (!json_is_string(v))
-            goto out;
-        json_object_set(b, "prompt", v);
-        if ((v = json_object_get(r->json, "add_special_tokens")) != NULL)
-            json_object_set(b, "add_special_tokens", v);
-    }
     text = json_dumps(b, JSON_COMPACT | JSON_SORT_KEYS);
     if (text)
         *len = strlen(text);
-out:
     json_decref(b);
     return text;
 }

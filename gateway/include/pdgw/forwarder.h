@@ -677,6 +677,11 @@ json_t *pdgw_fwd_answer_ids(const char *answer, size_t len, const char *name);
  * pdgw_fwd_ids_text_append: a new value, <ids> (one of the above) followed by <id> >= 0.
  * NULL also on no memory. */
 json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *name, size_t *count);
+/* The body of an engine's POST /tokenize (vLLM's) for the client's request, so the ids are the
+ * ones the request itself runs on: chat: its messages and every chat-template option it set
+ * (tools, chat_template_kwargs, add_generation_prompt, ...); completions: <prompt> (one text)
+ * and add_special_tokens when set; the request's model. NULL when there is no such prompt. */
+json_t *pdgw_fwd_tokenize_body(const pdgw_fwd_request_t *req, const json_t *prompt);
 json_t *pdgw_fwd_ids_text_from(const json_t *array, size_t *count);
 json_t *pdgw_fwd_ids_text_append(const json_t *ids, json_int_t id);
 

@@ -544,6 +544,34 @@ def test_prompt_ids_from_the_prefill_answer():
         gw.stop()
 
 
+def test_chat_tokenize_carries_the_template_options():
+    """A chat request's /tokenize carries the chat-template options the client set (vLLM
+    vllm/entrypoints/serve/tokenize/protocol.py TokenizeChatRequest takes the same ones as
+    its chat completions), so the ids are the ones the request itself runs on; LMCache's
+    proxy sends the messages alone."""
+    P, D = env["Pold"], env["D"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    opts = {"tools": tools, "chat_template_kwargs": {"enable_thinking": False},
+            "add_generation_prompt": True, "add_special_tokens": False}
+    try:
+        rid = "ct-" + uuid.uuid4().hex[:12]
+        body = dict(body_of(True, False), **opts)
+        st, _, obj, raw = T.post_json(gw.port, "/v1/chat/completions", body,
+                                      {"X-Request-Id": rid})
+        assert st == 200, raw
+        trec = [r for r in P.records(rid) if r["path"] == "/tokenize"]
+        assert len(trec) == 1, trec
+        tb = trec[0]["body"]
+        assert tb["messages"] == body["messages"] and tb["model"] == "sim-model", tb
+        for k, v in opts.items():
+            assert tb[k] == v, (k, tb)
+        assert "max_tokens" not in tb and "stream" not in tb, tb
+    finally:
+        gw.stop()
+
+
 def test_prompt_ids_fallback_to_tokenize():
     """A prefill whose answer has no prompt_token_ids (a vLLM from before return_token_ids):
     the ids come from its /tokenize, asked after its answer (while its KV is on the way), and
@@ -685,7 +713,8 @@ def test_tokenize_timeout_is_a_prefill_error():
 def main():
     setup()
     tests = [test_first_tok_stream_shape, test_prompt_ids_from_the_prefill_answer,
-             test_prompt_ids_fallback_to_tokenize, test_client_body_flow_option,
+             test_prompt_ids_fallback_to_tokenize,
+             test_chat_tokenize_carries_the_template_options, test_client_body_flow_option,
              test_tokenize_failure_is_a_prefill_error, test_tokenize_timeout_is_a_prefill_error,
              test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
