@@ -1,10 +1,10 @@
 /*
  * fuzz_prefill_response.c - a prefill engine's response body into the
- * forwarders that read it (on_prefill_response of every registered
- * forwarder that has one: vllm-nixl, vllm-mooncake, ...), the way the
- * workflow hands it over (gateway/src/pdgw_workflow.c: json_loadb of the
- * buffered body, NULL when it is not JSON), followed by the decode leg that
- * is built from what the forwarder kept.
+ * forwarders that read it, the way the workflow hands it over
+ * (gateway/src/pdgw_workflow.c): its bytes to on_prefill_text (lmcache reads
+ * the prompt's ids there), then json_loadb of them (NULL when it is not JSON)
+ * to on_prefill_response (vllm-nixl, vllm-mooncake, ...); followed by the
+ * decode leg that is built from what the forwarder kept.
  *
  * Byte 0 picks the mode (serial/parallel, stream or not); the rest is the
  * response body. Never a crash, over-read or leak; an accepted response
@@ -38,7 +38,7 @@ static void fz_init(void)
                               .n_workers = 1};
         char err[256];
         const pdgw_fwd_ops_t *ops = g_fwd[i]->ops;
-        if (ops->on_prefill_response == NULL)
+        if (ops->on_prefill_response == NULL && ops->on_prefill_text == NULL)
             continue;
         g_ok[i] = ops->configure == NULL ||
                   ops->configure(opts, &env, &g_ctx[i], err, sizeof(err)) == PDGW_FWD_OK;
@@ -99,7 +99,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ops->attempt_init != NULL &&
             ops->attempt_init(g_ctx[i], &req, &peers, &state, &err) != PDGW_FWD_OK)
             continue;
-        if (ops->on_prefill_response(g_ctx[i], state, &req, 200, resp, &err) == PDGW_FWD_OK) {
+        if ((ops->on_prefill_text == NULL ||
+             ops->on_prefill_text(g_ctx[i], state, &req, 200, (const char *)data + 1, size - 1,
+                                  &err) == PDGW_FWD_OK) &&
+            (ops->on_prefill_response == NULL ||
+             ops->on_prefill_response(g_ctx[i], state, &req, 200, resp, &err) == PDGW_FWD_OK)) {
             memset(&leg, 0, sizeof(leg));
             if (ops->build_leg(g_ctx[i], state, &req, PDGW_LEG_DECODE, &peers, &leg, &err) ==
                 PDGW_FWD_OK) {
