@@ -264,7 +264,7 @@ static pdgw_fwd_status_t lmc_on_prefill_text(void *ctx, void *state, const pdgw_
         pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502, "%s", msg);
         return PDGW_FWD_ERR;
     }
-    s->ids_answered = s->ids != NULL;
+    s->ids_answered = s->ids_asked && s->ids != NULL;
     if (s->ids_asked && !s->ids_answered)
         pdgw_fwd_counter_inc(LMC_NAME, "prompt_ids_fallback",
                              "Prefill answers without prompt_token_ids (an engine without "

@@ -33,21 +33,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
+/* The completions prompt, unwrapped when it is one prompt (a text or an id list) in a list. */
+static const json_t *one_prompt(const pdgw_fwd_request_t *req)
 {
     const json_t *p = json_object_get(req->body, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    return p;
+}
+
+json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
+{
+    const json_t *p = req->is_chat ? NULL : one_prompt(req);
     *ids = NULL;
-    if (!req->is_chat) {
-        if (json_is_array(p) && json_array_size(p) == 1 &&
-            (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-            p = json_array_get(p, 0); /* one prompt in a list */
-        if (json_is_array(p) && json_array_size(p) > 0) {
-            size_t n;
-            /* already token ids: nothing to tokenize (NULL ids when they are not all ids,
-             * or on no memory: the older flow runs then) */
-            *ids = pdgw_fwd_ids_text_from(p, &n);
-            return NULL;
-        }
+    if (json_is_array(p) && json_array_size(p) > 0) {
+        size_t n;
+        /* already token ids: nothing to tokenize (NULL ids when they are not all ids, or on
+         * no memory: the older flow runs then) */
+        *ids = pdgw_fwd_ids_text_from(p, &n);
+        return NULL;
     }
     /* with the chat-template options the client set (tools, chat_template_kwargs, ...),
      * which LMCache's proxy leaves out: the ids are the ones the request itself runs on */
@@ -56,12 +61,7 @@ json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids)
 
 int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req)
 {
-    const json_t *p = json_object_get(req->body, "prompt");
-    if (req->is_chat)
-        return 0;
-    if (json_is_array(p) && json_array_size(p) == 1)
-        p = json_array_get(p, 0); /* one prompt in a list */
-    return json_is_string(p);
+    return !req->is_chat && json_is_string(one_prompt(req));
 }
 
 json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec)

@@ -1164,7 +1164,8 @@ static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
         }
         if (granted) {
             /* A proxy reserving again for a cancelled id starts a new attempt of that request
-             * (a retry keeps its X-Request-Id): its transfer must not meet the old tombstone. */
+             * (a proxy whose retries keep the request's id): its transfer must not meet the
+             * old tombstone. */
             kvt_free(kvt_map_del(&e->tombs, msg->u.reserve_req.req_id));
             /* its expiry shows in the metrics when due, not at the next reservation */
             kvt_engine_due_lower(e, &e->sweep_due, kvt_reserve_next_deadline(e->reserve));

@@ -557,7 +557,7 @@ def test_chat_tokenize_carries_the_template_options():
             "add_generation_prompt": True, "add_special_tokens": False}
     try:
         rid = "ct-" + uuid.uuid4().hex[:12]
-        body = dict(body_of(True, False), **opts)
+        body = dict(body_of(True, False), truncate_prompt_tokens=4000, **opts)
         st, _, obj, raw = T.post_json(gw.port, "/v1/chat/completions", body,
                                       {"X-Request-Id": rid})
         assert st == 200, raw
@@ -568,6 +568,9 @@ def test_chat_tokenize_carries_the_template_options():
         for k, v in opts.items():
             assert tb[k] == v, (k, tb)
         assert "max_tokens" not in tb and "stream" not in tb, tb
+        # ids from /tokenize are not cut: the decode keeps the client's truncation (only ids
+        # the prefill answered, already cut, go without it)
+        assert D.records(rid)[0]["body"]["truncate_prompt_tokens"] == 4000
     finally:
         gw.stop()
 
