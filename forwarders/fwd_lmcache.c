@@ -11,7 +11,8 @@
  *      the ids from its answer (choices[0].prompt_token_ids; an engine that answers none gets
  *      the /tokenize call then, while its KV is on the way); chat, and prompt_ids: tokenize
  *      (LMCache's proxy), POST /tokenize to the prefill instance first (fwd_lmcache_tok.c) and
- *      send the ids as the prefill's prompt.
+ *      send the ids as the prefill's prompt; with truncate_prompt_tokens the prefill is asked
+ *      return_token_ids too and the decode gets the ids it kept.
  *   1. gate BEFORE_PREFILL: weighted admission, ceil(prompt_tokens / chunk_tokens) slots of
  *      admission_chunks (FIFO), then ReserveRequest for the whole prompt on every alloc port
  *      of the decode (option reserve, default true), only to decodes with kv_engine: libkvt.
@@ -51,6 +52,7 @@ typedef struct lmc_state {
     const pdgw_instance_t *prefill; /* /tokenize goes to the prefill instance */
     int libkvt;                     /* the decode runs libkvt (instance kv_engine) */
     int first_tok;                  /* this request runs the first_tok flow */
+    int text_to_prefill;            /* the prefill gets the client's text, no /tokenize first */
     int ids_asked;                  /* the prefill answers the ids (return_token_ids) */
     int ids_answered;               /* and it did: they are the prompt after its truncation */
     lmc_tok_job_t *job;             /* its /tokenize call */
@@ -156,7 +158,11 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
      * request that asks for one token at most (or gives no max_tokens) runs client_body. */
     s->first_tok = c->first_tok && req->max_tokens >= 2 && req->dispatch == PDGW_DISPATCH_SERIAL;
     /* a completions prompt of text goes to the prefill as it is, which answers its ids */
-    s->ids_asked = s->first_tok && c->ids_from_prefill && lmc_flow_prompt_is_text(req);
+    s->text_to_prefill = s->first_tok && c->ids_from_prefill && lmc_flow_prompt_is_text(req);
+    /* A prefill that truncates the prompt (truncate_prompt_tokens) is asked for the ids it kept
+     * whichever way its prompt came: ids + [first_tok] cut again by the decode would start one
+     * token later than the prefill's KV. */
+    s->ids_asked = s->text_to_prefill || (s->first_tok && lmc_flow_truncates(req));
     /* In flight from now: ProxyNotifs count only for it and only from its prefill. */
     pdgw_fwd_kv_req_expect_notifs(s->q, (int)d->n_init_ports, peers->prefill);
     *state = s;
@@ -186,7 +192,7 @@ static pdgw_fwd_status_t lmc_build_leg(void *ctx, void *state, const pdgw_fwd_re
                       d->kv_host, "receiver_init_port", lmc_ports(d->init_ports, d->n_init_ports),
                       "receiver_alloc_port", lmc_ports(d->alloc_ports, d->n_alloc_ports));
         if (s->first_tok)
-            leg->body = lmc_flow_prefill_body(req, s->ids, spec);
+            leg->body = lmc_flow_prefill_body(req, s->ids, s->ids_asked, spec);
         else
             leg->body =
                 spec ? fwd_pd_body_prefill(req, json_pack("{s:o}", "disagg_spec", spec)) : NULL;
@@ -217,7 +223,7 @@ static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_f
         json_t *body = lmc_flow_tokenize_body(req, &s->ids);
         if (s->ids != NULL)
             return PDGW_FWD_OK; /* the client already sent token ids */
-        if (body == NULL && s->ids_asked) {
+        if (body == NULL && s->text_to_prefill) {
             pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 500, "out of memory");
             return PDGW_FWD_ERR;
         }
@@ -252,23 +258,28 @@ static pdgw_fwd_status_t lmc_on_prefill_text(void *ctx, void *state, const pdgw_
                                              pdgw_fwd_error_t *err)
 {
     lmc_state_t *s = state;
+    json_t *answered = NULL;
     char msg[200];
     (void)ctx;
     (void)req;
     (void)status;
     if (!s->first_tok)
         return PDGW_FWD_OK;
-    if (lmc_flow_read_prefill_text(text, len, &s->head, s->ids_asked ? &s->ids : NULL, msg,
+    if (lmc_flow_read_prefill_text(text, len, &s->head, s->ids_asked ? &answered : NULL, msg,
                                    sizeof(msg)) != 0) {
         fwd_pd_count_missing_kv_params(LMC_NAME);
         pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502, "%s", msg);
         return PDGW_FWD_ERR;
     }
-    s->ids_answered = s->ids_asked && s->ids != NULL;
-    if (s->ids_asked && !s->ids_answered)
+    if (answered != NULL) { /* the prompt as the prefill ran it: these, not /tokenize's */
+        json_decref(s->ids);
+        s->ids = answered;
+        s->ids_answered = 1;
+    } else if (s->ids_asked) {
         pdgw_fwd_counter_inc(LMC_NAME, "prompt_ids_fallback",
                              "Prefill answers without prompt_token_ids (an engine without "
                              "return_token_ids): the ids came from /tokenize.");
+    }
     return PDGW_FWD_OK;
 }
 
@@ -299,7 +310,7 @@ static pdgw_fwd_status_t lmc_gate(void *ctx, void *state, const pdgw_fwd_request
     lmc_state_t *s = state;
     pdgw_fwd_status_t st;
     if (point == PDGW_GATE_BEFORE_PREFILL) {
-        st = s->first_tok && !s->ids_asked ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
+        st = s->first_tok && !s->text_to_prefill ? lmc_tokenize(c, s, req, err) : PDGW_FWD_OK;
         if (st != PDGW_FWD_OK)
             return st;
         return pdgw_fwd_kv_req_before_prefill(s->q, req, s->libkvt ? s->decode : NULL, err);

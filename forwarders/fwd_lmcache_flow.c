@@ -64,7 +64,14 @@ int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req)
     return !req->is_chat && json_is_string(one_prompt(req));
 }
 
-json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec)
+int lmc_flow_truncates(const pdgw_fwd_request_t *req)
+{
+    const json_t *t = json_object_get(req->body, "truncate_prompt_tokens");
+    return t != NULL && !json_is_null(t);
+}
+
+json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, int ask_ids,
+                              json_t *spec)
 {
     json_t *kvp = spec ? json_pack("{s:b,s:o}", "ret_first_tok", 1, "disagg_spec", spec) : NULL;
     json_t *b = kvp ? fwd_pd_body_decode(req, kvp) : NULL;
@@ -75,7 +82,7 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
      * prefill body shares them */
     if (ids != NULL)
         json_object_set(b, "prompt", (json_t *)ids);
-    else
+    if (ask_ids)
         json_object_set_new(b, "return_token_ids", json_true()); /* the ids come back */
     json_object_set_new(b, "max_tokens", json_integer(1));
     if (json_object_get(b, "max_completion_tokens"))

@@ -27,12 +27,16 @@ void lmc_tok_release(lmc_tok_job_t *j);
 json_t *lmc_flow_tokenize_body(const pdgw_fwd_request_t *req, json_t **ids);
 /* Prefill leg: client body with prompt = ids, max_tokens 1, stream false, no messages,
  * stream_options or min_tokens, kv_transfer_params = {ret_first_tok: true, disagg_spec: spec
- * (stolen)}. */
-json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, json_t *spec);
-/* With <ids> NULL the prefill keeps the client's text prompt and asks return_token_ids: vLLM
- * answers the prompt's ids itself (choices[0].prompt_token_ids), saving the /tokenize call.
- * Whether the client's prompt is one text (a completions request) that can go so. */
+ * (stolen)}. With <ids> NULL the prefill keeps the client's text prompt. <ask_ids> adds
+ * return_token_ids: vLLM answers the prompt's ids as it ran them, after its own truncation
+ * (choices[0].prompt_token_ids). */
+json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, int ask_ids,
+                              json_t *spec);
+/* Whether the client's prompt is one text (a completions request) that can go to the prefill
+ * as it is, saving the /tokenize call. */
 int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req);
+/* Whether the client asked the engine to truncate the prompt (truncate_prompt_tokens). */
+int lmc_flow_truncates(const pdgw_fwd_request_t *req);
 
 /* What the prefill answered, kept for the client's answer. */
 typedef struct lmc_head {

@@ -184,6 +184,44 @@ static int parse_messages(json_t *body, sim_req_t *req, char **msg, const char *
     return 0;
 }
 
+/* vLLM's prompt truncation (vllm/renderers/params.py, TokenizeParams): truncate_prompt_tokens
+ * keeps that many prompt tokens (-1: the model length less max_tokens; no more than that may be
+ * asked), the last ones unless truncation_side is "right" (a generation model's tokenizer cuts
+ * from the left, vllm/tokenizers/registry.py). It applies to a prompt of text and of ids alike,
+ * and to chat's templated prompt. */
+static int truncate_prompt(json_t *body, sim_req_t *req, char **msg, const char **param)
+{
+    long long keep = 0, max_input = (long long)sim_cfg.max_model_len - req->sp.max_tokens;
+    int present, rc;
+    json_t *side = json_object_get(body, "truncation_side");
+    int right = 0;
+    if (side && !json_is_null(side)) {
+        const char *s = json_string_value(side);
+        if (s == NULL || (strcmp(s, "left") != 0 && strcmp(s, "right") != 0))
+            return bad(msg, param, "truncation_side", "truncation_side must be 'left' or 'right'");
+        right = strcmp(s, "right") == 0;
+    }
+    rc = get_int(body, "truncate_prompt_tokens", -1, INT64_MAX, &keep, &present, msg, param);
+    if (rc || !present)
+        return rc;
+    if (keep == -1)
+        keep = max_input;
+    else if (keep > max_input)
+        return bad(msg, param, "truncate_prompt_tokens",
+                   "truncate_prompt_tokens=%lld cannot be greater than max_model_len - "
+                   "max_tokens = %lld. Please request a smaller truncation size.",
+                   keep, max_input);
+    if (keep < 0 || (size_t)keep >= req->prompt.n)
+        return 0;
+    if (!right)
+        memmove(req->prompt.ids, req->prompt.ids + (req->prompt.n - (size_t)keep),
+                (size_t)keep * sizeof(req->prompt.ids[0]));
+    req->prompt.n = (size_t)keep;
+    if (req->prompt.n == 0)
+        return bad(msg, param, "truncate_prompt_tokens", "prompt cannot be empty");
+    return 0;
+}
+
 int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, const char **param)
 {
     int rc;
@@ -254,7 +292,7 @@ int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, cons
     if ((rc = parse_stop(body, sp, msg, param)))
         return rc;
     rc = is_chat ? parse_messages(body, req, msg, param) : parse_prompt(body, req, msg, param);
-    if (rc)
+    if (rc || (rc = truncate_prompt(body, req, msg, param)))
         return rc;
     if (req->prompt.n + (size_t)sp->max_tokens > (size_t)sim_cfg.max_model_len)
         return bad(msg, param, is_chat ? "messages" : "prompt",

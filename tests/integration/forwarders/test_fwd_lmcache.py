@@ -568,9 +568,61 @@ def test_chat_tokenize_carries_the_template_options():
         for k, v in opts.items():
             assert tb[k] == v, (k, tb)
         assert "max_tokens" not in tb and "stream" not in tb, tb
-        # ids from /tokenize are not cut: the decode keeps the client's truncation (only ids
-        # the prefill answered, already cut, go without it)
+        # ids from /tokenize are not cut: with an engine that answers no ids of its own the
+        # decode keeps the client's truncation (test_truncated_prompt_keeps_the_kv_window)
         assert D.records(rid)[0]["body"]["truncate_prompt_tokens"] == 4000
+    finally:
+        gw.stop()
+
+
+def test_truncated_prompt_keeps_the_kv_window():
+    """A prompt the engine truncates (truncate_prompt_tokens; vLLM vllm/renderers/params.py
+    keeps the last N tokens, the side vllm/tokenizers/registry.py gives a generation model's
+    tokenizer) that reaches the prefill as ids (chat, and prompt_ids: tokenize): the prefill
+    is asked return_token_ids as well, and the decode gets the N ids it kept + [first_tok]
+    without truncate_prompt_tokens. Cutting ids + [first_tok] to N again would start the
+    decode's prompt one token later than the prefill's KV, and it would recompute."""
+    P, D = env["P"], env["D"]
+    keep = 40
+    for chat, opts in ((True, {}), (False, {"prompt_ids": "tokenize"})):
+        gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                     dict(proxy_host="127.0.0.1", proxy_port=env["proxy_port"], **opts),
+                     retries=0)
+        try:
+            rid = "tr-" + uuid.uuid4().hex[:12]
+            body = dict(body_of(chat, False), truncate_prompt_tokens=keep)
+            st, _, obj, raw = T.post_json(gw.port, path_of(chat), body, {"X-Request-Id": rid})
+            assert st == 200, raw
+            st, _, ref, rraw = T.post_json(env["both"].port, path_of(chat), body)
+            assert st == 200, rraw
+            ch, rch = obj["choices"][0], ref["choices"][0]
+            assert (ch["message"]["content"] == rch["message"]["content"] if chat
+                    else ch["text"] == rch["text"]), (obj, ref)
+            prec = [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]
+            drec = D.records(rid)[0]
+            ids = prec["body"]["prompt"]
+            assert isinstance(ids, list) and len(ids) > keep, prec["body"]
+            assert prec["body"]["return_token_ids"] is True, prec["body"]
+            assert prec["body"]["truncate_prompt_tokens"] == keep, prec["body"]
+            first = prec["response_kv_transfer_params"]["first_tok"]
+            assert drec["body"]["prompt"] == ids[-keep:] + [first], (chat, drec["body"])
+            assert "truncate_prompt_tokens" not in drec["body"], drec["body"]
+            assert drec["kv_result"]["ok"] and not drec["kv_result"]["recompute"], \
+                (chat, drec["kv_result"])
+            assert not gw.metric("pdgw_fwd_prompt_ids_fallback_total", {"protocol": "lmcache"})
+        finally:
+            gw.stop()
+    # an engine from before return_token_ids answers no ids: the /tokenize ids and the
+    # client's truncation go to the decode as they are (counted as a fallback)
+    gw = Gateway("lmcache", "batch", [env["Pold"].instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    try:
+        rid = "to-" + uuid.uuid4().hex[:12]
+        body = dict(body_of(True, False), truncate_prompt_tokens=keep)
+        st, _, obj, raw = T.post_json(gw.port, path_of(True), body, {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert D.records(rid)[0]["body"]["truncate_prompt_tokens"] == keep
+        assert gw.metric("pdgw_fwd_prompt_ids_fallback_total", {"protocol": "lmcache"}) == 1
     finally:
         gw.stop()
 
@@ -716,7 +768,7 @@ def test_tokenize_timeout_is_a_prefill_error():
 def main():
     setup()
     tests = [test_first_tok_stream_shape, test_prompt_ids_from_the_prefill_answer,
-             test_prompt_ids_fallback_to_tokenize,
+             test_prompt_ids_fallback_to_tokenize, test_truncated_prompt_keeps_the_kv_window,
              test_chat_tokenize_carries_the_template_options, test_client_body_flow_option,
              test_tokenize_failure_is_a_prefill_error, test_tokenize_timeout_is_a_prefill_error,
              test_upstream_decode_gets_only_upstream_messages,

@@ -412,9 +412,49 @@ def test_return_token_ids():
         stop_clean(p)
 
 
+def test_truncate_prompt_tokens():
+    """vLLM's prompt truncation (vllm/renderers/params.py TokenizeParams): truncate_prompt_tokens
+    keeps N prompt tokens, the last ones (a generation model's tokenizer truncates from the left,
+    vllm/tokenizers/registry.py) unless truncation_side is "right"; -1 keeps max_model_len -
+    max_tokens; more than that is refused; a prompt of ids and chat's templated prompt are cut
+    alike (completion/protocol.py and chat_completion/protocol.py carry both fields)."""
+    p, port = start_sim("--max-model-len", "64")
+    st, _, raw = T.request("POST", port, "/tokenize", json.dumps({"prompt": PROMPT}).encode(),
+                           {"Content-Type": "application/json"})
+    assert st == 200, raw
+    tokens = json.loads(raw)["tokens"]
+    assert len(tokens) > 4, tokens
+    base = {"max_tokens": 2, "return_token_ids": True}
+
+    def ids(body):
+        obj = complete(port, dict(base, **body))[0]
+        return obj["choices"][0]["prompt_token_ids"], obj["usage"]["prompt_tokens"]
+
+    assert ids({"prompt": PROMPT, "truncate_prompt_tokens": 4}) == (tokens[-4:], 4)
+    assert ids({"prompt": tokens, "truncate_prompt_tokens": 4}) == (tokens[-4:], 4)
+    assert ids({"prompt": PROMPT, "truncate_prompt_tokens": 4,
+                "truncation_side": "right"}) == (tokens[:4], 4)
+    assert ids({"prompt": PROMPT, "truncate_prompt_tokens": -1}) == (tokens, len(tokens))
+    assert ids({"prompt": PROMPT, "truncate_prompt_tokens": None}) == (tokens, len(tokens))
+    st, _, raw = T.request("POST", port, "/v1/completions", json.dumps(
+        dict(base, prompt=PROMPT, truncate_prompt_tokens=63)).encode(),
+        {"Content-Type": "application/json"})
+    assert st == 400 and json.loads(raw)["error"]["param"] == "truncate_prompt_tokens", raw
+    st, _, raw = T.request("POST", port, "/v1/completions", json.dumps(
+        dict(base, prompt=PROMPT, truncate_prompt_tokens=4, truncation_side="middle")).encode(),
+        {"Content-Type": "application/json"})
+    assert st == 400 and json.loads(raw)["error"]["param"] == "truncation_side", raw
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}
+    st, _, raw = T.request("POST", port, "/v1/chat/completions", json.dumps(
+        dict(chat, truncate_prompt_tokens=3)).encode(), {"Content-Type": "application/json"})
+    assert st == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 3, raw
+    stop_clean(p)
+
+
 if __name__ == "__main__":
     T.run([test_endpoints_and_shapes, test_determinism_and_sampling, test_bad_input,
            test_record_of_requests, test_record_of_tokenize_calls,
            test_metrics_batch_and_prefix_cache,
            test_timing_timestamps_and_zero_delay, test_concurrent_streams_and_disconnect,
-           test_faults, test_record_receipt_stamped_before_parsing, test_return_token_ids])
+           test_faults, test_record_receipt_stamped_before_parsing, test_return_token_ids,
+           test_truncate_prompt_tokens])
