@@ -155,8 +155,15 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
     if (s->libkvt)
         pdgw_fwd_kv_req_set_decode(s->q, d);
     /* first_tok needs the answer's first token to be the only one the prefill made, so a
-     * request that asks for one token at most (or gives no max_tokens) runs client_body. */
+     * request that asks for one token at most (or gives no max_tokens) runs client_body, and
+     * so does one whose answer the flow cannot put together whole (echo, n, logprobs...). */
     s->first_tok = c->first_tok && req->max_tokens >= 2 && req->dispatch == PDGW_DISPATCH_SERIAL;
+    if (s->first_tok && !lmc_flow_answer_fits(req)) {
+        s->first_tok = 0;
+        pdgw_fwd_counter_inc(LMC_NAME, "client_body_answers",
+                             "Requests the first_tok flow cannot answer whole (echo, several "
+                             "choices, logprobs) that ran the client_body flow.");
+    }
     /* a completions prompt of text goes to the prefill as it is, which answers its ids */
     s->text_to_prefill = s->first_tok && c->ids_from_prefill && lmc_flow_prompt_is_text(req);
     /* A prefill that truncates the prompt (truncate_prompt_tokens) is asked for the ids it kept

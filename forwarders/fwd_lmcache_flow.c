@@ -64,6 +64,26 @@ int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req)
     return !req->is_chat && json_is_string(one_prompt(req));
 }
 
+/* A member that is there and not null, false or 0 / at most 1 (n, best_of). */
+static int asks(const json_t *body, const char *key, json_int_t above)
+{
+    const json_t *v = json_object_get(body, key);
+    if (v == NULL || json_is_null(v) || json_is_false(v))
+        return 0;
+    return !json_is_integer(v) || json_integer_value(v) > above;
+}
+
+int lmc_flow_answer_fits(const pdgw_fwd_request_t *req)
+{
+    const json_t *b = req->body;
+    /* echo (completions: the prompt's text first; chat's prefill leg is a completions
+     * request too), several choices, beam search, per-token or prompt logprobs
+     * (vllm/entrypoints/openai/completion/protocol.py, chat_completion/protocol.py) */
+    return !asks(b, "echo", -1) && !asks(b, "n", 1) && !asks(b, "best_of", 1) &&
+           !asks(b, "use_beam_search", -1) && !asks(b, "logprobs", INT64_MIN) &&
+           !asks(b, "prompt_logprobs", INT64_MIN);
+}
+
 int lmc_flow_truncates(const pdgw_fwd_request_t *req)
 {
     const json_t *t = json_object_get(req->body, "truncate_prompt_tokens");

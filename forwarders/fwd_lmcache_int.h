@@ -35,6 +35,11 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
 /* Whether the client's prompt is one text (a completions request) that can go to the prefill
  * as it is, saving the /tokenize call. */
 int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req);
+/* Whether the first_tok flow can give the request its whole answer. It writes the prefill's
+ * one token as text in front of the decode's answer, so an answer that also holds the prompt
+ * (echo), several choices (n, best_of, beam search) or logprobs would come out wrong: the
+ * prompt twice, every choice with the same first token, no logprobs for the first token. */
+int lmc_flow_answer_fits(const pdgw_fwd_request_t *req);
 /* Whether the client asked the engine to truncate the prompt (truncate_prompt_tokens). */
 int lmc_flow_truncates(const pdgw_fwd_request_t *req);
 

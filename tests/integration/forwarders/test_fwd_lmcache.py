@@ -678,6 +678,50 @@ def test_client_body_flow_option():
         gw.stop()
 
 
+
+def test_answers_first_tok_cannot_put_together_run_client_body():
+    """The first_tok flow writes the prefill's one token as text in front of the decode's
+    answer. An answer that also holds the prompt (echo), per-token logprobs or prompt logprobs
+    (vLLM vllm/entrypoints/openai/completion/protocol.py and chat_completion/protocol.py:
+    echo, logprobs, prompt_logprobs, n, use_beam_search) would come out wrong that way (the
+    prompt twice, no logprobs for the first token), so such a request runs client_body: the
+    decode gets the client's body and answers it whole. Counted. (Decoders that look up the
+    whole prompt, skip_last_n_tokens 0, find its KV then.)"""
+    P, D = env["P"], env["D0"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    cases = [(False, {"echo": True}), (False, {"logprobs": 0}),
+             (False, {"prompt_logprobs": 1}), (True, {"logprobs": True})]
+    try:
+        for n, (chat, extra) in enumerate(cases, 1):
+            rid = "wa-" + uuid.uuid4().hex[:12]
+            body = dict(body_of(chat, False), **extra)
+            st, _, obj, raw = T.post_json(gw.port, path_of(chat), body, {"X-Request-Id": rid})
+            assert st == 200, (extra, raw)
+            pb = P.records(rid)[0]["body"]
+            db = D.records(rid)[0]["body"]
+            assert "ret_first_tok" not in pb["kv_transfer_params"], (extra, pb)
+            for k, v in extra.items():
+                assert db[k] == v, (extra, db)
+            assert db["max_tokens"] == 10 and "kv_transfer_params" not in db, (extra, db)
+            assert db.get("messages" if chat else "prompt") == body.get(
+                "messages" if chat else "prompt"), (extra, db)
+            rec = D.records(rid)[0]
+            assert rec["kv_result"]["ok"] and not rec["kv_result"]["recompute"], rec["kv_result"]
+            assert gw.metric("pdgw_fwd_client_body_answers_total", {"protocol": "lmcache"}) == n
+        # what the flow can answer whole still runs it: echo false and logprobs null are off
+        rid = "wa-" + uuid.uuid4().hex[:12]
+        body = dict(body_of(False, False), echo=False, logprobs=None, n=1)
+        st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body, {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]["body"][
+            "kv_transfer_params"]["ret_first_tok"] is True
+        assert gw.metric("pdgw_fwd_client_body_answers_total",
+                         {"protocol": "lmcache"}) == len(cases)
+    finally:
+        gw.stop()
+
+
 class BrokenTokenizer:
     """An engine whose /tokenize fails (GET answers 200 so it passes health checks), or with
     <hang> never answers it."""
@@ -770,6 +814,7 @@ def main():
     tests = [test_first_tok_stream_shape, test_prompt_ids_from_the_prefill_answer,
              test_prompt_ids_fallback_to_tokenize, test_truncated_prompt_keeps_the_kv_window,
              test_chat_tokenize_carries_the_template_options, test_client_body_flow_option,
+             test_answers_first_tok_cannot_put_together_run_client_body,
              test_tokenize_failure_is_a_prefill_error, test_tokenize_timeout_is_a_prefill_error,
              test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
