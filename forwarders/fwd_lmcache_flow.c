@@ -17,7 +17,7 @@
  * Where pdgw differs on purpose: the decode keeps the client's stream flag and a non-stream
  * answer is merged into one object; usage counts the first token as generated (prompt_tokens
  * - 1, completion_tokens + 1: the decode saw it as prompt); min_tokens / min_completion_tokens
- * are dropped from the prefill (an engine refuses min_tokens above max_tokens 1) and the chat
+ * are split between the legs (1 for the prefill's token, the rest for the decode) and the chat
  * messages from both legs once the prompt holds their token ids; /tokenize also gets the
  * client's model and chat-template options (tools, chat_template_kwargs, ...); and when the first
  * token already ended the answer (EOS or a stop string: the prefill's finish_reason is "stop") the
@@ -90,6 +90,16 @@ int lmc_flow_truncates(const pdgw_fwd_request_t *req)
     return t != NULL && !json_is_null(t);
 }
 
+/* min_tokens of the prefill's one token: 1 when the client asked any, else none. */
+static void min_one(json_t *b, const char *key)
+{
+    json_t *v = json_object_get(b, key);
+    if (json_is_integer(v) && json_integer_value(v) > 0)
+        json_object_set_new(b, key, json_integer(1));
+    else
+        json_object_del(b, key);
+}
+
 json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, int ask_ids,
                               json_t *spec)
 {
@@ -109,8 +119,11 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
         json_object_set_new(b, "max_completion_tokens", json_integer(1));
     json_object_set_new(b, "stream", json_false());
     json_object_del(b, "stream_options");
-    json_object_del(b, "min_tokens");
-    json_object_del(b, "min_completion_tokens");
+    /* min_tokens counts the whole answer, whose first token this is: at most 1 here (an engine
+     * refuses more than max_tokens), and 1 keeps EOS from ending the answer at once, as it
+     * would on one engine; the decode gets the rest */
+    min_one(b, "min_tokens");
+    min_one(b, "min_completion_tokens");
     return b;
 }
 
@@ -118,6 +131,14 @@ static void minus_one(json_t *b, const char *key)
 {
     json_t *v = json_object_get(b, key);
     if (json_is_integer(v))
+        json_object_set_new(b, key, json_integer(json_integer_value(v) - 1));
+}
+
+/* min_tokens of one leg: <key> less one, not below 0 (the other leg made one token). */
+static void min_less_one(json_t *b, const char *key)
+{
+    json_t *v = json_object_get(b, key);
+    if (json_is_integer(v) && json_integer_value(v) > 0)
         json_object_set_new(b, key, json_integer(json_integer_value(v) - 1));
 }
 
@@ -140,6 +161,8 @@ json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids, i
         json_object_del(b, "truncate_prompt_tokens");
     minus_one(b, "max_tokens");
     minus_one(b, "max_completion_tokens");
+    min_less_one(b, "min_tokens");
+    min_less_one(b, "min_completion_tokens");
     if (head->done) {
         /* the answer is complete: the decode's output will be dropped, keep it short */
         json_object_set_new(b, "max_tokens", json_integer(1));

@@ -679,6 +679,30 @@ def test_client_body_flow_option():
 
 
 
+def test_min_tokens_split_between_the_legs():
+    """min_tokens (vLLM vllm/sampling_params.py: no EOS or stop token ids before that many
+    tokens; more than max_tokens is refused) counts the whole answer: the prefill, which makes
+    the first token, gets min_tokens 1 (EOS cannot end the answer at its first token, as on
+    one engine) and the decode min_tokens - 1 next to its max_tokens - 1, so a client asking
+    min_tokens == max_tokens (a fixed answer length) is served."""
+    P, D = env["P"], env["D"]
+    gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
+                 {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    try:
+        for chat in (False, True):
+            rid = "mt-" + uuid.uuid4().hex[:12]
+            body = dict(body_of(chat, False), min_tokens=10)
+            st, _, obj, raw = T.post_json(gw.port, path_of(chat), body, {"X-Request-Id": rid})
+            assert st == 200, raw
+            assert obj["usage"]["completion_tokens"] == 10, obj
+            pb = [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]["body"]
+            db = D.records(rid)[0]["body"]
+            assert pb["max_tokens"] == 1 and pb["min_tokens"] == 1, pb
+            assert db["max_tokens"] == 9 and db["min_tokens"] == 9, db
+    finally:
+        gw.stop()
+
+
 def test_answers_first_tok_cannot_put_together_run_client_body():
     """The first_tok flow writes the prefill's one token as text in front of the decode's
     answer. An answer that also holds the prompt (echo), per-token logprobs or prompt logprobs
@@ -815,6 +839,7 @@ def main():
              test_prompt_ids_fallback_to_tokenize, test_truncated_prompt_keeps_the_kv_window,
              test_chat_tokenize_carries_the_template_options, test_client_body_flow_option,
              test_answers_first_tok_cannot_put_together_run_client_body,
+             test_min_tokens_split_between_the_legs,
              test_tokenize_failure_is_a_prefill_error, test_tokenize_timeout_is_a_prefill_error,
              test_upstream_decode_gets_only_upstream_messages,
              test_forged_notifs_never_release_the_decode,
