@@ -73,6 +73,29 @@ static int asks(const json_t *body, const char *key, json_int_t above)
     return !json_is_integer(v) || json_integer_value(v) > above;
 }
 
+/* A grammar the engine applies to the answer from its first token (structured outputs:
+ * response_format other than text, structured_outputs, the older guided_* fields, and a chat
+ * tool_choice of "required" or one named function, which vLLM turns into a JSON schema,
+ * vllm/tool_parsers/utils.py): the decode would start it again after the prefill's token. */
+static int constrained(const json_t *b)
+{
+    static const char *const fields[] = {"structured_outputs", "guided_json",    "guided_regex",
+                                         "guided_choice",      "guided_grammar", NULL};
+    const json_t *rf = json_object_get(b, "response_format");
+    const json_t *tc = json_object_get(b, "tool_choice");
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    size_t i;
+    if (json_is_object(rf) && (type == NULL || strcmp(type, "text") != 0))
+        return 1;
+    if (json_is_object(tc) ||
+        (json_is_string(tc) && strcmp(json_string_value(tc), "required") == 0))
+        return 1;
+    for (i = 0; fields[i] != NULL; i++)
+        if (asks(b, fields[i], INT64_MIN))
+            return 1;
+    return 0;
+}
+
 int lmc_flow_answer_fits(const pdgw_fwd_request_t *req)
 {
     const json_t *b = req->body;
@@ -81,7 +104,7 @@ int lmc_flow_answer_fits(const pdgw_fwd_request_t *req)
      * (vllm/entrypoints/openai/completion/protocol.py, chat_completion/protocol.py) */
     return !asks(b, "echo", -1) && !asks(b, "n", 1) && !asks(b, "best_of", 1) &&
            !asks(b, "use_beam_search", -1) && !asks(b, "logprobs", INT64_MIN) &&
-           !asks(b, "prompt_logprobs", INT64_MIN);
+           !asks(b, "prompt_logprobs", INT64_MIN) && !constrained(b);
 }
 
 int lmc_flow_truncates(const pdgw_fwd_request_t *req)

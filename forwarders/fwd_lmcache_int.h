@@ -37,8 +37,9 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
 int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req);
 /* Whether the first_tok flow can give the request its whole answer. It writes the prefill's
  * one token as text in front of the decode's answer, so an answer that also holds the prompt
- * (echo), several choices (n, best_of, beam search) or logprobs would come out wrong: the
- * prompt twice, every choice with the same first token, no logprobs for the first token. */
+ * (echo), several choices (n, best_of, beam search), logprobs or a grammar (structured
+ * outputs) would come out wrong: the prompt twice, every choice with the same first token, no
+ * logprobs for the first token, a grammar started again after it. */
 int lmc_flow_answer_fits(const pdgw_fwd_request_t *req);
 /* Whether the client asked the engine to truncate the prompt (truncate_prompt_tokens). */
 int lmc_flow_truncates(const pdgw_fwd_request_t *req);

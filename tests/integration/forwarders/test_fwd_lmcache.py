@@ -708,14 +708,22 @@ def test_answers_first_tok_cannot_put_together_run_client_body():
     answer. An answer that also holds the prompt (echo), per-token logprobs or prompt logprobs
     (vLLM vllm/entrypoints/openai/completion/protocol.py and chat_completion/protocol.py:
     echo, logprobs, prompt_logprobs, n, use_beam_search) would come out wrong that way (the
-    prompt twice, no logprobs for the first token), so such a request runs client_body: the
+    prompt twice, no logprobs for the first token), and so would a grammar the engine applies
+    from the first token (response_format, structured_outputs; a chat tool_choice "required"
+    or naming a function becomes a JSON schema, vllm/tool_parsers/utils.py), which the decode
+    would start again after it; so such a request runs client_body: the
     decode gets the client's body and answers it whole. Counted. (Decoders that look up the
     whole prompt, skip_last_n_tokens 0, find its KV then.)"""
     P, D = env["P"], env["D0"]
     gw = Gateway("lmcache", "batch", [P.instance(), D.instance()],
                  {"proxy_host": "127.0.0.1", "proxy_port": env["proxy_port"]}, retries=0)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     cases = [(False, {"echo": True}), (False, {"logprobs": 0}),
-             (False, {"prompt_logprobs": 1}), (True, {"logprobs": True})]
+             (False, {"prompt_logprobs": 1}), (True, {"logprobs": True}),
+             (False, {"response_format": {"type": "json_object"}}),
+             (True, {"tools": tools, "tool_choice": "required"}),
+             (True, {"tools": tools, "tool_choice": {"type": "function",
+                                                     "function": {"name": "f"}}})]
     try:
         for n, (chat, extra) in enumerate(cases, 1):
             rid = "wa-" + uuid.uuid4().hex[:12]
@@ -733,9 +741,11 @@ def test_answers_first_tok_cannot_put_together_run_client_body():
             rec = D.records(rid)[0]
             assert rec["kv_result"]["ok"] and not rec["kv_result"]["recompute"], rec["kv_result"]
             assert gw.metric("pdgw_fwd_client_body_answers_total", {"protocol": "lmcache"}) == n
-        # what the flow can answer whole still runs it: echo false and logprobs null are off
+        # what the flow can answer whole still runs it: echo false, logprobs null, a text
+        # response_format and tool_choice auto are off
         rid = "wa-" + uuid.uuid4().hex[:12]
-        body = dict(body_of(False, False), echo=False, logprobs=None, n=1)
+        body = dict(body_of(False, False), echo=False, logprobs=None, n=1,
+                    response_format={"type": "text"}, tool_choice="auto")
         st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body, {"X-Request-Id": rid})
         assert st == 200, raw
         assert [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]["body"][
