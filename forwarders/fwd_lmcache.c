@@ -162,8 +162,8 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
         s->first_tok = 0;
         pdgw_fwd_counter_inc(LMC_NAME, "client_body_answers",
                              "Requests the first_tok flow cannot answer whole (echo, several "
-                             "choices, logprobs, structured outputs) that ran the client_body "
-                             "flow.");
+                             "choices, logprobs, structured outputs, chat tools or media) that "
+                             "ran the client_body flow.");
     }
     /* a completions prompt of text goes to the prefill as it is, which answers its ids */
     s->text_to_prefill = s->first_tok && c->ids_from_prefill && lmc_flow_prompt_is_text(req);

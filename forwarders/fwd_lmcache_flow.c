@@ -96,9 +96,36 @@ static int constrained(const json_t *b)
     return 0;
 }
 
+/* What only a chat endpoint answers: tool calls parsed from the output (tools with a
+ * tool_choice other than "none"; vLLM's chat_completion/protocol.py makes it "auto" when tools
+ * come without one) and media in the messages (ids from /tokenize carry no image or audio:
+ * the same protocol file drops forwarded ids when messages hold non-text content). The
+ * first_tok flow's legs are completions requests. */
+static int needs_chat_endpoint(const json_t *b)
+{
+    const json_t *tools = json_object_get(b, "tools"), *tc = json_object_get(b, "tool_choice");
+    const json_t *msg, *part;
+    size_t i, j;
+    if (json_is_array(tools) && json_array_size(tools) > 0 &&
+        !(json_is_string(tc) && strcmp(json_string_value(tc), "none") == 0))
+        return 1;
+    json_array_foreach(json_object_get(b, "messages"), i, msg)
+    {
+        json_array_foreach(json_object_get(msg, "content"), j, part)
+        {
+            const char *type = json_string_value(json_object_get(part, "type"));
+            if (type == NULL || strcmp(type, "text") != 0)
+                return 1;
+        }
+    }
+    return 0;
+}
+
 int lmc_flow_answer_fits(const pdgw_fwd_request_t *req)
 {
     const json_t *b = req->body;
+    if (req->is_chat && needs_chat_endpoint(b))
+        return 0;
     /* echo (completions: the prompt's text first; chat's prefill leg is a completions
      * request too), several choices, beam search, per-token or prompt logprobs
      * (vllm/entrypoints/openai/completion/protocol.py, chat_completion/protocol.py) */

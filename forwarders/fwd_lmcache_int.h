@@ -39,7 +39,8 @@ int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req);
  * one token as text in front of the decode's answer, so an answer that also holds the prompt
  * (echo), several choices (n, best_of, beam search), logprobs or a grammar (structured
  * outputs) would come out wrong: the prompt twice, every choice with the same first token, no
- * logprobs for the first token, a grammar started again after it. */
+ * logprobs for the first token, a grammar started again after it. Chat requests with tools
+ * or media need the chat endpoint, which the flow's completions legs never reach. */
 int lmc_flow_answer_fits(const pdgw_fwd_request_t *req);
 /* Whether the client asked the engine to truncate the prompt (truncate_prompt_tokens). */
 int lmc_flow_truncates(const pdgw_fwd_request_t *req);

@@ -557,7 +557,10 @@ def test_chat_tokenize_carries_the_template_options():
             "add_generation_prompt": True, "add_special_tokens": False}
     try:
         rid = "ct-" + uuid.uuid4().hex[:12]
-        body = dict(body_of(True, False), truncate_prompt_tokens=4000, **opts)
+        # tool_choice none: the tools shape the prompt, no tool call is parsed (with one the
+        # request would run client_body, test_answers_first_tok_cannot_put_together_...)
+        body = dict(body_of(True, False), truncate_prompt_tokens=4000, tool_choice="none",
+                    **opts)
         st, _, obj, raw = T.post_json(gw.port, "/v1/chat/completions", body,
                                       {"X-Request-Id": rid})
         assert st == 200, raw
@@ -711,7 +714,10 @@ def test_answers_first_tok_cannot_put_together_run_client_body():
     prompt twice, no logprobs for the first token), and so would a grammar the engine applies
     from the first token (response_format, structured_outputs; a chat tool_choice "required"
     or naming a function becomes a JSON schema, vllm/tool_parsers/utils.py), which the decode
-    would start again after it; so such a request runs client_body: the
+    would start again after it. A chat request with tools (tool_choice "auto" when absent,
+    chat_completion/protocol.py) or media in its messages needs the chat endpoint, which the
+    flow's completions legs never reach (the engine's tool parser; ids from /tokenize carry no
+    image). So such a request runs client_body: the
     decode gets the client's body and answers it whole. Counted. (Decoders that look up the
     whole prompt, skip_last_n_tokens 0, find its KV then.)"""
     P, D = env["P"], env["D0"]
@@ -723,7 +729,11 @@ def test_answers_first_tok_cannot_put_together_run_client_body():
              (False, {"response_format": {"type": "json_object"}}),
              (True, {"tools": tools, "tool_choice": "required"}),
              (True, {"tools": tools, "tool_choice": {"type": "function",
-                                                     "function": {"name": "f"}}})]
+                                                     "function": {"name": "f"}}}),
+             (True, {"tools": tools}),
+             (True, {"messages": [{"role": "user", "content": [
+                 {"type": "text", "text": LONG},
+                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})]
     try:
         for n, (chat, extra) in enumerate(cases, 1):
             rid = "wa-" + uuid.uuid4().hex[:12]
@@ -742,11 +752,20 @@ def test_answers_first_tok_cannot_put_together_run_client_body():
             assert rec["kv_result"]["ok"] and not rec["kv_result"]["recompute"], rec["kv_result"]
             assert gw.metric("pdgw_fwd_client_body_answers_total", {"protocol": "lmcache"}) == n
         # what the flow can answer whole still runs it: echo false, logprobs null, a text
-        # response_format and tool_choice auto are off
+        # response_format and tool_choice auto are off (chat: tools with tool_choice none, and
+        # text parts)
         rid = "wa-" + uuid.uuid4().hex[:12]
         body = dict(body_of(False, False), echo=False, logprobs=None, n=1,
                     response_format={"type": "text"}, tool_choice="auto")
         st, _, obj, raw = T.post_json(gw.port, "/v1/completions", body, {"X-Request-Id": rid})
+        assert st == 200, raw
+        assert [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]["body"][
+            "kv_transfer_params"]["ret_first_tok"] is True
+        rid = "wa-" + uuid.uuid4().hex[:12]
+        body = dict(body_of(True, False), tools=tools, tool_choice="none",
+                    messages=[{"role": "user", "content": [{"type": "text", "text": LONG}]}])
+        st, _, obj, raw = T.post_json(gw.port, "/v1/chat/completions", body,
+                                      {"X-Request-Id": rid})
         assert st == 200, raw
         assert [r for r in P.records(rid) if r["path"] == "/v1/completions"][0]["body"][
             "kv_transfer_params"]["ret_first_tok"] is True
