@@ -64,7 +64,8 @@ int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req)
     return !req->is_chat && json_is_string(one_prompt(req));
 }
 
-/* A member that is there and not null, false or 0 / at most 1 (n, best_of). */
+/* Whether the client set <key> to something that asks for it: true, a string, list or object,
+ * or a number above <above>; absent, null and false do not. */
 static int asks(const json_t *body, const char *key, json_int_t above)
 {
     const json_t *v = json_object_get(body, key);

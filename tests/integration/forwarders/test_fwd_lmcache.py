@@ -681,7 +681,6 @@ def test_client_body_flow_option():
         gw.stop()
 
 
-
 def test_min_tokens_split_between_the_legs():
     """min_tokens (vLLM vllm/sampling_params.py: no EOS or stop token ids before that many
     tokens; more than max_tokens is refused) counts the whole answer: the prefill, which makes
