@@ -160,10 +160,11 @@ static pdgw_fwd_status_t lmc_attempt_init(void *ctx, const pdgw_fwd_request_t *r
     s->first_tok = c->first_tok && req->max_tokens >= 2 && req->dispatch == PDGW_DISPATCH_SERIAL;
     if (s->first_tok && !lmc_flow_answer_fits(req)) {
         s->first_tok = 0;
-        pdgw_fwd_counter_inc(LMC_NAME, "client_body_answers",
-                             "Requests the first_tok flow cannot answer whole (echo, several "
-                             "choices, logprobs, structured outputs, chat tools or media) that "
-                             "ran the client_body flow.");
+        if (req->attempt == 0) /* once per request, not again for each retry */
+            pdgw_fwd_counter_inc(LMC_NAME, "client_body_answers",
+                                 "Requests the first_tok flow cannot answer whole (echo, several "
+                                 "choices, logprobs, structured outputs, chat tools or media) that "
+                                 "ran the client_body flow.");
     }
     /* a completions prompt of text goes to the prefill as it is, which answers its ids */
     s->text_to_prefill = s->first_tok && c->ids_from_prefill && lmc_flow_prompt_is_text(req);

@@ -75,21 +75,16 @@ static int asks(const json_t *body, const char *key, json_int_t above)
 }
 
 /* A grammar the engine applies to the answer from its first token (structured outputs:
- * response_format other than text, structured_outputs, the older guided_* fields, and a chat
- * tool_choice of "required" or one named function, which vLLM turns into a JSON schema,
- * vllm/tool_parsers/utils.py): the decode would start it again after the prefill's token. */
+ * response_format other than text, structured_outputs, the older guided_* fields): the decode
+ * would start it again after the prefill's token. */
 static int constrained(const json_t *b)
 {
     static const char *const fields[] = {"structured_outputs", "guided_json",    "guided_regex",
                                          "guided_choice",      "guided_grammar", NULL};
     const json_t *rf = json_object_get(b, "response_format");
-    const json_t *tc = json_object_get(b, "tool_choice");
     const char *type = json_string_value(json_object_get(rf, "type"));
     size_t i;
     if (json_is_object(rf) && (type == NULL || strcmp(type, "text") != 0))
-        return 1;
-    if (json_is_object(tc) ||
-        (json_is_string(tc) && strcmp(json_string_value(tc), "required") == 0))
         return 1;
     for (i = 0; fields[i] != NULL; i++)
         if (asks(b, fields[i], INT64_MIN))
@@ -97,18 +92,21 @@ static int constrained(const json_t *b)
     return 0;
 }
 
-/* What only a chat endpoint answers: tool calls parsed from the output (tools with a
- * tool_choice other than "none"; vLLM's chat_completion/protocol.py makes it "auto" when tools
- * come without one) and media in the messages (ids from /tokenize carry no image or audio:
- * the same protocol file drops forwarded ids when messages hold non-text content). The
- * first_tok flow's legs are completions requests. */
+/* What only a chat endpoint answers: tool calls (tools with a tool_choice other than "none",
+ * which vLLM's chat_completion/protocol.py makes "auto" when tools come without one; a
+ * "required" or named tool_choice is also a JSON schema the answer follows from its first
+ * token, vllm/tool_parsers/utils.py) and media in the messages (ids from /tokenize carry no
+ * image or audio: the same protocol file drops forwarded ids when messages hold non-text
+ * content). The first_tok flow's legs are completions requests. */
 static int needs_chat_endpoint(const json_t *b)
 {
     const json_t *tools = json_object_get(b, "tools"), *tc = json_object_get(b, "tool_choice");
     const json_t *msg, *part;
+    const char *choice = json_string_value(tc);
     size_t i, j;
-    if (json_is_array(tools) && json_array_size(tools) > 0 &&
-        !(json_is_string(tc) && strcmp(json_string_value(tc), "none") == 0))
+    if (json_is_object(tc) || (choice != NULL && strcmp(choice, "required") == 0) ||
+        (json_is_array(tools) && json_array_size(tools) > 0 &&
+         !(choice != NULL && strcmp(choice, "none") == 0)))
         return 1;
     json_array_foreach(json_object_get(b, "messages"), i, msg)
     {
@@ -178,15 +176,8 @@ json_t *lmc_flow_prefill_body(const pdgw_fwd_request_t *req, const json_t *ids, 
     return b;
 }
 
+/* <key> less the prefill's one token, not below 0 (max_tokens, min_tokens and the like). */
 static void minus_one(json_t *b, const char *key)
-{
-    json_t *v = json_object_get(b, key);
-    if (json_is_integer(v))
-        json_object_set_new(b, key, json_integer(json_integer_value(v) - 1));
-}
-
-/* min_tokens of one leg: <key> less one, not below 0 (the other leg made one token). */
-static void min_less_one(json_t *b, const char *key)
 {
     json_t *v = json_object_get(b, key);
     if (json_is_integer(v) && json_integer_value(v) > 0)
@@ -212,8 +203,8 @@ json_t *lmc_flow_decode_body(const pdgw_fwd_request_t *req, const json_t *ids, i
         json_object_del(b, "truncate_prompt_tokens");
     minus_one(b, "max_tokens");
     minus_one(b, "max_completion_tokens");
-    min_less_one(b, "min_tokens");
-    min_less_one(b, "min_completion_tokens");
+    minus_one(b, "min_tokens");
+    minus_one(b, "min_completion_tokens");
     if (head->done) {
         /* the answer is complete: the decode's output will be dropped, keep it short */
         json_object_set_new(b, "max_tokens", json_integer(1));

@@ -40,7 +40,8 @@ int lmc_flow_prompt_is_text(const pdgw_fwd_request_t *req);
  * (echo), several choices (n, best_of, beam search), logprobs or a grammar (structured
  * outputs) would come out wrong: the prompt twice, every choice with the same first token, no
  * logprobs for the first token, a grammar started again after it. Chat requests with tools
- * or media need the chat endpoint, which the flow's completions legs never reach. */
+ * (or a tool_choice that forces one) or media need the chat endpoint, which the flow's
+ * completions legs never reach. */
 int lmc_flow_answer_fits(const pdgw_fwd_request_t *req);
 /* Whether the client asked the engine to truncate the prompt (truncate_prompt_tokens). */
 int lmc_flow_truncates(const pdgw_fwd_request_t *req);
