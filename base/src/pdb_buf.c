@@ -169,7 +169,8 @@ void pdb_buf_reset(pdb_buf_t *buf)
 
 void pdb_buf_free(pdb_buf_t *buf)
 {
-    pdb_free(buf->data);
+    if (buf->data != NULL) /* most of a request's buffers were never used */
+        pdb_free(buf->data);
     buf->data = NULL;
     buf->len = buf->cap = 0;
 }

@@ -29,6 +29,7 @@
 
 typedef struct pdgw_front_pair {
     const char *name, *value; /* NUL-terminated, inside the head's copy */
+    size_t name_len;
 } pdgw_front_pair_t;
 
 typedef struct pdgw_front_head {
@@ -42,6 +43,7 @@ typedef struct pdgw_front_head {
     bool has_length;         /* a Content-Length */
     uint64_t content_length; /* when has_length */
     unsigned n_headers;
+    uint64_t name_lens; /* bit (length % 64) of every name: most lookups miss at once */
     pdgw_front_pair_t headers[PDGW_FRONT_MAX_HEADERS];
 } pdgw_front_head_t;
 

@@ -187,6 +187,8 @@ static int field_line(char *s, size_t n, pdgw_front_head_t *h, const char **why)
     *end = '\0';
     h->headers[h->n_headers].name = s;
     h->headers[h->n_headers].value = v;
+    h->headers[h->n_headers].name_len = (size_t)(colon - s);
+    h->name_lens |= 1ull << ((size_t)(colon - s) % 64);
     h->n_headers++;
     return 0;
 }
@@ -253,6 +255,7 @@ int pdgw_front_head_parse(char *text, size_t len, pdgw_front_head_t *h, const ch
     h->keep_alive = h->expect_continue = h->chunked = h->has_length = false;
     h->content_length = 0;
     h->n_headers = 0;
+    h->name_lens = 0;
     *why = NULL;
     line = take_line(text, len, &pos, &n, &bad);
     if (line == NULL || bad)
@@ -274,9 +277,11 @@ int pdgw_front_head_parse(char *text, size_t len, pdgw_front_head_t *h, const ch
 const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name)
 {
     unsigned i;
-    char first = (char)(name[0] | 0x20);
+    size_t n = strlen(name);
+    if ((h->name_lens & 1ull << (n % 64)) == 0)
+        return NULL;
     for (i = 0; i < h->n_headers; i++)
-        if ((h->headers[i].name[0] | 0x20) == first && strcasecmp(h->headers[i].name, name) == 0)
+        if (h->headers[i].name_len == n && strncasecmp(h->headers[i].name, name, n) == 0)
             return h->headers[i].value;
     return NULL;
 }

@@ -26,22 +26,37 @@
 
 static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
 {
-    static const char *const drop[] = {
-        "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
-        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "content-type", "expect", "accept-encoding", "x-request-id", "traceparent",
-        "x-request-timeout",
-        /* vLLM's DP routing header: the gateway picks the
-         * rank (and names its engine to the decode) */
-        "x-data-parallel-rank", NULL};
-    size_t i;
-    for (i = 0; drop[i]; i++) /* the first letter first: most names differ there */
-        if ((name[0] | 0x20) == drop[i][0] && strcasecmp(name, drop[i]) == 0)
+    static const struct {
+        const char *name;
+        size_t len;
+    } drop[] = {{"connection", 10},
+                {"keep-alive", 10},
+                {"proxy-connection", 16},
+                {"proxy-authenticate", 18},
+                {"proxy-authorization", 19},
+                {"te", 2},
+                {"trailer", 7},
+                {"trailers", 8},
+                {"transfer-encoding", 17},
+                {"upgrade", 7},
+                {"host", 4},
+                {"content-length", 14},
+                {"content-type", 12},
+                {"expect", 6},
+                {"accept-encoding", 15},
+                {"x-request-id", 12},
+                {"traceparent", 11},
+                {"x-request-timeout", 17},
+                /* vLLM's DP routing header: the gateway picks the rank (and names its engine
+                 * to the decode) */
+                {"x-data-parallel-rank", 20}};
+    size_t i, n = strlen(name);
+    for (i = 0; i < sizeof(drop) / sizeof(drop[0]); i++) /* the length first: most differ */
+        if (n == drop[i].len && strcasecmp(name, drop[i].name) == 0)
             return true;
     /* Headers named in Connection are hop-by-hop too (RFC 9110 7.6.1). */
     if (r->conn_tokens) {
         const char *p = r->conn_tokens;
-        size_t n = strlen(name);
         while (*p) {
             size_t len;
             while (*p == ' ' || *p == '\t' || *p == ',')
@@ -53,7 +68,7 @@ static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
         }
     }
     /* The gateway's own key is not the engine's business. */
-    if ((name[0] | 0x20) == 'a' && strcasecmp(name, "authorization") == 0 &&
+    if (n == 13 && strcasecmp(name, "authorization") == 0 &&
         pdgw_auth_key_count(r->w->srv->opts.auth) > 0)
         return true;
     return false;

@@ -84,14 +84,17 @@ pdgw_status_t pdgw_random_bytes(void *out, size_t len)
     return PDGW_OK;
 }
 
-static const char hexdig[] = "0123456789abcdef";
+/* "000102...ff": a byte's two hex digits in one copy (ids are formatted on every request). */
+#define HEX_ROW(h)                                                                                 \
+    h "0" h "1" h "2" h "3" h "4" h "5" h "6" h "7" h "8" h "9" h "a" h "b" h "c" h "d" h "e" h "f"
+static const char hex_pairs[] = HEX_ROW("0") HEX_ROW("1") HEX_ROW("2") HEX_ROW("3") HEX_ROW("4")
+    HEX_ROW("5") HEX_ROW("6") HEX_ROW("7") HEX_ROW("8") HEX_ROW("9") HEX_ROW("a") HEX_ROW("b")
+        HEX_ROW("c") HEX_ROW("d") HEX_ROW("e") HEX_ROW("f");
 
 static void hex_encode(const uint8_t *in, size_t n, char *out)
 {
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hexdig[in[i] >> 4];
-        out[2 * i + 1] = hexdig[in[i] & 15];
-    }
+    for (size_t i = 0; i < n; i++)
+        memcpy(out + 2 * i, hex_pairs + 2 * in[i], 2);
 }
 
 pdgw_status_t pdgw_uuid4(char out[PDGW_UUID_STR_LEN + 1])

@@ -244,6 +244,10 @@ static json_t *number_token(parser_t *ps)
         real = true;
     }
     len = (size_t)(p - ps->p);
+    if (ps->check_only && !real && len <= 18) { /* 18 characters cannot leave the range */
+        ps->p = p;
+        return json_null();
+    }
     if (len >= sizeof(tok))
         return NULL;
     memcpy(tok, ps->p, len);

@@ -174,44 +174,68 @@ static bool hdr_add_curl(void *ctx, const char *line)
     return hdr_add(ctx, line);
 }
 
+static bool hdr_field_curl(void *ctx, const char *name, size_t n, const char *value, size_t vn)
+{
+    char line[320];
+    if (n + 2 + vn >= sizeof(line))
+        return true; /* none of pdgw's own is this long: left out, as a malformed line */
+    memcpy(line, name, n);
+    memcpy(line + n, ": ", 2);
+    memcpy(line + n + 2, value, vn);
+    line[n + 2 + vn] = '\0';
+    return hdr_add(ctx, line);
+}
+
 static bool hdr_add_native(void *ctx, const char *line)
 {
     pdgw_status_t st = pdgw_h1_xfer_header(ctx, line);
     return st == PDGW_OK || st == PDGW_ERR_INVALID; /* a malformed line is left out */
 }
 
+static bool hdr_field_native(void *ctx, const char *name, size_t n, const char *value, size_t vn)
+{
+    pdgw_status_t st = pdgw_h1_xfer_field(ctx, name, n, value, vn);
+    return st == PDGW_OK || st == PDGW_ERR_INVALID;
+}
+
+/* How a leg's headers reach its client: pdgw's own from their parts (nothing to parse on the
+ * native client), the client's and the forwarder's as "Name: value" lines. */
+typedef struct leg_head_sink {
+    bool (*field)(void *ctx, const char *name, size_t n, const char *value, size_t vn);
+    bool (*line)(void *ctx, const char *line);
+} leg_head_sink_t;
+
+static const leg_head_sink_t head_to_curl = {hdr_field_curl, hdr_add_curl};
+static const leg_head_sink_t head_to_native = {hdr_field_native, hdr_add_native};
+
 /* The headers pdgw sends on every leg, whichever client carries it: false when one could
  * not be added (out of memory). */
 static bool leg_headers(pdgw_leg_t *leg, const char *method, const pdgw_fwd_leg_t *fl,
-                        bool (*add)(void *ctx, const char *line), void *ctx)
+                        const leg_head_sink_t *to, void *ctx)
 {
     pdgw_req_t *r = leg->wf->req;
-    char hdr[256];
     size_t off;
     bool ok = true;
 
+    /* a pass-through sends the client's own Content-Type */
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 && !leg->raw)
-        ok &= add(ctx, "Content-Type: application/json"); /* a pass-through sends the
-                                                           * client's own Content-Type */
-    pdb_str_join(hdr, sizeof(hdr), "X-Request-Id: ", leg->wf->leg_id);
-    ok &= add(ctx, hdr);
-    if (r->traceparent[0]) {
-        pdb_str_join(hdr, sizeof(hdr), "traceparent: ", r->traceparent);
-        ok &= add(ctx, hdr);
-    }
+        ok &= to->field(ctx, "Content-Type", 12, "application/json", 16);
+    ok &= to->field(ctx, "X-Request-Id", 12, leg->wf->leg_id, strlen(leg->wf->leg_id));
+    if (r->traceparent[0])
+        ok &= to->field(ctx, "traceparent", 11, r->traceparent, strlen(r->traceparent));
     if (leg->relay && leg->sse)
-        ok &= add(ctx, "Accept: text/event-stream");
+        ok &= to->field(ctx, "Accept", 6, "text/event-stream", 17);
     for (off = 0; off < r->fwd_headers.len;) {
         const char *line = r->fwd_headers.data + off;
         if (!(leg->relay && leg->sse && strncasecmp(line, "accept:", 7) == 0))
-            ok &= add(ctx, line);
+            ok &= to->line(ctx, line);
         off += strlen(line) + 1;
     }
     if (fl) {
         size_t i;
         for (i = 0; i < fl->n_headers && i < PDGW_FWD_LEG_MAX_HEADERS; i++)
             if (fl->headers[i][0] && !strchr(fl->headers[i], '\n'))
-                ok &= add(ctx, fl->headers[i]);
+                ok &= to->line(ctx, fl->headers[i]);
     }
     return ok;
 }
@@ -296,7 +320,7 @@ static pdgw_status_t leg_start_native(pdgw_leg_t *leg, const char *url, const ch
     pdgw_req_t *r = leg->wf->req;
     pdgw_h1_xfer_t *x = &leg->h1;
     pdgw_status_t st = pdgw_h1_xfer_begin(x, r->w->h1, method, url);
-    if (st == PDGW_OK && !leg_headers(leg, method, fl, hdr_add_native, x))
+    if (st == PDGW_OK && !leg_headers(leg, method, fl, &head_to_native, x))
         st = PDGW_ERR_NOMEM;
     if (st == PDGW_OK)
         /* Small read buffers for streams (thousands are open at once, events are small),
@@ -381,7 +405,7 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     }
     /* No "Expect: 100-continue" round trip on large bodies. */
     hdr_ok &= hdr_add(&h, "Expect:");
-    hdr_ok &= leg_headers(leg, method, fl, hdr_add_curl, &h);
+    hdr_ok &= leg_headers(leg, method, fl, &head_to_curl, &h);
     if (h == NULL || !hdr_ok) {
         curl_slist_free_all(h);
         curl_easy_cleanup(easy);

@@ -749,32 +749,11 @@ static pdgw_h1_upstream_t *up_find(pdgw_h1_client_t *c, const char *url)
     return up;
 }
 
-/* Append the strings up to NULL: the head is built from pieces, without printf. */
-static pdgw_status_t head_vcat(pdgw_buf_t *b, va_list ap)
+/* Append <name> (<n> bytes), <sep> (<sn>), <value> (<vn>) and CRLF: one reserve, the head
+ * is built from pieces without printf (every leg adds a few lines). */
+static pdgw_status_t head_put(pdgw_buf_t *b, const char *name, size_t n, const char *sep, size_t sn,
+                              const char *value, size_t vn)
 {
-    const char *s;
-    while ((s = va_arg(ap, const char *)) != NULL)
-        if (pdgw_buf_append(b, s, strlen(s)) != PDGW_OK)
-            return PDGW_ERR_NOMEM;
-    return PDGW_OK;
-}
-
-static pdgw_status_t head_cat(pdgw_buf_t *b, ...)
-{
-    va_list ap;
-    pdgw_status_t st;
-    va_start(ap, b);
-    st = head_vcat(b, ap);
-    va_end(ap);
-    return st;
-}
-
-/* A header line: <name> (<n> bytes, not terminated), <sep>, <value> (NUL-terminated), CRLF;
- * one reserve and three copies (every leg adds a few). */
-static pdgw_status_t head_line(pdgw_buf_t *b, const char *name, size_t n, const char *sep,
-                               const char *value)
-{
-    size_t sn = strlen(sep), vn = strlen(value);
     char *p;
     if (pdgw_buf_reserve(b, n + sn + vn + 2) != PDGW_OK)
         return PDGW_ERR_NOMEM;
@@ -817,11 +796,18 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
     x->errmsg[0] = '\0';
     x->rbuf_size = 0;
     /* A proxied head is a few hundred bytes: one allocation instead of growing from 64. */
-    if (pdgw_buf_reserve(&x->head, 512) != PDGW_OK)
+    if (pdgw_buf_reserve(&x->head, 512 + strlen(method) + strlen(target)) != PDGW_OK)
         return PDGW_ERR_NOMEM;
-    if (head_cat(&x->head, method, " ", target[0] == '/' ? "" : "/", target, " HTTP/1.1\r\n",
-                 NULL) != PDGW_OK)
-        return PDGW_ERR_NOMEM;
+    {
+        /* "METHOD /target HTTP/1.1": a slash goes before a target without one */
+        size_t mn = strlen(method), sn = target[0] == '/' ? 1 : 2, tn = strlen(target);
+        char *p = x->head.data;
+        memcpy(p, method, mn);
+        memcpy(p + mn, " /", sn);
+        memcpy(p + mn + sn, target, tn);
+        memcpy(p + mn + sn + tn, " HTTP/1.1\r\n", 12); /* with the NUL the buffer keeps */
+        x->head.len = mn + sn + tn + 11;
+    }
     return PDGW_OK;
 }
 
@@ -834,6 +820,34 @@ static bool header_is_framing(const char *name, size_t n)
            (n == 6 && strncasecmp(name, "expect", 6) == 0);
 }
 
+/* Host and Accept are added at the start unless the owner set (or removed) its own. */
+static void note_named(pdgw_h1_xfer_t *x, const char *name, size_t n)
+{
+    if (n == 4 && strncasecmp(name, "host", 4) == 0)
+        x->named_host = true;
+    else if (n == 6 && strncasecmp(name, "accept", 6) == 0)
+        x->named_accept = true;
+}
+
+pdgw_status_t pdgw_h1_xfer_field(pdgw_h1_xfer_t *x, const char *name, size_t n, const char *value,
+                                 size_t vn)
+{
+    size_t i;
+    if (n == 0 || memchr(value, '\r', vn) != NULL || memchr(value, '\n', vn) != NULL)
+        return PDGW_ERR_INVALID;
+    for (i = 0; i < n; i++)
+        if (!pdgw_h1_is_tchar((unsigned char)name[i]))
+            return PDGW_ERR_INVALID;
+    if (header_is_framing(name, n))
+        return PDGW_OK;
+    note_named(x, name, n);
+    if (vn == 0) { /* do not send the client's own (a marker line, cut at start) */
+        x->has_markers = true;
+        return head_put(&x->head, name, n, "\x01", 1, "", 0);
+    }
+    return head_put(&x->head, name, n, ": ", 2, value, vn);
+}
+
 pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
 {
     const char *sep = line + strcspn(line, ":;");
@@ -843,11 +857,7 @@ pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
         return PDGW_ERR_INVALID;
     if (header_is_framing(line, n))
         return PDGW_OK;
-    /* Host and Accept are added at the start unless the owner set (or removed) its own. */
-    if (n == 4 && strncasecmp(line, "host", 4) == 0)
-        x->named_host = true;
-    else if (n == 6 && strncasecmp(line, "accept", 6) == 0)
-        x->named_accept = true;
+    note_named(x, line, n);
     v = sep + 1;
     while (*v == ' ' || *v == '\t')
         v++;
@@ -855,13 +865,13 @@ pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line)
         if (*v != '\0')
             return PDGW_ERR_INVALID;
         /* "Name;" = the header with an empty value. */
-        return head_line(&x->head, line, n, ":", "");
+        return head_put(&x->head, line, n, ":", 1, "", 0);
     }
     if (*v == '\0') { /* "Name:" = do not send the client's own (a marker line, cut at start) */
         x->has_markers = true;
-        return head_line(&x->head, line, n, "\x01", "");
+        return head_put(&x->head, line, n, "\x01", 1, "", 0);
     }
-    return head_line(&x->head, line, n, ": ", v);
+    return head_put(&x->head, line, n, ": ", 2, v, strlen(v));
 }
 
 /* Remove the marker lines "Name\x01\r\n" left by header removals. */
@@ -892,15 +902,18 @@ pdgw_status_t pdgw_h1_xfer_start(pdgw_h1_xfer_t *x, const char *body, size_t bod
     bool has_body;
     pdgw_h1_conn_t *k;
     char len_text[24];
+    const char *len;
 
     if (x->running || c == NULL || up == NULL || x->head.len == 0)
         return PDGW_ERR_INVALID;
     has_body = !x->head_request && strncmp(x->head.data, "GET ", 4) != 0;
-    if ((!x->named_host && head_cat(&x->head, "Host: ", up->authority, "\r\n", NULL) != PDGW_OK) ||
-        (!x->named_accept && pdgw_buf_append_str(&x->head, "Accept: */*\r\n") != PDGW_OK) ||
-        (has_body && head_cat(&x->head, "Content-Length: ", size_text(len_text, body_len), "\r\n",
-                              NULL) != PDGW_OK) ||
-        pdgw_buf_append_str(&x->head, "\r\n") != PDGW_OK)
+    if ((!x->named_host &&
+         head_put(&x->head, "Host", 4, ": ", 2, up->authority, strlen(up->authority)) != PDGW_OK) ||
+        (!x->named_accept && head_put(&x->head, "Accept", 6, ": ", 2, "*/*", 3) != PDGW_OK) ||
+        (has_body && (len = size_text(len_text, body_len),
+                      head_put(&x->head, "Content-Length", 14, ": ", 2, len,
+                               (size_t)(len_text + 23 - len)) != PDGW_OK)) ||
+        pdgw_buf_append(&x->head, "\r\n", 2) != PDGW_OK)
         return PDGW_ERR_NOMEM;
     if (x->has_markers)
         head_drop_markers(x);

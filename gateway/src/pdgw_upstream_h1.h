@@ -196,6 +196,12 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
  */
 pdgw_status_t pdgw_h1_xfer_header(pdgw_h1_xfer_t *x, const char *line);
 /*
+ * The same from its parts, nothing to parse: <name> (<n> bytes, a token) and <value> (<vn>
+ * bytes, no CR or LF; none removes the header, as "Name:" does).
+ */
+pdgw_status_t pdgw_h1_xfer_field(pdgw_h1_xfer_t *x, const char *name, size_t n, const char *value,
+                                 size_t vn);
+/*
  * Finish the head (Accept, Content-Length unless GET/HEAD) and send: the request goes on a
  * kept connection to the same address when one is idle, else on a new one. <body> is
  * borrowed until on_done. Failures are reported through on_done from the loop.

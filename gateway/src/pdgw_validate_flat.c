@@ -59,6 +59,14 @@ static token_t token_of(const char *v, size_t n)
 static bool number_of(const char *v, size_t n, token_t t, long long *i, double *d)
 {
     char tok[NUMBER_MAX];
+    if (t == TOK_INT && n <= 18) { /* checked JSON: an optional minus and digits, in range */
+        long long x = 0;
+        for (size_t k = v[0] == '-'; k < n; k++)
+            x = x * 10 + (v[k] - '0');
+        *i = v[0] == '-' ? -x : x;
+        *d = (double)*i;
+        return true;
+    }
     if (n >= sizeof(tok))
         return false;
     memcpy(tok, v, n);

@@ -426,6 +426,45 @@ static void test_owner_host_and_removal(void **state)
     srv_stop(&s);
 }
 
+/* Headers given as parts follow the line form's rules: framing names are the client's, an
+ * owner's Accept replaces the default, no value removes, and a name that is not a token or
+ * a value with a line break is refused and left out. */
+static void test_fields_from_parts(void **state)
+{
+    server_t s;
+    env_t e;
+    leg_t a;
+    (void)state;
+    srv_start(&s, SRV_ANSWER);
+    env_open(&e, 10000);
+    leg_begin(&e, &a, s.port);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "X-Request-Id", 12, "abc-1", 5), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "accept", 6, "text/event-stream", 17), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "Content-Length", 14, "999", 3), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "User-Agent", 10, "", 0), PDGW_OK);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "X-Bad", 5, "a\r\nX-Smuggled: 1", 18),
+                     PDGW_ERR_INVALID);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "X Bad", 5, "b", 1), PDGW_ERR_INVALID);
+    assert_int_equal(pdgw_h1_xfer_field(&a.x, "", 0, "c", 1), PDGW_ERR_INVALID);
+    assert_int_equal(pdgw_h1_xfer_start(&a.x, "{}", 2, 4096, &leg_cb, &a), PDGW_OK);
+    RUN_UNTIL(&e, a.done);
+    assert_int_equal(a.res, PDGW_H1_OK);
+    pthread_mutex_lock(&s.lock);
+    assert_non_null(strstr(s.last_head, "\r\nX-Request-Id: abc-1\r\n"));
+    assert_non_null(strstr(s.last_head, "\r\naccept: text/event-stream\r\n"));
+    assert_null(strstr(s.last_head, "Accept: */*"));
+    assert_null(strcasestr(s.last_head, "user-agent"));
+    assert_null(strchr(s.last_head, '\x01'));
+    assert_null(strstr(s.last_head, "Smuggled"));
+    assert_null(strstr(s.last_head, "Bad"));
+    assert_non_null(strstr(s.last_head, "\r\nContent-Length: 2\r\n"));
+    assert_null(strstr(s.last_head, ": 999\r\n"));
+    pthread_mutex_unlock(&s.lock);
+    leg_done(&a);
+    env_close(&e);
+    srv_stop(&s);
+}
+
 static void test_idle_close(void **state)
 {
     server_t s;
@@ -641,6 +680,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reuse),
         cmocka_unit_test(test_owner_host_and_removal),
+        cmocka_unit_test(test_fields_from_parts),
         cmocka_unit_test(test_idle_close),
         cmocka_unit_test(test_server_closes_kept),
         cmocka_unit_test(test_retry_once_on_reused),
