@@ -87,7 +87,7 @@ static pdgw_status_t set_value(walk_t *w, const pdgw_config_option_t *o, void *b
 {
     pdgw_status_t st;
     w->src.line = node_line(v);
-    const char *text;
+    const char *text = "";
     switch (o->type) {
     case PDGW_OPT_LIST:
     case PDGW_OPT_INT_LIST: {
@@ -121,7 +121,7 @@ static pdgw_status_t set_value(walk_t *w, const pdgw_config_option_t *o, void *b
              p++) {
             yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
             yaml_node_t *vn = yaml_document_get_node(w->doc, p->value);
-            const char *k;
+            const char *k = "";
             st = scalar_text(w, kn, key, "scalar keys", &k);
             if (st != PDGW_OK)
                 return st;
@@ -181,7 +181,7 @@ static pdgw_status_t walk_instances(walk_t *w, yaml_node_t *v)
              p < item->data.mapping.pairs.top && st == PDGW_OK; p++) {
             yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
             yaml_node_t *vn = yaml_document_get_node(w->doc, p->value);
-            const char *k;
+            const char *k = "";
             st = scalar_text(w, kn, ik, "scalar keys", &k);
             if (st != PDGW_OK)
                 break;
@@ -233,7 +233,7 @@ static pdgw_status_t walk_mapping(walk_t *w, yaml_node_t *map, const char *prefi
          p++) {
         yaml_node_t *kn = yaml_document_get_node(w->doc, p->key);
         yaml_node_t *vn = yaml_document_get_node(w->doc, p->value);
-        const char *k;
+        const char *k = "";
         pdgw_status_t st =
             scalar_text(w, kn, prefix[0] ? prefix : "(top level)", "scalar keys", &k);
         if (st != PDGW_OK)

@@ -56,8 +56,8 @@ size_t pdgw_front_head_end(const char *buf, size_t len, size_t from);
  * 431, 501, 505) and *why a short reason.
  */
 int pdgw_front_head_parse(char *text, size_t len, pdgw_front_head_t *h, const char **why);
-/* The first value of header <name> (any case), NULL when absent. */
-const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name);
+/* The first value of header <name> (<n> bytes, any case), NULL when absent. */
+const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name, size_t n);
 /* Decode the query's arguments one by one into <scratch> (at least strlen(query) + 2 bytes)
  * and hand each to <fn> (a NULL value when the argument has no '='); false from <fn> stops. */
 void pdgw_front_query_each(const char *query, char *scratch,

@@ -137,7 +137,8 @@ static int request_line(char *s, size_t n, pdgw_front_head_t *h, const char **wh
     *sp2 = '\0';
     h->method = s;
     /* absolute-form (RFC 9112 3.2.2): the path after the authority */
-    if (strncasecmp(target, "http://", 7) == 0 || strncasecmp(target, "https://", 8) == 0) {
+    if (target[0] != '/' && /* origin-form, the usual one, is not tested further */
+        (strncasecmp(target, "http://", 7) == 0 || strncasecmp(target, "https://", 8) == 0)) {
         char *slash = strchr(strchr(target, '/') + 2, '/');
         if (slash == NULL) {
             /* no path: the scheme's "//" is no longer needed, reuse its second slash */
@@ -200,16 +201,16 @@ static int head_semantics(pdgw_front_head_t *h, const char **why)
     bool close = false, keep = false, te = false;
     for (i = 0; i < h->n_headers; i++) {
         const char *name = h->headers[i].name, *v = h->headers[i].value;
-        size_t vn = strlen(v);
+        size_t vn = strlen(v), nn = h->headers[i].name_len;
         switch (name[0] | 0x20) {
         case 'h':
-            hosts += strcasecmp(name, "Host") == 0;
+            hosts += nn == 4 && strcasecmp(name, "Host") == 0;
             break;
         case 'c':
-            if (strcasecmp(name, "Connection") == 0) {
+            if (nn == 10 && strcasecmp(name, "Connection") == 0) {
                 close |= pdgw_h1_list_has(v, vn, "close");
                 keep |= pdgw_h1_list_has(v, vn, "keep-alive");
-            } else if (strcasecmp(name, "Content-Length") == 0 && !h->has_length) {
+            } else if (nn == 14 && strcasecmp(name, "Content-Length") == 0 && !h->has_length) {
                 int64_t n;
                 if (!pdgw_h1_parse_length(v, vn, &n))
                     return refuse(why, "malformed Content-Length", 400);
@@ -218,7 +219,7 @@ static int head_semantics(pdgw_front_head_t *h, const char **why)
             }
             break;
         case 't':
-            if (strcasecmp(name, "Transfer-Encoding") == 0) {
+            if (nn == 17 && strcasecmp(name, "Transfer-Encoding") == 0) {
                 if (te || !pdgw_h1_list_last_is(v, vn, "chunked"))
                     return refuse(why, "Transfer-Encoding does not end in chunked", 400);
                 if (strcasecmp(v, "chunked") != 0)
@@ -227,7 +228,7 @@ static int head_semantics(pdgw_front_head_t *h, const char **why)
             }
             break;
         case 'e':
-            if (strcasecmp(name, "Expect") == 0 && strcasecmp(v, "100-continue") == 0)
+            if (nn == 6 && strcasecmp(name, "Expect") == 0 && strcasecmp(v, "100-continue") == 0)
                 h->expect_continue = h->version_minor == 1;
             break;
         default:
@@ -274,10 +275,9 @@ int pdgw_front_head_parse(char *text, size_t len, pdgw_front_head_t *h, const ch
     return head_semantics(h, why);
 }
 
-const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name)
+const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name, size_t n)
 {
     unsigned i;
-    size_t n = strlen(name);
     if ((h->name_lens & 1ull << (n % 64)) == 0)
         return NULL;
     for (i = 0; i < h->n_headers; i++)

@@ -23,10 +23,10 @@ static enum MHD_Result mhd_pair(void *cls, enum MHD_ValueKind kind, const char *
     return walk->fn(walk->arg, name, value) ? MHD_YES : MHD_NO;
 }
 
-const char *pdgw_req_header(const pdgw_req_t *r, const char *name)
+const char *pdgw_req_header_n(const pdgw_req_t *r, const char *name, size_t n)
 {
     if (r->fc != NULL)
-        return pdgw_front_head_get(pdgw_front_conn_head(r->fc), name);
+        return pdgw_front_head_get(pdgw_front_conn_head(r->fc), name, n);
     if (r->conn != NULL)
         return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
     return NULL;

@@ -26,6 +26,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "pdb/pdb_dlist.h"
 #include "pdgw_admit.h"
@@ -388,8 +389,14 @@ void pdgw_worker_hup_unwatch(pdgw_worker_t *w, pdgw_req_t *r);
 /* ---- pdgw_req_headers.c: the client's request head, whichever front end read it */
 /* A header or query argument; false stops the walk. */
 typedef bool (*pdgw_pair_fn)(void *arg, const char *name, const char *value);
-/* The first value of request header <name> (case-insensitive), NULL when absent. */
-const char *pdgw_req_header(const pdgw_req_t *r, const char *name);
+/* The first value of request header <name> (<n> bytes, case-insensitive), NULL when absent. */
+const char *pdgw_req_header_n(const pdgw_req_t *r, const char *name, size_t n);
+/* The same for a NUL-terminated name (the literal names most callers pass are measured at
+ * compile time). */
+static inline const char *pdgw_req_header(const pdgw_req_t *r, const char *name)
+{
+    return pdgw_req_header_n(r, name, strlen(name));
+}
 /* Every request header, in the order received. */
 void pdgw_req_headers_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg);
 /* Every query argument, decoded (a NULL value: the argument had no '='). */
