@@ -64,7 +64,9 @@ static void check_head(const pdgw_front_head_t *h, size_t head_len)
         for (; *n; n++)
             if (!pdgw_h1_is_tchar((unsigned char)*n))
                 abort();
-        if (pdgw_front_head_get(h, h->headers[i].name) == NULL)
+        /* every name is found again, and its recorded length is its length */
+        if (h->headers[i].name_len != strlen(h->headers[i].name) ||
+            pdgw_front_head_get(h, h->headers[i].name, h->headers[i].name_len) == NULL)
             abort();
     }
     if (h->query != NULL) {
