@@ -781,6 +781,8 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
                                  const char *url)
 {
     const char *target;
+    size_t mn, sn, tn;
+    char *p;
     if (x->running)
         return PDGW_ERR_INVALID;
     if (!pdgw_h1_url_supported(url))
@@ -795,19 +797,19 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
     x->named_host = x->named_accept = x->has_markers = false;
     x->errmsg[0] = '\0';
     x->rbuf_size = 0;
-    /* A proxied head is a few hundred bytes: one allocation instead of growing from 64. */
-    if (pdgw_buf_reserve(&x->head, 512 + strlen(method) + strlen(target)) != PDGW_OK)
+    /* "METHOD /target HTTP/1.1": a slash goes before a target without one. A proxied head is
+     * a few hundred bytes: one allocation instead of growing from 64. */
+    mn = strlen(method);
+    sn = target[0] == '/' ? 1 : 2;
+    tn = strlen(target);
+    if (pdgw_buf_reserve(&x->head, 512 + mn + tn) != PDGW_OK)
         return PDGW_ERR_NOMEM;
-    {
-        /* "METHOD /target HTTP/1.1": a slash goes before a target without one */
-        size_t mn = strlen(method), sn = target[0] == '/' ? 1 : 2, tn = strlen(target);
-        char *p = x->head.data;
-        memcpy(p, method, mn);
-        memcpy(p + mn, " /", sn);
-        memcpy(p + mn + sn, target, tn);
-        memcpy(p + mn + sn + tn, " HTTP/1.1\r\n", 12); /* with the NUL the buffer keeps */
-        x->head.len = mn + sn + tn + 11;
-    }
+    p = x->head.data;
+    memcpy(p, method, mn);
+    memcpy(p + mn, " /", sn);
+    memcpy(p + mn + sn, target, tn);
+    memcpy(p + mn + sn + tn, " HTTP/1.1\r\n", 12); /* with the NUL the buffer keeps */
+    x->head.len = mn + sn + tn + 11;
     return PDGW_OK;
 }
 
@@ -907,12 +909,12 @@ pdgw_status_t pdgw_h1_xfer_start(pdgw_h1_xfer_t *x, const char *body, size_t bod
     if (x->running || c == NULL || up == NULL || x->head.len == 0)
         return PDGW_ERR_INVALID;
     has_body = !x->head_request && strncmp(x->head.data, "GET ", 4) != 0;
+    len = size_text(len_text, body_len); /* its digits end at len_text[23] */
     if ((!x->named_host &&
          head_put(&x->head, "Host", 4, ": ", 2, up->authority, strlen(up->authority)) != PDGW_OK) ||
         (!x->named_accept && head_put(&x->head, "Accept", 6, ": ", 2, "*/*", 3) != PDGW_OK) ||
-        (has_body && (len = size_text(len_text, body_len),
-                      head_put(&x->head, "Content-Length", 14, ": ", 2, len,
-                               (size_t)(len_text + 23 - len)) != PDGW_OK)) ||
+        (has_body && head_put(&x->head, "Content-Length", 14, ": ", 2, len,
+                              (size_t)(len_text + 23 - len)) != PDGW_OK) ||
         pdgw_buf_append(&x->head, "\r\n", 2) != PDGW_OK)
         return PDGW_ERR_NOMEM;
     if (x->has_markers)
