@@ -140,7 +140,8 @@ void *pdb_aligned_calloc_at(size_t align, size_t size, const char *file, int lin
 
 void pdb_free(void *ptr)
 {
-    free(ptr);
+    if (ptr != NULL) /* a request frees many fields it never filled: no call for those */
+        free(ptr);
 }
 
 static void *json_alloc(size_t size)
