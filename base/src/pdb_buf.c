@@ -169,8 +169,7 @@ void pdb_buf_reset(pdb_buf_t *buf)
 
 void pdb_buf_free(pdb_buf_t *buf)
 {
-    if (buf->data != NULL) /* most of a request's buffers were never used */
-        pdb_free(buf->data);
+    pdb_free(buf->data);
     buf->data = NULL;
     buf->len = buf->cap = 0;
 }
