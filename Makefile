@@ -1,7 +1,7 @@
 # Thin wrapper so a fresh Debian 12 machine needs one command for each job.
 #   make demo   install deps, build, run gateway + simulated engines, stream a request
 #   make test   install deps, build, run the whole suite (ctest)
-#   make bench  install bench deps, build, run the benchmarks of tests/bench/
+#   make bench  install bench deps, profile-guided build, run the benchmarks of tests/bench/
 MAKEFLAGS += --no-print-directory
 BUILD     ?= build
 SAN_BUILD ?= build-sanitize
@@ -12,7 +12,7 @@ CTEST_ARGS ?=
 # machine one may miss a deadline. A test that fails twice in a row fails the run.
 CTEST_RETRY ?= --repeat until-pass:2
 
-.PHONY: all deps build test test-sanitize test-tsan test-torture fuzz demo bench clean format
+.PHONY: all deps build build-pgo test test-sanitize test-tsan test-torture fuzz demo bench clean format
 
 all: build
 
@@ -26,6 +26,20 @@ $(BUILD)/Makefile:
 
 build: deps $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Profile-guided build (what `make bench` measures): an instrumented pass, the training load
+# of tests/bench/pgo_train.sh (pdgw in front of pdgw-sim), then the optimised pass, all in
+# $(PGO_BUILD). Tests are not built there; `make test` checks the same sources.
+PGO_BUILD ?= build-pgo
+build-pgo: DEPS_JOB = demo
+build-pgo: deps
+	cmake -S . -B $(PGO_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDGW_BUILD_TESTS=OFF \
+	    -DPDGW_PGO=generate
+	cmake --build $(PGO_BUILD) -j $(JOBS) --target pdgw pdgw-sim
+	rm -rf $(PGO_BUILD)/pgo-profile
+	./tests/bench/pgo_train.sh $(PGO_BUILD)/bin
+	cmake -S . -B $(PGO_BUILD) -DPDGW_PGO=use
+	cmake --build $(PGO_BUILD) -j $(JOBS)
 
 # Tests on explicitly: a build tree first made by `make demo` has them off.
 test: DEPS_JOB = test
@@ -93,11 +107,11 @@ demo: deps
 	@./deploy/demo.sh $(BUILD)/bin
 
 bench: DEPS_JOB = bench
-bench: build
-	BENCH_CMD="make bench BUILD=$(BUILD)" ./tests/bench/run_all.sh $(BUILD)/bin
+bench: deps build-pgo
+	BENCH_CMD="make bench" ./tests/bench/run_all.sh $(PGO_BUILD)/bin
 
 format:
 	find gateway forwarders kvtransfer scheduler tests -name '*.[ch]' -print0 | xargs -0 clang-format -i
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD) $(PGO_BUILD)

@@ -3,7 +3,7 @@
 #   install-deps.sh [build|demo|test|bench]...          (default: build)
 #   install-deps.sh --list [build|demo|test|bench]...   print the packages, install nothing
 # build  compiler, CMake and the libraries pdgw links
-# demo   build + curl (the demo streams through it)
+# demo   build + curl and python3 (the demo streams through it; a profile-guided build trains with them)
 # test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js,
 #        openssl (the TLS test makes its own self-signed certificate)
 # bench  test + load generators, nginx, iperf3, gnuplot, perf
@@ -17,7 +17,7 @@ BUILD_PKGS=(
     libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzmq3-dev
     libmsgpack-dev libyaml-dev libibverbs-dev libxxhash-dev
 )
-DEMO_PKGS=(curl procps)
+DEMO_PKGS=(curl procps python3)
 TEST_PKGS=(
     libcmocka-dev clang iproute2 python3 python3-msgpack python3-zmq python3-yaml
     prometheus openssl
