@@ -3,7 +3,8 @@
 #   install-deps.sh [build|demo|test|bench]...          (default: build)
 #   install-deps.sh --list [build|demo|test|bench]...   print the packages, install nothing
 # build  compiler, CMake and the libraries pdgw links
-# demo   build + curl and python3 (the demo streams through it; a profile-guided build trains with them)
+# demo   build + curl and python3 (the demo streams through pdgw with them; make build-pgo
+#        trains with them)
 # test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js,
 #        openssl (the TLS test makes its own self-signed certificate)
 # bench  test + load generators, nginx, iperf3, gnuplot, perf
