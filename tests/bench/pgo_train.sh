@@ -50,6 +50,8 @@ stop_pdgw() {
     return 1
 }
 
+# Every simulator answers at once (the proxy is what is being profiled).
+sim_flags=(--zero-delay --max-tokens-default 16 --record-capacity 0 --max-batch 4096)
 cmpl='{"model":"sim-model","prompt":"The quick brown fox jumps over the lazy dog","max_tokens":16}'
 cmpl_stream='{"model":"sim-model","prompt":"The quick brown fox jumps over the lazy dog","max_tokens":16,"stream":true}'
 chat='{"model":"sim-model","messages":[{"role":"user","content":"Say hello"}],"max_tokens":16}'
@@ -58,8 +60,7 @@ chat_stream='{"model":"sim-model","messages":[{"role":"user","content":"Say hell
 # A single engine (neutral): B1's and B2's paths.
 sim_port=$(free_port)
 gw_port=$(free_port)
-bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" --zero-delay \
-    --max-tokens-default 16 --record-capacity 0 --max-batch 4096
+bench_start sim "$BIN_DIR/pdgw-sim" --role both --port "$sim_port" "${sim_flags[@]}"
 wait_http "$sim_port" /health
 bench_start pdgw "$BIN_DIR/pdgw" --listen "127.0.0.1:$gw_port" --protocol neutral \
     --both "http://127.0.0.1:$sim_port" --workers 2 --log-level warn --no-access-log
@@ -79,12 +80,10 @@ boot_port=$(free_port)
 alloc_port=$(free_port)
 init_port=$(free_port)
 gw_port=$(free_port)
-bench_start prefill "$BIN_DIR/pdgw-sim" --role prefill --port "$pre_port" --zero-delay \
-    --engine-id pgo-prefill --kv-port "$kv_port" --bootstrap-port "$boot_port" \
-    --max-tokens-default 16 --record-capacity 0 --max-batch 4096
-bench_start decode "$BIN_DIR/pdgw-sim" --role decode --port "$dec_port" --zero-delay \
-    --engine-id pgo-decode --alloc-port "$alloc_port" --init-port "$init_port" \
-    --max-tokens-default 16 --record-capacity 0 --max-batch 4096
+bench_start prefill "$BIN_DIR/pdgw-sim" --role prefill --port "$pre_port" "${sim_flags[@]}" \
+    --engine-id pgo-prefill --kv-port "$kv_port" --bootstrap-port "$boot_port"
+bench_start decode "$BIN_DIR/pdgw-sim" --role decode --port "$dec_port" "${sim_flags[@]}" \
+    --engine-id pgo-decode --alloc-port "$alloc_port" --init-port "$init_port"
 wait_http "$pre_port" /health
 wait_http "$dec_port" /health
 cat >"$BENCH_TMP/pd.yaml" <<YAML
