@@ -4,8 +4,9 @@
  * The rule (pdgw_auth_check_admin): with admin_api_key set, writes need that key and reads
  * take it or an API key; without it, writes are accepted only from a loopback peer (the
  * operator on the gateway's own host or pod), so that an admin API that can add an upstream
- * URL is never open to the network by default. Refusals are OpenAI-style error bodies, 401
- * for a missing or wrong key and 403 for a write from elsewhere, counted in
+ * URL is never open to the network by default (admin_trust_loopback: false takes the loopback
+ * exception away, for a gateway behind a local proxy or sidecar). Refusals are OpenAI-style error
+ * bodies, 401 for a missing or wrong key and 403 for a write from elsewhere, counted in
  * pdgw_rejected_requests_total{reason="admin_auth"|"admin_forbidden"}.
  */
 #include <arpa/inet.h>
@@ -44,8 +45,10 @@ bool pdgw_admin_authorize(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
     const char *h = pdgw_req_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
-    pdgw_auth_result_t ar =
-        pdgw_auth_check_admin(srv->opts.auth, h, is_write(r), peer_is_loopback(r));
+    /* Behind a proxy or sidecar on this host every peer is loopback: the operator then
+     * turns the trust off (admin_trust_loopback: false) and writes need the admin key. */
+    bool trusted = !srv->opts.admin_untrusted_loopback && peer_is_loopback(r);
+    pdgw_auth_result_t ar = pdgw_auth_check_admin(srv->opts.auth, h, is_write(r), trusted);
     pdgw_api_error_t e;
     size_t len = 0;
     char *body;
@@ -129,7 +132,7 @@ bool pdgw_admin_serve(pdgw_req_t *r)
         pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
         return true;
     }
-    ok = strcmp(json_string_value(json_object_get(res, "result")), "ok") == 0;
+    ok = strcmp(json_string_value(json_object_get(res, "result")), "error") != 0; /* or partial */
     if (!ok) {
         pdgw_api_error_t e;
         pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL, "config reload refused: %s",

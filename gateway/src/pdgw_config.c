@@ -121,13 +121,22 @@ static const pdgw_config_option_t options[] = {
     {"max_body_bytes", "max-body-bytes", "PDGW_MAX_BODY_BYTES", PDGW_OPT_SIZE, NULL, 1, 0,
      "16MiB", "SIZE", "Largest accepted request body (bytes or 16MiB-style); larger gives "
      "413.", C(max_body_bytes)},
+    {"max_buffered_body_bytes", "max-buffered-body-bytes", "PDGW_MAX_BUFFERED_BODY_BYTES",
+     PDGW_OPT_SIZE, NULL, 0, 0, "256MiB", "SIZE", "Request bodies held at once by all "
+     "requests of the gateway (declared lengths and bytes read); a request that would pass "
+     "it gets 503 with Retry-After before its body is read (0 = no budget).",
+     C(max_buffered_body_bytes)},
     {"client_buffer_size", "client-buffer-size", "PDGW_CLIENT_BUFFER_SIZE", PDGW_OPT_SIZE, NULL,
      2048, 0, "5KiB", "SIZE", "Memory of each client connection for its request: the request "
      "line and headers must fit in it (a larger head gets 431), the body passes through it in "
      "pieces. Every open connection holds it, streams included.", C(client_buffer_size)},
     {"request_timeout", "request-timeout", "PDGW_REQUEST_TIMEOUT", PDGW_OPT_DURATION, NULL,
      1, 0, "600s", "DURATION", "Deadline of a whole request; header X-Request-Timeout "
-     "(seconds) overrides it per request.", C(request_timeout_ms)},
+     "(seconds) overrides it per request, up to max_request_timeout.", C(request_timeout_ms)},
+    {"max_request_timeout", "max-request-timeout", "PDGW_MAX_REQUEST_TIMEOUT",
+     PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION", "Longest deadline a client may ask "
+     "for with X-Request-Timeout (0 = request_timeout: the header can only shorten it).",
+     C(max_request_timeout_ms)},
     {"connect_timeout", "connect-timeout", "PDGW_CONNECT_TIMEOUT", PDGW_OPT_DURATION, NULL, 0,
      0, "3s", "DURATION", "Upstream connect timeout per leg (0 = only the request "
      "deadline).", C(connect_timeout_ms)},
@@ -235,6 +244,13 @@ static const pdgw_config_option_t options[] = {
     {"admin_api_key", "admin-api-key", "PDGW_ADMIN_API_KEY", PDGW_OPT_STRING, NULL, 0, 0, "",
      "KEY", "Bearer key required for /admin/* writes (and accepted for reads); unset = admin "
      "writes only from loopback clients.", C(admin_api_key)},
+    {"admin_trust_loopback", "admin-trust-loopback", "PDGW_ADMIN_TRUST_LOOPBACK", PDGW_OPT_BOOL,
+     NULL, 0, 0, "true", NULL, "Without admin_api_key, accept admin writes from loopback "
+     "peers. Turn it off behind a proxy or sidecar on the same host (Istio's inbound traffic "
+     "comes from 127.0.0.6): every peer is then loopback.", C(admin_trust_loopback)},
+    {"metrics_need_key", "metrics-need-key", "PDGW_METRICS_NEED_KEY", PDGW_OPT_BOOL, NULL, 0,
+     0, "false", NULL, "/metrics needs an API key (or the admin key) when keys are "
+     "configured; by default it, /health and /ready need none.", C(metrics_need_key)},
     {"log_level", "log-level", "PDGW_LOG_LEVEL", PDGW_OPT_ENUM, level_names, 0, 0, "info",
      "LEVEL", "Log level.", C(log_level)},
     {"log_format", "log-format", "PDGW_LOG_FORMAT", PDGW_OPT_ENUM, format_names, 0, 0, "text",

@@ -156,8 +156,10 @@ typedef struct pdgw_config {
     pdgw_kv_list_t protocol_options;
     pdgw_str_list_t plugins;
     uint64_t max_body_bytes;
-    uint64_t client_buffer_size; /* libmicrohttpd's memory per connection */
+    uint64_t client_buffer_size;      /* libmicrohttpd's memory per connection */
+    uint64_t max_buffered_body_bytes; /* all requests' bodies at once; 0 = no budget */
     uint64_t request_timeout_ms;
+    uint64_t max_request_timeout_ms; /* cap of X-Request-Timeout; 0 = request_timeout */
     uint64_t connect_timeout_ms;
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;
@@ -190,11 +192,14 @@ typedef struct pdgw_config {
     int frontend;         /* pdgw_frontend_t: mhd | native */
     uint64_t drain_timeout_ms;
     pdgw_str_list_t api_keys;
-    char *api_key_file;  /* "" = none */
-    char *admin_api_key; /* "" = none: admin writes from loopback only */
+    bool api_keys_cleared; /* the file says `api_keys: []`: a reload may drop every key */
+    char *api_key_file;    /* "" = none */
+    char *admin_api_key;   /* "" = none: admin writes from loopback only */
     pdgw_log_level_t log_level;
     pdgw_log_format_t log_format;
     bool access_log;
+    bool admin_trust_loopback; /* admin writes from loopback peers without admin_api_key */
+    bool metrics_need_key;     /* /metrics behind the API keys */
     pdgw_str_list_t models;
     bool passthrough;                     /* proxy other /v1/ paths and engine utility endpoints */
     pdgw_str_list_t cors_allowed_origins; /* browser origins let in by CORS; "*" = any */

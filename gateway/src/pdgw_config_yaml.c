@@ -110,6 +110,10 @@ static pdgw_status_t set_value(walk_t *w, const pdgw_config_option_t *o, void *b
             if (st != PDGW_OK)
                 return st;
         }
+        /* An empty list said in so many words: the only way a reload may turn auth off
+         * (pdgw_reload_hooks.c). */
+        if (i == 0 && strcmp(o->key, "api_keys") == 0)
+            ((pdgw_config_t *)base)->api_keys_cleared = true;
         return PDGW_OK;
     }
     case PDGW_OPT_MAP: {

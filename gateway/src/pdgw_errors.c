@@ -75,6 +75,7 @@ static const struct {
     [PDGW_API_ERR_BAD_GATEWAY] = {502, "upstream_error", "upstream_error"},
     [PDGW_API_ERR_UNAVAILABLE] = {503, "service_unavailable_error", "service_unavailable"},
     [PDGW_API_ERR_TIMEOUT] = {504, "timeout_error", "timeout"},
+    [PDGW_API_ERR_URI_TOO_LONG] = {414, "invalid_request_error", "uri_too_long"},
 };
 
 static int kind_ok(pdgw_api_err_kind_t kind)

@@ -53,6 +53,7 @@ const char *pdgw_strerror(pdgw_status_t status);
  *   BAD_GATEWAY        502 upstream_error
  *   UNAVAILABLE        503 service_unavailable_error
  *   TIMEOUT            504 timeout_error
+ *   URI_TOO_LONG       414 invalid_request_error
  */
 typedef enum pdgw_api_err_kind {
     PDGW_API_ERR_BAD_REQUEST = 0,
@@ -65,6 +66,7 @@ typedef enum pdgw_api_err_kind {
     PDGW_API_ERR_BAD_GATEWAY,
     PDGW_API_ERR_UNAVAILABLE,
     PDGW_API_ERR_TIMEOUT,
+    PDGW_API_ERR_URI_TOO_LONG,
     PDGW_API_ERR_KIND_COUNT
 } pdgw_api_err_kind_t;
 

@@ -522,8 +522,9 @@ static void begin_request(pdgw_front_conn_t *fc, const char *data, size_t n)
         conn_close(fc);
         return;
     }
-    if (fc->r->reply_ready) { /* refused before its body: answered, then closed */
-        fc->close_after = true;
+    if (fc->r->reply_ready) {
+        /* Refused before its body: answered (no 100 Continue), then closed if a body was on
+         * its way (reply_close); a request without one keeps its connection. */
         fc->state = FC_WAIT;
         start_reply(fc);
         return;

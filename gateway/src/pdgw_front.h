@@ -34,7 +34,7 @@ typedef struct pdgw_front_pair {
 
 typedef struct pdgw_front_head {
     const char *method;
-    const char *path;  /* the target's path, percent-decoded (as libmicrohttpd hands it out) */
+    const char *path;  /* the target's path as it came (no control byte, space or escape of one) */
     const char *query; /* the raw query after '?', NULL when none */
     int version_minor; /* HTTP/1.<n>: 0 or 1 */
     bool keep_alive;   /* the client allows another request on this connection */
@@ -58,6 +58,10 @@ size_t pdgw_front_head_end(const char *buf, size_t len, size_t from);
 int pdgw_front_head_parse(char *text, size_t len, pdgw_front_head_t *h, const char **why);
 /* The first value of header <name> (<n> bytes, any case), NULL when absent. */
 const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name, size_t n);
+/* Decode one query component <s, n> ('+' is a space, "%hh" a byte) into <out> (at least n + 1
+ * bytes, NUL ended); the end of what was written. */
+char *pdgw_front_query_decode(const char *s, size_t n, char *out);
+
 /* Decode the query's arguments one by one into <scratch> (at least strlen(query) + 2 bytes)
  * and hand each to <fn> (a NULL value when the argument has no '='); false from <fn> stops. */
 void pdgw_front_query_each(const char *query, char *scratch,

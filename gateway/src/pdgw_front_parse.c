@@ -83,25 +83,17 @@ static bool has_control(const char *v, size_t n)
     return false;
 }
 
-/* Percent-decode <s> in place (an invalid escape stays as it is); false when it decodes to
- * a NUL, which would cut the path short for some readers and not others. */
-static bool decode_in_place(char *s)
+/* Does <s> hold an escape of a control byte or a space? The path stays encoded (the request
+ * path decodes it, pdgw_path.c); such a path is refused here already, before anything reads
+ * it. */
+static bool escapes_control(const char *s)
 {
-    char *out = s;
-    for (; *s; s++) {
-        int hi, lo;
-        if (*s == '%' && (hi = pdb_hex_val(s[1])) >= 0 && (lo = pdb_hex_val(s[2])) >= 0) {
-            char c = (char)(hi * 16 + lo);
-            if (c == '\0')
-                return false;
-            *out++ = c;
-            s += 2;
-        } else {
-            *out++ = *s;
-        }
+    for (s = strchr(s, '%'); s != NULL; s = strchr(s + 1, '%')) {
+        int hi = pdb_hex_val(s[1]), lo = hi >= 0 ? pdb_hex_val(s[2]) : -1;
+        if (lo >= 0 && (hi * 16 + lo <= 0x20 || hi * 16 + lo == 0x7f))
+            return true;
     }
-    *out = '\0';
-    return true;
+    return false;
 }
 
 /* Method, target and version of the request line <s, n>. */
@@ -155,8 +147,8 @@ static int request_line(char *s, size_t n, pdgw_front_head_t *h, const char **wh
         *q = '\0';
         h->query = q + 1;
     }
-    if (!decode_in_place(target))
-        return refuse(why, "NUL in the request path", 400);
+    if (escapes_control(target))
+        return refuse(why, "control character or space in the request path", 400);
     h->path = target;
     return 0;
 }
@@ -286,8 +278,7 @@ const char *pdgw_front_head_get(const pdgw_front_head_t *h, const char *name, si
     return NULL;
 }
 
-/* Decode one query component <s, n> ('+' is a space) into <out>; its end. */
-static char *decode_component(const char *s, size_t n, char *out)
+char *pdgw_front_query_decode(const char *s, size_t n, char *out)
 {
     size_t i;
     for (i = 0; i < n; i++) {
@@ -317,10 +308,10 @@ void pdgw_front_query_each(const char *query, char *scratch,
         if (n > 0) {
             char *name = scratch, *value = NULL;
             if (eq != NULL) {
-                value = decode_component(p, (size_t)(eq - p), name) + 1;
-                decode_component(eq + 1, n - (size_t)(eq - p) - 1, value);
+                value = pdgw_front_query_decode(p, (size_t)(eq - p), name) + 1;
+                pdgw_front_query_decode(eq + 1, n - (size_t)(eq - p) - 1, value);
             } else {
-                decode_component(p, n, name);
+                pdgw_front_query_decode(p, n, name);
             }
             if (!fn(arg, name, value))
                 return;

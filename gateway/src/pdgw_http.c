@@ -21,6 +21,7 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
+#include "pdgw_path.h"
 
 /* ---------------------------------------------------------------- headers */
 
@@ -112,14 +113,20 @@ static void req_identity(pdgw_req_t *r)
     }
 }
 
+/* The request's deadline: request_timeout, or the client's X-Request-Timeout up to
+ * max_request_timeout (request_timeout when unset), so that a client cannot keep a trickled
+ * body or an unread stream open past the operator's limit. */
 static void req_deadline(pdgw_req_t *r)
 {
     const char *h = pdgw_req_header(r, "X-Request-Timeout");
     uint64_t ms = r->request_timeout_ms;
+    uint64_t cap = r->w->srv->opts.max_request_timeout_ms;
     if (h) {
         uint64_t v;
+        if (cap == 0)
+            cap = r->request_timeout_ms;
         if (pdgw_duration_parse(h, &v) == PDGW_OK && v > 0)
-            ms = v;
+            ms = v < cap ? v : cap;
     }
     r->deadline_ms = r->t_start_ms + ms;
 }
@@ -183,12 +190,12 @@ static bool native_path_served(const pdgw_req_t *r)
 
 static void route(pdgw_req_t *r, const char *url)
 {
-    const char *q = strchr(url, '?');
-    size_t len = q ? (size_t)(q - url) : strlen(url);
-    if (len >= sizeof(r->path))
-        len = sizeof(r->path) - 1;
-    memcpy(r->path, url, len);
-    r->path[len] = '\0';
+    r->path_refused = pdgw_path_clean(url, r->path, sizeof(r->path), &r->path_why);
+    if (r->path_refused != 0) {
+        r->path[0] = '\0';
+        r->route = PDGW_ROUTE_NONE;
+        return;
+    }
     if (strcmp(r->path, "/v1/completions") == 0) {
         r->route = PDGW_ROUTE_INFER;
         r->kind = PDGW_API_COMPLETIONS;
@@ -210,15 +217,13 @@ static void route(pdgw_req_t *r, const char *url)
         r->route = PDGW_ROUTE_ADMIN; /* pdgw_admin_serve */
     } else if (strncmp(r->path, "/admin/instances", 16) == 0 &&
                (r->path[16] == '\0' || r->path[16] == '/')) {
-        /* The sub-path (up to the query, at most 191 bytes), kept only for this route. */
-        size_t n = strcspn(url + 16, "?");
+        /* The sub-path, kept only for this route. */
         r->route = PDGW_ROUTE_ADMIN;
-        r->admin_path = pdgw_malloc(n > 191 ? 192 : n + 1);
+        r->admin_path = pdgw_strdup(r->path + 16);
         if (r->admin_path == NULL) {
             pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
             return;
         }
-        snprintf(r->admin_path, n > 191 ? 192 : n + 1, "%s", url + 16);
     } else if (pdgw_pt_route(r)) { /* fleet hook: pass-through */
         r->route = PDGW_ROUTE_PASSTHROUGH;
     } else {
@@ -272,7 +277,8 @@ static bool route_needs_auth(const pdgw_req_t *r)
 {
     return r->route == PDGW_ROUTE_INFER || r->route == PDGW_ROUTE_MODELS ||
            r->route == PDGW_ROUTE_ADMIN || r->route == PDGW_ROUTE_NONE ||
-           r->route == PDGW_ROUTE_PASSTHROUGH;
+           r->route == PDGW_ROUTE_PASSTHROUGH ||
+           (r->route == PDGW_ROUTE_METRICS && r->w->srv->opts.metrics_need_key);
 }
 
 /* Everything is read: decide. */
@@ -317,9 +323,10 @@ static bool req_pd_fields(pdgw_req_t *r, pdgw_api_error_t *e)
     return true;
 }
 
-/* The checks every route passes first (client certificate, CORS preflight, route, method,
- * credentials, body size); false = answered. */
-static bool dispatch_admit(pdgw_req_t *r)
+/* The checks every route passes as soon as its headers are in, before a 100 Continue and
+ * before any body byte is held (client certificate, CORS preflight, route, method,
+ * credentials); false = answered. */
+static bool admit_head(pdgw_req_t *r)
 {
     pdgw_server_t *srv = r->w->srv;
     pdgw_gateway_metrics_t *gm = srv->opts.metrics;
@@ -354,8 +361,14 @@ static bool dispatch_admit(pdgw_req_t *r)
             return false;
         }
     }
+    return true;
+}
+
+/* The check of the body once it is read; false = answered. */
+static bool dispatch_admit(pdgw_req_t *r)
+{
     if (r->too_large) {
-        pdgw_gateway_metrics_rejected(gm, "body_too_large");
+        pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "body_too_large");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
                               "request body exceeds the limit of %llu bytes",
                               (unsigned long long)r->max_body_bytes);
@@ -565,40 +578,117 @@ static pdgw_status_t body_room(pdgw_req_t *r, size_t more)
     return pdgw_buf_reserve_exact(&r->body, want - r->body.len);
 }
 
-/* Refuse before reading the body: the connection is closed after the reply. */
+/* Refuse before reading the body. A body on its way is not read: the connection is closed
+ * after the reply. */
 static void refuse_early(pdgw_req_t *r)
 {
-    r->reply_close = true;
+    if (r->declared_len > 0 || pdgw_req_header(r, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL)
+        r->reply_close = true;
     pdgw_conn_body_done(r->cx);
+}
+
+/* Header fields that no single reading agrees on: a repeated Authorization (which key?) and
+ * a Host with white space (which authority?). NULL = none. */
+typedef struct {
+    unsigned authorization;
+    unsigned host;
+    bool host_space;
+} head_fields_t;
+
+static bool count_fields(void *cls, const char *key, const char *value)
+{
+    head_fields_t *f = cls;
+    char first = key != NULL ? (char)(key[0] | 0x20) : '\0';
+    if (first == 'a' && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) {
+        f->authorization++;
+    } else if (first == 'h' && strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        f->host++;
+        f->host_space |= value != NULL && strpbrk(value, " \t") != NULL;
+    }
+    return true;
+}
+
+static const char *head_fields_ambiguous(const pdgw_req_t *r)
+{
+    head_fields_t f = {0, 0, false};
+    pdgw_req_headers_each(r, count_fields, &f);
+    if (f.authorization > 1)
+        return "a request may carry one Authorization header";
+    if (f.host > 1 || f.host_space)
+        return "a request carries one Host header, without white space";
+    return NULL;
+}
+
+/* Take <n> bytes of the gateway's body budget for <r>; false = over it. */
+static bool body_budget_take(pdgw_req_t *r, uint64_t n)
+{
+    pdgw_server_t *srv = r->w->srv;
+    uint64_t cap = srv->opts.max_buffered_body_bytes;
+    uint64_t held = atomic_fetch_add(&srv->body_bytes_held, n) + n;
+    r->body_held += n;
+    return cap == 0 || held <= cap;
+}
+
+static void refuse_body_budget(pdgw_req_t *r)
+{
+    pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "body_budget");
+    pdgw_gateway_metrics_local_resource_error(r->w->srv->opts.metrics, "body_budget");
+    r->reply_retry_after_s = 1;
+    pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "body_budget_exhausted",
+                          "the gateway holds as many request bodies as it may "
+                          "(max_buffered_body_bytes); retry later");
+}
+
+/* The head is in: refuse now what the body cannot change; false = answered. */
+static bool admit_early(pdgw_req_t *r)
+{
+    pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;
+    const char *cl = pdgw_req_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH), *why;
+    /* First the length: a refusal below must know whether a body is on its way. */
+    if (cl != NULL)
+        r->declared_len = strtoull(cl, NULL, 10);
+    if (framing_ambiguous(r)) {
+        pdgw_gateway_metrics_rejected(gm, "ambiguous_length");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
+                              "a request may not carry both Content-Length and "
+                              "Transfer-Encoding, nor Content-Length twice");
+        return false;
+    }
+    if (r->path_refused != 0) {
+        pdgw_gateway_metrics_rejected(gm, r->path_refused == 414 ? "uri_too_long" : "bad_path");
+        if (r->path_refused == 414)
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_URI_TOO_LONG, "uri_too_long",
+                                  "%s (at most %zu bytes)", r->path_why, sizeof(r->path) - 1);
+        else
+            pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_url", "%s", r->path_why);
+        return false;
+    }
+    if ((why = head_fields_ambiguous(r)) != NULL) {
+        pdgw_gateway_metrics_rejected(gm, "ambiguous_header");
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_header", "%s", why);
+        return false;
+    }
+    if (!admit_head(r))
+        return false;
+    if (r->declared_len > r->max_body_bytes) {
+        r->too_large = true;
+        dispatch_admit(r);
+        return false;
+    }
+    if (r->declared_len > 0 && !body_budget_take(r, r->declared_len)) {
+        refuse_body_budget(r);
+        return false;
+    }
+    return true;
 }
 
 pdgw_req_t *pdgw_http_begin(pdgw_worker_t *w, const pdgw_http_origin_t *o)
 {
     pdgw_req_t *r = req_new(w, o);
-    const char *cl;
     if (r == NULL)
         return NULL;
-    if (framing_ambiguous(r)) {
-        pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "ambiguous_length");
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
-                              "a request may not carry both Content-Length and "
-                              "Transfer-Encoding, nor Content-Length twice");
+    if (r->reply_ready || !admit_early(r))
         refuse_early(r);
-        return r;
-    }
-    cl = pdgw_req_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (cl) {
-        unsigned long long n = strtoull(cl, NULL, 10);
-        r->declared_len = n;
-        if (n > r->max_body_bytes) {
-            r->too_large = true;
-            pdgw_gateway_metrics_rejected(w->srv->opts.metrics, "body_too_large");
-            pdgw_req_reply_errorf(r, PDGW_API_ERR_TOO_LARGE, "request_too_large",
-                                  "request body exceeds the limit of %llu bytes",
-                                  (unsigned long long)r->max_body_bytes);
-            refuse_early(r);
-        }
-    }
     return r;
 }
 
@@ -608,6 +698,13 @@ bool pdgw_http_body(pdgw_req_t *r, const char *data, size_t len)
         return true; /* read and dropped */
     if (r->body.len + len > r->max_body_bytes) {
         r->too_large = true;
+        pdgw_buf_free(&r->body);
+        return true;
+    }
+    /* A body of unknown length takes its budget as it comes. */
+    if (r->body.len + len > r->body_held &&
+        !body_budget_take(r, r->body.len + len - r->body_held)) {
+        refuse_body_budget(r);
         pdgw_buf_free(&r->body);
         return true;
     }
@@ -662,7 +759,9 @@ enum MHD_Result pdgw_http_access(void *cls, struct MHD_Connection *conn, const c
         if (r == NULL)
             return MHD_NO;
         *con_cls = r;
-        if (r->reply_ready) /* refused before the body; MHD closes after the reply */
+        /* Refused before a body: MHD closes after a reply queued now. A request without
+         * a body is answered on the next call instead, which keeps its connection. */
+        if (r->reply_ready && r->reply_close)
             return pdgw_sink_queue_reply(r);
         return MHD_YES;
     }

@@ -272,6 +272,23 @@ static int leg_h1_body(void *arg, const char *data, size_t len)
 
 static void leg_finish(pdgw_leg_t *leg);
 
+/* A transfer that ended well: is its status an answer? 4xx and 5xx are errors; so is a
+ * bodiless 2xx (204, 205) to a stream request, which carries no events: relaying it as 200
+ * and [DONE] would tell the client that an empty answer came. */
+static void leg_status_verdict(pdgw_leg_t *leg)
+{
+    if (leg->status >= 400) {
+        leg->err = PDGW_LEGERR_STATUS;
+        snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream %s answered HTTP %ld", leg->inst->id,
+                 leg->status);
+    } else if (leg->sse && !leg->raw && (leg->status == 204 || leg->status == 205)) {
+        leg->err = PDGW_LEGERR_PROTOCOL;
+        snprintf(leg->errmsg, sizeof(leg->errmsg),
+                 "upstream %s answered HTTP %ld (no content) to a stream request", leg->inst->id,
+                 leg->status);
+    }
+}
+
 /* A native transfer ended: the same verdicts as libcurl's codes give (pdgw_leg_on_done). */
 static void leg_h1_done(void *arg, pdgw_h1_result_t res, int os_errno, const char *msg)
 {
@@ -281,11 +298,7 @@ static void leg_h1_done(void *arg, pdgw_h1_result_t res, int os_errno, const cha
     if (leg->err == PDGW_LEGERR_NONE) {
         switch (res) {
         case PDGW_H1_OK:
-            if (leg->status >= 400) {
-                leg->err = PDGW_LEGERR_STATUS;
-                snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream %s answered HTTP %ld",
-                         leg->inst->id, leg->status);
-            }
+            leg_status_verdict(leg);
             break;
         case PDGW_H1_E_LOCAL:
             leg->err = PDGW_LEGERR_LOCAL;
@@ -508,11 +521,7 @@ void pdgw_leg_on_done(pdgw_leg_t *leg, CURLcode rc)
     if (leg->err == PDGW_LEGERR_NONE) {
         switch (rc) {
         case CURLE_OK:
-            if (leg->status >= 400) {
-                leg->err = PDGW_LEGERR_STATUS;
-                snprintf(leg->errmsg, sizeof(leg->errmsg), "upstream %s answered HTTP %ld",
-                         leg->inst->id, leg->status);
-            }
+            leg_status_verdict(leg);
             break;
         case CURLE_OUT_OF_MEMORY:
             leg->err = PDGW_LEGERR_LOCAL;

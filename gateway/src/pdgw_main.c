@@ -303,6 +303,10 @@ static void server_opts_from_config(const pdgw_config_t *c, json_t *options, pdg
     o->max_body_bytes = c->max_body_bytes;
     o->client_buffer_size = c->client_buffer_size;
     o->request_timeout_ms = c->request_timeout_ms;
+    o->max_buffered_body_bytes = c->max_buffered_body_bytes;
+    o->max_request_timeout_ms = c->max_request_timeout_ms;
+    o->admin_untrusted_loopback = !c->admin_trust_loopback;
+    o->metrics_need_key = c->metrics_need_key;
     o->connect_timeout_ms = c->connect_timeout_ms;
     o->first_byte_timeout_ms = c->first_byte_timeout_ms;
     o->idle_timeout_ms = c->idle_timeout_ms;

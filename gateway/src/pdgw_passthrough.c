@@ -20,6 +20,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_json_load.h"
 #include "pdgw_log.h"
+#include "pdgw_path.h"
 
 #define PT_PROTOCOL "passthrough" /* protocol label of its upstream-error metrics */
 
@@ -110,13 +111,14 @@ static bool add_query_arg(void *cls, const char *key, const char *value)
     return true;
 }
 
-/* r->path plus the client's query (re-encoded from its decoded arguments). */
+/* r->path re-encoded (pdgw_path.c: no byte of it can end the request line) plus the
+ * client's query (re-encoded from its decoded arguments). */
 static char *pt_target(pdgw_req_t *r)
 {
     pdgw_buf_t out = PDGW_BUF_INIT;
     query_ctx_t q = {&out, true, true};
     size_t len;
-    q.ok = pdgw_buf_append(&out, r->path, strlen(r->path)) == PDGW_OK;
+    q.ok = pdgw_path_encode(&out, r->path) == PDGW_OK;
     pdgw_req_query_each(r, add_query_arg, &q);
     if (!q.ok || out.len >= 1000) { /* the leg's URL buffer holds about 1 KiB */
         pdgw_buf_free(&out);
@@ -255,11 +257,11 @@ void pdgw_pt_start(pdgw_wf_t *wf)
 
 /* ---------------------------------------------------------------- response */
 
-/* Headers the gateway sets itself or that belong to one hop (RFC 9110 7.6.1). */
+/* Headers the gateway sets itself or that belong to one hop (RFC 9110 7.6.1). Connection
+ * is kept until the headers go out: the fields it names are dropped with it. */
 static bool pt_header_own(const char *name, size_t n)
 {
-    static const char *const own[] = {"connection",
-                                      "keep-alive",
+    static const char *const own[] = {"keep-alive",
                                       "proxy-connection",
                                       "transfer-encoding",
                                       "te",
@@ -313,6 +315,19 @@ void pdgw_pt_on_header(pdgw_leg_t *leg, const char *line, size_t len)
         wf->pt_headers.len = mark; /* out of memory: only whole pairs stay */
 }
 
+/* Does a Connection field among the engine's headers <h> name <name> (RFC 9110 7.6.1)? */
+static bool pt_connection_names(const pdgw_buf_t *h, const char *name)
+{
+    size_t off = 0;
+    while (off < h->len) {
+        const char *n = h->data + off, *v = n + strlen(n) + 1;
+        if (strcasecmp(n, "connection") == 0 && pdgw_h1_list_has(v, strlen(v), name))
+            return true;
+        off = (size_t)(v - h->data) + strlen(v) + 1;
+    }
+    return false;
+}
+
 void pdgw_pt_add_headers(const pdgw_req_t *r, pdgw_hdr_out_t *out)
 {
     const pdgw_buf_t *h = &r->wf->pt_headers; /* only a pass-through (with a workflow) */
@@ -320,7 +335,8 @@ void pdgw_pt_add_headers(const pdgw_req_t *r, pdgw_hdr_out_t *out)
     while (off < h->len) {
         const char *name = h->data + off;
         const char *value = name + strlen(name) + 1;
-        pdgw_hdr_add(out, name, value);
+        if (strcasecmp(name, "connection") != 0 && !pt_connection_names(h, name))
+            pdgw_hdr_add(out, name, value);
         off = (size_t)(value - h->data) + strlen(value) + 1;
     }
 }

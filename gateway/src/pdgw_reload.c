@@ -504,7 +504,18 @@ json_t *pdgw_reload_run(pdgw_reload_t *rl, const char *trigger)
         if (rl->hook[h].commit != NULL)
             rl->hook[h].commit(rl->hook[h].ctx, &txn, state[h]);
     log_outcome(trigger, &txn, hash, next.config_file);
-    res = result_json("ok", "config reloaded", &txn, hash);
+    if (txn.n_kept > 0) {
+        /* Not "reloaded": what needs a restart still runs with its old value. */
+        char msg[600];
+        size_t used = (size_t)snprintf(msg, sizeof(msg),
+                                       "config reloaded in part; not applied until a restart:");
+        for (size_t i = 0; i < txn.n_kept && used < sizeof(msg); i++)
+            used += (size_t)snprintf(msg + used, sizeof(msg) - used, "%s %s", i ? "," : "",
+                                     txn.kept[i]);
+        res = result_json("partial", msg, &txn, hash);
+    } else {
+        res = result_json("ok", "config reloaded", &txn, hash);
+    }
     /* The candidate (holding the kept values) becomes the running config. */
     pdgw_config_free(&rl->cur);
     rl->cur = next;

@@ -26,16 +26,26 @@ static hooks_ctx_t the_ctx; /* one gateway per process */
 
 static const char *const auth_keys[] = {"api_keys", "api_key_file", "admin_api_key", NULL};
 
-/* Built on every reload: a key file may have changed under the same name. */
+/* Built on every reload: a key file may have changed under the same name. A file that drops
+ * every API key (a lost line, a key file that moved) fails closed: the reload is refused
+ * unless the file says `api_keys: []`. */
 static pdgw_status_t auth_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state, char *err,
                                   size_t errlen)
 {
+    hooks_ctx_t *c = ctx;
     const pdgw_config_t *next = pdgw_reload_txn_next(txn);
     pdgw_auth_t *fresh = NULL;
     pdgw_status_t st;
-    (void)ctx;
     st = pdgw_auth_create((const char *const *)next->api_keys.items, next->api_keys.count,
                           next->api_key_file, err, errlen, &fresh);
+    if (st == PDGW_OK && pdgw_auth_key_count(c->auth) > 0 && pdgw_auth_key_count(fresh) == 0 &&
+        !next->api_keys_cleared) {
+        snprintf(err, errlen,
+                 "the new config has no API key (the running one has %zu): say `api_keys: []` "
+                 "to turn authentication off",
+                 pdgw_auth_key_count(c->auth));
+        st = PDGW_ERR_INVALID;
+    }
     if (st == PDGW_OK)
         st = pdgw_auth_set_admin_key(fresh, next->admin_api_key, err, errlen);
     if (st != PDGW_OK) {

@@ -194,6 +194,9 @@ void pdgw_req_finalize(pdgw_req_t *r, bool client_disconnected)
     if (r->info_valid)
         pdgw_request_info_release(&r->info);
     json_decref(r->json);
+    if (r->body_held > 0)
+        atomic_fetch_sub(&srv->body_bytes_held, r->body_held);
+    r->body_held = 0;
     pdgw_buf_free(&r->body);
     pdgw_buf_free(&r->fwd_headers);
     pdgw_buf_free(&r->out);

@@ -46,6 +46,26 @@ void pdgw_req_headers_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
     }
 }
 
+/* libmicrohttpd splits the query and turns '+' into spaces but leaves the escapes
+ * (mhd_keep_escapes, pdgw_server.c): each argument is decoded here. */
+static enum MHD_Result mhd_query_pair(void *cls, enum MHD_ValueKind kind, const char *name,
+                                      const char *value)
+{
+    mhd_walk_t *walk = cls;
+    size_t nn = strlen(name), vn = value ? strlen(value) : 0;
+    char *scratch = pdgw_malloc(nn + vn + 2);
+    bool go;
+    (void)kind;
+    if (scratch == NULL)
+        return MHD_NO;
+    pdgw_front_query_decode(name, nn, scratch);
+    if (value != NULL)
+        pdgw_front_query_decode(value, vn, scratch + nn + 1);
+    go = walk->fn(walk->arg, scratch, value ? scratch + nn + 1 : NULL);
+    pdgw_free(scratch);
+    return go ? MHD_YES : MHD_NO;
+}
+
 void pdgw_req_query_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
 {
     mhd_walk_t walk = {fn, arg};
@@ -60,6 +80,6 @@ void pdgw_req_query_each(const pdgw_req_t *r, pdgw_pair_fn fn, void *arg)
         pdgw_front_query_each(q, scratch, fn, arg);
         pdgw_free(scratch);
     } else if (r->conn != NULL) {
-        MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, mhd_pair, &walk);
+        MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, mhd_query_pair, &walk);
     }
 }

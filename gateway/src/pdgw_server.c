@@ -64,6 +64,7 @@ void pdgw_server_opts_init(pdgw_server_opts_t *o)
     o->max_body_bytes = 16u << 20;
     o->client_buffer_size = 5u << 10;
     o->request_timeout_ms = 600000;
+    o->max_buffered_body_bytes = 256u << 20;
     o->connect_timeout_ms = 3000;
     o->first_byte_timeout_ms = 300000;
     o->idle_timeout_ms = 60000;
@@ -596,6 +597,15 @@ static void worker_close(pdgw_worker_t *w)
     pthread_mutex_destroy(&w->wake_lock);
 }
 
+/* libmicrohttpd leaves the path and the query's arguments as they came: the request path
+ * decodes them itself (pdgw_path.c, pdgw_req_query_each), alike for both front ends. */
+static size_t mhd_keep_escapes(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    return strlen(s);
+}
+
 /* frontend: mhd. A libmicrohttpd daemon on its own epoll set, which the worker's set watches. */
 static pdgw_status_t mhd_open(pdgw_server_t *srv, pdgw_worker_t *w, const struct sockaddr *addr,
                               char *err, size_t errlen)
@@ -614,8 +624,9 @@ static pdgw_status_t mhd_open(pdgw_server_t *srv, pdgw_worker_t *w, const struct
         flags, 0, pdgw_conn_accept, w, pdgw_http_access, w, MHD_OPTION_SOCK_ADDR, addr,
         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
         NULL, MHD_OPTION_NOTIFY_COMPLETED, pdgw_http_completed, w, MHD_OPTION_NOTIFY_CONNECTION,
-        pdgw_conn_notify, w, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-        MHD_OPTION_CONNECTION_LIMIT, srv->conn_limit + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        pdgw_conn_notify, w, MHD_OPTION_UNESCAPE_CALLBACK, mhd_keep_escapes, NULL,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT,
+        srv->conn_limit + 16u, MHD_OPTION_LISTEN_BACKLOG_SIZE,
         /* client_buffer_size per connection: request headers, upload chunks and the
          * write buffer of a stream MHD writes itself. Small pools keep 10,000 open
          * streams in a few hundred MiB. */

@@ -51,7 +51,11 @@ typedef struct pdgw_server_opts {
     const json_t *protocol_options; /* JSON object; NULL = {} */
     uint64_t max_body_bytes;
     uint64_t client_buffer_size; /* per client connection: request line, headers, body pieces */
+    uint64_t max_buffered_body_bytes; /* all requests' bodies at once; 0 = no budget */
     uint64_t request_timeout_ms;
+    uint64_t max_request_timeout_ms; /* cap of X-Request-Timeout; 0 = request_timeout */
+    bool admin_untrusted_loopback;   /* admin writes need admin_api_key from loopback too */
+    bool metrics_need_key;           /* /metrics behind the API keys */
     uint64_t connect_timeout_ms;
     uint64_t first_byte_timeout_ms;
     uint64_t idle_timeout_ms;

@@ -89,6 +89,7 @@ struct pdgw_server {
     struct pdgw_routing *routing; /* tokenize cache, selective PD counters (pdgw_route.h) */
     /* Reloadable (pdgw_server_reload.c): request limits a request copies when it arrives,
      * and the forwarder context new requests take a reference to. */
+    atomic_uint_fast64_t body_bytes_held; /* request bodies of all requests (budget) */
     atomic_uint_fast64_t live_max_body_bytes;
     atomic_uint_fast64_t live_request_timeout_ms;
     atomic_uint live_retries;
@@ -276,11 +277,14 @@ struct pdgw_req {
     uint64_t t_start_ms;
     pdgw_route_t route;
     const char *method;
-    char path[128];
-    char *admin_path; /* /admin/instances only: the part after the prefix (owned) */
+    char path[256];       /* the routing path (pdgw_path.c): decoded but %2F, %3F, %25 */
+    int path_refused;     /* 0, or the status refusing the path (400, 414) */
+    const char *path_why; /* what path_refused says (static text) */
+    char *admin_path;     /* /admin/instances only: the part after the prefix (owned) */
     /* body */
     pdgw_buf_t body;
     uint64_t declared_len; /* Content-Length, 0 when absent: the body buffer grows to it exactly */
+    uint64_t body_held;    /* bytes this request holds of srv->body_bytes_held */
     bool too_large;
     bool counted;    /* counted in server->inflight */
     bool dispatched; /* the whole request was in and was decided on (dispatch ran) */

@@ -777,6 +777,16 @@ static const char *size_text(char *buf, size_t v)
     return p;
 }
 
+/* Could <s> end the request line early or start a header (a control byte or a space)?
+ * Callers encode their targets; this is the last line of defence, as libcurl has one. */
+static bool breaks_request_line(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s <= 0x20 || *s == 0x7f)
+            return true;
+    return false;
+}
+
 pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const char *method,
                                  const char *url)
 {
@@ -785,7 +795,7 @@ pdgw_status_t pdgw_h1_xfer_begin(pdgw_h1_xfer_t *x, pdgw_h1_client_t *c, const c
     char *p;
     if (x->running)
         return PDGW_ERR_INVALID;
-    if (!pdgw_h1_url_supported(url))
+    if (!pdgw_h1_url_supported(url) || breaks_request_line(url) || breaks_request_line(method))
         return PDGW_ERR_INVALID;
     x->up = up_find(c, url);
     if (x->up == NULL)

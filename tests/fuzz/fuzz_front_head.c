@@ -7,8 +7,10 @@
  * at a time; a head is parsed from an allocation of exactly its size (an over-read is caught);
  * an accepted head must hold what the request path relies on (a token method, a path starting
  * with '/' or "*", header names that are tokens, values without line breaks, the lookup finds
- * each name); a refusal is one of the statuses the front end sends. The body is read whole
- * and byte by byte with the same result. Never a crash, leak or over-read.
+ * each name); a refusal is one of the statuses the front end sends. An accepted path that the
+ * request path routes (pdgw_path.c) becomes an upstream target without CR, LF, space or any
+ * other control byte: no escape smuggles a second request line. The body is read whole and
+ * byte by byte with the same result. Never a crash, leak or over-read.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -17,6 +19,7 @@
 #include <strings.h>
 
 #include "pdgw_front.h"
+#include "pdgw_path.h"
 #include "pdgw_upstream_h1.h"
 
 typedef struct {
@@ -55,6 +58,19 @@ static void check_head(const pdgw_front_head_t *h, size_t head_len)
         abort();
     if (h->version_minor != 0 && h->version_minor != 1)
         abort();
+    {
+        char routed[256];
+        const char *why;
+        pdgw_buf_t target = PDGW_BUF_INIT;
+        if (pdgw_path_clean(h->path, routed, sizeof(routed), &why) == 0) {
+            if (pdgw_path_encode(&target, routed) != PDGW_OK)
+                abort();
+            for (size_t k = 0; k < target.len; k++)
+                if ((unsigned char)target.data[k] <= 0x20 || target.data[k] == 0x7f)
+                    abort();
+            pdgw_buf_free(&target);
+        }
+    }
     if (h->n_headers > PDGW_FRONT_MAX_HEADERS)
         abort();
     for (i = 0; i < h->n_headers; i++) {

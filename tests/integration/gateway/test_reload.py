@@ -304,6 +304,10 @@ def test_reload_keeps_restart_only_options():
     assert status == 200, raw
     assert sorted(parsed["needs_restart"]) == ["listen", "workers"], parsed
     assert parsed["applied"] == ["prefill_policy"], parsed
+    # Not reported as reloaded: what needs a restart is named as not applied.
+    assert parsed["result"] == "partial", parsed
+    assert "not applied until a restart" in parsed["message"], parsed
+    assert "listen" in parsed["message"] and "workers" in parsed["message"], parsed
     T.wait_http(port, "/ready", proc=gw)
     status, _, _, _ = T.post_json(port, "/v1/chat/completions",
                                   {"model": MODEL, "max_tokens": 4,
@@ -452,7 +456,38 @@ def test_protocol_options_kept_when_not_live():
         D.proc.kill()
 
 
+def test_reload_without_keys_fails_closed():
+    """A reloaded file that drops every API key is refused (the keys stay in force) unless it
+    says `api_keys: []` in so many words."""
+    _, pb = start_sim("sim-k")
+    port = T.free_port()
+    d = tempfile.mkdtemp(prefix="pdgw-reload-")
+    path = os.path.join(d, "pdgw.yaml")
+    key = {"Authorization": "Bearer sk-one"}
+    write(path, config_text(port, [("b", pb)], "api_keys: [sk-one]"))
+    gw = T.Proc("pdgw", [T.binary("pdgw"), "--config", path])
+    T.wait_http(port, "/ready", proc=gw)
+    write(path, config_text(port, [("b", pb)]))  # the keys' line lost
+    status, _, parsed, raw = T.post_json(port, "/admin/reload", {}, key)
+    assert status == 400, (status, raw)
+    assert "api_keys: []" in parsed["error"]["message"], parsed
+    st, _, _ = T.request("GET", port, "/v1/models")
+    assert st == 401, f"keys dropped by a refused reload: {st}"
+    gw.signal(signal.SIGHUP)
+    wait_for("the refused SIGHUP", lambda: reloads(port, "error", key) == 2)
+    st, _, _ = T.request("GET", port, "/v1/models")
+    assert st == 401, st
+    # Said explicitly: authentication goes off.
+    write(path, config_text(port, [("b", pb)], "api_keys: []"))
+    status, _, parsed, raw = T.post_json(port, "/admin/reload", {}, key)
+    assert status == 200 and parsed["result"] == "ok", (status, raw)
+    st, _, _ = T.request("GET", port, "/v1/models")
+    assert st == 200, st
+    gw.signal(signal.SIGTERM)
+    assert gw.wait(timeout=30) == 0
+
+
 if __name__ == "__main__":
-    T.run([test_sighup_under_load, test_removed_instance_finishes_its_stream,
+    T.run([test_reload_without_keys_fails_closed, test_sighup_under_load, test_removed_instance_finishes_its_stream,
            test_reload_keeps_restart_only_options, test_request_limits_apply_live,
            test_protocol_options_apply_live, test_protocol_options_kept_when_not_live])

@@ -129,7 +129,10 @@ static void test_apply_and_keep(void **state)
     p.keep_decode_policy = true;
     res = pdgw_reload_run(rl, "test");
     assert_non_null(res);
-    assert_string_equal(json_string_value(json_object_get(res, "result")), "ok");
+    /* kept keys make it a partial reload, never plainly "reloaded" */
+    assert_string_equal(json_string_value(json_object_get(res, "result")), "partial");
+    assert_non_null(
+        strstr(json_string_value(json_object_get(res, "message")), "not applied until a restart"));
     assert_true(json_list_has(json_object_get(res, "applied"), "log_level"));
     assert_false(json_list_has(json_object_get(res, "applied"), "workers"));
     assert_true(json_list_has(json_object_get(res, "needs_restart"), "workers"));
