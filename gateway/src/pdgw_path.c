@@ -73,12 +73,13 @@ int pdgw_path_clean(const char *raw, char *out, size_t cap, const char **why)
             n += 3;
             s += 2;
             continue;
-        } else if (*s == '%') {
-            /* a '%' that starts no escape is kept as one, so that the routing path holds
-             * a '%' only as the start of an escape */
+        } else if (*s == '%' || *s == '?') {
+            /* A '%' that starts no escape is kept as one, so that the routing path holds a
+             * '%' only as the start of an escape; a '?' (the front ends split the query off
+             * before, so only a caller's own) as the escape it would go upstream as. */
             if (n + 3 >= cap)
                 return refuse(why, "request path too long", 414);
-            memcpy(out + n, "%25", 3);
+            memcpy(out + n, *s == '%' ? "%25" : "%3F", 3);
             n += 3;
             continue;
         } else {

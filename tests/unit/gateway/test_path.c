@@ -59,6 +59,9 @@ static void test_decodes_for_routing(void **state)
     assert_string_equal(p, "/v1/100%25");
     assert_int_equal(clean("/v1/%%32%46", p), 0); /* '%' '2' 'F', not an escape of '/' */
     assert_string_equal(p, "/v1/%252F");
+    /* a raw '?' (the front ends split the query off first) is the escape it goes up as */
+    assert_int_equal(clean("/v1/a?b", p), 0);
+    assert_string_equal(p, "/v1/a%3Fb");
     assert_int_equal(clean("*", p), 0);
     assert_string_equal(p, "*");
 }
