@@ -15,6 +15,11 @@
  * While a replay is outstanding live messages are dropped: the replay
  * brings them back, and a batch published after the replay was served
  * shows up as one more gap, answered by one more replay.
+ *
+ * Messages are bounded (KVEV_MAX_MSG_BYTES). ZeroMQ drops a connection that
+ * sends more, as a protocol error, and does not reconnect after one: a socket
+ * monitor sees the disconnect and the sockets are opened again, so one bad
+ * frame cannot silence an engine's events for good.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,11 +39,18 @@
  * this long after joining, closes that window. */
 #define CATCHUP_DELAY_MS 1000
 #define MAX_FRAMES       4
+/* Largest message taken from a publisher or its replay ROUTER. A batch of a 128k-token
+ * prompt's blocks (hashes and token ids) is well under 1 MiB; a larger frame is garbage or
+ * an attack: ZeroMQ drops the connection without buffering it, and the socket reconnects. */
+#define KVEV_MAX_MSG_BYTES ((int64_t)16 << 20)
 
 typedef struct sub_conn {
     uint64_t uid;
     int slot;
     void *sub, *replay;
+    void *mon[2]; /* PAIRs reading the disconnects of sub and replay (socket monitors) */
+    bool reopen;  /* a monitored socket lost its connection: open both again */
+    bool reopen_logged;
     char *endpoint, *replay_endpoint;
     bool have_seq;
     uint64_t next_seq;  /* next seq to apply (live or replayed) */
@@ -115,11 +127,41 @@ sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, 
 
 static void conn_close(sub_conn_t *c)
 {
-    if (c->sub)
-        zmq_close(c->sub);
-    if (c->replay)
-        zmq_close(c->replay);
+    void *socks[2] = {c->sub, c->replay};
+    for (int i = 0; i < 2; i++) {
+        if (socks[i] && c->mon[i])
+            zmq_socket_monitor(socks[i], NULL, 0);
+        if (c->mon[i])
+            zmq_close(c->mon[i]);
+        c->mon[i] = NULL;
+        if (socks[i])
+            zmq_close(socks[i]);
+    }
     c->sub = c->replay = NULL;
+}
+
+/* Watch <sock>'s disconnects on a PAIR of its own (NULL when monitoring is unavailable:
+ * the socket then works, only without the reopening). */
+static void *monitor_open(sched_kvev_sub_t *sub, sub_conn_t *c, void *sock, int which)
+{
+    /* A name of its own each time: a stopped monitor may still hold its old one. */
+    static _Atomic uint64_t serial;
+    char ep[96];
+    int zero = 0;
+    void *pair;
+    snprintf(ep, sizeof(ep), "inproc://pdsched-kvev-mon-%p-%d-%llu", (void *)c, which,
+             (unsigned long long)atomic_fetch_add(&serial, 1));
+    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_DISCONNECTED) != 0)
+        return NULL;
+    pair = zmq_socket(sub->ctx, ZMQ_PAIR);
+    if (pair == NULL)
+        return NULL;
+    zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof(zero));
+    if (zmq_connect(pair, ep) != 0) {
+        zmq_close(pair);
+        return NULL;
+    }
+    return pair;
 }
 
 static void conn_free(sub_conn_t *c)
@@ -133,12 +175,15 @@ static void conn_free(sub_conn_t *c)
 static sched_status_t conn_open(sched_kvev_sub_t *sub, sub_conn_t *c)
 {
     int zero = 0;
+    int64_t maxmsg = KVEV_MAX_MSG_BYTES;
 
     c->sub = zmq_socket(sub->ctx, ZMQ_SUB);
     if (!c->sub)
         return SCHED_ERR_IO;
     zmq_setsockopt(c->sub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(c->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     zmq_setsockopt(c->sub, ZMQ_SUBSCRIBE, "", 0);
+    c->mon[0] = monitor_open(sub, c, c->sub, 0);
     if (zmq_connect(c->sub, c->endpoint) != 0) {
         logf_(sub, SCHED_LOG_WARN, "kv events: cannot connect to %s: %s", c->endpoint,
               zmq_strerror(zmq_errno()));
@@ -149,6 +194,8 @@ static sched_status_t conn_open(sched_kvev_sub_t *sub, sub_conn_t *c)
         if (!c->replay)
             return SCHED_ERR_IO;
         zmq_setsockopt(c->replay, ZMQ_LINGER, &zero, sizeof(zero));
+        zmq_setsockopt(c->replay, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        c->mon[1] = monitor_open(sub, c, c->replay, 1);
         if (zmq_connect(c->replay, c->replay_endpoint) != 0) {
             logf_(sub, SCHED_LOG_WARN, "kv events: cannot connect to replay %s: %s",
                   c->replay_endpoint, zmq_strerror(zmq_errno()));
@@ -368,6 +415,7 @@ static void on_live(sched_kvev_sub_t *sub, sub_conn_t *c)
     apply_payload(sub, c, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
     c->have_seq = true;
     c->next_seq = seq + 1;
+    c->reopen_logged = false;
 out:
     for (int i = 0; i < n && i < MAX_FRAMES; i++)
         zmq_msg_close(&f[i]);
@@ -416,18 +464,52 @@ out:
         zmq_msg_close(&f[i]);
 }
 
+/* A monitor says its socket lost the connection: drain the events, mark the reopening. */
+static void on_monitor(sub_conn_t *c, void *pair)
+{
+    zmq_msg_t f[MAX_FRAMES];
+    int n;
+    while (recv_multipart(pair, f, &n) == 0) {
+        for (int i = 0; i < n && i < MAX_FRAMES; i++)
+            zmq_msg_close(&f[i]);
+        c->reopen = true;
+    }
+}
+
+/* Open the sockets of <c> again after a lost connection. What was published meanwhile shows
+ * as a gap on the next live message, which asks the replay for it. */
+static void conn_reopen(sched_kvev_sub_t *sub, sub_conn_t *c)
+{
+    c->reopen = false;
+    c->replaying = false;
+    conn_close(c);
+    if (!c->reopen_logged)
+        logf_(sub, SCHED_LOG_WARN,
+              "kv events: %s dropped the connection (a message over %lld bytes or a protocol "
+              "error); connecting again",
+              c->endpoint, (long long)KVEV_MAX_MSG_BYTES);
+    c->reopen_logged = true;
+    atomic_fetch_add(&sub->bad, 1);
+    if (conn_open(sub, c) != SCHED_OK)
+        logf_(sub, SCHED_LOG_WARN, "kv events: cannot open %s again", c->endpoint);
+}
+
 void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
 {
-    zmq_pollitem_t items[2 * SCHED_KVEV_MAX_SLOTS];
-    sub_conn_t *owner[2 * SCHED_KVEV_MAX_SLOTS];
+    zmq_pollitem_t items[4 * SCHED_KVEV_MAX_SLOTS];
+    sub_conn_t *owner[4 * SCHED_KVEV_MAX_SLOTS];
     int n = 0;
     uint64_t now;
 
     pthread_mutex_lock(&sub->mu);
     reap_removed(sub);
     now = now_ms();
-    for (size_t i = 0; i < sub->n_conns && n + 2 <= (int)(sizeof(items) / sizeof(items[0])); i++) {
+    for (size_t i = 0; i < sub->n_conns && n + 4 <= (int)(sizeof(items) / sizeof(items[0])); i++) {
         sub_conn_t *c = sub->conns[i];
+        if (c->reopen)
+            conn_reopen(sub, c);
+        if (c->sub == NULL)
+            continue;
         if (c->replaying && now >= c->replay_deadline_ms) {
             /* No answer: take live messages again, as they come. */
             c->replaying = false;
@@ -454,6 +536,11 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
             items[n] = (zmq_pollitem_t){.socket = c->replay, .events = ZMQ_POLLIN};
             owner[n++] = c;
         }
+        for (int m = 0; m < 2; m++)
+            if (c->mon[m]) {
+                items[n] = (zmq_pollitem_t){.socket = c->mon[m], .events = ZMQ_POLLIN};
+                owner[n++] = c;
+            }
     }
     pthread_mutex_unlock(&sub->mu);
     /* Sockets are only closed by this thread (reap_removed), so polling
@@ -469,6 +556,10 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
     for (int i = 0; i < n; i++) {
         if (!(items[i].revents & ZMQ_POLLIN))
             continue;
+        if (items[i].socket == owner[i]->mon[0] || items[i].socket == owner[i]->mon[1]) {
+            on_monitor(owner[i], items[i].socket);
+            continue;
+        }
         /* Drain what is queued, bounded so one chatty engine cannot starve. */
         for (int k = 0; k < 256; k++) {
             int ev = 0;
