@@ -68,6 +68,7 @@ static const key_desc_t keys[] = {
     KEY(transfer_max_conns_per_peer, K_U32),
     KEY(transfer_max_pending, K_U32),
     KEY(transfer_max_conns_per_addr, K_U32),
+    KEY(transfer_max_pending_per_addr, K_U32),
     KEY(transfer_addr_prefix_v6, K_U32),
     KEY(transfer_hello_timeout, K_SECONDS),
     KEY(transfer_idle_timeout, K_SECONDS),
@@ -669,6 +670,8 @@ size_t kvt_config_to_json(const kvt_config_t *c, char *buf, size_t size)
     json_object_set_new(o, "transfer_max_pending", json_integer(c->transfer_max_pending));
     json_object_set_new(o, "transfer_max_conns_per_addr",
                         json_integer(c->transfer_max_conns_per_addr));
+    json_object_set_new(o, "transfer_max_pending_per_addr",
+                        json_integer(c->transfer_max_pending_per_addr));
     json_object_set_new(o, "transfer_addr_prefix_v6", json_integer(c->transfer_addr_prefix_v6));
     json_object_set_new(o, "transfer_hello_timeout", json_real(c->transfer_hello_timeout));
     json_object_set_new(o, "transfer_idle_timeout", json_real(c->transfer_idle_timeout));

@@ -702,6 +702,7 @@ static kvt_status_t transport_open(kvt_engine_t *e, uint16_t data_port)
     tc.max_conns_per_peer = e->cfg.transfer_max_conns_per_peer;
     tc.max_pending = e->cfg.transfer_max_pending;
     tc.max_conns_per_addr = e->cfg.transfer_max_conns_per_addr;
+    tc.max_pending_per_addr = e->cfg.transfer_max_pending_per_addr;
     tc.addr_prefix_v6 = e->cfg.transfer_addr_prefix_v6;
     tc.hello_timeout_ms = sec_to_ms(e->cfg.transfer_hello_timeout);
     tc.idle_timeout_ms = sec_to_ms(e->cfg.transfer_idle_timeout);

@@ -486,6 +486,8 @@ static kvt_status_t tcp_create(const kvt_tl_config_t *cfg, const kvt_tl_callback
         cfg->idle_timeout_ms ? cfg->idle_timeout_ms : KVT_TCP_DEF_IDLE_TIMEOUT_MS;
     tl->lim.max_conns_per_addr =
         cfg->max_conns_per_addr ? cfg->max_conns_per_addr : KVT_TCP_DEF_MAX_CONNS_PER_ADDR;
+    tl->lim.max_pending_per_addr =
+        cfg->max_pending_per_addr ? cfg->max_pending_per_addr : KVT_TCP_DEF_MAX_PENDING_PER_ADDR;
     tl->lim.addr_prefix_v6 = cfg->addr_prefix_v6 ? cfg->addr_prefix_v6 : KVT_TCP_DEF_ADDR_PREFIX_V6;
     if (tl->lim.addr_prefix_v6 > 128)
         tl->lim.addr_prefix_v6 = 128;

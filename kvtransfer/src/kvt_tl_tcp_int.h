@@ -53,7 +53,11 @@
 #define KVT_TCP_DEF_HELLO_TIMEOUT_MS   5000   /* accept -> HELLO complete */
 #define KVT_TCP_DEF_IDLE_TIMEOUT_MS    300000 /* no frame started for this long -> BYE */
 #define KVT_TCP_DEF_MAX_CONNS_PER_ADDR 128    /* lanes from one source address / IPv6 prefix */
-#define KVT_TCP_DEF_ADDR_PREFIX_V6     64     /* one IPv6 host holds a whole /64 */
+/* Lanes from one source before their HELLO: a peer opens its lanes (2 to 4) at once, so 8
+ * leaves room for a restart; one source can no longer fill the global max_pending and keep
+ * every other peer's lanes out. */
+#define KVT_TCP_DEF_MAX_PENDING_PER_ADDR 8
+#define KVT_TCP_DEF_ADDR_PREFIX_V6       64 /* one IPv6 host holds a whole /64 */
 
 enum {
     KVT_TCP_OP_HELLO = 1,
@@ -160,6 +164,7 @@ typedef struct tcp_limits {
     unsigned hello_timeout_ms;
     unsigned idle_timeout_ms;
     unsigned max_conns_per_addr;
+    unsigned max_pending_per_addr;
     unsigned addr_prefix_v6;
 } tcp_limits_t;
 

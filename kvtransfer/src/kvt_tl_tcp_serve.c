@@ -6,7 +6,8 @@
  * (one thread each, small stacks), at most lim.max_pending of them before
  * their HELLO, at most lim.max_conns_per_peer per peer id, at most
  * lim.max_conns_per_addr from one source address (IPv6: from one
- * lim.addr_prefix_v6 prefix, a /64 by default). A lane must
+ * lim.addr_prefix_v6 prefix, a /64 by default), of which at most
+ * lim.max_pending_per_addr before their HELLO. A lane must
  * complete its HELLO within lim.hello_timeout_ms of being accepted, and the
  * HELLO must carry the token this side issued to that peer id over the
  * control plane (peer_prepare), so a lane acts only for the peer that was
@@ -418,13 +419,17 @@ void kvt_tcp_addr_key(const struct sockaddr *sa, unsigned v6_prefix, uint8_t key
     }
 }
 
-/* Lanes (served or before HELLO) from the address prefix <key>. Lock held. */
-static unsigned addr_lanes_locked(kvt_tl_t *tl, const uint8_t key[16])
+/* Lanes (served or before HELLO) from the address prefix <key>, and of those the ones
+ * before their HELLO (<pending>). Lock held. */
+static unsigned addr_lanes_locked(kvt_tl_t *tl, const uint8_t key[16], unsigned *pending)
 {
     unsigned n = 0;
+    *pending = 0;
     for (tcp_conn_t *o = tl->conns; o != NULL; o = o->next) {
-        if (!atomic_load(&o->done) && memcmp(o->addr_key, key, 16) == 0)
+        if (!atomic_load(&o->done) && memcmp(o->addr_key, key, 16) == 0) {
             n++;
+            *pending += o->pending != 0;
+        }
     }
     return n;
 }
@@ -436,7 +441,7 @@ static void accept_one(kvt_tl_t *tl, pthread_attr_t *attr)
     uint8_t key[16];
     tcp_conn_t *c;
     int fd = accept4(tl->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-    unsigned nconns, npending, naddr = 0;
+    unsigned nconns, npending, naddr = 0, naddr_pending = 0;
 
     if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE) {
@@ -454,7 +459,8 @@ static void accept_one(kvt_tl_t *tl, pthread_attr_t *attr)
     nconns = tl->nconns;
     npending = tl->npending;
     if (c != NULL && nconns < tl->lim.max_conns && npending < tl->lim.max_pending &&
-        (naddr = addr_lanes_locked(tl, key)) < tl->lim.max_conns_per_addr) {
+        (naddr = addr_lanes_locked(tl, key, &naddr_pending)) < tl->lim.max_conns_per_addr &&
+        naddr_pending < tl->lim.max_pending_per_addr) {
         c->tl = tl;
         c->fd = fd;
         c->pending = 1;
@@ -477,9 +483,10 @@ static void accept_one(kvt_tl_t *tl, pthread_attr_t *attr)
     close(fd);
     kvt_free(c);
     refusal_log(tl,
-                "%u lanes served (max %u), %u before HELLO (max %u), %u from that address (max %u)",
+                "%u lanes served (max %u), %u before HELLO (max %u), %u from that address (max "
+                "%u), %u of them before HELLO (max %u)",
                 nconns, tl->lim.max_conns, npending, tl->lim.max_pending, naddr,
-                tl->lim.max_conns_per_addr);
+                tl->lim.max_conns_per_addr, naddr_pending, tl->lim.max_pending_per_addr);
 }
 
 static void *listener_main(void *arg)

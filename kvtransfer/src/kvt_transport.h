@@ -102,13 +102,14 @@ typedef struct kvt_tl_config {
     unsigned timeout_ms;        /* per-operation timeout; 0 = 30000 */
     const char *device;         /* transport specific (verbs device name), may be NULL */
     /* Data listener limits (tcp); 0 = the transport's default. */
-    unsigned max_conns;          /* lanes served at once */
-    unsigned max_conns_per_peer; /* lanes of one peer id */
-    unsigned max_pending;        /* accepted lanes still before their HELLO */
-    unsigned hello_timeout_ms;   /* accept -> HELLO complete */
-    unsigned idle_timeout_ms;    /* a served lane with no frame for this long is closed */
-    unsigned max_conns_per_addr; /* lanes from one source address (IPv6: one prefix) */
-    unsigned addr_prefix_v6;     /* IPv6 source addresses are grouped by this prefix (bits) */
+    unsigned max_conns;            /* lanes served at once */
+    unsigned max_conns_per_peer;   /* lanes of one peer id */
+    unsigned max_pending;          /* accepted lanes still before their HELLO */
+    unsigned hello_timeout_ms;     /* accept -> HELLO complete */
+    unsigned idle_timeout_ms;      /* a served lane with no frame for this long is closed */
+    unsigned max_conns_per_addr;   /* lanes from one source address (IPv6: one prefix) */
+    unsigned max_pending_per_addr; /* of those, lanes still before their HELLO */
+    unsigned addr_prefix_v6;       /* IPv6 source addresses are grouped by this prefix (bits) */
 } kvt_tl_config_t;
 
 /* One page-sized (or shorter) transfer of a post. */

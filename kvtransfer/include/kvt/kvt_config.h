@@ -36,6 +36,7 @@
  * transfer_max_conns_per_peer       int         0        (tcp lanes of one peer; 0 = 64)
  * transfer_max_pending              int         0        (tcp lanes before HELLO; 0 = 64)
  * transfer_max_conns_per_addr       int         0        (tcp lanes from one address; 0 = 128)
+ * transfer_max_pending_per_addr     int         0        (of those, before HELLO; 0 = 8)
  * transfer_addr_prefix_v6           int         0        (IPv6 sources grouped per /N; 0 = 64)
  * transfer_hello_timeout            seconds     0        (tcp accept -> HELLO; 0 = 5)
  * transfer_idle_timeout             seconds     0        (tcp lane without frames; 0 = 300)
@@ -109,6 +110,7 @@ typedef struct kvt_config {
     uint32_t transfer_max_conns_per_peer;
     uint32_t transfer_max_pending;
     uint32_t transfer_max_conns_per_addr;
+    uint32_t transfer_max_pending_per_addr;
     uint32_t transfer_addr_prefix_v6;
     double transfer_hello_timeout;
     double transfer_idle_timeout;

@@ -90,6 +90,7 @@ static void ep_open_lim(ep_t *e, const char *id, const char *uuid, const kvt_tl_
         c.hello_timeout_ms = lim->hello_timeout_ms;
         c.idle_timeout_ms = lim->idle_timeout_ms;
         c.max_conns_per_addr = lim->max_conns_per_addr;
+        c.max_pending_per_addr = lim->max_pending_per_addr;
         c.addr_prefix_v6 = lim->addr_prefix_v6;
         if (lim->listen_host != NULL)
             c.listen_host = lim->listen_host;
@@ -911,6 +912,56 @@ static void test_addr_cap(void **state)
     ep_close(&b);
 }
 
+/* A lane from 127.0.0.2 (another source address on loopback). */
+static int dial_from_other(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct sockaddr_in src = {.sin_family = AF_INET};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+/* Silent lanes from one source are capped below the global max_pending: the one over the cap
+ * is closed at accept and counted, while another source's lanes still get in and a peer's
+ * HELLO still works. */
+static void test_pending_addr_cap(void **state)
+{
+    ep_t b;
+    kvt_tl_config_t lim = {.max_pending_per_addr = 2, .hello_timeout_ms = 60000};
+    kvt_tl_stats_t st;
+    int s1, s2, over, other, again, ok;
+    (void)state;
+
+    ep_open_lim(&b, "B", UB, &lim);
+    s1 = dial(b.port);
+    s2 = dial(b.port);
+    WAIT_UNTIL(lanes_before_hello(&b) == 2);
+    over = dial(b.port);
+    assert_true(closed_by_peer(over));
+    close(over);
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    other = dial_from_other(b.port); /* another source is not held up */
+    WAIT_UNTIL(lanes_before_hello(&b) == 3);
+    close(s1); /* a silent lane gone frees its slot for that source */
+    WAIT_UNTIL(lanes_before_hello(&b) == 2);
+    again = dial(b.port);
+    WAIT_UNTIL(lanes_before_hello(&b) == 3);
+    close(again);
+    close(s2);
+    WAIT_UNTIL(lanes_before_hello(&b) == 1);
+    ok = hello_lane(&b, "A"); /* HELLO done: the lane no longer counts as silent */
+    ops()->stats(b.tl, &st);
+    assert_int_equal(st.conns_refused, 1);
+    close(ok);
+    close(other);
+    ep_close(&b);
+}
+
 /* The same over IPv6 (skipped where the machine has no ::1): lanes from ::1 are counted under
  * its /64 and the one over the cap is closed at accept. */
 static void test_addr_cap_v6(void **state)
@@ -995,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_conn_caps),         cmocka_unit_test(test_idle_lane_closed),
         cmocka_unit_test(test_bye_crosses_frame), cmocka_unit_test(test_addr_key),
         cmocka_unit_test(test_addr_cap),          cmocka_unit_test(test_addr_cap_v6),
+        cmocka_unit_test(test_pending_addr_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
