@@ -535,31 +535,34 @@ static pdgw_req_t *req_new(pdgw_worker_t *w, const pdgw_http_origin_t *o)
     return r;
 }
 
-/* Count the framing headers: a request with both Content-Length and Transfer-Encoding, or
- * with Content-Length twice, has no single agreed length (RFC 9112 6.1 and 6.3); a proxy in
- * front of pdgw may have framed it differently, which is how requests are smuggled. */
+/* The header fields that must have one reading, counted in one walk of the head:
+ * - Content-Length with Transfer-Encoding, or Content-Length twice, leaves no single agreed
+ *   length (RFC 9112 6.1 and 6.3); a proxy in front of pdgw may have framed it differently,
+ *   which is how requests are smuggled;
+ * - a repeated Authorization (which key?) or a Host with white space (which authority?). */
 typedef struct {
     unsigned content_length;
     unsigned transfer_encoding;
-} framing_t;
+    unsigned authorization;
+    unsigned host;
+    bool host_space;
+} head_fields_t;
 
-static bool count_framing(void *cls, const char *key, const char *value)
+static bool count_fields(void *cls, const char *key, const char *value)
 {
-    framing_t *f = cls;
+    head_fields_t *f = cls;
     char first = key != NULL ? (char)(key[0] | 0x20) : '\0'; /* most names start otherwise */
-    (void)value;
-    if (first == 'c' && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+    if (first == 'c' && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
         f->content_length++;
-    else if (first == 't' && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+    } else if (first == 't' && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
         f->transfer_encoding++;
+    } else if (first == 'a' && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) {
+        f->authorization++;
+    } else if (first == 'h' && strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        f->host++;
+        f->host_space |= value != NULL && strpbrk(value, " \t") != NULL;
+    }
     return true;
-}
-
-static bool framing_ambiguous(const pdgw_req_t *r)
-{
-    framing_t f = {0, 0};
-    pdgw_req_headers_each(r, count_framing, &f);
-    return f.content_length > 1 || (f.content_length > 0 && f.transfer_encoding > 0);
 }
 
 /* Room for <more> body bytes. With a Content-Length the buffer still grows only as bytes
@@ -587,38 +590,6 @@ static void refuse_early(pdgw_req_t *r)
     pdgw_conn_body_done(r->cx);
 }
 
-/* Header fields that no single reading agrees on: a repeated Authorization (which key?) and
- * a Host with white space (which authority?). NULL = none. */
-typedef struct {
-    unsigned authorization;
-    unsigned host;
-    bool host_space;
-} head_fields_t;
-
-static bool count_fields(void *cls, const char *key, const char *value)
-{
-    head_fields_t *f = cls;
-    char first = key != NULL ? (char)(key[0] | 0x20) : '\0';
-    if (first == 'a' && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) {
-        f->authorization++;
-    } else if (first == 'h' && strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
-        f->host++;
-        f->host_space |= value != NULL && strpbrk(value, " \t") != NULL;
-    }
-    return true;
-}
-
-static const char *head_fields_ambiguous(const pdgw_req_t *r)
-{
-    head_fields_t f = {0, 0, false};
-    pdgw_req_headers_each(r, count_fields, &f);
-    if (f.authorization > 1)
-        return "a request may carry one Authorization header";
-    if (f.host > 1 || f.host_space)
-        return "a request carries one Host header, without white space";
-    return NULL;
-}
-
 /* Take <n> bytes of the gateway's body budget for <r>; false = over it. */
 static bool body_budget_take(pdgw_req_t *r, uint64_t n)
 {
@@ -632,7 +603,6 @@ static bool body_budget_take(pdgw_req_t *r, uint64_t n)
 static void refuse_body_budget(pdgw_req_t *r)
 {
     pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "body_budget");
-    pdgw_gateway_metrics_local_resource_error(r->w->srv->opts.metrics, "body_budget");
     r->reply_retry_after_s = 1;
     pdgw_req_reply_errorf(r, PDGW_API_ERR_UNAVAILABLE, "body_budget_exhausted",
                           "the gateway holds as many request bodies as it may "
@@ -643,11 +613,13 @@ static void refuse_body_budget(pdgw_req_t *r)
 static bool admit_early(pdgw_req_t *r)
 {
     pdgw_gateway_metrics_t *gm = r->w->srv->opts.metrics;
-    const char *cl = pdgw_req_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH), *why;
+    const char *cl = pdgw_req_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    head_fields_t f = {0};
     /* First the length: a refusal below must know whether a body is on its way. */
     if (cl != NULL)
         r->declared_len = strtoull(cl, NULL, 10);
-    if (framing_ambiguous(r)) {
+    pdgw_req_headers_each(r, count_fields, &f);
+    if (f.content_length > 1 || (f.content_length > 0 && f.transfer_encoding > 0)) {
         pdgw_gateway_metrics_rejected(gm, "ambiguous_length");
         pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_request_length",
                               "a request may not carry both Content-Length and "
@@ -663,9 +635,12 @@ static bool admit_early(pdgw_req_t *r)
             pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "invalid_url", "%s", r->path_why);
         return false;
     }
-    if ((why = head_fields_ambiguous(r)) != NULL) {
+    if (f.authorization > 1 || f.host > 1 || f.host_space) {
         pdgw_gateway_metrics_rejected(gm, "ambiguous_header");
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_header", "%s", why);
+        pdgw_req_reply_errorf(r, PDGW_API_ERR_BAD_REQUEST, "ambiguous_header", "%s",
+                              f.authorization > 1
+                                  ? "a request may carry one Authorization header"
+                                  : "a request carries one Host header, without white space");
         return false;
     }
     if (!admit_head(r))
