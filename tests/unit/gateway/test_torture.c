@@ -330,6 +330,8 @@ static int fixture_setup(void **s)
     /* An allocation failing inside libcurl can leave a transfer that never reports back; the
      * request deadline must still end the request. Short, so such cases stay quick. */
     so.request_timeout_ms = 3000;
+    /* The slow-client case asks for more with X-Request-Timeout. */
+    so.max_request_timeout_ms = 120000;
     so.frontend = torture_frontend;
     assert_int_equal(pdgw_server_create(&so, &F.srv, err, sizeof(err)), PDGW_OK);
     assert_int_equal(pdgw_server_start(F.srv), PDGW_OK);
