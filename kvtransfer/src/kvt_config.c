@@ -60,6 +60,8 @@ static const key_desc_t keys[] = {
     KEY(pd_pull_backpressure_reserve_pct, K_FLOAT),
     KEY(pd_allocation_timeout_sec, K_SECONDS),
     KEY(pd_shutdown_timeout_sec, K_SECONDS),
+    KEY(pd_alloc_ttl, K_SECONDS),
+    KEY(pd_alloc_quota, K_FLOAT),
     KEY(pd_node_id, K_STR),
     KEY(pd_tp_rank, K_U32),
     KEY(transfer_channel, K_CHANNEL),
@@ -70,6 +72,7 @@ static const key_desc_t keys[] = {
     KEY(transfer_max_conns_per_addr, K_U32),
     KEY(transfer_max_pending_per_addr, K_U32),
     KEY(transfer_addr_prefix_v6, K_U32),
+    KEY(transfer_max_peers_per_addr, K_U32),
     KEY(transfer_hello_timeout, K_SECONDS),
     KEY(transfer_idle_timeout, K_SECONDS),
     KEY(verbs_device, K_STR),
@@ -94,6 +97,8 @@ void kvt_config_defaults(kvt_config_t *cfg)
     cfg->pd_pull_backpressure_reserve_pct = 2.0;
     cfg->pd_allocation_timeout_sec = 5.0;
     cfg->pd_shutdown_timeout_sec = 5.0;
+    cfg->pd_alloc_ttl = 30.0;
+    cfg->pd_alloc_quota = 0.5;
     cfg->transfer_channel = KVT_CHANNEL_TCP;
     cfg->transfer_lanes = 0;
     cfg->verbs_gid_index = -1;
@@ -579,6 +584,11 @@ kvt_status_t kvt_config_validate(const kvt_config_t *c, kvt_config_err_t *err)
         return kvt_config_fail(err, "pd_allocation_timeout_sec", 0, "must be >= 0");
     if (c->pd_shutdown_timeout_sec < 0.0)
         return kvt_config_fail(err, "pd_shutdown_timeout_sec", 0, "must be >= 0");
+    if (!(c->pd_alloc_ttl >= 0.0))
+        return kvt_config_fail(err, "pd_alloc_ttl", 0, "must be >= 0 (0 = no expiry)");
+    if (!(c->pd_alloc_quota > 0.0 && c->pd_alloc_quota <= 1.0))
+        return kvt_config_fail(err, "pd_alloc_quota", 0,
+                               "pd_alloc_quota must be in (0, 1] (a share of the pool)");
     if (c->transfer_lanes > 64)
         return kvt_config_fail(err, "transfer_lanes", 0, "transfer_lanes must be in 0..64");
     if (c->chunk_size == 0)
@@ -660,6 +670,8 @@ size_t kvt_config_to_json(const kvt_config_t *c, char *buf, size_t size)
                         json_real(c->pd_pull_backpressure_reserve_pct));
     json_object_set_new(o, "pd_allocation_timeout_sec", json_real(c->pd_allocation_timeout_sec));
     json_object_set_new(o, "pd_shutdown_timeout_sec", json_real(c->pd_shutdown_timeout_sec));
+    json_object_set_new(o, "pd_alloc_ttl", json_real(c->pd_alloc_ttl));
+    json_object_set_new(o, "pd_alloc_quota", json_real(c->pd_alloc_quota));
     json_object_set_new(o, "pd_node_id", json_string(c->pd_node_id));
     json_object_set_new(o, "pd_tp_rank", json_integer(c->pd_tp_rank));
     json_object_set_new(o, "transfer_channel", json_string(kvt_channel_name(c->transfer_channel)));
@@ -673,6 +685,8 @@ size_t kvt_config_to_json(const kvt_config_t *c, char *buf, size_t size)
     json_object_set_new(o, "transfer_max_pending_per_addr",
                         json_integer(c->transfer_max_pending_per_addr));
     json_object_set_new(o, "transfer_addr_prefix_v6", json_integer(c->transfer_addr_prefix_v6));
+    json_object_set_new(o, "transfer_max_peers_per_addr",
+                        json_integer(c->transfer_max_peers_per_addr));
     json_object_set_new(o, "transfer_hello_timeout", json_real(c->transfer_hello_timeout));
     json_object_set_new(o, "transfer_idle_timeout", json_real(c->transfer_idle_timeout));
     json_object_set_new(o, "verbs_device", json_string(c->verbs_device));

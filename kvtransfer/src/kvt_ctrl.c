@@ -154,6 +154,12 @@ static void *copy_frame(zmq_msg_t *f, size_t *len)
 kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_len, int *delim,
                            void **data, size_t *len)
 {
+    return kvt_ctrl_recv_from(sock, router, ident, ident_len, delim, data, len, NULL, 0);
+}
+
+kvt_status_t kvt_ctrl_recv_from(void *sock, int router, void **ident, size_t *ident_len, int *delim,
+                                void **data, size_t *len, char *peer, size_t peer_cap)
+{
     zmq_msg_t f[4];
     int nf = 0, more = 1;
     kvt_status_t st = KVT_OK;
@@ -208,6 +214,11 @@ kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_l
         }
         if (delim != NULL)
             *delim = d;
+        if (peer != NULL && peer_cap > 0) {
+            /* the TCP peer's IP address (libzmq metadata; absent for ipc/inproc) */
+            const char *pa = zmq_msg_gets(&f[nf - 1], "Peer-Address");
+            snprintf(peer, peer_cap, "%s", pa != NULL ? pa : "");
+        }
     }
 out:
     for (int i = 0; i < nf; i++)

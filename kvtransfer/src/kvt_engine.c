@@ -46,8 +46,8 @@ void kvt_engine_clock_moved(kvt_engine_t *e)
         kvt_engine_wake(e);
 }
 
-/* Engine timers (pending, parked, waiter, sweep) and two per sender peer. */
-#define KVT_ENGINE_TIMERS 4u
+/* Engine timers (pending, parked, waiter, sweep, expire) and two per sender peer. */
+#define KVT_ENGINE_TIMERS 5u
 
 kvt_status_t kvt_engine_timer_room(kvt_engine_t *e, uint32_t extra_speers)
 {
@@ -385,7 +385,9 @@ static void drain_socket(kvt_engine_t *e, void *sock, int which)
         void *ident = NULL, *data = NULL;
         size_t ilen = 0, len = 0;
         int delim = 0;
-        kvt_status_t st = kvt_ctrl_recv(sock, which != 2, &ident, &ilen, &delim, &data, &len);
+        char peer[64] = "";
+        kvt_status_t st = kvt_ctrl_recv_from(sock, which != 2, &ident, &ilen, &delim, &data, &len,
+                                             peer, sizeof(peer));
 
         if (st == KVT_ERR_TIMEOUT || st == KVT_ERR_IO)
             return;
@@ -394,9 +396,9 @@ static void drain_socket(kvt_engine_t *e, void *sock, int which)
             continue;
         }
         if (which == 0)
-            kvt_flow_recv_on_router(e, ident, ilen, delim, data, len);
+            kvt_flow_recv_on_router(e, ident, ilen, delim, data, len, peer);
         else if (which == 1)
-            kvt_flow_recv_on_init(e, ident, ilen, delim, data, len);
+            kvt_flow_recv_on_init(e, ident, ilen, delim, data, len, peer);
         else
             kvt_flow_sender_on_done_sock(e, data, len);
         kvt_free(ident);
@@ -622,6 +624,7 @@ static void engine_free(kvt_engine_t *e)
     kvt_flow_delay_fini(e);
     kvt_flow_sender_fini(e);
     kvt_flow_recv_fini(e);
+    kvt_guard_fini(e);
     kvt_engine_flush_out(e); /* the thread is gone: this one owns the sockets */
     if (e->done_pushes.buckets != NULL) {
         kvt_map_each(&e->done_pushes, close_push, NULL);
@@ -657,6 +660,7 @@ static void engine_free(kvt_engine_t *e)
         kvt_map_fini(&e->sgroups);
     if (e->hs_peers.buckets != NULL)
         kvt_map_fini(&e->hs_peers);
+    kvt_hs_fini(e);
     pdb_timers_free(&e->timers);
     if (e->wake_fd >= 0)
         close(e->wake_fd);
@@ -778,7 +782,8 @@ kvt_status_t kvt_engine_create(const kvt_engine_params_t *p, kvt_engine_t **out)
     if (kvt_engine_timer_room(e, 0) != KVT_OK || kvt_map_init(&e->tasks, 256) != KVT_OK ||
         kvt_map_init(&e->rents, 1024) != KVT_OK || kvt_map_init(&e->rreqs, 256) != KVT_OK ||
         kvt_map_init(&e->sgroups, 256) != KVT_OK || kvt_map_init(&e->done_pushes, 16) != KVT_OK ||
-        kvt_map_init(&e->tombs, 64) != KVT_OK || kvt_map_init(&e->hs_peers, 16) != KVT_OK)
+        kvt_map_init(&e->tombs, 64) != KVT_OK || kvt_map_init(&e->hs_peers, 16) != KVT_OK ||
+        kvt_map_init(&e->hs_srcs, 16) != KVT_OK || kvt_guard_init(e) != KVT_OK)
         goto err;
     e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     e->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -179,6 +179,17 @@ typedef enum {
 
 typedef struct kvt_rpull kvt_rpull_t;
 
+/* Room for a sender's source key (kvt_alloc_guard.c): an IP address with its prefix, or
+ * "id:" + a routing id's sender part. */
+#define KVT_SRC_KEY_MAX (KVT_TL_PEER_ID_MAX + 8)
+
+/* A sender as a receiver counts it for pd_alloc_quota (kvt_alloc_guard.c). */
+typedef struct kvt_rsrc {
+    char key[KVT_SRC_KEY_MAX];
+    uint32_t pages; /* pages of its entries nobody claimed yet */
+    uint32_t nents; /* entries counted against it */
+} kvt_rsrc_t;
+
 typedef struct kvt_rent {
     char *key;
     char *req_id;
@@ -195,6 +206,12 @@ typedef struct kvt_rent {
     int busy;                           /* a load is reading it (delay) */
     struct kvt_rreq *rq;                /* its request's record (NULL: none / forgotten) */
     struct kvt_rent *rq_next, *rq_prev; /* that record's entry list */
+    /* Unclaimed (kvt_alloc_guard.c): until the consumer claims it (lookup, load) the entry
+     * counts against its sender's quota and sits on the expiry queue. */
+    kvt_rsrc_t *src;                    /* NULL once claimed */
+    int queued;                         /* on the expiry queue */
+    uint64_t expire_ns;                 /* freed then, unless claimed (pd_alloc_ttl) */
+    struct kvt_rent *ex_next, *ex_prev; /* the expiry queue (earliest deadline first) */
 } kvt_rent_t;
 
 struct kvt_rpull {
@@ -230,6 +247,8 @@ typedef struct kvt_parked {
     void *ident;
     size_t ident_len;
     int delim;
+    char src[KVT_SRC_KEY_MAX]; /* its sender's source key (pd_alloc_quota) */
+    int quota;                 /* waits for its sender's quota, not for space: holds up nobody */
     kvt_msg_t msg;
     uint64_t deadline_ns;
 } kvt_parked_t;
@@ -379,8 +398,17 @@ struct kvt_engine {
     kvt_map_t rreqs;    /* req_id -> kvt_rreq_t */
     kvt_map_t tombs;    /* cancelled req_id -> expiry (uint64_t ns, kvt_malloc'd) */
     kvt_map_t hs_peers; /* node ids that ran the transport handshake here (value unused) */
+    kvt_map_t hs_srcs;  /* source key -> its handshaken node ids (kvt_handshake.c; progress) */
     kvt_reserve_t *reserve;
+    /* Unclaimed allocations (kvt_alloc_guard.c): per-sender page counts and the expiry queue,
+     * in deadline order (one TTL for all: arrival order, so a new deadline is the last). */
+    kvt_map_t rsrcs;               /* source key -> kvt_rsrc_t */
+    kvt_rent_t *ex_head, *ex_tail; /* unclaimed entries, earliest deadline first */
+    uint64_t alloc_ttl_ns;         /* pd_alloc_ttl; 0 = no expiry */
+    uint32_t alloc_quota;          /* pages one sender may hold unclaimed (pd_alloc_quota) */
     kvt_parked_t *parked;
+    uint32_t nparked_space;   /* of them, waiting for pool space (progress thread) */
+    atomic_uint parked_quota; /* of them, waiting for their sender's quota (claims wake) */
     kvt_load_job_t *jobs_head, *jobs_tail; /* delay loads, one active at a time */
 
     /* Timers (progress thread only): every deadline of the flows is armed here and the
@@ -394,8 +422,11 @@ struct kvt_engine {
     pdb_timer_t parked_timer;  /* receiver: the first parked request's final answer */
     pdb_timer_t waiter_timer;  /* receiver: the earliest kvt_submit_wait_req deadline */
     pdb_timer_t sweep_timer;   /* receiver: stale records, tombstones, reservations */
+    pdb_timer_t expire_timer;  /* receiver: the first unclaimed allocation's deadline */
     _Atomic uint64_t waiter_due, sweep_due; /* UINT64_MAX: nothing to do */
+    _Atomic uint64_t expire_due;            /* the expiry queue's head deadline */
     uint64_t sweep_last_ns;                 /* sweeps run at most once a second */
+    uint64_t expire_last_ns;                /* expiry batches too (at most one a second) */
     atomic_ullong wakeups;                  /* progress turns done (tests: idle = none) */
     atomic_ullong parked_total;             /* requests ever parked (tests wait on it) */
 
@@ -461,6 +492,10 @@ kvt_status_t kvt_ctrl_reply_raw(void *router, const void *ident, size_t ident_le
  * when nothing is there. */
 kvt_status_t kvt_ctrl_recv(void *sock, int router, void **ident, size_t *ident_len, int *delim,
                            void **data, size_t *len);
+/* The same, and <peer> (<peer_cap> bytes) gets the IP address the message came from
+ * (ZeroMQ's Peer-Address), "" when the transport has none (ipc, inproc). */
+kvt_status_t kvt_ctrl_recv_from(void *sock, int router, void **ident, size_t *ident_len, int *delim,
+                                void **data, size_t *len, char *peer, size_t peer_cap);
 void *kvt_ctrl_done_push(kvt_engine_t *e, const char *url);
 
 /* init-port handshake (kvt_handshake.c): TransportInit{node_id, transport, regions (the
@@ -471,6 +506,11 @@ kvt_status_t kvt_hs_encode(kvt_engine_t *e, const void *blob, size_t len, int wi
  * on error */
 kvt_status_t kvt_hs_decode(kvt_engine_t *e, const void *data, size_t len, kvt_msg_t *m,
                            kvt_msg_err_t *err);
+/* <peer> runs the handshake from the source <src> (kvt_guard_src_key): when that source keeps
+ * transfer_max_peers_per_addr other node ids handshaken, its least recent one is forgotten
+ * first (progress thread). */
+void kvt_hs_note_peer(kvt_engine_t *e, const char *src, const char *peer);
+void kvt_hs_fini(kvt_engine_t *e);
 
 /* flows */
 void kvt_flow_sender_submit(kvt_engine_t *e, kvt_sreq_t *r);
@@ -493,10 +533,11 @@ void kvt_flow_sender_peer_failed(kvt_engine_t *e, const char *peer_id);
 void kvt_flow_sender_fini(kvt_engine_t *e);
 void kvt_sreq_free(kvt_sreq_t *r);
 
+/* <peer_addr>: the IP address it came from ("" if none), who it counts as (pd_alloc_quota) */
 void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
-                             const void *data, size_t len);
+                             const void *data, size_t len, const char *peer_addr);
 void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
-                           const void *data, size_t len);
+                           const void *data, size_t len, const char *peer_addr);
 /* the engine-level receiver timers (kvt_engine_create) */
 void kvt_flow_recv_init(kvt_engine_t *e);
 /* every progress turn: the first parked request tries again (pages may have been freed) and
@@ -506,6 +547,30 @@ void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t s
 void kvt_flow_recv_cancel(kvt_engine_t *e, const char *req_id, int forward);
 void kvt_flow_recv_fini(kvt_engine_t *e);
 void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r);
+
+/* Unclaimed receiver allocations (kvt_alloc_guard.c): the expiry of what nobody wrote or
+ * claimed within pd_alloc_ttl, and the per-sender quota pd_alloc_quota. The *_locked ones
+ * run under rx_lock. */
+/* create, once the pool exists: the TTL, the quota in pages, the table, the timer */
+kvt_status_t kvt_guard_init(kvt_engine_t *e);
+void kvt_guard_fini(kvt_engine_t *e); /* after every entry was freed */
+/* The key a request from <peer_addr> (its Peer-Address, "" if none) counts under; <name> (the
+ * routing id's sender part) names it when there is no address. */
+void kvt_guard_src_key(const kvt_engine_t *e, const char *peer_addr, const char *name, char *out,
+                       size_t cap);
+/* Pages the sender <src> may still allocate (UINT32_MAX: no quota, pd_alloc_quota 1). */
+uint32_t kvt_guard_room_locked(kvt_engine_t *e, const char *src);
+/* A new entry of <src>: counted against it, and queued to expire a TTL from now. */
+void kvt_guard_track_locked(kvt_engine_t *e, kvt_rent_t *r, const char *src);
+/* Its bytes landed: the consumer gets a whole TTL from now to claim it. */
+void kvt_guard_renew_locked(kvt_engine_t *e, kvt_rent_t *r);
+/* The consumer took it (lookup, load), or it is freed: no longer the sender's, never expires. */
+void kvt_guard_claim_locked(kvt_engine_t *e, kvt_rent_t *r);
+/* When the expiry timer is due: the queue head's deadline, at most one batch a second
+ * (UINT64_MAX: nothing queued). */
+uint64_t kvt_guard_due(const kvt_engine_t *e);
+/* The expiry timer: frees what is due (kvt_alloc_expired_total, one log line per batch). */
+void kvt_guard_on_timer(pdb_timer_t *t, uint64_t now);
 
 void kvt_flow_delay_start(kvt_engine_t *e, kvt_load_job_t *job);
 void kvt_flow_delay_on_read_done(kvt_engine_t *e, kvt_load_job_t *job, kvt_status_t st);

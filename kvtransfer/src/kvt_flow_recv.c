@@ -98,6 +98,7 @@ static void rent_unlink(kvt_rent_t *r)
 
 void kvt_rent_free_locked(kvt_engine_t *e, kvt_rent_t *r)
 {
+    kvt_guard_claim_locked(e, r); /* off its sender's quota and the expiry queue */
     rent_unlink(r);
     kvt_map_del(&e->rents, r->key);
     if (r->granted && r->page != KVT_PAGE_NONE)
@@ -195,6 +196,7 @@ typedef struct rctx {
     size_t ident_len;
     int delim;
     kvt_flavour_t flv; /* how this sender wants its answers */
+    const char *src;   /* who it counts as for pd_alloc_quota (kvt_alloc_guard.c) */
 } rctx_t;
 
 static void reply(kvt_engine_t *e, const rctx_t *c, const kvt_msg_t *m)
@@ -503,7 +505,14 @@ typedef struct alloc_job {
     char *writers;
 } alloc_job_t;
 
-enum { ALLOC_DONE = 0, ALLOC_PARK, ALLOC_REFUSE };
+enum { ALLOC_DONE = 0, ALLOC_PARK, ALLOC_REFUSE, ALLOC_PARK_QUOTA };
+
+/* What handle_alloc says of a request: answered, or to park (for space, for its quota). */
+enum { PARK_NONE = 0, PARK_SPACE, PARK_QUOTA };
+
+/* Requests of one sender waiting for its quota at once (park): a legit sender has one in
+ * flight per channel (REQ, or a DEALER awaiting its answer), a flood gets answered. */
+#define KVT_QUOTA_PARKED_MAX 8u
 
 static void alloc_job_free(alloc_job_t *j)
 {
@@ -666,7 +675,24 @@ static int alloc_reserve_locked(kvt_engine_t *e, alloc_job_t *j, int final)
     for (uint32_t k = 0; k < j->nnew; k++)
         j->pages[k] = KVT_PAGE_NONE;
     if (!j->delay && j->nnew > 0) {
-        st = kvt_reserve_alloc(e->reserve, j->req_id, j->nnew,
+        uint32_t want = j->nnew, room = kvt_guard_room_locked(e, j->c.src);
+
+        if (want > room && !final)
+            return ALLOC_PARK_QUOTA; /* until its own entries are claimed (or the TTL) */
+        if (want > room) {
+            /* The sender holds its share of the pool unclaimed: refused as a full pool refuses;
+             * a libkvt sender takes a partial grant of what is left. */
+            uint32_t cut = j->all_or_nothing || room == 0 ? want : want - room;
+            kvt_engine_count(e, &e->m.alloc_quota_refused_total, cut);
+            kvt_engine_refuse(e,
+                              "%s (%s sender %s, req %.64s): %u chunks over the sender's quota "
+                              "(%u of its unclaimed pages left; pd_alloc_quota %.3g)",
+                              what, flv, j->c.src, j->req_id, cut, room, e->cfg.pd_alloc_quota);
+            if (cut == want)
+                return ALLOC_REFUSE;
+            want = room;
+        }
+        st = kvt_reserve_alloc(e->reserve, j->req_id, want,
                                final && !j->all_or_nothing ? KVT_ALLOC_PARTIAL : 0, j->pages, NULL,
                                &j->nalloc);
         if (st == KVT_ERR_NOSPACE && !final)
@@ -678,8 +704,8 @@ static int alloc_reserve_locked(kvt_engine_t *e, alloc_job_t *j, int final)
                 kvt_status_name(st));
             return ALLOC_REFUSE;
         }
-        if (j->nalloc < j->nnew) {
-            kvt_engine_count(e, &e->m.alloc_failures_total, j->nnew - j->nalloc);
+        if (j->nalloc < want) { /* the pool's shortfall (a quota cut was counted above) */
+            kvt_engine_count(e, &e->m.alloc_failures_total, want - j->nalloc);
             kvt_engine_refuse(e, "%s (libkvt sender %s, req %.64s): %u of %u chunks granted", what,
                               j->sender, j->req_id, j->nalloc, j->nnew);
         }
@@ -818,6 +844,8 @@ static kvt_status_t alloc_entries_locked(kvt_engine_t *e, alloc_job_t *j)
                 r->granted = 1;
             }
         }
+        /* the sender's until the consumer claims it, and only for pd_alloc_ttl */
+        kvt_guard_track_locked(e, r, j->c.src);
         j->made[j->nmade++] = r;
     }
     if (j->nfailed > 0 && j->all_or_nothing) {
@@ -971,7 +999,8 @@ static int alloc_run(kvt_engine_t *e, alloc_job_t *j, int final)
     return ALLOC_DONE;
 }
 
-/* Returns 1 when the request must be parked (no space yet, not final). */
+/* Returns PARK_SPACE / PARK_QUOTA when the request must be parked (no space, or its sender
+ * over its quota, yet; not final), PARK_NONE when it was answered. */
 static int handle_alloc(kvt_engine_t *e, const rctx_t *c0, kvt_msg_t *msg, int final)
 {
     alloc_job_t j;
@@ -996,7 +1025,7 @@ static int handle_alloc(kvt_engine_t *e, const rctx_t *c0, kvt_msg_t *msg, int f
     if (rc == ALLOC_REFUSE)
         reply_alloc_failed(e, &j.c, msg->type, j.n);
     alloc_job_free(&j);
-    return rc == ALLOC_PARK;
+    return rc == ALLOC_PARK ? PARK_SPACE : rc == ALLOC_PARK_QUOTA ? PARK_QUOTA : PARK_NONE;
 }
 
 void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t st)
@@ -1011,6 +1040,7 @@ void kvt_flow_recv_on_read_done(kvt_engine_t *e, kvt_rread_t *rd, kvt_status_t s
         rent_drop_pull(e, r); /* the key is read (or failed): done-signal bookkeeping */
         if (st == KVT_OK && !r->release_pending) {
             r->state = RENT_LANDED;
+            kvt_guard_renew_locked(e, r); /* here now: the consumer has a TTL to claim it */
         } else {
             r->state = RENT_LANDED;
             kvt_rent_free_locked(e, r);
@@ -1045,6 +1075,7 @@ static void land_req_locked(kvt_engine_t *e, kvt_rreq_t *q)
         if (r->state != RENT_ALLOCATED)
             continue;
         r->state = RENT_LANDED;
+        kvt_guard_renew_locked(e, r); /* written: the consumer has a TTL to claim it */
         if (r->granted) {
             grant_writers(e, r->writer, r->page, 1);
             r->granted = 0;
@@ -1155,9 +1186,14 @@ static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
         free_chunks = kvt_reserve_free_chunks(e->reserve);
         pthread_mutex_unlock(&e->rx_lock);
     } else {
+        /* held pages nobody claims last pd_alloc_ttl at most: a ReserveRequest (anyone may
+         * send one) cannot ask for longer */
+        int64_t ttl_ms = msg->u.reserve_req.ttl_ms > 0 ? msg->u.reserve_req.ttl_ms : 30000;
+        int64_t cap_ms = (int64_t)(e->alloc_ttl_ns / KVT_NSEC_PER_MSEC);
+        if (e->alloc_ttl_ns > 0 && ttl_ms > cap_ms)
+            ttl_ms = cap_ms > 0 ? cap_ms : 1;
         st = kvt_reserve_request(e->reserve, msg->u.reserve_req.req_id,
-                                 msg->u.reserve_req.total_chunks, msg->u.reserve_req.ttl_ms,
-                                 &granted, &free_chunks);
+                                 msg->u.reserve_req.total_chunks, ttl_ms, &granted, &free_chunks);
         if (st != KVT_OK) {
             granted = 0;
             free_chunks = kvt_reserve_free_chunks(e->reserve);
@@ -1180,11 +1216,21 @@ static void handle_reserve(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
     reply(e, c, &m); /* borrowed strings: nothing to clear */
 }
 
-static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
+/* Wait for space (<quota> 0: behind every request waiting for it) or for the sender's quota
+ * (1); takes <msg>. */
+static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg, int quota)
 {
-    kvt_parked_t *pk = kvt_calloc(1, sizeof(*pk));
-    kvt_parked_t **tail;
+    kvt_parked_t *pk, **tail;
+    uint32_t same = 0;
 
+    for (kvt_parked_t *o = e->parked; quota && o != NULL; o = o->next)
+        same += o->quota && strcmp(o->src, c->src != NULL ? c->src : "") == 0;
+    if (same >= KVT_QUOTA_PARKED_MAX) {
+        (void)handle_alloc(e, c, msg, 1); /* its final answer, now */
+        kvt_msg_clear(msg);
+        return;
+    }
+    pk = kvt_calloc(1, sizeof(*pk));
     if (pk == NULL || (pk->ident = kvt_malloc(c->ident_len ? c->ident_len : 1)) == NULL) {
         kvt_free(pk);
         reply_alloc_failed(e, c, msg->type,
@@ -1197,6 +1243,12 @@ static void park(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
     pk->ident_len = c->ident_len;
     pk->delim = c->delim;
     pk->sock = c->sock;
+    snprintf(pk->src, sizeof(pk->src), "%s", c->src != NULL ? c->src : "");
+    pk->quota = quota;
+    if (quota)
+        atomic_fetch_add(&e->parked_quota, 1);
+    else
+        e->nparked_space++;
     pk->msg = *msg; /* takes ownership */
     kvt_msg_init(msg, KVT_MSG_NONE);
     pk->deadline_ns = kvt_engine_now(e) + kvt_sec_to_ns(e->cfg.pd_alloc_fail_backoff_ttl);
@@ -1226,9 +1278,10 @@ static void handle_cancel(kvt_engine_t *e, const rctx_t *c, kvt_msg_t *msg)
 }
 
 void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
-                             const void *data, size_t len)
+                             const void *data, size_t len, const char *peer_addr)
 {
     rctx_t c = {.sock = e->router, .ident = ident, .ident_len = ident_len, .delim = delim};
+    char name[KVT_TL_PEER_ID_MAX + 1], src[KVT_SRC_KEY_MAX];
     kvt_msg_type_t type = KVT_MSG_NONE;
     kvt_msg_t m;
     kvt_msg_err_t err = {0};
@@ -1265,9 +1318,22 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
     case KVT_MSG_ALLOC_REQUEST:
     case KVT_MSG_PULL_READY_NOTIF:
         c.flv = flavour_of(e, &m);
-        if (e->parked != NULL || handle_alloc(e, &c, &m, 0)) {
-            park(e, &c, &m); /* keep arrival order behind parked ones */
+        ident_sender(ident, ident_len, name, sizeof(name));
+        kvt_guard_src_key(e, peer_addr, name, src, sizeof(src));
+        c.src = src;
+        if (e->nparked_space > 0) {
+            park(e, &c, &m, 0); /* keep arrival order behind those waiting for space */
             return;
+        }
+        switch (handle_alloc(e, &c, &m, 0)) {
+        case PARK_SPACE:
+            park(e, &c, &m, 0);
+            return;
+        case PARK_QUOTA:
+            park(e, &c, &m, 1);
+            return;
+        default:
+            break;
         }
         break;
     case KVT_MSG_PROXY_NOTIF:
@@ -1289,8 +1355,9 @@ void kvt_flow_recv_on_router(kvt_engine_t *e, void *ident, size_t ident_len, int
 }
 
 void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int delim,
-                           const void *data, size_t len)
+                           const void *data, size_t len, const char *peer_addr)
 {
+    char src[KVT_SRC_KEY_MAX];
     kvt_msg_t m;
     uint8_t blob[KVT_TL_BLOB_MAX];
     size_t bl = sizeof(blob), rlen = 0;
@@ -1306,6 +1373,9 @@ void kvt_flow_recv_on_init(kvt_engine_t *e, void *ident, size_t ident_len, int d
     }
     /* the peer's name comes from the envelope; its transport's bytes go to the transport */
     snprintf(peer, sizeof(peer), "%s", m.u.tinit.node_id);
+    /* before the transport makes room for it (verbs: QPs) */
+    kvt_guard_src_key(e, peer_addr, "", src, sizeof(src));
+    kvt_hs_note_peer(e, src, peer);
     st = e->tl != NULL ? e->tdesc->ops->peer_prepare(e->tl, peer, blob, &bl) : KVT_ERR_CLOSED;
     if (st == KVT_OK)
         st = e->tdesc->ops->peer_connect(e->tl, peer, m.u.tinit.addr.p, m.u.tinit.addr.n);
@@ -1423,28 +1493,45 @@ static void on_sweep_timer(pdb_timer_t *t, uint64_t now)
     pthread_mutex_unlock(&e->rx_lock);
 }
 
-/* Parked requests, in order; stop at the first that still has to wait. The first one's
+/* Parked requests, in order; the ones behind the first that still waits for space wait too
+ * (arrival order), one that waits for its sender's quota holds up nobody. The first one's
  * deadline (the earliest: one TTL for all) is armed for its final answer. */
 static void retry_parked(kvt_engine_t *e)
 {
-    kvt_parked_t *list = e->parked;
+    kvt_parked_t *list = e->parked, **tail = &e->parked;
     uint64_t now = kvt_engine_now(e);
+    int blocked = 0;
 
     e->parked = NULL;
+    e->nparked_space = 0;
+    atomic_store(&e->parked_quota, 0);
     while (list != NULL) {
         kvt_parked_t *pk = list;
-        rctx_t c = {
-            .sock = pk->sock, .ident = pk->ident, .ident_len = pk->ident_len, .delim = pk->delim};
-        int final = now >= pk->deadline_ns;
+        rctx_t c = {.sock = pk->sock,
+                    .ident = pk->ident,
+                    .ident_len = pk->ident_len,
+                    .delim = pk->delim,
+                    .src = pk->src};
+        int kind = pk->quota ? PARK_QUOTA : PARK_SPACE;
+
         list = pk->next;
-        if (handle_alloc(e, &c, &pk->msg, final)) {
-            pk->next = list;
-            e->parked = pk;
-            break;
+        pk->next = NULL;
+        if (!blocked)
+            kind = handle_alloc(e, &c, &pk->msg, now >= pk->deadline_ns);
+        if (kind == PARK_NONE) {
+            kvt_msg_clear(&pk->msg);
+            kvt_free(pk->ident);
+            kvt_free(pk);
+            continue;
         }
-        kvt_msg_clear(&pk->msg);
-        kvt_free(pk->ident);
-        kvt_free(pk);
+        blocked |= kind == PARK_SPACE;
+        pk->quota = kind == PARK_QUOTA;
+        if (pk->quota)
+            atomic_fetch_add(&e->parked_quota, 1);
+        else
+            e->nparked_space++;
+        *tail = pk;
+        tail = &pk->next;
     }
     if (e->parked != NULL)
         kvt_engine_arm(e, &e->parked_timer, e->parked->deadline_ns);
@@ -1471,6 +1558,7 @@ void kvt_flow_recv_init(kvt_engine_t *e)
     pdb_timer_init(&e->parked_timer, on_parked_timer, e);
     pdb_timer_init(&e->waiter_timer, on_waiter_timer, e);
     pdb_timer_init(&e->sweep_timer, on_sweep_timer, e);
+    pdb_timer_init(&e->expire_timer, kvt_guard_on_timer, e);
 }
 
 void kvt_flow_recv_turn(kvt_engine_t *e)
@@ -1487,6 +1575,7 @@ void kvt_flow_recv_turn(kvt_engine_t *e)
     if (sweep != UINT64_MAX && sweep < e->sweep_last_ns + KVT_NSEC_PER_SEC)
         sweep = e->sweep_last_ns + KVT_NSEC_PER_SEC;
     sync_timer(e, &e->sweep_timer, sweep);
+    sync_timer(e, &e->expire_timer, kvt_guard_due(e));
 }
 
 /* ---- user calls ------------------------------------------------------------ */
@@ -1571,11 +1660,13 @@ kvt_status_t kvt_submit_load(kvt_engine_t *e, const char *const *keys, void *con
         if (r == NULL || bufs[i] == NULL || caps[i] < r->len || r->busy)
             continue;
         if (r->state == RENT_LANDED) {
-            r->locks++; /* hold it while copying outside the lock */
+            r->locks++;                   /* hold it while copying outside the lock */
+            kvt_guard_claim_locked(e, r); /* the consumer's now: it releases it */
             copy[nc] = r;
             cidx[nc++] = i;
         } else if (r->state == RENT_PROXY && e->pp_pool != NULL) {
             r->busy = 1;
+            kvt_guard_claim_locked(e, r);
             prox[np] = r;
             pidx[np++] = i;
         }
@@ -1655,6 +1746,7 @@ kvt_status_t kvt_submit_lookup(kvt_engine_t *e, const char *const *keys, uint32_
         if (r != NULL && !r->release_pending &&
             (r->state == RENT_LANDED || r->state == RENT_PROXY)) {
             r->locks++;
+            kvt_guard_claim_locked(e, r); /* the consumer's now: it unlocks and releases */
             kvt_bitmap_set(t->bitmap, i);
         }
     }

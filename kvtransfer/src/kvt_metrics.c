@@ -95,6 +95,12 @@ size_t kvt_metrics_format(const kvt_metrics_t *m, const char *labels, char *buf,
            (double)m->reserve_granted_total);
     sample(o, "kvt_reserve_refused_total", "Reservations refused.", "counter", labels, NULL,
            (double)m->reserve_refused_total);
+    sample(o, "kvt_alloc_expired_total",
+           "Receiver allocations nobody wrote or claimed within pd_alloc_ttl, freed.", "counter",
+           labels, NULL, (double)m->alloc_expired_total);
+    sample(o, "kvt_alloc_quota_refused_total",
+           "Chunks refused: their sender held its pd_alloc_quota of unclaimed pages.", "counter",
+           labels, NULL, (double)m->alloc_quota_refused_total);
     sample(o, "kvt_data_lanes_refused_total",
            "Data lanes refused: a lane cap (cap) or no valid HELLO in time (hello).", "counter",
            labels, "reason=\"cap\"", (double)m->lanes_refused_cap);

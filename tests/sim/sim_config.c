@@ -105,6 +105,10 @@ static void usage(FILE *f)
             "                               newest (block ids per KV-cache group, dcp/pp sizes,\n"
             "                               lease fields, randomized request id) or older (flat)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
+            "  --kv-alloc-ttl-ms MS         libkvt receivers free allocations nobody wrote or\n"
+            "                               claimed after MS (pd_alloc_ttl; 0 = never) (30000)\n"
+            "  --kv-alloc-quota F           share of a libkvt receiver's pool one sender (source\n"
+            "                               address) may hold unclaimed (pd_alloc_quota) (0.5)\n"
             "  --skip-last-n-tokens N       lmcache decode: look up KV for prompt[:-N] (LMCache's\n"
             "                               skip_last_n_tokens; its example decoders use 1) (0)\n"
             "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
@@ -165,6 +169,8 @@ enum {
     O_HOLD,
     O_NIXLSHAPE,
     O_KVWAIT,
+    O_KVALLOCTTL,
+    O_KVALLOCQUOTA,
     O_KVBUF,
     O_KVLINK,
     O_FAILRATE,
@@ -223,6 +229,8 @@ static const struct option opts[] = {
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
     {"nixl-shape", required_argument, 0, O_NIXLSHAPE},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
+    {"kv-alloc-ttl-ms", required_argument, 0, O_KVALLOCTTL},
+    {"kv-alloc-quota", required_argument, 0, O_KVALLOCQUOTA},
     {"skip-last-n-tokens", required_argument, 0, O_SKIPLAST},
     {"kv-buffer-mb", required_argument, 0, O_KVBUF},
     {"kv-link-gbps", required_argument, 0, O_KVLINK},
@@ -579,6 +587,15 @@ static int parse_kv_transfer_opt(int c, const char *name, sim_config_t *cfg)
             return -1;
         cfg->kv_wait_timeout_ms = (int)v;
         break;
+    case O_KVALLOCTTL:
+        if (parse_long(name, optarg, 0, 86400000, &v))
+            return -1;
+        cfg->kv_alloc_ttl_ms = (int)v;
+        break;
+    case O_KVALLOCQUOTA:
+        if (parse_double(name, optarg, 0.001, 1, &cfg->kv_alloc_quota))
+            return -1;
+        break;
     case O_KVBUF:
         if (parse_long(name, optarg, 1, 65536, &v))
             return -1;
@@ -672,6 +689,8 @@ static void set_defaults(sim_config_t *cfg)
     cfg->layerwise = 1;
     cfg->kv_hold_timeout_ms = 30000;
     cfg->kv_wait_timeout_ms = 10000;
+    cfg->kv_alloc_ttl_ms = 30000;
+    cfg->kv_alloc_quota = 0.5;
     cfg->dp_size = 1;
     cfg->kv_buffer_mb = 64;
     cfg->fail_status = 500;

@@ -81,6 +81,8 @@ typedef struct sim_config {
     int kv_hold_timeout_ms;
     int nixl_older;         /* NIXL prefill answers in the older vLLM shape (flat block ids) */
     int kv_wait_timeout_ms; /* decode: deadline for remote KV */
+    int kv_alloc_ttl_ms;    /* libkvt receivers: unclaimed allocations freed after (0 = never) */
+    double kv_alloc_quota;  /* libkvt receivers: share of the pool one sender holds unclaimed */
     int skip_last_n_tokens; /* lmcache decode: KV looked up for prompt[:-n] */
     /* faults */
     double fail_rate;

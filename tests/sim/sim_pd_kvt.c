@@ -126,6 +126,8 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
     c.pd_pull_mode = pull || delay;
     c.pd_delay_pull = delay;
     c.chunk_size = (uint32_t)sim_cfg.block_size;
+    c.pd_alloc_ttl = sim_cfg.kv_alloc_ttl_ms / 1000.0;
+    c.pd_alloc_quota = sim_cfg.kv_alloc_quota;
     if (receiver) {
         c.pd_peer_alloc_port.v[0] = alloc_port;
         c.pd_peer_alloc_port.n = 1;
@@ -1913,6 +1915,15 @@ char *sim_pd_kvt_metrics(void)
         sum.transfer_errors_total += m.transfer_errors_total;
         sum.reserve_granted_total += m.reserve_granted_total;
         sum.reserve_refused_total += m.reserve_refused_total;
+        sum.refusals_total += m.refusals_total;
+        sum.alloc_expired_total += m.alloc_expired_total;
+        sum.alloc_quota_refused_total += m.alloc_quota_refused_total;
+        sum.lanes_refused_cap += m.lanes_refused_cap;
+        sum.lanes_refused_hello += m.lanes_refused_hello;
+        sum.lanes_closed_idle += m.lanes_closed_idle;
+        sum.lanes_closed_stall += m.lanes_closed_stall;
+        sum.data_access_denied += m.data_access_denied;
+        sum.data_bad_frames += m.data_bad_frames;
     }
     pthread_mutex_unlock(&eng_lock);
     char head[256];

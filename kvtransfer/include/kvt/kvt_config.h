@@ -27,6 +27,14 @@
  * pd_pull_backpressure_reserve_pct  float       2.0
  * pd_allocation_timeout_sec         seconds     5.0
  * pd_shutdown_timeout_sec           seconds     5.0      (destroy: finish queued control work)
+ * pd_alloc_ttl                      seconds     30.0     (pdgw, receiver: an allocation nobody
+ *                                                         wrote (landed) or claimed (lookup,
+ *                                                         load) within this is freed; landing
+ *                                                         restarts it; 0 = never. Also caps a
+ *                                                         ReserveRequest's ttl_ms)
+ * pd_alloc_quota                    float       0.5      (pdgw, receiver: share of the pool one
+ *                                                         sender (source address) may hold
+ *                                                         unclaimed; (0, 1], 1 = the whole pool)
  * pd_node_id                        str         ""       (pdgw: "" = <hostname>-<pid>)
  * pd_tp_rank                        int         0        (pdgw: index into the port lists)
  * transfer_channel                  str         "tcp"    (tcp | verbs | shm)
@@ -38,6 +46,9 @@
  * transfer_max_conns_per_addr       int         0        (tcp lanes from one address; 0 = 128)
  * transfer_max_pending_per_addr     int         0        (of those, before HELLO; 0 = 8)
  * transfer_addr_prefix_v6           int         0        (IPv6 sources grouped per /N; 0 = 64)
+ * transfer_max_peers_per_addr       int         0        (receiver: node ids one source address
+ *                                                         keeps handshaken at once; its oldest
+ *                                                         is forgotten past it; 0 = 16)
  * transfer_hello_timeout            seconds     0        (tcp accept -> HELLO; 0 = 5)
  * transfer_idle_timeout             seconds     0        (tcp lane without frames; 0 = 300)
  * verbs_device                      str         ""       ("" = first device)
@@ -102,6 +113,8 @@ typedef struct kvt_config {
     double pd_pull_backpressure_reserve_pct;
     double pd_allocation_timeout_sec;
     double pd_shutdown_timeout_sec;
+    double pd_alloc_ttl;
+    double pd_alloc_quota;
     char pd_node_id[KVT_CONFIG_STR_MAX];
     uint32_t pd_tp_rank;
     kvt_channel_t transfer_channel;
@@ -112,6 +125,7 @@ typedef struct kvt_config {
     uint32_t transfer_max_conns_per_addr;
     uint32_t transfer_max_pending_per_addr;
     uint32_t transfer_addr_prefix_v6;
+    uint32_t transfer_max_peers_per_addr;
     double transfer_hello_timeout;
     double transfer_idle_timeout;
     char verbs_device[KVT_CONFIG_STR_MAX];
@@ -181,6 +195,7 @@ kvt_status_t kvt_config_load_file(kvt_config_t *cfg, const char *path, kvt_confi
 
 /* Cross-key checks: pd_delay_pull needs pd_pull_mode; pd_use_cpu_offload
  * needs a sender role; buffer sizes > 0; reserve pct in [0, 100); TTLs >= 0;
+ * pd_alloc_quota in (0, 1];
  * transfer_lanes in 0..64; receiver/both need pd_peer_alloc_port; port lists
  * cover pd_tp_rank where given. */
 kvt_status_t kvt_config_validate(const kvt_config_t *cfg, kvt_config_err_t *err);

@@ -43,6 +43,11 @@ typedef struct kvt_metrics {
     uint64_t transfer_errors_total; /* kvt_transfer_errors_total */
     uint64_t reserve_granted_total; /* kvt_reserve_granted_total */
     uint64_t reserve_refused_total; /* kvt_reserve_refused_total */
+    /* Receiver allocations nobody wrote or claimed within pd_alloc_ttl, freed by the expiry
+     * timer (kvt_alloc_expired_total), and chunks refused because their sender (source
+     * address) held its pd_alloc_quota of unclaimed pages (kvt_alloc_quota_refused_total). */
+    uint64_t alloc_expired_total;
+    uint64_t alloc_quota_refused_total;
     /* Data listener (from the transport's stats): kvt_data_lanes_refused_total{reason},
      * kvt_data_lanes_closed_total{reason}, kvt_data_access_denied_total,
      * kvt_data_bad_frames_total. */

@@ -130,8 +130,22 @@ kvt_status_t kvt_verbs_peer_connect(kvt_tl_t *tl, const char *peer_id, const voi
     if (st == KVT_ERR_NOMEM)
         return st;
     if (st != KVT_OK) {
+        kvt_verbs_conn_t *half = NULL;
+
         kvt_verbs_tl_stat_add(&tl->stats.bad_frames, 1);
         kvt_verbs_log("peer %s: bad handshake (%s)", peer_id, kvt_strerror(st));
+        /* The QPs prepared for this handshake go with it: kept, every bad handshake under a
+         * new node id would hold QPs and completion-queue room for good (the verbs side of
+         * a lane that never sends its HELLO), until no peer could connect any more. */
+        pthread_mutex_lock(&tl->lock);
+        p = kvt_verbs_peer_find(tl, peer_id);
+        if (p != NULL) {
+            half = p->pending;
+            p->pending = NULL;
+        }
+        pthread_mutex_unlock(&tl->lock);
+        if (half != NULL)
+            kvt_verbs_conn_put(half);
         return st;
     }
     pthread_mutex_lock(&tl->lock);

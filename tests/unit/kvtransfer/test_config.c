@@ -27,6 +27,8 @@ static void test_defaults(void **state)
     assert_true(c.pd_pull_pending_ttl == 360.0);
     assert_true(c.pd_pull_backpressure_reserve_pct == 2.0);
     assert_true(c.pd_allocation_timeout_sec == 5.0);
+    assert_true(c.pd_alloc_ttl == 30.0);  /* unclaimed receiver allocations */
+    assert_true(c.pd_alloc_quota == 0.5); /* one sender's share of the pool */
     assert_int_equal(c.pd_buffer_size, 1ull << 30);
     assert_string_equal(c.pd_buffer_device, "cpu");
     assert_int_equal(c.pd_buffer_is_device, 0);
@@ -340,6 +342,21 @@ static void test_validate_rules(void **state)
     c.chunk_size = 0;
     assert_int_equal(kvt_config_validate(&c, &err), KVT_ERR_CONFIG);
     c.chunk_size = 16;
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_OK);
+    /* pd_alloc_ttl >= 0 (0 = no expiry; "500ms" style accepted), pd_alloc_quota in (0, 1] */
+    assert_int_equal(kvt_config_set(&c, "pd_alloc_ttl", "500ms", &err), KVT_OK);
+    assert_true(c.pd_alloc_ttl == 0.5);
+    c.pd_alloc_ttl = -1;
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_ERR_CONFIG);
+    assert_string_equal(err.key, "pd_alloc_ttl");
+    c.pd_alloc_ttl = 0;
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_OK);
+    assert_int_equal(kvt_config_set(&c, "pd_alloc_quota", "0", &err), KVT_OK);
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_ERR_CONFIG);
+    assert_string_equal(err.key, "pd_alloc_quota");
+    c.pd_alloc_quota = 1.5;
+    assert_int_equal(kvt_config_validate(&c, &err), KVT_ERR_CONFIG);
+    c.pd_alloc_quota = 1.0;
     assert_int_equal(kvt_config_validate(&c, &err), KVT_OK);
 }
 

@@ -51,6 +51,9 @@ static inline void t_cfg(kvt_config_t *c, kvt_role_t role, t_mode_t mode, uint64
     c->pd_pull_done_port.n = 1;
     c->pd_allocation_timeout_sec = 5.0;
     c->pd_alloc_fail_backoff_ttl = 0.3;
+    /* every sender of a test is 127.0.0.1, one source for the quota, and many tests fill the
+     * receiver's pool on purpose: the quota's own tests (test_alloc_guard.c) set it */
+    c->pd_alloc_quota = 1.0;
     if (channel != NULL)
         assert_int_equal(kvt_channel_parse(channel, &c->transfer_channel), KVT_OK);
 }

@@ -12,6 +12,7 @@
 
 #include "test_engine_common.h"
 #include "kvt/kvt_msg.h"
+#include "kvt_engine_int.h" /* the receiver's peer table */
 #include "kvt_tl_tcp_int.h"
 
 #define TOKEN "6f1c2a3b-4d5e-4f60-8172-839405a6b7c8"
@@ -279,6 +280,94 @@ static void test_sender_refuses_answer_without_blob(void **state)
     t_keys_free(keys, 2);
 }
 
+/* TransportInit{<id>} from <src> to <port>; whether the receiver answered with its own. */
+static int handshake_from(const char *src, uint16_t port, const char *id)
+{
+    void *ctx = zmq_ctx_new(), *dl = zmq_socket(ctx, ZMQ_DEALER);
+    uint8_t reply[8192], blob[128];
+    size_t n, bl = sizeof(blob);
+    char ep[96];
+    int zero = 0, tmo = 5000;
+    kvt_msg_t m;
+
+    zmq_setsockopt(dl, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(dl, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    snprintf(ep, sizeof(ep), "tcp://%s:0;127.0.0.1:%u", src, (unsigned)port);
+    assert_int_equal(zmq_connect(dl, ep), 0);
+    assert_int_equal(kvt_tcp_addr_pack("127.0.0.1", 9, TOKEN, blob, &bl), KVT_OK);
+    kvt_msg_init(&m, KVT_MSG_TRANSPORT_INIT);
+    m.u.tinit.node_id = (char *)id;
+    m.u.tinit.transport = "tcp";
+    m.u.tinit.version = 1;
+    m.u.tinit.addr.p = blob;
+    m.u.tinit.addr.n = (uint32_t)bl;
+    n = init_exchange(dl, &m, reply, sizeof(reply));
+    zmq_close(dl);
+    zmq_ctx_term(ctx);
+    return n > 0;
+}
+
+/* Whether <id> ran the handshake here: in the engine's table, and holding a lane token in the
+ * transport's (a removed TCP peer keeps its entry, without tokens). */
+static int known_peer(kvt_engine_t *r, const char *id)
+{
+    tcp_peer_t *p;
+    int hs, tl;
+
+    pthread_mutex_lock(&r->rx_lock);
+    hs = kvt_map_get(&r->hs_peers, id) != NULL;
+    pthread_mutex_unlock(&r->rx_lock);
+    pthread_mutex_lock(&r->tl->lock);
+    p = kvt_tl_tcp_peer_find_locked(r->tl, id);
+    tl = p != NULL && p->token[0] != '\0';
+    pthread_mutex_unlock(&r->tl->lock);
+    assert_int_equal(hs, tl);
+    return hs;
+}
+
+/* One source address keeps at most transfer_max_peers_per_addr node ids handshaken: past it
+ * its least recent one is forgotten (transport and grant table), so handshakes under ever
+ * new ids from 127.0.0.2 cannot fill the peer tables; a peer from another address stays, and
+ * a known id handshaking again is the most recent, not a new one. */
+static void test_peers_per_source_capped(void **state)
+{
+    kvt_config_t rc;
+    kvt_engine_t *r;
+    kvt_engine_params_t ep = {.page_size = T_PAGE, .bind_host = "127.0.0.1"};
+    kvt_engine_ports_t ports;
+    char id[32];
+    (void)state;
+
+    t_cfg(&rc, KVT_ROLE_RECEIVER, MODE_PUSH, 8 * T_PAGE, "tcp");
+    rc.transfer_max_peers_per_addr = 3;
+    ep.cfg = &rc;
+    assert_int_equal(kvt_engine_create(&ep, &r), KVT_OK);
+    kvt_engine_ports(r, &ports);
+    assert_true(handshake_from("127.0.0.1", ports.init_port, "prefill-0"));
+    for (int i = 0; i < 3; i++) {
+        snprintf(id, sizeof(id), "s%d", i);
+        assert_true(handshake_from("127.0.0.2", ports.init_port, id));
+    }
+    assert_true(known_peer(r, "s0") && known_peer(r, "s1") && known_peer(r, "s2"));
+    assert_true(handshake_from("127.0.0.2", ports.init_port, "s3"));
+    assert_false(known_peer(r, "s0")); /* the oldest of that address */
+    assert_true(known_peer(r, "s1") && known_peer(r, "s3"));
+    assert_true(handshake_from("127.0.0.2", ports.init_port, "s1")); /* again: most recent */
+    assert_true(handshake_from("127.0.0.2", ports.init_port, "s4"));
+    assert_false(known_peer(r, "s2"));
+    assert_true(known_peer(r, "s1") && known_peer(r, "s3") && known_peer(r, "s4"));
+    for (int i = 5; i < 70; i++) {
+        snprintf(id, sizeof(id), "s%d", i);
+        assert_true(handshake_from("127.0.0.2", ports.init_port, id));
+    }
+    assert_true(known_peer(r, "prefill-0")); /* another address: untouched */
+    assert_true(known_peer(r, "s69"));
+    pthread_mutex_lock(&r->rx_lock);
+    assert_int_equal(r->hs_peers.count, 4);
+    pthread_mutex_unlock(&r->rx_lock);
+    kvt_engine_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -287,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_tcp_addr_blob),
         cmocka_unit_test(test_receiver_answers_envelope),
         cmocka_unit_test(test_sender_refuses_answer_without_blob),
+        cmocka_unit_test(test_peers_per_source_capped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -453,6 +453,53 @@ static void test_rename_after_reply(void **state)
     assert_clean_fake();
 }
 
+static unsigned fk_live_qps(void)
+{
+    unsigned n = 0;
+
+    pthread_mutex_lock(&fk.lock);
+    for (int i = 0; i < FK_MAX_QPS; i++)
+        n += fk.qps[i] != NULL;
+    pthread_mutex_unlock(&fk.lock);
+    return n;
+}
+
+/* A handshake whose peer blob is garbage takes the QPs prepared for it along: strangers
+ * sending bad handshakes under ever new node ids (what the init port lets anyone do) leave no
+ * QPs and no completion-queue room behind, and a real peer still connects. */
+static void test_bad_handshake_leaves_no_qps(void **state)
+{
+    char blob_a[KVT_TL_BLOB_MAX], blob_b[KVT_TL_BLOB_MAX], id[32];
+    const char junk[] = "not a verbs handshake";
+    size_t la = sizeof(blob_a), lb;
+    kvt_tl_xfer_t x;
+    side_t a, b;
+    unsigned base;
+
+    side_open(&a, "prefill-0", UA);
+    side_open(&b, "decode-0", UB);
+    assert_int_equal(ops->peer_prepare(a.tl, "decode-0", blob_a, &la), KVT_OK);
+    base = fk_live_qps();
+    for (int i = 0; i < 50; i++) {
+        snprintf(id, sizeof(id), "stranger-%d", i);
+        lb = sizeof(blob_b);
+        assert_int_equal(ops->peer_prepare(b.tl, id, blob_b, &lb), KVT_OK);
+        assert_true(fk_live_qps() > base);
+        assert_int_not_equal(ops->peer_connect(b.tl, id, junk, sizeof(junk)), KVT_OK);
+        assert_int_equal(fk_live_qps(), base);
+    }
+    lb = sizeof(blob_b);
+    assert_int_equal(ops->peer_prepare(b.tl, "prefill-0", blob_b, &lb), KVT_OK);
+    assert_int_equal(ops->peer_connect(b.tl, "prefill-0", blob_a, la), KVT_OK);
+    assert_int_equal(ops->peer_connect(a.tl, "decode-0", blob_b, lb), KVT_OK);
+    x = ref(&a, 0, UB, 0, 2);
+    assert_int_equal(ops->post(a.tl, "decode-0", KVT_TL_OP_WRITE, &x, 1, 41), KVT_OK);
+    assert_int_equal(wait_done(&a, 1, 41), KVT_OK);
+    side_close(&b);
+    side_close(&a);
+    assert_clean_fake();
+}
+
 /* Every allocation on the handshake and post paths may fail: clean statuses, no leak, and the
  * transport still works afterwards. */
 static void test_allocation_failures(void **state)
@@ -512,6 +559,7 @@ int main(void)
         cmocka_unit_test_setup(test_destroy_flushes_outstanding, setup),
         cmocka_unit_test_setup(test_rename_after_reply, setup),
         cmocka_unit_test_setup(test_allocation_failures, setup),
+        cmocka_unit_test_setup(test_bad_handshake_leaves_no_qps, setup),
     };
 
     ops = kvt_tl_verbs_desc.ops;
