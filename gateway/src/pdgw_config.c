@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "pdb/pdb_map.h"
 #include "pdgw_alloc.h"
 #include "pdgw_config_int.h"
 #include "pdgw_util.h"
@@ -218,6 +219,11 @@ static const pdgw_config_option_t options[] = {
     {"kv_events_max_blocks", "kv-events-max-blocks", "PDGW_KV_EVENTS_MAX_BLOCKS", PDGW_OPT_INT,
      NULL, 64, 67108864, "1048576", "N", "precise-prefix: bound of the KV-event block index.",
      C(kv_events_max_blocks)},
+    {"kv_events_max_message_bytes", "kv-events-max-message-bytes",
+     "PDGW_KV_EVENTS_MAX_MESSAGE_BYTES", PDGW_OPT_SIZE, NULL, 65536, 1073741824, "16MiB", "SIZE",
+     "Largest KV-event message taken from an engine's publisher or replay socket; a larger one "
+     "drops that connection, which is opened again.",
+     C(kv_events_max_message_bytes)},
     {"tokenize_timeout", "tokenize-timeout", "PDGW_TOKENIZE_TIMEOUT", PDGW_OPT_DURATION, NULL,
      0, 0, "250ms", "DURATION", "Longest wait for an engine's POST /tokenize of a text prompt "
      "(precise-prefix, selective PD) before the request is routed without tokens "
@@ -709,6 +715,8 @@ pdgw_status_t pdgw_cfg_opt_set_text(const pdgw_config_option_t *o, void *base, c
                                  text);
         if (o->min > 0 && b < (uint64_t)o->min)
             return pdgw_cfg_fail(src, key, "must be at least %ld bytes, got \"%s\"", o->min, text);
+        if (o->max > 0 && b > (uint64_t)o->max)
+            return pdgw_cfg_fail(src, key, "must be at most %ld bytes, got \"%s\"", o->max, text);
         *(uint64_t *)f = b;
         return PDGW_OK;
     }
@@ -1004,39 +1012,42 @@ static pdgw_status_t check_instances(const pdgw_config_t *cfg, pdgw_cfg_src_t *s
                                      role_counts_t *n)
 {
     char key[96];
+    pdb_map_t seen; /* id -> its index + 1 (hashed: a fleet of thousands stays linear) */
+    pdgw_status_t st = PDGW_OK;
 
-    for (size_t i = 0; i < cfg->n_instances; i++) {
+    if (pdb_map_init(&seen, cfg->n_instances) != PDB_OK)
+        return pdgw_cfg_fail(src, "instances", "out of memory");
+    for (size_t i = 0; st == PDGW_OK && i < cfg->n_instances; i++) {
         const pdgw_instance_config_t *in = &cfg->instances[i];
-        for (size_t k = 0; k < i; k++) {
-            if (strcmp(cfg->instances[k].id, in->id) == 0) {
-                snprintf(key, sizeof(key), "instances[%zu].id", i);
-                return pdgw_cfg_fail(src, key, "duplicate instance id \"%s\" (also instances[%zu])",
-                                     in->id, k);
-            }
-        }
-        if (in->dp_rank >= in->dp_size) {
+        void *prev = pdb_map_get(&seen, in->id);
+        if (prev != NULL) {
+            snprintf(key, sizeof(key), "instances[%zu].id", i);
+            st = pdgw_cfg_fail(src, key, "duplicate instance id \"%s\" (also instances[%zu])",
+                               in->id, (size_t)(uintptr_t)prev - 1);
+        } else if (pdb_map_put(&seen, in->id, (void *)(uintptr_t)(i + 1)) != PDB_OK) {
+            st = pdgw_cfg_fail(src, "instances", "out of memory");
+        } else if (in->dp_rank >= in->dp_size) {
             snprintf(key, sizeof(key), "instances[%zu].dp_rank", i);
-            return pdgw_cfg_fail(src, key, "dp_rank %d must be below dp_size %d", in->dp_rank,
-                                 in->dp_size);
-        }
-        if (in->alloc_ports.count != 0 && in->alloc_ports.count != (size_t)in->tp_size) {
+            st = pdgw_cfg_fail(src, key, "dp_rank %d must be below dp_size %d", in->dp_rank,
+                               in->dp_size);
+        } else if (in->alloc_ports.count != 0 && in->alloc_ports.count != (size_t)in->tp_size) {
             snprintf(key, sizeof(key), "instances[%zu].alloc_ports", i);
-            return pdgw_cfg_fail(src, key, "needs one port per TP rank (tp_size %d), got %zu",
-                                 in->tp_size, in->alloc_ports.count);
-        }
-        if (in->init_ports.count != 0 && in->init_ports.count != (size_t)in->tp_size) {
+            st = pdgw_cfg_fail(src, key, "needs one port per TP rank (tp_size %d), got %zu",
+                               in->tp_size, in->alloc_ports.count);
+        } else if (in->init_ports.count != 0 && in->init_ports.count != (size_t)in->tp_size) {
             snprintf(key, sizeof(key), "instances[%zu].init_ports", i);
-            return pdgw_cfg_fail(src, key, "needs one port per TP rank (tp_size %d), got %zu",
-                                 in->tp_size, in->init_ports.count);
-        }
-        if (in->role == PDGW_ROLE_PREFILL)
+            st = pdgw_cfg_fail(src, key, "needs one port per TP rank (tp_size %d), got %zu",
+                               in->tp_size, in->init_ports.count);
+        } else if (in->role == PDGW_ROLE_PREFILL) {
             n->prefill++;
-        else if (in->role == PDGW_ROLE_DECODE)
+        } else if (in->role == PDGW_ROLE_DECODE) {
             n->decode++;
-        else
+        } else {
             n->both++;
+        }
     }
-    return PDGW_OK;
+    pdb_map_fini(&seen, NULL);
+    return st;
 }
 
 /* Credentials printable and bounded; TLS files and the files named readable. */

@@ -181,6 +181,7 @@ typedef struct pdgw_config {
     int kv_events_load_weight;
     int kv_events_other_tier_percent;
     int kv_events_max_blocks;
+    uint64_t kv_events_max_message_bytes;
     /* tokenize before routing, selective PD (pdgw_route.h) */
     uint64_t tokenize_timeout_ms;
     int tokenize_cache_entries;

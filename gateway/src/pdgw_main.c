@@ -146,6 +146,7 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched
     sc.kv_events_load_weight = cfg->kv_events_load_weight;
     sc.kv_events_other_tier_weight = cfg->kv_events_other_tier_percent / 100.0;
     sc.kv_events_max_blocks = (size_t)cfg->kv_events_max_blocks;
+    sc.kv_events_max_message_bytes = (size_t)cfg->kv_events_max_message_bytes;
     if (cfg->n_instances > 0) {
         descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
         if (descs == NULL) {
@@ -242,19 +243,29 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
     }
     if (st == PDGW_OK)
         st = make_pool(cfg, true, &pool, err, errlen);
+    if (st == PDGW_OK && cfg->n_instances > 0) {
+        /* The static instances join a pool when it starts; add them by hand (in one step:
+         * one by one copies the set once per instance) to get the scheduler's own view of
+         * each (URL parsed, defaults applied). */
+        sched_instance_desc_t *descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
+        char why[256];
+        if (descs == NULL) {
+            snprintf(err, errlen, "out of memory");
+            st = PDGW_ERR_NOMEM;
+        } else {
+            for (i = 0; i < cfg->n_instances; i++)
+                map_instance(&cfg->instances[i], &descs[i]);
+            if (sched_pool_add_many(pool, descs, cfg->n_instances, why, sizeof(why)) != SCHED_OK) {
+                snprintf(err, errlen, "instances: %s", why);
+                st = PDGW_ERR_INVALID;
+            }
+            pdgw_free(descs);
+        }
+    }
     for (i = 0; st == PDGW_OK && i < cfg->n_instances; i++) {
-        sched_instance_desc_t d;
         sched_instance_t *si;
         pdgw_instance_t view;
         char why[256];
-        /* The static instances join a pool when it starts; add them by hand to get the
-         * scheduler's own view of each (URL parsed, defaults applied). */
-        map_instance(&cfg->instances[i], &d);
-        if (sched_pool_add(pool, &d, why, sizeof(why)) != SCHED_OK) {
-            snprintf(err, errlen, "instances[%zu]: %s", i, why);
-            st = PDGW_ERR_INVALID;
-            break;
-        }
         si = sched_pool_get(pool, cfg->instances[i].id);
         if (si == NULL)
             continue;

@@ -27,6 +27,7 @@ void sched_config_init(sched_config_t *cfg)
     cfg->kv_events_load_weight = 1.0;
     cfg->kv_events_other_tier_weight = 0.5;
     cfg->kv_events_max_blocks = 1u << 20;
+    cfg->kv_events_max_message_bytes = (size_t)16 << 20;
     cfg->dns.interval_ms = 5000;
     cfg->kubernetes.port_name = "http";
     cfg->kubernetes.token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -47,8 +48,51 @@ static sched_status_t check_dns_name(const char *key, const char *v, char *err, 
     return SCHED_OK;
 }
 
+/* Each static instance valid, and no two alike: the same id, or no ids and the same URL. One
+ * map of ids and one of URLs (value: index + 1), so a fleet of 20,000 is one pass. */
+static sched_status_t check_instances(const sched_config_t *cfg, char *err, size_t err_len)
+{
+    pdb_map_t ids, urls;
+    sched_status_t status = SCHED_OK;
+
+    if (pdb_map_init(&ids, cfg->n_instances) != PDB_OK)
+        goto err_nomem;
+    if (pdb_map_init(&urls, 0) != PDB_OK) {
+        pdb_map_fini(&ids, NULL);
+        goto err_nomem;
+    }
+    for (size_t i = 0; i < cfg->n_instances && status == SCHED_OK; i++) {
+        const sched_instance_desc_t *d = &cfg->instances[i];
+        bool by_id = d->id && *d->id;
+        pdb_map_t *m = by_id ? &ids : &urls;
+        const char *key = by_id ? d->id : d->url;
+        char sub[200];
+        void *first;
+        if (sched_instance_desc_validate(d, sub, sizeof(sub)) != SCHED_OK) {
+            sched_set_err(err, err_len, "instances[%zu].%s", i, sub);
+            status = SCHED_ERR_INVALID;
+        } else if ((first = pdb_map_get(m, key)) != NULL) {
+            sched_set_err(err, err_len, "instances[%zu].id: duplicate of instances[%zu]", i,
+                          (size_t)(uintptr_t)first - 1);
+            status = SCHED_ERR_INVALID;
+        } else if (pdb_map_put(m, key, (void *)(uintptr_t)(i + 1)) != PDB_OK) {
+            sched_set_err(err, err_len, "out of memory");
+            status = SCHED_ERR_NO_MEMORY;
+        }
+    }
+    pdb_map_fini(&ids, NULL);
+    pdb_map_fini(&urls, NULL);
+    return status;
+
+err_nomem:
+    sched_set_err(err, err_len, "out of memory");
+    return SCHED_ERR_NO_MEMORY;
+}
+
 sched_status_t sched_config_validate(const sched_config_t *cfg, char *err, size_t err_len)
 {
+    sched_status_t status;
+
     if ((unsigned)cfg->prefill_policy >= SCHED_POLICY_COUNT) {
         sched_set_err(err, err_len, "prefill_policy: unknown policy");
         return SCHED_ERR_INVALID;
@@ -89,23 +133,15 @@ sched_status_t sched_config_validate(const sched_config_t *cfg, char *err, size_
         sched_set_err(err, err_len, "instances: missing array");
         return SCHED_ERR_INVALID;
     }
-    for (size_t i = 0; i < cfg->n_instances; i++) {
-        char sub[200];
-        if (sched_instance_desc_validate(&cfg->instances[i], sub, sizeof(sub)) != SCHED_OK) {
-            sched_set_err(err, err_len, "instances[%zu].%s", i, sub);
-            return SCHED_ERR_INVALID;
-        }
-        for (size_t j = 0; j < i; j++) {
-            const char *a = cfg->instances[i].id, *b = cfg->instances[j].id;
-            const char *ua = cfg->instances[i].url, *ub = cfg->instances[j].url;
-            bool same = (a && *a && b && *b) ? strcmp(a, b) == 0
-                                             : (!(a && *a) && !(b && *b) && strcmp(ua, ub) == 0);
-            if (same) {
-                sched_set_err(err, err_len, "instances[%zu].id: duplicate of instances[%zu]", i, j);
-                return SCHED_ERR_INVALID;
-            }
-        }
+    if (cfg->kv_events_max_message_bytes != 0 &&
+        (cfg->kv_events_max_message_bytes < ((size_t)64 << 10) ||
+         cfg->kv_events_max_message_bytes > ((size_t)1 << 30))) {
+        sched_set_err(err, err_len, "kv_events_max_message_bytes: must be 64KiB..1GiB");
+        return SCHED_ERR_INVALID;
     }
+    status = check_instances(cfg, err, err_len);
+    if (status != SCHED_OK)
+        return status;
     if (check_dns_name("prefill", cfg->dns.prefill, err, err_len) ||
         check_dns_name("decode", cfg->dns.decode, err, err_len) ||
         check_dns_name("both", cfg->dns.both, err, err_len))

@@ -188,19 +188,16 @@ static sched_status_t static_create(const sched_config_t *cfg, sched_pool_t *poo
     return SCHED_OK;
 }
 
+/* All of them in one snapshot: one add at a time copies the set once per instance. */
 static sched_status_t static_start(void *arg)
 {
     static_state_t *st = arg;
-    char err[200];
+    char err[200] = "";
+    sched_status_t status = sched_pool_add_many(st->pool, st->descs, st->n, err, sizeof(err));
 
-    for (size_t i = 0; i < st->n; i++) {
-        sched_status_t status = sched_pool_add(st->pool, &st->descs[i], err, sizeof(err));
-        if (status != SCHED_OK) {
-            sched_pool_logf(st->pool, SCHED_LOG_ERROR, "instance %s: %s", st->descs[i].id, err);
-            return status;
-        }
-    }
-    return SCHED_OK;
+    if (status != SCHED_OK)
+        sched_pool_logf(st->pool, SCHED_LOG_ERROR, "instances: %s", err);
+    return status;
 }
 
 static const sched_discovery_ops_t sched_discovery_static_ops = {

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "pdb/pdb_clock.h"
+#include "pdb/pdb_map.h"
 
 #define K8S_LIST_MAX_BYTES  (64u << 20) /* whole list body */
 #define K8S_EVENT_MAX_BYTES (16u << 20) /* one watch line */
@@ -148,9 +149,11 @@ typedef struct k8s_state {
     size_t n_w;
     k8s_pod_t **pods;
     size_t n_pods, cap_pods;
+    pdb_map_t pod_by_name; /* name → pods[] entry */
     size_t pod_fetches;
-    k8s_reported_t *reported;
+    k8s_reported_t **reported; /* what this back-end upserted (owned) */
     size_t n_reported, cap_reported;
+    pdb_map_t reported_by_id; /* id → reported[] entry */
     bool dirty;
     bool token_warned;
     CURLM *multi;
@@ -351,6 +354,10 @@ static sched_status_t k8s_create(const sched_config_t *cfg, sched_pool_t *pool, 
     }
     st->multi = curl_multi_init();
     if (st->multi == NULL) {
+        goto err_free;
+    }
+    if (pdb_map_init(&st->pod_by_name, 0) != PDB_OK ||
+        pdb_map_init(&st->reported_by_id, 0) != PDB_OK) {
         goto err_free;
     }
     *state_out = st;
@@ -863,16 +870,10 @@ static void watch_done(k8s_state_t *st, k8s_watcher_t *w, k8s_xfer_t *x, CURLcod
 
 static k8s_pod_t *pod_get(k8s_state_t *st, const char *name, bool create)
 {
-    size_t i;
-    k8s_pod_t *p;
+    k8s_pod_t *p = pdb_map_get(&st->pod_by_name, name);
 
-    for (i = 0; i < st->n_pods; i++) {
-        if (strcmp(st->pods[i]->name, name) == 0) {
-            return st->pods[i];
-        }
-    }
-    if (!create) {
-        return NULL;
+    if (p != NULL || !create) {
+        return p;
     }
     if (st->n_pods == st->cap_pods) {
         size_t cap = st->cap_pods != 0 ? st->cap_pods * 2 : 16;
@@ -890,12 +891,17 @@ static k8s_pod_t *pod_get(k8s_state_t *st, const char *name, bool create)
     snprintf(p->name, sizeof(p->name), "%s", name);
     p->pstate = K8S_POD_WANTED;
     p->backoff_ms = K8S_BACKOFF_MIN_MS;
+    if (pdb_map_put(&st->pod_by_name, p->name, p) != PDB_OK) {
+        sched_free(p);
+        return NULL;
+    }
     st->pods[st->n_pods++] = p;
     return p;
 }
 
 static void pod_free(k8s_state_t *st, k8s_pod_t *p)
 {
+    pdb_map_remove(&st->pod_by_name, p->name);
     if (p->xfer != NULL) {
         xfer_free(st, p->xfer);
         st->pod_fetches--;
@@ -976,13 +982,7 @@ err_retry:
 
 static k8s_reported_t *reported_find(k8s_state_t *st, const char *id)
 {
-    size_t i;
-    for (i = 0; i < st->n_reported; i++) {
-        if (strcmp(st->reported[i].id, id) == 0) {
-            return &st->reported[i];
-        }
-    }
-    return NULL;
+    return pdb_map_get(&st->reported_by_id, id);
 }
 
 static k8s_reported_t *reported_add(k8s_state_t *st, const char *id)
@@ -990,49 +990,33 @@ static k8s_reported_t *reported_add(k8s_state_t *st, const char *id)
     k8s_reported_t *r;
     if (st->n_reported == st->cap_reported) {
         size_t cap = st->cap_reported != 0 ? st->cap_reported * 2 : 16;
-        k8s_reported_t *nr = sched_realloc(st->reported, cap * sizeof(*nr));
+        k8s_reported_t **nr = sched_realloc(st->reported, cap * sizeof(*nr));
         if (nr == NULL) {
             return NULL;
         }
         st->reported = nr;
         st->cap_reported = cap;
     }
-    r = &st->reported[st->n_reported++];
+    r = sched_calloc(1, sizeof(*r));
+    if (r == NULL) {
+        return NULL;
+    }
     snprintf(r->id, sizeof(r->id), "%s", id);
-    r->drained = false;
+    if (pdb_map_put(&st->reported_by_id, r->id, r) != PDB_OK) {
+        sched_free(r);
+        return NULL;
+    }
+    st->reported[st->n_reported++] = r;
     return r;
 }
 
-/* Ids seen in this reconciliation (duplicates across slices/roles are skipped). */
-typedef struct k8s_seen {
-    const char **ids;
-    size_t n, cap;
-} k8s_seen_t;
-
-static bool seen_has(const k8s_seen_t *s, const char *id)
+/* Forget reported[i] (swapped with the last). */
+static void reported_drop(k8s_state_t *st, size_t i)
 {
-    size_t i;
-    for (i = 0; i < s->n; i++) {
-        if (strcmp(s->ids[i], id) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
-static bool seen_add(k8s_seen_t *s, const char *id)
-{
-    if (s->n == s->cap) {
-        size_t cap = s->cap != 0 ? s->cap * 2 : 32;
-        const char **n = sched_realloc(s->ids, cap * sizeof(*n));
-        if (n == NULL) {
-            return false;
-        }
-        s->ids = n;
-        s->cap = cap;
-    }
-    s->ids[s->n++] = id;
-    return true;
+    k8s_reported_t *r = st->reported[i];
+    pdb_map_remove(&st->reported_by_id, r->id);
+    sched_free(r);
+    st->reported[i] = st->reported[--st->n_reported];
 }
 
 static void reconcile_endpoint(k8s_state_t *st, k8s_watcher_t *w, const sched_k8s_slice_t *sl,
@@ -1080,9 +1064,12 @@ static void reconcile_endpoint(k8s_state_t *st, k8s_watcher_t *w, const sched_k8
 
 static void reconcile(k8s_state_t *st)
 {
-    k8s_seen_t seen = {0};
+    pdb_map_t seen; /* ids met in this pass (an endpoint in several slices counts once) */
     size_t wi, si, ei, i;
 
+    if (pdb_map_init(&seen, st->n_reported) != PDB_OK) {
+        return; /* out of memory: try again on the next change */
+    }
     for (i = 0; i < st->n_pods; i++) {
         st->pods[i]->referenced = false;
     }
@@ -1094,10 +1081,11 @@ static void reconcile(k8s_state_t *st)
             for (ei = 0; ei < sl->n_eps; ei++) {
                 const sched_k8s_endpoint_t *ep = &sl->eps[ei];
                 k8s_pod_t *pod = NULL;
-                if (seen_has(&seen, ep->id)) {
+                pdb_status_t ps = pdb_map_put(&seen, ep->id, (void *)ep);
+                if (ps == PDB_ERR_EXISTS) {
                     continue;
                 }
-                if (!seen_add(&seen, ep->id)) {
+                if (ps != PDB_OK) {
                     goto out; /* out of memory: try again on the next change */
                 }
                 if (ep->pod[0] != '\0') {
@@ -1120,15 +1108,15 @@ static void reconcile(k8s_state_t *st)
     }
     /* Gone from every slice: retire (drain, removed once idle). */
     for (i = 0; i < st->n_reported;) {
-        if (!seen_has(&seen, st->reported[i].id)) {
-            sched_status_t status = sched_pool_retire(st->pool, st->reported[i].id);
+        const char *id = st->reported[i]->id;
+        if (pdb_map_get(&seen, id) == NULL) {
+            sched_status_t status = sched_pool_retire(st->pool, id);
             if (status != SCHED_OK && status != SCHED_ERR_NOT_FOUND) {
-                K8S_LOG(st, SCHED_LOG_WARN, "retire %s: %s", st->reported[i].id,
-                        sched_strerror(status));
+                K8S_LOG(st, SCHED_LOG_WARN, "retire %s: %s", id, sched_strerror(status));
             } else {
-                K8S_LOG(st, SCHED_LOG_INFO, "%s left", st->reported[i].id);
+                K8S_LOG(st, SCHED_LOG_INFO, "%s left", id);
             }
-            st->reported[i] = st->reported[--st->n_reported];
+            reported_drop(st, i);
         } else {
             i++;
         }
@@ -1144,7 +1132,7 @@ static void reconcile(k8s_state_t *st)
     }
     st->dirty = false;
 out:
-    sched_free(seen.ids);
+    pdb_map_fini(&seen, NULL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1271,7 +1259,12 @@ static void k8s_destroy(void *state)
         pod_free(st, st->pods[i]);
     }
     sched_free(st->pods);
+    pdb_map_fini(&st->pod_by_name, NULL);
+    for (i = 0; i < st->n_reported; i++) {
+        sched_free(st->reported[i]);
+    }
     sched_free(st->reported);
+    pdb_map_fini(&st->reported_by_id, NULL);
     if (st->multi != NULL) {
         curl_multi_cleanup(st->multi);
     }

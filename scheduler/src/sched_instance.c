@@ -27,7 +27,6 @@ sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_de
         goto err_desc;
     }
     atomic_init(&inst->refcnt, 1);
-    inst->uid = atomic_fetch_add(&pool->next_uid, 1);
     inst->weight = inst->desc.weight;
     inst->inv_weight = ((1ull << 32) + inst->weight - 1) / inst->weight;
     inst->roles = (uint8_t)inst->desc.role;

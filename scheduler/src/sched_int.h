@@ -22,6 +22,7 @@
 #include <pdsched/discovery.h>
 #include <pdsched/sched.h>
 
+#include "pdb/pdb_map.h"
 #include "sched_alloc_int.h"
 
 /* Role index of the per-role arrays: 0 = can prefill, 1 = can decode. */
@@ -66,7 +67,7 @@ struct sched_instance {
     /* ---- immutable ------------------------------------------------ */
     _Atomic uint64_t breaker_until_ms; /* OPEN: earliest half-open probe */
     _Atomic uint32_t refcnt;
-    uint64_t uid;         /* unique per pool object, never reused */
+    uint64_t uid;         /* unique per pool object, never reused; given when it joins */
     uint8_t roles;        /* SCHED_ROLE_* bits */
     sched_clock_fn clock; /* the pool's clock (for hints set by the gateway) */
     void *clock_arg;
@@ -92,13 +93,17 @@ struct sched_instance {
     uint64_t next_probe_ms, next_scrape_ms;
     bool probe_busy, scrape_busy, models_busy;
 
+    /* ---- pool writers only (write_mu) -------------------------------- */
+    bool leaving; /* left out of the snapshot being built */
+
     sched_instance_desc_t desc; /* owned copy, immutable */
 };
 
-/* Immutable view of the instance set; replaced as a whole. */
+/* Immutable view of the instance set; replaced as a whole. Its arrays borrow the
+ * instances: the pool's id index holds the reference of each member. */
 typedef struct sched_snapshot {
     size_t n_all;
-    sched_instance_t **all; /* pool holds one reference per entry */
+    sched_instance_t **all; /* sorted by uid */
     size_t n_role[2];
     sched_instance_t **role[2]; /* borrowed from all[] */
     uint64_t *wsum[2];          /* running sums of role[r][i]->weight (weighted policy) */
@@ -137,6 +142,9 @@ struct sched_pool {
     /* instance set */
     pthread_rwlock_t lock;
     sched_snapshot_t *snap;
+    /* id → sched_member_t of every instance in snap: read under lock (read), written with
+     * write_mu and lock (write) held, together with the swap of snap */
+    pdb_map_t by_id;
     pthread_mutex_t write_mu; /* serialises writers building snapshots */
     _Atomic uint64_t next_uid;
     _Atomic uint64_t rr[2];
@@ -330,6 +338,11 @@ void sched_breaker_report(sched_pool_t *pool, sched_instance_t *inst, bool probe
                           const sched_result_t *result);
 
 /* ---- sched_pool.c ---- */
+/* An entry of pool->by_id: the instance holding that id now, with the pool's reference. */
+typedef struct sched_member {
+    sched_instance_t *inst;
+} sched_member_t;
+
 uint64_t sched_pool_now(const sched_pool_t *pool);
 uint64_t sched_pool_kv_ttl_ms(const sched_pool_t *pool);
 /* Remove retiring instances with nothing in flight (pool thread). */
@@ -402,8 +415,10 @@ sched_status_t sched_kvev_request_keys(sched_pool_t *pool, const sched_request_t
 sched_status_t sched_kvev_pool_create(sched_pool_t *pool, const sched_config_t *cfg);
 sched_status_t sched_kvev_pool_start(sched_pool_t *pool);
 void sched_kvev_pool_destroy(sched_pool_t *pool);
-void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
-                          const sched_snapshot_t *next);
+/* The set changed: <gone> left it, <added> joined it (a replaced instance is both: the old
+ * object left, the new one joined). Called by the writer after the swap. */
+void sched_kvev_pool_sync(sched_pool_t *pool, sched_instance_t *const *gone, size_t n_gone,
+                          sched_instance_t *const *added, size_t n_added);
 /* Least-score allowed instance (exported from sched_policy.c). */
 sched_instance_t *sched_policy_least(sched_instance_t *const *arr, size_t n,
                                      const sched_pick_ctx_t *ctx, uint64_t *score_out);

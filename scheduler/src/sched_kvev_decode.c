@@ -67,14 +67,16 @@ static uint64_t rd_be(const unsigned char *p, int n)
 
 /*
  * Walk the msgpack bytes once before unpacking: true when they form
- * exactly one object and no container claims more elements than bytes
- * remain. msgpack-c sizes a container's storage from its header, so a
- * forged header (an array of 4 billion elements in 5 bytes) would
- * otherwise ask for tens of gigabytes before failing.
+ * exactly one object, no container claims more elements than bytes
+ * remain, and there are at most SCHED_KVEV_MAX_OBJECTS elements in all.
+ * msgpack-c sizes a container's storage from its header, so a forged
+ * header (an array of 4 billion elements in 5 bytes) would otherwise ask
+ * for tens of gigabytes before failing; and it builds a 24-byte object for
+ * every element, so 16 MiB of one-byte elements would take 384 MiB.
  */
 static bool precheck(const unsigned char *b, size_t len)
 {
-    uint64_t pending = 1;
+    uint64_t pending = 1, objects = 1;
     size_t pos = 0;
 
     while (pending > 0) {
@@ -176,10 +178,11 @@ static bool precheck(const unsigned char *b, size_t len)
                     skip += n;
             }
         }
-        if (skip > len - pos || items > len - pos)
+        if (skip > len - pos || items > len - pos || items > SCHED_KVEV_MAX_OBJECTS - objects)
             return false;
         pos += (size_t)skip;
         pending += items;
+        objects += items;
     }
     return pos == len;
 }
@@ -481,7 +484,7 @@ sched_status_t sched_kvev_decode(const void *buf, size_t len, sched_kvev_batch_t
     msgpack_unpacked_init(up);
     if (!precheck(buf, len) || msgpack_unpack_next(up, buf, len, &off) != MSGPACK_UNPACK_SUCCESS ||
         off != len) {
-        st = fail(&d, "payload: not exactly one msgpack object");
+        st = fail(&d, "payload: not exactly one msgpack object (of at most 4M elements)");
         goto err_free;
     }
     d.zone = up->zone;

@@ -58,12 +58,18 @@ typedef struct sched_kvev_batch {
     void *zone_;      /* owned */
 } sched_kvev_batch_t;
 
+/* Most msgpack elements (all levels) one payload may hold: an engine step's batch has about
+ * 1.1 per token it caches (the token ids, a hash per block), so 4M is 3.7M tokens in one step,
+ * and msgpack-c's 24 bytes per element stay under 100 MiB for the largest payload taken. */
+#define SCHED_KVEV_MAX_OBJECTS ((uint64_t)1 << 22)
+
 /*
  * Decode one payload (the third frame of a KV-event message). Accepts the
  * array layout (older vLLM: [ts, [events], dp_rank], events ["Tag", ...])
  * and the map layout (newer: {"ts":..,"events":[{"type":"Tag",..}],..}).
- * SCHED_ERR_INVALID with a reason in <err> for anything malformed; the
- * batch is then left empty. Free with sched_kvev_batch_free().
+ * SCHED_ERR_INVALID with a reason in <err> for anything malformed (or of
+ * more than SCHED_KVEV_MAX_OBJECTS elements); the batch is then left
+ * empty. Free with sched_kvev_batch_free().
  */
 sched_status_t sched_kvev_decode(const void *buf, size_t len, sched_kvev_batch_t *out, char *err,
                                  size_t err_len);
@@ -128,12 +134,18 @@ typedef struct sched_kvev_sub_stats {
     uint64_t restarts;      /* publisher restarts (sequence went back) */
     uint64_t cleared;       /* AllBlocksCleared applied */
     uint64_t bad_messages;  /* undecodable or misframed */
+    uint64_t reconnects;    /* sockets opened again after their connection dropped */
     uint64_t lag_ms;        /* now − ts of the last batch, last seen */
 } sched_kvev_sub_stats_t;
 
-/* The subscriber feeds <idx> (borrowed). <log> may be NULL. */
-sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, void *log_arg,
-                                     sched_kvev_sub_t **out);
+/* Default bound of one message (ZMQ_MAXMSGSIZE), sched_config_t.kv_events_max_message_bytes. */
+#define SCHED_KVEV_MAX_MSG_BYTES ((size_t)16 << 20)
+
+/* The subscriber feeds <idx> (borrowed); it takes messages of at most <max_msg_bytes> (0: the
+ * default), a larger one drops the connection, which is then opened again. <log> may be
+ * NULL. */
+sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, size_t max_msg_bytes,
+                                     sched_log_fn log, void *log_arg, sched_kvev_sub_t **out);
 void sched_kvev_sub_destroy(sched_kvev_sub_t *sub);
 /* How long a replay may take to answer before live messages are taken again (<= 0: the
  * default 1 s), and how long after joining the second catch-up replay is asked (< 0: never;

@@ -33,7 +33,8 @@ sched_status_t sched_kvev_pool_create(sched_pool_t *pool, const sched_config_t *
                                  &pool->kvev_index);
     if (st != SCHED_OK)
         return st;
-    st = sched_kvev_sub_create(pool->kvev_index, pool->log, pool->log_arg, &pool->kvev_sub);
+    st = sched_kvev_sub_create(pool->kvev_index, cfg->kv_events_max_message_bytes, pool->log,
+                               pool->log_arg, &pool->kvev_sub);
     if (st != SCHED_OK) {
         sched_kvev_index_destroy(pool->kvev_index);
         pool->kvev_index = NULL;
@@ -54,65 +55,22 @@ void sched_kvev_pool_destroy(sched_pool_t *pool)
     pool->kvev_index = NULL;
 }
 
-/* The uids of a snapshot as an open-addressing set: a sync asks about every instance of both
- * snapshots, and a scan of the snapshot for each made it O(instances^2) (filling a pool of
- * 10,000 instances one add at a time took minutes). Without memory for the set, the scan. */
-typedef struct uid_set {
-    const sched_snapshot_t *snap;
-    uint64_t *slots; /* uid + 1; 0 = empty (uids count up from the pool's first) */
-    size_t mask;
-} uid_set_t;
-
-static uint64_t *uid_slot(const uid_set_t *s, uint64_t uid)
+/* The pool tells what changed (sched_pool.c's rebuild), so a change costs what changed, not
+ * a walk of both snapshots: a replaced instance (new descriptor) is a new object with a new
+ * uid, the old one is unsubscribed and the new one subscribed afresh. */
+void sched_kvev_pool_sync(sched_pool_t *pool, sched_instance_t *const *gone, size_t n_gone,
+                          sched_instance_t *const *added, size_t n_added)
 {
-    size_t i = (size_t)((uid + 1) * 0x9e3779b97f4a7c15u >> 17) & s->mask;
-    while (s->slots[i] != 0 && s->slots[i] != uid + 1)
-        i = (i + 1) & s->mask;
-    return &s->slots[i];
-}
-
-static void uid_set_build(uid_set_t *s, const sched_snapshot_t *snap)
-{
-    size_t n = snap ? snap->n_all : 0, cap = 16;
-    s->snap = snap;
-    while (cap < 2 * n)
-        cap <<= 1;
-    s->mask = cap - 1;
-    s->slots = n > 0 ? sched_calloc(cap, sizeof(*s->slots)) : NULL;
-    for (size_t i = 0; s->slots != NULL && i < n; i++)
-        *uid_slot(s, snap->all[i]->uid) = snap->all[i]->uid + 1;
-}
-
-static bool has_uid(const uid_set_t *s, uint64_t uid)
-{
-    if (s->slots != NULL)
-        return *uid_slot(s, uid) != 0;
-    for (size_t i = 0; s->snap && i < s->snap->n_all; i++)
-        if (s->snap->all[i]->uid == uid)
-            return true;
-    return false;
-}
-
-void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
-                          const sched_snapshot_t *next)
-{
-    uid_set_t in_prev, in_next;
     if (!pool->kvev_sub)
         return;
-    uid_set_build(&in_prev, prev);
-    uid_set_build(&in_next, next);
-    /* A replaced instance (new descriptor) is a new object with a new uid:
-     * the old one is removed and the new one subscribed afresh. */
-    for (size_t i = 0; prev && i < prev->n_all; i++)
-        if (!has_uid(&in_next, prev->all[i]->uid))
-            sched_kvev_sub_remove(pool->kvev_sub, prev->all[i]->uid);
-    for (size_t i = 0; i < next->n_all; i++) {
-        const sched_instance_t *inst = next->all[i];
+    for (size_t i = 0; i < n_gone; i++)
+        sched_kvev_sub_remove(pool->kvev_sub, gone[i]->uid);
+    for (size_t i = 0; i < n_added; i++) {
+        sched_instance_t *inst = added[i];
         char ep[512], rp[512];
         bool replay;
         int rank;
-        if (has_uid(&in_prev, inst->uid) || !inst->desc.kv_events_endpoint ||
-            !inst->desc.kv_events_endpoint[0])
+        if (!inst->desc.kv_events_endpoint || !inst->desc.kv_events_endpoint[0])
             continue;
         /* An instance that is one rank of a data-parallel engine (dp_size > 1) listens to
          * that rank's publisher: the configured endpoints offset by its rank, as the
@@ -123,12 +81,10 @@ void sched_kvev_pool_sync(sched_pool_t *pool, const sched_snapshot_t *prev,
             (replay && !sched_kvev_rank_endpoint(inst->desc.kv_events_replay_endpoint, rank, rp,
                                                  sizeof(rp))) ||
             sched_kvev_sub_add(pool->kvev_sub, inst->uid, ep, replay ? rp : NULL) != SCHED_OK)
-            sched_instance_set_error((sched_instance_t *)inst, sched_pool_now(pool),
+            sched_instance_set_error(inst, sched_pool_now(pool),
                                      "kv events: cannot subscribe to %s",
                                      inst->desc.kv_events_endpoint);
     }
-    sched_free(in_prev.slots);
-    sched_free(in_next.slots);
 }
 
 sched_status_t sched_kvev_request_keys(sched_pool_t *pool, const sched_request_t *req,

@@ -16,10 +16,12 @@
  * brings them back, and a batch published after the replay was served
  * shows up as one more gap, answered by one more replay.
  *
- * Messages are bounded (KVEV_MAX_MSG_BYTES). ZeroMQ drops a connection that
- * sends more, as a protocol error, and does not reconnect after one: a socket
- * monitor sees the disconnect and the sockets are opened again, so one bad
- * frame cannot silence an engine's events for good.
+ * Messages are bounded (kv_events_max_message_bytes, ZMQ_MAXMSGSIZE on both
+ * sockets): ZeroMQ reads a frame's length first and drops a connection that
+ * announces more, as a protocol error, without allocating the frame; and it
+ * does not reconnect after a protocol error. A socket monitor sees the
+ * disconnect (of any cause: an engine restart too) and the sockets are opened
+ * again, so one bad frame cannot silence an engine's events for good.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,10 +41,11 @@
  * this long after joining, closes that window. */
 #define CATCHUP_DELAY_MS 1000
 #define MAX_FRAMES       4
-/* Largest message taken from a publisher or its replay ROUTER. A batch of a 128k-token
- * prompt's blocks (hashes and token ids) is well under 1 MiB; a larger frame is garbage or
- * an attack: ZeroMQ drops the connection without buffering it, and the socket reconnects. */
-#define KVEV_MAX_MSG_BYTES ((int64_t)16 << 20)
+/* Messages ZeroMQ queues for us per socket (ZMQ_RCVHWM; its default is 1000). Beyond it ZeroMQ
+ * stops reading the connection and the kernel's socket buffers hold the rest, plenty for an
+ * engine's ordinary batches of a few KiB; what the publisher then drops shows as a gap and is
+ * replayed. 16 keeps what a publisher can make us hold to 16 messages of the bound each. */
+#define KVEV_RCVHWM 16
 
 typedef struct sub_conn {
     uint64_t uid;
@@ -77,8 +80,9 @@ struct sched_kvev_sub {
     _Atomic bool stopping;
     _Atomic int replay_timeout_ms;
     _Atomic int catchup_delay_ms; /* < 0: no second catch-up replay */
+    int64_t max_msg;              /* ZMQ_MAXMSGSIZE of every socket */
     _Atomic uint64_t messages, events, gaps, replays, replays_done, replay_failed, restarts,
-        cleared, bad, lag_ms;
+        cleared, bad, reconnects, lag_ms;
 };
 
 static uint64_t now_ms(void)
@@ -102,14 +106,15 @@ static void logf_(sched_kvev_sub_t *sub, sched_log_level_t lvl, const char *fmt,
         fprintf(stderr, "pdsched: %s\n", buf);
 }
 
-sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, sched_log_fn log, void *log_arg,
-                                     sched_kvev_sub_t **out)
+sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, size_t max_msg_bytes,
+                                     sched_log_fn log, void *log_arg, sched_kvev_sub_t **out)
 {
     sched_kvev_sub_t *sub = sched_calloc(1, sizeof(*sub));
 
     if (!sub)
         return SCHED_ERR_NO_MEMORY;
     sub->idx = idx;
+    sub->max_msg = max_msg_bytes ? (int64_t)max_msg_bytes : (int64_t)SCHED_KVEV_MAX_MSG_BYTES;
     sub->log = log;
     sub->log_arg = log_arg;
     atomic_store(&sub->replay_timeout_ms, REPLAY_TIMEOUT_MS);
@@ -174,14 +179,15 @@ static void conn_free(sub_conn_t *c)
 
 static sched_status_t conn_open(sched_kvev_sub_t *sub, sub_conn_t *c)
 {
-    int zero = 0;
-    int64_t maxmsg = KVEV_MAX_MSG_BYTES;
+    int zero = 0, hwm = KVEV_RCVHWM;
+    int64_t maxmsg = sub->max_msg;
 
     c->sub = zmq_socket(sub->ctx, ZMQ_SUB);
     if (!c->sub)
         return SCHED_ERR_IO;
     zmq_setsockopt(c->sub, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(c->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    zmq_setsockopt(c->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(c->sub, ZMQ_SUBSCRIBE, "", 0);
     c->mon[0] = monitor_open(sub, c, c->sub, 0);
     if (zmq_connect(c->sub, c->endpoint) != 0) {
@@ -195,6 +201,7 @@ static sched_status_t conn_open(sched_kvev_sub_t *sub, sub_conn_t *c)
             return SCHED_ERR_IO;
         zmq_setsockopt(c->replay, ZMQ_LINGER, &zero, sizeof(zero));
         zmq_setsockopt(c->replay, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        zmq_setsockopt(c->replay, ZMQ_RCVHWM, &hwm, sizeof(hwm));
         c->mon[1] = monitor_open(sub, c, c->replay, 1);
         if (zmq_connect(c->replay, c->replay_endpoint) != 0) {
             logf_(sub, SCHED_LOG_WARN, "kv events: cannot connect to replay %s: %s",
@@ -485,11 +492,11 @@ static void conn_reopen(sched_kvev_sub_t *sub, sub_conn_t *c)
     conn_close(c);
     if (!c->reopen_logged)
         logf_(sub, SCHED_LOG_WARN,
-              "kv events: %s dropped the connection (a message over %lld bytes or a protocol "
-              "error); connecting again",
-              c->endpoint, (long long)KVEV_MAX_MSG_BYTES);
+              "kv events: connection to %s lost (engine restart, a message over %lld bytes or "
+              "a protocol error); connecting again",
+              c->endpoint, (long long)sub->max_msg);
     c->reopen_logged = true;
-    atomic_fetch_add(&sub->bad, 1);
+    atomic_fetch_add(&sub->reconnects, 1);
     if (conn_open(sub, c) != SCHED_OK)
         logf_(sub, SCHED_LOG_WARN, "kv events: cannot open %s again", c->endpoint);
 }
@@ -625,5 +632,6 @@ void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out)
                                     .restarts = atomic_load(&sub->restarts),
                                     .cleared = atomic_load(&sub->cleared),
                                     .bad_messages = atomic_load(&sub->bad),
+                                    .reconnects = atomic_load(&sub->reconnects),
                                     .lag_ms = atomic_load(&sub->lag_ms)};
 }

@@ -163,6 +163,10 @@ static void emit_kv_events(pdb_prom_t *p, sched_pool_t *pool)
              NULL, (double)ss.restarts);
     emit_one(p, "pdgw_kv_event_bad_total", "counter", "Undecodable or misframed KV-event messages.",
              NULL, (double)ss.bad_messages);
+    emit_one(p, "pdgw_kv_event_reconnects_total", "counter",
+             "KV-event connections lost (engine restart, a message over "
+             "kv_events_max_message_bytes, a protocol error) and opened again.",
+             NULL, (double)ss.reconnects);
     emit_one(p, "pdgw_kv_event_lag_seconds", "gauge", "Age of the last batch when applied.", NULL,
              (double)ss.lag_ms / 1000.0);
     emit_one(p, "pdgw_kv_index_blocks", "gauge", "Block residencies held by the KV index.", NULL,

@@ -57,22 +57,42 @@ uint64_t sched_pool_kv_ttl_ms(const sched_pool_t *pool)
     return ttl < 5000 ? 5000 : ttl;
 }
 
-/* ---- snapshots ---------------------------------------------------- */
+/* ---- snapshots and the id index ------------------------------------ */
+
+/*
+ * The instance set is the snapshot (arrays the pickers scan) plus pool->by_id (id → member,
+ * what the by-id calls and the uniqueness test read). A change of the set costs a copy of
+ * the snapshot's arrays, but no scan by id and no reference per entry: the index holds the
+ * one reference of each member and the snapshots borrow it. A reader reaches a snapshot only
+ * under the read lock, and the writer swaps it under the write lock, so once the swap is done
+ * nobody holds the previous one and an instance that left can be released.
+ */
 
 static void snapshot_free(sched_snapshot_t *snap)
 {
-    if (!snap)
-        return;
-    for (size_t i = 0; i < snap->n_all; i++)
-        sched_instance_unref(snap->all[i]);
     sched_free(snap);
 }
 
-/* New snapshot holding a reference to each of arr[0..n) (sorted by uid). */
-static sched_snapshot_t *snapshot_build(sched_instance_t *const *arr, size_t n)
+static void snapshot_put(sched_snapshot_t *snap, sched_instance_t *inst)
 {
+    snap->all[snap->n_all++] = inst;
+    for (int r = 0; r < 2; r++) {
+        size_t k;
+        if (!(inst->roles & (r == SCHED_RIDX_PREFILL ? SCHED_ROLE_PREFILL : SCHED_ROLE_DECODE)))
+            continue;
+        k = snap->n_role[r]++;
+        snap->role[r][k] = inst;
+        snap->wsum[r][k] = (k ? snap->wsum[r][k - 1] : 0) + inst->weight;
+    }
+}
+
+/* The snapshot after <cur> (NULL: none) loses its <n_leaving> instances marked leaving and
+ * gains add[0..n_add) at the end. */
+static sched_snapshot_t *snapshot_next(const sched_snapshot_t *cur, size_t n_leaving,
+                                       sched_instance_t *const *add, size_t n_add)
+{
+    size_t n = (cur ? cur->n_all - n_leaving : 0) + n_add, cap = n ? n : 1;
     sched_snapshot_t *snap;
-    size_t cap = n ? n : 1;
 
     snap = sched_calloc(1, sizeof(*snap) + 2 * cap * sizeof(uint64_t) +
                                3 * cap * sizeof(sched_instance_t *));
@@ -83,70 +103,120 @@ static sched_snapshot_t *snapshot_build(sched_instance_t *const *arr, size_t n)
     snap->all = (sched_instance_t **)(snap->wsum[1] + cap);
     snap->role[0] = snap->all + cap;
     snap->role[1] = snap->role[0] + cap;
-    for (size_t i = 0; i < n; i++) {
-        sched_instance_t *inst = sched_instance_ref(arr[i]);
-        snap->all[snap->n_all++] = inst;
-        for (int r = 0; r < 2; r++) {
-            size_t k;
-            if (!(inst->roles & (r == SCHED_RIDX_PREFILL ? SCHED_ROLE_PREFILL : SCHED_ROLE_DECODE)))
-                continue;
-            k = snap->n_role[r]++;
-            snap->role[r][k] = inst;
-            snap->wsum[r][k] = (k ? snap->wsum[r][k - 1] : 0) + inst->weight;
-        }
-    }
+    for (size_t i = 0; cur && i < cur->n_all; i++)
+        if (!cur->all[i]->leaving)
+            snapshot_put(snap, cur->all[i]);
+    for (size_t i = 0; i < n_add; i++)
+        snapshot_put(snap, add[i]);
     return snap;
 }
 
-/* Swap in <next> (write_mu held), free the previous snapshot. */
-static void snapshot_install(sched_pool_t *pool, sched_snapshot_t *next)
+/* The instance holding <id> now (read lock or write_mu held), or NULL. */
+static sched_instance_t *member_get(const sched_pool_t *pool, const char *id)
 {
-    sched_snapshot_t *prev;
+    const sched_member_t *m = pdb_map_get(&pool->by_id, id);
+
+    return m ? m->inst : NULL;
+}
+
+static void member_free(void *val)
+{
+    sched_member_t *m = val;
+
+    sched_instance_unref(m->inst);
+    sched_free(m);
+}
+
+/*
+ * Change the set (write_mu held): drop[0..n_drop) leave it, add[0..n_add) join it. An added
+ * instance whose id is taken must replace the holder, which is then among <drop>. The added
+ * get their uids here, in the order they join, so the arrays stay sorted by uid. Either all
+ * of it happens or nothing: SCHED_ERR_NO_MEMORY, or SCHED_ERR_EXISTS when two of <add> share
+ * an id (*clash_out: the index of the second).
+ */
+static sched_status_t rebuild(sched_pool_t *pool, sched_instance_t *const *drop, size_t n_drop,
+                              sched_instance_t *const *add, size_t n_add, size_t *clash_out)
+{
+    sched_member_t **fresh = NULL; /* fresh[i]: the new entry for add[i], NULL on a replace */
+    sched_snapshot_t *next, *prev;
+    sched_status_t status = SCHED_OK;
+    size_t put = 0;
+
+    fresh = sched_calloc(n_add ? n_add : 1, sizeof(*fresh));
+    if (!fresh)
+        return SCHED_ERR_NO_MEMORY;
+    for (size_t i = 0; i < n_add; i++) {
+        if (member_get(pool, add[i]->desc.id) != NULL)
+            continue;
+        fresh[i] = sched_malloc(sizeof(*fresh[i]));
+        if (!fresh[i]) {
+            status = SCHED_ERR_NO_MEMORY;
+            goto err_fresh;
+        }
+        fresh[i]->inst = add[i];
+    }
+    for (size_t i = 0; i < n_drop; i++)
+        drop[i]->leaving = true;
+    next = snapshot_next(pool->snap, n_drop, add, n_add);
+    if (!next) {
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_leaving;
+    }
 
     pthread_rwlock_wrlock(&pool->lock);
+    /* New ids first: the only step that can fail, undone before anything else changed. */
+    for (; put < n_add; put++) {
+        pdb_status_t ps;
+        if (!fresh[put])
+            continue;
+        ps = pdb_map_put(&pool->by_id, add[put]->desc.id, fresh[put]);
+        if (ps != PDB_OK) {
+            status = ps == PDB_ERR_EXISTS ? SCHED_ERR_EXISTS : SCHED_ERR_NO_MEMORY;
+            if (clash_out)
+                *clash_out = put;
+            break;
+        }
+    }
+    if (status != SCHED_OK) {
+        while (put-- > 0)
+            if (fresh[put])
+                pdb_map_remove(&pool->by_id, add[put]->desc.id);
+        pthread_rwlock_unlock(&pool->lock);
+        snapshot_free(next);
+        goto err_leaving;
+    }
+    for (size_t i = 0; i < n_add; i++) {
+        add[i]->uid = atomic_fetch_add(&pool->next_uid, 1);
+        sched_instance_ref(add[i]);
+        if (!fresh[i]) /* a replace: the entry changes hands */
+            ((sched_member_t *)pdb_map_get(&pool->by_id, add[i]->desc.id))->inst = add[i];
+    }
+    for (size_t i = 0; i < n_drop; i++) {
+        const sched_member_t *m = pdb_map_get(&pool->by_id, drop[i]->desc.id);
+        if (m && m->inst == drop[i])
+            sched_free(pdb_map_remove(&pool->by_id, drop[i]->desc.id));
+    }
     prev = pool->snap;
     pool->snap = next;
     pthread_rwlock_unlock(&pool->lock);
-    sched_kvev_pool_sync(pool, prev, next);
+
+    sched_kvev_pool_sync(pool, drop, n_drop, add, n_add);
     snapshot_free(prev);
-}
-
-/* Index of id in the current snapshot (write_mu held), or -1. */
-static long find_index(const sched_pool_t *pool, const char *id)
-{
-    const sched_snapshot_t *snap = pool->snap;
-
-    for (size_t i = 0; i < snap->n_all; i++) {
-        if (strcmp(snap->all[i]->desc.id, id) == 0)
-            return (long)i;
+    for (size_t i = 0; i < n_drop; i++) {
+        drop[i]->leaving = false;
+        sched_instance_unref(drop[i]); /* the index's reference */
     }
-    return -1;
-}
-
-/* Build the instance list: current minus index <drop> (-1 none) plus
- * <append> (NULL none), and install it. write_mu held. */
-static sched_status_t rebuild(sched_pool_t *pool, long drop, sched_instance_t *append)
-{
-    const sched_snapshot_t *cur = pool->snap;
-    sched_instance_t **list;
-    sched_snapshot_t *next;
-    size_t n = 0;
-
-    list = sched_malloc((cur->n_all + 1) * sizeof(*list));
-    if (!list)
-        return SCHED_ERR_NO_MEMORY;
-    for (size_t i = 0; i < cur->n_all; i++) {
-        if ((long)i != drop)
-            list[n++] = cur->all[i];
-    }
-    if (append)
-        list[n++] = append;
-    next = snapshot_build(list, n);
-    sched_free(list);
-    if (!next)
-        return SCHED_ERR_NO_MEMORY;
-    snapshot_install(pool, next);
+    sched_free(fresh);
     return SCHED_OK;
+
+err_leaving:
+    for (size_t i = 0; i < n_drop; i++)
+        drop[i]->leaving = false;
+err_fresh:
+    for (size_t i = 0; i < n_add; i++)
+        sched_free(fresh[i]);
+    sched_free(fresh);
+    return status;
 }
 
 /* ---- life cycle --------------------------------------------------- */
@@ -209,10 +279,14 @@ sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_
         goto err_strings;
     }
 
-    pool->snap = snapshot_build(NULL, 0);
+    pool->snap = snapshot_next(NULL, 0, NULL, 0);
     if (!pool->snap) {
         status = SCHED_ERR_NO_MEMORY;
         goto err_strings;
+    }
+    if (pdb_map_init(&pool->by_id, cfg->n_instances) != PDB_OK) {
+        status = SCHED_ERR_NO_MEMORY;
+        goto err_snap;
     }
     pthread_rwlockattr_init(&attr);
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -255,6 +329,7 @@ err_prefix:
 err_rwlock:
     pthread_rwlock_destroy(&pool->lock);
 err_snap:
+    pdb_map_fini(&pool->by_id, member_free);
     snapshot_free(pool->snap);
 err_strings:
     sched_free(pool->health_path);
@@ -315,6 +390,7 @@ void sched_pool_destroy(sched_pool_t *pool)
     sched_prefix_destroy(pool->prefix[0]);
     sched_prefix_destroy(pool->prefix[1]);
     snapshot_free(pool->snap);
+    pdb_map_fini(&pool->by_id, member_free);
     pthread_mutex_destroy(&pool->write_mu);
     pthread_rwlock_destroy(&pool->lock);
     sched_free(pool->health_path);
@@ -327,12 +403,11 @@ void sched_pool_destroy(sched_pool_t *pool)
 static sched_status_t add_instance(sched_pool_t *pool, sched_instance_t *inst, bool upsert)
 {
     sched_status_t status;
-    long at;
+    sched_instance_t *old;
 
     pthread_mutex_lock(&pool->write_mu);
-    at = find_index(pool, inst->desc.id);
-    if (at >= 0) {
-        sched_instance_t *old = pool->snap->all[at];
+    old = member_get(pool, inst->desc.id);
+    if (old) {
         if (!upsert) {
             pthread_mutex_unlock(&pool->write_mu);
             return SCHED_ERR_EXISTS;
@@ -343,12 +418,12 @@ static sched_status_t add_instance(sched_pool_t *pool, sched_instance_t *inst, b
             return SCHED_INPROGRESS; /* unchanged; caller drops its copy */
         }
     }
-    status = rebuild(pool, at, inst);
+    status = rebuild(pool, &old, old ? 1 : 0, &inst, 1, NULL);
     pthread_mutex_unlock(&pool->write_mu);
     if (status == SCHED_OK) {
         sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s (%s, %s) %s", inst->desc.id,
                         sched_role_name(inst->desc.role), inst->desc.url,
-                        at >= 0 ? "replaced" : "added");
+                        old ? "replaced" : "added");
         sched_health_wakeup(pool->health);
     }
     return status;
@@ -369,6 +444,48 @@ sched_status_t sched_pool_add(sched_pool_t *pool, const sched_instance_desc_t *d
     else if (status == SCHED_ERR_NO_MEMORY)
         sched_set_err(err, err_len, "out of memory");
     sched_instance_unref(inst);
+    return status;
+}
+
+sched_status_t sched_pool_add_many(sched_pool_t *pool, const sched_instance_desc_t *descs, size_t n,
+                                   char *err, size_t err_len)
+{
+    sched_instance_t **insts;
+    sched_status_t status = SCHED_OK;
+    size_t made = 0, clash = 0;
+
+    insts = sched_calloc(n ? n : 1, sizeof(*insts));
+    if (!insts) {
+        sched_set_err(err, err_len, "out of memory");
+        return SCHED_ERR_NO_MEMORY;
+    }
+    for (; made < n && status == SCHED_OK; made++)
+        status = sched_instance_create(pool, &descs[made], err, err_len, &insts[made]);
+    if (status != SCHED_OK) {
+        made--; /* insts[made] was not made */
+        goto out;
+    }
+    pthread_mutex_lock(&pool->write_mu);
+    for (size_t i = 0; i < n && status == SCHED_OK; i++)
+        if (member_get(pool, insts[i]->desc.id) != NULL) {
+            status = SCHED_ERR_EXISTS;
+            clash = i;
+        }
+    if (status == SCHED_OK)
+        status = rebuild(pool, NULL, 0, insts, n, &clash);
+    pthread_mutex_unlock(&pool->write_mu);
+    if (status == SCHED_ERR_EXISTS)
+        sched_set_err(err, err_len, "id: instance %s already exists", insts[clash]->desc.id);
+    else if (status == SCHED_ERR_NO_MEMORY)
+        sched_set_err(err, err_len, "out of memory");
+    if (status == SCHED_OK) {
+        sched_pool_logf(pool, SCHED_LOG_INFO, "%zu instances added", n);
+        sched_health_wakeup(pool->health);
+    }
+out:
+    for (size_t i = 0; i < made; i++)
+        sched_instance_unref(insts[i]);
+    sched_free(insts);
     return status;
 }
 
@@ -394,19 +511,12 @@ sched_status_t sched_pool_upsert(sched_pool_t *pool, const sched_instance_desc_t
 
 sched_instance_t *sched_pool_get(sched_pool_t *pool, const char *id)
 {
-    sched_instance_t *found = NULL;
-    const sched_snapshot_t *snap;
+    sched_instance_t *found;
 
     if (!id)
         return NULL;
     pthread_rwlock_rdlock(&pool->lock);
-    snap = pool->snap;
-    for (size_t i = 0; i < snap->n_all; i++) {
-        if (strcmp(snap->all[i]->desc.id, id) == 0) {
-            found = sched_instance_ref(snap->all[i]);
-            break;
-        }
-    }
+    found = sched_instance_ref(member_get(pool, id));
     pthread_rwlock_unlock(&pool->lock);
     return found;
 }
@@ -460,13 +570,13 @@ sched_status_t sched_pool_retire(sched_pool_t *pool, const char *id)
 sched_status_t sched_pool_remove(sched_pool_t *pool, const char *id)
 {
     sched_status_t status;
-    long at;
+    sched_instance_t *old;
 
     if (!id)
         return SCHED_ERR_INVALID;
     pthread_mutex_lock(&pool->write_mu);
-    at = find_index(pool, id);
-    status = at < 0 ? SCHED_ERR_NOT_FOUND : rebuild(pool, at, NULL);
+    old = member_get(pool, id);
+    status = old ? rebuild(pool, &old, 1, NULL, 0, NULL) : SCHED_ERR_NOT_FOUND;
     pthread_mutex_unlock(&pool->write_mu);
     if (status == SCHED_OK)
         sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s removed", id);
@@ -492,28 +602,39 @@ sched_status_t sched_pool_set_policy(sched_pool_t *pool, sched_role_t role, sche
     return SCHED_OK;
 }
 
+static bool reapable(const sched_instance_t *inst)
+{
+    return (sched_gate_drain(inst) & SCHED_DRAIN_RETIRING) && atomic_load(&inst->inflight) == 0;
+}
+
 void sched_pool_reap_retired(sched_pool_t *pool)
 {
     sched_instance_t **arr;
-    size_t n;
+    size_t n, n_gone = 0;
 
     if (sched_pool_collect(pool, &arr, &n) != SCHED_OK)
         return;
-    for (size_t i = 0; i < n; i++) {
-        sched_instance_t *inst = arr[i];
-        if ((sched_gate_drain(inst) & SCHED_DRAIN_RETIRING) && atomic_load(&inst->inflight) == 0) {
-            long at;
-            pthread_mutex_lock(&pool->write_mu);
-            at = find_index(pool, inst->desc.id);
-            /* still the same object, still retiring, still idle */
-            if (at >= 0 && pool->snap->all[at] == inst &&
-                (sched_gate_drain(inst) & SCHED_DRAIN_RETIRING) &&
-                atomic_load(&inst->inflight) == 0 && rebuild(pool, at, NULL) == SCHED_OK)
-                sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s retired", inst->desc.id);
-            pthread_mutex_unlock(&pool->write_mu);
-        }
+    for (size_t i = 0; i < n; i++)
+        if (reapable(arr[i]))
+            arr[n_gone++] = arr[i];
+        else
+            sched_instance_unref(arr[i]);
+    if (n_gone > 0) {
+        size_t k = 0;
+        pthread_mutex_lock(&pool->write_mu);
+        /* still the member of its id, still retiring, still idle; all in one snapshot */
+        for (size_t i = 0; i < n_gone; i++)
+            if (member_get(pool, arr[i]->desc.id) == arr[i] && reapable(arr[i]))
+                arr[k++] = arr[i];
+            else
+                sched_instance_unref(arr[i]);
+        n_gone = k;
+        if (n_gone > 0 && rebuild(pool, arr, n_gone, NULL, 0, NULL) == SCHED_OK)
+            for (size_t i = 0; i < n_gone; i++)
+                sched_pool_logf(pool, SCHED_LOG_INFO, "instance %s retired", arr[i]->desc.id);
+        pthread_mutex_unlock(&pool->write_mu);
     }
-    sched_pool_release_collected(arr, n);
+    sched_pool_release_collected(arr, n_gone);
 }
 
 sched_status_t sched_pool_collect(sched_pool_t *pool, sched_instance_t ***out, size_t *n_out)

@@ -311,6 +311,10 @@ typedef struct sched_config {
     double kv_events_load_weight;       /* default 1 */
     double kv_events_other_tier_weight; /* a non-GPU cached block counts this much; 0.5 */
     size_t kv_events_max_blocks;        /* index bound (residency records); 1 << 20 */
+    /* Largest KV-event message taken from a publisher or its replay ROUTER (ZMQ_MAXMSGSIZE);
+     * a larger one drops that connection, which is opened again. 16 MiB (0 = that); at least
+     * 64 KiB, at most 1 GiB. */
+    size_t kv_events_max_message_bytes;
 
     /* Static instances (config `instances:`), added at sched_pool_start(). */
     const sched_instance_desc_t *instances;
@@ -360,6 +364,11 @@ void sched_pool_destroy(sched_pool_t *pool);
 /* Add one instance (source as in desc). SCHED_ERR_EXISTS if the id is taken. */
 sched_status_t sched_pool_add(sched_pool_t *pool, const sched_instance_desc_t *desc, char *err,
                               size_t err_len);
+/* Add descs[0..n) in one step: all of them or, on an error, none (SCHED_ERR_EXISTS for an
+ * id already in the pool or twice in <descs>, SCHED_ERR_INVALID for a bad descriptor; <err>
+ * names it). One snapshot for all: adding n instances one by one copies the set n times. */
+sched_status_t sched_pool_add_many(sched_pool_t *pool, const sched_instance_desc_t *descs, size_t n,
+                                   char *err, size_t err_len);
 
 /* Look up by id; returns a new reference (unref it) or NULL. */
 sched_instance_t *sched_pool_get(sched_pool_t *pool, const char *id);

@@ -1,6 +1,7 @@
 """KV-event sockets are bounded: a publisher (or anyone who can reach the port pdgw's SUB
 connects to) sending a 64 MiB frame does not make pdgw allocate it, and events still arrive
-once the subscriber has reconnected.
+once the subscriber has reconnected; the dropped connection shows in
+pdgw_kv_event_reconnects_total.
 
 Upstream facts (vllm-project/vllm vllm/distributed/kv_events.py, ZmqEventPublisher): a
 message is [topic, seq as 8-byte big-endian, msgpack batch]; a batch is a map {ts, events,
@@ -30,9 +31,13 @@ def peak_rss_kib(pid):
     raise RuntimeError("no VmHWM")
 
 
-def events_seen(port):
+def metric(port, name):
     _, _, body = t.request("GET", port, "/metrics", timeout=5)
-    return t.metric_value(body.decode(), "pdgw_kv_events_total") or 0.0
+    return t.metric_value(body.decode(), name) or 0.0
+
+
+def events_seen(port):
+    return metric(port, "pdgw_kv_events_total")
 
 
 def batch(n):
@@ -84,6 +89,7 @@ def test_huge_frame_is_not_buffered():
         publish_until_seen(before)
         grown = peak_rss_kib(gw.pid) - peak0
         assert grown < 32 * 1024, f"peak RSS grew by {grown} KiB: a 64 MiB frame was buffered"
+        assert metric(gw_port, "pdgw_kv_event_reconnects_total") >= 1
         assert gw.alive()
     finally:
         pub.close(linger=0)

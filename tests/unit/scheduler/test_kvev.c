@@ -173,6 +173,31 @@ static void test_decode_garbage(void **state)
         assert_int_equal(sched_kvev_decode(huge_str, sizeof(huge_str), &b, err, sizeof(err)),
                          SCHED_ERR_INVALID);
     }
+    /* more elements than SCHED_KVEV_MAX_OBJECTS (each would cost msgpack-c 24 bytes: 16 MiB
+     * of them 384 MiB) are refused before anything is unpacked; one fewer is unpacked */
+    {
+        size_t items = (size_t)SCHED_KVEV_MAX_OBJECTS - 3, len = 0; /* + root, ts, events */
+        unsigned char *big = malloc(items + 16);
+        assert_non_null(big);
+        big[len++] = 0x92; /* [ts, [[], [], ...]] */
+        big[len++] = 0xcb;
+        memset(big + len, 0, 8);
+        len += 8;
+        big[len++] = 0xdd;
+        for (int i = 3; i >= 0; i--)
+            big[len++] = (unsigned char)(items >> (8 * i));
+        memset(big + len, 0x90, items);
+        len += items;
+        assert_int_equal(sched_kvev_decode(big, len, &b, err, sizeof(err)), SCHED_ERR_INVALID);
+        assert_non_null(strstr(err, "event:")); /* unpacked, then refused as an event */
+        items++;
+        big[10] = (unsigned char)(items >> 24), big[11] = (unsigned char)(items >> 16);
+        big[12] = (unsigned char)(items >> 8), big[13] = (unsigned char)items;
+        big[len++] = 0x90;
+        assert_int_equal(sched_kvev_decode(big, len, &b, err, sizeof(err)), SCHED_ERR_INVALID);
+        assert_non_null(strstr(err, "4M elements"));
+        free(big);
+    }
     /* a batch whose event lacks token_ids is refused with a reason */
     {
         msgpack_sbuffer sb;
@@ -598,7 +623,7 @@ static void test_sub_recovery(void **state)
     (void)state;
     fake_open(&f);
     assert_int_equal(sched_kvev_index_create(1000, &idx), SCHED_OK);
-    assert_int_equal(sched_kvev_sub_create(idx, test_quiet_log, NULL, &sub), SCHED_OK);
+    assert_int_equal(sched_kvev_sub_create(idx, 0, test_quiet_log, NULL, &sub), SCHED_OK);
     /* The fake answers replays only between the steps below (a sanitizer build on a busy
      * machine stretches them past the default 1 s), and a delayed catch-up replay in flight
      * when seq 2 arrives would bring seq 1 with it and hide the gap this test counts. */
@@ -689,7 +714,7 @@ static void test_sub_catch_up(void **state)
     fake_store(&f, 1, h[1], &h[0], 104, true);
     fake_store(&f, 2, h[2], &h[1], 108, true);
     assert_int_equal(sched_kvev_index_create(1000, &idx), SCHED_OK);
-    assert_int_equal(sched_kvev_sub_create(idx, test_quiet_log, NULL, &sub), SCHED_OK);
+    assert_int_equal(sched_kvev_sub_create(idx, 0, test_quiet_log, NULL, &sub), SCHED_OK);
     assert_int_equal(sched_kvev_sub_add(sub, 9, f.pub_ep, f.router_ep), SCHED_OK);
     wait_depth(sub, idx, &f, 9, 3, 3);
     sched_kvev_sub_destroy(sub);
