@@ -23,25 +23,10 @@
 #include <zmq.h>
 
 #include "test_engine_common.h"
+#include "test_fake_clock.h"
 #include "kvt/kvt_msg.h"
 #include "kvt_engine_int.h" /* the progress thread's turn counter */
 #include "kvt_tl_tcp_int.h" /* the late writer's TCP transport */
-
-static atomic_ullong fake_ns;
-
-static uint64_t fake_now(void *arg)
-{
-    (void)arg;
-    return atomic_load(&fake_ns);
-}
-
-static const kvt_clock_t fake_clock = {.now = fake_now, .arg = NULL};
-
-static const kvt_clock_t *fake_clock_start(void)
-{
-    atomic_store(&fake_ns, 1000ull * KVT_NSEC_PER_SEC);
-    return &fake_clock;
-}
 
 /* Move the clock by <ms> and wait until <e> ran a turn that saw it. */
 static void advance_ms(kvt_engine_t *e, uint64_t ms)

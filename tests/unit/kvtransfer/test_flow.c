@@ -21,25 +21,9 @@
 #include <zmq.h>
 
 #include "test_engine_common.h"
+#include "test_fake_clock.h"
 #include "kvt/kvt_msg.h"
 #include "kvt_engine_int.h" /* the sender's pull-pending table (early done signals) */
-
-static atomic_ullong fake_ns;
-
-static uint64_t fake_now(void *arg)
-{
-    (void)arg;
-    return atomic_load(&fake_ns);
-}
-
-static const kvt_clock_t fake_clock = {.now = fake_now, .arg = NULL};
-
-/* A fresh clock that stands still until fake_advance_ms(). */
-static const kvt_clock_t *fake_clock_start(void)
-{
-    atomic_store(&fake_ns, 1000ull * KVT_NSEC_PER_SEC);
-    return &fake_clock;
-}
 
 /* Move the clock and tell both engines (they sleep until their next deadline as they saw
  * the clock). */
