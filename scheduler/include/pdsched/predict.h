@@ -1,0 +1,124 @@
+/*
+ * predict.h - online latency models, learned from what the gateway itself observes.
+ *
+ * Model family: a linear model y = theta . x over a few scaled features, fitted by recursive
+ * least squares with exponential forgetting. Why this one: the cost of a prefill grows with
+ * its uncached tokens (linear, plus a quadratic attention term) and with the prefill work
+ * queued ahead of it; the time per output token grows with the running batch and its KV
+ * tokens. Those are linear in a handful of features, so a 4-coefficient fit captures them;
+ * RLS updates in O(d^2) (16 multiply-adds) without storing samples, and forgetting makes it
+ * follow an instance that slows down. Forgetting alone is slow on a step (after 50
+ * requests of a 2.5x slower instance the fit is still a fifth off), so a persistent bias of
+ * the residuals (a quarter of the actual, on average over the last few) reopens the
+ * covariance and the fit relearns in a dozen observations. A robust weight keeps one
+ * outlier (a request that sat in a retry) from dragging the fit, and a bound on the
+ * covariance's trace keeps a fit fed the same feature values over and over from winding up.
+ *
+ * On top of the mean the model tracks its spread: an online estimate of a quantile (p90 by
+ * default) of actual / predicted, so a caller can ask "how long, at the 90th percentile",
+ * and the mean relative error of its predictions, exported as the prediction error.
+ *
+ * Threads: observations (request ends) serialise on the model's mutex; predictions (every
+ * pick, over every candidate) read coefficients published through a sequence counter, with
+ * no lock and no write.
+ */
+#ifndef PDSCHED_PREDICT_H
+#define PDSCHED_PREDICT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SCHED_FIT_MAX_DIM 4
+
+/* A recursive-least-squares fit. Not thread-safe on its own (sched_latency_model_t is). */
+typedef struct sched_fit {
+    unsigned dim;
+    double forget;    /* per observation, (0, 1]: 0.98 remembers ~50 observations */
+    double prior_var; /* the covariance's starting diagonal; also the bound on its trace */
+    double theta[SCHED_FIT_MAX_DIM];
+    double p[SCHED_FIT_MAX_DIM][SCHED_FIT_MAX_DIM];
+    double abs_err;       /* running mean |residual|: the scale of the robust weight */
+    double bias;          /* running mean of residual / actual: a persistent one is a change */
+    uint64_t n;           /* observations taken */
+    uint64_t since_reset; /* observations since the covariance was last reopened */
+} sched_fit_t;
+
+/* Start at <prior> (dim coefficients) with variance <prior_var> on each (larger = the first
+ * observations move it more). <dim> in 1..SCHED_FIT_MAX_DIM; <forget> in (0, 1]. */
+void sched_fit_init(sched_fit_t *f, unsigned dim, const double *prior, double prior_var,
+                    double forget);
+/* Take one observation: features <x> (dim values), outcome <y>. */
+void sched_fit_observe(sched_fit_t *f, const double *x, double y);
+double sched_fit_predict(const sched_fit_t *f, const double *x);
+
+/* The phases pdgw predicts. */
+typedef enum sched_phase {
+    SCHED_PHASE_PREFILL = 0,  /* a prefill leg: send -> its answer (queue + compute) */
+    SCHED_PHASE_TPOT = 1,     /* a decode's mean time between output tokens */
+    SCHED_PHASE_TRANSFER = 2, /* KV bytes prefill -> decode: seconds per byte and a latency */
+    SCHED_PHASE_COUNT
+} sched_phase_t;
+
+/* Features of each phase, scaled so that typical values are of order 1 (a well-conditioned
+ * fit with one prior variance for all). */
+#define SCHED_PREFILL_DIM  4 /* 1, uncached kTokens, its square, kTokens queued ahead */
+#define SCHED_TPOT_DIM     3 /* 1, running requests / 16, KV kTokens running / 10 */
+#define SCHED_TRANSFER_DIM 2 /* 1, MiB */
+void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
+                            uint64_t queued_tokens);
+void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens);
+void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes);
+
+/* The priors a cold instance starts from (seconds), before it has been observed: a prefill
+ * of 20 ms + 0.1 ms per uncached token (+ the same per queued token), 12 ms per output token
+ * at an empty batch, a transfer of 1 ms + 1 ms per MiB. Deliberately rough: with the prior
+ * variance the first few observations replace them. */
+const double *sched_phase_prior(sched_phase_t phase);
+unsigned sched_phase_dim(sched_phase_t phase);
+
+/* One instance's (or pair's) model of one phase. */
+typedef struct sched_latency_model {
+    pthread_mutex_t mu;
+    sched_fit_t fit; /* under mu */
+    double q_log;    /* under mu: the tracked quantile of ln(actual / predicted) */
+    double quantile; /* which: 0.9 */
+    double rel_err;  /* under mu: mean |actual - predicted| / actual (exponential) */
+    /* Published after every observation, read without the lock. */
+    _Atomic uint32_t seq; /* odd while a write is in progress */
+    _Atomic double coef[SCHED_FIT_MAX_DIM];
+    _Atomic double spread; /* exp(q_log): multiply a mean prediction by it */
+    _Atomic double err;    /* rel_err */
+    _Atomic uint64_t observed;
+    unsigned dim;
+} sched_latency_model_t;
+
+/* <prior>: dim coefficients (NULL = the phase's own, sched_phase_prior). */
+void sched_latency_model_init(sched_latency_model_t *m, sched_phase_t phase, const double *prior);
+void sched_latency_model_fini(sched_latency_model_t *m);
+/* Start a cold model from another's coefficients (a new instance of a model starts where
+ * its peers are), keeping its own prior variance. */
+void sched_latency_model_seed(sched_latency_model_t *m, const sched_latency_model_t *from);
+/* One observation: the prediction it had is scored (error, spread), then the fit learns. */
+void sched_latency_model_observe(sched_latency_model_t *m, const double *x, double seconds);
+
+typedef struct sched_prediction {
+    double mean;  /* seconds; never below 0 */
+    double upper; /* mean x spread: the tracked quantile */
+    double err;   /* the model's mean relative error so far (0 before any observation) */
+    uint64_t observed;
+} sched_prediction_t;
+
+/* Lock-free; a few nanoseconds. */
+void sched_latency_model_predict(const sched_latency_model_t *m, const double *x,
+                                 sched_prediction_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PDSCHED_PREDICT_H */

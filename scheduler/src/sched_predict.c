@@ -1,0 +1,273 @@
+/*
+ * sched_predict.c - recursive least squares with forgetting, and the per-phase latency
+ * models built on it (pdsched/predict.h says why this model family).
+ */
+#include <math.h>
+#include <string.h>
+
+#include <pdsched/predict.h>
+
+/* Residuals past this many running-mean residuals count less (Huber weight). */
+#define FIT_HUBER_K 3.0
+/* Observations before the robust weight applies: the scale is not known yet. */
+#define FIT_WARMUP 4
+/* Step of the running means (absolute error of the fit, relative error of the model). */
+#define MEAN_STEP 0.05
+/* Step of the running bias, and the bias that says the law changed. */
+#define BIAS_STEP  0.2
+#define BIAS_RESET 0.25
+/* Step of the quantile tracker, in ln(actual / predicted). */
+#define QUANTILE_STEP 0.05
+/* A cold model's spread: ln(1.5), until observations say otherwise. */
+#define COLD_SPREAD_LOG 0.405
+/* Shortest prediction scored (a 0 prediction cannot be divided by). */
+#define PREDICT_FLOOR_S 1e-4
+
+void sched_fit_init(sched_fit_t *f, unsigned dim, const double *prior, double prior_var,
+                    double forget)
+{
+    memset(f, 0, sizeof(*f));
+    f->dim = dim < 1 ? 1 : dim > SCHED_FIT_MAX_DIM ? SCHED_FIT_MAX_DIM : dim;
+    f->forget = forget > 0.0 && forget <= 1.0 ? forget : 1.0;
+    f->prior_var = prior_var > 0.0 ? prior_var : 1.0;
+    for (unsigned i = 0; i < f->dim; i++) {
+        f->theta[i] = prior != NULL ? prior[i] : 0.0;
+        f->p[i][i] = f->prior_var;
+    }
+}
+
+double sched_fit_predict(const sched_fit_t *f, const double *x)
+{
+    double y = 0.0;
+    for (unsigned i = 0; i < f->dim; i++)
+        y += f->theta[i] * x[i];
+    return y;
+}
+
+static int all_finite(const double *x, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            return 0;
+    }
+    return 1;
+}
+
+/* The law changed: forget how sure the fit was, so that what comes next decides. */
+static void reopen(sched_fit_t *f)
+{
+    memset(f->p, 0, sizeof(f->p));
+    for (unsigned i = 0; i < f->dim; i++)
+        f->p[i][i] = f->prior_var;
+    f->bias = 0.0;
+    f->since_reset = 0;
+}
+
+void sched_fit_observe(sched_fit_t *f, const double *x, double y)
+{
+    unsigned d = f->dim;
+    double px[SCHED_FIT_MAX_DIM], k[SCHED_FIT_MAX_DIM];
+    double e, ae, w = 1.0, xpx = 0.0, denom, trace = 0.0;
+
+    if (!isfinite(y) || !all_finite(x, d))
+        return;
+    e = y - sched_fit_predict(f, x);
+    ae = fabs(e);
+    if (f->since_reset >= FIT_WARMUP && f->abs_err > 0.0 && ae > FIT_HUBER_K * f->abs_err)
+        w = FIT_HUBER_K * f->abs_err / ae;
+    for (unsigned i = 0; i < d; i++) {
+        px[i] = 0.0;
+        for (unsigned j = 0; j < d; j++)
+            px[i] += f->p[i][j] * x[j];
+        xpx += x[i] * px[i];
+    }
+    /* Weighted RLS: minimises sum forget^(n-i) w_i e_i^2. */
+    denom = f->forget + w * xpx;
+    if (!(denom > 0.0))
+        return;
+    for (unsigned i = 0; i < d; i++) {
+        k[i] = w * px[i] / denom;
+        f->theta[i] += k[i] * e;
+    }
+    for (unsigned i = 0; i < d; i++) {
+        for (unsigned j = i; j < d; j++) {
+            double v = (f->p[i][j] - k[i] * px[j]) / f->forget;
+            f->p[i][j] = f->p[j][i] = v; /* kept symmetric against rounding */
+        }
+        trace += f->p[i][i];
+    }
+    /* Directions the data never excites grow by 1/forget per step: bound them (windup). */
+    if (trace > f->prior_var * d) {
+        double s = f->prior_var * d / trace;
+        for (unsigned i = 0; i < d; i++) {
+            for (unsigned j = 0; j < d; j++)
+                f->p[i][j] *= s;
+        }
+    }
+    f->abs_err = f->n == 0 ? ae : f->abs_err + MEAN_STEP * (ae - f->abs_err);
+    f->n++;
+    f->since_reset++;
+    if (y != 0.0) {
+        double rel = e / fabs(y);
+        rel = rel > 1.0 ? 1.0 : rel < -1.0 ? -1.0 : rel;
+        f->bias += BIAS_STEP * (rel - f->bias);
+    }
+    if (f->since_reset >= FIT_WARMUP && fabs(f->bias) > BIAS_RESET)
+        reopen(f);
+}
+
+/* ---------------------------------------------------------------- features, priors */
+
+void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
+                            uint64_t queued_tokens)
+{
+    double n = (double)uncached_tokens / 1000.0;
+    x[0] = 1.0;
+    x[1] = n;
+    x[2] = n * n;
+    x[3] = (double)queued_tokens / 1000.0;
+}
+
+void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens)
+{
+    x[0] = 1.0;
+    x[1] = (double)running / 16.0;
+    x[2] = (double)kv_tokens / 10000.0;
+}
+
+void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes)
+{
+    x[0] = 1.0;
+    x[1] = (double)bytes / (1024.0 * 1024.0);
+}
+
+static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100, 0.0, 0.100};
+static const double tpot_prior[SCHED_TPOT_DIM] = {0.012, 0.002, 0.002};
+static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.001, 0.001};
+
+const double *sched_phase_prior(sched_phase_t phase)
+{
+    switch (phase) {
+    case SCHED_PHASE_PREFILL:
+        return prefill_prior;
+    case SCHED_PHASE_TPOT:
+        return tpot_prior;
+    default:
+        return transfer_prior;
+    }
+}
+
+unsigned sched_phase_dim(sched_phase_t phase)
+{
+    switch (phase) {
+    case SCHED_PHASE_PREFILL:
+        return SCHED_PREFILL_DIM;
+    case SCHED_PHASE_TPOT:
+        return SCHED_TPOT_DIM;
+    default:
+        return SCHED_TRANSFER_DIM;
+    }
+}
+
+/* ---------------------------------------------------------------- latency models */
+
+/* The fit's coefficients, spread and error for lock-free readers (seqlock; one writer at a
+ * time: the caller holds m->mu). */
+static void publish(sched_latency_model_t *m)
+{
+    uint32_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
+    atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    for (unsigned i = 0; i < m->dim; i++)
+        atomic_store_explicit(&m->coef[i], m->fit.theta[i], memory_order_relaxed);
+    atomic_store_explicit(&m->spread, exp(m->q_log), memory_order_relaxed);
+    atomic_store_explicit(&m->err, m->rel_err, memory_order_relaxed);
+    atomic_store_explicit(&m->observed, m->fit.n, memory_order_relaxed);
+    atomic_store_explicit(&m->seq, s + 2, memory_order_release);
+}
+
+void sched_latency_model_init(sched_latency_model_t *m, sched_phase_t phase, const double *prior)
+{
+    memset(m, 0, sizeof(*m));
+    pthread_mutex_init(&m->mu, NULL);
+    m->dim = sched_phase_dim(phase);
+    /* Forgetting 0.98: about the last 50 observations decide; an instance that slows down
+     * is followed within tens of requests. */
+    sched_fit_init(&m->fit, m->dim, prior != NULL ? prior : sched_phase_prior(phase), 1.0, 0.98);
+    m->quantile = 0.9;
+    m->q_log = COLD_SPREAD_LOG;
+    atomic_init(&m->seq, 0);
+    publish(m);
+}
+
+void sched_latency_model_fini(sched_latency_model_t *m)
+{
+    pthread_mutex_destroy(&m->mu);
+}
+
+void sched_latency_model_seed(sched_latency_model_t *m, const sched_latency_model_t *from)
+{
+    double coef[SCHED_FIT_MAX_DIM] = {0};
+    uint32_t s0, s1;
+
+    do {
+        s0 = atomic_load_explicit(&from->seq, memory_order_acquire);
+        for (unsigned i = 0; i < from->dim && i < SCHED_FIT_MAX_DIM; i++)
+            coef[i] = atomic_load_explicit(&from->coef[i], memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        s1 = atomic_load_explicit(&from->seq, memory_order_relaxed);
+    } while ((s0 & 1u) != 0 || s0 != s1);
+    pthread_mutex_lock(&m->mu);
+    if (m->fit.n == 0 && from->dim == m->dim) {
+        memcpy(m->fit.theta, coef, sizeof(double) * m->dim);
+        publish(m);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void sched_latency_model_observe(sched_latency_model_t *m, const double *x, double seconds)
+{
+    double pred, r;
+
+    if (!(seconds > 0.0) || !isfinite(seconds) || !all_finite(x, m->dim))
+        return; /* nothing to learn from a non-positive or unknown duration */
+    pthread_mutex_lock(&m->mu);
+    pred = sched_fit_predict(&m->fit, x);
+    if (pred < PREDICT_FLOOR_S)
+        pred = PREDICT_FLOOR_S;
+    /* Score the prediction it had, then learn. Quantile by stochastic approximation: it
+     * settles where a share <quantile> of ln(actual / predicted) lies below it. */
+    r = log(seconds / pred);
+    m->q_log += QUANTILE_STEP * (m->quantile - (r <= m->q_log ? 1.0 : 0.0));
+    r = fabs(seconds - pred) / seconds;
+    m->rel_err = m->fit.n == 0 ? r : m->rel_err + MEAN_STEP * (r - m->rel_err);
+    sched_fit_observe(&m->fit, x, seconds);
+    publish(m);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void sched_latency_model_predict(const sched_latency_model_t *m, const double *x,
+                                 sched_prediction_t *out)
+{
+    double mean, spread, err;
+    uint64_t n;
+    uint32_t s0, s1;
+
+    do {
+        s0 = atomic_load_explicit(&m->seq, memory_order_acquire);
+        mean = 0.0;
+        for (unsigned i = 0; i < m->dim; i++)
+            mean += atomic_load_explicit(&m->coef[i], memory_order_relaxed) * x[i];
+        spread = atomic_load_explicit(&m->spread, memory_order_relaxed);
+        err = atomic_load_explicit(&m->err, memory_order_relaxed);
+        n = atomic_load_explicit(&m->observed, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        s1 = atomic_load_explicit(&m->seq, memory_order_relaxed);
+    } while ((s0 & 1u) != 0 || s0 != s1);
+    if (!(mean > 0.0))
+        mean = 0.0;
+    out->mean = mean;
+    out->upper = mean * spread;
+    out->err = err;
+    out->observed = n;
+}
