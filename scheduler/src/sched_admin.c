@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "sched_int.h"
+#include "sched_kvev_int.h"
 
 #define RELAXED memory_order_relaxed
 
@@ -118,6 +119,26 @@ static void instance_breaker_json(json_t *breaker, sched_instance_t *inst, sched
                                          : 0));
 }
 
+/* "kv_events": what its publisher said lately (precise-prefix only; null when it has none). */
+static void instance_kv_events_json(json_t *o, sched_pool_t *pool, sched_instance_t *inst)
+{
+    sched_kvev_silence_t si;
+    json_t *kv;
+
+    if (!pool->kvev_sub || !sched_kvev_sub_silence(pool->kvev_sub, inst->uid, &si)) {
+        json_object_set_new(o, "kv_events", json_null());
+        return;
+    }
+    kv = json_object();
+    if (!kv)
+        return;
+    json_object_set_new(kv, "silence_seconds", json_real((double)si.silence_ms / 1000.0));
+    json_object_set_new(kv, "ever", json_boolean(si.ever));
+    json_object_set_new(kv, "silent", json_boolean(si.silent));
+    json_object_set_new(kv, "routed_since_last_event", json_integer((json_int_t)si.routed));
+    json_object_set_new(o, "kv_events", kv);
+}
+
 json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint64_t now)
 {
     const sched_instance_desc_t *d = &inst->desc;
@@ -167,6 +188,7 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "load", load);
     json_object_set_new(o, "health", health);
     json_object_set_new(o, "breaker", breaker);
+    instance_kv_events_json(o, pool, inst);
     return o;
 
 err_free:

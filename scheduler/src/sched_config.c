@@ -28,6 +28,7 @@ void sched_config_init(sched_config_t *cfg)
     cfg->kv_events_other_tier_weight = 0.5;
     cfg->kv_events_max_blocks = 1u << 20;
     cfg->kv_events_max_message_bytes = (size_t)16 << 20;
+    cfg->kv_events_silence_ms = 30000;
     cfg->dns.interval_ms = 5000;
     cfg->kubernetes.port_name = "http";
     cfg->kubernetes.token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -137,6 +138,10 @@ sched_status_t sched_config_validate(const sched_config_t *cfg, char *err, size_
         (cfg->kv_events_max_message_bytes < ((size_t)64 << 10) ||
          cfg->kv_events_max_message_bytes > ((size_t)1 << 30))) {
         sched_set_err(err, err_len, "kv_events_max_message_bytes: must be 64KiB..1GiB");
+        return SCHED_ERR_INVALID;
+    }
+    if (cfg->kv_events_silence_ms > 3600000) {
+        sched_set_err(err, err_len, "kv_events_silence: must be at most 1h");
         return SCHED_ERR_INVALID;
     }
     status = check_instances(cfg, err, err_len);

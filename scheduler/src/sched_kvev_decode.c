@@ -1,19 +1,23 @@
 /*
  * Decoder for vLLM's KV-event payloads (vllm/distributed/kv_events.py).
  *
- * The batch and its events are msgspec structs. Older vLLM declared them
- * array_like: a batch is [ts, [events], dp_rank] and an event is an array
- * whose first element is its tag ("BlockStored", ...) followed by the
- * fields in declaration order. Newer vLLM dropped array_like: a batch is a
- * map {ts, events, data_parallel_rank} and an event a map whose "type" key
- * is the tag. omit_defaults lets trailing/defaulted fields be absent in
- * either layout. Everything decoded is allocated in the msgpack zone of
- * the unpacked object, freed together with it.
+ * The batch and its events are msgspec structs, and vLLM has shipped three
+ * shapes of them: older vLLM declared both array_like (a batch is
+ * [ts, [events], dp_rank], an event an array whose first element is its tag,
+ * "BlockStored", ..., followed by the fields in declaration order); some
+ * versions declared neither (a batch is a map {ts, events, data_parallel_rank},
+ * an event a map whose "type" key is the tag); current vLLM keeps the batch
+ * array_like and the events not (an array batch of map events, pinned by
+ * tests/v1/core/test_kv_events_contract.py), and its decoder ignores elements
+ * a newer batch appends. omit_defaults lets trailing/defaulted fields be
+ * absent in every shape. Everything decoded is allocated in the msgpack zone
+ * of the unpacked object, freed together with it.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include <msgpack.h>
+#include <xxhash.h>
 
 #include "sched_int.h"
 #include "sched_kvev_int.h"
@@ -292,9 +296,136 @@ static sched_status_t get_group(dec_t *d, const msgpack_object *o, sched_kvev_ev
     return SCHED_OK;
 }
 
+uint64_t sched_kvev_extra_digest(const void *msgpack_entry, size_t len)
+{
+    uint64_t h = XXH3_64bits_withSeed(msgpack_entry, len, 0x65787472616b6579ull);
+    return h ? h : 1;
+}
+
+/* Digest of one extra_keys entry: packed again by msgpack-c, so the same entry gives the same
+ * bytes whoever packed it first (and whatever header sizes it chose). */
+static sched_status_t entry_digest(dec_t *d, const msgpack_object *o, uint64_t *out)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (msgpack_pack_object(&pk, *o) != 0 || sb.data == NULL) {
+        msgpack_sbuffer_destroy(&sb);
+        return fail(d, "extra_keys: entry cannot be packed");
+    }
+    *out = sched_kvev_extra_digest(sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return SCHED_OK;
+}
+
+/* extra_keys: nil, or one entry per block, each nil or a tuple (msgpack array). */
+static sched_status_t get_extra_keys(dec_t *d, const msgpack_object *o, sched_kvev_event_t *ev,
+                                     size_t *n_out)
+{
+    uint64_t *arr;
+
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return SCHED_OK;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return fail(d, "extra_keys: not an array or nil");
+    arr = msgpack_zone_malloc(d->zone, (o->via.array.size + 1) * sizeof(uint64_t));
+    if (!arr)
+        return SCHED_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *e = &o->via.array.ptr[i];
+        sched_status_t st;
+        if (e->type == MSGPACK_OBJECT_NIL) {
+            arr[i] = 0;
+            continue;
+        }
+        if (e->type != MSGPACK_OBJECT_ARRAY)
+            return fail(d, "extra_keys: entry is not a tuple or nil");
+        st = entry_digest(d, e, &arr[i]);
+        if (st != SCHED_OK)
+            return st;
+    }
+    ev->extra_digests = arr;
+    *n_out = o->via.array.size;
+    return SCHED_OK;
+}
+
+static sched_status_t get_copies(dec_t *d, const msgpack_object *o, sched_kvev_event_t *ev,
+                                 size_t *n_out)
+{
+    uint32_t *arr;
+
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return SCHED_OK;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return fail(d, "remaining_copy_counts: not an array or nil");
+    arr = msgpack_zone_malloc(d->zone, (o->via.array.size + 1) * sizeof(uint32_t));
+    if (!arr)
+        return SCHED_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *c = &o->via.array.ptr[i];
+        if (c->type != MSGPACK_OBJECT_POSITIVE_INTEGER || c->via.u64 > UINT32_MAX)
+            return fail(d, "remaining_copy_counts: element is not a non-negative int");
+        arr[i] = (uint32_t)c->via.u64;
+    }
+    ev->remaining_copies = arr;
+    *n_out = o->via.array.size;
+    return SCHED_OK;
+}
+
+static sched_status_t get_locality(dec_t *d, const msgpack_object *o, sched_kvev_event_t *ev)
+{
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return SCHED_OK;
+    if (o->type != MSGPACK_OBJECT_STR)
+        return fail(d, "locality: not a string or nil");
+    if (str_is(o, "LOCAL"))
+        ev->locality = SCHED_KVEV_LOC_LOCAL;
+    else if (str_is(o, "REMOTE"))
+        ev->locality = SCHED_KVEV_LOC_REMOTE;
+    /* another value: unspecified, as vLLM itself treats an absent one */
+    return SCHED_OK;
+}
+
+/* vllm/v1/kv_cache_interface.py KVCacheSpecKind: the kinds that keep only a tail of the
+ * prefix (a window, a chunk, a state) cannot say alone whether a prefix hits. */
+static sched_status_t get_spec_kind(dec_t *d, const msgpack_object *o, sched_kvev_event_t *ev)
+{
+    static const char *const partial[] = {"sliding_window", "sliding_window_mla",
+                                          "chunked_local_attention", "mamba"};
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return SCHED_OK;
+    if (o->type != MSGPACK_OBJECT_STR)
+        return fail(d, "kv_cache_spec_kind: not a string or nil");
+    ev->spec = SCHED_KVEV_SPEC_FULL;
+    for (size_t i = 0; i < sizeof(partial) / sizeof(partial[0]); i++)
+        if (str_is(o, partial[i]))
+            ev->spec = SCHED_KVEV_SPEC_PARTIAL;
+    if (str_is(o, "unknown"))
+        ev->spec = SCHED_KVEV_SPEC_UNKNOWN;
+    return SCHED_OK;
+}
+
+static sched_status_t get_window(dec_t *d, const msgpack_object *o, sched_kvev_event_t *ev)
+{
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return SCHED_OK;
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > INT32_MAX)
+        return fail(d, "kv_cache_spec_sliding_window: not a non-negative int or nil");
+    ev->sliding_window = (int64_t)o->via.u64;
+    return SCHED_OK;
+}
+
+/* Lengths of the per-block arrays, checked against block_hashes once all fields are in (a
+ * map may name them in any order). */
+typedef struct ev_lens {
+    size_t extra, copies;
+} ev_lens_t;
+
 /* Field <name> of an event; the one table both layouts go through. */
 static sched_status_t event_field(dec_t *d, sched_kvev_event_t *ev, const char *name,
-                                  const msgpack_object *v, unsigned *seen)
+                                  const msgpack_object *v, unsigned *seen, ev_lens_t *lens)
 {
     if (strcmp(name, "block_hashes") == 0) {
         *seen |= 1;
@@ -315,12 +446,22 @@ static sched_status_t event_field(dec_t *d, sched_kvev_event_t *ev, const char *
         }
         if (strcmp(name, "lora_name") == 0)
             return get_lora_name(d, v, ev);
+        if (strcmp(name, "extra_keys") == 0)
+            return get_extra_keys(d, v, ev, &lens->extra);
+        if (strcmp(name, "kv_cache_spec_kind") == 0)
+            return get_spec_kind(d, v, ev);
+        if (strcmp(name, "kv_cache_spec_sliding_window") == 0)
+            return get_window(d, v, ev);
     }
+    if (ev->kind == SCHED_KVEV_REMOVED && strcmp(name, "remaining_copy_counts") == 0)
+        return get_copies(d, v, ev, &lens->copies);
     if (strcmp(name, "medium") == 0)
         return get_medium(d, v, ev);
     if (strcmp(name, "group_idx") == 0)
         return get_group(d, v, ev);
-    return SCHED_OK; /* lora_id, extra_keys, kv_cache_spec_*: not needed to route */
+    if (strcmp(name, "locality") == 0)
+        return get_locality(d, v, ev);
+    return SCHED_OK; /* lora_id, ownership, session_id, ...: not needed to route */
 }
 
 /* Declaration order of the fields after the tag (array layout). */
@@ -334,7 +475,8 @@ static const char *const stored_fields[] = {"block_hashes",
                                             "extra_keys",
                                             "group_idx",
                                             "kv_cache_spec_kind",
-                                            "kv_cache_spec_sliding_window"};
+                                            "kv_cache_spec_sliding_window",
+                                            "locality"};
 static const char *const removed_fields[] = {"block_hashes", "medium", "group_idx"};
 
 static sched_status_t kind_of(const msgpack_object *tag, sched_kvev_kind_t *kind)
@@ -362,9 +504,12 @@ static sched_status_t decode_event(dec_t *d, const msgpack_object *o, sched_kvev
     sched_status_t st;
     unsigned seen = 0;
 
+    ev_lens_t lens = {0, 0};
+
     memset(ev, 0, sizeof(*ev));
     ev->medium_gpu = true;
     ev->group_idx = -1;
+    ev->sliding_window = -1;
     if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size > 0) {
         const char *const *names;
         size_t n_names;
@@ -375,9 +520,12 @@ static sched_status_t decode_event(dec_t *d, const msgpack_object *o, sched_kvev
         if (st != SCHED_OK)
             return st;
         names = ev->kind == SCHED_KVEV_STORED ? stored_fields : removed_fields;
-        n_names = ev->kind == SCHED_KVEV_STORED ? 11 : ev->kind == SCHED_KVEV_REMOVED ? 3 : 0;
+        n_names = ev->kind == SCHED_KVEV_STORED ? sizeof(stored_fields) / sizeof(stored_fields[0])
+                  : ev->kind == SCHED_KVEV_REMOVED
+                      ? sizeof(removed_fields) / sizeof(removed_fields[0])
+                      : 0;
         for (uint32_t i = 1; i < o->via.array.size && i - 1 < n_names; i++) {
-            st = event_field(d, ev, names[i - 1], &o->via.array.ptr[i], &seen);
+            st = event_field(d, ev, names[i - 1], &o->via.array.ptr[i], &seen, &lens);
             if (st != SCHED_OK)
                 return st;
         }
@@ -399,7 +547,7 @@ static sched_status_t decode_event(dec_t *d, const msgpack_object *o, sched_kvev
                 continue; /* no field we read is that long */
             memcpy(name, k->via.str.ptr, k->via.str.size);
             name[k->via.str.size] = '\0';
-            st = event_field(d, ev, name, &o->via.map.ptr[i].val, &seen);
+            st = event_field(d, ev, name, &o->via.map.ptr[i].val, &seen, &lens);
             if (st != SCHED_OK)
                 return st;
         }
@@ -408,6 +556,10 @@ static sched_status_t decode_event(dec_t *d, const msgpack_object *o, sched_kvev
     }
     if ((seen & required_of(ev->kind)) != required_of(ev->kind))
         return fail(d, "event: required field missing");
+    if (ev->extra_digests && lens.extra != ev->n_block_hashes)
+        return fail(d, "extra_keys: not one entry per block hash");
+    if (ev->remaining_copies && lens.copies != ev->n_block_hashes)
+        return fail(d, "remaining_copy_counts: not one count per block hash");
     return SCHED_OK;
 }
 
@@ -423,6 +575,10 @@ static sched_status_t decode_batch(dec_t *d, const msgpack_object *root, sched_k
         events = &root->via.array.ptr[1];
         if (root->via.array.size > 2)
             rank = &root->via.array.ptr[2];
+        /* Elements a newer publisher appends (vLLM's decoder ignores trailing elements:
+         * tests/v1/core/test_kv_events_contract.py): skipped. */
+        if (root->via.array.size > 3)
+            out->n_trailing = root->via.array.size - 3;
     } else if (root->type == MSGPACK_OBJECT_MAP) {
         out->map_layout = true;
         for (uint32_t i = 0; i < root->via.map.size; i++) {

@@ -1,20 +1,32 @@
 /*
  * Bounded index of the blocks the engines report as cached.
  *
- * A record is one residency: (instance slot, engine block hash, tier) →
- * our key. Records come from a fixed array of max_records, kept in LRU
+ * A record is one residency: (instance slot, engine block hash, tier, KV-cache
+ * group) → our key. Records come from a fixed array of max_records, kept in LRU
  * order (least recently stored evicted first), chained in two hash tables:
  * by (slot, engine hash) to apply removals and to find a parent's key, and
  * per key entry so a key knows which slots hold it and in which tier.
  * Key entries come from a second fixed array of the same size (a key needs
  * at least one record), so memory is fixed at creation.
  *
- * Our key of block i is XXH3(tokens of block i, seed = key of block i-1),
- * the first block seeded by the LoRA name and block size. It names the
- * whole prefix, whatever seed or algorithm the engine hashes with.
+ * Our key of block i is XXH3(tokens of block i, seed = key of block i-1
+ * mixed with the digest of the block's extra keys), the first block seeded by
+ * the block size. It names the whole prefix and what vLLM folds into its own
+ * block hash besides the tokens (vllm/v1/core/kv_cache_utils.py
+ * hash_block_tokens: LoRA name, multimodal hashes, cache salt), whatever seed
+ * or algorithm the engine hashes with.
+ *
+ * Groups (hybrid models, vllm/v1/core/kv_cache_coordinator.py): every KV-cache
+ * group stores and evicts its own copy of a block, announced with its
+ * group_idx, so a removal applies to the group it names only. Full-attention
+ * groups need the whole prefix and decide a hit; sliding-window, chunked-local
+ * and mamba groups keep only a tail, so their evictions of early blocks say
+ * nothing about a hit. A slot holds a key when every deciding group it has
+ * announced holds it (all its groups, when none is full attention).
  */
 #include <string.h>
 
+#include <msgpack.h>
 #include <xxhash.h>
 
 #include "sched_int.h"
@@ -30,6 +42,7 @@ typedef struct kv_rec {
     uint32_t prev, next; /* LRU (head = most recent); free list uses next */
     uint8_t slot;
     uint8_t gpu;
+    uint8_t group; /* group_idx (absent: 0; 63 and above share 63) */
 } kv_rec_t;
 
 typedef struct kv_key {
@@ -50,9 +63,14 @@ struct sched_kvev_index {
     uint64_t n_recs, n_keys;
     uint64_t slot_uid[SCHED_KVEV_MAX_SLOTS]; /* 0 = free */
     uint32_t slot_block_size[SCHED_KVEV_MAX_SLOTS];
-    uint32_t last_block_size; /* of any instance */
-    uint64_t evicted, orphans, bad_events;
+    uint64_t slot_groups[SCHED_KVEV_MAX_SLOTS];  /* groups the slot announced */
+    uint64_t slot_partial[SCHED_KVEV_MAX_SLOTS]; /* of those, the ones that keep a tail */
+    uint32_t last_block_size;                    /* of any instance */
+    uint64_t evicted, orphans, bad_events, remote, kept;
 };
+
+#define KEY_SEED  0x6b76657673ull
+#define MAX_GROUP 63
 
 static uint32_t mix(uint64_t h)
 {
@@ -123,21 +141,58 @@ void sched_kvev_index_destroy(sched_kvev_index_t *idx)
     sched_free(idx);
 }
 
-size_t sched_kvev_keys(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
-                       const char *lora_name, uint64_t *out, size_t max_out)
+static uint64_t block_key(uint64_t prev, const uint32_t *tokens, uint32_t block_size,
+                          uint64_t extra)
 {
-    uint64_t h;
+    if (extra)
+        prev = XXH3_64bits_withSeed(&extra, sizeof(extra), prev);
+    return XXH3_64bits_withSeed(tokens, (size_t)block_size * sizeof(uint32_t), prev);
+}
+
+/* The digest of the extra-keys tuple vLLM builds for a text block: (lora,) on every block,
+ * (lora, salt) or (salt,) on the first; 0 when the tuple would be empty (None). */
+static uint64_t text_extra(const char *lora_name, const char *cache_salt, bool first)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    size_t n = (lora_name ? 1 : 0) + (first && cache_salt && *cache_salt ? 1 : 0);
+    uint64_t d = 0;
+
+    if (n == 0)
+        return 0;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, n);
+    if (lora_name) {
+        msgpack_pack_str(&pk, strlen(lora_name));
+        msgpack_pack_str_body(&pk, lora_name, strlen(lora_name));
+    }
+    if (first && cache_salt && *cache_salt) {
+        msgpack_pack_str(&pk, strlen(cache_salt));
+        msgpack_pack_str_body(&pk, cache_salt, strlen(cache_salt));
+    }
+    if (sb.data)
+        d = sched_kvev_extra_digest(sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return d;
+}
+
+size_t sched_kvev_keys(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
+                       const char *lora_name, const char *cache_salt, uint64_t *out, size_t max_out)
+{
+    uint64_t h, first, rest;
     size_t n;
 
     if (block_size == 0)
         return 0;
-    h = XXH3_64bits_withSeed(lora_name ? lora_name : "", lora_name ? strlen(lora_name) : 0,
-                             0x6b76657673ull ^ block_size);
+    h = KEY_SEED ^ block_size;
     n = n_tokens / block_size;
     if (n > max_out)
         n = max_out;
+    first = text_extra(lora_name, cache_salt, true);
+    rest = text_extra(lora_name, cache_salt, false);
     for (size_t i = 0; i < n; i++) {
-        h = XXH3_64bits_withSeed(tokens + i * block_size, (size_t)block_size * sizeof(uint32_t), h);
+        h = block_key(h, tokens + i * block_size, block_size, i == 0 ? first : rest);
         out[i] = h;
     }
     return n;
@@ -168,17 +223,39 @@ static uint32_t key_get(sched_kvev_index_t *idx, uint64_t key)
     return k;
 }
 
+/* The groups that decide a hit on <slot>: its full-attention groups, or all it announced
+ * when it announced none of those. */
+static uint64_t deciding_groups(const sched_kvev_index_t *idx, int slot)
+{
+    uint64_t full = idx->slot_groups[slot] & ~idx->slot_partial[slot];
+    return full ? full : idx->slot_groups[slot];
+}
+
 static void key_refresh(sched_kvev_index_t *idx, uint32_t k)
 {
     kv_key_t *e = &idx->keys[k];
+    uint64_t seen = 0, gpu_g[SCHED_KVEV_MAX_SLOTS], any_g[SCHED_KVEV_MAX_SLOTS];
     uint32_t *pp;
 
     e->gpu_mask = e->other_mask = 0;
     for (uint32_t r = e->recs; r != NIL; r = idx->recs[r].knext) {
-        if (idx->recs[r].gpu)
-            e->gpu_mask |= 1ull << idx->recs[r].slot;
-        else
-            e->other_mask |= 1ull << idx->recs[r].slot;
+        const kv_rec_t *rec = &idx->recs[r];
+        uint64_t bit = 1ull << rec->group;
+        if (!(seen >> rec->slot & 1)) {
+            seen |= 1ull << rec->slot;
+            gpu_g[rec->slot] = any_g[rec->slot] = 0;
+        }
+        any_g[rec->slot] |= bit;
+        if (rec->gpu)
+            gpu_g[rec->slot] |= bit;
+    }
+    for (uint64_t m = seen; m; m &= m - 1) {
+        int s = __builtin_ctzll(m);
+        uint64_t need = deciding_groups(idx, s);
+        if ((gpu_g[s] & need) == need)
+            e->gpu_mask |= 1ull << s;
+        else if ((any_g[s] & need) == need)
+            e->other_mask |= 1ull << s;
     }
     if (e->recs != NIL)
         return;
@@ -192,13 +269,29 @@ static void key_refresh(sched_kvev_index_t *idx, uint32_t k)
 
 /* ---- records ---- */
 
-static uint32_t rec_find(const sched_kvev_index_t *idx, int slot, uint64_t ehash, int gpu)
+/* <gpu>, <group>: -1 = any. */
+static uint32_t rec_find(const sched_kvev_index_t *idx, int slot, uint64_t ehash, int gpu,
+                         int group)
 {
     for (uint32_t r = idx->rbucket[rbucket_of(idx, slot, ehash)]; r != NIL; r = idx->recs[r].hnext)
         if (idx->recs[r].ehash == ehash && idx->recs[r].slot == slot &&
-            (gpu < 0 || idx->recs[r].gpu == gpu))
+            (gpu < 0 || idx->recs[r].gpu == gpu) && (group < 0 || idx->recs[r].group == group))
             return r;
     return NIL;
+}
+
+/* A record of <ehash> on <slot>, in <group> if it has one there, else in any group (the
+ * engine hashes a block alike in every group of one block size). */
+static uint32_t rec_find_near(const sched_kvev_index_t *idx, int slot, uint64_t ehash, int gpu,
+                              int group)
+{
+    uint32_t r = rec_find(idx, slot, ehash, gpu, group);
+    return r != NIL ? r : rec_find(idx, slot, ehash, gpu, -1);
+}
+
+static int group_of(const sched_kvev_event_t *ev)
+{
+    return ev->group_idx < 0 ? 0 : ev->group_idx > MAX_GROUP ? MAX_GROUP : (int)ev->group_idx;
 }
 
 static void lru_unlink(sched_kvev_index_t *idx, uint32_t r)
@@ -245,9 +338,10 @@ static void rec_free(sched_kvev_index_t *idx, uint32_t r)
     key_refresh(idx, k);
 }
 
-static void rec_store(sched_kvev_index_t *idx, int slot, uint64_t ehash, bool gpu, uint64_t key)
+static void rec_store(sched_kvev_index_t *idx, int slot, uint64_t ehash, bool gpu, int group,
+                      uint64_t key)
 {
-    uint32_t r = rec_find(idx, slot, ehash, gpu), k, b;
+    uint32_t r = rec_find(idx, slot, ehash, gpu, group), k, b;
     kv_rec_t *e;
 
     if (r != NIL) {
@@ -272,7 +366,8 @@ static void rec_store(sched_kvev_index_t *idx, int slot, uint64_t ehash, bool gp
                     .hnext = idx->rbucket[b],
                     .knext = idx->keys[k].recs,
                     .slot = (uint8_t)slot,
-                    .gpu = gpu};
+                    .gpu = gpu,
+                    .group = (uint8_t)group};
     idx->rbucket[b] = r;
     idx->keys[k].recs = r;
     lru_push(idx, r);
@@ -296,6 +391,7 @@ int sched_kvev_index_slot(sched_kvev_index_t *idx, uint64_t uid)
     if (found < 0 && free_slot >= 0) {
         idx->slot_uid[free_slot] = uid;
         idx->slot_block_size[free_slot] = 0;
+        idx->slot_groups[free_slot] = idx->slot_partial[free_slot] = 0;
         found = free_slot;
     }
     pthread_mutex_unlock(&idx->mu);
@@ -323,6 +419,7 @@ void sched_kvev_index_clear(sched_kvev_index_t *idx, int slot, bool release)
     if (release) {
         idx->slot_uid[slot] = 0;
         idx->slot_block_size[slot] = 0;
+        idx->slot_groups[slot] = idx->slot_partial[slot] = 0;
     }
     pthread_mutex_unlock(&idx->mu);
 }
@@ -337,21 +434,50 @@ void sched_kvev_index_clear(sched_kvev_index_t *idx, int slot, bool release)
  */
 static void apply_stored_copy(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev)
 {
+    int group = group_of(ev);
+
     for (size_t i = 0; i < ev->n_block_hashes; i++) {
-        uint32_t r = rec_find(idx, slot, ev->block_hashes[i], -1);
+        uint32_t r = rec_find_near(idx, slot, ev->block_hashes[i], -1, group);
         if (r == NIL) {
             idx->orphans++;
             continue;
         }
-        rec_store(idx, slot, ev->block_hashes[i], false, idx->keys[idx->recs[r].key_idx].key);
+        rec_store(idx, slot, ev->block_hashes[i], false, group,
+                  idx->keys[idx->recs[r].key_idx].key);
     }
+}
+
+/* Learn <group>'s kind on <slot>; when that changes which groups decide, the keys the slot
+ * holds are judged again. */
+static void learn_group(sched_kvev_index_t *idx, int slot, int group, sched_kvev_spec_t spec)
+{
+    uint64_t bit = 1ull << group, before = deciding_groups(idx, slot);
+
+    idx->slot_groups[slot] |= bit;
+    if (spec == SCHED_KVEV_SPEC_PARTIAL)
+        idx->slot_partial[slot] |= bit;
+    else if (spec == SCHED_KVEV_SPEC_FULL)
+        idx->slot_partial[slot] &= ~bit;
+    if (deciding_groups(idx, slot) == before)
+        return;
+    for (uint32_t r = idx->head; r != NIL; r = idx->recs[r].next)
+        if (idx->recs[r].slot == slot)
+            key_refresh(idx, idx->recs[r].key_idx);
 }
 
 static void apply_stored(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev)
 {
-    uint64_t key;
+    uint64_t key, lora_extra = 0;
     size_t n = ev->n_block_hashes;
+    int group = group_of(ev);
 
+    if (ev->locality == SCHED_KVEV_LOC_REMOTE) {
+        /* Storage not local to the instance (vLLM's FS/OBJ tiers may share it with the
+         * whole fleet): it is no reason to prefer this instance. */
+        idx->remote += n;
+        return;
+    }
+    learn_group(idx, slot, group, ev->spec);
     if (n > 0 && ev->n_token_ids == 0 && !ev->medium_gpu && !ev->has_parent) {
         apply_stored_copy(idx, slot, ev);
         return;
@@ -361,7 +487,7 @@ static void apply_stored(sched_kvev_index_t *idx, int slot, const sched_kvev_eve
         return;
     }
     if (ev->has_parent) {
-        uint32_t p = rec_find(idx, slot, ev->parent_block_hash, -1);
+        uint32_t p = rec_find_near(idx, slot, ev->parent_block_hash, -1, group);
         if (p == NIL) {
             /* Its prefix was never seen or already forgotten: the chain
              * cannot be named, so these blocks cannot be routed to. */
@@ -370,19 +496,38 @@ static void apply_stored(sched_kvev_index_t *idx, int slot, const sched_kvev_eve
         }
         key = idx->keys[idx->recs[p].key_idx].key;
     } else {
-        key = 0;
+        key = KEY_SEED ^ ev->block_size;
     }
+    /* An engine that sends no extra_keys (older vLLM) still folded its LoRA name into every
+     * block's hash; the salt and multimodal hashes it folded are unknown then. */
+    if (!ev->extra_digests)
+        lora_extra = text_extra(ev->lora_name, NULL, false);
     idx->slot_block_size[slot] = ev->block_size;
     idx->last_block_size = ev->block_size;
     for (size_t i = 0; i < n; i++) {
-        uint64_t k;
-        if (i == 0 && !ev->has_parent)
-            sched_kvev_keys(ev->token_ids, ev->block_size, ev->block_size, ev->lora_name, &k, 1);
-        else
-            k = XXH3_64bits_withSeed(ev->token_ids + i * ev->block_size,
-                                     (size_t)ev->block_size * sizeof(uint32_t), key);
-        key = k;
-        rec_store(idx, slot, ev->block_hashes[i], ev->medium_gpu, key);
+        key = block_key(key, ev->token_ids + i * ev->block_size, ev->block_size,
+                        ev->extra_digests ? ev->extra_digests[i] : lora_extra);
+        rec_store(idx, slot, ev->block_hashes[i], ev->medium_gpu, group, key);
+    }
+}
+
+static void apply_removed(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev)
+{
+    int group = group_of(ev);
+
+    if (ev->locality == SCHED_KVEV_LOC_REMOTE)
+        return; /* never stored (apply_stored) */
+    for (size_t i = 0; i < ev->n_block_hashes; i++) {
+        uint32_t r;
+        if (ev->remaining_copies && ev->remaining_copies[i] > 0) {
+            /* One physical copy went; the engine still caches the hash (vLLM does not
+             * deduplicate blocks, block_pool.py). */
+            idx->kept++;
+            continue;
+        }
+        r = rec_find(idx, slot, ev->block_hashes[i], ev->medium_gpu, group);
+        if (r != NIL)
+            rec_free(idx, r);
     }
 }
 
@@ -396,11 +541,7 @@ void sched_kvev_index_apply(sched_kvev_index_t *idx, int slot, const sched_kvev_
         apply_stored(idx, slot, ev);
         break;
     case SCHED_KVEV_REMOVED:
-        for (size_t i = 0; i < ev->n_block_hashes; i++) {
-            uint32_t r = rec_find(idx, slot, ev->block_hashes[i], ev->medium_gpu);
-            if (r != NIL)
-                rec_free(idx, r);
-        }
+        apply_removed(idx, slot, ev);
         break;
     case SCHED_KVEV_CLEARED:
         clear_locked(idx, slot);
@@ -474,6 +615,8 @@ void sched_kvev_index_stats(sched_kvev_index_t *idx, sched_kvev_index_stats_t *o
                                       .capacity = idx->cap,
                                       .evicted = idx->evicted,
                                       .orphans = idx->orphans,
-                                      .bad_events = idx->bad_events};
+                                      .bad_events = idx->bad_events,
+                                      .remote = idx->remote,
+                                      .kept = idx->kept};
     pthread_mutex_unlock(&idx->mu);
 }

@@ -32,6 +32,22 @@ typedef enum sched_kvev_kind {
     SCHED_KVEV_CLEARED = 3,
 } sched_kvev_kind_t;
 
+/* Where a block's storage is relative to the publishing instance (vLLM's optional
+ * `locality`, set by its FS/OBJ offload tiers); absent means unspecified. */
+typedef enum sched_kvev_locality {
+    SCHED_KVEV_LOC_UNSPECIFIED = 0,
+    SCHED_KVEV_LOC_LOCAL = 1,
+    SCHED_KVEV_LOC_REMOTE = 2,
+} sched_kvev_locality_t;
+
+/* The KV-cache group's attention kind (`kv_cache_spec_kind` of a BlockStored). */
+typedef enum sched_kvev_spec {
+    SCHED_KVEV_SPEC_UNKNOWN = 0, /* absent: counted as full attention */
+    SCHED_KVEV_SPEC_FULL = 1,    /* "full_attention" (and any other kind that keeps the
+                                    whole prefix) */
+    SCHED_KVEV_SPEC_PARTIAL = 2, /* sliding window, chunked local, mamba: keeps only a tail */
+} sched_kvev_spec_t;
+
 /* One event; arrays point into the decoder's zone (valid until the batch
  * is freed). Hashes given as bytes are folded to their last 8 bytes. */
 typedef struct sched_kvev_event {
@@ -46,6 +62,15 @@ typedef struct sched_kvev_event {
     bool medium_gpu;       /* medium absent/nil/"GPU" → true */
     const char *lora_name; /* NUL-terminated, NULL when absent */
     int64_t group_idx;     /* -1 when absent */
+    /* STORED: one digest per block of its extra_keys entry (sched_kvev_extra_digest; 0 for a
+     * nil entry), NULL when the event has no extra_keys. */
+    const uint64_t *extra_digests;
+    sched_kvev_spec_t spec;         /* STORED */
+    int64_t sliding_window;         /* STORED; -1 when absent */
+    sched_kvev_locality_t locality; /* both */
+    /* REMOVED: copies of each hash the engine still holds after this removal, one per
+     * block hash; NULL when absent (older engines: a removal then removes). */
+    const uint32_t *remaining_copies;
 } sched_kvev_event_t;
 
 typedef struct sched_kvev_batch {
@@ -54,8 +79,9 @@ typedef struct sched_kvev_batch {
     bool map_layout; /* batch was a map (newer vLLM), else an array */
     sched_kvev_event_t *events;
     size_t n_events;
-    size_t n_unknown; /* events of a type we do not know (skipped) */
-    void *zone_;      /* owned */
+    size_t n_unknown;  /* events of a type we do not know (skipped) */
+    size_t n_trailing; /* batch elements after the ones we know (array layout), ignored */
+    void *zone_;       /* owned */
 } sched_kvev_batch_t;
 
 /* Most msgpack elements (all levels) one payload may hold: an engine step's batch has about
@@ -88,6 +114,8 @@ typedef struct sched_kvev_index_stats {
     uint64_t evicted;    /* records dropped by the LRU bound */
     uint64_t orphans;    /* stored blocks whose parent we did not know */
     uint64_t bad_events; /* inconsistent events (token count, block size) */
+    uint64_t remote;     /* stored blocks skipped: locality REMOTE */
+    uint64_t kept;       /* removals skipped: the engine still holds another copy */
 } sched_kvev_index_stats_t;
 
 /* <max_records> bounds memory (at least 64). */
@@ -102,10 +130,19 @@ void sched_kvev_index_clear(sched_kvev_index_t *idx, int slot, bool release);
 /* Apply one decoded event for <slot>. */
 void sched_kvev_index_apply(sched_kvev_index_t *idx, int slot, const sched_kvev_event_t *ev);
 
-/* Our chained key of each full block of <tokens> (<block_size> tokens per
- * block, under LoRA <lora_name> or NULL); returns how many were written. */
+/* The digest of one block's extra_keys entry (vLLM kv_cache_utils.py
+ * generate_block_hash_extra_keys: LoRA name, then (multimodal hash, offset) pairs, then the
+ * cache salt on the first block, then prompt-embedding digests), given as its msgpack bytes:
+ * the entry is packed again by msgpack-c, so the digest does not depend on how the
+ * publisher sized its headers. Never 0 (0 = no extra keys). */
+uint64_t sched_kvev_extra_digest(const void *msgpack_entry, size_t len);
+
+/* Our chained key of each full block of <tokens> (<block_size> tokens per block), with the
+ * extra keys vLLM folds into a text request's block hash: LoRA <lora_name> on every block
+ * and <cache_salt> on the first (either NULL); returns how many were written. */
 size_t sched_kvev_keys(const uint32_t *tokens, size_t n_tokens, uint32_t block_size,
-                       const char *lora_name, uint64_t *out, size_t max_out);
+                       const char *lora_name, const char *cache_salt, uint64_t *out,
+                       size_t max_out);
 
 /*
  * For each of <n_uids> instances, the number of leading blocks of <keys>
@@ -162,6 +199,31 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms);
 /* Run sched_kvev_sub_poll in a thread of its own until destroy. */
 sched_status_t sched_kvev_sub_start(sched_kvev_sub_t *sub);
 void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out);
+
+/*
+ * Silence. An idle engine publishes nothing, so quiet alone proves nothing; an instance is
+ * silent while needed when precise-prefix routed a request to it (one with tokens) and no
+ * message came from its publisher for <silence_ms> after the first such request since its
+ * last message (or since it joined). Then one warning per instance; when a message comes,
+ * one line says events resumed. <clock> (NULL: monotonic) also times the gauge.
+ */
+void sched_kvev_sub_set_silence(sched_kvev_sub_t *sub, uint64_t silence_ms, sched_clock_fn clock,
+                                void *clock_arg);
+/* precise-prefix routed a request that has tokens to <uid>. */
+void sched_kvev_sub_note_routed(sched_kvev_sub_t *sub, uint64_t uid);
+/* Warn about instances that turned silent (the polling thread calls it too); returns the ms
+ * until the next one could, UINT64_MAX when none is pending. */
+uint64_t sched_kvev_sub_check_silence(sched_kvev_sub_t *sub);
+
+typedef struct sched_kvev_silence {
+    uint64_t silence_ms; /* since the last message, or since joining when none came */
+    bool ever;           /* a message came since joining */
+    bool silent;         /* silent while needed (warned, not yet resumed) */
+    uint64_t routed;     /* requests routed to it since its last message */
+} sched_kvev_silence_t;
+
+/* What is known of <uid>'s publisher; false when it is not subscribed. */
+bool sched_kvev_sub_silence(sched_kvev_sub_t *sub, uint64_t uid, sched_kvev_silence_t *out);
 
 /* The endpoint rank <dp_rank> of a data-parallel engine configured with <endpoint> publishes
  * on (vLLM's per-rank offset); false when it has none (sched_kvev_query.c). */

@@ -38,8 +38,11 @@ sched_status_t sched_kvev_pool_create(sched_pool_t *pool, const sched_config_t *
     if (st != SCHED_OK) {
         sched_kvev_index_destroy(pool->kvev_index);
         pool->kvev_index = NULL;
+        return st;
     }
-    return st;
+    sched_kvev_sub_set_silence(pool->kvev_sub, cfg->kv_events_silence_ms, pool->clock,
+                               pool->clock_arg);
+    return SCHED_OK;
 }
 
 sched_status_t sched_kvev_pool_start(sched_pool_t *pool)
@@ -101,7 +104,7 @@ sched_status_t sched_kvev_request_keys(sched_pool_t *pool, const sched_request_t
     /* One block size for the fleet (one model per pool): the one the
      * engines report. Until one has, there is nothing to match. */
     bs = sched_kvev_index_block_size(pool->kvev_index, 0);
-    n = sched_kvev_keys(req->tokens, req->n_tokens, bs, NULL, tmp,
+    n = sched_kvev_keys(req->tokens, req->n_tokens, bs, req->lora_name, req->cache_salt, tmp,
                         SCHED_PREFIX_MAX_BLOCKS_PER_REQUEST);
     if (n == 0)
         return SCHED_OK;
@@ -126,8 +129,14 @@ sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ri
     size_t best_i = 0;
 
     (void)ridx;
-    if (!pool->kvev_index || !ctx->kv_keys || n_keys == 0)
-        return sched_policy_least(arr, n, ctx, NULL);
+    if (!pool->kvev_index || !ctx->kv_keys || n_keys == 0) {
+        best = sched_policy_least(arr, n, ctx, NULL);
+        /* Tokens but no keys: no engine has told its block size yet. Its events are then
+         * what is missing, if it serves such requests and stays quiet. */
+        if (best && ctx->req && ctx->req->tokens && ctx->req->n_tokens > 0 && pool->kvev_sub)
+            sched_kvev_sub_note_routed(pool->kvev_sub, best->uid);
+        return best;
+    }
     for (size_t i = 0; i < n && nc < MAX_CAND; i++) {
         if (!sched_pick_allowed(arr[i], ctx))
             continue;
@@ -156,5 +165,8 @@ sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ri
             best_score = score;
         }
     }
+    /* At least one full block: the engine announces it once it has prefilled it. */
+    if (best && pool->kvev_sub)
+        sched_kvev_sub_note_routed(pool->kvev_sub, best->uid);
     return best;
 }

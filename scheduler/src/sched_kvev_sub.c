@@ -65,6 +65,13 @@ typedef struct sub_conn {
     uint64_t replay_from; /* where the replay in flight started */
     bool replay_again;    /* this replay re-asks for what came during the last one */
     bool removed;
+    bool have_pub_id;         /* a 24-byte sequence frame named the publisher */
+    unsigned char pub_id[16]; /* ... this one (a new one: the engine restarted) */
+    /* Silence (sub->mu): the last message, the first request routed to it since then. */
+    uint64_t joined_ms, last_msg_ms; /* last_msg_ms 0: none yet */
+    uint64_t first_routed_ms;        /* 0: none since the last message */
+    uint64_t routed;                 /* requests routed since the last message */
+    bool silent;                     /* warned, not yet resumed */
 } sub_conn_t;
 
 struct sched_kvev_sub {
@@ -81,6 +88,9 @@ struct sched_kvev_sub {
     _Atomic int replay_timeout_ms;
     _Atomic int catchup_delay_ms; /* < 0: no second catch-up replay */
     int64_t max_msg;              /* ZMQ_MAXMSGSIZE of every socket */
+    uint64_t silence_ms;          /* kv_events_silence_ms */
+    sched_clock_fn clock;         /* silence timing; NULL: monotonic */
+    void *clock_arg;
     _Atomic uint64_t messages, events, gaps, replays, replays_done, replay_failed, restarts,
         cleared, bad, reconnects, lag_ms;
 };
@@ -88,6 +98,13 @@ struct sched_kvev_sub {
 static uint64_t now_ms(void)
 {
     return pdb_clock_mono_ms();
+}
+
+#define SILENCE_MS 30000
+
+static uint64_t silence_now(const sched_kvev_sub_t *sub)
+{
+    return sub->clock ? sub->clock(sub->clock_arg) : pdb_clock_mono_ms();
 }
 
 static void logf_(sched_kvev_sub_t *sub, sched_log_level_t lvl, const char *fmt, ...)
@@ -119,6 +136,7 @@ sched_status_t sched_kvev_sub_create(sched_kvev_index_t *idx, size_t max_msg_byt
     sub->log_arg = log_arg;
     atomic_store(&sub->replay_timeout_ms, REPLAY_TIMEOUT_MS);
     atomic_store(&sub->catchup_delay_ms, CATCHUP_DELAY_MS);
+    sub->silence_ms = SILENCE_MS;
     sub->ctx = zmq_ctx_new();
     if (!sub->ctx || pthread_mutex_init(&sub->mu, NULL) != 0) {
         if (sub->ctx)
@@ -263,6 +281,7 @@ sched_status_t sched_kvev_sub_add(sched_kvev_sub_t *sub, uint64_t uid, const cha
     c->want_replay = c->replay != NULL;
     int delay = atomic_load(&sub->catchup_delay_ms);
     c->catchup_at_ms = c->replay != NULL && delay >= 0 ? now_ms() + (uint64_t)delay : 0;
+    c->joined_ms = silence_now(sub);
     sub->conns[sub->n_conns++] = c;
     pthread_mutex_unlock(&sub->mu);
     return SCHED_OK;
@@ -379,6 +398,41 @@ static void request_replay(sched_kvev_sub_t *sub, sub_conn_t *c, uint64_t from)
     c->replay_deadline_ms = now_ms() + (uint64_t)atomic_load(&sub->replay_timeout_ms);
 }
 
+/* A message came from <c>'s publisher (a batch, an empty one, a replay answer). */
+static void saw_message(sched_kvev_sub_t *sub, sub_conn_t *c)
+{
+    uint64_t now = silence_now(sub), quiet;
+    bool resumed;
+
+    pthread_mutex_lock(&sub->mu);
+    quiet = now - (c->last_msg_ms ? c->last_msg_ms : c->joined_ms);
+    resumed = c->silent;
+    c->silent = false;
+    c->last_msg_ms = now ? now : 1;
+    c->first_routed_ms = 0;
+    c->routed = 0;
+    pthread_mutex_unlock(&sub->mu);
+    if (resumed)
+        logf_(sub, SCHED_LOG_INFO, "kv events from %s resumed after %.1f s of silence", c->endpoint,
+              (double)quiet / 1000.0);
+}
+
+/* A 24-byte sequence frame (vLLM's publisher with a snapshot endpoint, docs/features/
+ * kv_events.md: 8-byte sequence, then the 16-byte identity of the publisher's lifetime):
+ * true when it names another publisher than the last one did. */
+static bool new_publisher(sub_conn_t *c, zmq_msg_t *seq_frame)
+{
+    const unsigned char *id = (const unsigned char *)zmq_msg_data(seq_frame) + 8;
+    bool changed;
+
+    if (zmq_msg_size(seq_frame) != 24)
+        return false;
+    changed = c->have_pub_id && memcmp(c->pub_id, id, 16) != 0;
+    memcpy(c->pub_id, id, 16);
+    c->have_pub_id = true;
+    return changed;
+}
+
 static void on_live(sched_kvev_sub_t *sub, sub_conn_t *c)
 {
     zmq_msg_t f[MAX_FRAMES];
@@ -387,12 +441,13 @@ static void on_live(sched_kvev_sub_t *sub, sub_conn_t *c)
 
     if (recv_multipart(c->sub, f, &n) != 0)
         return;
-    if (n != 3 || zmq_msg_size(&f[1]) != 8) {
+    if (n != 3 || (zmq_msg_size(&f[1]) != 8 && zmq_msg_size(&f[1]) != 24)) {
         atomic_fetch_add(&sub->bad, 1);
         goto out;
     }
+    saw_message(sub, c);
     seq = be64(zmq_msg_data(&f[1]));
-    if (seq < c->live_next) {
+    if (new_publisher(c, &f[1]) || seq < c->live_next) {
         /* The live stream itself went back: a new publisher process, an
          * empty cache. */
         atomic_fetch_add(&sub->restarts, 1);
@@ -438,10 +493,12 @@ static void on_replay(sched_kvev_sub_t *sub, sub_conn_t *c)
         return;
     /* [empty, seq, payload] or [empty, topic, seq, payload] */
     s = n == 3 ? 1 : n == 4 ? 2 : -1;
-    if (s < 0 || zmq_msg_size(&f[0]) != 0 || zmq_msg_size(&f[s]) != 8) {
+    if (s < 0 || zmq_msg_size(&f[0]) != 0 ||
+        (zmq_msg_size(&f[s]) != 8 && zmq_msg_size(&f[s]) != 24)) {
         atomic_fetch_add(&sub->bad, 1);
         goto out;
     }
+    saw_message(sub, c);
     seq = be64(zmq_msg_data(&f[s]));
     if (seq == UINT64_MAX) { /* -1: end of replay */
         uint64_t upto = c->have_seq ? c->next_seq : 0;
@@ -506,8 +563,11 @@ void sched_kvev_sub_poll(sched_kvev_sub_t *sub, int timeout_ms)
     zmq_pollitem_t items[4 * SCHED_KVEV_MAX_SLOTS];
     sub_conn_t *owner[4 * SCHED_KVEV_MAX_SLOTS];
     int n = 0;
-    uint64_t now;
+    uint64_t now, next_silence;
 
+    next_silence = sched_kvev_sub_check_silence(sub);
+    if (next_silence < (uint64_t)timeout_ms)
+        timeout_ms = (int)next_silence;
     pthread_mutex_lock(&sub->mu);
     reap_removed(sub);
     now = now_ms();
@@ -634,4 +694,99 @@ void sched_kvev_sub_stats(sched_kvev_sub_t *sub, sched_kvev_sub_stats_t *out)
                                     .bad_messages = atomic_load(&sub->bad),
                                     .reconnects = atomic_load(&sub->reconnects),
                                     .lag_ms = atomic_load(&sub->lag_ms)};
+}
+
+void sched_kvev_sub_set_silence(sched_kvev_sub_t *sub, uint64_t silence_ms, sched_clock_fn clock,
+                                void *clock_arg)
+{
+    pthread_mutex_lock(&sub->mu);
+    sub->silence_ms = silence_ms ? silence_ms : SILENCE_MS;
+    sub->clock = clock;
+    sub->clock_arg = clock_arg;
+    pthread_mutex_unlock(&sub->mu);
+}
+
+void sched_kvev_sub_note_routed(sched_kvev_sub_t *sub, uint64_t uid)
+{
+    uint64_t now = silence_now(sub);
+
+    pthread_mutex_lock(&sub->mu);
+    for (size_t i = 0; i < sub->n_conns; i++) {
+        sub_conn_t *c = sub->conns[i];
+        if (c->uid != uid || c->removed)
+            continue;
+        if (c->first_routed_ms == 0)
+            c->first_routed_ms = now ? now : 1;
+        c->routed++;
+    }
+    pthread_mutex_unlock(&sub->mu);
+}
+
+#define SILENT_LOG_MAX 8
+
+uint64_t sched_kvev_sub_check_silence(sched_kvev_sub_t *sub)
+{
+    struct {
+        char endpoint[200];
+        uint64_t routed, quiet_ms;
+        bool ever;
+    } warn[SILENT_LOG_MAX];
+    size_t n_warn = 0;
+    uint64_t now = silence_now(sub), next = UINT64_MAX;
+
+    pthread_mutex_lock(&sub->mu);
+    for (size_t i = 0; i < sub->n_conns; i++) {
+        sub_conn_t *c = sub->conns[i];
+        uint64_t due;
+        if (c->removed || c->silent || c->first_routed_ms == 0)
+            continue;
+        due = c->first_routed_ms + sub->silence_ms;
+        if (now < due) {
+            if (due - now < next)
+                next = due - now;
+            continue;
+        }
+        if (n_warn == SILENT_LOG_MAX) {
+            next = 0; /* the rest on the next turn */
+            break;
+        }
+        c->silent = true;
+        snprintf(warn[n_warn].endpoint, sizeof(warn[n_warn].endpoint), "%s", c->endpoint);
+        warn[n_warn].routed = c->routed;
+        warn[n_warn].quiet_ms = now - (c->last_msg_ms ? c->last_msg_ms : c->joined_ms);
+        warn[n_warn].ever = c->last_msg_ms != 0;
+        n_warn++;
+    }
+    pthread_mutex_unlock(&sub->mu);
+    for (size_t i = 0; i < n_warn; i++)
+        logf_(sub, SCHED_LOG_WARN,
+              "kv events: nothing from %s for %.1f s (%s) although precise-prefix routed %llu "
+              "request(s) to it since; its prefix cache is unknown, routing to it is blind "
+              "(check its --kv-events-config and kv_events_endpoint)",
+              warn[i].endpoint, (double)warn[i].quiet_ms / 1000.0,
+              warn[i].ever ? "since its last event" : "no event ever since it joined",
+              (unsigned long long)warn[i].routed);
+    return next;
+}
+
+bool sched_kvev_sub_silence(sched_kvev_sub_t *sub, uint64_t uid, sched_kvev_silence_t *out)
+{
+    uint64_t now = silence_now(sub);
+    bool found = false;
+
+    pthread_mutex_lock(&sub->mu);
+    for (size_t i = 0; i < sub->n_conns && !found; i++) {
+        const sub_conn_t *c = sub->conns[i];
+        uint64_t since;
+        if (c->uid != uid || c->removed)
+            continue;
+        since = c->last_msg_ms ? c->last_msg_ms : c->joined_ms;
+        *out = (sched_kvev_silence_t){.silence_ms = now > since ? now - since : 0,
+                                      .ever = c->last_msg_ms != 0,
+                                      .silent = c->silent,
+                                      .routed = c->routed};
+        found = true;
+    }
+    pthread_mutex_unlock(&sub->mu);
+    return found;
 }

@@ -177,6 +177,38 @@ static void emit_kv_events(pdb_prom_t *p, sched_pool_t *pool)
              (double)is.evicted);
     emit_one(p, "pdgw_kv_index_orphans_total", "counter", "Stored blocks whose parent was unknown.",
              NULL, (double)is.orphans);
+    emit_one(p, "pdgw_kv_index_remote_total", "counter",
+             "Stored blocks not indexed: their storage is remote to the instance (locality).", NULL,
+             (double)is.remote);
+    emit_one(p, "pdgw_kv_index_removals_kept_total", "counter",
+             "Block removals not applied: the engine still holds a copy (remaining_copy_counts).",
+             NULL, (double)is.kept);
+}
+
+/* Per instance that publishes KV events: seconds since its last message (since it joined when
+ * none came), and whether that silence is one while it is needed (sched_kvev_sub_silence). */
+static void emit_kv_silence(pdb_prom_t *p, sched_pool_t *pool, sched_instance_t **arr, size_t n)
+{
+    pdb_prom_family(p, "pdgw_kv_event_silence_seconds", "gauge",
+                    "Seconds since the instance's KV-event publisher sent its last message "
+                    "(since it joined, when none came).");
+    for (size_t i = 0; i < n; i++) {
+        sched_kvev_silence_t si;
+        if (sched_kvev_sub_silence(pool->kvev_sub, arr[i]->uid, &si))
+            pdb_prom_sample(p, "pdgw_kv_event_silence_seconds", NULL,
+                            (const char *const[]){"instance", arr[i]->desc.id, NULL},
+                            (double)si.silence_ms / 1000.0);
+    }
+    pdb_prom_family(p, "pdgw_kv_event_silent", "gauge",
+                    "1 while precise-prefix routes to the instance and its KV events stay away "
+                    "longer than kv_events_silence.");
+    for (size_t i = 0; i < n; i++) {
+        sched_kvev_silence_t si;
+        if (sched_kvev_sub_silence(pool->kvev_sub, arr[i]->uid, &si))
+            pdb_prom_sample_u64(p, "pdgw_kv_event_silent", NULL,
+                                (const char *const[]){"instance", arr[i]->desc.id, NULL},
+                                si.silent ? 1 : 0);
+    }
 }
 
 char *sched_metrics_text(sched_pool_t *pool)
@@ -192,6 +224,8 @@ char *sched_metrics_text(sched_pool_t *pool)
     emit_instances(&p, arr, n);
     emit_engine_load(&p, pool, arr, n);
     emit_breakers(&p, arr, n);
+    if (pool->kvev_sub)
+        emit_kv_silence(&p, pool, arr, n);
     sched_pool_release_collected(arr, n);
     emit_schedule(&p, pool);
     if (pool->kvev_sub)

@@ -315,6 +315,10 @@ typedef struct sched_config {
      * a larger one drops that connection, which is opened again. 16 MiB (0 = that); at least
      * 64 KiB, at most 1 GiB. */
     size_t kv_events_max_message_bytes;
+    /* precise-prefix: an instance routed a request (with tokens) whose publisher then sends
+     * nothing for this long is warned about, once, as silent (gauge
+     * pdgw_kv_event_silence_seconds, /admin/instances); 30000 (0 = that); at most 1 h. */
+    uint64_t kv_events_silence_ms;
 
     /* Static instances (config `instances:`), added at sched_pool_start(). */
     const sched_instance_desc_t *instances;
@@ -436,6 +440,11 @@ typedef struct sched_request {
     /* 0 = any role the leg allows; else only instances of exactly this role (e.g. BOTH for
      * requests that want an instance able to run a whole request by itself). */
     sched_role_t only_role;
+    /* precise-prefix: the extra keys vLLM folds into a prompt's block hashes (vllm/v1/core/
+     * kv_cache_utils.py): the LoRA adapter the request runs under and its cache_salt; NULL =
+     * none. Borrowed for the call. */
+    const char *lora_name;
+    const char *cache_salt;
 } sched_request_t;
 
 typedef enum sched_leg {

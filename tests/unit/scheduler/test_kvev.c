@@ -266,7 +266,7 @@ static void test_index_chain(void **state)
     sched_kvev_index_apply(idx, s8, &ev);
 
     assert_int_equal(sched_kvev_index_block_size(idx, 7), 4);
-    assert_int_equal(sched_kvev_keys(toks, 22, 4, NULL, keys, 16), 5);
+    assert_int_equal(sched_kvev_keys(toks, 22, 4, NULL, NULL, keys, 16), 5);
     sched_kvev_index_match(idx, keys, 5, uids, 2, 0.5, depth, w);
     assert_int_equal(depth[0], 4);
     assert_int_equal(depth[1], 2);
@@ -274,17 +274,17 @@ static void test_index_chain(void **state)
 
     /* a different first block: nobody matches, even with equal later blocks */
     toks[0]++;
-    assert_int_equal(sched_kvev_keys(toks, 16, 4, NULL, keys, 16), 4);
+    assert_int_equal(sched_kvev_keys(toks, 16, 4, NULL, NULL, keys, 16), 4);
     sched_kvev_index_match(idx, keys, 4, uids, 2, 0.5, depth, w);
     assert_int_equal(depth[0] + depth[1], 0);
     toks[0]--;
     /* a LoRA names another chain */
-    sched_kvev_keys(toks, 16, 4, "adapter", keys, 16);
+    sched_kvev_keys(toks, 16, 4, "adapter", NULL, keys, 16);
     sched_kvev_index_match(idx, keys, 4, uids, 2, 0.5, depth, w);
     assert_int_equal(depth[0], 0);
 
     /* removal of block 1 on 7 (by engine hash) cuts its run at 1 */
-    sched_kvev_keys(toks, 16, 4, NULL, keys, 16);
+    sched_kvev_keys(toks, 16, 4, NULL, NULL, keys, 16);
     ev = (sched_kvev_event_t){.kind = SCHED_KVEV_REMOVED,
                               .block_hashes = &h_a[1],
                               .n_block_hashes = 1,
@@ -403,7 +403,7 @@ static void test_index_cpu_copies(void **state)
     assert_int_equal(st.orphans, 1);
     assert_int_equal(st.bad_events, 0);
 
-    assert_int_equal(sched_kvev_keys(toks, 9, 4, NULL, keys, 4), 2);
+    assert_int_equal(sched_kvev_keys(toks, 9, 4, NULL, NULL, keys, 4), 2);
     sched_kvev_index_match(idx, keys, 2, &uid, 1, 0.8, &depth, &w);
     assert_int_equal(depth, 2);
     assert_true(w == 2.0); /* both tiers: GPU counts */
@@ -459,7 +459,7 @@ static void test_index_bound(void **state)
     assert_int_equal(st.orphans, 0);
     /* the first block was evicted: a prompt starting there matches nothing */
     toks[0] = 0, toks[1] = 1, toks[2] = 2, toks[3] = 3;
-    sched_kvev_keys(toks, 4, 4, NULL, keys, 1);
+    sched_kvev_keys(toks, 4, 4, NULL, NULL, keys, 1);
     sched_kvev_index_match(idx, keys, 1, &uid, 1, 0.5, &depth, &w);
     assert_int_equal(depth, 0);
     /* more than 64 instances: the 65th gets no slot */
@@ -594,7 +594,7 @@ static size_t depth_of(sched_kvev_index_t *idx, uint64_t uid, uint32_t n_blocks)
 
     for (uint32_t i = 0; i < n_blocks * 4; i++)
         toks[i] = 100 + i;
-    sched_kvev_keys(toks, n_blocks * 4, 4, NULL, keys, 16);
+    sched_kvev_keys(toks, n_blocks * 4, 4, NULL, NULL, keys, 16);
     sched_kvev_index_match(idx, keys, n_blocks, &uid, 1, 0.5, &depth, &w);
     return depth;
 }
