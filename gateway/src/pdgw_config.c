@@ -224,6 +224,10 @@ static const pdgw_config_option_t options[] = {
      "Largest KV-event message taken from an engine's publisher or replay socket; a larger one "
      "drops that connection, which is opened again.",
      C(kv_events_max_message_bytes)},
+    {"kv_events_silence", "kv-events-silence", "PDGW_KV_EVENTS_SILENCE", PDGW_OPT_DURATION, NULL,
+     1, 3600000, "30s", "DURATION", "precise-prefix: an instance routed a request whose KV-event "
+     "publisher then sends nothing for this long is warned about once (gauge "
+     "pdgw_kv_event_silence_seconds, /admin/instances).", C(kv_events_silence_ms)},
     {"tokenize_timeout", "tokenize-timeout", "PDGW_TOKENIZE_TIMEOUT", PDGW_OPT_DURATION, NULL,
      0, 0, "250ms", "DURATION", "Longest wait for an engine's POST /tokenize of a text prompt "
      "(precise-prefix, selective PD) before the request is routed without tokens "
@@ -242,6 +246,17 @@ static const pdgw_config_option_t options[] = {
     {"drain_timeout", "drain-timeout", "PDGW_DRAIN_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0,
      "30s", "DURATION", "On SIGTERM, how long in-flight requests may finish.",
      C(drain_timeout_ms)},
+    {"check_engines_at_start", "check-engines-at-start", "PDGW_CHECK_ENGINES_AT_START",
+     PDGW_OPT_BOOL, NULL, 0, 0, "false", NULL, "Run the probes of --check-engines once at "
+     "start-up, in the background; what they find is logged as warnings and counted in "
+     "pdgw_engine_checks (the gateway serves anyway).", C(check_engines_at_start)},
+    {"check_engines_timeout", "check-engines-timeout", "PDGW_CHECK_ENGINES_TIMEOUT",
+     PDGW_OPT_DURATION, NULL, 1, 0, "2s", "DURATION", "Timeout of each probe of the engine "
+     "checks (HTTP request, TCP connect, ZeroMQ greeting).", C(check_engines_timeout_ms)},
+    {"check_engines_events_wait", "check-engines-events-wait", "PDGW_CHECK_ENGINES_EVENTS_WAIT",
+     PDGW_OPT_DURATION, NULL, 0, 0, "3s", "DURATION", "How long the engine checks listen to "
+     "each KV-event publisher (all at once; 0 = connect only).",
+     C(check_engines_events_wait_ms)},
     {"api_keys", "api-key", "PDGW_API_KEYS", PDGW_OPT_LIST, NULL, 0, 0, NULL, "KEY",
      "Accepted API key for \"Authorization: Bearer\" (repeatable; none = no auth).",
      C(api_keys)},
@@ -358,6 +373,11 @@ static const pdgw_config_option_t options[] = {
     {NULL, "check-config", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, "FILE",
      "Validate FILE (defaults + file, with cross-field checks), print \"config OK\" or the "
      "error, exit 0/1.", 0},
+    {NULL, "check-engines", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
+     "Probe every configured and discovered instance (health, models, metrics, the "
+     "protocol's ports, KV events), print one table, exit 1 when a check fails.", 0},
+    {NULL, "json", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
+     "With --check-engines: print the result as one JSON object.", 0},
     {NULL, "print-config", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
      "Print the effective configuration as YAML and exit.", 0},
     {NULL, "help", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,

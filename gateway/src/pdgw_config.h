@@ -182,6 +182,7 @@ typedef struct pdgw_config {
     int kv_events_other_tier_percent;
     int kv_events_max_blocks;
     uint64_t kv_events_max_message_bytes;
+    uint64_t kv_events_silence_ms;
     /* tokenize before routing, selective PD (pdgw_route.h) */
     uint64_t tokenize_timeout_ms;
     int tokenize_cache_entries;
@@ -192,6 +193,9 @@ typedef struct pdgw_config {
     int stream_output;    /* pdgw_stream_output_t: library | direct */
     int frontend;         /* pdgw_frontend_t: mhd | native */
     uint64_t drain_timeout_ms;
+    bool check_engines_at_start;           /* the engine doctor once at start (warnings) */
+    uint64_t check_engines_timeout_ms;     /* one probe */
+    uint64_t check_engines_events_wait_ms; /* listening to each KV-event publisher */
     pdgw_str_list_t api_keys;
     bool api_keys_cleared; /* the file says `api_keys: []`: a reload may drop every key */
     char *api_key_file;    /* "" = none */
@@ -340,6 +344,8 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
 typedef enum pdgw_config_action {
     PDGW_CONFIG_RUN = 0,  /* start the gateway with <cfg> */
     PDGW_CONFIG_EXIT = 1, /* done (--help, --version, --check-config OK): exit 0 */
+    PDGW_CONFIG_CHECK_ENGINES = 2,      /* --check-engines: probe the fleet, print a table */
+    PDGW_CONFIG_CHECK_ENGINES_JSON = 3, /* --check-engines --json */
 } pdgw_config_action_t;
 
 /*

@@ -595,6 +595,13 @@ pdgw_status_t pdgw_config_from_args(pdgw_config_t *cfg, int argc, char **argv, c
     if (last_action(items, n_items, "print-config") != NULL) {
         pdgw_config_print(cfg, out);
         *action = PDGW_CONFIG_EXIT;
+    } else if (last_action(items, n_items, "check-engines") != NULL) {
+        *action = last_action(items, n_items, "json") != NULL ? PDGW_CONFIG_CHECK_ENGINES_JSON
+                                                              : PDGW_CONFIG_CHECK_ENGINES;
+    } else if (last_action(items, n_items, "json") != NULL) {
+        pdgw_cfg_src_t src = {.err = err};
+        st = pdgw_cfg_fail(&src, NULL, "--json goes with --check-engines");
+        goto err_report;
     }
 done:
     fflush(out);

@@ -21,6 +21,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_auth.h"
 #include "pdgw_config.h"
+#include "pdgw_doctor.h"
 #include "pdgw_fwd_setup.h"
 #include "pdgw_kvctl.h"
 #include "pdgw_log.h"
@@ -147,6 +148,7 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched
     sc.kv_events_other_tier_weight = cfg->kv_events_other_tier_percent / 100.0;
     sc.kv_events_max_blocks = (size_t)cfg->kv_events_max_blocks;
     sc.kv_events_max_message_bytes = (size_t)cfg->kv_events_max_message_bytes;
+    sc.kv_events_silence_ms = cfg->kv_events_silence_ms;
     if (cfg->n_instances > 0) {
         descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
         if (descs == NULL) {
@@ -461,6 +463,31 @@ static pdgw_status_t load_config(pdgw_config_t *cfg, int argc, char **argv,
     return pdgw_config_from_args(cfg, argc, argv, environ, hooks, action, &cerr);
 }
 
+/* `pdgw --check-engines`: the pool start-up builds (instances, discovery), then the doctor's
+ * table (pdgw_doctor.h). Returns the exit status. */
+static int check_engines(const pdgw_config_t *cfg, bool json)
+{
+    sched_pool_t *pool = NULL;
+    char err[768];
+    int rc = 1;
+
+    pdgw_log_init(cfg->log_level > PDGW_LOG_LEVEL_WARN ? cfg->log_level : PDGW_LOG_LEVEL_WARN,
+                  cfg->log_format, -1);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "pdgw: curl_global_init failed\n");
+        return 1;
+    }
+    if (make_pool(cfg, false, &pool, err, sizeof(err)) != PDGW_OK)
+        fprintf(stderr, "pdgw: %s\n", err);
+    else if (sched_pool_start(pool) != SCHED_OK)
+        fprintf(stderr, "pdgw: cannot start the instance pool\n");
+    else
+        rc = pdgw_doctor_main(cfg, pool, json, stdout);
+    sched_pool_destroy(pool);
+    curl_global_cleanup();
+    return rc;
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -478,6 +505,7 @@ int main(int argc, char **argv)
     pdgw_admit_t *admit = NULL;
     pdgw_tls_t *tls = NULL;
     pdgw_reload_t *reload = NULL;
+    pdgw_doctor_bg_t *doctor = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -492,6 +520,10 @@ int main(int argc, char **argv)
         goto out_cfg;
     if (action == PDGW_CONFIG_EXIT) {
         rc = 0;
+        goto out_cfg;
+    }
+    if (action == PDGW_CONFIG_CHECK_ENGINES || action == PDGW_CONFIG_CHECK_ENGINES_JSON) {
+        rc = check_engines(&cfg, action == PDGW_CONFIG_CHECK_ENGINES_JSON);
         goto out_cfg;
     }
 
@@ -537,6 +569,10 @@ int main(int argc, char **argv)
         goto out_pool;
     }
 
+    if (cfg.check_engines_at_start && pdgw_doctor_bg_create(&cfg, &doctor) != PDGW_OK) {
+        pdgw_log_error("main", "out of memory");
+        goto out_pool;
+    }
     server_opts_from_config(&cfg, options, &so);
     so.auth = auth;
     so.pool = pool;
@@ -565,6 +601,8 @@ int main(int argc, char **argv)
     }
     if (pdgw_server_start(srv) != PDGW_OK)
         goto out_server;
+    if (doctor != NULL && pdgw_doctor_bg_start(doctor, pool, reg) != PDGW_OK)
+        pdgw_log_warn("main", "cannot start the engine checks");
     if (pdgw_auth_key_count(auth) > 0)
         pdgw_log_info("main", "API keys required (%zu configured)", pdgw_auth_key_count(auth));
 
@@ -573,8 +611,11 @@ int main(int argc, char **argv)
     rc = 0;
 
 out_server:
+    pdgw_doctor_bg_destroy(doctor); /* before the pool it probes */
+    doctor = NULL;
     pdgw_server_destroy(srv);
 out_pool:
+    pdgw_doctor_bg_destroy(doctor);
     pdgw_admit_destroy(admit); /* after the server: finalize released every slot */
     /* After the server: it borrowed strings of the running config. */
     pdgw_reload_destroy(reload);
