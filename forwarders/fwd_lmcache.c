@@ -63,20 +63,35 @@ typedef struct lmc_state {
 static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
                                        char *err, size_t errlen)
 {
-    static const char *const known[] = {PDGW_FWD_KV_OPT_KEYS, PDGW_FWD_KV_NOTIF_OPT_KEYS, "flow",
-                                        "prompt_ids",         "tokenize_timeout_ms",      NULL};
+    static const char *const known[] = {
+        PDGW_FWD_KV_OPT_KEYS,  PDGW_FWD_KV_NOTIF_OPT_KEYS, "flow", "prompt_ids",
+        "tokenize_timeout_ms", "pd_bidirectional",         NULL};
     static const char *const flows[] = {"client_body", "first_tok", NULL};
     static const char *const id_sources[] = {"tokenize", "prefill", NULL};
     pdgw_fwd_kv_opts_t o;
     lmc_ctx_t *c;
-    int flow = 1, id_source = 1;
+    int flow = 1, id_source = 1, bidir = 0;
     int64_t tok_ms = 0;
     if (fwd_pd_opts_check(options, known, err, errlen) ||
         pdgw_fwd_kv_opts_parse(options, 1, 1, &o, err, errlen) ||
         fwd_pd_opt_enum(options, "flow", flows, 1, &flow, err, errlen) ||
         fwd_pd_opt_enum(options, "prompt_ids", id_sources, 1, &id_source, err, errlen) ||
-        fwd_pd_opt_int(options, "tokenize_timeout_ms", 10000, 1, 600000, &tok_ms, err, errlen))
+        fwd_pd_opt_int(options, "tokenize_timeout_ms", 10000, 1, 600000, &tok_ms, err, errlen) ||
+        fwd_pd_opt_bool(options, "pd_bidirectional", 0, &bidir, err, errlen))
         return PDGW_FWD_ERR_CONFIG;
+    if (bidir) {
+        /* LMCache's bidirectional PD mode (LMCache engine config pd_bidirectional): the
+         * sender asks the decode's cache over a query port (receiver_query_port per TP rank in
+         * disagg_spec, CacheQueryRequest / CacheQueryResponse) and reads that list by its TP
+         * rank. pdgw has no instance field for those ports and libkvt answers no cache query,
+         * so such a sender would index a missing list: refused, not half supported. */
+        snprintf(err, errlen,
+                 "pd_bidirectional: true is not supported: LMCache's bidirectional PD mode "
+                 "needs receiver_query_port in disagg_spec and a decode that answers "
+                 "CacheQueryRequest, which pdgw and libkvt do not provide; run the LMCache "
+                 "engines with pd_bidirectional: false (pd_role sender / receiver)");
+        return PDGW_FWD_ERR_CONFIG;
+    }
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
         snprintf(err, errlen, "out of memory");

@@ -14,8 +14,13 @@
  * DP ranks pdgw pins (as SGLang's model gateway PD router does): the prefill leg carries
  * routed_dp_rank = the prefill's rank and the decode leg disagg_prefill_dp_rank = that rank;
  * the decode leg carries routed_dp_rank = the decode's rank.
- * The prefill leg is the hardened one (A.1); only the decode's answer is relayed and the
- * prefill's is drained. The engine aborts the other leg when one fails, so neither side waits
+ * The prefill leg carries the client's body as upstream's routers send it (mini_lb.py, the
+ * model gateway: the same body to both legs), not vLLM's hardened prefill: SGLang's prefill
+ * samples the answer's first token with the request's own sampling settings (min_tokens,
+ * stop, max_tokens...) and the decode appends that token (decode_schedule_batch_mixin.py),
+ * so a prefill without them could start the answer with a token the client excluded. Its
+ * only change is stream false without stream_options: its answer is drained, and only the
+ * decode's is relayed. The engine aborts the other leg when one fails, so neither side waits
  * out SGLang's disaggregation timeout. A retry re-picks both sides with a new room.
  * SGLang's native POST /generate is served too: both legs get the client's body unchanged
  * (its sampling_params are SGLang's own; the prefill's only hardening is stream false) plus
@@ -141,15 +146,18 @@ static int sgl_set_bootstrap(json_t *b, const sgl_state_t *s, const pdgw_instanc
     return 0;
 }
 
-/* A native /generate leg: the client's body as is, the prefill's without streaming (its
- * answer is drained; the engine's own sampling_params stay untouched). */
-static json_t *sgl_generate_body(const pdgw_fwd_request_t *req, pdgw_leg_kind_t kind)
+/* A leg's body: the client's as is (its sampling settings reach both engines, as upstream's
+ * routers send them), the prefill's without streaming (its answer is drained). */
+static json_t *sgl_leg_body(const pdgw_fwd_request_t *req, pdgw_leg_kind_t kind)
 {
     json_t *b = pdgw_fwd_body_shared(req);
-    if (b != NULL && kind == PDGW_LEG_PREFILL && json_object_set_new(b, "stream", json_false())) {
+    if (b == NULL || kind != PDGW_LEG_PREFILL)
+        return b;
+    if (json_object_set_new(b, "stream", json_false())) {
         json_decref(b);
         return NULL;
     }
+    json_object_del(b, "stream_options"); /* only valid with stream true */
     return b;
 }
 
@@ -166,11 +174,7 @@ static pdgw_fwd_status_t sgl_build_leg(void *ctx, void *state, const pdgw_fwd_re
         pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 0, 500, "no prefill instance");
         return PDGW_FWD_ERR;
     }
-    if (req->path != NULL && strcmp(req->path, "/generate") == 0)
-        b = sgl_generate_body(req, kind);
-    else
-        b = kind == PDGW_LEG_PREFILL ? fwd_pd_body_prefill(req, NULL)
-                                     : fwd_pd_body_decode(req, NULL);
+    b = sgl_leg_body(req, kind);
     if (b == NULL || sgl_set_bootstrap(b, s, p) || sgl_set_ranks(b, kind, p, d)) {
         json_decref(b);
         pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "cannot build the %s body",

@@ -23,6 +23,8 @@
  *   instance's engine_id, an explicit override for prefills whose id is pinned).
  * Options mooncake_bootstrap_ttl_ms (10000): refresh period of the discovered ids;
  *   mooncake_bootstrap_timeout_ms (2000): one GET /query.
+ * Retry (parallel): a decode failure re-picks the decode only; a decode-only retry of an
+ *   answered prefill reuses its transfer_id (pdgw_fwd_mooncake_transfer_reuses_total).
  */
 #include "fwd_pd.h"
 #include "fwd_mc_bootstrap.h"
@@ -49,7 +51,9 @@ typedef struct mc_state {
     char engine_id[192];   /* parallel: E of the prefill's DP rank ("" until known) */
     char boot_host[128];   /* the prefill's bootstrap server */
     int boot_port;
-    int dp_rank; /* -1: the prefill has no DP (no header, rank 0's id) */
+    int dp_rank;      /* -1: the prefill has no DP (no header, rank 0's id) */
+    int decode_built; /* parallel: a decode leg was built (for attempt decode_attempt) */
+    unsigned decode_attempt;
 } mc_state_t;
 
 static pdgw_fwd_status_t mc_configure(const json_t *options, const pdgw_fwd_env_t *env, void **ctx,
@@ -212,6 +216,17 @@ static pdgw_fwd_status_t mc_build_leg(void *ctx, void *state, const pdgw_fwd_req
                 pdgw_fwd_error_set(err, PDGW_PHASE_NONE, 0, 500, "out of memory");
             return PDGW_FWD_ERR;
         }
+        if (kind == PDGW_LEG_DECODE) {
+            if (s->decode_built && s->decode_attempt != req->attempt)
+                /* A decode-only retry (the engine kept the answered prefill): the new decode
+                 * names the same transfer_id, so it takes the KV the prefill holds for it
+                 * instead of leaving it pinned until VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT. */
+                pdgw_fwd_counter_inc(MC_NAME, "mooncake_transfer_reuses",
+                                     "Decode-only retries that reused the answered prefill's "
+                                     "pending Mooncake transfer (same transfer_id).");
+            s->decode_built = 1;
+            s->decode_attempt = req->attempt;
+        }
         leg->body =
             kind == PDGW_LEG_PREFILL ? fwd_pd_body_prefill(req, kvp) : fwd_pd_body_decode(req, kvp);
         if (kind == PDGW_LEG_PREFILL && s->dp_rank >= 0) {
@@ -279,8 +294,12 @@ static unsigned mc_retry_scope(void *ctx, void *state, const pdgw_fwd_request_t 
     if (failure->phase == PDGW_PHASE_PREFILL)
         return c->parallel ? PDGW_REPICK_PREFILL | PDGW_REPICK_DECODE : PDGW_REPICK_PREFILL;
     /* Serial: the prefill holds its KV for a reader; a new decode may pull it. Parallel: a
-     * new attempt sends both legs again with a new transfer_id; a failed decode does not
-     * implicate the prefill (often it named a stale engine id), so only the decode changes. */
+     * failed decode does not implicate the prefill (often it named a stale engine id), so only
+     * the decode changes. When the prefill had answered and the decode never reached an
+     * engine, the engine keeps the prefill and the new decode names the same transfer_id: the
+     * prefill keys its pending send by transfer_id and sends to whichever decode asks for it
+     * (mooncake_connector.py, send_kv_to_decode). Otherwise the next attempt sends both legs
+     * again with a new transfer_id (a decode that reached vLLM has had the old one freed). */
     if (failure->phase == PDGW_PHASE_DECODE && !c->parallel && s != NULL && s->kvp != NULL)
         return PDGW_REPICK_DECODE;
     if (failure->phase == PDGW_PHASE_DECODE && c->parallel)

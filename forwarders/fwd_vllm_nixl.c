@@ -141,22 +141,44 @@ static pdgw_fwd_status_t nixl_build_leg(void *ctx, void *state, const pdgw_fwd_r
     return PDGW_FWD_OK;
 }
 
+/* Python's truth value of a JSON value (null, false, 0, "", [] and {} are false). */
+static int nixl_truthy(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_NULL:
+    case JSON_FALSE:
+        return 0;
+    case JSON_INTEGER:
+        return json_integer_value(v) != 0;
+    case JSON_REAL:
+        return json_real_value(v) != 0.0;
+    case JSON_STRING:
+        return json_string_length(v) != 0;
+    case JSON_ARRAY:
+        return json_array_size(v) != 0;
+    case JSON_OBJECT:
+        return json_object_size(v) != 0;
+    default:
+        return 1;
+    }
+}
+
 /* The first thing the decode would miss in <kvp> (NULL when it can pull): the same test as
- * the decode's update_state_after_alloc (non-empty remote_block_ids; engine id, request id,
- * host and port present). A null value counts as missing: the decode could not use it. */
+ * the decode's update_state_after_alloc (pull_scheduler.py): remote_block_ids true as Python
+ * sees it, and the keys remote_engine_id, remote_request_id, remote_host and remote_port
+ * present (`p in params`: a key whose value is null is present, and the decode goes on with
+ * it). */
 static const char *nixl_params_gap(const json_t *kvp)
 {
     static const char *const required[] = {"remote_engine_id", "remote_request_id", "remote_host",
                                            "remote_port"};
     const json_t *ids = json_object_get(kvp, "remote_block_ids");
     size_t i;
-    if (!json_is_array(ids) || json_array_size(ids) == 0)
+    if (ids == NULL || !nixl_truthy(ids))
         return "remote_block_ids";
-    for (i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
-        const json_t *v = json_object_get(kvp, required[i]);
-        if (v == NULL || json_is_null(v))
+    for (i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+        if (json_object_get(kvp, required[i]) == NULL)
             return required[i];
-    }
     return NULL;
 }
 

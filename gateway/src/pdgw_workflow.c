@@ -748,15 +748,16 @@ static unsigned default_scope(const pdgw_fwd_error_t *e)
 }
 
 /* Try another attempt; true when one was started. */
-/* A serial request whose decode failed after its prefill answered may keep that prefill:
- * its result (e.g. vllm-nixl's kv_transfer_params) stays valid on the prefill until a decode
- * reads it or it expires, and the forwarder's retry_scope said so by re-picking the decode
- * only. Not when the failed decode reached a vLLM engine: that one has had the prefill free
- * the blocks (pdgw_kv_still_held), so the prefill runs again. */
+/* A request whose decode failed after its prefill answered may keep that prefill: its result
+ * (vllm-nixl's kv_transfer_params; a parallel vllm-mooncake prefill's KV held under its
+ * transfer_id) stays valid on the prefill until a decode reads it or it expires, and the
+ * forwarder's retry_scope said so by re-picking the decode only. Not when the failed decode
+ * reached a vLLM engine: that one has had the prefill free the blocks (pdgw_kv_still_held),
+ * so the prefill runs again. */
 static bool wf_can_keep_prefill(const pdgw_wf_t *wf, unsigned scope, const pdgw_leg_t *failed_leg)
 {
     const pdgw_leg_t *p = &wf->legs[PDGW_LEG_PREFILL];
-    return scope == PDGW_REPICK_DECODE && wf->freq.dispatch == PDGW_DISPATCH_SERIAL &&
+    return scope == PDGW_REPICK_DECODE && wf->freq.dispatch != PDGW_DISPATCH_SINGLE &&
            failed_leg != NULL && failed_leg->kind == PDGW_LEG_DECODE && p->state == PDGW_LEG_DONE &&
            p->err == PDGW_LEGERR_NONE && pdgw_kv_still_held(wf, failed_leg);
 }

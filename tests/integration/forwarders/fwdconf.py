@@ -232,6 +232,15 @@ def expect_legs(protocol, opts, mode, rid, chat, P, D, prec, drec):
         for k, v in client.items():
             if k not in ("max_tokens", "stream", "prompt", "messages"):
                 assert pb.get(k) == v, (k, pb.get(k), v)
+    elif pb is not None and protocol == "sglang":
+        # sgl-project/sglang python/sglang/srt/disaggregation/mini_lb.py sends both legs the
+        # same body: SGLang's prefill samples the answer's first token with the client's
+        # settings (decode_schedule_batch_mixin.py: the decode appends it); pdgw only turns
+        # off streaming of the drained prefill answer
+        assert pb["stream"] is False and "stream_options" not in pb, pb
+        for k, v in client.items():
+            if k != "stream":
+                assert pb.get(k) == v, (k, pb.get(k), v)
     elif pb is not None:
         check_hardened(pb, client)
     if protocol == "vllm-nixl" or (protocol == "vllm-mooncake" and

@@ -862,6 +862,41 @@ def test_tokenize_timeout_is_a_prefill_error():
         bt.close()
 
 
+def test_bidirectional_mode_refused_at_config_check():
+    """LMCache's bidirectional PD mode (pd_bidirectional in its engine config; the sender
+    probes the decode's cache over receiver_query_port / pd_peer_query_port, one port per TP
+    rank, with CacheQueryRequest / CacheQueryResponse; lmcache/integration/vllm/
+    vllm_v1_adapter.py _probe_decoder_cache, DisaggSpec.receiver_query_port) is not
+    supported: pdgw says so at --check-config, naming what is missing, instead of sending a
+    disagg_spec whose query ports the sender would index by its TP rank."""
+    import subprocess
+    cfg = "\n".join([
+        'listen: "127.0.0.1:1"', "protocol: lmcache", "scheduling: batch",
+        "protocol_options:", "  pd_bidirectional: true", "instances:",
+        '  - id: p0', '    url: "http://127.0.0.1:2"', "    role: prefill",
+        '  - id: d0', '    url: "http://127.0.0.1:3"', "    role: decode",
+        '    kv_host: "127.0.0.1"', "    alloc_ports: [4]", "    init_ports: [5]", ""])
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(cfg)
+    try:
+        envx = {k: v for k, v in os.environ.items() if not k.startswith("PDGW_")}
+        for flag in ("--check-config", "--config"):
+            proc = subprocess.run([T.binary("pdgw"), flag, path], capture_output=True,
+                                  text=True, timeout=30, env=envx)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode != 0, out
+            assert "pd_bidirectional" in out and "CacheQueryRequest" in out, out
+        # false (LMCache's default) is accepted
+        with open(path, "w") as f:
+            f.write(cfg.replace("pd_bidirectional: true", "pd_bidirectional: false"))
+        proc = subprocess.run([T.binary("pdgw"), "--check-config", path], capture_output=True,
+                              text=True, timeout=30, env=envx)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    finally:
+        os.unlink(path)
+
+
 def main():
     setup()
     tests = [test_first_tok_stream_shape, test_prompt_ids_from_the_prefill_answer,
@@ -876,7 +911,8 @@ def main():
              test_fallback_decode_and_skip_notification,
              test_live_kv_options_on_reload,
              test_default_bind_is_the_pod_address,
-             test_curve_only_listed_clients]
+             test_curve_only_listed_clients,
+             test_bidirectional_mode_refused_at_config_check]
     passed = failed = 0
     import traceback
     for t in tests:

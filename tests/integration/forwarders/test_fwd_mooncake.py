@@ -327,10 +327,81 @@ def test_stop_on_first_token_still_moves_kv():
     wait_idle([P, D])
 
 
+def test_decode_only_retry_reuses_the_pending_transfer():
+    """A decode that refuses (503) after the prefill answered never reached vLLM's scheduler
+    with the transfer: the prefill still holds the KV under its transfer_id (upstream
+    vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py:
+    request_finished keeps the blocks (delay_free_blocks) in reqs_need_send keyed by
+    transfer_id until a decode asks for that transfer_id in send_kv_to_decode, or until
+    VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, vllm/envs.py). The retry therefore sends the decode
+    only, to another decode, with the same transfer_id: one prefill leg, the KV lands on the
+    second decode and verifies, counted as pdgw_fwd_mooncake_transfer_reuses_total. Before,
+    the retry ran the prefill again under a new transfer_id and the first one stayed pinned."""
+    P = Sim("prefill", "prefill-ru", *MC)
+    D2 = Sim("decode", "decode-ru")
+    state = {"rid": None, "hits": []}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # health probes and metric scrapes
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(n) or b"{}")
+            state["hits"].append(body)
+            # refuse only once the prefill has answered, so the prefill's KV is held for
+            # this transfer_id when the decode fails (a condition with a deadline)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if any(r.get("status") == 200 for r in P.records(state["rid"])):
+                    break
+                time.sleep(0.01)
+            msg = b'{"error":{"message":"overloaded"}}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            self.wfile.write(msg)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    d1 = {"id": "decode-refuses", "url": f"http://127.0.0.1:{srv.server_address[1]}",
+          "role": "decode", "engine_id": "decode-refuses"}
+    gw = Gateway("vllm-mooncake", "batch", [P.instance(), d1, D2.instance()], retries=2,
+                 top={"decode_policy": "round-robin"})
+    lab = {"protocol": "vllm-mooncake"}
+    try:
+        for _ in range(4):  # round robin: one of the first two requests meets the refusal
+            rid = state["rid"] = "ru-" + uuid.uuid4().hex[:12]
+            before = len(state["hits"])
+            one(gw, rid)
+            if len(state["hits"]) > before:
+                break
+        assert len(state["hits"]) > before, "the refusing decode was never picked"
+        refused = state["hits"][-1]["kv_transfer_params"]
+        precs, [drec] = legs(P, rid), legs(D2, rid)
+        assert len(precs) == 1, precs  # the prefill ran once
+        tid = precs[0]["body"]["kv_transfer_params"]["transfer_id"]
+        assert refused["transfer_id"] == tid, (refused, tid)
+        assert drec["body"]["kv_transfer_params"] == refused, (drec["body"], refused)
+        check_kv_ok(drec)
+        assert gw.metric("pdgw_fwd_mooncake_transfer_reuses_total", lab) == 1
+        wait_idle([P, D2])
+    finally:
+        gw.stop()
+        srv.shutdown()
+
+
 if __name__ == "__main__":
     T.run([test_legs_exact_kv_verified, test_engine_id_refreshed_after_restart,
            test_dp_rank_header_and_engine_id,
            test_serial_shape_against_upstream_prefill_transfers_nothing,
            test_static_engine_id_override, test_unreachable_bootstrap_is_a_clear_error,
            test_garbage_bootstrap_answer_is_a_clear_error,
-           test_stop_on_first_token_still_moves_kv])
+           test_stop_on_first_token_still_moves_kv,
+           test_decode_only_retry_reuses_the_pending_transfer])

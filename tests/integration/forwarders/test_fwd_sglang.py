@@ -304,7 +304,46 @@ def test_sim_generate_logprobs():
     wait_idle([B])  # the prefill holds its KV for a decode that never comes
 
 
+def test_prefill_gets_the_clients_sampling_settings():
+    """SGLang's prefill samples the answer's first token and the decode appends it
+    (python/sglang/srt/disaggregation/decode_schedule_batch_mixin.py,
+    process_prebuilt_extend: the decode's first output id is the one the prefill sent), and
+    mini_lb.py sends both legs the same body: min_tokens, stop, stop_token_ids, max_tokens
+    and ignore_eos reach the prefill as the client set them; only stream is off (its answer
+    is drained) and stream_options goes with it."""
+    P = Sim("prefill", "prefill-ss")
+    D = Sim("decode", "decode-ss")
+    gw = Gateway("sglang", "batch", [P.instance(), D.instance()])
+    try:
+        for stream in (False, True):
+            rid = "ss-" + uuid.uuid4().hex[:12]
+            body = dict(client_body(False, stream), min_tokens=3, stop_token_ids=[7],
+                        stop=["never-in-output"], ignore_eos=False)
+            if stream:
+                evs = list(T.sse_events(gw.port, "/v1/completions", body, {"X-Request-Id": rid}))
+                assert evs[-1] == "[DONE]", evs[-3:]
+            else:
+                st, _, _, raw = T.post_json(gw.port, "/v1/completions", body,
+                                            {"X-Request-Id": rid})
+                assert st == 200, raw
+            [prec] = [r for r in P.records(rid) if r["path"] == "/v1/completions"]
+            [drec] = [r for r in D.records(rid) if r["path"] == "/v1/completions"]
+            pb = prec["body"]
+            for k in ("min_tokens", "stop", "stop_token_ids", "max_tokens", "ignore_eos",
+                      "prompt", "model"):
+                assert pb.get(k) == body[k], (k, pb.get(k), body[k])
+            assert pb["stream"] is False and "stream_options" not in pb, pb
+            assert drec["body"]["min_tokens"] == 3, drec["body"]
+            assert pb["bootstrap_room"] == drec["body"]["bootstrap_room"], (pb, drec["body"])
+            res = drec["kv_result"]
+            assert res["ok"] and res["verify_failures"] == 0 and res["recompute"] is False, res
+        wait_idle([P, D])
+    finally:
+        gw.stop()
+
+
 if __name__ == "__main__":
     T.run([test_null_bootstrap_port, test_prefill_dp_alignment, test_decode_routed_dp_rank,
            test_sim_refuses_misrouted_kv, test_generate_pd, test_generate_batch_bootstrap_arrays,
-           test_generate_gateway_rules, test_generate_logprob_merge, test_sim_generate_logprobs])
+           test_generate_gateway_rules, test_generate_logprob_merge, test_sim_generate_logprobs,
+           test_prefill_gets_the_clients_sampling_settings])

@@ -7,6 +7,7 @@
  *   - params the decode cannot use (vllm .../nixl/pull_scheduler.py update_state_after_alloc:
  *     non-empty remote_block_ids, remote_engine_id, remote_request_id, remote_host,
  *     remote_port) are counted and passed on; the newest list-of-lists block ids are usable;
+ *     a key present with null counts as present (`p in params`);
  *   - X-data-parallel-rank on legs to DP instances (vllm/entrypoints/openai/serving_engine.py
  *     _get_data_parallel_rank).
  */
@@ -209,6 +210,59 @@ static void test_unusable_params(void **state)
     fx_close(&f);
 }
 
+/* Presence, not value: the decode tests `p in params` for the four keys and the truth of
+ * remote_block_ids (vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py,
+ * update_state_after_alloc), so a key sent as null is usable as far as that test goes, and
+ * null or empty block ids are not. */
+static void test_null_counts_as_present(void **state)
+{
+    static const char *const keys[] = {"remote_engine_id", "remote_request_id", "remote_host",
+                                       "remote_port"};
+    fx_t f;
+    (void)state;
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        json_t *kvp = newest_params();
+        fx_open(&f, "{\"missing_kv_params\":\"fail\"}");
+        json_object_set_new(kvp, keys[i], json_null());
+        assert_int_equal(fx_resp(&f, kvp), PDGW_FWD_OK);
+        /* usable params: the prefill holds them, a decode retry keeps it */
+        assert_int_equal(fx_decode_failed(&f), PDGW_REPICK_DECODE);
+        fx_close(&f);
+    }
+    {
+        json_t *kvp = newest_params();
+        fx_open(&f, "{\"missing_kv_params\":\"fail\"}");
+        json_object_set_new(kvp, "remote_block_ids", json_null());
+        assert_int_equal(fx_resp(&f, kvp), PDGW_FWD_ERR);
+        fx_close(&f);
+    }
+}
+
+/* NixlPushConnector's prefill answer (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+ * push_scheduler.py request_finished: the same remote_* keys, transfer_mode "push"): usable,
+ * passed on unchanged, and a decode-only retry keeps the prefill (the new decode registers
+ * under the same request id; push_worker.py matches by it). */
+static void test_push_mode_params(void **state)
+{
+    fx_t f;
+    json_t *kvp = newest_params();
+    pdgw_fwd_leg_t leg;
+    pdgw_fwd_error_t e;
+    (void)state;
+    json_object_set_new(kvp, "transfer_mode", json_string("push"));
+    fx_open(&f, "{\"missing_kv_params\":\"fail\"}");
+    assert_int_equal(fx_resp(&f, json_incref(kvp)), PDGW_FWD_OK);
+    assert_int_equal(fx_decode_failed(&f), PDGW_REPICK_DECODE);
+    memset(&leg, 0, sizeof(leg));
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(f.d->ops->build_leg(f.ctx, f.st, &f.req, PDGW_LEG_DECODE, &f.peers, &leg, &e),
+                     PDGW_FWD_OK);
+    assert_true(json_equal(json_object_get(leg.body, "kv_transfer_params"), kvp));
+    json_decref(leg.body);
+    json_decref(kvp);
+    fx_close(&f);
+}
+
 static void test_dp_rank_header(void **state)
 {
     fx_t f;
@@ -236,10 +290,9 @@ static void test_dp_rank_header(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lease_default),
-        cmocka_unit_test(test_lease_from_expiry_time),
-        cmocka_unit_test(test_unusable_params),
-        cmocka_unit_test(test_dp_rank_header),
+        cmocka_unit_test(test_lease_default),    cmocka_unit_test(test_lease_from_expiry_time),
+        cmocka_unit_test(test_unusable_params),  cmocka_unit_test(test_null_counts_as_present),
+        cmocka_unit_test(test_push_mode_params), cmocka_unit_test(test_dp_rank_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

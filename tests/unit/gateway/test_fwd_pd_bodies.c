@@ -431,8 +431,12 @@ static void test_sglang(void **state)
         json_object_del(pl.body, "bootstrap_room");
         json_object_del(dl.body, "bootstrap_room");
         {
-            json_t *wp = json_loads(PREFILL_BODY, 0, NULL);
+            /* the prefill gets the client's sampling settings, as mini_lb.py sends both legs
+             * the same body (SGLang's prefill samples the first token), only not streamed */
+            json_t *wp = json_loads(CLIENT_BODY, 0, NULL);
             json_t *wd = json_loads(CLIENT_BODY, 0, NULL);
+            json_object_set_new(wp, "stream", json_false());
+            json_object_del(wp, "stream_options");
             json_object_set_new(wp, "bootstrap_host", json_string("10.0.0.1"));
             json_object_set_new(wp, "bootstrap_port", json_integer(8998));
             json_object_set_new(wd, "bootstrap_host", json_string("10.0.0.1"));
