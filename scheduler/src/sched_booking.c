@@ -23,6 +23,9 @@ typedef struct booking_leg {
     _Atomic bool open;
     bool probe; /* this leg holds its instance's half-open probe slot */
     uint64_t prompt_charge, kv_charge, milli_charge;
+    /* The latency models' features as the leg was booked (what was queued and running on
+     * its instance then), scored against the timings it finishes with. */
+    double x_ttft[SCHED_PREFILL_DIM], x_tpot[SCHED_TPOT_DIM];
     uint64_t excluded[LEG_MAX_EXCLUDE];
     size_t n_excluded;
 } booking_leg_t;
@@ -94,6 +97,8 @@ static sched_status_t booking_new(sched_pool_t *pool, const sched_request_t *in,
         b->req.model = b->model;
     }
     b->req.only_role = req->only_role;
+    b->req.slo_ttft_ms = req->slo_ttft_ms;
+    b->req.slo_tpot_ms = req->slo_tpot_ms;
     if (req->n_exclude_ids) {
         b->exclude_store = sched_calloc(req->n_exclude_ids, sizeof(char *));
         if (!b->exclude_store)
@@ -153,6 +158,32 @@ static void leg_unload(booking_leg_t *leg)
         atomic_fetch_sub_explicit(&inst->kv_tokens, leg->kv_charge, RELAXED);
 }
 
+/* What the leg's latency will be learnt against: its prompt (all of it counts as uncached
+ * until the policies say what was cached) with the prompt tokens already booked on the
+ * instance queued ahead; the requests and KV tokens running with it, itself included. */
+static void leg_features(booking_leg_t *leg, const sched_instance_t *inst,
+                         const sched_request_t *req)
+{
+    uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
+
+    sched_prefill_features(leg->x_ttft, req->prompt_tokens,
+                           atomic_load_explicit(&inst->prompt_tokens, RELAXED));
+    sched_tpot_features(leg->x_tpot, atomic_load_explicit(&inst->inflight, RELAXED),
+                        kv + (uint64_t)req->prompt_tokens + req->max_tokens / 2);
+}
+
+/* Teach the instance's models what a successful leg took. */
+static void leg_learn(booking_leg_t *leg, const sched_result_t *r)
+{
+    if (r->outcome != SCHED_OUTCOME_SUCCESS)
+        return;
+    if (r->first_token_s > 0.0)
+        sched_latency_model_observe(&leg->inst->lat_prefill, leg->x_ttft, r->first_token_s);
+    if (r->later_tokens > 0 && r->later_tokens_s > 0.0)
+        sched_latency_model_observe(&leg->inst->lat_tpot, leg->x_tpot,
+                                    r->later_tokens_s / r->later_tokens);
+}
+
 /* Choose and book <which> for <b>. Decode prefers the prefill's zone. */
 static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
 {
@@ -210,6 +241,7 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     }
     if (chosen) {
         sched_instance_ref(chosen); /* its inflight was counted by sched_instance_take_slot */
+        leg_features(leg, chosen, &b->req);
         leg->prompt_charge = leg->kv_charge = 0;
         if (which == SCHED_LEG_PREFILL) {
             leg->prompt_charge = b->req.prompt_tokens;
@@ -379,6 +411,8 @@ sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
     leg->probe = false;
     leg_unload(leg);
     sched_breaker_report(b->pool, leg->inst, probe, sched_pool_now(b->pool), result);
+    if (result)
+        leg_learn(leg, result);
     if (result && outcome_excludes(result->outcome))
         leg_exclude(leg, leg->inst->uid);
     return SCHED_OK;

@@ -27,6 +27,8 @@ sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_de
         goto err_desc;
     }
     atomic_init(&inst->refcnt, 1);
+    sched_latency_model_init(&inst->lat_prefill, SCHED_PHASE_PREFILL, NULL);
+    sched_latency_model_init(&inst->lat_tpot, SCHED_PHASE_TPOT, NULL);
     inst->weight = inst->desc.weight;
     inst->inv_weight = ((1ull << 32) + inst->weight - 1) / inst->weight;
     inst->roles = (uint8_t)inst->desc.role;
@@ -57,6 +59,8 @@ void sched_instance_unref(sched_instance_t *inst)
     if (atomic_fetch_sub_explicit(&inst->refcnt, 1, memory_order_acq_rel) != 1)
         return;
     pthread_mutex_destroy(&inst->mu);
+    sched_latency_model_fini(&inst->lat_prefill);
+    sched_latency_model_fini(&inst->lat_tpot);
     sched_models_free(inst->learnt);
     sched_desc_free(&inst->desc);
     sched_free(inst);
@@ -141,4 +145,21 @@ void sched_instance_set_error(sched_instance_t *inst, uint64_t now_ms, const cha
     va_end(ap);
     inst->last_error_ms = now_ms;
     pthread_mutex_unlock(&inst->mu);
+}
+
+void sched_instance_predict_ttft(const sched_instance_t *inst, uint64_t uncached_tokens,
+                                 sched_prediction_t *out)
+{
+    double x[SCHED_PREFILL_DIM];
+    sched_prefill_features(x, uncached_tokens, atomic_load_explicit(&inst->prompt_tokens, RELAXED));
+    sched_latency_model_predict(&inst->lat_prefill, x, out);
+}
+
+void sched_instance_predict_tpot(const sched_instance_t *inst, uint64_t kv_tokens,
+                                 sched_prediction_t *out)
+{
+    double x[SCHED_TPOT_DIM];
+    sched_tpot_features(x, atomic_load_explicit(&inst->inflight, RELAXED) + 1,
+                        atomic_load_explicit(&inst->kv_tokens, RELAXED) + kv_tokens);
+    sched_latency_model_predict(&inst->lat_tpot, x, out);
 }

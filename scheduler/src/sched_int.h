@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 
 #include <pdsched/discovery.h>
+#include <pdsched/predict.h>
 #include <pdsched/sched.h>
 
 #include "pdb/pdb_map.h"
@@ -88,6 +89,10 @@ struct sched_instance {
     uint64_t last_probe_ms;
     int last_probe_status;
     struct sched_models *learnt; /* names from the engine's /v1/models; NULL = not known */
+
+    /* ---- latency models, learnt from finished legs (each its own lock) ---- */
+    sched_latency_model_t lat_prefill; /* a leg's time to its first token */
+    sched_latency_model_t lat_tpot;    /* its time per output token after that */
 
     /* ---- pool thread only ------------------------------------------ */
     uint64_t next_probe_ms, next_scrape_ms;
@@ -376,6 +381,9 @@ bool sched_pick_allowed(const sched_instance_t *inst, const sched_pick_ctx_t *ct
 sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int ridx,
                                              const char *zone, const sched_pick_ctx_t *ctx,
                                              uint64_t *score_out);
+/* ---- sched_slo.c ---- */
+sched_instance_t *sched_slo_pick(sched_instance_t *const *arr, size_t n, int ridx,
+                                 const sched_pick_ctx_t *ctx);
 /* ---- sched_affinity.c ---- */
 /* Hash of a session-affinity key (stable for the life of the process). */
 uint64_t sched_affinity_hash(const char *key, size_t len);

@@ -329,6 +329,8 @@ sched_instance_t *sched_policy_pick(const sched_snapshot_t *snap, int ridx, sche
         return pick_weighted(arr, snap->wsum[ridx], n, ctx);
     case SCHED_POLICY_PRECISE_PREFIX:
         return sched_kvev_pick(arr, n, ridx, ctx);
+    case SCHED_POLICY_SLO:
+        return sched_slo_pick(arr, n, ridx, ctx);
     }
     return NULL;
 }

@@ -121,11 +121,14 @@ void sched_fit_observe(sched_fit_t *f, const double *x, double y)
 void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
                             uint64_t queued_tokens)
 {
-    double n = (double)uncached_tokens / 1000.0;
+    double n = (double)uncached_tokens / 1000.0, q = (double)queued_tokens / 1000.0;
+    /* The work queued ahead costs what the instance's own tokens cost (one slope for both,
+     * so an instance learnt slow is also predicted to drain its queue slowly); the last
+     * feature learns how far the queue's cost differs from that (batching overlaps it). */
     x[0] = 1.0;
-    x[1] = n;
+    x[1] = n + q;
     x[2] = n * n;
-    x[3] = (double)queued_tokens / 1000.0;
+    x[3] = q;
 }
 
 void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens)
@@ -141,7 +144,7 @@ void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes)
     x[1] = (double)bytes / (1024.0 * 1024.0);
 }
 
-static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100, 0.0, 0.100};
+static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100, 0.0, 0.0};
 static const double tpot_prior[SCHED_TPOT_DIM] = {0.012, 0.002, 0.002};
 static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.001, 0.001};
 

@@ -66,7 +66,7 @@ typedef enum sched_phase {
 
 /* Features of each phase, scaled so that typical values are of order 1 (a well-conditioned
  * fit with one prior variance for all). */
-#define SCHED_PREFILL_DIM  4 /* 1, uncached kTokens, its square, kTokens queued ahead */
+#define SCHED_PREFILL_DIM  4 /* 1, kTokens to compute first (queued + own), own^2, queued */
 #define SCHED_TPOT_DIM     3 /* 1, running requests / 16, KV kTokens running / 10 */
 #define SCHED_TRANSFER_DIM 2 /* 1, MiB */
 void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
@@ -75,7 +75,7 @@ void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv
 void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes);
 
 /* The priors a cold instance starts from (seconds), before it has been observed: a prefill
- * of 20 ms + 0.1 ms per uncached token (+ the same per queued token), 12 ms per output token
+ * of 20 ms + 0.1 ms per uncached token (the same per token queued ahead), 12 ms per output token
  * at an empty batch, a transfer of 1 ms + 1 ms per MiB. Deliberately rough: with the prior
  * variance the first few observations replace them. */
 const double *sched_phase_prior(sched_phase_t phase);

@@ -26,6 +26,8 @@
 
 #include <jansson.h>
 
+#include <pdsched/predict.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -197,6 +199,16 @@ uint32_t sched_instance_inflight(const sched_instance_t *inst);
  * /v1/models; an instance whose names are not known yet serves any model. NULL/"" → true. */
 bool sched_instance_serves(sched_instance_t *inst, const char *model);
 
+/* Predictions of the instance's latency models, learnt from the legs finished on it with
+ * timings (sched_result_t): the time to the first token of a prompt of <uncached_tokens>
+ * with the prefill work booked on it now queued ahead, and the time per output token with
+ * one more request of <kv_tokens> running on it. Lock-free; a cold instance answers its
+ * priors (out->observed 0). */
+void sched_instance_predict_ttft(const sched_instance_t *inst, uint64_t uncached_tokens,
+                                 sched_prediction_t *out);
+void sched_instance_predict_tpot(const sched_instance_t *inst, uint64_t kv_tokens,
+                                 sched_prediction_t *out);
+
 /*
  * KV free-space hint for a decode instance, from libkvt's ReserveResponse
  * (free chunks after the reservation). The decode choice avoids instances
@@ -217,12 +229,13 @@ typedef enum sched_policy {
     SCHED_POLICY_PREFIX_AWARE = 4,
     SCHED_POLICY_WEIGHTED = 5,
     SCHED_POLICY_PRECISE_PREFIX = 6, /* engines' KV events (kv_events_endpoint) */
+    SCHED_POLICY_SLO = 7,            /* predicted latency (sched_instance_predict_*) */
 } sched_policy_t;
 
-#define SCHED_POLICY_COUNT 7
+#define SCHED_POLICY_COUNT 8
 
 /* Names of the config schema: round-robin, random, least-load,
- * power-of-two, prefix-aware, weighted, precise-prefix. */
+ * power-of-two, prefix-aware, weighted, precise-prefix, slo. */
 const char *sched_policy_name(sched_policy_t policy);
 sched_status_t sched_policy_parse(const char *name, sched_policy_t *policy_out);
 
@@ -445,6 +458,10 @@ typedef struct sched_request {
      * none. Borrowed for the call. */
     const char *lora_name;
     const char *cache_salt;
+    /* Latency targets (milliseconds; 0 = none): time to first token, time per output token.
+     * The slo policy keeps decodes whose predicted TPOT passes the target. */
+    uint32_t slo_ttft_ms;
+    uint32_t slo_tpot_ms;
 } sched_request_t;
 
 typedef enum sched_leg {
@@ -475,6 +492,13 @@ typedef struct sched_result {
     int http_status;         /* 0 if none */
     uint64_t retry_after_ms; /* from Retry-After on 429/503; 0 = absent */
     const char *detail;      /* short text kept as the instance's last error; may be NULL */
+    /* What the caller timed of the leg, for the instance's latency models (pdsched/predict.h;
+     * 0 = not timed; only a SUCCESS teaches them): from sending the leg to its first token
+     * (a prefill leg: to its answer), and the output tokens after the first with the time
+     * they took. */
+    double first_token_s;
+    uint32_t later_tokens;
+    double later_tokens_s;
 } sched_result_t;
 
 /*
@@ -497,6 +521,19 @@ sched_status_t sched_book_pd(sched_pool_t *pool, const sched_request_t *req,
  * sched_booking_book_decode(). */
 sched_status_t sched_book_prefill(sched_pool_t *pool, const sched_request_t *req,
                                   sched_booking_t **booking_out);
+
+/* What the fleet can do for <req> now, by the latency models: the least predicted time to
+ * first token over the usable prefill-capable instances and the least predicted time per
+ * output token over the usable decode-capable ones (means, seconds; 0 for a role without a
+ * usable instance). <cold>: none of them has been observed yet, the numbers are priors.
+ * For early refusal of what nobody can serve in time; books nothing. */
+typedef struct sched_slo_estimate {
+    double ttft_s;
+    double tpot_s;
+    bool cold;
+} sched_slo_estimate_t;
+sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req,
+                                  sched_slo_estimate_t *out);
 
 /* Single-stage protocols (decode drives its own prefill): decode only. */
 sched_status_t sched_book_decode(sched_pool_t *pool, const sched_request_t *req,

@@ -1,0 +1,147 @@
+/*
+ * The `slo` policy: choose by predicted time, from the instances' latency models
+ * (sched_predict.c, learnt through bookings).
+ *
+ *  - prefill: the least predicted time to first token at the models' p90 (its prompt, with
+ *    the prefill work booked on each instance queued ahead), so a slower instance gets
+ *    proportionally less and one that holds a long queue is passed over;
+ *  - decode: among the decodes whose predicted time per output token (p90, with this
+ *    request's KV running on them) meets the request's target, the least loaded; when none
+ *    does, the fastest (best effort: whether to serve it at all is the caller's choice,
+ *    sched_slo_estimate());
+ *  - bounded load on both: an instance holding more than SLO_LOAD_BOUND times its share
+ *    of the role's open legs is passed over while another is not, so one fast instance
+ *    does not become the hot spot that its own queue then makes slow;
+ *  - ties go to the lower uid (deterministic: an idle cold fleet fills in uid order, and
+ *    each booking's queued tokens then move the next one on).
+ */
+#include <string.h>
+
+#include "sched_int.h"
+
+/* Most open legs an instance holds, in shares of the role's mean (bounded-load choice). */
+#define SLO_LOAD_BOUND 1.5
+
+/* The ceiling of open legs per instance for the allowed instances of <arr>. */
+static uint32_t load_bound(sched_instance_t *const *arr, size_t n, const sched_pick_ctx_t *ctx)
+{
+    uint64_t total = 1; /* this request */
+    size_t m = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (!sched_pick_allowed(arr[i], ctx))
+            continue;
+        total += atomic_load_explicit(&arr[i]->inflight, memory_order_relaxed);
+        m++;
+    }
+    if (m == 0)
+        return 0;
+    return (uint32_t)((double)total / (double)m * SLO_LOAD_BOUND + 0.999);
+}
+
+static bool better(double s, const sched_instance_t *c, double best_s, const sched_instance_t *best)
+{
+    return best == NULL || s < best_s || (s == best_s && c->uid < best->uid);
+}
+
+static sched_instance_t *pick_prefill(sched_instance_t *const *arr, size_t n,
+                                      const sched_pick_ctx_t *ctx)
+{
+    uint32_t bound = load_bound(arr, n, ctx);
+    sched_instance_t *best = NULL, *over = NULL;
+    double best_s = 0.0, over_s = 0.0;
+    uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0;
+
+    for (size_t i = 0; i < n; i++) {
+        sched_instance_t *c = arr[i];
+        sched_prediction_t p;
+        if (!sched_pick_allowed(c, ctx))
+            continue;
+        sched_instance_predict_ttft(c, prompt, &p);
+        if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 > bound) {
+            if (better(p.upper, c, over_s, over))
+                over = c, over_s = p.upper;
+        } else if (better(p.upper, c, best_s, best)) {
+            best = c, best_s = p.upper;
+        }
+    }
+    return best ? best : over;
+}
+
+static sched_instance_t *pick_decode(sched_instance_t *const *arr, size_t n,
+                                     const sched_pick_ctx_t *ctx)
+{
+    uint32_t bound = load_bound(arr, n, ctx);
+    double target = ctx->req && ctx->req->slo_tpot_ms ? ctx->req->slo_tpot_ms / 1000.0 : 0.0;
+    uint64_t kv = ctx->req ? (uint64_t)ctx->req->prompt_tokens + ctx->req->max_tokens : 0;
+    sched_instance_t *meets = NULL, *fastest = NULL;
+    uint64_t meets_load = 0;
+    double fastest_s = 0.0;
+
+    for (size_t i = 0; i < n; i++) {
+        sched_instance_t *c = arr[i];
+        sched_prediction_t p;
+        uint64_t load;
+        bool in_bound;
+        if (!sched_pick_allowed(c, ctx))
+            continue;
+        sched_instance_predict_tpot(c, kv, &p);
+        load = sched_instance_score(c, ctx->now_ms);
+        in_bound = atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 <= bound;
+        if (in_bound && (target == 0.0 || p.upper <= target) &&
+            (meets == NULL || load < meets_load || (load == meets_load && c->uid < meets->uid)))
+            meets = c, meets_load = load;
+        if (better(p.upper, c, fastest_s, fastest))
+            fastest = c, fastest_s = p.upper;
+    }
+    return meets ? meets : fastest;
+}
+
+sched_instance_t *sched_slo_pick(sched_instance_t *const *arr, size_t n, int ridx,
+                                 const sched_pick_ctx_t *ctx)
+{
+    return ridx == SCHED_RIDX_PREFILL ? pick_prefill(arr, n, ctx) : pick_decode(arr, n, ctx);
+}
+
+sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req,
+                                  sched_slo_estimate_t *out)
+{
+    sched_pick_ctx_t ctx;
+    sched_slo_estimate_t e = {0};
+    bool have[2] = {false, false};
+
+    if (!pool || !req || !out)
+        return SCHED_ERR_INVALID;
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.pool = pool;
+    ctx.req = req;
+    ctx.now_ms = sched_pool_now(pool);
+    ctx.rng = sched_thread_rng();
+    ctx.any_exclude = req->n_exclude_ids > 0;
+    e.cold = true;
+    pthread_rwlock_rdlock(&pool->lock);
+    for (int r = 0; r < 2; r++) {
+        const sched_snapshot_t *snap = pool->snap;
+        for (size_t i = 0; i < snap->n_role[r]; i++) {
+            sched_instance_t *c = snap->role[r][i];
+            sched_prediction_t p;
+            double *best = r == SCHED_RIDX_PREFILL ? &e.ttft_s : &e.tpot_s;
+            if (!sched_pick_allowed(c, &ctx))
+                continue;
+            if (r == SCHED_RIDX_PREFILL)
+                sched_instance_predict_ttft(c, req->prompt_tokens, &p);
+            else
+                sched_instance_predict_tpot(c, (uint64_t)req->prompt_tokens + req->max_tokens, &p);
+            if (!have[r] || p.mean < *best)
+                *best = p.mean;
+            have[r] = true;
+            if (p.observed > 0)
+                e.cold = false;
+        }
+    }
+    pthread_rwlock_unlock(&pool->lock);
+    if (!have[SCHED_RIDX_PREFILL] && !have[SCHED_RIDX_DECODE])
+        return SCHED_ERR_NO_INSTANCE;
+    *out = e;
+    return SCHED_OK;
+}

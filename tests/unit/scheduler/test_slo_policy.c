@@ -1,0 +1,207 @@
+/*
+ * The slo policy (scheduler/src/sched_slo.c) over latency models learnt through bookings:
+ * a slower prefill gets proportionally less, a decode whose predicted time per output token
+ * misses the request's target is passed over, one very fast instance is not made the hot
+ * spot, a cold fleet is filled deterministically, and sched_slo_estimate says what the
+ * fleet can do. The speeds are the test's own; the scheduler learns them from timings.
+ */
+#include <math.h>
+
+#include "sched_test_util.h"
+
+/* Seconds to the first token on an instance of <speed>, <queued> prompt tokens ahead. */
+static double law_ttft(uint32_t n, uint64_t queued, double speed)
+{
+    return (0.025 + 0.0003 * n + 0.0003 * (double)queued) / speed;
+}
+
+static double speed_of(const sched_instance_t *inst)
+{
+    const char *id = sched_instance_id(inst);
+    return strncmp(id, "slow", 4) == 0 ? 0.4 : strncmp(id, "rocket", 6) == 0 ? 10.0 : 1.0;
+}
+
+/* Decode: 10 ms per token, 40 ms on the ones called slow-*. */
+static double law_tpot(const sched_instance_t *inst)
+{
+    return speed_of(inst) < 1.0 ? 0.040 : 0.010;
+}
+
+/* Teach every instance: book each request (round-robin during training), finish it timed. */
+static void train(sched_pool_t *pool, int requests)
+{
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_ROUND_ROBIN),
+                     SCHED_OK);
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_ROUND_ROBIN),
+                     SCHED_OK);
+    for (int i = 0; i < requests; i++) {
+        uint32_t n = 200 + (uint32_t)((i * 7919) % 3800);
+        sched_request_t req = {.prompt_tokens = n, .max_tokens = 32};
+        sched_booking_t *b = NULL;
+        sched_result_t r = {.outcome = SCHED_OUTCOME_SUCCESS};
+        sched_instance_t *p, *d;
+        assert_int_equal(sched_book_pd(pool, &req, &b), SCHED_OK);
+        p = sched_booking_instance(b, SCHED_LEG_PREFILL);
+        d = sched_booking_instance(b, SCHED_LEG_DECODE);
+        r.first_token_s = law_ttft(n, 0, speed_of(p));
+        assert_int_equal(sched_booking_finish(b, SCHED_LEG_PREFILL, &r), SCHED_OK);
+        r.first_token_s = 0.0;
+        r.later_tokens = 31;
+        r.later_tokens_s = 31 * law_tpot(d);
+        assert_int_equal(sched_booking_finish(b, SCHED_LEG_DECODE, &r), SCHED_OK);
+        sched_booking_destroy(&b);
+    }
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_SLO), SCHED_OK);
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_SLO), SCHED_OK);
+}
+
+static sched_pool_t *fleet(const char *const *prefills, size_t np, const char *const *decodes,
+                           size_t nd)
+{
+    sched_pool_t *pool = test_pool(SCHED_POLICY_SLO, SCHED_POLICY_SLO);
+    int port = 9100;
+    for (size_t i = 0; i < np; i++)
+        test_add(pool, prefills[i], port++, SCHED_ROLE_PREFILL, NULL, 1);
+    for (size_t i = 0; i < nd; i++)
+        test_add(pool, decodes[i], port++, SCHED_ROLE_DECODE, NULL, 1);
+    assert_int_equal(sched_pool_start(pool), SCHED_OK);
+    return pool;
+}
+
+/* Book <n> prefill legs of 1000 tokens without finishing them (a burst), count by id. */
+static void burst(sched_pool_t *pool, int n, sched_booking_t **held, int *fast, int *slow)
+{
+    *fast = *slow = 0;
+    for (int i = 0; i < n; i++) {
+        sched_request_t req = {.prompt_tokens = 1000, .max_tokens = 32};
+        assert_int_equal(sched_book_prefill(pool, &req, &held[i]), SCHED_OK);
+        if (speed_of(sched_booking_instance(held[i], SCHED_LEG_PREFILL)) < 1.0)
+            (*slow)++;
+        else
+            (*fast)++;
+    }
+}
+
+static void test_slower_prefill_gets_proportionally_less(void **s)
+{
+    static const char *const p[] = {"fast-1", "slow-1"}, *const d[] = {"d-1"};
+    sched_pool_t *pool = fleet(p, 2, d, 1);
+    sched_booking_t *held[60];
+    int fast, slow;
+    (void)s;
+    train(pool, 200);
+    burst(pool, 60, held, &fast, &slow);
+    print_message("fast %d, slow %d of 60\n", fast, slow);
+    /* Equal predicted finish times: the fast one takes about 2.5x as many (bounded by 1.5x
+     * the mean, 45 of 60). */
+    assert_in_range(fast, 38, 45);
+    assert_in_range(slow, 15, 22);
+    for (int i = 0; i < 60; i++)
+        sched_booking_destroy(&held[i]);
+    sched_pool_destroy(pool);
+}
+
+/* One instance 10x faster than three others: bounded load keeps it to 1.5x its share. */
+static void test_fast_instance_is_not_the_hot_spot(void **s)
+{
+    static const char *const p[] = {"rocket", "fast-1", "fast-2", "fast-3"}, *const d[] = {"d-1"};
+    sched_pool_t *pool = fleet(p, 4, d, 1);
+    sched_booking_t *held[40];
+    int rocket = 0;
+    (void)s;
+    train(pool, 200);
+    for (int i = 0; i < 40; i++) {
+        sched_request_t req = {.prompt_tokens = 1000, .max_tokens = 32};
+        assert_int_equal(sched_book_prefill(pool, &req, &held[i]), SCHED_OK);
+        rocket += strcmp(sched_instance_id(sched_booking_instance(held[i], SCHED_LEG_PREFILL)),
+                         "rocket") == 0;
+    }
+    assert_in_range(rocket, 10, 15); /* its share is 10; the bound 1.5x of it */
+    for (int i = 0; i < 40; i++)
+        sched_booking_destroy(&held[i]);
+    sched_pool_destroy(pool);
+}
+
+/* A 20 ms TPOT target: the 40 ms decode is never chosen, even while the other holds more
+ * (within the bound); without a target it takes its turn by load. */
+static void test_decode_tpot_target_respected(void **s)
+{
+    static const char *const p[] = {"fast-1"}, *const d[] = {"d-fast", "slow-d"};
+    sched_pool_t *pool = fleet(p, 1, d, 2);
+    sched_booking_t *held[20];
+    int on_slow = 0;
+    (void)s;
+    train(pool, 100);
+    for (int i = 0; i < 8; i++) {
+        sched_request_t req = {.prompt_tokens = 500, .max_tokens = 64, .slo_tpot_ms = 20};
+        assert_int_equal(sched_book_decode(pool, &req, &held[i]), SCHED_OK);
+        on_slow += strcmp(sched_instance_id(sched_booking_instance(held[i], SCHED_LEG_DECODE)),
+                          "slow-d") == 0;
+    }
+    assert_int_equal(on_slow, 0);
+    for (int i = 8; i < 20; i++) {
+        sched_request_t req = {.prompt_tokens = 500, .max_tokens = 64};
+        assert_int_equal(sched_book_decode(pool, &req, &held[i]), SCHED_OK);
+        on_slow += strcmp(sched_instance_id(sched_booking_instance(held[i], SCHED_LEG_DECODE)),
+                          "slow-d") == 0;
+    }
+    assert_true(on_slow >= 6); /* least load: it catches up with the 8 held on d-fast */
+    for (int i = 0; i < 20; i++)
+        sched_booking_destroy(&held[i]);
+    sched_pool_destroy(pool);
+}
+
+/* Cold and identical: the lowest uid first, then the booked queue moves the next on. */
+static void test_cold_fleet_is_deterministic(void **s)
+{
+    static const char *const p[] = {"fast-1", "fast-2", "fast-3"}, *const d[] = {"d-1"};
+    sched_pool_t *pool = fleet(p, 3, d, 1);
+    sched_booking_t *held[3];
+    (void)s;
+    for (int i = 0; i < 3; i++) {
+        sched_request_t req = {.prompt_tokens = 1000, .max_tokens = 32};
+        assert_int_equal(sched_book_prefill(pool, &req, &held[i]), SCHED_OK);
+        assert_string_equal(sched_instance_id(sched_booking_instance(held[i], SCHED_LEG_PREFILL)),
+                            p[i]);
+    }
+    for (int i = 0; i < 3; i++)
+        sched_booking_destroy(&held[i]);
+    sched_pool_destroy(pool);
+}
+
+static void test_estimate(void **s)
+{
+    static const char *const p[] = {"fast-1", "slow-1"}, *const d[] = {"d-fast", "slow-d"};
+    sched_pool_t *pool = fleet(p, 2, d, 2);
+    sched_request_t req = {.prompt_tokens = 2000, .max_tokens = 100};
+    sched_slo_estimate_t e;
+    (void)s;
+    assert_int_equal(sched_slo_estimate(pool, &req, &e), SCHED_OK);
+    assert_true(e.cold);
+    train(pool, 200);
+    assert_int_equal(sched_slo_estimate(pool, &req, &e), SCHED_OK);
+    assert_false(e.cold);
+    assert_true(fabs(e.ttft_s - law_ttft(2000, 0, 1.0)) / law_ttft(2000, 0, 1.0) < 0.1);
+    assert_true(fabs(e.tpot_s - 0.010) / 0.010 < 0.15);
+    /* excluded instances do not count */
+    {
+        const char *ex[] = {"fast-1"};
+        req.exclude_ids = ex;
+        req.n_exclude_ids = 1;
+        assert_int_equal(sched_slo_estimate(pool, &req, &e), SCHED_OK);
+        assert_true(fabs(e.ttft_s - law_ttft(2000, 0, 0.4)) / law_ttft(2000, 0, 0.4) < 0.1);
+    }
+    sched_pool_destroy(pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slower_prefill_gets_proportionally_less),
+        cmocka_unit_test(test_fast_instance_is_not_the_hot_spot),
+        cmocka_unit_test(test_decode_tpot_target_respected),
+        cmocka_unit_test(test_cold_fleet_is_deterministic),
+        cmocka_unit_test(test_estimate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
