@@ -125,7 +125,9 @@ void sim_blocks_fini(void)
     free_head = free_tail = -1;
 }
 
-static uint64_t block_hash(uint64_t prev, const uint32_t *ids, int n)
+/* <salt>: the extra key of the prompt's first block (vLLM folds the cache_salt into that
+ * block's hash only, vllm/v1/core/kv_cache_utils.py), else NULL. */
+static uint64_t block_hash(uint64_t prev, const uint32_t *ids, int n, const char *salt)
 {
     XXH64_state_t *st = XXH64_createState();
     uint64_t h;
@@ -134,6 +136,8 @@ static uint64_t block_hash(uint64_t prev, const uint32_t *ids, int n)
     XXH64_reset(st, 0xb10c);
     XXH64_update(st, &prev, sizeof(prev));
     XXH64_update(st, ids, (size_t)n * sizeof(uint32_t));
+    if (salt)
+        XXH64_update(st, salt, strlen(salt) + 1);
     h = XXH64_digest(st);
     XXH64_freeState(st);
     return h;
@@ -146,7 +150,7 @@ size_t sim_blocks_hashes(const sim_tokens_t *prompt, size_t max, uint64_t *out)
     if (n > max)
         n = max;
     for (size_t i = 0; i < n; i++)
-        out[i] = h = block_hash(h, prompt->ids + i * bs, (int)bs);
+        out[i] = h = block_hash(h, prompt->ids + i * bs, (int)bs, i ? NULL : prompt->cache_salt);
     return n;
 }
 
@@ -187,7 +191,8 @@ int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, 
         return -1;
     if (!sim_cfg.no_prefix_cache) {
         for (int i = 0; i < max_hit && i < need; i++) {
-            h = block_hash(h, prompt->ids + (size_t)i * (size_t)bs, bs);
+            h = block_hash(h, prompt->ids + (size_t)i * (size_t)bs, bs,
+                           i ? NULL : prompt->cache_salt);
             int b = hash_find(h);
             if (b < 0)
                 break;
@@ -238,7 +243,7 @@ void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_b
     uint64_t run_parent = 0;
     for (size_t i = 0; i < full && i < n_blocks; i++) {
         prev = h;
-        h = block_hash(h, prompt->ids + i * (size_t)bs, bs);
+        h = block_hash(h, prompt->ids + i * (size_t)bs, bs, i ? NULL : prompt->cache_salt);
         int b = blocks[i];
         int cached = (blks[b].has_hash && blks[b].hash == h) || hash_find(h) >= 0;
         if (!cached) {
@@ -256,14 +261,12 @@ void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_b
             }
         }
         if (run && n_run) {
-            sim_kvev_stored("GPU", run_start > 0, run_parent, run, n_run,
-                            prompt->ids + run_start * (size_t)bs, bs);
+            sim_kvev_stored_prompt(run_start > 0, run_parent, run, n_run, prompt, run_start, bs);
             n_run = 0;
         }
     }
     if (run && n_run)
-        sim_kvev_stored("GPU", run_start > 0, run_parent, run, n_run,
-                        prompt->ids + run_start * (size_t)bs, bs);
+        sim_kvev_stored_prompt(run_start > 0, run_parent, run, n_run, prompt, run_start, bs);
     free(run);
     sim_kvev_flush();
 }

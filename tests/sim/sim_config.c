@@ -1,6 +1,7 @@
 /* pdgw-sim command line. */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,11 +105,22 @@ static void usage(FILE *f)
             "  --nixl-shape newest|older    kv_transfer_params a NIXL prefill returns: vLLM's\n"
             "                               newest (block ids per KV-cache group, dcp/pp sizes,\n"
             "                               lease fields, randomized request id) or older (flat)\n"
+            "  --nixl-stopped-prefill params|null   a NIXL prefill that stopped (EOS, stop\n"
+            "                               string): params = vLLM's current connector (KV held,\n"
+            "                               kv_transfer_params returned, as when length-capped);\n"
+            "                               null = older vLLM (KV freed, no params; the default\n"
+            "                               with --nixl-shape older)\n"
             "  --kv-wait-timeout-ms MS      decode deadline for remote KV (10000)\n"
             "  --kv-alloc-ttl-ms MS         libkvt receivers free allocations nobody wrote or\n"
             "                               claimed after MS (pd_alloc_ttl; 0 = never) (30000)\n"
             "  --kv-alloc-quota F           share of a libkvt receiver's pool one sender (source\n"
             "                               address) may hold unclaimed (pd_alloc_quota) (0.5)\n"
+            "  --lmcache-chunk-size N       tokens per LMCache KV chunk (LMCache's chunk_size,\n"
+            "                               its own setting, not --block-size) (256)\n"
+            "  --lmcache-receiver lmcache|ascend   how this decode's LMCache receivers\n"
+            "                               answer plain senders: LMCache's (async and sync\n"
+            "                               backends) or LMCache-Ascend's (AscendAllocResponse)\n"
+            "                               (lmcache)\n"
             "  --skip-last-n-tokens N       lmcache decode: look up KV for prompt[:-N] (LMCache's\n"
             "                               skip_last_n_tokens; its example decoders use 1) (0)\n"
             "  --kv-buffer-mb N             libkvt buffer per transfer engine (64)\n"
@@ -128,7 +140,8 @@ static void usage(FILE *f)
             "  --kv-events-config JSON      as vLLM: {\"enable_kv_cache_events\":true,\n"
             "                               \"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\n"
             "                               \"replay_endpoint\":..,\"topic\":..}\n"
-            "  --kv-events-layout map|array event encoding: current vLLM (map) or older (array)\n");
+            "  --kv-events-layout L         current (vLLM today: an array batch of map events;\n"
+            "                               default), map (a map batch) or array (older)\n");
 }
 
 enum {
@@ -168,6 +181,9 @@ enum {
     O_NOLW,
     O_HOLD,
     O_NIXLSHAPE,
+    O_NIXLSTOP,
+    O_LMCCHUNK,
+    O_LMCRECV,
     O_KVWAIT,
     O_KVALLOCTTL,
     O_KVALLOCQUOTA,
@@ -228,6 +244,9 @@ static const struct option opts[] = {
     {"no-layerwise", no_argument, 0, O_NOLW},
     {"kv-hold-timeout-ms", required_argument, 0, O_HOLD},
     {"nixl-shape", required_argument, 0, O_NIXLSHAPE},
+    {"nixl-stopped-prefill", required_argument, 0, O_NIXLSTOP},
+    {"lmcache-chunk-size", required_argument, 0, O_LMCCHUNK},
+    {"lmcache-receiver", required_argument, 0, O_LMCRECV},
     {"kv-wait-timeout-ms", required_argument, 0, O_KVWAIT},
     {"kv-alloc-ttl-ms", required_argument, 0, O_KVALLOCTTL},
     {"kv-alloc-quota", required_argument, 0, O_KVALLOCQUOTA},
@@ -582,6 +601,31 @@ static int parse_kv_transfer_opt(int c, const char *name, sim_config_t *cfg)
             return -1;
         }
         break;
+    case O_NIXLSTOP:
+        if (!strcmp(optarg, "params"))
+            cfg->nixl_stop_drops = 0;
+        else if (!strcmp(optarg, "null"))
+            cfg->nixl_stop_drops = 1;
+        else {
+            fprintf(stderr, "pdgw-sim: --nixl-stopped-prefill must be params or null\n");
+            return -1;
+        }
+        break;
+    case O_LMCCHUNK:
+        if (parse_long(name, optarg, 1, 65536, &v))
+            return -1;
+        cfg->lmcache_chunk_size = (int)v;
+        break;
+    case O_LMCRECV:
+        if (!strcmp(optarg, "lmcache"))
+            cfg->lmcache_ascend = 0;
+        else if (!strcmp(optarg, "ascend"))
+            cfg->lmcache_ascend = 1;
+        else {
+            fprintf(stderr, "pdgw-sim: --lmcache-receiver must be lmcache or ascend\n");
+            return -1;
+        }
+        break;
     case O_KVWAIT:
         if (parse_long(name, optarg, 1, 86400000, &v))
             return -1;
@@ -688,6 +732,8 @@ static void set_defaults(sim_config_t *cfg)
     cfg->layers = 4;
     cfg->layerwise = 1;
     cfg->kv_hold_timeout_ms = 30000;
+    cfg->nixl_stop_drops = -1;
+    cfg->lmcache_chunk_size = 256; /* LMCache lmcache/v1/config.py: chunk_size */
     cfg->kv_wait_timeout_ms = 10000;
     cfg->kv_alloc_ttl_ms = 30000;
     cfg->kv_alloc_quota = 0.5;
@@ -710,6 +756,24 @@ static int finish_config(sim_config_t *cfg)
     if (cfg->kv_capacity_tokens < cfg->block_size) {
         fprintf(stderr, "pdgw-sim: --kv-capacity-tokens must hold at least one block\n");
         return -1;
+    }
+    if (cfg->nixl_stop_drops < 0)
+        cfg->nixl_stop_drops = cfg->nixl_older; /* the older connector dropped them */
+    if (cfg->role != SIM_ROLE_BOTH) {
+        /* a libkvt page holds one whole chunk of either geometry (all layers) */
+        int tokens =
+            cfg->block_size > cfg->lmcache_chunk_size ? cfg->block_size : cfg->lmcache_chunk_size;
+        uint64_t page = (uint64_t)tokens * (uint64_t)cfg->kv_bytes_per_token;
+        uint64_t buf =
+            ((uint64_t)cfg->kv_buffer_mb << 20) * (uint64_t)(cfg->layerwise ? cfg->layers : 1);
+        if (page > buf) {
+            fprintf(stderr,
+                    "pdgw-sim: a KV chunk of %d tokens (%" PRIu64 " bytes: --block-size / "
+                    "--lmcache-chunk-size x --kv-bytes-per-token) does not fit the %" PRIu64
+                    "-byte libkvt buffer (--kv-buffer-mb)\n",
+                    tokens, page, buf);
+            return -1;
+        }
     }
     if (!cfg->kv_host[0]) {
         const char *h = cfg->host;

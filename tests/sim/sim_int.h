@@ -80,6 +80,11 @@ typedef struct sim_config {
     int layerwise;
     int kv_hold_timeout_ms;
     int nixl_older;         /* NIXL prefill answers in the older vLLM shape (flat block ids) */
+    int nixl_stop_drops;    /* a NIXL prefill that stopped (EOS, stop string) returns no
+                               kv_transfer_params and frees its KV (vLLM before
+                               FINISHED_STOPPED was accepted); -1 = as --nixl-shape */
+    int lmcache_chunk_size; /* LMCache's chunk_size: tokens per LMCache KV chunk */
+    int lmcache_ascend;     /* this instance's LMCache receivers answer as LMCache-Ascend */
     int kv_wait_timeout_ms; /* decode: deadline for remote KV */
     int kv_alloc_ttl_ms;    /* libkvt receivers: unclaimed allocations freed after (0 = never) */
     double kv_alloc_quota;  /* libkvt receivers: share of the pool one sender holds unclaimed */
@@ -136,6 +141,9 @@ uint64_t sim_wall_ns(void); /* CLOCK_REALTIME */
 typedef struct sim_tokens {
     uint32_t *ids;
     size_t n, cap;
+    /* A prompt's cache_salt (vLLM's request field), folded into its first block's hash as
+     * vllm/v1/core/kv_cache_utils.py does; owned, NULL when absent. */
+    char *cache_salt;
 } sim_tokens_t;
 
 int sim_tokens_push(sim_tokens_t *t, uint32_t id);
@@ -317,6 +325,10 @@ void sim_kvev_stop(void);
 /* medium: "GPU" (the block pool) or "CPU" (the offload tier, sim_cpu_tier.c). */
 void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const uint64_t *hashes,
                      size_t n, const uint32_t *tokens, int block_size);
+/* A GPU run of <prompt>'s blocks from block <first_block> on, with current vLLM's extra_keys,
+ * group_idx and kv_cache_spec_kind. */
+void sim_kvev_stored_prompt(int has_parent, uint64_t parent, const uint64_t *hashes, size_t n,
+                            const sim_tokens_t *prompt, size_t first_block, int block_size);
 void sim_kvev_removed(const char *medium, uint64_t hash);
 void sim_kvev_flush(void);
 /* KV-event batches published so far (tests compare it with what a subscriber applied). */

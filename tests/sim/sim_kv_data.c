@@ -39,6 +39,25 @@ int sim_kv_geom_init(sim_kv_geom_t *g, int ntp)
     return 0;
 }
 
+int sim_kv_geom_lmcache(sim_kv_geom_t *g, int ntp)
+{
+    if (sim_kv_geom_init(g, ntp))
+        return -1;
+    /* LMCache cuts KV into chunks of its own chunk_size (lmcache/v1/config.py, 256),
+     * whatever vLLM's block size is */
+    g->block_size = sim_cfg.lmcache_chunk_size;
+    g->page_bytes = 2 * (size_t)g->layers * (size_t)g->block_size * (size_t)g->hidden * 2;
+    return 0;
+}
+
+size_t sim_kv_engine_page_bytes(void)
+{
+    sim_kv_geom_t b, l;
+    if (sim_kv_geom_init(&b, 1) || sim_kv_geom_lmcache(&l, 1))
+        return 0;
+    return b.page_bytes > l.page_bytes ? b.page_bytes : l.page_bytes;
+}
+
 size_t sim_kv_nchunks(const sim_kv_geom_t *g, size_t ntokens)
 {
     return (ntokens + (size_t)g->block_size - 1) / (size_t)g->block_size;

@@ -14,12 +14,23 @@
  * medium names the tier: "GPU" for the block pool, "CPU" for the offload
  * tier (vllm/v1/kv_offload/mediums.py CPULoadStoreSpec.medium()).
  *
- * The encoding is msgspec's: the older array_like layout (batch
- * [ts, events, dp_rank], event ["Tag", fields...]) or the current map
- * layout (batch {ts, events, data_parallel_rank}, event {"type": "Tag",
- * ...}); --kv-events-layout picks one. Defaulted fields are omitted as
- * omit_defaults does. Hooks are called under the engine lock; the replay
- * ROUTER has a thread of its own.
+ * The encoding is msgspec's, in the three shapes vLLM has shipped
+ * (--kv-events-layout): "current" (the default; the wire pinned by
+ * tests/v1/core/test_kv_events_contract.py: batch [ts, events, dp_rank],
+ * event {"type": "Tag", ...}), "map" (batch {ts, events,
+ * data_parallel_rank}, maps too) and "array" (older array_like structs:
+ * event ["Tag", fields...]). Defaulted fields are omitted as omit_defaults
+ * does. Hooks are called under the engine lock; the replay ROUTER has a
+ * thread of its own.
+ *
+ * A GPU BlockStored of a prompt carries what current vLLM's block pool
+ * adds (vllm/v1/core/block_pool.py, cache_full_blocks): extra_keys, one
+ * entry per block, nil or the tuple folded into that block's hash
+ * (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys: the
+ * request's cache_salt on the first block only; this engine serves no
+ * LoRA adapter and no multimodal input), and group_idx with the group's
+ * kv_cache_spec_kind (one full-attention group, 0). The array layout keeps
+ * the older 7 fields.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,7 +46,7 @@
 #include "sim_int.h"
 
 static void *ctx, *pub, *router;
-static int enabled, map_layout;
+static int enabled, map_layout, map_batch; /* events as maps; the batch as a map */
 static char topic[256];
 static uint64_t next_seq;
 static atomic_ullong batches_published; /* read by /metrics on any thread */
@@ -68,15 +79,20 @@ static void pack_key(const char *k)
         pack_str(k);
 }
 
-void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const uint64_t *hashes,
-                     size_t n, const uint32_t *tokens, int block_size)
+/* <salt_first>: the stored run starts at the prompt's first block (the one whose extra keys
+ * hold the salt); <with_extra>: current vLLM's defaulted fields (map layouts only). */
+static void pack_stored(const char *medium, int has_parent, uint64_t parent, const uint64_t *hashes,
+                        size_t n, const uint32_t *tokens, int block_size, const char *salt,
+                        int with_extra)
 {
+    int extra = with_extra && map_layout;
+
     if (!enabled || n == 0)
         return;
     /* BlockStored fields without defaults: block_hashes, parent_block_hash,
      * token_ids, block_size, lora_id, medium, lora_name */
     if (map_layout) {
-        msgpack_pack_map(&pk, 8);
+        msgpack_pack_map(&pk, extra ? 11 : 8);
         pack_str("type");
     } else {
         msgpack_pack_array(&pk, 8);
@@ -103,7 +119,40 @@ void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const 
     pack_str(medium);
     pack_key("lora_name");
     msgpack_pack_nil(&pk);
+    if (extra) {
+        /* one entry per block: the salt tuple on the prompt's first block, else nil (vLLM
+         * sends the list whenever the run has blocks, nil entries included) */
+        pack_str("extra_keys");
+        msgpack_pack_array(&pk, (uint32_t)n);
+        for (size_t i = 0; i < n; i++) {
+            if (i == 0 && salt) {
+                msgpack_pack_array(&pk, 1);
+                pack_str(salt);
+            } else {
+                msgpack_pack_nil(&pk);
+            }
+        }
+        pack_str("group_idx");
+        msgpack_pack_int(&pk, 0);
+        pack_str("kv_cache_spec_kind");
+        pack_str("full_attention");
+    }
     n_pending++;
+}
+
+void sim_kvev_stored(const char *medium, int has_parent, uint64_t parent, const uint64_t *hashes,
+                     size_t n, const uint32_t *tokens, int block_size)
+{
+    pack_stored(medium, has_parent, parent, hashes, n, tokens, block_size, NULL, 0);
+}
+
+void sim_kvev_stored_prompt(int has_parent, uint64_t parent, const uint64_t *hashes, size_t n,
+                            const sim_tokens_t *prompt, size_t first_block, int block_size)
+{
+    const char *salt = first_block == 0 ? prompt->cache_salt : NULL;
+
+    pack_stored("GPU", has_parent, parent, hashes, n,
+                prompt->ids + first_block * (size_t)block_size, block_size, salt, 1);
 }
 
 void sim_kvev_removed(const char *medium, uint64_t hash)
@@ -144,18 +193,18 @@ void sim_kvev_flush(void)
     clock_gettime(CLOCK_REALTIME, &ts);
     msgpack_sbuffer_init(&batch);
     msgpack_packer_init(&bp, &batch, msgpack_sbuffer_write);
-    if (map_layout) {
+    if (map_batch) {
         msgpack_pack_map(&bp, 3);
         msgpack_pack_str_with_body(&bp, "ts", 2);
     } else {
         msgpack_pack_array(&bp, 3);
     }
     msgpack_pack_double(&bp, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
-    if (map_layout)
+    if (map_batch)
         msgpack_pack_str_with_body(&bp, "events", 6);
     msgpack_pack_array(&bp, (uint32_t)n_pending);
     msgpack_sbuffer_write(&batch, pending.data, pending.size);
-    if (map_layout)
+    if (map_batch)
         msgpack_pack_str_with_body(&bp, "data_parallel_rank", 18);
     msgpack_pack_int(&bp, 0);
     msgpack_sbuffer_clear(&pending);
@@ -265,11 +314,13 @@ int sim_kvev_configure(const char *json_text, const char *layout)
     long buffer_steps = 10000;
     int rc = -1;
 
-    if (layout && strcmp(layout, "map") != 0 && strcmp(layout, "array") != 0) {
-        fprintf(stderr, "pdgw-sim: --kv-events-layout: map or array\n");
+    if (layout && strcmp(layout, "current") != 0 && strcmp(layout, "map") != 0 &&
+        strcmp(layout, "array") != 0) {
+        fprintf(stderr, "pdgw-sim: --kv-events-layout: current, map or array\n");
         return -1;
     }
-    map_layout = !layout || strcmp(layout, "map") == 0;
+    map_layout = !layout || strcmp(layout, "array") != 0;
+    map_batch = layout && strcmp(layout, "map") == 0;
     if (!json_text)
         return 0;
     cfg = json_loads(json_text, 0, &jerr);

@@ -243,6 +243,16 @@ int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, cons
             return 404;
         }
     }
+    /* vLLM's cache_salt (vllm/entrypoints/openai/completion/protocol.py and the chat one): a
+     * string that salts the prefix cache */
+    json_t *salt = json_object_get(body, "cache_salt");
+    if (salt && !json_is_null(salt)) {
+        if (!json_is_string(salt) || json_string_length(salt) == 0)
+            return bad(msg, param, "cache_salt", "cache_salt must be a non-empty string");
+        free(req->prompt.cache_salt);
+        if (!(req->prompt.cache_salt = strdup(json_string_value(salt))))
+            return bad(msg, param, "cache_salt", "out of memory");
+    }
     if ((rc = get_bool(body, "stream", &req->stream, msg, param)))
         return rc;
     json_t *so = json_object_get(body, "stream_options");

@@ -237,14 +237,17 @@ sim_export_t *sim_pd_export_new_locked(sim_req_t *req, sim_pd_kind_t kind)
     e->req_id = strdup(req->request_id);
     e->dp_rank = req->dp_rank;
     e->prompt_hash = req->prompt_hash;
-    e->nchunks = sim_kv_nchunks(&sim_geom, req->prompt.n);
+    sim_kv_geom_t g = sim_geom;
+    if (kind == SIM_PD_P_LMCACHE && sim_kv_geom_lmcache(&g, 1))
+        g = sim_geom; /* checked when the request was read */
+    e->nchunks = sim_kv_nchunks(&g, req->prompt.n);
     e->hashes = calloc(e->nchunks ? e->nchunks : 1, sizeof(uint64_t));
     for (size_t i = 0; i < req->prompt.n; i++)
         if (sim_tokens_push(&e->prompt, req->prompt.ids[i]))
             goto err;
     if (!e->hold_id || !e->req_id || !e->hashes)
         goto err;
-    sim_kv_chunk_hashes(&e->prompt, &sim_geom, e->hashes);
+    sim_kv_chunk_hashes(&e->prompt, &g, e->hashes);
     e->next = exports;
     exports = e;
     return e;
@@ -444,7 +447,7 @@ static int prepare_prefill(sim_req_t *req, json_t *body, json_t *kvp, char **msg
         snprintf(dest.host, sizeof(dest.host), "%s", host);
         dest.nranks = na;
         sim_kv_geom_t g;
-        if (sim_kv_geom_init(&g, na))
+        if (sim_kv_geom_lmcache(&g, na))
             return fail400(msg, "%s does not divide this engine's KV bytes per layer",
                            "the receiver's TP size");
         kind = SIM_PD_P_LMCACHE;
@@ -1003,9 +1006,12 @@ void sim_kv_on_prefill_done_locked(sim_req_t *req)
         sim_record_set(req->rec_seq, "kv_warning", json_string(e->err));
     }
     if (e->kind == SIM_PD_P_HOLD) {
-        if (!strcmp(req->out.finish_reason, "stop")) {
-            /* like vLLM: a prefill that stopped (EOS / stop string) returns no
-             * kv_transfer_params, and its KV is not kept */
+        if (!strcmp(req->out.finish_reason, "stop") && sim_cfg.nixl_stop_drops) {
+            /* vLLM's older NixlConnector (nixl_connector.py, nixl/scheduler.py:
+             * request_finished) kept KV only for FINISHED_LENGTH_CAPPED: a prefill that
+             * stopped (EOS / stop string) returns no kv_transfer_params and frees its KV.
+             * The current one (nixl/pull_scheduler.py) treats FINISHED_STOPPED alike:
+             * it holds the blocks and returns the params below. */
             sim_pd_export_finish_locked(e, 0);
             return;
         }

@@ -3,8 +3,10 @@
  * per-request PD state (sim_pd.c) and the KV thread that drives libkvt and
  * the control side channel between instances (sim_pd_kvt.c).
  *
- * KV layout (LMCache's): a prompt of n tokens is cut into chunks of
- * --block-size tokens (LMCache's chunk_size; the last one may be short).
+ * KV layout (LMCache's): a prompt of n tokens is cut into chunks (the last
+ * one may be short) of --lmcache-chunk-size tokens for the lmcache protocol
+ * (LMCache's chunk_size, 256 by default) and of --block-size tokens (vLLM's
+ * block) for every other protocol.
  * Each (TP rank, chunk) is one libkvt key (a CacheEngineKey string) and one
  * page: shape [2, layers, tokens, hidden] bfloat16 (K of every layer, then
  * V), hidden = kv_bytes_per_token / layers / tp / 4; with --layerwise each
@@ -28,14 +30,21 @@
 typedef struct sim_kv_geom {
     int layers;
     int ntp;
-    int block_size;
+    int block_size;    /* tokens per chunk: --block-size, or LMCache's chunk_size */
     size_t tok_bytes;  /* bytes per token per layer per rank (K+V) */
     size_t page_bytes; /* bytes of a full chunk, all layers (one libkvt page) */
     int64_t hidden;    /* bfloat16 elements per token per K|V */
     int unit_layers;   /* layers per key: all, or 1 with --layerwise */
 } sim_kv_geom_t;
 
+/* The geometry of <ntp> TP ranks with chunks of --block-size tokens (every protocol but
+ * lmcache); 0, or -1 when the KV bytes do not split into ntp ranks. */
 int sim_kv_geom_init(sim_kv_geom_t *g, int ntp);
+/* The same with chunks of --lmcache-chunk-size tokens (the lmcache protocol). */
+int sim_kv_geom_lmcache(sim_kv_geom_t *g, int ntp);
+/* Bytes of one libkvt page of this instance's engines: the larger whole chunk of
+ * the two geometries, so any chunk either protocol family sends fits a page. */
+size_t sim_kv_engine_page_bytes(void);
 size_t sim_kv_nchunks(const sim_kv_geom_t *g, size_t ntokens);
 /* Tokens held by chunk c of a prompt of n tokens. */
 size_t sim_kv_chunk_tokens(const sim_kv_geom_t *g, size_t ntokens, size_t c);
@@ -82,6 +91,7 @@ typedef struct sim_receiver {
     int nranks;
     uint16_t alloc_ports[SIM_MAX_TP];
     uint16_t init_ports[SIM_MAX_TP];
+    int lmc_pages; /* its pages hold LMCache chunks (the receivers on --alloc-port) */
 } sim_receiver_t;
 
 /* Prefill-side export of one request's KV. Guarded by the engine lock. */
@@ -220,6 +230,6 @@ void sim_pd_send_ctl(const char *endpoint, json_t *msg);
 void sim_pd_kvt_stats(uint64_t *used, uint64_t *pinned);
 char *sim_pd_kvt_metrics(void);
 /* Receiver ports of this decode instance for <mode> (lazily created). */
-int sim_pd_receiver(sim_kv_mode_t mode, int nranks, sim_receiver_t *out);
+int sim_pd_receiver(sim_kv_mode_t mode, int nranks, int lmc_pages, sim_receiver_t *out);
 
 #endif

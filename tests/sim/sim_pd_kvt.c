@@ -47,12 +47,19 @@ typedef struct sim_kvt_eng {
     kvt_engine_ports_t ports;
 } sim_kvt_eng_t;
 
-/* senders[pull][proxy][rank], receivers[delay][rank] */
-static sim_kvt_eng_t *senders[2][2][SIM_MAX_TP];
-static sim_kvt_eng_t *receivers[2][SIM_MAX_TP];
+/* Two page sizes: engines that an LMCache peer may talk to -- the receivers on
+ * --alloc-port and whoever sends to them (lmcache, vllm-kvt) -- have pages of the
+ * larger whole chunk (sim_kv_engine_page_bytes: LMCache's chunk_size tokens by
+ * default); the others, pages of one --block-size chunk. Both ends of a libkvt
+ * transfer use the same page size.
+ * senders[pull][family][rank], family SEND_BLOCK | SEND_LMC | SEND_LMC_PROXY;
+ * receivers[lmc_pages * 2 + delay][rank] */
+enum { SEND_BLOCK, SEND_LMC, SEND_LMC_PROXY, SEND_FAMS };
+static sim_kvt_eng_t *senders[2][SEND_FAMS][SIM_MAX_TP];
+static sim_kvt_eng_t *receivers[4][SIM_MAX_TP];
 static int main_delay, main_nranks;
 static pthread_mutex_t eng_lock = PTHREAD_MUTEX_INITIALIZER;
-#define SIM_MAX_ENGINES (2 * 2 * SIM_MAX_TP + 2 * SIM_MAX_TP)
+#define SIM_MAX_ENGINES (2 * SEND_FAMS * SIM_MAX_TP + 4 * SIM_MAX_TP)
 
 static void *zctx, *router;
 typedef struct dealer {
@@ -105,8 +112,8 @@ typedef struct tctx {
 } tctx_t;
 
 /* ---- engines ---- */
-static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, int rank,
-                                 uint16_t alloc_port, uint16_t init_port)
+static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, int lmc_pages,
+                                 int rank, uint16_t alloc_port, uint16_t init_port)
 {
     kvt_config_t c;
     kvt_config_err_t err;
@@ -125,7 +132,9 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
         ((uint64_t)sim_cfg.kv_buffer_mb << 20) * (uint64_t)(sim_cfg.layerwise ? sim_cfg.layers : 1);
     c.pd_pull_mode = pull || delay;
     c.pd_delay_pull = delay;
-    c.chunk_size = (uint32_t)sim_cfg.block_size;
+    c.chunk_size = (uint32_t)sim_cfg.lmcache_chunk_size;
+    if (receiver && lmc_pages && sim_cfg.lmcache_ascend)
+        snprintf(c.pd_peer_flavour, sizeof(c.pd_peer_flavour), "ascend");
     c.pd_alloc_ttl = sim_cfg.kv_alloc_ttl_ms / 1000.0;
     c.pd_alloc_quota = sim_cfg.kv_alloc_quota;
     if (receiver) {
@@ -138,9 +147,9 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
         snprintf(c.pd_proxy_host, sizeof(c.pd_proxy_host), "%s", sim_cfg.proxy_host);
         c.pd_proxy_port = (uint16_t)sim_cfg.proxy_port;
     }
-    snprintf(c.pd_node_id, sizeof(c.pd_node_id), "%s-%s%s%s-r%d", sim_cfg.engine_id,
-             receiver ? "recv" : "send", (pull || delay) ? "-pull" : "", delay ? "-delay" : "",
-             rank);
+    snprintf(c.pd_node_id, sizeof(c.pd_node_id), "%s-%s%s%s%s-r%d", sim_cfg.engine_id,
+             receiver ? "recv" : "send", lmc_pages ? "" : "-blk", (pull || delay) ? "-pull" : "",
+             delay ? "-delay" : "", rank);
     st = kvt_config_validate(&c, &err);
     if (st != KVT_OK) {
         fprintf(stderr, "pdgw-sim: libkvt config %s: %s\n", err.key, err.msg);
@@ -149,7 +158,7 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
     }
     memset(&p, 0, sizeof(p));
     p.cfg = &c;
-    p.page_size = sim_geom.page_bytes;
+    p.page_size = lmc_pages ? sim_kv_engine_page_bytes() : sim_geom.page_bytes;
     p.bind_host = sim_cfg.host;
     p.advertise_host = sim_cfg.kv_host;
     if (proxy && sim_cfg.proxy_port)
@@ -164,38 +173,49 @@ static sim_kvt_eng_t *eng_create(int receiver, int pull, int delay, int proxy, i
     return se;
 }
 
-static sim_kvt_eng_t *sender_for(sim_kv_mode_t mode, int lmcache, int rank)
+/* The sender family of a transfer: lmcache (with ProxyNotif when configured), or to a
+ * receiver with LMCache-sized pages, or block pages. */
+static int send_family(int lmcache, int lmc_pages)
+{
+    if (lmcache)
+        return sim_cfg.proxy_port ? SEND_LMC_PROXY : SEND_LMC;
+    return lmc_pages ? SEND_LMC : SEND_BLOCK;
+}
+
+static sim_kvt_eng_t *sender_for(sim_kv_mode_t mode, int lmcache, int lmc_pages, int rank)
 {
     int pull = mode != SIM_KV_MODE_PUSH;
-    int proxy = lmcache && sim_cfg.proxy_port;
+    int fam = send_family(lmcache, lmc_pages);
     pthread_mutex_lock(&eng_lock);
-    sim_kvt_eng_t *s = senders[pull][proxy][rank];
+    sim_kvt_eng_t *s = senders[pull][fam][rank];
     pthread_mutex_unlock(&eng_lock);
     if (s)
         return s;
-    s = eng_create(0, pull, 0, proxy, rank, 0, 0);
+    s = eng_create(0, pull, 0, fam == SEND_LMC_PROXY, fam != SEND_BLOCK, rank, 0, 0);
     pthread_mutex_lock(&eng_lock);
-    senders[pull][proxy][rank] = s;
+    senders[pull][fam][rank] = s;
     pthread_mutex_unlock(&eng_lock);
     return s;
 }
 
-int sim_pd_receiver(sim_kv_mode_t mode, int nranks, sim_receiver_t *out)
+int sim_pd_receiver(sim_kv_mode_t mode, int nranks, int lmc_pages, sim_receiver_t *out)
 {
     int delay = mode == SIM_KV_MODE_PULL_DELAY;
+    int slot = (lmc_pages ? 2 : 0) + delay;
     memset(out, 0, sizeof(*out));
     snprintf(out->host, sizeof(out->host), "%s", sim_cfg.kv_host);
     out->nranks = nranks;
+    out->lmc_pages = lmc_pages;
     for (int r = 0; r < nranks; r++) {
         pthread_mutex_lock(&eng_lock);
-        sim_kvt_eng_t *e = receivers[delay][r];
+        sim_kvt_eng_t *e = receivers[slot][r];
         pthread_mutex_unlock(&eng_lock);
         if (!e) {
-            e = eng_create(1, 0, delay, 0, r, 0, 0);
+            e = eng_create(1, 0, delay, 0, lmc_pages, r, 0, 0);
             if (!e)
                 return -1;
             pthread_mutex_lock(&eng_lock);
-            receivers[delay][r] = e;
+            receivers[slot][r] = e;
             pthread_mutex_unlock(&eng_lock);
         }
         out->alloc_ports[r] = e->ports.alloc_port;
@@ -205,14 +225,28 @@ int sim_pd_receiver(sim_kv_mode_t mode, int nranks, sim_receiver_t *out)
 }
 
 /* AUTO (lmcache receive) = the receivers named on the command line. */
-static sim_kvt_eng_t *receiver_eng(sim_kv_mode_t mode, int rank)
+static sim_kvt_eng_t *receiver_eng(sim_kv_mode_t mode, int lmc_pages, int rank)
 {
     if (mode == SIM_KV_MODE_AUTO)
         mode = main_delay ? SIM_KV_MODE_PULL_DELAY : SIM_KV_MODE_PUSH;
     pthread_mutex_lock(&eng_lock);
-    sim_kvt_eng_t *e = receivers[mode == SIM_KV_MODE_PULL_DELAY][rank];
+    sim_kvt_eng_t *e = receivers[(lmc_pages ? 2 : 0) + (mode == SIM_KV_MODE_PULL_DELAY)][rank];
     pthread_mutex_unlock(&eng_lock);
     return e;
+}
+
+/* Imports that LMCache-sized pages receive: lmcache (its receivers are the ones on
+ * --alloc-port) and vllm-kvt (the gateway reserves on those ports, and the transfer
+ * draws from that reservation). */
+static int imp_lmc_pages(const sim_import_t *imp)
+{
+    return imp->kind == SIM_PD_D_LMCACHE || imp->kind == SIM_PD_D_KVT_STAGED ||
+           imp->kind == SIM_PD_D_KVT_BATCH;
+}
+
+static sim_kvt_eng_t *imp_receiver(const sim_import_t *imp, int rank)
+{
+    return receiver_eng(imp->mode, imp_lmc_pages(imp), rank);
 }
 
 /* ---- work queue ---- */
@@ -335,6 +369,7 @@ static int parse_receiver(json_t *o, sim_receiver_t *r)
         return -1;
     snprintf(r->host, sizeof(r->host), "%s", json_string_value(h));
     r->nranks = (int)json_array_size(a);
+    r->lmc_pages = json_is_true(json_object_get(o, "lmc_pages"));
     for (int k = 0; k < r->nranks; k++) {
         json_t *pa = json_array_get(a, (size_t)k), *pi = json_array_get(i, (size_t)k);
         if (!json_is_integer(pa) || !json_is_integer(pi) || json_integer_value(pa) < 1 ||
@@ -354,7 +389,8 @@ static json_t *receiver_json(const sim_receiver_t *r)
         json_array_append_new(a, json_integer(r->alloc_ports[k]));
         json_array_append_new(i, json_integer(r->init_ports[k]));
     }
-    return json_pack("{s:s,s:o,s:o}", "host", r->host, "alloc_ports", a, "init_ports", i);
+    return json_pack("{s:s,s:o,s:o,s:b}", "host", r->host, "alloc_ports", a, "init_ports", i,
+                     "lmc_pages", r->lmc_pages);
 }
 
 static sim_kv_mode_t mode_of(const char *s)
@@ -473,7 +509,7 @@ static void ctl_cancel(const char *xfer)
     /* and whatever libkvt still has of it */
     pthread_mutex_lock(&eng_lock);
     for (int p = 0; p < 2; p++)
-        for (int x = 0; x < 2; x++)
+        for (int x = 0; x < SEND_FAMS; x++)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 if (senders[p][x][r])
                     kvt_engine_cancel(senders[p][x][r]->e, xfer, 0, NULL, 0);
@@ -680,7 +716,9 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
                          const sim_receiver_t *dest, const char *xfer, sim_kv_mode_t mode,
                          int lmcache, int *nsub, char *err, size_t errcap)
 {
-    size_t n = e->nchunks;
+    /* the chunks of the geometry this transfer uses (the receiver's page family) */
+    size_t n = sim_kv_nchunks(g, e->prompt.n);
+    uint64_t *hashes = calloc(n ? n : 1, sizeof(uint64_t));
     char(*keys)[KEY_MAX] = malloc(n * KEY_MAX);
     const char **kp = malloc(n * sizeof(char *));
     const void **bp = malloc(n * sizeof(void *));
@@ -688,15 +726,15 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
     uint8_t *buf = malloc(n * g->page_bytes);
     tctx_t *t = calloc(1, sizeof(*t));
     kvt_task_id_t id;
-    sim_kvt_eng_t *s = sender_for(mode, lmcache, rank);
-    if (!keys || !kp || !bp || !lens || !buf || !t || !s) {
+    sim_kvt_eng_t *s = sender_for(mode, lmcache, dest->lmc_pages, rank);
+    if (!hashes || !keys || !kp || !bp || !lens || !buf || !t || !s) {
         snprintf(err, errcap, "%s", s ? "out of memory" : "cannot start a libkvt sender");
         goto out;
     }
+    sim_kv_chunk_hashes(&e->prompt, g, hashes);
     uint64_t bytes = 0;
     for (size_t c = 0; c < n; c++) {
-        sim_kv_key(keys[c], KEY_MAX, lmcache ? NULL : xfer, dest->nranks, rank, layer,
-                   e->hashes[c]);
+        sim_kv_key(keys[c], KEY_MAX, lmcache ? NULL : xfer, dest->nranks, rank, layer, hashes[c]);
         kp[c] = keys[c];
         bp[c] = buf + c * g->page_bytes;
         lens[c] = sim_kv_fill(&e->prompt, g, rank, layer, c, buf + c * g->page_bytes);
@@ -738,6 +776,7 @@ static void submit_layer(sim_export_t *e, const sim_kv_geom_t *g, int layer, int
     (*nsub)++;
 out:
     free(t);
+    free(hashes);
     free(keys);
     free(kp);
     free(bp);
@@ -811,7 +850,10 @@ static void pump_export(sim_export_t *e)
         sim_kv_geom_t g;
         char err[160] = "";
         int nsub = 0;
-        if (sim_kv_geom_init(&g, dest.nranks))
+        /* lmcache, and vllm-kvt (a receiver with LMCache-sized pages), move chunks of
+         * LMCache's chunk_size; the others chunks of vLLM's block */
+        if ((lmcache || dest.lmc_pages) ? sim_kv_geom_lmcache(&g, dest.nranks)
+                                        : sim_kv_geom_init(&g, dest.nranks))
             snprintf(err, sizeof(err), "bad TP size %d", dest.nranks);
         if (whole)
             g.unit_layers = g.layers;
@@ -836,9 +878,9 @@ static void pump_export(sim_export_t *e)
             pthread_mutex_lock(&eng_lock);
             for (int r = 0; r < SIM_MAX_TP; r++)
                 for (int p = 0; p < 2; p++)
-                    if (senders[p][lmcache && sim_cfg.proxy_port][r])
-                        kvt_engine_cancel(senders[p][lmcache && sim_cfg.proxy_port][r]->e, xfer, 1,
-                                          dest.host, dest.alloc_ports[0]);
+                    if (senders[p][send_family(lmcache, dest.lmc_pages)][r])
+                        kvt_engine_cancel(senders[p][send_family(lmcache, dest.lmc_pages)][r]->e,
+                                          xfer, 1, dest.host, dest.alloc_ports[0]);
             pthread_mutex_unlock(&eng_lock);
         }
         sim_engine_unlock();
@@ -899,7 +941,7 @@ static void import_free(sim_import_t *imp)
 static void import_release_kv(sim_import_t *imp, int failed)
 {
     for (int r = 0; r < imp->nranks; r++) {
-        sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+        sim_kvt_eng_t *re = imp_receiver(imp, r);
         if (!re)
             continue;
         if (imp->kind == SIM_PD_D_LMCACHE) {
@@ -948,7 +990,7 @@ static int resolve_bootstrap(sim_import_t *imp);
 static void import_loads(sim_import_t *imp)
 {
     for (int r = 0; r < imp->nranks; r++) {
-        sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+        sim_kvt_eng_t *re = imp_receiver(imp, r);
         tctx_t *t = calloc(1, sizeof(*t));
         kvt_task_id_t id;
         if (!t || !re) {
@@ -1038,7 +1080,7 @@ static int import_setup_keys(sim_import_t *imp, sim_kv_geom_t *g)
 static void import_lookups(sim_import_t *imp)
 {
     for (int r = 0; r < imp->nranks; r++) {
-        sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+        sim_kvt_eng_t *re = imp_receiver(imp, r);
         tctx_t *t = calloc(1, sizeof(*t));
         kvt_task_id_t id;
         if (!re || !t ||
@@ -1062,7 +1104,8 @@ static void begin_import(sim_import_t *imp)
     sim_kv_geom_t g;
     imp->t_start = sim_now_ns();
     imp->deadline = imp->t_start + (uint64_t)sim_cfg.kv_wait_timeout_ms * 1000000ull;
-    int bad = sim_kv_geom_init(&g, imp->nranks);
+    int bad = imp_lmc_pages(imp) ? sim_kv_geom_lmcache(&g, imp->nranks)
+                                 : sim_kv_geom_init(&g, imp->nranks);
     if (!bad && imp->kind == SIM_PD_D_LMCACHE)
         g.unit_layers = g.layers; /* LMCache chunks are whole: all layers */
     if (bad || import_setup_keys(imp, &g)) {
@@ -1073,7 +1116,7 @@ static void begin_import(sim_import_t *imp)
         if (imp->wait_id) {
             /* the decode leg named the transfer: wait for exactly it */
             for (int r = 0; r < imp->nranks; r++) {
-                sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+                sim_kvt_eng_t *re = imp_receiver(imp, r);
                 tctx_t *t = calloc(1, sizeof(*t));
                 kvt_task_id_t id;
                 if (!re || !t ||
@@ -1096,13 +1139,13 @@ static void begin_import(sim_import_t *imp)
         return;
     }
     sim_receiver_t me;
-    if (sim_pd_receiver(imp->mode, imp->nranks, &me)) {
+    if (sim_pd_receiver(imp->mode, imp->nranks, imp_lmc_pages(imp), &me)) {
         import_fail(imp, 500, "cannot start a libkvt receiver");
         return;
     }
     json_object_set_new(imp->ctl, "receiver", receiver_json(&me));
     for (int r = 0; r < imp->nranks; r++) {
-        sim_kvt_eng_t *re = receiver_eng(imp->mode, r);
+        sim_kvt_eng_t *re = imp_receiver(imp, r);
         tctx_t *t = calloc(1, sizeof(*t));
         kvt_task_id_t id;
         if (!t ||
@@ -1326,7 +1369,7 @@ static void import_unlock_ranks(sim_import_t *imp)
 {
     for (int r = 0; r < imp->nranks; r++)
         if (imp->locked[r]) {
-            kvt_unlock(receiver_eng(imp->mode, r)->e, (const char *const *)imp->keyp[r],
+            kvt_unlock(imp_receiver(imp, r)->e, (const char *const *)imp->keyp[r],
                        (uint32_t)imp->nkeys);
             imp->locked[r] = 0;
         }
@@ -1518,11 +1561,11 @@ static int all_engines_locked(sim_kvt_eng_t *all[SIM_MAX_ENGINES])
 {
     int na = 0;
     for (int p = 0; p < 2; p++)
-        for (int x = 0; x < 2; x++)
+        for (int x = 0; x < SEND_FAMS; x++)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 if (senders[p][x][r])
                     all[na++] = senders[p][x][r];
-    for (int dl = 0; dl < 2; dl++)
+    for (int dl = 0; dl < 4; dl++)
         for (int r = 0; r < SIM_MAX_TP; r++)
             if (receivers[dl][r])
                 all[na++] = receivers[dl][r];
@@ -1560,14 +1603,14 @@ static void *kv_main(void *arg)
         int ndealers = n - first_dealer;
         pthread_mutex_lock(&eng_lock);
         for (int p = 0; p < 2; p++)
-            for (int x = 0; x < 2; x++)
+            for (int x = 0; x < SEND_FAMS; x++)
                 for (int r = 0; r < SIM_MAX_TP; r++)
                     if (senders[p][x][r])
                         items[n++] =
                             (zmq_pollitem_t){.socket = NULL,
                                              .fd = kvt_engine_event_fd(senders[p][x][r]->e),
                                              .events = ZMQ_POLLIN};
-        for (int dl = 0; dl < 2; dl++)
+        for (int dl = 0; dl < 4; dl++)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 if (receivers[dl][r])
                     items[n++] = (zmq_pollitem_t){.socket = NULL,
@@ -1733,8 +1776,8 @@ int sim_pd_kvt_start(void)
         for (int r = 0; r < main_nranks; r++) {
             uint16_t ap = r < sim_cfg.n_alloc_ports ? (uint16_t)sim_cfg.alloc_ports[r] : 0;
             uint16_t ip = r < sim_cfg.n_init_ports ? (uint16_t)sim_cfg.init_ports[r] : 0;
-            receivers[main_delay][r] = eng_create(1, 0, main_delay, 0, r, ap, ip);
-            if (!receivers[main_delay][r])
+            receivers[2 + main_delay][r] = eng_create(1, 0, main_delay, 0, 1, r, ap, ip);
+            if (!receivers[2 + main_delay][r])
                 goto err;
         }
     }
@@ -1789,14 +1832,14 @@ void sim_pd_kvt_stop(void)
     work_tail = NULL;
     pthread_mutex_lock(&eng_lock);
     for (int p = 0; p < 2; p++)
-        for (int x = 0; x < 2; x++)
+        for (int x = 0; x < SEND_FAMS; x++)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 if (senders[p][x][r]) {
                     kvt_engine_destroy(senders[p][x][r]->e);
                     free(senders[p][x][r]);
                     senders[p][x][r] = NULL;
                 }
-    for (int dl = 0; dl < 2; dl++)
+    for (int dl = 0; dl < 4; dl++)
         for (int r = 0; r < SIM_MAX_TP; r++)
             if (receivers[dl][r]) {
                 kvt_engine_destroy(receivers[dl][r]->e);
@@ -1847,7 +1890,7 @@ void sim_pd_kvt_stats(uint64_t *used, uint64_t *pinned)
     *used = *pinned = 0;
     pthread_mutex_lock(&eng_lock);
     for (int p = 0; p < 2; p++)
-        for (int x = 0; x < 2; x++)
+        for (int x = 0; x < SEND_FAMS; x++)
             for (int r = 0; r < SIM_MAX_TP; r++)
                 if (senders[p][x][r]) {
                     kvt_pool_stats_t st;
@@ -1855,7 +1898,7 @@ void sim_pd_kvt_stats(uint64_t *used, uint64_t *pinned)
                     *used += st.used_pages;
                     *pinned += st.pinned_pages;
                 }
-    for (int dl = 0; dl < 2; dl++)
+    for (int dl = 0; dl < 4; dl++)
         for (int r = 0; r < SIM_MAX_TP; r++)
             if (receivers[dl][r]) {
                 kvt_pool_stats_t st;

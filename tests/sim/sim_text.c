@@ -49,6 +49,7 @@ int sim_tokens_push(sim_tokens_t *t, uint32_t id)
 void sim_tokens_free(sim_tokens_t *t)
 {
     free(t->ids);
+    free(t->cache_salt);
     memset(t, 0, sizeof(*t));
 }
 

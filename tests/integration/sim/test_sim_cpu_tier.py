@@ -47,7 +47,7 @@ def replay(ctx, port):
         if seq == -1:
             d.close(linger=0)
             return out
-        out.extend(msgpack.unpackb(frames[2], raw=False)["events"])
+        out.extend(msgpack.unpackb(frames[2], raw=False)[1])  # [ts, events, dp_rank]
 
 
 def test_offload_tier():

@@ -182,8 +182,9 @@ def test_bad_pd_fields():
     st, text, _ = decode_leg(D, dict(COMPLETION, kv_transfer_params=pobj["kv_transfer_params"]),
                              "r-blocks", False)
     assert st == 200
-    # A.1: a prefill whose only token is EOS returns no kv_transfer_params
-    E = Inst("prefill", "--eos-period", "1", name="prefill-eos")
+    # A.1: an older vLLM's prefill whose only token is EOS returns no kv_transfer_params
+    # (the current one returns them: test_sim_fidelity.py)
+    E = Inst("prefill", "--eos-period", "1", "--nixl-stopped-prefill", "null", name="prefill-eos")
     b = dict(COMPLETION, max_tokens=1, ignore_eos=False,
              kv_transfer_params=dict(NIXL_PREFILL_KVP))
     st, _, obj, raw = post(E, b, "r-eos", False)
