@@ -119,6 +119,14 @@ static void wf_sched_request(pdgw_wf_t *wf, sched_request_t *sr, const char **ex
                              ? (uint32_t)r->info.max_tokens
                              : 0;
         sr->model = r->info.model; /* fleet hook: only instances serving the model */
+        if (sched_pool_has_kv_index(wf->w->srv->opts.pool)) {
+            /* precise-prefix: the extra keys vLLM folds into the prompt's block hashes
+             * (vllm/v1/core/kv_cache_utils.py): the body's cache_salt and, when the model is
+             * an adapter the engines list, its name */
+            sr->cache_salt = json_string_value(pdgw_req_json_member(r, "cache_salt"));
+            if (sched_pool_model_is_adapter(wf->w->srv->opts.pool, sr->model))
+                sr->lora_name = sr->model;
+        }
     }
     sr->affinity_key = wf->affinity_key; /* session affinity (pdgw_admit_req.c) */
     {

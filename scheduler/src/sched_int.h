@@ -315,6 +315,7 @@ typedef struct sched_models {
     size_t n;
     char **names;
     char **entries; /* the engine's list entry of each name, compact JSON text */
+    bool *adapter;  /* listed with a `parent` model: a LoRA adapter of it */
 } sched_models_t;
 void sched_models_free(sched_models_t *m);
 /* Replace <inst>'s learnt names with those of a GET /v1/models body (OpenAI list shape).

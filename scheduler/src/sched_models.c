@@ -25,6 +25,7 @@ void sched_models_free(sched_models_t *m)
     }
     sched_free(m->names);
     sched_free(m->entries);
+    sched_free(m->adapter);
     sched_free(m);
 }
 
@@ -78,7 +79,8 @@ static sched_models_t *models_parse(const char *body, size_t len)
         goto out;
     m->names = sched_calloc(n, sizeof(char *));
     m->entries = sched_calloc(n, sizeof(char *));
-    if (!m->names || !m->entries)
+    m->adapter = sched_calloc(n, sizeof(bool));
+    if (!m->names || !m->entries || !m->adapter)
         goto err;
     json_array_foreach(data, i, e)
     {
@@ -89,6 +91,9 @@ static sched_models_t *models_parse(const char *body, size_t len)
         if (!json_is_object(e) || !id || !*id || strlen(id) > SCHED_MODEL_NAME_MAX)
             continue; /* a malformed entry names nothing */
         text = json_dumps(e, JSON_COMPACT);
+        /* vLLM lists a base model with parent null and each LoRA adapter with parent = its base
+         * model's name (vllm/entrypoints/openai/models/serving.py show_available_models) */
+        m->adapter[m->n] = json_is_string(json_object_get(e, "parent"));
         m->names[m->n] = sched_strdup(id);
         m->entries[m->n] = text ? sched_strdup(text) : NULL;
         free(text);
@@ -115,7 +120,7 @@ static bool models_same(const sched_models_t *a, const sched_models_t *b)
     if (!a || !b || a->n != b->n)
         return false;
     for (size_t i = 0; i < a->n; i++) {
-        if (strcmp(a->names[i], b->names[i]) != 0)
+        if (strcmp(a->names[i], b->names[i]) != 0 || a->adapter[i] != b->adapter[i])
             return false;
     }
     return true;
@@ -152,6 +157,30 @@ bool sched_pool_has_model(sched_pool_t *pool, const char *model)
         found = sched_models_allow(pool->snap->all[i], model);
     pthread_rwlock_unlock(&pool->lock);
     return found;
+}
+
+static bool learnt_adapter(sched_instance_t *inst, const char *model)
+{
+    bool yes = false;
+
+    pthread_mutex_lock(&inst->mu);
+    for (size_t i = 0; inst->learnt && i < inst->learnt->n && !yes; i++)
+        yes = inst->learnt->adapter[i] && strcmp(inst->learnt->names[i], model) == 0;
+    pthread_mutex_unlock(&inst->mu);
+    return yes;
+}
+
+bool sched_pool_model_is_adapter(sched_pool_t *pool, const char *model)
+{
+    bool yes = false;
+
+    if (!model || !*model)
+        return false;
+    pthread_rwlock_rdlock(&pool->lock);
+    for (size_t i = 0; i < pool->snap->n_all && !yes; i++)
+        yes = learnt_adapter(pool->snap->all[i], model);
+    pthread_rwlock_unlock(&pool->lock);
+    return yes;
 }
 
 sched_instance_t *sched_pool_pick_usable_model(sched_pool_t *pool, sched_role_t role, uint64_t turn,

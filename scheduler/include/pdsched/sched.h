@@ -615,6 +615,12 @@ char *sched_metrics_text(sched_pool_t *pool);
  * names are not known yet counts as serving it)? false → the model is unknown here. */
 bool sched_pool_has_model(sched_pool_t *pool, const char *model);
 
+/* Does some instance's engine list <model> as a LoRA adapter (an entry of its GET /v1/models
+ * with a `parent` model, as vLLM lists the adapters it serves)? Then a request for <model> runs
+ * under that adapter, whose name vLLM folds into the prompt's block hashes. false for NULL/"",
+ * configured-only or unknown names. Takes the pool's read lock. */
+bool sched_pool_model_is_adapter(sched_pool_t *pool, const char *model);
+
 /* The instances that could take a booking now (up, not draining, breaker not open), in pool
  * order, each referenced: release with sched_pool_release_usable. SCHED_ERR_NO_MEMORY. */
 sched_status_t sched_pool_usable(sched_pool_t *pool, sched_instance_t ***out, size_t *n_out);

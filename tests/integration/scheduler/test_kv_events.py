@@ -6,8 +6,13 @@ Upstream facts (vllm-project/vllm): vllm/config/kv_events.py spells
 replay_endpoint, topic); vllm/distributed/kv_events.py the wire: a PUB
 sending [topic, seq (8-byte big-endian), msgpack batch], the batch an
 array [ts, events, dp_rank] with ["BlockStored", ...] events in older
-vLLM (array_like structs) and a map {ts, events, data_parallel_rank} with
-{"type": "BlockStored", ...} events now.
+vLLM (array_like structs), a map {ts, events, data_parallel_rank} with
+{"type": "BlockStored", ...} events in some, and today an array batch of
+such maps (tests/v1/core/test_kv_events_contract.py). A GPU BlockStored
+carries extra_keys, one entry per block (vllm/v1/core/block_pool.py
+cache_full_blocks), the request's cache_salt folded into the first block's
+(vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys); cache_salt
+is a request body field (vllm/entrypoints/openai/completion/protocol.py).
 
 - the sims' events, replayed and live, decode with python3-msgpack into
   vLLM's shapes, both layouts;
@@ -15,7 +20,9 @@ vLLM (array_like structs) and a map {ts, events, data_parallel_rank} with
   prompt families: each follow-up through pdgw goes to the sim holding its
   prefix;
 - after the prefix is evicted on its first home and cached on another,
-  follow-ups go to the new home.
+  follow-ups go to the new home;
+- one prompt cached under three salts (none, "a", "b") on three sims: a
+  follow-up goes to the sim holding it under the request's own salt.
 """
 
 import json
@@ -43,10 +50,11 @@ def successes(port):
                if line.startswith("vllm:request_success_total"))
 
 
-def complete(port, prompt, max_tokens=1):
-    status, _, body, raw = t.post_json(port, "/v1/completions",
-                                       {"model": MODEL, "prompt": prompt,
-                                        "max_tokens": max_tokens}, timeout=30)
+def complete(port, prompt, max_tokens=1, salt=None):
+    req = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens}
+    if salt is not None:
+        req["cache_salt"] = salt
+    status, _, body, raw = t.post_json(port, "/v1/completions", req, timeout=30)
     assert status == 200, (status, raw[:300])
     return body
 
@@ -150,10 +158,10 @@ class Fleet:
             time.sleep(0.05)
         raise TimeoutError(f"engines not seen idle: {seen}")
 
-    def routed_to(self, prompt):
+    def routed_to(self, prompt, salt=None):
         self.wait_settled()
         before = [successes(p) for p in self.ports]
-        complete(self.gw_port, prompt)
+        complete(self.gw_port, prompt, salt=salt)
         after = [successes(p) for p in self.ports]
         got = [i for i in range(len(self.ports)) if after[i] > before[i]]
         assert len(got) == 1, (before, after)
@@ -179,8 +187,8 @@ def replay(ctx, port, start=0):
 
 
 def test_sim_publishes_vllm_format():
-    """Both layouts exactly as vLLM's structs encode them, live and replayed."""
-    fleet = Fleet(layouts=("map", "array"))
+    """Every layout exactly as vLLM's structs encode them, live and replayed."""
+    fleet = Fleet(layouts=("map", "array", "current"))
     ctx = zmq.Context()
     try:
         prompt = tokens(1, 3 * BLOCK + 5)
@@ -190,7 +198,21 @@ def test_sim_publishes_vllm_format():
             batches = replay(ctx, rport)
             assert [seq for seq, _ in batches] == list(range(len(batches))) and batches
             batch = msgpack.unpackb(batches[0][1], raw=False)
-            if i == 0:
+            if i == 2:
+                # today's wire: [ts, [map events], dp_rank], extra_keys per block and the
+                # group the blocks belong to
+                assert isinstance(batch, list) and len(batch) == 3, batch
+                assert isinstance(batch[0], float) and batch[2] == 0
+                ev = batch[1][0]
+                assert set(ev) == {"type", "block_hashes", "parent_block_hash", "token_ids",
+                                   "block_size", "lora_id", "medium", "lora_name",
+                                   "extra_keys", "group_idx", "kv_cache_spec_kind"}, ev
+                assert ev["type"] == "BlockStored" and ev["parent_block_hash"] is None
+                assert ev["token_ids"] == prompt[:3 * BLOCK] and len(ev["block_hashes"]) == 3
+                assert ev["extra_keys"] == [None, None, None]
+                assert ev["group_idx"] == 0 and ev["kv_cache_spec_kind"] == "full_attention"
+                assert ev["lora_id"] is None and ev["lora_name"] is None
+            elif i == 0:
                 assert isinstance(batch, dict), batch
                 assert set(batch) == {"ts", "events", "data_parallel_rank"}
                 ev = batch["events"][0]
@@ -207,6 +229,20 @@ def test_sim_publishes_vllm_format():
                 hashes, parent, toks, bs, lora_id, medium, lora_name = ev[1:8]
                 assert parent is None and bs == BLOCK and medium == "GPU"
                 assert toks == prompt[:3 * BLOCK] and len(hashes) == 3
+        # a salted prompt: the salt is the first block's extra key and changes every hash
+        # of the chain (each folds its parent); the same salt again is a hit, no new event
+        salted = tokens(3, 2 * BLOCK)
+        complete(fleet.ports[2], salted)
+        complete(fleet.ports[2], salted, salt="tenant-a")
+        complete(fleet.ports[2], salted, salt="tenant-a")
+        stored = [ev for _, raw in replay(ctx, fleet.rp_ports[2])
+                  for ev in msgpack.unpackb(raw, raw=False)[1]
+                  if ev["type"] == "BlockStored" and ev["token_ids"] == salted]
+        assert [ev["extra_keys"] for ev in stored] == [[None, None], [["tenant-a"], None]]
+        assert not set(stored[0]["block_hashes"]) & set(stored[1]["block_hashes"])
+        status, _, _, raw = t.post_json(fleet.ports[2], "/v1/completions",
+                                        {"model": MODEL, "prompt": salted, "cache_salt": ""})
+        assert status == 400 and b"cache_salt" in raw, (status, raw)
         # live: [topic, 8-byte seq, payload]; a SUB misses what was sent
         # before it joined, so new prompts are sent until one arrives
         s = ctx.socket(zmq.SUB)
@@ -261,5 +297,28 @@ def test_follow_ups_go_where_the_prefix_is():
         fleet.close()
 
 
+def test_cache_salt_decides_the_hit():
+    """The same prompt is a different prefix under another cache_salt: pdgw passes the
+    request's salt to precise-prefix and keys the engines' blocks by their extra_keys."""
+    fleet = Fleet(layouts=("current", "current", "current"))
+    try:
+        shared = tokens(5, 12 * BLOCK)
+        salts = [None, "tenant-a", "tenant-b"]
+        for port, salt in zip(fleet.ports, salts):  # warmed directly: pdgw never saw these
+            complete(port, shared, salt=salt)
+        deadline = time.time() + 15
+        while fleet.gw_metric("pdgw_kv_index_blocks") < 36 and time.time() < deadline:
+            time.sleep(0.05)
+        assert fleet.gw_metric("pdgw_kv_index_blocks") >= 36
+        for rnd in range(2):
+            for home, salt in enumerate(salts):
+                follow = shared + tokens(9, 20, salt=10 * rnd + home)
+                assert fleet.routed_to(follow, salt=salt) == home, (rnd, salt)
+        assert fleet.gw_metric("pdgw_kv_event_bad_total") == 0
+    finally:
+        fleet.close()
+
+
 if __name__ == "__main__":
-    t.run([test_sim_publishes_vllm_format, test_follow_ups_go_where_the_prefix_is])
+    t.run([test_sim_publishes_vllm_format, test_follow_ups_go_where_the_prefix_is,
+           test_cache_salt_decides_the_hit])

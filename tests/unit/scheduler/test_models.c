@@ -165,6 +165,37 @@ static void test_learnt_names(void **state)
     sched_pool_destroy(pool);
 }
 
+/* A LoRA adapter is what vLLM lists with a `parent` (vllm/entrypoints/openai/models/serving.py
+ * show_available_models: base models with parent null, each adapter with its base model's
+ * name); configured names say nothing of it. */
+static void test_adapters(void **state)
+{
+    sched_pool_t *pool = test_pool(SCHED_POLICY_LEAST_LOAD, SCHED_POLICY_LEAST_LOAD);
+    static const char list[] =
+        "{\"object\":\"list\",\"data\":[{\"id\":\"base\",\"object\":\"model\",\"root\":\"/m\","
+        "\"parent\":null},{\"id\":\"sql-lora\",\"object\":\"model\",\"root\":\"/loras/sql\","
+        "\"parent\":\"base\"},{\"id\":\"odd\",\"parent\":7}]}";
+    static const char relisted[] =
+        "{\"object\":\"list\",\"data\":[{\"id\":\"base\"},{\"id\":\"sql-lora\"}]}";
+    static const char *const names[] = {"base", "sql-lora"};
+
+    (void)state;
+    test_add(pool, "x", 9000, SCHED_ROLE_BOTH, "", 1);
+    add_models(pool, "y", 9001, SCHED_ROLE_BOTH, names, 2);
+    assert_false(sched_pool_model_is_adapter(pool, "sql-lora")); /* nothing learnt yet */
+    sched_models_learn(pool, test_inst(pool, "x"), list, sizeof(list) - 1);
+    assert_true(sched_pool_model_is_adapter(pool, "sql-lora"));
+    assert_false(sched_pool_model_is_adapter(pool, "base"));
+    assert_false(sched_pool_model_is_adapter(pool, "odd")); /* a parent that names nothing */
+    assert_false(sched_pool_model_is_adapter(pool, "unknown"));
+    assert_false(sched_pool_model_is_adapter(pool, NULL));
+    assert_false(sched_pool_model_is_adapter(pool, ""));
+    /* the same names listed again without parents: no adapter any more */
+    sched_models_learn(pool, test_inst(pool, "x"), relisted, sizeof(relisted) - 1);
+    assert_false(sched_pool_model_is_adapter(pool, "sql-lora"));
+    sched_pool_destroy(pool);
+}
+
 /* The union lists a configured name once, with every usable instance serving it and their
  * roles; an instance that cannot take a booking is left out; fn can stop the walk. */
 static void test_union(void **state)
@@ -250,6 +281,7 @@ int main(void)
         cmocka_unit_test(test_every_policy_filters),
         cmocka_unit_test(test_round_robin_per_model),
         cmocka_unit_test(test_learnt_names),
+        cmocka_unit_test(test_adapters),
         cmocka_unit_test(test_union),
         cmocka_unit_test(test_desc_json),
         cmocka_unit_test(test_pick_usable_model),
