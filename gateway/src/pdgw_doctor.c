@@ -22,14 +22,6 @@
 #include "pdgw_util.h"
 #include "pdgw_server_int.h" /* pdgw_instance_view_from_sched */
 
-struct pdgw_doctor_report {
-    pthread_mutex_t mu;
-    pdgw_doctor_row_t *rows;
-    size_t n, cap;
-    size_t seq;
-    size_t instances;
-};
-
 static const char *const result_names[] = {"ok", "info", "warn", "error"};
 
 const char *pdgw_doctor_result_name(pdgw_doctor_result_t r)
@@ -105,6 +97,16 @@ void pdgw_doctor_report_free(pdgw_doctor_report_t *rep)
     pdgw_free(rep);
 }
 
+pdgw_doctor_report_t *doc_report_new(size_t instances)
+{
+    pdgw_doctor_report_t *rep = pdgw_calloc(1, sizeof(*rep));
+    if (rep == NULL)
+        return NULL;
+    pthread_mutex_init(&rep->mu, NULL);
+    rep->instances = instances;
+    return rep;
+}
+
 const pdgw_doctor_row_t *pdgw_doctor_rows(const pdgw_doctor_report_t *rep, size_t *n_out)
 {
     *n_out = rep->n;
@@ -123,6 +125,12 @@ static int row_cmp(const void *a, const void *b)
 {
     const pdgw_doctor_row_t *x = a, *y = b;
     return x->order < y->order ? -1 : x->order > y->order;
+}
+
+void doc_report_sort(pdgw_doctor_report_t *rep)
+{
+    if (rep->n > 1)
+        qsort(rep->rows, rep->n, sizeof(*rep->rows), row_cmp);
 }
 
 /* ---------------------------------------------------------------- targets */
@@ -206,15 +214,15 @@ static bool served_by(const doc_target_t *t, const char *model)
 }
 
 /* The top-level `models:` list: each name must be served somewhere. */
-static void check_fleet_models(doc_run_t *run, collect_t *c)
+void doc_check_fleet_models(doc_run_t *run, const doc_target_t *t, size_t n)
 {
     const pdgw_str_list_t *m = &run->opts->cfg->models;
     size_t i, j;
     for (i = 0; i < m->count; i++) {
         bool known = false, served = false;
-        for (j = 0; j < c->n; j++) {
-            known |= c->t[j].models_known;
-            served |= served_by(&c->t[j], m->items[i]);
+        for (j = 0; j < n; j++) {
+            known |= t[j].models_known;
+            served |= served_by(&t[j], m->items[i]);
         }
         if (known && !served)
             doc_row(run, NULL, "models", PDGW_DOCTOR_ERROR,
@@ -226,15 +234,15 @@ static void check_fleet_models(doc_run_t *run, collect_t *c)
 
 /* KV events of instances serving the same model should carry one block size: the index
  * hashes blocks of that size, and a PD pair moves KV in blocks. */
-static void check_block_sizes(doc_run_t *run, collect_t *c)
+void doc_check_block_sizes(doc_run_t *run, const doc_target_t *t, size_t n)
 {
     size_t i, j, k;
-    for (i = 0; i < c->n; i++) {
-        doc_target_t *a = &c->t[i];
+    for (i = 0; i < n; i++) {
+        const doc_target_t *a = &t[i];
         if (a->block_size <= 0)
             continue;
-        for (j = 0; j < c->n; j++) {
-            doc_target_t *b = &c->t[j];
+        for (j = 0; j < n; j++) {
+            const doc_target_t *b = &t[j];
             if (j == i || b->block_size <= 0 || b->block_size == a->block_size)
                 continue;
             for (k = 0; k < a->n_served; k++) {
@@ -267,10 +275,9 @@ pdgw_status_t pdgw_doctor_run(const pdgw_doctor_opts_t *opts_in, sched_pool_t *p
 
     if (opts.timeout_ms == 0)
         opts.timeout_ms = opts.cfg->check_engines_timeout_ms;
-    rep = pdgw_calloc(1, sizeof(*rep));
+    rep = doc_report_new(0);
     if (rep == NULL)
         return PDGW_ERR_NOMEM;
-    pthread_mutex_init(&rep->mu, NULL);
     run.opts = &opts;
     run.rep = rep;
     run.protocol = opts.cfg->protocol;
@@ -301,10 +308,10 @@ pdgw_status_t pdgw_doctor_run(const pdgw_doctor_opts_t *opts_in, sched_pool_t *p
     for (i = 0; i < started; i++)
         pthread_join(th[i], NULL);
 
-    check_fleet_models(&run, &c);
-    check_block_sizes(&run, &c);
+    doc_check_fleet_models(&run, c.t, c.n);
+    doc_check_block_sizes(&run, c.t, c.n);
     targets_free(&c);
-    qsort(rep->rows, rep->n, sizeof(*rep->rows), row_cmp);
+    doc_report_sort(rep);
     *out = rep;
     return PDGW_OK;
 }
@@ -428,7 +435,7 @@ int pdgw_doctor_main(const pdgw_config_t *cfg, sched_pool_t *pool, bool json, FI
         else
             doc_row(&run, NULL, "discovery", PDGW_DOCTOR_OK, NULL, "%zu instance(s) discovered",
                     discovered);
-        qsort(rep->rows, rep->n, sizeof(*rep->rows), row_cmp);
+        doc_report_sort(rep);
     }
     pdgw_doctor_print(rep, json, out);
     fflush(out);
@@ -481,6 +488,12 @@ static void *bg_main(void *arg)
         (void)wait_discovery(bg->pool, 2 * opts.timeout_ms);
     if (pdgw_doctor_run(&opts, bg->pool, &rep) != PDGW_OK) {
         pdgw_log_warn("doctor", "engine checks: out of memory");
+        return NULL;
+    }
+    if (stopped(&(doc_run_t){.opts = &opts})) {
+        /* cut short at shutdown: what was not probed to the end would read as findings */
+        pdgw_log_info("doctor", "engine checks stopped at shutdown");
+        pdgw_doctor_report_free(rep);
         return NULL;
     }
     rows = pdgw_doctor_rows(rep, &n);

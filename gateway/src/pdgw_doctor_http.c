@@ -2,16 +2,16 @@
  * pdgw_doctor_http.c - the doctor's HTTP probes of an engine: GET /health, GET /v1/models
  * against the names the config gives, GET /metrics for the load gauges the scheduler scrapes.
  *
- * The gauge names are those scheduler/src/sched_prom.c reads: vLLM's vllm:num_requests_running,
- * vllm:num_requests_waiting, vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc) and
- * SGLang's sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage. An engine
- * without them is balanced by pdgw's own in-flight counts only.
+ * The gauge names are the scheduler's own table (pdsched/engine_metrics.h): for each gauge
+ * its main name or an older fallback must be there. An engine without them is balanced by
+ * pdgw's own in-flight counts only.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <pdsched/engine_metrics.h>
 
 #include "pdgw_alloc.h"
 #include "pdgw_doctor_int.h"
@@ -126,13 +126,19 @@ static void probe_models(doc_run_t *run, doc_target_t *t)
 {
     long status = 0;
     char *body = get(run, t, "/v1/models", "models", PDGW_DOCTOR_ERROR, NULL, &status);
+    if (body == NULL)
+        return;
+    doc_models_verdict(run, t, status, body);
+    pdgw_free(body);
+}
+
+void doc_models_verdict(doc_run_t *run, doc_target_t *t, long status, const char *body)
+{
     json_t *root, *data, *e;
     char list[512] = "";
     size_t i, used = 0;
     bool bad = false;
 
-    if (body == NULL)
-        return;
     root = status == 200 ? json_loads(body, 0, NULL) : NULL;
     data = json_object_get(root, "data");
     if (!json_is_array(data)) {
@@ -141,7 +147,6 @@ static void probe_models(doc_run_t *run, doc_target_t *t)
                 "GET /v1/models)",
                 "GET /v1/models answered %ld without a model list", status);
         json_decref(root);
-        pdgw_free(body);
         return;
     }
     t->models_known = true;
@@ -178,21 +183,7 @@ static void probe_models(doc_run_t *run, doc_target_t *t)
                 t->n_served ? list : "(none)",
                 t->desc->n_models ? " (as configured)" : " (learnt; no `models:` configured)");
     json_decref(root);
-    pdgw_free(body);
 }
-
-/* One family of names pdgw scrapes (alternatives separated by '|'). */
-typedef struct gauge {
-    const char *what;
-    const char *vllm;
-    const char *sglang;
-} gauge_t;
-
-static const gauge_t gauges[] = {
-    {"running requests", "vllm:num_requests_running", "sglang:num_running_reqs"},
-    {"waiting requests", "vllm:num_requests_waiting", "sglang:num_queue_reqs"},
-    {"KV cache usage", "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc", "sglang:token_usage"},
-};
 
 /* Is a sample of <name> (exact) in the exposition text? */
 static bool has_sample(const char *text, const char *name, size_t nlen)
@@ -208,34 +199,39 @@ static bool has_sample(const char *text, const char *name, size_t nlen)
     return false;
 }
 
-static bool has_any(const char *text, const char *alts, char *underscored, size_t cap)
+/* Has <text> a name of <gauge> of <engine> that the scrape reads (main or fallback)? The
+ * alternatives are listed in <alts>; a name found with ':' turned into '_' (some exporters
+ * relabel) in <underscored>. */
+static bool has_gauge(const char *text, sched_engine_kind_t engine, sched_engine_gauge_t gauge,
+                      char *alts, size_t alts_cap, char *underscored, size_t cap)
 {
-    const char *p = alts;
-    while (*p != '\0') {
-        const char *bar = strchr(p, '|');
-        size_t n = bar != NULL ? (size_t)(bar - p) : strlen(p);
+    size_t n, i, used = 0;
+    const sched_engine_metric_t *m = sched_engine_metric_names(&n);
+    bool found = false;
+    alts[0] = '\0';
+    for (i = 0; i < n; i++) {
         char u[128];
-        size_t i;
-        if (has_sample(text, p, n))
-            return true;
-        /* some exporters turn ':' into '_' */
-        snprintf(u, sizeof(u), "%.*s", (int)n, p);
-        for (i = 0; u[i] != '\0'; i++)
-            u[i] = u[i] == ':' ? '_' : u[i];
-        if (underscored != NULL && underscored[0] == '\0' && has_sample(text, u, strlen(u)))
+        size_t j;
+        int w;
+        if (m[i].engine != engine || m[i].gauge != gauge || m[i].use == SCHED_METRIC_ADDS)
+            continue;
+        w = snprintf(alts + used, alts_cap - used, "%s%s", used ? "|" : "", m[i].name);
+        used += w > 0 && (size_t)w < alts_cap - used ? (size_t)w : 0;
+        if (has_sample(text, m[i].name, strlen(m[i].name)))
+            found = true;
+        snprintf(u, sizeof(u), "%s", m[i].name);
+        for (j = 0; u[j] != '\0'; j++)
+            u[j] = u[j] == ':' ? '_' : u[j];
+        if (!found && underscored[0] == '\0' && has_sample(text, u, strlen(u)))
             snprintf(underscored, cap, "%s", u);
-        p += n + (bar != NULL);
     }
-    return false;
+    return found;
 }
 
 static void probe_metrics(doc_run_t *run, doc_target_t *t)
 {
     long status = 0;
     char *body;
-    bool sglang;
-    char missing[512] = "", underscored[128] = "";
-    size_t i, used = 0, n_missing = 0;
 
     if (run->opts->cfg->metrics_scrape_interval_ms == 0) {
         doc_row(run, t, "metrics", PDGW_DOCTOR_INFO, NULL,
@@ -248,36 +244,43 @@ static void probe_metrics(doc_run_t *run, doc_target_t *t)
                &status);
     if (body == NULL)
         return;
-    if (status != 200) {
+    if (status != 200)
         doc_row(run, t, "metrics", PDGW_DOCTOR_WARN,
                 "start SGLang with --enable-metrics; vLLM serves /metrics by default",
                 "GET /metrics answered %ld: load is pdgw's own count only", status);
-        pdgw_free(body);
-        return;
-    }
-    sglang = strstr(body, "sglang:") != NULL;
-    for (i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
-        const char *alts = sglang ? gauges[i].sglang : gauges[i].vllm;
-        if (!has_any(body, alts, underscored, sizeof(underscored))) {
+    else
+        doc_metrics_verdict(run, t, body);
+    pdgw_free(body);
+}
+
+void doc_metrics_verdict(doc_run_t *run, doc_target_t *t, const char *body)
+{
+    sched_engine_kind_t kind =
+        strstr(body, "sglang:") != NULL ? SCHED_ENGINE_SGLANG : SCHED_ENGINE_VLLM;
+    char missing[512] = "", underscored[128] = "", alts[256];
+    size_t used = 0, n_missing = 0;
+    int g;
+
+    for (g = 0; g < SCHED_GAUGE_COUNT_; g++) {
+        if (!has_gauge(body, kind, (sched_engine_gauge_t)g, alts, sizeof(alts), underscored,
+                       sizeof(underscored))) {
             int n = snprintf(missing + used, sizeof(missing) - used, "%s%s (%s)", used ? ", " : "",
-                             gauges[i].what, alts);
+                             sched_engine_gauge_name((sched_engine_gauge_t)g), alts);
             used += n > 0 && (size_t)n < sizeof(missing) - used ? (size_t)n : 0;
             n_missing++;
         }
     }
     if (n_missing == 0)
         doc_row(run, t, "metrics", PDGW_DOCTOR_OK, NULL, "%s load gauges present",
-                sglang ? "SGLang" : "vLLM");
+                sched_engine_kind_name(kind));
     else
         doc_row(run, t, "metrics",
-                n_missing == sizeof(gauges) / sizeof(gauges[0]) ? PDGW_DOCTOR_ERROR
-                                                                : PDGW_DOCTOR_WARN,
+                n_missing == SCHED_GAUGE_COUNT_ ? PDGW_DOCTOR_ERROR : PDGW_DOCTOR_WARN,
                 underscored[0] ? "export the names with ':' as vLLM/SGLang do (a relabelling "
                                  "exporter in between renames them)"
                                : "run a vLLM or SGLang version that exports these gauges",
                 "missing %s%s%s: load is pdgw's own count for those", missing,
                 underscored[0] ? "; found " : "", underscored);
-    pdgw_free(body);
 }
 
 void doc_probe_http(doc_run_t *run, doc_target_t *t)

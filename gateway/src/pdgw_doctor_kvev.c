@@ -7,115 +7,66 @@
  * other address it *connects*. pdgw's subscriber connects as well, so an engine started with
  * `endpoint: tcp://<its own host>:PORT` leaves nobody listening: pdgw waits forever and the
  * precise-prefix policy routes blind. Nothing listening on the port is therefore the first
- * thing looked at. The wire: each message is [topic, 8-byte big-endian seq, msgpack batch];
- * the batch a map {ts, events, data_parallel_rank} (array [ts, events, dp_rank] in older
- * vLLM), a BlockStored event carries block_size. A replay ROUTER answers
+ * thing looked at. Each message is read by the scheduler's own reading of it
+ * (sched_kvev_summarize, pdsched/kvev.h: the subscriber's framing and decoder), so what the
+ * doctor calls undecodable the precise-prefix index drops too. A replay ROUTER answers
  * [empty, start seq] with the buffered batches then seq -1: an idle engine still answers it.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include <msgpack.h>
 #include <zmq.h>
 
 #include "pdgw_doctor_int.h"
 #include "pdgw_util.h"
 
 #define DEFAULT_MAX_MSG (16u << 20)
+#define MAX_PARTS       5 /* one more than a message may have: more is refused */
 
-typedef struct kv_seen {
-    uint64_t live, replayed, undecodable;
-    bool replay_end;
-    int block_size;
-    bool mixed;
-    uint64_t dp_mask; /* ranks 0..63 seen */
-    bool dp_big;      /* a rank >= 64 */
-} kv_seen_t;
-
-static bool str_is(const msgpack_object *o, const char *s)
+void doc_kvev_seen_add(doc_kv_seen_t *s, sched_kvev_source_t from, sched_status_t st,
+                       const sched_kvev_summary_t *sum)
 {
-    size_t n = strlen(s);
-    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
-           memcmp(o->via.str.ptr, s, n) == 0;
-}
-
-static const msgpack_object *map_get(const msgpack_object *m, const char *key)
-{
-    uint32_t i;
-    if (m->type != MSGPACK_OBJECT_MAP)
-        return NULL;
-    for (i = 0; i < m->via.map.size; i++) {
-        if (str_is(&m->via.map.ptr[i].key, key))
-            return &m->via.map.ptr[i].val;
-    }
-    return NULL;
-}
-
-static void saw_block_size(kv_seen_t *s, const msgpack_object *o)
-{
-    int bs;
-    if (o == NULL || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > 1u << 20)
+    size_t i, kept;
+    if (st == SCHED_OK && sum->replay_end) {
+        s->replay_end = true;
         return;
-    bs = (int)o->via.u64;
-    if (s->block_size != 0 && s->block_size != bs)
+    }
+    if (from == SCHED_KVEV_FROM_PUB)
+        s->live++;
+    else
+        s->replayed++;
+    if (st != SCHED_OK) {
+        s->undecodable++;
+        snprintf(s->last_error, sizeof(s->last_error), "%s", sum->error);
+        return;
+    }
+    if (sum->dp_rank < 0)
+        s->dp_mask |= 1; /* no rank (older vLLM): rank 0 */
+    else if (sum->dp_rank < 64)
+        s->dp_mask |= (uint64_t)1 << sum->dp_rank;
+    else
+        s->dp_big = true;
+    kept = sum->n_block_sizes < SCHED_KVEV_SUMMARY_SIZES ? sum->n_block_sizes
+                                                         : SCHED_KVEV_SUMMARY_SIZES;
+    if (sum->n_block_sizes > 1)
         s->mixed = true;
-    s->block_size = bs;
+    for (i = 0; i < kept; i++) {
+        int bs = (int)sum->block_sizes[i];
+        if (s->block_size != 0 && s->block_size != bs)
+            s->mixed = true;
+        s->block_size = bs;
+    }
 }
 
-/* One batch: its DP rank and the block size of its BlockStored events. */
-static void decode_batch(kv_seen_t *s, const char *data, size_t len)
-{
-    msgpack_unpacked u;
-    const msgpack_object *b, *events = NULL, *dp = NULL;
-    uint32_t i;
-
-    msgpack_unpacked_init(&u);
-    if (msgpack_unpack_next(&u, data, len, NULL) != MSGPACK_UNPACK_SUCCESS) {
-        s->undecodable++;
-        msgpack_unpacked_destroy(&u);
-        return;
-    }
-    b = &u.data;
-    if (b->type == MSGPACK_OBJECT_ARRAY && b->via.array.size >= 2) {
-        events = &b->via.array.ptr[1];
-        dp = b->via.array.size >= 3 ? &b->via.array.ptr[2] : NULL;
-    } else if (b->type == MSGPACK_OBJECT_MAP) {
-        events = map_get(b, "events");
-        dp = map_get(b, "data_parallel_rank");
-    }
-    if (events == NULL || events->type != MSGPACK_OBJECT_ARRAY) {
-        s->undecodable++;
-        msgpack_unpacked_destroy(&u);
-        return;
-    }
-    if (dp != NULL && dp->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        if (dp->via.u64 < 64)
-            s->dp_mask |= (uint64_t)1 << dp->via.u64;
-        else
-            s->dp_big = true;
-    } else {
-        s->dp_mask |= 1; /* no rank: rank 0 */
-    }
-    for (i = 0; i < events->via.array.size; i++) {
-        const msgpack_object *e = &events->via.array.ptr[i];
-        if (e->type == MSGPACK_OBJECT_ARRAY && e->via.array.size >= 5 &&
-            str_is(&e->via.array.ptr[0], "BlockStored"))
-            saw_block_size(s, &e->via.array.ptr[4]); /* tag, hashes, parent, tokens, size */
-        else if (e->type == MSGPACK_OBJECT_MAP && map_get(e, "type") != NULL &&
-                 str_is(map_get(e, "type"), "BlockStored"))
-            saw_block_size(s, map_get(e, "block_size"));
-    }
-    msgpack_unpacked_destroy(&u);
-}
-
-/* Read one multipart message of <sock> into <parts> (up to 4 kept: the last ones). */
-static int recv_parts(void *sock, zmq_msg_t *parts, int max)
+/* Read one multipart message of <sock> into <parts>: how many frames it had (at most
+ * MAX_PARTS kept; more are counted as MAX_PARTS, which no message has). */
+static int recv_parts(void *sock, zmq_msg_t *parts)
 {
     int n = 0, more = 1;
     size_t ml = sizeof(more);
     zmq_msg_t tmp;
     while (more) {
-        zmq_msg_t *m = n < max ? &parts[n] : &tmp;
+        zmq_msg_t *m = n < MAX_PARTS ? &parts[n] : &tmp;
         zmq_msg_init(m);
         if (zmq_msg_recv(m, sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
@@ -123,7 +74,7 @@ static int recv_parts(void *sock, zmq_msg_t *parts, int max)
         }
         if (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml) != 0)
             more = 0;
-        if (n < max)
+        if (n < MAX_PARTS)
             n++;
         else
             zmq_msg_close(m);
@@ -131,39 +82,22 @@ static int recv_parts(void *sock, zmq_msg_t *parts, int max)
     return n;
 }
 
-static void close_parts(zmq_msg_t *parts, int n)
+/* One message of <sock> read through the scheduler's own summary of it. */
+static void on_message(void *sock, sched_kvev_source_t from, doc_kv_seen_t *s)
 {
-    int i;
+    zmq_msg_t p[MAX_PARTS];
+    sched_kvev_frame_t f[MAX_PARTS];
+    sched_kvev_summary_t sum;
+    sched_status_t st;
+    int n = recv_parts(sock, p), i;
+    if (n == 0)
+        return;
     for (i = 0; i < n; i++)
-        zmq_msg_close(&parts[i]);
-}
-
-static void on_live(void *sub, kv_seen_t *s)
-{
-    zmq_msg_t p[4];
-    int n = recv_parts(sub, p, 4);
-    if (n >= 2) {
-        s->live++;
-        decode_batch(s, zmq_msg_data(&p[n - 1]), zmq_msg_size(&p[n - 1]));
-    }
-    close_parts(p, n);
-}
-
-static void on_replay(void *dealer, kv_seen_t *s)
-{
-    static const unsigned char end_seq[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
-    zmq_msg_t p[4];
-    int n = recv_parts(dealer, p, 4);
-    if (n >= 3) {
-        zmq_msg_t *seq = &p[n - 2];
-        if (zmq_msg_size(seq) == 8 && memcmp(zmq_msg_data(seq), end_seq, 8) == 0)
-            s->replay_end = true;
-        else {
-            s->replayed++;
-            decode_batch(s, zmq_msg_data(&p[n - 1]), zmq_msg_size(&p[n - 1]));
-        }
-    }
-    close_parts(p, n);
+        f[i] = (sched_kvev_frame_t){zmq_msg_data(&p[i]), zmq_msg_size(&p[i])};
+    st = sched_kvev_summarize(from, f, (size_t)n, &sum);
+    doc_kvev_seen_add(s, from, st, &sum);
+    for (i = 0; i < n; i++)
+        zmq_msg_close(&p[i]);
 }
 
 static void *open_sock(void *ctx, int type, const char *ep, int64_t maxmsg)
@@ -183,8 +117,8 @@ static void *open_sock(void *ctx, int type, const char *ep, int64_t maxmsg)
     return s;
 }
 
-/* Listen for <wait_ms> (or until the stop fd is readable). */
-static void listen_events(doc_run_t *run, const doc_target_t *t, kv_seen_t *s)
+/* Listen for <wait_ms>, or until the stop fd is readable: false then (nothing to judge by). */
+static bool listen_events(doc_run_t *run, const doc_target_t *t, doc_kv_seen_t *s)
 {
     const char *ep = t->desc->kv_events_endpoint;
     const char *rp = t->desc->kv_events_replay_endpoint;
@@ -193,8 +127,10 @@ static void listen_events(doc_run_t *run, const doc_target_t *t, kv_seen_t *s)
     uint64_t end = pdgw_time_mono_ms() + run->opts->events_wait_ms;
     void *ctx = zmq_ctx_new(), *sub = NULL, *dealer = NULL;
 
+    bool stopped = false;
+
     if (ctx == NULL)
-        return;
+        return true;
     sub = open_sock(ctx, ZMQ_SUB, ep, maxmsg);
     if (rp != NULL && rp[0] != '\0') {
         dealer = open_sock(ctx, ZMQ_DEALER, rp, maxmsg);
@@ -218,12 +154,14 @@ static void listen_events(doc_run_t *run, const doc_target_t *t, kv_seen_t *s)
             n_items = 3;
         if (zmq_poll(items, n_items, (long)(end - now)) < 0)
             break;
-        if (n_items == 3 && (items[2].revents & ZMQ_POLLIN))
+        if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) {
+            stopped = true;
             break;
+        }
         if (items[0].revents & ZMQ_POLLIN)
-            on_live(sub, s);
+            on_message(sub, SCHED_KVEV_FROM_PUB, s);
         if (dealer != NULL && (items[1].revents & ZMQ_POLLIN))
-            on_replay(dealer, s);
+            on_message(dealer, SCHED_KVEV_FROM_REPLAY, s);
         /* enough seen: a replay answered and a live batch came */
         if (s->live > 0 && (dealer == NULL || s->replay_end))
             break;
@@ -233,9 +171,10 @@ static void listen_events(doc_run_t *run, const doc_target_t *t, kv_seen_t *s)
     if (dealer != NULL)
         zmq_close(dealer);
     zmq_ctx_term(ctx);
+    return !stopped;
 }
 
-static void ranks_text(const kv_seen_t *s, char *out, size_t cap)
+static void ranks_text(const doc_kv_seen_t *s, char *out, size_t cap)
 {
     size_t used = 0;
     int r;
@@ -258,22 +197,74 @@ static const char *const CONNECT_FIX =
     "to, and pdgw connects too, so nobody listens); check the port and that "
     "enable_kv_cache_events is true";
 
-/* tcp://host:port: host and port; false for other transports. */
-static bool tcp_parts(const char *ep, char *host, size_t cap, int *port)
+doc_kv_endpoint_t doc_kvev_endpoint(const char *ep, char *host, size_t cap, int *port)
 {
     const char *h, *colon;
+    char *stop;
+    long p;
     if (strncmp(ep, "tcp://", 6) != 0)
-        return false;
+        return DOC_KV_EP_OTHER;
     h = ep + 6;
     colon = strrchr(h, ':');
     if (colon == NULL || colon == h)
-        return false;
+        return DOC_KV_EP_OTHER;
     if (h[0] == '[' && colon[-1] == ']')
         snprintf(host, cap, "%.*s", (int)(colon - h - 2), h + 1);
     else
         snprintf(host, cap, "%.*s", (int)(colon - h), h);
-    *port = atoi(colon + 1);
-    return *port > 0;
+    p = strtol(colon + 1, &stop, 10);
+    if (*stop != '\0' || p <= 0 || p > 65535)
+        return DOC_KV_EP_OTHER;
+    *port = (int)p;
+    /* the wildcards an engine binds (host "*", 0.0.0.0, [::]); pdgw cannot connect to them */
+    if (strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0)
+        return DOC_KV_EP_BIND;
+    return DOC_KV_EP_TCP;
+}
+void doc_kvev_verdict(doc_run_t *run, doc_target_t *t, const char *ep, const doc_kv_seen_t *s)
+{
+    char ranks[256];
+    ranks_text(s, ranks, sizeof(ranks));
+    t->block_size = s->block_size;
+    t->mixed_block_sizes = s->mixed;
+    if (s->live + s->replayed == 0 && !s->replay_end)
+        doc_row(run, t, "kv-events", PDGW_DOCTOR_WARN,
+                "fine if the engine served nothing meanwhile; otherwise check "
+                "enable_kv_cache_events and that the endpoint is the engine's PUB port, not "
+                "its replay port (set kv_events_replay_endpoint to check an idle engine)",
+                "connected to %s, no event within %llu ms", ep,
+                (unsigned long long)run->opts->events_wait_ms);
+    else if (s->live + s->replayed == 0)
+        doc_row(run, t, "kv-events", PDGW_DOCTOR_OK, NULL,
+                "publisher up (its replay ROUTER answered, nothing buffered), no event within "
+                "%llu ms: idle engine",
+                (unsigned long long)run->opts->events_wait_ms);
+    else {
+        char bsz[48], bad[224] = "";
+        if (s->block_size > 0)
+            snprintf(bsz, sizeof(bsz), ", block size %d", s->block_size);
+        else
+            snprintf(bsz, sizeof(bsz), ", no BlockStored yet");
+        if (s->undecodable)
+            snprintf(bad, sizeof(bad), "; %llu undecodable (%s)",
+                     (unsigned long long)s->undecodable, s->last_error);
+        doc_row(run, t, "kv-events", s->undecodable ? PDGW_DOCTOR_WARN : PDGW_DOCTOR_OK,
+                s->undecodable ? "run a vLLM whose events pdgw decodes (msgpack EventBatch)" : NULL,
+                "%llu live + %llu replayed batch(es)%s; DP rank(s) %s%s",
+                (unsigned long long)s->live, (unsigned long long)s->replayed, bsz,
+                ranks[0] ? ranks : "-", bad);
+    }
+    if (s->block_size > 0)
+        doc_row(run, t, "kv-events block size", s->mixed ? PDGW_DOCTOR_WARN : PDGW_DOCTOR_INFO,
+                s->mixed ? "one block size per engine: check the engine's --block-size" : NULL,
+                "%s %d", s->mixed ? "several block sizes, the last" : "block size", s->block_size);
+    if (t->view.dp_size > 1 && s->dp_mask != 0 && t->view.dp_rank >= 0 && t->view.dp_rank < 64 &&
+        !(s->dp_mask & ((uint64_t)1 << t->view.dp_rank)))
+        doc_row(run, t, "kv-events DP rank", PDGW_DOCTOR_WARN,
+                "vLLM publishes DP rank r on the endpoint's port + r: point kv_events_endpoint "
+                "at the port of this instance's rank",
+                "the instance is DP rank %d, the events on %s carry rank(s) %s", t->view.dp_rank,
+                ep, ranks);
 }
 
 void doc_probe_kvev(doc_run_t *run, doc_target_t *t)
@@ -282,8 +273,8 @@ void doc_probe_kvev(doc_run_t *run, doc_target_t *t)
     const pdgw_config_t *cfg = run->opts->cfg;
     bool precise = cfg->prefill_policy == PDGW_POLICY_PRECISE_PREFIX ||
                    cfg->decode_policy == PDGW_POLICY_PRECISE_PREFIX;
-    kv_seen_t s = {0};
-    char host[256], err[512], ranks[256];
+    doc_kv_seen_t s = {0};
+    char host[256], err[512];
     int port = 0;
 
     if (ep == NULL || ep[0] == '\0') {
@@ -295,61 +286,27 @@ void doc_probe_kvev(doc_run_t *run, doc_target_t *t)
                     "scored by load only");
         return;
     }
-    if (tcp_parts(ep, host, sizeof(host), &port)) {
-        if (strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) {
-            doc_row(run, t, "kv-events", PDGW_DOCTOR_ERROR,
-                    "kv_events_endpoint is where pdgw connects: name the engine's host "
-                    "(tcp://ENGINE_HOST:PORT); the wildcard belongs in the engine's config",
-                    "kv_events_endpoint %s is a bind address", ep);
-            return;
-        }
+    switch (doc_kvev_endpoint(ep, host, sizeof(host), &port)) {
+    case DOC_KV_EP_BIND:
+        doc_row(run, t, "kv-events", PDGW_DOCTOR_ERROR,
+                "kv_events_endpoint is where pdgw connects: name the engine's host "
+                "(tcp://ENGINE_HOST:PORT); the wildcard belongs in the engine's config",
+                "kv_events_endpoint %s is a bind address", ep);
+        return;
+    case DOC_KV_EP_TCP:
         if (doc_tcp_probe(host, port, run->opts->timeout_ms, err, sizeof(err)) != 0) {
             doc_row(run, t, "kv-events", PDGW_DOCTOR_ERROR, CONNECT_FIX,
                     "nothing listens on %s (%s): no KV event can arrive", ep, err);
             return;
         }
+        break;
+    case DOC_KV_EP_OTHER:
+        break;
     }
     if (run->opts->events_wait_ms == 0) {
         doc_row(run, t, "kv-events", PDGW_DOCTOR_OK, NULL, "%s accepts connections", ep);
         return;
     }
-    listen_events(run, t, &s);
-    ranks_text(&s, ranks, sizeof(ranks));
-    t->block_size = s.block_size;
-    t->mixed_block_sizes = s.mixed;
-    if (s.live + s.replayed == 0 && !s.replay_end)
-        doc_row(run, t, "kv-events", PDGW_DOCTOR_WARN,
-                "fine if the engine served nothing meanwhile; otherwise check "
-                "enable_kv_cache_events and that the endpoint is the engine's PUB port, not "
-                "its replay port (set kv_events_replay_endpoint to check an idle engine)",
-                "connected to %s, no event within %llu ms", ep,
-                (unsigned long long)run->opts->events_wait_ms);
-    else if (s.live + s.replayed == 0)
-        doc_row(run, t, "kv-events", PDGW_DOCTOR_OK, NULL,
-                "publisher up (its replay ROUTER answered, nothing buffered), no event within "
-                "%llu ms: idle engine",
-                (unsigned long long)run->opts->events_wait_ms);
-    else {
-        char bsz[48];
-        if (s.block_size > 0)
-            snprintf(bsz, sizeof(bsz), ", block size %d", s.block_size);
-        else
-            snprintf(bsz, sizeof(bsz), ", no BlockStored yet");
-        doc_row(run, t, "kv-events", s.undecodable ? PDGW_DOCTOR_WARN : PDGW_DOCTOR_OK,
-                s.undecodable ? "run a vLLM whose events pdgw decodes (msgpack EventBatch)" : NULL,
-                "%llu live + %llu replayed batch(es)%s; DP rank(s) %s%s",
-                (unsigned long long)s.live, (unsigned long long)s.replayed, bsz,
-                ranks[0] ? ranks : "-", s.undecodable ? "; some batches undecodable" : "");
-    }
-    if (s.block_size > 0)
-        doc_row(run, t, "kv-events block size", s.mixed ? PDGW_DOCTOR_WARN : PDGW_DOCTOR_INFO,
-                s.mixed ? "one block size per engine: check the engine's --block-size" : NULL,
-                "%sblock size %d", s.mixed ? "several block sizes, last " : "", s.block_size);
-    if (t->view.dp_size > 1 && s.dp_mask != 0 && t->view.dp_rank < 64 &&
-        !(s.dp_mask & ((uint64_t)1 << t->view.dp_rank)))
-        doc_row(run, t, "kv-events DP rank", PDGW_DOCTOR_WARN,
-                "vLLM publishes DP rank r on the endpoint's port + r: point kv_events_endpoint "
-                "at the port of this instance's rank",
-                "the instance is DP rank %d, the events on %s carry rank(s) %s", t->view.dp_rank,
-                ep, ranks);
+    if (listen_events(run, t, &s))
+        doc_kvev_verdict(run, t, ep, &s);
 }

@@ -7,13 +7,55 @@
  * collector.py). Counts are summed over their label sets (several models or
  * DP ranks behind one endpoint); the usage fraction takes the largest.
  * Malformed lines are skipped; nothing in the input can make it read
- * outside [text, text + len).
+ * outside [text, text + len). The names are one table (engine_names), which
+ * the engine doctor lists too (pdsched/engine_metrics.h).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <pdsched/engine_metrics.h>
+
 #include "sched_int.h"
+
+/* SGLang's PD queues of requests not yet running (a prefill's bootstrap queue waiting for its
+ * decode, a decode's pre-allocation and KV-transfer queues) add to its waiting count. Names
+ * from upstream python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector). */
+static const sched_engine_metric_t engine_names[] = {
+    {SCHED_ENGINE_VLLM, SCHED_GAUGE_RUNNING, SCHED_METRIC_MAIN, "vllm:num_requests_running"},
+    {SCHED_ENGINE_VLLM, SCHED_GAUGE_WAITING, SCHED_METRIC_MAIN, "vllm:num_requests_waiting"},
+    {SCHED_ENGINE_VLLM, SCHED_GAUGE_KV_USAGE, SCHED_METRIC_MAIN, "vllm:kv_cache_usage_perc"},
+    {SCHED_ENGINE_VLLM, SCHED_GAUGE_KV_USAGE, SCHED_METRIC_FALLBACK, "vllm:gpu_cache_usage_perc"},
+    {SCHED_ENGINE_SGLANG, SCHED_GAUGE_RUNNING, SCHED_METRIC_MAIN, "sglang:num_running_reqs"},
+    {SCHED_ENGINE_SGLANG, SCHED_GAUGE_WAITING, SCHED_METRIC_MAIN, "sglang:num_queue_reqs"},
+    {SCHED_ENGINE_SGLANG, SCHED_GAUGE_WAITING, SCHED_METRIC_ADDS,
+     "sglang:num_prefill_prealloc_queue_reqs"},
+    {SCHED_ENGINE_SGLANG, SCHED_GAUGE_WAITING, SCHED_METRIC_ADDS,
+     "sglang:num_decode_prealloc_queue_reqs"},
+    {SCHED_ENGINE_SGLANG, SCHED_GAUGE_WAITING, SCHED_METRIC_ADDS,
+     "sglang:num_decode_transfer_queue_reqs"},
+    {SCHED_ENGINE_SGLANG, SCHED_GAUGE_KV_USAGE, SCHED_METRIC_MAIN, "sglang:token_usage"},
+};
+
+#define N_ENGINE_NAMES (sizeof(engine_names) / sizeof(engine_names[0]))
+
+const sched_engine_metric_t *sched_engine_metric_names(size_t *n_out)
+{
+    *n_out = N_ENGINE_NAMES;
+    return engine_names;
+}
+
+const char *sched_engine_gauge_name(sched_engine_gauge_t g)
+{
+    static const char *const names[SCHED_GAUGE_COUNT_] = {"running requests", "waiting requests",
+                                                          "KV cache usage"};
+    return (unsigned)g < SCHED_GAUGE_COUNT_ ? names[g] : "?";
+}
+
+const char *sched_engine_kind_name(sched_engine_kind_t k)
+{
+    return k == SCHED_ENGINE_SGLANG ? "SGLang" : "vLLM";
+}
 
 static bool name_char(char c, bool first)
 {
@@ -75,14 +117,15 @@ static bool is(const char *name, size_t len, const char *want)
     return strlen(want) == len && memcmp(name, want, len) == 0;
 }
 
-/* SGLang's PD queues of requests not yet running: a prefill's bootstrap queue (waiting for
- * its decode), a decode's pre-allocation and KV-transfer queues. Names from upstream
- * python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector). */
-static bool sglang_pd_queue(const char *name, size_t len)
+/* The table's entry for <name>, or NULL. */
+static const sched_engine_metric_t *lookup(const char *name, size_t len)
 {
-    return is(name, len, "sglang:num_prefill_prealloc_queue_reqs") ||
-           is(name, len, "sglang:num_decode_prealloc_queue_reqs") ||
-           is(name, len, "sglang:num_decode_transfer_queue_reqs");
+    size_t i;
+    for (i = 0; i < N_ENGINE_NAMES; i++) {
+        if (is(name, len, engine_names[i].name))
+            return &engine_names[i];
+    }
+    return NULL;
 }
 
 sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metrics_t *out)
@@ -104,19 +147,19 @@ sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metri
         while (p < line_end && (*p == ' ' || *p == '\t'))
             p++;
         if (p < line_end && *p != '#' && parse_line(p, line_end, &name, &nlen, &v)) {
-            if (is(name, nlen, "vllm:num_requests_running") ||
-                is(name, nlen, "sglang:num_running_reqs")) {
+            const sched_engine_metric_t *m = lookup(name, nlen);
+            if (m == NULL) {
+                /* not one of ours */
+            } else if (m->gauge == SCHED_GAUGE_RUNNING) {
                 out->running += v;
                 out->have_running = true;
-            } else if (is(name, nlen, "vllm:num_requests_waiting") ||
-                       is(name, nlen, "sglang:num_queue_reqs") || sglang_pd_queue(name, nlen)) {
+            } else if (m->gauge == SCHED_GAUGE_WAITING) {
                 out->waiting += v;
                 out->have_waiting = true;
-            } else if (is(name, nlen, "vllm:kv_cache_usage_perc") ||
-                       is(name, nlen, "sglang:token_usage")) {
+            } else if (m->use == SCHED_METRIC_MAIN) {
                 out->kv_usage = out->have_kv_usage && out->kv_usage > v ? out->kv_usage : v;
                 out->have_kv_usage = true;
-            } else if (is(name, nlen, "vllm:gpu_cache_usage_perc")) {
+            } else {
                 gpu_usage = have_gpu && gpu_usage > v ? gpu_usage : v;
                 have_gpu = true;
             }

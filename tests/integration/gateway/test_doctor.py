@@ -18,7 +18,8 @@ Upstream facts the doctor encodes, checked in upstream's source:
 Cases: a correct fleet passes (exit 0, KV events seen with their block size); the
 connect/connect KV-events mistake, a wrong model name, a dead Mooncake bootstrap port and a
 closed LMCache alloc port each give their line and exit 1; --json parses; --json alone is
-refused; the start-up run logs warnings, counts them in pdgw_engine_checks, and pdgw serves.
+refused; the start-up run logs warnings, counts them in pdgw_engine_checks, and pdgw serves;
+a start-up run still listening ends at SIGTERM. Every pdgw exits without a sanitizer report.
 """
 
 import json
@@ -78,7 +79,24 @@ def doctor(path, *flags):
     start = time.time()
     r = subprocess.run([T.binary("pdgw"), "--config", path, "--check-engines", *flags],
                        capture_output=True, text=True, timeout=60)
+    assert_clean(r.stderr)
     return r.returncode, r.stdout + r.stderr, time.time() - start
+
+
+def assert_clean(out):
+    """No sanitizer report (the sanitizer build runs this test too)."""
+    assert "Sanitizer" not in out and "runtime error:" not in out, out[-5000:]
+
+
+def stop(gw, bound_s=10):
+    """SIGTERM; pdgw exits 0 within <bound_s> without a sanitizer report; the seconds taken."""
+    start = time.time()
+    gw.signal(15)
+    rc = gw.wait(timeout=bound_s)
+    out = gw.output()
+    assert rc == 0, f"pdgw exited {rc}:\n{out[-3000:]}"
+    assert_clean(out)
+    return time.time() - start
 
 
 def rows(path):
@@ -277,6 +295,33 @@ def test_startup_run_warns_but_serves():
         errors = T.metric_value(body.decode(), "pdgw_engine_checks", {"result": "error"})
         assert errors is not None and errors >= 1, body.decode()[-2000:]
         complete(gw_port)  # the gateway serves regardless
+        stop(gw)
+    finally:
+        gw.kill()
+        s.kill()
+        os.unlink(path)
+
+
+def test_startup_run_stopped_at_shutdown():
+    """A start-up run still listening for KV events (a 60 s wait, an engine that publishes
+    nothing) ends at SIGTERM: pdgw exits promptly and cleanly, having logged no result."""
+    s, port, ev, _ = start_sim("quiet", lambda p, a, b: ["--role", "both"] + kv_events_args(
+        f"tcp://*:{a}"))
+    gw_port = T.free_port()
+    path = write_config([f'listen: "127.0.0.1:{gw_port}"', "workers: 1", "protocol: neutral",
+                         "check_engines_at_start: true", "check_engines_timeout: 1s",
+                         "check_engines_events_wait: 60s", "log_level: info", "instances:",
+                         "  - id: quiet", f"    url: http://127.0.0.1:{port}",
+                         f'    kv_events_endpoint: "tcp://127.0.0.1:{ev}"'])
+    gw = T.Proc("pdgw", [T.binary("pdgw"), "--config", path])
+    try:
+        T.wait_http(gw_port, "/ready", timeout=15, proc=gw)
+        _, _, body = T.request("GET", gw_port, "/metrics")
+        # not done yet: the gauge appears only when the run finished
+        assert "pdgw_engine_checks{" not in body.decode(), body.decode()[-2000:]
+        took = stop(gw)
+        assert took < 8, took
+        assert "engine checks done" not in gw.output(), gw.output()[-3000:]
     finally:
         gw.kill()
         s.kill()
@@ -286,4 +331,4 @@ def test_startup_run_warns_but_serves():
 if __name__ == "__main__":
     T.run([test_correct_fleet_passes, test_connect_connect_and_wrong_model,
            test_mooncake_bootstrap, test_lmcache_alloc_port, test_json_alone_refused,
-           test_startup_run_warns_but_serves])
+           test_startup_run_warns_but_serves, test_startup_run_stopped_at_shutdown])
