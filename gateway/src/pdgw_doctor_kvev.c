@@ -271,8 +271,11 @@ void doc_probe_kvev(doc_run_t *run, doc_target_t *t)
 {
     const char *ep = t->desc->kv_events_endpoint;
     const pdgw_config_t *cfg = run->opts->cfg;
-    bool precise = cfg->prefill_policy == PDGW_POLICY_PRECISE_PREFIX ||
-                   cfg->decode_policy == PDGW_POLICY_PRECISE_PREFIX;
+    /* Only the roles precise-prefix chooses need the instance's events. */
+    bool precise = (cfg->prefill_policy == PDGW_POLICY_PRECISE_PREFIX &&
+                    (t->desc->role & SCHED_ROLE_PREFILL) != 0) ||
+                   (cfg->decode_policy == PDGW_POLICY_PRECISE_PREFIX &&
+                    (t->desc->role & SCHED_ROLE_DECODE) != 0);
     doc_kv_seen_t s = {0};
     char host[256], err[512];
     int port = 0;

@@ -97,6 +97,7 @@ struct pdgw_wf {
     char decode_id[SCHED_ID_MAX];
     uint64_t t_first_token_ns;
     uint64_t t_last_token_ns;
+    uint32_t n_later_events; /* relayed data events after the first token's */
     uint64_t t_prefill_us;
     uint64_t t_decode_us;
     bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */

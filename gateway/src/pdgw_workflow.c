@@ -145,6 +145,32 @@ static void wf_sched_request(pdgw_wf_t *wf, sched_request_t *sr, const char **ex
     sr->n_exclude_ids = wf->n_failed;
 }
 
+/* What a successful leg took, for its instance's latency models (pdsched/predict.h): a
+ * prefill leg's whole time (its answer is the first token); a decode leg's time from its
+ * start to the first relayed token and the stream's later events (about one token each,
+ * vLLM's stream interval aside) with the time they took. A whole (non-stream) answer
+ * teaches the decode nothing: its time cannot be split into the two. */
+static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_t *res)
+{
+    const pdgw_leg_t *leg = &wf->legs[k];
+    uint64_t first_ms = wf->t_first_token_ns / 1000000u;
+
+    if (k == PDGW_LEG_PREFILL) {
+        if (leg->t_end_ms > leg->t_start_ms)
+            res->first_token_s = (double)(leg->t_end_ms - leg->t_start_ms) / 1e3;
+        return;
+    }
+    if (wf->t_first_token_ns == 0 || leg->t_start_ms == 0 || first_ms < leg->t_start_ms)
+        return;
+    res->first_token_s = (double)(first_ms - leg->t_start_ms) / 1e3;
+    if (first_ms == leg->t_start_ms)
+        res->first_token_s = 0.0005; /* within the loop's millisecond */
+    if (wf->n_later_events > 0 && wf->t_last_token_ns > wf->t_first_token_ns) {
+        res->later_tokens = wf->n_later_events;
+        res->later_tokens_s = (double)(wf->t_last_token_ns - wf->t_first_token_ns) / 1e9;
+    }
+}
+
 /* Finish one booked leg exactly once. */
 static void wf_finish_booking(pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_outcome_t outcome,
                               const pdgw_leg_t *leg)
@@ -160,6 +186,8 @@ static void wf_finish_booking(pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_outcome_t 
         res.retry_after_ms = leg->retry_after_ms;
         res.detail = leg->errmsg[0] ? leg->errmsg : NULL;
     }
+    if (outcome == SCHED_OUTCOME_SUCCESS)
+        wf_leg_timings(wf, k, &res);
     (void)sched_booking_finish(wf->booking, sl, &res);
 }
 
@@ -1171,6 +1199,7 @@ static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
             pdgw_gateway_metrics_observe_tpot(&wf->w->srv->proto_metrics,
                                               (double)(now_ns - wf->t_last_token_ns) / 1e9);
             wf->t_last_token_ns = now_ns;
+            wf->n_later_events++;
         }
     }
     if (ev->has_data && !ev->is_done)

@@ -139,6 +139,37 @@ static void instance_kv_events_json(json_t *o, sched_pool_t *pool, sched_instanc
     json_object_set_new(o, "kv_events", kv);
 }
 
+/* "latency": what its latency models predict now (a 1000-token prompt behind the prefill
+ * work booked on it; one more request of 1000 KV tokens running), p90 and mean, and how
+ * well they did so far. */
+static void instance_latency_json(json_t *o, const sched_instance_t *inst)
+{
+    sched_prediction_t t, d;
+    json_t *lat = json_object(), *ttft = json_object(), *tpot = json_object();
+
+    if (!lat || !ttft || !tpot) {
+        json_decref(lat);
+        json_decref(ttft);
+        json_decref(tpot);
+        return;
+    }
+    sched_instance_predict_ttft(inst, 1000, &t);
+    sched_instance_predict_tpot(inst, 1000, &d);
+    json_object_set_new(ttft, "seconds_1k_tokens", json_real(t.mean));
+    json_object_set_new(ttft, "p90_1k_tokens", json_real(t.upper));
+    json_object_set_new(ttft, "observed", json_integer((json_int_t)t.observed));
+    json_object_set_new(ttft, "error_ratio",
+                        t.observed > SCHED_PREDICT_SCORED_AFTER ? json_real(t.err) : json_null());
+    json_object_set_new(tpot, "seconds", json_real(d.mean));
+    json_object_set_new(tpot, "p90", json_real(d.upper));
+    json_object_set_new(tpot, "observed", json_integer((json_int_t)d.observed));
+    json_object_set_new(tpot, "error_ratio",
+                        d.observed > SCHED_PREDICT_SCORED_AFTER ? json_real(d.err) : json_null());
+    json_object_set_new(lat, "ttft", ttft);
+    json_object_set_new(lat, "tpot", tpot);
+    json_object_set_new(o, "latency", lat);
+}
+
 json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint64_t now)
 {
     const sched_instance_desc_t *d = &inst->desc;
@@ -189,6 +220,7 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "health", health);
     json_object_set_new(o, "breaker", breaker);
     instance_kv_events_json(o, pool, inst);
+    instance_latency_json(o, inst);
     return o;
 
 err_free:

@@ -87,6 +87,29 @@ static void emit_instances(pdb_prom_t *p, sched_instance_t **arr, size_t n)
                             sched_gate_drain(arr[i]) ? 1 : 0);
 }
 
+/* The latency models (sched_predict.c): per instance and phase, how many finished legs taught
+ * it and its mean relative error; an instance not observed yet has no error series. */
+static void emit_predictions(pdb_prom_t *p, sched_instance_t **arr, size_t n)
+{
+    static const char *const phase[2] = {"ttft", "tpot"};
+    pdb_prom_family(p, "pdgw_predict_observations_total", "counter",
+                    "Finished legs that taught an instance's latency model.");
+    pdb_prom_family(p, "pdgw_predict_error_ratio", "gauge",
+                    "Mean |actual - predicted| / actual of an instance's latency model (recent "
+                    "legs weigh more).");
+    for (size_t i = 0; i < n; i++) {
+        const sched_latency_model_t *m[2] = {&arr[i]->lat_prefill, &arr[i]->lat_tpot};
+        for (int k = 0; k < 2; k++) {
+            const char *const labels[] = {"instance", arr[i]->desc.id, "phase", phase[k], NULL};
+            uint64_t obs = atomic_load(&m[k]->observed);
+            pdb_prom_sample_u64(p, "pdgw_predict_observations_total", NULL, labels, obs);
+            if (obs > SCHED_PREDICT_SCORED_AFTER)
+                pdb_prom_sample(p, "pdgw_predict_error_ratio", NULL, labels,
+                                atomic_load(&m[k]->err));
+        }
+    }
+}
+
 static void emit_breakers(pdb_prom_t *p, sched_instance_t **arr, size_t n)
 {
     pdb_prom_family(p, "pdgw_breaker_state", "gauge",
@@ -224,6 +247,7 @@ char *sched_metrics_text(sched_pool_t *pool)
     emit_instances(&p, arr, n);
     emit_engine_load(&p, pool, arr, n);
     emit_breakers(&p, arr, n);
+    emit_predictions(&p, arr, n);
     if (pool->kvev_sub)
         emit_kv_silence(&p, pool, arr, n);
     sched_pool_release_collected(arr, n);

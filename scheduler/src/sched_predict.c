@@ -16,6 +16,7 @@
 /* Step of the running bias, and the bias that says the law changed. */
 #define BIAS_STEP  0.2
 #define BIAS_RESET 0.25
+#define ERR_WARMUP SCHED_PREDICT_SCORED_AFTER
 /* Step of the quantile tracker, in ln(actual / predicted). */
 #define QUANTILE_STEP 0.05
 /* A cold model's spread: ln(1.5), until observations say otherwise. */
@@ -242,8 +243,14 @@ void sched_latency_model_observe(sched_latency_model_t *m, const double *x, doub
      * settles where a share <quantile> of ln(actual / predicted) lies below it. */
     r = log(seconds / pred);
     m->q_log += QUANTILE_STEP * (m->quantile - (r <= m->q_log ? 1.0 : 0.0));
-    r = fabs(seconds - pred) / seconds;
-    m->rel_err = m->fit.n == 0 ? r : m->rel_err + MEAN_STEP * (r - m->rel_err);
+    /* The error of a warm model only: a cold one predicts from the priors, and counting
+     * that would say more about the priors than about the model for a long while. */
+    if (m->fit.n >= ERR_WARMUP) {
+        uint64_t k = m->fit.n - ERR_WARMUP; /* earlier scored predictions */
+        double step = k < (uint64_t)(1.0 / MEAN_STEP) ? 1.0 / (double)(k + 1) : MEAN_STEP;
+        r = fabs(seconds - pred) / seconds;
+        m->rel_err += step * (r - m->rel_err);
+    }
     sched_fit_observe(&m->fit, x, seconds);
     publish(m);
     pthread_mutex_unlock(&m->mu);

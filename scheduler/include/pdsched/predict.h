@@ -34,6 +34,9 @@ extern "C" {
 #endif
 
 #define SCHED_FIT_MAX_DIM 4
+/* Observations a model takes before its predictions are scored for its error (a cold
+ * model predicts from its priors). */
+#define SCHED_PREDICT_SCORED_AFTER 8
 
 /* A recursive-least-squares fit. Not thread-safe on its own (sched_latency_model_t is). */
 typedef struct sched_fit {
@@ -109,7 +112,7 @@ void sched_latency_model_observe(sched_latency_model_t *m, const double *x, doub
 typedef struct sched_prediction {
     double mean;  /* seconds; never below 0 */
     double upper; /* mean x spread: the tracked quantile */
-    double err;   /* the model's mean relative error so far (0 before any observation) */
+    double err;   /* the model's mean relative error (0 until SCHED_PREDICT_SCORED_AFTER) */
     uint64_t observed;
 } sched_prediction_t;
 

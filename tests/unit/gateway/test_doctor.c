@@ -54,6 +54,7 @@ static int setup(void **state)
         f->t[i].index = i;
         f->t[i].view.id = ids[i];
         f->t[i].desc = &f->desc[i];
+        f->desc[i].role = i == 0 ? SCHED_ROLE_PREFILL : SCHED_ROLE_DECODE;
     }
     *state = f;
     return 0;
@@ -192,6 +193,10 @@ static void test_endpoint_bind_address_and_missing(void **state)
     assert_non_null(strstr(r->fix, "ENGINE_HOST"));
 
     /* no endpoint: nothing to say, unless precise-prefix needs the events */
+    doc_probe_kvev(&f->run, &f->t[1]);
+    assert_null(row_of(f, "d0", "kv-events"));
+    /* precise-prefix for the prefill role only: a decode's events are not needed */
+    f->cfg.prefill_policy = PDGW_POLICY_PRECISE_PREFIX;
     doc_probe_kvev(&f->run, &f->t[1]);
     assert_null(row_of(f, "d0", "kv-events"));
     f->cfg.decode_policy = PDGW_POLICY_PRECISE_PREFIX;
