@@ -12,7 +12,7 @@ CTEST_ARGS ?=
 # machine one may miss a deadline. A test that fails twice in a row fails the run.
 CTEST_RETRY ?= --repeat until-pass:2
 
-.PHONY: all deps build build-pgo test test-sanitize test-tsan test-torture fuzz demo bench clean format
+.PHONY: all deps build build-pgo test test-sanitize test-tsan test-torture fuzz demo bench clean format docs
 
 all: build
 
@@ -109,6 +109,11 @@ demo: deps
 bench: DEPS_JOB = bench
 bench: deps build-pgo
 	BENCH_CMD="make bench" ./tests/bench/run_all.sh $(PGO_BUILD)/bin
+
+# gateway/CONFIG.md's reference tables, printed from the option table (gw_config_docs checks).
+docs: $(BUILD)/Makefile
+	cmake --build $(BUILD) --target pdgw-config-doc -j $(JOBS)
+	python3 gateway/tools/config_docs.py $(BUILD)/bin --write
 
 format:
 	find gateway forwarders kvtransfer scheduler tests -name '*.[ch]' -print0 | xargs -0 clang-format -i

@@ -95,17 +95,18 @@ pdgw_status_t pdgw_policy_parse(const char *s, pdgw_policy_t *out)
 /* clang-format off */
 static const pdgw_config_option_t options[] = {
     {"listen", "listen", "PDGW_LISTEN", PDGW_OPT_HOSTPORT, NULL, 1, 0, "127.0.0.1:8000",
-     "HOST:PORT", "Address and port the HTTP front end listens on (port 0: any free port, "
-     "named in the start-up log). Loopback by default: give 0.0.0.0:8000 (or [::]:8000) to "
-     "serve other hosts.", C(listen)},
+     "HOST:PORT", "Address and port the HTTP front end listens on. Loopback by default: say "
+     "`0.0.0.0:8000` (or `[::]:8000`) to serve other hosts, as the container and "
+     "Kubernetes configs in `deploy/` do.", C(listen)},
     {"tls_cert", "tls-cert", "PDGW_TLS_CERT", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
-     "PEM certificate (chain) of the front end; with tls_key, clients must speak HTTPS.",
+     "PEM certificate (chain) of the front end; with `tls_key`, clients must speak HTTPS. "
+     "See \"TLS\".",
      C(tls_cert)},
     {"tls_key", "tls-key", "PDGW_TLS_KEY", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
-     "PEM private key of tls_cert (unencrypted).", C(tls_key)},
+     "PEM private key of `tls_cert` (unencrypted).", C(tls_key)},
     {"tls_ca", "tls-ca", "PDGW_TLS_CA", PDGW_OPT_STRING, NULL, 0, 0, "", "PATH",
-     "PEM CA certificate(s): clients must present a certificate they signed (/health and "
-     "/ready excepted); \"\" = no client certificates.", C(tls_ca)},
+     "PEM CA certificate(s): clients must present a certificate they signed (`/health` "
+     "and `/ready` excepted); `\"\"` = no client certificates.", C(tls_ca)},
     {"workers", "workers", "PDGW_WORKERS", PDGW_OPT_INT, NULL, 0, 1024, "0", "N",
      "Worker threads, each with its own event loop; 0 = number of CPU cores.", C(workers)},
     {"protocol", "protocol", "PDGW_PROTOCOL", PDGW_OPT_STRING, NULL, 0, 0, "neutral", "NAME",
@@ -123,9 +124,10 @@ static const pdgw_config_option_t options[] = {
      "16MiB", "SIZE", "Largest accepted request body (bytes or 16MiB-style); larger gives "
      "413.", C(max_body_bytes)},
     {"max_buffered_body_bytes", "max-buffered-body-bytes", "PDGW_MAX_BUFFERED_BODY_BYTES",
-     PDGW_OPT_SIZE, NULL, 0, 0, "256MiB", "SIZE", "Request bodies held at once by all "
-     "requests of the gateway (declared lengths and bytes read); a request that would pass "
-     "it gets 503 with Retry-After before its body is read (0 = no budget).",
+     PDGW_OPT_SIZE, NULL, 0, 0, "256MiB", "SIZE", "Request bodies held at once by all requests "
+     "(declared lengths and bytes read); a "
+     "request that would pass it gets 503 with `Retry-After` before its body is read (0 = "
+     "no budget).",
      C(max_buffered_body_bytes)},
     {"client_buffer_size", "client-buffer-size", "PDGW_CLIENT_BUFFER_SIZE", PDGW_OPT_SIZE, NULL,
      2048, 0, "5KiB", "SIZE", "Memory of each client connection for its request: the request "
@@ -133,10 +135,12 @@ static const pdgw_config_option_t options[] = {
      "pieces. Every open connection holds it, streams included.", C(client_buffer_size)},
     {"request_timeout", "request-timeout", "PDGW_REQUEST_TIMEOUT", PDGW_OPT_DURATION, NULL,
      1, 0, "600s", "DURATION", "Deadline of a whole request; header X-Request-Timeout "
-     "(seconds) overrides it per request, up to max_request_timeout.", C(request_timeout_ms)},
+     "(seconds) overrides it per "
+     "request, up to `max_request_timeout`.", C(request_timeout_ms)},
     {"max_request_timeout", "max-request-timeout", "PDGW_MAX_REQUEST_TIMEOUT",
-     PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION", "Longest deadline a client may ask "
-     "for with X-Request-Timeout (0 = request_timeout: the header can only shorten it).",
+     PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION", "Longest deadline a client may ask for "
+     "with `X-Request-Timeout` (0 = "
+     "`request_timeout`: the header can only shorten it).",
      C(max_request_timeout_ms)},
     {"connect_timeout", "connect-timeout", "PDGW_CONNECT_TIMEOUT", PDGW_OPT_DURATION, NULL, 0,
      0, "3s", "DURATION", "Upstream connect timeout per leg (0 = only the request "
@@ -169,28 +173,37 @@ static const pdgw_config_option_t options[] = {
      C(retries)},
     /* Admission control, retry backoff and session affinity (pdgw_admit.c); reloadable. */
     {"max_concurrent_requests", "max-concurrent-requests", "PDGW_MAX_CONCURRENT_REQUESTS",
-     PDGW_OPT_INT, NULL, -1, 1000000, "0", "N", "Requests at the engines at once, over all "
-     "workers; the rest wait in the queue (0 or -1 = unlimited).", C(max_concurrent_requests)},
+     PDGW_OPT_INT, NULL, -1, 1000000, "0", "N", "Inference requests at the engines at once, "
+     "over all workers; the rest wait in the "
+     "queue (0 or -1 = unlimited). Name as SGLang's model gateway.", C(max_concurrent_requests)},
     {"queue_size", "queue-size", "PDGW_QUEUE_SIZE", PDGW_OPT_INT, NULL, 0, 1000000, "100", "N",
-     "Requests that may wait for admission; beyond it 429 queue_full (0 = none wait).",
+     "Requests that may wait for admission; beyond it 429 with code `queue_full` (0 = none "
+     "wait).",
      C(queue_size)},
     {"queue_timeout", "queue-timeout", "PDGW_QUEUE_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0, "60s",
-     "DURATION", "Longest wait for admission (never past the request deadline); then 429 "
-     "queue_timeout.", C(queue_timeout_ms)},
+     "DURATION", "Longest wait for admission (never past the request deadline); then 429 with code "
+     "`queue_timeout`.", C(queue_timeout_ms)},
     {"rate_limit", "rate-limit", "PDGW_RATE_LIMIT", PDGW_OPT_STRING, NULL, 0, 0, "", "RPS[:BURST]",
-     "Token bucket per API key: requests per second, burst (default RPS); \"\" = none.",
+     "Token bucket per API key: requests per second and burst (default RPS); over it 429 "
+     "with code `rate_limited`. \"\" = none.",
      C(rate_limit)},
     {"rate_limits", "rate-limit-key", "PDGW_RATE_LIMITS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
-     "KEY=RPS[:BURST]", "Rate limit of one API key, overriding rate_limit (repeatable).",
+     "KEY=RPS[:BURST]", "Per-API-key override of `rate_limit` (repeatable; keys masked by "
+     "`--print-config`).",
      C(rate_limits)},
     {"retry_backoff_base", "retry-backoff-base", "PDGW_RETRY_BACKOFF_BASE", PDGW_OPT_DURATION,
      NULL, 0, 0, "100ms", "DURATION", "First wait before retrying an engine's 429/503; doubles "
-     "per retry with jitter; an engine's Retry-After is honoured.", C(retry_backoff_base_ms)},
+     "per retry with jitter; the "
+     "engine's Retry-After is honoured when longer; never past the request "
+     "deadline.", C(retry_backoff_base_ms)},
     {"retry_backoff_max", "retry-backoff-max", "PDGW_RETRY_BACKOFF_MAX", PDGW_OPT_DURATION, NULL,
-     0, 0, "5s", "DURATION", "Cap of the exponential retry backoff.", C(retry_backoff_max_ms)},
+     0, 0, "5s", "DURATION", "Cap of the exponential backoff (not of an engine's "
+     "Retry-After).", C(retry_backoff_max_ms)},
     {"session_affinity", "session-affinity", "PDGW_SESSION_AFFINITY", PDGW_OPT_STRING, NULL, 0, 0,
      "", "header:NAME|user", "Sticky sessions: requests with the same header value (or body "
-     "`user`) go to the same instance while it is usable (\"\" = off).", C(session_affinity)},
+     "`user`) go to the "
+     "same instance of each role while it is usable (rendezvous hashing). \"\" = "
+     "off.", C(session_affinity)},
     {"client_header_timeout", "client-header-timeout", "PDGW_CLIENT_HEADER_TIMEOUT",
      PDGW_OPT_DURATION, NULL, 0, 0, "30s", "DURATION", "Time a client has to send complete "
      "request headers, from connect or the end of its previous request; the body then has "
@@ -221,13 +234,15 @@ static const pdgw_config_option_t options[] = {
      C(kv_events_max_blocks)},
     {"kv_events_max_message_bytes", "kv-events-max-message-bytes",
      "PDGW_KV_EVENTS_MAX_MESSAGE_BYTES", PDGW_OPT_SIZE, NULL, 65536, 1073741824, "16MiB", "SIZE",
-     "Largest KV-event message taken from an engine's publisher or replay socket; a larger one "
-     "drops that connection, which is opened again.",
+     "Largest KV-event message (precise-prefix) taken from an engine's publisher or "
+     "replay socket; a larger one drops that connection, which is opened again and "
+     "counted in `pdgw_kv_event_reconnects_total`.",
      C(kv_events_max_message_bytes)},
     {"kv_events_silence", "kv-events-silence", "PDGW_KV_EVENTS_SILENCE", PDGW_OPT_DURATION, NULL,
-     1, 3600000, "30s", "DURATION", "precise-prefix: an instance routed a request whose KV-event "
-     "publisher then sends nothing for this long is warned about once (gauge "
-     "pdgw_kv_event_silence_seconds, /admin/instances).", C(kv_events_silence_ms)},
+     1, 3600000, "30s", "DURATION", "precise-prefix: an instance routed a request whose "
+     "KV-event publisher then sends "
+     "nothing for this long is warned about once (gauge `pdgw_kv_event_silence_seconds`, "
+     "`/admin/instances`).", C(kv_events_silence_ms)},
     {"tokenize_timeout", "tokenize-timeout", "PDGW_TOKENIZE_TIMEOUT", PDGW_OPT_DURATION, NULL,
      0, 0, "250ms", "DURATION", "Longest wait for an engine's POST /tokenize of a text prompt "
      "(precise-prefix, selective PD) before the request is routed without tokens "
@@ -247,9 +262,10 @@ static const pdgw_config_option_t options[] = {
      "30s", "DURATION", "On SIGTERM, how long in-flight requests may finish.",
      C(drain_timeout_ms)},
     {"check_engines_at_start", "check-engines-at-start", "PDGW_CHECK_ENGINES_AT_START",
-     PDGW_OPT_BOOL, NULL, 0, 0, "false", NULL, "Run the probes of --check-engines once at "
-     "start-up, in the background; what they find is logged as warnings and counted in "
-     "pdgw_engine_checks (the gateway serves anyway).", C(check_engines_at_start)},
+     PDGW_OPT_BOOL, NULL, 0, 0, "false", NULL, "Run the probes of `--check-engines` once at "
+     "start-up, in the background; what they "
+     "find is logged as warnings and counted in `pdgw_engine_checks{result}` (the gateway "
+     "serves anyway).", C(check_engines_at_start)},
     {"check_engines_timeout", "check-engines-timeout", "PDGW_CHECK_ENGINES_TIMEOUT",
      PDGW_OPT_DURATION, NULL, 1, 0, "2s", "DURATION", "Timeout of each probe of the engine "
      "checks (HTTP request, TCP connect, ZeroMQ greeting).", C(check_engines_timeout_ms)},
@@ -263,15 +279,16 @@ static const pdgw_config_option_t options[] = {
     {"api_key_file", "api-key-file", "PDGW_API_KEY_FILE", PDGW_OPT_STRING, NULL, 0, 0, "",
      "PATH", "File of API keys, one per line ('#' comments).", C(api_key_file)},
     {"admin_api_key", "admin-api-key", "PDGW_ADMIN_API_KEY", PDGW_OPT_STRING, NULL, 0, 0, "",
-     "KEY", "Bearer key required for /admin/* writes (and accepted for reads); unset = admin "
-     "writes only from loopback clients.", C(admin_api_key)},
+     "KEY", "Bearer key required for `/admin/*` writes (and accepted for reads); unset = admin "
+     "writes only from loopback clients. See \"Admin API\".", C(admin_api_key)},
     {"admin_trust_loopback", "admin-trust-loopback", "PDGW_ADMIN_TRUST_LOOPBACK", PDGW_OPT_BOOL,
-     NULL, 0, 0, "true", NULL, "Without admin_api_key, accept admin writes from loopback "
-     "peers. Turn it off behind a proxy or sidecar on the same host (Istio's inbound traffic "
-     "comes from 127.0.0.6): every peer is then loopback.", C(admin_trust_loopback)},
+     NULL, 0, 0, "true", NULL, "Without `admin_api_key`, accept admin writes from loopback "
+     "peers. Turn it off "
+     "behind a proxy or sidecar on the same host. See \"Admin API\".", C(admin_trust_loopback)},
     {"metrics_need_key", "metrics-need-key", "PDGW_METRICS_NEED_KEY", PDGW_OPT_BOOL, NULL, 0,
-     0, "false", NULL, "/metrics needs an API key (or the admin key) when keys are "
-     "configured; by default it, /health and /ready need none.", C(metrics_need_key)},
+     0, "false", NULL, "`/metrics` needs an API key when keys are configured; by default it, "
+     "`/health` and "
+     "`/ready` need none.", C(metrics_need_key)},
     {"log_level", "log-level", "PDGW_LOG_LEVEL", PDGW_OPT_ENUM, level_names, 0, 0, "info",
      "LEVEL", "Log level.", C(log_level)},
     {"log_format", "log-format", "PDGW_LOG_FORMAT", PDGW_OPT_ENUM, format_names, 0, 0, "text",
@@ -375,9 +392,10 @@ static const pdgw_config_option_t options[] = {
      "error, exit 0/1.", 0},
     {NULL, "check-engines", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
      "Probe every configured and discovered instance (health, models, metrics, the "
-     "protocol's ports, KV events), print one table, exit 1 when a check fails.", 0},
+     "protocol's ports, KV events), print one table, exit 1 when a check fails. See "
+     "docs/operator-guide.md, \"Checking the engines\".", 0},
     {NULL, "json", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
-     "With --check-engines: print the result as one JSON object.", 0},
+     "With `--check-engines`: print the result as one JSON object (alone: an error).", 0},
     {NULL, "print-config", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
      "Print the effective configuration as YAML and exit.", 0},
     {NULL, "help", NULL, PDGW_OPT_ACTION, NULL, 0, 0, NULL, NULL,
@@ -417,14 +435,16 @@ static const pdgw_config_option_t instance_options[] = {
      "lmcache receiver init port per TP rank.", I(init_ports)},
     {"tp_size", NULL, NULL, PDGW_OPT_INT, NULL, 1, 1024, "1", "N", "Tensor-parallel size.",
      I(tp_size)},
-    {"dp_rank", NULL, NULL, PDGW_OPT_INT, NULL, 0, 65535, "0", "N", "Data-parallel rank.",
+    {"dp_rank", NULL, NULL, PDGW_OPT_INT, NULL, 0, 65535, "0", "N",
+     "Data-parallel rank, below dp_size.",
      I(dp_rank)},
     {"dp_size", NULL, NULL, PDGW_OPT_INT, NULL, 1, 65536, "1", "N", "Data-parallel size.",
      I(dp_size)},
     {"labels", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Free-form labels (zone, rack, ...).", I(labels)},
     {"max_concurrent", NULL, NULL, PDGW_OPT_INT, NULL, 0, 1000000, "0", "N",
-     "Capacity: requests (legs) this instance takes at once; 0 = unlimited.",
+     "Capacity: legs open on this instance at once; a full instance is skipped by every "
+     "policy (all full: 429). 0 = unlimited.",
      I(max_concurrent)},
     {"models", NULL, NULL, PDGW_OPT_LIST, NULL, 0, 0, NULL, "NAMES",
      "Model names the instance serves (at most 16); requests of other models never reach it. "
@@ -434,8 +454,8 @@ static const pdgw_config_option_t instance_options[] = {
      "pdgw_fwd_instance_attr() (a new protocol's fields need no new key here).",
      I(attrs)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
-     "KV engine of the instance: lmcache (upstream; only LMCache's own control messages) or "
-     "libkvt (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},
+     "KV engine of the instance: `lmcache` (upstream; only LMCache's own control messages) "
+     "or `libkvt` (pdgw extensions such as ReserveRequest allowed).", I(kv_engine)},
 };
 /* clang-format on */
 

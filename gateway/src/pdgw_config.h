@@ -364,6 +364,10 @@ pdgw_status_t pdgw_config_from_args(pdgw_config_t *cfg, int argc, char **argv, c
 
 /* `--help` text generated from the table. */
 void pdgw_config_print_help(FILE *out, const char *progname);
+/* One reference table of gateway/CONFIG.md, from the option table: <table> "keys" (top-level
+ * keys), "cli" (command-line only) or "instances" (fields of `instances:`) as Markdown.
+ * PDGW_ERR_INVALID for another name. */
+pdgw_status_t pdgw_config_print_doc(FILE *out, const char *table);
 /* Effective config as YAML (api keys masked). For --print-config and logs. */
 void pdgw_config_print(const pdgw_config_t *cfg, FILE *out);
 
