@@ -122,7 +122,7 @@ void sched_fit_observe(sched_fit_t *f, const double *x, double y)
 void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
                             uint64_t queued_tokens)
 {
-    double n = (double)uncached_tokens / 1000.0, q = (double)queued_tokens / 1000.0;
+    double n = (double)uncached_tokens * 1e-3, q = (double)queued_tokens * 1e-3;
     /* The work queued ahead costs what the instance's own tokens cost (one slope for both,
      * so an instance learnt slow is also predicted to drain its queue slowly); the last
      * feature learns how far the queue's cost differs from that (batching overlaps it). */
@@ -135,8 +135,8 @@ void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_token
 void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens)
 {
     x[0] = 1.0;
-    x[1] = (double)running / 16.0;
-    x[2] = (double)kv_tokens / 10000.0;
+    x[1] = (double)running * (1.0 / 16.0);
+    x[2] = (double)kv_tokens * 1e-4;
 }
 
 void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes)
@@ -254,30 +254,4 @@ void sched_latency_model_observe(sched_latency_model_t *m, const double *x, doub
     sched_fit_observe(&m->fit, x, seconds);
     publish(m);
     pthread_mutex_unlock(&m->mu);
-}
-
-void sched_latency_model_predict(const sched_latency_model_t *m, const double *x,
-                                 sched_prediction_t *out)
-{
-    double mean, spread, err;
-    uint64_t n;
-    uint32_t s0, s1;
-
-    do {
-        s0 = atomic_load_explicit(&m->seq, memory_order_acquire);
-        mean = 0.0;
-        for (unsigned i = 0; i < m->dim; i++)
-            mean += atomic_load_explicit(&m->coef[i], memory_order_relaxed) * x[i];
-        spread = atomic_load_explicit(&m->spread, memory_order_relaxed);
-        err = atomic_load_explicit(&m->err, memory_order_relaxed);
-        n = atomic_load_explicit(&m->observed, memory_order_relaxed);
-        atomic_thread_fence(memory_order_acquire);
-        s1 = atomic_load_explicit(&m->seq, memory_order_relaxed);
-    } while ((s0 & 1u) != 0 || s0 != s1);
-    if (!(mean > 0.0))
-        mean = 0.0;
-    out->mean = mean;
-    out->upper = mean * spread;
-    out->err = err;
-    out->observed = n;
 }

@@ -13,7 +13,9 @@
  *    of the role's open legs is passed over while another is not, so one fast instance
  *    does not become the hot spot that its own queue then makes slow;
  *  - ties go to the lower uid (deterministic: an idle cold fleet fills in uid order, and
- *    each booking's queued tokens then move the next one on).
+ *    each booking's queued tokens then move the next one on);
+ *  - at most SLO_WINDOW instances are evaluated per pick (a window at a random offset in a
+ *    larger role), so the cost stays flat with the fleet's size.
  */
 #include <string.h>
 
@@ -21,22 +23,32 @@
 
 /* Most open legs an instance holds, in shares of the role's mean (bounded-load choice). */
 #define SLO_LOAD_BOUND 1.5
+/* Instances evaluated per pick: beyond this many, a window of consecutive ones from a random
+ * offset (the arrays are in uid order, which says nothing of speed or load), so that a pick
+ * costs the same at 1,000 instances as at 64. */
+#define SLO_WINDOW 64
 
-/* The ceiling of open legs per instance for the allowed instances of <arr>. */
-static uint32_t load_bound(sched_instance_t *const *arr, size_t n, const sched_pick_ctx_t *ctx)
+/* The instances one pick looks at: arr[(start + i) % n] for i < len. */
+typedef struct slo_window {
+    sched_instance_t *const *arr;
+    size_t n, start, len;
+} slo_window_t;
+
+static inline sched_instance_t *at(const slo_window_t *w, size_t i)
+{
+    size_t k = w->start + i;
+    return w->arr[k < w->n ? k : k - w->n];
+}
+
+/* The ceiling of open legs per instance: SLO_LOAD_BOUND times the window's mean, this request
+ * counted (over all of its instances: one cheap pass over the hot counters). */
+static uint32_t load_bound(const slo_window_t *w)
 {
     uint64_t total = 1; /* this request */
-    size_t m = 0;
 
-    for (size_t i = 0; i < n; i++) {
-        if (!sched_pick_allowed(arr[i], ctx))
-            continue;
-        total += atomic_load_explicit(&arr[i]->inflight, memory_order_relaxed);
-        m++;
-    }
-    if (m == 0)
-        return 0;
-    return (uint32_t)((double)total / (double)m * SLO_LOAD_BOUND + 0.999);
+    for (size_t i = 0; i < w->len; i++)
+        total += atomic_load_explicit(&at(w, i)->inflight, memory_order_relaxed);
+    return (uint32_t)((double)total / (double)w->len * SLO_LOAD_BOUND + 0.999);
 }
 
 static bool better(double s, const sched_instance_t *c, double best_s, const sched_instance_t *best)
@@ -44,16 +56,15 @@ static bool better(double s, const sched_instance_t *c, double best_s, const sch
     return best == NULL || s < best_s || (s == best_s && c->uid < best->uid);
 }
 
-static sched_instance_t *pick_prefill(sched_instance_t *const *arr, size_t n,
-                                      const sched_pick_ctx_t *ctx)
+static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ctx_t *ctx)
 {
-    uint32_t bound = load_bound(arr, n, ctx);
+    uint32_t bound = load_bound(w);
     sched_instance_t *best = NULL, *over = NULL;
     double best_s = 0.0, over_s = 0.0;
     uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0;
 
-    for (size_t i = 0; i < n; i++) {
-        sched_instance_t *c = arr[i];
+    for (size_t i = 0; i < w->len; i++) {
+        sched_instance_t *c = at(w, i);
         sched_prediction_t p;
         if (!sched_pick_allowed(c, ctx))
             continue;
@@ -68,18 +79,17 @@ static sched_instance_t *pick_prefill(sched_instance_t *const *arr, size_t n,
     return best ? best : over;
 }
 
-static sched_instance_t *pick_decode(sched_instance_t *const *arr, size_t n,
-                                     const sched_pick_ctx_t *ctx)
+static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx_t *ctx)
 {
-    uint32_t bound = load_bound(arr, n, ctx);
+    uint32_t bound = load_bound(w);
     double target = ctx->req && ctx->req->slo_tpot_ms ? ctx->req->slo_tpot_ms / 1000.0 : 0.0;
     uint64_t kv = ctx->req ? (uint64_t)ctx->req->prompt_tokens + ctx->req->max_tokens : 0;
     sched_instance_t *meets = NULL, *fastest = NULL;
     uint64_t meets_load = 0;
     double fastest_s = 0.0;
 
-    for (size_t i = 0; i < n; i++) {
-        sched_instance_t *c = arr[i];
+    for (size_t i = 0; i < w->len; i++) {
+        sched_instance_t *c = at(w, i);
         sched_prediction_t p;
         uint64_t load;
         bool in_bound;
@@ -100,7 +110,20 @@ static sched_instance_t *pick_decode(sched_instance_t *const *arr, size_t n,
 sched_instance_t *sched_slo_pick(sched_instance_t *const *arr, size_t n, int ridx,
                                  const sched_pick_ctx_t *ctx)
 {
-    return ridx == SCHED_RIDX_PREFILL ? pick_prefill(arr, n, ctx) : pick_decode(arr, n, ctx);
+    slo_window_t w = {.arr = arr, .n = n, .start = 0, .len = n};
+    sched_instance_t *c;
+
+    if (n > SLO_WINDOW) {
+        w.start = (size_t)((sched_rng_next(ctx->rng) >> 11) % n);
+        w.len = SLO_WINDOW;
+    }
+    c = ridx == SCHED_RIDX_PREFILL ? pick_prefill(&w, ctx) : pick_decode(&w, ctx);
+    if (c == NULL && w.len < n) { /* none allowed in the window (a rare model): all of them */
+        w.start = 0;
+        w.len = n;
+        c = ridx == SCHED_RIDX_PREFILL ? pick_prefill(&w, ctx) : pick_decode(&w, ctx);
+    }
+    return c;
 }
 
 sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req,

@@ -86,18 +86,20 @@ unsigned sched_phase_dim(sched_phase_t phase);
 
 /* One instance's (or pair's) model of one phase. */
 typedef struct sched_latency_model {
+    /* Published after every observation, read without the lock: one cache line, the only
+     * one a prediction touches. */
+    _Alignas(64) _Atomic uint32_t seq; /* odd while a write is in progress */
+    unsigned dim;
+    _Atomic double coef[SCHED_FIT_MAX_DIM];
+    _Atomic double spread; /* exp(q_log): multiply a mean prediction by it */
+    _Atomic double err;    /* rel_err */
+    _Atomic uint64_t observed;
+    /* The writers' side. */
     pthread_mutex_t mu;
     sched_fit_t fit; /* under mu */
     double q_log;    /* under mu: the tracked quantile of ln(actual / predicted) */
     double quantile; /* which: 0.9 */
     double rel_err;  /* under mu: mean |actual - predicted| / actual (exponential) */
-    /* Published after every observation, read without the lock. */
-    _Atomic uint32_t seq; /* odd while a write is in progress */
-    _Atomic double coef[SCHED_FIT_MAX_DIM];
-    _Atomic double spread; /* exp(q_log): multiply a mean prediction by it */
-    _Atomic double err;    /* rel_err */
-    _Atomic uint64_t observed;
-    unsigned dim;
 } sched_latency_model_t;
 
 /* <prior>: dim coefficients (NULL = the phase's own, sched_phase_prior). */
@@ -116,9 +118,32 @@ typedef struct sched_prediction {
     uint64_t observed;
 } sched_prediction_t;
 
-/* Lock-free; a few nanoseconds. */
-void sched_latency_model_predict(const sched_latency_model_t *m, const double *x,
-                                 sched_prediction_t *out);
+/* Lock-free; a few nanoseconds (inline: the slo policy asks it of every candidate). */
+static inline void sched_latency_model_predict(const sched_latency_model_t *m, const double *x,
+                                               sched_prediction_t *out)
+{
+    double mean, spread, err;
+    uint64_t n;
+    uint32_t s0, s1;
+
+    do {
+        s0 = atomic_load_explicit(&m->seq, memory_order_acquire);
+        mean = 0.0;
+        for (unsigned i = 0; i < m->dim; i++)
+            mean += atomic_load_explicit(&m->coef[i], memory_order_relaxed) * x[i];
+        spread = atomic_load_explicit(&m->spread, memory_order_relaxed);
+        err = atomic_load_explicit(&m->err, memory_order_relaxed);
+        n = atomic_load_explicit(&m->observed, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        s1 = atomic_load_explicit(&m->seq, memory_order_relaxed);
+    } while ((s0 & 1u) != 0 || s0 != s1);
+    if (!(mean > 0.0))
+        mean = 0.0;
+    out->mean = mean;
+    out->upper = mean * spread;
+    out->err = err;
+    out->observed = n;
+}
 
 #ifdef __cplusplus
 }

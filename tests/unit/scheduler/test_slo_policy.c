@@ -169,6 +169,38 @@ static void test_cold_fleet_is_deterministic(void **s)
     sched_pool_destroy(pool);
 }
 
+/* A role of 200: a pick looks at a window of 64, yet an instance outside every window's
+ * reach for its model (the only one serving it) is still found. */
+static void test_large_role_window(void **s)
+{
+    sched_pool_t *pool = test_pool(SCHED_POLICY_SLO, SCHED_POLICY_SLO);
+    char id[32], url[64], err[256];
+    (void)s;
+    for (int i = 0; i < 200; i++) {
+        sched_instance_desc_t d;
+        sched_instance_desc_init(&d);
+        snprintf(id, sizeof(id), "p-%03d", i);
+        snprintf(url, sizeof(url), "http://127.0.0.1:%d", 10000 + i);
+        d.id = id;
+        d.url = url;
+        d.role = i == 199 ? SCHED_ROLE_BOTH : SCHED_ROLE_PREFILL;
+        d.models[0] = i == 199 ? "rare" : "common";
+        d.n_models = 1;
+        assert_int_equal(sched_pool_add(pool, &d, err, sizeof(err)), SCHED_OK);
+    }
+    assert_int_equal(sched_pool_start(pool), SCHED_OK);
+    for (int k = 0; k < 20; k++) {
+        sched_request_t req = {.prompt_tokens = 100, .model = k % 2 ? "rare" : "common"};
+        sched_booking_t *b = NULL;
+        assert_int_equal(sched_book_prefill(pool, &req, &b), SCHED_OK);
+        assert_int_equal(
+            strcmp(sched_instance_id(sched_booking_instance(b, SCHED_LEG_PREFILL)), "p-199") == 0,
+            k % 2);
+        sched_booking_destroy(&b);
+    }
+    sched_pool_destroy(pool);
+}
+
 static void test_estimate(void **s)
 {
     static const char *const p[] = {"fast-1", "slow-1"}, *const d[] = {"d-fast", "slow-d"};
@@ -201,6 +233,7 @@ int main(void)
         cmocka_unit_test(test_fast_instance_is_not_the_hot_spot),
         cmocka_unit_test(test_decode_tpot_target_respected),
         cmocka_unit_test(test_cold_fleet_is_deterministic),
+        cmocka_unit_test(test_large_role_window),
         cmocka_unit_test(test_estimate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
