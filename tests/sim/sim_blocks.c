@@ -177,28 +177,67 @@ static void take(int b)
     }
 }
 
-int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, size_t *n_blocks,
-                     size_t *cached_tokens)
+/* The prompt's leading blocks the prefix cache holds, at most <max_hit> (into out, if not
+ * NULL). */
+static int find_hits(const sim_tokens_t *prompt, int max_hit, int *out)
 {
-    int need = sim_blocks_needed(n_tokens);
-    int bs = sim_cfg.block_size;
-    /* at least one prompt token is always computed */
-    int max_hit = prompt->n ? (int)((prompt->n - 1) / (size_t)bs) : 0;
-    int hits = 0;
+    int bs = sim_cfg.block_size, hits = 0;
     uint64_t h = 0;
-    int *out = malloc((size_t)(need ? need : 1) * sizeof(int));
+    if (sim_cfg.no_prefix_cache)
+        return 0;
+    for (int i = 0; i < max_hit; i++) {
+        h = block_hash(h, prompt->ids + (size_t)i * (size_t)bs, bs, i ? NULL : prompt->cache_salt);
+        int b = hash_find(h);
+        if (b < 0)
+            break;
+        if (out)
+            out[hits] = b;
+        hits++;
+    }
+    return hits;
+}
+
+/* A free block for new KV: a never-used one, else the LRU head (its cached hash evicted). */
+static int take_free(void)
+{
+    int b;
+    if (nfresh < nblk) {
+        b = nfresh++; /* never used: nothing cached to evict */
+        blks[b].prev = blks[b].next = -1;
+    } else {
+        b = free_head;
+        hash_remove(b);
+    }
+    take(b);
+    return b;
+}
+
+/* The hits a request of <total> tokens (prompt first) may use: full prompt blocks, never
+ * the block of its last token (at least one token is always computed). */
+static int max_hits(const sim_tokens_t *prompt, size_t total)
+{
+    size_t bs = (size_t)sim_cfg.block_size, full = prompt->n / bs;
+    size_t cap = total ? (total - 1) / bs : 0;
+    return (int)(full < cap ? full : cap);
+}
+
+size_t sim_blocks_count_hits(const sim_tokens_t *prompt, size_t total)
+{
+    return (size_t)find_hits(prompt, max_hits(prompt, total), NULL) * (size_t)sim_cfg.block_size;
+}
+
+int sim_blocks_alloc_cover(const sim_tokens_t *prompt, size_t total, size_t cover, int **blocks,
+                           size_t *n_blocks, size_t *cached_tokens)
+{
+    int bs = sim_cfg.block_size;
+    int max_hit = max_hits(prompt, total);
+    int *out = malloc((size_t)(max_hit + sim_blocks_needed(cover) + 1) * sizeof(int));
     if (!out)
         return -1;
-    if (!sim_cfg.no_prefix_cache) {
-        for (int i = 0; i < max_hit && i < need; i++) {
-            h = block_hash(h, prompt->ids + (size_t)i * (size_t)bs, bs,
-                           i ? NULL : prompt->cache_salt);
-            int b = hash_find(h);
-            if (b < 0)
-                break;
-            out[hits++] = b;
-        }
-    }
+    int hits = find_hits(prompt, max_hit, out);
+    int need = sim_blocks_needed(cover);
+    if (need < hits)
+        need = hits;
     /* free blocks not among the hits */
     int avail = nblk - nused;
     for (int i = 0; i < hits; i++)
@@ -210,22 +249,36 @@ int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, 
     }
     for (int i = 0; i < hits; i++)
         take(out[i]);
-    for (int i = hits; i < need; i++) {
-        int b;
-        if (nfresh < nblk) {
-            b = nfresh++; /* never used: nothing cached to evict */
-            blks[b].prev = blks[b].next = -1;
-        } else {
-            b = free_head;
-            hash_remove(b);
-        }
-        take(b);
-        out[i] = b;
-    }
+    for (int i = hits; i < need; i++)
+        out[i] = take_free();
     sim_kvev_flush();
     *blocks = out;
     *n_blocks = (size_t)need;
     *cached_tokens = (size_t)hits * (size_t)bs;
+    return 0;
+}
+
+int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, size_t *n_blocks,
+                     size_t *cached_tokens)
+{
+    return sim_blocks_alloc_cover(prompt, prompt->n, n_tokens, blocks, n_blocks, cached_tokens);
+}
+
+int sim_blocks_grow(int **blocks, size_t *n_blocks, size_t cover)
+{
+    size_t need = (size_t)sim_blocks_needed(cover);
+    if (need <= *n_blocks)
+        return 0;
+    if ((size_t)(nblk - nused) < need - *n_blocks)
+        return -1;
+    int *nb = realloc(*blocks, need * sizeof(int));
+    if (!nb)
+        return -1;
+    for (size_t i = *n_blocks; i < need; i++)
+        nb[i] = take_free();
+    sim_kvev_flush();
+    *blocks = nb;
+    *n_blocks = need;
     return 0;
 }
 

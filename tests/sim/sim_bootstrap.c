@@ -6,9 +6,15 @@
  *               {"<tp_rank>": {"<pp_rank>": "tcp://host:port"}}}} for every DP rank. A router
  *               takes E from here for the decode's remote_engine_id; the decode asks it too
  *               and connects to worker_addr (here: this instance's ZeroMQ side channel).
- *   GET /route  where an SGLang decode finds the prefill's side channel (SGLang's bootstrap
- *               server answers this path; the answer's fields are only read by pdgw-sim):
- *               {"rank_ip": host, "rank_port": port, "prefill_dp_size": n}.
+ *   GET /route  SGLang's bootstrap server (python/sglang/srt/disaggregation/common/conn.py,
+ *               CommonKVBootstrapServer): prefill_dp_rank, prefill_cp_rank, target_tp_rank and
+ *               target_pp_rank are all required (400 without); all -1 asks for the topology
+ *               (attn_tp_size, attn_cp_size, dp_size, pp_size, page_size, kv_cache_dtype,
+ *               follow_bootstrap_room, ...), other values for one rank's {"rank_ip",
+ *               "rank_port"} (404 for a rank nobody registered); 503 until every worker
+ *               registered (here: until the side channel is bound). One worker per DP rank
+ *               (TP, CP and PP of 1), all behind this instance's ZeroMQ side channel.
+ *   GET /health "OK", as SGLang's.
  *
  * Engine ids: vLLM mints a new engine id at every start, one per DP rank. The sim keeps
  * --engine-id for rank 0 of the first start and derives the others ("<id>-dp<r>", "-g<n>"
@@ -77,7 +83,8 @@ static char *query_json(void)
     return s;
 }
 
-static enum MHD_Result boot_send(struct MHD_Connection *conn, unsigned status, char *body)
+static enum MHD_Result boot_send_type(struct MHD_Connection *conn, unsigned status, char *body,
+                                      const char *type)
 {
     struct MHD_Response *r;
     enum MHD_Result ret;
@@ -88,10 +95,68 @@ static enum MHD_Result boot_send(struct MHD_Connection *conn, unsigned status, c
         free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Content-Type", type);
     ret = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result boot_send(struct MHD_Connection *conn, unsigned status, char *body)
+{
+    return boot_send_type(conn, status, body, "application/json");
+}
+
+static enum MHD_Result boot_text(struct MHD_Connection *conn, unsigned status, const char *text)
+{
+    return boot_send_type(conn, status, strdup(text), "text/plain; charset=utf-8");
+}
+
+/* An integer query argument; 0 when absent or not an integer. */
+static int route_arg(struct MHD_Connection *conn, const char *key, long *out)
+{
+    const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, key);
+    char *end;
+    if (!v || !*v)
+        return 0;
+    *out = strtol(v, &end, 10);
+    return *end == '\0';
+}
+
+/* SGLang's GET /route (CommonKVBootstrapServer._handle_route_get). */
+static enum MHD_Result route_answer(struct MHD_Connection *conn)
+{
+    long dp, cp, tp, pp;
+    char msg[160];
+    if (!route_arg(conn, "prefill_dp_rank", &dp) || !route_arg(conn, "prefill_cp_rank", &cp) ||
+        !route_arg(conn, "target_tp_rank", &tp) || !route_arg(conn, "target_pp_rank", &pp))
+        return boot_text(conn, 400, "Missing inputs for bootstrap server.");
+    if (!sim_side_port) {
+        snprintf(msg, sizeof(msg),
+                 "Prefill server not fully registered yet (0 workers registered).");
+        return boot_text(conn, 503, msg);
+    }
+    if (dp == -1 && cp == -1 && tp == -1 && pp == -1) {
+        json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:i,s:s,s:b,s:b,s:i,s:n,s:n,s:n,s:n,s:n,s:n}",
+                              "attn_tp_size", 1, "attn_cp_size", 1, "dp_size", sim_cfg.dp_size,
+                              "pp_size", 1, "page_size", sim_cfg.block_size, "kv_cache_dtype",
+                              "auto", "follow_bootstrap_room", 1, "enable_dsa_cache_layer_split", 0,
+                              "prefill_http_port", sim_cfg.port, "target_tp_rank",
+                              "target_tp_ranks", "target_cp_ranks", "target_pp_ranks",
+                              "required_dst_info_num", "required_prefill_response_num");
+        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        return boot_send(conn, 200, s);
+    }
+    if (dp < 0 || dp >= sim_cfg.dp_size || cp != 0 || tp != 0 || pp != 0) {
+        snprintf(msg, sizeof(msg),
+                 "Bootstrap info not found for dp_rank=%ld cp_rank=%ld tp_rank=%ld pp_rank=%ld", dp,
+                 cp, tp, pp);
+        return boot_text(conn, 404, msg);
+    }
+    json_t *o = json_pack("{s:s,s:i}", "rank_ip", sim_cfg.kv_host, "rank_port", sim_side_port);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return boot_send(conn, 200, s);
 }
 
 static enum MHD_Result on_boot_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -113,13 +178,10 @@ static enum MHD_Result on_boot_request(void *cls, struct MHD_Connection *conn, c
         return boot_send(conn, 405, strdup("{\"detail\":\"Method Not Allowed\"}"));
     if (!strcmp(url, "/query"))
         return boot_send(conn, 200, query_json());
-    if (!strcmp(url, "/route")) {
-        json_t *o = json_pack("{s:s,s:i,s:i}", "rank_ip", sim_cfg.kv_host, "rank_port",
-                              sim_side_port, "prefill_dp_size", sim_cfg.dp_size);
-        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-        json_decref(o);
-        return boot_send(conn, 200, s);
-    }
+    if (!strcmp(url, "/route"))
+        return route_answer(conn);
+    if (!strcmp(url, "/health"))
+        return boot_text(conn, 200, "OK");
     return boot_send(conn, 404, strdup("{\"detail\":\"Not Found\"}"));
 }
 

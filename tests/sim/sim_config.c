@@ -67,7 +67,20 @@ static void usage(FILE *f)
             "  --max-model-len N            prompt + max_tokens limit (8192)\n"
             "  --zero-delay                 no waits at all (benchmarks)\n"
             "  --emit-timestamps            add \"sim_emit_ns\" to every streamed chunk\n"
-            "  --max-batch N                running requests; the rest wait (256)\n"
+            "  --max-batch N                running requests (vLLM's max_num_seqs); the rest\n"
+            "                               wait (256)\n"
+            "Engine steps (tests/sim/README.md: a step costs base + prefill-ms-per-token x its\n"
+            "prefill tokens + step-ms-per-seq x its decodes + step-ms-per-ktoken x their KV/1000;\n"
+            "base = tpot-ms - step-ms-per-seq, so an idle engine keeps --ttft-ms and --tpot-ms):\n"
+            "  --max-num-batched-tokens N   tokens one step computes; longer prompts are\n"
+            "                               prefilled in chunks (vLLM V1's default, 2048)\n"
+            "  --step-ms-per-seq MS         step cost of each decoding sequence (tpot-ms / 100)\n"
+            "  --step-ms-per-ktoken MS      step cost of 1000 KV tokens decodes attend (0)\n"
+            "  --speed F                    speed of every phase, < 1 slower (1)\n"
+            "  --prefill-speed F            speed of prefill work, times --speed (1)\n"
+            "  --decode-speed F             speed of decode work, times --speed (1)\n"
+            "  --timing steps|per-request   per-request: each request its own clock (TTFT, then\n"
+            "                               a token every --tpot-ms), whatever else runs (steps)\n"
             "  --block-size N               tokens per KV block (16)\n"
             "  --kv-bytes-per-token N       KV bytes per token over all layers (1024)\n"
             "  --kv-capacity-tokens N       KV capacity in tokens (262144)\n"
@@ -204,6 +217,13 @@ enum {
     O_KVOFFBLOCKS,
     O_KVOFFBACKEND,
     O_KVOFFCOST,
+    O_MNBT,
+    O_STEPSEQ,
+    O_STEPKTOK,
+    O_SPEED,
+    O_PSPEED,
+    O_DSPEED,
+    O_TIMING,
     O_HELP,
 };
 
@@ -221,6 +241,14 @@ static const struct option opts[] = {
     {"zero-delay", no_argument, 0, O_ZERO},
     {"emit-timestamps", no_argument, 0, O_EMIT},
     {"max-batch", required_argument, 0, O_BATCH},
+    {"max-num-seqs", required_argument, 0, O_BATCH},
+    {"max-num-batched-tokens", required_argument, 0, O_MNBT},
+    {"step-ms-per-seq", required_argument, 0, O_STEPSEQ},
+    {"step-ms-per-ktoken", required_argument, 0, O_STEPKTOK},
+    {"speed", required_argument, 0, O_SPEED},
+    {"prefill-speed", required_argument, 0, O_PSPEED},
+    {"decode-speed", required_argument, 0, O_DSPEED},
+    {"timing", required_argument, 0, O_TIMING},
     {"block-size", required_argument, 0, O_BLOCK},
     {"kv-bytes-per-token", required_argument, 0, O_KVBPT},
     {"kv-capacity-tokens", required_argument, 0, O_KVCAP},
@@ -436,6 +464,41 @@ static int parse_model_opt(int c, const char *name, sim_config_t *cfg)
         if (parse_long(name, optarg, 1, 1 << 20, &v))
             return -1;
         cfg->max_batch = (int)v;
+        break;
+    case O_MNBT:
+        if (parse_long(name, optarg, 1, 1 << 24, &v))
+            return -1;
+        cfg->max_num_batched_tokens = (int)v;
+        break;
+    case O_STEPSEQ:
+        if (parse_double(name, optarg, 0, 3600000, &cfg->step_ms_per_seq))
+            return -1;
+        break;
+    case O_STEPKTOK:
+        if (parse_double(name, optarg, 0, 3600000, &cfg->step_ms_per_ktoken))
+            return -1;
+        break;
+    case O_SPEED:
+        if (parse_double(name, optarg, 0.001, 1000, &cfg->speed))
+            return -1;
+        break;
+    case O_PSPEED:
+        if (parse_double(name, optarg, 0.001, 1000, &cfg->prefill_speed))
+            return -1;
+        break;
+    case O_DSPEED:
+        if (parse_double(name, optarg, 0.001, 1000, &cfg->decode_speed))
+            return -1;
+        break;
+    case O_TIMING:
+        if (!strcmp(optarg, "steps")) {
+            cfg->timing_per_request = 0;
+        } else if (!strcmp(optarg, "per-request")) {
+            cfg->timing_per_request = 1;
+        } else {
+            fprintf(stderr, "pdgw-sim: --timing must be steps or per-request, not '%s'\n", optarg);
+            return -1;
+        }
         break;
     case O_BLOCK:
         if (parse_long(name, optarg, 1, 4096, &v))
@@ -724,6 +787,10 @@ static void set_defaults(sim_config_t *cfg)
     cfg->max_tokens_default = 16;
     cfg->max_model_len = 8192;
     cfg->max_batch = 256;
+    /* vLLM vllm/config/scheduler.py: SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS */
+    cfg->max_num_batched_tokens = 2048;
+    cfg->step_ms_per_seq = -1;
+    cfg->speed = cfg->prefill_speed = cfg->decode_speed = 1;
     cfg->block_size = 16;
     cfg->kv_bytes_per_token = 1024;
     cfg->kv_capacity_tokens = 262144;
@@ -753,6 +820,21 @@ static int finish_config(sim_config_t *cfg)
                 cfg->kv_bytes_per_token, cfg->layers);
         return -1;
     }
+    if (cfg->step_ms_per_seq < 0)
+        cfg->step_ms_per_seq = cfg->tpot_ms / 100;
+    if (cfg->step_ms_per_seq > cfg->tpot_ms) {
+        fprintf(stderr,
+                "pdgw-sim: --step-ms-per-seq (%g) cannot exceed --tpot-ms (%g): a lone decode's "
+                "step is --tpot-ms\n",
+                cfg->step_ms_per_seq, cfg->tpot_ms);
+        return -1;
+    }
+    if (cfg->max_num_batched_tokens < cfg->max_batch && !cfg->zero_delay &&
+        !cfg->timing_per_request)
+        fprintf(stderr,
+                "pdgw-sim: warning: --max-num-batched-tokens %d < --max-batch %d: at most %d "
+                "sequences advance per step (vLLM refuses this setting)\n",
+                cfg->max_num_batched_tokens, cfg->max_batch, cfg->max_num_batched_tokens);
     if (cfg->kv_capacity_tokens < cfg->block_size) {
         fprintf(stderr, "pdgw-sim: --kv-capacity-tokens must hold at least one block\n");
         return -1;

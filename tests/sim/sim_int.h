@@ -46,6 +46,14 @@ typedef struct sim_config {
     int zero_delay;
     int emit_timestamps;
     int max_batch;
+    /* The step model (sim_engine.c): vLLM's --max-num-batched-tokens (tokens one engine step
+     * computes), the cost of a decoding sequence and of 1000 KV tokens it attends in a step,
+     * speed factors (< 1 slower) and --timing per-request (each request its own clock). */
+    int max_num_batched_tokens;
+    double step_ms_per_seq;    /* < 0: --tpot-ms / 100 */
+    double step_ms_per_ktoken; /* 0: context length costs nothing */
+    double speed, prefill_speed, decode_speed;
+    int timing_per_request;
     int block_size;
     int kv_bytes_per_token;
     int kv_capacity_tokens;
@@ -231,6 +239,13 @@ typedef struct sim_req {
     uint32_t *cpu_pages;   /* CPU-tier pages held while that load runs (the prefill) */
     size_t n_cpu_pages;
     uint64_t prefill_ns;
+    /* step model: tokens with KV (vLLM's num_computed_tokens), tokens scheduled in the
+     * running step, times preempted, earliest admission, CPU-tier load cost still to pay */
+    size_t computed, sched;
+    int preemptions;
+    uint64_t t_eligible;
+    int heap_ev; /* step model: what its heap entry is (0 = next layer, 1 = t_eligible) */
+    double load_ms;
     int layer_i;        /* next layer to finish (layer-wise prefill) */
     int response_ready; /* headers may be sent (first token / done / error) */
     int http_status;    /* != 200 → error_msg */
@@ -290,6 +305,16 @@ void sim_blocks_fini(void);
  * Returns 0 and fills blocks/cached_tokens, or -1 if not enough free blocks. */
 int sim_blocks_alloc(const sim_tokens_t *prompt, size_t n_tokens, int **blocks, size_t *n_blocks,
                      size_t *cached_tokens);
+/* The step model's allocation: prefix-cache hits for a request of <total> tokens (prompt
+ * first; at most the full prompt blocks, never the last token's) plus blocks covering
+ * <cover> tokens. 0, or -1 with nothing taken. */
+int sim_blocks_alloc_cover(const sim_tokens_t *prompt, size_t total, size_t cover, int **blocks,
+                           size_t *n_blocks, size_t *cached_tokens);
+/* The tokens sim_blocks_alloc_cover would find cached now. */
+size_t sim_blocks_count_hits(const sim_tokens_t *prompt, size_t total);
+/* Grow a request's blocks to cover <cover> tokens (*blocks realloc'd). 0, or -1 with nothing
+ * taken when the free blocks do not suffice. */
+int sim_blocks_grow(int **blocks, size_t *n_blocks, size_t cover);
 /* Make the full prompt blocks of a computed prefill discoverable. */
 void sim_blocks_commit(const sim_tokens_t *prompt, const int *blocks, size_t n_blocks);
 void sim_blocks_release(int *blocks, size_t n_blocks);
@@ -350,6 +375,7 @@ typedef struct sim_counters {
     atomic_ullong req_finished_length;
     atomic_ullong req_finished_stop;
     atomic_ullong req_finished_abort;
+    atomic_ullong preemptions; /* vllm:num_preemptions_total */
     atomic_ullong req_errors;
     atomic_ullong http_requests;
     atomic_ullong http_4xx;

@@ -126,6 +126,14 @@ static void render_vllm_tokens(FILE *f, const char *m)
             "vllm:request_success_total{finished_reason=\"abort\",model_name=\"%s\"} %llu\n",
             m, LD(sim_ctr.req_finished_length), m, LD(sim_ctr.req_finished_stop), m,
             LD(sim_ctr.req_finished_abort));
+    /* vLLM vllm/v1/metrics/loggers.py: the counter "vllm:num_preemptions" (a Prometheus
+     * counter, exposed with _total) */
+    fprintf(f,
+            "# HELP vllm:num_preemptions_total Cumulative number of preemption from the "
+            "engine.\n"
+            "# TYPE vllm:num_preemptions_total counter\n"
+            "vllm:num_preemptions_total{model_name=\"%s\"} %llu\n",
+            m, LD(sim_ctr.preemptions));
 }
 
 /* The HTTP front end, fault injection and capacity model. */

@@ -611,7 +611,7 @@ static void nixl_invalid_params(sim_req_t *req, json_t *kvp)
     json_t *v;
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         v = json_object_get(kvp, keys[i]);
-        if (!v || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) {
+        if (!v || (i == 0 && (json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)))) {
             lack = keys[i];
             break;
         }
@@ -627,6 +627,28 @@ static void nixl_invalid_params(sim_req_t *req, json_t *kvp)
     sim_record_set(req->rec_seq, "kv_result",
                    json_pack("{s:b,s:b,s:I,s:s}", "ok", 0, "recompute", 1, "bytes", (json_int_t)0,
                              "error", "invalid kv_transfer_params"));
+}
+
+/* Every NIXL key present but one of them null: vLLM schedules the pull, which cannot reach
+ * a null peer, and its default kv_load_failure_policy "fail" (vllm/config/kv_transfer.py)
+ * fails the request instead of computing the prompt. */
+static int nixl_null_params(sim_req_t *req, json_t *kvp, char **msg)
+{
+    static const char *const keys[] = {"remote_engine_id", "remote_request_id", "remote_host",
+                                       "remote_port"};
+    const char *null_key = keys[0];
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (json_is_null(json_object_get(kvp, keys[i]))) {
+            null_key = keys[i];
+            break;
+        }
+    atomic_fetch_add(&sim_ctr.kv_transfers_failed, 1);
+    sim_record_set(req->rec_seq, "kv_result",
+                   json_pack("{s:b,s:b,s:I,s:s}", "ok", 0, "recompute", 0, "bytes", (json_int_t)0,
+                             "error", "kv_transfer_params names a null peer"));
+    if (asprintf(msg, "KV transfer failed: kv_transfer_params.%s is null", null_key) < 0)
+        *msg = NULL;
+    return 500;
 }
 
 /* What a decode leg's body asks of the KV import (prepare_decode's parse). */
@@ -709,9 +731,10 @@ static int parse_remote_prefill(sim_req_t *req, json_t *kvp, decode_spec_t *d, c
                            "remote_host (string) and remote_port (integer) are required");
         if (nixl || !host || !has_port) {
             /* vLLM NixlConnector (nixl/pull_scheduler.py, update_state_after_alloc):
-             * pulls only with non-empty remote_block_ids and remote_engine_id,
-             * remote_request_id, remote_host, remote_port; otherwise it warns "Got
-             * invalid KVTransferParams" and computes the prompt itself. */
+             * pulls only with non-empty remote_block_ids and the keys remote_engine_id,
+             * remote_request_id, remote_host, remote_port present (`p in params`: a key
+             * present with null counts); otherwise it warns "Got invalid KVTransferParams"
+             * and computes the prompt itself. */
             json_t *ids = nixl_block_ids(kvp, &bad);
             const char *rid = opt_str(kvp, "remote_request_id", &bad);
             d->expect_engine = opt_str(kvp, "remote_engine_id", &bad);
@@ -721,10 +744,16 @@ static int parse_remote_prefill(sim_req_t *req, json_t *kvp, decode_spec_t *d, c
                                "remote_block_ids must be a list of integers (or of lists of "
                                "integers); remote_engine_id and remote_request_id strings");
             }
-            if (!ids || !rid || !d->expect_engine || !host || !has_port) {
+            if (!ids || !json_object_get(kvp, "remote_engine_id") ||
+                !json_object_get(kvp, "remote_request_id") ||
+                !json_object_get(kvp, "remote_host") || !json_object_get(kvp, "remote_port")) {
                 json_decref(ids);
                 nixl_invalid_params(req, kvp);
                 return 0;
+            }
+            if (!rid || !d->expect_engine || !host || !has_port) {
+                json_decref(ids);
+                return nixl_null_params(req, kvp, msg);
             }
             snprintf(d->ep, sizeof(d->ep), "tcp://%s:%d", host, port);
             d->kind = SIM_PD_D_PULL_PARAMS;

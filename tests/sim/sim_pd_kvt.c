@@ -1194,9 +1194,13 @@ static int resolve_bootstrap(sim_import_t *imp)
         memmove(host, host + 1, hl - 2);
         host[hl - 2] = '\0';
     }
-    /* bounded by the decode's own KV deadline, as a loaded machine may be slow to answer */
-    body = sim_http_get(host, port, mooncake ? "/query" : "/route", sim_cfg.kv_wait_timeout_ms, err,
-                        sizeof(err));
+    /* bounded by the decode's own KV deadline, as a loaded machine may be slow to answer;
+     * SGLang's decode first asks for the topology (every rank -1, common/conn.py) */
+    body = sim_http_get(host, port,
+                        mooncake ? "/query"
+                                 : "/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
+                                   "&target_tp_rank=-1&target_pp_rank=-1",
+                        sim_cfg.kv_wait_timeout_ms, err, sizeof(err));
     if (body)
         a = json_loads(body, 0, NULL);
     free(body);
@@ -1230,18 +1234,32 @@ static int resolve_bootstrap(sim_import_t *imp)
             return -1;
         }
     } else {
+        /* the prefill DP rank the KV comes from: disagg_prefill_dp_rank, else the room's */
+        json_int_t pdp = json_integer_value(json_object_get(a, "dp_size"));
+        int rank =
+            imp->prefill_rank >= 0 ? imp->prefill_rank : (int)(imp->room % (pdp > 0 ? pdp : 1));
+        char path[160];
+        json_decref(a);
+        a = NULL;
+        /* then for that rank's worker (TP, CP and PP rank 0 here) */
+        snprintf(path, sizeof(path),
+                 "/route?prefill_dp_rank=%d&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
+                 rank);
+        body = sim_http_get(host, port, path, sim_cfg.kv_wait_timeout_ms, err, sizeof(err));
+        if (body)
+            a = json_loads(body, 0, NULL);
+        free(body);
         const char *ip = json_string_value(json_object_get(a, "rank_ip"));
         json_int_t rp = json_integer_value(json_object_get(a, "rank_port"));
         if (!ip || rp <= 0 || rp > 65535 || strlen(ip) > 100) {
+            snprintf(msg, sizeof(msg),
+                     "bootstrap server %s has no worker for prefill DP rank %d: %s", imp->endpoint,
+                     rank, a ? "no rank_ip/rank_port" : err);
             json_decref(a);
-            import_fail(imp, 500, "the bootstrap server's /route answer has no rank_ip/port");
+            import_fail(imp, 500, msg);
             return -1;
         }
         snprintf(imp->endpoint, sizeof(imp->endpoint), "tcp://%s:%d", ip, (int)rp);
-        /* the prefill DP rank the KV comes from: disagg_prefill_dp_rank, else the room's */
-        json_int_t pdp = json_integer_value(json_object_get(a, "prefill_dp_size"));
-        int rank =
-            imp->prefill_rank >= 0 ? imp->prefill_rank : (int)(imp->room % (pdp > 0 ? pdp : 1));
         json_object_set_new(imp->ctl, "prefill_dp_rank", json_integer(rank));
     }
     json_decref(a);

@@ -125,8 +125,11 @@ def test_loading_blocks_are_not_evicted():
     ev_port, rp_port = T.free_port(), T.free_port()
     kv_cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://*:{ev_port}", "replay_endpoint": f"tcp://*:{rp_port}"}
-    # 32 GPU blocks; the tier holds W's 3 blocks and E's 31 exactly
-    p, port = start_sim("--ttft-ms", 5, "--tpot-ms", 0, "--prefill-ms-per-token", 5,
+    # 32 GPU blocks; the tier holds W's 3 blocks and E's 31 exactly. Each request on its
+    # own clock (--timing per-request): in engine steps Y would wait for the step of X's
+    # prompt to end, and nothing would overlap
+    p, port = start_sim("--timing", "per-request", "--ttft-ms", 5, "--tpot-ms", 0,
+                        "--prefill-ms-per-token", 5,
                         "--block-size", BLOCK, "--kv-capacity-tokens", 32 * BLOCK,
                         "--kv-offloading-blocks", 34, "--kv-events-config", json.dumps(kv_cfg))
     w = tokens(1, 3 * BLOCK + 5)
