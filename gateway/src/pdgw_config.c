@@ -17,6 +17,7 @@
 #include "pdb/pdb_map.h"
 #include "pdgw_alloc.h"
 #include "pdgw_config_int.h"
+#include "pdgw_slo.h"
 #include "pdgw_util.h"
 
 /* ---------------------------------------------------------------- names */
@@ -26,7 +27,9 @@ static const char *const kv_engine_names[] = {"lmcache", "libkvt", NULL};
 static const char *const sched_names[] = {"batch", "staged", NULL};
 static const char *const policy_names[] = {
     "round-robin",  "random",   "least-load",     "power-of-two",
-    "prefix-aware", "weighted", "precise-prefix", NULL};
+    "prefix-aware", "weighted", "precise-prefix", "slo", NULL};
+/* pdgw_slo_policy_t order */
+static const char *const slo_policy_names[] = {"best_effort", "reject", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"text", "json", NULL};
 /* pdgw_pd_fields_mode_t order */
@@ -55,7 +58,7 @@ const char *pdgw_sched_mode_name(pdgw_sched_mode_t mode)
 
 const char *pdgw_policy_name(pdgw_policy_t policy)
 {
-    return name_of(policy_names, 7, (int)policy);
+    return name_of(policy_names, 8, (int)policy);
 }
 
 static int enum_index(const char *const *names, const char *s)
@@ -232,6 +235,25 @@ static const pdgw_config_option_t options[] = {
     {"kv_events_max_blocks", "kv-events-max-blocks", "PDGW_KV_EVENTS_MAX_BLOCKS", PDGW_OPT_INT,
      NULL, 64, 67108864, "1048576", "N", "precise-prefix: bound of the KV-event block index.",
      C(kv_events_max_blocks)},
+    {"slo_ttft", "slo-ttft", "PDGW_SLO_TTFT", PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION",
+     "Time-to-first-token target of a request without an `x-slo-ttft-ms` header (0 = none). "
+     "The `slo` policy and `slo_policy` act on it; attainment in "
+     "`pdgw_model_slo_requests_total`.", C(slo_ttft_ms)},
+    {"slo_tpot", "slo-tpot", "PDGW_SLO_TPOT", PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION",
+     "Time-per-output-token target of a request without an `x-slo-tpot-ms` header (0 = "
+     "none).", C(slo_tpot_ms)},
+    {"slo_models", "slo-model", "PDGW_SLO_MODELS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
+     "MODEL=TTFT[:TPOT]", "Targets of one model's requests without headers, instead of "
+     "`slo_ttft` / `slo_tpot` (repeatable; e.g. `chat=500ms:50ms`).", C(slo_models)},
+    {"slo_policy", "slo-policy", "PDGW_SLO_POLICY", PDGW_OPT_ENUM, slo_policy_names, 0, 0,
+     "best_effort", "POLICY", "A request with a target that no instance is predicted to "
+     "meet (by more than `slo_reject_margin_percent`): served anyway, or refused at once with "
+     "429 `slo_unattainable` and a `Retry-After`. Never while the latency models are cold.",
+     C(slo_policy)},
+    {"slo_reject_margin_percent", "slo-reject-margin-percent",
+     "PDGW_SLO_REJECT_MARGIN_PERCENT", PDGW_OPT_INT, NULL, 0, 10000, "50", "PERCENT",
+     "How far past its target the best prediction must be before `slo_policy: reject` "
+     "refuses a request.", C(slo_reject_margin_percent)},
     {"kv_events_max_message_bytes", "kv-events-max-message-bytes",
      "PDGW_KV_EVENTS_MAX_MESSAGE_BYTES", PDGW_OPT_SIZE, NULL, 65536, 1073741824, "16MiB", "SIZE",
      "Largest KV-event message (precise-prefix) taken from an engine's publisher or "
@@ -1154,6 +1176,25 @@ static pdgw_status_t check_admission(const pdgw_config_t *cfg, pdgw_cfg_src_t *s
     return PDGW_OK;
 }
 
+/* Latency targets: each model's "TTFT[:TPOT]" parses (pdgw_slo.c), within the bounds the
+ * headers have. */
+static pdgw_status_t check_slo(const pdgw_config_t *cfg, pdgw_cfg_src_t *src)
+{
+    for (size_t i = 0; i < cfg->slo_models.count; i++) {
+        pdgw_slo_target_t t;
+        if (pdgw_slo_parse_target(cfg->slo_models.items[i].value, &t) != PDGW_OK)
+            return pdgw_cfg_fail(src, "slo_models",
+                                 "%s: expected TTFT[:TPOT] durations (at most 1h and 1m), got "
+                                 "\"%s\"",
+                                 cfg->slo_models.items[i].key, cfg->slo_models.items[i].value);
+    }
+    if (cfg->slo_ttft_ms > 3600000u)
+        return pdgw_cfg_fail(src, "slo_ttft", "at most 1h");
+    if (cfg->slo_tpot_ms > 60000u)
+        return pdgw_cfg_fail(src, "slo_tpot", "at most 1m");
+    return PDGW_OK;
+}
+
 /* The protocol exists, supports the scheduling mode, and has the instance roles it needs
  * (configured or discoverable). */
 static pdgw_status_t check_protocol(const pdgw_config_t *cfg, const pdgw_config_hooks_t *hooks,
@@ -1216,7 +1257,7 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
 
     if ((st = check_instances(cfg, &src, &n)) != PDGW_OK ||
         (st = check_keys_and_files(cfg, &src)) != PDGW_OK ||
-        (st = check_admission(cfg, &src)) != PDGW_OK)
+        (st = check_admission(cfg, &src)) != PDGW_OK || (st = check_slo(cfg, &src)) != PDGW_OK)
         return st;
     if (cfg->health_timeout_ms > cfg->health_interval_ms)
         return pdgw_cfg_fail(&src, "health_timeout", "must not exceed health_interval");

@@ -86,7 +86,15 @@ typedef enum pdgw_policy {
     PDGW_POLICY_PREFIX_AWARE,
     PDGW_POLICY_WEIGHTED,
     PDGW_POLICY_PRECISE_PREFIX,
+    PDGW_POLICY_SLO,
 } pdgw_policy_t;
+
+/* slo_policy: a request no instance is predicted to serve in time is served anyway, or
+ * refused at once (429 slo_unattainable). */
+typedef enum pdgw_slo_policy {
+    PDGW_SLO_BEST_EFFORT = 0,
+    PDGW_SLO_REJECT = 1,
+} pdgw_slo_policy_t;
 
 /* "prefill" / "decode" / "both"; "batch" / "staged"; "round-robin" ... "weighted". */
 const char *pdgw_role_name(pdgw_role_t role);
@@ -182,6 +190,11 @@ typedef struct pdgw_config {
     int kv_events_other_tier_percent;
     int kv_events_max_blocks;
     uint64_t kv_events_max_message_bytes;
+    /* Latency targets and what to do when none can be met (pdgw_slo.h). */
+    uint64_t slo_ttft_ms, slo_tpot_ms; /* defaults of requests without headers; 0 = none */
+    pdgw_kv_list_t slo_models;         /* model -> "TTFT[:TPOT]" */
+    int slo_policy;                    /* pdgw_slo_policy_t */
+    int slo_reject_margin_percent;
     uint64_t kv_events_silence_ms;
     /* tokenize before routing, selective PD (pdgw_route.h) */
     uint64_t tokenize_timeout_ms;
@@ -342,8 +355,8 @@ pdgw_status_t pdgw_config_check(const pdgw_config_t *cfg, const pdgw_config_hook
                                 pdgw_config_error_t *err);
 
 typedef enum pdgw_config_action {
-    PDGW_CONFIG_RUN = 0,  /* start the gateway with <cfg> */
-    PDGW_CONFIG_EXIT = 1, /* done (--help, --version, --check-config OK): exit 0 */
+    PDGW_CONFIG_RUN = 0,                /* start the gateway with <cfg> */
+    PDGW_CONFIG_EXIT = 1,               /* done (--help, --version, --check-config OK): exit 0 */
     PDGW_CONFIG_CHECK_ENGINES = 2,      /* --check-engines: probe the fleet, print a table */
     PDGW_CONFIG_CHECK_ENGINES_JSON = 3, /* --check-engines --json */
 } pdgw_config_action_t;

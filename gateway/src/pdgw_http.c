@@ -22,6 +22,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 #include "pdgw_path.h"
+#include "pdgw_slo.h"
 
 /* ---------------------------------------------------------------- headers */
 
@@ -476,6 +477,9 @@ static void dispatch(pdgw_req_t *r)
     r->conn_tokens = pdgw_req_header(r, MHD_HTTP_HEADER_CONNECTION);
     pdgw_req_headers_each(r, collect_header, r);
     if (r->route == PDGW_ROUTE_PASSTHROUGH && !pdgw_pt_prepare(wf)) /* fleet hook */
+        return;
+    /* Latency targets (pdgw_slo.c): malformed, or refused early as unattainable. */
+    if (r->route == PDGW_ROUTE_INFER && !pdgw_slo_req_enter(wf))
         return;
     /* Admission control (pdgw_admit_req.c): refused, queued (starts when granted) or on;
      * pass-through counts and waits like chat. */

@@ -25,6 +25,7 @@
 #include "pdgw_fwd_setup.h"
 #include "pdgw_kvctl.h"
 #include "pdgw_log.h"
+#include "pdgw_slo.h"
 #include "pdgw_metrics.h"
 #include "pdgw_otel.h"
 #include "pdgw_registry.h"
@@ -506,6 +507,7 @@ int main(int argc, char **argv)
     pdgw_tls_t *tls = NULL;
     pdgw_reload_t *reload = NULL;
     pdgw_doctor_bg_t *doctor = NULL;
+    pdgw_slo_config_t *slo = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -568,6 +570,10 @@ int main(int argc, char **argv)
         pdgw_log_error("main", "admission: %s", err);
         goto out_pool;
     }
+    if (pdgw_slo_config_create(&cfg, &slo, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_pool;
+    }
 
     if (cfg.check_engines_at_start && pdgw_doctor_bg_create(&cfg, &doctor) != PDGW_OK) {
         pdgw_log_error("main", "out of memory");
@@ -579,6 +585,7 @@ int main(int argc, char **argv)
     so.metrics = &gm;
     so.otel = otel;
     so.admit = admit;
+    so.slo = slo;
     so.tls = tls;
     if (make_reload(&cfg, argc, argv, &hooks, reg, auth, pool, admit, &reload) != PDGW_OK) {
         pdgw_log_error("main", "cannot set up config reloads");
@@ -617,6 +624,7 @@ out_server:
 out_pool:
     pdgw_doctor_bg_destroy(doctor);
     pdgw_admit_destroy(admit); /* after the server: finalize released every slot */
+    pdgw_slo_config_destroy(slo);
     /* After the server: it borrowed strings of the running config. */
     pdgw_reload_destroy(reload);
     json_decref(options);

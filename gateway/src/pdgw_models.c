@@ -14,6 +14,7 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
+#include "pdgw_slo.h"
 
 bool pdgw_models_admit(pdgw_req_t *r, const char *model)
 {
@@ -99,7 +100,10 @@ static bool families(pdgw_metrics_t *reg, model_families_t *mf)
     static const char *const l_model[] = {"model"};
     static const char *const l_kind[] = {"model", "kind"};
 
-    if (mf->requests != NULL && mf->duration != NULL && mf->ttft != NULL && mf->tokens != NULL)
+    static const char *const l_result[] = {"model", "result"};
+
+    if (mf->requests != NULL && mf->duration != NULL && mf->ttft != NULL && mf->tokens != NULL &&
+        mf->slo != NULL)
         return true;
     pthread_mutex_lock(&families_mu);
     mf->requests = family(reg, PDGW_METRIC_COUNTER, "pdgw_model_requests_total",
@@ -113,6 +117,10 @@ static bool families(pdgw_metrics_t *reg, model_families_t *mf)
     mf->tokens = family(reg, PDGW_METRIC_COUNTER, "pdgw_model_tokens_total",
                         "Tokens the engines reported (usage) by model; kind prompt or completion.",
                         l_kind, 2, NULL, 0);
+    mf->slo = family(reg, PDGW_METRIC_COUNTER, "pdgw_model_slo_requests_total",
+                     "Successful requests with a latency target by model and attainment: met, "
+                     "missed_ttft, missed_tpot, missed_both.",
+                     l_result, 2, NULL, 0);
     pthread_mutex_unlock(&families_mu);
     return mf->requests != NULL;
 }
@@ -175,6 +183,11 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
         model_series(&mf->duration_of, steady != NULL, mf->duration, model, NULL), dur_s);
     if (wf == NULL)
         return;
+    {
+        const char *slo = pdgw_slo_result(wf, r, status);
+        if (slo != NULL && mf->slo != NULL)
+            pdgw_counter_inc(pdgw_metric_family_series2(mf->slo, model, slo));
+    }
     if (wf->t_first_token_ns > r->t_start_ns)
         pdgw_histogram_observe(model_series(&mf->ttft_of, steady != NULL, mf->ttft, model, NULL),
                                (double)(wf->t_first_token_ns - r->t_start_ns) / 1e9);

@@ -77,6 +77,7 @@ typedef struct pdgw_server_opts {
     pdgw_gateway_metrics_t *metrics; /* required */
     pdgw_route_opts_t route;         /* tokenize before routing, selective PD */
     struct pdgw_admit *admit;        /* admission, backoff, affinity (pdgw_admit.h); NULL = none */
+    struct pdgw_slo_config *slo;     /* SLO defaults and policy (pdgw_slo.h); NULL = none */
     struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
     const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
     pdgw_upstream_client_t upstream_client; /* native (default) or curl */

@@ -148,7 +148,7 @@ struct pdgw_worker {
     pdgw_freelist_t wf_pool;
     /* The per-model metric families (pdgw_models.c), looked up once per worker. */
     struct pdgw_model_families {
-        pdgw_metric_family_t *requests, *duration, *ttft, *tokens;
+        pdgw_metric_family_t *requests, *duration, *ttft, *tokens, *slo;
         char last_model[128]; /* the last model label, at a fixed address (pdgw_models.c) */
         /* its series as looked up so far (status 200 for requests), NULL = not yet */
         pdgw_metric_t *ok, *duration_of, *ttft_of, *prompt_tokens, *completion_tokens;

@@ -97,7 +97,8 @@ struct pdgw_wf {
     char decode_id[SCHED_ID_MAX];
     uint64_t t_first_token_ns;
     uint64_t t_last_token_ns;
-    uint32_t n_later_events; /* relayed data events after the first token's */
+    uint32_t n_later_events;           /* relayed data events after the first token's */
+    uint32_t slo_ttft_ms, slo_tpot_ms; /* the request's targets, 0 = none (pdgw_slo.c) */
     uint64_t t_prefill_us;
     uint64_t t_decode_us;
     bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */

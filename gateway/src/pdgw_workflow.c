@@ -129,6 +129,8 @@ static void wf_sched_request(pdgw_wf_t *wf, sched_request_t *sr, const char **ex
         }
     }
     sr->affinity_key = wf->affinity_key; /* session affinity (pdgw_admit_req.c) */
+    sr->slo_ttft_ms = wf->slo_ttft_ms;   /* latency targets (pdgw_slo.c) */
+    sr->slo_tpot_ms = wf->slo_tpot_ms;
     {
         /* route hook: the engine's token ids of a text prompt (pdgw_tokenize.c) */
         size_t n_tok = 0;

@@ -39,6 +39,7 @@ struct sched_booking {
     size_t n_hashes;
     uint64_t *kv_keys; /* precise-prefix block keys of the prompt */
     size_t n_kv_keys;
+    bool whole;        /* decode only: the decode runs the whole request (its prefill too) */
     bool has_affinity; /* session affinity: rendezvous on affinity_hash */
     uint64_t affinity_hash;
     booking_leg_t legs[2];
@@ -210,6 +211,7 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     ctx.now_ms = sched_pool_now(pool);
     ctx.rng = sched_thread_rng();
     ctx.any_exclude = leg->n_excluded > 0 || b->req.n_exclude_ids > 0;
+    ctx.whole_request = b->whole && which == SCHED_LEG_DECODE;
 
     pthread_rwlock_rdlock(&pool->lock);
     for (int attempt = 0; attempt < PICK_ATTEMPTS; attempt++) {
@@ -251,6 +253,10 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
             leg->kv_charge = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
             leg->milli_charge = sched_decode_milli(leg->kv_charge);
             atomic_fetch_add_explicit(&chosen->kv_tokens, leg->kv_charge, RELAXED);
+            if (b->whole) { /* it computes the prompt too: queued prefill work on it */
+                leg->prompt_charge = b->req.prompt_tokens;
+                atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
+            }
         }
         atomic_fetch_add_explicit(&chosen->token_milli, leg->milli_charge, RELAXED);
     }
@@ -294,6 +300,7 @@ static sched_status_t book(sched_pool_t *pool, const sched_request_t *req, book_
     status = booking_new(pool, req, &b);
     if (status != SCHED_OK)
         return status;
+    b->whole = kind == BOOK_D;
     if (kind != BOOK_D) {
         status = book_leg(b, SCHED_LEG_PREFILL);
         if (status != SCHED_OK)

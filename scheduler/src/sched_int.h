@@ -75,7 +75,7 @@ struct sched_instance {
     uint64_t kv_ttl_ms;
     _Atomic uint64_t kv_free_chunks; /* last hint, for the admin view */
     _Atomic uint64_t kv_free_at_ms;  /* 0 = no hint */
-    _Atomic uint64_t prompt_tokens; /* in-flight prompt tokens (prefill legs), for the admin view */
+    _Atomic uint64_t prompt_tokens; /* in-flight prompt tokens (prefill legs, whole-request legs) */
     _Atomic uint64_t kv_tokens;     /* projected KV tokens (decode legs), for the admin view */
 
     /* ---- cold, under mu ------------------------------------------- */
@@ -369,8 +369,9 @@ typedef struct sched_pick_ctx {
     const uint64_t *exclude_uids; /* extra uids to skip */
     size_t n_exclude_uids;
     uint64_t now_ms;
-    uint64_t *rng;    /* per-thread state */
-    bool any_exclude; /* exclude_uids or req->exclude_ids non-empty */
+    uint64_t *rng;      /* per-thread state */
+    bool any_exclude;   /* exclude_uids or req->exclude_ids non-empty */
+    bool whole_request; /* a decode leg that runs the whole request (its prefill too) */
 } sched_pick_ctx_t;
 
 /* Choose an instance for role index <ridx> from <snap> (read lock held).

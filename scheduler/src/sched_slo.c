@@ -56,6 +56,15 @@ static bool better(double s, const sched_instance_t *c, double best_s, const sch
     return best == NULL || s < best_s || (s == best_s && c->uid < best->uid);
 }
 
+/* The score of a candidate by its prediction: an instance observed fewer than
+ * SCHED_PREDICT_SCORED_AFTER times is tried first (its model is its priors: without trying
+ * it the fleet's others would never be learnt or compared). */
+static double explore_score(const sched_prediction_t *p, double s)
+{
+    /* a thousandth: below any tried instance, still ordered by what is queued on it */
+    return p->observed < SCHED_PREDICT_SCORED_AFTER ? s * 1e-3 : s;
+}
+
 static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ctx_t *ctx)
 {
     uint32_t bound = load_bound(w);
@@ -72,8 +81,8 @@ static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ct
         if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 > bound) {
             if (better(p.upper, c, over_s, over))
                 over = c, over_s = p.upper;
-        } else if (better(p.upper, c, best_s, best)) {
-            best = c, best_s = p.upper;
+        } else if (better(explore_score(&p, p.upper), c, best_s, best)) {
+            best = c, best_s = explore_score(&p, p.upper);
         }
     }
     return best ? best : over;
@@ -84,23 +93,32 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
     uint32_t bound = load_bound(w);
     double target = ctx->req && ctx->req->slo_tpot_ms ? ctx->req->slo_tpot_ms / 1000.0 : 0.0;
     uint64_t kv = ctx->req ? (uint64_t)ctx->req->prompt_tokens + ctx->req->max_tokens : 0;
+    uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0;
     sched_instance_t *meets = NULL, *fastest = NULL;
-    uint64_t meets_load = 0;
-    double fastest_s = 0.0;
+    double meets_s = 0.0, fastest_s = 0.0;
 
     for (size_t i = 0; i < w->len; i++) {
         sched_instance_t *c = at(w, i);
         sched_prediction_t p;
-        uint64_t load;
+        double s;
         bool in_bound;
         if (!sched_pick_allowed(c, ctx))
             continue;
         sched_instance_predict_tpot(c, kv, &p);
-        load = sched_instance_score(c, ctx->now_ms);
         in_bound = atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 <= bound;
-        if (in_bound && (target == 0.0 || p.upper <= target) &&
-            (meets == NULL || load < meets_load || (load == meets_load && c->uid < meets->uid)))
-            meets = c, meets_load = load;
+        if (ctx->whole_request) {
+            /* It runs the prefill too: the least predicted time to first token wins. */
+            sched_prediction_t t;
+            sched_instance_predict_ttft(c, prompt, &t);
+            s = explore_score(&t, t.upper);
+        } else {
+            s = (double)sched_instance_score(c, ctx->now_ms);
+            if (p.observed < SCHED_PREDICT_SCORED_AFTER)
+                s = 0.0; /* untried: try it */
+        }
+        if (in_bound && (target == 0.0 || p.upper <= target || p.observed == 0) &&
+            better(s, c, meets_s, meets))
+            meets = c, meets_s = s;
         if (better(p.upper, c, fastest_s, fastest))
             fastest = c, fastest_s = p.upper;
     }

@@ -123,7 +123,8 @@ static void test_fast_instance_is_not_the_hot_spot(void **s)
 }
 
 /* A 20 ms TPOT target: the 40 ms decode is never chosen, even while the other holds more
- * (within the bound); without a target it takes its turn by load. */
+ * (within the bound); without a target it takes its turn (these whole-request legs by their
+ * predicted time to first token, which grows with the prompts queued on each). */
 static void test_decode_tpot_target_respected(void **s)
 {
     static const char *const p[] = {"fast-1"}, *const d[] = {"d-fast", "slow-d"};

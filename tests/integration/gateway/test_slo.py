@@ -1,0 +1,137 @@
+"""Latency targets through a real pdgw: x-slo-ttft-ms / x-slo-tpot-ms (llm-d's headers,
+milliseconds: llm-d-router reads both from the request headers; its SLO-deadline ordering is
+the arrival time plus x-slo-ttft-ms), the slo policy and slo_policy: reject.
+
+Two pdgw-sim engines of one model, one slow (the test's own timing flags; pdgw never reads
+them, it learns both engines from its own leg timings):
+- malformed or absurd headers get 400 `invalid_slo_header` naming the header, and reach no
+  engine; requests without headers are served as before;
+- while the models are cold nothing is refused, whatever the target;
+- the slo policy tries each engine a few times, then sends the requests to the fast one;
+- with slo_policy: reject, a target nobody is predicted to meet gets 429 `slo_unattainable`
+  at once, with a Retry-After; a reachable one is served and counted as met per model.
+"""
+
+import json
+import os
+import tempfile
+import time
+
+import pdgwtest as t
+
+MODEL = "sim-model"
+ENGINES = {
+    "fast": ["--ttft-ms", "30", "--prefill-ms-per-token", "0.05", "--tpot-ms", "4"],
+    "slow": ["--ttft-ms", "120", "--prefill-ms-per-token", "0.2", "--tpot-ms", "12"],
+}
+
+
+def completion(port, headers=None, prompt="hello there", stream=True):
+    hdrs = {"Content-Type": "application/json"}
+    hdrs.update(headers or {})
+    return t.request("POST", port, "/v1/completions",
+                     json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 6,
+                                 "stream": stream, "ignore_eos": True}).encode(), hdrs, timeout=30)
+
+
+def metric(port, name, labels):
+    status, _, body = t.request("GET", port, "/metrics", timeout=5)
+    assert status == 200
+    return t.metric_value(body.decode(), name, labels) or 0
+
+
+def served(port):
+    status, _, body = t.request("GET", port, "/metrics", timeout=5)
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+class Fleet:
+    def __init__(self, extra):
+        self.ports, self.sims = {}, []
+        for name, flags in ENGINES.items():
+            self.ports[name] = t.free_port()
+            p = t.Proc(f"sim-{name}", [t.binary("pdgw-sim"), "--role", "both", "--port",
+                                       str(self.ports[name]), "--model", MODEL] + flags)
+            self.sims.append(p)
+            t.wait_http(self.ports[name], "/health", timeout=10, proc=p)
+        self.port = t.free_port()
+        self.cfg = tempfile.NamedTemporaryFile("w", prefix="pdgw-slo-", suffix=".yaml",
+                                               delete=False)
+        lines = [f'listen: "127.0.0.1:{self.port}"', "workers: 1", "protocol: neutral",
+                 "prefill_policy: slo", "decode_policy: slo", "access_log: false"] + extra
+        lines.append("instances:")
+        for name, port in self.ports.items():
+            lines += [f"  - id: {name}", f"    url: http://127.0.0.1:{port}", "    role: both"]
+        self.cfg.write("\n".join(lines) + "\n")
+        self.cfg.close()
+        self.gw = t.Proc("pdgw", [t.binary("pdgw"), "--config", self.cfg.name])
+        t.wait_http(self.port, "/ready", timeout=15, proc=self.gw)
+
+    def close(self):
+        for p in self.sims + [self.gw]:
+            p.kill()
+        os.unlink(self.cfg.name)
+
+
+def test_bad_headers_and_plain_requests():
+    f = Fleet([])
+    try:
+        before = served(f.ports["fast"]) + served(f.ports["slow"])
+        for name in ("x-slo-ttft-ms", "x-slo-tpot-ms"):
+            for value in ("abc", "-5", "0", "1.5", "99999999999", "12ms", "+7"):
+                status, _, body = completion(f.port, {name: value})
+                assert status == 400, (name, value, status, body[:200])
+                err = json.loads(body)["error"]
+                assert err["code"] == "invalid_slo_header", err
+                assert name in err["message"], err
+        assert served(f.ports["fast"]) + served(f.ports["slow"]) == before
+        status, _, body = completion(f.port, stream=False)
+        assert status == 200, body[:200]
+        assert metric(f.port, "pdgw_rejected_requests_total", {"reason": "invalid"}) >= 14
+    finally:
+        f.close()
+
+
+def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
+    f = Fleet(["slo_policy: reject", "slo_reject_margin_percent: 50"])
+    try:
+        # cold: nothing learnt, nothing refused
+        status, _, body = completion(f.port, {"x-slo-ttft-ms": "1"})
+        assert status == 200, body[:300]
+        fast0, slow0 = served(f.ports["fast"]), served(f.ports["slow"])
+        words = "the cache of keys and values moves between the two phases "
+        for i in range(40):
+            status, _, body = completion(f.port, prompt=f"{i}: " + words * (2 + i % 9))
+            assert status == 200, body[:300]
+        fast, slow = served(f.ports["fast"]) - fast0, served(f.ports["slow"]) - slow0
+        print(f"slo policy: fast {fast:.0f}, slow {slow:.0f} of 40")
+        assert fast + slow == 40
+        assert slow >= 1, "the slow engine was never tried"
+        assert fast >= 28, (fast, slow)
+
+        _, _, inst = t.request("GET", f.port, "/admin/instances", timeout=5)
+        print("latency:", [(i["id"], i["latency"]) for i in json.loads(inst)])
+        # warm: a 1 ms target is nobody's; refused at once with a Retry-After
+        t0 = time.monotonic()
+        status, hdrs, body = completion(f.port, {"x-slo-ttft-ms": "1"})
+        took = time.monotonic() - t0
+        assert status == 429, (status, body[:300])
+        err = json.loads(body)["error"]
+        assert err["code"] == "slo_unattainable", err
+        assert int(hdrs["retry-after"]) >= 1, hdrs
+        assert took < 1.0, took
+        assert metric(f.port, "pdgw_rejected_requests_total", {"reason": "slo_unattainable"}) >= 1
+        # a reachable target is served and counted as met
+        status, _, body = completion(f.port, {"x-slo-ttft-ms": "5000", "x-slo-tpot-ms": "1000"})
+        assert status == 200, body[:300]
+        assert metric(f.port, "pdgw_model_slo_requests_total",
+                      {"model": MODEL, "result": "met"}) >= 1
+    finally:
+        f.close()
+
+
+if __name__ == "__main__":
+    t.run([test_bad_headers_and_plain_requests,
+           test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable])
