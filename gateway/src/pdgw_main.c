@@ -25,13 +25,13 @@
 #include "pdgw_fwd_setup.h"
 #include "pdgw_kvctl.h"
 #include "pdgw_log.h"
-#include "pdgw_slo.h"
 #include "pdgw_metrics.h"
 #include "pdgw_otel.h"
 #include "pdgw_registry.h"
 #include "pdgw_reload.h"
 #include "pdgw_server.h"
 #include "pdgw_server_int.h"
+#include "pdgw_slo.h"
 #include "pdgw_tls.h"
 
 extern char **environ;

@@ -99,7 +99,6 @@ static bool families(pdgw_metrics_t *reg, model_families_t *mf)
     static const char *const l_code[] = {"model", "code"};
     static const char *const l_model[] = {"model"};
     static const char *const l_kind[] = {"model", "kind"};
-
     static const char *const l_result[] = {"model", "result"};
 
     if (mf->requests != NULL && mf->duration != NULL && mf->ttft != NULL && mf->tokens != NULL &&
