@@ -171,7 +171,8 @@ static void apply_to_index(const sched_kvev_batch_t *b)
         uint64_t uid = 1;
         if (e->kind != SCHED_KVEV_STORED || e->block_size == 0)
             continue;
-        n = sched_kvev_keys(e->token_ids, e->n_token_ids, e->block_size, e->lora_name, keys, 64);
+        n = sched_kvev_keys(e->token_ids, e->n_token_ids, e->block_size, e->lora_name, NULL, keys,
+                            64);
         sched_kvev_index_match(idx, keys, n, &uid, 1, 0.5, &depth, &w);
         if (depth > n || w > (double)n)
             abort();
