@@ -4,6 +4,7 @@
 #include "pdgw_server_int.h"
 
 #include "pdgw_log.h"
+#include "pdgw_slo.h"
 
 #include <arpa/inet.h>
 
@@ -54,5 +55,10 @@ void pdgw_req_access_log(const pdgw_req_t *r, int status, bool disconnected, uin
     if (r->info_valid)
         a.prompt_tokens = r->info.est_prompt_tokens;
     a.bytes_out = r->bytes_out;
+    if (wf) {
+        a.slo_ttft_ms = wf->slo_ttft_ms;
+        a.slo_tpot_ms = wf->slo_tpot_ms;
+        a.slo_result = pdgw_slo_result(wf, r, status);
+    }
     pdgw_access_log(&a);
 }

@@ -466,6 +466,11 @@ void pdgw_access_log(const pdgw_access_entry_t *e)
         access_num(&l, json, "completion_tokens", e->completion_tokens);
     access_str(&l, json, "client", e->client_addr, false);
     access_str(&l, json, "error", e->error, false);
+    if (e->slo_ttft_ms > 0)
+        access_num(&l, json, "slo_ttft_ms", e->slo_ttft_ms);
+    if (e->slo_tpot_ms > 0)
+        access_num(&l, json, "slo_tpot_ms", e->slo_tpot_ms);
+    access_str(&l, json, "slo", e->slo_result, false);
     access_str(&l, json, "pd_phase", e->pd_phase, false);
     if (e->pd_phase != NULL && e->pd_retryable >= 0) {
         if (json)

@@ -148,6 +148,9 @@ typedef struct pdgw_access_entry {
     int64_t completion_tokens; /* < 0 unknown */
     const char *pd_phase;      /* failed PD phase (prefill, kv_transfer, decode), NULL = none */
     int pd_retryable;          /* with pd_phase: 1/0; < 0 = unknown (omitted) */
+    uint32_t slo_ttft_ms;      /* the request's latency targets, 0 = none (omitted) */
+    uint32_t slo_tpot_ms;
+    const char *slo_result; /* met, missed_ttft, ... (pdgw_slo_result), NULL = omitted */
 } pdgw_access_entry_t;
 
 /* Sets every duration/token field and pd_retryable to -1, everything else to zero/NULL. */

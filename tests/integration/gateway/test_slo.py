@@ -60,7 +60,9 @@ class Fleet:
         self.cfg = tempfile.NamedTemporaryFile("w", prefix="pdgw-slo-", suffix=".yaml",
                                                delete=False)
         lines = [f'listen: "127.0.0.1:{self.port}"', "workers: 1", "protocol: neutral",
-                 "prefill_policy: slo", "decode_policy: slo", "access_log: false"] + extra
+                 "prefill_policy: slo", "decode_policy: slo"] + extra
+        if not any(x.startswith("access_log") for x in extra):
+            lines.append("access_log: false")
         lines.append("instances:")
         for name, port in self.ports.items():
             lines += [f"  - id: {name}", f"    url: http://127.0.0.1:{port}", "    role: both"]
@@ -95,7 +97,8 @@ def test_bad_headers_and_plain_requests():
 
 
 def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
-    f = Fleet(["slo_policy: reject", "slo_reject_margin_percent: 50"])
+    f = Fleet(["slo_policy: reject", "slo_reject_margin_percent: 50", "access_log: true",
+               "log_format: json"])
     try:
         # cold: nothing learnt, nothing refused
         status, _, body = completion(f.port, {"x-slo-ttft-ms": "1"})
@@ -128,6 +131,18 @@ def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
         assert status == 200, body[:300]
         assert metric(f.port, "pdgw_model_slo_requests_total",
                       {"model": MODEL, "result": "met"}) >= 1
+        # and the access log says so (targets and attainment)
+        deadline = time.monotonic() + 5
+        while True:
+            lines = [json.loads(x) for x in f.gw.output().splitlines()
+                     if x.startswith("{") and '"type":"access"' in x]
+            met = [x for x in lines if x.get("slo_ttft_ms") == 5000]
+            if met or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert met and met[-1]["slo"] == "met" and met[-1]["slo_tpot_ms"] == 1000, met
+        refused = [x for x in lines if x.get("slo_ttft_ms") == 1 and x["status"] == 429]
+        assert refused and "slo" not in refused[-1], refused
     finally:
         f.close()
 
