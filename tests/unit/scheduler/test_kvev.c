@@ -10,44 +10,16 @@
 #include <zmq.h>
 
 #include "sched_kvev_int.h"
+#include "kvev_vectors.h"
 #include "sched_test_util.h"
 
 /* ---- decoder ------------------------------------------------------ */
 
-static size_t unhex(const char *hex, unsigned char *out, size_t max)
+/* The golden vectors of kvev_vectors.py (older vLLM's array and map layouts). */
+static size_t load_vectors(kvev_vec_t *v, size_t max)
 {
     size_t n = 0;
-    while (hex[0] && hex[1] && hex[0] != '\n' && n < max) {
-        unsigned v;
-        sscanf(hex, "%2x", &v);
-        out[n++] = (unsigned char)v;
-        hex += 2;
-    }
-    return n;
-}
-
-/* Run the generator; fill name → payload. */
-static int load_vectors(char names[8][16], unsigned char bufs[8][2048], size_t lens[8])
-{
-    char cmd[1024], line[8192], *dir;
-    FILE *p;
-    int n = 0;
-
-    snprintf(cmd, sizeof(cmd), "%s", __FILE__);
-    dir = strrchr(cmd, '/');
-    assert_non_null(dir);
-    snprintf(line, sizeof(line), "/usr/bin/python3 %.*s/kvev_vectors.py", (int)(dir - cmd), cmd);
-    p = popen(line, "r");
-    assert_non_null(p);
-    while (n < 8 && fgets(line, sizeof(line), p)) {
-        char *sp = strchr(line, ' ');
-        assert_non_null(sp);
-        *sp = '\0';
-        snprintf(names[n], 16, "%.15s", line);
-        lens[n] = unhex(sp + 1, bufs[n], 2048);
-        n++;
-    }
-    assert_int_equal(pclose(p), 0);
+    kvev_vectors_script("kvev_vectors.py", v, max, &n);
     return n;
 }
 
@@ -94,33 +66,31 @@ static void check_layout(const unsigned char *buf, size_t len, bool map)
 
 static void test_decode_golden(void **state)
 {
-    char names[8][16];
-    static unsigned char bufs[8][2048];
-    size_t lens[8];
-    int n = load_vectors(names, bufs, lens), seen = 0;
+    static kvev_vec_t v[8];
+    int n = (int)load_vectors(v, 8), seen = 0;
 
     (void)state;
     for (int i = 0; i < n; i++) {
         sched_kvev_batch_t b;
-        if (strcmp(names[i], "array") == 0) {
-            check_layout(bufs[i], lens[i], false);
-        } else if (strcmp(names[i], "map") == 0) {
-            check_layout(bufs[i], lens[i], true);
-        } else if (strcmp(names[i], "bytes") == 0) {
-            assert_int_equal(sched_kvev_decode(bufs[i], lens[i], &b, NULL, 0), SCHED_OK);
+        if (strcmp(v[i].name, "array") == 0) {
+            check_layout(v[i].buf, v[i].len, false);
+        } else if (strcmp(v[i].name, "map") == 0) {
+            check_layout(v[i].buf, v[i].len, true);
+        } else if (strcmp(v[i].name, "bytes") == 0) {
+            assert_int_equal(sched_kvev_decode(v[i].buf, v[i].len, &b, NULL, 0), SCHED_OK);
             assert_int_equal(b.n_events, 1);
             /* bytes 0..31: the last 8 are 24..31 */
             assert_true(b.events[0].block_hashes[0] == 0x18191a1b1c1d1e1full);
             assert_int_equal(b.dp_rank, -1);
             sched_kvev_batch_free(&b);
-        } else if (strcmp(names[i], "unknown") == 0) {
-            assert_int_equal(sched_kvev_decode(bufs[i], lens[i], &b, NULL, 0), SCHED_OK);
+        } else if (strcmp(v[i].name, "unknown") == 0) {
+            assert_int_equal(sched_kvev_decode(v[i].buf, v[i].len, &b, NULL, 0), SCHED_OK);
             assert_int_equal(b.n_events, 1);
             assert_int_equal(b.n_unknown, 1);
             assert_int_equal(b.events[0].kind, SCHED_KVEV_CLEARED);
             sched_kvev_batch_free(&b);
         } else {
-            fail_msg("unexpected vector %s", names[i]);
+            fail_msg("unexpected vector %s", v[i].name);
         }
         seen++;
     }
@@ -129,10 +99,8 @@ static void test_decode_golden(void **state)
 
 static void test_decode_garbage(void **state)
 {
-    char names[8][16];
-    static unsigned char bufs[8][2048];
-    size_t lens[8];
-    int n = load_vectors(names, bufs, lens);
+    static kvev_vec_t v[8];
+    int n = (int)load_vectors(v, 8);
     unsigned char junk[64];
     sched_kvev_batch_t b;
     char err[128];
@@ -141,16 +109,16 @@ static void test_decode_garbage(void **state)
     (void)state;
     /* every truncation of a valid payload is refused, never a crash */
     for (int i = 0; i < n; i++)
-        for (size_t cut = 0; cut < lens[i]; cut++)
-            assert_int_equal(sched_kvev_decode(bufs[i], cut, &b, err, sizeof(err)),
+        for (size_t cut = 0; cut < v[i].len; cut++)
+            assert_int_equal(sched_kvev_decode(v[i].buf, cut, &b, err, sizeof(err)),
                              SCHED_ERR_INVALID);
     /* bit flips: either decodes or is refused; no crash, no leak */
     for (int i = 0; i < n; i++)
-        for (size_t k = 0; k < lens[i] * 8; k += 3) {
+        for (size_t k = 0; k < v[i].len * 8; k += 3) {
             unsigned char copy[2048];
-            memcpy(copy, bufs[i], lens[i]);
+            memcpy(copy, v[i].buf, v[i].len);
             copy[k / 8] ^= (unsigned char)(1u << (k % 8));
-            if (sched_kvev_decode(copy, lens[i], &b, err, sizeof(err)) == SCHED_OK)
+            if (sched_kvev_decode(copy, v[i].len, &b, err, sizeof(err)) == SCHED_OK)
                 sched_kvev_batch_free(&b);
         }
     for (int r = 0; r < 2000; r++) {

@@ -10,46 +10,17 @@
 #include <zmq.h>
 
 #include "pdb/pdb_clock.h"
+#include "kvev_vectors.h"
 #include "sched_kvev_int.h"
 #include "sched_test_util.h"
 
-typedef struct vec {
-    char name[16];
-    unsigned char buf[2048];
-    size_t len;
-} vec_t;
-
-static vec_t vecs[8];
-static int n_vecs;
+static kvev_vec_t vecs[8];
+static size_t n_vecs;
 
 static void load_vectors(void)
 {
-    char cmd[1024], line[8192], *dir;
-    FILE *p;
-
-    snprintf(cmd, sizeof(cmd), "%s", __FILE__);
-    dir = strrchr(cmd, '/');
-    assert_non_null(dir);
-    snprintf(line, sizeof(line), "/usr/bin/python3 %.*s/kvev_vectors_current.py", (int)(dir - cmd),
-             cmd);
-    p = popen(line, "r");
-    assert_non_null(p);
     n_vecs = 0;
-    while (n_vecs < 8 && fgets(line, sizeof(line), p)) {
-        char *sp = strchr(line, ' '), *hex;
-        vec_t *v = &vecs[n_vecs++];
-        assert_non_null(sp);
-        *sp = '\0';
-        snprintf(v->name, sizeof(v->name), "%.15s", line);
-        v->len = 0;
-        for (hex = sp + 1; hex[0] && hex[1] && hex[0] != '\n' && v->len < sizeof(v->buf);
-             hex += 2) {
-            unsigned x;
-            sscanf(hex, "%2x", &x);
-            v->buf[v->len++] = (unsigned char)x;
-        }
-    }
-    assert_int_equal(pclose(p), 0);
+    kvev_vectors_script("kvev_vectors_current.py", vecs, 8, &n_vecs);
     assert_int_equal(n_vecs, 6);
 }
 
@@ -58,7 +29,7 @@ static void decode(const char *name, sched_kvev_batch_t *b)
     char err[128] = "";
     if (n_vecs == 0)
         load_vectors();
-    for (int i = 0; i < n_vecs; i++)
+    for (size_t i = 0; i < n_vecs; i++)
         if (strcmp(vecs[i].name, name) == 0) {
             sched_status_t st = sched_kvev_decode(vecs[i].buf, vecs[i].len, b, err, sizeof(err));
             if (st != SCHED_OK)

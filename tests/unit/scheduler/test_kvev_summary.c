@@ -18,41 +18,12 @@
 
 #include <unistd.h>
 
+#include "kvev_vectors.h"
 #include "sched_test_util.h"
 
-typedef struct vec {
-    char name[16];
-    unsigned char buf[4096];
-    size_t len;
-} vec_t;
+static kvev_vec_t vecs[16];
+static size_t n_vecs;
 
-static vec_t vecs[16];
-static int n_vecs;
-
-/* Run <cmd> and read its "<name> <hex>" lines into vecs. */
-static void load_from(const char *cmd)
-{
-    char line[16384];
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    while (n_vecs < 16 && fgets(line, sizeof(line), p)) {
-        char *sp = strchr(line, ' '), *hex;
-        vec_t *v = &vecs[n_vecs++];
-        assert_non_null(sp);
-        *sp = '\0';
-        snprintf(v->name, sizeof(v->name), "%.15s", line);
-        v->len = 0;
-        for (hex = sp + 1; hex[0] && hex[1] && hex[0] != '\n' && v->len < sizeof(v->buf);
-             hex += 2) {
-            unsigned x;
-            assert_int_equal(sscanf(hex, "%2x", &x), 1);
-            v->buf[v->len++] = (unsigned char)x;
-        }
-    }
-    assert_int_equal(pclose(p), 0);
-}
-
-/* Batches of several block sizes, as current vLLM frames them (a map batch). */
 static const char MIXED_PY[] =
     "import msgpack\n"
     "def st(h, bs):\n"
@@ -64,33 +35,24 @@ static const char MIXED_PY[] =
     "print('mixed2', msgpack.packb(two, use_bin_type=True).hex())\n"
     "print('mixed6', msgpack.packb(six, use_bin_type=True).hex())\n";
 
-static const vec_t *vec(const char *name)
+static const kvev_vec_t *vec(const char *name)
 {
     if (n_vecs == 0) {
-        char dir[1024], cmd[2048];
-        char *slash;
-        snprintf(dir, sizeof(dir), "%s", __FILE__);
-        slash = strrchr(dir, '/');
-        assert_non_null(slash);
-        *slash = '\0';
-        snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/kvev_vectors.py", dir);
-        load_from(cmd);
-        snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/kvev_vectors_current.py", dir);
-        load_from(cmd);
-        {
-            char script[] = "/tmp/pdgw-kvev-summary-XXXXXX";
-            int fd = mkstemp(script);
-            assert_true(fd >= 0);
-            assert_int_equal(write(fd, MIXED_PY, sizeof(MIXED_PY) - 1),
-                             (ssize_t)(sizeof(MIXED_PY) - 1));
-            close(fd);
-            snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s", script);
-            load_from(cmd);
-            unlink(script);
-        }
+        char script[] = "/tmp/pdgw-kvev-summary-XXXXXX", cmd[128];
+        int fd;
+        kvev_vectors_script("kvev_vectors.py", vecs, 16, &n_vecs);
+        kvev_vectors_script("kvev_vectors_current.py", vecs, 16, &n_vecs);
+        fd = mkstemp(script);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, MIXED_PY, sizeof(MIXED_PY) - 1),
+                         (ssize_t)(sizeof(MIXED_PY) - 1));
+        close(fd);
+        snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s", script);
+        kvev_vectors_run(cmd, vecs, 16, &n_vecs);
+        unlink(script);
         assert_int_equal(n_vecs, 12);
     }
-    for (int i = 0; i < n_vecs; i++)
+    for (size_t i = 0; i < n_vecs; i++)
         if (strcmp(vecs[i].name, name) == 0)
             return &vecs[i];
     fail_msg("no vector %s", name);
@@ -106,7 +68,7 @@ static void be64(unsigned char *out, uint64_t v)
 /* A live message (topic, seq, payload of vector <name>) summarized. */
 static sched_status_t live(const char *name, uint64_t seq, sched_kvev_summary_t *s)
 {
-    const vec_t *v = vec(name);
+    const kvev_vec_t *v = vec(name);
     unsigned char sb[8];
     sched_kvev_frame_t f[3] = {{"kv", 2}, {sb, 8}, {v->buf, v->len}};
     be64(sb, seq);
@@ -186,7 +148,7 @@ static void test_block_sizes(void **state)
 
 static void test_replay(void **state)
 {
-    const vec_t *v = vec("map");
+    const kvev_vec_t *v = vec("map");
     unsigned char sb[24] = {0}, end[8];
     sched_kvev_summary_t s;
     (void)state;
@@ -223,7 +185,7 @@ static void test_replay(void **state)
 
 static void test_bad_framing(void **state)
 {
-    const vec_t *v = vec("map");
+    const kvev_vec_t *v = vec("map");
     unsigned char sb[8] = {0};
     static const unsigned char junk[] = {0xC1, 0x00, 0x01};
     sched_kvev_summary_t s;
