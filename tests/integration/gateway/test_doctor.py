@@ -137,18 +137,24 @@ def test_correct_fleet_passes():
         f'    kv_events_endpoint: "tcp://127.0.0.1:{ev1}"'])
     try:
         complete(p0)  # buffered on ok0: the replay brings it back
-        # ok1 has no replay: it must publish while the doctor listens
+        # ok1 has no replay: it must publish while the doctor listens, however long the
+        # doctor takes to start listening (a sanitizer build is slow): until it is done
+        done = threading.Event()
+
         def traffic():
-            deadline, n = time.time() + 1.5, 0
-            while time.time() < deadline:
+            deadline, n = time.time() + 60, 0
+            while not done.is_set() and time.time() < deadline:
                 n += 1
                 complete(p1, n)
-                time.sleep(0.1)
+                done.wait(0.1)  # pace: a request every 100 ms
 
         th = threading.Thread(target=traffic)
         th.start()
-        rc, doc = rows(path)
-        th.join()
+        try:
+            rc, doc = rows(path)
+        finally:
+            done.set()
+            th.join()
         bad = [c for c in doc["checks"] if c["result"] not in ("ok", "info")]
         assert rc == 0 and not bad, json.dumps(doc, indent=1)
         for inst in ("ok0", "ok1"):
