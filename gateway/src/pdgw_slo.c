@@ -115,7 +115,8 @@ void pdgw_slo_config_destroy(pdgw_slo_config_t *c)
     pdgw_free(c);
 }
 
-/* A header's milliseconds: absent (true, *out untouched), valid (true), else false. */
+/* A header's milliseconds: absent (true, *out untouched), valid (true), else false. 0 is
+ * valid and means no target (llm-d treats a missing SLO as 0). */
 static bool header_ms(pdgw_req_t *r, const char *name, uint32_t max, uint32_t *out)
 {
     const char *h = pdgw_req_header(r, name);
@@ -132,7 +133,7 @@ static bool header_ms(pdgw_req_t *r, const char *name, uint32_t max, uint32_t *o
     v = strtoull(h, &end, 10);
     while (*end == ' ' || *end == '\t')
         end++;
-    if (*end != '\0' || errno == ERANGE || v == 0 || v > max)
+    if (*end != '\0' || errno == ERANGE || v > max)
         return false;
     *out = (uint32_t)v;
     return true;
@@ -143,7 +144,8 @@ static void bad_header(pdgw_req_t *r, const char *name, uint32_t max)
     pdgw_api_error_t e;
     pdgw_gateway_metrics_rejected(r->w->srv->opts.metrics, "invalid");
     pdgw_api_error_set(&e, PDGW_API_ERR_BAD_REQUEST, NULL,
-                       "header %s must be a whole number of milliseconds, 1..%u", name, max);
+                       "header %s must be a whole number of milliseconds, 0..%u (0 = none)", name,
+                       max);
     pdgw_api_error_set_code(&e, "invalid_slo_header");
     pdgw_req_reply_error(r, &e);
 }
