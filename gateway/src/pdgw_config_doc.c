@@ -93,6 +93,14 @@ static void flag_cell(FILE *out, const pdgw_config_option_t *o)
     fputc('`', out);
 }
 
+static void env_cell(FILE *out, const pdgw_config_option_t *o)
+{
+    if (o->env != NULL)
+        fprintf(out, "`%s`", o->env);
+    else
+        fputs("—", out);
+}
+
 static void print_keys(FILE *out)
 {
     size_t n;
@@ -108,7 +116,9 @@ static void print_keys(FILE *out)
             flag_cell(out, o);
         else
             fputs("—", out);
-        fprintf(out, " | %s%s%s | `", o->env ? "`" : "", o->env ? o->env : "—", o->env ? "`" : "");
+        fputs(" | ", out);
+        env_cell(out, o);
+        fputs(" | `", out);
         cell(out, default_text(o));
         fputs("` | ", out);
         cell(out, o->help);
@@ -129,7 +139,9 @@ static void print_cli(FILE *out)
             continue;
         fputs("| ", out);
         flag_cell(out, o);
-        fprintf(out, " | %s%s%s | ", o->env ? "`" : "", o->env ? o->env : "—", o->env ? "`" : "");
+        fputs(" | ", out);
+        env_cell(out, o);
+        fputs(" | ", out);
         cell(out, o->help);
         fputs(" |\n", out);
     }

@@ -101,6 +101,9 @@ pdgw_status_t pdgw_slo_config_create(const pdgw_config_t *cfg, pdgw_slo_config_t
         }
         c->n_models++;
     }
+    if (c->reject && c->global.ttft_ms == 0 && c->global.tpot_ms == 0 && c->n_models == 0)
+        pdgw_log_warn("slo", "slo_policy: reject without slo_ttft, slo_tpot or slo_models: only "
+                             "requests that send x-slo-ttft-ms / x-slo-tpot-ms can be refused");
     *out = c;
     return PDGW_OK;
 }
@@ -234,9 +237,11 @@ const char *pdgw_slo_result(const pdgw_wf_t *wf, const pdgw_req_t *r, int status
     if (wf == NULL || status != 200 || (wf->slo_ttft_ms == 0 && wf->slo_tpot_ms == 0))
         return NULL;
     if (wf->slo_ttft_ms > 0) {
-        /* A whole (non-stream) answer has no first-token time: its whole time bounds it. */
-        uint64_t first = wf->t_first_token_ns ? wf->t_first_token_ns : pdgw_time_mono_ns();
-        ttft_miss = (first - r->t_start_ns) / 1000000u > wf->slo_ttft_ms;
+        /* A whole (non-stream) answer has no first-token time: the end of its answering leg
+         * bounds it (the same for every caller: no clock read here). */
+        const pdgw_leg_t *leg = &wf->legs[PDGW_LEG_DECODE];
+        uint64_t first_ms = wf->t_first_token_ns ? wf->t_first_token_ns / 1000000u : leg->t_end_ms;
+        ttft_miss = first_ms < r->t_start_ms || first_ms - r->t_start_ms > wf->slo_ttft_ms;
     }
     if (wf->slo_tpot_ms > 0 && wf->n_later_events > 0 && wf->t_last_token_ns > wf->t_first_token_ns)
         tpot_miss = (wf->t_last_token_ns - wf->t_first_token_ns) / 1000000.0 / wf->n_later_events >

@@ -27,6 +27,9 @@
  * offset (the arrays are in uid order, which says nothing of speed or load), so that a pick
  * costs the same at 1,000 instances as at 64. */
 #define SLO_WINDOW 64
+/* The same for an estimate of what the fleet can do (it refuses requests: a wider sample,
+ * exact up to this many instances of a role). */
+#define SLO_ESTIMATE_WINDOW 256
 
 /* The instances one pick looks at: arr[(start + i) % n] for i < len. */
 typedef struct slo_window {
@@ -163,10 +166,15 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
     pthread_rwlock_rdlock(&pool->lock);
     for (int r = 0; r < 2; r++) {
         const sched_snapshot_t *snap = pool->snap;
-        for (size_t i = 0; i < snap->n_role[r]; i++) {
-            sched_instance_t *c = snap->role[r][i];
+        slo_window_t w = {.arr = snap->role[r], .n = snap->n_role[r], .len = snap->n_role[r]};
+        double *best = r == SCHED_RIDX_PREFILL ? &e.ttft_s : &e.tpot_s;
+        if (w.n > SLO_ESTIMATE_WINDOW) {
+            w.start = (size_t)((sched_rng_next(ctx.rng) >> 11) % w.n);
+            w.len = SLO_ESTIMATE_WINDOW;
+        }
+        for (size_t i = 0; i < w.len; i++) {
+            sched_instance_t *c = at(&w, i);
             sched_prediction_t p;
-            double *best = r == SCHED_RIDX_PREFILL ? &e.ttft_s : &e.tpot_s;
             if (!sched_pick_allowed(c, &ctx))
                 continue;
             if (r == SCHED_RIDX_PREFILL)

@@ -526,7 +526,9 @@ sched_status_t sched_book_prefill(sched_pool_t *pool, const sched_request_t *req
  * first token over the usable prefill-capable instances and the least predicted time per
  * output token over the usable decode-capable ones (means, seconds; 0 for a role without a
  * usable instance). <cold>: none of them has been observed yet, the numbers are priors.
- * For early refusal of what nobody can serve in time; books nothing. */
+ * Exact up to 256 instances of a role; beyond, over 256 of them from a random offset (a
+ * bounded cost per request). For early refusal of what nobody can serve in time; books
+ * nothing. */
 typedef struct sched_slo_estimate {
     double ttft_s;
     double tpot_s;
