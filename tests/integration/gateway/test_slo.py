@@ -1,6 +1,8 @@
-"""Latency targets through a real pdgw: x-slo-ttft-ms / x-slo-tpot-ms (llm-d's headers,
-milliseconds: llm-d-router reads both from the request headers; its SLO-deadline ordering is
-the arrival time plus x-slo-ttft-ms), the slo policy and slo_policy: reject.
+"""Latency targets through a real pdgw: x-slo-ttft-ms / x-slo-tpot-ms (llm-d's headers, in
+milliseconds: llm-d-router's PD SLO profile handler tests for either header
+(PdSLOProfileHandler.hasSLOHeaders), and its ordering plugin
+pkg/epp/framework/plugins/flowcontrol/ordering/slodeadline/README.md orders by arrival plus
+x-slo-ttft-ms), the slo policy and slo_policy: reject.
 
 Two pdgw-sim engines of one model, one slow (the test's own timing flags; pdgw never reads
 them, it learns both engines from its own leg timings):
