@@ -6,7 +6,8 @@
 # demo   build + curl and python3 (the demo streams through pdgw with them; make build-pgo
 #        trains with them)
 # test   demo + cmocka, Python test drivers, promtool, clang (fuzzing), Node.js,
-#        openssl (the TLS test makes its own self-signed certificate)
+#        openssl (the TLS test makes its own self-signed certificate), redis-server (the
+#        quota store's tests start their own on loopback)
 # bench  test + load generators, nginx, iperf3, gnuplot, perf
 # Tools Debian does not ship (kubectl, for example) are never installed here: the
 # tests that need one print a single "SKIP <why>" line when it is absent.
@@ -17,11 +18,12 @@ BUILD_PKGS=(
     build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzmq3-dev
     libmsgpack-dev libyaml-dev libibverbs-dev libxxhash-dev
+    libhiredis-dev libpcre2-dev libutf8proc-dev
 )
 DEMO_PKGS=(curl procps python3)
 TEST_PKGS=(
     libcmocka-dev clang iproute2 python3 python3-msgpack python3-zmq python3-yaml
-    prometheus openssl
+    prometheus openssl redis-server
 )
 BENCH_PKGS=(wrk nginx iperf3 gnuplot-nox linux-perf valgrind)
 
