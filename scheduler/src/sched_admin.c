@@ -47,6 +47,7 @@ static void instance_engine_json(json_t *o, const sched_instance_desc_t *d)
     json_object_set_new(o, "init_ports", ports_json(d->init_ports, d->n_init_ports));
     json_object_set_new(o, "tp_size", json_integer(d->tp_size));
     json_object_set_new(o, "max_concurrent", json_integer((json_int_t)d->max_concurrent));
+    json_object_set_new(o, "kv_capacity_tokens", json_integer((json_int_t)d->kv_capacity_tokens));
     json_object_set_new(o, "dp_rank", json_integer(d->dp_rank));
     json_object_set_new(o, "dp_size", json_integer(d->dp_size));
     json_object_set_new(o, "kv_engine",
@@ -170,6 +171,28 @@ static void instance_latency_json(json_t *o, const sched_instance_t *inst)
     json_object_set_new(o, "latency", lat);
 }
 
+/* "kv_headroom": the KV capacity the decode picks respect (sched_kv_headroom.c). */
+static void instance_kv_headroom_json(json_t *o, const sched_instance_t *inst)
+{
+    json_t *kv = json_object();
+    uint64_t cap = atomic_load_explicit(&inst->kv_capacity, RELAXED);
+
+    if (!kv)
+        return;
+    json_object_set_new(kv, "capacity_tokens", cap ? json_integer((json_int_t)cap) : json_null());
+    json_object_set_new(kv, "capacity_source",
+                        json_string(sched_kv_capacity_source_name(
+                            atomic_load_explicit(&inst->kv_capacity_source, RELAXED))));
+    json_object_set_new(kv, "projected_tokens", json_integer((json_int_t)sched_kv_projected(inst)));
+    json_object_set_new(
+        kv, "engine_used_tokens",
+        json_integer((json_int_t)atomic_load_explicit(&inst->kv_engine_used, RELAXED)));
+    json_object_set_new(
+        kv, "refusals",
+        json_integer((json_int_t)atomic_load_explicit(&inst->kv_refusals, RELAXED)));
+    json_object_set_new(o, "kv_headroom", kv);
+}
+
 json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint64_t now)
 {
     const sched_instance_desc_t *d = &inst->desc;
@@ -221,6 +244,7 @@ json_t *sched_instance_to_json(sched_pool_t *pool, sched_instance_t *inst, uint6
     json_object_set_new(o, "breaker", breaker);
     instance_kv_events_json(o, pool, inst);
     instance_latency_json(o, inst);
+    instance_kv_headroom_json(o, inst);
     return o;
 
 err_free:

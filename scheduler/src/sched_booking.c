@@ -23,6 +23,7 @@ typedef struct booking_leg {
     _Atomic bool open;
     bool probe; /* this leg holds its instance's half-open probe slot */
     uint64_t prompt_charge, kv_charge, milli_charge;
+    uint64_t kv_prompt_charge; /* the prompt part of kv_charge (KV headroom learning) */
     /* The latency models' features as the leg was booked (what was queued and running on
      * its instance then), scored against the timings it finishes with. */
     double x_ttft[SCHED_PREFILL_DIM], x_tpot[SCHED_TPOT_DIM];
@@ -157,6 +158,8 @@ static void leg_unload(booking_leg_t *leg)
         atomic_fetch_sub_explicit(&inst->prompt_tokens, leg->prompt_charge, RELAXED);
     if (leg->kv_charge)
         atomic_fetch_sub_explicit(&inst->kv_tokens, leg->kv_charge, RELAXED);
+    if (leg->kv_prompt_charge)
+        atomic_fetch_sub_explicit(&inst->kv_decode_prompt, leg->kv_prompt_charge, RELAXED);
 }
 
 /* What the leg's latency will be learnt against: its prompt (all of it counts as uncached
@@ -212,6 +215,8 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     ctx.rng = sched_thread_rng();
     ctx.any_exclude = leg->n_excluded > 0 || b->req.n_exclude_ids > 0;
     ctx.whole_request = b->whole && which == SCHED_LEG_DECODE;
+    if (which == SCHED_LEG_DECODE) /* what it will hold: the headroom the picks look for */
+        ctx.kv_need = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
 
     pthread_rwlock_rdlock(&pool->lock);
     for (int attempt = 0; attempt < PICK_ATTEMPTS; attempt++) {
@@ -244,7 +249,7 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     if (chosen) {
         sched_instance_ref(chosen); /* its inflight was counted by sched_instance_take_slot */
         leg_features(leg, chosen, &b->req);
-        leg->prompt_charge = leg->kv_charge = 0;
+        leg->prompt_charge = leg->kv_charge = leg->kv_prompt_charge = 0;
         if (which == SCHED_LEG_PREFILL) {
             leg->prompt_charge = b->req.prompt_tokens;
             leg->milli_charge = sched_prefill_milli(leg->prompt_charge);
@@ -253,6 +258,8 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
             leg->kv_charge = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
             leg->milli_charge = sched_decode_milli(leg->kv_charge);
             atomic_fetch_add_explicit(&chosen->kv_tokens, leg->kv_charge, RELAXED);
+            leg->kv_prompt_charge = b->req.prompt_tokens;
+            atomic_fetch_add_explicit(&chosen->kv_decode_prompt, leg->kv_prompt_charge, RELAXED);
             if (b->whole) { /* it computes the prompt too: queued prefill work on it */
                 leg->prompt_charge = b->req.prompt_tokens;
                 atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
@@ -312,6 +319,7 @@ static sched_status_t book(sched_pool_t *pool, const sched_request_t *req, book_
             goto err_revert;
     }
     atomic_fetch_add_explicit(&pool->bookings, 1, RELAXED);
+    sched_autoscale_note_request(pool, &b->req);
     sched_metrics_observe_schedule(pool, mono_ns() - t0);
     *booking_out = b;
     return SCHED_OK;
@@ -420,6 +428,9 @@ sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
     sched_breaker_report(b->pool, leg->inst, probe, sched_pool_now(b->pool), result);
     if (result)
         leg_learn(leg, result);
+    if (which == SCHED_LEG_DECODE && result && result->outcome == SCHED_OUTCOME_SUCCESS &&
+        (result->first_token_s > 0.0 || result->later_tokens > 0))
+        sched_autoscale_note_output(b->pool, b->req.model, result->later_tokens + 1);
     if (result && outcome_excludes(result->outcome))
         leg_exclude(leg, leg->inst->uid);
     return SCHED_OK;

@@ -29,6 +29,10 @@ void sched_config_init(sched_config_t *cfg)
     cfg->kv_events_max_blocks = 1u << 20;
     cfg->kv_events_max_message_bytes = (size_t)16 << 20;
     cfg->kv_events_silence_ms = 30000;
+    cfg->autoscale_ttft_ms = 1000;
+    cfg->autoscale_tpot_ms = 50;
+    cfg->autoscale_tau_ms = 30000;
+    cfg->autoscale_window_ms = 120000;
     cfg->dns.interval_ms = 5000;
     cfg->kubernetes.port_name = "http";
     cfg->kubernetes.token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";

@@ -386,6 +386,7 @@ sched_status_t sched_desc_copy(const sched_instance_desc_t *src, sched_instance_
     d.source = src->source;
     d.kv_engine = src->kv_engine;
     d.max_concurrent = src->max_concurrent;
+    d.kv_capacity_tokens = src->kv_capacity_tokens;
     d.attrs = sched_strdup(src->attrs ? src->attrs : "");
     if (!d.url || !d.id || !d.kv_host || !d.engine_id || !d.zone || !d.kv_events_endpoint ||
         !d.kv_events_replay_endpoint || !d.attrs)
@@ -431,7 +432,7 @@ bool sched_desc_equal(const sched_instance_desc_t *a, const sched_instance_desc_
         a->tp_size != b->tp_size || a->dp_rank != b->dp_rank || a->dp_size != b->dp_size ||
         !str_eq(a->zone, b->zone) || a->n_labels != b->n_labels || a->source != b->source ||
         a->n_models != b->n_models || a->kv_engine != b->kv_engine || !str_eq(a->attrs, b->attrs) ||
-        a->max_concurrent != b->max_concurrent)
+        a->max_concurrent != b->max_concurrent || a->kv_capacity_tokens != b->kv_capacity_tokens)
         return false;
     if (memcmp(a->alloc_ports, b->alloc_ports, sizeof(int) * a->n_alloc_ports) ||
         memcmp(a->init_ports, b->init_ports, sizeof(int) * a->n_init_ports))
@@ -590,6 +591,15 @@ sched_status_t sched_instance_desc_from_json(const json_t *obj, sched_instance_d
             int mc = 0;
             st = json_small_int(v, key, 0, 1000000, &mc, err, err_len);
             d.max_concurrent = (unsigned)mc;
+        } else if (strcmp(key, "kv_capacity_tokens") == 0) {
+            /* an integer of tokens, at most 2^40 (a trillion: no engine holds more) */
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > ((json_int_t)1 << 40)) {
+                sched_set_err(err, err_len, "kv_capacity_tokens: must be an integer 0..2^40");
+                st = SCHED_ERR_INVALID;
+            } else {
+                d.kv_capacity_tokens = (uint64_t)json_integer_value(v);
+            }
         } else if (strcmp(key, "tp_size") == 0) {
             st = json_small_int(v, key, 1, SCHED_MAX_TP, &d.tp_size, err, err_len);
         } else if (strcmp(key, "dp_rank") == 0) {

@@ -289,6 +289,7 @@ static void scrape_done(sched_pool_t *pool, transfer_t *t, CURLcode rc, long cod
     inst->scraped_at_ms = now ? now : 1;
     publish_scrape(inst, &m);
     pthread_mutex_unlock(&inst->mu);
+    sched_kv_on_scrape(inst, &m);
     (void)pool;
 }
 
@@ -329,8 +330,10 @@ static void expire_scrape(sched_pool_t *pool, sched_instance_t *inst, uint64_t n
 {
     pthread_mutex_lock(&inst->mu);
     if (inst->scraped_at_ms && now > inst->scraped_at_ms + pool->stale_ms &&
-        atomic_load_explicit(&inst->scraped, RELAXED))
+        atomic_load_explicit(&inst->scraped, RELAXED)) {
         atomic_store_explicit(&inst->scraped, 0, RELAXED); /* stale: local accounting only */
+        sched_kv_on_stale(inst);
+    }
     pthread_mutex_unlock(&inst->mu);
 }
 

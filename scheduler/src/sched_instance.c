@@ -32,6 +32,10 @@ sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_de
     inst->weight = inst->desc.weight;
     inst->inv_weight = ((1ull << 32) + inst->weight - 1) / inst->weight;
     inst->roles = (uint8_t)inst->desc.role;
+    if (inst->desc.kv_capacity_tokens) {
+        atomic_init(&inst->kv_capacity, inst->desc.kv_capacity_tokens);
+        atomic_init(&inst->kv_capacity_source, SCHED_KV_CAP_DECLARED);
+    }
     inst->kv_ttl_ms = sched_pool_kv_ttl_ms(pool);
     inst->clock = pool->clock;
     inst->clock_arg = pool->clock_arg;

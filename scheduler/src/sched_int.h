@@ -77,6 +77,15 @@ struct sched_instance {
     _Atomic uint64_t kv_free_at_ms;  /* 0 = no hint */
     _Atomic uint64_t prompt_tokens; /* in-flight prompt tokens (prefill legs, whole-request legs) */
     _Atomic uint64_t kv_tokens;     /* projected KV tokens (decode legs), for the admin view */
+    /* KV headroom (sched_kv_headroom.c): what the engine can hold, in tokens (0 = unknown:
+     * every booking fits), where that figure comes from (SCHED_KV_CAP_*), the tokens the
+     * engine last reported in use (usage x capacity; 0 when stale), the prompt part of
+     * kv_tokens, and the bookings that passed this decode over for lack of room. */
+    _Atomic uint64_t kv_capacity;
+    _Atomic uint32_t kv_capacity_source;
+    _Atomic uint64_t kv_engine_used;
+    _Atomic uint64_t kv_decode_prompt;
+    _Atomic uint64_t kv_refusals;
 
     /* ---- cold, under mu ------------------------------------------- */
     pthread_mutex_t mu;
@@ -180,6 +189,10 @@ struct sched_pool {
     _Atomic uint64_t affinity_home[2], affinity_moved[2]; /* sched_affinity.c */
     _Atomic uint64_t double_release;
     _Atomic uint64_t bookings;
+    _Atomic uint64_t kv_refusals;   /* decode bookings that passed a full decode over */
+    _Atomic uint64_t kv_overcommit; /* decode bookings made when no decode had room */
+
+    struct sched_autoscale *autoscale; /* sched_autoscale.c: demand and replica signals */
 };
 
 /* ---- sched_instance.c ---- */
@@ -372,6 +385,7 @@ typedef struct sched_pick_ctx {
     uint64_t *rng;      /* per-thread state */
     bool any_exclude;   /* exclude_uids or req->exclude_ids non-empty */
     bool whole_request; /* a decode leg that runs the whole request (its prefill too) */
+    uint64_t kv_need;   /* KV tokens the leg will hold (decode legs; 0 = no headroom test) */
 } sched_pick_ctx_t;
 
 /* Choose an instance for role index <ridx> from <snap> (read lock held).
@@ -386,6 +400,60 @@ sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int r
 /* ---- sched_slo.c ---- */
 sched_instance_t *sched_slo_pick(sched_instance_t *const *arr, size_t n, int ridx,
                                  const sched_pick_ctx_t *ctx);
+/* ---- sched_kv_headroom.c ---- */
+/* Where an instance's KV capacity comes from. */
+#define SCHED_KV_CAP_NONE     0u /* unknown: the headroom test passes */
+#define SCHED_KV_CAP_LEARNT   1u /* booked tokens / scraped usage */
+#define SCHED_KV_CAP_ENGINE   2u /* vllm:cache_config_info num_gpu_blocks x block_size */
+#define SCHED_KV_CAP_DECLARED 3u /* the descriptor's kv_capacity_tokens */
+const char *sched_kv_capacity_source_name(uint32_t source);
+
+/* KV tokens the instance is projected to hold: what pdgw booked on it (prompt + max_tokens
+ * of its open decode legs) or what its engine last reported in use, the larger. */
+static inline uint64_t sched_kv_projected(const sched_instance_t *inst)
+{
+    uint64_t booked = atomic_load_explicit(&inst->kv_tokens, memory_order_relaxed);
+    uint64_t used = atomic_load_explicit(&inst->kv_engine_used, memory_order_relaxed);
+    return booked > used ? booked : used;
+}
+
+/* Would a leg holding <need> KV tokens fit without the engine having to preempt? An
+ * instance of unknown capacity always fits (nothing says otherwise). Hot path: inline. */
+static inline bool sched_kv_fits(const sched_instance_t *inst, uint64_t need)
+{
+    uint64_t cap = atomic_load_explicit(&inst->kv_capacity, memory_order_relaxed);
+    return cap == 0 || need == 0 || sched_kv_projected(inst) + need <= cap;
+}
+
+/* (projected + need) / capacity: how far over its memory a leg would take the instance
+ * (0 when its capacity is unknown). */
+double sched_kv_fill_ratio(const sched_instance_t *inst, uint64_t need);
+/* Among the allowed instances of arr[0, n): the one the leg overfills least (all of them are
+ * full), counted in pdgw_decode_kv_overcommit_total. NULL when none is allowed. */
+sched_instance_t *sched_kv_least_bad(sched_instance_t *const *arr, size_t n,
+                                     const sched_pick_ctx_t *ctx);
+/* <chosen> fitted while other allowed instances of arr[0, n) did not: count a refusal on
+ * each of those (pdgw_decode_kv_headroom_refusals_total). */
+void sched_kv_count_refusals(sched_instance_t *const *arr, size_t n, const sched_pick_ctx_t *ctx,
+                             const sched_instance_t *chosen);
+/* A scrape arrived (pool thread): the engine's capacity if it exports one, else learn it
+ * from the usage fraction against what pdgw booked there; the engine's tokens in use. */
+struct sched_engine_metrics;
+void sched_kv_on_scrape(sched_instance_t *inst, const struct sched_engine_metrics *m);
+/* The scrape went stale: forget the engine's tokens in use (booked ones still count). */
+void sched_kv_on_stale(sched_instance_t *inst);
+
+/* ---- sched_autoscale.c ---- */
+/* A booking of <req> (model, prompt, max_tokens, targets) arrived / one finished with
+ * <output_tokens> generated (0 = unknown). Lock-free counters per model. */
+void sched_autoscale_note_request(sched_pool_t *pool, const sched_request_t *req);
+void sched_autoscale_note_output(sched_pool_t *pool, const char *model, uint32_t output_tokens);
+sched_status_t sched_autoscale_create(sched_pool_t *pool, const sched_config_t *cfg);
+void sched_autoscale_destroy(sched_pool_t *pool);
+/* Append pdgw_autoscale_* families (updates the smoothed signals first). */
+struct pdb_prom;
+void sched_autoscale_emit(struct pdb_prom *p, sched_pool_t *pool);
+
 /* ---- sched_affinity.c ---- */
 /* Hash of a session-affinity key (stable for the life of the process). */
 uint64_t sched_affinity_hash(const char *key, size_t len);
@@ -444,6 +512,10 @@ void sched_health_wakeup(sched_health_t *h);
 typedef struct sched_engine_metrics {
     double running, waiting, kv_usage; /* kv_usage in 0..1 */
     bool have_running, have_waiting, have_kv_usage;
+    /* vllm:cache_config_info num_gpu_blocks x block_size, summed over its label sets (one
+     * per engine behind the endpoint); have_ false when absent or not yet known ("None"). */
+    double kv_capacity_tokens;
+    bool have_kv_capacity;
 } sched_engine_metrics_t;
 /* Parse Prometheus text; sums samples across label sets. */
 sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metrics_t *out);

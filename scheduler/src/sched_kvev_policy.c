@@ -124,7 +124,7 @@ sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ri
     const sched_pool_t *pool = ctx->pool;
     sched_instance_t *cand[MAX_CAND], *best = NULL;
     uint64_t uids[MAX_CAND], load[MAX_CAND], least = UINT64_MAX, most = 0;
-    size_t depth[MAX_CAND], nc = 0, n_keys = ctx->n_kv_keys;
+    size_t depth[MAX_CAND], nc = 0, nofit = 0, n_keys = ctx->n_kv_keys;
     double weighted[MAX_CAND], best_score = -1.0;
     size_t best_i = 0;
 
@@ -140,6 +140,10 @@ sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ri
     for (size_t i = 0; i < n && nc < MAX_CAND; i++) {
         if (!sched_pick_allowed(arr[i], ctx))
             continue;
+        if (ctx->kv_need && !sched_kv_fits(arr[i], ctx->kv_need)) {
+            nofit++; /* a decode without KV headroom: only if every one is full */
+            continue;
+        }
         cand[nc] = arr[i];
         uids[nc] = arr[i]->uid;
         load[nc] = sched_instance_score(arr[i], ctx->now_ms);
@@ -150,7 +154,7 @@ sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ri
         nc++;
     }
     if (nc == 0)
-        return NULL;
+        return nofit ? sched_kv_least_bad(arr, n, ctx) : NULL;
     sched_kvev_index_match(pool->kvev_index, ctx->kv_keys, n_keys, uids, nc, pool->kvev_other_w,
                            depth, weighted);
     for (size_t i = 0; i < nc; i++) {
@@ -165,6 +169,8 @@ sched_instance_t *sched_kvev_pick(sched_instance_t *const *arr, size_t n, int ri
             best_score = score;
         }
     }
+    if (nofit)
+        sched_kv_count_refusals(arr, n, ctx, best);
     /* At least one full block: the engine announces it once it has prefilled it. */
     if (best && pool->kvev_sub)
         sched_kvev_sub_note_routed(pool->kvev_sub, best->uid);

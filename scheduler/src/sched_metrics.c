@@ -87,6 +87,46 @@ static void emit_instances(pdb_prom_t *p, sched_instance_t **arr, size_t n)
                             sched_gate_drain(arr[i]) ? 1 : 0);
 }
 
+/* KV headroom of each instance (sched_kv_headroom.c): its capacity (labelled with where the
+ * figure comes from; no series while unknown), what it is projected to hold, and how often a
+ * booking passed it over for lack of room; the pool's bookings made with every decode full. */
+static void emit_kv_headroom(pdb_prom_t *p, sched_pool_t *pool, sched_instance_t **arr, size_t n)
+{
+    pdb_prom_family(p, "pdgw_instance_kv_capacity_tokens", "gauge",
+                    "KV tokens the engine holds: declared, from vllm:cache_config_info, or "
+                    "learnt from its usage (source).");
+    for (size_t i = 0; i < n; i++) {
+        uint64_t cap = atomic_load(&arr[i]->kv_capacity);
+        const char *const labels[] = {
+            "instance", arr[i]->desc.id,
+            "role",     sched_role_name(arr[i]->desc.role),
+            "source",   sched_kv_capacity_source_name(atomic_load(&arr[i]->kv_capacity_source)),
+            NULL};
+        if (cap)
+            pdb_prom_sample_u64(p, "pdgw_instance_kv_capacity_tokens", NULL, labels, cap);
+    }
+    pdb_prom_family(p, "pdgw_instance_kv_projected_tokens", "gauge",
+                    "KV tokens the instance is projected to hold: booked (prompt + max_tokens of "
+                    "open decode legs) or reported in use, the larger.");
+    for (size_t i = 0; i < n; i++)
+        pdb_prom_sample_u64(p, "pdgw_instance_kv_projected_tokens", NULL, INST_LABELS(arr[i]),
+                            sched_kv_projected(arr[i]));
+    pdb_prom_family(p, "pdgw_decode_kv_headroom_refusals_total", "counter",
+                    "Decode bookings that passed the instance over: the request would not have "
+                    "fitted in its KV memory while another decode had room.");
+    for (size_t i = 0; i < n; i++) {
+        if (arr[i]->roles & SCHED_ROLE_DECODE)
+            pdb_prom_sample_u64(p, "pdgw_decode_kv_headroom_refusals_total", NULL,
+                                (const char *const[]){"instance", arr[i]->desc.id, NULL},
+                                atomic_load(&arr[i]->kv_refusals));
+    }
+    pdb_prom_family(p, "pdgw_decode_kv_overcommit_total", "counter",
+                    "Decode bookings made while no usable decode had KV room for the request "
+                    "(the least-filled one was chosen).");
+    pdb_prom_sample_u64(p, "pdgw_decode_kv_overcommit_total", NULL, NULL,
+                        atomic_load(&pool->kv_overcommit));
+}
+
 /* The latency models (sched_predict.c): per instance and phase, how many finished legs taught
  * it and its mean relative error; an instance not observed yet has no error series. */
 static void emit_predictions(pdb_prom_t *p, sched_instance_t **arr, size_t n)
@@ -248,10 +288,12 @@ char *sched_metrics_text(sched_pool_t *pool)
     emit_engine_load(&p, pool, arr, n);
     emit_breakers(&p, arr, n);
     emit_predictions(&p, arr, n);
+    emit_kv_headroom(&p, pool, arr, n);
     if (pool->kvev_sub)
         emit_kv_silence(&p, pool, arr, n);
     sched_pool_release_collected(arr, n);
     emit_schedule(&p, pool);
+    sched_autoscale_emit(&p, pool);
     if (pool->kvev_sub)
         emit_kv_events(&p, pool);
     for (size_t i = 0; i < pool->n_discovery; i++) {

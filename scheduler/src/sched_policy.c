@@ -144,10 +144,11 @@ static sched_instance_t *pick_random(sched_instance_t *const *arr, size_t n,
     return NULL;
 }
 
-/* Least score over arr[lo, hi); updates *best / *best_score. */
+/* Least score over arr[lo, hi); updates *best / *best_score. A decode leg (kv_need) takes
+ * only instances with KV headroom; *nofit counts the allowed ones without. */
 static inline void scan_least(sched_instance_t *const *arr, size_t lo, size_t hi,
                               const sched_pick_ctx_t *ctx, sched_instance_t **best,
-                              uint64_t *best_score)
+                              uint64_t *best_score, size_t *nofit)
 {
     for (size_t i = lo; i < hi; i++) {
         const sched_instance_t *c = arr[i];
@@ -156,6 +157,10 @@ static inline void scan_least(sched_instance_t *const *arr, size_t lo, size_t hi
             __builtin_prefetch(arr[i + 8]);
         if (!allowed(c, ctx))
             continue;
+        if (ctx->kv_need && !sched_kv_fits(c, ctx->kv_need)) {
+            (*nofit)++;
+            continue;
+        }
         s = sched_instance_score(c, ctx->now_ms);
         if (s < *best_score) {
             *best = arr[i];
@@ -169,11 +174,17 @@ static sched_instance_t *pick_least(sched_instance_t *const *arr, size_t n,
 {
     sched_instance_t *best = NULL;
     uint64_t best_score = UINT64_MAX;
-    size_t start = rng_below(ctx, n);
+    size_t start = rng_below(ctx, n), nofit = 0;
 
     /* random start: equal scores spread instead of piling onto arr[0] */
-    scan_least(arr, start, n, ctx, &best, &best_score);
-    scan_least(arr, 0, start, ctx, &best, &best_score);
+    scan_least(arr, start, n, ctx, &best, &best_score, &nofit);
+    scan_least(arr, 0, start, ctx, &best, &best_score, &nofit);
+    if (nofit && best) {
+        sched_kv_count_refusals(arr, n, ctx, best);
+    } else if (nofit) { /* every allowed decode is full: the one overfilled least */
+        best = sched_kv_least_bad(arr, n, ctx);
+        best_score = best ? sched_instance_score(best, ctx->now_ms) : UINT64_MAX;
+    }
     if (score_out)
         *score_out = best_score;
     return best;
@@ -189,6 +200,13 @@ static sched_instance_t *pick_power_of_two(sched_instance_t *const *arr, size_t 
     b = pick_random(arr, n, ctx, a);
     if (!b)
         return a;
+    if (ctx->kv_need) { /* headroom first: a full one of the two loses to one with room */
+        bool fa = sched_kv_fits(a, ctx->kv_need), fb = sched_kv_fits(b, ctx->kv_need);
+        if (!fa && !fb)
+            return pick_least(arr, n, ctx, NULL); /* both full: look at all of them */
+        if (fa != fb)
+            return fa ? a : b;
+    }
     return sched_instance_score(b, ctx->now_ms) < sched_instance_score(a, ctx->now_ms) ? b : a;
 }
 
@@ -286,7 +304,7 @@ static sched_instance_t *pick_prefix(sched_instance_t *const *arr, size_t n, int
             if (!uids[k])
                 continue;
             c = find_uid(arr, n, uids[k]);
-            if (!c || !allowed(c, ctx))
+            if (!c || !allowed(c, ctx) || (ctx->kv_need && !sched_kv_fits(c, ctx->kv_need)))
                 continue;
             s = sched_instance_score(c, ctx->now_ms);
             if (s < match_score) {
@@ -345,7 +363,8 @@ sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int r
     for (size_t i = 0; i < snap->n_role[ridx]; i++) {
         sched_instance_t *c = snap->role[ridx][i];
         uint64_t s;
-        if (strcmp(c->desc.zone, zone) != 0 || !allowed(c, ctx))
+        if (strcmp(c->desc.zone, zone) != 0 || !allowed(c, ctx) ||
+            (ctx->kv_need && !sched_kv_fits(c, ctx->kv_need)))
             continue;
         s = sched_instance_score(c, ctx->now_ms);
         if (s < best_score) {

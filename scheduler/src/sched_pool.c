@@ -310,6 +310,9 @@ sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_
     status = sched_kvev_pool_create(pool, cfg);
     if (status != SCHED_OK)
         goto err_prefix;
+    status = sched_autoscale_create(pool, cfg);
+    if (status != SCHED_OK)
+        goto err_prefix;
     status = sched_health_create(pool, &pool->health);
     if (status != SCHED_OK)
         goto err_prefix;
@@ -322,6 +325,7 @@ sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_
 err_health:
     sched_health_destroy(pool->health);
 err_prefix:
+    sched_autoscale_destroy(pool);
     sched_kvev_pool_destroy(pool);
     sched_prefix_destroy(pool->prefix[0]);
     sched_prefix_destroy(pool->prefix[1]);
@@ -386,6 +390,7 @@ void sched_pool_destroy(sched_pool_t *pool)
     }
     sched_discovery_destroy_all(pool);
     sched_health_destroy(pool->health);
+    sched_autoscale_destroy(pool);
     sched_kvev_pool_destroy(pool);
     sched_prefix_destroy(pool->prefix[0]);
     sched_prefix_destroy(pool->prefix[1]);

@@ -39,6 +39,13 @@ static const sched_engine_metric_t engine_names[] = {
 
 #define N_ENGINE_NAMES (sizeof(engine_names) / sizeof(engine_names[0]))
 
+/* vLLM's info gauge of its CacheConfig (vllm/v1/metrics/loggers.py, log_metrics_info: one
+ * sample of value 1 per engine, every CacheConfig field a label, values as Python str() -
+ * vllm/config/cache.py metrics_info - so num_gpu_blocks reads "None" until the KV cache is
+ * sized). Its labels, not its value, carry the KV capacity; a name apart from the gauge
+ * table, which holds values. */
+#define CACHE_CONFIG_INFO "vllm:cache_config_info"
+
 const sched_engine_metric_t *sched_engine_metric_names(size_t *n_out)
 {
     *n_out = N_ENGINE_NAMES;
@@ -112,6 +119,70 @@ static bool parse_line(const char *p, const char *end, const char **name, size_t
     return *stop == '\0' && isfinite(*value);
 }
 
+/* The value of label <key> in the label set of the sample line [p, end) into <out> (NUL-
+ * terminated, truncated to out_len - 1); false when absent or malformed. Escapes are kept
+ * as they are: the values read here are digits. */
+static bool label_value(const char *p, const char *end, const char *key, char *out, size_t out_len)
+{
+    size_t klen = strlen(key);
+
+    while (p < end && *p != '{')
+        p++;
+    if (p >= end)
+        return false;
+    p++;
+    while (p < end && *p != '}') {
+        const char *k0;
+        size_t n = 0;
+        bool match;
+        while (p < end && (*p == ' ' || *p == ','))
+            p++;
+        k0 = p;
+        while (p < end && *p != '=' && *p != '}')
+            p++;
+        if (p >= end || *p != '=' || p + 1 >= end || p[1] != '"')
+            return false;
+        match = (size_t)(p - k0) == klen && memcmp(k0, key, klen) == 0;
+        p += 2;
+        while (p < end && *p != '"') {
+            if (*p == '\\' && p + 1 < end)
+                p++;
+            if (match && n + 1 < out_len)
+                out[n++] = *p;
+            p++;
+        }
+        if (p >= end)
+            return false;
+        p++; /* closing quote */
+        if (match) {
+            out[n] = '\0';
+            return true;
+        }
+    }
+    return false;
+}
+
+/* num_gpu_blocks x block_size of one vllm:cache_config_info line; false when either is
+ * absent or not a positive number (e.g. "None" before the cache is sized). */
+static bool cache_config_tokens(const char *p, const char *end, double *tokens)
+{
+    char blocks[32], bs[32];
+    char *stop;
+    double b, s;
+
+    if (!label_value(p, end, "num_gpu_blocks", blocks, sizeof(blocks)) ||
+        !label_value(p, end, "block_size", bs, sizeof(bs)))
+        return false;
+    b = strtod(blocks, &stop);
+    if (stop == blocks || *stop != '\0' || !(b > 0) || !isfinite(b))
+        return false;
+    s = strtod(bs, &stop);
+    if (stop == bs || *stop != '\0' || !(s > 0) || !isfinite(s))
+        return false;
+    *tokens = b * s;
+    return isfinite(*tokens);
+}
+
 static bool is(const char *name, size_t len, const char *want)
 {
     return strlen(want) == len && memcmp(name, want, len) == 0;
@@ -148,7 +219,13 @@ sched_status_t sched_prom_parse(const char *text, size_t len, sched_engine_metri
             p++;
         if (p < line_end && *p != '#' && parse_line(p, line_end, &name, &nlen, &v)) {
             const sched_engine_metric_t *m = lookup(name, nlen);
-            if (m == NULL) {
+            double tokens;
+            if (m == NULL && is(name, nlen, CACHE_CONFIG_INFO)) {
+                if (cache_config_tokens(p, line_end, &tokens)) {
+                    out->kv_capacity_tokens += tokens;
+                    out->have_kv_capacity = true;
+                }
+            } else if (m == NULL) {
                 /* not one of ours */
             } else if (m->gauge == SCHED_GAUGE_RUNNING) {
                 out->running += v;

@@ -12,6 +12,10 @@
  *  - bounded load on both: an instance holding more than SLO_LOAD_BOUND times its share
  *    of the role's open legs is passed over while another is not, so one fast instance
  *    does not become the hot spot that its own queue then makes slow;
+ *  - KV headroom on decodes: a decode where this request would not fit (sched_kv_fits: its
+ *    projected KV plus this one's prompt + max_tokens over its capacity) is passed over
+ *    while another has room, counted as a refusal on it; when none has, the least-bad one
+ *    (sched_kv_least_bad) - the engine would preempt, but refusing is the caller's call;
  *  - ties go to the lower uid (deterministic: an idle cold fleet fills in uid order, and
  *    each booking's queued tokens then move the next one on);
  *  - at most SLO_WINDOW instances are evaluated per pick (a window at a random offset in a
@@ -97,8 +101,9 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
     double target = ctx->req && ctx->req->slo_tpot_ms ? ctx->req->slo_tpot_ms / 1000.0 : 0.0;
     uint64_t kv = ctx->req ? (uint64_t)ctx->req->prompt_tokens + ctx->req->max_tokens : 0;
     uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0;
-    sched_instance_t *meets = NULL, *fastest = NULL;
-    double meets_s = 0.0, fastest_s = 0.0;
+    sched_instance_t *meets = NULL, *fastest = NULL, *full = NULL, *chosen;
+    double meets_s = 0.0, fastest_s = 0.0, full_r = 0.0;
+    size_t nofit = 0;
 
     for (size_t i = 0; i < w->len; i++) {
         sched_instance_t *c = at(w, i);
@@ -107,6 +112,13 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
         bool in_bound;
         if (!sched_pick_allowed(c, ctx))
             continue;
+        if (!sched_kv_fits(c, ctx->kv_need)) { /* no room: only the least-bad, if all full */
+            double r = sched_kv_fill_ratio(c, ctx->kv_need);
+            if (full == NULL || r < full_r || (r == full_r && c->uid < full->uid))
+                full = c, full_r = r;
+            nofit++;
+            continue;
+        }
         sched_instance_predict_tpot(c, kv, &p);
         in_bound = atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 <= bound;
         if (ctx->whole_request) {
@@ -125,7 +137,19 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
         if (better(p.upper, c, fastest_s, fastest))
             fastest = c, fastest_s = p.upper;
     }
-    return meets ? meets : fastest;
+    chosen = meets ? meets : fastest;
+    if (chosen && nofit) {
+        for (size_t i = 0; i < w->len; i++) {
+            sched_instance_t *c = at(w, i);
+            if (sched_pick_allowed(c, ctx) && !sched_kv_fits(c, ctx->kv_need))
+                atomic_fetch_add_explicit(&c->kv_refusals, 1, memory_order_relaxed);
+        }
+        atomic_fetch_add_explicit(&ctx->pool->kv_refusals, 1, memory_order_relaxed);
+    } else if (!chosen && full) {
+        atomic_fetch_add_explicit(&ctx->pool->kv_overcommit, 1, memory_order_relaxed);
+        chosen = full;
+    }
+    return chosen;
 }
 
 sched_instance_t *sched_slo_pick(sched_instance_t *const *arr, size_t n, int ridx,

@@ -66,6 +66,16 @@ static void render_vllm_load(FILE *f, const char *m, const sim_engine_stats_t *s
             "# TYPE vllm:gpu_cache_usage_perc gauge\n"
             "vllm:gpu_cache_usage_perc{model_name=\"%s\"} %.6f\n",
             m, st->kv_usage);
+    /* vLLM vllm/v1/metrics/loggers.py log_metrics_info: an info gauge of value 1 whose labels
+     * are CacheConfig.metrics_info() (vllm/config/cache.py: every field, str()'d) plus
+     * "engine"; a few of those fields here, the capacity ones among them. */
+    fprintf(f,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\","
+            "enable_prefix_caching=\"%s\",engine=\"0\",num_cpu_blocks=\"None\","
+            "num_gpu_blocks=\"%d\"} 1.0\n",
+            sim_cfg.block_size, sim_cfg.no_prefix_cache ? "False" : "True", st->blocks_total);
     fprintf(f,
             "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n"
             "# TYPE vllm:prefix_cache_queries_total counter\n"

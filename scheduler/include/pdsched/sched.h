@@ -137,6 +137,10 @@ typedef struct sched_instance_desc {
     /* Capacity: legs open on this instance at once; 0 = unlimited. An instance at capacity
      * is skipped by every policy (and by session affinity) until a leg finishes. */
     unsigned max_concurrent;
+    /* KV memory of the engine in tokens (its num_gpu_blocks x block_size); 0 = read it from
+     * the engine's vllm:cache_config_info, else learn it from its KV usage. Decode picks keep
+     * to decodes whose projected KV (booked and reported) leaves room for the request. */
+    uint64_t kv_capacity_tokens;
     /* Protocol attributes: text the scheduler copies and compares but never reads (the
      * gateway's "key=value\n" lines for the forwarders); NULL = "". A protocol that needs a
      * new instance field adds it here without a scheduler change. */
@@ -332,6 +336,15 @@ typedef struct sched_config {
      * nothing for this long is warned about, once, as silent (gauge
      * pdgw_kv_event_silence_seconds, /admin/instances); 30000 (0 = that); at most 1 h. */
     uint64_t kv_events_silence_ms;
+
+    /* Autoscaling signals (sched_autoscale.c; pdgw_autoscale_* in sched_metrics_text): the
+     * latency targets replicas are sized for when requests carry none (ms; 1000 / 50), the
+     * time constant of the demand averages (ms; 30000) and the scale-down stabilisation
+     * window (ms; 120000: desired replicas fall only to the highest need seen in it). */
+    uint32_t autoscale_ttft_ms;
+    uint32_t autoscale_tpot_ms;
+    uint64_t autoscale_tau_ms;
+    uint64_t autoscale_window_ms;
 
     /* Static instances (config `instances:`), added at sched_pool_start(). */
     const sched_instance_desc_t *instances;
@@ -588,7 +601,8 @@ bool sched_kvev_cached_tokens(sched_pool_t *pool, const sched_request_t *req,
  * labels, kv fields, load {inflight, prompt_tokens, kv_tokens,
  * kv_free_chunks, scraped {running, waiting, kv_cache_usage, age_ms,
  * stale}}, health {consecutive_ok, consecutive_fail, last_probe_ms},
- * breaker {state, consecutive_failures}, last_error. */
+ * breaker {state, consecutive_failures}, last_error, kv_headroom {capacity_tokens,
+ * capacity_source, projected_tokens, engine_used_tokens, refusals}. */
 json_t *sched_admin_list(sched_pool_t *pool);
 
 /* One instance as above (new reference), or NULL if absent. */
@@ -605,7 +619,12 @@ sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **
  * pdgw_instance_healthy{instance,role}, pdgw_breaker_state{instance},
  * pdgw_schedule_seconds histogram, pdgw_no_instance_total{role},
  * pdgw_session_affinity_total{role,result} (result = home | moved),
- * pdgw_sched_double_release_total. Returns a malloc'd NUL-terminated string
+ * pdgw_sched_double_release_total, the KV headroom families
+ * (pdgw_instance_kv_capacity_tokens, pdgw_instance_kv_projected_tokens,
+ * pdgw_decode_kv_headroom_refusals_total, pdgw_decode_kv_overcommit_total) and the
+ * autoscaling signals (pdgw_autoscale_desired_replicas{model,role,mode},
+ * pdgw_autoscale_utilization_ratio{model,role}, pdgw_autoscale_demand{model,what}; see
+ * scheduler/README.md). Returns a malloc'd NUL-terminated string
  * the caller frees, or NULL on allocation failure. */
 char *sched_metrics_text(sched_pool_t *pool);
 

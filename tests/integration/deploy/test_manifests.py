@@ -513,12 +513,64 @@ def servicemonitor_errors(objects, crds):
     return errs
 
 
+# KEDA ScaledObject fields (kedacore/keda apis/keda/v1alpha1/scaledobject_types.go) and the
+# prometheus scaler's trigger metadata (pkg/scalers/prometheus_scaler.go); the CRD is not in
+# kubernetes-models either. The queries must read what pdgw exports (scheduler/src/
+# sched_autoscale.c) and scale an engine Deployment, never the gateway.
+SO_SPEC_FIELDS = {"scaleTargetRef", "pollingInterval", "initialCooldownPeriod", "cooldownPeriod",
+                  "idleReplicaCount", "minReplicaCount", "maxReplicaCount", "fallback",
+                  "advanced", "triggers"}
+SO_PROMETHEUS_METADATA = {"serverAddress", "query", "threshold", "activationThreshold",
+                          "namespace", "customHeaders", "ignoreNullValues", "unsafeSsl",
+                          "queryParameters"}
+PDGW_AUTOSCALE_METRICS = {"pdgw_autoscale_desired_replicas", "pdgw_autoscale_utilization_ratio"}
+
+
+def scaledobject_errors(objects, keda):
+    errs = []
+    deployments = {d["metadata"]["name"] for d in by_kind(objects, "Deployment")}
+    for so in keda:
+        n = so["metadata"]["name"]
+        if so.get("apiVersion") != "keda.sh/v1alpha1" or so.get("kind") != "ScaledObject":
+            errs.append(f"{so.get('apiVersion')}/{so.get('kind')} {n}: unknown custom resource")
+            continue
+        spec = so.get("spec") or {}
+        errs += [f"ScaledObject {n}: unknown field spec.{k}" for k in set(spec) - SO_SPEC_FIELDS]
+        ref = spec.get("scaleTargetRef") or {}
+        if ref.get("kind", "Deployment") != "Deployment" or ref.get("name") not in deployments:
+            errs.append(f"ScaledObject {n}: scaleTargetRef {ref.get('name')!r} scales no "
+                        f"rendered Deployment")
+        if ref.get("name") == "pdgw":
+            errs.append(f"ScaledObject {n}: scales the gateway (the hpa component does that)")
+        if spec.get("minReplicaCount", 0) > spec.get("maxReplicaCount", 100):
+            errs.append(f"ScaledObject {n}: minReplicaCount > maxReplicaCount")
+        if not spec.get("triggers"):
+            errs.append(f"ScaledObject {n}: no triggers")
+        for tr in spec.get("triggers") or []:
+            md = tr.get("metadata") or {}
+            if tr.get("type") != "prometheus":
+                errs.append(f"ScaledObject {n}: trigger type {tr.get('type')!r} is not prometheus")
+                continue
+            errs += [f"ScaledObject {n}: unknown prometheus metadata {k}"
+                     for k in set(md) - SO_PROMETHEUS_METADATA]
+            for k in ("serverAddress", "query", "threshold"):
+                if not isinstance(md.get(k), str) or not md.get(k):
+                    errs.append(f"ScaledObject {n}: metadata.{k} must be a non-empty string")
+            names = set(re.findall(r"pdgw_[a-z_]+", md.get("query") or ""))
+            if not names or not names <= PDGW_AUTOSCALE_METRICS:
+                errs.append(f"ScaledObject {n}: query {md.get('query')!r} reads no pdgw "
+                            f"autoscaling metric (or an unknown one)")
+    return errs
+
+
 def validate_overlay(name, path):
     """Every layer; returns the list of problems (empty = valid)."""
     objects = render(path)
     crds = [o for o in objects if str(o.get("apiVersion", "")).startswith("monitoring.coreos.com/")]
-    objects = [o for o in objects if o not in crds]
+    keda = [o for o in objects if str(o.get("apiVersion", "")).startswith("keda.sh/")]
+    objects = [o for o in objects if o not in crds and o not in keda]
     problems = schema_errors(objects) + servicemonitor_errors(objects, crds)
+    problems += scaledobject_errors(objects, keda)
     try:
         problems += semantic_errors(name, objects)
         problems += flag_errors(objects)
@@ -681,9 +733,47 @@ def test_broken_overlay_rejected():
         shutil.rmtree(tmp)
 
 
+def test_autoscale_component_valid():
+    """components/autoscale on sim-2p2d (a copy that adds it): the KEDA ScaledObjects scale
+    the engine Deployments on pdgw's signals; broken copies are rejected."""
+    def with_autoscale():
+        tmp, overlay = _broken_copy()
+        _edit(os.path.join(overlay, "..", "sim-2p2d", "kustomization.yaml"),
+              "  - ../../components/hpa\n",
+              "  - ../../components/hpa\n  - ../../components/autoscale\n")
+        return tmp, os.path.join(overlay, "..", "sim-2p2d")
+
+    tmp, overlay = with_autoscale()
+    try:
+        _, problems = validate_overlay("sim-2p2d", overlay)
+        assert not problems, problems
+        targets = sorted(o["spec"]["scaleTargetRef"]["name"] for o in render(overlay)
+                         if o.get("kind") == "ScaledObject")
+        assert targets == ["sim-decode", "sim-prefill"], targets
+    finally:
+        shutil.rmtree(tmp)
+    for desc, old, new, expect in [
+            ("target", "name: sim-decode\n  pollingInterval", "name: sim-decoder\n  "
+             "pollingInterval", "scales no rendered Deployment"),
+            ("field", "cooldownPeriod: 300", "coolDownPeriod: 300", "unknown field"),
+            ("metric", 'sum(pdgw_autoscale_desired_replicas{role="prefill"',
+             'sum(pdgw_autoscale_desired_replica{role="prefill"', "reads no pdgw"),
+            ("threshold", 'threshold: "1"', "threshold: 1", "non-empty string")]:
+        tmp, overlay = with_autoscale()
+        try:
+            _edit(os.path.join(tmp, "k8s", "components", "autoscale", "scaledobjects.yaml"),
+                  old, new)
+            _, problems = validate_overlay("sim-2p2d", overlay)
+            assert any(expect in p for p in problems), f"{desc}: {problems}"
+            print(f"  autoscale {desc}: rejected")
+        finally:
+            shutil.rmtree(tmp)
+
+
 if __name__ == "__main__":
     pdgwtest.skip_unless_tools(
         "kubectl", why="the overlays are rendered with `kubectl kustomize` and Debian 12 has no "
         "recent kubectl (install it from the Kubernetes project to run this test)")
     pdgwtest.run([test_node_validator_installed, test_every_overlay_valid,
-                  test_image_default_config_valid, test_broken_overlay_rejected])
+                  test_image_default_config_valid, test_broken_overlay_rejected,
+                  test_autoscale_component_valid])

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# B7 goodput under SLO: a heterogeneous PD fleet (4 prefill sims of speeds 1, 1, 0.6, 0.6;
+# 4 decode sims of 16k..2k KV tokens) behind pdgw vllm-nixl; ShareGPT-like lengths, Poisson
+# arrivals with bursts, a rate sweep around the measured capacity, the same stream under
+# round-robin, least-load, precise-prefix and slo (slo_policy reject). The load client is
+# b7_goodput.py. Runs the quick size unless FULL=1.
+# Usage: b7_goodput.sh [BIN_DIR]   env: FULL=1
+source "$(dirname "$0")/lib.sh"
+BIN_DIR=${1:-$BIN_DIR}
+need /usr/bin/python3 "$BIN_DIR/pdgw" "$BIN_DIR/pdgw-sim"
+raise_nofile >/dev/null
+echo "B7 load before: $(load_avg)"
+size=--quick
+[[ "${FULL:-0}" == 1 ]] && size=
+csv=$RESULTS_DIR/b7_goodput.csv
+rm -f "$csv" "$RESULTS_DIR"/b7_goodput_*.png # a failed run leaves no stale figures
+RESULTS_DIR=$RESULTS_DIR /usr/bin/python3 "$BENCH_DIR/b7_goodput.py" "$BIN_DIR" $size 2>&1 |
+    tee "$RESULTS_DIR/b7_goodput.txt"
+rc=${PIPESTATUS[0]}
+[[ -s "$csv" ]] || { echo "B7: no results" >&2; exit 1; }
+column -s, -t "$csv"
+
+# One line per policy against the offered rate (x capacity). Columns of the CSV: policy 1,
+# rate_x 2, attainment 6, goodput 7, ttft_p90 9, refused_pct 12, preemptions 14.
+plot_lines() {
+    local png=$1 title=$2 ylabel=$3 col=$4 scale=$5
+    command -v gnuplot >/dev/null 2>&1 || return 0
+    local plots="" p
+    for p in round-robin least-load precise-prefix slo; do
+        awk -F, -v p="$p" 'NR > 1 && $1 == p' "$csv" >"$BENCH_TMP/b7_$p.csv"
+        plots+="${plots:+, }'$BENCH_TMP/b7_$p.csv' using 2:(\$$col*$scale) with linespoints title '$p'"
+    done
+    gnuplot <<GP
+set terminal pngcairo size 900,500 noenhanced
+set output '$png'
+set datafile separator ','
+set title '$title'
+set xlabel 'offered rate (x measured capacity)'
+set ylabel '$ylabel'
+set yrange [0:*]
+set grid
+set key top left
+plot $plots
+GP
+}
+plot_lines "$RESULTS_DIR/b7_goodput_goodput.png" 'B7: goodput (requests/s meeting both SLOs)' \
+    'requests/s' 7 1
+plot_lines "$RESULTS_DIR/b7_goodput_attainment.png" 'B7: SLO attainment (of offered requests)' \
+    '%' 6 100
+plot_lines "$RESULTS_DIR/b7_goodput_ttft.png" 'B7: TTFT p90 of served requests' 'ms' 9 1000
+plot_lines "$RESULTS_DIR/b7_goodput_preemptions.png" 'B7: decode preemptions per run' \
+    'preemptions' 14 1
+
+# Summary rows: at 1.5x capacity, slo's goodput against least-load's and round-robin's (no
+# target yet: context), and the preemptions of each policy there.
+summary_begin b7_goodput
+at() { awk -F, -v p="$1" -v c="$2" 'NR > 1 && $1 == p && $2 == 1.5 { print $c }' "$csv"; }
+for p in round-robin least-load precise-prefix slo; do
+    info_row b7 "$p goodput at 1.5x C" "$(at "$p" 7)" req/s
+done
+for p in round-robin least-load slo; do
+    info_row b7 "$p decode preemptions at 1.5x C" "$(at "$p" 14)" ""
+done
+echo "machine: $(machine_line)"
+exit $rc
