@@ -1,0 +1,126 @@
+/*
+ * pdq_int.h - internal state of libpdquota.
+ *
+ * Locks: each tenant has its own mutex (budgets, concurrency counters, usage, free tickets);
+ * the wait queue has one lock, taken only when the gateway or a tenant is full and on release
+ * while someone waits. Order: queue lock, then a tenant's lock. The global shared-slot count
+ * and the waiting count are atomics read on every admit and release.
+ */
+#ifndef PDQ_INT_H
+#define PDQ_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "pdb/pdb_map.h"
+#include "pdq_bucket.h"
+#include "pdquota/pdq_fairq.h"
+#include "pdquota/pdquota.h"
+
+enum { PDQ_B_RPS, PDQ_B_RPM, PDQ_B_TPM, PDQ_B_PTPM, PDQ_B_CTPM, PDQ_B_COUNT };
+
+typedef struct pdq_bset {
+    pdq_bucket_t b[PDQ_B_COUNT];
+} pdq_bset_t;
+
+#define PDQ_HISTORY_MINUTES 60
+#define PDQ_FREE_TICKETS    64 /* kept per tenant for reuse */
+
+typedef struct pdq_usage_slot {
+    pdq_usage_t total;
+    pdq_usage_t minute[PDQ_HISTORY_MINUTES];
+    uint64_t minute_id[PDQ_HISTORY_MINUTES];
+    pdq_usage_t unpushed; /* not yet added to the store's totals */
+    pdq_usage_t fleet;    /* the store's totals at the last push */
+    bool fleet_valid;
+} pdq_usage_slot_t;
+
+typedef struct pdq_tenant {
+    pthread_mutex_t lock;
+    char *name;
+    uint32_t idx;
+    uint32_t max_concurrent, reserved, max_waiting;
+    uint32_t inflight, res_used; /* under lock */
+    uint32_t waiting;            /* under the queue lock */
+    bool leased;                 /* buckets are in leased mode */
+    pdq_bset_t budget;
+    pdq_bset_t **model_budget; /* [n_models], NULL where none is configured */
+    pdq_usage_slot_t *usage;   /* [n_models] */
+    uint64_t refused[PDQ_CODE_COUNT];
+    pdq_ticket_t *free_tickets;
+    size_t n_free;
+} pdq_tenant_t;
+
+enum { PDQ_T_WAITING = 1, PDQ_T_GRANTED = 2 };
+enum {
+    PDQ_SLOT_NONE = 0,
+    PDQ_SLOT_RESERVED,
+    PDQ_SLOT_SHARED,
+    PDQ_SLOT_TENANT_FULL,
+    PDQ_SLOT_GLOBAL_FULL
+};
+
+struct pdq_ticket {
+    pdq_t *q;
+    pdq_fairq_item_t item;
+    uint32_t tenant, model;
+    uint8_t state, slot;
+    bool reconciled;
+    double cost[PDQ_B_COUNT]; /* charged to each bucket kind (tenant and model sets) */
+    pdq_usage_t usage;
+    uint64_t t_admit;
+    pdq_on_ready_fn on_ready;
+    void *arg;
+    pdq_ticket_t *next_free;
+};
+
+typedef struct pdq_store pdq_store_t;
+
+struct pdq {
+    pdb_clock_t clock;
+    pdq_tenant_t *tenants;
+    size_t n_tenants; /* configured + "other" (the last) */
+    size_t default_tenant, other_tenant;
+    pdb_map_t keys;   /* API key -> tenant index + 1 */
+    pdb_map_t models; /* model name -> index + 1 */
+    char **model_names;
+    size_t n_models; /* configured + "other" (the last) */
+    uint32_t max_concurrent, shared_cap;
+    atomic_uint shared_used;
+    atomic_uint waiting;
+    pthread_mutex_t fq_lock;
+    pdq_fairq_t fq;
+    pdq_store_t *store;
+    atomic_bool store_up;   /* leases flow: buckets in leased mode */
+    atomic_bool refuse_all; /* fail_closed and the store is down */
+    pdq_log_fn log;
+    void *log_arg;
+};
+
+static inline uint64_t pdq_now(const pdq_t *q)
+{
+    return pdb_clock_now(&q->clock);
+}
+
+size_t pdq_model_index(const pdq_t *q, const char *model);
+/* Bring <t>'s buckets to the store's mode (tenant lock held). */
+void pdq_tenant_sync_mode(pdq_t *q, pdq_tenant_t *t, uint64_t now);
+void pdq_usage_add(pdq_usage_t *dst, const pdq_usage_t *src);
+void pdq_usage_record(pdq_t *q, pdq_tenant_t *t, uint32_t model, const pdq_usage_t *u,
+                      uint64_t now); /* tenant lock held */
+void pdq_headers_build(pdq_t *q, pdq_tenant_t *t, uint32_t model, uint64_t now,
+                       pdq_headers_t *out); /* tenant lock held */
+void pdq_headers_add_retry(pdq_headers_t *h, uint64_t retry_after_ms);
+/* Go-style duration text ("12ms", "1s", "6m0s", "1h2m3.5s") of <ns>, rounded up to ms. */
+void pdq_duration_format(uint64_t ns, char *buf, size_t len);
+void pdq_logf(pdq_t *q, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The store (pdq_store_redis.c). */
+pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t **out, char *err,
+                           size_t errlen);
+pdq_status_t pdq_store_start(pdq_store_t *s);
+void pdq_store_free(pdq_store_t *s);
+void pdq_store_get_stats(pdq_store_t *s, pdq_store_stats_t *out);
+
+#endif /* PDQ_INT_H */
