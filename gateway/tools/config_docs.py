@@ -5,7 +5,7 @@
     config_docs.py BIN_DIR --write   rewrite the tables in place (make docs)
 
 Each table sits between a begin and an end marker in CONFIG.md; BIN_DIR holds the
-pdgw-config-doc tool, which prints the tables from gateway/src/pdgw_config.c.
+pdgw-config-doc tool, which prints the tables from gateway/src/config/pdgw_config.c.
 """
 import difflib
 import os

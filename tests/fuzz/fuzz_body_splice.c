@@ -1,5 +1,6 @@
 /*
- * fuzz_body_splice.c - a client body spliced into a leg body (gateway/src/pdgw_body_splice.c).
+ * fuzz_body_splice.c - a client body spliced into a leg body
+ * (gateway/src/upstream/pdgw_body_splice.c).
  *
  * The input is the client's text. When jansson parses it to an object, a leg is made the way
  * forwarders make one (the client's member values shared), and edited with choices taken from

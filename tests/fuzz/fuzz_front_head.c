@@ -1,6 +1,6 @@
 /*
  * fuzz_front_head.c - a client's bytes into the native front end's request parser
- * (gateway/src/pdgw_front_parse.c) and, after the head, into the body reader it uses (the
+ * (gateway/src/serve/pdgw_front_parse.c) and, after the head, into the body reader it uses (the
  * upstream parser's body states, chunked or Content-Length).
  *
  * The end of the head must be found at the same place whether the bytes come whole or one

@@ -1,7 +1,7 @@
 /*
  * fuzz_header_values.c - request header values the gateway parses from
  * clients: `traceparent` (pdgw_traceparent_parse) and `X-Request-Timeout`
- * (pdgw_duration_parse), in gateway/src/pdgw_ids.c and gateway/src/pdgw_parse.c.
+ * (pdgw_duration_parse), in gateway/src/util/pdgw_ids.c and gateway/src/util/pdgw_parse.c.
  *
  * Byte 0 picks the header, the rest is its value. Never a crash or an
  * over-read (the value is handed over without a NUL where the API takes a

@@ -1,5 +1,5 @@
 /*
- * fuzz_id_list.c - the fast token-id list reader (gateway/src/pdgw_json_text.c) against
+ * fuzz_id_list.c - the fast token-id list reader (gateway/src/util/pdgw_json_text.c) against
  * jansson on the same text.
  *
  * The input is read as an id list and as a /tokenize answer's "tokens" member. The fast path

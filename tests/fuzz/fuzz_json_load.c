@@ -1,9 +1,9 @@
 /*
- * fuzz_json_load.c - bodies parsed by the one-pass parser (gateway/src/pdgw_json_load.c)
+ * fuzz_json_load.c - bodies parsed by the one-pass parser (gateway/src/util/pdgw_json_load.c)
  * against jansson on the same text.
  *
  * Whatever the parser takes, jansson takes too, as an equal tree with the same member order,
- * and pdgw_json_dump (gateway/src/pdgw_json_dump.c) writes every tree as jansson writes it;
+ * and pdgw_json_dump (gateway/src/util/pdgw_json_dump.c) writes every tree as jansson writes it;
  * pdgw_json_loadb (the parser, jansson when it declines) agrees with jansson on every input,
  * pdgw_json_load_members reads each member it is asked for as jansson does, and the answer's
  * usage counts (pdgw_gateway_metrics_usage, read without a parse) are what jansson's tree holds.

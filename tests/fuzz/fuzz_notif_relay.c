@@ -1,6 +1,6 @@
 /*
  * fuzz_notif_relay.c - what a peer replica (or anyone who reaches the relay port) sends to the
- * ProxyNotif relay of the gateway (gateway/src/pdgw_notif_relay.c): multipart frames into
+ * ProxyNotif relay of the gateway (gateway/src/kvctl/pdgw_notif_relay.c): multipart frames into
  * pdgw_notif_relay_recv, which reads them straight from its ZeroMQ PULL (there is no separate
  * parser to call), so the frames travel over a real loopback connection from a PUSH.
  *

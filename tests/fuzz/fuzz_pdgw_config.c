@@ -1,7 +1,7 @@
 /*
  * fuzz_pdgw_config.c - pdgw's own configuration: a YAML config file
- * (gateway/src/pdgw_config_yaml.c) when byte 0 is even, a command line
- * (gateway/src/pdgw_config_cli.c: flags generated from the option table,
+ * (gateway/src/config/pdgw_config_yaml.c) when byte 0 is even, a command line
+ * (gateway/src/config/pdgw_config_cli.c: flags generated from the option table,
  * then the cross-field check) when odd. For the command line the rest of the
  * input is NUL-separated arguments after argv[0] "pdgw"; the environment is
  * empty. Never a crash, over-read or leak; printing an accepted config works.

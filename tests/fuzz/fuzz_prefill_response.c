@@ -1,7 +1,7 @@
 /*
  * fuzz_prefill_response.c - a prefill engine's response body into the
  * forwarders that read it, the way the workflow hands it over
- * (gateway/src/pdgw_workflow.c): its bytes to on_prefill_text (lmcache reads
+ * (gateway/src/workflow/pdgw_workflow.c): its bytes to on_prefill_text (lmcache reads
  * the prompt's ids there), then json_loadb of them (NULL when it is not JSON)
  * to on_prefill_response (vllm-nixl, vllm-mooncake, ...); followed by the
  * decode leg that is built from what the forwarder kept.

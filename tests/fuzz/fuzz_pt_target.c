@@ -1,6 +1,6 @@
 /*
  * fuzz_pt_target.c - a client's request path into the routing path and the upstream target
- * that pass-through builds from it (gateway/src/pdgw_path.c).
+ * that pass-through builds from it (gateway/src/serve/pdgw_path.c).
  *
  * Properties: a path is refused (400, 414, with a reason) or routed; a routed path fits its
  * buffer and holds no control byte, space or ".." segment; its upstream target holds no byte

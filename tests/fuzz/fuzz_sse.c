@@ -1,6 +1,6 @@
 /*
  * fuzz_sse.c - an upstream engine's text/event-stream into the gateway's SSE
- * parser (gateway/src/pdgw_sse.c).
+ * parser (gateway/src/upstream/pdgw_sse.c).
  *
  * The input is fed twice: whole, and in pieces whose sizes come from the
  * input itself (TCP may cut a stream anywhere). Both runs must yield the

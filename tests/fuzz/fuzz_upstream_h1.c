@@ -1,6 +1,6 @@
 /*
  * fuzz_upstream_h1.c - an upstream engine's HTTP/1.1 response into the native client's
- * parser (gateway/src/pdgw_upstream_h1_parse.c).
+ * parser (gateway/src/upstream/pdgw_upstream_h1_parse.c).
  *
  * Byte 0: bit 0 = the request was HEAD (no body), bit 1 = the body callback pauses every
  * other call (back-pressure hands the same bytes out again). The rest is the response as the

@@ -1,6 +1,6 @@
 /*
  * fuzz_validate.c - a client's request body into the gateway's parser and
- * validator (gateway/src/pdgw_validate.c): /v1/completions when byte 0 is
+ * validator (gateway/src/workflow/pdgw_validate.c): /v1/completions when byte 0 is
  * even, /v1/chat/completions when odd.
  *
  * Never a crash, over-read or leak; an accepted body yields consistent

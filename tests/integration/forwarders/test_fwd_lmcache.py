@@ -323,7 +323,7 @@ def test_fallback_decode_and_skip_notification():
 
 
 def test_live_kv_options_on_reload():
-    """A reload applies the KV service's timing options live (gateway/src/pdgw_kvctl_reload.c):
+    """A reload applies the KV service's timing options live (gateway/src/kvctl/pdgw_kvctl_reload.c):
     a shorter notif_timeout_ms holds for the next request at once; a new proxy_port needs a
     restart and the running listener stays."""
     P, D = env["silentP"], env["D"]

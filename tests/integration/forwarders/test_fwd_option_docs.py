@@ -2,7 +2,7 @@
 
 The defaults are read from the code itself: every pdgw_fwd_opt_int/bool/str/enum (or the
 in-tree fwd_pd_opt_* names) call with a literal key in forwarders/*.c and
-gateway/src/pdgw_kvctl*.c, an enum's default resolved through its NULL-terminated name table
+gateway/src/kvctl/pdgw_kvctl*.c, an enum's default resolved through its NULL-terminated name table
 in the same file. The documented ones come from docs/protocols/*.md and forwarders/README.md:
 option tables (a `default` column, or a cell with "`v` (default)" / "lo..hi (v)") and prose
 of the form "`key` (v)" or "`key: v` (default)". A documented default of a known key that the
@@ -26,7 +26,7 @@ def code_defaults():
     """{key: set of defaults as text} for every option with a literal default."""
     out = {}
     files = glob.glob(os.path.join(ROOT, "forwarders", "*.c")) + \
-        glob.glob(os.path.join(ROOT, "gateway", "src", "pdgw_kvctl*.c"))
+        glob.glob(os.path.join(ROOT, "gateway", "src", "kvctl", "pdgw_kvctl*.c"))
     for path in files:
         src = open(path).read()
         tables = {m.group(1): re.findall(r'"([^"]*)"', m.group(2)) for m in TABLE.finditer(src)}

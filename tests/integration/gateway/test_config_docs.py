@@ -1,7 +1,7 @@
 """The configuration documents agree with the option table pdgw parses.
 
 - gateway/CONFIG.md's reference tables (keys, command-line only, instance fields) are what
-  pdgw-config-doc prints from gateway/src/pdgw_config.c: `make docs` rewrites them, this
+  pdgw-config-doc prints from gateway/src/config/pdgw_config.c: `make docs` rewrites them, this
   test fails on any difference (with the diff);
 - deploy/examples/pdgw.yaml, "every key with its default", names every top-level key of the
   table, passes --check-config, and holds the defaults pdgw applies (--print-config of the

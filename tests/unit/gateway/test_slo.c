@@ -1,5 +1,5 @@
 /*
- * Latency targets of the config (gateway/src/pdgw_slo.c): "TTFT[:TPOT]" durations as
+ * Latency targets of the config (gateway/src/admit/pdgw_slo.c): "TTFT[:TPOT]" durations as
  * slo_models values take them, within the bounds the request headers have (an hour to the
  * first token, a minute per token).
  */

@@ -42,6 +42,7 @@
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 #include "pdgw_server.h"
+#include "pdgw_wiring.h"
 #include "pdgw_server_int.h" /* the worker's free lists (counters) */
 
 /* ---------------------------------------------------------------- fake engine */
@@ -333,6 +334,7 @@ static int fixture_setup(void **s)
     /* The slow-client case asks for more with X-Request-Timeout. */
     so.max_request_timeout_ms = 120000;
     so.frontend = torture_frontend;
+    assert_int_equal(pdgw_gateway_wire(), PDGW_OK);
     assert_int_equal(pdgw_server_create(&so, &F.srv, err, sizeof(err)), PDGW_OK);
     assert_int_equal(pdgw_server_start(F.srv), PDGW_OK);
     return 0;

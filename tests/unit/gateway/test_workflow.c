@@ -22,6 +22,7 @@
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 #include "pdgw_server.h"
+#include "pdgw_wiring.h"
 
 /* ---------------------------------------------------------------- fake engines */
 
@@ -463,6 +464,7 @@ static void fixture_start(fixture_t *f, const char *protocol, pdgw_mode_t mode, 
     so.metrics = &f->gm;
     so.retries = 1;
     so.request_timeout_ms = 5000;
+    assert_int_equal(pdgw_gateway_wire(), PDGW_OK);
     assert_int_equal(pdgw_server_create(&so, &f->srv, err, sizeof(err)), PDGW_OK);
     assert_int_equal(pdgw_server_start(f->srv), PDGW_OK);
     pthread_mutex_lock(&count_lock);

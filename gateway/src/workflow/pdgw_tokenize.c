@@ -1,0 +1,392 @@
+/*
+ * pdgw_tokenize.c - the prompt's token ids before routing, from the engine itself.
+ *
+ * The precise-prefix policy matches a prompt against the blocks the engines report through
+ * their KV events, and those carry token ids: a text prompt must be tokenized exactly as the
+ * engine does it, chat template included. pdgw does not guess a tokenizer (a vocabulary, a
+ * chat template and special-token rules per model would have to match the engine's to the
+ * token); it asks a usable engine of the fleet, as llm-d's tokenizer does:
+ *   vLLM  POST /tokenize {model, prompt} or {model, messages, add_generation_prompt, ...}
+ *         -> {count, max_model_len, tokens}
+ *         (vllm/entrypoints/serve/tokenize/protocol.py: TokenizeCompletionRequest,
+ *         TokenizeChatRequest, TokenizeResponse; SGLang serves the same shape).
+ * The leg runs on the request's worker like any other leg; the request waits at most
+ * tokenize_timeout and is then routed without tokens (counted). Answers are cached by a
+ * 128-bit hash of the exact tokenize body (model and chat options included), in a bounded
+ * set-associative table shared by the workers.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "pdgw_route.h"
+#include "pdgw_alloc.h"
+#include "pdgw_json_load.h"
+#include "pdgw_log.h"
+
+#include "pdgw_route_int.h"
+#include "pdgw_tokenize_body.h"
+#include "pdgw_server_int.h"
+#include "pdgw_fwd_setup.h" /* pdgw_instance_view_from_sched */
+#include "pdgw_wf.h"
+
+#define TOK_WAYS       4
+#define TOK_MAX_TOKENS (1u << 20) /* longer answers are not believed */
+
+static void tok_count(pdgw_routing_t *rt, const char *result)
+{
+    if (rt && rt->tokenize_total)
+        pdgw_counter_inc(pdgw_metric_family_series1(rt->tokenize_total, result));
+}
+
+pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pdgw_metrics_t *reg,
+                                pdgw_routing_t **out)
+{
+    static const char *const l_reason[] = {"reason"};
+    static const char *const l_result[] = {"result"};
+    static const char *const l_reason_result[] = {"reason", "result"};
+    pdgw_routing_t *rt = pdgw_calloc(1, sizeof(*rt));
+    size_t sets;
+
+    if (rt == NULL)
+        return PDGW_ERR_NOMEM;
+    rt->o = *o;
+    rt->want_tokens = want_tokens || o->pd_min_prompt_tokens > 0 || o->pd_skip_cached_percent > 0;
+    sets = (o->tokenize_cache_entries + TOK_WAYS - 1) / TOK_WAYS;
+    rt->n_sets = sets;
+    if (sets > 0) {
+        rt->slots = pdgw_calloc(sets * TOK_WAYS, sizeof(*rt->slots));
+        if (rt->slots == NULL) {
+            pdgw_free(rt);
+            return PDGW_ERR_NOMEM;
+        }
+    }
+    pthread_mutex_init(&rt->mu, NULL);
+    if (reg) {
+        /* Both may exist already when a test builds a second server on one registry. */
+        if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_pd_skipped_total",
+                                    "Requests of a two-leg protocol sent decode-only (selective "
+                                    "PD), by reason: short (prompt below pd_min_prompt_tokens), "
+                                    "cached (the chosen decode holds most of the prompt).",
+                                    l_reason, 1, NULL, 0, &rt->pd_skipped) != PDGW_OK)
+            rt->pd_skipped = pdgw_metrics_family_find(reg, "pdgw_pd_skipped_total");
+        if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_tokenize_total",
+                                    "Prompt tokenizations for routing, by result: ok, cache_hit, "
+                                    "timeout and error (routed without tokens), no_instance.",
+                                    l_result, 1, NULL, 0, &rt->tokenize_total) != PDGW_OK)
+            rt->tokenize_total = pdgw_metrics_family_find(reg, "pdgw_tokenize_total");
+        if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_kv_release_total",
+                                    "Prefill KV released through a decode engine because the "
+                                    "request's decode never reached one, by reason (client_gone, "
+                                    "no_decode, decode_refused, timeout, retry) and result (ok, "
+                                    "failed, no_instance, error).",
+                                    l_reason_result, 2, NULL, 0, &rt->kv_release) != PDGW_OK)
+            rt->kv_release = pdgw_metrics_family_find(reg, "pdgw_kv_release_total");
+    }
+    *out = rt;
+    return PDGW_OK;
+}
+
+void pdgw_route_destroy(pdgw_routing_t *rt)
+{
+    if (rt == NULL)
+        return;
+    for (size_t i = 0; i < rt->n_sets * TOK_WAYS; i++)
+        pdgw_free(rt->slots[i].tokens);
+    pdgw_free(rt->slots);
+    pthread_mutex_destroy(&rt->mu);
+    pdgw_free(rt);
+}
+
+/* ---------------------------------------------------------------- cache */
+
+static bool cache_get(pdgw_routing_t *rt, const uint64_t key[2], uint32_t **tokens, size_t *n)
+{
+    bool hit = false;
+    if (rt->n_sets == 0)
+        return false;
+    pthread_mutex_lock(&rt->mu);
+    {
+        pdgw_tok_slot_t *set = &rt->slots[(key[0] % rt->n_sets) * TOK_WAYS];
+        for (int w = 0; w < TOK_WAYS; w++) {
+            pdgw_tok_slot_t *s = &set[w];
+            if (s->tokens == NULL || s->key[0] != key[0] || s->key[1] != key[1])
+                continue;
+            *tokens = pdgw_malloc(s->n ? s->n * sizeof(uint32_t) : 1);
+            if (*tokens) {
+                memcpy(*tokens, s->tokens, s->n * sizeof(uint32_t));
+                *n = s->n;
+                s->used = ++rt->tick;
+                hit = true;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return hit;
+}
+
+static void cache_put(pdgw_routing_t *rt, const uint64_t key[2], const uint32_t *tokens, size_t n)
+{
+    uint32_t *copy;
+    if (rt->n_sets == 0)
+        return;
+    copy = pdgw_malloc(n ? n * sizeof(uint32_t) : 1);
+    if (copy == NULL)
+        return;
+    memcpy(copy, tokens, n * sizeof(uint32_t));
+    pthread_mutex_lock(&rt->mu);
+    {
+        pdgw_tok_slot_t *set = &rt->slots[(key[0] % rt->n_sets) * TOK_WAYS], *victim = &set[0];
+        for (int w = 0; w < TOK_WAYS; w++) {
+            pdgw_tok_slot_t *s = &set[w];
+            if (s->tokens && s->key[0] == key[0] && s->key[1] == key[1]) {
+                victim = s; /* same prompt answered twice: refresh */
+                break;
+            }
+            if (s->tokens == NULL || s->used < victim->used)
+                victim = s; /* free way first, else the least recently used */
+            if (s->tokens == NULL)
+                break;
+        }
+        pdgw_free(victim->tokens);
+        victim->tokens = copy;
+        victim->n = n;
+        victim->key[0] = key[0];
+        victim->key[1] = key[1];
+        victim->used = ++rt->tick;
+    }
+    pthread_mutex_unlock(&rt->mu);
+}
+
+/* ---------------------------------------------------------------- request */
+
+pdgw_req_route_t *pdgw_route_req(pdgw_wf_t *wf)
+{
+    if (wf->rt == NULL)
+        wf->rt = pdgw_calloc(1, sizeof(*wf->rt));
+    return wf->rt;
+}
+
+const uint32_t *pdgw_route_tokens(const pdgw_wf_t *wf, size_t *n_out)
+{
+    if (wf->rt == NULL || wf->rt->tokens == NULL)
+        return NULL;
+    *n_out = wf->rt->n_tokens;
+    return wf->rt->tokens;
+}
+
+static void tok_leg_free(pdgw_req_route_t *q)
+{
+    if (q->leg) {
+        pdgw_leg_release(q->leg);
+        pdgw_free(q->leg);
+        q->leg = NULL;
+    }
+    if (q->si) {
+        sched_instance_unref(q->si);
+        q->si = NULL;
+    }
+}
+
+void pdgw_route_req_release(pdgw_wf_t *wf)
+{
+    if (wf->rt == NULL)
+        return;
+    tok_leg_free(wf->rt);
+    pdgw_free(wf->rt->tokens);
+    pdgw_free(wf->rt);
+    wf->rt = NULL;
+}
+
+/* The tokenize body for the client's request, or NULL when the prompt is not one text
+ * (token ids already, a batch of prompts) or the body is unusual. Sorted keys, so equal
+ * requests hash equal. */
+static char *tok_body(pdgw_wf_t *wf, size_t *len)
+{
+    pdgw_req_t *r = wf->req;
+    json_t *b = pdgw_tokenize_body(r->json, r->kind == PDGW_API_CHAT_COMPLETIONS,
+                                   json_object_get(r->json, "prompt"), r->info.model);
+    char *text = NULL;
+
+    if (b == NULL)
+        return NULL;
+    text = json_dumps(b, JSON_COMPACT | JSON_SORT_KEYS);
+    if (text)
+        *len = strlen(text);
+    json_decref(b);
+    return text;
+}
+
+/* The /tokenize leg reports here (its owner), which resumes the workflow. */
+static void tokenize_on_leg_done(pdgw_leg_t *leg)
+{
+    (void)pdgw_tokenize_leg_done(leg->wf, leg);
+}
+
+static const pdgw_leg_owner_t tokenize_leg_owner = {.on_done = tokenize_on_leg_done,
+                                                    .moved = pdgw_wf_leg_moved};
+
+bool pdgw_tokenize_begin(pdgw_wf_t *wf)
+{
+    pdgw_req_t *r = wf->req;
+    pdgw_server_t *srv = wf->w->srv;
+    pdgw_routing_t *rt = srv->routing;
+    pdgw_req_route_t *q;
+    XXH128_hash_t h;
+    char *body;
+    size_t len = 0;
+    pdgw_status_t st;
+
+    if (rt == NULL || !rt->want_tokens || rt->o.tokenize_timeout_ms == 0 || !r->info_valid ||
+        r->info.prompt_tokens != NULL || pdgw_req_json(r) == NULL)
+        return false;
+    body = tok_body(wf, &len);
+    if (body == NULL)
+        return false;
+    q = pdgw_route_req(wf);
+    if (q == NULL) {
+        free(body);
+        return false;
+    }
+    h = XXH3_128bits(body, len);
+    q->key[0] = h.low64;
+    q->key[1] = h.high64;
+    if (cache_get(rt, q->key, &q->tokens, &q->n_tokens)) {
+        free(body);
+        tok_count(rt, "cache_hit");
+        return false;
+    }
+    /* fleet hook: the tokenizer of the request's model */
+    q->si = sched_pool_pick_usable_model(srv->opts.pool, SCHED_ROLE_DECODE,
+                                         atomic_fetch_add(&rt->turn, 1),
+                                         r->info_valid ? r->info.model : NULL);
+    if (q->si == NULL) {
+        free(body);
+        tok_count(rt, "no_instance");
+        return false;
+    }
+    pdgw_instance_view_from_sched(&q->inst, q->si);
+    q->leg = pdgw_calloc(1, sizeof(*q->leg));
+    if (q->leg == NULL) {
+        free(body);
+        tok_leg_free(q);
+        tok_count(rt, "error");
+        return false;
+    }
+    pdgw_leg_init(q->leg, &wf->origin, wf, PDGW_LEG_DECODE, &tokenize_leg_owner);
+    /* The leg takes the body (pdgw_free is free, json_dumps used malloc). */
+    st = pdgw_leg_start(q->leg, &q->inst, "/tokenize", "POST", body, len, NULL);
+    if (st != PDGW_OK) {
+        pdgw_free(body);
+        tok_leg_free(q);
+        tok_count(rt, "error");
+        return false;
+    }
+    q->t_deadline_ms = q->leg->t_start_ms + rt->o.tokenize_timeout_ms;
+    pdgw_req_timer_update(r); /* the request's timer knows this deadline */
+    return true;
+}
+
+/* Parse {count, max_model_len, tokens}; false when it is not that. */
+static bool tok_parse(const pdgw_leg_t *leg, uint32_t **tokens, size_t *n)
+{
+    json_t *resp, *arr, *v;
+    size_t i, cnt;
+    uint32_t *ids;
+
+    if (leg->err != PDGW_LEGERR_NONE || leg->status != 200)
+        return false;
+    resp = pdgw_json_loadb(leg->resp.data ? leg->resp.data : "", leg->resp.len, NULL);
+    arr = json_object_get(resp, "tokens");
+    cnt = json_array_size(arr);
+    if (!json_is_array(arr) || cnt == 0 || cnt > TOK_MAX_TOKENS ||
+        ((v = json_object_get(resp, "count")) != NULL &&
+         (!json_is_integer(v) || json_integer_value(v) != (json_int_t)cnt))) {
+        json_decref(resp);
+        return false;
+    }
+    ids = pdgw_malloc(cnt * sizeof(uint32_t));
+    if (ids == NULL) {
+        json_decref(resp);
+        return false;
+    }
+    json_array_foreach(arr, i, v)
+    {
+        json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (x < 0 || x > (json_int_t)UINT32_MAX) {
+            pdgw_free(ids);
+            json_decref(resp);
+            return false;
+        }
+        ids[i] = (uint32_t)x;
+    }
+    json_decref(resp);
+    *tokens = ids;
+    *n = cnt;
+    return true;
+}
+
+bool pdgw_tokenize_leg_done(pdgw_wf_t *wf, pdgw_leg_t *leg)
+{
+    pdgw_req_t *r = wf->req;
+    pdgw_routing_t *rt = wf->w->srv->routing;
+    pdgw_req_route_t *q = wf->rt;
+
+    if (q == NULL || leg != q->leg)
+        return false;
+    if (tok_parse(leg, &q->tokens, &q->n_tokens)) {
+        cache_put(rt, q->key, q->tokens, q->n_tokens);
+        tok_count(rt, "ok");
+    } else {
+        static pdgw_log_ratelimit_t rl = PDGW_LOG_RATELIMIT_INIT;
+        uint64_t skipped = 0;
+        tok_count(rt, "error");
+        if (pdgw_log_ratelimit_allow(&rl, 1000, &skipped))
+            pdgw_log_warn("tokenize",
+                          "req=%s POST /tokenize at %s gave no tokens (%s); routed without "
+                          "(%llu similar suppressed)",
+                          r->id, q->inst.id,
+                          leg->errmsg[0] ? leg->errmsg : "not a tokenize response",
+                          (unsigned long long)skipped);
+    }
+    tok_leg_free(q);
+    if (wf->stage != PDGW_WF_FINISHED)
+        pdgw_wf_start_attempt(wf);
+    return true;
+}
+
+bool pdgw_tokenize_check_deadline(pdgw_wf_t *wf, uint64_t now_ms)
+{
+    pdgw_req_route_t *q = wf->rt;
+    if (q == NULL || q->leg == NULL)
+        return false;
+    if (now_ms < q->t_deadline_ms)
+        return true;
+    /* Too slow: route without tokens rather than hold the request. */
+    tok_count(wf->w->srv->routing, "timeout");
+    tok_leg_free(q);
+    if (wf->stage != PDGW_WF_FINISHED)
+        pdgw_wf_start_attempt(wf);
+    return false;
+}
+
+pdgw_status_t pdgw_route_server_start(pdgw_server_t *srv, char *err, size_t errlen)
+{
+    const pdgw_server_opts_t *o = &srv->opts;
+    pdgw_status_t st = pdgw_route_create(&o->route, o->pool && sched_pool_has_kv_index(o->pool),
+                                         o->metrics ? o->metrics->reg : NULL, &srv->routing);
+    if (st != PDGW_OK)
+        snprintf(err, errlen, "out of memory");
+    return st;
+}
+
+void pdgw_route_server_stop(pdgw_server_t *srv)
+{
+    pdgw_route_destroy(srv->routing);
+    srv->routing = NULL;
+}
