@@ -40,11 +40,6 @@ static int class_of(int64_t priority)
     return priority < 0 ? CLASS_HIGH : priority == 0 ? CLASS_NORMAL : CLASS_LOW;
 }
 
-const char *pdgw_admit_priority_class(int64_t priority)
-{
-    return class_names[class_of(priority)];
-}
-
 /* ---------------------------------------------------------------- limits */
 
 void pdgw_admit_limits_init(pdgw_admit_limits_t *l)
@@ -295,18 +290,6 @@ void pdgw_admit_get_path_limits(pdgw_admit_t *a, pdgw_admit_limits_t *out)
     out->keys = NULL;
     out->n_keys = 0;
     pthread_mutex_unlock(&a->lock);
-}
-
-bool pdgw_admit_active(pdgw_admit_t *a)
-{
-    bool on;
-    if (a == NULL)
-        return false;
-    pthread_mutex_lock(&a->lock);
-    on = a->limits.max_concurrent > 0 || a->limits.rate > 0 || a->limits.n_keys > 0 ||
-         a->inflight > 0 || pdgw_admit_queue_len(&a->queue) > 0;
-    pthread_mutex_unlock(&a->lock);
-    return on;
 }
 
 pdgw_admit_result_t pdgw_admit_enter(pdgw_admit_t *a, pdgw_admit_ticket_t *t, const char *key,

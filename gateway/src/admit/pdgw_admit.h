@@ -107,8 +107,6 @@ pdgw_status_t pdgw_admit_set_limits(pdgw_admit_t *a, const pdgw_admit_limits_t *
                                     uint64_t now_ms);
 /* A copy of what the request path reads (backoff, affinity); the key list is not copied. */
 void pdgw_admit_get_path_limits(pdgw_admit_t *a, pdgw_admit_limits_t *out);
-/* Whether anything would be limited (no limit: callers may skip the controller). */
-bool pdgw_admit_active(pdgw_admit_t *a);
 
 /* Initialise a ticket (state IDLE, priority 0). */
 void pdgw_admit_ticket_init(pdgw_admit_ticket_t *t);
@@ -161,8 +159,5 @@ void pdgw_admit_stats(pdgw_admit_t *a, pdgw_admit_stats_t *out);
  */
 uint64_t pdgw_retry_backoff_ms(uint64_t base_ms, uint64_t max_ms, unsigned attempt,
                                uint64_t retry_after_ms, uint64_t rnd);
-
-/* "high" (< 0), "normal" (0), "low" (> 0): the bounded label of a priority. */
-const char *pdgw_admit_priority_class(int64_t priority);
 
 #endif /* PDGW_ADMIT_H */

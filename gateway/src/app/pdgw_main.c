@@ -30,6 +30,7 @@
 #include "pdgw_admit.h"
 #include "pdgw_auth.h"
 #include "pdgw_wiring.h"
+#include "pdtok/tokenizer.h" /* pdgw tokenize */
 #include "pdgw_server_int.h"
 #include "pdgw_slo.h"
 #include "pdgw_tls.h"
@@ -57,13 +58,6 @@ static pdgw_status_t main_protocol_info(void *ctx, const pdgw_config_t *cfg,
 }
 
 /* ---------------------------------------------------------------- pool */
-
-static sched_policy_t map_policy(pdgw_policy_t p)
-{
-    sched_policy_t out = SCHED_POLICY_LEAST_LOAD;
-    (void)sched_policy_parse(pdgw_policy_name(p), &out);
-    return out;
-}
 
 static sched_role_t map_role(pdgw_role_t r)
 {
@@ -93,6 +87,7 @@ static void map_instance(const pdgw_instance_config_t *ic, sched_instance_desc_t
         d->init_ports[j] = ic->init_ports.items[j];
     d->n_init_ports = j;
     d->tp_size = ic->tp_size;
+    d->kv_capacity_tokens = (uint64_t)ic->kv_capacity_tokens;
     d->dp_rank = ic->dp_rank;
     d->dp_size = ic->dp_size;
     d->kv_engine = ic->kv_engine == 1 ? SCHED_KV_ENGINE_LIBKVT : SCHED_KV_ENGINE_UPSTREAM;
@@ -135,8 +130,8 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched
     sched_config_init(&sc);
     sc.log = static_only ? NULL : sched_log_adapter;
     sc.log_arg = NULL;
-    sc.prefill_policy = map_policy(cfg->prefill_policy);
-    sc.decode_policy = map_policy(cfg->decode_policy);
+    sc.prefill_policy = pdgw_policy_to_sched(cfg->prefill_policy);
+    sc.decode_policy = pdgw_policy_to_sched(cfg->decode_policy);
     sc.health_interval_ms = cfg->health_interval_ms;
     sc.health_timeout_ms = cfg->health_timeout_ms;
     sc.healthy_threshold = (unsigned)cfg->healthy_threshold;
@@ -150,6 +145,12 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched
     sc.kv_events_max_blocks = (size_t)cfg->kv_events_max_blocks;
     sc.kv_events_max_message_bytes = (size_t)cfg->kv_events_max_message_bytes;
     sc.kv_events_silence_ms = cfg->kv_events_silence_ms;
+    sc.autoscale_ttft_ms =
+        (uint32_t)(cfg->autoscale_ttft_ms ? cfg->autoscale_ttft_ms : cfg->slo_ttft_ms);
+    sc.autoscale_tpot_ms =
+        (uint32_t)(cfg->autoscale_tpot_ms ? cfg->autoscale_tpot_ms : cfg->slo_tpot_ms);
+    sc.autoscale_tau_ms = cfg->autoscale_tau_ms;
+    sc.autoscale_window_ms = cfg->autoscale_window_ms;
     if (cfg->n_instances > 0) {
         descs = pdgw_calloc(cfg->n_instances, sizeof(*descs));
         if (descs == NULL) {
@@ -514,6 +515,10 @@ int main(int argc, char **argv)
     int rc = 1;
     int sig = 0;
 
+    /* A tool, not the gateway: token ids of JSON lines with a local tokenizer (libpdtok). */
+    if (argc > 1 && strcmp(argv[1], "tokenize") == 0)
+        return pdtok_cli_main(argc - 1, argv + 1);
+
     /* Stage 1 happened before main(). */
     block_signals(&sigs);
 
@@ -592,6 +597,8 @@ int main(int argc, char **argv)
         goto out_pool;
     }
     so.reload = reload;
+    /* The reload keeps the loaded config from here on (cfg was moved into it). */
+    so.route.tokenizers = &pdgw_reload_config(reload)->tokenizers;
     if (pdgw_gateway_wire() != PDGW_OK) {
         pdgw_log_error("main", "cannot register the rooms' hooks (a wiring bug)");
         goto out_pool;

@@ -295,26 +295,19 @@ static pdgw_status_t policy_prepare(void *ctx, pdgw_reload_txn_t *txn, void **st
     return PDGW_OK;
 }
 
-static sched_policy_t to_sched(pdgw_policy_t p)
-{
-    sched_policy_t out = SCHED_POLICY_LEAST_LOAD;
-    (void)sched_policy_parse(pdgw_policy_name(p), &out);
-    return out;
-}
-
 static void policy_commit(void *ctx, pdgw_reload_txn_t *txn, void *state)
 {
     hooks_ctx_t *c = ctx;
     const pdgw_config_t *next = pdgw_reload_txn_next(txn);
     (void)state;
     if (pdgw_reload_txn_changed(txn, "prefill_policy") &&
-        sched_pool_set_policy(c->pool, SCHED_ROLE_PREFILL, to_sched(next->prefill_policy)) !=
-            SCHED_OK)
+        sched_pool_set_policy(c->pool, SCHED_ROLE_PREFILL,
+                              pdgw_policy_to_sched(next->prefill_policy)) != SCHED_OK)
         pdgw_log_error("reload", "prefill_policy %s refused by the pool",
                        pdgw_policy_name(next->prefill_policy));
     if (pdgw_reload_txn_changed(txn, "decode_policy") &&
-        sched_pool_set_policy(c->pool, SCHED_ROLE_DECODE, to_sched(next->decode_policy)) !=
-            SCHED_OK)
+        sched_pool_set_policy(c->pool, SCHED_ROLE_DECODE,
+                              pdgw_policy_to_sched(next->decode_policy)) != SCHED_OK)
         pdgw_log_error("reload", "decode_policy %s refused by the pool",
                        pdgw_policy_name(next->decode_policy));
 }

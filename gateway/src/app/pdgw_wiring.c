@@ -66,7 +66,7 @@ static pdgw_status_t wire(void)
     REG(pdgw_phase_free(pdgw_req_info_free));
     /* Per server: tokenize cache and selective PD; per worker: KV releases still running. */
     REG(pdgw_phase_server(pdgw_route_server_start, pdgw_route_server_stop));
-    REG(pdgw_phase_worker(NULL, pdgw_kv_release_drop_all));
+    REG(pdgw_phase_worker_stop(pdgw_kv_release_drop_all));
 #undef REG
     return st;
 }

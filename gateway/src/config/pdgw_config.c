@@ -45,19 +45,16 @@ static const char *name_of(const char *const *names, size_t n, int v)
     return v >= 0 && (size_t)v < n ? names[v] : "unknown";
 }
 
-const char *pdgw_role_name(pdgw_role_t role)
-{
-    return name_of(role_names, 3, (int)role);
-}
-
-const char *pdgw_sched_mode_name(pdgw_sched_mode_t mode)
-{
-    return name_of(sched_names, 2, (int)mode);
-}
-
 const char *pdgw_policy_name(pdgw_policy_t policy)
 {
     return name_of(policy_names, 8, (int)policy);
+}
+
+sched_policy_t pdgw_policy_to_sched(pdgw_policy_t policy)
+{
+    sched_policy_t out = SCHED_POLICY_LEAST_LOAD;
+    (void)sched_policy_parse(pdgw_policy_name(policy), &out);
+    return out;
 }
 
 static int enum_index(const char *const *names, const char *s)
@@ -67,24 +64,6 @@ static int enum_index(const char *const *names, const char *s)
             return i;
     }
     return -1;
-}
-
-pdgw_status_t pdgw_role_parse(const char *s, pdgw_role_t *out)
-{
-    int i = enum_index(role_names, s);
-    if (i < 0)
-        return PDGW_ERR_PARSE;
-    *out = (pdgw_role_t)i;
-    return PDGW_OK;
-}
-
-pdgw_status_t pdgw_policy_parse(const char *s, pdgw_policy_t *out)
-{
-    int i = enum_index(policy_names, s);
-    if (i < 0)
-        return PDGW_ERR_PARSE;
-    *out = (pdgw_policy_t)i;
-    return PDGW_OK;
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -253,6 +232,18 @@ static const pdgw_config_option_t options[] = {
      "PDGW_SLO_REJECT_MARGIN_PERCENT", PDGW_OPT_INT, NULL, 0, 10000, "50", "PERCENT",
      "How far past its target the best prediction must be before `slo_policy: reject` "
      "refuses a request.", C(slo_reject_margin_percent)},
+    {"autoscale_ttft", "autoscale-ttft", "PDGW_AUTOSCALE_TTFT", PDGW_OPT_DURATION, NULL, 0, 0,
+     "0", "DURATION", "TTFT the `pdgw_autoscale_desired_replicas` signals size the pools for "
+     "when requests carry no target (0 = `slo_ttft`, else 1s).", C(autoscale_ttft_ms)},
+    {"autoscale_tpot", "autoscale-tpot", "PDGW_AUTOSCALE_TPOT", PDGW_OPT_DURATION, NULL, 0, 0,
+     "0", "DURATION", "TPOT the autoscaling signals size the decode pool for when requests "
+     "carry no target (0 = `slo_tpot`, else 50ms).", C(autoscale_tpot_ms)},
+    {"autoscale_smoothing", "autoscale-smoothing", "PDGW_AUTOSCALE_SMOOTHING", PDGW_OPT_DURATION,
+     NULL, 0, 0, "30s", "DURATION", "Time constant of the demand averages behind the "
+     "autoscaling signals.", C(autoscale_tau_ms)},
+    {"autoscale_window", "autoscale-window", "PDGW_AUTOSCALE_WINDOW", PDGW_OPT_DURATION, NULL, 0,
+     0, "2m", "DURATION", "Scale-down stabilisation: desired replicas fall only to the highest "
+     "need seen in this window.", C(autoscale_window_ms)},
     {"kv_events_max_message_bytes", "kv-events-max-message-bytes",
      "PDGW_KV_EVENTS_MAX_MESSAGE_BYTES", PDGW_OPT_SIZE, NULL, 65536, 1073741824, "16MiB", "SIZE",
      "Largest KV-event message (precise-prefix) taken from an engine's publisher or "
@@ -271,6 +262,13 @@ static const pdgw_config_option_t options[] = {
     {"tokenize_cache_entries", "tokenize-cache-entries", "PDGW_TOKENIZE_CACHE_ENTRIES",
      PDGW_OPT_INT, NULL, 0, 16777216, "4096", "N", "Tokenized prompts kept, by prompt hash "
      "(0 = no cache).", C(tokenize_cache_entries)},
+    {"tokenizers", "tokenizer", "PDGW_TOKENIZERS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
+     "MODEL=PATH", "A model's tokenizer in the gateway: a Hugging Face `tokenizer.json` or the "
+     "directory holding it (with `tokenizer_config.json` for the chat template), or `engine`. "
+     "Its prompts are tokenized in process for precise-prefix and selective PD, without the "
+     "engine's POST /tokenize; one the gateway cannot run exactly is reported at start and "
+     "that model asks the engine (repeatable; every model not named asks its engine).",
+     C(tokenizers)},
     {"pd_min_prompt_tokens", "pd-min-prompt-tokens", "PDGW_PD_MIN_PROMPT_TOKENS", PDGW_OPT_INT,
      NULL, 0, 100000000, "0", "N", "Selective PD: a prompt of fewer tokens, or whose part the "
      "chosen decode does not hold is shorter, goes decode-only (0 = always PD).",
@@ -456,6 +454,11 @@ static const pdgw_config_option_t instance_options[] = {
      "lmcache receiver init port per TP rank.", I(init_ports)},
     {"tp_size", NULL, NULL, PDGW_OPT_INT, NULL, 1, 1024, "1", "N", "Tensor-parallel size.",
      I(tp_size)},
+    {"kv_capacity_tokens", NULL, NULL, PDGW_OPT_INT, NULL, 0, 2000000000, "0", "TOKENS",
+     "KV memory of the engine in tokens (num_gpu_blocks x block_size); 0 = read from its "
+     "`vllm:cache_config_info`, else learnt from its KV usage. A decode whose projected KV "
+     "would not fit the request is passed over while another has room.",
+     I(kv_capacity_tokens)},
     {"dp_rank", NULL, NULL, PDGW_OPT_INT, NULL, 0, 65535, "0", "N",
      "Data-parallel rank, below dp_size.",
      I(dp_rank)},

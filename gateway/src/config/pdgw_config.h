@@ -38,6 +38,7 @@
 #include "pdgw_errors.h"
 #include "pdgw_log.h"
 #include "pdgw_util.h" /* PDGW_VERSION_STRING */
+#include <pdsched/sched.h>
 
 /* ---------------------------------------------------------------- value types */
 
@@ -93,13 +94,10 @@ typedef enum pdgw_slo_policy {
     PDGW_SLO_REJECT = 1,
 } pdgw_slo_policy_t;
 
-/* "prefill" / "decode" / "both"; "batch" / "staged"; "round-robin" ... "weighted". */
-const char *pdgw_role_name(pdgw_role_t role);
-const char *pdgw_sched_mode_name(pdgw_sched_mode_t mode);
+/* "round-robin" ... "slo": the policy's name as the config and the scheduler spell it; and the
+ * scheduler's policy of that name (least-load if it had none). */
 const char *pdgw_policy_name(pdgw_policy_t policy);
-/* Reverse lookups: PDGW_ERR_PARSE for unknown names. */
-pdgw_status_t pdgw_role_parse(const char *s, pdgw_role_t *out);
-pdgw_status_t pdgw_policy_parse(const char *s, pdgw_policy_t *out);
+sched_policy_t pdgw_policy_to_sched(pdgw_policy_t policy);
 
 /* One static instance (YAML `instances:` item or a quick-start flag). */
 typedef struct pdgw_instance_config {
@@ -116,9 +114,10 @@ typedef struct pdgw_instance_config {
     char *kv_events_replay_endpoint; /* "" = unset */
     pdgw_int_list_t alloc_ports;
     pdgw_int_list_t init_ports;
-    int tp_size; /* >= 1 */
-    int dp_rank; /* 0 .. dp_size-1 */
-    int dp_size; /* >= 1 */
+    int tp_size;            /* >= 1 */
+    int kv_capacity_tokens; /* 0 = from the engine or learnt */
+    int dp_rank;            /* 0 .. dp_size-1 */
+    int dp_size;            /* >= 1 */
     pdgw_kv_list_t labels;
     pdgw_str_list_t models; /* model names served; none = learnt from GET /v1/models */
     int kv_engine;          /* 0 lmcache (upstream engine), 1 libkvt */
@@ -190,12 +189,16 @@ typedef struct pdgw_config {
     /* Latency targets and what to do when none can be met (pdgw_slo.h). */
     uint64_t slo_ttft_ms, slo_tpot_ms; /* defaults of requests without headers; 0 = none */
     pdgw_kv_list_t slo_models;         /* model -> "TTFT[:TPOT]" */
-    int slo_policy;                    /* pdgw_slo_policy_t */
+    /* autoscaling signals (scheduler sched_autoscale.c): targets (0 = the slo_* ones),
+     * smoothing and scale-down window */
+    uint64_t autoscale_ttft_ms, autoscale_tpot_ms, autoscale_tau_ms, autoscale_window_ms;
+    int slo_policy; /* pdgw_slo_policy_t */
     int slo_reject_margin_percent;
     uint64_t kv_events_silence_ms;
     /* tokenize before routing, selective PD (pdgw_route.h) */
     uint64_t tokenize_timeout_ms;
     int tokenize_cache_entries;
+    pdgw_kv_list_t tokenizers; /* model -> tokenizer PATH, or "engine" */
     int pd_min_prompt_tokens;
     int pd_skip_cached_percent;
     int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */

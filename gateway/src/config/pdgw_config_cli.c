@@ -158,6 +158,7 @@ void pdgw_config_print_help(FILE *out, const char *progname)
         progname = "pdgw";
     fprintf(out,
             "Usage: %s [OPTIONS]\n"
+            "       %s tokenize --tokenizer PATH [--chat]   (token ids of JSON lines on stdin)\n"
             "OpenAI-compatible gateway for prefill/decode disaggregated LLM serving.\n\n"
             "Every option is also a YAML key (--config FILE) and an environment variable.\n"
             "Precedence: command line > environment > config file > default.\n"
@@ -165,7 +166,7 @@ void pdgw_config_print_help(FILE *out, const char *progname)
             "Booleans: --flag, --no-flag or --flag=true|false.\n\n"
             "Quick start: %s --listen 127.0.0.1:8000 --protocol neutral --both "
             "http://127.0.0.1:8100\n\nOptions:\n",
-            progname, progname);
+            progname, progname, progname);
     for (size_t i = 0; i < n; i++) {
         const pdgw_config_option_t *o = &tab[i];
         fprintf(out, "  --%s", o->flag);

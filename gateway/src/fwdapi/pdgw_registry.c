@@ -278,12 +278,3 @@ size_t pdgw_registry_log(void)
     pthread_mutex_unlock(&registry_lock);
     return n;
 }
-
-void pdgw_registry_truncate(size_t keep)
-{
-    pthread_mutex_lock(&registry_lock);
-    if (keep < registry_count)
-        registry_count = keep;
-    refusal_count = 0;
-    pthread_mutex_unlock(&registry_lock);
-}

@@ -37,7 +37,4 @@ pdgw_status_t pdgw_registry_load_plugin(const char *path, char *err, size_t errl
  * Returns the number of refusals logged. */
 size_t pdgw_registry_log(void);
 
-/* Tests: forget every registration made after the first <keep> ones. */
-void pdgw_registry_truncate(size_t keep);
-
 #endif /* PDGW_REGISTRY_H */

@@ -47,11 +47,6 @@ void pdgw_log_set_level(pdgw_log_level_t level)
         atomic_store(&log_level, (int)level);
 }
 
-pdgw_log_level_t pdgw_log_get_level(void)
-{
-    return (pdgw_log_level_t)atomic_load(&log_level);
-}
-
 void pdgw_log_set_format(pdgw_log_format_t format)
 {
     atomic_store(&log_format,

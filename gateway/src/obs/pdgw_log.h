@@ -40,7 +40,6 @@ typedef void (*pdgw_log_sink_fn)(void *ctx, pdgw_log_level_t level, const char *
 /* Configure the logger. <fd> < 0 keeps the current descriptor (default 2). */
 void pdgw_log_init(pdgw_log_level_t level, pdgw_log_format_t format, int fd);
 void pdgw_log_set_level(pdgw_log_level_t level);
-pdgw_log_level_t pdgw_log_get_level(void);
 void pdgw_log_set_format(pdgw_log_format_t format);
 /* Turn the access log on/off (default on). */
 void pdgw_log_set_access(bool enabled);

@@ -33,7 +33,6 @@ static struct {
     LIST(free_fn_t, free);
     LIST(server_start_fn, server_start);
     LIST(server_stop_fn, server_stop);
-    LIST(worker_fn, worker_turn);
     LIST(worker_fn, worker_stop);
     const pdgw_route_ops_t *ops[PDGW_ROUTE_COUNT];
 } phases;
@@ -118,18 +117,10 @@ pdgw_status_t pdgw_phase_server(server_start_fn start, server_stop_fn stop)
     return PDGW_OK;
 }
 
-pdgw_status_t pdgw_phase_worker(worker_fn turn, worker_fn stop)
+pdgw_status_t pdgw_phase_worker_stop(worker_fn stop)
 {
-    if (phases.worker_turn.n >= PDGW_PHASE_MAX || phases.worker_stop.n >= PDGW_PHASE_MAX)
-        return PDGW_ERR_LIMIT;
-    phases.worker_turn.fn[phases.worker_turn.n++] = turn;
-    phases.worker_stop.fn[phases.worker_stop.n++] = stop;
+    ADD(phases.worker_stop, stop);
     return PDGW_OK;
-}
-
-void pdgw_phases_reset(void)
-{
-    memset(&phases, 0, sizeof(phases));
 }
 
 /* ---------------------------------------------------------------- running them */
@@ -222,13 +213,6 @@ void pdgw_phases_server_stop(pdgw_server_t *srv)
     for (size_t i = phases.server_stop.n; i-- > 0;)
         if (phases.server_stop.fn[i] != NULL)
             phases.server_stop.fn[i](srv);
-}
-
-void pdgw_phases_worker_turn(pdgw_worker_t *w)
-{
-    for (size_t i = 0; i < phases.worker_turn.n; i++)
-        if (phases.worker_turn.fn[i] != NULL)
-            phases.worker_turn.fn[i](w);
 }
 
 void pdgw_phases_worker_stop(pdgw_worker_t *w)

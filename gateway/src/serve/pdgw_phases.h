@@ -15,7 +15,7 @@
  *   headers    response headers on every reply or stream (CORS, pass-through's kept ones)
  *   finish     the request ended: per-model and pass-through metrics, access line, trace
  *   free       the request object is recycled: what a room attached to it
- *   server / worker   start and stop of a server, a worker's loop turn and its stop
+ *   server / worker   start and stop of a server; a worker's stop
  */
 #ifndef PDGW_PHASES_H
 #define PDGW_PHASES_H
@@ -101,9 +101,7 @@ void pdgw_phase_route_ops(pdgw_route_t route, const pdgw_route_ops_t *ops);
 pdgw_status_t pdgw_phase_server(pdgw_status_t (*start)(pdgw_server_t *srv, char *err,
                                                        size_t errlen),
                                 void (*stop)(pdgw_server_t *srv));
-pdgw_status_t pdgw_phase_worker(void (*turn)(pdgw_worker_t *w), void (*stop)(pdgw_worker_t *w));
-/* Forget every registration (tests that wire differently). */
-void pdgw_phases_reset(void);
+pdgw_status_t pdgw_phase_worker_stop(void (*stop)(pdgw_worker_t *w));
 
 /* Running them (the serving core). */
 void pdgw_phases_arrive(pdgw_req_t *r);
@@ -119,7 +117,6 @@ void pdgw_phases_free(pdgw_req_t *r);
 const pdgw_route_ops_t *pdgw_phases_route_ops(pdgw_route_t route);
 pdgw_status_t pdgw_phases_server_start(pdgw_server_t *srv, char *err, size_t errlen);
 void pdgw_phases_server_stop(pdgw_server_t *srv);
-void pdgw_phases_worker_turn(pdgw_worker_t *w);
 void pdgw_phases_worker_stop(pdgw_worker_t *w);
 
 #endif /* PDGW_PHASES_H */

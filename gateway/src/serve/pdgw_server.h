@@ -53,6 +53,9 @@ typedef struct pdgw_route_opts {
     uint64_t tokenize_timeout_ms;
     /* Tokenizations kept (by prompt hash). */
     unsigned tokenize_cache_entries;
+    /* Tokenizers loaded in the gateway, model -> PATH or "engine" (config `tokenizers`);
+     * borrowed for the server's start. NULL = every model asks its engine. */
+    const struct pdgw_kv_list *tokenizers;
 } pdgw_route_opts_t;
 
 typedef struct pdgw_server_opts {

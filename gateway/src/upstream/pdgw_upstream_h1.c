@@ -704,11 +704,6 @@ bool pdgw_h1_url_supported(const char *url)
     return url != NULL && strncasecmp(url, "http://", 7) == 0 && url[7] != '\0';
 }
 
-void pdgw_h1_xfer_init(pdgw_h1_xfer_t *x)
-{
-    memset(x, 0, sizeof(*x));
-}
-
 static pdgw_h1_upstream_t *up_find(pdgw_h1_client_t *c, const char *url)
 {
     const char *auth = url + 7, *end = auth + strcspn(auth, "/?#");

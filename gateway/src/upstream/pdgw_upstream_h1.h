@@ -179,7 +179,6 @@ void pdgw_h1_client_destroy(pdgw_h1_client_t *c);
 /* Does <url> name an origin this client serves (http://, not https://)? */
 bool pdgw_h1_url_supported(const char *url);
 
-void pdgw_h1_xfer_init(pdgw_h1_xfer_t *x);
 /* Free what the transfer holds (aborting it if it runs). */
 void pdgw_h1_xfer_release(pdgw_h1_xfer_t *x);
 

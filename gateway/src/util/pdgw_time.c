@@ -15,19 +15,9 @@ uint64_t pdgw_time_mono_ns(void)
     return pdb_clock_mono_ns();
 }
 
-uint64_t pdgw_time_mono_us(void)
-{
-    return pdgw_time_mono_ns() / 1000u;
-}
-
 uint64_t pdgw_time_mono_ms(void)
 {
     return pdgw_time_mono_ns() / 1000000u;
-}
-
-double pdgw_time_mono_sec(void)
-{
-    return (double)pdgw_time_mono_ns() / 1e9;
 }
 
 uint64_t pdgw_time_real_ns(void)

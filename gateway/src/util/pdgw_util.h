@@ -102,7 +102,6 @@ void pdgw_traceparent_format(const pdgw_traceparent_t *tp, char out[PDGW_TRACEPA
 
 /* CLOCK_MONOTONIC in nanoseconds / microseconds / milliseconds / seconds. */
 uint64_t pdgw_time_mono_ns(void);
-uint64_t pdgw_time_mono_us(void);
 uint64_t pdgw_time_mono_ms(void);
 /* On a worker thread, the time of this turn of its loop (no clock read); elsewhere the clock
  * (pdgw_loop_clock). For deadlines, not for durations. */
@@ -113,7 +112,6 @@ extern _Thread_local const uint64_t *pdgw_loop_clock;
 /* The worker whose loop runs on the calling thread (NULL elsewhere). */
 struct pdgw_worker;
 extern _Thread_local struct pdgw_worker *pdgw_this_worker;
-double pdgw_time_mono_sec(void);
 /* CLOCK_REALTIME in nanoseconds (for log timestamps). */
 uint64_t pdgw_time_real_ns(void);
 /* Nanoseconds to seconds as double (metrics). */

@@ -3,9 +3,9 @@
  *
  * The precise-prefix policy matches a prompt against the blocks the engines report through
  * their KV events, and those carry token ids: a text prompt must be tokenized exactly as the
- * engine does it, chat template included. pdgw does not guess a tokenizer (a vocabulary, a
- * chat template and special-token rules per model would have to match the engine's to the
- * token); it asks a usable engine of the fleet, as llm-d's tokenizer does:
+ * engine does it, chat template included. A model configured with its own tokenizer
+ * (`tokenizers`, pdgw_tokenize_local.c) is tokenized in process; pdgw never guesses one, and
+ * every other model asks a usable engine of the fleet, as llm-d's tokenizer does:
  *   vLLM  POST /tokenize {model, prompt} or {model, messages, add_generation_prompt, ...}
  *         -> {count, max_model_len, tokens}
  *         (vllm/entrypoints/serve/tokenize/protocol.py: TokenizeCompletionRequest,
@@ -66,7 +66,21 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
         }
     }
     pthread_mutex_init(&rt->mu, NULL);
+    if (pdgw_tokenize_local_load(rt, o->tokenizers) != PDGW_OK) {
+        pdgw_route_destroy(rt);
+        return PDGW_ERR_NOMEM;
+    }
     if (reg) {
+        static const char *const l_how[] = {"how"};
+        static const double tok_buckets[] = {1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05};
+        if (pdgw_metrics_family_add(reg, PDGW_METRIC_HISTOGRAM, "pdgw_tokenize_seconds",
+                                    "Time to tokenize a prompt in the gateway (config "
+                                    "`tokenizers`), by how: text (a completions prompt), chat "
+                                    "(the template rendered, then encoded).",
+                                    l_how, 1, tok_buckets,
+                                    sizeof(tok_buckets) / sizeof(tok_buckets[0]),
+                                    &rt->tokenize_seconds) != PDGW_OK)
+            rt->tokenize_seconds = pdgw_metrics_family_find(reg, "pdgw_tokenize_seconds");
         /* Both may exist already when a test builds a second server on one registry. */
         if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_pd_skipped_total",
                                     "Requests of a two-leg protocol sent decode-only (selective "
@@ -75,8 +89,9 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
                                     l_reason, 1, NULL, 0, &rt->pd_skipped) != PDGW_OK)
             rt->pd_skipped = pdgw_metrics_family_find(reg, "pdgw_pd_skipped_total");
         if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_tokenize_total",
-                                    "Prompt tokenizations for routing, by result: ok, cache_hit, "
-                                    "timeout and error (routed without tokens), no_instance.",
+                                    "Prompt tokenizations for routing, by result: local (in the "
+                                    "gateway), ok (by an engine), cache_hit, timeout and error "
+                                    "(routed without tokens), no_instance.",
                                     l_result, 1, NULL, 0, &rt->tokenize_total) != PDGW_OK)
             rt->tokenize_total = pdgw_metrics_family_find(reg, "pdgw_tokenize_total");
         if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_kv_release_total",
@@ -98,6 +113,7 @@ void pdgw_route_destroy(pdgw_routing_t *rt)
     for (size_t i = 0; i < rt->n_sets * TOK_WAYS; i++)
         pdgw_free(rt->slots[i].tokens);
     pdgw_free(rt->slots);
+    pdgw_tokenize_local_free(rt);
     pthread_mutex_destroy(&rt->mu);
     pdgw_free(rt);
 }
@@ -206,7 +222,7 @@ void pdgw_route_req_release(pdgw_wf_t *wf)
 /* The tokenize body for the client's request, or NULL when the prompt is not one text
  * (token ids already, a batch of prompts) or the body is unusual. Sorted keys, so equal
  * requests hash equal. */
-static char *tok_body(pdgw_wf_t *wf, size_t *len)
+static char *tok_body(pdgw_wf_t *wf, size_t *len, json_t **tree)
 {
     pdgw_req_t *r = wf->req;
     json_t *b = pdgw_tokenize_body(r->json, r->kind == PDGW_API_CHAT_COMPLETIONS,
@@ -218,7 +234,10 @@ static char *tok_body(pdgw_wf_t *wf, size_t *len)
     text = json_dumps(b, JSON_COMPACT | JSON_SORT_KEYS);
     if (text)
         *len = strlen(text);
-    json_decref(b);
+    if (text != NULL && tree != NULL)
+        *tree = b;
+    else
+        json_decref(b);
     return text;
 }
 
@@ -236,21 +255,27 @@ bool pdgw_tokenize_begin(pdgw_wf_t *wf)
     pdgw_req_t *r = wf->req;
     pdgw_server_t *srv = wf->w->srv;
     pdgw_routing_t *rt = srv->routing;
+    const pdgw_local_tok_t *lt;
     pdgw_req_route_t *q;
     XXH128_hash_t h;
+    json_t *tree = NULL;
     char *body;
     size_t len = 0;
     pdgw_status_t st;
 
-    if (rt == NULL || !rt->want_tokens || rt->o.tokenize_timeout_ms == 0 || !r->info_valid ||
-        r->info.prompt_tokens != NULL || pdgw_req_json(r) == NULL)
+    if (rt == NULL || !rt->want_tokens || !r->info_valid || r->info.prompt_tokens != NULL ||
+        pdgw_req_json(r) == NULL)
         return false;
-    body = tok_body(wf, &len);
+    lt = pdgw_tokenize_local_find(rt, r->info.model);
+    if (lt == NULL && rt->o.tokenize_timeout_ms == 0)
+        return false;
+    body = tok_body(wf, &len, lt != NULL ? &tree : NULL);
     if (body == NULL)
         return false;
     q = pdgw_route_req(wf);
     if (q == NULL) {
         free(body);
+        json_decref(tree);
         return false;
     }
     h = XXH3_128bits(body, len);
@@ -258,7 +283,22 @@ bool pdgw_tokenize_begin(pdgw_wf_t *wf)
     q->key[1] = h.high64;
     if (cache_get(rt, q->key, &q->tokens, &q->n_tokens)) {
         free(body);
+        json_decref(tree);
         tok_count(rt, "cache_hit");
+        return false;
+    }
+    /* The model's own tokenizer in the gateway: the ids now, no exchange. */
+    if (lt != NULL && pdgw_tokenize_local_ids(rt, lt, tree, r->kind == PDGW_API_CHAT_COMPLETIONS,
+                                              &q->tokens, &q->n_tokens)) {
+        free(body);
+        json_decref(tree);
+        cache_put(rt, q->key, q->tokens, q->n_tokens);
+        tok_count(rt, "local");
+        return false;
+    }
+    json_decref(tree);
+    if (rt->o.tokenize_timeout_ms == 0) {
+        free(body);
         return false;
     }
     /* fleet hook: the tokenizer of the request's model */

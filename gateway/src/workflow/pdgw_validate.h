@@ -94,7 +94,4 @@ pdgw_status_t pdgw_request_pd_fields(json_t *body, pdgw_pd_fields_mode_t mode,
  * the built-in list or <extra>, or vllm_xargs, whose keys may be)? */
 bool pdgw_pd_field_named(const char *key, const char *const *extra);
 
-/* "reject" / "strip" / "pass". */
-const char *pdgw_pd_fields_mode_name(pdgw_pd_fields_mode_t mode);
-
 #endif /* PDGW_VALIDATE_H */

@@ -57,18 +57,6 @@ static const char *const xargs_keys[][2] = {
     {"ec_transfer_params", "vllm_xargs.ec_transfer_params"},
 };
 
-const char *pdgw_pd_fields_mode_name(pdgw_pd_fields_mode_t mode)
-{
-    switch (mode) {
-    case PDGW_PD_FIELDS_STRIP:
-        return "strip";
-    case PDGW_PD_FIELDS_PASS:
-        return "pass";
-    default:
-        return "reject";
-    }
-}
-
 static bool rule_match(const char *rule, const char *key)
 {
     size_t n;

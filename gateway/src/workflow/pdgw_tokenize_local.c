@@ -1,0 +1,189 @@
+/*
+ * pdgw_tokenize_local.c - a prompt's token ids from a tokenizer loaded in the gateway
+ * (config `tokenizers: MODEL=PATH`; libpdtok), so precise-prefix routing and selective PD get
+ * exact ids without the engine's POST /tokenize exchange.
+ *
+ * The request handed to the chat template is the /tokenize body pdgw would send the engine
+ * (pdgw_tokenize_body.c), read as vLLM reads it (vllm/entrypoints/serve/tokenize/protocol.py):
+ * add_generation_prompt true unless the client set it, add_special_tokens false for chat and
+ * true for a completions prompt, chat_template_kwargs spread as the template's variables. What
+ * only the engine can do — a client's own chat_template, continue_final_message, multimodal
+ * inputs — goes to the engine as before. A tokenizer or template the library refuses is
+ * reported at start and that model keeps using the engine.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "pdgw_alloc.h"
+#include "pdb/pdb_buf.h"
+#include "pdgw_log.h"
+#include "pdgw_route_int.h"
+#include "pdgw_util.h"
+#include "pdtok/template.h"
+#include "pdtok/tokenizer.h"
+
+struct pdgw_local_tok {
+    char *model;
+    pdtok_t *tok;
+    pdtok_template_t *tmpl; /* NULL: no usable chat template (chat prompts go to the engine) */
+};
+
+/* The directory holding <path>'s tokenizer_config.json: <path> itself, or a tokenizer.json's
+ * folder. */
+static void config_dir(const char *path, char *out, size_t len)
+{
+    size_t n = strlen(path);
+    if (n > 15 && strcmp(path + n - 15, "/tokenizer.json") == 0)
+        snprintf(out, len, "%.*s", (int)(n - 15), path);
+    else if (strcmp(path, "tokenizer.json") == 0)
+        snprintf(out, len, ".");
+    else
+        snprintf(out, len, "%s", path);
+}
+
+pdgw_status_t pdgw_tokenize_local_load(pdgw_routing_t *rt, const pdgw_kv_list_t *list)
+{
+    if (list == NULL || list->count == 0)
+        return PDGW_OK;
+    rt->local = pdgw_calloc(list->count, sizeof(*rt->local));
+    if (rt->local == NULL)
+        return PDGW_ERR_NOMEM;
+    for (size_t i = 0; i < list->count; i++) {
+        const char *model = list->items[i].key, *path = list->items[i].value;
+        pdgw_local_tok_t *lt = &rt->local[rt->n_local];
+        char err[512], dir[4096];
+        uint64_t t0 = pdgw_time_mono_ms();
+
+        if (strcmp(path, "engine") == 0)
+            continue;
+        lt->tok = pdtok_load(path, err, sizeof(err));
+        if (lt->tok == NULL) {
+            pdgw_log_warn("tokenize",
+                          "model %s: tokenizer %s refused (%s); its prompts are tokenized by "
+                          "the engine",
+                          model, path, err);
+            continue;
+        }
+        config_dir(path, dir, sizeof(dir));
+        lt->tmpl = pdtok_template_load(dir, err, sizeof(err));
+        if (lt->tmpl == NULL)
+            pdgw_log_warn("tokenize",
+                          "model %s: chat template of %s refused (%s); its chat prompts are "
+                          "tokenized by the engine",
+                          model, dir, err);
+        lt->model = pdgw_strdup(model);
+        if (lt->model == NULL) {
+            pdtok_template_free(lt->tmpl);
+            pdtok_free(lt->tok);
+            return PDGW_ERR_NOMEM;
+        }
+        pdgw_log_info("tokenize", "model %s: tokenizer %s loaded in %llu ms (%zu ids%s)", model,
+                      path, (unsigned long long)(pdgw_time_mono_ms() - t0),
+                      pdtok_vocab_size(lt->tok), lt->tmpl ? ", chat template" : "");
+        rt->n_local++;
+    }
+    return PDGW_OK;
+}
+
+void pdgw_tokenize_local_free(pdgw_routing_t *rt)
+{
+    for (size_t i = 0; i < rt->n_local; i++) {
+        pdtok_template_free(rt->local[i].tmpl);
+        pdtok_free(rt->local[i].tok);
+        pdgw_free(rt->local[i].model);
+    }
+    pdgw_free(rt->local);
+    rt->local = NULL;
+    rt->n_local = 0;
+}
+
+const pdgw_local_tok_t *pdgw_tokenize_local_find(const pdgw_routing_t *rt, const char *model)
+{
+    for (size_t i = 0; model != NULL && i < rt->n_local; i++)
+        if (strcmp(rt->local[i].model, model) == 0)
+            return &rt->local[i];
+    return NULL;
+}
+
+/* A body field only the engine can apply. */
+static bool engine_only(const json_t *body)
+{
+    return json_object_get(body, "chat_template") != NULL ||
+           json_is_true(json_object_get(body, "continue_final_message")) ||
+           json_object_get(body, "media_io_kwargs") != NULL ||
+           json_object_get(body, "mm_processor_kwargs") != NULL;
+}
+
+static bool flag(const json_t *body, const char *name, bool dflt)
+{
+    const json_t *v = json_object_get(body, name);
+    return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+/* The rendered chat prompt of <body> (a /tokenize chat body) into <out>; false = not here. */
+static bool render_chat(const pdgw_local_tok_t *lt, const json_t *body, pdb_buf_t *out)
+{
+    json_t *req = json_object();
+    char err[256];
+    bool ok;
+    if (req == NULL)
+        return false;
+    json_object_set(req, "messages", json_object_get(body, "messages"));
+    if (json_object_get(body, "tools") != NULL)
+        json_object_set(req, "tools", json_object_get(body, "tools"));
+    json_object_set_new(req, "add_generation_prompt",
+                        json_boolean(flag(body, "add_generation_prompt", true)));
+    if (json_is_object(json_object_get(body, "chat_template_kwargs")))
+        json_object_set(req, "chat_template_kwargs", json_object_get(body, "chat_template_kwargs"));
+    ok = pdtok_template_render(lt->tmpl, req, out, err, sizeof(err)) == 0;
+    if (!ok)
+        pdgw_log_debug("tokenize", "model %s: chat template: %s (the engine tokenizes it)",
+                       lt->model, err);
+    json_decref(req);
+    return ok;
+}
+
+bool pdgw_tokenize_local_ids(const pdgw_routing_t *rt, const pdgw_local_tok_t *lt,
+                             const json_t *body, bool chat, uint32_t **ids_out, size_t *n_out)
+{
+    uint64_t t0 = pdgw_time_mono_ns();
+    pdb_buf_t text = PDB_BUF_INIT;
+    pdtok_ids_t ids = {0};
+    const char *s;
+    size_t len;
+    bool special, ok = false;
+
+    if (engine_only(body) || (chat && lt->tmpl == NULL))
+        return false;
+    if (chat) {
+        if (!render_chat(lt, body, &text))
+            goto out;
+        s = text.data;
+        len = text.len;
+        special = flag(body, "add_special_tokens", false); /* the template has the bos */
+    } else {
+        const json_t *p = json_object_get(body, "prompt");
+        if (!json_is_string(p))
+            goto out;
+        s = json_string_value(p);
+        len = json_string_length(p);
+        special = flag(body, "add_special_tokens", true);
+    }
+    if (pdtok_encode(lt->tok, s, len, special, &ids) != PDTOK_OK)
+        goto out;
+    *ids_out = pdgw_malloc((ids.len ? ids.len : 1) * sizeof(uint32_t));
+    if (*ids_out == NULL)
+        goto out;
+    for (size_t i = 0; i < ids.len; i++)
+        (*ids_out)[i] = (uint32_t)ids.ids[i];
+    *n_out = ids.len;
+    ok = true;
+    if (rt->tokenize_seconds)
+        pdgw_histogram_observe(
+            pdgw_metric_family_series1(rt->tokenize_seconds, chat ? "chat" : "text"),
+            (double)(pdgw_time_mono_ns() - t0) / 1e9);
+out:
+    pdtok_ids_free(&ids);
+    pdb_buf_free(&text);
+    return ok;
+}
