@@ -23,7 +23,7 @@
 #include "pdgw_alloc.h"
 #include "pdgw_log.h"
 
-#define OTEL_MAX_ATTRS          14
+#define OTEL_MAX_ATTRS          17
 #define OTEL_SPAN_KIND_INTERNAL 1
 #define OTEL_SPAN_KIND_SERVER   2
 #define OTEL_STATUS_ERROR       2
@@ -458,6 +458,11 @@ void pdgw_otel_record(pdgw_otel_t *otel, const pdgw_otel_request_t *req)
     if (req->completion_tokens >= 0)
         attr_int(root, "gen_ai.usage.output_tokens", req->completion_tokens);
     attr_str(root, "pdgw.failure_phase", req->failure_phase);
+    if (req->slo_ttft_ms > 0)
+        attr_int(root, "pdgw.slo.ttft_ms", req->slo_ttft_ms);
+    if (req->slo_tpot_ms > 0)
+        attr_int(root, "pdgw.slo.tpot_ms", req->slo_tpot_ms);
+    attr_str(root, "pdgw.slo.result", req->slo_result);
     if (req->status >= 400 || req->failure_phase != NULL) {
         root->error = true;
         snprintf(root->status_message, sizeof(root->status_message), "%s",

@@ -67,7 +67,9 @@ typedef struct pdgw_otel_request {
     int status;
     unsigned retries;
     bool stream;
-    int64_t prompt_tokens; /* engine usage; < 0 = not reported */
+    uint32_t slo_ttft_ms, slo_tpot_ms; /* the request's latency targets; 0 = none */
+    const char *slo_result;            /* met, missed_ttft, ...; NULL = no target */
+    int64_t prompt_tokens;             /* engine usage; < 0 = not reported */
     int64_t completion_tokens;
     uint64_t start_ns, end_ns;                 /* whole request */
     uint64_t first_leg_ns;                     /* end of the queue phase */

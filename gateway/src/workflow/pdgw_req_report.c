@@ -100,6 +100,9 @@ static void req_trace(const pdgw_req_t *r, int status, uint64_t now_ns)
         t.prefill_instance = wf->prefill_id[0] ? wf->prefill_id : NULL;
         t.decode_instance = wf->decode_id[0] ? wf->decode_id : NULL;
         t.retries = wf->attempt;
+        t.slo_ttft_ms = wf->slo_ttft_ms;
+        t.slo_tpot_ms = wf->slo_tpot_ms;
+        t.slo_result = pdgw_slo_result(wf, r, status);
         if (wf->usage_seen) {
             t.prompt_tokens = wf->usage_prompt;
             t.completion_tokens = wf->usage_completion;

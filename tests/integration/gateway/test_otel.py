@@ -178,10 +178,17 @@ def test_request_spans():
                                   headers={"traceparent": tp3})
         assert st == 200
         # A later sampled request is exported; the unsampled one must not be there by then.
+        # It carries latency targets (llm-d's x-slo-* headers): they and their outcome are on
+        # its span.
         tp4 = traceparent()
         T.post_json(port, "/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 2},
-                    headers={"traceparent": tp4})
-        col.wait_trace(tp4.split("-")[1], 1)
+                    headers={"traceparent": tp4, "x-slo-ttft-ms": "60000",
+                             "x-slo-tpot-ms": "5000"})
+        a4 = attrs(next(s for s in col.wait_trace(tp4.split("-")[1], 5)
+                        if s["name"].startswith("POST ")))
+        assert a4["pdgw.slo.ttft_ms"] == 60000 and a4["pdgw.slo.tpot_ms"] == 5000, a4
+        assert a4["pdgw.slo.result"] == "met", a4
+        assert "pdgw.slo.ttft_ms" not in a and "pdgw.slo.result" not in a, a
         gw.signal(signal.SIGTERM)
         assert gw.wait(20) == 0, gw.output()[-2000:]
         assert not [s for _, s in col.spans() if s["traceId"] == tp3.split("-")[1]]
