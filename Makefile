@@ -84,7 +84,7 @@ test-tsan: deps $(TSAN_BUILD)/Makefile
 
 FUZZ_BUILD ?= build-fuzz
 # libFuzzer targets (clang, tests/fuzz/README.md): every parser of network or
-# user input, each for a short fixed time (PDGW_FUZZ_SECONDS, default 10 s).
+# user input, each for a short fixed time (PDGW_FUZZ_SECONDS, default 6 s).
 fuzz: DEPS_JOB = test
 fuzz: deps
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDGW_FUZZ=ON
