@@ -289,8 +289,7 @@ static void scrape_done(sched_pool_t *pool, transfer_t *t, CURLcode rc, long cod
     inst->scraped_at_ms = now ? now : 1;
     publish_scrape(inst, &m);
     pthread_mutex_unlock(&inst->mu);
-    sched_kv_on_scrape(inst, &m);
-    (void)pool;
+    sched_kv_on_scrape(pool, inst, &m);
 }
 
 static void drain_completions(sched_pool_t *pool)

@@ -83,6 +83,7 @@ struct sched_instance {
      * kv_tokens, and the bookings that passed this decode over for lack of room. */
     _Atomic uint64_t kv_capacity;
     _Atomic uint32_t kv_capacity_source;
+    atomic_bool kv_capacity_warned; /* a declared capacity the engine contradicts: said once */
     _Atomic uint64_t kv_engine_used;
     _Atomic uint64_t kv_decode_prompt;
     _Atomic uint64_t kv_refusals;
@@ -439,7 +440,8 @@ void sched_kv_count_refusals(sched_instance_t *const *arr, size_t n, const sched
 /* A scrape arrived (pool thread): the engine's capacity if it exports one, else learn it
  * from the usage fraction against what pdgw booked there; the engine's tokens in use. */
 struct sched_engine_metrics;
-void sched_kv_on_scrape(sched_instance_t *inst, const struct sched_engine_metrics *m);
+void sched_kv_on_scrape(sched_pool_t *pool, sched_instance_t *inst,
+                        const struct sched_engine_metrics *m);
 /* The scrape went stale: forget the engine's tokens in use (booked ones still count). */
 void sched_kv_on_stale(sched_instance_t *inst);
 

@@ -96,11 +96,28 @@ static double resident_estimate(const sched_instance_t *inst)
     return (double)prompt + (double)(kv - prompt) / 2.0;
 }
 
-void sched_kv_on_scrape(sched_instance_t *inst, const sched_engine_metrics_t *m)
+/* A declared capacity more than a tenth away from what the engine itself reports is a wrong
+ * setting (the declared one is still used: the operator may know better, e.g. memory kept for
+ * other work); said once per instance. */
+static void check_declared(sched_pool_t *pool, sched_instance_t *inst, uint64_t declared,
+                           double engine)
+{
+    double off = ((double)declared - engine) / engine;
+    if ((off > 0.1 || off < -0.1) && !atomic_exchange(&inst->kv_capacity_warned, true))
+        sched_pool_logf(pool, SCHED_LOG_WARN,
+                        "instance %s: kv_capacity_tokens %llu declared, the engine reports %.0f "
+                        "(vllm:cache_config_info num_gpu_blocks x block_size); the declared "
+                        "value is used",
+                        inst->desc.id, (unsigned long long)declared, engine);
+}
+
+void sched_kv_on_scrape(sched_pool_t *pool, sched_instance_t *inst, const sched_engine_metrics_t *m)
 {
     uint32_t src = atomic_load_explicit(&inst->kv_capacity_source, RELAXED);
     uint64_t cap = atomic_load_explicit(&inst->kv_capacity, RELAXED);
 
+    if (src == SCHED_KV_CAP_DECLARED && m->have_kv_capacity && m->kv_capacity_tokens >= 1.0)
+        check_declared(pool, inst, cap, m->kv_capacity_tokens);
     if (src != SCHED_KV_CAP_DECLARED && m->have_kv_capacity && m->kv_capacity_tokens >= 1.0 &&
         m->kv_capacity_tokens < 1e15) {
         cap = (uint64_t)m->kv_capacity_tokens;

@@ -208,9 +208,22 @@ static void test_cache_config_info(void **state)
         (void)sched_prom_parse(text, n, &m);
 }
 
+static int warnings;
+static char last_warning[512];
+
+static void capture_log(void *arg, sched_log_level_t level, const char *msg)
+{
+    (void)arg;
+    if (level == SCHED_LOG_WARN) {
+        warnings++;
+        snprintf(last_warning, sizeof(last_warning), "%s", msg);
+    }
+}
+
 static void test_capacity_sources(void **state)
 {
     sched_pool_t *pool = two_decodes(SCHED_POLICY_LEAST_LOAD, 10000, 0);
+    pool->log = capture_log; /* the warnings of a wrong declared capacity */
     sched_instance_t *small = test_inst(pool, "small"), *big = test_inst(pool, "big");
     sched_engine_metrics_t m = {.have_kv_usage = true, .kv_usage = 0.5};
 
@@ -218,25 +231,31 @@ static void test_capacity_sources(void **state)
     assert_int_equal(atomic_load(&big->kv_capacity_source), SCHED_KV_CAP_NONE);
     /* usage too low to say anything */
     m.kv_usage = 0.05;
-    sched_kv_on_scrape(big, &m);
+    sched_kv_on_scrape(pool, big, &m);
     assert_int_equal(atomic_load(&big->kv_capacity), 0);
     /* learnt: 4 x (2000 prompt + 1000 / 2 output) resident at half usage */
     atomic_store(&big->kv_tokens, 12000);
     atomic_store(&big->kv_decode_prompt, 8000);
     m.kv_usage = 0.5;
-    sched_kv_on_scrape(big, &m);
+    sched_kv_on_scrape(pool, big, &m);
     assert_int_equal(atomic_load(&big->kv_capacity_source), SCHED_KV_CAP_LEARNT);
     assert_int_equal(atomic_load(&big->kv_capacity), 20000);
     assert_int_equal(atomic_load(&big->kv_engine_used), 10000);
     /* the engine's own figure wins over a learnt one, not over a declared one */
     m.have_kv_capacity = true;
     m.kv_capacity_tokens = 64000;
-    sched_kv_on_scrape(big, &m);
-    sched_kv_on_scrape(small, &m);
+    sched_kv_on_scrape(pool, big, &m);
+    sched_kv_on_scrape(pool, small, &m);
     assert_int_equal(atomic_load(&big->kv_capacity_source), SCHED_KV_CAP_ENGINE);
     assert_int_equal(atomic_load(&big->kv_capacity), 64000);
     assert_int_equal(atomic_load(&small->kv_capacity_source), SCHED_KV_CAP_DECLARED);
     assert_int_equal(atomic_load(&small->kv_capacity), 10000);
+    /* ... and a declared figure the engine contradicts (10000 against 64000) is warned about,
+     * once, naming the instance */
+    assert_int_equal(warnings, 1);
+    assert_non_null(strstr(last_warning, "instance small: kv_capacity_tokens 10000 declared"));
+    sched_kv_on_scrape(pool, small, &m);
+    assert_int_equal(warnings, 1);
     /* engine-reported use counts in the projection when above what pdgw booked */
     assert_int_equal(sched_kv_projected(big), 32000);
     sched_kv_on_stale(big);
