@@ -21,11 +21,6 @@ static const pdgw_route_ops_t infer_route = {.job = &pdgw_infer_job, .job_create
 static const pdgw_route_ops_t passthrough_route = {.job = &pdgw_pt_job,
                                                    .job_create = pdgw_wf_create};
 
-static bool slo_enter(pdgw_wf_t *wf)
-{
-    return pdgw_slo_req_enter(wf);
-}
-
 static pdgw_status_t wire(void)
 {
     pdgw_status_t st = PDGW_OK;
@@ -39,7 +34,7 @@ static pdgw_status_t wire(void)
     REG(pdgw_phase_head(pdgw_tls_authorize));
     REG(pdgw_phase_head(pdgw_cors_head));
     /* Paths no built-in route takes: pass-through. */
-    REG(pdgw_phase_route(pdgw_pt_claim));
+    REG(pdgw_phase_route(pdgw_pt_route));
     /* Who may use the route. */
     REG(pdgw_phase_access(pdgw_admin_access));
     REG(pdgw_phase_access(pdgw_auth_access));
@@ -53,7 +48,7 @@ static pdgw_status_t wire(void)
     /* Before a job starts: pass-through's model, latency targets, admission. */
     REG(pdgw_phase_enter(PDGW_ROUTE_PASSTHROUGH, pdgw_pt_prepare));
     REG(pdgw_phase_enter(PDGW_ROUTE_PASSTHROUGH, pdgw_admit_req_enter));
-    REG(pdgw_phase_enter(PDGW_ROUTE_INFER, slo_enter));
+    REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_slo_req_enter));
     REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_admit_req_enter));
     REG(pdgw_phase_enter(PDGW_ROUTE_MODELS, pdgw_admit_req_enter));
     /* Response headers: pass-through's kept ones, CORS. */

@@ -21,7 +21,7 @@ void pdgw_models_request_done(pdgw_req_t *r, const char *model, int status, doub
 
 /* ---- pdgw_passthrough.c */
 /* Is r->path one the gateway proxies unchanged (any other /v1/ path, engine utilities)? */
-bool pdgw_pt_route(const pdgw_req_t *r);
+bool pdgw_pt_route(pdgw_req_t *r); /* the route hook */
 /* Before admission: the body's model (unknown model: 404 answered, false) and, for a JSON
  * body, r->json so admission reads `priority` / `user` as for chat. */
 bool pdgw_pt_prepare(pdgw_wf_t *wf);
@@ -73,7 +73,6 @@ bool pdgw_tls_authorize(pdgw_req_t *r);
 /* ---- the hooks of these features (pdgw_phases.h), registered by the wiring */
 void pdgw_cors_classify(pdgw_req_t *r); /* arrive */
 bool pdgw_cors_head(pdgw_req_t *r);     /* head: the preflight */
-bool pdgw_pt_claim(pdgw_req_t *r);      /* route */
 bool pdgw_admin_access(pdgw_req_t *r);  /* access: the admin rule */
 bool pdgw_models_body(pdgw_req_t *r);   /* body (INFER): model served */
 void pdgw_models_finish(pdgw_req_t *r, int status, double dur_s, bool disconnected,

@@ -44,7 +44,7 @@ static const char *const pt_v1_families[] = {
     "/v1/pooling",     "/v1/tokenize", "/v1/detokenize", "/v1/models",    NULL,
 };
 
-bool pdgw_pt_route(const pdgw_req_t *r)
+bool pdgw_pt_route(pdgw_req_t *r)
 {
     const pdgw_server_t *srv = r->w->srv;
     size_t i;
@@ -503,11 +503,6 @@ static const pdgw_leg_owner_t pt_leg_owner = {.on_done = pt_leg_done,
                                               .on_head = pt_on_header,
                                               .on_data = pt_on_write,
                                               .moved = pdgw_wf_leg_moved};
-
-bool pdgw_pt_claim(pdgw_req_t *r)
-{
-    return pdgw_pt_route(r);
-}
 
 void pdgw_pt_finish(pdgw_req_t *r, int status, double dur_s, bool disconnected, uint64_t now_ns)
 {
