@@ -20,6 +20,7 @@ struct pdq_config_json {
     pdq_model_budget_t **models;
     const char ***keys;
     size_t n_slots;
+    const char **model_labels;
 };
 
 typedef enum { OPT_U64, OPT_U32, OPT_DOUBLE, OPT_STR, OPT_SPECIAL } opt_type_t;
@@ -32,12 +33,13 @@ typedef struct opt {
 } opt_t;
 
 #define BUDGET_OPTS(base)                                                                          \
-    {"rps", OPT_U64, base + offsetof(pdq_budget_t, rps), 1e12},                                    \
-        {"rpm", OPT_U64, base + offsetof(pdq_budget_t, rpm), 1e12},                                \
-        {"tpm", OPT_U64, base + offsetof(pdq_budget_t, tpm), 1e15},                                \
-        {"prompt_tpm", OPT_U64, base + offsetof(pdq_budget_t, prompt_tpm), 1e15},                  \
+    {"requests_per_second", OPT_U64, base + offsetof(pdq_budget_t, rps), 1e12},                    \
+        {"requests_per_minute", OPT_U64, base + offsetof(pdq_budget_t, rpm), 1e12},                \
+        {"tokens_per_minute", OPT_U64, base + offsetof(pdq_budget_t, tpm), 1e15},                  \
+        {"prompt_tokens_per_minute", OPT_U64, base + offsetof(pdq_budget_t, prompt_tpm), 1e15},    \
     {                                                                                              \
-        "completion_tpm", OPT_U64, base + offsetof(pdq_budget_t, completion_tpm), 1e15             \
+        "completion_tokens_per_minute", OPT_U64, base + offsetof(pdq_budget_t, completion_tpm),    \
+            1e15                                                                                   \
     }
 
 static const opt_t tenant_opts[] = {
@@ -70,6 +72,7 @@ static const opt_t store_opts[] = {
     {"expected_replicas", OPT_U32, offsetof(pdq_store_config_t, expected_replicas), 10000},
     {"lease_fraction", OPT_DOUBLE, offsetof(pdq_store_config_t, lease_fraction), 1},
     {"key_prefix", OPT_STR, offsetof(pdq_store_config_t, key_prefix), 0},
+    {"password", OPT_STR, offsetof(pdq_store_config_t, password), 0},
     {"fail_mode", OPT_SPECIAL, 0, 0},
     {NULL, 0, 0, 0},
 };
@@ -78,6 +81,7 @@ static const opt_t top_opts[] = {
     {"max_concurrent", OPT_U32, offsetof(pdq_config_t, max_concurrent), 1e7},
     {"default_tenant", OPT_STR, offsetof(pdq_config_t, default_tenant), 0},
     {"tenants", OPT_SPECIAL, 0, 0},
+    {"models", OPT_SPECIAL, 0, 0},
     {"other", OPT_SPECIAL, 0, 0},
     {"store", OPT_SPECIAL, 0, 0},
     {NULL, 0, 0, 0},
@@ -258,6 +262,27 @@ pdq_status_t pdq_config_from_json(json_t *obj, pdq_config_json_t **out, char *er
         }
         c->cfg.other = &c->other;
     }
+    json_t *labels = json_object_get(obj, "models");
+    if (labels) {
+        if (!json_is_array(labels) || json_array_size(labels) > PDQ_MAX_MODELS) {
+            st = bad(err, errlen, "quota", "models", "must be a list of at most 256 names");
+            goto err_free;
+        }
+        c->model_labels = pdb_calloc(json_array_size(labels) + 1, sizeof(char *));
+        if (c->model_labels == NULL) {
+            st = PDQ_ERR_NOMEM;
+            goto err_free;
+        }
+        for (size_t i = 0; i < json_array_size(labels); i++) {
+            c->model_labels[i] = json_string_value(json_array_get(labels, i));
+            if (c->model_labels[i] == NULL) {
+                st = bad(err, errlen, "quota", "models", "must be a list of names");
+                goto err_free;
+            }
+        }
+        c->cfg.models = c->model_labels;
+        c->cfg.n_models = json_array_size(labels);
+    }
     json_t *store = json_object_get(obj, "store");
     if (store && (st = read_store(store, &c->cfg.store, err, errlen)) != PDQ_OK)
         goto err_free;
@@ -265,6 +290,22 @@ pdq_status_t pdq_config_from_json(json_t *obj, pdq_config_json_t **out, char *er
     return PDQ_OK;
 err_free:
     pdq_config_json_free(c);
+    return st;
+}
+
+pdq_status_t pdq_tenant_json_check(json_t *item, const char *where, char *err, size_t errlen)
+{
+    pdq_config_json_t c = {.n_slots = 1};
+    pdq_model_budget_t *models = NULL;
+    const char **keys = NULL;
+    pdq_tenant_config_t tc = {0};
+    c.models = &models;
+    c.keys = &keys;
+    pdq_status_t st = read_tenant(&c, 0, item, &tc, where, err, errlen);
+    if (st == PDQ_OK && tc.name == NULL)
+        st = bad(err, errlen, where, "name", "is required");
+    pdb_free(models);
+    pdb_free((void *)keys);
     return st;
 }
 
@@ -291,6 +332,7 @@ void pdq_config_json_free(pdq_config_json_t *c)
     }
     pdb_free(c->models);
     pdb_free(c->keys);
+    pdb_free((void *)c->model_labels);
     pdb_free(c->tenants);
     json_decref(c->root);
     pdb_free(c);

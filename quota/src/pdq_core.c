@@ -215,7 +215,7 @@ static pdq_status_t collect_models(pdq_t *q, const pdq_config_t *cfg)
 {
     if (pdb_map_init(&q->models, 16) != PDB_OK)
         return PDQ_ERR_NOMEM;
-    size_t cap = 1;
+    size_t cap = 1 + cfg->n_models;
     for (size_t i = 0; i < cfg->n_tenants; i++)
         cap += cfg->tenants[i].n_models;
     if (cfg->other)
@@ -223,10 +223,13 @@ static pdq_status_t collect_models(pdq_t *q, const pdq_config_t *cfg)
     q->model_names = pdb_calloc(cap, sizeof(char *));
     if (q->model_names == NULL)
         return PDQ_ERR_NOMEM;
-    for (size_t i = 0; i < cfg->n_tenants + 1; i++) {
+    for (size_t i = 0; i < cfg->n_tenants + 2; i++) {
         const pdq_tenant_config_t *tc = i < cfg->n_tenants ? &cfg->tenants[i] : cfg->other;
-        for (size_t m = 0; tc && m < tc->n_models; m++) {
-            const char *name = tc->models[m].model;
+        size_t n = i <= cfg->n_tenants ? (tc ? tc->n_models : 0) : cfg->n_models;
+        for (size_t m = 0; m < n; m++) {
+            const char *name = i <= cfg->n_tenants ? tc->models[m].model : cfg->models[m];
+            if (!valid_name(name, 256) || strcmp(name, OTHER) == 0)
+                continue; /* a budget's name was checked; a label that cannot be one is not */
             if (pdb_map_get(&q->models, name))
                 continue;
             char *copy = pdb_strdup(name);

@@ -143,6 +143,18 @@ pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t 
     }
     s->q = q;
     s->url = url;
+    if (cfg->password != NULL && cfg->password[0] != '\0') {
+        /* a password kept out of the URL (a secret in the environment) wins */
+        if (strlen(cfg->password) >= sizeof(s->url.password)) {
+            if (err && errlen)
+                snprintf(err, errlen, "quota_store: password longer than %zu bytes",
+                         sizeof(s->url.password) - 1);
+            pdb_free(s->prefix);
+            pdb_free(s);
+            return PDQ_ERR_INVALID;
+        }
+        snprintf(s->url.password, sizeof(s->url.password), "%s", cfg->password);
+    }
     s->connect_ms = (uint32_t)ms_or(cfg->connect_timeout_ms, 200);
     s->command_ms = (uint32_t)ms_or(cfg->command_timeout_ms, 200);
     s->sync_ms = (uint32_t)ms_or(cfg->sync_interval_ms, 100);

@@ -76,6 +76,7 @@ typedef struct pdq_store_config {
     double lease_fraction;       /* slice = budget * this; 0 = 1 / (4 * expected_replicas) */
     pdq_fail_mode_t fail_mode;
     const char *key_prefix; /* 0 = "pdq:" */
+    const char *password;   /* NULL = the URL's; else AUTH with this one (kept out of URLs) */
 } pdq_store_config_t;
 
 /* Messages for a human (store lost / back): the gateway's logger. level: 0 info, 1 warn. */
@@ -87,6 +88,8 @@ typedef struct pdq_config {
     const char *default_tenant;       /* requests without an API key; NULL = the first tenant */
     const pdq_tenant_config_t *other; /* limits of "other" (unknown keys); NULL = default's */
     uint32_t max_concurrent;          /* gateway-wide in-flight requests; 0 = unlimited */
+    const char *const *models;        /* model labels of usage besides those budgets name */
+    size_t n_models;
     pdq_store_config_t store;
     pdq_log_fn log;
     void *log_arg;

@@ -11,9 +11,10 @@
 #include "pdquota/pdq_config_json.h"
 
 static const char CONFIG[] =
-    "{\"max_concurrent\": 2, \"tenants\": [{\"name\": \"a\", \"rpm\": 100, \"api_keys\": "
-    "[\"k\"], \"models\": [{\"model\": \"m\", \"tpm\": 1000}]}, {\"name\": \"b\", "
-    "\"weight\": 2}], \"other\": {\"rpm\": 10}}";
+    "{\"max_concurrent\": 2, \"tenants\": [{\"name\": \"a\", \"requests_per_minute\": 100, "
+    "\"api_keys\": "
+    "[\"k\"], \"models\": [{\"model\": \"m\", \"tokens_per_minute\": 1000}]}, {\"name\": \"b\", "
+    "\"weight\": 2}], \"other\": {\"requests_per_minute\": 10}}";
 
 static void on_ready(pdq_ticket_t *t, void *arg)
 {

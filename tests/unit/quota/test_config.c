@@ -61,11 +61,11 @@ static void test_store_url(void **state)
 
 static const char GOOD[] =
     "{\"max_concurrent\": 8, \"default_tenant\": \"free\","
-    " \"tenants\": [{\"name\": \"free\", \"rpm\": 60},"
+    " \"tenants\": [{\"name\": \"free\", \"requests_per_minute\": 60},"
     "  {\"name\": \"acme\", \"weight\": 3, \"priority\": 0, \"max_concurrent\": 4, \"reserved\": 2,"
-    "   \"max_waiting\": 10, \"api_keys\": [\"k1\", \"k2\"], \"tpm\": 1000,"
-    "   \"models\": [{\"model\": \"llama\", \"rpm\": 5}]}],"
-    " \"other\": {\"rpm\": 1},"
+    "   \"max_waiting\": 10, \"api_keys\": [\"k1\", \"k2\"], \"tokens_per_minute\": 1000,"
+    "   \"models\": [{\"model\": \"llama\", \"requests_per_minute\": 5}]}],"
+    " \"other\": {\"requests_per_minute\": 1},"
     " \"store\": {\"url\": \"redis://127.0.0.1:1/0\", \"fail_mode\": \"closed\","
     "   \"expected_replicas\": 3, \"lease_fraction\": 0.1}}";
 
@@ -125,15 +125,15 @@ static void test_json_bad(void **state)
         {"[]", "must be an object"},
         {"{}", "tenants"},
         {"{\"tenants\": []}", "tenants"},
-        {"{\"tenants\": [{\"rpm\": 1}]}", "name"},
-        {"{\"tenants\": [{\"name\": \"a\", \"rpm\": -1}]}", "rpm"},
-        {"{\"tenants\": [{\"name\": \"a\", \"rpm\": 1.5}]}", "rpm"},
+        {"{\"tenants\": [{\"requests_per_minute\": 1}]}", "name"},
+        {"{\"tenants\": [{\"name\": \"a\", \"requests_per_minute\": -1}]}", "requests_per_minute"},
+        {"{\"tenants\": [{\"name\": \"a\", \"requests_per_minute\": 1.5}]}", "requests_per_minute"},
         {"{\"tenants\": [{\"name\": \"a\", \"rpn\": 1}]}", "unknown key"},
         {"{\"tenants\": [{\"name\": \"a\", \"weight\": \"x\"}]}", "weight"},
         {"{\"tenants\": [{\"name\": \"a\", \"priority\": 9}]}", "priority"},
         {"{\"tenants\": [{\"name\": \"a\", \"api_keys\": [1]}]}", "api_keys"},
         {"{\"tenants\": [{\"name\": \"a\", \"api_keys\": \"k\"}]}", "api_keys"},
-        {"{\"tenants\": [{\"name\": \"a\", \"models\": [{\"rpm\": 1}]}]}", "model"},
+        {"{\"tenants\": [{\"name\": \"a\", \"models\": [{\"requests_per_minute\": 1}]}]}", "model"},
         {"{\"tenants\": [{\"name\": \"a\", \"models\": {}}]}", "models"},
         {"{\"tenants\": [{\"name\": \"\"}]}", "name"},
         {"{\"tenants\": [{\"name\": \"a\"}], \"store\": {\"fail_mode\": \"maybe\", \"url\": "
