@@ -67,6 +67,8 @@ static void usage(FILE *f)
             "  --max-model-len N            prompt + max_tokens limit (8192)\n"
             "  --zero-delay                 no waits at all (benchmarks)\n"
             "  --emit-timestamps            add \"sim_emit_ns\" to every streamed chunk\n"
+            "  --enable-prompt-tokens-details  as vLLM: usage.prompt_tokens_details.\n"
+            "                               cached_tokens (prefix-cache hits) when non-zero\n"
             "  --max-batch N                running requests (vLLM's max_num_seqs); the rest\n"
             "                               wait (256)\n"
             "Engine steps (tests/sim/README.md: a step costs base + prefill-ms-per-token x its\n"
@@ -170,6 +172,7 @@ enum {
     O_MAXLEN,
     O_ZERO,
     O_EMIT,
+    O_PTD,
     O_BATCH,
     O_BLOCK,
     O_KVBPT,
@@ -240,6 +243,7 @@ static const struct option opts[] = {
     {"max-model-len", required_argument, 0, O_MAXLEN},
     {"zero-delay", no_argument, 0, O_ZERO},
     {"emit-timestamps", no_argument, 0, O_EMIT},
+    {"enable-prompt-tokens-details", no_argument, 0, O_PTD},
     {"max-batch", required_argument, 0, O_BATCH},
     {"max-num-seqs", required_argument, 0, O_BATCH},
     {"max-num-batched-tokens", required_argument, 0, O_MNBT},
@@ -425,6 +429,9 @@ static int parse_engine_opt(int c, const char *name, int argc, char **argv, sim_
         break;
     case O_EMIT:
         cfg->emit_timestamps = 1;
+        break;
+    case O_PTD:
+        cfg->prompt_tokens_details = 1;
         break;
     default:
         return OPT_NOT_MINE;

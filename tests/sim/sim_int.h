@@ -45,6 +45,7 @@ typedef struct sim_config {
     int max_model_len;
     int zero_delay;
     int emit_timestamps;
+    int prompt_tokens_details; /* --enable-prompt-tokens-details */
     int max_batch;
     /* The step model (sim_engine.c): vLLM's --max-num-batched-tokens (tokens one engine step
      * computes), the cost of a decoding sequence and of 1000 KV tokens it attends in a step,

@@ -322,11 +322,16 @@ int sim_openai_parse(json_t *body, int is_chat, sim_req_t *req, char **msg, cons
     return 0;
 }
 
+/* vLLM (entrypoints/openai/serving_chat.py, serving_completion.py): prompt_tokens_details
+ * carries cached_tokens only with --enable-prompt-tokens-details and a non-zero count. */
 static json_t *usage_json(sim_req_t *req)
 {
-    return json_pack("{s:I,s:I,s:I,s:n}", "prompt_tokens", (json_int_t)req->prompt.n,
+    json_t *details = sim_cfg.prompt_tokens_details && req->cached_tokens > 0
+                          ? json_pack("{s:I}", "cached_tokens", (json_int_t)req->cached_tokens)
+                          : json_null();
+    return json_pack("{s:I,s:I,s:I,s:o}", "prompt_tokens", (json_int_t)req->prompt.n,
                      "completion_tokens", (json_int_t)req->out.n, "total_tokens",
-                     (json_int_t)(req->prompt.n + req->out.n), "prompt_tokens_details");
+                     (json_int_t)(req->prompt.n + req->out.n), "prompt_tokens_details", details);
 }
 
 static json_t *ids_json(const uint32_t *ids, size_t n)
