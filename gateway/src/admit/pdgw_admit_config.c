@@ -33,6 +33,9 @@ pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit
     pdgw_admit_limits_init(&l);
     l.max_concurrent =
         cfg->max_concurrent_requests > 0 ? (unsigned)cfg->max_concurrent_requests : 0;
+    /* With tenants their fair queue holds the slots (pdgw_quota_req.c): not twice. */
+    if (cfg->tenants_json != NULL && cfg->tenants_json[0] != '\0')
+        l.max_concurrent = 0;
     l.queue_size = cfg->queue_size > 0 ? (unsigned)cfg->queue_size : 0;
     l.queue_timeout_ms = cfg->queue_timeout_ms;
     l.retry_backoff_base_ms = cfg->retry_backoff_base_ms;

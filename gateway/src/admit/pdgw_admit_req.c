@@ -65,8 +65,7 @@ static bool req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
     return true;
 }
 
-/* The API key the client presented ("Authorization: Bearer <key>"), for its rate limit. */
-static const char *req_api_key(pdgw_req_t *r, size_t *len)
+const char *pdgw_req_bearer(pdgw_req_t *r, size_t *len)
 {
     const char *h = pdgw_req_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
     const char *end;
@@ -105,7 +104,8 @@ static void refuse(pdgw_req_t *r, uint64_t retry_after_ms, const char *code, con
     pdgw_req_reply_error(r, &e);
 }
 
-bool pdgw_admit_req_enter(pdgw_wf_t *wf)
+/* The admission controller's part: priority, affinity, a slot or a place in its queue. */
+static bool controller_enter(pdgw_wf_t *wf)
 {
     pdgw_req_t *r = wf->req;
     pdgw_admit_t *a = wf->w->srv->opts.admit;
@@ -116,7 +116,6 @@ bool pdgw_admit_req_enter(pdgw_wf_t *wf)
     uint64_t retry_ms = 0, now = pdgw_now_ms();
     int64_t prio;
 
-    pdgw_admit_ticket_init(&wf->admit);
     if (a == NULL || (r->route != PDGW_ROUTE_INFER && r->route != PDGW_ROUTE_PASSTHROUGH))
         return true;
     pdgw_admit_get_path_limits(a, &l);
@@ -133,7 +132,7 @@ bool pdgw_admit_req_enter(pdgw_wf_t *wf)
         pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
         return false;
     }
-    key = req_api_key(r, &key_len);
+    key = pdgw_req_bearer(r, &key_len);
     switch (pdgw_admit_enter(a, &wf->admit, key, key_len, now, r->deadline_ms, on_grant, wf->waker,
                              &retry_ms)) {
     case PDGW_ADMIT_ADMITTED:
@@ -157,9 +156,26 @@ bool pdgw_admit_req_enter(pdgw_wf_t *wf)
     }
 }
 
+bool pdgw_admit_req_enter(pdgw_wf_t *wf)
+{
+    pdgw_admit_ticket_init(&wf->admit);
+    /* the tenant's budgets and fair share first: the controller's slots are the tenants' */
+    return pdgw_quota_req_enter(wf) && controller_enter(wf);
+}
+
 bool pdgw_admit_req_on_wake(pdgw_wf_t *wf)
 {
     pdgw_req_t *r = wf->req;
+    switch (pdgw_quota_req_on_wake(wf)) {
+    case 0:
+        return true; /* still waiting for the tenant's share */
+    case 1:
+        if (controller_enter(wf))
+            r->job->start(wf);
+        return true;
+    default:
+        break;
+    }
     if (!wf->admit_waiting)
         return false;
     if (pdgw_admit_ticket_state(wf->w->srv->opts.admit, &wf->admit) != PDGW_TICKET_HELD)
@@ -175,6 +191,8 @@ bool pdgw_admit_req_check(pdgw_wf_t *wf, uint64_t now)
 {
     pdgw_req_t *r = wf->req;
     pdgw_admit_t *a = wf->w->srv->opts.admit;
+    if (pdgw_quota_req_check(wf, now))
+        return true;
     if (!wf->admit_waiting)
         return false;
     if (a != NULL && pdgw_admit_expire(a, &wf->admit, now)) {
@@ -192,6 +210,7 @@ bool pdgw_admit_req_check(pdgw_wf_t *wf, uint64_t now)
 void pdgw_admit_req_done(pdgw_wf_t *wf)
 {
     pdgw_admit_t *a = wf->w->srv->opts.admit;
+    pdgw_quota_req_done(wf);
     if (a == NULL)
         return;
     wf->admit_waiting = false;

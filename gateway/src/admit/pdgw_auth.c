@@ -106,7 +106,8 @@ static pdgw_status_t add_key(key_set_t *a, const char *k, size_t len, const char
     return PDGW_OK;
 }
 
-static pdgw_status_t load_file(key_set_t *a, const char *path, char *err, size_t errlen)
+pdgw_status_t pdgw_key_file_each(const char *path, pdgw_key_line_fn fn, void *arg, char *err,
+                                 size_t errlen)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL) {
@@ -120,8 +121,8 @@ static pdgw_status_t load_file(key_set_t *a, const char *path, char *err, size_t
     unsigned lineno = 0;
     while (st == PDGW_OK && (n = getline(&line, &cap, f)) >= 0) {
         lineno++;
-        char *s = line;
-        size_t len = (size_t)n;
+        char *s = line, *t;
+        size_t len = (size_t)n, klen, tlen;
         while (len > 0 && isspace((unsigned char)s[len - 1]))
             len--;
         while (len > 0 && isspace((unsigned char)*s)) {
@@ -132,7 +133,21 @@ static pdgw_status_t load_file(key_set_t *a, const char *path, char *err, size_t
             continue;
         char where[300];
         snprintf(where, sizeof(where), "api_key_file %s:%u", path, lineno);
-        st = add_key(a, s, len, where, err, errlen);
+        /* "KEY" or "KEY TENANT": a key has no blanks, so the first blank ends it */
+        for (klen = 0; klen < len && s[klen] != ' ' && s[klen] != '\t'; klen++)
+            ;
+        t = s + klen;
+        tlen = len - klen;
+        while (tlen > 0 && (*t == ' ' || *t == '\t')) {
+            t++;
+            tlen--;
+        }
+        if (memchr(t, ' ', tlen) != NULL || memchr(t, '\t', tlen) != NULL) {
+            set_err(err, errlen, "%s: expected KEY or KEY TENANT, got more fields", where);
+            st = PDGW_ERR_INVALID;
+            break;
+        }
+        st = fn(arg, s, klen, tlen ? t : NULL, tlen, where, err, errlen);
     }
     if (st == PDGW_OK && ferror(f)) {
         set_err(err, errlen, "api_key_file %s: read error", path);
@@ -144,6 +159,19 @@ static pdgw_status_t load_file(key_set_t *a, const char *path, char *err, size_t
     }
     fclose(f);
     return st;
+}
+
+static pdgw_status_t file_key(void *arg, const char *key, size_t key_len, const char *tenant,
+                              size_t tenant_len, const char *where, char *err, size_t errlen)
+{
+    (void)tenant; /* the tenant a key belongs to is the quota layer's (pdgw_tenants.c) */
+    (void)tenant_len;
+    return add_key(arg, key, key_len, where, err, errlen);
+}
+
+static pdgw_status_t load_file(key_set_t *a, const char *path, char *err, size_t errlen)
+{
+    return pdgw_key_file_each(path, file_key, a, err, errlen);
 }
 
 pdgw_status_t pdgw_auth_create(const char *const *keys, size_t n_keys, const char *key_file,

@@ -1,8 +1,9 @@
 /*
  * pdgw_auth.h - API keys and the "Authorization: Bearer <key>" check.
  *
- * Keys come from the config list and/or a key file (one key per line; blank lines and lines
- * starting with '#' ignored; surrounding blanks trimmed). The check compares the presented
+ * Keys come from the config list and/or a key file (one key per line, optionally followed by
+ * the name of the tenant it belongs to; blank lines and lines starting with '#' ignored;
+ * surrounding blanks trimmed). The check compares the presented
  * token against EVERY configured key, each over the same fixed length, without early exit,
  * so its duration depends neither on which key matched nor on how many leading bytes of a
  * key were right; the only input-dependent cost is reading the header itself.
@@ -88,6 +89,15 @@ const char *pdgw_auth_result_name(pdgw_auth_result_t r);
  * "WWW-Authenticate: Bearer".
  */
 void pdgw_auth_result_to_error(pdgw_auth_result_t r, pdgw_api_error_t *err);
+
+/* One line of a key file: the key, the tenant named after it (NULL when none), and
+ * "api_key_file PATH:LINE" for messages. Non-OK stops the reading. */
+typedef pdgw_status_t (*pdgw_key_line_fn)(void *arg, const char *key, size_t key_len,
+                                          const char *tenant, size_t tenant_len, const char *where,
+                                          char *err, size_t errlen);
+/* Read a key file ("KEY" or "KEY TENANT" per line, '#' comments), calling <fn> per key. */
+pdgw_status_t pdgw_key_file_each(const char *path, pdgw_key_line_fn fn, void *arg, char *err,
+                                 size_t errlen);
 
 /* Constant-time equality of two equal-length byte strings (non-zero when equal). */
 int pdgw_ct_memeq(const void *a, const void *b, size_t len);

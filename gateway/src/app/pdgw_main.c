@@ -29,6 +29,7 @@
 
 #include "pdgw_admit.h"
 #include "pdgw_auth.h"
+#include "pdgw_tenants.h"
 #include "pdgw_wiring.h"
 #include "pdtok/tokenizer.h" /* pdgw tokenize */
 #include "pdgw_server_int.h"
@@ -245,6 +246,16 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
         st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
                                    cfg->tracing.sample_ratio, environ, &oc, err, errlen);
     }
+    if (st == PDGW_OK) {
+        /* tenants: their key files read, names, keys and the store's URL checked */
+        pdq_t *q = NULL;
+        pdgw_auth_t *auth = NULL;
+        st = pdgw_auth_from_config(cfg, &auth, err, errlen);
+        if (st == PDGW_OK)
+            st = pdgw_tenants_create(cfg, &q, err, errlen);
+        pdq_free(q);
+        pdgw_auth_destroy(auth);
+    }
     if (st == PDGW_OK)
         st = make_pool(cfg, true, &pool, err, errlen);
     if (st == PDGW_OK && cfg->n_instances > 0) {
@@ -398,17 +409,19 @@ static void block_signals(sigset_t *sigs)
     pthread_sigmask(SIG_BLOCK, sigs, NULL);
 }
 
-/* Client API keys and the admin key. */
+/* Client API keys (tenants' included) and the admin key. */
 static pdgw_status_t make_auth(const pdgw_config_t *c, pdgw_auth_t **out, char *err, size_t errlen)
 {
-    char why[640];
-    pdgw_status_t st = pdgw_auth_create((const char *const *)c->api_keys.items, c->api_keys.count,
-                                        c->api_key_file, why, sizeof(why), out);
-    if (st != PDGW_OK) {
-        snprintf(err, errlen, "api keys: %s", why);
-        return st;
-    }
-    return pdgw_auth_set_admin_key(*out, c->admin_api_key, err, errlen);
+    return pdgw_auth_from_config(c, out, err, errlen);
+}
+
+/* The tenants' usage and the quota store's health on /metrics. */
+static pdgw_status_t collect_quota_metrics(void *ctx, pdgw_buf_t *out)
+{
+    pdb_prom_t p;
+    pdb_prom_init(&p, out);
+    pdq_usage_prometheus(ctx, &p);
+    return pdb_prom_status(&p) == PDB_OK ? PDGW_OK : PDGW_ERR_NOMEM;
 }
 
 /* SIGHUP reloads the configuration; returns the signal that stops the gateway. */
@@ -509,6 +522,7 @@ int main(int argc, char **argv)
     pdgw_reload_t *reload = NULL;
     pdgw_doctor_bg_t *doctor = NULL;
     pdgw_slo_config_t *slo = NULL;
+    pdq_t *quota = NULL;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -579,6 +593,12 @@ int main(int argc, char **argv)
         pdgw_log_error("main", "%s", err);
         goto out_pool;
     }
+    if (pdgw_tenants_create(&cfg, &quota, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "tenants: %s", err);
+        goto out_pool;
+    }
+    if (quota != NULL)
+        pdgw_metrics_collector_add(reg, collect_quota_metrics, quota);
 
     if (cfg.check_engines_at_start && pdgw_doctor_bg_create(&cfg, &doctor) != PDGW_OK) {
         pdgw_log_error("main", "out of memory");
@@ -591,6 +611,8 @@ int main(int argc, char **argv)
     so.otel = otel;
     so.admit = admit;
     so.slo = slo;
+    so.quota = quota;
+    so.quota_output_estimate = cfg.quota.output_estimate;
     so.tls = tls;
     if (make_reload(&cfg, argc, argv, &hooks, reg, auth, pool, admit, &reload) != PDGW_OK) {
         pdgw_log_error("main", "cannot set up config reloads");
@@ -619,6 +641,14 @@ int main(int argc, char **argv)
     }
     if (pdgw_server_start(srv) != PDGW_OK)
         goto out_server;
+    if (quota != NULL && pdq_start(quota) != PDQ_OK) {
+        pdgw_log_error("main", "cannot start the quota store's thread");
+        goto out_server;
+    }
+    if (quota != NULL)
+        pdgw_log_info("main", "%zu tenant(s), budgets %s", pdq_tenant_count(quota) - 1,
+                      pdgw_reload_config(reload)->quota_store[0] ? "shared through the quota store"
+                                                                 : "kept by this replica");
     if (doctor != NULL && pdgw_doctor_bg_start(doctor, pool, reg) != PDGW_OK)
         pdgw_log_warn("main", "cannot start the engine checks");
     if (pdgw_auth_key_count(auth) > 0)
@@ -635,6 +665,9 @@ out_server:
 out_pool:
     pdgw_doctor_bg_destroy(doctor);
     pdgw_admit_destroy(admit); /* after the server: finalize released every slot */
+    if (quota != NULL)
+        pdgw_metrics_collector_remove(reg, collect_quota_metrics, quota);
+    pdq_free(quota); /* after the server: every ticket was released; leases go back */
     pdgw_slo_config_destroy(slo);
     /* After the server: it borrowed strings of the running config. */
     pdgw_reload_destroy(reload);

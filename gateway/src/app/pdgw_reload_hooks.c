@@ -9,6 +9,7 @@
 
 #include "pdgw_alloc.h"
 #include "pdgw_auth.h"
+#include "pdgw_tenants.h"
 
 #include "pdgw_reload.h"
 
@@ -36,8 +37,7 @@ static pdgw_status_t auth_prepare(void *ctx, pdgw_reload_txn_t *txn, void **stat
     const pdgw_config_t *next = pdgw_reload_txn_next(txn);
     pdgw_auth_t *fresh = NULL;
     pdgw_status_t st;
-    st = pdgw_auth_create((const char *const *)next->api_keys.items, next->api_keys.count,
-                          next->api_key_file, err, errlen, &fresh);
+    st = pdgw_auth_from_config(next, &fresh, err, errlen);
     if (st == PDGW_OK && pdgw_auth_key_count(c->auth) > 0 && pdgw_auth_key_count(fresh) == 0 &&
         !next->api_keys_cleared) {
         snprintf(err, errlen,
@@ -46,8 +46,6 @@ static pdgw_status_t auth_prepare(void *ctx, pdgw_reload_txn_t *txn, void **stat
                  pdgw_auth_key_count(c->auth));
         st = PDGW_ERR_INVALID;
     }
-    if (st == PDGW_OK)
-        st = pdgw_auth_set_admin_key(fresh, next->admin_api_key, err, errlen);
     if (st != PDGW_OK) {
         pdgw_auth_destroy(fresh);
         return st;

@@ -51,9 +51,10 @@ static pdgw_status_t wire(void)
     REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_slo_req_enter));
     REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_admit_req_enter));
     REG(pdgw_phase_enter(PDGW_ROUTE_MODELS, pdgw_admit_req_enter));
-    /* Response headers: pass-through's kept ones, CORS. */
+    /* Response headers: pass-through's kept ones, CORS, the tenant's limits. */
     REG(pdgw_phase_headers(pdgw_pt_add_headers));
     REG(pdgw_phase_headers(pdgw_cors_add_headers));
+    REG(pdgw_phase_headers(pdgw_quota_add_headers)); /* x-ratelimit-* of the tenant */
     /* The end: per-model and pass-through metrics, then the access line and the trace. */
     REG(pdgw_phase_finish(pdgw_models_finish));
     REG(pdgw_phase_finish(pdgw_pt_finish));

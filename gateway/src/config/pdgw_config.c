@@ -39,6 +39,8 @@ static const char *const upstream_client_names[] = {"curl", "native", NULL};
 static const char *const frontend_names[] = {"mhd", "native", "auto", NULL};
 /* pdgw_stream_output_t order */
 static const char *const stream_output_names[] = {"library", "direct", NULL};
+/* pdq_fail_mode_t order */
+static const char *const quota_fail_names[] = {"open", "closed", NULL};
 
 static const char *name_of(const char *const *names, size_t n, int v)
 {
@@ -386,6 +388,44 @@ static const pdgw_config_option_t options[] = {
     {"discovery.kubernetes.ca_file", "discovery-kubernetes-ca-file",
      "PDGW_DISCOVERY_KUBERNETES_CA_FILE", PDGW_OPT_STRING, NULL, 0, 0, SA_CA, "PATH",
      "CA bundle of the API server.", C(k8s.ca_file)},
+    {"quota_store", "quota-store", "PDGW_QUOTA_STORE", PDGW_OPT_STRING, NULL, 0, 0, "", "URL",
+     "Where the tenants' budgets and usage are shared by every replica: "
+     "`redis://[user:password@]HOST:PORT/DB`. \"\" = each replica keeps its own (budgets are "
+     "then per replica).", C(quota_store)},
+    {"quota.password", "quota-password", "PDGW_QUOTA_PASSWORD", PDGW_OPT_STRING, NULL, 0, 0, "",
+     "SECRET", "Password for the quota store (Redis AUTH), instead of one in the URL: keep it "
+     "in a secret's environment variable.", C(quota.password)},
+    {"quota.fail_mode", "quota-fail-mode", "PDGW_QUOTA_FAIL_MODE", PDGW_OPT_ENUM,
+     quota_fail_names, 0, 0, "open", "MODE", "The quota store unreachable: `open` serves on "
+     "local limits (each budget / `quota.expected_replicas`), `closed` answers 503 "
+     "`quota_store_unavailable`.", C(quota.fail_mode)},
+    {"quota.expected_replicas", "quota-expected-replicas", "PDGW_QUOTA_EXPECTED_REPLICAS",
+     PDGW_OPT_INT, NULL, 1, 10000, "1", "N", "Gateway replicas sharing the store: sizes each "
+     "replica's lease of a budget and its share when the store is down.",
+     C(quota.expected_replicas)},
+    {"quota.sync_interval", "quota-sync-interval", "PDGW_QUOTA_SYNC_INTERVAL", PDGW_OPT_DURATION,
+     NULL, 0, 0, "100ms", "DURATION", "How often a replica tops up its leases from the store.",
+     C(quota.sync_interval_ms)},
+    {"quota.usage_interval", "quota-usage-interval", "PDGW_QUOTA_USAGE_INTERVAL",
+     PDGW_OPT_DURATION, NULL, 0, 0, "1s", "DURATION", "How often usage totals are pushed to the "
+     "store.", C(quota.usage_interval_ms)},
+    {"quota.timeout", "quota-timeout", "PDGW_QUOTA_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0,
+     "200ms", "DURATION", "Longest connect or command to the store; a store slower than this "
+     "counts as down (requests never wait for it).", C(quota.timeout_ms)},
+    {"quota.lease_fraction", "quota-lease-fraction", "PDGW_QUOTA_LEASE_FRACTION",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "FRACTION", "Share of a budget one replica leases at a "
+     "time, 0..1 (at least 2 units): N replicas admit at most N leases more than one budget "
+     "allows. \"\" = 1 / (4 x `quota.expected_replicas`).", C(quota.lease_fraction)},
+    {"quota.key_prefix", "quota-key-prefix", "PDGW_QUOTA_KEY_PREFIX", PDGW_OPT_STRING, NULL, 0,
+     0, "pdq:", "PREFIX", "Prefix of every key pdgw writes in the store (several fleets may "
+     "share one Redis).", C(quota.key_prefix)},
+    {"quota.default_tenant", "quota-default-tenant", "PDGW_QUOTA_DEFAULT_TENANT",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "NAME", "Tenant of requests without an API key; \"\" = "
+     "the first of `tenants`.", C(quota.default_tenant)},
+    {"quota.output_estimate", "quota-output-estimate", "PDGW_QUOTA_OUTPUT_ESTIMATE",
+     PDGW_OPT_INT, NULL, 1, 10000000, "512", "TOKENS", "Completion tokens charged at admission "
+     "to a request without `max_tokens` (reconciled with the engine's usage when it ends).",
+     C(quota.output_estimate)},
     {"tracing.otlp_endpoint", "tracing-otlp-endpoint", "PDGW_TRACING_OTLP_ENDPOINT",
      PDGW_OPT_STRING, NULL, 0, 0, "", "URL", "OpenTelemetry collector base URL (OTLP/HTTP, "
      "spans POSTed as JSON to URL/v1/traces); empty = OTEL_EXPORTER_OTLP_ENDPOINT, else no "
@@ -1017,6 +1057,7 @@ void pdgw_config_free(pdgw_config_t *cfg)
     pdgw_free(cfg->instances);
     pdgw_free(cfg->listen_host);
     pdgw_free(cfg->config_file);
+    pdgw_free(cfg->tenants_json);
     memset(cfg, 0, sizeof(*cfg));
 }
 

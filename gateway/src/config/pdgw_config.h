@@ -236,6 +236,20 @@ typedef struct pdgw_config {
     pdgw_dns_discovery_config_t dns;
     bool k8s_enabled; /* derived: any selector set */
     pdgw_k8s_discovery_config_t k8s;
+    char *tenants_json; /* the YAML `tenants:` list as JSON text; "" = no tenants */
+    char *quota_store;  /* redis://... or "" */
+    struct {
+        char *password;
+        int fail_mode; /* pdq_fail_mode_t: open | closed */
+        int expected_replicas;
+        uint64_t sync_interval_ms;
+        uint64_t usage_interval_ms;
+        uint64_t timeout_ms;
+        char *lease_fraction; /* "" = the library's default */
+        char *key_prefix;
+        char *default_tenant;
+        int output_estimate;
+    } quota;
     struct {
         char *otlp_endpoint; /* "" = OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off */
         char *service_name;  /* "" = OTEL_SERVICE_NAME, else "pdgw" */

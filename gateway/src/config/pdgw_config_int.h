@@ -52,6 +52,13 @@ pdgw_status_t pdgw_cfg_instance_quick(pdgw_config_t *cfg, pdgw_role_t role, cons
 /* Derived fields of the whole config (listen host/port, discovery flags). */
 pdgw_status_t pdgw_cfg_finalize(pdgw_config_t *cfg, pdgw_cfg_src_t *src);
 
+/* The YAML `tenants:` list <v> of <doc> into cfg->tenants_json, each item checked
+ * (pdgw_config_tenants.c). */
+struct yaml_document_s;
+struct yaml_node_s;
+pdgw_status_t pdgw_cfg_walk_tenants(pdgw_config_t *cfg, struct yaml_document_s *doc,
+                                    struct yaml_node_s *v, pdgw_cfg_src_t *src);
+
 /* Replace a string field (copy of <s>). */
 pdgw_status_t pdgw_cfg_str_set(char **field, const char *s);
 

@@ -248,6 +248,8 @@ static pdgw_status_t walk_mapping(walk_t *w, yaml_node_t *map, const char *prefi
             return fail_at(w, kn, path, "duplicate key%s", "");
         if (prefix[0] == '\0' && strcmp(k, "instances") == 0) {
             st = walk_instances(w, vn);
+        } else if (prefix[0] == '\0' && strcmp(k, "tenants") == 0) {
+            st = pdgw_cfg_walk_tenants(w->cfg, w->doc, vn, &w->src);
         } else {
             const pdgw_config_option_t *o = pdgw_cfg_find_key(tab, n_tab, path);
             if (o != NULL) {
@@ -265,6 +267,9 @@ static pdgw_status_t walk_mapping(walk_t *w, yaml_node_t *map, const char *prefi
                 if (hint[0] == '\0' && prefix[0] == '\0' &&
                     pdgw_cfg_suggest(k, (const char *[]){"instances"}, 1))
                     snprintf(hint, sizeof(hint), " (did you mean 'instances'?)");
+                else if (hint[0] == '\0' && prefix[0] == '\0' &&
+                         pdgw_cfg_suggest(k, (const char *[]){"tenants"}, 1))
+                    snprintf(hint, sizeof(hint), " (did you mean 'tenants'?)");
                 return fail_at(w, kn, path, "unknown key%s", hint);
             }
         }

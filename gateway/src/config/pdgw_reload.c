@@ -171,6 +171,10 @@ static void swap_value(pdgw_config_t *cur, pdgw_config_t *next, const char *key)
         swap_bytes(&cur->n_instances, &next->n_instances, sizeof(size_t));
         return;
     }
+    if (strcmp(key, "tenants") == 0) {
+        swap_bytes(&cur->tenants_json, &next->tenants_json, sizeof(char *));
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         if (tab[i].key == NULL || strcmp(tab[i].key, key) != 0)
             continue;
@@ -261,6 +265,13 @@ static void compare(pdgw_reload_t *rl, pdgw_reload_txn_t *txn)
     }
     if (!instances_equal(txn->cur, txn->next) && txn->n_changed < MAX_KEYS)
         txn->changed[txn->n_changed++] = "instances";
+    /* Tenants are built once (their budgets, queues and leases live in the quota layer). */
+    if (!str_eq(txn->cur->tenants_json, txn->next->tenants_json)) {
+        if (txn->n_changed < MAX_KEYS)
+            txn->changed[txn->n_changed++] = "tenants";
+        keep_value(txn, "tenants");
+        note_kept(txn, "tenants", "tenants and their budgets are built at start");
+    }
     /* Discovery is restart-only: its derived switches follow the kept keys. */
     txn->next->dns_enabled = txn->cur->dns_enabled;
     txn->next->k8s_enabled = txn->cur->k8s_enabled;

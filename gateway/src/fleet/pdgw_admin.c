@@ -38,9 +38,11 @@ static bool peer_is_loopback(const pdgw_req_t *r)
     return false;
 }
 
+/* Writes, and the reads that show every tenant's usage, need the admin credential. */
 static bool is_write(const pdgw_req_t *r)
 {
-    return strcmp(r->method, "GET") != 0 && strcmp(r->method, "HEAD") != 0;
+    return (strcmp(r->method, "GET") != 0 && strcmp(r->method, "HEAD") != 0) ||
+           strcmp(r->path, "/admin/usage") == 0;
 }
 
 bool pdgw_admin_authorize(pdgw_req_t *r)
@@ -161,7 +163,7 @@ bool pdgw_admin_access(pdgw_req_t *r)
 
 static bool admin_local(pdgw_req_t *r)
 {
-    if (!pdgw_admin_serve(r))
+    if (!pdgw_admin_serve(r) && !pdgw_admin_usage_serve(r))
         pdgw_admin_instances_serve(r);
     return true;
 }

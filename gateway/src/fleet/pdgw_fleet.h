@@ -66,6 +66,8 @@ void pdgw_admin_instances_serve(pdgw_req_t *r);
 bool pdgw_admin_authorize(pdgw_req_t *r);
 /* POST /admin/reload; false when <r> is another admin path. */
 bool pdgw_admin_serve(pdgw_req_t *r);
+/* GET /admin/usage: the tenants' usage by phase (pdgw_admin_usage.c); false: not its path. */
+bool pdgw_admin_usage_serve(pdgw_req_t *r);
 /* With tls_ca: a verified client certificate (not asked of /health, /ready); false =
  * refused (403 queued, counted). */
 bool pdgw_tls_authorize(pdgw_req_t *r);

@@ -466,6 +466,7 @@ void pdgw_access_log(const pdgw_access_entry_t *e)
     if (e->slo_tpot_ms > 0)
         access_num(&l, json, "slo_tpot_ms", e->slo_tpot_ms);
     access_str(&l, json, "slo", e->slo_result, false);
+    access_str(&l, json, "tenant", e->tenant, false);
     access_str(&l, json, "pd_phase", e->pd_phase, false);
     if (e->pd_phase != NULL && e->pd_retryable >= 0) {
         if (json)

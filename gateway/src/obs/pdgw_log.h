@@ -150,6 +150,7 @@ typedef struct pdgw_access_entry {
     uint32_t slo_ttft_ms;      /* the request's latency targets, 0 = none (omitted) */
     uint32_t slo_tpot_ms;
     const char *slo_result; /* met, missed_ttft, ... (pdgw_slo_result), NULL = omitted */
+    const char *tenant;     /* the request's tenant, NULL = no tenants configured */
 } pdgw_access_entry_t;
 
 /* Sets every duration/token field and pd_retryable to -1, everything else to zero/NULL. */

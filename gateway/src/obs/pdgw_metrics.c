@@ -1268,6 +1268,29 @@ bool pdgw_gateway_metrics_usage_tree(pdgw_proto_metrics_t *pm, const json_t *rep
                        completion_out);
 }
 
+bool pdgw_usage_cached_tokens(const char *json, size_t len, int64_t *cached)
+{
+    const char *at, *end = json + len;
+    pdgw_json_members_t it;
+    pdgw_json_member_t m;
+    *cached = 0;
+    if (json == NULL || (at = usage_member(json, len)) == NULL ||
+        !pdgw_json_members_begin(&it, at, (size_t)(end - at)))
+        return false;
+    while (pdgw_json_members_next(&it, &m) == 0) {
+        pdgw_json_members_t dit;
+        pdgw_json_member_t d;
+        if (m.key_len != 21 || memcmp(m.key, "prompt_tokens_details", 21) != 0 || m.val[0] != '{' ||
+            !pdgw_json_members_begin(&dit, m.val, m.val_len))
+            continue;
+        while (pdgw_json_members_next(&dit, &d) == 0)
+            if (d.key_len == 13 && memcmp(d.key, "cached_tokens", 13) == 0 &&
+                !member_integer(d.val, d.val + d.val_len, cached))
+                *cached = 0;
+    }
+    return *cached > 0;
+}
+
 void pdgw_gateway_metrics_instance_leg(pdgw_gateway_metrics_t *gm, const char *instance,
                                        const char *role, int delta)
 {

@@ -281,6 +281,9 @@ void pdgw_gateway_metrics_cancel_notif(pdgw_gateway_metrics_t *gm, const char *p
  * true and sets *prompt_out / *completion_out (when not NULL) when it held usage. */
 bool pdgw_gateway_metrics_usage(pdgw_proto_metrics_t *pm, const char *json, size_t len,
                                 int64_t *prompt_out, int64_t *completion_out);
+/* usage.prompt_tokens_details.cached_tokens of a JSON text (an answer or an SSE event), as
+ * vLLM reports it with --enable-prompt-tokens-details: true and *cached > 0 when present. */
+bool pdgw_usage_cached_tokens(const char *json, size_t len, int64_t *cached);
 /* The same for a whole non-stream answer, which nearly always holds usage: read back from its
  * end, without the quick look for "usage" that spares most SSE events the walk. */
 bool pdgw_gateway_metrics_usage_answer(pdgw_proto_metrics_t *pm, const char *json, size_t len,

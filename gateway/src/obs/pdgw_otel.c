@@ -463,6 +463,9 @@ void pdgw_otel_record(pdgw_otel_t *otel, const pdgw_otel_request_t *req)
     if (req->slo_tpot_ms > 0)
         attr_int(root, "pdgw.slo.tpot_ms", req->slo_tpot_ms);
     attr_str(root, "pdgw.slo.result", req->slo_result);
+    attr_str(root, "pdgw.tenant", req->tenant);
+    if (req->cached_prompt_tokens >= 0)
+        attr_int(root, "pdgw.usage.cached_prompt_tokens", req->cached_prompt_tokens);
     if (req->status >= 400 || req->failure_phase != NULL) {
         root->error = true;
         snprintf(root->status_message, sizeof(root->status_message), "%s",

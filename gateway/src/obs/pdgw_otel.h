@@ -69,6 +69,8 @@ typedef struct pdgw_otel_request {
     bool stream;
     uint32_t slo_ttft_ms, slo_tpot_ms; /* the request's latency targets; 0 = none */
     const char *slo_result;            /* met, missed_ttft, ...; NULL = no target */
+    const char *tenant;                /* NULL = no tenants configured */
+    int64_t cached_prompt_tokens;      /* of the prompt, served from cache; < 0 = unknown */
     int64_t prompt_tokens;             /* engine usage; < 0 = not reported */
     int64_t completion_tokens;
     uint64_t start_ns, end_ns;                 /* whole request */

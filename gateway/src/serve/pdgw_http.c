@@ -211,8 +211,8 @@ static void route(pdgw_req_t *r, const char *url)
         r->route = PDGW_ROUTE_READY;
     } else if (strcmp(r->path, "/metrics") == 0) {
         r->route = PDGW_ROUTE_METRICS;
-    } else if (strcmp(r->path, "/admin/reload") == 0) {
-        r->route = PDGW_ROUTE_ADMIN; /* pdgw_admin_serve */
+    } else if (strcmp(r->path, "/admin/reload") == 0 || strcmp(r->path, "/admin/usage") == 0) {
+        r->route = PDGW_ROUTE_ADMIN; /* pdgw_admin_serve, pdgw_admin_usage_serve */
     } else if (strncmp(r->path, "/admin/instances", 16) == 0 &&
                (r->path[16] == '\0' || r->path[16] == '/')) {
         /* The sub-path, kept only for this route. */

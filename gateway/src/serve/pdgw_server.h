@@ -93,6 +93,8 @@ typedef struct pdgw_server_opts {
     pdgw_gateway_metrics_t *metrics; /* required */
     pdgw_route_opts_t route;         /* tokenize before routing, selective PD */
     struct pdgw_admit *admit;        /* admission, backoff, affinity (pdgw_admit.h); NULL = none */
+    struct pdq *quota;               /* tenants' budgets and fair queue (pdquota.h); NULL = none */
+    int quota_output_estimate;       /* completion tokens charged without max_tokens */
     struct pdgw_slo_config *slo;     /* SLO defaults and policy (pdgw_slo.h); NULL = none */
     struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
     const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */

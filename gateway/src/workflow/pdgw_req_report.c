@@ -63,6 +63,13 @@ static void access_log(const pdgw_req_t *r, int status, bool disconnected, uint6
         a.slo_ttft_ms = wf->slo_ttft_ms;
         a.slo_tpot_ms = wf->slo_tpot_ms;
         a.slo_result = pdgw_slo_result(wf, r, status);
+        if (wf->quota_tenant_set) {
+            a.tenant = pdgw_quota_tenant_name(wf);
+            if (wf->usage_seen) { /* what the tenant is charged */
+                a.prompt_tokens = wf->usage_prompt;
+                a.completion_tokens = wf->usage_completion;
+            }
+        }
     }
     pdgw_access_log(&a);
 }
@@ -94,6 +101,7 @@ static void req_trace(const pdgw_req_t *r, int status, uint64_t now_ns)
     t.stream = r->info_valid && r->info.stream;
     t.prompt_tokens = -1;
     t.completion_tokens = -1;
+    t.cached_prompt_tokens = -1;
     t.start_ns = r->t_start_ns;
     t.end_ns = now_ns;
     if (wf != NULL) {
@@ -103,9 +111,14 @@ static void req_trace(const pdgw_req_t *r, int status, uint64_t now_ns)
         t.slo_ttft_ms = wf->slo_ttft_ms;
         t.slo_tpot_ms = wf->slo_tpot_ms;
         t.slo_result = pdgw_slo_result(wf, r, status);
+        if (wf->quota_tenant_set)
+            t.tenant = pdgw_quota_tenant_name(wf);
         if (wf->usage_seen) {
             t.prompt_tokens = wf->usage_prompt;
             t.completion_tokens = wf->usage_completion;
+            if (wf->quota_tenant_set)
+                t.cached_prompt_tokens =
+                    wf->prefill_usage_seen ? wf->prefill_cached : wf->usage_cached;
         }
         /* The legs of the last attempt (a retry restarts them). */
         if (p->t_start_ms) {

@@ -34,6 +34,7 @@
 #ifndef PDGW_WF_H
 #define PDGW_WF_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,6 +44,7 @@
 #include "pdgw_admit.h"
 #include "pdgw_leg.h"
 #include "pdgw_phases.h"
+#include "pdquota/pdq_types.h"
 
 typedef struct pdgw_req pdgw_req_t;
 typedef struct pdgw_worker pdgw_worker_t;
@@ -101,6 +103,16 @@ struct pdgw_wf {
     uint64_t retry_at_ms;     /* backoff: the next attempt starts then (stage WAIT) */
     bool retry_decode_only;   /* ... and it is a new decode for the kept prefill */
     const char *affinity_key; /* borrowed (MHD header or req->json), NULL = none */
+    /* tenants' budgets and fair queue (pdgw_quota_req.c) */
+    struct pdq_ticket *quota;    /* admitted or queued; NULL = none (or released) */
+    _Atomic bool quota_ready;    /* set by the quota layer's thread when a slot is granted */
+    bool quota_waiting;          /* queued for a tenant's fair share (stage WAIT) */
+    bool quota_hide_usage;       /* usage asked of the engine for the budget, not the client */
+    bool quota_tenant_set;       /* quota_tenant is valid */
+    uint32_t quota_tenant;       /* pdq tenant index */
+    uint64_t quota_deadline_ms;  /* longest wait for the fair share */
+    uint64_t quota_est_prompt;   /* what admission charged */
+    pdq_headers_t quota_headers; /* x-ratelimit-* (and retry-after when refused) */
     /* pass-through (pdgw_passthrough.c) */
     bool pt;               /* a pass-through workflow (PDGW_ROUTE_PASSTHROUGH) */
     bool pt_relayed;       /* the engine's status and first bytes went to the client */
@@ -117,6 +129,10 @@ struct pdgw_wf {
     uint64_t t_decode_us;
     bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */
     int64_t usage_prompt, usage_completion;
+    int64_t usage_cached;    /* usage.prompt_tokens_details.cached_tokens (0 = none) */
+    bool prefill_usage_seen; /* the prefill's own answer had usage: */
+    int64_t prefill_cached;  /* its cached_tokens */
+    uint64_t t_kv_wait_us;   /* prefill end to the first decode event */
 };
 
 /* ---- pdgw_wf.c */

@@ -240,6 +240,14 @@ static bool wf_build_and_start(pdgw_wf_t *wf, pdgw_leg_kind_t k)
         return false;
     }
     pdgw_route_dp_header(inst, &fl); /* route hook: pin a data-parallel engine's rank */
+    if (k == PDGW_LEG_DECODE && wf->quota_hide_usage) {
+        /* the tenant's budget needs the stream's usage: asked of the engine on this leg */
+        if (fl.body == NULL)
+            fl.body = json_copy(pdgw_req_json(r));
+        fl.body = pdgw_quota_usage_leg(wf, fl.body);
+        if (fl.body == NULL)
+            wf->quota_hide_usage = false;
+    }
     if (fl.body == NULL) {
         /* Plain proxying: the client's bytes as received. */
         leg->relay = k == PDGW_LEG_DECODE;
@@ -658,6 +666,8 @@ static void wf_decode_finish(pdgw_wf_t *wf, pdgw_leg_t *leg)
         if (body != NULL && !usage_read)
             wf->usage_seen |= pdgw_gateway_metrics_usage_answer(
                 &wf->w->srv->proto_metrics, body, len, &wf->usage_prompt, &wf->usage_completion);
+        if (body != NULL && wf->quota != NULL)
+            (void)pdgw_usage_cached_tokens(body, len, &wf->usage_cached);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
     }
@@ -712,6 +722,10 @@ static void wf_leg_done(pdgw_leg_t *leg)
     if (leg->kind == PDGW_LEG_PREFILL) {
         wf_finish_booking(wf, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, leg);
         wf->t_prefill_done_ms = leg->t_end_ms;
+        if (wf->quota != NULL && leg->resp.data != NULL) /* what the prefill did not compute */
+            wf->prefill_usage_seen =
+                pdgw_usage_cached_tokens(leg->resp.data, leg->resp.len, &wf->prefill_cached) ||
+                memmem(leg->resp.data, leg->resp.len, "\"usage\"", 7) != NULL;
         pdgw_gateway_metrics_observe_phase(&wf->w->srv->proto_metrics, PDGW_DURATION_PREFILL,
                                            (double)dur_us / 1e6);
         pdgw_gateway_metrics_observe_prefill(&wf->w->srv->proto_metrics, (double)dur_us / 1e6);
@@ -725,6 +739,8 @@ static void wf_leg_done(pdgw_leg_t *leg)
     if (!leg->sse && wf->t_prefill_done_ms && !wf->kv_wait_observed) {
         /* Non-stream: the KV wait ends with the decode leg's first byte. */
         wf->kv_wait_observed = true;
+        if (leg->t_first_ms >= wf->t_prefill_done_ms)
+            wf->t_kv_wait_us = (leg->t_first_ms - wf->t_prefill_done_ms) * 1000u;
         if (leg->t_first_ms >= wf->t_prefill_done_ms)
             pdgw_gateway_metrics_observe_kv_wait(&wf->w->srv->proto_metrics,
                                                  (double)(leg->t_first_ms - wf->t_prefill_done_ms) /
@@ -1151,6 +1167,7 @@ static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
         if (wf->t_prefill_done_ms && !wf->kv_wait_observed && now >= wf->t_prefill_done_ms) {
             /* From the prefill's end to the first relayed decode event. */
             wf->kv_wait_observed = true;
+            wf->t_kv_wait_us = (now - wf->t_prefill_done_ms) * 1000u;
             pdgw_gateway_metrics_observe_kv_wait(&wf->w->srv->proto_metrics,
                                                  (double)(now - wf->t_prefill_done_ms) / 1e3);
         }
@@ -1170,10 +1187,15 @@ static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
             wf->n_later_events++;
         }
     }
-    if (ev->has_data && !ev->is_done)
-        wf->usage_seen |=
-            pdgw_gateway_metrics_usage(&wf->w->srv->proto_metrics, ev->data, ev->data_len,
-                                       &wf->usage_prompt, &wf->usage_completion);
+    if (ev->has_data && !ev->is_done &&
+        pdgw_gateway_metrics_usage(&wf->w->srv->proto_metrics, ev->data, ev->data_len,
+                                   &wf->usage_prompt, &wf->usage_completion)) {
+        wf->usage_seen = true;
+        if (wf->quota != NULL)
+            (void)pdgw_usage_cached_tokens(ev->data, ev->data_len, &wf->usage_cached);
+        if (pdgw_quota_hide_event(wf, ev->data, ev->data_len, true))
+            return 0; /* the usage chunk was asked for the budget, not by the client */
+    }
     /* Pass the event through byte for byte, unless the forwarder rewrites decode answers. */
     if (!wf_rewrite_event(wf, ev))
         pdgw_req_out_append(r, ev->raw, ev->raw_len);
@@ -1269,7 +1291,9 @@ uint64_t pdgw_wf_next_deadline(const pdgw_wf_t *wf)
     int k;
 
     if (wf->stage == PDGW_WF_WAIT) /* admission queue or retry backoff (pdgw_admit_req.c) */
-        return wf->admit_waiting ? wf->admit.deadline_ms : wf->retry_at_ms;
+        return wf->quota_waiting   ? wf->quota_deadline_ms
+               : wf->admit_waiting ? wf->admit.deadline_ms
+                                   : wf->retry_at_ms;
     if (wf->stage == PDGW_WF_FINISHED)
         return UINT64_MAX;
     if (wf->rt != NULL && wf->rt->leg != NULL && wf->rt->leg->state == PDGW_LEG_RUNNING)

@@ -151,6 +151,13 @@ def pod_templates(objects):
     return [o for o in objects if o.get("kind") in ("Deployment", "StatefulSet", "DaemonSet")]
 
 
+def is_engine(w):
+    """Neither the gateway nor a store it uses (components/quota-redis's Redis)."""
+    labels = w["spec"]["template"]["metadata"].get("labels", {})
+    return (w["metadata"]["name"] != "pdgw" and
+            labels.get("app.kubernetes.io/component") != "quota-store")
+
+
 def matches(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
@@ -300,8 +307,7 @@ def semantic_errors(name, objects):
         exp = EXPECT[name]
         if cfg.get("protocol") != exp["protocol"]:
             errs.append(f"gateway protocol {cfg.get('protocol')} != {exp['protocol']}")
-        engines = sum(w["spec"].get("replicas", 1) for w in workloads
-                      if w["metadata"]["name"] != "pdgw")
+        engines = sum(w["spec"].get("replicas", 1) for w in workloads if is_engine(w))
         if engines != exp["engines"]:
             errs.append(f"{engines} engine replicas, expected {exp['engines']}")
         for role in ("prefill", "decode"):
@@ -340,7 +346,7 @@ def engine_errors(name, objects, cfg, cms):
     """Protocol-specific wiring of the engine pods."""
     errs = []
     for w in pod_templates(objects):
-        if w["metadata"]["name"] == "pdgw":
+        if not is_engine(w):
             continue
         wname = w["metadata"]["name"]
         meta = w["spec"]["template"]["metadata"]
@@ -770,10 +776,51 @@ def test_autoscale_component_valid():
             shutil.rmtree(tmp)
 
 
+def test_quota_redis_component_valid():
+    """components/quota-redis on sim-2p2d (a copy that adds it and tenants): the Redis and its
+    Service render valid, the gateway's store URL names that Service's port, and the
+    gateway's config with the Deployment's environment passes --check-config; without
+    tenants the same environment is refused (a store with no tenants is an error)."""
+    tmp, overlay = _broken_copy()
+    overlay = os.path.join(overlay, "..", "sim-2p2d")
+    try:
+        _edit(os.path.join(overlay, "kustomization.yaml"), "  - ../../components/hpa\n",
+              "  - ../../components/hpa\n  - ../../components/quota-redis\n")
+        with open(os.path.join(overlay, "pdgw.yaml"), "a") as f:
+            f.write("tenants:\n  - {name: team-a, api_keys: [ka], requests_per_minute: 600}\n")
+        objects, problems = validate_overlay("sim-2p2d", overlay)
+        assert not problems, problems
+        svc = [o for o in by_kind(objects, "Service") if o["metadata"]["name"] == "pdgw-redis"]
+        assert svc, "no pdgw-redis Service"
+        gw = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "pdgw"][0]
+        env = {}
+        for e in gw["spec"]["template"]["spec"]["containers"][0].get("env", []):
+            if e["name"].startswith("PDGW_QUOTA"):
+                env[e["name"]] = e.get("value", "secret-from-the-cluster")
+        url = env.get("PDGW_QUOTA_STORE", "")
+        host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+        assert host == "pdgw-redis", url
+        assert int(port) in {p["port"] for p in svc[0]["spec"]["ports"]}, url
+        assert env.get("PDGW_QUOTA_PASSWORD"), env
+        cm = [c for c in by_kind(objects, "ConfigMap")
+              if c["metadata"]["name"].startswith("pdgw-config")][0]
+        # --check-config reads the file alone: the Deployment's environment goes in as keys
+        store = (f"quota_store: {url}\nquota:\n  password: {env['PDGW_QUOTA_PASSWORD']}\n"
+                 f"  expected_replicas: {env['PDGW_QUOTA_EXPECTED_REPLICAS']}\n")
+        text = cm["data"]["pdgw.yaml"]
+        ok, out = check_config(text + store)
+        assert ok, out
+        ok, out = check_config(text.split("tenants:")[0] + store)
+        assert not ok and "no tenants are configured" in out, out
+        print(f"  quota-redis: {len(objects)} objects valid, store {url}")
+    finally:
+        shutil.rmtree(tmp)
+
+
 if __name__ == "__main__":
     pdgwtest.skip_unless_tools(
         "kubectl", why="the overlays are rendered with `kubectl kustomize` and Debian 12 has no "
         "recent kubectl (install it from the Kubernetes project to run this test)")
     pdgwtest.run([test_node_validator_installed, test_every_overlay_valid,
                   test_image_default_config_valid, test_broken_overlay_rejected,
-                  test_autoscale_component_valid])
+                  test_autoscale_component_valid, test_quota_redis_component_valid])

@@ -100,7 +100,8 @@ static void test_key_file(void **state)
     char path[] = "/tmp/pdgw_keys_XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
-    const char *text = "# team keys\n\n  sk-file-1  \nsk-file-2\r\n# sk-commented\n";
+    /* a key may name its tenant after a blank: the key alone is the credential */
+    const char *text = "# team keys\n\n  sk-file-1  \nsk-file-2\t acme\r\n# sk-commented\n";
     assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
     close(fd);
     static const char *const keys[] = {"sk-cfg"};
@@ -112,12 +113,13 @@ static void test_key_file(void **state)
     assert_int_equal(pdgw_auth_check(a, "Bearer sk-file-2"), PDGW_AUTH_OK);
     assert_int_equal(pdgw_auth_check(a, "Bearer sk-commented"), PDGW_AUTH_INVALID);
     assert_int_equal(pdgw_auth_check(a, "Bearer # sk-commented"), PDGW_AUTH_INVALID);
+    assert_int_equal(pdgw_auth_check(a, "Bearer acme"), PDGW_AUTH_INVALID);
     pdgw_auth_destroy(a);
 
     /* a bad line names the file and line number */
     fd = open(path, O_WRONLY | O_TRUNC);
     assert_true(fd >= 0);
-    text = "sk-ok\nbad key\n";
+    text = "sk-ok\nbad key line\n";
     assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
     close(fd);
     char err[256];
