@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sched_int.h"
+#include "sched_kvev_int.h"
 #include "pdb/pdb_clock.h"
 
 #define RELAXED         memory_order_relaxed
@@ -27,6 +28,11 @@ typedef struct booking_leg {
     /* The latency models' features as the leg was booked (what was queued and running on
      * its instance then), scored against the timings it finishes with. */
     double x_ttft[SCHED_PREFILL_DIM], x_tpot[SCHED_TPOT_DIM];
+    /* What the models predicted then (means; 0 while a model was cold). */
+    double pred_first_s, pred_tpot_s;
+    /* The prefill features' raw values (the prompt, the work ahead), and the instance's
+     * booked-token total through this leg (sched_backlog.c). */
+    uint64_t x_prompt, x_queued, backlog_through;
     uint64_t excluded[LEG_MAX_EXCLUDE];
     size_t n_excluded;
 } booking_leg_t;
@@ -162,18 +168,48 @@ static void leg_unload(booking_leg_t *leg)
         atomic_fetch_sub_explicit(&inst->kv_decode_prompt, leg->kv_prompt_charge, RELAXED);
 }
 
-/* What the leg's latency will be learnt against: its prompt (all of it counts as uncached
- * until the policies say what was cached) with the prompt tokens already booked on the
- * instance queued ahead; the requests and KV tokens running with it, itself included. */
-static void leg_features(booking_leg_t *leg, const sched_instance_t *inst,
-                         const sched_request_t *req)
+/* A model's mean for <x>, or 0 while it is cold (its priors say little of this instance). */
+static double warm_mean(const sched_latency_model_t *m, const double *x)
 {
+    sched_prediction_t p;
+
+    sched_latency_model_predict(m, x, &p);
+    return p.observed >= SCHED_PREDICT_SCORED_AFTER ? p.mean : 0.0;
+}
+
+/* The prompt tokens <inst> would compute for <b>: all of them, less the leading blocks its
+ * engine reports cached (KV events, when the pool keeps their index; at least one token). */
+static uint64_t booking_uncached(const sched_booking_t *b, const sched_instance_t *inst)
+{
+    uint64_t prompt = b->req.prompt_tokens, uid = inst->uid, cached;
+    size_t depth = 0;
+    double weighted = 0.0;
+
+    if (!b->pool->kvev_index || !b->kv_keys || b->n_kv_keys == 0)
+        return prompt;
+    sched_kvev_index_match(b->pool->kvev_index, b->kv_keys, b->n_kv_keys, &uid, 1, 1.0, &depth,
+                           &weighted);
+    cached = (uint64_t)depth * sched_kvev_index_block_size(b->pool->kvev_index, 0);
+    return cached >= prompt ? 1 : prompt - cached;
+}
+
+/* What the leg's latency will be learnt against: the prompt tokens it computes (the cached
+ * ones as far as KV events tell, corrected when the engine's answer says) with the prefill
+ * work still ahead on the instance queued before it; the requests and KV tokens running with
+ * it, itself included. */
+static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const sched_booking_t *b,
+                         uint64_t now_ms)
+{
+    const sched_request_t *req = &b->req;
     uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
 
-    sched_prefill_features(leg->x_ttft, req->prompt_tokens,
-                           atomic_load_explicit(&inst->prompt_tokens, RELAXED));
+    leg->x_prompt = booking_uncached(b, inst);
+    leg->x_queued = sched_backlog_tokens(inst, now_ms);
+    sched_prefill_features(leg->x_ttft, leg->x_prompt, leg->x_queued);
     sched_tpot_features(leg->x_tpot, atomic_load_explicit(&inst->inflight, RELAXED),
                         kv + (uint64_t)req->prompt_tokens + req->max_tokens / 2);
+    leg->pred_first_s = warm_mean(&inst->lat_prefill, leg->x_ttft);
+    leg->pred_tpot_s = warm_mean(&inst->lat_tpot, leg->x_tpot);
 }
 
 /* Teach the instance's models what a successful leg took. */
@@ -181,8 +217,12 @@ static void leg_learn(booking_leg_t *leg, const sched_result_t *r)
 {
     if (r->outcome != SCHED_OUTCOME_SUCCESS)
         return;
-    if (r->first_token_s > 0.0)
+    if (r->first_token_s > 0.0) {
+        uint64_t prompt = leg->prompt_charge ? leg->prompt_charge : leg->x_prompt;
+        if (r->cached_tokens > 0 && r->cached_tokens < prompt) /* computed: the rest */
+            sched_prefill_features(leg->x_ttft, prompt - r->cached_tokens, leg->x_queued);
         sched_latency_model_observe(&leg->inst->lat_prefill, leg->x_ttft, r->first_token_s);
+    }
     if (r->later_tokens > 0 && r->later_tokens_s > 0.0)
         sched_latency_model_observe(&leg->inst->lat_tpot, leg->x_tpot,
                                     r->later_tokens_s / r->later_tokens);
@@ -248,12 +288,15 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     }
     if (chosen) {
         sched_instance_ref(chosen); /* its inflight was counted by sched_instance_take_slot */
-        leg_features(leg, chosen, &b->req);
+        uint64_t now_ms = sched_pool_now(pool);
+        leg_features(leg, chosen, b, now_ms);
         leg->prompt_charge = leg->kv_charge = leg->kv_prompt_charge = 0;
+        leg->backlog_through = 0;
         if (which == SCHED_LEG_PREFILL) {
             leg->prompt_charge = b->req.prompt_tokens;
             leg->milli_charge = sched_prefill_milli(leg->prompt_charge);
             atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
+            leg->backlog_through = sched_backlog_add(chosen, now_ms, leg->x_prompt);
         } else {
             leg->kv_charge = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
             leg->milli_charge = sched_decode_milli(leg->kv_charge);
@@ -263,6 +306,7 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
             if (b->whole) { /* it computes the prompt too: queued prefill work on it */
                 leg->prompt_charge = b->req.prompt_tokens;
                 atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
+                leg->backlog_through = sched_backlog_add(chosen, now_ms, leg->x_prompt);
             }
         }
         atomic_fetch_add_explicit(&chosen->token_milli, leg->milli_charge, RELAXED);
@@ -392,6 +436,18 @@ sched_instance_t *sched_booking_instance(const sched_booking_t *b, sched_leg_t w
     return b->legs[which].inst;
 }
 
+void sched_booking_predicted(const sched_booking_t *b, sched_leg_t which, double *first_token_s,
+                             double *tpot_s)
+{
+    const booking_leg_t *leg =
+        b && (which == SCHED_LEG_PREFILL || which == SCHED_LEG_DECODE) ? &b->legs[which] : NULL;
+
+    if (first_token_s)
+        *first_token_s = leg && leg->inst ? leg->pred_first_s : 0.0;
+    if (tpot_s)
+        *tpot_s = leg && leg->inst ? leg->pred_tpot_s : 0.0;
+}
+
 bool sched_booking_leg_open(const sched_booking_t *b, sched_leg_t which)
 {
     if (!b || (which != SCHED_LEG_PREFILL && which != SCHED_LEG_DECODE))
@@ -428,6 +484,8 @@ sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
     sched_breaker_report(b->pool, leg->inst, probe, sched_pool_now(b->pool), result);
     if (result)
         leg_learn(leg, result);
+    if (result && result->outcome == SCHED_OUTCOME_SUCCESS && leg->backlog_through)
+        sched_backlog_leg_done(leg->inst, sched_pool_now(b->pool), leg->backlog_through);
     if (which == SCHED_LEG_DECODE && result && result->outcome == SCHED_OUTCOME_SUCCESS &&
         (result->first_token_s > 0.0 || result->later_tokens > 0))
         sched_autoscale_note_output(b->pool, b->req.model, result->later_tokens + 1);

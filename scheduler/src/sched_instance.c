@@ -155,7 +155,8 @@ void sched_instance_predict_ttft(const sched_instance_t *inst, uint64_t uncached
                                  sched_prediction_t *out)
 {
     double x[SCHED_PREFILL_DIM];
-    sched_prefill_features(x, uncached_tokens, atomic_load_explicit(&inst->prompt_tokens, RELAXED));
+    sched_prefill_features(x, uncached_tokens,
+                           sched_backlog_tokens(inst, inst->clock(inst->clock_arg)));
     sched_latency_model_predict(&inst->lat_prefill, x, out);
 }
 

@@ -77,6 +77,10 @@ struct sched_instance {
     _Atomic uint64_t kv_free_at_ms;  /* 0 = no hint */
     _Atomic uint64_t prompt_tokens; /* in-flight prompt tokens (prefill legs, whole-request legs) */
     _Atomic uint64_t kv_tokens;     /* projected KV tokens (decode legs), for the admin view */
+    /* Prefill work not yet computed (sched_backlog.c): tokens << 32 | clock ms, and every
+     * prompt token ever booked here (the first-come-first-served bound). */
+    _Atomic uint64_t backlog;
+    _Atomic uint64_t backlog_booked;
     /* KV headroom (sched_kv_headroom.c): what the engine can hold, in tokens (0 = unknown:
      * every booking fits), where that figure comes from (SCHED_KV_CAP_*), the tokens the
      * engine last reported in use (usage x capacity; 0 when stale), the prompt part of
@@ -364,6 +368,15 @@ typedef struct sched_member {
 } sched_member_t;
 
 uint64_t sched_pool_now(const sched_pool_t *pool);
+
+/* The prefill work still ahead on an instance (sched_backlog.c), in prompt tokens: what a
+ * new prompt waits behind. */
+uint64_t sched_backlog_tokens(const sched_instance_t *inst, uint64_t now_ms);
+/* A leg's <tokens> join the queue; returns the instance's booked total through them (give it
+ * back to sched_backlog_leg_done). */
+uint64_t sched_backlog_add(sched_instance_t *inst, uint64_t now_ms, uint64_t tokens);
+/* That leg answered: what was booked before it is computed. */
+void sched_backlog_leg_done(sched_instance_t *inst, uint64_t now_ms, uint64_t booked_through);
 uint64_t sched_pool_kv_ttl_ms(const sched_pool_t *pool);
 /* Remove retiring instances with nothing in flight (pool thread). */
 void sched_pool_reap_retired(sched_pool_t *pool);

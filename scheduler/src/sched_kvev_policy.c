@@ -23,8 +23,10 @@ sched_status_t sched_kvev_pool_create(sched_pool_t *pool, const sched_config_t *
 {
     sched_status_t st;
 
+    /* slo reads the same index: a prompt's cached part is not computed again */
     if (pool->policy[0] != SCHED_POLICY_PRECISE_PREFIX &&
-        pool->policy[1] != SCHED_POLICY_PRECISE_PREFIX)
+        pool->policy[1] != SCHED_POLICY_PRECISE_PREFIX && pool->policy[0] != SCHED_POLICY_SLO &&
+        pool->policy[1] != SCHED_POLICY_SLO)
         return SCHED_OK;
     pool->kvev_prefix_w = cfg->kv_events_prefix_weight;
     pool->kvev_load_w = cfg->kv_events_load_weight;

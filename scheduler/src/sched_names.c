@@ -109,8 +109,7 @@ static const char *const policy_names[SCHED_POLICY_COUNT] = {
     [SCHED_POLICY_ROUND_ROBIN] = "round-robin",       [SCHED_POLICY_RANDOM] = "random",
     [SCHED_POLICY_LEAST_LOAD] = "least-load",         [SCHED_POLICY_POWER_OF_TWO] = "power-of-two",
     [SCHED_POLICY_PREFIX_AWARE] = "prefix-aware",     [SCHED_POLICY_WEIGHTED] = "weighted",
-    [SCHED_POLICY_PRECISE_PREFIX] = "precise-prefix",
-    [SCHED_POLICY_SLO] = "slo",
+    [SCHED_POLICY_PRECISE_PREFIX] = "precise-prefix", [SCHED_POLICY_SLO] = "slo",
 };
 
 const char *sched_policy_name(sched_policy_t policy)

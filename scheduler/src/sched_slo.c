@@ -2,9 +2,11 @@
  * The `slo` policy: choose by predicted time, from the instances' latency models
  * (sched_predict.c, learnt through bookings).
  *
- *  - prefill: the least predicted time to first token at the models' p90 (its prompt, with
- *    the prefill work booked on each instance queued ahead), so a slower instance gets
- *    proportionally less and one that holds a long queue is passed over;
+ *  - prefill: the least predicted time to first token at the models' p90 (the prompt tokens
+ *    each instance would compute - less its cached leading blocks when the fleet publishes
+ *    KV events - with the prefill work still ahead on it), so a slower instance gets
+ *    proportionally less, one that holds a long queue is passed over, and one that holds
+ *    the prompt's prefix is preferred by what it saves;
  *  - decode: among the decodes whose predicted time per output token (p90, with this
  *    request's KV running on them) meets the request's target, the least loaded; when none
  *    does, the fastest (best effort: whether to serve it at all is the caller's choice,
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "sched_int.h"
+#include "sched_kvev_int.h"
 
 /* Most open legs an instance holds, in shares of the role's mean (bounded-load choice). */
 #define SLO_LOAD_BOUND 1.5
@@ -72,19 +75,47 @@ static double explore_score(const sched_prediction_t *p, double s)
     return p->observed < SCHED_PREDICT_SCORED_AFTER ? s * 1e-3 : s;
 }
 
+/* The prompt tokens each instance of the window would compute: all of them, less the
+ * leading blocks its engine reports cached when the fleet publishes KV events (precise-
+ * prefix's index; the prompt's token ids are hashed once per booking). At least one: an
+ * engine computes the last prompt token even on a full hit. */
+static void window_uncached(const slo_window_t *w, const sched_pick_ctx_t *ctx,
+                            uint64_t uncached[SLO_WINDOW])
+{
+    uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0, uids[SLO_WINDOW];
+    size_t depth[SLO_WINDOW], n = w->len < SLO_WINDOW ? w->len : SLO_WINDOW;
+    double weighted[SLO_WINDOW];
+    uint32_t bs;
+
+    for (size_t i = 0; i < n; i++)
+        uncached[i] = prompt;
+    if (!ctx->pool->kvev_index || !ctx->kv_keys || ctx->n_kv_keys == 0 || w->len > SLO_WINDOW)
+        return;
+    bs = sched_kvev_index_block_size(ctx->pool->kvev_index, 0);
+    for (size_t i = 0; i < n; i++)
+        uids[i] = at(w, i)->uid;
+    sched_kvev_index_match(ctx->pool->kvev_index, ctx->kv_keys, ctx->n_kv_keys, uids, n, 1.0, depth,
+                           weighted);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t cached = (uint64_t)depth[i] * bs;
+        uncached[i] = cached >= prompt ? 1 : prompt - cached;
+    }
+}
+
 static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ctx_t *ctx)
 {
     uint32_t bound = load_bound(w);
     sched_instance_t *best = NULL, *over = NULL;
     double best_s = 0.0, over_s = 0.0;
-    uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0;
+    uint64_t uncached[SLO_WINDOW];
 
+    window_uncached(w, ctx, uncached);
     for (size_t i = 0; i < w->len; i++) {
         sched_instance_t *c = at(w, i);
         sched_prediction_t p;
         if (!sched_pick_allowed(c, ctx))
             continue;
-        sched_instance_predict_ttft(c, prompt, &p);
+        sched_instance_predict_ttft(c, i < SLO_WINDOW ? uncached[i] : uncached[0], &p);
         if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 > bound) {
             if (better(p.upper, c, over_s, over))
                 over = c, over_s = p.upper;
@@ -100,10 +131,13 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
     uint32_t bound = load_bound(w);
     double target = ctx->req && ctx->req->slo_tpot_ms ? ctx->req->slo_tpot_ms / 1000.0 : 0.0;
     uint64_t kv = ctx->req ? (uint64_t)ctx->req->prompt_tokens + ctx->req->max_tokens : 0;
-    uint64_t prompt = ctx->req ? ctx->req->prompt_tokens : 0;
+    uint64_t uncached[SLO_WINDOW];
     sched_instance_t *meets = NULL, *fastest = NULL, *full = NULL, *chosen;
     double meets_s = 0.0, fastest_s = 0.0, full_r = 0.0;
     size_t nofit = 0;
+
+    if (ctx->whole_request)
+        window_uncached(w, ctx, uncached);
 
     for (size_t i = 0; i < w->len; i++) {
         sched_instance_t *c = at(w, i);
@@ -124,7 +158,7 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
         if (ctx->whole_request) {
             /* It runs the prefill too: the least predicted time to first token wins. */
             sched_prediction_t t;
-            sched_instance_predict_ttft(c, prompt, &t);
+            sched_instance_predict_ttft(c, i < SLO_WINDOW ? uncached[i] : uncached[0], &t);
             s = explore_score(&t, t.upper);
         } else {
             s = (double)sched_instance_score(c, ctx->now_ms);

@@ -393,6 +393,8 @@ void pdgw_access_entry_init(pdgw_access_entry_t *e)
     e->prefill_us = -1;
     e->kv_us = -1;
     e->decode_us = -1;
+    e->pred_prefill_us = -1;
+    e->pred_tpot_us = -1;
     e->prompt_tokens = -1;
     e->completion_tokens = -1;
     e->pd_retryable = -1;
@@ -453,6 +455,8 @@ void pdgw_access_log(const pdgw_access_entry_t *e)
     access_dur(&l, json, "prefill_ms", e->prefill_us);
     access_dur(&l, json, "kv_ms", e->kv_us);
     access_dur(&l, json, "decode_ms", e->decode_us);
+    access_dur(&l, json, "pred_prefill_ms", e->pred_prefill_us);
+    access_dur(&l, json, "pred_tpot_ms", e->pred_tpot_us);
     access_num(&l, json, "bytes_in", (int64_t)e->bytes_in);
     access_num(&l, json, "bytes_out", (int64_t)e->bytes_out);
     if (e->prompt_tokens >= 0)

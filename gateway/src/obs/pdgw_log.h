@@ -141,6 +141,8 @@ typedef struct pdgw_access_entry {
     int64_t prefill_us;        /* prefill leg */
     int64_t kv_us;             /* KV transfer, when reported */
     int64_t decode_us;         /* decode leg */
+    int64_t pred_prefill_us;   /* the latency models' prediction of the prefill leg, */
+    int64_t pred_tpot_us;      /* and of the decode's time per token (< 0 = cold, omitted) */
     uint64_t bytes_in;         /* request body */
     uint64_t bytes_out;        /* response body bytes sent */
     int64_t prompt_tokens;     /* < 0 unknown */

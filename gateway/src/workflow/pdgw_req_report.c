@@ -51,6 +51,10 @@ static void access_log(const pdgw_req_t *r, int status, bool disconnected, uint6
         a.prefill_us = (int64_t)wf->t_prefill_us;
     if (wf && wf->t_decode_us)
         a.decode_us = (int64_t)wf->t_decode_us;
+    if (wf && wf->pred_first_s > 0.0)
+        a.pred_prefill_us = (int64_t)(wf->pred_first_s * 1e6);
+    if (wf && wf->pred_tpot_s > 0.0)
+        a.pred_tpot_us = (int64_t)(wf->pred_tpot_s * 1e6);
     a.bytes_in = r->body.len;
     if (r->pd_phase != PDGW_PHASE_NONE) {
         a.pd_phase = pdgw_phase_name(r->pd_phase);

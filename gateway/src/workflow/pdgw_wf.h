@@ -126,6 +126,9 @@ struct pdgw_wf {
     uint32_t n_later_events;           /* relayed data events after the first token's */
     uint32_t slo_ttft_ms, slo_tpot_ms; /* the request's targets, 0 = none (pdgw_slo.c) */
     uint64_t t_prefill_us;
+    /* The latency models' predictions for the booked legs (sched_booking_predicted; 0 =
+     * cold): the prefill leg (or a whole-request decode's first token) and the decode's TPOT. */
+    double pred_first_s, pred_tpot_s;
     uint64_t t_decode_us;
     bool usage_seen; /* the engine reported usage: usage_prompt/usage_completion */
     int64_t usage_prompt, usage_completion;

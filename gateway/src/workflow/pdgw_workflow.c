@@ -68,6 +68,15 @@ static void wf_refresh_peers(pdgw_wf_t *wf)
         pdb_str_join(k == 0 ? wf->prefill_id : wf->decode_id, SCHED_ID_MAX, wf->inst_view[k].id,
                      "");
     }
+    if (wf->booking != NULL) {
+        double first = 0.0, tpot = 0.0;
+        sched_booking_predicted(wf->booking, SCHED_LEG_PREFILL, &first, NULL);
+        if (!wf->inst_set[0]) /* decode-only: the decode's own first token */
+            sched_booking_predicted(wf->booking, SCHED_LEG_DECODE, &first, NULL);
+        sched_booking_predicted(wf->booking, SCHED_LEG_DECODE, NULL, &tpot);
+        wf->pred_first_s = first;
+        wf->pred_tpot_s = tpot;
+    }
     if (wf->inst_set[0])
         wf->peers.prefill = &wf->inst_view[0];
     if (wf->inst_set[1])
@@ -134,6 +143,8 @@ static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_
     if (k == PDGW_LEG_PREFILL) {
         if (leg->t_end_ms > leg->t_start_ms)
             res->first_token_s = (double)(leg->t_end_ms - leg->t_start_ms) / 1e3;
+        if (wf->prefill_usage_seen && wf->prefill_cached > 0 && wf->prefill_cached <= UINT32_MAX)
+            res->cached_tokens = (uint32_t)wf->prefill_cached;
         return;
     }
     if (wf->t_first_token_ns == 0 || leg->t_start_ms == 0 || first_ms < leg->t_start_ms)
@@ -720,12 +731,13 @@ static void wf_leg_done(pdgw_leg_t *leg)
         return;
     }
     if (leg->kind == PDGW_LEG_PREFILL) {
-        wf_finish_booking(wf, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, leg);
-        wf->t_prefill_done_ms = leg->t_end_ms;
-        if (wf->quota != NULL && leg->resp.data != NULL) /* what the prefill did not compute */
+        /* what the prefill did not compute: its latency model and the tenant's usage */
+        if (leg->resp.data != NULL)
             wf->prefill_usage_seen =
                 pdgw_usage_cached_tokens(leg->resp.data, leg->resp.len, &wf->prefill_cached) ||
                 memmem(leg->resp.data, leg->resp.len, "\"usage\"", 7) != NULL;
+        wf_finish_booking(wf, PDGW_LEG_PREFILL, SCHED_OUTCOME_SUCCESS, leg);
+        wf->t_prefill_done_ms = leg->t_end_ms;
         pdgw_gateway_metrics_observe_phase(&wf->w->srv->proto_metrics, PDGW_DURATION_PREFILL,
                                            (double)dur_us / 1e6);
         pdgw_gateway_metrics_observe_prefill(&wf->w->srv->proto_metrics, (double)dur_us / 1e6);

@@ -4,7 +4,8 @@
  * Model family: a linear model y = theta . x over a few scaled features, fitted by recursive
  * least squares with exponential forgetting. Why this one: the cost of a prefill grows with
  * its uncached tokens (linear, plus a quadratic attention term) and with the prefill work
- * queued ahead of it; the time per output token grows with the running batch and its KV
+ * queued ahead of it (the part of the earlier prompts not yet computed: a fluid queue
+ * drained at the learnt rate, scheduler/src/sched_backlog.c); the time per output token grows with the running batch and its KV
  * tokens. Those are linear in a handful of features, so a 4-coefficient fit captures them;
  * RLS updates in O(d^2) (16 multiply-adds) without storing samples, and forgetting makes it
  * follow an instance that slows down. Forgetting alone is slow on a step (after 50
@@ -69,7 +70,7 @@ typedef enum sched_phase {
 
 /* Features of each phase, scaled so that typical values are of order 1 (a well-conditioned
  * fit with one prior variance for all). */
-#define SCHED_PREFILL_DIM  4 /* 1, kTokens to compute first (queued + own), own^2, queued */
+#define SCHED_PREFILL_DIM  4 /* 1, kTokens to compute first (ahead + own), own^2, ahead */
 #define SCHED_TPOT_DIM     3 /* 1, running requests / 16, KV kTokens running / 10 */
 #define SCHED_TRANSFER_DIM 2 /* 1, MiB */
 void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,

@@ -205,7 +205,8 @@ bool sched_instance_serves(sched_instance_t *inst, const char *model);
 
 /* Predictions of the instance's latency models, learnt from the legs finished on it with
  * timings (sched_result_t): the time to the first token of a prompt of <uncached_tokens>
- * with the prefill work booked on it now queued ahead, and the time per output token with
+ * with the prefill work still ahead on it now queued ahead (the booked prompts, less what
+ * its learnt rate has computed of them since), and the time per output token with
  * one more request of <kv_tokens> running on it. Lock-free; a cold instance answers its
  * priors (out->observed 0). */
 void sched_instance_predict_ttft(const sched_instance_t *inst, uint64_t uncached_tokens,
@@ -512,6 +513,10 @@ typedef struct sched_result {
     double first_token_s;
     uint32_t later_tokens;
     double later_tokens_s;
+    /* Prompt tokens the engine said it served from its cache (usage's
+     * prompt_tokens_details.cached_tokens; 0 = none or not said): the prefill model learns
+     * what was computed. */
+    uint32_t cached_tokens;
 } sched_result_t;
 
 /*
@@ -570,6 +575,13 @@ sched_status_t sched_booking_rebook(sched_booking_t *booking, sched_leg_t leg);
 /* The instance currently booked for <leg> (borrowed: valid until the
  * booking is destroyed), or NULL if that leg was never booked. */
 sched_instance_t *sched_booking_instance(const sched_booking_t *booking, sched_leg_t leg);
+
+/* What <leg>'s instance's latency models predicted when it was booked (means, seconds; 0 =
+ * that model was still cold, or the leg was never booked): its first token (a prefill leg:
+ * its answer) and its time per output token. For logs and traces: prediction against what
+ * happened. Either pointer may be NULL. */
+void sched_booking_predicted(const sched_booking_t *booking, sched_leg_t leg, double *first_token_s,
+                             double *tpot_s);
 
 /* True while <leg> is booked and not yet finished. */
 bool sched_booking_leg_open(const sched_booking_t *booking, sched_leg_t leg);

@@ -145,6 +145,9 @@ def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
                 break
             time.sleep(0.05)
         assert met and met[-1]["slo"] == "met" and met[-1]["slo_tpot_ms"] == 1000, met
+        # with what the warm model predicted of its first token; the cold first request none
+        assert met[-1].get("pred_prefill_ms", 0) > 0, met[-1]
+        assert "pred_prefill_ms" not in lines[0] and lines[0].get("slo_ttft_ms") == 1, lines[0]
         refused = [x for x in lines if x.get("slo_ttft_ms") == 1 and x["status"] == 429]
         assert refused and "slo" not in refused[-1], refused
     finally:

@@ -2,11 +2,13 @@
  * The slo policy (scheduler/src/sched_slo.c) over latency models learnt through bookings:
  * a slower prefill gets proportionally less, a decode whose predicted time per output token
  * misses the request's target is passed over, one very fast instance is not made the hot
- * spot, a cold fleet is filled deterministically, and sched_slo_estimate says what the
+ * spot, a cold fleet is filled deterministically, a prompt cached on one prefill (its KV
+ * events) is predicted as what is left to compute there, and sched_slo_estimate says what the
  * fleet can do. The speeds are the test's own; the scheduler learns them from timings.
  */
 #include <math.h>
 
+#include "sched_kvev_int.h"
 #include "sched_test_util.h"
 
 /* Seconds to the first token on an instance of <speed>, <queued> prompt tokens ahead. */
@@ -202,6 +204,43 @@ static void test_large_role_window(void **s)
     sched_pool_destroy(pool);
 }
 
+/* With KV events, a prefill whose engine holds most of the prompt is predicted to compute
+ * only the rest: it wins over an equal one that holds nothing (a tie would go to the lower
+ * uid), and the booking's prediction is the rest's time. */
+static void test_cached_prefix_from_kv_events(void **s)
+{
+    static const char *const p[] = {"fast-1", "fast-2"}, *const d[] = {"d-1"};
+    sched_pool_t *pool = fleet(p, 2, d, 1);
+    static uint32_t tokens[2000];
+    uint64_t hashes[100];
+    sched_kvev_event_t ev = {.kind = SCHED_KVEV_STORED, .group_idx = -1, .medium_gpu = true};
+    sched_booking_t *b = NULL;
+    double pred = 0.0;
+    (void)s;
+    train(pool, 200);
+    assert_non_null(pool->kvev_index); /* slo keeps the index too */
+    for (int i = 0; i < 2000; i++)
+        tokens[i] = 5000u + (uint32_t)i;
+    for (int i = 0; i < 100; i++)
+        hashes[i] = 70000u + (uint64_t)i;
+    ev.block_hashes = hashes;
+    ev.n_block_hashes = 100; /* 1,600 tokens of blocks of 16 */
+    ev.token_ids = tokens;
+    ev.n_token_ids = 1600;
+    ev.block_size = 16;
+    sched_kvev_index_apply(pool->kvev_index,
+                           sched_kvev_index_slot(pool->kvev_index, test_inst(pool, "fast-2")->uid),
+                           &ev);
+    sched_request_t req = {
+        .tokens = tokens, .n_tokens = 2000, .prompt_tokens = 2000, .max_tokens = 32};
+    assert_int_equal(sched_book_prefill(pool, &req, &b), SCHED_OK);
+    assert_string_equal(sched_instance_id(sched_booking_instance(b, SCHED_LEG_PREFILL)), "fast-2");
+    sched_booking_predicted(b, SCHED_LEG_PREFILL, &pred, NULL);
+    assert_true(fabs(pred - law_ttft(400, 0, 1.0)) / law_ttft(400, 0, 1.0) < 0.15);
+    sched_booking_destroy(&b);
+    sched_pool_destroy(pool);
+}
+
 static void test_estimate(void **s)
 {
     static const char *const p[] = {"fast-1", "slow-1"}, *const d[] = {"d-fast", "slow-d"};
@@ -235,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_decode_tpot_target_respected),
         cmocka_unit_test(test_cold_fleet_is_deterministic),
         cmocka_unit_test(test_large_role_window),
+        cmocka_unit_test(test_cached_prefix_from_kv_events),
         cmocka_unit_test(test_estimate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
