@@ -7,9 +7,9 @@
  * whole among the open legs, and how much of the open work is done depends on when each
  * leg came: the same count means a short wait or a long one. The fluid queue tracks the
  * remainder instead: each booking adds its tokens, and the queue drains at the instance's
- * learnt rate (its prefill model's seconds per token). Two facts bound the estimate: it
- * never exceeds the open legs' tokens, and when a leg ends, the work ahead of it is done, so
- * at most what was booked after it remains (first come first served).
+ * learnt rate (its prefill model's seconds per token). Two facts anchor the estimate: it
+ * never exceeds the open legs' tokens, and when a leg ends, the work ahead of it is done and
+ * what was booked after it remains (first come first served): the queue restarts from there.
  *
  * The state is one atomic word (tokens << 32 | the clock's milliseconds, wrapping), updated
  * by compare-and-swap: predictions read it without a lock.
@@ -29,12 +29,14 @@ static inline uint64_t pack(uint64_t tokens, uint64_t now_ms)
     return tokens << 32 | (now_ms & 0xffffffffu);
 }
 
-/* Seconds the instance takes per thousand prompt tokens queued ahead, as its model has it. */
+/* Seconds the instance takes per thousand prompt tokens, as its model has it: the slope of
+ * the tokens it computes (its own and the ones ahead). Not the queue's own correction term:
+ * that one is learnt against this very estimate, and draining by it would let a queue the
+ * estimate missed teach the drain to be faster still. */
 static double drain_s_per_ktoken(const sched_instance_t *inst)
 {
     const sched_latency_model_t *m = &inst->lat_prefill;
-    double s = atomic_load_explicit(&m->coef[1], memory_order_relaxed) +
-               atomic_load_explicit(&m->coef[3], memory_order_relaxed);
+    double s = atomic_load_explicit(&m->coef[1], memory_order_relaxed);
 
     if (!(s >= DRAIN_MIN_S_PER_KTOKEN))
         s = s > 0.0 ? DRAIN_MIN_S_PER_KTOKEN : sched_phase_prior(SCHED_PHASE_PREFILL)[1];
@@ -76,15 +78,12 @@ uint64_t sched_backlog_add(sched_instance_t *inst, uint64_t now_ms, uint64_t tok
 
 void sched_backlog_leg_done(sched_instance_t *inst, uint64_t now_ms, uint64_t booked_through)
 {
-    uint64_t after = atomic_load_explicit(&inst->backlog_booked, memory_order_relaxed) -
-                     booked_through; /* booked after this leg */
-    uint64_t cur = atomic_load_explicit(&inst->backlog, memory_order_relaxed);
-    uint64_t left;
+    /* First come first served: what was booked before this leg is computed, and what was
+     * booked after it is what is left (less what finished out of order or was given up:
+     * the open legs bound it when read). Set, not only bounded: a drain that ran too fast
+     * is corrected here too. */
+    uint64_t after =
+        atomic_load_explicit(&inst->backlog_booked, memory_order_relaxed) - booked_through;
 
-    do {
-        left = drained(inst, cur, now_ms);
-        if (left <= after)
-            return; /* the estimate is already within the bound */
-    } while (!atomic_compare_exchange_weak_explicit(&inst->backlog, &cur, pack(after, now_ms),
-                                                    memory_order_relaxed, memory_order_relaxed));
+    atomic_store_explicit(&inst->backlog, pack(after, now_ms), memory_order_relaxed);
 }

@@ -33,8 +33,22 @@ void sched_fit_init(sched_fit_t *f, unsigned dim, const double *prior, double pr
     f->prior_var = prior_var > 0.0 ? prior_var : 1.0;
     for (unsigned i = 0; i < f->dim; i++) {
         f->theta[i] = prior != NULL ? prior[i] : 0.0;
-        f->p[i][i] = f->prior_var;
+        f->p[i][i] = f->prior_diag[i] = f->prior_var;
     }
+}
+
+void sched_fit_set_prior_var(sched_fit_t *f, unsigned i, double var)
+{
+    if (i < f->dim && var > 0.0)
+        f->p[i][i] = f->prior_diag[i] = var;
+}
+
+static double prior_trace(const sched_fit_t *f)
+{
+    double t = 0.0;
+    for (unsigned i = 0; i < f->dim; i++)
+        t += f->prior_diag[i];
+    return t;
 }
 
 double sched_fit_predict(const sched_fit_t *f, const double *x)
@@ -59,7 +73,7 @@ static void reopen(sched_fit_t *f)
 {
     memset(f->p, 0, sizeof(f->p));
     for (unsigned i = 0; i < f->dim; i++)
-        f->p[i][i] = f->prior_var;
+        f->p[i][i] = f->prior_diag[i];
     f->bias = 0.0;
     f->since_reset = 0;
 }
@@ -98,8 +112,8 @@ void sched_fit_observe(sched_fit_t *f, const double *x, double y)
         trace += f->p[i][i];
     }
     /* Directions the data never excites grow by 1/forget per step: bound them (windup). */
-    if (trace > f->prior_var * d) {
-        double s = f->prior_var * d / trace;
+    if (trace > prior_trace(f)) {
+        double s = prior_trace(f) / trace;
         for (unsigned i = 0; i < d; i++) {
             for (unsigned j = 0; j < d; j++)
                 f->p[i][j] *= s;
@@ -198,6 +212,14 @@ void sched_latency_model_init(sched_latency_model_t *m, sched_phase_t phase, con
     /* Forgetting 0.98: about the last 50 observations decide; an instance that slows down
      * is followed within tens of requests. */
     sched_fit_init(&m->fit, m->dim, prior != NULL ? prior : sched_phase_prior(phase), 1.0, 0.98);
+    if (phase == SCHED_PHASE_PREFILL) {
+        /* The attention term and the queue's own correction stay near 0 until many
+         * observations say otherwise: with a few dozen noisy legs (a queue's timings are
+         * noisy) four free coefficients fit the noise, and the two that matter - the cost
+         * of a token and the fixed cost - are what a young model must get right. */
+        sched_fit_set_prior_var(&m->fit, 2, 0.01);
+        sched_fit_set_prior_var(&m->fit, 3, 0.01);
+    }
     m->quantile = 0.9;
     m->q_log = COLD_SPREAD_LOG;
     atomic_init(&m->seq, 0);

@@ -66,13 +66,18 @@ static bool better(double s, const sched_instance_t *c, double best_s, const sch
     return best == NULL || s < best_s || (s == best_s && c->uid < best->uid);
 }
 
-/* The score of a candidate by its prediction: an instance observed fewer than
+/* The score of a candidate by its prediction: an idle instance observed fewer than
  * SCHED_PREDICT_SCORED_AFTER times is tried first (its model is its priors: without trying
- * it the fleet's others would never be learnt or compared). */
-static double explore_score(const sched_prediction_t *p, double s)
+ * it the fleet's others would never be learnt or compared). Only while idle: a cold
+ * instance's priors know nothing of its speed, and sending it one request after another on
+ * them is how a slow engine gets a long queue before its model has said it is slow. */
+static double explore_score(const sched_instance_t *c, const sched_prediction_t *p, double s)
 {
     /* a thousandth: below any tried instance, still ordered by what is queued on it */
-    return p->observed < SCHED_PREDICT_SCORED_AFTER ? s * 1e-3 : s;
+    return p->observed < SCHED_PREDICT_SCORED_AFTER &&
+                   atomic_load_explicit(&c->inflight, memory_order_relaxed) == 0
+               ? s * 1e-3
+               : s;
 }
 
 /* The prompt tokens each instance of the window would compute: all of them, less the
@@ -119,8 +124,8 @@ static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ct
         if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 > bound) {
             if (better(p.upper, c, over_s, over))
                 over = c, over_s = p.upper;
-        } else if (better(explore_score(&p, p.upper), c, best_s, best)) {
-            best = c, best_s = explore_score(&p, p.upper);
+        } else if (better(explore_score(c, &p, p.upper), c, best_s, best)) {
+            best = c, best_s = explore_score(c, &p, p.upper);
         }
     }
     return best ? best : over;
@@ -159,7 +164,7 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
             /* It runs the prefill too: the least predicted time to first token wins. */
             sched_prediction_t t;
             sched_instance_predict_ttft(c, i < SLO_WINDOW ? uncached[i] : uncached[0], &t);
-            s = explore_score(&t, t.upper);
+            s = explore_score(c, &t, t.upper);
         } else {
             s = (double)sched_instance_score(c, ctx->now_ms);
             if (p.observed < SCHED_PREDICT_SCORED_AFTER)

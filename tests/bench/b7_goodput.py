@@ -21,7 +21,9 @@ Per policy and rate: SLO attainment (requests meeting both targets / offered), g
 (those per second of the arrival window), TTFT p50/p90/p99 and TPOT p90 of the served,
 refused % (429), errors, preemptions on the decodes (vllm:num_preemptions_total, delta),
 the mean predictor error (pdgw_predict_error_ratio over instances and phases, from pdgw's
-/metrics at the end) and the 1-minute load average.
+/metrics at the end), the prefill prediction's median and p90 relative error per request
+(the access log's pred_prefill_ms against prefill_ms) and the 1-minute load average.
+B7_POLICIES=slo,least-load runs only those.
 
 Usage: b7_goodput.py [BIN_DIR] [--quick]
   --quick (or QUICK=1): rates 0.5/1.0/1.5 x C, 10 s each (about 2-3 minutes on 2 cores);
@@ -55,7 +57,7 @@ PREFILL_TIMING = ["--ttft-ms", "10", "--prefill-ms-per-token", "1.0", "--tpot-ms
 DECODE_TIMING = ["--ttft-ms", "10", "--prefill-ms-per-token", "1.0", "--tpot-ms", "10",
                  "--step-ms-per-ktoken", "0.2", "--max-batch", "64"]
 SLO_TTFT_MS, SLO_TPOT_MS = 1500, 30
-POLICIES = ["round-robin", "least-load", "precise-prefix", "slo"]
+POLICIES = os.environ.get("B7_POLICIES", "round-robin,least-load,precise-prefix,slo").split(",")
 RATES = [0.5, 1.0, 1.5] if QUICK else [0.5, 0.75, 1.0, 1.25, 1.5]
 RUN_S = 10.0 if QUICK else 30.0
 WARM_S = 3.0 if QUICK else 10.0
@@ -131,6 +133,8 @@ class Fleet:
     def __init__(self, policy):
         self.procs, self.sims, self.cfg = [], [], None
         self.logs = tempfile.TemporaryFile()
+        self.gw_log = tempfile.TemporaryFile()  # pdgw alone: its access log is read
+        self.gw_log_at = 0
         try:
             self._start(policy)
         except BaseException as e:
@@ -154,14 +158,17 @@ class Fleet:
                     "--speed", str(speed)]
             if role == "prefill":
                 kvp, boot = free_port(), free_port()
-                argv += PREFILL_TIMING + ["--kv-port", str(kvp), "--bootstrap-port", str(boot)]
+                # The prefills report usage.prompt_tokens_details.cached_tokens as vLLM does
+                # with --enable-prompt-tokens-details: pdgw learns what was computed.
+                argv += PREFILL_TIMING + ["--kv-port", str(kvp), "--bootstrap-port", str(boot),
+                                          "--enable-prompt-tokens-details"]
                 inst.update(kv_port=kvp, bootstrap_port=boot)
             else:
                 alloc, init = free_port(), free_port()
                 argv += DECODE_TIMING + ["--kv-capacity-tokens", str(kv_cap), "--alloc-port",
                                          str(alloc), "--init-port", str(init)]
                 inst.update(alloc_ports=f"[{alloc}]", init_ports=f"[{init}]", tp_size=1)
-            if policy == "precise-prefix":
+            if policy in ("precise-prefix", "slo"):  # slo reads what is cached where too
                 inst["kv_events_endpoint"] = f'"tcp://127.0.0.1:{ev}"'
                 inst["kv_events_replay_endpoint"] = f'"tcp://127.0.0.1:{rp}"'
             p = subprocess.Popen(argv, stdout=self.logs, stderr=self.logs)
@@ -173,7 +180,7 @@ class Fleet:
         lines = [f'listen: "127.0.0.1:{self.gw_port}"', "workers: 2", "protocol: vllm-nixl",
                  "scheduling: batch", f"prefill_policy: {policy}", f"decode_policy: {policy}",
                  "health_interval: 1s", "health_timeout: 1s", "metrics_scrape_interval: 200ms",
-                 "access_log: false", "log_level: warn"]
+                 "access_log: true", "log_format: json", "log_level: warn"]
         if policy == "slo":
             lines.append("slo_policy: reject")
         lines.append("instances:")
@@ -184,7 +191,7 @@ class Fleet:
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(lines) + "\n")
         p = subprocess.Popen([os.path.join(BIN_DIR, "pdgw"), "--config", self.cfg],
-                             stdout=self.logs, stderr=self.logs)
+                             stdout=self.gw_log, stderr=self.gw_log)
         self.procs.append(p)
         wait_http(self.gw_port, "/ready", p)
 
@@ -208,9 +215,30 @@ class Fleet:
                 if line.startswith("pdgw_predict_error_ratio{")]
         return sum(vals) / len(vals) if vals else float("nan")
 
+    def prefill_prediction_errors(self):
+        """|predicted - actual| / actual of the prefill legs logged since the last call: the
+        access log's pred_prefill_ms (the chosen instance's model when it was booked; absent
+        while that model was cold) against its prefill_ms."""
+        self.gw_log.seek(self.gw_log_at)
+        data = self.gw_log.read()
+        self.gw_log_at += len(data)
+        errs = []
+        for line in data.decode(errors="replace").splitlines():
+            if '"pred_prefill_ms"' not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("prefill_ms", 0) > 0:
+                errs.append(abs(e["pred_prefill_ms"] - e["prefill_ms"]) / e["prefill_ms"])
+        return errs
+
     def log_tail(self):
         self.logs.seek(0)
-        return self.logs.read().decode(errors="replace")[-2000:]
+        self.gw_log.seek(0)
+        return (self.logs.read().decode(errors="replace")[-1000:] +
+                self.gw_log.read().decode(errors="replace")[-1000:])
 
     def close(self):
         for p in self.procs:
@@ -316,7 +344,7 @@ def pct(vals, p):
     return vals[min(len(vals) - 1, int(p * len(vals)))]
 
 
-def summarise(policy, mult, rate, results, pre, err, seconds):
+def summarise(policy, mult, rate, results, pre, err, pred_errs, seconds):
     ok = [r for r in results if r[0] == "ok"]
     refused = sum(1 for r in results if r[0] == "refused")
     errors = [r[1] for r in results if r[0] == "error"]
@@ -328,7 +356,8 @@ def summarise(policy, mult, rate, results, pre, err, seconds):
             "ttft_p99": pct([r[1] for r in ok], 0.99), "tpot_p90": pct([r[2] for r in ok], 0.9),
             "refused_pct": 100.0 * refused / n if n else 0.0, "errors": len(errors),
             "first_error": errors[0] if errors else "", "preemptions": pre,
-            "predict_err": err, "load1": os.getloadavg()[0]}
+            "predict_err": err, "ttft_pred_err_med": pct(pred_errs, 0.5),
+            "ttft_pred_err_p90": pct(pred_errs, 0.9), "load1": os.getloadavg()[0]}
 
 
 def start_fleet(policy, attempts=3):
@@ -366,18 +395,20 @@ def main():
         fleet = start_fleet(policy)
         try:
             replay(fleet.gw_port, warm)
+            fleet.prefill_prediction_errors()  # the warm-up's are not scored
             for m in RATES:
                 p0 = fleet.preemptions()
                 res = replay(fleet.gw_port, streams[m])
                 r = summarise(policy, m, m * cap, res, fleet.preemptions() - p0,
-                              fleet.predictor_error(), RUN_S)
+                              fleet.predictor_error(), fleet.prefill_prediction_errors(), RUN_S)
                 rows.append(r)
                 print(f"  {policy:14s} {m:4.2f}xC ({r['rate']:5.2f}/s): attain "
                       f"{r['attainment'] * 100:5.1f}%  goodput {r['goodput']:5.2f}/s  TTFT p50/"
                       f"p90/p99 {r['ttft_p50'] * 1e3:6.0f}/{r['ttft_p90'] * 1e3:6.0f}/"
                       f"{r['ttft_p99'] * 1e3:6.0f} ms  TPOT p90 {r['tpot_p90'] * 1e3:5.1f} ms  "
                       f"refused {r['refused_pct']:4.1f}%  err {r['errors']}  preempt "
-                      f"{r['preemptions']:.0f}  pred.err {r['predict_err']:.2f}  load "
+                      f"{r['preemptions']:.0f}  pred.err {r['predict_err']:.2f}  prefill "
+                      f"pred.err med/p90 {r['ttft_pred_err_med']:.2f}/{r['ttft_pred_err_p90']:.2f}  load "
                       f"{r['load1']:.2f}", flush=True)
                 if r["errors"]:
                     print(f"    first error: {r['first_error']}", file=sys.stderr)
@@ -386,7 +417,7 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     cols = ["policy", "rate_x", "rate", "offered", "served", "attainment", "goodput",
             "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "refused_pct", "errors",
-            "preemptions", "predict_err", "load1"]
+            "preemptions", "predict_err", "ttft_pred_err_med", "ttft_pred_err_p90", "load1"]
     with open(os.path.join(RESULTS, "b7_goodput.csv"), "w") as f:
         f.write(",".join(cols) + f",capacity\n")
         for r in rows:

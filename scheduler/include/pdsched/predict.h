@@ -5,15 +5,15 @@
  * least squares with exponential forgetting. Why this one: the cost of a prefill grows with
  * its uncached tokens (linear, plus a quadratic attention term) and with the prefill work
  * queued ahead of it (the part of the earlier prompts not yet computed: a fluid queue
- * drained at the learnt rate, scheduler/src/sched_backlog.c); the time per output token grows with the running batch and its KV
- * tokens. Those are linear in a handful of features, so a 4-coefficient fit captures them;
- * RLS updates in O(d^2) (16 multiply-adds) without storing samples, and forgetting makes it
- * follow an instance that slows down. Forgetting alone is slow on a step (after 50
- * requests of a 2.5x slower instance the fit is still a fifth off), so a persistent bias of
- * the residuals (a quarter of the actual, on average over the last few) reopens the
- * covariance and the fit relearns in a dozen observations. A robust weight keeps one
- * outlier (a request that sat in a retry) from dragging the fit, and a bound on the
- * covariance's trace keeps a fit fed the same feature values over and over from winding up.
+ * drained at the learnt rate, scheduler/src/sched_backlog.c); the time per output token grows with
+ * the running batch and its KV tokens. Those are linear in a handful of features, so a
+ * 4-coefficient fit captures them; RLS updates in O(d^2) (16 multiply-adds) without storing
+ * samples, and forgetting makes it follow an instance that slows down. Forgetting alone is slow on
+ * a step (after 50 requests of a 2.5x slower instance the fit is still a fifth off), so a
+ * persistent bias of the residuals (a quarter of the actual, on average over the last few) reopens
+ * the covariance and the fit relearns in a dozen observations. A robust weight keeps one outlier (a
+ * request that sat in a retry) from dragging the fit, and a bound on the covariance's trace keeps a
+ * fit fed the same feature values over and over from winding up.
  *
  * On top of the mean the model tracks its spread: an online estimate of a quantile (p90 by
  * default) of actual / predicted, so a caller can ask "how long, at the 90th percentile",
@@ -46,6 +46,7 @@ typedef struct sched_fit {
     double prior_var; /* the covariance's starting diagonal; also the bound on its trace */
     double theta[SCHED_FIT_MAX_DIM];
     double p[SCHED_FIT_MAX_DIM][SCHED_FIT_MAX_DIM];
+    double prior_diag[SCHED_FIT_MAX_DIM]; /* each coefficient's starting variance */
     double abs_err;       /* running mean |residual|: the scale of the robust weight */
     double bias;          /* running mean of residual / actual: a persistent one is a change */
     uint64_t n;           /* observations taken */
@@ -57,6 +58,9 @@ typedef struct sched_fit {
 void sched_fit_init(sched_fit_t *f, unsigned dim, const double *prior, double prior_var,
                     double forget);
 /* Take one observation: features <x> (dim values), outcome <y>. */
+/* How far coefficient <i> may move from its prior: its own starting variance instead of
+ * prior_var (small = it stays near the prior until much evidence says otherwise). */
+void sched_fit_set_prior_var(sched_fit_t *f, unsigned i, double var);
 void sched_fit_observe(sched_fit_t *f, const double *x, double y);
 double sched_fit_predict(const sched_fit_t *f, const double *x);
 
