@@ -7,7 +7,8 @@ load (nothing is refused, every request is charged, reconciled and released) and
 quota store on a redis-server of its own on loopback. A keep-alive client runs at 1 and 16
 concurrent connections, alternating ROUNDS slices between the two gateways so that both
 meet the same moments of a shared machine. Per point: pdgw's CPU per request (utime +
-stime from /proc) with quota / without, client latency p50 with / without, and Redis's
+stime from /proc) with quota / without and the client's p50 with / without, each as the
+median over the rounds of that round's pair (one noisy slice moves a sum, not a median), and Redis's
 CPU per request (the lease keeps Redis off the request path: it works per sync interval,
 not per request).
 
@@ -16,7 +17,7 @@ max_concurrent_requests 2 and two tenants of weights 1 and 3, each flooding with
 clients of identical requests. Completed tokens per tenant per second are written out; the
 share of the weight-3 tenant over the backlogged window should be 3/4.
 
-Usage: b8_quota.py BIN_DIR RESULTS_DIR   env: DURATION (s per slice, 2), ROUNDS (3),
+Usage: b8_quota.py BIN_DIR RESULTS_DIR   env: DURATION (s per slice, 2), ROUNDS (6),
 FAIR_S (s of the fairness run, 12)
 Writes b8_quota.csv (overhead points) and b8_quota_fair.csv (second, tenant, tokens).
 """
@@ -34,7 +35,7 @@ import time
 BIN = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
 RESULTS = sys.argv[2] if len(sys.argv) > 2 else "."
 DURATION = float(os.environ.get("DURATION", "2"))
-ROUNDS = max(1, int(os.environ.get("ROUNDS", "3")))
+ROUNDS = max(1, int(os.environ.get("ROUNDS", "6")))
 FAIR_S = float(os.environ.get("FAIR_S", "12"))
 MODEL = "sim-model"
 PROCS = []
@@ -154,7 +155,7 @@ def overhead():
     wait_http(sim_port, "/health", sim)
     rport, redis = redis_server()
     off_port, off = gateway(sim_port, "api_keys: [k-a, k-b]\n")
-    on_port, on = gateway(sim_port, (
+    on_port, on = gateway(sim_port, os.environ.get("B8_ON_CONFIG") or (
         "tenants:\n"
         "  - {name: team-a, api_keys: [k-a], weight: 1, requests_per_minute: 100000000,"
         " tokens_per_minute: 1000000000}\n"
@@ -165,7 +166,7 @@ def overhead():
     while time.time() < deadline:
         c = http.client.HTTPConnection("127.0.0.1", on_port, timeout=2)
         c.request("GET", "/metrics")
-        if "pdgw_quota_store_connected 1" in c.getresponse().read().decode():
+        if os.environ.get("B8_ON_CONFIG") or "pdgw_quota_store_connected 1" in c.getresponse().read().decode():
             break
         time.sleep(0.1)
     else:
@@ -176,27 +177,37 @@ def overhead():
         closed_loop(off_port, conc, 0.5, "k-a", [], payload)  # warm both
         closed_loop(on_port, conc, 0.5, "k-a", [], payload)
         res = {"off": {"lat": [], "cpu": 0.0}, "on": {"lat": [], "cpu": 0.0}}
+        ratios, added = [], []  # per round: a paired comparison, robust to a noisy slice
         redis_cpu, errors = 0.0, 0
-        for _ in range(ROUNDS):
-            for name, port, proc in (("off", off_port, off), ("on", on_port, on)):
-                c0, r0 = cpu_s(proc.pid), cpu_s(redis.pid)
-                errors += closed_loop(port, conc, DURATION, "k-a", res[name]["lat"], payload)
-                res[name]["cpu"] += cpu_s(proc.pid) - c0
+        for rnd in range(ROUNDS):
+            order = [("off", off_port, off), ("on", on_port, on)]
+            per = {}
+            for name, port, proc in order if rnd % 2 == 0 else order[::-1]:  # neither always first
+                c0, r0, lat = cpu_s(proc.pid), cpu_s(redis.pid), []
+                errors += closed_loop(port, conc, DURATION, "k-a", lat, payload)
+                used = cpu_s(proc.pid) - c0
+                res[name]["cpu"] += used
+                res[name]["lat"] += lat
+                per[name] = (used / max(len(lat), 1), pct(lat, 0.5))
                 if name == "on":
                     redis_cpu += cpu_s(redis.pid) - r0
+            ratios.append(per["on"][0] / per["off"][0] if per["off"][0] > 0 else float("nan"))
+            added.append((per["on"][1] - per["off"][1]) * 1e6)
         n_off, n_on = len(res["off"]["lat"]), len(res["on"]["lat"])
         cpu_off = res["off"]["cpu"] / max(n_off, 1) * 1e6
         cpu_on = res["on"]["cpu"] / max(n_on, 1) * 1e6
         p50_off, p50_on = pct(res["off"]["lat"], 0.5) * 1e6, pct(res["on"]["lat"], 0.5) * 1e6
         row = {"concurrency": conc, "requests_off": n_off, "requests_on": n_on,
-               "cpu_us_off": cpu_off, "cpu_us_on": cpu_on, "cpu_ratio": cpu_on / cpu_off,
-               "p50_us_off": p50_off, "p50_us_on": p50_on, "p50_added_us": p50_on - p50_off,
+               "cpu_us_off": cpu_off, "cpu_us_on": cpu_on, "cpu_ratio": pct(ratios, 0.5),
+               "p50_us_off": p50_off, "p50_us_on": p50_on, "p50_added_us": pct(added, 0.5),
                "redis_cpu_us_per_req": redis_cpu / max(n_on, 1) * 1e6, "errors": errors,
                "load1": os.getloadavg()[0]}
         rows.append(row)
         print(f"B8 c={conc}: pdgw CPU/request {cpu_on:.1f} us with tenants+Redis, {cpu_off:.1f} "
-              f"us without (x{row['cpu_ratio']:.3f}); p50 {p50_on:.0f} / {p50_off:.0f} us "
-              f"(added {row['p50_added_us']:+.0f} us); Redis CPU {row['redis_cpu_us_per_req']:.2f} "
+              f"us without (median of {ROUNDS} paired rounds x{row['cpu_ratio']:.3f}, rounds "
+              f"{' '.join(f'{r:.2f}' for r in ratios)}); p50 {p50_on:.0f} / {p50_off:.0f} us "
+              f"(added, median of rounds {row['p50_added_us']:+.0f} us); Redis CPU "
+              f"{row['redis_cpu_us_per_req']:.2f} "
               f"us/request; {n_on}/{n_off} requests; errors {errors}; load {row['load1']:.2f}",
               flush=True)
     for p in (on, off, redis, sim):
