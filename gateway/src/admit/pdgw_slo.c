@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pdgw_admit_req.h"
 #include "pdgw_alloc.h"
 
 #include "pdgw_slo.h"
@@ -33,6 +34,8 @@ struct pdgw_slo_config {
     pdgw_slo_target_t global;
     slo_model_t *models;
     size_t n_models;
+    slo_model_t *keys; /* per API key, sorted by key (bsearch) */
+    size_t n_keys;
     bool reject;
     unsigned margin_percent;
 };
@@ -64,6 +67,11 @@ pdgw_status_t pdgw_slo_parse_target(const char *text, pdgw_slo_target_t *out)
     return PDGW_OK;
 }
 
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const slo_model_t *)a)->name, ((const slo_model_t *)b)->name);
+}
+
 pdgw_status_t pdgw_slo_config_create(const pdgw_config_t *cfg, pdgw_slo_config_t **out, char *err,
                                      size_t errlen)
 {
@@ -71,13 +79,15 @@ pdgw_status_t pdgw_slo_config_create(const pdgw_config_t *cfg, pdgw_slo_config_t
 
     *out = NULL;
     if (cfg->slo_ttft_ms == 0 && cfg->slo_tpot_ms == 0 && cfg->slo_models.count == 0 &&
-        cfg->slo_policy == PDGW_SLO_BEST_EFFORT)
+        cfg->slo_keys.count == 0 && cfg->slo_policy == PDGW_SLO_BEST_EFFORT)
         return PDGW_OK;
     c = pdgw_calloc(1, sizeof(*c));
     if (c == NULL ||
         (cfg->slo_models.count > 0 &&
-         (c->models = pdgw_calloc(cfg->slo_models.count, sizeof(*c->models))) == NULL)) {
-        pdgw_free(c);
+         (c->models = pdgw_calloc(cfg->slo_models.count, sizeof(*c->models))) == NULL) ||
+        (cfg->slo_keys.count > 0 &&
+         (c->keys = pdgw_calloc(cfg->slo_keys.count, sizeof(*c->keys))) == NULL)) {
+        pdgw_slo_config_destroy(c);
         snprintf(err, errlen, "out of memory");
         return PDGW_ERR_NOMEM;
     }
@@ -101,7 +111,26 @@ pdgw_status_t pdgw_slo_config_create(const pdgw_config_t *cfg, pdgw_slo_config_t
         }
         c->n_models++;
     }
-    if (c->reject && c->global.ttft_ms == 0 && c->global.tpot_ms == 0 && c->n_models == 0)
+    for (size_t i = 0; i < cfg->slo_keys.count; i++) {
+        const pdgw_kv_t *kv = &cfg->slo_keys.items[i];
+        slo_model_t *k = &c->keys[c->n_keys];
+        if (pdgw_slo_parse_target(kv->value, &k->t) != PDGW_OK) {
+            snprintf(err, errlen, "slo_keys: entry %zu: expected TTFT[:TPOT] durations, got \"%s\"",
+                     i + 1, kv->value);
+            pdgw_slo_config_destroy(c);
+            return PDGW_ERR_INVALID;
+        }
+        if ((k->name = pdgw_strdup(kv->key)) == NULL) {
+            pdgw_slo_config_destroy(c);
+            snprintf(err, errlen, "out of memory");
+            return PDGW_ERR_NOMEM;
+        }
+        c->n_keys++;
+    }
+    if (c->n_keys > 1)
+        qsort(c->keys, c->n_keys, sizeof(*c->keys), by_name);
+    if (c->reject && c->global.ttft_ms == 0 && c->global.tpot_ms == 0 && c->n_models == 0 &&
+        c->n_keys == 0)
         pdgw_log_warn("slo", "slo_policy: reject without slo_ttft, slo_tpot or slo_models: only "
                              "requests that send x-slo-ttft-ms / x-slo-tpot-ms can be refused");
     *out = c;
@@ -114,7 +143,10 @@ void pdgw_slo_config_destroy(pdgw_slo_config_t *c)
         return;
     for (size_t i = 0; i < c->n_models; i++)
         pdgw_free(c->models[i].name);
+    for (size_t i = 0; i < c->n_keys; i++)
+        pdgw_free(c->keys[i].name);
     pdgw_free(c->models);
+    pdgw_free(c->keys);
     pdgw_free(c);
 }
 
@@ -153,11 +185,39 @@ static void bad_header(pdgw_req_t *r, const char *name, uint32_t max)
     pdgw_req_reply_error(r, &e);
 }
 
-static pdgw_slo_target_t defaults_of(const pdgw_slo_config_t *c, const char *model)
+/* The targets slo_keys gives <key> (<len> bytes, not terminated); NULL when none. */
+static const pdgw_slo_target_t *key_default(const pdgw_slo_config_t *c, const char *key, size_t len)
+{
+    size_t lo = 0, hi = c->n_keys;
+    while (key != NULL && lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const char *name = c->keys[mid].name;
+        int d = strncmp(name, key, len);
+        if (d == 0 && name[len] != '\0')
+            d = 1; /* longer than the key: after it */
+        if (d == 0)
+            return &c->keys[mid].t;
+        if (d < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* A request's targets without headers: its API key's (slo_keys), else its model's
+ * (slo_models), else the global ones. */
+static pdgw_slo_target_t defaults_of(const pdgw_slo_config_t *c, pdgw_req_t *r, const char *model)
 {
     pdgw_slo_target_t none = {0, 0};
+    const pdgw_slo_target_t *k;
+    size_t len = 0;
+    const char *key;
     if (c == NULL)
         return none;
+    if (c->n_keys > 0 && (key = pdgw_req_bearer(r, &len)) != NULL &&
+        (k = key_default(c, key, len)) != NULL)
+        return *k;
     for (size_t i = 0; model != NULL && i < c->n_models; i++) {
         if (strcmp(c->models[i].name, model) == 0)
             return c->models[i].t;
@@ -187,7 +247,7 @@ bool pdgw_slo_req_enter(pdgw_wf_t *wf)
     pdgw_req_t *r = wf->req;
     const pdgw_slo_config_t *c = wf->w->srv->opts.slo;
     const char *model = r->info_valid ? r->info.model : NULL;
-    pdgw_slo_target_t t = defaults_of(c, model);
+    pdgw_slo_target_t t = defaults_of(c, r, model);
     sched_request_t sr;
     sched_slo_estimate_t est;
     double margin;

@@ -225,6 +225,10 @@ static const pdgw_config_option_t options[] = {
     {"slo_models", "slo-model", "PDGW_SLO_MODELS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
      "MODEL=TTFT[:TPOT]", "Targets of one model's requests without headers, instead of "
      "`slo_ttft` / `slo_tpot` (repeatable; e.g. `chat=500ms:50ms`).", C(slo_models)},
+    {"slo_keys", "slo-key", "PDGW_SLO_KEYS", PDGW_OPT_MAP, NULL, 0, 0, NULL, "KEY=TTFT[:TPOT]",
+     "Targets of one API key's requests without headers, before `slo_models` and the global "
+     "ones (repeatable; keys masked by `--print-config`).",
+     C(slo_keys)},
     {"slo_policy", "slo-policy", "PDGW_SLO_POLICY", PDGW_OPT_ENUM, slo_policy_names, 0, 0,
      "best_effort", "POLICY", "A request with a target that no instance is predicted to "
      "meet (by more than `slo_reject_margin_percent`): served anyway, or refused at once with "
@@ -1230,6 +1234,14 @@ static pdgw_status_t check_slo(const pdgw_config_t *cfg, pdgw_cfg_src_t *src)
                                  "%s: expected TTFT[:TPOT] durations (at most 1h and 1m), got "
                                  "\"%s\"",
                                  cfg->slo_models.items[i].key, cfg->slo_models.items[i].value);
+    }
+    for (size_t i = 0; i < cfg->slo_keys.count; i++) {
+        pdgw_slo_target_t t;
+        if (pdgw_slo_parse_target(cfg->slo_keys.items[i].value, &t) != PDGW_OK)
+            return pdgw_cfg_fail(src, "slo_keys",
+                                 "entry %zu: expected TTFT[:TPOT] durations (at most 1h and 1m), "
+                                 "got \"%s\"",
+                                 i + 1, cfg->slo_keys.items[i].value); /* the key is a secret */
     }
     if (cfg->slo_ttft_ms > 3600000u)
         return pdgw_cfg_fail(src, "slo_ttft", "at most 1h");

@@ -189,6 +189,7 @@ typedef struct pdgw_config {
     /* Latency targets and what to do when none can be met (pdgw_slo.h). */
     uint64_t slo_ttft_ms, slo_tpot_ms; /* defaults of requests without headers; 0 = none */
     pdgw_kv_list_t slo_models;         /* model -> "TTFT[:TPOT]" */
+    pdgw_kv_list_t slo_keys;           /* API key -> "TTFT[:TPOT]" */
     /* autoscaling signals (scheduler sched_autoscale.c): targets (0 = the slo_* ones),
      * smoothing and scale-down window */
     uint64_t autoscale_ttft_ms, autoscale_tpot_ms, autoscale_tau_ms, autoscale_window_ms;

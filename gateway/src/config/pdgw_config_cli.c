@@ -342,7 +342,7 @@ void pdgw_config_print(const pdgw_config_t *cfg, FILE *out)
         fprintf(out, "%*s%s: ", depth * 2, "", rest);
         print_value(out, o, cfg,
                     strcmp(o->key, "api_keys") == 0 || strcmp(o->key, "admin_api_key") == 0 ||
-                        strcmp(o->key, "rate_limits") == 0);
+                        strcmp(o->key, "rate_limits") == 0 || strcmp(o->key, "slo_keys") == 0);
         fputc('\n', out);
         prev = k;
     }

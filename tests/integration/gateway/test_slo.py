@@ -10,11 +10,13 @@ them, it learns both engines from its own leg timings):
   engine; requests without headers are served as before;
 - while the models are cold nothing is refused, whatever the target;
 - the slo policy tries each engine a few times, then sends the requests to the fast one;
+- a request without headers gets its API key's targets (slo_keys), else its model's;
 - with slo_policy: reject, a target nobody is predicted to meet gets 429 `slo_unattainable`
   at once, with a Retry-After; a reachable one is served and counted as met per model.
 """
 
 import json
+import subprocess
 import os
 import tempfile
 import time
@@ -154,6 +156,44 @@ def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
         f.close()
 
 
+def test_defaults_per_api_key_then_model():
+    """slo_keys gives one API key's requests their targets; other keys get their model's
+    (slo_models); a header still wins. A malformed entry is refused at start without
+    printing the key (a secret)."""
+    f = Fleet(["api_keys: [k-gold, k-plain]", 'slo_keys: {k-gold: "800ms:20ms"}',
+               'slo_models: {sim-model: "7s"}', "access_log: true", "log_format: json"])
+    try:
+        sent = [({"Authorization": "Bearer k-gold"}, 800, 20),
+                ({"Authorization": "Bearer k-plain"}, 7000, None),
+                ({"Authorization": "Bearer k-gold", "x-slo-ttft-ms": "3000"}, 3000, 20)]
+        for hdrs, _, _ in sent:
+            status, _, body = completion(f.port, hdrs)
+            assert status == 200, body[:200]
+        deadline = time.monotonic() + 5
+        while True:
+            lines = [json.loads(x) for x in f.gw.output().splitlines()
+                     if x.startswith("{") and '"type":"access"' in x]
+            if len(lines) >= len(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        got = [(x.get("slo_ttft_ms"), x.get("slo_tpot_ms")) for x in lines[-len(sent):]]
+        assert got == [(ttft, tpot) for _, ttft, tpot in sent], got
+    finally:
+        f.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as cfg:
+        cfg.write("protocol: neutral\napi_keys: [s3cret-key]\n"
+                  'slo_keys: {s3cret-key: "fast"}\n'
+                  "instances:\n  - {url: http://127.0.0.1:9, role: both}\n")
+    try:
+        proc = subprocess.run([t.binary("pdgw"), "--check-config", cfg.name],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0 and "slo_keys" in proc.stderr, proc.stderr
+        assert "s3cret-key" not in proc.stderr, proc.stderr
+    finally:
+        os.unlink(cfg.name)
+
+
 if __name__ == "__main__":
     t.run([test_bad_headers_and_plain_requests,
-           test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable])
+           test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable,
+           test_defaults_per_api_key_then_model])
