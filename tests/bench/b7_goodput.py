@@ -10,7 +10,7 @@ Workload, ShareGPT-like: log-normal prompt lengths (mean ~350 tokens) with 5% lo
 (1,000-1,400 tokens) and 40% of prompts opening with one of 4 shared system prompts of 256
 tokens; log-normal output lengths (mean ~150, ignore_eos so that each runs to max_tokens).
 Arrivals are Poisson with bursts: every 5 s, 1 s at 3x the base rate (the mean is the rate
-asked for). Each request carries x-slo-ttft-ms / x-slo-tpot-ms (the targets below).
+asked for). Each request carries x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms (the targets below).
 
 First the fleet's capacity C is measured (a closed loop of CONC_CAP clients under
 least-load, completed requests per second); then a rate sweep 0.5x..1.5x C, the same
@@ -256,8 +256,8 @@ def one_request(port, prompt, max_tokens):
     """Stream one completion: ('ok', ttft s, tpot s) / ('refused', ..) / ('error', ..)."""
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
                        "stream": True, "ignore_eos": True}).encode()
-    headers = {"Content-Type": "application/json", "x-slo-ttft-ms": str(SLO_TTFT_MS),
-               "x-slo-tpot-ms": str(SLO_TPOT_MS)}
+    headers = {"Content-Type": "application/json", "x-llm-d-slo-ttft-ms": str(SLO_TTFT_MS),
+               "x-llm-d-slo-tpot-ms": str(SLO_TPOT_MS)}
     t0 = time.perf_counter()
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)

@@ -1,7 +1,9 @@
 /*
  * pdgw_slo.c - a request's latency targets and early refusal (pdgw_slo.h).
  *
- * The headers are llm-d's: x-slo-ttft-ms and x-slo-tpot-ms, milliseconds. A refusal is
+ * The headers are llm-d's, milliseconds: x-llm-d-slo-ttft-ms and x-llm-d-slo-tpot-ms, or
+ * their older names x-slo-ttft-ms and x-slo-tpot-ms, which llm-d still reads after the
+ * current ones (the current name wins when both are sent). A refusal is
  * decided on the scheduler's predictions (sched_slo_estimate: the best mean over the usable
  * instances, learnt from pdgw's own leg timings) and never while the models are cold: a
  * prior is no evidence that nobody can serve a request.
@@ -19,8 +21,10 @@
 
 #include "pdgw_slo.h"
 
-#define TTFT_HEADER "x-slo-ttft-ms"
-#define TPOT_HEADER "x-slo-tpot-ms"
+#define TTFT_HEADER     "x-llm-d-slo-ttft-ms"
+#define TTFT_HEADER_OLD "x-slo-ttft-ms"
+#define TPOT_HEADER     "x-llm-d-slo-tpot-ms"
+#define TPOT_HEADER_OLD "x-slo-tpot-ms"
 /* Largest targets taken: an hour to the first token, a minute per token. */
 #define TTFT_MAX_MS 3600000u
 #define TPOT_MAX_MS 60000u
@@ -132,7 +136,8 @@ pdgw_status_t pdgw_slo_config_create(const pdgw_config_t *cfg, pdgw_slo_config_t
     if (c->reject && c->global.ttft_ms == 0 && c->global.tpot_ms == 0 && c->n_models == 0 &&
         c->n_keys == 0)
         pdgw_log_warn("slo", "slo_policy: reject without slo_ttft, slo_tpot or slo_models: only "
-                             "requests that send x-slo-ttft-ms / x-slo-tpot-ms can be refused");
+                             "requests that send x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms (or "
+                             "x-slo-ttft-ms / x-slo-tpot-ms) can be refused");
     *out = c;
     return PDGW_OK;
 }
@@ -150,14 +155,18 @@ void pdgw_slo_config_destroy(pdgw_slo_config_t *c)
     pdgw_free(c);
 }
 
-/* A header's milliseconds: absent (true, *out untouched), valid (true), else false. 0 is
- * valid and means no target (llm-d treats a missing SLO as 0). */
-static bool header_ms(pdgw_req_t *r, const char *name, uint32_t max, uint32_t *out)
+/* A header's milliseconds, under its current <name> or else its older one (*name is set to
+ * the one read): absent (true, *out untouched), valid (true), else false. 0 is valid and
+ * means no target (llm-d treats a missing SLO as 0). */
+static bool header_ms(pdgw_req_t *r, const char **name, const char *old, uint32_t max,
+                      uint32_t *out)
 {
-    const char *h = pdgw_req_header(r, name);
+    const char *h = pdgw_req_header(r, *name);
     char *end;
     unsigned long long v;
 
+    if (h == NULL && (h = pdgw_req_header(r, old)) != NULL)
+        *name = old;
     if (h == NULL)
         return true;
     while (*h == ' ' || *h == '\t')
@@ -252,12 +261,14 @@ bool pdgw_slo_req_enter(pdgw_wf_t *wf)
     sched_slo_estimate_t est;
     double margin;
 
-    if (!header_ms(r, TTFT_HEADER, TTFT_MAX_MS, &t.ttft_ms)) {
-        bad_header(r, TTFT_HEADER, TTFT_MAX_MS);
+    const char *ttft_name = TTFT_HEADER, *tpot_name = TPOT_HEADER;
+
+    if (!header_ms(r, &ttft_name, TTFT_HEADER_OLD, TTFT_MAX_MS, &t.ttft_ms)) {
+        bad_header(r, ttft_name, TTFT_MAX_MS);
         return false;
     }
-    if (!header_ms(r, TPOT_HEADER, TPOT_MAX_MS, &t.tpot_ms)) {
-        bad_header(r, TPOT_HEADER, TPOT_MAX_MS);
+    if (!header_ms(r, &tpot_name, TPOT_HEADER_OLD, TPOT_MAX_MS, &t.tpot_ms)) {
+        bad_header(r, tpot_name, TPOT_MAX_MS);
         return false;
     }
     wf->slo_ttft_ms = t.ttft_ms;

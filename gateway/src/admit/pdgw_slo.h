@@ -1,8 +1,8 @@
 /*
- * pdgw_slo.h - latency targets of a request (x-slo-ttft-ms, x-slo-tpot-ms as llm-d's router
- * names them, or the config's defaults per API key and per model) and the early refusal of
- * what the fleet cannot serve in time (slo_policy: reject), from the scheduler's latency
- * models.
+ * pdgw_slo.h - latency targets of a request (x-llm-d-slo-ttft-ms, x-llm-d-slo-tpot-ms as
+ * llm-d's router names them, or their older names x-slo-ttft-ms, x-slo-tpot-ms; else the
+ * config's defaults per API key and per model) and the early refusal of what the fleet
+ * cannot serve in time (slo_policy: reject), from the scheduler's latency models.
  */
 #ifndef PDGW_SLO_H
 #define PDGW_SLO_H

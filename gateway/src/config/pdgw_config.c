@@ -216,11 +216,13 @@ static const pdgw_config_option_t options[] = {
      NULL, 64, 67108864, "1048576", "N", "precise-prefix: bound of the KV-event block index.",
      C(kv_events_max_blocks)},
     {"slo_ttft", "slo-ttft", "PDGW_SLO_TTFT", PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION",
-     "Time-to-first-token target of a request without an `x-slo-ttft-ms` header (0 = none). "
+     "Time-to-first-token target of a request without an `x-llm-d-slo-ttft-ms` (or older "
+     "`x-slo-ttft-ms`) header (0 = none). "
      "The `slo` policy and `slo_policy` act on it; attainment in "
      "`pdgw_model_slo_requests_total`.", C(slo_ttft_ms)},
     {"slo_tpot", "slo-tpot", "PDGW_SLO_TPOT", PDGW_OPT_DURATION, NULL, 0, 0, "0", "DURATION",
-     "Time-per-output-token target of a request without an `x-slo-tpot-ms` header (0 = "
+     "Time-per-output-token target of a request without an `x-llm-d-slo-tpot-ms` (or older "
+     "`x-slo-tpot-ms`) header (0 = "
      "none).", C(slo_tpot_ms)},
     {"slo_models", "slo-model", "PDGW_SLO_MODELS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
      "MODEL=TTFT[:TPOT]", "Targets of one model's requests without headers, instead of "

@@ -1,8 +1,9 @@
-"""Latency targets through a real pdgw: x-slo-ttft-ms / x-slo-tpot-ms (llm-d's headers, in
-milliseconds: llm-d-router's PD SLO profile handler tests for either header
-(PdSLOProfileHandler.hasSLOHeaders), and its ordering plugin
-pkg/epp/framework/plugins/flowcontrol/ordering/slodeadline/README.md orders by arrival plus
-x-slo-ttft-ms), the slo policy and slo_policy: reject.
+"""Latency targets through a real pdgw: x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms (llm-d's
+headers, in milliseconds: llm-d-router pkg/epp/metadata/consts.go names them TTFTSLOHeaderKey
+and TPOTSLOHeaderKey, with x-slo-ttft-ms / x-slo-tpot-ms kept as deprecated aliases that
+GetLowerCaseHeaderValue reads after the current name; its ordering plugin
+pkg/epp/framework/plugins/flowcontrol/ordering/slodeadline orders by arrival plus the TTFT
+target), the slo policy and slo_policy: reject.
 
 Two pdgw-sim engines of one model, one slow (the test's own timing flags; pdgw never reads
 them, it learns both engines from its own leg timings):
@@ -85,7 +86,8 @@ def test_bad_headers_and_plain_requests():
     f = Fleet([])
     try:
         before = served(f.ports["fast"]) + served(f.ports["slow"])
-        for name in ("x-slo-ttft-ms", "x-slo-tpot-ms"):
+        for name in ("x-llm-d-slo-ttft-ms", "x-llm-d-slo-tpot-ms", "x-slo-ttft-ms",
+                     "x-slo-tpot-ms"):
             for value in ("abc", "-5", "1.5", "99999999999", "12ms", "+7", " "):
                 status, _, body = completion(f.port, {name: value})
                 assert status == 400, (name, value, status, body[:200])
@@ -97,7 +99,7 @@ def test_bad_headers_and_plain_requests():
         assert status == 200, body[:200]
         status, _, body = completion(f.port, {"x-slo-ttft-ms": "0", "x-slo-tpot-ms": "0"})
         assert status == 200, body[:200]  # 0 = no target, as llm-d reads a missing one
-        assert metric(f.port, "pdgw_rejected_requests_total", {"reason": "invalid"}) >= 14  # 2 headers x 7 values
+        assert metric(f.port, "pdgw_rejected_requests_total", {"reason": "invalid"}) >= 28  # 4 names x 7 values
     finally:
         f.close()
 
@@ -133,7 +135,8 @@ def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
         assert took < 1.0, took
         assert metric(f.port, "pdgw_rejected_requests_total", {"reason": "slo_unattainable"}) >= 1
         # a reachable target is served and counted as met
-        status, _, body = completion(f.port, {"x-slo-ttft-ms": "5000", "x-slo-tpot-ms": "1000"})
+        status, _, body = completion(f.port, {"x-llm-d-slo-ttft-ms": "5000",
+                                              "x-llm-d-slo-tpot-ms": "1000"})
         assert status == 200, body[:300]
         assert metric(f.port, "pdgw_model_slo_requests_total",
                       {"model": MODEL, "result": "met"}) >= 1
@@ -165,7 +168,10 @@ def test_defaults_per_api_key_then_model():
     try:
         sent = [({"Authorization": "Bearer k-gold"}, 800, 20),
                 ({"Authorization": "Bearer k-plain"}, 7000, None),
-                ({"Authorization": "Bearer k-gold", "x-slo-ttft-ms": "3000"}, 3000, 20)]
+                ({"Authorization": "Bearer k-gold", "x-slo-ttft-ms": "3000"}, 3000, 20),
+                # both names: the current one wins, as in llm-d
+                ({"Authorization": "Bearer k-plain", "x-llm-d-slo-ttft-ms": "4000",
+                  "x-slo-ttft-ms": "9000"}, 4000, None)]
         for hdrs, _, _ in sent:
             status, _, body = completion(f.port, hdrs)
             assert status == 200, body[:200]
