@@ -47,6 +47,12 @@ static bool header_is_hop_or_own(const pdgw_req_t *r, const char *name)
                 {"x-request-id", 12},
                 {"traceparent", 11},
                 {"x-request-timeout", 17},
+                /* the gateway's latency targets (llm-d strips them as its own control
+                 * headers too: they are not the engine's) */
+                {"x-llm-d-slo-ttft-ms", 19},
+                {"x-llm-d-slo-tpot-ms", 19},
+                {"x-slo-ttft-ms", 13},
+                {"x-slo-tpot-ms", 13},
                 /* vLLM's DP routing header: the gateway picks the rank (and names its engine
                  * to the decode) */
                 {"x-data-parallel-rank", 20}};

@@ -184,6 +184,12 @@ def test_defaults_per_api_key_then_model():
             time.sleep(0.05)
         got = [(x.get("slo_ttft_ms"), x.get("slo_tpot_ms")) for x in lines[-len(sent):]]
         assert got == [(ttft, tpot) for _, ttft, tpot in sent], got
+        # the targets are the gateway's business: no engine sees them (llm-d strips them too)
+        for port in f.ports.values():
+            _, _, recs = t.request("GET", port, "/sim/requests", timeout=5)
+            for rec in json.loads(recs)["requests"]:
+                leaked = [h for h in rec.get("headers", {}) if "slo-t" in h.lower()]
+                assert not leaked, (leaked, rec.get("headers"))
     finally:
         f.close()
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as cfg:
