@@ -195,6 +195,7 @@ void pdgw_admit_ticket_init(pdgw_admit_ticket_t *t)
 {
     memset(t, 0, sizeof(*t));
     t->waiter.idx = PDGW_ADMIT_NOT_QUEUED;
+    t->waiter.deadline_ms = UINT64_MAX;
     t->state = PDGW_TICKET_IDLE;
 }
 

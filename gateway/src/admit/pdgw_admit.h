@@ -52,6 +52,7 @@ typedef struct pdgw_admit_limits {
     unsigned max_concurrent;      /* requests at the engines at once; 0 = unlimited */
     unsigned queue_size;          /* waiters beyond that; 0 = refuse at once */
     uint64_t queue_timeout_ms;    /* longest wait in the queue (and never past the deadline) */
+    bool by_slo_deadline;         /* within a priority: arrival + TTFT target, not arrival */
     double rate, burst;           /* per API key by default; rate 0 = no rate limit */
     pdgw_admit_key_limit_t *keys; /* per-key overrides */
     size_t n_keys;

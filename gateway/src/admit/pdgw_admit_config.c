@@ -38,6 +38,7 @@ pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit
         l.max_concurrent = 0;
     l.queue_size = cfg->queue_size > 0 ? (unsigned)cfg->queue_size : 0;
     l.queue_timeout_ms = cfg->queue_timeout_ms;
+    l.by_slo_deadline = cfg->admission_order == 1;
     l.retry_backoff_base_ms = cfg->retry_backoff_base_ms;
     l.retry_backoff_max_ms = cfg->retry_backoff_max_ms;
     if (l.retry_backoff_max_ms < l.retry_backoff_base_ms) {
@@ -90,9 +91,16 @@ pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit
 
 /* ---- reload hook: admission limits change live (SIGHUP, POST /admin/reload) ---- */
 
-static const char *const admit_reload_keys[] = {
-    "max_concurrent_requests", "queue_size",        "queue_timeout",    "rate_limit", "rate_limits",
-    "retry_backoff_base",      "retry_backoff_max", "session_affinity", NULL};
+static const char *const admit_reload_keys[] = {"max_concurrent_requests",
+                                                "queue_size",
+                                                "queue_timeout",
+                                                "rate_limit",
+                                                "rate_limits",
+                                                "retry_backoff_base",
+                                                "retry_backoff_max",
+                                                "session_affinity",
+                                                "admission_order",
+                                                NULL};
 
 static pdgw_status_t admit_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state, char *err,
                                    size_t errlen)

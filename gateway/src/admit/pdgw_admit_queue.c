@@ -1,15 +1,17 @@
 /*
- * pdgw_admit_queue.c - binary min-heap on (priority, arrival) with positions kept in the
+ * pdgw_admit_queue.c - binary min-heap on (priority, deadline, arrival) with positions kept in the
  * waiters (see pdgw_admit_queue.h).
  */
 #include "pdgw_admit_queue.h"
 
 #include "pdgw_alloc.h"
 
-/* a before b: more urgent, or as urgent and earlier. */
+/* a before b: more urgent, or as urgent and due earlier, or both the same and earlier. */
 static bool before(const pdgw_admit_waiter_t *a, const pdgw_admit_waiter_t *b)
 {
-    return a->priority != b->priority ? a->priority < b->priority : a->seq < b->seq;
+    if (a->priority != b->priority)
+        return a->priority < b->priority;
+    return a->deadline_ms != b->deadline_ms ? a->deadline_ms < b->deadline_ms : a->seq < b->seq;
 }
 
 static void place(pdgw_admit_queue_t *q, size_t i, pdgw_admit_waiter_t *w)

@@ -1,6 +1,6 @@
 /*
- * pdgw_admit_queue.h - the admission wait queue: waiters ordered most urgent first, first
- * come first served within one priority.
+ * pdgw_admit_queue.h - the admission wait queue: waiters ordered most urgent first, then by
+ * their deadline when the caller gives one, first come first served otherwise.
  *
  * Priorities follow vLLM's priority scheduling: a LOWER value is served EARLIER, ties go by
  * arrival (vllm/v1/core/sched/request_queue.py, PriorityRequestQueue). The queue is a binary
@@ -24,9 +24,10 @@
 
 /* One waiter; embedded in its owner (the request's admission ticket). */
 typedef struct pdgw_admit_waiter {
-    int64_t priority; /* lower = more urgent (vLLM) */
-    uint64_t seq;     /* arrival order, set by push */
-    size_t idx;       /* heap position, PDGW_ADMIT_NOT_QUEUED when not queued */
+    int64_t priority;     /* lower = more urgent (vLLM) */
+    uint64_t deadline_ms; /* within a priority, earlier first; UINT64_MAX = none (last) */
+    uint64_t seq;         /* arrival order, set by push */
+    size_t idx;           /* heap position, PDGW_ADMIT_NOT_QUEUED when not queued */
 } pdgw_admit_waiter_t;
 
 typedef struct pdgw_admit_queue {

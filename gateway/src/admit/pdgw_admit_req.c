@@ -126,6 +126,9 @@ static bool controller_enter(pdgw_wf_t *wf)
         return false;
     }
     wf->admit.waiter.priority = prio;
+    /* llm-d's SLO deadline ordering: arrival + TTFT target; no target sorts after all */
+    wf->admit.waiter.deadline_ms =
+        l.by_slo_deadline && wf->slo_ttft_ms > 0 ? r->t_start_ms + wf->slo_ttft_ms : UINT64_MAX;
     if (wf->waker == NULL)
         wf->waker = pdgw_waker_create(wf->w, wf, r->job->wake);
     if (wf->waker == NULL) {

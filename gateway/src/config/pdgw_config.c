@@ -29,6 +29,7 @@ static const char *const policy_names[] = {"round-robin",    "random",       "le
                                            "precise-prefix", "slo",          NULL};
 /* pdgw_slo_policy_t order */
 static const char *const slo_policy_names[] = {"best_effort", "reject", NULL};
+static const char *const admission_order_names[] = {"arrival", "slo_deadline", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"text", "json", NULL};
 /* pdgw_pd_fields_mode_t order */
@@ -166,6 +167,12 @@ static const pdgw_config_option_t options[] = {
     {"queue_timeout", "queue-timeout", "PDGW_QUEUE_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0, "60s",
      "DURATION", "Longest wait for admission (never past the request deadline); then 429 with code "
      "`queue_timeout`.", C(queue_timeout_ms)},
+    {"admission_order", "admission-order", "PDGW_ADMISSION_ORDER", PDGW_OPT_ENUM,
+     admission_order_names, 0, 0, "arrival", "ORDER",
+     "Order of the waiters within one priority: `arrival` (first come first served) or "
+     "`slo_deadline` (arrival + the request's TTFT target, earliest first; requests without "
+     "a target after those with one, as llm-d's SLO deadline ordering).",
+     C(admission_order)},
     {"rate_limit", "rate-limit", "PDGW_RATE_LIMIT", PDGW_OPT_STRING, NULL, 0, 0, "", "RPS[:BURST]",
      "Token bucket per API key: requests per second and burst (default RPS); over it 429 "
      "with code `rate_limited`. \"\" = none.",

@@ -193,7 +193,8 @@ typedef struct pdgw_config {
     /* autoscaling signals (scheduler sched_autoscale.c): targets (0 = the slo_* ones),
      * smoothing and scale-down window */
     uint64_t autoscale_ttft_ms, autoscale_tpot_ms, autoscale_tau_ms, autoscale_window_ms;
-    int slo_policy; /* pdgw_slo_policy_t */
+    int slo_policy;      /* pdgw_slo_policy_t */
+    int admission_order; /* 0 arrival, 1 slo_deadline */
     int slo_reject_margin_percent;
     uint64_t kv_events_silence_ms;
     /* tokenize before routing, selective PD (pdgw_route.h) */

@@ -40,15 +40,7 @@ def start_slow_sim(ttft_ms=SLOW_MS):
     return p, port
 
 
-def wait_for(cond, timeout, what):
-    deadline = time.time() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.time() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+wait_for = T.wait_for
 
 
 def metric(port, name, labels=None):

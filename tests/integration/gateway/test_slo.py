@@ -205,7 +205,48 @@ def test_defaults_per_api_key_then_model():
         os.unlink(cfg.name)
 
 
+def test_admission_queue_by_slo_deadline():
+    """admission_order: slo_deadline serves the waiters by arrival + TTFT target (llm-d's
+    slodeadline ordering: earliest first, requests without a target after all with one),
+    not by arrival."""
+    import threading
+    f = Fleet(["max_concurrent_requests: 1", "queue_size: 10", "admission_order: slo_deadline",
+               "access_log: true", "log_format: json"])
+    try:
+        done, lock = [], threading.Lock()
+
+        def send(tag, hdrs, max_tokens):
+            body = json.dumps({"model": MODEL, "prompt": "hold the slot", "max_tokens": max_tokens,
+                               "ignore_eos": True}).encode()
+            h = {"Content-Type": "application/json", "X-Request-Id": tag}
+            h.update(hdrs)
+            status, _, _ = t.request("POST", f.port, "/v1/completions", body, h, timeout=60)
+            with lock:
+                done.append((tag, status))
+
+        def depth():
+            return metric(f.port, "pdgw_admission_queue_depth", {"priority": "normal"})
+
+        holder = threading.Thread(target=send, args=("holder", {}, 400))
+        holder.start()
+        t.wait_for(lambda: metric(f.port, "pdgw_admission_inflight", {}) == 1, 10, "the slot held")
+        waiters = [("no-target", {}), ("loose", {"x-llm-d-slo-ttft-ms": "60000"}),
+                   ("tight", {"x-llm-d-slo-ttft-ms": "20000"})]
+        threads = []
+        for i, (tag, hdrs) in enumerate(waiters):
+            th = threading.Thread(target=send, args=(tag, hdrs, 2))
+            th.start()
+            threads.append(th)
+            t.wait_for(lambda n=i + 1: depth() == n, 10, f"{tag} queued")
+        for th in [holder] + threads:
+            th.join(60)
+        assert all(st == 200 for _, st in done), done
+        assert [tag for tag, _ in done] == ["holder", "tight", "loose", "no-target"], done
+    finally:
+        f.close()
+
+
 if __name__ == "__main__":
     t.run([test_bad_headers_and_plain_requests,
            test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable,
-           test_defaults_per_api_key_then_model])
+           test_defaults_per_api_key_then_model, test_admission_queue_by_slo_deadline])

@@ -197,6 +197,18 @@ def wait_http(port, path="/health", timeout=10.0, proc=None, expect=200):
     raise TimeoutError(f"127.0.0.1:{port}{path} not ready: {last}")
 
 
+def wait_for(cond, timeout, what):
+    """Poll cond() until it returns something true (returned) or <timeout> s pass (raise)."""
+    deadline = time.time() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.time() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 def with_tag(headers):
     """Headers plus X-Sim-Tag = the client's X-Request-Id: pdgw mints its own id for
     the engines, so the simulator's record is searched by this forwarded tag."""

@@ -37,6 +37,7 @@ static void test_queue_priority_then_fifo(void **state)
     pdgw_admit_queue_init(&q);
     for (i = 0; i < 6; i++) {
         w[i].priority = prio[i];
+        w[i].deadline_ms = UINT64_MAX; /* none: arrival order */
         w[i].idx = PDGW_ADMIT_NOT_QUEUED;
         assert_int_equal(pdgw_admit_queue_push(&q, &w[i]), PDGW_OK);
     }
@@ -44,6 +45,30 @@ static void test_queue_priority_then_fifo(void **state)
     for (i = 0; i < 6; i++)
         assert_ptr_equal(pdgw_admit_queue_pop(&q), &w[want[i]]);
     assert_null(pdgw_admit_queue_pop(&q));
+    pdgw_admit_queue_fini(&q);
+}
+
+static void test_queue_priority_then_deadline(void **state)
+{
+    /* admission_order: slo_deadline (llm-d's SLO deadline ordering: arrival + the TTFT
+     * target, earliest first; without a target after all with one; ties by arrival), the
+     * priority still first. */
+    pdgw_admit_queue_t q;
+    pdgw_admit_waiter_t w[6];
+    const int64_t prio[6] = {0, 0, 0, -1, 0, 0};
+    const uint64_t due[6] = {UINT64_MAX, 5000, 1200, UINT64_MAX, 1200, 800};
+    const int want[6] = {3, 5, 2, 4, 1, 0};
+    int i;
+    (void)state;
+    pdgw_admit_queue_init(&q);
+    for (i = 0; i < 6; i++) {
+        w[i].priority = prio[i];
+        w[i].deadline_ms = due[i];
+        w[i].idx = PDGW_ADMIT_NOT_QUEUED;
+        assert_int_equal(pdgw_admit_queue_push(&q, &w[i]), PDGW_OK);
+    }
+    for (i = 0; i < 6; i++)
+        assert_ptr_equal(pdgw_admit_queue_pop(&q), &w[want[i]]);
     pdgw_admit_queue_fini(&q);
 }
 
@@ -57,6 +82,7 @@ static void test_queue_remove_anywhere(void **state)
     pdgw_admit_queue_init(&q);
     for (i = 0; i < 200; i++) {
         w[i].priority = (i * 7919) % 5 - 2;
+        w[i].deadline_ms = UINT64_MAX;
         w[i].idx = PDGW_ADMIT_NOT_QUEUED;
         assert_int_equal(pdgw_admit_queue_push(&q, &w[i]), PDGW_OK);
     }
@@ -525,6 +551,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queue_priority_then_fifo),
+        cmocka_unit_test(test_queue_priority_then_deadline),
         cmocka_unit_test(test_queue_remove_anywhere),
         cmocka_unit_test(test_queue_push_oom_changes_nothing),
         cmocka_unit_test(test_bucket_burst_then_rate),
