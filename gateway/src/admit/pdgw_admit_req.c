@@ -32,7 +32,7 @@ static void on_grant(void *arg)
 
 /* The request's priority: the body's `priority` (vLLM's field, an integer, lower = sooner),
  * else the X-Priority header, else 0. false = malformed (<e> filled). */
-static bool req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
+bool pdgw_req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e)
 {
     json_t *p = pdgw_req_json_member(r, "priority");
     const char *h;
@@ -120,7 +120,7 @@ static bool controller_enter(pdgw_wf_t *wf)
         return true;
     pdgw_admit_get_path_limits(a, &l);
     req_affinity(wf, &l);
-    if (!req_priority(r, &prio, &e)) {
+    if (!pdgw_req_priority(r, &prio, &e)) {
         pdgw_gateway_metrics_rejected(wf->w->srv->opts.metrics, "invalid");
         pdgw_req_reply_error(r, &e);
         return false;

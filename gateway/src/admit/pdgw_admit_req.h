@@ -36,6 +36,9 @@ bool pdgw_auth_access(pdgw_req_t *r);
 /* The API key the client presented ("Authorization: Bearer <key>", blanks trimmed; not
  * NUL-terminated, *len bytes), NULL when none. */
 const char *pdgw_req_bearer(pdgw_req_t *r, size_t *len);
+/* The request's priority: the body's `priority`, else the X-Priority header, else 0 (lower
+ * is served earlier, as vLLM reads it). false with <e> set when it is not an integer. */
+bool pdgw_req_priority(pdgw_req_t *r, int64_t *out, pdgw_api_error_t *e);
 
 /* ---- tenants' budgets and fair queue (pdgw_quota_req.c), called from the above */
 /* true = go on; false = refused (reply set) or queued for the tenant's share. */

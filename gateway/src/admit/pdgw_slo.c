@@ -259,6 +259,8 @@ bool pdgw_slo_req_enter(pdgw_wf_t *wf)
     pdgw_slo_target_t t = defaults_of(c, r, model);
     sched_request_t sr;
     sched_slo_estimate_t est;
+    pdgw_api_error_t perr;
+    int64_t prio = 0;
     double margin;
 
     const char *ttft_name = TTFT_HEADER, *tpot_name = TPOT_HEADER;
@@ -289,7 +291,10 @@ bool pdgw_slo_req_enter(pdgw_wf_t *wf)
     }
     if (sched_slo_estimate(wf->w->srv->opts.pool, &sr, &est) != SCHED_OK || est.cold)
         return true; /* no instance (answered later as usual) or nothing learnt yet */
-    margin = 1.0 + c->margin_percent / 100.0;
+    /* Sheddable (priority above 0, served after the rest): refused on any predicted miss,
+     * so that under load the less important requests go first and the others keep their
+     * margin. An invalid priority is admission's to answer. */
+    margin = pdgw_req_priority(r, &prio, &perr) && prio > 0 ? 1.0 : 1.0 + c->margin_percent / 100.0;
     if (t.ttft_ms > 0 && est.ttft_s * 1000.0 > t.ttft_ms * margin) {
         refuse(r, "time-to-first-token", est.ttft_s, t.ttft_ms);
         return false;

@@ -13,6 +13,7 @@ them, it learns both engines from its own leg timings):
 - the slo policy tries each engine a few times, then sends the requests to the fast one;
 - a request without headers gets its API key's targets (slo_keys), else its model's;
 - with slo_policy: reject, a target nobody is predicted to meet gets 429 `slo_unattainable`
+  (a sheddable request - priority above 0 - as soon as it is predicted to miss at all)
   at once, with a Retry-After; a reachable one is served and counted as met per model.
 """
 
@@ -155,6 +156,14 @@ def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
         assert "pred_prefill_ms" not in lines[0] and lines[0].get("slo_ttft_ms") == 1, lines[0]
         refused = [x for x in lines if x.get("slo_ttft_ms") == 1 and x["status"] == 429]
         assert refused and "slo" not in refused[-1], refused
+        # a target a quarter below the prediction: within the margin (50 %) a request is
+        # served; a sheddable one (priority above 0, served after the rest) is refused
+        target = str(max(1, int(met[-1]["pred_prefill_ms"] / 1.25)))
+        status, _, body = completion(f.port, {"x-llm-d-slo-ttft-ms": target})
+        assert status == 200, (target, body[:300])
+        status, _, body = completion(f.port, {"x-llm-d-slo-ttft-ms": target, "X-Priority": "5"})
+        assert status == 429 and json.loads(body)["error"]["code"] == "slo_unattainable", \
+            (target, status, body[:300])
     finally:
         f.close()
 
