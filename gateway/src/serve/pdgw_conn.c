@@ -395,5 +395,8 @@ static void conn_on_deadline(pdgw_timer_t *t, uint64_t now_ms)
      * connection (and completes its request) itself; the descriptor stays its to close. */
     if (c->fd >= 0 && shutdown(c->fd, SHUT_RDWR) != 0 && errno != ENOTCONN)
         pdgw_log_debug("http", "shutdown: %s", strerror(errno));
-    w->mhd_kick = true;
+    /* Only MHD needs the kick (the native front end's socket reports the shutdown itself):
+     * without a daemon nothing clears it and every epoll_wait would return at once. */
+    if (w->mhd != NULL)
+        w->mhd_kick = true;
 }

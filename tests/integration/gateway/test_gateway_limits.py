@@ -3,6 +3,7 @@
 Real pdgw on 127.0.0.1 with ephemeral ports, in front of pdgw-sim or a tiny Python engine:
 - clients trickling request headers (or a body) are closed at their deadline, however
   steadily they trickle, while a normal client is served meanwhile;
+- once a deadline has closed a connection, the idle gateway blocks (it does not poll);
 - connections above the per-client-address cap, or above the limit derived from the
   descriptor limit, are refused and counted;
 - a body framed by both Content-Length and Transfer-Encoding is refused (400, closed);
@@ -131,6 +132,39 @@ def test_slow_headers_closed_at_deadline():
     got = wait_for(lambda: closed_count(gport, "header_timeout") >= n and
                    closed_count(gport, "header_timeout"), 5, "header_timeout count")
     assert_eq(got, float(n), "header timeouts counted")
+    stop_gw(gw)
+
+
+def runnable_s(pid):
+    """Seconds the threads of <pid> have been running or waiting to run (schedstat): a thread
+    that never blocks accrues wall time here however loaded the machine is."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu, waiting, _ = f.read().split()
+        except FileNotFoundError:
+            continue  # the thread ended
+        total += int(on_cpu) + int(waiting)
+    return total / 1e9
+
+
+def test_idle_after_header_deadline():
+    # A connection the header deadline closed leaves the worker blocking in epoll_wait, not
+    # polling it (the deadline's wake-up for libmicrohttpd once outlived it on the native
+    # front end, and every later epoll_wait returned at once).
+    sim, sport = start_sim()
+    gw, gport = start_gw([f"http://127.0.0.1:{sport}"],
+                         extra=["--client-header-timeout", "300ms"])
+    s = socket.create_connection(("127.0.0.1", gport))
+    wait_for(lambda: closed_count(gport, "header_timeout") >= 1, 10, "header_timeout count")
+    wait_for(lambda: is_closed(s), 10, "the idle connection closed")
+    s.close()
+    # Idle now: its threads block. Over a window, a spinning worker is runnable throughout.
+    r0, t0 = runnable_s(gw.pid), time.monotonic()
+    time.sleep(1.0)
+    busy = (runnable_s(gw.pid) - r0) / (time.monotonic() - t0)
+    assert busy < 0.3, f"idle gateway runnable {busy:.0%} of the time"
     stop_gw(gw)
 
 
@@ -461,6 +495,7 @@ def test_client_buffer_size_bounds_the_request_head():
 if __name__ == "__main__":
     T.run([
         test_slow_headers_closed_at_deadline,
+        test_idle_after_header_deadline,
         test_slow_body_closed_at_request_deadline,
         test_per_client_address_cap,
         test_connection_limit_from_descriptor_limit,
