@@ -98,8 +98,12 @@ static void test_heap_order_through_arm_and_disarm(void **state)
         assert_true(due >= last);
         last = due;
         f.w.mhd_kick = false;
+        /* with a daemon, MHD runs to see the shut socket; without one (the native front
+         * end's worker) nothing would clear the kick, and the worker would poll for good */
+        f.w.mhd = (f.w.timers.n % 2) ? (struct MHD_Daemon *)(void *)&f : NULL; /* never used */
         assert_true(pdgw_timers_run(&f.w.timers, due) > 0);
-        assert_true(f.w.mhd_kick); /* MHD runs to see the shut socket */
+        assert_int_equal(f.w.mhd_kick, f.w.mhd != NULL);
+        f.w.mhd = NULL;
         assert_int_equal(top->phase, CONN_CLOSING);
         assert_false(pdgw_timer_armed(&top->timer));
         check_heap(&f.w);
