@@ -244,11 +244,13 @@ json_t *pdgw_quota_usage_leg(pdgw_wf_t *wf, json_t *body)
         return body;
     so = json_object_get(body, "stream_options");
     copy = json_is_object(so) ? json_copy(so) : json_object();
-    if (copy == NULL || json_object_set_new(copy, "include_usage", json_true()) != 0 ||
-        json_object_set_new(body, "stream_options", copy) != 0) {
+    if (copy != NULL && json_object_set_new(copy, "include_usage", json_true()) != 0) {
         json_decref(copy);
-        wf->quota_hide_usage = false; /* reconciled from what is relayed instead */
+        copy = NULL;
     }
+    /* set_new takes <copy> whatever it returns */
+    if (copy == NULL || json_object_set_new(body, "stream_options", copy) != 0)
+        wf->quota_hide_usage = false; /* reconciled from what is relayed instead */
     return body;
 }
 
