@@ -187,6 +187,23 @@ bool pdgw_quota_req_check(pdgw_wf_t *wf, uint64_t now)
     return true;
 }
 
+/* The KV a PD request handed from its prefill to its decode: the prompt's tokens times the
+ * model's kv_bytes_per_token. An upper bound: blocks the decode held already are not pulled,
+ * and no engine tells the proxy which (a decode's own cached_tokens counts the pulled ones
+ * too). 0 without that figure, or when no prefill answered (decode-only). */
+static uint64_t kv_bytes_moved(const pdgw_wf_t *wf, uint64_t prompt)
+{
+    const pdgw_server_opts_t *o = &wf->w->srv->opts;
+    const char *model = wf->req->info_valid ? wf->req->info.model : wf->pt_model;
+    if (wf->t_prefill_done_ms == 0 || model == NULL || prompt == 0)
+        return 0;
+    for (size_t i = 0; i < o->n_kv_bpt; i++) {
+        if (strcmp(o->kv_bpt_models[i], model) == 0)
+            return prompt * o->kv_bpt[i];
+    }
+    return 0;
+}
+
 void pdgw_quota_req_done(pdgw_wf_t *wf)
 {
     pdq_ticket_t *t = wf->quota;
@@ -216,6 +233,7 @@ void pdgw_quota_req_done(pdgw_wf_t *wf)
         prompt = cached = completion = 0; /* nothing was produced: nothing is charged */
     }
     pdq_reconcile(t, prompt, cached, completion);
+    pdq_ticket_kv_bytes(t, kv_bytes_moved(wf, prompt));
     pdq_ticket_phase(t, PDQ_PHASE_PREFILL, wf->t_prefill_us * 1000u);
     pdq_ticket_phase(t, PDQ_PHASE_TRANSFER, wf->t_kv_wait_us * 1000u);
     pdq_ticket_phase(t, PDQ_PHASE_DECODE, wf->t_decode_us * 1000u);

@@ -526,6 +526,9 @@ int main(int argc, char **argv)
     pdgw_doctor_bg_t *doctor = NULL;
     pdgw_slo_config_t *slo = NULL;
     pdq_t *quota = NULL;
+    char **kv_bpt_models = NULL; /* kv_bytes_per_token, for the tenants' usage */
+    uint64_t *kv_bpt = NULL;
+    size_t n_kv_bpt = 0;
     json_t *options = NULL;
     sigset_t sigs;
     char err[768];
@@ -616,6 +619,20 @@ int main(int argc, char **argv)
     so.slo = slo;
     so.quota = quota;
     so.quota_output_estimate = cfg.quota.output_estimate;
+    /* built once, as the tenants are: the running config's list may move on reload */
+    if (cfg.kv_bytes_per_token.count > 0) {
+        n_kv_bpt = cfg.kv_bytes_per_token.count;
+        kv_bpt_models = pdgw_calloc(n_kv_bpt, sizeof(*kv_bpt_models));
+        kv_bpt = pdgw_calloc(n_kv_bpt, sizeof(*kv_bpt));
+        for (size_t i = 0; kv_bpt_models && kv_bpt && i < cfg.kv_bytes_per_token.count; i++) {
+            if (pdgw_kv_bytes_parse(cfg.kv_bytes_per_token.items[i].value, &kv_bpt[i]) != PDGW_OK ||
+                (kv_bpt_models[i] = pdgw_strdup(cfg.kv_bytes_per_token.items[i].key)) == NULL)
+                break;
+            so.n_kv_bpt = i + 1;
+        }
+        so.kv_bpt_models = (const char *const *)kv_bpt_models;
+        so.kv_bpt = kv_bpt;
+    }
     so.tls = tls;
     if (make_reload(&cfg, argc, argv, &hooks, reg, auth, pool, admit, &reload) != PDGW_OK) {
         pdgw_log_error("main", "cannot set up config reloads");
@@ -671,6 +688,10 @@ out_pool:
     if (quota != NULL)
         pdgw_metrics_collector_remove(reg, collect_quota_metrics, quota);
     pdq_free(quota); /* after the server: every ticket was released; leases go back */
+    for (size_t i = 0; kv_bpt_models != NULL && i < n_kv_bpt; i++)
+        pdgw_free(kv_bpt_models[i]);
+    pdgw_free(kv_bpt_models);
+    pdgw_free(kv_bpt);
     pdgw_slo_config_destroy(slo);
     /* After the server: it borrowed strings of the running config. */
     pdgw_reload_destroy(reload);

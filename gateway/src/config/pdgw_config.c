@@ -7,6 +7,7 @@
 
 #include "pdgw_admit.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -435,6 +436,14 @@ static const pdgw_config_option_t options[] = {
     {"quota.default_tenant", "quota-default-tenant", "PDGW_QUOTA_DEFAULT_TENANT",
      PDGW_OPT_STRING, NULL, 0, 0, "", "NAME", "Tenant of requests without an API key; \"\" = "
      "the first of `tenants`.", C(quota.default_tenant)},
+    {"kv_bytes_per_token", "kv-bytes-per-token", "PDGW_KV_BYTES_PER_TOKEN", PDGW_OPT_MAP, NULL, 0,
+     0, NULL, "MODEL=BYTES",
+     "KV cache bytes of one token of MODEL (2 x layers x KV heads x head size x bytes per "
+     "value; e.g. 131072 for Llama 3 8B in bf16): the tenants' usage counts the KV of their PD "
+     "requests' prompts, handed from prefill to decode (`pdgw_quota_kv_bytes_total`; an upper "
+     "bound: blocks a decode held already are not pulled). None = not counted (no PD protocol "
+     "tells the proxy the bytes).",
+     C(kv_bytes_per_token)},
     {"quota.output_estimate", "quota-output-estimate", "PDGW_QUOTA_OUTPUT_ESTIMATE",
      PDGW_OPT_INT, NULL, 1, 10000000, "512", "TOKENS", "Completion tokens charged at admission "
      "to a request without `max_tokens` (reconciled with the engine's usage when it ends).",
@@ -1232,6 +1241,20 @@ static pdgw_status_t check_admission(const pdgw_config_t *cfg, pdgw_cfg_src_t *s
     return PDGW_OK;
 }
 
+pdgw_status_t pdgw_kv_bytes_parse(const char *text, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+    if (text == NULL || *text < '0' || *text > '9')
+        return PDGW_ERR_INVALID;
+    errno = 0;
+    v = strtoull(text, &end, 10);
+    if (*end != '\0' || errno == ERANGE || v < 1 || v > 1000000000ull)
+        return PDGW_ERR_INVALID;
+    *out = (uint64_t)v;
+    return PDGW_OK;
+}
+
 /* Latency targets: each model's "TTFT[:TPOT]" parses (pdgw_slo.c), within the bounds the
  * headers have. */
 static pdgw_status_t check_slo(const pdgw_config_t *cfg, pdgw_cfg_src_t *src)
@@ -1251,6 +1274,14 @@ static pdgw_status_t check_slo(const pdgw_config_t *cfg, pdgw_cfg_src_t *src)
                                  "entry %zu: expected TTFT[:TPOT] durations (at most 1h and 1m), "
                                  "got \"%s\"",
                                  i + 1, cfg->slo_keys.items[i].value); /* the key is a secret */
+    }
+    for (size_t i = 0; i < cfg->kv_bytes_per_token.count; i++) {
+        uint64_t b;
+        if (pdgw_kv_bytes_parse(cfg->kv_bytes_per_token.items[i].value, &b) != PDGW_OK)
+            return pdgw_cfg_fail(src, "kv_bytes_per_token",
+                                 "%s: expected a whole number of bytes, 1..1000000000, got \"%s\"",
+                                 cfg->kv_bytes_per_token.items[i].key,
+                                 cfg->kv_bytes_per_token.items[i].value);
     }
     if (cfg->slo_ttft_ms > 3600000u)
         return pdgw_cfg_fail(src, "slo_ttft", "at most 1h");

@@ -190,6 +190,7 @@ typedef struct pdgw_config {
     uint64_t slo_ttft_ms, slo_tpot_ms; /* defaults of requests without headers; 0 = none */
     pdgw_kv_list_t slo_models;         /* model -> "TTFT[:TPOT]" */
     pdgw_kv_list_t slo_keys;           /* API key -> "TTFT[:TPOT]" */
+    pdgw_kv_list_t kv_bytes_per_token; /* model -> KV bytes of one token */
     /* autoscaling signals (scheduler sched_autoscale.c): targets (0 = the slo_* ones),
      * smoothing and scale-down window */
     uint64_t autoscale_ttft_ms, autoscale_tpot_ms, autoscale_tau_ms, autoscale_window_ms;
@@ -402,5 +403,8 @@ void pdgw_config_print(const pdgw_config_t *cfg, FILE *out);
 
 /* Effective number of worker threads (workers, or online CPUs when 0). */
 int pdgw_config_workers(const pdgw_config_t *cfg);
+
+/* A kv_bytes_per_token value: a whole number 1..1e9. */
+pdgw_status_t pdgw_kv_bytes_parse(const char *text, uint64_t *out);
 
 #endif /* PDGW_CONFIG_H */

@@ -95,9 +95,14 @@ typedef struct pdgw_server_opts {
     struct pdgw_admit *admit;        /* admission, backoff, affinity (pdgw_admit.h); NULL = none */
     struct pdq *quota;               /* tenants' budgets and fair queue (pdquota.h); NULL = none */
     int quota_output_estimate;       /* completion tokens charged without max_tokens */
-    struct pdgw_slo_config *slo;     /* SLO defaults and policy (pdgw_slo.h); NULL = none */
-    struct pdgw_reload *reload;      /* POST /admin/reload; NULL = not available */
-    const struct pdgw_tls *tls;      /* HTTPS front end; NULL = plain HTTP */
+    /* KV bytes of one token per model (kv_bytes_per_token; owned by the caller): the KV a
+     * tenant's PD request moved, for its usage. */
+    const char *const *kv_bpt_models;
+    const uint64_t *kv_bpt;
+    size_t n_kv_bpt;
+    struct pdgw_slo_config *slo;            /* SLO defaults and policy (pdgw_slo.h); NULL = none */
+    struct pdgw_reload *reload;             /* POST /admin/reload; NULL = not available */
+    const struct pdgw_tls *tls;             /* HTTPS front end; NULL = plain HTTP */
     pdgw_upstream_client_t upstream_client; /* native (default) or curl */
     pdgw_stream_output_t stream_output;     /* direct (default) or library */
     pdgw_frontend_t frontend;               /* auto (default), native (plain HTTP only), mhd */

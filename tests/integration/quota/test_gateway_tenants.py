@@ -285,8 +285,46 @@ def test_bad_input():
     qd.wait_for(lambda: "unreachable" in proc.output(), 10, "the bad store reported")
 
 
+def test_pd_kv_bytes_by_tenant():
+    """A PD fleet (vllm-nixl: a prefill and a decode sim): with kv_bytes_per_token for the
+    model, each tenant's usage counts the KV of its requests' prompts (the engines' own
+    prompt_tokens times the figure), on /admin/usage and /metrics."""
+    pp, dp, kvp, boot = t.free_port(), t.free_port(), t.free_port(), t.free_port()
+    pre = t.Proc("sim-prefill", [t.binary("pdgw-sim"), "--role", "prefill", "--port", str(pp),
+                                 "--engine-id", "e-pre", "--kv-port", str(kvp),
+                                 "--bootstrap-port", str(boot)])
+    dec = t.Proc("sim-decode", [t.binary("pdgw-sim"), "--role", "decode", "--port", str(dp),
+                                "--engine-id", "e-dec"])
+    t.wait_http(pp, "/health", proc=pre)
+    t.wait_http(dp, "/health", proc=dec)
+    port = t.free_port()
+    f = tempfile.NamedTemporaryFile("w", prefix="pdgwtest-tenants-", suffix=".yaml",
+                                    delete=False)
+    f.write(f"listen: 127.0.0.1:{port}\nprotocol: vllm-nixl\naccess_log: false\n"
+            "instances:\n"
+            f"  - {{id: p0, url: \"http://127.0.0.1:{pp}\", role: prefill, engine_id: e-pre,"
+            f" kv_port: {kvp}, bootstrap_port: {boot}}}\n"
+            f"  - {{id: d0, url: \"http://127.0.0.1:{dp}\", role: decode, engine_id: e-dec}}\n"
+            "tenants:\n  - {name: team, api_keys: [kt]}\n"
+            f"kv_bytes_per_token: {{{MODEL}: 1000}}\n")
+    f.close()
+    gw = t.Proc("pdgw", [t.binary("pdgw"), "--config", f.name])
+    t.wait_http(port, "/health", proc=gw)
+    prompts = 0
+    for i in range(3):
+        st, _, body, raw = complete(port, "kt", max_tokens=3, prompt="one two three " * (i + 1))
+        assert st == 200, raw
+        prompts += body["usage"]["prompt_tokens"]
+    tot = usage(port, "kt")["tenants"]["team"]["total"]
+    assert tot["kv_bytes"] == prompts * 1000, (tot, prompts)
+    m = t.request("GET", port, "/metrics")[2].decode()
+    assert t.metric_value(m, "pdgw_quota_kv_bytes_total", {"tenant": "team"}) == prompts * 1000
+    gw.kill()
+    os.unlink(f.name)
+
+
 if __name__ == "__main__":
     t.run([test_two_replicas_enforce_one_budget, test_token_budget_reconciles_with_usage,
            test_token_budget_refuses_when_exhausted, test_store_lost_and_back,
            test_store_down_fail_closed, test_flooding_tenant_does_not_starve_another,
-           test_bad_input])
+           test_bad_input, test_pd_kv_bytes_by_tenant])
