@@ -25,6 +25,11 @@ __attribute__((unused)) static uint64_t test_clock(void *arg)
     return __atomic_load_n(&test_now_ms, __ATOMIC_RELAXED);
 }
 
+__attribute__((unused)) static void test_set_now(uint64_t ms)
+{
+    __atomic_store_n(&test_now_ms, ms, __ATOMIC_RELAXED); /* the pool's thread reads it too */
+}
+
 __attribute__((unused)) static void test_advance(uint64_t ms)
 {
     __atomic_add_fetch(&test_now_ms, ms, __ATOMIC_RELAXED);

@@ -149,13 +149,13 @@ static void test_queue_wait_predicted(void **s)
         /* the answers that came before this arrival, in their order (FCFS: booking order) */
         while (done < (size_t)i && legs[done].finish_ms <= legs[i].arrive_ms) {
             sched_result_t r = {.outcome = SCHED_OUTCOME_SUCCESS};
-            test_now_ms = legs[done].finish_ms;
+            test_set_now(legs[done].finish_ms);
             r.first_token_s = (double)(legs[done].finish_ms - legs[done].arrive_ms) / 1e3;
             assert_int_equal(sched_booking_finish(legs[done].b, SCHED_LEG_PREFILL, &r), SCHED_OK);
             sched_booking_destroy(&legs[done].b);
             done++;
         }
-        test_now_ms = legs[i].arrive_ms;
+        test_set_now(legs[i].arrive_ms);
         assert_int_equal(sched_book_prefill(pool, &req, &legs[i].b), SCHED_OK);
         sched_booking_predicted(legs[i].b, SCHED_LEG_PREFILL, &pred, NULL);
         if (i >= QUEUE_REQUESTS / 2) {
