@@ -1193,18 +1193,39 @@ static bool member_integer(const char *v, const char *end, int64_t *out)
     return true;
 }
 
+/* prompt_tokens_details.cached_tokens: the details object <v> (<len> bytes), into *cached (0
+ * when absent or not a valid integer). */
+static void details_cached(const char *v, size_t len, int64_t *cached)
+{
+    pdgw_json_members_t it;
+    pdgw_json_member_t d;
+    if (v[0] != '{' || !pdgw_json_members_begin(&it, v, len))
+        return;
+    while (pdgw_json_members_next(&it, &d) == 0)
+        if (d.key_len == 13 && memcmp(d.key, "cached_tokens", 13) == 0 &&
+            !member_integer(d.val, d.val + d.val_len, cached))
+            *cached = 0;
+}
+
 /* prompt_tokens and completion_tokens of the usage object at <p>: its own members only (not
  * those of prompt_tokens_details and the like), the last of a name counting as in a parse;
- * absent or not an integer is 0. false on text that ends early or a number no parse accepts. */
-static bool usage_counts(const char *p, const char *end, int64_t *pt, int64_t *ct)
+ * absent or not an integer is 0; and, when <cached> is not NULL, the details' cached_tokens
+ * in the same walk. false on text that ends early or a number no parse accepts. */
+static bool usage_counts(const char *p, const char *end, int64_t *pt, int64_t *ct, int64_t *cached)
 {
     pdgw_json_members_t it;
     pdgw_json_member_t m;
     int got;
     *pt = *ct = 0;
+    if (cached)
+        *cached = 0;
     if (!pdgw_json_members_begin(&it, p, (size_t)(end - p)))
         return false;
     while ((got = pdgw_json_members_next(&it, &m)) == 0) {
+        if (cached && m.key_len == 21 && memcmp(m.key, "prompt_tokens_details", 21) == 0) {
+            details_cached(m.val, m.val_len, cached);
+            continue;
+        }
         int64_t *slot = m.key_len == 13 && memcmp(m.key, "prompt_tokens", 13) == 0       ? pt
                         : m.key_len == 17 && memcmp(m.key, "completion_tokens", 17) == 0 ? ct
                                                                                          : NULL;
@@ -1231,7 +1252,7 @@ static bool usage_count(pdgw_proto_metrics_t *pm, int64_t pt, int64_t ct, int64_
 }
 
 static bool usage_read(pdgw_proto_metrics_t *pm, const char *json, size_t len, bool probe,
-                       int64_t *prompt_out, int64_t *completion_out)
+                       int64_t *prompt_out, int64_t *completion_out, int64_t *cached_out)
 {
     int64_t pt, ct;
     const char *at;
@@ -1240,7 +1261,7 @@ static bool usage_read(pdgw_proto_metrics_t *pm, const char *json, size_t len, b
         return false;
     at = usage_member(json, len);
     /* Only the two counts are read: no tree is built for them. */
-    if (at == NULL || !usage_counts(at, json + len, &pt, &ct))
+    if (at == NULL || !usage_counts(at, json + len, &pt, &ct, cached_out))
         return false;
     return usage_count(pm, pt, ct, prompt_out, completion_out);
 }
@@ -1248,13 +1269,20 @@ static bool usage_read(pdgw_proto_metrics_t *pm, const char *json, size_t len, b
 bool pdgw_gateway_metrics_usage(pdgw_proto_metrics_t *pm, const char *json, size_t len,
                                 int64_t *prompt_out, int64_t *completion_out)
 {
-    return usage_read(pm, json, len, true, prompt_out, completion_out);
+    return usage_read(pm, json, len, true, prompt_out, completion_out, NULL);
+}
+
+bool pdgw_gateway_metrics_usage_cached(pdgw_proto_metrics_t *pm, const char *json, size_t len,
+                                       bool answer, int64_t *prompt_out, int64_t *completion_out,
+                                       int64_t *cached_out)
+{
+    return usage_read(pm, json, len, !answer, prompt_out, completion_out, cached_out);
 }
 
 bool pdgw_gateway_metrics_usage_answer(pdgw_proto_metrics_t *pm, const char *json, size_t len,
                                        int64_t *prompt_out, int64_t *completion_out)
 {
-    return usage_read(pm, json, len, false, prompt_out, completion_out);
+    return usage_read(pm, json, len, false, prompt_out, completion_out, NULL);
 }
 
 bool pdgw_gateway_metrics_usage_tree(pdgw_proto_metrics_t *pm, const json_t *reply,
@@ -1277,17 +1305,9 @@ bool pdgw_usage_cached_tokens(const char *json, size_t len, int64_t *cached)
     if (json == NULL || (at = usage_member(json, len)) == NULL ||
         !pdgw_json_members_begin(&it, at, (size_t)(end - at)))
         return false;
-    while (pdgw_json_members_next(&it, &m) == 0) {
-        pdgw_json_members_t dit;
-        pdgw_json_member_t d;
-        if (m.key_len != 21 || memcmp(m.key, "prompt_tokens_details", 21) != 0 || m.val[0] != '{' ||
-            !pdgw_json_members_begin(&dit, m.val, m.val_len))
-            continue;
-        while (pdgw_json_members_next(&dit, &d) == 0)
-            if (d.key_len == 13 && memcmp(d.key, "cached_tokens", 13) == 0 &&
-                !member_integer(d.val, d.val + d.val_len, cached))
-                *cached = 0;
-    }
+    while (pdgw_json_members_next(&it, &m) == 0)
+        if (m.key_len == 21 && memcmp(m.key, "prompt_tokens_details", 21) == 0)
+            details_cached(m.val, m.val_len, cached);
     return *cached > 0;
 }
 

@@ -284,6 +284,11 @@ bool pdgw_gateway_metrics_usage(pdgw_proto_metrics_t *pm, const char *json, size
 /* usage.prompt_tokens_details.cached_tokens of a JSON text (an answer or an SSE event), as
  * vLLM reports it with --enable-prompt-tokens-details: true and *cached > 0 when present. */
 bool pdgw_usage_cached_tokens(const char *json, size_t len, int64_t *cached);
+/* pdgw_gateway_metrics_usage (or, <answer>, _usage_answer) and the cached tokens in the same
+ * walk (*cached_out 0 when absent): what a tenant's accounting needs, read once. */
+bool pdgw_gateway_metrics_usage_cached(pdgw_proto_metrics_t *pm, const char *json, size_t len,
+                                       bool answer, int64_t *prompt_out, int64_t *completion_out,
+                                       int64_t *cached_out);
 /* The same for a whole non-stream answer, which nearly always holds usage: read back from its
  * end, without the quick look for "usage" that spares most SSE events the walk. */
 bool pdgw_gateway_metrics_usage_answer(pdgw_proto_metrics_t *pm, const char *json, size_t len,

@@ -675,9 +675,10 @@ static void wf_decode_finish(pdgw_wf_t *wf, pdgw_leg_t *leg)
         if (body == NULL)
             body = pdgw_buf_steal(&leg->resp, &len);
         if (body != NULL && !usage_read)
-            wf->usage_seen |= pdgw_gateway_metrics_usage_answer(
-                &wf->w->srv->proto_metrics, body, len, &wf->usage_prompt, &wf->usage_completion);
-        if (body != NULL && wf->quota != NULL)
+            wf->usage_seen |= pdgw_gateway_metrics_usage_cached(
+                &wf->w->srv->proto_metrics, body, len, true, &wf->usage_prompt,
+                &wf->usage_completion, wf->quota != NULL ? &wf->usage_cached : NULL);
+        else if (body != NULL && wf->quota != NULL) /* the rewrite read the counts */
             (void)pdgw_usage_cached_tokens(body, len, &wf->usage_cached);
         pdgw_req_reply(r, (int)leg->status, body, body ? len : 0,
                        leg->content_type[0] ? leg->content_type : "application/json");
@@ -1200,11 +1201,10 @@ static int wf_relay_event(pdgw_leg_t *leg, const pdgw_sse_event_t *ev)
         }
     }
     if (ev->has_data && !ev->is_done &&
-        pdgw_gateway_metrics_usage(&wf->w->srv->proto_metrics, ev->data, ev->data_len,
-                                   &wf->usage_prompt, &wf->usage_completion)) {
+        pdgw_gateway_metrics_usage_cached(&wf->w->srv->proto_metrics, ev->data, ev->data_len, false,
+                                          &wf->usage_prompt, &wf->usage_completion,
+                                          wf->quota != NULL ? &wf->usage_cached : NULL)) {
         wf->usage_seen = true;
-        if (wf->quota != NULL)
-            (void)pdgw_usage_cached_tokens(ev->data, ev->data_len, &wf->usage_cached);
         if (pdgw_quota_hide_event(wf, ev->data, ev->data_len, true))
             return 0; /* the usage chunk was asked for the budget, not by the client */
     }
