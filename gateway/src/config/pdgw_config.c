@@ -402,6 +402,14 @@ static const pdgw_config_option_t options[] = {
     {"discovery.kubernetes.ca_file", "discovery-kubernetes-ca-file",
      "PDGW_DISCOVERY_KUBERNETES_CA_FILE", PDGW_OPT_STRING, NULL, 0, 0, SA_CA, "PATH",
      "CA bundle of the API server.", C(k8s.ca_file)},
+    {"kv_bytes_per_token", "kv-bytes-per-token", "PDGW_KV_BYTES_PER_TOKEN", PDGW_OPT_MAP, NULL, 0,
+     0, NULL, "MODEL=BYTES",
+     "KV cache bytes of one token of MODEL (2 x layers x KV heads x head size x bytes per "
+     "value; e.g. 131072 for Llama 3 8B in bf16): the tenants' usage counts the KV of their PD "
+     "requests' prompts, handed from prefill to decode (`pdgw_quota_kv_bytes_total`; an upper "
+     "bound: blocks a decode held already are not pulled). None = not counted (no PD protocol "
+     "tells the proxy the bytes).",
+     C(kv_bytes_per_token)},
     {"quota_store", "quota-store", "PDGW_QUOTA_STORE", PDGW_OPT_STRING, NULL, 0, 0, "", "URL",
      "Where the tenants' budgets and usage are shared by every replica: "
      "`redis://[user:password@]HOST:PORT/DB`. \"\" = each replica keeps its own (budgets are "
@@ -436,14 +444,6 @@ static const pdgw_config_option_t options[] = {
     {"quota.default_tenant", "quota-default-tenant", "PDGW_QUOTA_DEFAULT_TENANT",
      PDGW_OPT_STRING, NULL, 0, 0, "", "NAME", "Tenant of requests without an API key; \"\" = "
      "the first of `tenants`.", C(quota.default_tenant)},
-    {"kv_bytes_per_token", "kv-bytes-per-token", "PDGW_KV_BYTES_PER_TOKEN", PDGW_OPT_MAP, NULL, 0,
-     0, NULL, "MODEL=BYTES",
-     "KV cache bytes of one token of MODEL (2 x layers x KV heads x head size x bytes per "
-     "value; e.g. 131072 for Llama 3 8B in bf16): the tenants' usage counts the KV of their PD "
-     "requests' prompts, handed from prefill to decode (`pdgw_quota_kv_bytes_total`; an upper "
-     "bound: blocks a decode held already are not pulled). None = not counted (no PD protocol "
-     "tells the proxy the bytes).",
-     C(kv_bytes_per_token)},
     {"quota.output_estimate", "quota-output-estimate", "PDGW_QUOTA_OUTPUT_ESTIMATE",
      PDGW_OPT_INT, NULL, 1, 10000000, "512", "TOKENS", "Completion tokens charged at admission "
      "to a request without `max_tokens` (reconciled with the engine's usage when it ends).",
