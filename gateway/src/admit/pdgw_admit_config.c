@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pdgw_alloc.h"
+#include "pdgw_log.h"
 
 #include "pdgw_rate_limit.h"
 #include "pdgw_reload.h"
@@ -34,8 +35,12 @@ pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit
     l.max_concurrent =
         cfg->max_concurrent_requests > 0 ? (unsigned)cfg->max_concurrent_requests : 0;
     /* With tenants their fair queue holds the slots (pdgw_quota_req.c): not twice. */
-    if (cfg->tenants_json != NULL && cfg->tenants_json[0] != '\0')
+    if (cfg->tenants_json != NULL && cfg->tenants_json[0] != '\0') {
         l.max_concurrent = 0;
+        if (cfg->admission_order == 1)
+            pdgw_log_warn("admit", "admission_order: slo_deadline has no effect with tenants: "
+                                   "their fair queue orders the waiters");
+    }
     l.queue_size = cfg->queue_size > 0 ? (unsigned)cfg->queue_size : 0;
     l.queue_timeout_ms = cfg->queue_timeout_ms;
     l.by_slo_deadline = cfg->admission_order == 1;

@@ -178,6 +178,9 @@ pdgw_status_t pdgw_tenants_create(const pdgw_config_t *c, pdq_t **out, char *err
     pdq_status_t qs;
     *out = NULL;
     if (!pdgw_tenants_configured(c)) {
+        if (c->kv_bytes_per_token.count > 0)
+            pdgw_log_warn("quota", "kv_bytes_per_token counts the KV of tenants' requests: "
+                                   "without `tenants:` it has no effect");
         if (c->quota_store[0] != '\0') {
             snprintf(err, errlen,
                      "quota_store is set but no tenants are configured: budgets "

@@ -50,7 +50,6 @@ bool pdgw_admin_usage_serve(pdgw_req_t *r)
     usage_args_t a = {0};
     uint64_t window_ms = 0;
     json_t *res;
-    char *text;
 
     if (strcmp(r->path, "/admin/usage") != 0)
         return false;
@@ -83,12 +82,6 @@ bool pdgw_admin_usage_serve(pdgw_req_t *r)
     }
     res = pdq_usage_json(q, (uint32_t)(window_ms / 1000u), a.has_tenant ? a.tenant : NULL,
                          a.has_model ? a.model : NULL);
-    text = res != NULL ? json_dumps(res, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
-    json_decref(res);
-    if (text == NULL) {
-        pdgw_req_reply_errorf(r, PDGW_API_ERR_INTERNAL, NULL, "out of memory");
-        return true;
-    }
-    pdgw_req_reply(r, 200, text, strlen(text), "application/json");
+    pdgw_req_reply_json(r, 200, res); /* 500 when it cannot be rendered */
     return true;
 }

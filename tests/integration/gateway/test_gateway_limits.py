@@ -29,16 +29,7 @@ from test_gateway import (SlowUpstream, assert_eq, comp_body, metrics, start_gw,
                           stop_gw)
 
 
-def wait_for(cond, timeout, what):
-    """Poll cond() until it returns a true value (returned) or fail after timeout s."""
-    deadline = time.time() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.time() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+wait_for = T.wait_for
 
 
 def metric(port, name, labels=None):

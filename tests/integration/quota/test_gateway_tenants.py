@@ -265,6 +265,19 @@ def test_bad_input():
         p = t.Proc("check", [t.binary("pdgw"), "--check-config", f.name])
         assert p.wait(10) != 0
         assert says in p.output(), (says, p.output())
+    # settings that would do nothing are accepted, and said so
+    for text, says in [
+        (f"kv_bytes_per_token: {{{MODEL}: 100}}\n", "without `tenants:` it has no effect"),
+        ("admission_order: slo_deadline\ntenants: [{name: a}]\n",
+         "slo_deadline has no effect with tenants"),
+    ]:
+        f = tempfile.NamedTemporaryFile("w", delete=False, suffix=".yaml")
+        f.write(f"listen: 127.0.0.1:{port}\nprotocol: neutral\ninstances:\n"
+                f"  - {{id: e1, url: \"http://127.0.0.1:{s}\", role: both}}\n" + text)
+        f.close()
+        p = t.Proc("check", [t.binary("pdgw"), "--check-config", f.name])
+        assert p.wait(10) == 0, p.output()
+        assert says in p.output(), (says, p.output())
     # A "store" that answers garbage: the gateway serves on local limits and says so.
     class Junk(t.RawServer):
         def _serve(self, conn):
