@@ -151,13 +151,18 @@ void sched_instance_set_error(sched_instance_t *inst, uint64_t now_ms, const cha
     pthread_mutex_unlock(&inst->mu);
 }
 
+void sched_instance_predict_ttft_at(const sched_instance_t *inst, uint64_t uncached_tokens,
+                                    uint64_t now_ms, sched_prediction_t *out)
+{
+    double x[SCHED_PREFILL_DIM];
+    sched_prefill_features(x, uncached_tokens, sched_backlog_tokens(inst, now_ms));
+    sched_latency_model_predict(&inst->lat_prefill, x, out);
+}
+
 void sched_instance_predict_ttft(const sched_instance_t *inst, uint64_t uncached_tokens,
                                  sched_prediction_t *out)
 {
-    double x[SCHED_PREFILL_DIM];
-    sched_prefill_features(x, uncached_tokens,
-                           sched_backlog_tokens(inst, inst->clock(inst->clock_arg)));
-    sched_latency_model_predict(&inst->lat_prefill, x, out);
+    sched_instance_predict_ttft_at(inst, uncached_tokens, inst->clock(inst->clock_arg), out);
 }
 
 void sched_instance_predict_tpot(const sched_instance_t *inst, uint64_t kv_tokens,

@@ -372,6 +372,10 @@ uint64_t sched_pool_now(const sched_pool_t *pool);
 /* The prefill work still ahead on an instance (sched_backlog.c), in prompt tokens: what a
  * new prompt waits behind. */
 uint64_t sched_backlog_tokens(const sched_instance_t *inst, uint64_t now_ms);
+/* sched_instance_predict_ttft at a time the caller read once (a pick asks it of every
+ * candidate: one clock read per pick, not per candidate). */
+void sched_instance_predict_ttft_at(const sched_instance_t *inst, uint64_t uncached_tokens,
+                                    uint64_t now_ms, sched_prediction_t *out);
 /* A leg's <tokens> join the queue; returns the instance's booked total through them (give it
  * back to sched_backlog_leg_done). */
 uint64_t sched_backlog_add(sched_instance_t *inst, uint64_t now_ms, uint64_t tokens);

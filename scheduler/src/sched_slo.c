@@ -120,7 +120,8 @@ static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ct
         sched_prediction_t p;
         if (!sched_pick_allowed(c, ctx))
             continue;
-        sched_instance_predict_ttft(c, i < SLO_WINDOW ? uncached[i] : uncached[0], &p);
+        sched_instance_predict_ttft_at(c, i < SLO_WINDOW ? uncached[i] : uncached[0], ctx->now_ms,
+                                       &p);
         if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 > bound) {
             if (better(p.upper, c, over_s, over))
                 over = c, over_s = p.upper;
@@ -163,7 +164,8 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
         if (ctx->whole_request) {
             /* It runs the prefill too: the least predicted time to first token wins. */
             sched_prediction_t t;
-            sched_instance_predict_ttft(c, i < SLO_WINDOW ? uncached[i] : uncached[0], &t);
+            sched_instance_predict_ttft_at(c, i < SLO_WINDOW ? uncached[i] : uncached[0],
+                                           ctx->now_ms, &t);
             s = explore_score(c, &t, t.upper);
         } else {
             s = (double)sched_instance_score(c, ctx->now_ms);
@@ -241,7 +243,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
             if (!sched_pick_allowed(c, &ctx))
                 continue;
             if (r == SCHED_RIDX_PREFILL)
-                sched_instance_predict_ttft(c, req->prompt_tokens, &p);
+                sched_instance_predict_ttft_at(c, req->prompt_tokens, ctx.now_ms, &p);
             else
                 sched_instance_predict_tpot(c, (uint64_t)req->prompt_tokens + req->max_tokens, &p);
             if (!have[r] || p.mean < *best)
