@@ -172,17 +172,20 @@ static double spread(const sched_latency_model_t *m)
 }
 
 /* Prefill: tokens/s sustained within <ttft_s> for prompts of <isl> (the rate times the
- * usable utilisation), and the queued tokens at which a mean prompt just meets it. */
+ * usable utilisation), and the queued tokens at which a mean prompt just meets it. The model is
+ * per engine step (a fixed cost) and per kToken; a loaded engine runs full steps of <budget>
+ * tokens, so a queued kToken costs the per-kToken cost plus its share of a step's. */
 static void prefill_capacity(const sched_latency_model_t *m, double isl, double ttft_s,
-                             double *tokens_s, double *queue_sla)
+                             uint32_t budget, double *tokens_s, double *queue_sla)
 {
-    double k = spread(m), n = isl * 1e-3;
-    double per_ktok = coef(m, 1) + coef(m, 3); /* a queued kToken: the shared slope + its own */
-    double idle = k * (coef(m, 0) + coef(m, 1) * n + coef(m, 2) * n * n);
+    double k = spread(m), n = isl * 1e-3, b = budget ? budget * 1e-3 : 2.048;
+    double step = coef(m, 0) > 0.0 ? coef(m, 0) : 0.0;
+    double per_ktok = coef(m, 1) + step / b;
+    double idle = k * (step * ceil(n / b > 1.0 ? n / b : 1.0) + coef(m, 1) * n);
     double q, rho;
 
     if (!(per_ktok > 1e-6))
-        per_ktok = coef(m, 1) > 1e-6 ? coef(m, 1) : 1e-6;
+        per_ktok = 1e-6;
     q = (ttft_s - idle) / (k * per_ktok) * 1e3; /* tokens ahead that still meet the target */
     if (!(q > 0.0))
         q = 0.0;
@@ -287,7 +290,8 @@ static void update_role(struct sched_autoscale *a, as_model_t *m, int ridx,
         if (!sched_instance_selectable(c, now_ms) || (model && !sched_models_allow(c, model)))
             continue;
         if (ridx == SCHED_RIDX_PREFILL) {
-            prefill_capacity(&c->lat_prefill, m->isl, m->ttft_s, &tokens_s, &sla);
+            prefill_capacity(&c->lat_prefill, m->isl, m->ttft_s, c->pq.step_tokens, &tokens_s,
+                             &sla);
             load = (double)atomic_load_explicit(&c->prompt_tokens, RELAXED);
         } else {
             decode_capacity(&c->lat_tpot, ctx, m->isl + m->osl, m->tpot_s,
@@ -304,7 +308,7 @@ static void update_role(struct sched_autoscale *a, as_model_t *m, int ridx,
     if (count == 0) { /* nothing to learn from: a replica with the cold priors */
         double sla;
         if (ridx == SCHED_RIDX_PREFILL)
-            prefill_capacity(&a->prior_prefill, m->isl, m->ttft_s, &cap_sum, &sla);
+            prefill_capacity(&a->prior_prefill, m->isl, m->ttft_s, 0, &cap_sum, &sla);
         else
             decode_capacity(&a->prior_tpot, ctx, m->isl + m->osl, m->tpot_s, 0, &cap_sum, &sla);
         need = demand / cap_sum;

@@ -28,11 +28,17 @@ typedef struct booking_leg {
     /* The latency models' features as the leg was booked (what was queued and running on
      * its instance then), scored against the timings it finishes with. */
     double x_ttft[SCHED_PREFILL_DIM], x_tpot[SCHED_TPOT_DIM];
-    /* What the models predicted then (means; 0 while a model was cold). */
-    double pred_first_s, pred_tpot_s;
-    /* The prefill features' raw values (the prompt, the work ahead), and the instance's
-     * booked-token total through this leg (sched_backlog.c). */
-    uint64_t x_prompt, x_queued, backlog_through;
+    /* What the models predicted then (means; 0 while a model was cold), and the prefill's
+     * prediction cold or not (scored against the leg's time either way). */
+    double pred_first_s, pred_tpot_s, pred_first_raw_s;
+    /* The prompt tokens it computes; how much of the replay's steps had run when it was
+     * booked (the features count from the replay's anchor); its place in the instance's
+     * prefill replay (0 = not there), and the replay's steps to its end when it answered. */
+    uint64_t x_prompt;
+    double x_elapsed_s;
+    uint64_t pq_id;
+    sched_pq_steps_t answered;
+    sched_pq_answer_t answer; /* what the replay made of its answer */
     uint64_t excluded[LEG_MAX_EXCLUDE];
     size_t n_excluded;
 } booking_leg_t;
@@ -166,6 +172,9 @@ static void leg_unload(booking_leg_t *leg)
         atomic_fetch_sub_explicit(&inst->kv_tokens, leg->kv_charge, RELAXED);
     if (leg->kv_prompt_charge)
         atomic_fetch_sub_explicit(&inst->kv_decode_prompt, leg->kv_prompt_charge, RELAXED);
+    if (leg->pq_id) /* ended without its answer taking it out of the replay */
+        sched_pq_drop(inst, leg->pq_id);
+    leg->pq_id = 0;
 }
 
 /* A model's mean for <x>, or 0 while it is cold (its priors say little of this instance). */
@@ -193,35 +202,68 @@ static uint64_t booking_uncached(const sched_booking_t *b, const sched_instance_
     return cached >= prompt ? 1 : prompt - cached;
 }
 
-/* What the leg's latency will be learnt against: the prompt tokens it computes (the cached
- * ones as far as KV events tell, corrected when the engine's answer says) with the prefill
- * work still ahead on the instance queued before it; the requests and KV tokens running with
- * it, itself included. */
+/* What the leg's latency will be predicted and learnt against: the prompt tokens it computes
+ * (the cached ones as far as KV events tell, corrected when the engine's answer says), laid
+ * out by the instance's prefill replay behind the work queued there; the requests and KV
+ * tokens running with it, itself included. */
 static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const sched_booking_t *b,
                          uint64_t now_ms)
 {
     const sched_request_t *req = &b->req;
     uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
+    sched_prediction_t p;
+    sched_pq_steps_t st;
 
     leg->x_prompt = booking_uncached(b, inst);
-    leg->x_queued = sched_backlog_tokens(inst, now_ms);
-    sched_prefill_features(leg->x_ttft, leg->x_prompt, leg->x_queued);
+    sched_instance_predict_ttft_replay(inst, leg->x_prompt, now_ms, &st, &p);
+    /* learnt against what was booked: the arrivals the prediction expected are not known to
+     * have come */
+    sched_prefill_features(leg->x_ttft, st.steps, st.tokens - st.later_tokens);
+    leg->x_elapsed_s = st.elapsed_s;
+    leg->pred_first_raw_s = p.mean;
+    leg->pred_first_s = p.observed >= SCHED_PREDICT_SCORED_AFTER ? p.mean : 0.0;
     sched_tpot_features(leg->x_tpot, atomic_load_explicit(&inst->inflight, RELAXED),
                         kv + (uint64_t)req->prompt_tokens + req->max_tokens / 2);
-    leg->pred_first_s = warm_mean(&inst->lat_prefill, leg->x_ttft);
     leg->pred_tpot_s = warm_mean(&inst->lat_tpot, leg->x_tpot);
 }
 
+/* A prefill leg answered: out of the replay, which says what steps it took since the anchor
+ * (the observation its model learns). Before the leg's load is released. */
+static void leg_answered(booking_leg_t *leg, const sched_result_t *r, uint64_t now_ms)
+{
+    uint64_t computed = 0;
+
+    leg->answer = SCHED_PQ_ABSENT;
+    if (!leg->pq_id || !r || r->outcome != SCHED_OUTCOME_SUCCESS || !(r->first_token_s > 0.0))
+        return;
+    if (r->cached_tokens > 0 && r->cached_tokens < leg->prompt_charge)
+        computed = leg->prompt_charge - r->cached_tokens;
+    leg->answer = sched_pq_answered(leg->inst, leg->pq_id, now_ms, computed, &leg->answered);
+    if (leg->answer == SCHED_PQ_LEARNT && !((double)now_ms > leg->answered.start_ms))
+        leg->answer = SCHED_PQ_ABSENT; /* within the clock's tick: learnt from its own timing */
+    leg->pq_id = 0;
+}
+
 /* Teach the instance's models what a successful leg took. */
-static void leg_learn(booking_leg_t *leg, const sched_result_t *r)
+static void leg_learn(booking_leg_t *leg, const sched_result_t *r, uint64_t now_ms)
 {
     if (r->outcome != SCHED_OUTCOME_SUCCESS)
         return;
     if (r->first_token_s > 0.0) {
-        uint64_t prompt = leg->prompt_charge ? leg->prompt_charge : leg->x_prompt;
-        if (r->cached_tokens > 0 && r->cached_tokens < prompt) /* computed: the rest */
-            sched_prefill_features(leg->x_ttft, prompt - r->cached_tokens, leg->x_queued);
-        sched_latency_model_observe(&leg->inst->lat_prefill, leg->x_ttft, r->first_token_s);
+        double x[SCHED_PREFILL_DIM];
+        if (leg->answer == SCHED_PQ_LEARNT) { /* in hindsight: the replay's steps to now */
+            sched_prefill_features(x, leg->answered.steps, leg->answered.tokens);
+            sched_latency_model_observe_scored(&leg->inst->lat_prefill, x,
+                                               ((double)now_ms - leg->answered.start_ms) * 1e-3,
+                                               leg->pred_first_raw_s, r->first_token_s);
+        } else if (leg->answer == SCHED_PQ_SEEN) { /* its step was learnt: scored only */
+            sched_latency_model_observe_scored(&leg->inst->lat_prefill, leg->x_ttft, 0.0,
+                                               leg->pred_first_raw_s, r->first_token_s);
+        } else { /* as booked (a leg whose prompt ends mid-stream, or not replayed) */
+            sched_latency_model_observe_scored(&leg->inst->lat_prefill, leg->x_ttft,
+                                               leg->x_elapsed_s + r->first_token_s,
+                                               leg->pred_first_raw_s, r->first_token_s);
+        }
     }
     if (r->later_tokens > 0 && r->later_tokens_s > 0.0)
         sched_latency_model_observe(&leg->inst->lat_tpot, leg->x_tpot,
@@ -291,12 +333,13 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
         uint64_t now_ms = sched_pool_now(pool);
         leg_features(leg, chosen, b, now_ms);
         leg->prompt_charge = leg->kv_charge = leg->kv_prompt_charge = 0;
-        leg->backlog_through = 0;
+        leg->pq_id = 0;
+        leg->answer = SCHED_PQ_ABSENT;
         if (which == SCHED_LEG_PREFILL) {
             leg->prompt_charge = b->req.prompt_tokens;
             leg->milli_charge = sched_prefill_milli(leg->prompt_charge);
             atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
-            leg->backlog_through = sched_backlog_add(chosen, now_ms, leg->x_prompt);
+            leg->pq_id = sched_pq_add(chosen, now_ms, leg->x_prompt);
         } else {
             leg->kv_charge = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
             leg->milli_charge = sched_decode_milli(leg->kv_charge);
@@ -306,7 +349,7 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
             if (b->whole) { /* it computes the prompt too: queued prefill work on it */
                 leg->prompt_charge = b->req.prompt_tokens;
                 atomic_fetch_add_explicit(&chosen->prompt_tokens, leg->prompt_charge, RELAXED);
-                leg->backlog_through = sched_backlog_add(chosen, now_ms, leg->x_prompt);
+                leg->pq_id = sched_pq_add(chosen, now_ms, leg->x_prompt);
             }
         }
         atomic_fetch_add_explicit(&chosen->token_milli, leg->milli_charge, RELAXED);
@@ -465,6 +508,7 @@ sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
                                     const sched_result_t *result)
 {
     booking_leg_t *leg;
+    uint64_t now_ms;
     bool probe;
 
     if (!b || (which != SCHED_LEG_PREFILL && which != SCHED_LEG_DECODE))
@@ -480,12 +524,14 @@ sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
     }
     probe = leg->probe;
     leg->probe = false;
+    now_ms = sched_pool_now(b->pool);
+    /* A prefill's answer ends its prompt (a whole request's leg streams on past it). */
+    if (which == SCHED_LEG_PREFILL)
+        leg_answered(leg, result, now_ms);
     leg_unload(leg);
-    sched_breaker_report(b->pool, leg->inst, probe, sched_pool_now(b->pool), result);
+    sched_breaker_report(b->pool, leg->inst, probe, now_ms, result);
     if (result)
-        leg_learn(leg, result);
-    if (result && result->outcome == SCHED_OUTCOME_SUCCESS && leg->backlog_through)
-        sched_backlog_leg_done(leg->inst, sched_pool_now(b->pool), leg->backlog_through);
+        leg_learn(leg, result, now_ms);
     if (which == SCHED_LEG_DECODE && result && result->outcome == SCHED_OUTCOME_SUCCESS &&
         (result->first_token_s > 0.0 || result->later_tokens > 0))
         sched_autoscale_note_output(b->pool, b->req.model, result->later_tokens + 1);

@@ -19,6 +19,7 @@ void sched_config_init(sched_config_t *cfg)
     cfg->breaker_open_ms = 10000;
     cfg->overload_penalty_ms = 5000;
     cfg->prefix_block_tokens = 16;
+    cfg->prefill_step_tokens = 2048;
     cfg->prefix_max_blocks = 65536;
     cfg->prefix_load_slack = 4.0;
     cfg->zone_load_slack = 1.0;

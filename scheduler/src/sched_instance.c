@@ -29,6 +29,7 @@ sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_de
     atomic_init(&inst->refcnt, 1);
     sched_latency_model_init(&inst->lat_prefill, SCHED_PHASE_PREFILL, NULL);
     sched_latency_model_init(&inst->lat_tpot, SCHED_PHASE_TPOT, NULL);
+    sched_pq_init(&inst->pq, pool->prefill_step_tokens);
     inst->weight = inst->desc.weight;
     inst->inv_weight = ((1ull << 32) + inst->weight - 1) / inst->weight;
     inst->roles = (uint8_t)inst->desc.role;
@@ -65,6 +66,7 @@ void sched_instance_unref(sched_instance_t *inst)
     pthread_mutex_destroy(&inst->mu);
     sched_latency_model_fini(&inst->lat_prefill);
     sched_latency_model_fini(&inst->lat_tpot);
+    sched_pq_fini(&inst->pq);
     sched_models_free(inst->learnt);
     sched_desc_free(&inst->desc);
     sched_free(inst);
@@ -151,12 +153,37 @@ void sched_instance_set_error(sched_instance_t *inst, uint64_t now_ms, const cha
     pthread_mutex_unlock(&inst->mu);
 }
 
+/* What a leg of <tokens> takes on an idle instance: one step of them (or as many steps as
+ * the budget cuts them into). A replay cannot predict less than that. */
+static double inst_alone_s(const sched_instance_t *inst, uint64_t tokens)
+{
+    const sched_latency_model_t *m = &inst->lat_prefill;
+    uint32_t budget = inst->pq.step_tokens;
+    uint64_t steps = tokens == 0 ? 1 : (tokens + budget - 1) / budget;
+
+    return atomic_load_explicit(&m->coef[0], RELAXED) * (double)steps +
+           atomic_load_explicit(&m->coef[1], RELAXED) * (double)tokens * 1e-3;
+}
+
+void sched_instance_predict_ttft_replay(const sched_instance_t *inst, uint64_t uncached_tokens,
+                                        uint64_t now_ms, sched_pq_steps_t *st,
+                                        sched_prediction_t *out)
+{
+    double x[SCHED_PREFILL_DIM];
+
+    /* The replay lays the steps out from its anchor; the model says how long they take; what
+     * of that had run by now is not this leg's to wait. */
+    sched_pq_predict(inst, now_ms, uncached_tokens, st);
+    sched_prefill_features(x, st->steps, st->tokens);
+    sched_latency_model_predict(&inst->lat_prefill, x, out);
+    sched_prediction_shift(out, -st->elapsed_s, inst_alone_s(inst, uncached_tokens));
+}
+
 void sched_instance_predict_ttft_at(const sched_instance_t *inst, uint64_t uncached_tokens,
                                     uint64_t now_ms, sched_prediction_t *out)
 {
-    double x[SCHED_PREFILL_DIM];
-    sched_prefill_features(x, uncached_tokens, sched_backlog_tokens(inst, now_ms));
-    sched_latency_model_predict(&inst->lat_prefill, x, out);
+    sched_pq_steps_t st;
+    sched_instance_predict_ttft_replay(inst, uncached_tokens, now_ms, &st, out);
 }
 
 void sched_instance_predict_ttft(const sched_instance_t *inst, uint64_t uncached_tokens,

@@ -53,6 +53,34 @@
 #define SCHED_LAST_ERROR_MAX 192
 #define SCHED_RR_MODEL_SLOTS 64
 
+/* The prefill replay's state (sched_prefill_queue.c). */
+#define SCHED_PQ_MAX                 64
+#define SCHED_PQ_DEFAULT_STEP_TOKENS 2048
+typedef struct sched_pq_leg {
+    uint32_t id;
+    uint32_t tokens; /* to compute */
+    uint32_t done;   /* of them, computed by the replay's account at the anchor */
+    uint64_t booked_ms;
+} sched_pq_leg_t;
+typedef struct sched_prefill_queue {
+    pthread_mutex_t mu;
+    uint64_t anchor_ms;   /* a step ended then (a leg answered), or the engine left idle */
+    uint32_t step_tokens; /* the engine's token budget per step */
+    uint32_t next_id;
+    double rate_acc;     /* tokens booked, decayed: the arrival rate's average */
+    uint64_t rate_at_ms; /* when rate_acc was last decayed */
+    size_t n;
+    sched_pq_leg_t legs[SCHED_PQ_MAX]; /* in booking order */
+} sched_prefill_queue_t;
+/* A replay's answer: from <start_ms>, <steps> steps computing <tokens> end at <end_ms> with
+ * the leg's last token; <elapsed_s> of them had run by the time asked; <later_tokens> of the
+ * tokens are prompts expected to arrive after the leg (a prediction's, not booked yet). */
+typedef struct sched_pq_steps {
+    uint32_t steps;
+    uint64_t tokens, later_tokens;
+    double start_ms, end_ms, elapsed_s;
+} sched_pq_steps_t;
+
 struct sched_instance {
     /* ---- hot: everything a pick reads (first cache line + inv_weight) ---- */
     _Alignas(64) _Atomic uint32_t inflight;
@@ -77,10 +105,6 @@ struct sched_instance {
     _Atomic uint64_t kv_free_at_ms;  /* 0 = no hint */
     _Atomic uint64_t prompt_tokens; /* in-flight prompt tokens (prefill legs, whole-request legs) */
     _Atomic uint64_t kv_tokens;     /* projected KV tokens (decode legs), for the admin view */
-    /* Prefill work not yet computed (sched_backlog.c): tokens << 32 | clock ms, and every
-     * prompt token ever booked here (the first-come-first-served bound). */
-    _Atomic uint64_t backlog;
-    _Atomic uint64_t backlog_booked;
     /* KV headroom (sched_kv_headroom.c): what the engine can hold, in tokens (0 = unknown:
      * every booking fits), where that figure comes from (SCHED_KV_CAP_*), the tokens the
      * engine last reported in use (usage x capacity; 0 when stale), the prompt part of
@@ -107,6 +131,7 @@ struct sched_instance {
     /* ---- latency models, learnt from finished legs (each its own lock) ---- */
     sched_latency_model_t lat_prefill; /* a leg's time to its first token */
     sched_latency_model_t lat_tpot;    /* its time per output token after that */
+    sched_prefill_queue_t pq;          /* its open prefill work, for the replay (own lock) */
 
     /* ---- pool thread only ------------------------------------------ */
     uint64_t next_probe_ms, next_scrape_ms;
@@ -150,6 +175,7 @@ struct sched_pool {
     unsigned breaker_failures;
     uint64_t breaker_open_ms, overload_penalty_ms;
     unsigned prefix_block_tokens;
+    uint32_t prefill_step_tokens; /* the engines' token budget per step (the prefill replay) */
     size_t prefix_max_blocks;
     uint64_t prefix_slack, zone_slack; /* milli */
     uint32_t default_max_tokens;
@@ -369,18 +395,36 @@ typedef struct sched_member {
 
 uint64_t sched_pool_now(const sched_pool_t *pool);
 
-/* The prefill work still ahead on an instance (sched_backlog.c), in prompt tokens: what a
- * new prompt waits behind. */
-uint64_t sched_backlog_tokens(const sched_instance_t *inst, uint64_t now_ms);
 /* sched_instance_predict_ttft at a time the caller read once (a pick asks it of every
- * candidate: one clock read per pick, not per candidate). */
+ * candidate). */
 void sched_instance_predict_ttft_at(const sched_instance_t *inst, uint64_t uncached_tokens,
                                     uint64_t now_ms, sched_prediction_t *out);
-/* A leg's <tokens> join the queue; returns the instance's booked total through them (give it
- * back to sched_backlog_leg_done). */
-uint64_t sched_backlog_add(sched_instance_t *inst, uint64_t now_ms, uint64_t tokens);
-/* That leg answered: what was booked before it is computed. */
-void sched_backlog_leg_done(sched_instance_t *inst, uint64_t now_ms, uint64_t booked_through);
+/* The same, with the replay's steps it was made from. */
+void sched_instance_predict_ttft_replay(const sched_instance_t *inst, uint64_t uncached_tokens,
+                                        uint64_t now_ms, sched_pq_steps_t *st,
+                                        sched_prediction_t *out);
+
+/* ---- the prefill replay (sched_prefill_queue.c) ---- */
+void sched_pq_init(sched_prefill_queue_t *q, uint32_t step_tokens);
+void sched_pq_fini(sched_prefill_queue_t *q);
+/* Queue a leg of <tokens> booked at <now_ms>; its id (0: the queue is full, not replayed). */
+uint64_t sched_pq_add(sched_instance_t *inst, uint64_t now_ms, uint64_t tokens);
+/* The replay of a leg of <tokens> booked now, behind what is queued. */
+void sched_pq_predict(const sched_instance_t *inst, uint64_t now_ms, uint64_t tokens,
+                      sched_pq_steps_t *out);
+/* Leg <id> answered at <now_ms> having computed <computed> tokens (0 = as queued): a step
+ * ended now. LEARNT with <learn> filled when the replay reached it: the steps and tokens from
+ * the anchor it ran from to its end (learn->start_ms) - the prefill model's observation; SEEN
+ * when the replay had it done already (it shared the step of a leg answered before it: that
+ * one taught the step); ABSENT when it was not queued. */
+typedef enum { SCHED_PQ_LEARNT, SCHED_PQ_SEEN, SCHED_PQ_ABSENT } sched_pq_answer_t;
+sched_pq_answer_t sched_pq_answered(sched_instance_t *inst, uint64_t id, uint64_t now_ms,
+                                    uint64_t computed, sched_pq_steps_t *learn);
+/* Leg <id> ended without saying when its prompt was done (failed, cancelled, or a whole
+ * request's leg that streamed on): out of the replay. */
+void sched_pq_drop(sched_instance_t *inst, uint64_t id);
+/* The tokens still queued by the replay's account (admin view, autoscaling). */
+uint64_t sched_pq_tokens(const sched_instance_t *inst);
 uint64_t sched_pool_kv_ttl_ms(const sched_pool_t *pool);
 /* Remove retiring instances with nothing in flight (pool thread). */
 void sched_pool_reap_retired(sched_pool_t *pool);

@@ -261,6 +261,8 @@ sched_status_t sched_pool_create(const sched_config_t *cfg, sched_pool_t **pool_
     pool->breaker_open_ms = cfg->breaker_open_ms;
     pool->overload_penalty_ms = cfg->overload_penalty_ms;
     pool->prefix_block_tokens = cfg->prefix_block_tokens ? cfg->prefix_block_tokens : 16;
+    pool->prefill_step_tokens =
+        cfg->prefill_step_tokens ? cfg->prefill_step_tokens : SCHED_PQ_DEFAULT_STEP_TOKENS;
     pool->prefix_max_blocks = cfg->prefix_max_blocks ? cfg->prefix_max_blocks : 65536;
     pool->prefix_slack = (uint64_t)(cfg->prefix_load_slack * (double)SCHED_LOAD_UNIT);
     pool->zone_slack = (uint64_t)(cfg->zone_load_slack * (double)SCHED_LOAD_UNIT);

@@ -3,6 +3,7 @@
  * models built on it (pdsched/predict.h says why this model family).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include <pdsched/predict.h>
@@ -23,6 +24,11 @@
 #define COLD_SPREAD_LOG 0.405
 /* Shortest prediction scored (a 0 prediction cannot be divided by). */
 #define PREDICT_FLOOR_S 1e-4
+/* The prefill's prior variance: RLS weighs the prior against each observation as if the
+ * observations' noise had variance 1, and a prefill's noise is some 20 ms, its cost per
+ * kToken anywhere from 0.05 to 2 s: (1 s / 20 ms)^2 lets the first few legs set it (with a
+ * variance of 1, a slow engine took some 20 legs to be believed slow). */
+#define PREFILL_PRIOR_VAR 2500.0
 
 void sched_fit_init(sched_fit_t *f, unsigned dim, const double *prior, double prior_var,
                     double forget)
@@ -133,17 +139,10 @@ void sched_fit_observe(sched_fit_t *f, const double *x, double y)
 
 /* ---------------------------------------------------------------- features, priors */
 
-void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
-                            uint64_t queued_tokens)
+void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint32_t steps, uint64_t tokens)
 {
-    double n = (double)uncached_tokens * 1e-3, q = (double)queued_tokens * 1e-3;
-    /* The work queued ahead costs what the instance's own tokens cost (one slope for both,
-     * so an instance learnt slow is also predicted to drain its queue slowly); the last
-     * feature learns how far the queue's cost differs from that (batching overlaps it). */
-    x[0] = 1.0;
-    x[1] = n + q;
-    x[2] = n * n;
-    x[3] = q;
+    x[0] = (double)steps;
+    x[1] = (double)tokens * 1e-3;
 }
 
 void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens)
@@ -159,7 +158,7 @@ void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes)
     x[1] = (double)bytes / (1024.0 * 1024.0);
 }
 
-static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100, 0.0, 0.0};
+static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100};
 static const double tpot_prior[SCHED_TPOT_DIM] = {0.012, 0.002, 0.002};
 static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.001, 0.001};
 
@@ -211,14 +210,15 @@ void sched_latency_model_init(sched_latency_model_t *m, sched_phase_t phase, con
     m->dim = sched_phase_dim(phase);
     /* Forgetting 0.98: about the last 50 observations decide; an instance that slows down
      * is followed within tens of requests. */
-    sched_fit_init(&m->fit, m->dim, prior != NULL ? prior : sched_phase_prior(phase), 1.0, 0.98);
+    sched_fit_init(&m->fit, m->dim, prior != NULL ? prior : sched_phase_prior(phase),
+                   phase == SCHED_PHASE_PREFILL ? PREFILL_PRIOR_VAR : 1.0, 0.98);
     if (phase == SCHED_PHASE_PREFILL) {
-        /* The attention term and the queue's own correction stay near 0 until many
-         * observations say otherwise: with a few dozen noisy legs (a queue's timings are
-         * noisy) four free coefficients fit the noise, and the two that matter - the cost
-         * of a token and the fixed cost - are what a young model must get right. */
-        sched_fit_set_prior_var(&m->fit, 2, 0.01);
-        sched_fit_set_prior_var(&m->fit, 3, 0.01);
+        /* A step's fixed cost is tens of milliseconds; the tokens are most of a prefill (sd
+         * 50 ms against 1 s per kToken, relative to the noise as PREFILL_PRIOR_VAR says). With
+         * one step per leg on a quiet engine the two are told apart only by the prompts'
+         * lengths, and an equal prior variance would let the first few legs' error go to
+         * the step cost (its feature, 1 step, outweighs a few hundred tokens' 0.2 kTokens). */
+        sched_fit_set_prior_var(&m->fit, 0, PREFILL_PRIOR_VAR * 0.0025);
     }
     m->quantile = 0.9;
     m->q_log = COLD_SPREAD_LOG;
@@ -251,29 +251,51 @@ void sched_latency_model_seed(sched_latency_model_t *m, const sched_latency_mode
     pthread_mutex_unlock(&m->mu);
 }
 
-void sched_latency_model_observe(sched_latency_model_t *m, const double *x, double seconds)
+/* Score a prediction against what happened (under m->mu). Quantile by stochastic
+ * approximation: it settles where a share <quantile> of ln(actual / predicted) lies below it. */
+static void score_locked(sched_latency_model_t *m, double pred, double actual)
 {
-    double pred, r;
+    double r;
 
-    if (!(seconds > 0.0) || !isfinite(seconds) || !all_finite(x, m->dim))
-        return; /* nothing to learn from a non-positive or unknown duration */
-    pthread_mutex_lock(&m->mu);
-    pred = sched_fit_predict(&m->fit, x);
     if (pred < PREDICT_FLOOR_S)
         pred = PREDICT_FLOOR_S;
-    /* Score the prediction it had, then learn. Quantile by stochastic approximation: it
-     * settles where a share <quantile> of ln(actual / predicted) lies below it. */
-    r = log(seconds / pred);
+    r = log(actual / pred);
     m->q_log += QUANTILE_STEP * (m->quantile - (r <= m->q_log ? 1.0 : 0.0));
     /* The error of a warm model only: a cold one predicts from the priors, and counting
      * that would say more about the priors than about the model for a long while. */
     if (m->fit.n >= ERR_WARMUP) {
-        uint64_t k = m->fit.n - ERR_WARMUP; /* earlier scored predictions */
+        uint64_t k = m->scored; /* earlier scored predictions */
         double step = k < (uint64_t)(1.0 / MEAN_STEP) ? 1.0 / (double)(k + 1) : MEAN_STEP;
-        r = fabs(seconds - pred) / seconds;
+        r = fabs(actual - pred) / actual;
         m->rel_err += step * (r - m->rel_err);
+        m->scored++;
     }
+}
+
+void sched_latency_model_observe(sched_latency_model_t *m, const double *x, double seconds)
+{
+    if (!(seconds > 0.0) || !isfinite(seconds) || !all_finite(x, m->dim))
+        return; /* nothing to learn from a non-positive or unknown duration */
+    pthread_mutex_lock(&m->mu);
+    score_locked(m, sched_fit_predict(&m->fit, x), seconds); /* the prediction it had, then learn */
     sched_fit_observe(&m->fit, x, seconds);
+    publish(m);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void sched_latency_model_observe_scored(sched_latency_model_t *m, const double *x, double y,
+                                        double predicted, double actual)
+{
+    bool learn = y > 0.0 && isfinite(y) && all_finite(x, m->dim);
+    bool score = predicted > 0.0 && isfinite(predicted) && actual > 0.0 && isfinite(actual);
+
+    if (!learn && !score)
+        return;
+    pthread_mutex_lock(&m->mu);
+    if (score)
+        score_locked(m, predicted, actual);
+    if (learn)
+        sched_fit_observe(&m->fit, x, y);
     publish(m);
     pthread_mutex_unlock(&m->mu);
 }

@@ -218,6 +218,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
     sched_pick_ctx_t ctx;
     sched_slo_estimate_t e = {0};
     bool have[2] = {false, false};
+    uint64_t *keys = NULL;
 
     if (!pool || !req || !out)
         return SCHED_ERR_INVALID;
@@ -229,21 +230,49 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
     ctx.any_exclude = req->n_exclude_ids > 0;
     e.cold = true;
     pthread_rwlock_rdlock(&pool->lock);
+    /* the prompt's block keys, to count what each prefill has cached (as a pick does) */
+    if (pool->kvev_index && sched_kvev_request_keys(pool, req, &keys, &ctx.n_kv_keys) == SCHED_OK &&
+        keys)
+        ctx.kv_keys = keys;
     for (int r = 0; r < 2; r++) {
         const sched_snapshot_t *snap = pool->snap;
         slo_window_t w = {.arr = snap->role[r], .n = snap->n_role[r], .len = snap->n_role[r]};
         double *best = r == SCHED_RIDX_PREFILL ? &e.ttft_s : &e.tpot_s;
+        uint64_t uncached[SLO_WINDOW];
         if (w.n > SLO_ESTIMATE_WINDOW) {
             w.start = (size_t)((sched_rng_next(ctx.rng) >> 11) % w.n);
             w.len = SLO_ESTIMATE_WINDOW;
         }
+        if (r == SCHED_RIDX_PREFILL && w.len <= SLO_WINDOW) {
+            /* The instance a pick would choose now (bounded load, exploration and all): what
+             * a request admitted on this estimate is then sent to. */
+            sched_instance_t *c = pick_prefill(&w, &ctx);
+            if (c != NULL) {
+                sched_prediction_t p = {0};
+                window_uncached(&w, &ctx, uncached);
+                for (size_t i = 0; i < w.len; i++)
+                    if (at(&w, i) == c)
+                        sched_instance_predict_ttft_at(c, uncached[i], ctx.now_ms, &p);
+                *best = p.mean;
+                have[r] = true;
+                e.cold = e.cold && p.observed == 0;
+            }
+            continue;
+        }
         for (size_t i = 0; i < w.len; i++) {
             sched_instance_t *c = at(&w, i);
             sched_prediction_t p;
+            if (r == SCHED_RIDX_PREFILL && i % SLO_WINDOW == 0) { /* the next SLO_WINDOW */
+                slo_window_t part = {.arr = w.arr,
+                                     .n = w.n,
+                                     .start = (w.start + i) % w.n,
+                                     .len = w.len - i < SLO_WINDOW ? w.len - i : SLO_WINDOW};
+                window_uncached(&part, &ctx, uncached);
+            }
             if (!sched_pick_allowed(c, &ctx))
                 continue;
             if (r == SCHED_RIDX_PREFILL)
-                sched_instance_predict_ttft_at(c, req->prompt_tokens, ctx.now_ms, &p);
+                sched_instance_predict_ttft_at(c, uncached[i % SLO_WINDOW], ctx.now_ms, &p);
             else
                 sched_instance_predict_tpot(c, (uint64_t)req->prompt_tokens + req->max_tokens, &p);
             if (!have[r] || p.mean < *best)
@@ -254,6 +283,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
         }
     }
     pthread_rwlock_unlock(&pool->lock);
+    sched_free(keys);
     if (!have[SCHED_RIDX_PREFILL] && !have[SCHED_RIDX_DECODE])
         return SCHED_ERR_NO_INSTANCE;
     *out = e;

@@ -13,7 +13,8 @@ Arrivals are Poisson with bursts: every 5 s, 1 s at 3x the base rate (the mean i
 asked for). Each request carries x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms (the targets below).
 
 First the fleet's capacity C is measured (a closed loop of CONC_CAP clients under
-least-load, completed requests per second); then a rate sweep 0.5x..1.5x C, the same
+least-load, enough to keep every prefill busy: completed requests per second once it is
+saturated); then a rate sweep 0.5x..1.5x C, the same
 stream per rate replayed under round-robin, least-load, precise-prefix and slo (the last
 with slo_policy reject), each policy on a fresh fleet warmed by the same short warm-up.
 
@@ -26,8 +27,8 @@ the mean predictor error (pdgw_predict_error_ratio over instances and phases, fr
 B7_POLICIES=slo,least-load runs only those.
 
 Usage: b7_goodput.py [BIN_DIR] [--quick]
-  --quick (or QUICK=1): rates 0.5/1.0/1.5 x C, 10 s each (about 2-3 minutes on 2 cores);
-  full: 0.5/0.75/1.0/1.25/1.5 x C, 30 s each.
+  --quick (or QUICK=1): rates 0.5/1.0/1.2/1.5 x C, 10 s each (about 4 minutes on 2 cores);
+  full: 0.5/0.75/1.0/1.2/1.5 x C, 30 s each.
 Results: tests/bench/results/b7_goodput.csv; b7_goodput.sh plots them.
 """
 
@@ -58,11 +59,13 @@ DECODE_TIMING = ["--ttft-ms", "10", "--prefill-ms-per-token", "1.0", "--tpot-ms"
                  "--step-ms-per-ktoken", "0.2", "--max-batch", "64"]
 SLO_TTFT_MS, SLO_TPOT_MS = 1500, 30
 POLICIES = os.environ.get("B7_POLICIES", "round-robin,least-load,precise-prefix,slo").split(",")
-RATES = [0.5, 1.0, 1.5] if QUICK else [0.5, 0.75, 1.0, 1.25, 1.5]
+RATES = [0.5, 1.0, 1.2, 1.5] if QUICK else [0.5, 0.75, 1.0, 1.2, 1.5]
 RUN_S = 10.0 if QUICK else 30.0
 WARM_S = 3.0 if QUICK else 10.0
 CAP_S = 6.0 if QUICK else 15.0
-CONC_CAP = 40
+# Enough clients that the prefills, not the clients, bound the closed loop: a request holds a
+# client for its whole decode (~1.5 s), so 40 clients measured 40 / 5.5 s, not the fleet.
+CONC_CAP = 160
 SYSTEMS, SYSTEM_TOKENS = 4, 256
 
 
@@ -314,27 +317,30 @@ def replay(port, stream):
     return results
 
 
-def closed_loop(port, wl, clients, seconds):
-    """Completed requests per second with <clients> always waiting on one."""
+def closed_loop(port, wl, clients, seconds, skip=0.0):
+    """Completed requests per second with <clients> always waiting on one, counted from <skip>
+    seconds on (the fleet saturated by then) to <seconds>."""
     done = [0]
     lock = threading.Lock()
-    stop = time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    start, stop = t0 + skip, t0 + seconds
 
     def client():
         while time.perf_counter() < stop:
             with lock:
                 prompt, mt = wl.request()
-            if one_request(port, prompt, mt)[0] == "ok":
+            ok = one_request(port, prompt, mt)[0] == "ok"
+            now = time.perf_counter()
+            if ok and start <= now <= stop:
                 with lock:
                     done[0] += 1
 
-    t0 = time.perf_counter()
     ths = [threading.Thread(target=client) for _ in range(clients)]
     for th in ths:
         th.start()
     for th in ths:
         th.join()
-    return done[0] / (time.perf_counter() - t0)
+    return done[0] / (seconds - skip)
 
 
 def pct(vals, p):
@@ -382,8 +388,7 @@ def main():
           f"{RUN_S:.0f} s each; load {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
     fleet = start_fleet("least-load")
     try:
-        closed_loop(fleet.gw_port, Workload(1), CONC_CAP, WARM_S)
-        cap = closed_loop(fleet.gw_port, Workload(2), CONC_CAP, CAP_S)
+        cap = closed_loop(fleet.gw_port, Workload(2), CONC_CAP, WARM_S + CAP_S, WARM_S)
     finally:
         fleet.close()
     print(f"  capacity C = {cap:.2f} req/s (closed loop, {CONC_CAP} clients, least-load)",

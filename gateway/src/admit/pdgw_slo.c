@@ -288,6 +288,11 @@ bool pdgw_slo_req_enter(pdgw_wf_t *wf)
                             : 0;
         sr.text = r->info.prompt_text;
         sr.text_len = r->info.prompt_text_len;
+        if (r->info.prompt_tokens && r->info.n_prompt_tokens) { /* what each prefill has cached */
+            sr.tokens = (const uint32_t *)r->info.prompt_tokens;
+            sr.n_tokens = r->info.n_prompt_tokens;
+            sr.cache_salt = json_string_value(pdgw_req_json_member(r, "cache_salt"));
+        }
     }
     if (sched_slo_estimate(wf->w->srv->opts.pool, &sr, &est) != SCHED_OK || est.cold)
         return true; /* no instance (answered later as usual) or nothing learnt yet */

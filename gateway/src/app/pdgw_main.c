@@ -142,6 +142,7 @@ static pdgw_status_t make_pool(const pdgw_config_t *cfg, bool static_only, sched
     sc.breaker_failures = (unsigned)cfg->breaker_failures;
     sc.breaker_open_ms = cfg->breaker_open_time_ms;
     sc.kv_events_prefix_weight = cfg->kv_events_prefix_weight;
+    sc.prefill_step_tokens = (uint32_t)cfg->engine_step_tokens;
     sc.kv_events_load_weight = cfg->kv_events_load_weight;
     sc.kv_events_other_tier_weight = cfg->kv_events_other_tier_percent / 100.0;
     sc.kv_events_max_blocks = (size_t)cfg->kv_events_max_blocks;

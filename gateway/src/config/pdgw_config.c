@@ -244,8 +244,14 @@ static const pdgw_config_option_t options[] = {
      "meet (by more than `slo_reject_margin_percent`): served anyway, or refused at once with "
      "429 `slo_unattainable` and a `Retry-After`. Never while the latency models are cold.",
      C(slo_policy)},
+    {"engine_step_tokens", "engine-step-tokens", "PDGW_ENGINE_STEP_TOKENS", PDGW_OPT_INT, NULL,
+     16, 1048576, "2048", "N",
+     "Tokens an engine computes per step (vLLM's `--max-num-batched-tokens`, SGLang's "
+     "`--chunked-prefill-size`): how the latency models lay out queued prompts in steps. "
+     "Set it to the engines' value.",
+     C(engine_step_tokens)},
     {"slo_reject_margin_percent", "slo-reject-margin-percent",
-     "PDGW_SLO_REJECT_MARGIN_PERCENT", PDGW_OPT_INT, NULL, 0, 10000, "50", "PERCENT",
+     "PDGW_SLO_REJECT_MARGIN_PERCENT", PDGW_OPT_INT, NULL, 0, 10000, "0", "PERCENT",
      "How far past its target the best prediction must be before `slo_policy: reject` "
      "refuses a request.", C(slo_reject_margin_percent)},
     {"autoscale_ttft", "autoscale-ttft", "PDGW_AUTOSCALE_TTFT", PDGW_OPT_DURATION, NULL, 0, 0,

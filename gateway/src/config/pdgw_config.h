@@ -197,6 +197,7 @@ typedef struct pdgw_config {
     int slo_policy;      /* pdgw_slo_policy_t */
     int admission_order; /* 0 arrival, 1 slo_deadline */
     int slo_reject_margin_percent;
+    int engine_step_tokens;
     uint64_t kv_events_silence_ms;
     /* tokenize before routing, selective PD (pdgw_route.h) */
     uint64_t tokenize_timeout_ms;

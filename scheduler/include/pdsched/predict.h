@@ -2,12 +2,13 @@
  * predict.h - online latency models, learned from what the gateway itself observes.
  *
  * Model family: a linear model y = theta . x over a few scaled features, fitted by recursive
- * least squares with exponential forgetting. Why this one: the cost of a prefill grows with
- * its uncached tokens (linear, plus a quadratic attention term) and with the prefill work
- * queued ahead of it (the part of the earlier prompts not yet computed: a fluid queue
- * drained at the learnt rate, scheduler/src/sched_backlog.c); the time per output token grows with
+ * least squares with exponential forgetting. Why this one: an engine computes prompts in
+ * steps, each a fixed cost plus a cost per token it computes, so the time from a known step
+ * boundary to a prompt's first token is linear in the steps and the tokens laid out until
+ * then (the replay of the engine's first-come-first-served steps,
+ * scheduler/src/sched_prefill_queue.c, says how many); the time per output token grows with
  * the running batch and its KV tokens. Those are linear in a handful of features, so a
- * 4-coefficient fit captures them; RLS updates in O(d^2) (16 multiply-adds) without storing
+ * few-coefficient fit captures them; RLS updates in O(d^2) (16 multiply-adds) without storing
  * samples, and forgetting makes it follow an instance that slows down. Forgetting alone is slow on
  * a step (after 50 requests of a 2.5x slower instance the fit is still a fifth off), so a
  * persistent bias of the residuals (a quarter of the actual, on average over the last few) reopens
@@ -74,16 +75,15 @@ typedef enum sched_phase {
 
 /* Features of each phase, scaled so that typical values are of order 1 (a well-conditioned
  * fit with one prior variance for all). */
-#define SCHED_PREFILL_DIM  4 /* 1, kTokens to compute first (ahead + own), own^2, ahead */
+#define SCHED_PREFILL_DIM  2 /* engine steps, kTokens they compute (the replay's) */
 #define SCHED_TPOT_DIM     3 /* 1, running requests / 16, KV kTokens running / 10 */
 #define SCHED_TRANSFER_DIM 2 /* 1, MiB */
-void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint64_t uncached_tokens,
-                            uint64_t queued_tokens);
+void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint32_t steps, uint64_t tokens);
 void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens);
 void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes);
 
 /* The priors a cold instance starts from (seconds), before it has been observed: a prefill
- * of 20 ms + 0.1 ms per uncached token (the same per token queued ahead), 12 ms per output token
+ * step of 20 ms + 0.1 ms per token it computes, 12 ms per output token
  * at an empty batch, a transfer of 1 ms + 1 ms per MiB. Deliberately rough: with the prior
  * variance the first few observations replace them. */
 const double *sched_phase_prior(sched_phase_t phase);
@@ -105,6 +105,7 @@ typedef struct sched_latency_model {
     double q_log;    /* under mu: the tracked quantile of ln(actual / predicted) */
     double quantile; /* which: 0.9 */
     double rel_err;  /* under mu: mean |actual - predicted| / actual (exponential) */
+    uint64_t scored; /* under mu: predictions scored into rel_err */
 } sched_latency_model_t;
 
 /* <prior>: dim coefficients (NULL = the phase's own, sched_phase_prior). */
@@ -115,6 +116,12 @@ void sched_latency_model_fini(sched_latency_model_t *m);
 void sched_latency_model_seed(sched_latency_model_t *m, const sched_latency_model_t *from);
 /* One observation: the prediction it had is scored (error, spread), then the fit learns. */
 void sched_latency_model_observe(sched_latency_model_t *m, const double *x, double seconds);
+/* The same where what was predicted and what is learnt differ: the prediction made before
+ * (<predicted> for what took <actual> seconds; <predicted> <= 0: not scored) is scored, and
+ * the fit learns <x> -> <y> (the prefill: scored on the leg's wait as booked, learnt on the
+ * replay's steps in hindsight). */
+void sched_latency_model_observe_scored(sched_latency_model_t *m, const double *x, double y,
+                                        double predicted, double actual);
 
 typedef struct sched_prediction {
     double mean;  /* seconds; never below 0 */
@@ -148,6 +155,19 @@ static inline void sched_latency_model_predict(const sched_latency_model_t *m, c
     out->upper = mean * spread;
     out->err = err;
     out->observed = n;
+}
+
+/* Move a prediction by <by_s> seconds (the part of a replay already run), never below
+ * <floor_s>; the spread scales the result. */
+static inline void sched_prediction_shift(sched_prediction_t *p, double by_s, double floor_s)
+{
+    double spread = p->mean > 0.0 ? p->upper / p->mean : 1.0;
+    double mean = p->mean + by_s;
+
+    if (!(mean > floor_s))
+        mean = floor_s > 0.0 ? floor_s : 0.0;
+    p->mean = mean;
+    p->upper = mean * spread;
 }
 
 #ifdef __cplusplus

@@ -316,11 +316,15 @@ typedef struct sched_config {
     uint64_t overload_penalty_ms; /* weight cut without Retry-After; default 5000 */
 
     unsigned prefix_block_tokens; /* tokens per hashed block; default 16 (text: ×4 bytes) */
-    size_t prefix_max_blocks;     /* bounded index size per role; default 65536 */
-    double prefix_load_slack;     /* best match is "overloaded" when its load exceeds the
-                                     least load by more than this (requests); default 4 */
-    double zone_load_slack;       /* same-zone decode preferred if within this; default 1 */
-    uint32_t default_max_tokens;  /* projected decode tokens when max_tokens is 0; 512 */
+    /* The engines' token budget per step (vLLM's --max-num-batched-tokens, SGLang's
+     * --chunked-prefill-size): how the prefill replay cuts the queued prompts into steps;
+     * default 2048 (vLLM's SchedulerConfig default). */
+    uint32_t prefill_step_tokens;
+    size_t prefix_max_blocks;    /* bounded index size per role; default 65536 */
+    double prefix_load_slack;    /* best match is "overloaded" when its load exceeds the
+                                    least load by more than this (requests); default 4 */
+    double zone_load_slack;      /* same-zone decode preferred if within this; default 1 */
+    uint32_t default_max_tokens; /* projected decode tokens when max_tokens is 0; 512 */
 
     /* precise-prefix: score = prefix_weight × cached fraction of the prompt
      * + load_weight × (1 − relative load), among instances loaded at most
