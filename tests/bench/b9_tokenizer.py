@@ -70,9 +70,11 @@ def check_ids(vocab, path, seen, side, digest):
         return
     for i, (a, b) in enumerate(zip(first[1].split(","), digest.split(","))):
         if a != b:
-            sys.exit(f"B9 FAIL: {vocab} {os.path.basename(path)} prompt {i}: {first[0]} gave "
-                     f"{a.split(':')[0]} ids, {side} {b.split(':')[0]} ids (or other ids); "
-                     f"tests/integration/tokenizer/test_tokenizer_exact.py should catch this")
+            na, nb = a.split(":")[0], b.split(":")[0]
+            what = f"{na} ids against {nb}" if na != nb else f"different ids (both {na})"
+            sys.exit(f"B9 FAIL: {vocab} {os.path.basename(path)} prompt {i}: {first[0]} and "
+                     f"{side} disagree, {what}; the exactness test "
+                     f"(tests/integration/tokenizer/test_tokenizer_exact.py) should catch this")
     sys.exit(f"B9 FAIL: {vocab} {os.path.basename(path)}: different numbers of prompts")
 
 
@@ -122,6 +124,7 @@ def main():
         modules = npm_refs.ensure(pkgs)
     except SystemExit:  # npm_refs printed the SKIP line
         sys.exit(SKIP_RC)
+    print("B9 load before: " + " ".join(open("/proc/loadavg").read().split()[:3]), flush=True)
     head = ("vocab,kind,cache,prompts,tokens_per_prompt,pdgw_tok_per_cpu_s,js_tok_per_cpu_s,"
             "ratio,ratio_min,ratio_max,rounds,load1")
     out = [head]

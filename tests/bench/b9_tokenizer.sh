@@ -11,7 +11,6 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     echo "SKIP b9_tokenizer: node/npm not found (the reference tokenizer runs in Node)"
     exit 0
 fi
-echo "B9 load before: $(load_avg)"
 csv=$RESULTS_DIR/b9_tokenizer.csv
 rm -f "$csv" "$RESULTS_DIR/b9_tokenizer.png"
 rc=0
@@ -35,7 +34,7 @@ set style fill solid 0.8
 set xtics rotate by -30
 set yrange [0:*]
 set grid ytics
-set key top right
+set key below
 plot '$BENCH_TMP/cold.csv' using 2:xtic(1) title 'cold word cache, unseen prompts', \
      '$BENCH_TMP/warm.csv' using 2 title 'warm word cache, same prompts', \
      5 with lines dashtype 2 lc rgb 'black' title 'target'
