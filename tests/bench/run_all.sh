@@ -12,7 +12,7 @@ bin=$(cd "${1:-$here/../../build/bin}" 2>/dev/null && pwd) || {
     echo "run_all: binary directory ${1:-$here/../../build/bin} does not exist (build first)" >&2
     exit 1
 }
-only=${ONLY:-"b1 b2 b3 b4 b5 b6 b7 b8"}
+only=${ONLY:-"b1 b2 b3 b4 b5 b6 b7 b8 b9"}
 results=${RESULTS_DIR:-$here/results}
 mkdir -p "$results"
 status=0
