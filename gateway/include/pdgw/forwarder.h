@@ -225,6 +225,10 @@ typedef struct pdgw_fwd_env {
     /* Non-zero under `pdgw --check-config`: parse and check the options only; open no
      * socket and start no thread (destroy follows at once). */
     int check_only;
+    /* The gateway's: where pdgw_fwd_kv_svc_open keeps the service it opens, so the server
+     * stops it at shutdown, applies reloads to it and hands it its workers' socket events
+     * (opaque; NULL: the forwarder alone holds the service). */
+    struct pdgw_fwd_kv_svcs *kv_svcs;
 } pdgw_fwd_env_t;
 
 /*
@@ -587,12 +591,14 @@ typedef struct pdgw_fwd_kv_opts {
 pdgw_fwd_status_t pdgw_fwd_kv_opts_parse(const json_t *options, int reserve_default, int notif,
                                          pdgw_fwd_kv_opts_t *o, char *err, size_t errlen);
 
-typedef struct pdgw_fwd_kv_svc pdgw_fwd_kv_svc_t; /* one per forwarder */
-typedef struct pdgw_fwd_kv_req pdgw_fwd_kv_req_t; /* one per attempt */
+typedef struct pdgw_fwd_kv_svc pdgw_fwd_kv_svc_t;   /* one per forwarder */
+typedef struct pdgw_fwd_kv_req pdgw_fwd_kv_req_t;   /* one per attempt */
+typedef struct pdgw_fwd_kv_svcs pdgw_fwd_kv_svcs_t; /* the services a server owns */
 
-/* Start the service for <protocol> (binds the ProxyNotif PULL, and the relay, when o->proxy).
- * Call from configure (never under check_only); close from destroy. */
-pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_opts_t *o,
+/* Start the service for env->protocol (binds the ProxyNotif PULL, and the relay, when
+ * o->proxy), kept in env->kv_svcs. Call from configure with the <env> it was given (never
+ * under check_only); close from destroy. */
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const pdgw_fwd_env_t *env, const pdgw_fwd_kv_opts_t *o,
                                        pdgw_fwd_kv_svc_t **out, char *err, size_t errlen);
 void pdgw_fwd_kv_svc_close(pdgw_fwd_kv_svc_t *svc);
 /* The bound ProxyNotif port (0 when none). */

@@ -21,7 +21,6 @@
 
 #include "pdgw_doctor.h"
 #include "pdgw_fwd_setup.h"
-#include "pdgw_kvctl.h"
 
 #include "pdgw_otel.h"
 #include "pdgw_registry.h"
@@ -237,7 +236,7 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
         return PDGW_ERR_NOMEM;
     }
     st = pdgw_fwd_setup(cfg->protocol, config_mode(cfg), options,
-                        (unsigned)pdgw_config_workers(cfg), true, &fs, err, errlen);
+                        (unsigned)pdgw_config_workers(cfg), true, NULL, &fs, err, errlen);
     json_decref(options);
     if (st != PDGW_OK)
         return st;
@@ -462,8 +461,7 @@ static pdgw_status_t make_reload(pdgw_config_t *cfg, int argc, char **argv,
 
     if (pdgw_reload_create(cfg, argc, argv, environ, hooks, reg, out) != PDGW_OK ||
         pdgw_reload_hooks_register(*out, &start, auth, pool, map_instance) != PDGW_OK ||
-        (admit != NULL && pdgw_admit_reload_register(admit, *out) != PDGW_OK) ||
-        pdgw_kvctl_reload_register(*out) != PDGW_OK)
+        (admit != NULL && pdgw_admit_reload_register(admit, *out) != PDGW_OK))
         return PDGW_ERR_NOMEM;
     return PDGW_OK;
 }

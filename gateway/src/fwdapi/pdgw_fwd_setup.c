@@ -10,8 +10,8 @@
 #include "pdgw_registry.h"
 
 pdgw_status_t pdgw_fwd_setup(const char *protocol, pdgw_mode_t mode, const json_t *options,
-                             unsigned n_workers, bool check_only, pdgw_fwd_setup_t *out, char *err,
-                             size_t errlen)
+                             unsigned n_workers, bool check_only, pdgw_fwd_kv_svcs_t *kv_svcs,
+                             pdgw_fwd_setup_t *out, char *err, size_t errlen)
 {
     pdgw_fwd_setup_t s;
     pdgw_fwd_env_t env;
@@ -39,6 +39,7 @@ pdgw_status_t pdgw_fwd_setup(const char *protocol, pdgw_mode_t mode, const json_
     env.mode = mode;
     env.n_workers = n_workers;
     env.check_only = check_only;
+    env.kv_svcs = kv_svcs;
     if (options == NULL) {
         empty = json_object();
         if (empty == NULL) {

@@ -25,12 +25,13 @@ typedef struct pdgw_fwd_setup {
 /*
  * Find <protocol>'s forwarder, check it supports <mode>, run its configure with <options>
  * (borrowed; NULL = no options) and its plan. <check_only> tells the forwarder to open no
- * socket and start no thread. On error <out> is untouched and <err> (errlen bytes) names
+ * socket and start no thread; KV control services it opens go into <kv_svcs> (the caller's,
+ * borrowed; NULL with check_only). On error <out> is untouched and <err> (errlen bytes) names
  * the config key at fault.
  */
 pdgw_status_t pdgw_fwd_setup(const char *protocol, pdgw_mode_t mode, const json_t *options,
-                             unsigned n_workers, bool check_only, pdgw_fwd_setup_t *out, char *err,
-                             size_t errlen);
+                             unsigned n_workers, bool check_only, pdgw_fwd_kv_svcs_t *kv_svcs,
+                             pdgw_fwd_setup_t *out, char *err, size_t errlen);
 
 /* Whether <mode> for the client's PD control fields suits the set-up forwarder: 'pass' only
  * for a plain proxy (a PD forwarder writes those fields itself, and a client must not name

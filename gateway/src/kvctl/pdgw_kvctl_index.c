@@ -7,7 +7,8 @@
  * 1,000 requests/s the tombstones number in the thousands: a list walk per notice (and per
  * loop of the service thread) under the lock the workers take too would make the cost of one
  * request grow with the request rate. Here lookups are by hash, tombstones expire from the
- * oldest end (they are kept in the order they were made), and at the cap the oldest one makes
+ * oldest end (they are kept in the order they were made; one timer, armed for the oldest,
+ * says when: pdgw_kvctl_timers.c), and at the cap the oldest one makes
  * room for the newest: a late landing after a recent failure matters more than one after a
  * failure two minutes ago.
  * All functions run with kv->lock held.
@@ -29,11 +30,6 @@ static size_t id_bucket(const char *id)
 void pdgw_kvctl_waiter_add_locked(pdgw_fwd_kv_svc_t *kv, pdgw_fwd_kv_req_t *q)
 {
     size_t b = id_bucket(q->id);
-    q->notif_prev = NULL;
-    q->notif_next = kv->notif_waiters;
-    if (kv->notif_waiters != NULL)
-        kv->notif_waiters->notif_prev = q;
-    kv->notif_waiters = q;
     q->hnext = kv->waiter_hash[b];
     kv->waiter_hash[b] = q;
 }
@@ -46,13 +42,7 @@ int pdgw_kvctl_waiter_remove_locked(pdgw_fwd_kv_svc_t *kv, pdgw_fwd_kv_req_t *q)
     if (*pp == NULL)
         return 0;
     *pp = q->hnext;
-    if (q->notif_prev != NULL)
-        q->notif_prev->notif_next = q->notif_next;
-    else
-        kv->notif_waiters = q->notif_next;
-    if (q->notif_next != NULL)
-        q->notif_next->notif_prev = q->notif_prev;
-    q->notif_next = q->notif_prev = q->hnext = NULL;
+    q->hnext = NULL;
     return 1;
 }
 
@@ -90,8 +80,11 @@ static void tomb_drop_oldest(pdgw_fwd_kv_svc_t *kv)
 void pdgw_kvctl_tomb_add_locked(pdgw_fwd_kv_svc_t *kv, kvctl_tomb_t *t)
 {
     size_t b = id_bucket(t->id);
-    if (kv->n_tombs >= KVCTL_TOMB_MAX)
+    int oldest_changes = kv->tombs == NULL;
+    if (kv->n_tombs >= KVCTL_TOMB_MAX) {
         tomb_drop_oldest(kv);
+        oldest_changes = 1;
+    }
     t->next = NULL;
     if (kv->tomb_tail != NULL)
         kv->tomb_tail->next = t;
@@ -101,10 +94,13 @@ void pdgw_kvctl_tomb_add_locked(pdgw_fwd_kv_svc_t *kv, kvctl_tomb_t *t)
     t->hnext = kv->tomb_hash[b];
     kv->tomb_hash[b] = t;
     kv->n_tombs++;
+    if (oldest_changes)
+        pdgw_kvctl_tomb_timer_update_locked(kv);
 }
 
 void pdgw_kvctl_tombs_expire_locked(pdgw_fwd_kv_svc_t *kv, int64_t now_ms, int64_t ttl_ms)
 {
     while (kv->tombs != NULL && now_ms - kv->tombs->t_ms > ttl_ms)
         tomb_drop_oldest(kv);
+    pdgw_kvctl_tomb_timer_update_locked(kv); /* for the new oldest one */
 }

@@ -33,7 +33,7 @@ static int host_addrs(pdgw_fwd_kv_svc_t *kv, const char *host, unsigned char (*o
 {
     struct addrinfo hints, *res = NULL, *ai;
     kvctl_dns_t *slot = &kv->dns[0];
-    int64_t now = pdgw_fwd_now_ms();
+    int64_t now = pdgw_kvctl_now_ms(kv);
     int n = 0;
     if (host[0] == '\0')
         return 0;

@@ -1,8 +1,8 @@
 /*
  * pdgw_kvctl_reload.c - the KV control service's options on a config reload (SIGHUP, POST
- * /admin/reload): the timing and admission keys of protocol_options apply live to every open
- * service; a change of any other protocol option (sockets, peers, keys, chunk size, the
- * forwarder's own options) still needs a restart and keeps the running value.
+ * /admin/reload): the timing and admission keys of protocol_options apply live to every
+ * service the server owns; a change of any other protocol option (sockets, peers, keys, chunk size,
+ * the forwarder's own options) still needs a restart and keeps the running value.
  *
  * Live: notif_timeout_ms and notif_fallback (attempts that start waiting from now on),
  * reserve_timeout_ms, reserve_ttl_ms, reserve_retry_ms and reserve_on_refusal (reservations
@@ -67,11 +67,10 @@ static pdgw_status_t kv_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state,
     pdgw_fwd_kv_opts_t *o;
     json_t *opts;
     char why[160];
-    (void)ctx;
     *state = NULL;
     if (!pdgw_reload_txn_changed(txn, "protocol_options"))
         return PDGW_OK;
-    if (!pdgw_kvctl_any_open())
+    if (!pdgw_kvctl_svcs_any(ctx))
         return PDGW_OK; /* no KV control service: a new forwarder context takes them
                            (pdgw_server_reload.c) */
     if (key != NULL) {
@@ -99,11 +98,10 @@ static pdgw_status_t kv_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state,
 
 static void kv_commit(void *ctx, pdgw_reload_txn_t *txn, void *state)
 {
-    (void)ctx;
     (void)txn;
     if (state == NULL)
         return;
-    pdgw_kvctl_apply_all(state);
+    pdgw_kvctl_svcs_apply(ctx, state);
     pdgw_log_info("reload", "KV control: live protocol options applied");
     pdgw_free(state);
 }
@@ -114,10 +112,11 @@ static void kv_abort(void *ctx, void *state)
     pdgw_free(state);
 }
 
-pdgw_status_t pdgw_kvctl_reload_register(pdgw_reload_t *rl)
+pdgw_status_t pdgw_kvctl_reload_register(pdgw_reload_t *rl, pdgw_fwd_kv_svcs_t *set)
 {
     static const char *const keys[] = {"protocol_options", NULL};
     pdgw_reload_hook_t h = {.name = "kvctl",
+                            .ctx = set,
                             .keys = keys,
                             .prepare = kv_prepare,
                             .commit = kv_commit,

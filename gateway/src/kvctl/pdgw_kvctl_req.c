@@ -22,6 +22,7 @@ pdgw_fwd_kv_req_t *pdgw_fwd_kv_req_new(pdgw_fwd_kv_svc_t *kv, const pdgw_fwd_req
     q->waker = req->waker ? pdgw_fwd_waker_ref(req->waker) : NULL;
     snprintf(q->id, sizeof(q->id), "%s", kv_req_id);
     q->free_chunks = -1;
+    pdb_timer_init(&q->notif_timer, NULL, q); /* armed once its gate waits */
     return q;
 }
 
@@ -48,16 +49,27 @@ int pdgw_fwd_kv_req_refused(const pdgw_fwd_kv_req_t *q)
     return q != NULL && q->refused;
 }
 
+/* Take <q> out of the admission queue (lock held). */
+static void adm_unlink_locked(pdgw_fwd_kv_svc_t *kv, pdgw_fwd_kv_req_t *q)
+{
+    if (q->adm_prev != NULL)
+        q->adm_prev->adm_next = q->adm_next;
+    else
+        kv->adm_head = q->adm_next;
+    if (q->adm_next != NULL)
+        q->adm_next->adm_prev = q->adm_prev;
+    else
+        kv->adm_tail = q->adm_prev;
+    q->adm_next = q->adm_prev = NULL;
+}
+
 void pdgw_kvctl_adm_grant_locked(pdgw_fwd_kv_svc_t *kv)
 {
     while (kv->adm_head != NULL &&
            (kv->o.admission_chunks <= 0 ||
             kv->adm_used + kv->adm_head->weight <= kv->o.admission_chunks)) {
         pdgw_fwd_kv_req_t *q = kv->adm_head;
-        kv->adm_head = q->adm_next;
-        if (kv->adm_head == NULL)
-            kv->adm_tail = NULL;
-        q->adm_next = NULL;
+        adm_unlink_locked(kv, q);
         q->adm = ADM_HELD;
         kv->adm_used += q->weight;
         pdgw_kvctl_wake_locked(q);
@@ -93,6 +105,7 @@ static pdgw_fwd_status_t admit(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *r
             kv->adm_used += q->weight;
         } else {
             q->adm = ADM_WAITING;
+            q->adm_prev = kv->adm_tail;
             if (kv->adm_tail)
                 kv->adm_tail->adm_next = q;
             else
@@ -110,7 +123,7 @@ static pdgw_fwd_status_t admit(pdgw_fwd_kv_req_t *q, const pdgw_fwd_request_t *r
 }
 
 /* A reservation job for <q> (lock held): not queued yet; NULL on no memory (q->res is then
- * RES_FAILED: the request goes on unreserved). */
+ * RES_FAILED: the request goes on unreserved). <not_before> 0: the gate's first ask. */
 static kvctl_job_t *reserve_job_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
 {
     pdgw_fwd_kv_svc_t *kv = q->kv;
@@ -121,26 +134,24 @@ static kvctl_job_t *reserve_job_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
     }
     atomic_fetch_add(&q->refs, 1);
     j->q = q;
+    pdb_timer_init(&j->delay, NULL, j);
+    pdb_timer_init(&j->res_timer, NULL, j);
     j->dest = q->dest;
     snprintf(j->id, sizeof(j->id), "%s", q->id);
     j->chunks = q->res_chunks;
     j->ttl_ms = kv->o.reserve_ttl_ms;
     j->timeout_ms = kv->o.reserve_timeout_ms;
-    j->not_before_ms = not_before;
     j->res_may_go_ahead = not_before == 0; /* the gate's first ask, not a queued retry */
     q->res = RES_ASKING;
     return j;
 }
 
-/* Queue a reservation for the service thread to start at <not_before> (lock held). */
-static void enqueue_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
+/* A reservation for the service thread to start at <not_before> (lock held): a timer until
+ * then. 1 when the thread must be kicked. */
+static int delay_reserve_locked(pdgw_fwd_kv_req_t *q, int64_t not_before)
 {
-    kvctl_job_t *j = reserve_job_locked(q, not_before), **pp;
-    if (j == NULL)
-        return;
-    for (pp = &q->kv->jobs; *pp != NULL; pp = &(*pp)->next)
-        ;
-    *pp = j;
+    kvctl_job_t *j = reserve_job_locked(q, not_before);
+    return j != NULL && pdgw_kvctl_job_delay_locked(q->kv, j, not_before);
 }
 
 pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
@@ -152,6 +163,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
     pdgw_fwd_status_t rc = admit(q, req, err);
     res_state_t res;
     int64_t free_chunks;
+    int kick = 0;
 
     if (rc != PDGW_FWD_OK)
         return rc;
@@ -193,15 +205,16 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_before_prefill(pdgw_fwd_kv_req_t *q,
     free_chunks = q->free_chunks;
     if (res == RES_REFUSED && kv->o.on_refusal == PDGW_FWD_KV_REFUSAL_QUEUE) {
         /* Queue: ask again shortly, up to the request deadline (the engine's gate timeout). */
-        enqueue_reserve_locked(q, pdgw_fwd_now_ms() + kv->o.reserve_retry_ms);
-        res = RES_ASKING;
+        kick = delay_reserve_locked(q, pdgw_kvctl_now_ms(kv) + kv->o.reserve_retry_ms);
+        res = q->res;
     }
     pthread_mutex_unlock(&kv->lock);
     if (free_chunks >= 0)
         pdgw_fwd_instance_set_kv_free_chunks(decode, free_chunks); /* scheduler hint */
+    if (kick)
+        pdgw_kvctl_kick(kv);
     switch (res) {
     case RES_ASKING:
-        pdgw_kvctl_kick(kv);
         return PDGW_FWD_PENDING;
     case RES_GRANTED:
         return PDGW_FWD_OK;
@@ -254,15 +267,11 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
         return PDGW_FWD_OK; /* engines that send no ProxyNotif: the decode goes at once */
     pthread_mutex_lock(&kv->lock);
     notif_register_locked(q, need);
-    if (!q->notif_waiting) {
+    if (!q->notif_waiting && q->notif_got < q->notif_need) {
+        /* Only a deadline sooner than the thread's sleep needs it woken now (a wake per
+         * request would put a hand-over between threads on the path of every notice). */
+        kick = pdgw_kvctl_notif_deadline_arm_locked(q, kv->o.notif_timeout_ms);
         q->notif_waiting = 1;
-        q->notif_deadline_ms = pdgw_fwd_now_ms() + kv->o.notif_timeout_ms;
-        if (kv->next_deadline_ms < 0 || q->notif_deadline_ms < kv->next_deadline_ms)
-            kv->next_deadline_ms = q->notif_deadline_ms;
-        /* The thread looks at the deadlines at least every KVCTL_POLL_MS: only a deadline
-         * sooner than that needs it woken now (a wake per request would put a hand-over
-         * between threads on the path of every notice). */
-        kick = kv->o.notif_timeout_ms < KVCTL_POLL_MS;
     }
     got = q->notif_got;
     timed_out = q->notif_timed_out;
@@ -289,7 +298,7 @@ pdgw_fwd_status_t pdgw_fwd_kv_req_wait_notifs(pdgw_fwd_kv_req_t *q, const pdgw_f
         return PDGW_FWD_ERR;
     }
     if (kick)
-        pdgw_kvctl_kick(kv); /* the thread re-arms its deadline timer */
+        pdgw_kvctl_kick(kv); /* it would sleep past the new deadline */
     return PDGW_FWD_PENDING;
 }
 
@@ -307,19 +316,13 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
     if (q->adm == ADM_HELD) {
         kv->adm_used -= q->weight;
     } else if (q->adm == ADM_WAITING) {
-        pdgw_fwd_kv_req_t **pp, *prev = NULL;
-        for (pp = &kv->adm_head; *pp != NULL; prev = *pp, pp = &(*pp)->adm_next) {
-            if (*pp == q) {
-                *pp = q->adm_next;
-                if (kv->adm_tail == q)
-                    kv->adm_tail = prev;
-                break;
-            }
-        }
+        adm_unlink_locked(kv, q);
     }
     q->adm = ADM_NONE;
     pdgw_kvctl_adm_grant_locked(kv);
-    /* notif waiter */
+    pdgw_kvctl_job_delay_drop_locked(q); /* a retry not due yet is never sent */
+    /* notif waiter: its deadline goes with it */
+    pdgw_kvctl_notif_deadline_cancel_locked(q);
     if (q->notif_need > 0)
         drop_notif_ref = pdgw_kvctl_waiter_remove_locked(kv, q);
     /* release on the decode */
@@ -337,7 +340,7 @@ void pdgw_fwd_kv_req_end(pdgw_fwd_kv_req_t *q, pdgw_end_reason_t reason)
             t->dest = q->dest;
             t->has_dest = send_cancel;
             memcpy(t->phost, q->phost, sizeof(t->phost));
-            t->t_ms = pdgw_fwd_now_ms();
+            t->t_ms = pdgw_kvctl_now_ms(kv);
             pdgw_kvctl_tomb_add_locked(kv, t);
         }
     }

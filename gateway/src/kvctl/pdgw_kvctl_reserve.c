@@ -10,11 +10,11 @@
  *
  * The worker whose request needs the reservation sends it and is woken by its answer
  * (kv->client_lock guards the client, the reservations in flight and the muted ports): the
- * worker's loop watches the socket and collects what arrived (pdgw_kvctl_worker_ready), so
- * the decode leg waits for no hand-over between threads. The service thread ends the
- * reservations that ran out of time, and polls the sockets itself only for reservations no
- * worker watches (those it sent, retries after a refusal; or a watch that failed); it drains
- * them at every turn anyway, at least every KVCTL_POLL_MS.
+ * worker's loop watches the socket and collects what arrived (pdgw_kvctl_svcs_worker_ready), so
+ * the decode leg waits for no hand-over between threads. Each reservation's deadline is a
+ * timer on kv->res_timers (under client_lock) that the service thread runs; the thread polls
+ * the sockets itself only for reservations no worker watches (those it sent, retries after a
+ * refusal; or a watch that failed), and drains them at every turn anyway.
  *
  * The sockets' descriptors are edge-style (ZMQ_FD): any call on a socket, a send too, may
  * take the readiness of an answer that is waiting. So every send is followed by a drain
@@ -46,7 +46,7 @@
 #include "pdgw_server_int.h" /* the worker whose loop watches a socket */
 
 /* Wake the calling worker's loop when <fd> (a KV control socket) is readable; the loop then
- * collects what arrived (pdgw_kvctl_worker_ready). Level-triggered: every wake drains. The
+ * collects what arrived (pdgw_kvctl_svcs_worker_ready). Level-triggered: every wake drains. The
  * watch ends with the socket, whose close drops it from the set. Watching twice is harmless.
  * 0, or -1 when the caller is not a worker thread or <fd> cannot be watched. */
 static int watch_on_this_worker(int fd)
@@ -180,17 +180,47 @@ static int room_for_ahead(pdgw_fwd_kv_svc_t *kv, const kvctl_job_t *j, int64_t n
     return 1;
 }
 
-/* Unlink <j> from the reservations in flight (client_lock held). */
+/* Unlink <j> from the reservations in flight and disarm its deadline (client_lock held). */
 static void unlink_asking(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j)
 {
-    for (kvctl_job_t **pp = &kv->asking; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == j) {
-            *pp = j->next;
-            if (!j->res_watched)
-                kv->asking_unwatched--;
-            return;
-        }
+    if (j->prev != NULL)
+        j->prev->next = j->next;
+    else
+        kv->asking = j->next;
+    if (j->next != NULL)
+        j->next->prev = j->prev;
+    j->next = j->prev = NULL;
+    pdb_timer_cancel(&kv->res_timers, &j->res_timer);
+    if (!j->res_watched)
+        kv->asking_unwatched--;
+}
+
+/* <j>'s time ran out (client_lock held): its silent ports are muted, unless <stopping>; it
+ * goes onto kv->res_expired to be finished once the lock is dropped. */
+static void expire_locked(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j, int64_t now, int stopping)
+{
+    for (int i = 0; i < j->dest.nports && !stopping; i++) {
+        if (!j->res_asked[i])
+            continue;
+        pdgw_fwd_log(PDGW_FWD_LOG_WARN,
+                     "%s: ReserveRequest %s to %s:%d: no answer within %lld ms; not asking "
+                     "it again for %d ms",
+                     kv->protocol, j->id, j->dest.host, j->dest.ports[i], (long long)j->timeout_ms,
+                     KVCTL_MUTE_MS);
+        port_mute(kv, j->dest.host, j->dest.ports[i], now);
+        /* its answer may still come: on a socket of its own, never taken for another */
+        pdgw_kvctl_client_forget(kv->proxy, j->dest.host, j->dest.ports[i]);
     }
+    unlink_asking(kv, j);
+    j->res_failed = 1;
+    j->next = kv->res_expired;
+    kv->res_expired = j;
+}
+
+static void on_reserve_deadline(pdb_timer_t *t, uint64_t now)
+{
+    kvctl_job_t *j = t->arg;
+    expire_locked(j->q->kv, j, (int64_t)now, 0);
 }
 
 /* The job asking <ep> about <id>, and which of its ports <ep> is (NULL when none: a late or
@@ -228,7 +258,7 @@ static void drain_locked(pdgw_fwd_kv_svc_t *kv, kvctl_job_t **done)
         j->res_asked[i] = 0;
         j->res_waiting--;
         if (a.free_chunks >= 0)
-            room_note(kv, j->dest.host, j->dest.ports[i], a.free_chunks, pdgw_fwd_now_ms());
+            room_note(kv, j->dest.host, j->dest.ports[i], a.free_chunks, pdgw_kvctl_now_ms(kv));
         if (!a.granted)
             j->res_granted_all = 0;
         if (a.free_chunks >= 0 && (j->res_min_free < 0 || a.free_chunks < j->res_min_free))
@@ -243,7 +273,7 @@ static void drain_locked(pdgw_fwd_kv_svc_t *kv, kvctl_job_t **done)
 
 int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j, int64_t *ahead_room)
 {
-    int64_t now = pdgw_fwd_now_ms(), least = -1;
+    int64_t now = pdgw_kvctl_now_ms(kv), least = -1;
     kvctl_job_t *done = NULL;
     int kick;
     j->res_granted_all = 1;
@@ -286,13 +316,25 @@ int pdgw_kvctl_reserve_start(pdgw_fwd_kv_svc_t *kv, kvctl_job_t *j, int64_t *ahe
         return 0;
     }
     j->res_deadline_ms = now + (j->timeout_ms > 0 ? j->timeout_ms : 0);
+    pdb_timer_init(&j->res_timer, on_reserve_deadline, j);
+    if (pdb_timer_arm(&kv->res_timers, &j->res_timer, (uint64_t)j->res_deadline_ms) != PDB_OK) {
+        j->res_failed = 1; /* no memory for its deadline: go on unreserved, as after a failure */
+        drain_locked(kv, &done);
+        pthread_mutex_unlock(&kv->client_lock);
+        finish(kv, j);
+        finish_all(kv, done);
+        return 0;
+    }
+    j->prev = NULL;
     j->next = kv->asking;
+    if (kv->asking != NULL)
+        kv->asking->prev = j;
     kv->asking = j;
     if (!j->res_watched)
         kv->asking_unwatched++;
     /* The service thread must look now when it does not poll for this answer yet, or sleeps
      * past its deadline. */
-    kick = !j->res_watched || j->res_deadline_ms < kv->ctl_wake_ms;
+    kick = !j->res_watched || j->res_deadline_ms < kv->res_sleep_until;
     drain_locked(kv, &done); /* the send may have taken an answer's readiness */
     pthread_mutex_unlock(&kv->client_lock);
     finish_all(kv, done);
@@ -308,15 +350,6 @@ bool pdgw_kvctl_reserve_idle(pdgw_fwd_kv_svc_t *kv)
     return idle;
 }
 
-int64_t pdgw_kvctl_reserve_next_locked(pdgw_fwd_kv_svc_t *kv)
-{
-    int64_t next = -1;
-    for (kvctl_job_t *j = kv->asking; j != NULL; j = j->next)
-        if (next < 0 || j->res_deadline_ms < next)
-            next = j->res_deadline_ms;
-    return next;
-}
-
 void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
 {
     kvctl_job_t *done = NULL;
@@ -326,38 +359,22 @@ void pdgw_kvctl_reserve_drain(pdgw_fwd_kv_svc_t *kv)
     finish_all(kv, done);
 }
 
-void pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping, int64_t *next_ms)
+int64_t pdgw_kvctl_reserve_expire(pdgw_fwd_kv_svc_t *kv, int64_t now, int stopping)
 {
-    kvctl_job_t **pp, *done = NULL;
+    kvctl_job_t *done;
+    int64_t next;
     pthread_mutex_lock(&kv->client_lock);
-    pp = &kv->asking;
-    while (*pp != NULL) {
-        kvctl_job_t *j = *pp;
-        if (now < j->res_deadline_ms && !stopping) {
-            if (*next_ms < 0 || j->res_deadline_ms < *next_ms)
-                *next_ms = j->res_deadline_ms;
-            pp = &j->next;
-            continue;
-        }
-        for (int i = 0; i < j->dest.nports; i++) {
-            if (!j->res_asked[i] || stopping)
-                continue;
-            pdgw_fwd_log(PDGW_FWD_LOG_WARN,
-                         "%s: ReserveRequest %s to %s:%d: no answer within %lld ms; not asking "
-                         "it again for %d ms",
-                         kv->protocol, j->id, j->dest.host, j->dest.ports[i],
-                         (long long)j->timeout_ms, KVCTL_MUTE_MS);
-            port_mute(kv, j->dest.host, j->dest.ports[i], now);
-            /* its answer may still come: on a socket of its own, never taken for another */
-            pdgw_kvctl_client_forget(kv->proxy, j->dest.host, j->dest.ports[i]);
-        }
-        *pp = j->next;
-        if (!j->res_watched)
-            kv->asking_unwatched--;
-        j->res_failed = 1;
-        j->next = done;
-        done = j;
-    }
+    if (stopping) /* the server stops: nobody waits for the answers any more */
+        while (kv->asking != NULL)
+            expire_locked(kv, kv->asking, now, 1);
+    else
+        (void)pdb_timers_run(&kv->res_timers, (uint64_t)now);
+    next = pdb_timers_next(&kv->res_timers);
+    /* Read under the lock reservations start under: one due sooner kicks the thread. */
+    kv->res_sleep_until = next >= 0 ? next : KVCTL_NEVER;
+    done = kv->res_expired;
+    kv->res_expired = NULL;
     pthread_mutex_unlock(&kv->client_lock);
     finish_all(kv, done);
+    return next;
 }

@@ -306,7 +306,7 @@ static void *worker_main(void *arg)
                 pdgw_front_on_accept(w);
                 break;
             case PDGW_EV_KVCTL:
-                pdgw_kvctl_worker_ready();
+                pdgw_kvctl_svcs_worker_ready(w->srv->kv_svcs);
                 break;
             case PDGW_EV_HUP:
                 if (fd < w->hup_cap && w->hup_reqs[fd] != NULL) {
@@ -646,11 +646,18 @@ pdgw_status_t pdgw_server_create(const pdgw_server_opts_t *opts, pdgw_server_t *
     atomic_init(&srv->draining, false);
     atomic_init(&srv->inflight, 0);
 
-    /* The forwarder: descriptor, configure, plan. */
+    /* The forwarder: descriptor, configure, plan; the KV control services it opens are kept
+     * here. */
+    srv->kv_svcs = pdgw_kvctl_svcs_create();
+    if (srv->kv_svcs == NULL) {
+        snprintf(err, errlen, "out of memory");
+        status = PDGW_ERR_NOMEM;
+        goto err_free;
+    }
     {
         pdgw_fwd_setup_t fs;
         status = pdgw_fwd_setup(opts->protocol, opts->mode, opts->protocol_options, opts->workers,
-                                false, &fs, err, errlen);
+                                false, srv->kv_svcs, &fs, err, errlen);
         if (status != PDGW_OK)
             goto err_free;
         srv->desc = fs.desc;
@@ -727,6 +734,7 @@ err_ctx:
     else if (srv->desc->ops->destroy && srv->fwd_ctx)
         srv->desc->ops->destroy(srv->fwd_ctx);
 err_free:
+    pdgw_kvctl_svcs_destroy(srv->kv_svcs);
     pdgw_fwd_api_set_services(NULL, NULL);
     pdgw_free(srv);
     return status;
@@ -815,8 +823,9 @@ void pdgw_server_destroy(pdgw_server_t *srv)
     pdgw_phases_server_stop(srv);
     /* Every attempt has ended: the KV control services send their last CancelNotifs and stop
      * before the forwarder closes them. */
-    pdgw_kvctl_shutdown();
+    pdgw_kvctl_svcs_stop(srv->kv_svcs);
     pdgw_server_live_fini(srv);            /* the forwarder's current context */
+    pdgw_kvctl_svcs_destroy(srv->kv_svcs); /* after the forwarder closed its services */
     pdgw_fwd_api_set_services(NULL, NULL); /* metrics and pool may go away after the server */
     pdgw_free(srv);
 }

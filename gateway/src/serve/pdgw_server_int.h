@@ -103,6 +103,9 @@ struct pdgw_server {
     atomic_uint live_retries;
     pthread_mutex_t fwd_gen_lock;
     pdgw_fwd_gen_t *fwd_gen;
+    /* The KV control services its forwarder opened (pdgw_kvctl_svcs.c): shutdown, reload
+     * and the workers' KV control socket events reach them through it. */
+    pdgw_fwd_kv_svcs_t *kv_svcs;
 };
 
 /* ---------------------------------------------------------------- worker */

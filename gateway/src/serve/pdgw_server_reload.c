@@ -136,7 +136,7 @@ static pdgw_status_t options_prepare(void *ctx, pdgw_reload_txn_t *txn, void **s
     *state = NULL;
     /* With a KV control service open (lmcache, vllm-kvt) its own hook decides which options
      * apply live (pdgw_kvctl_reload.c): a second context would open a second service. */
-    if (!pdgw_reload_txn_changed(txn, "protocol_options") || pdgw_kvctl_any_open())
+    if (!pdgw_reload_txn_changed(txn, "protocol_options") || pdgw_kvctl_svcs_any(srv->kv_svcs))
         return PDGW_OK;
     options = options_json(pdgw_reload_txn_next(txn));
     if (options == NULL) {
@@ -144,8 +144,8 @@ static pdgw_status_t options_prepare(void *ctx, pdgw_reload_txn_t *txn, void **s
         return PDGW_ERR_NOMEM;
     }
     /* The reload's check already ran the check-only configure: the options are valid. */
-    st = pdgw_fwd_setup(srv->opts.protocol, srv->opts.mode, options, srv->n_workers, false, &fs,
-                        why, sizeof(why));
+    st = pdgw_fwd_setup(srv->opts.protocol, srv->opts.mode, options, srv->n_workers, false,
+                        srv->kv_svcs, &fs, why, sizeof(why));
     json_decref(options);
     if (st != PDGW_OK) {
         /* The reason without the prefixes the key already says (the log line is short). */
@@ -207,6 +207,10 @@ pdgw_status_t pdgw_server_reload_register(pdgw_server_t *srv, pdgw_reload_t *rl)
                                   .commit = options_commit,
                                   .abort = options_abort,
                                   .ctx = srv};
-    pdgw_status_t st = pdgw_reload_register(rl, &limits);
+    /* The KV control services this server's forwarder opened apply their live options
+     * themselves (pdgw_kvctl_reload.c). */
+    pdgw_status_t st = pdgw_kvctl_reload_register(rl, srv->kv_svcs);
+    if (st == PDGW_OK)
+        st = pdgw_reload_register(rl, &limits);
     return st != PDGW_OK ? st : pdgw_reload_register(rl, &options);
 }

@@ -59,7 +59,7 @@ typedef struct fx {
 static void fx_open(fx_t *f, const char *opts_json)
 {
     json_t *opts = json_loads(opts_json, 0, NULL);
-    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "vllm-nixl", PDGW_MODE_BATCH, 1, 0};
+    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "vllm-nixl", PDGW_MODE_BATCH, 1, 0, NULL};
     char err[256] = "";
     pdgw_fwd_error_t e;
     memset(f, 0, sizeof(*f));

@@ -200,7 +200,7 @@ static void test_abi4_sizes_tables_and_arena(void **state)
                                            .modes = PDGW_MODE_BATCH,
                                            .dispatch = PDGW_DISPATCH_SINGLE,
                                            .ops = &dummy_ops};
-    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "t-abi4", PDGW_MODE_BATCH, 1, 0};
+    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "t-abi4", PDGW_MODE_BATCH, 1, 0, NULL};
     pdgw_fwd_request_t req;
     const pdgw_fwd_desc_t *d;
     t4_ctx_t *c = NULL;

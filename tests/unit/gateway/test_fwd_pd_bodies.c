@@ -73,7 +73,7 @@ typedef struct fx {
 static void fx_open(fx_t *f, const char *name, const char *opts_json, pdgw_mode_t mode)
 {
     json_t *opts = json_loads(opts_json, 0, NULL);
-    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, name, mode, 1, 0};
+    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, name, mode, 1, 0, NULL};
     char err[256] = "";
     pdgw_fwd_error_t e;
     memset(f, 0, sizeof(*f));
@@ -254,7 +254,7 @@ static void test_options_refused(void **state)
     for (i = 0; i < 4; i++) {
         const pdgw_fwd_desc_t *d = pdgw_registry_find(names[i]);
         json_t *opts = json_pack("{s:i}", "no_such_key", 1);
-        pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, names[i], PDGW_MODE_BATCH, 1, 0};
+        pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, names[i], PDGW_MODE_BATCH, 1, 0, NULL};
         char err[256] = "";
         void *ctx = NULL;
         assert_non_null(d);
@@ -266,7 +266,7 @@ static void test_options_refused(void **state)
     {
         const pdgw_fwd_desc_t *d = pdgw_registry_find("vllm-mooncake");
         json_t *opts = json_pack("{s:s}", "mooncake_dispatch", "sideways");
-        pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "vllm-mooncake", PDGW_MODE_BATCH, 1, 0};
+        pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "vllm-mooncake", PDGW_MODE_BATCH, 1, 0, NULL};
         char err[256] = "";
         void *ctx = NULL;
         assert_int_equal(d->ops->configure(opts, &env, &ctx, err, sizeof(err)),
@@ -547,7 +547,7 @@ static void test_lmcache_admission(void **state)
     json_t *opts = json_loads("{\"proxy_host\":\"127.0.0.1\",\"proxy_port\":0,\"reserve\":false,"
                               "\"chunk_tokens\":100,\"admission_chunks\":4}",
                               0, NULL);
-    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "lmcache", PDGW_MODE_BATCH, 1, 0};
+    pdgw_fwd_env_t env = {PDGW_FWD_ABI_VERSION, "lmcache", PDGW_MODE_BATCH, 1, 0, NULL};
     pdgw_fwd_peers_t peers = {&inst_p, &inst_d};
     pdgw_fwd_request_t ra, rb, rc, rd, rbig, rfull;
     void *ctx = NULL, *sa = NULL, *sb = NULL, *sc = NULL, *sd = NULL, *sbig = NULL, *sfull = NULL;

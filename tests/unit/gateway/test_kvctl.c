@@ -38,16 +38,20 @@
 static const pdgw_instance_t p_local = {.id = "p-local", .host = "127.0.0.1", .kv_host = ""};
 static const pdgw_instance_t p_far = {.id = "p-far", .host = "10.9.9.9", .kv_host = "10.9.9.10"};
 
+/* The services this test owns, as a server owns its forwarder's (pdgw_kvctl_svcs.c). */
+static pdgw_fwd_kv_svcs_t *owned;
+
 static pdgw_fwd_kv_svc_t *svc_open(const char *opts_json)
 {
     json_t *opts = json_loads(opts_json, 0, NULL);
     pdgw_fwd_kv_opts_t o;
     pdgw_fwd_kv_svc_t *svc = NULL;
+    pdgw_fwd_env_t env = {.protocol = "test-kv", .kv_svcs = owned};
     char err[256] = "";
     assert_non_null(opts);
     assert_int_equal(pdgw_fwd_kv_opts_parse(opts, 0, 1, &o, err, sizeof(err)), PDGW_FWD_OK);
     json_decref(opts);
-    assert_int_equal(pdgw_fwd_kv_svc_open("test-kv", &o, &svc, err, sizeof(err)), PDGW_FWD_OK);
+    assert_int_equal(pdgw_fwd_kv_svc_open(&env, &o, &svc, err, sizeof(err)), PDGW_FWD_OK);
     return svc;
 }
 
@@ -186,8 +190,8 @@ static void test_cancel_and_shutdown(void **state)
     dec.n_alloc_ports = 1;
     pdgw_fwd_kv_req_set_decode(q, &dec);
     pdgw_fwd_kv_req_end(q, PDGW_END_FAILED);
-    pdgw_kvctl_shutdown();
-    pdgw_kvctl_shutdown(); /* idempotent */
+    pdgw_kvctl_svcs_stop(owned);
+    pdgw_kvctl_svcs_stop(owned); /* idempotent */
 
     assert_int_equal(zmq_poll(&pi, 1, WAIT_MS), 1);
     zmq_msg_init(&part);
@@ -320,7 +324,7 @@ static void test_apply_live(void **state)
     assert_int_equal(pdgw_fwd_kv_req_before_prefill(qb, &rb, NULL, &e), PDGW_FWD_PENDING);
     assert_int_equal(pdgw_fwd_kv_opts_parse(opts, 0, 1, &o, err, sizeof(err)), PDGW_FWD_OK);
     json_decref(opts);
-    pdgw_kvctl_apply_all(&o);
+    pdgw_kvctl_svcs_apply(owned, &o);
     assert_int_equal(pdgw_fwd_kv_req_before_prefill(qb, &rb, NULL, &e), PDGW_FWD_OK);
     pdgw_fwd_kv_req_expect_notifs(qb, 1, &p_local);
     assert_int_equal(wait_gate(qb, &rb, 1, &e), PDGW_FWD_ERR);
@@ -499,8 +503,9 @@ static void test_reservations_from_workers(void **state)
 /* A worker that sends a reservation is woken by its answer itself: the socket joins the
  * worker loop's epoll set, tagged as a KV control socket, and the answer makes it ready; the
  * worker's drain grants the request, with no hand-over from the service thread. (The service
- * thread still drains at every turn, at least every 20 ms, so now and then it takes an answer
- * first; most wake their worker.) */
+ * thread drains at every turn it takes, so now and then it takes an answer first; most wake
+ * their worker. It has no period: like the worker's loop, the test waits on the socket again
+ * when a readiness came before the answer, from the connection.) */
 static void test_reservation_wakes_its_worker(void **state)
 {
     res_stage_t t;
@@ -524,17 +529,17 @@ static void test_reservation_wakes_its_worker(void **state)
         r = request(id);
         q = pdgw_fwd_kv_req_new(t.svc, &r, r.request_id);
         memset(&e, 0, sizeof(e));
+        int was_woken = 0;
         assert_int_equal(pdgw_fwd_kv_req_before_prefill(q, &r, &t.dec, &e), PDGW_FWD_PENDING);
-        if (epoll_wait(w.epfd, &ev, 1, 2000) == 1) {
-            assert_int_equal((int)((ev.data.u64 >> 32) & 0xffu), PDGW_EV_KVCTL);
-            woken++;
-            pdgw_kvctl_worker_ready();
-        }
         while ((st = pdgw_fwd_kv_req_before_prefill(q, &r, &t.dec, &e)) == PDGW_FWD_PENDING &&
                pdgw_fwd_now_ms() < end) {
-            struct timespec ts = {0, 200 * 1000};
-            nanosleep(&ts, NULL);
+            if (epoll_wait(w.epfd, &ev, 1, 50) == 1) {
+                assert_int_equal((int)((ev.data.u64 >> 32) & 0xffu), PDGW_EV_KVCTL);
+                was_woken = 1;
+                pdgw_kvctl_svcs_worker_ready(owned);
+            }
         }
+        woken += was_woken;
         assert_int_equal(st, PDGW_FWD_OK);
         pthread_mutex_lock(&t.svc->lock);
         granted += q->res == RES_GRANTED;
@@ -689,5 +694,9 @@ int main(void)
         cmocka_unit_test(test_reservation_wakes_its_worker),
         cmocka_unit_test(test_reservation_goes_ahead_with_room),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed;
+    owned = pdgw_kvctl_svcs_create();
+    failed = cmocka_run_group_tests(tests, NULL, NULL);
+    pdgw_kvctl_svcs_destroy(owned);
+    return failed;
 }
