@@ -101,7 +101,7 @@ static pdgw_fwd_status_t lmc_configure(const json_t *options, const pdgw_fwd_env
     c->ids_from_prefill = id_source == 1;
     c->tokenize_timeout_ms = tok_ms;
     /* --check-config (check_only): no ProxyNotif socket. */
-    if (!env->check_only && pdgw_fwd_kv_svc_open(env, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+    if (!env->check_only && pdgw_fwd_kv_svc_open_env(env, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }

@@ -45,7 +45,7 @@ static pdgw_fwd_status_t kvtf_configure(const json_t *options, const pdgw_fwd_en
         return PDGW_FWD_ERR_CONFIG;
     }
     if (o.reserve && !env->check_only &&
-        pdgw_fwd_kv_svc_open(env, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
+        pdgw_fwd_kv_svc_open_env(env, &o, &c->kv, err, errlen) != PDGW_FWD_OK) {
         free(c);
         return PDGW_FWD_ERR_CONFIG;
     }

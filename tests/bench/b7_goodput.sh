@@ -51,15 +51,28 @@ plot_lines "$RESULTS_DIR/b7_goodput_ttft.png" 'B7: TTFT p90 of served requests' 
 plot_lines "$RESULTS_DIR/b7_goodput_preemptions.png" 'B7: decode preemptions per run' \
     'preemptions' 14 1
 
-# Summary rows: at 1.5x capacity, slo's goodput against least-load's and round-robin's (no
-# target yet: context), and the preemptions of each policy there.
+# Summary rows: the issue's targets at 1.2x capacity (slo's goodput against the best other
+# policy's, the share of slo's admitted requests meeting both targets, its prefill prediction's
+# median relative error), then each policy's goodput and preemptions at 1.2x and 1.5x.
 summary_begin b7_goodput
-at() { awk -F, -v p="$1" -v c="$2" 'NR > 1 && $1 == p && $2 == 1.5 { print $c }' "$csv"; }
-for p in round-robin least-load precise-prefix slo; do
-    info_row b7 "$p goodput at 1.5x C" "$(at "$p" 7)" req/s
+at() { awk -F, -v p="$1" -v r="$2" -v c="$3" 'NR > 1 && $1 == p && $2 == r { print $c }' "$csv"; }
+best_other=$(awk -F, 'NR > 1 && $1 != "slo" && $2 == 1.2 && $7 > b { b = $7 } END { print b + 0 }' "$csv")
+slo_good=$(at slo 1.2 7)
+ratio=-
+[[ -n "$slo_good" ]] && awk -v b="$best_other" 'BEGIN { exit !(b > 0) }' &&
+    ratio=$(awk -v s="$slo_good" -v b="$best_other" 'BEGIN { printf "%.2f", s / b }')
+check_target b7 "slo goodput / best other's at 1.2x C" "$ratio" ge 1.5 x
+admitted=$(awk -F, 'NR > 1 && $1 == "slo" && $2 == 1.2 && $12 < 100 {
+    printf "%.1f", 100 * $6 / (1 - $12 / 100) }' "$csv")
+check_target b7 "slo admitted meeting both SLOs at 1.2x C" "$admitted" ge 90 %
+check_target b7 "slo prefill prediction median rel. err, 1.2x" "$(at slo 1.2 16)" le 0.20 ""
+for r in 1.2 1.5; do
+    for p in round-robin least-load precise-prefix slo; do
+        info_row b7 "$p goodput at ${r}x C" "$(at "$p" "$r" 7)" req/s
+    done
 done
 for p in round-robin least-load slo; do
-    info_row b7 "$p decode preemptions at 1.5x C" "$(at "$p" 14)" ""
+    info_row b7 "$p decode preemptions at 1.5x C" "$(at "$p" 1.5 14)" ""
 done
 echo "machine: $(machine_line)"
 exit $rc

@@ -598,7 +598,12 @@ typedef struct pdgw_fwd_kv_svcs pdgw_fwd_kv_svcs_t; /* the services a server own
 /* Start the service for env->protocol (binds the ProxyNotif PULL, and the relay, when
  * o->proxy), kept in env->kv_svcs. Call from configure with the <env> it was given (never
  * under check_only); close from destroy. */
-pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const pdgw_fwd_env_t *env, const pdgw_fwd_kv_opts_t *o,
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open_env(const pdgw_fwd_env_t *env, const pdgw_fwd_kv_opts_t *o,
+                                           pdgw_fwd_kv_svc_t **out, char *err, size_t errlen);
+/* The same for a plugin built before the env form (ABI 4 as first published): a service of
+ * its own that the server does not own (shutdown and reloads do not reach it; its thread
+ * watches the reservation sockets itself). */
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_opts_t *o,
                                        pdgw_fwd_kv_svc_t **out, char *err, size_t errlen);
 void pdgw_fwd_kv_svc_close(pdgw_fwd_kv_svc_t *svc);
 /* The bound ProxyNotif port (0 when none). */

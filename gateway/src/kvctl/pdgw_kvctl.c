@@ -180,10 +180,17 @@ err_lock:
     return PDGW_FWD_ERR_CONFIG;
 }
 
-pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const pdgw_fwd_env_t *env, const pdgw_fwd_kv_opts_t *o,
-                                       pdgw_fwd_kv_svc_t **out, char *err, size_t errlen)
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open_env(const pdgw_fwd_env_t *env, const pdgw_fwd_kv_opts_t *o,
+                                           pdgw_fwd_kv_svc_t **out, char *err, size_t errlen)
 {
     return pdgw_kvctl_open(env, o, NULL, out, err, errlen);
+}
+
+pdgw_fwd_status_t pdgw_fwd_kv_svc_open(const char *protocol, const pdgw_fwd_kv_opts_t *o,
+                                       pdgw_fwd_kv_svc_t **out, char *err, size_t errlen)
+{
+    pdgw_fwd_env_t env = {.protocol = protocol};
+    return pdgw_kvctl_open(&env, o, NULL, out, err, errlen);
 }
 
 /* Free a job nobody sends any more, with the reference it holds. */

@@ -51,7 +51,7 @@ static pdgw_fwd_kv_svc_t *svc_open(const char *opts_json)
     assert_non_null(opts);
     assert_int_equal(pdgw_fwd_kv_opts_parse(opts, 0, 1, &o, err, sizeof(err)), PDGW_FWD_OK);
     json_decref(opts);
-    assert_int_equal(pdgw_fwd_kv_svc_open(&env, &o, &svc, err, sizeof(err)), PDGW_FWD_OK);
+    assert_int_equal(pdgw_fwd_kv_svc_open_env(&env, &o, &svc, err, sizeof(err)), PDGW_FWD_OK);
     return svc;
 }
 
