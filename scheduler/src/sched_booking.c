@@ -249,7 +249,12 @@ static void leg_learn(booking_leg_t *leg, const sched_result_t *r, uint64_t now_
 {
     if (r->outcome != SCHED_OUTCOME_SUCCESS)
         return;
-    if (r->first_token_s > 0.0) {
+    if (r->first_token_s > 0.0 && leg->prompt_charge == 0 && leg->kv_charge > 0) {
+        /* a PD decode leg: its first token waited for the KV handed over from the prefill */
+        double x[SCHED_TRANSFER_DIM];
+        sched_transfer_features(x, leg->kv_prompt_charge);
+        sched_latency_model_observe(&leg->inst->lat_handoff, x, r->first_token_s);
+    } else if (r->first_token_s > 0.0) {
         double x[SCHED_PREFILL_DIM];
         if (leg->answer == SCHED_PQ_LEARNT) { /* in hindsight: the replay's steps to now */
             sched_prefill_features(x, leg->answered.steps, leg->answered.tokens);
@@ -489,6 +494,82 @@ void sched_booking_predicted(const sched_booking_t *b, sched_leg_t which, double
         *first_token_s = leg && leg->inst ? leg->pred_first_s : 0.0;
     if (tpot_s)
         *tpot_s = leg && leg->inst ? leg->pred_tpot_s : 0.0;
+}
+
+sched_status_t sched_booking_decode_only(sched_booking_t *b)
+{
+    static const sched_result_t dropped = {.outcome = SCHED_OUTCOME_CANCELLED};
+    booking_leg_t *d;
+    uint64_t now_ms;
+
+    if (!b || !sched_booking_leg_open(b, SCHED_LEG_PREFILL) ||
+        !sched_booking_leg_open(b, SCHED_LEG_DECODE))
+        return SCHED_ERR_STATE;
+    (void)sched_booking_finish(b, SCHED_LEG_PREFILL, &dropped);
+    /* From here the decode computes the prompt: its prefill work, as a decode-only booking
+     * would have charged it, and what it learns is its own prefill, not a handoff. */
+    d = &b->legs[SCHED_LEG_DECODE];
+    now_ms = sched_pool_now(b->pool);
+    b->whole = true;
+    d->x_prompt = booking_uncached(b, d->inst);
+    d->prompt_charge = b->req.prompt_tokens;
+    atomic_fetch_add_explicit(&d->inst->prompt_tokens, d->prompt_charge, RELAXED);
+    {
+        sched_prediction_t p;
+        sched_pq_steps_t st;
+        sched_instance_predict_ttft_replay(d->inst, d->x_prompt, now_ms, &st, &p);
+        sched_prefill_features(d->x_ttft, st.steps, st.tokens - st.later_tokens);
+        d->x_elapsed_s = st.elapsed_s;
+        d->pred_first_raw_s = p.mean;
+        d->pred_first_s = p.observed >= SCHED_PREDICT_SCORED_AFTER ? p.mean : 0.0;
+    }
+    d->pq_id = sched_pq_add(d->inst, now_ms, d->x_prompt);
+    return SCHED_OK;
+}
+
+bool sched_booking_predict_pd(const sched_booking_t *b, sched_pd_prediction_t *out)
+{
+    const booking_leg_t *p, *d;
+    sched_prediction_t handoff, tpot, own;
+    double x[SCHED_TRANSFER_DIM], per_ktok;
+    uint64_t n, uncached;
+
+    if (!b || !out)
+        return false;
+    p = &b->legs[SCHED_LEG_PREFILL];
+    d = &b->legs[SCHED_LEG_DECODE];
+    if (!p->inst || !d->inst || !atomic_load(&p->open) || !atomic_load(&d->open))
+        return false;
+    n = b->req.prompt_tokens;
+    sched_transfer_features(x, n);
+    sched_latency_model_predict(&d->inst->lat_handoff, x, &handoff);
+    sched_latency_model_predict(&d->inst->lat_tpot, d->x_tpot, &tpot);
+    if (handoff.observed < SCHED_PREDICT_SCORED_AFTER ||
+        tpot.observed < SCHED_PREDICT_SCORED_AFTER || p->pred_first_s <= 0.0)
+        return false; /* the PD side is not known yet: nothing to weigh */
+    uncached = booking_uncached(b, d->inst);
+    sched_instance_predict_ttft(d->inst, uncached, &own);
+    if (own.observed >= SCHED_PREDICT_SCORED_AFTER) {
+        /* decode-only legs taught the decode its own prefill */
+        per_ktok = atomic_load_explicit(&d->inst->lat_prefill.coef[1], RELAXED);
+        out->decode_only_s = own.mean;
+    } else {
+        /* Not yet: a step of its running batch to wait for, one to compute the prompt in,
+         * each token at what the booked prefill's engine takes for one (the same model on a
+         * peer; a decode is not a faster prefill). */
+        uint32_t budget = d->inst->pq.step_tokens ? d->inst->pq.step_tokens : 2048;
+        uint64_t steps = (uncached + budget - 1) / budget;
+        per_ktok = atomic_load_explicit(&p->inst->lat_prefill.coef[1], RELAXED);
+        if (!(per_ktok > 0.0))
+            return false;
+        out->decode_only_s = tpot.mean * (double)(1 + steps) + per_ktok * (double)uncached * 1e-3;
+    }
+    out->with_prefill_s = p->pred_first_s + handoff.mean;
+    /* the prompt's tokens computed in the decode's steps hold up its running requests */
+    out->stall_s = per_ktok > 0.0 ? per_ktok * (double)uncached * 1e-3 : 0.0;
+    out->tpot_s = tpot.mean;
+    out->uncached_tokens = uncached;
+    return true;
 }
 
 bool sched_booking_leg_open(const sched_booking_t *b, sched_leg_t which)

@@ -131,7 +131,9 @@ struct sched_instance {
     /* ---- latency models, learnt from finished legs (each its own lock) ---- */
     sched_latency_model_t lat_prefill; /* a leg's time to its first token */
     sched_latency_model_t lat_tpot;    /* its time per output token after that */
-    sched_prefill_queue_t pq;          /* its open prefill work, for the replay (own lock) */
+    /* a PD decode leg's time to its first token: the KV handed over and its first step */
+    sched_latency_model_t lat_handoff;
+    sched_prefill_queue_t pq; /* its open prefill work, for the replay (own lock) */
 
     /* ---- pool thread only ------------------------------------------ */
     uint64_t next_probe_ms, next_scrape_ms;

@@ -131,15 +131,16 @@ static void emit_kv_headroom(pdb_prom_t *p, sched_pool_t *pool, sched_instance_t
  * it and its mean relative error; an instance not observed yet has no error series. */
 static void emit_predictions(pdb_prom_t *p, sched_instance_t **arr, size_t n)
 {
-    static const char *const phase[2] = {"ttft", "tpot"};
+    static const char *const phase[3] = {"ttft", "tpot", "kv_handoff"};
     pdb_prom_family(p, "pdgw_predict_observations_total", "counter",
                     "Finished legs that taught an instance's latency model.");
     pdb_prom_family(p, "pdgw_predict_error_ratio", "gauge",
                     "Mean |actual - predicted| / actual of an instance's latency model (recent "
                     "legs weigh more).");
     for (size_t i = 0; i < n; i++) {
-        const sched_latency_model_t *m[2] = {&arr[i]->lat_prefill, &arr[i]->lat_tpot};
-        for (int k = 0; k < 2; k++) {
+        const sched_latency_model_t *m[3] = {&arr[i]->lat_prefill, &arr[i]->lat_tpot,
+                                             &arr[i]->lat_handoff};
+        for (int k = 0; k < 3; k++) {
             const char *const labels[] = {"instance", arr[i]->desc.id, "phase", phase[k], NULL};
             uint64_t obs = atomic_load(&m[k]->observed);
             pdb_prom_sample_u64(p, "pdgw_predict_observations_total", NULL, labels, obs);

@@ -152,15 +152,17 @@ void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv
     x[2] = (double)kv_tokens * 1e-4;
 }
 
-void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes)
+void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t prompt_tokens)
 {
+    /* The KV an engine hands over grows with the prompt: its tokens stand for its bytes (the
+     * bytes per token are a property of the model, the same for every pair). */
     x[0] = 1.0;
-    x[1] = (double)bytes / (1024.0 * 1024.0);
+    x[1] = (double)prompt_tokens * 1e-3;
 }
 
 static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100};
 static const double tpot_prior[SCHED_TPOT_DIM] = {0.012, 0.002, 0.002};
-static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.001, 0.001};
+static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.005, 0.010};
 
 const double *sched_phase_prior(sched_phase_t phase)
 {

@@ -64,8 +64,8 @@ static void step_cost(const sched_instance_t *inst, double *per_step_s, double *
                          PQ_MAX_S_PER_KTOK);
 }
 
-/* The replay's work list: the queue's legs (remaining tokens) and optionally one more leg
- * booked at <extra_ms>. */
+/* The replay's work list: the queue's legs (tokens left, booked when), and for a prediction
+ * the leg being predicted, booked now. On the stack: a replay changes no queue. */
 typedef struct pq_replay {
     uint32_t left[SCHED_PQ_MAX + 1];
     uint64_t booked[SCHED_PQ_MAX + 1];

@@ -24,7 +24,8 @@ refused % (429), errors, preemptions on the decodes (vllm:num_preemptions_total,
 the mean predictor error (pdgw_predict_error_ratio over instances and phases, from pdgw's
 /metrics at the end), the prefill prediction's median and p90 relative error per request
 (the access log's pred_prefill_ms against prefill_ms) and the 1-minute load average.
-B7_POLICIES=slo,least-load runs only those.
+B7_POLICIES=slo,least-load runs only those; slo+pd is slo with pd_skip_predicted (selective
+PD by the latency models), not run unless named.
 
 Usage: b7_goodput.py [BIN_DIR] [--quick]
   --quick (or QUICK=1): rates 0.5/1.0/1.2/1.5 x C, 10 s each (about 4 minutes on 2 cores);
@@ -146,6 +147,7 @@ class Fleet:
             raise RuntimeError(f"{e}; logs: {tail}") from e
 
     def _start(self, policy):
+        base = policy.split("+")[0]  # "slo+pd": slo and selective PD by prediction
         roles = [("prefill", s, None) for s in PREFILL_SPEEDS] + \
                 [("decode", 1.0, kv) for kv in DECODE_KV]
         for i, (role, speed, kv_cap) in enumerate(roles):
@@ -171,7 +173,7 @@ class Fleet:
                 argv += DECODE_TIMING + ["--kv-capacity-tokens", str(kv_cap), "--alloc-port",
                                          str(alloc), "--init-port", str(init)]
                 inst.update(alloc_ports=f"[{alloc}]", init_ports=f"[{init}]", tp_size=1)
-            if policy in ("precise-prefix", "slo"):  # slo reads what is cached where too
+            if base in ("precise-prefix", "slo"):  # slo reads what is cached where too
                 inst["kv_events_endpoint"] = f'"tcp://127.0.0.1:{ev}"'
                 inst["kv_events_replay_endpoint"] = f'"tcp://127.0.0.1:{rp}"'
             p = subprocess.Popen(argv, stdout=self.logs, stderr=self.logs)
@@ -181,11 +183,13 @@ class Fleet:
             wait_http(s["port"], "/health", s["proc"])
         self.gw_port = free_port()
         lines = [f'listen: "127.0.0.1:{self.gw_port}"', "workers: 2", "protocol: vllm-nixl",
-                 "scheduling: batch", f"prefill_policy: {policy}", f"decode_policy: {policy}",
+                 "scheduling: batch", f"prefill_policy: {base}", f"decode_policy: {base}",
                  "health_interval: 1s", "health_timeout: 1s", "metrics_scrape_interval: 200ms",
                  "access_log: true", "log_format: json", "log_level: warn"]
-        if policy == "slo":
+        if base == "slo":
             lines.append("slo_policy: reject")
+        if policy.endswith("+pd"):
+            lines.append("pd_skip_predicted: true")
         lines.append("instances:")
         for s in self.sims:
             for i, (k, v) in enumerate(s["inst"].items()):
@@ -202,6 +206,13 @@ class Fleet:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/metrics")
         return c.getresponse().read().decode()
+
+    def pd_skipped(self):
+        """Requests the gateway sent decode-only by prediction so far."""
+        for line in self.metrics(self.gw_port).splitlines():
+            if line.startswith('pdgw_pd_skipped_total{reason="predicted"}'):
+                return float(line.split()[-1])
+        return 0.0
 
     def preemptions(self):
         total = 0.0
@@ -402,10 +413,11 @@ def main():
             replay(fleet.gw_port, warm)
             fleet.prefill_prediction_errors()  # the warm-up's are not scored
             for m in RATES:
-                p0 = fleet.preemptions()
+                p0, s0 = fleet.preemptions(), fleet.pd_skipped()
                 res = replay(fleet.gw_port, streams[m])
                 r = summarise(policy, m, m * cap, res, fleet.preemptions() - p0,
                               fleet.predictor_error(), fleet.prefill_prediction_errors(), RUN_S)
+                r["decode_only_pct"] = 100.0 * (fleet.pd_skipped() - s0) / max(1, r["offered"])
                 rows.append(r)
                 print(f"  {policy:14s} {m:4.2f}xC ({r['rate']:5.2f}/s): attain "
                       f"{r['attainment'] * 100:5.1f}%  goodput {r['goodput']:5.2f}/s  TTFT p50/"
@@ -414,7 +426,7 @@ def main():
                       f"refused {r['refused_pct']:4.1f}%  err {r['errors']}  preempt "
                       f"{r['preemptions']:.0f}  pred.err {r['predict_err']:.2f}  prefill "
                       f"pred.err med/p90 {r['ttft_pred_err_med']:.2f}/{r['ttft_pred_err_p90']:.2f}  load "
-                      f"{r['load1']:.2f}", flush=True)
+                      f"{r['load1']:.2f}  decode-only {r['decode_only_pct']:.0f}%", flush=True)
                 if r["errors"]:
                     print(f"    first error: {r['first_error']}", file=sys.stderr)
         finally:
@@ -422,7 +434,8 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     cols = ["policy", "rate_x", "rate", "offered", "served", "attainment", "goodput",
             "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "refused_pct", "errors",
-            "preemptions", "predict_err", "ttft_pred_err_med", "ttft_pred_err_p90", "load1"]
+            "preemptions", "predict_err", "ttft_pred_err_med", "ttft_pred_err_p90", "load1",
+            "decode_only_pct"]
     with open(os.path.join(RESULTS, "b7_goodput.csv"), "w") as f:
         f.write(",".join(cols) + f",capacity\n")
         for r in rows:

@@ -74,5 +74,13 @@ done
 for p in round-robin least-load slo; do
     info_row b7 "$p decode preemptions at 1.5x C" "$(at "$p" 1.5 14)" ""
 done
+# slo+pd (B7_POLICIES=...,slo+pd): selective PD by prediction beside slo alone
+if [[ -n "$(at slo+pd 1.2 7)" ]]; then
+    for r in 1.2 1.5; do
+        info_row b7 "slo+pd goodput at ${r}x C" "$(at slo+pd "$r" 7)" req/s
+        info_row b7 "slo+pd TTFT p90 at ${r}x C (slo: $(at slo "$r" 9))" "$(at slo+pd "$r" 9)" s
+        info_row b7 "slo+pd decode-only share at ${r}x C" "$(at slo+pd "$r" 19)" %
+    done
+fi
 echo "machine: $(machine_line)"
 exit $rc

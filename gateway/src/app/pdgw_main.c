@@ -352,6 +352,7 @@ static void server_opts_from_config(const pdgw_config_t *c, json_t *options, pdg
     o->route.tokenize_cache_entries = (unsigned)c->tokenize_cache_entries;
     o->route.pd_min_prompt_tokens = (unsigned)c->pd_min_prompt_tokens;
     o->route.pd_skip_cached_percent = (unsigned)c->pd_skip_cached_percent;
+    o->route.pd_skip_predicted = c->pd_skip_predicted;
     o->models = (const char *const *)c->models.items;
     o->n_models = c->models.count;
     o->no_passthrough = !c->passthrough;

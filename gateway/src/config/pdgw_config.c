@@ -299,6 +299,13 @@ static const pdgw_config_option_t options[] = {
      PDGW_OPT_INT, NULL, 0, 100, "0", "PERCENT", "Selective PD: decode-only when the chosen "
      "decode holds at least this share of the prompt (precise-prefix KV events; 0 = off).",
      C(pd_skip_cached_percent)},
+    {"pd_skip_predicted", "pd-skip-predicted", "PDGW_PD_SKIP_PREDICTED", PDGW_OPT_BOOL, NULL, 0,
+     0, "false", NULL, "Selective PD by prediction: decode-only when the chosen decode is "
+     "predicted to reach the first token sooner by computing the prompt itself than through "
+     "the prefill and the KV handoff, and that work holds up its running requests by less "
+     "than their time-per-output-token slack (learnt latency models; until they have seen "
+     "enough legs, PD).",
+     C(pd_skip_predicted)},
     {"drain_timeout", "drain-timeout", "PDGW_DRAIN_TIMEOUT", PDGW_OPT_DURATION, NULL, 0, 0,
      "30s", "DURATION", "On SIGTERM, how long in-flight requests may finish.",
      C(drain_timeout_ms)},

@@ -205,10 +205,11 @@ typedef struct pdgw_config {
     pdgw_kv_list_t tokenizers; /* model -> tokenizer PATH, or "engine" */
     int pd_min_prompt_tokens;
     int pd_skip_cached_percent;
-    int client_pd_fields; /* pdgw_pd_fields_mode_t: reject | strip | pass */
-    int upstream_client;  /* pdgw_upstream_client_t: curl | native */
-    int stream_output;    /* pdgw_stream_output_t: library | direct */
-    int frontend;         /* pdgw_frontend_t: mhd | native */
+    bool pd_skip_predicted; /* decode-only when the latency models say it is faster */
+    int client_pd_fields;   /* pdgw_pd_fields_mode_t: reject | strip | pass */
+    int upstream_client;    /* pdgw_upstream_client_t: curl | native */
+    int stream_output;      /* pdgw_stream_output_t: library | direct */
+    int frontend;           /* pdgw_frontend_t: mhd | native */
     uint64_t drain_timeout_ms;
     bool check_engines_at_start;           /* the engine doctor once at start (warnings) */
     uint64_t check_engines_timeout_ms;     /* one probe */

@@ -49,6 +49,9 @@ typedef struct pdgw_route_opts {
     /* Decode-only when the booked decode holds at least this percentage of the prompt's
      * tokens (precise-prefix KV events). 0 = off. */
     unsigned pd_skip_cached_percent;
+    /* Decode-only when the decode's latency models predict a sooner first token without the
+     * prefill leg and a stall of its running requests within their TPOT slack. */
+    bool pd_skip_predicted;
     /* Longest wait for POST /tokenize before routing without tokens; 0 = never ask. */
     uint64_t tokenize_timeout_ms;
     /* Tokenizations kept (by prompt hash). */

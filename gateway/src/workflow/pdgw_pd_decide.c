@@ -13,7 +13,14 @@
  *   pd_min_prompt_tokens    like nonCachedTokens: prompt tokens (the engine's count when
  *                           the request was tokenized, else the estimate), and the part the
  *                           booked decode does not hold (precise-prefix KV events);
- *   pd_skip_cached_percent  the booked decode holds at least this share of the prompt.
+ *   pd_skip_cached_percent  the booked decode holds at least this share of the prompt;
+ *   pd_skip_predicted       the scheduler's latency models (learnt from the legs pdgw ran):
+ *                           the decode's predicted first token computing the uncached part
+ *                           itself comes sooner than the prefill's predicted answer plus the
+ *                           KV handoff, and the prompt's work in the decode's steps lengthens
+ *                           its running requests' token gap by no more than their TPOT slack.
+ *                           A fixed threshold cannot know either: the same prompt is worth
+ *                           disaggregating behind an idle prefill and not behind a busy one.
  * A decode-only request is the client's body sent unchanged to the decode instance, which
  * computes the prompt itself (it is a full vLLM/SGLang server; its connector sees no
  * kv_transfer_params and loads nothing).
@@ -33,6 +40,8 @@ const char *pdgw_pd_decision_name(pdgw_pd_decision_t d)
         return "short";
     case PDGW_PD_SKIP_CACHED:
         return "cached";
+    case PDGW_PD_SKIP_PREDICTED:
+        return "predicted";
     default:
         return "pd";
     }
@@ -61,15 +70,25 @@ pdgw_pd_decision_t pdgw_pd_decide_before_book(pdgw_wf_t *wf, const sched_request
     return n < rt->o.pd_min_prompt_tokens ? PDGW_PD_SKIP_SHORT : PDGW_PD_RUN;
 }
 
-pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_wf_t *wf, const sched_request_t *sr,
-                                             sched_instance_t *decode)
+bool pdgw_pd_predicted_skip(const sched_pd_prediction_t *p, uint32_t tpot_target_ms)
 {
-    const pdgw_routing_t *rt = wf->w->srv->routing;
+    double slack;
+    if (!(p->decode_only_s < p->with_prefill_s))
+        return false;
+    /* A running request's next token waits for the step that computes the prompt. Without a
+     * target, allow that gap to double at most; with one, keep it within the target. */
+    slack = tpot_target_ms > 0 ? (double)tpot_target_ms * 1e-3 - p->tpot_s : p->tpot_s;
+    return p->stall_s <= slack;
+}
+
+/* The static rules: the decode's cached share of the prompt (precise-prefix). */
+static pdgw_pd_decision_t decide_cached(pdgw_wf_t *wf, const pdgw_routing_t *rt,
+                                        const sched_request_t *sr, sched_instance_t *decode)
+{
     size_t cached = 0;
     uint64_t n;
 
-    if (rt == NULL || decode == NULL ||
-        (rt->o.pd_min_prompt_tokens == 0 && rt->o.pd_skip_cached_percent == 0))
+    if (rt->o.pd_min_prompt_tokens == 0 && rt->o.pd_skip_cached_percent == 0)
         return PDGW_PD_RUN;
     n = prompt_tokens(wf, sr);
     if (n == 0 || !sched_kvev_cached_tokens(wf->w->srv->opts.pool, sr, decode, &cached))
@@ -80,6 +99,23 @@ pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_wf_t *wf, const sched_request_
         return PDGW_PD_SKIP_CACHED;
     if (rt->o.pd_min_prompt_tokens > 0 && cached > 0 && n - cached < rt->o.pd_min_prompt_tokens)
         return PDGW_PD_SKIP_CACHED;
+    return PDGW_PD_RUN;
+}
+
+pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_wf_t *wf, const sched_request_t *sr,
+                                             const sched_booking_t *booking)
+{
+    const pdgw_routing_t *rt = wf->w->srv->routing;
+    sched_instance_t *decode = sched_booking_instance(booking, SCHED_LEG_DECODE);
+    sched_pd_prediction_t p;
+
+    if (rt == NULL || decode == NULL || !sched_booking_leg_open(booking, SCHED_LEG_PREFILL))
+        return PDGW_PD_RUN;
+    if (decide_cached(wf, rt, sr, decode) == PDGW_PD_SKIP_CACHED)
+        return PDGW_PD_SKIP_CACHED;
+    if (rt->o.pd_skip_predicted && sched_booking_predict_pd(booking, &p) &&
+        pdgw_pd_predicted_skip(&p, sr->slo_tpot_ms))
+        return PDGW_PD_SKIP_PREDICTED;
     return PDGW_PD_RUN;
 }
 

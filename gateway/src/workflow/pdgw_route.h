@@ -49,9 +49,10 @@ pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char
 
 /* Reasons a request went decode-only. */
 typedef enum {
-    PDGW_PD_RUN = 0,     /* both legs */
-    PDGW_PD_SKIP_SHORT,  /* prompt below pd_min_prompt_tokens */
-    PDGW_PD_SKIP_CACHED, /* the booked decode holds most of the prompt */
+    PDGW_PD_RUN = 0,        /* both legs */
+    PDGW_PD_SKIP_SHORT,     /* prompt below pd_min_prompt_tokens */
+    PDGW_PD_SKIP_CACHED,    /* the booked decode holds most of the prompt */
+    PDGW_PD_SKIP_PREDICTED, /* the latency models: sooner without the prefill leg */
 } pdgw_pd_decision_t;
 
 const char *pdgw_pd_decision_name(pdgw_pd_decision_t d);
@@ -89,9 +90,14 @@ void pdgw_route_req_release(pdgw_wf_t *wf);
 
 /* Selective PD before booking: PDGW_PD_SKIP_SHORT or PDGW_PD_RUN. */
 pdgw_pd_decision_t pdgw_pd_decide_before_book(pdgw_wf_t *wf, const sched_request_t *sr);
-/* After a PD booking: PDGW_PD_SKIP_CACHED when the booked decode holds enough. */
+/* After a PD booking: PDGW_PD_SKIP_CACHED when the booked decode holds enough,
+ * PDGW_PD_SKIP_PREDICTED when its predicted first token comes sooner without the prefill. */
 pdgw_pd_decision_t pdgw_pd_decide_after_book(pdgw_wf_t *wf, const sched_request_t *sr,
-                                             sched_instance_t *decode);
+                                             const sched_booking_t *booking);
+/* The rule of PDGW_PD_SKIP_PREDICTED on one prediction: decode-only is sooner and the
+ * prompt's work on the decode stalls its running requests by at most their TPOT slack
+ * (<tpot_target_ms> - the TPOT now; without a target, the TPOT now). */
+bool pdgw_pd_predicted_skip(const sched_pd_prediction_t *p, uint32_t tpot_target_ms);
 /* Record a decision taken for <wf> and count it (pdgw_pd_skipped_total{reason}). */
 void pdgw_pd_count(pdgw_wf_t *wf, pdgw_pd_decision_t d);
 /* The request goes decode-only (a skip was recorded). */

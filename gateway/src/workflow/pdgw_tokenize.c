@@ -55,7 +55,8 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
     if (rt == NULL)
         return PDGW_ERR_NOMEM;
     rt->o = *o;
-    rt->want_tokens = want_tokens || o->pd_min_prompt_tokens > 0 || o->pd_skip_cached_percent > 0;
+    rt->want_tokens = want_tokens || o->pd_min_prompt_tokens > 0 || o->pd_skip_cached_percent > 0 ||
+                      o->pd_skip_predicted;
     sets = (o->tokenize_cache_entries + TOK_WAYS - 1) / TOK_WAYS;
     rt->n_sets = sets;
     if (sets > 0) {
@@ -85,7 +86,8 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
         if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_pd_skipped_total",
                                     "Requests of a two-leg protocol sent decode-only (selective "
                                     "PD), by reason: short (prompt below pd_min_prompt_tokens), "
-                                    "cached (the chosen decode holds most of the prompt).",
+                                    "cached (the chosen decode holds most of the prompt), "
+                                    "predicted (faster by the latency models).",
                                     l_reason, 1, NULL, 0, &rt->pd_skipped) != PDGW_OK)
             rt->pd_skipped = pdgw_metrics_family_find(reg, "pdgw_pd_skipped_total");
         if (pdgw_metrics_family_add(reg, PDGW_METRIC_COUNTER, "pdgw_tokenize_total",

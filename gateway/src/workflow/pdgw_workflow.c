@@ -417,15 +417,14 @@ static bool wf_book(pdgw_wf_t *wf)
         wf_fail(wf, &e, NULL);
         return false;
     }
-    /* route hook: selective PD - the booked decode already holds most of the prompt */
-    if (wf->freq.dispatch != PDGW_DISPATCH_SINGLE &&
-        sched_booking_leg_open(wf->booking, SCHED_LEG_PREFILL) &&
-        pdgw_pd_decide_after_book(wf, &sr, sched_booking_instance(wf->booking, SCHED_LEG_DECODE)) ==
-            PDGW_PD_SKIP_CACHED) {
-        sched_result_t res = {.outcome = SCHED_OUTCOME_CANCELLED};
-        (void)sched_booking_finish(wf->booking, SCHED_LEG_PREFILL, &res);
-        pdgw_pd_count(wf, PDGW_PD_SKIP_CACHED);
-        wf->freq.dispatch = PDGW_DISPATCH_SINGLE;
+    /* route hook: selective PD - the booked decode holds most of the prompt, or is predicted
+     * to answer sooner computing it itself; it then carries the prompt's work */
+    if (wf->freq.dispatch != PDGW_DISPATCH_SINGLE) {
+        pdgw_pd_decision_t d = pdgw_pd_decide_after_book(wf, &sr, wf->booking);
+        if (d != PDGW_PD_RUN && sched_booking_decode_only(wf->booking) == SCHED_OK) {
+            pdgw_pd_count(wf, d);
+            wf->freq.dispatch = PDGW_DISPATCH_SINGLE;
+        }
     }
     return true;
 }

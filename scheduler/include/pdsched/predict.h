@@ -69,7 +69,7 @@ double sched_fit_predict(const sched_fit_t *f, const double *x);
 typedef enum sched_phase {
     SCHED_PHASE_PREFILL = 0,  /* a prefill leg: send -> its answer (queue + compute) */
     SCHED_PHASE_TPOT = 1,     /* a decode's mean time between output tokens */
-    SCHED_PHASE_TRANSFER = 2, /* KV bytes prefill -> decode: seconds per byte and a latency */
+    SCHED_PHASE_TRANSFER = 2, /* a PD decode leg to its first token: the KV handoff */
     SCHED_PHASE_COUNT
 } sched_phase_t;
 
@@ -77,14 +77,15 @@ typedef enum sched_phase {
  * fit with one prior variance for all). */
 #define SCHED_PREFILL_DIM  2 /* engine steps, kTokens they compute (the replay's) */
 #define SCHED_TPOT_DIM     3 /* 1, running requests / 16, KV kTokens running / 10 */
-#define SCHED_TRANSFER_DIM 2 /* 1, MiB */
+#define SCHED_TRANSFER_DIM 2 /* 1, kTokens of the prompt (the KV handed over) */
 void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint32_t steps, uint64_t tokens);
 void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens);
-void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t bytes);
+void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t prompt_tokens);
 
 /* The priors a cold instance starts from (seconds), before it has been observed: a prefill
  * step of 20 ms + 0.1 ms per token it computes, 12 ms per output token
- * at an empty batch, a transfer of 1 ms + 1 ms per MiB. Deliberately rough: with the prior
+ * at an empty batch, a KV handoff (transfer and the decode's first step) of 5 ms + 10 ms per
+ * kToken. Deliberately rough: with the prior
  * variance the first few observations replace them. */
 const double *sched_phase_prior(sched_phase_t phase);
 unsigned sched_phase_dim(sched_phase_t phase);

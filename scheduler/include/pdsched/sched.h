@@ -590,6 +590,24 @@ void sched_booking_predicted(const sched_booking_t *booking, sched_leg_t leg, do
 /* True while <leg> is booked and not yet finished. */
 bool sched_booking_leg_open(const sched_booking_t *booking, sched_leg_t leg);
 
+/* Selective PD by prediction. For a booking with both legs open: the predicted time to first
+ * token with the prefill leg (its prefill, then the KV handoff to the decode: the decode's
+ * model of its PD legs' first tokens) and without it (the decode computing the part of the
+ * prompt it does not hold: its own model when decode-only legs taught it, else a step of its
+ * running batch to wait for, the prompt's steps, and each token at the booked prefill's cost),
+ * the time those prompt tokens hold up the decode's running requests, and the decode's time
+ * per output token now. False while the decode's handoff or TPOT model is cold (nothing to
+ * weigh yet). Books nothing. */
+typedef struct sched_pd_prediction {
+    double with_prefill_s, decode_only_s, stall_s, tpot_s;
+    uint64_t uncached_tokens; /* of the prompt, on the decode */
+} sched_pd_prediction_t;
+bool sched_booking_predict_pd(const sched_booking_t *booking, sched_pd_prediction_t *out);
+/* Go decode-only: the prefill leg is released without judging its instance, and the decode
+ * leg from now on computes the prompt (charged and predicted as a decode-only booking's).
+ * SCHED_ERR_STATE unless both legs are open. */
+sched_status_t sched_booking_decode_only(sched_booking_t *booking);
+
 /*
  * Finish one leg: release its load and report <result> (NULL = success)
  * to that leg's instance (breaker, overload weight, last error).

@@ -12,7 +12,10 @@ Upstream semantics:
 - short prompt -> decode-only (no prefill leg, no kv_transfer_params), counted {reason=short};
 - long prompt -> both legs, the decode pulls the prefill's KV;
 - a prompt the decode holds (warmed directly, seen through its KV events) -> decode-only,
-  counted {reason=cached}; the same length uncached -> both legs.
+  counted {reason=cached}; the same length uncached -> both legs;
+- pd_skip_predicted: behind a slow prefill, once the latency models have seen a few PD
+  requests, a short prompt goes decode-only, counted {reason=predicted}; a long one stays PD
+  (its prompt would hold up the decode's running requests longer than a token gap).
 """
 
 import json
@@ -37,6 +40,18 @@ def send(gw, prompt):
                                   {"X-Request-Id": rid})
     assert st == 200, (st, raw[:300])
     assert obj["choices"][0]["text"], obj
+    return rid
+
+
+def send_stream(gw, prompt):
+    """A streamed request: the relayed stream's first token and token gaps are what teach
+    pdgw's latency models (a whole answer tells no first-token time)."""
+    rid = "spd-" + uuid.uuid4().hex[:12]
+    events = list(T.sse_events(gw.port, "/v1/completions",
+                               {"model": MODEL, "prompt": prompt, "max_tokens": 4,
+                                "stream": True, "ignore_eos": True},
+                               {"X-Request-Id": rid}))
+    assert events and events[-1] == "[DONE]", events
     return rid
 
 
@@ -111,5 +126,40 @@ def test_cached_prompt_goes_decode_only():
         D.proc.kill()
 
 
+def test_predicted_decode_only():
+    # The engines' speeds are theirs alone; pdgw learns them from the legs it runs.
+    P = Sim("prefill", "sx-P", "--ttft-ms", "150", "--prefill-ms-per-token", "0.5")
+    D = Sim("decode", "sx-D", "--tpot-ms", "20")
+    gw = Gateway("vllm-nixl", "batch", [P.instance(), D.instance()], {},
+                 top={"pd_skip_predicted": True, "tokenize_timeout": "5s"})
+    try:
+        # cold: nothing is skipped while the models learn the PD path (8 legs each)
+        for i in range(8):
+            rid = send_stream(gw, words(f"w{i}x", 8 if i % 2 else 150))
+            prec, drec = legs(P, D, rid)
+            assert len(prec) == 1 and len(drec) == 1, (i, prec, drec)
+        skipped = 0
+        for i in range(10):
+            rid = send_stream(gw, words(f"q{i}x", 8))
+            prec, drec = legs(P, D, rid)
+            if prec == []:
+                assert len(drec) == 1 and "kv_transfer_params" not in drec[0]["body"], drec
+                skipped += 1
+        assert skipped >= 8, (skipped, gw.metrics())
+        assert gw.metric("pdgw_pd_skipped_total", {"reason": "predicted"}) == skipped
+        rid = send_stream(gw, words("long", 600))
+        prec, drec = legs(P, D, rid)
+        assert len(prec) == 1 and len(drec) == 1, (prec, drec)
+        assert gw.metric("pdgw_pd_skipped_total", {"reason": "predicted"}) == skipped
+        assert gw.metric("pdgw_predict_observations_total",
+                         {"instance": "sx-D", "phase": "kv_handoff"}) >= 8
+        wait_idle([P, D])
+    finally:
+        gw.stop()
+        P.proc.kill()
+        D.proc.kill()
+
+
 if __name__ == "__main__":
-    T.run([test_short_and_long_prompts, test_cached_prompt_goes_decode_only])
+    T.run([test_short_and_long_prompts, test_cached_prompt_goes_decode_only,
+           test_predicted_decode_only])
