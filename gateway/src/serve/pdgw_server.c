@@ -760,6 +760,13 @@ pdgw_status_t pdgw_server_start(pdgw_server_t *srv)
                   srv->plan.dispatch == PDGW_DISPATCH_SINGLE   ? "single-stage"
                   : srv->plan.dispatch == PDGW_DISPATCH_SERIAL ? "two-stage serial"
                                                                : "two-stage parallel");
+    if (srv->plan.dispatch == PDGW_DISPATCH_SINGLE &&
+        (srv->opts.route.pd_min_prompt_tokens > 0 || srv->opts.route.pd_skip_cached_percent > 0 ||
+         srv->opts.route.pd_skip_predicted))
+        pdgw_log_warn("server",
+                      "selective PD (pd_min_prompt_tokens, pd_skip_cached_percent, "
+                      "pd_skip_predicted) has no effect: protocol %s sends one leg per request",
+                      srv->desc->name);
     return PDGW_OK;
 }
 

@@ -15,7 +15,8 @@ Upstream semantics:
   counted {reason=cached}; the same length uncached -> both legs;
 - pd_skip_predicted: behind a slow prefill, once the latency models have seen a few PD
   requests, a short prompt goes decode-only, counted {reason=predicted}; a long one stays PD
-  (its prompt would hold up the decode's running requests longer than a token gap).
+  (its prompt would hold up the decode's running requests longer than a token gap);
+- a one-leg protocol (neutral) with selective PD set: pdgw says at start that it has no effect.
 """
 
 import json
@@ -160,6 +161,18 @@ def test_predicted_decode_only():
         D.proc.kill()
 
 
+def test_one_leg_protocol_warns():
+    B = Sim("both", "sw-B")
+    gw = Gateway("neutral", "batch", [B.instance()], {},
+                 top={"pd_min_prompt_tokens": 40, "pd_skip_predicted": True})
+    try:
+        out = gw.proc.output()
+        assert "selective PD" in out and "no effect" in out and "neutral" in out, out[-2000:]
+    finally:
+        gw.stop()
+        B.proc.kill()
+
+
 if __name__ == "__main__":
     T.run([test_short_and_long_prompts, test_cached_prompt_goes_decode_only,
-           test_predicted_decode_only])
+           test_predicted_decode_only, test_one_leg_protocol_warns])
