@@ -46,7 +46,8 @@ static void report(const char *what, size_t n_inst, uint64_t *samples, size_t n)
     fflush(stdout);
 }
 
-static sched_pool_t *make_pool(sched_policy_t policy, size_t n, unsigned seed)
+static sched_pool_t *make_pool_role(sched_policy_t policy, size_t n, unsigned seed,
+                                    sched_role_t role)
 {
     sched_config_t cfg;
     sched_pool_t *pool = NULL;
@@ -72,7 +73,7 @@ static sched_pool_t *make_pool(sched_policy_t policy, size_t n, unsigned seed)
         snprintf(url, sizeof(url), "http://10.%zu.%zu.%zu:8000", i >> 16, (i >> 8) & 255, i & 255);
         d.id = id;
         d.url = url;
-        d.role = SCHED_ROLE_DECODE;
+        d.role = role;
         d.weight = 1 + (unsigned)(rand() % 4);
         if (sched_pool_add(pool, &d, err, sizeof(err)) != SCHED_OK) {
             fprintf(stderr, "sched-pick: add failed: %s\n", err);
@@ -84,6 +85,65 @@ static sched_pool_t *make_pool(sched_policy_t policy, size_t n, unsigned seed)
         sched_instance_unref(inst);
     }
     return pool;
+}
+
+static sched_pool_t *make_pool(sched_policy_t policy, size_t n, unsigned seed)
+{
+    return make_pool_role(policy, n, seed, SCHED_ROLE_DECODE);
+}
+
+/* One prefill pick with prefill work open on the instances (4 legs each, booked by the
+ * policy itself): least-load counts them, slo replays each candidate's queue in engine steps
+ * to predict the new prompt's answer. */
+static void prefill_picks(size_t max_iter, int only_policy, size_t only_size)
+{
+    static const size_t sizes[] = {10, 100, 1000};
+    static const sched_policy_t pols[] = {SCHED_POLICY_LEAST_LOAD, SCHED_POLICY_SLO};
+
+    printf("\none prefill pick with 4 open prefill legs per instance, microseconds\n");
+    printf("%-14s %7s %10s %10s\n", "policy", "inst", "median", "p99");
+    for (size_t k = 0; k < sizeof(pols) / sizeof(pols[0]); k++) {
+        if (only_policy >= 0 && (int)pols[k] != only_policy)
+            continue;
+        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+            size_t n = only_size ? only_size : sizes[s], held_n = n * 4;
+            sched_pool_t *pool = make_pool_role(pols[k], n, 42, SCHED_ROLE_PREFILL);
+            sched_booking_t **held = calloc(held_n, sizeof(*held));
+            uint64_t *samples = malloc(max_iter * sizeof(uint64_t));
+            if (!held || !samples) {
+                fprintf(stderr, "sched-pick: out of memory\n");
+                exit(1);
+            }
+            for (size_t i = 0; i < held_n; i++) {
+                sched_request_t req = {.prompt_tokens = 200 + (uint32_t)(i * 7919 % 3000)};
+                if (sched_book_prefill(pool, &req, &held[i]) != SCHED_OK) {
+                    fprintf(stderr, "sched-pick: no prefill instance\n");
+                    exit(1);
+                }
+            }
+            for (size_t i = 0; i < max_iter + 100; i++) {
+                sched_request_t req = {.prompt_tokens = 1024, .max_tokens = 256};
+                sched_booking_t *b = NULL;
+                uint64_t t0 = now_ns(), t1;
+                if (sched_book_prefill(pool, &req, &b) != SCHED_OK) {
+                    fprintf(stderr, "sched-pick: no prefill instance\n");
+                    exit(1);
+                }
+                t1 = now_ns();
+                sched_booking_destroy(&b);
+                if (i >= 100)
+                    samples[i - 100] = t1 - t0;
+            }
+            report(sched_policy_name(pols[k]), n, samples, max_iter);
+            for (size_t i = 0; i < held_n; i++)
+                sched_booking_destroy(&held[i]);
+            free(held);
+            free(samples);
+            sched_pool_destroy(pool);
+            if (only_size)
+                break;
+        }
+    }
 }
 
 int main(int argc, char **argv)
@@ -154,6 +214,8 @@ int main(int argc, char **argv)
             sched_pool_destroy(pool);
         }
     }
+
+    prefill_picks(max_iter, only_policy, only_size);
 
     /* Prefix match of a 4,096-token prompt (hash 256 blocks + longest match). */
     if (only_policy < 0) {
