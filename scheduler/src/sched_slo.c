@@ -218,6 +218,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
     sched_pick_ctx_t ctx;
     sched_slo_estimate_t e = {0};
     bool have[2] = {false, false};
+    double handoff_s = -1.0, hx[SCHED_TRANSFER_DIM];
     uint64_t *keys = NULL;
 
     if (!pool || !req || !out)
@@ -273,8 +274,16 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
                 continue;
             if (r == SCHED_RIDX_PREFILL)
                 sched_instance_predict_ttft_at(c, uncached[i % SLO_WINDOW], ctx.now_ms, &p);
-            else
+            else {
+                sched_prediction_t h;
                 sched_instance_predict_tpot(c, (uint64_t)req->prompt_tokens + req->max_tokens, &p);
+                /* after a prefill, the KV handed over to this decode before its first token */
+                sched_transfer_features(hx, req->prompt_tokens);
+                sched_latency_model_predict(&c->lat_handoff, hx, &h);
+                if (h.observed >= SCHED_PREDICT_SCORED_AFTER &&
+                    (handoff_s < 0.0 || h.mean < handoff_s))
+                    handoff_s = h.mean;
+            }
             if (!have[r] || p.mean < *best)
                 *best = p.mean;
             have[r] = true;
@@ -286,6 +295,8 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
     sched_free(keys);
     if (!have[SCHED_RIDX_PREFILL] && !have[SCHED_RIDX_DECODE])
         return SCHED_ERR_NO_INSTANCE;
+    if (have[SCHED_RIDX_PREFILL] && handoff_s > 0.0)
+        e.ttft_s += handoff_s; /* the least any decode has taken: still a lower bound */
     *out = e;
     return SCHED_OK;
 }

@@ -545,10 +545,11 @@ sched_status_t sched_book_prefill(sched_pool_t *pool, const sched_request_t *req
                                   sched_booking_t **booking_out);
 
 /* What the fleet can do for <req> now, by the latency models: the least predicted time to
- * first token over the usable prefill-capable instances and the least predicted time per
- * output token over the usable decode-capable ones (means, seconds; 0 for a role without a
- * usable instance). <cold>: none of them has been observed yet, the numbers are priors.
- * Exact up to 256 instances of a role; beyond, over 256 of them from a random offset (a
+ * first token over the usable prefill-capable instances (plus the least predicted KV handoff
+ * of the decodes whose handoff model is warm: PD's first token comes after it) and the least
+ * predicted time per output token over the usable decode-capable ones (means, seconds; 0 for
+ * a role without a usable instance). <cold>: none of them has been observed yet, the numbers are
+ * priors. Exact up to 256 instances of a role; beyond, over 256 of them from a random offset (a
  * bounded cost per request). For early refusal of what nobody can serve in time; books
  * nothing. */
 typedef struct sched_slo_estimate {

@@ -143,6 +143,28 @@ static void test_short_prompt_behind_a_queue_goes_decode_only(void **s)
     sched_pool_destroy(pool);
 }
 
+/* Early refusal's estimate of the first token includes the handoff once a decode learnt it. */
+static void test_estimate_includes_the_handoff(void **s)
+{
+    sched_pool_t *pool = fleet();
+    sched_request_t req = {.prompt_tokens = 1000, .max_tokens = 8};
+    sched_slo_estimate_t cold, warm;
+    sched_prediction_t prefill;
+    double want = law_prefill(1000) + law_handoff(1000);
+    (void)s;
+    for (int i = 0; i < 7; i++) /* the handoff model is not trusted yet */
+        pd_request(pool, 100 + (uint32_t)(i % 8) * 250);
+    assert_int_equal(sched_slo_estimate(pool, &req, &cold), SCHED_OK);
+    sched_instance_predict_ttft(test_inst(pool, "p"), 1000, &prefill);
+    assert_true(fabs(cold.ttft_s - prefill.mean) < 1e-6); /* the prefill's alone */
+    train(pool);
+    assert_int_equal(sched_slo_estimate(pool, &req, &warm), SCHED_OK);
+    print_message("estimate: %.4f s, prefill + handoff %.4f s\n", warm.ttft_s, want);
+    assert_true(fabs(warm.ttft_s - want) < 0.1 * want);
+    assert_true(warm.ttft_s - law_prefill(1000) > 0.5 * law_handoff(1000));
+    sched_pool_destroy(pool);
+}
+
 /* A booking without both legs open predicts nothing and cannot go decode-only. */
 static void test_needs_both_legs(void **s)
 {
@@ -171,6 +193,7 @@ int main(void)
         cmocka_unit_test(test_cold_predicts_nothing),
         cmocka_unit_test(test_pd_decode_legs_teach_the_handoff),
         cmocka_unit_test(test_short_prompt_behind_a_queue_goes_decode_only),
+        cmocka_unit_test(test_estimate_includes_the_handoff),
         cmocka_unit_test(test_needs_both_legs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
