@@ -35,6 +35,7 @@
 #define ID_CAP   160                  /* KVCTL_ID_MAX, pdgw_kvctl.h */
 #define PEER_CAP 54                   /* INET6_ADDRSTRLEN + 8, pdgw_kvctl_notif.c */
 #define MARKER   "\x01"
+#define SYNC     "\x02" /* the start-up's last notice */
 
 static pdgw_notif_relay_t *recv_relay; /* its peer is 127.0.0.1: our PUSH is accepted */
 static pdgw_notif_relay_t *fwd_relay;  /* its peer is recv_relay */
@@ -109,8 +110,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         if (pdgw_notif_relay_recv(recv_relay, id, sizeof(id), sender, sizeof(sender)) == 1)
             break;
     }
-    while (pdgw_notif_relay_recv(recv_relay, id, sizeof(id), sender, sizeof(sender)) == 1)
-        ; /* markers sent before the first one arrived */
+    /* Markers sent before the first one arrived may still be on their way: a last notice of
+     * its own, in order behind them on that connection, says when all have come. */
+    pdgw_notif_relay_forward(fwd_relay, SYNC, "");
+    do
+        recv_next(id, sizeof(id), sender, sizeof(sender));
+    while (strcmp(id, SYNC) != 0);
     return 0;
 }
 
