@@ -11,8 +11,10 @@
  *      the ids from its answer (choices[0].prompt_token_ids; an engine that answers none gets
  *      the /tokenize call then, while its KV is on the way); chat, and prompt_ids: tokenize
  *      (LMCache's proxy), POST /tokenize to the prefill instance first (fwd_lmcache_tok.c) and
- *      send the ids as the prefill's prompt; with truncate_prompt_tokens the prefill is asked
- *      return_token_ids too and the decode gets the ids it kept.
+ *      send the ids as the prefill's prompt (no call when the gateway holds the ids: the
+ *      model's tokenizer runs in the gateway, or its tokenize cache has the prompt); with
+ * truncate_prompt_tokens the prefill is asked return_token_ids too and the decode gets the ids it
+ * kept.
  *   1. gate BEFORE_PREFILL: weighted admission, ceil(prompt_tokens / chunk_tokens) slots of
  *      admission_chunks (FIFO), then ReserveRequest for the whole prompt on every alloc port
  *      of the decode (option reserve, default true), only to decodes with kv_engine: libkvt.
@@ -234,11 +236,13 @@ static pdgw_fwd_status_t lmc_build_leg(void *ctx, void *state, const pdgw_fwd_re
     return PDGW_FWD_OK;
 }
 
-/* first_tok step 0: the prompt's token ids from the prefill's /tokenize (PENDING meanwhile). */
+/* first_tok step 0: the prompt's token ids: the gateway's when it holds them, else from the
+ * prefill's /tokenize (PENDING meanwhile). */
 static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_fwd_request_t *req,
                                       pdgw_fwd_error_t *err)
 {
     char msg[200];
+    size_t n;
     int st;
     if (s->ids != NULL)
         return PDGW_FWD_OK;
@@ -252,6 +256,16 @@ static pdgw_fwd_status_t lmc_tokenize(lmc_ctx_t *c, lmc_state_t *s, const pdgw_f
         }
         if (body == NULL) {
             s->first_tok = 0; /* a prompt /tokenize cannot take (several prompts): older flow */
+            return PDGW_FWD_OK;
+        }
+        /* the ids the gateway holds (the model's tokenizer in the gateway, or its tokenize
+         * cache) are the answer this call would get: no exchange */
+        s->ids = pdgw_fwd_prompt_ids_text(req, &n);
+        if (s->ids != NULL) {
+            json_decref(body);
+            pdgw_fwd_counter_inc(LMC_NAME, "gateway_prompt_ids",
+                                 "Prompts whose ids the gateway held (its own tokenizer of the "
+                                 "model or its tokenize cache): no POST /tokenize call.");
             return PDGW_FWD_OK;
         }
         s->job = lmc_tok_start(req, s->prefill, body, c->tokenize_timeout_ms);

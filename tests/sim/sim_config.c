@@ -65,6 +65,9 @@ static void usage(FILE *f)
             "  --prefill-ms-per-token MS    extra TTFT per uncached prompt token (0.02)\n"
             "  --max-tokens-default N       max_tokens when the request has none (16)\n"
             "  --max-model-len N            prompt + max_tokens limit (8192)\n"
+            "  --tokenizer PATH             the model's tokenizer.json (file or folder; its\n"
+            "                               tokenizer_config.json's chat template) instead of\n"
+            "                               the built-in tokenizer\n"
             "  --zero-delay                 no waits at all (benchmarks)\n"
             "  --emit-timestamps            add \"sim_emit_ns\" to every streamed chunk\n"
             "  --enable-prompt-tokens-details  as vLLM: usage.prompt_tokens_details.\n"
@@ -170,6 +173,7 @@ enum {
     O_PREFILL_MS,
     O_MAXTOK,
     O_MAXLEN,
+    O_TOKENIZER,
     O_ZERO,
     O_EMIT,
     O_PTD,
@@ -241,6 +245,7 @@ static const struct option opts[] = {
     {"prefill-ms-per-token", required_argument, 0, O_PREFILL_MS},
     {"max-tokens-default", required_argument, 0, O_MAXTOK},
     {"max-model-len", required_argument, 0, O_MAXLEN},
+    {"tokenizer", required_argument, 0, O_TOKENIZER},
     {"zero-delay", no_argument, 0, O_ZERO},
     {"emit-timestamps", no_argument, 0, O_EMIT},
     {"enable-prompt-tokens-details", no_argument, 0, O_PTD},
@@ -466,6 +471,9 @@ static int parse_model_opt(int c, const char *name, sim_config_t *cfg)
         if (parse_long(name, optarg, 2, 1 << 24, &v))
             return -1;
         cfg->max_model_len = (int)v;
+        break;
+    case O_TOKENIZER:
+        cfg->tokenizer = optarg;
         break;
     case O_BATCH:
         if (parse_long(name, optarg, 1, 1 << 20, &v))

@@ -110,6 +110,7 @@ typedef struct sim_config {
     uint64_t fault_seed;
     /* KV events (sim_kv_events.c) */
     const char *kv_events_config; /* vLLM's --kv-events-config JSON, or NULL */
+    const char *tokenizer;        /* --tokenizer: the model's tokenizer.json, or NULL */
     const char *kv_events_layout; /* "map" (current vLLM) or "array" (older) */
     /* vLLM's --served-model-name NAME [NAME ...]: the names requests may use; the first
      * is the one responses carry. None = the --model name. */
@@ -161,6 +162,15 @@ void sim_tokens_free(sim_tokens_t *t);
 int sim_tokenize(const char *text, size_t len, sim_tokens_t *out);
 /* Chat template: "<|role|>\n" content "\n" per message, then "<|assistant|>\n". */
 char *sim_chat_template(json_t *messages);
+/* The model's tokenizer (--tokenizer, sim_hf_tokenizer.c): load (-1 with <err>) and free. */
+int sim_hf_tokenizer_load(const char *path, char *err, size_t errlen);
+void sim_hf_tokenizer_free(void);
+/* A completions prompt of text as the engine tokenizes it: the model's tokenizer when loaded
+ * (add_special_tokens of <body>, true when absent), else the built-in one. */
+int sim_tokenize_text(const json_t *body, const char *text, size_t len, sim_tokens_t *out);
+/* A chat request (<body>: messages, tools, add_generation_prompt, chat_template_kwargs)
+ * through the chat template, then tokenized; -1 with <err> (a template that raises). */
+int sim_tokenize_chat(const json_t *body, sim_tokens_t *out, char *err, size_t errlen);
 
 typedef struct sim_sampling {
     int64_t seed;

@@ -35,6 +35,13 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread inherits the mask */
 
+    if (sim_cfg.tokenizer != NULL) {
+        char err[512];
+        if (sim_hf_tokenizer_load(sim_cfg.tokenizer, err, sizeof(err)) != 0) {
+            fprintf(stderr, "pdgw-sim: --tokenizer %s: %s\n", sim_cfg.tokenizer, err);
+            return 2;
+        }
+    }
     if (sim_kvev_configure(sim_cfg.kv_events_config, sim_cfg.kv_events_layout))
         return 2;
     if (sim_record_init(sim_cfg.record_capacity))
@@ -62,6 +69,7 @@ int main(int argc, char **argv)
     sim_engine_release_all();
     sim_record_fini();
     sim_kvev_stop();
+    sim_hf_tokenizer_free();
     return 0;
 
 err_http:

@@ -129,8 +129,8 @@ static int parse_prompt(json_t *body, sim_req_t *req, char **msg, const char **p
         (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
         p = json_array_get(p, 0);
     if (json_is_string(p)) {
-        if (sim_tokenize(json_string_value(p), json_string_length(p), &req->prompt))
-            return bad(msg, param, "prompt", "out of memory");
+        if (sim_tokenize_text(body, json_string_value(p), json_string_length(p), &req->prompt))
+            return bad(msg, param, "prompt", "the prompt does not tokenize");
     } else if (json_is_array(p)) {
         size_t i;
         json_t *t;
@@ -174,13 +174,9 @@ static int parse_messages(json_t *body, sim_req_t *req, char **msg, const char *
             return bad(msg, param, "messages",
                        "messages[%zu].content must be a string or a list of parts", i);
     }
-    char *text = sim_chat_template(m);
-    if (!text)
-        return bad(msg, param, "messages", "out of memory");
-    int rc = sim_tokenize(text, strlen(text), &req->prompt);
-    free(text);
-    if (rc)
-        return bad(msg, param, "messages", "out of memory");
+    char why[256];
+    if (sim_tokenize_chat(body, &req->prompt, why, sizeof(why)) != 0)
+        return bad(msg, param, "messages", "chat template: %s", why);
     return 0;
 }
 

@@ -6,10 +6,10 @@
  *
  * LMCache's disagg proxy (examples/disagg_prefill/disagg_proxy_server.py) calls POST /tokenize
  * with {"prompt": ...} or {"messages": ...} and sends the returned ids as the prefill's and
- * the decode's prompt. The ids are the simulator's own (sim_text.c): the same ids its
- * completions endpoints compute from text, so a prompt given as ids is the same request as the
- * text. Detokenizing knows the words the simulator generates; other ids are a 400, as vLLM
- * answers for ids outside its vocabulary.
+ * the decode's prompt. The ids are the ones its completions endpoints compute from text (the
+ * model's tokenizer with --tokenizer, else the simulator's own, sim_text.c), so a prompt given
+ * as ids is the same request as the text. Detokenizing knows the words the simulator generates;
+ * other ids are a 400, as vLLM answers for ids outside its vocabulary.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,23 +36,22 @@ static char *tokenize(json_t *body, int *status, char **msg)
     if (prompt) {
         if (!json_is_string(prompt))
             return fail(status, msg, "prompt must be a string");
-        if (sim_tokenize(json_string_value(prompt), json_string_length(prompt), &t))
-            return NULL;
+        if (sim_tokenize_text(body, json_string_value(prompt), json_string_length(prompt), &t)) {
+            sim_tokens_free(&t);
+            return fail(status, msg, "prompt does not tokenize");
+        }
     } else {
         size_t i;
         json_t *m;
-        char *text;
+        char why[256];
         if (!json_is_array(messages) || json_array_size(messages) == 0)
             return fail(status, msg, "messages must be a non-empty list");
         json_array_foreach(messages, i, m) if (!json_is_object(m)) return fail(
             status, msg, "each message must be an object");
-        text = sim_chat_template(messages);
-        if (!text || sim_tokenize(text, strlen(text), &t)) {
-            free(text);
+        if (sim_tokenize_chat(body, &t, why, sizeof(why)) != 0) {
             sim_tokens_free(&t);
-            return NULL;
+            return fail(status, msg, why);
         }
-        free(text);
     }
     ids = json_array();
     for (size_t i = 0; ids && i < t.n; i++)

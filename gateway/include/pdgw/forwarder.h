@@ -695,6 +695,12 @@ json_t *pdgw_fwd_answer_ids_text(const char *answer, size_t len, const char *nam
 json_t *pdgw_fwd_tokenize_body(const pdgw_fwd_request_t *req, const json_t *prompt);
 json_t *pdgw_fwd_ids_text_from(const json_t *array, size_t *count);
 json_t *pdgw_fwd_ids_text_append(const json_t *ids, json_int_t id);
+/* ABI 4, later function. The request's prompt ids the gateway already holds: from the model's
+ * own tokenizer (config `tokenizers`) or from its tokenize cache (an engine's answer to the
+ * same /tokenize body), as ids text; *count gets how many. They are the ids of the body
+ * pdgw_fwd_tokenize_body builds for the request. NULL when it holds none (no tokenizer of the
+ * model's, a prompt that is not one text, a field only the engine applies): ask the engine. */
+json_t *pdgw_fwd_prompt_ids_text(const pdgw_fwd_request_t *req, size_t *count);
 
 /* Answers rewritten on their text (rewrite_decode_text). The output buffer is the gateway's;
  * each append returns 0, or -1 on no memory (or, escaped, text that is not UTF-8).

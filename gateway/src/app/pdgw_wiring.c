@@ -45,9 +45,10 @@ static pdgw_status_t wire(void)
     pdgw_phase_route_ops(PDGW_ROUTE_PASSTHROUGH, &passthrough_route);
     REG(pdgw_phase_body(PDGW_ROUTE_INFER, pdgw_req_infer_body));
     REG(pdgw_phase_body(PDGW_ROUTE_INFER, pdgw_models_body)); /* unknown model: 404 */
-    /* Before a job starts: pass-through's model, latency targets, admission. */
+    /* Before a job starts: pass-through's model, the prompt's ids, latency targets, admission. */
     REG(pdgw_phase_enter(PDGW_ROUTE_PASSTHROUGH, pdgw_pt_prepare));
     REG(pdgw_phase_enter(PDGW_ROUTE_PASSTHROUGH, pdgw_admit_req_enter));
+    REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_tokenize_enter)); /* the gateway's own ids */
     REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_slo_req_enter));
     REG(pdgw_phase_enter(PDGW_ROUTE_INFER, pdgw_admit_req_enter));
     REG(pdgw_phase_enter(PDGW_ROUTE_MODELS, pdgw_admit_req_enter));

@@ -287,7 +287,8 @@ static const pdgw_config_option_t options[] = {
     {"tokenizers", "tokenizer", "PDGW_TOKENIZERS", PDGW_OPT_MAP, NULL, 0, 0, NULL,
      "MODEL=PATH", "A model's tokenizer in the gateway: a Hugging Face `tokenizer.json` or the "
      "directory holding it (with `tokenizer_config.json` for the chat template), or `engine`. "
-     "Its prompts are tokenized in process for precise-prefix and selective PD, without the "
+     "Its prompts are tokenized in process before admission, so precise-prefix, selective PD, "
+     "latency targets, token budgets and lmcache's prompt ids use exact ids without the "
      "engine's POST /tokenize; one the gateway cannot run exactly is reported at start and "
      "that model asks the engine (repeatable; every model not named asks its engine).",
      C(tokenizers)},

@@ -79,6 +79,24 @@ out:
     return raw;
 }
 
+json_t *pdgw_fwd_ids_text_u32(const uint32_t *ids, size_t n)
+{
+    pdgw_buf_t b;
+    json_t *raw = NULL;
+
+    pdgw_buf_init(&b);
+    if (pdgw_buf_reserve(&b, n * 8 + 2) != PDGW_OK || pdgw_buf_append(&b, "[", 1) != PDGW_OK)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (append_id(&b, i > 0 ? ',' : '\0', (json_int_t)ids[i]) != PDGW_OK)
+            goto out;
+    if (pdgw_buf_append(&b, "]", 1) == PDGW_OK)
+        raw = pdgw_json_raw(b.data, b.len);
+out:
+    pdgw_buf_free(&b);
+    return raw;
+}
+
 /* <n> less the whitespace <t> ends with. */
 static size_t trim_end(const char *t, size_t n)
 {

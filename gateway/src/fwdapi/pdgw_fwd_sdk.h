@@ -5,6 +5,9 @@
 #ifndef PDGW_FWD_SDK_H
 #define PDGW_FWD_SDK_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include <pdgw/forwarder.h>
 
 #include "pdgw_errors.h"
@@ -19,5 +22,8 @@ void pdgw_fwd_attempt_end(pdgw_fwd_request_t *req);
 /* Fill the ops a descriptor's option table stands for (configure, destroy) into <ops>, the
  * registry's copy of its table. */
 void pdgw_fwd_sdk_complete_ops(const pdgw_fwd_desc_t *desc, pdgw_fwd_ops_t *ops);
+
+/* <n> token ids as the SDK's ids text (pdgw_fwd_ids_text_from's kind); NULL on no memory. */
+json_t *pdgw_fwd_ids_text_u32(const uint32_t *ids, size_t n);
 
 #endif /* PDGW_FWD_SDK_H */

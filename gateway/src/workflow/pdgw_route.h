@@ -76,6 +76,10 @@ typedef struct pdgw_req_route {
 
 /* ---- hooks called by the workflow (pdgw_workflow.c) ---- */
 
+/* Enter phase (before admission): a model with its own tokenizer (`tokenizers`) gets its
+ * prompt's ids now, and r->info.est_prompt_tokens becomes their count, so latency targets,
+ * budgets and load weigh the real prompt. Always true (a prompt it cannot tokenize goes on). */
+bool pdgw_tokenize_enter(pdgw_wf_t *wf);
 /* Before the first attempt. true: a tokenize leg was started, the workflow waits and is
  * resumed by pdgw_wf_start_attempt(); false: go on now (tokens from the cache or none). */
 bool pdgw_tokenize_begin(pdgw_wf_t *wf);

@@ -31,6 +31,7 @@
 #include "pdgw_route_int.h"
 #include "pdgw_tokenize_body.h"
 #include "pdgw_server_int.h"
+#include "pdgw_fwd_sdk.h"   /* pdgw_fwd_ids_text_u32 */
 #include "pdgw_fwd_setup.h" /* pdgw_instance_view_from_sched */
 #include "pdgw_wf.h"
 
@@ -198,6 +199,23 @@ const uint32_t *pdgw_route_tokens(const pdgw_wf_t *wf, size_t *n_out)
     return wf->rt->tokens;
 }
 
+json_t *pdgw_fwd_prompt_ids_text(const pdgw_fwd_request_t *req, size_t *count)
+{
+    /* ops run on the request's worker, which alone sets and clears the waker's workflow */
+    const pdgw_wf_t *wf = req != NULL && req->waker != NULL ? req->waker->wf : NULL;
+    const uint32_t *ids;
+    size_t n = 0;
+    json_t *text;
+
+    *count = 0;
+    if (wf == NULL || (ids = pdgw_route_tokens(wf, &n)) == NULL || n == 0)
+        return NULL;
+    text = pdgw_fwd_ids_text_u32(ids, n);
+    if (text != NULL)
+        *count = n;
+    return text;
+}
+
 static void tok_leg_free(pdgw_req_route_t *q)
 {
     if (q->leg) {
@@ -252,33 +270,27 @@ static void tokenize_on_leg_done(pdgw_leg_t *leg)
 static const pdgw_leg_owner_t tokenize_leg_owner = {.on_done = tokenize_on_leg_done,
                                                     .moved = pdgw_wf_leg_moved};
 
-bool pdgw_tokenize_begin(pdgw_wf_t *wf)
+/* The ids of the request's prompt when they are known without an engine: its tokenize body's
+ * hash in the cache, else the model's own tokenizer <lt> (when not NULL). 1: known (wf->rt has
+ * them); 0: not known, *body_out is the tokenize body for an engine (the caller's); -1: nothing
+ * to tokenize (not one text prompt) or no memory. */
+static int tok_known(pdgw_wf_t *wf, pdgw_routing_t *rt, const pdgw_local_tok_t *lt, char **body_out,
+                     size_t *len_out)
 {
     pdgw_req_t *r = wf->req;
-    pdgw_server_t *srv = wf->w->srv;
-    pdgw_routing_t *rt = srv->routing;
-    const pdgw_local_tok_t *lt;
     pdgw_req_route_t *q;
     XXH128_hash_t h;
     json_t *tree = NULL;
-    char *body;
     size_t len = 0;
-    pdgw_status_t st;
+    char *body = tok_body(wf, &len, lt != NULL ? &tree : NULL);
 
-    if (rt == NULL || !rt->want_tokens || !r->info_valid || r->info.prompt_tokens != NULL ||
-        pdgw_req_json(r) == NULL)
-        return false;
-    lt = pdgw_tokenize_local_find(rt, r->info.model);
-    if (lt == NULL && rt->o.tokenize_timeout_ms == 0)
-        return false;
-    body = tok_body(wf, &len, lt != NULL ? &tree : NULL);
     if (body == NULL)
-        return false;
+        return -1;
     q = pdgw_route_req(wf);
     if (q == NULL) {
         free(body);
         json_decref(tree);
-        return false;
+        return -1;
     }
     h = XXH3_128bits(body, len);
     q->key[0] = h.low64;
@@ -287,7 +299,7 @@ bool pdgw_tokenize_begin(pdgw_wf_t *wf)
         free(body);
         json_decref(tree);
         tok_count(rt, "cache_hit");
-        return false;
+        return 1;
     }
     /* The model's own tokenizer in the gateway: the ids now, no exchange. */
     if (lt != NULL && pdgw_tokenize_local_ids(rt, lt, tree, r->kind == PDGW_API_CHAT_COMPLETIONS,
@@ -296,9 +308,67 @@ bool pdgw_tokenize_begin(pdgw_wf_t *wf)
         json_decref(tree);
         cache_put(rt, q->key, q->tokens, q->n_tokens);
         tok_count(rt, "local");
-        return false;
+        return 1;
     }
     json_decref(tree);
+    *body_out = body;
+    *len_out = len;
+    return 0;
+}
+
+/* Whether <r> is a request whose one text prompt the gateway may tokenize. */
+static bool tok_wanted(pdgw_req_t *r)
+{
+    return r->info_valid && r->info.prompt_tokens == NULL && pdgw_req_json(r) != NULL;
+}
+
+bool pdgw_tokenize_enter(pdgw_wf_t *wf)
+{
+    pdgw_req_t *r = wf->req;
+    pdgw_routing_t *rt = wf->w->srv->routing;
+    const pdgw_local_tok_t *lt;
+    char *body = NULL;
+    size_t len = 0;
+
+    /* A model with its own tokenizer is tokenized before admission on every request (it costs
+     * microseconds), so its latency targets, budgets and load see the prompt's real length. */
+    if (rt == NULL || rt->n_local == 0 || !tok_wanted(r) ||
+        (lt = pdgw_tokenize_local_find(rt, r->info.model)) == NULL)
+        return true;
+    switch (tok_known(wf, rt, lt, &body, &len)) {
+    case 1:
+        r->info.est_prompt_tokens = (int64_t)wf->rt->n_tokens;
+        break;
+    case 0:
+        free(body); /* the engine is asked later, if routing needs the ids */
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
+bool pdgw_tokenize_begin(pdgw_wf_t *wf)
+{
+    pdgw_req_t *r = wf->req;
+    pdgw_server_t *srv = wf->w->srv;
+    pdgw_routing_t *rt = srv->routing;
+    const pdgw_local_tok_t *lt;
+    pdgw_req_route_t *q;
+    char *body = NULL;
+    size_t len = 0;
+    pdgw_status_t st;
+
+    if (rt == NULL || !rt->want_tokens || !tok_wanted(r))
+        return false;
+    if (wf->rt != NULL && wf->rt->tokens != NULL)
+        return false; /* known since admission (pdgw_tokenize_enter) */
+    lt = pdgw_tokenize_local_find(rt, r->info.model);
+    if (lt == NULL && rt->o.tokenize_timeout_ms == 0)
+        return false;
+    if (tok_known(wf, rt, lt, &body, &len) != 0)
+        return false;
+    q = wf->rt;
     if (rt->o.tokenize_timeout_ms == 0) {
         free(body);
         return false;

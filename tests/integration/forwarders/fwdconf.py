@@ -23,7 +23,7 @@ NIXL_PREFILL_KVP = {"do_remote_decode": True, "do_remote_prefill": False,
 class Sim:
     """One pdgw-sim and the ports it was given."""
 
-    def __init__(self, role, name, *extra, tp=1):
+    def __init__(self, role, name, *extra, tp=1, timeout=10):
         for attempt in range(4):
             self.role, self.name = role, name
             self.port = T.free_port()
@@ -46,7 +46,7 @@ class Sim:
             argv += [str(a) for a in extra]
             self.proc = T.Proc(name, argv)
             try:
-                T.wait_http(self.port, "/health", timeout=10, proc=self.proc)
+                T.wait_http(self.port, "/health", timeout=timeout, proc=self.proc)
                 return
             except RuntimeError as e:
                 self.proc.kill()
@@ -90,6 +90,8 @@ def yaml_scalar(v):
         return str(v)
     if isinstance(v, list):
         return "[" + ", ".join(yaml_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return json.dumps(v)  # a flow mapping
     return json.dumps(str(v))
 
 
@@ -97,7 +99,7 @@ class Gateway:
     """pdgw with a YAML config naming every instance field the forwarders read."""
 
     def __init__(self, protocol, mode, instances, opts=None, extra=(), retries=1, top=None,
-                 env=None):
+                 env=None, timeout=10):
         self.protocol, self.mode = protocol, mode
         self.port = T.free_port()
         lines = [f'listen: "127.0.0.1:{self.port}"', "workers: 2",
@@ -124,8 +126,8 @@ class Gateway:
         self.proc = T.Proc(f"pdgw-{protocol}-{mode}",
                            [T.binary("pdgw"), "--config", self.cfg, *extra], env=env)
         try:
-            T.wait_http(self.port, "/health", timeout=10, proc=self.proc)
-            T.wait_http(self.port, "/ready", timeout=10, proc=self.proc)
+            T.wait_http(self.port, "/health", timeout=timeout, proc=self.proc)
+            T.wait_http(self.port, "/ready", timeout=timeout, proc=self.proc)
         except Exception:
             print(self.proc.output()[-3000:])
             self.proc.kill()
