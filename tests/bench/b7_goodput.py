@@ -24,8 +24,8 @@ refused % (429), errors, preemptions on the decodes (vllm:num_preemptions_total,
 the mean predictor error (pdgw_predict_error_ratio over instances and phases, from pdgw's
 /metrics at the end), the prefill prediction's median and p90 relative error per request
 (the access log's pred_prefill_ms against prefill_ms) and the 1-minute load average.
-B7_POLICIES=slo,least-load runs only those; slo+pd is slo with pd_skip_predicted (selective
-PD by the latency models), not run unless named.
+B7_POLICIES=slo,least-load runs only those, B7_RATES=1.2 only that rate; slo+pd is slo with
+pd_skip_predicted (selective PD by the latency models), not run unless named.
 
 Usage: b7_goodput.py [BIN_DIR] [--quick]
   --quick (or QUICK=1): rates 0.5/1.0/1.2/1.5 x C, 10 s each (about 4 minutes on 2 cores);
@@ -61,6 +61,8 @@ DECODE_TIMING = ["--ttft-ms", "10", "--prefill-ms-per-token", "1.0", "--tpot-ms"
 SLO_TTFT_MS, SLO_TPOT_MS = 1500, 30
 POLICIES = os.environ.get("B7_POLICIES", "round-robin,least-load,precise-prefix,slo").split(",")
 RATES = [0.5, 1.0, 1.2, 1.5] if QUICK else [0.5, 0.75, 1.0, 1.2, 1.5]
+if os.environ.get("B7_RATES"):  # e.g. "1.2": only those multiples of C
+    RATES = [float(x) for x in os.environ["B7_RATES"].replace(",", " ").split()]
 RUN_S = 10.0 if QUICK else 30.0
 WARM_S = 3.0 if QUICK else 10.0
 CAP_S = 6.0 if QUICK else 15.0

@@ -649,7 +649,8 @@ int main(int argc, char **argv)
         pdgw_log_error("main", "%s", err);
         goto out_pool;
     }
-    if (pdgw_server_reload_register(srv, reload) != PDGW_OK) {
+    if (pdgw_server_reload_register(srv, reload) != PDGW_OK ||
+        pdgw_tokenize_reload_register(srv, reload) != PDGW_OK) {
         pdgw_log_error("main", "cannot set up config reloads");
         goto out_server;
     }

