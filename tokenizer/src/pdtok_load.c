@@ -355,6 +355,42 @@ err_free:
     return NULL;
 }
 
+pdtok_t *pdtok_load_json(const char *json, size_t len, char *err, size_t errlen)
+{
+    pdtok_t *tok = pdb_calloc(1, sizeof(*tok));
+    json_error_t je;
+    json_t *root;
+    pdtok_status_t st;
+
+    tok_set_err(err, errlen, "ok");
+    if (tok == NULL || json == NULL) {
+        tok_set_err(err, errlen, json == NULL ? "no text" : "out of memory");
+        pdb_free(tok);
+        return NULL;
+    }
+    tok->instance = atomic_fetch_add(&next_instance, 1);
+    for (size_t i = 0; i < 4; i++)
+        tok->special_id[i] = -1;
+    tok_bytelevel_tables(tok);
+    if (len > MAX_FILE || (root = json_loadb(json, len, 0, &je)) == NULL) {
+        if (len > MAX_FILE)
+            tok_set_err(err, errlen, "more than 2 GiB");
+        else
+            tok_set_err(err, errlen, "%d:%d: %s", je.line, je.column, je.text);
+        pdtok_free(tok);
+        return NULL;
+    }
+    st = build(tok, root, err, errlen);
+    json_decref(root);
+    if (st != PDTOK_OK) {
+        if (st == PDTOK_ERR_NOMEM)
+            tok_set_err(err, errlen, "out of memory");
+        pdtok_free(tok);
+        return NULL;
+    }
+    return tok;
+}
+
 void pdtok_free(pdtok_t *tok)
 {
     if (!tok)

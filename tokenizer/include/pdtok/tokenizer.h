@@ -52,6 +52,8 @@ void pdtok_ids_free(pdtok_ids_t *ids);
  * may be 0). The caller owns the result: pdtok_free().
  */
 pdtok_t *pdtok_load(const char *path, char *err, size_t errlen);
+/* As pdtok_load, from the text of a tokenizer.json in memory (no tokenizer_config.json). */
+pdtok_t *pdtok_load_json(const char *json, size_t len, char *err, size_t errlen);
 void pdtok_free(pdtok_t *tok);
 
 /*
