@@ -30,7 +30,8 @@ pd_skip_predicted (selective PD by the latency models), not run unless named.
 Usage: b7_goodput.py [BIN_DIR] [--quick]
   --quick (or QUICK=1): rates 0.5/1.0/1.2/1.5 x C, 10 s each (about 4 minutes on 2 cores);
   full: 0.5/0.75/1.0/1.2/1.5 x C, 30 s each.
-Results: tests/bench/results/b7_goodput.csv; b7_goodput.sh plots them.
+Results: tests/bench/results/b7_goodput.csv (env B7_CSV: another name); b7_goodput.sh plots
+them.
 """
 
 import http.client
@@ -438,7 +439,7 @@ def main():
             "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "refused_pct", "errors",
             "preemptions", "predict_err", "ttft_pred_err_med", "ttft_pred_err_p90", "load1",
             "decode_only_pct"]
-    with open(os.path.join(RESULTS, "b7_goodput.csv"), "w") as f:
+    with open(os.path.join(RESULTS, os.environ.get("B7_CSV", "b7_goodput.csv")), "w") as f:
         f.write(",".join(cols) + f",capacity\n")
         for r in rows:
             f.write(",".join(str(round(r[c], 4)) if isinstance(r[c], float) else str(r[c])
