@@ -192,6 +192,15 @@ pdq_status_t pdq_admit(pdq_t *q, size_t tenant, const char *model, uint64_t est_
                        uint64_t est_completion_tokens, pdq_on_ready_fn on_ready, void *arg,
                        pdq_ticket_t **out, pdq_verdict_t *verdict)
 {
+    return pdq_admit_deadline(q, tenant, model, est_prompt_tokens, est_completion_tokens, 0,
+                              on_ready, arg, out, verdict);
+}
+
+pdq_status_t pdq_admit_deadline(pdq_t *q, size_t tenant, const char *model,
+                                uint64_t est_prompt_tokens, uint64_t est_completion_tokens,
+                                uint64_t deadline, pdq_on_ready_fn on_ready, void *arg,
+                                pdq_ticket_t **out, pdq_verdict_t *verdict)
+{
     if (out != NULL)
         *out = NULL;
     if (q == NULL || out == NULL || tenant >= q->n_tenants)
@@ -256,6 +265,9 @@ pdq_status_t pdq_admit(pdq_t *q, size_t tenant, const char *model, uint64_t est_
     tk->state = PDQ_T_WAITING;
     t->waiting++;
     atomic_fetch_add(&q->waiting, 1); /* before looking at the slots again: see pdq_release */
+    tk->item.deadline = deadline;
+    if (deadline != 0)
+        q->fq.by_deadline = true; /* from the first waiter with one (none: oldest first anyway) */
     pdq_fairq_push(&q->fq, (uint32_t)tenant, (uint64_t)cost[PDQ_B_TPM], &tk->item);
     /* Judge the tenant anew: one of its slots may have come back since it was blocked. */
     pdq_fairq_unblock(&q->fq, (uint32_t)tenant);

@@ -22,6 +22,40 @@ static pdq_fairq_item_t *oldest(const pdq_fairq_tenant_t *ft)
     return ft->tail ? PDB_DLIST_ENTRY(ft->tail, pdq_fairq_item_t, link) : NULL;
 }
 
+/* The item that takes <ft>'s next turn: its oldest or, by deadline, the earliest deadline
+ * among its oldest PDQ_FAIRQ_DEADLINE_SCAN (ties and items without one: the older first). */
+static pdq_fairq_item_t *next_of(const pdq_fairq_t *fq, const pdq_fairq_tenant_t *ft)
+{
+    pdq_fairq_item_t *best = oldest(ft);
+    if (best == NULL || !fq->by_deadline)
+        return best;
+    size_t seen = 0;
+    for (pdb_dlink_t *l = ft->tail; l != NULL && seen < PDQ_FAIRQ_DEADLINE_SCAN;
+         l = l->prev, seen++) { /* prev: toward the newer */
+        pdq_fairq_item_t *it = PDB_DLIST_ENTRY(l, pdq_fairq_item_t, link);
+        if (it->deadline != 0 && (best->deadline == 0 || it->deadline < best->deadline))
+            best = it;
+    }
+    return best;
+}
+
+/* <item> takes its tenant's turn (the oldest's tag): the tags of the waiters older than it move
+ * one place towards the oldest, so the remaining ones keep the tenant's tag sequence. */
+static void take_turn(pdq_fairq_t *fq, pdq_fairq_item_t *item)
+{
+    pdq_fairq_tenant_t *ft = &fq->tenants[item->tenant];
+    uint64_t carry = item->start;
+    if (ft->tail == &item->link)
+        return;
+    for (pdb_dlink_t *l = item->link.next; l != NULL; l = l->next) { /* next: the older */
+        pdq_fairq_item_t *it = PDB_DLIST_ENTRY(l, pdq_fairq_item_t, link);
+        uint64_t mine = it->start;
+        it->start = carry;
+        carry = mine;
+    }
+    item->start = carry; /* the oldest's tag: the one this turn was given by */
+}
+
 /* Put <ft> in the heap under its oldest item's tag, or take it out. */
 static void rekey(pdq_fairq_t *fq, pdq_fairq_tenant_t *ft)
 {
@@ -94,7 +128,7 @@ pdq_fairq_item_t *pdq_fairq_peek(const pdq_fairq_t *fq)
     if (fq->heap.n == 0)
         return NULL;
     const pdq_fairq_tenant_t *ft = fq->heap.v[0].t->arg;
-    return oldest(ft);
+    return next_of(fq, ft);
 }
 
 void pdq_fairq_remove(pdq_fairq_t *fq, pdq_fairq_item_t *item)
@@ -122,18 +156,23 @@ pdq_fairq_item_t *pdq_fairq_pop(pdq_fairq_t *fq)
     pdq_fairq_item_t *item = pdq_fairq_peek(fq);
     if (item == NULL)
         return NULL;
+    take_turn(fq, item);
     unsigned prio = fq->tenants[item->tenant].priority;
     if (item->start > fq->vtime[prio])
         fq->vtime[prio] = item->start;
     pdq_fairq_remove(fq, item);
+    rekey(fq, &fq->tenants[item->tenant]); /* its oldest may carry a new tag */
     return item;
 }
 
 pdq_fairq_item_t *pdq_fairq_pop_tenant(pdq_fairq_t *fq, uint32_t tenant)
 {
-    pdq_fairq_item_t *item = oldest(&fq->tenants[tenant]);
-    if (item != NULL)
+    pdq_fairq_item_t *item = next_of(fq, &fq->tenants[tenant]);
+    if (item != NULL) {
+        take_turn(fq, item);
         pdq_fairq_remove(fq, item);
+        rekey(fq, &fq->tenants[tenant]);
+    }
     return item;
 }
 

@@ -36,10 +36,7 @@ pdgw_status_t pdgw_admit_limits_from_config(const pdgw_config_t *cfg, pdgw_admit
         cfg->max_concurrent_requests > 0 ? (unsigned)cfg->max_concurrent_requests : 0;
     /* With tenants their fair queue holds the slots (pdgw_quota_req.c): not twice. */
     if (cfg->tenants_json != NULL && cfg->tenants_json[0] != '\0') {
-        l.max_concurrent = 0;
-        if (cfg->admission_order == 1)
-            pdgw_log_warn("admit", "admission_order: slo_deadline has no effect with tenants: "
-                                   "their fair queue orders the waiters");
+        l.max_concurrent = 0; /* admission_order: slo_deadline orders each tenant's waiters */
     }
     l.queue_size = cfg->queue_size > 0 ? (unsigned)cfg->queue_size : 0;
     l.queue_timeout_ms = cfg->queue_timeout_ms;

@@ -86,6 +86,7 @@ bool pdgw_quota_req_enter(pdgw_wf_t *wf)
     size_t len;
     uint64_t est_prompt, now;
     pdq_verdict_t v;
+    uint64_t deadline = 0;
     pdq_status_t st;
 
     if (q == NULL || (r->route != PDGW_ROUTE_INFER && r->route != PDGW_ROUTE_PASSTHROUGH))
@@ -114,10 +115,18 @@ bool pdgw_quota_req_enter(pdgw_wf_t *wf)
         return false;
     }
     atomic_store(&wf->quota_ready, false);
-    st = pdq_admit(q, wf->quota_tenant, model, est_prompt,
-                   r->route == PDGW_ROUTE_INFER ? estimate_completion(r, o->quota_output_estimate)
-                                                : (uint64_t)o->quota_output_estimate,
-                   on_ready, wf, &wf->quota, &v);
+    /* admission_order: slo_deadline orders each tenant's waiters by arrival + TTFT target */
+    if (o->admit != NULL && wf->slo_ttft_ms > 0) {
+        pdgw_admit_limits_t l;
+        pdgw_admit_get_path_limits(o->admit, &l);
+        if (l.by_slo_deadline)
+            deadline = r->t_start_ms + wf->slo_ttft_ms;
+    }
+    st = pdq_admit_deadline(q, wf->quota_tenant, model, est_prompt,
+                            r->route == PDGW_ROUTE_INFER
+                                ? estimate_completion(r, o->quota_output_estimate)
+                                : (uint64_t)o->quota_output_estimate,
+                            deadline, on_ready, wf, &wf->quota, &v);
     wf->quota_headers = v.headers;
     /* a stream is asked for its usage when the client did not ask: the budget needs it */
     wf->quota_hide_usage = r->route == PDGW_ROUTE_INFER && r->info.stream && !r->info.include_usage;

@@ -9,7 +9,8 @@
  * classes come strictly first (each class keeps its own virtual time).
  *
  * The tenants live in a min-heap (the base layer's timer heap, keyed by class and start
- * tag): push, pop and remove cost O(log tenants). A tenant can be blocked (it is at its own
+ * tag): push, pop and remove cost O(log tenants) (by_deadline: plus a scan of at most
+ * PDQ_FAIRQ_DEADLINE_SCAN of the tenant's waiters). A tenant can be blocked (it is at its own
  * concurrency limit) and is then skipped until unblocked. Not thread-safe: the owner locks.
  */
 #ifndef PDQ_FAIRQ_H
@@ -30,7 +31,8 @@ extern "C" {
 /* Embedded in the waiting object; the queue never allocates per item. */
 typedef struct pdq_fairq_item {
     pdb_dlink_t link;
-    uint64_t start; /* virtual start tag */
+    uint64_t start;    /* virtual start tag */
+    uint64_t deadline; /* set before push: 0 none; a by_deadline queue serves it earlier */
     uint32_t tenant;
     bool queued;
 } pdq_fairq_item_t;
@@ -52,7 +54,13 @@ typedef struct pdq_fairq {
     size_t n_tenants;
     uint64_t vtime[PDQ_MAX_PRIORITY + 1];
     size_t count;
+    /* Within a tenant, serve the earliest deadline among its PDQ_FAIRQ_DEADLINE_SCAN oldest
+     * waiters (those without one after, oldest first) instead of the oldest: the tenant's
+     * turns and shares do not change, only which of its requests takes each turn. */
+    bool by_deadline;
 } pdq_fairq_t;
+
+#define PDQ_FAIRQ_DEADLINE_SCAN 64
 
 /* <weights>[i] > 0 (0 = 1), <priorities>[i] <= PDQ_MAX_PRIORITY (NULL = all 0). */
 pdq_status_t pdq_fairq_init(pdq_fairq_t *fq, size_t n_tenants, const double *weights,
@@ -64,7 +72,8 @@ void pdq_fairq_push(pdq_fairq_t *fq, uint32_t tenant, uint64_t cost, pdq_fairq_i
 pdq_fairq_item_t *pdq_fairq_peek(const pdq_fairq_t *fq);
 /* Take the next item, or NULL. */
 pdq_fairq_item_t *pdq_fairq_pop(pdq_fairq_t *fq);
-/* Take the oldest item of <tenant> (blocked or not), or NULL. */
+/* Take the next item of <tenant> (blocked or not): its oldest, or by_deadline its earliest
+ * deadline; NULL when it has none. */
 pdq_fairq_item_t *pdq_fairq_pop_tenant(pdq_fairq_t *fq, uint32_t tenant);
 /* Take <item> out wherever it is; no-op if it is not queued. */
 void pdq_fairq_remove(pdq_fairq_t *fq, pdq_fairq_item_t *item);

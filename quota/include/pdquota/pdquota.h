@@ -76,6 +76,15 @@ pdq_status_t pdq_admit(pdq_t *q, size_t tenant, const char *model, uint64_t est_
                        uint64_t est_completion_tokens, pdq_on_ready_fn on_ready, void *arg,
                        pdq_ticket_t **out, pdq_verdict_t *verdict);
 
+/* As pdq_admit, with a deadline for the wait (any increasing unit, e.g. arrival + TTFT target
+ * in ms; 0 = none): a tenant's turn in the fair queue goes to its waiter of the earliest
+ * deadline (among its 64 oldest; those without one after the others, oldest first) instead
+ * of its oldest; the shares between tenants are unchanged. */
+pdq_status_t pdq_admit_deadline(pdq_t *q, size_t tenant, const char *model,
+                                uint64_t est_prompt_tokens, uint64_t est_completion_tokens,
+                                uint64_t deadline, pdq_on_ready_fn on_ready, void *arg,
+                                pdq_ticket_t **out, pdq_verdict_t *verdict);
+
 /* The answer's real token counts: the difference to the estimate is charged (or refunded) to
  * every token budget, and they are what usage accounting records. Call at most once. */
 void pdq_reconcile(pdq_ticket_t *t, uint64_t prompt_tokens, uint64_t cached_prompt_tokens,

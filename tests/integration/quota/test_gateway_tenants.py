@@ -244,6 +244,42 @@ def test_flooding_tenant_does_not_starve_another():
     assert u["requests"] == 5 and u["phase_seconds"]["queue"] < 3, u
 
 
+def test_slo_deadline_orders_a_tenants_waiters():
+    """admission_order: slo_deadline with tenants: a tenant's queued requests get its turns by
+    arrival + TTFT target (llm-d's SLO deadline ordering), those without a target last; without
+    the order they would go first come first served (B before C)."""
+    s = sim("--ttft-ms", "400", "--tpot-ms", "1")
+    g, _ = gateway(s, "max_concurrent_requests: 1\nqueue_timeout: 60s\n"
+                      "admission_order: slo_deadline\n"
+                      "tenants:\n  - {name: a, api_keys: [ka]}\n")
+    done, lock = [], threading.Lock()
+
+    def send(name, ttft_ms):
+        extra = {"x-llm-d-slo-ttft-ms": str(ttft_ms)} if ttft_ms else {}
+        st, _, _, raw = t.post_json(g, "/v1/completions",
+                                    {"model": MODEL, "prompt": name, "max_tokens": 1},
+                                    headers={"Authorization": "Bearer ka", **extra}, timeout=60)
+        with lock:
+            done.append((name, st))
+
+    def queued():  # admitted + waiting
+        m = t.request("GET", g, "/metrics")[2].decode()
+        return sum(t.metric_value(m, f, {"tenant": "a"}) or 0
+                   for f in ("pdgw_quota_inflight", "pdgw_quota_waiting"))
+
+    threads = []
+    for i, (name, ttft) in enumerate([("A", 0), ("B", 60000), ("C", 30000), ("D", 0)]):
+        th = threading.Thread(target=send, args=(name, ttft), daemon=True)
+        th.start()
+        threads.append(th)
+        # A holds the one slot; each later one is queued before the next is sent
+        qd.wait_for(lambda: queued() >= i + 1, 10, f"{name} in")
+    for th in threads:
+        th.join(60)
+    assert [x[1] for x in done] == [200] * 4, done
+    assert [x[0] for x in done] == ["A", "C", "B", "D"], done
+
+
 def test_bad_input():
     s = sim("--zero-delay")
     keys = tempfile.NamedTemporaryFile("w", delete=False, suffix=".keys")
@@ -268,8 +304,6 @@ def test_bad_input():
     # settings that would do nothing are accepted, and said so
     for text, says in [
         (f"kv_bytes_per_token: {{{MODEL}: 100}}\n", "without `tenants:` it has no effect"),
-        ("admission_order: slo_deadline\ntenants: [{name: a}]\n",
-         "slo_deadline has no effect with tenants"),
     ]:
         f = tempfile.NamedTemporaryFile("w", delete=False, suffix=".yaml")
         f.write(f"listen: 127.0.0.1:{port}\nprotocol: neutral\ninstances:\n"
@@ -340,4 +374,4 @@ if __name__ == "__main__":
     t.run([test_two_replicas_enforce_one_budget, test_token_budget_reconciles_with_usage,
            test_token_budget_refuses_when_exhausted, test_store_lost_and_back,
            test_store_down_fail_closed, test_flooding_tenant_does_not_starve_another,
-           test_bad_input, test_pd_kv_bytes_by_tenant])
+           test_slo_deadline_orders_a_tenants_waiters, test_bad_input, test_pd_kv_bytes_by_tenant])

@@ -1,7 +1,8 @@
 /*
  * The fair queue alone: token shares follow the weights over many pops, priority classes
  * come strictly first, a flooding tenant cannot starve a newcomer, remove works anywhere,
- * blocked tenants are skipped, token costs (not request counts) are what is shared.
+ * blocked tenants are skipped, token costs (not request counts) are what is shared; with
+ * deadlines, a tenant's turns go to its earliest deadline without changing the shares.
  */
 #include <stdlib.h>
 
@@ -165,6 +166,61 @@ static void test_bad_init(void **state)
     pdb_alloc_fail_at(0, 0);
 }
 
+static void test_deadline_order_within_a_tenant(void **state)
+{
+    (void)state;
+    pdq_fairq_t fq;
+    double w[] = {1, 3};
+    assert_int_equal(pdq_fairq_init(&fq, 2, w, NULL), PDQ_OK);
+    fq.by_deadline = true;
+    item_t *items = calloc(2 * N_ITEMS, sizeof(*items));
+    /* tenant 0: deadlines falling as they arrive (the newest is the most urgent); every tenth
+     * without one. Tenant 1: none. */
+    for (int i = 0; i < N_ITEMS; i++) {
+        items[2 * i].id = i;
+        items[2 * i].fq.deadline = i % 10 == 9 ? 0 : (uint64_t)(10 * N_ITEMS - i);
+        pdq_fairq_push(&fq, 0, 100, &items[2 * i].fq);
+        items[2 * i + 1].id = i;
+        pdq_fairq_push(&fq, 1, 100, &items[2 * i + 1].fq);
+    }
+    int served[2] = {0, 0}, last1 = -1;
+    bool *gone = calloc(N_ITEMS, sizeof(*gone)); /* tenant 0's, by id: served */
+    for (int i = 0; i < 2000; i++) {
+        item_t *it = pop(&fq);
+        served[it->fq.tenant]++;
+        if (it->fq.tenant == 1) { /* no deadlines: oldest first, as without the order */
+            assert_true(it->id > last1);
+            last1 = it->id;
+            continue;
+        }
+        /* the earliest deadline among its PDQ_FAIRQ_DEADLINE_SCAN oldest waiters */
+        int want = -1, seen = 0;
+        for (int k = 0; k < N_ITEMS && seen < PDQ_FAIRQ_DEADLINE_SCAN; k++) {
+            if (gone[k])
+                continue;
+            uint64_t d = items[2 * k].fq.deadline;
+            if (want < 0 ||
+                (d != 0 && (items[2 * want].fq.deadline == 0 || d < items[2 * want].fq.deadline)))
+                want = k;
+            seen++;
+        }
+        assert_int_equal(it->id, want);
+        gone[it->id] = true;
+    }
+    free(gone);
+    /* the shares are the weights' as without deadlines (test_weights_one_to_three) */
+    assert_in_range(served[1], 1499, 1501);
+    assert_in_range(served[0], 499, 501);
+    /* the tags stayed a sequence: each tenant's next turn is its oldest waiter's tag */
+    for (int i = 0; i < 500; i++) {
+        item_t *it = pop(&fq);
+        served[it->fq.tenant]++;
+    }
+    assert_in_range(served[1], 1874, 1876);
+    pdq_fairq_fini(&fq);
+    free(items);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_flood_cannot_starve),
         cmocka_unit_test(test_remove_and_block),
         cmocka_unit_test(test_bad_init),
+        cmocka_unit_test(test_deadline_order_within_a_tenant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
