@@ -13,8 +13,8 @@
  *      (LMCache's proxy), POST /tokenize to the prefill instance first (fwd_lmcache_tok.c) and
  *      send the ids as the prefill's prompt (no call when the gateway holds the ids: the
  *      model's tokenizer runs in the gateway, or its tokenize cache has the prompt); with
- * truncate_prompt_tokens the prefill is asked return_token_ids too and the decode gets the ids it
- * kept.
+ *      truncate_prompt_tokens the prefill is asked return_token_ids too and the decode gets
+ *      the ids it kept.
  *   1. gate BEFORE_PREFILL: weighted admission, ceil(prompt_tokens / chunk_tokens) slots of
  *      admission_chunks (FIFO), then ReserveRequest for the whole prompt on every alloc port
  *      of the decode (option reserve, default true), only to decodes with kv_engine: libkvt.
