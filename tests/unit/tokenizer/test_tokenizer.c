@@ -285,6 +285,29 @@ static void test_refused(void **state)
     }
 }
 
+/* A prompt past PDTOK_MAX_TEXT (16 MiB) is refused whole, the ids given unchanged; a megabyte
+ * of " h" pairs encodes to one merged id per pair. */
+static void test_huge_text(void **state)
+{
+    (void)state;
+    pdtok_t *t = load_ok(write_tok("huge", byte_level(json_array(), NULL)));
+    size_t big = PDTOK_MAX_TEXT + 1;
+    char *text = malloc(big);
+    assert_non_null(text);
+    memset(text, 'h', big);
+    pdtok_ids_t ids = {0};
+    assert_int_equal(pdtok_encode(t, "a", 1, false, &ids), PDTOK_OK);
+    assert_int_equal(pdtok_encode(t, text, big, false, &ids), PDTOK_ERR_INVALID);
+    assert_int_equal(ids.len, 1);
+    for (size_t i = 0; i < (1u << 20); i += 2)
+        text[i] = ' '; /* " h" pairs: the one merge applies everywhere */
+    assert_int_equal(pdtok_encode(t, text, 1u << 20, false, &ids), PDTOK_OK);
+    assert_int_equal(ids.len, 1 + (1u << 19));
+    pdtok_ids_free(&ids);
+    free(text);
+    pdtok_free(t);
+}
+
 /* Every allocation of load and encode fails in turn: NULL or an error, never a crash; the
  * sanitizer build checks that nothing leaks. */
 static void test_allocation_failures(void **state)
@@ -396,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_invalid_utf8_and_decode),
         cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_huge_text),
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_threads_share_one_tokenizer),
     };
