@@ -25,29 +25,16 @@
 static pdtok_t *hf_tok;
 static pdtok_template_t *hf_tmpl; /* NULL: the model has no chat template it can render */
 
-/* The folder of a tokenizer.json path, or the path itself (a model directory). */
-static void config_dir(const char *path, char *out, size_t len)
-{
-    size_t n = strlen(path);
-    if (n > 15 && strcmp(path + n - 15, "/tokenizer.json") == 0)
-        snprintf(out, len, "%.*s", (int)(n - 15), path);
-    else if (strcmp(path, "tokenizer.json") == 0)
-        snprintf(out, len, ".");
-    else
-        snprintf(out, len, "%s", path);
-}
-
 int sim_hf_tokenizer_load(const char *path, char *err, size_t errlen)
 {
-    char dir[4096], why[512];
+    char why[512];
     hf_tok = pdtok_load(path, err, errlen);
     if (hf_tok == NULL)
         return -1;
-    config_dir(path, dir, sizeof(dir));
-    hf_tmpl = pdtok_template_load(dir, why, sizeof(why));
+    hf_tmpl = pdtok_template_load(path, why, sizeof(why));
     if (hf_tmpl == NULL)
         fprintf(stderr, "pdgw-sim: chat template of %s not loaded (%s): chat requests get 400\n",
-                dir, why);
+                path, why);
     return 0;
 }
 

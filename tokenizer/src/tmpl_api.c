@@ -68,8 +68,12 @@ pdtok_template_t *pdtok_template_load(const char *dir_or_config, char *err, size
         set_err(err, errlen, "no path given");
         return NULL;
     }
+    size_t n = strlen(dir_or_config);
     if (stat(dir_or_config, &st) == 0 && S_ISDIR(st.st_mode))
         snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir_or_config);
+    else if (n >= 14 && strcmp(dir_or_config + n - 14, "tokenizer.json") == 0 &&
+             (n == 14 || dir_or_config[n - 15] == '/')) /* the tokenizer: the config beside it */
+        snprintf(path, sizeof(path), "%.*stokenizer_config.json", (int)(n - 14), dir_or_config);
     else
         snprintf(path, sizeof(path), "%s", dir_or_config);
     json_error_t jerr;

@@ -29,19 +29,6 @@ struct pdgw_local_tok {
     pdtok_template_t *tmpl; /* NULL: no usable chat template (chat prompts go to the engine) */
 };
 
-/* The directory holding <path>'s tokenizer_config.json: <path> itself, or a tokenizer.json's
- * folder. */
-static void config_dir(const char *path, char *out, size_t len)
-{
-    size_t n = strlen(path);
-    if (n > 15 && strcmp(path + n - 15, "/tokenizer.json") == 0)
-        snprintf(out, len, "%.*s", (int)(n - 15), path);
-    else if (strcmp(path, "tokenizer.json") == 0)
-        snprintf(out, len, ".");
-    else
-        snprintf(out, len, "%s", path);
-}
-
 /* The tokenizers of one config: read by many requests at once, replaced whole by a reload;
  * the last request still tokenizing with a replaced set frees it. */
 struct pdgw_tok_set {
@@ -75,7 +62,7 @@ pdgw_status_t pdgw_tok_set_load(const pdgw_kv_list_t *list, bool strict, char *e
     for (size_t i = 0; i < count; i++) {
         const char *model = list->items[i].key, *path = list->items[i].value;
         pdgw_local_tok_t *lt = &set->items[set->n];
-        char why[512], dir[4096];
+        char why[512];
         uint64_t t0 = pdgw_time_mono_ms();
 
         if (strcmp(path, "engine") == 0)
@@ -93,13 +80,12 @@ pdgw_status_t pdgw_tok_set_load(const pdgw_kv_list_t *list, bool strict, char *e
                           model, path, why);
             continue;
         }
-        config_dir(path, dir, sizeof(dir));
-        lt->tmpl = pdtok_template_load(dir, why, sizeof(why));
+        lt->tmpl = pdtok_template_load(path, why, sizeof(why));
         if (lt->tmpl == NULL)
             pdgw_log_warn("tokenize",
                           "model %s: chat template of %s refused (%s); its chat prompts are "
                           "tokenized by the engine",
-                          model, dir, why);
+                          model, path, why);
         lt->model = pdgw_strdup(model);
         if (lt->model == NULL) {
             pdtok_template_free(lt->tmpl);
@@ -167,7 +153,7 @@ pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char
 {
     for (size_t i = 0; list != NULL && i < list->count; i++) {
         const char *model = list->items[i].key, *path = list->items[i].value;
-        char why[512], dir[4096];
+        char why[512];
         pdtok_t *tok;
         pdtok_template_t *tmpl;
 
@@ -178,12 +164,11 @@ pdgw_status_t pdgw_tokenizers_check(const pdgw_kv_list_t *list, FILE *warn, char
             return PDGW_ERR_INVALID;
         }
         pdtok_free(tok);
-        config_dir(path, dir, sizeof(dir));
-        if ((tmpl = pdtok_template_load(dir, why, sizeof(why))) == NULL && warn != NULL)
+        if ((tmpl = pdtok_template_load(path, why, sizeof(why))) == NULL && warn != NULL)
             fprintf(warn,
                     "pdgw: warning: tokenizers: model %s: chat template of %s refused (%s); its "
                     "chat prompts would be tokenized by the engine\n",
-                    model, dir, why);
+                    model, path, why);
         pdtok_template_free(tmpl);
     }
     return PDGW_OK;

@@ -117,6 +117,11 @@ static void test_load_config(void **state)
         " \"eos_token\": \"<E>\","
         " \"chat_template\": \"{{ bos_token }}{{ messages[0].content }}{{ eos_token }}\"}");
     render_file(tmpdir, "<B>q<E>");
+    /* the model's tokenizer.json names its folder: the config beside it (the file itself need
+     * not exist for the template) */
+    char tok_path[600];
+    snprintf(tok_path, sizeof(tok_path), "%s/tokenizer.json", tmpdir);
+    render_file(tok_path, "<B>q<E>");
     /* a list of named templates: "default" is the one */
     const char *p = write_config(
         "named.json", "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"

@@ -35,7 +35,7 @@ typedef struct pdtok_template pdtok_template_t;
 
 /*
  * Loads the chat template of a model. <dir_or_config> is a directory holding
- * tokenizer_config.json, or that file. Its "chat_template" is a string or a list of
+ * tokenizer_config.json, that file, or the model's tokenizer.json (the config beside it). Its "chat_template" is a string or a list of
  * {name, template}: the one named "default" is used. bos_token / eos_token (strings or
  * {"content": ...} objects) become template variables.
  * Returns NULL with a message in <err> (line and construct for a template that does not parse
