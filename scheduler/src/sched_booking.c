@@ -206,11 +206,9 @@ static uint64_t booking_uncached(const sched_booking_t *b, const sched_instance_
  * (the cached ones as far as KV events tell, corrected when the engine's answer says), laid
  * out by the instance's prefill replay behind the work queued there; the requests and KV
  * tokens running with it, itself included. */
-static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const sched_booking_t *b,
-                         uint64_t now_ms)
+static void leg_prompt_features(booking_leg_t *leg, const sched_instance_t *inst,
+                                const sched_booking_t *b, uint64_t now_ms)
 {
-    const sched_request_t *req = &b->req;
-    uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
     sched_prediction_t p;
     sched_pq_steps_t st;
 
@@ -222,6 +220,15 @@ static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const
     leg->x_elapsed_s = st.elapsed_s;
     leg->pred_first_raw_s = p.mean;
     leg->pred_first_s = p.observed >= SCHED_PREDICT_SCORED_AFTER ? p.mean : 0.0;
+}
+
+static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const sched_booking_t *b,
+                         uint64_t now_ms)
+{
+    const sched_request_t *req = &b->req;
+    uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
+
+    leg_prompt_features(leg, inst, b, now_ms);
     sched_tpot_features(leg->x_tpot, atomic_load_explicit(&inst->inflight, RELAXED),
                         kv + (uint64_t)req->prompt_tokens + req->max_tokens / 2);
     leg->pred_tpot_s = warm_mean(&inst->lat_tpot, leg->x_tpot);
@@ -511,18 +518,9 @@ sched_status_t sched_booking_decode_only(sched_booking_t *b)
     d = &b->legs[SCHED_LEG_DECODE];
     now_ms = sched_pool_now(b->pool);
     b->whole = true;
-    d->x_prompt = booking_uncached(b, d->inst);
+    leg_prompt_features(d, d->inst, b, now_ms);
     d->prompt_charge = b->req.prompt_tokens;
     atomic_fetch_add_explicit(&d->inst->prompt_tokens, d->prompt_charge, RELAXED);
-    {
-        sched_prediction_t p;
-        sched_pq_steps_t st;
-        sched_instance_predict_ttft_replay(d->inst, d->x_prompt, now_ms, &st, &p);
-        sched_prefill_features(d->x_ttft, st.steps, st.tokens - st.later_tokens);
-        d->x_elapsed_s = st.elapsed_s;
-        d->pred_first_raw_s = p.mean;
-        d->pred_first_s = p.observed >= SCHED_PREDICT_SCORED_AFTER ? p.mean : 0.0;
-    }
     d->pq_id = sched_pq_add(d->inst, now_ms, d->x_prompt);
     return SCHED_OK;
 }

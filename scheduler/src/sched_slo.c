@@ -223,6 +223,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
 
     if (!pool || !req || !out)
         return SCHED_ERR_INVALID;
+    sched_transfer_features(hx, req->prompt_tokens); /* the handoff's, for every decode */
     memset(&ctx, 0, sizeof(ctx));
     ctx.pool = pool;
     ctx.req = req;
@@ -278,7 +279,6 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
                 sched_prediction_t h;
                 sched_instance_predict_tpot(c, (uint64_t)req->prompt_tokens + req->max_tokens, &p);
                 /* after a prefill, the KV handed over to this decode before its first token */
-                sched_transfer_features(hx, req->prompt_tokens);
                 sched_latency_model_predict(&c->lat_handoff, hx, &h);
                 if (h.observed >= SCHED_PREDICT_SCORED_AFTER &&
                     (handoff_s < 0.0 || h.mean < handoff_s))
