@@ -1,20 +1,20 @@
 /*
  * fwd_mc_bootstrap.c - the engine id cache of vllm-mooncake (see fwd_mc_bootstrap.h).
  *
- * One entry per bootstrap server (host:port). One thread does every GET /query with libcurl;
- * worker threads only read the cache under the lock and queue fetches. The thread sleeps on a
- * condition variable until a fetch is queued or the oldest answer's refresh is due (a timer,
- * not a poll).
+ * One entry per bootstrap server (host:port), shared by every worker under one lock. A GET
+ * /query is a call of the gateway's upstream client on the worker of the request that found
+ * the entry missing, stale or due (forwarder.h pdgw_fwd_call_get_port): no thread and no HTTP
+ * client of ours. Requests that find a fetch under way wait on the entry; its owner settles it
+ * when its gate runs again (or, for a background refresh, in a later op) and wakes them. A
+ * fetch lives as long as the request that asked: one still unanswered when that request ends
+ * is dropped and asked again later.
  */
 #include "fwd_mc_bootstrap.h"
 
-#include <curl/curl.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MC_PROTO      "vllm-mooncake"
 #define MC_RETRY_MS   500 /* a failed fetch is repeated for a request after this */
@@ -26,8 +26,8 @@ typedef struct mc_entry {
     int port;
     json_t *answer;      /* last good /query answer (owned) or NULL */
     uint64_t fetched_ms; /* when answer (or the last failure) came */
-    int want;            /* a fetch is queued */
-    int fetching;        /* the thread is fetching it now */
+    uint64_t refresh_ms; /* when answer is due for a background refresh */
+    int fetching;        /* a request's call is under way */
     int stale;           /* answer must not be used until the next fetch */
     int failed;          /* the last fetch failed */
     char error[320];
@@ -37,9 +37,6 @@ typedef struct mc_entry {
 
 struct fwd_mc_boot {
     pthread_mutex_t lock;
-    pthread_cond_t cond;
-    pthread_t thread;
-    int stop;
     int64_t ttl_ms, timeout_ms;
     mc_entry_t *entries;
 };
@@ -72,33 +69,6 @@ static int answer_has(const json_t *answer, const char *eid)
     return 0;
 }
 
-/* ---- the fetch ---- */
-
-typedef struct mc_buf {
-    char *data;
-    size_t len;
-    int too_big;
-} mc_buf_t;
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    mc_buf_t *b = ud;
-    size_t add = sz * n;
-    char *d;
-    if (b->len + add > MC_ANSWER_MAX) {
-        b->too_big = 1;
-        return 0;
-    }
-    d = realloc(b->data, b->len + add + 1);
-    if (d == NULL)
-        return 0;
-    memcpy(d + b->len, p, add);
-    b->data = d;
-    b->len += add;
-    d[b->len] = '\0';
-    return add;
-}
-
 /* A valid answer maps DP ranks ("0", "1", ...) to objects with a string engine_id. */
 static int answer_valid(const json_t *a)
 {
@@ -118,48 +88,35 @@ static int answer_valid(const json_t *a)
     return 1;
 }
 
-/* GET http://host:port/query. Returns the answer (new reference) or NULL with err set. */
-static json_t *fetch_query(const char *host, int port, int64_t timeout_ms, char *err, size_t errlen)
+/* The answer of a finished call (new reference), or NULL with err set. */
+static json_t *call_answer(const fwd_mc_fetch_t *f, char *err, size_t errlen)
 {
-    char url[176];
-    mc_buf_t b = {0};
     long status = 0;
-    json_t *a = NULL;
-    CURLcode rc;
-    CURL *c = curl_easy_init();
-    if (c == NULL) {
-        snprintf(err, errlen, "out of memory");
+    const char *data = NULL;
+    size_t len = 0;
+    char msg[200] = "";
+    json_t *a;
+    if (pdgw_fwd_call_result(f->call, &status, &data, &len, msg, sizeof(msg)) != 1) {
+        snprintf(err, errlen, "GET /query of %s:%d: %s", f->host, f->port, msg);
         return NULL;
     }
-    snprintf(url, sizeof(url), strchr(host, ':') ? "http://[%s]:%d/query" : "http://%s:%d/query",
-             host, port);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    rc = curl_easy_perform(c);
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    if (rc != CURLE_OK) {
-        snprintf(err, errlen, "GET %s: %s", url,
-                 b.too_big ? "answer larger than 256 KiB" : curl_easy_strerror(rc));
-    } else if (status != 200) {
-        snprintf(err, errlen, "GET %s: HTTP %ld", url, status);
-    } else {
-        a = json_loadb(b.data ? b.data : "", b.len, 0, NULL);
-        if (!answer_valid(a)) {
-            json_decref(a);
-            a = NULL;
-            snprintf(err, errlen, "GET %s: not a Mooncake bootstrap answer", url);
-        }
+    if (status != 200) {
+        snprintf(err, errlen, "GET /query of %s:%d: HTTP %ld", f->host, f->port, status);
+        return NULL;
     }
-    free(b.data);
+    if (len > MC_ANSWER_MAX) {
+        snprintf(err, errlen, "GET /query of %s:%d: answer larger than 256 KiB", f->host, f->port);
+        return NULL;
+    }
+    a = json_loadb(data, len, 0, NULL);
+    if (!answer_valid(a)) {
+        json_decref(a);
+        snprintf(err, errlen, "GET /query of %s:%d: not a Mooncake bootstrap answer", f->host,
+                 f->port);
+        return NULL;
+    }
     return a;
 }
-
-/* ---- the thread ---- */
 
 static void wake_all_locked(mc_entry_t *e)
 {
@@ -168,135 +125,6 @@ static void wake_all_locked(mc_entry_t *e)
         pdgw_fwd_waker_unref(e->waiters[i]);
     }
     e->n_waiters = 0;
-}
-
-static void fetch_one_locked(fwd_mc_boot_t *b, mc_entry_t *e)
-{
-    char host[128], err[320] = "";
-    int port = e->port;
-    json_t *a;
-    e->want = 0;
-    e->fetching = 1;
-    memcpy(host, e->host, sizeof(host));
-    pthread_mutex_unlock(&b->lock);
-    pdgw_fwd_counter_inc(MC_PROTO, "mooncake_bootstrap_queries",
-                         "GET /query asked of Mooncake prefill bootstrap servers");
-    a = fetch_query(host, port, b->timeout_ms, err, sizeof(err));
-    if (a == NULL) {
-        pdgw_fwd_counter_inc(MC_PROTO, "mooncake_bootstrap_query_failures",
-                             "GET /query of a Mooncake bootstrap server that failed");
-        pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: engine ids of %s:%d: %s", MC_PROTO, host, port, err);
-    }
-    pthread_mutex_lock(&b->lock);
-    e->fetching = 0;
-    e->fetched_ms = now_ms();
-    if (a != NULL) {
-        if (e->answer != NULL && !json_equal(e->answer, a)) {
-            pdgw_fwd_counter_inc(MC_PROTO, "mooncake_engine_id_changes",
-                                 "Mooncake prefills whose engine ids changed (restarts)");
-            pdgw_fwd_log(PDGW_FWD_LOG_INFO, "%s: engine ids of %s:%d changed", MC_PROTO, host,
-                         port);
-        }
-        json_decref(e->answer);
-        e->answer = a;
-        e->failed = 0;
-        e->stale = 0;
-    } else {
-        json_decref(e->answer);
-        e->answer = NULL;
-        e->failed = 1;
-        snprintf(e->error, sizeof(e->error), "%s", err);
-    }
-    wake_all_locked(e);
-}
-
-static void *boot_thread(void *arg)
-{
-    fwd_mc_boot_t *b = arg;
-    pthread_mutex_lock(&b->lock);
-    while (!b->stop) {
-        mc_entry_t *e, *due = NULL;
-        uint64_t now = now_ms(), next = UINT64_MAX;
-        for (e = b->entries; e != NULL; e = e->next) {
-            if (e->fetching)
-                continue;
-            if (!e->want && e->answer != NULL && e->fetched_ms + (uint64_t)b->ttl_ms <= now)
-                e->want = 1; /* background refresh; the old answer serves meanwhile */
-            if (e->want) {
-                due = e;
-                break;
-            }
-            if (e->answer != NULL && e->fetched_ms + (uint64_t)b->ttl_ms < next)
-                next = e->fetched_ms + (uint64_t)b->ttl_ms;
-        }
-        if (due != NULL) {
-            fetch_one_locked(b, due);
-            continue;
-        }
-        if (next == UINT64_MAX) {
-            pthread_cond_wait(&b->cond, &b->lock);
-        } else {
-            struct timespec ts;
-            uint64_t wait = next - now;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += (time_t)(wait / 1000);
-            ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            (void)pthread_cond_timedwait(&b->cond, &b->lock, &ts);
-        }
-    }
-    pthread_mutex_unlock(&b->lock);
-    return NULL;
-}
-
-/* ---- API ---- */
-
-pdgw_fwd_status_t fwd_mc_boot_create(int64_t ttl_ms, int64_t timeout_ms, fwd_mc_boot_t **out,
-                                     char *err, size_t errlen)
-{
-    fwd_mc_boot_t *b = calloc(1, sizeof(*b));
-    if (b == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return PDGW_FWD_ERR_CONFIG;
-    }
-    b->ttl_ms = ttl_ms;
-    b->timeout_ms = timeout_ms;
-    pthread_mutex_init(&b->lock, NULL);
-    pthread_cond_init(&b->cond, NULL);
-    if (pthread_create(&b->thread, NULL, boot_thread, b) != 0) {
-        snprintf(err, errlen, "cannot start the Mooncake bootstrap thread: %s", strerror(errno));
-        pthread_cond_destroy(&b->cond);
-        pthread_mutex_destroy(&b->lock);
-        free(b);
-        return PDGW_FWD_ERR_CONFIG;
-    }
-    *out = b;
-    return PDGW_FWD_OK;
-}
-
-void fwd_mc_boot_destroy(fwd_mc_boot_t *b)
-{
-    mc_entry_t *e, *n;
-    if (b == NULL)
-        return;
-    pthread_mutex_lock(&b->lock);
-    b->stop = 1;
-    pthread_cond_signal(&b->cond);
-    pthread_mutex_unlock(&b->lock);
-    pthread_join(b->thread, NULL);
-    for (e = b->entries; e != NULL; e = n) {
-        n = e->next;
-        wake_all_locked(e);
-        free(e->waiters);
-        json_decref(e->answer);
-        free(e);
-    }
-    pthread_cond_destroy(&b->cond);
-    pthread_mutex_destroy(&b->lock);
-    free(b);
 }
 
 static mc_entry_t *entry_get_locked(fwd_mc_boot_t *b, const char *host, int port, int create)
@@ -331,15 +159,122 @@ static int add_waiter_locked(mc_entry_t *e, pdgw_fwd_waker_t *w)
     return 0;
 }
 
-pdgw_fwd_status_t fwd_mc_boot_lookup(fwd_mc_boot_t *b, const char *host, int port, int rank,
-                                     pdgw_fwd_waker_t *waker, char *out, size_t cap, char *err,
+/* Record what the request's finished call brought (or, abandoned, that nothing is under way
+ * any more) and wake the entry's waiters. */
+static void fetch_end(fwd_mc_boot_t *b, fwd_mc_fetch_t *f, int abandoned)
+{
+    char err[320] = "";
+    json_t *a = NULL;
+    mc_entry_t *e;
+    if (!abandoned) {
+        a = call_answer(f, err, sizeof(err));
+        if (a == NULL) {
+            pdgw_fwd_counter_inc(MC_PROTO, "mooncake_bootstrap_query_failures",
+                                 "GET /query of a Mooncake bootstrap server that failed");
+            pdgw_fwd_log(PDGW_FWD_LOG_WARN, "%s: engine ids: %s", MC_PROTO, err);
+        }
+    }
+    pdgw_fwd_call_release(f->call);
+    f->call = NULL;
+    pthread_mutex_lock(&b->lock);
+    e = entry_get_locked(b, f->host, f->port, 0);
+    if (e != NULL) {
+        e->fetching = 0;
+        if (a != NULL) {
+            if (e->answer != NULL && !json_equal(e->answer, a)) {
+                pdgw_fwd_counter_inc(MC_PROTO, "mooncake_engine_id_changes",
+                                     "Mooncake prefills whose engine ids changed (restarts)");
+                pdgw_fwd_log(PDGW_FWD_LOG_INFO, "%s: engine ids of %s:%d changed", MC_PROTO,
+                             e->host, e->port);
+            }
+            json_decref(e->answer);
+            e->answer = a;
+            a = NULL;
+            e->fetched_ms = now_ms();
+            e->refresh_ms = e->fetched_ms + (uint64_t)b->ttl_ms;
+            e->failed = 0;
+            e->stale = 0;
+        } else if (!abandoned) {
+            json_decref(e->answer);
+            e->answer = NULL;
+            e->fetched_ms = now_ms();
+            e->failed = 1;
+            snprintf(e->error, sizeof(e->error), "%s", err);
+        }
+        /* Abandoned (its request ended first): a waiter that runs again starts the next fetch;
+         * a background refresh is tried again a little later, not by every next request. */
+        if (abandoned && e->answer != NULL)
+            e->refresh_ms = now_ms() + MC_RETRY_MS;
+        wake_all_locked(e);
+    }
+    pthread_mutex_unlock(&b->lock);
+    json_decref(a);
+}
+
+/* Start the request's call for entry <e> (fetching set by the caller, lock not held). */
+static int fetch_start(fwd_mc_boot_t *b, fwd_mc_fetch_t *f, const pdgw_fwd_request_t *req,
+                       const pdgw_instance_t *inst, const mc_entry_t *e)
+{
+    snprintf(f->host, sizeof(f->host), "%s", e->host);
+    f->port = e->port;
+    pdgw_fwd_counter_inc(MC_PROTO, "mooncake_bootstrap_queries",
+                         "GET /query asked of Mooncake prefill bootstrap servers");
+    f->call = pdgw_fwd_call_get_port(req, inst, e->port, "/query", b->timeout_ms);
+    return f->call != NULL ? 0 : -1;
+}
+
+/* ---- API ---- */
+
+pdgw_fwd_status_t fwd_mc_boot_create(int64_t ttl_ms, int64_t timeout_ms, fwd_mc_boot_t **out,
+                                     char *err, size_t errlen)
+{
+    fwd_mc_boot_t *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PDGW_FWD_ERR_CONFIG;
+    }
+    b->ttl_ms = ttl_ms;
+    b->timeout_ms = timeout_ms;
+    pthread_mutex_init(&b->lock, NULL);
+    *out = b;
+    return PDGW_FWD_OK;
+}
+
+void fwd_mc_boot_destroy(fwd_mc_boot_t *b)
+{
+    mc_entry_t *e, *n;
+    if (b == NULL)
+        return;
+    for (e = b->entries; e != NULL; e = n) {
+        n = e->next;
+        wake_all_locked(e);
+        free(e->waiters);
+        json_decref(e->answer);
+        free(e);
+    }
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+}
+
+pdgw_fwd_status_t fwd_mc_boot_lookup(fwd_mc_boot_t *b, fwd_mc_fetch_t *f,
+                                     const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
+                                     int port, int rank, char *out, size_t cap, char *err,
                                      size_t errlen)
 {
     pdgw_fwd_status_t st = PDGW_FWD_PENDING;
-    uint64_t now = now_ms();
+    int start = 0;
+    uint64_t now;
     mc_entry_t *e;
+
+    if (f->call != NULL) { /* this request's own fetch */
+        if (pdgw_fwd_call_result(f->call, &(long){0}, &(const char *){NULL}, &(size_t){0}, NULL,
+                                 0) == 0)
+            return PDGW_FWD_PENDING; /* woken by something else: its end wakes us again */
+        fetch_end(b, f, 0);
+    }
+    now = now_ms();
     pthread_mutex_lock(&b->lock);
-    e = entry_get_locked(b, host, port, 1);
+    e = entry_get_locked(b, inst->host, port, 1);
     if (e == NULL) {
         snprintf(err, errlen, "out of memory (or host name too long)");
         st = PDGW_FWD_ERR;
@@ -350,31 +285,53 @@ pdgw_fwd_status_t fwd_mc_boot_lookup(fwd_mc_boot_t *b, const char *host, int por
         if (eid != NULL && strlen(eid) < cap) {
             snprintf(out, cap, "%s", eid);
             st = PDGW_FWD_OK;
+            /* Due for a refresh: this request asks in the background; the answer in hand
+             * serves it and everyone meanwhile. */
+            if (!e->fetching && f->call == NULL && e->refresh_ms <= now)
+                start = e->fetching = 1;
             goto out;
         }
         if (e->fetched_ms + MC_RETRY_MS > now) {
-            snprintf(err, errlen, "bootstrap server %s:%d lists no DP rank %d", host, port, rank);
+            snprintf(err, errlen, "bootstrap server %s:%d lists no DP rank %d", e->host, port,
+                     rank);
             st = PDGW_FWD_ERR;
             goto out;
         }
         e->stale = 1; /* the DP layout may have changed: ask again */
-    } else if (e->failed && !e->fetching && !e->want && e->fetched_ms + MC_RETRY_MS > now) {
+    } else if (e->failed && !e->fetching && e->fetched_ms + MC_RETRY_MS > now) {
         snprintf(err, errlen, "%s", e->error);
         st = PDGW_FWD_ERR;
         goto out;
     }
-    if (waker == NULL || add_waiter_locked(e, waker) != 0) {
-        snprintf(err, errlen, "cannot wait for the engine ids of %s:%d", host, port);
-        st = PDGW_FWD_ERR;
+    if (e->fetching) {
+        if (req->waker == NULL || add_waiter_locked(e, req->waker) != 0) {
+            snprintf(err, errlen, "cannot wait for the engine ids of %s:%d", e->host, port);
+            st = PDGW_FWD_ERR;
+        }
         goto out;
     }
-    if (!e->fetching && !e->want) {
-        e->want = 1;
-        pthread_cond_signal(&b->cond);
-    }
+    start = e->fetching = 1;
 out:
     pthread_mutex_unlock(&b->lock);
+    if (start && fetch_start(b, f, req, inst, e) != 0) {
+        fetch_end(b, f, 1);
+        if (st != PDGW_FWD_OK) {
+            snprintf(err, errlen, "cannot ask %s:%d for its engine ids", inst->host, port);
+            st = PDGW_FWD_ERR;
+        }
+    }
     return st;
+}
+
+void fwd_mc_boot_settle(fwd_mc_boot_t *b, fwd_mc_fetch_t *f, int ending)
+{
+    if (b == NULL || f == NULL || f->call == NULL)
+        return;
+    if (pdgw_fwd_call_result(f->call, &(long){0}, &(const char *){NULL}, &(size_t){0}, NULL, 0) !=
+        0)
+        fetch_end(b, f, 0);
+    else if (ending)
+        fetch_end(b, f, 1);
 }
 
 void fwd_mc_boot_invalidate(fwd_mc_boot_t *b, const char *host, int port, const char *engine_id)
@@ -383,10 +340,7 @@ void fwd_mc_boot_invalidate(fwd_mc_boot_t *b, const char *host, int port, const 
     pthread_mutex_lock(&b->lock);
     e = entry_get_locked(b, host, port, 0);
     if (e != NULL && e->answer != NULL && !e->stale &&
-        (engine_id == NULL || answer_has(e->answer, engine_id))) {
-        e->stale = 1;
-        e->want = 1; /* fetch now (again, if one is under way), before the retry asks */
-        pthread_cond_signal(&b->cond);
-    }
+        (engine_id == NULL || answer_has(e->answer, engine_id)))
+        e->stale = 1; /* the next lookup fetches, before it would use the id again */
     pthread_mutex_unlock(&b->lock);
 }

@@ -51,7 +51,9 @@ typedef struct mc_state {
     char engine_id[192];   /* parallel: E of the prefill's DP rank ("" until known) */
     char boot_host[128];   /* the prefill's bootstrap server */
     int boot_port;
-    int dp_rank;      /* -1: the prefill has no DP (no header, rank 0's id) */
+    const pdgw_instance_t *prefill; /* the attempt's (valid for the whole attempt) */
+    fwd_mc_fetch_t fetch;           /* this request's GET /query, when it asks */
+    int dp_rank;                    /* -1: the prefill has no DP (no header, rank 0's id) */
     int decode_built; /* parallel: a decode leg was built (for attempt decode_attempt) */
     unsigned decode_attempt;
 } mc_state_t;
@@ -138,6 +140,7 @@ static pdgw_fwd_status_t mc_attempt_init(void *ctx, const pdgw_fwd_request_t *re
     s->dp_rank = -1;
     if (c->parallel && p != NULL) {
         snprintf(s->boot_host, sizeof(s->boot_host), "%s", p->host);
+        s->prefill = p;
         s->boot_port = p->bootstrap_port > 0 ? p->bootstrap_port : MC_DEFAULT_BOOTSTRAP_PORT;
         if (p->dp_size > 1)
             s->dp_rank = p->dp_rank;
@@ -159,7 +162,7 @@ static pdgw_fwd_status_t mc_attempt_init(void *ctx, const pdgw_fwd_request_t *re
 }
 
 /* BEFORE_PREFILL (parallel, discovery): the engine id of the prefill's DP rank, from the
- * cache or, PENDING, once the bootstrap thread fetched it. */
+ * cache or, PENDING, once a request's GET /query brought it. */
 static pdgw_fwd_status_t mc_gate(void *ctx, void *state, const pdgw_fwd_request_t *req,
                                  pdgw_gate_point_t point, pdgw_fwd_error_t *err)
 {
@@ -170,8 +173,9 @@ static pdgw_fwd_status_t mc_gate(void *ctx, void *state, const pdgw_fwd_request_
     if (point != PDGW_GATE_BEFORE_PREFILL || c->boot == NULL || s->engine_id[0] != '\0' ||
         s->boot_host[0] == '\0')
         return PDGW_FWD_OK;
-    st = fwd_mc_boot_lookup(c->boot, s->boot_host, s->boot_port, s->dp_rank < 0 ? 0 : s->dp_rank,
-                            req->waker, s->engine_id, sizeof(s->engine_id), msg, sizeof(msg));
+    st = fwd_mc_boot_lookup(c->boot, &s->fetch, req, s->prefill, s->boot_port,
+                            s->dp_rank < 0 ? 0 : s->dp_rank, s->engine_id, sizeof(s->engine_id),
+                            msg, sizeof(msg));
     if (st == PDGW_FWD_ERR)
         pdgw_fwd_error_set(err, PDGW_PHASE_PREFILL, 1, 502,
                            "no engine id for the Mooncake prefill: %s", msg);
@@ -255,8 +259,10 @@ static pdgw_fwd_status_t mc_on_prefill_response(void *ctx, void *state,
     mc_state_t *s = state;
     json_t *kvp;
     (void)status;
-    if (c->parallel)
-        return PDGW_FWD_OK; /* the prefill pushed; nothing to copy */
+    if (c->parallel) {
+        fwd_mc_boot_settle(c->boot, &s->fetch, 0); /* a background refresh's answer */
+        return PDGW_FWD_OK;                        /* the prefill pushed; nothing to copy */
+    }
     kvp = fwd_pd_resp_kvp(resp);
     if (kvp == NULL) {
         fwd_pd_count_missing_kv_params(MC_NAME);
@@ -314,6 +320,8 @@ static void mc_attempt_cleanup(void *ctx, void *state, const pdgw_fwd_request_t 
     (void)req;
     if (s == NULL)
         return;
+    if (ctx != NULL)
+        fwd_mc_boot_settle(((mc_ctx_t *)ctx)->boot, &s->fetch, 1);
     if (reason == PDGW_END_FAILED || reason == PDGW_END_RETRY || reason == PDGW_END_TIMEOUT)
         mc_forget_engine_id(ctx, s);
     json_decref(s->kvp);

@@ -69,7 +69,7 @@ static int try_slot(pdq_t *q, pdq_tenant_t *t, bool allow_shared)
     if (q->max_concurrent) {
         unsigned used = atomic_load(&q->shared_used);
         do {
-            if (used >= q->shared_cap)
+            if (used >= atomic_load_explicit(&q->shared_cap, memory_order_relaxed))
                 return PDQ_SLOT_GLOBAL_FULL;
         } while (!atomic_compare_exchange_weak(&q->shared_used, &used, used + 1));
     }
@@ -123,6 +123,13 @@ static void dispatch(pdq_t *q, size_t freed_by, const pdq_ticket_t *self)
         pdq_fairq_pop(&q->fq);
         grant(q, PDB_DLIST_ENTRY(it, pdq_ticket_t, item), slot, self, now);
     }
+}
+
+void pdq_dispatch_locked(pdq_t *q)
+{
+    for (size_t i = 0; i < q->n_tenants; i++)
+        pdq_fairq_unblock(&q->fq, (uint32_t)i); /* a tenant still full blocks again */
+    dispatch(q, SIZE_MAX, NULL);
 }
 
 static pdq_ticket_t *ticket_get(pdq_tenant_t *t)

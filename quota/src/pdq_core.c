@@ -83,12 +83,12 @@ static bool valid_name(const char *s, size_t max)
     return true;
 }
 
-static bool budget_any(const pdq_budget_t *b)
+bool pdq_budget_any(const pdq_budget_t *b)
 {
     return b->rps || b->rpm || b->tpm || b->prompt_tpm || b->completion_tpm;
 }
 
-static void bset_init(pdq_bset_t *s, const pdq_budget_t *b, double share, uint64_t now)
+void pdq_bset_init(pdq_bset_t *s, const pdq_budget_t *b, double share, uint64_t now)
 {
     pdq_bucket_init(&s->b[PDQ_B_RPS], b->rps, 1.0, share, now);
     pdq_bucket_init(&s->b[PDQ_B_RPM], b->rpm, 60.0, share, now);
@@ -109,7 +109,9 @@ size_t pdq_tenant_by_key(const pdq_t *q, const char *api_key)
 {
     if (api_key == NULL || api_key[0] == '\0')
         return q->default_tenant;
+    pthread_rwlock_rdlock((pthread_rwlock_t *)&q->keys_lock); /* a reload swaps the map */
     void *v = pdb_map_get(&q->keys, api_key);
+    pthread_rwlock_unlock((pthread_rwlock_t *)&q->keys_lock);
     return v ? (size_t)(uintptr_t)v - 1 : q->other_tenant;
 }
 
@@ -131,7 +133,7 @@ const char *pdq_tenant_name(const pdq_t *q, size_t tenant)
     return tenant < q->n_tenants ? q->tenants[tenant].name : NULL;
 }
 
-static pdq_status_t check_config(const pdq_config_t *cfg, char *err, size_t errlen)
+pdq_status_t pdq_config_check(const pdq_config_t *cfg, char *err, size_t errlen)
 {
     if (cfg->n_tenants == 0 || cfg->tenants == NULL) {
         set_err(err, errlen, "quota: at least one tenant is needed");
@@ -281,9 +283,9 @@ static pdq_status_t tenant_init(pdq_t *q, pdq_tenant_t *t, uint32_t idx,
     t->max_concurrent = tc->max_concurrent;
     t->reserved = tc->reserved;
     t->max_waiting = tc->max_waiting ? tc->max_waiting : PDQ_DEFAULT_MAX_WAITING;
-    bset_init(&t->budget, &tc->budget, share, now);
+    pdq_bset_init(&t->budget, &tc->budget, share, now);
     for (size_t m = 0; m < tc->n_models; m++) {
-        if (!budget_any(&tc->models[m].budget))
+        if (!pdq_budget_any(&tc->models[m].budget))
             continue;
         size_t mi = pdq_model_index(q, tc->models[m].model);
         if (t->model_budget[mi] != NULL)
@@ -291,19 +293,19 @@ static pdq_status_t tenant_init(pdq_t *q, pdq_tenant_t *t, uint32_t idx,
         t->model_budget[mi] = pdb_calloc(1, sizeof(pdq_bset_t));
         if (t->model_budget[mi] == NULL)
             return PDQ_ERR_NOMEM;
-        bset_init(t->model_budget[mi], &tc->models[m].budget, share, now);
+        pdq_bset_init(t->model_budget[mi], &tc->models[m].budget, share, now);
     }
     return PDQ_OK;
 }
 
-static pdq_status_t index_keys(pdq_t *q, const pdq_config_t *cfg, char *err, size_t errlen)
+pdq_status_t pdq_index_keys(pdb_map_t *keys, const pdq_config_t *cfg, char *err, size_t errlen)
 {
-    if (pdb_map_init(&q->keys, 16) != PDB_OK)
+    if (pdb_map_init(keys, 16) != PDB_OK)
         return PDQ_ERR_NOMEM;
     for (size_t i = 0; i < cfg->n_tenants; i++)
         for (size_t k = 0; k < cfg->tenants[i].n_api_keys; k++) {
             pdb_status_t st =
-                pdb_map_put(&q->keys, cfg->tenants[i].api_keys[k], (void *)(uintptr_t)(i + 1));
+                pdb_map_put(keys, cfg->tenants[i].api_keys[k], (void *)(uintptr_t)(i + 1));
             if (st == PDB_ERR_EXISTS) {
                 set_err(err, errlen, "quota: an api key is given to two tenants (tenant \"%s\")",
                         cfg->tenants[i].name);
@@ -320,7 +322,7 @@ pdq_status_t pdq_new(const pdq_config_t *cfg, const pdb_clock_t *clock, pdq_t **
 {
     if (cfg == NULL || out == NULL)
         return PDQ_ERR_INVALID;
-    pdq_status_t st = check_config(cfg, err, errlen);
+    pdq_status_t st = pdq_config_check(cfg, err, errlen);
     if (st != PDQ_OK)
         return st;
     pdq_t *q = pdb_calloc(1, sizeof(*q));
@@ -331,6 +333,7 @@ pdq_status_t pdq_new(const pdq_config_t *cfg, const pdb_clock_t *clock, pdq_t **
     q->log = cfg->log;
     q->log_arg = cfg->log_arg;
     pthread_mutex_init(&q->fq_lock, NULL);
+    pthread_rwlock_init(&q->keys_lock, NULL);
     q->max_concurrent = cfg->max_concurrent;
     q->n_tenants = cfg->n_tenants + 1;
     q->other_tenant = cfg->n_tenants;
@@ -342,15 +345,16 @@ pdq_status_t pdq_new(const pdq_config_t *cfg, const pdb_clock_t *clock, pdq_t **
     }
     if (cfg->other)
         reserved += cfg->other->reserved;
-    q->shared_cap = q->max_concurrent - reserved;
+    atomic_init(&q->shared_cap, q->max_concurrent - reserved);
     if ((st = collect_models(q, cfg)) != PDQ_OK)
         goto err_free;
-    if ((st = index_keys(q, cfg, err, errlen)) != PDQ_OK)
+    if ((st = pdq_index_keys(&q->keys, cfg, err, errlen)) != PDQ_OK)
         goto err_free;
 
     double share = 1.0;
     if (cfg->store.url && cfg->store.fail_mode == PDQ_FAIL_OPEN && cfg->store.expected_replicas > 1)
         share = 1.0 / cfg->store.expected_replicas;
+    q->local_share = share;
     uint64_t now = pdq_now(q);
     q->tenants = pdb_calloc(q->n_tenants, sizeof(*q->tenants));
     double *weights = pdb_calloc(q->n_tenants, sizeof(double));
@@ -420,6 +424,7 @@ void pdq_free(pdq_t *q)
     pdb_map_fini(&q->models, NULL);
     pdb_map_fini(&q->keys, NULL);
     pthread_mutex_destroy(&q->fq_lock);
+    pthread_rwlock_destroy(&q->keys_lock);
     pdb_free(q);
 }
 

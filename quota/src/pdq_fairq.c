@@ -96,6 +96,15 @@ pdq_status_t pdq_fairq_init(pdq_fairq_t *fq, size_t n_tenants, const double *wei
     return PDQ_OK;
 }
 
+void pdq_fairq_set_share(pdq_fairq_t *fq, uint32_t tenant, double weight, unsigned priority)
+{
+    pdq_fairq_tenant_t *ft = &fq->tenants[tenant];
+    double w = weight > 0 ? weight : 1.0;
+    ft->inv_weight = (uint64_t)(PDQ_VT_ONE / w) ? (uint64_t)(PDQ_VT_ONE / w) : 1;
+    ft->priority = priority > PDQ_MAX_PRIORITY ? PDQ_MAX_PRIORITY : priority;
+    rekey(fq, ft); /* its class may have moved */
+}
+
 void pdq_fairq_fini(pdq_fairq_t *fq)
 {
     pdb_timers_free(&fq->heap);

@@ -86,7 +86,10 @@ struct pdq {
     pdb_map_t models; /* model name -> index + 1 */
     char **model_names;
     size_t n_models; /* configured + "other" (the last) */
-    uint32_t max_concurrent, shared_cap;
+    uint32_t max_concurrent;
+    atomic_uint shared_cap;     /* max_concurrent minus every reservation (a reload moves it) */
+    double local_share;         /* of each budget while serving on local limits */
+    pthread_rwlock_t keys_lock; /* keys is replaced by a reload */
     atomic_uint shared_used;
     atomic_uint waiting;
     pthread_mutex_t fq_lock;
@@ -122,5 +125,16 @@ pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t 
 pdq_status_t pdq_store_start(pdq_store_t *s);
 void pdq_store_free(pdq_store_t *s);
 void pdq_store_get_stats(pdq_store_t *s, pdq_store_stats_t *out);
+/* A bucket's lease slice and sync period from its cap (at start, and when a reload moves it). */
+void pdq_store_tune_bucket(const pdq_store_t *s, pdq_bucket_t *b);
+
+/* Shared by the constructor and reloads (pdq_core.c). */
+pdq_status_t pdq_config_check(const pdq_config_t *cfg, char *err, size_t errlen);
+void pdq_bset_init(pdq_bset_t *s, const pdq_budget_t *b, double share, uint64_t now);
+bool pdq_budget_any(const pdq_budget_t *b);
+/* The API key map of <cfg> (initialised here; pdb_map_fini it). */
+pdq_status_t pdq_index_keys(pdb_map_t *keys, const pdq_config_t *cfg, char *err, size_t errlen);
+/* Hand free slots to waiters after limits grew (queue lock held; pdq_admit.c). */
+void pdq_dispatch_locked(pdq_t *q);
 
 #endif /* PDQ_INT_H */

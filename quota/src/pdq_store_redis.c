@@ -113,6 +113,12 @@ static uint64_t ms_or(uint32_t v, uint32_t dflt)
     return v ? v : dflt;
 }
 
+void pdq_store_tune_bucket(const pdq_store_t *s, pdq_bucket_t *b)
+{
+    b->slice = b->cap * s->lease_fraction < 2 ? 2 : b->cap * s->lease_fraction;
+    b->sync_ns = (uint64_t)s->sync_ms * PDB_NSEC_PER_MSEC;
+}
+
 pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t **out, char *err,
                            size_t errlen)
 {
@@ -176,11 +182,8 @@ pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t 
         pdq_tenant_t *t = &q->tenants[i];
         for (size_t m = 0; m <= q->n_models; m++) {
             pdq_bset_t *set = m == q->n_models ? &t->budget : t->model_budget[m];
-            for (int k = 0; set && k < PDQ_B_COUNT; k++) {
-                pdq_bucket_t *b = &set->b[k];
-                b->slice = b->cap * s->lease_fraction < 2 ? 2 : b->cap * s->lease_fraction;
-                b->sync_ns = (uint64_t)s->sync_ms * PDB_NSEC_PER_MSEC;
-            }
+            for (int k = 0; set && k < PDQ_B_COUNT; k++)
+                pdq_store_tune_bucket(s, &set->b[k]);
         }
     }
     *out = s;

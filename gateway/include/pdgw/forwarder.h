@@ -667,6 +667,11 @@ void pdgw_fwd_waker_unref(pdgw_fwd_waker_t *w);
 typedef struct pdgw_fwd_call pdgw_fwd_call_t;
 pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
                                     const char *path, json_t *body, int64_t timeout_ms);
+/* ABI 4, later function. GET <path> of a service the instance runs beside its API, on its
+ * host at <port> over plain HTTP (a Mooncake prefill's bootstrap server); otherwise as
+ * pdgw_fwd_call_post. NULL also when the host, port or path is not usable. */
+pdgw_fwd_call_t *pdgw_fwd_call_get_port(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
+                                        int port, const char *path, int64_t timeout_ms);
 /* 0 running; 1 answered (*status, the body in *data / *len, borrowed until the release);
  * -1 failed (transport error or timeout; msg says why). */
 int pdgw_fwd_call_result(const pdgw_fwd_call_t *c, long *status, const char **data, size_t *len,

@@ -170,9 +170,55 @@ static json_t *quota_json(const pdgw_config_t *c, json_t *tenants)
     return root;
 }
 
-pdgw_status_t pdgw_tenants_create(const pdgw_config_t *c, pdq_t **out, char *err, size_t errlen)
+/* The quota layer's configuration of <c> (tenants configured). */
+static pdgw_status_t tenants_config(const pdgw_config_t *c, pdq_config_json_t **out, char *err,
+                                    size_t errlen)
 {
     json_t *tenants = NULL, *root;
+    pdgw_status_t st;
+    pdq_status_t qs;
+    *out = NULL;
+    st = pdgw_tenants_json(c, &tenants, err, errlen);
+    if (st != PDGW_OK)
+        return st;
+    root = quota_json(c, tenants);
+    json_decref(tenants);
+    if (root == NULL)
+        return PDGW_ERR_NOMEM;
+    qs = pdq_config_from_json(root, out, err, errlen);
+    json_decref(root);
+    if (qs == PDQ_OK)
+        pdq_config_json_set_log(*out, quota_log, NULL);
+    return qs == PDQ_OK ? PDGW_OK : qs == PDQ_ERR_NOMEM ? PDGW_ERR_NOMEM : PDGW_ERR_INVALID;
+}
+
+pdgw_status_t pdgw_tenants_update_prepare(const pdgw_config_t *c, pdq_t *q, pdq_update_t **out,
+                                          bool *needs_restart, char *err, size_t errlen)
+{
+    pdq_config_json_t *qc = NULL;
+    pdgw_status_t st;
+    pdq_status_t qs;
+    *out = NULL;
+    *needs_restart = false;
+    if (!pdgw_tenants_configured(c)) {
+        *needs_restart = true;
+        snprintf(err, errlen, "turning tenants off needs a restart");
+        return PDGW_OK;
+    }
+    st = tenants_config(c, &qc, err, errlen);
+    if (st != PDGW_OK)
+        return st;
+    qs = pdq_update_prepare(q, pdq_config_json_get(qc), out, err, errlen);
+    pdq_config_json_free(qc);
+    if (qs == PDQ_ERR_STATE) {
+        *needs_restart = true;
+        return PDGW_OK;
+    }
+    return qs == PDQ_OK ? PDGW_OK : qs == PDQ_ERR_NOMEM ? PDGW_ERR_NOMEM : PDGW_ERR_INVALID;
+}
+
+pdgw_status_t pdgw_tenants_create(const pdgw_config_t *c, pdq_t **out, char *err, size_t errlen)
+{
     pdq_config_json_t *qc = NULL;
     pdgw_status_t st;
     pdq_status_t qs;
@@ -189,20 +235,11 @@ pdgw_status_t pdgw_tenants_create(const pdgw_config_t *c, pdq_t **out, char *err
         }
         return PDGW_OK;
     }
-    st = pdgw_tenants_json(c, &tenants, err, errlen);
+    st = tenants_config(c, &qc, err, errlen);
     if (st != PDGW_OK)
         return st;
-    root = quota_json(c, tenants);
-    json_decref(tenants);
-    if (root == NULL)
-        return PDGW_ERR_NOMEM;
-    qs = pdq_config_from_json(root, &qc, err, errlen);
-    if (qs == PDQ_OK) {
-        pdq_config_json_set_log(qc, quota_log, NULL);
-        qs = pdq_new(pdq_config_json_get(qc), NULL, out, err, errlen);
-    }
+    qs = pdq_new(pdq_config_json_get(qc), NULL, out, err, errlen);
     pdq_config_json_free(qc);
-    json_decref(root);
     if (qs == PDQ_ERR_NOMEM)
         return PDGW_ERR_NOMEM;
     return qs == PDQ_OK ? PDGW_OK : PDGW_ERR_INVALID;

@@ -456,12 +456,12 @@ static pdgw_status_t make_otel(const pdgw_config_t *c, pdgw_otel_t **out, char *
 static pdgw_status_t make_reload(pdgw_config_t *cfg, int argc, char **argv,
                                  const pdgw_config_hooks_t *hooks, pdgw_metrics_t *reg,
                                  pdgw_auth_t *auth, sched_pool_t *pool, pdgw_admit_t *admit,
-                                 pdgw_reload_t **out)
+                                 pdq_t *quota, pdgw_reload_t **out)
 {
     pdgw_config_t start = *cfg; /* scalars only, for the hooks' start-up view */
 
     if (pdgw_reload_create(cfg, argc, argv, environ, hooks, reg, out) != PDGW_OK ||
-        pdgw_reload_hooks_register(*out, &start, auth, pool, map_instance) != PDGW_OK ||
+        pdgw_reload_hooks_register(*out, &start, auth, pool, quota, map_instance) != PDGW_OK ||
         (admit != NULL && pdgw_admit_reload_register(admit, *out) != PDGW_OK))
         return PDGW_ERR_NOMEM;
     return PDGW_OK;
@@ -634,7 +634,7 @@ int main(int argc, char **argv)
         so.kv_bpt = kv_bpt;
     }
     so.tls = tls;
-    if (make_reload(&cfg, argc, argv, &hooks, reg, auth, pool, admit, &reload) != PDGW_OK) {
+    if (make_reload(&cfg, argc, argv, &hooks, reg, auth, pool, admit, quota, &reload) != PDGW_OK) {
         pdgw_log_error("main", "cannot set up config reloads");
         goto out_pool;
     }

@@ -1,6 +1,6 @@
 /*
- * pdgw_reload_hooks.c - what main's subsystems apply live on a reload: API and admin keys,
- * log level, the static instance set, scheduling policies. See pdgw_reload.h.
+ * pdgw_reload_hooks.c - what main's subsystems apply live on a reload: tenants, API and admin
+ * keys, log level, the static instance set, scheduling policies. See pdgw_reload.h.
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +16,7 @@
 /* Everything the hooks borrow. */
 typedef struct hooks_ctx {
     pdgw_auth_t *auth;
+    pdq_t *quota; /* NULL without tenants */
     sched_pool_t *pool;
     pdgw_reload_map_instance_fn map;
     pdgw_policy_t start_policy[2]; /* [0] prefill, [1] decode: what the pool built */
@@ -66,6 +67,50 @@ static void auth_abort(void *ctx, void *state)
 {
     (void)ctx;
     pdgw_auth_destroy(state);
+}
+
+/* ---------------------------------------------------------------- tenants */
+
+static const char *const tenant_keys[] = {"tenants", NULL};
+
+/* Before auth, so that both see the same tenants when a change needs a restart. Prepared on
+ * every reload, as auth is: a key file may have changed under the same name. */
+static pdgw_status_t tenants_prepare(void *ctx, pdgw_reload_txn_t *txn, void **state, char *err,
+                                     size_t errlen)
+{
+    hooks_ctx_t *c = ctx;
+    pdq_update_t *u = NULL;
+    bool restart = false;
+    char why[320] = "";
+    pdgw_status_t st = pdgw_tenants_update_prepare(pdgw_reload_txn_next(txn), c->quota, &u,
+                                                   &restart, why, sizeof(why));
+    if (st != PDGW_OK) {
+        snprintf(err, errlen, "%s", why);
+        return st;
+    }
+    if (restart) {
+        if (pdgw_reload_txn_changed(txn, "tenants"))
+            pdgw_reload_txn_keep(txn, "tenants", why);
+        return PDGW_OK;
+    }
+    *state = u;
+    return PDGW_OK;
+}
+
+static void tenants_commit(void *ctx, pdgw_reload_txn_t *txn, void *state)
+{
+    hooks_ctx_t *c = ctx;
+    if (state == NULL)
+        return;
+    pdq_update_commit(c->quota, state);
+    if (pdgw_reload_txn_changed(txn, "tenants"))
+        pdgw_log_info("reload", "tenants: limits, weights and keys applied");
+}
+
+static void tenants_abort(void *ctx, void *state)
+{
+    (void)ctx;
+    pdq_update_free(state);
 }
 
 /* ---------------------------------------------------------------- log */
@@ -314,9 +359,15 @@ static void policy_commit(void *ctx, pdgw_reload_txn_t *txn, void *state)
 
 pdgw_status_t pdgw_reload_hooks_register(pdgw_reload_t *rl, const pdgw_config_t *cfg,
                                          struct pdgw_auth *auth, struct sched_pool *pool,
-                                         pdgw_reload_map_instance_fn map)
+                                         struct pdq *quota, pdgw_reload_map_instance_fn map)
 {
     const pdgw_reload_hook_t hooks[] = {
+        {.name = "tenants",
+         .keys = tenant_keys,
+         .prepare = tenants_prepare,
+         .commit = tenants_commit,
+         .abort = tenants_abort,
+         .ctx = &the_ctx},
         {.name = "auth",
          .keys = auth_keys,
          .prepare = auth_prepare,
@@ -337,12 +388,13 @@ pdgw_status_t pdgw_reload_hooks_register(pdgw_reload_t *rl, const pdgw_config_t 
         {.name = "log", .keys = log_keys, .commit = log_commit, .ctx = &the_ctx},
     };
     the_ctx.auth = auth;
+    the_ctx.quota = quota;
     the_ctx.pool = pool;
     the_ctx.map = map;
     the_ctx.start_policy[0] = cfg->prefill_policy;
     the_ctx.start_policy[1] = cfg->decode_policy;
-    for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); i++) {
-        pdgw_status_t st = pdgw_reload_register(rl, &hooks[i]);
+    for (size_t i = quota == NULL ? 1 : 0; i < sizeof(hooks) / sizeof(hooks[0]); i++) {
+        pdgw_status_t st = pdgw_reload_register(rl, &hooks[i]); /* tenants: with a quota layer */
         if (st != PDGW_OK)
             return st;
     }

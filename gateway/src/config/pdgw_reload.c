@@ -211,7 +211,9 @@ static const char *stable_key(const char *key)
     for (size_t i = 0; i < n; i++)
         if (tab[i].key != NULL && strcmp(tab[i].key, key) == 0)
             return tab[i].key;
-    return strcmp(key, "instances") == 0 ? "instances" : NULL;
+    return strcmp(key, "instances") == 0 ? "instances"
+           : strcmp(key, "tenants") == 0 ? "tenants"
+                                         : NULL;
 }
 
 static void note_kept(pdgw_reload_txn_t *txn, const char *key, const char *why)
@@ -265,12 +267,15 @@ static void compare(pdgw_reload_t *rl, pdgw_reload_txn_t *txn)
     }
     if (!instances_equal(txn->cur, txn->next) && txn->n_changed < MAX_KEYS)
         txn->changed[txn->n_changed++] = "instances";
-    /* Tenants are built once (their budgets, queues and leases live in the quota layer). */
+    /* Tenants apply live only where a quota layer runs (its hook); without one they would
+     * need it built. */
     if (!str_eq(txn->cur->tenants_json, txn->next->tenants_json)) {
         if (txn->n_changed < MAX_KEYS)
             txn->changed[txn->n_changed++] = "tenants";
-        keep_value(txn, "tenants");
-        note_kept(txn, "tenants", "tenants and their budgets are built at start");
+        if (!hooked(rl, "tenants")) {
+            keep_value(txn, "tenants");
+            note_kept(txn, "tenants", "no tenants ran at start: the quota layer is built then");
+        }
     }
     /* Discovery is restart-only: its derived switches follow the kept keys. */
     txn->next->dns_enabled = txn->cur->dns_enabled;

@@ -112,6 +112,9 @@ typedef void (*pdgw_reload_map_instance_fn)(const pdgw_instance_config_t *ic,
  * Register the hooks of main's subsystems, all borrowed for the reloader's life:
  *   auth       api_keys, api_key_file (the file is read again on every reload, so keys
  *              rotated in place take effect), admin_api_key
+ *   tenants    `tenants:` and the tenants' key files, into the running quota layer <quota>
+ *              (NULL without tenants): limits, weights, keys; a change that needs a restart
+ *              keeps the running tenants and says so
  *   log        log_level, access_log
  *   instances  the `instances:` list: added ones join the pool, removed ones leave it (no
  *              new bookings; requests holding them finish), changed ones are replaced
@@ -120,8 +123,9 @@ typedef void (*pdgw_reload_map_instance_fn)(const pdgw_instance_config_t *ic,
  * <cfg> is the start-up config (its policies decide what the pool built); <map> turns a
  * config instance into the pool's descriptor, as at start-up.
  */
+struct pdq;
 pdgw_status_t pdgw_reload_hooks_register(pdgw_reload_t *rl, const pdgw_config_t *cfg,
                                          struct pdgw_auth *auth, struct sched_pool *pool,
-                                         pdgw_reload_map_instance_fn map);
+                                         struct pdq *quota, pdgw_reload_map_instance_fn map);
 
 #endif /* PDGW_RELOAD_H */

@@ -356,9 +356,17 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
                              const char *method, char *body, size_t body_len,
                              const pdgw_fwd_leg_t *fl)
 {
+    char url[1024];
+    pdb_str_join(url, sizeof(url), inst->url, path);
+    return pdgw_leg_start_url(leg, inst, url, method, body, body_len, fl);
+}
+
+pdgw_status_t pdgw_leg_start_url(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *url,
+                                 const char *method, char *body, size_t body_len,
+                                 const pdgw_fwd_leg_t *fl)
+{
     pdgw_worker_t *w = leg->origin->w;
     pdgw_server_t *srv = w->srv;
-    char url[1024];
     struct curl_slist *h = NULL;
     bool hdr_ok = true;
     CURL *easy;
@@ -380,7 +388,6 @@ pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const
     leg->bytes_in = 0;
     pdgw_buf_reset(&leg->resp);
 
-    pdb_str_join(url, sizeof(url), inst->url, path);
     if (w->h1 != NULL && pdgw_h1_url_supported(url))
         return leg_start_native(leg, url, method, fl);
     easy = w->n_easy_pool > 0 ? w->easy_pool[--w->n_easy_pool] : curl_easy_init();

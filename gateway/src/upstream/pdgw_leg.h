@@ -105,6 +105,11 @@ void pdgw_leg_init(pdgw_leg_t *leg, const pdgw_leg_origin_t *origin, pdgw_wf_t *
 pdgw_status_t pdgw_leg_start(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *path,
                              const char *method, char *body, size_t body_len,
                              const pdgw_fwd_leg_t *fl);
+/* The same to a whole URL (a service of the instance's beside its API, e.g. a bootstrap
+ * server); <inst> still names the leg in metrics and messages. */
+pdgw_status_t pdgw_leg_start_url(pdgw_leg_t *leg, const pdgw_instance_t *inst, const char *url,
+                                 const char *method, char *body, size_t body_len,
+                                 const pdgw_fwd_leg_t *fl);
 /* Stop a running leg now (connection closed), free its transfer state. */
 void pdgw_leg_abort(pdgw_leg_t *leg);
 /* Free everything (aborts if running). */

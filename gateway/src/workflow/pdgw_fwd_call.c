@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pdb/pdb_str.h"
 #include "pdgw_alloc.h"
 #include "pdgw_body_splice.h"
 #include "pdgw_server_int.h"
@@ -58,28 +59,13 @@ static void call_on_timer(pdgw_timer_t *t, uint64_t now)
     pdgw_fwd_waker_wake(c->waker);
 }
 
-pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
-                                    const char *path, json_t *body, int64_t timeout_ms)
+/* A call of <wf>'s: <method> to <url> with <text> (taken; NULL for none). */
+static pdgw_fwd_call_t *call_start(pdgw_fwd_waker_t *wk, const pdgw_instance_t *inst,
+                                   const char *url, const char *method, char *text, size_t len,
+                                   int64_t timeout_ms)
 {
-    pdgw_fwd_waker_t *wk = req != NULL ? req->waker : NULL;
-    pdgw_fwd_call_t *c;
-    pdgw_wf_t *wf;
-    char *text;
-    size_t len = 0;
-
-    /* The waker names the workflow and its worker; ops run on that worker, so the workflow is
-     * alive while we are called. */
-    if (wk == NULL || wk->wf == NULL || inst == NULL || body == NULL) {
-        json_decref(body);
-        return NULL;
-    }
-    wf = wk->wf;
-    /* A call's body often carries the client's prompt (/tokenize): its bytes are copied, not
-     * escaped again. */
-    text =
-        pdgw_body_text(wf->req->body.data, wf->req->body.len, pdgw_req_json(wf->req), body, &len);
-    json_decref(body);
-    c = text ? pdgw_calloc(1, sizeof(*c)) : NULL;
+    pdgw_wf_t *wf = wk->wf;
+    pdgw_fwd_call_t *c = pdgw_calloc(1, sizeof(*c));
     if (c == NULL) {
         pdgw_free(text);
         return NULL;
@@ -91,7 +77,7 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
     c->timer.arg = c;
     pdgw_leg_init(&c->leg, &wf->origin, wf, PDGW_LEG_PREFILL, &call_owner);
     /* The leg takes the text. */
-    if (pdgw_leg_start(&c->leg, inst, path, "POST", text, len, NULL) != PDGW_OK) {
+    if (pdgw_leg_start_url(&c->leg, inst, url, method, text, len, NULL) != PDGW_OK) {
         pdgw_free(text);
         pdgw_leg_release(&c->leg);
         pdgw_fwd_waker_unref(c->waker);
@@ -104,6 +90,51 @@ pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_in
         return NULL;
     }
     return c;
+}
+
+pdgw_fwd_call_t *pdgw_fwd_call_post(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
+                                    const char *path, json_t *body, int64_t timeout_ms)
+{
+    pdgw_fwd_waker_t *wk = req != NULL ? req->waker : NULL;
+    pdgw_wf_t *wf;
+    char url[1024];
+    char *text;
+    size_t len = 0;
+
+    /* The waker names the workflow and its worker; ops run on that worker, so the workflow is
+     * alive while we are called. */
+    if (wk == NULL || wk->wf == NULL || inst == NULL || body == NULL || path == NULL) {
+        json_decref(body);
+        return NULL;
+    }
+    wf = wk->wf;
+    /* A call's body often carries the client's prompt (/tokenize): its bytes are copied, not
+     * escaped again. */
+    text =
+        pdgw_body_text(wf->req->body.data, wf->req->body.len, pdgw_req_json(wf->req), body, &len);
+    json_decref(body);
+    if (text == NULL)
+        return NULL;
+    pdb_str_join(url, sizeof(url), inst->url, path);
+    return call_start(wk, inst, url, "POST", text, len, timeout_ms);
+}
+
+pdgw_fwd_call_t *pdgw_fwd_call_get_port(const pdgw_fwd_request_t *req, const pdgw_instance_t *inst,
+                                        int port, const char *path, int64_t timeout_ms)
+{
+    pdgw_fwd_waker_t *wk = req != NULL ? req->waker : NULL;
+    char url[512];
+    int n;
+    /* Only the configured instance's host, over plain HTTP: nothing a client sent can point
+     * the gateway elsewhere. */
+    if (wk == NULL || wk->wf == NULL || inst == NULL || inst->host[0] == '\0' || port <= 0 ||
+        port > 65535 || path == NULL || path[0] != '/')
+        return NULL;
+    n = snprintf(url, sizeof(url), strchr(inst->host, ':') ? "http://[%s]:%d%s" : "http://%s:%d%s",
+                 inst->host, port, path);
+    if (n < 0 || (size_t)n >= sizeof(url))
+        return NULL;
+    return call_start(wk, inst, url, "GET", NULL, 0, timeout_ms);
 }
 
 int pdgw_fwd_call_result(const pdgw_fwd_call_t *c, long *status, const char **data, size_t *len,

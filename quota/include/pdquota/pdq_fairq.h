@@ -66,6 +66,9 @@ typedef struct pdq_fairq {
 pdq_status_t pdq_fairq_init(pdq_fairq_t *fq, size_t n_tenants, const double *weights,
                             const unsigned *priorities);
 void pdq_fairq_fini(pdq_fairq_t *fq);
+/* A new weight and priority class for <tenant> (a reload): tags given from now on follow them;
+ * waiters keep the tags they have. */
+void pdq_fairq_set_share(pdq_fairq_t *fq, uint32_t tenant, double weight, unsigned priority);
 /* Queue <item> for <tenant> at <cost> tokens (0 counts as 1). */
 void pdq_fairq_push(pdq_fairq_t *fq, uint32_t tenant, uint64_t cost, pdq_fairq_item_t *item);
 /* The next item across unblocked tenants (not removed), or NULL. */

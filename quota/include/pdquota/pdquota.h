@@ -58,6 +58,27 @@ pdq_status_t pdq_start(pdq_t *q);
  * been released or cancelled. NULL is ignored. */
 void pdq_free(pdq_t *q);
 
+/*
+ * A reload of the tenants, in two steps so that it can be refused before anything changes:
+ * prepare checks <cfg> against the running tenants and allocates what commit needs; commit
+ * applies it and cannot fail; free drops a prepared update that was not committed. prepare
+ * returns PDQ_ERR_INVALID for a configuration pdq_new would refuse too, PDQ_ERR_STATE for a
+ * change only a new quota object can take (below), each with a message.
+ * Applied live: every tenant's budgets (what was spent in the period counts against the new
+ * size; a budget switched on starts full), concurrency limits, reserved slots, queue bound, weight,
+ * priority and API keys (a key moved to another tenant counts there from the next request). Refused
+ * (a restart applies them): tenants added, removed or renamed, another default tenant, a
+ * budget for a model no tenant had one for, max_concurrent turned on or off
+ * (another limit applies). The store settings are
+ * not read (they stay the running ones). In-flight and queued requests keep their tickets;
+ * usage accounting goes on.
+ */
+typedef struct pdq_update pdq_update_t;
+pdq_status_t pdq_update_prepare(pdq_t *q, const pdq_config_t *cfg, pdq_update_t **out, char *err,
+                                size_t errlen);
+void pdq_update_commit(pdq_t *q, pdq_update_t *u); /* frees <u> */
+void pdq_update_free(pdq_update_t *u);
+
 /* Tenant of an API key: NULL or "" = the default tenant, an unknown key = "other". */
 size_t pdq_tenant_by_key(const pdq_t *q, const char *api_key);
 /* Tenant by name, or (size_t)-1. */

@@ -286,6 +286,73 @@ def test_garbage_bootstrap_answer_is_a_clear_error():
         srv.shutdown()
 
 
+def test_one_query_for_many_waiters_and_a_background_refresh():
+    """Eight requests that find the cache cold wait for one GET /query (not one each); once
+    the answer is older than mooncake_bootstrap_ttl_ms, the request that finds it so goes on
+    with the answer in hand while its refresh is still unanswered."""
+    P, D = Sim("prefill", "prefill-sf", *MC), Sim("decode", "decode-sf")
+    hits, release = [], threading.Event()
+
+    class H(http.server.BaseHTTPRequestHandler):  # the prefill's /query, held until released
+        def do_GET(self):
+            if self.headers.get("X-Request-Id"):  # the gateway's (the decodes ask too)
+                hits.append(self.path)
+                release.wait(20)
+            st, _, body = T.request("GET", P.boot_port, "/query")
+            try:
+                self.send_response(st)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a refresh dropped when its request ended
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    inst = P.instance()
+    inst["bootstrap_port"] = srv.server_address[1]
+    gw = Gateway("vllm-mooncake", "batch", [inst, D.instance()], retries=0,
+                 opts={"mooncake_bootstrap_ttl_ms": 300, "mooncake_bootstrap_timeout_ms": 20000})
+    lab = {"protocol": "vllm-mooncake"}
+    try:
+        eid = query(P)["0"]["engine_id"]
+        done = []
+        ts = [threading.Thread(target=lambda i=i: done.append(one(gw, f"sf-{i}-{uuid.uuid4().hex[:8]}")))
+              for i in range(8)]
+        for t in ts:
+            t.start()
+        T.wait_for(lambda: gw.metric("pdgw_inflight_requests") == 8, 10, "8 requests waiting")
+        assert hits == ["/query"] and not done, (hits, done)
+        release.set()
+        for t in ts:
+            t.join(20)
+        assert len(done) == 8, done
+        assert hits == ["/query"], hits
+        assert gw.metric("pdgw_fwd_mooncake_bootstrap_queries_total", lab) == 1
+        # past the TTL: the refresh is held, yet requests are answered with the id in hand
+        release.clear()
+        deadline = time.monotonic() + 10
+        while len(hits) < 2 and time.monotonic() < deadline:
+            rid = "sf-" + uuid.uuid4().hex[:12]
+            one(gw, rid)
+            [drec] = legs(D, rid)
+            assert drec["body"]["kv_transfer_params"]["remote_engine_id"] == eid
+            check_kv_ok(drec)
+        assert len(hits) == 2, hits
+        for _ in range(3):  # while the refresh is still held (and perhaps asked again)
+            one(gw, "sf-" + uuid.uuid4().hex[:12])
+        release.set()
+        assert not gw.metric("pdgw_fwd_mooncake_bootstrap_query_failures_total", lab)
+        wait_idle([P, D])
+    finally:
+        release.set()
+        gw.stop()
+        srv.shutdown()
+
+
 def test_stop_on_first_token_still_moves_kv():
     """The MooncakeConnector sends KV only for a length-capped prefill
     (mooncake_connector.py, request_finished). A client stop string that matches the first
@@ -403,5 +470,6 @@ if __name__ == "__main__":
            test_serial_shape_against_upstream_prefill_transfers_nothing,
            test_static_engine_id_override, test_unreachable_bootstrap_is_a_clear_error,
            test_garbage_bootstrap_answer_is_a_clear_error,
+           test_one_query_for_many_waiters_and_a_background_refresh,
            test_stop_on_first_token_still_moves_kv,
            test_decode_only_retry_reuses_the_pending_transfer])

@@ -280,6 +280,61 @@ def test_slo_deadline_orders_a_tenants_waiters():
     assert [x[0] for x in done] == ["A", "C", "B", "D"], done
 
 
+def test_reload_applies_limits_and_keys():
+    """SIGHUP / POST /admin/reload applies a tenant's new budget (what was spent stays spent)
+    and a key added to it (it counts against that tenant, not as "other"); adding a tenant
+    keeps the running ones and names the restart; an invalid tenant refuses the reload."""
+    s = sim("--zero-delay")
+    port = t.free_port()
+    f = tempfile.NamedTemporaryFile("w", prefix="pdgwtest-tenants-", suffix=".yaml",
+                                    delete=False)
+    base = (f"listen: 127.0.0.1:{port}\nprotocol: neutral\naccess_log: false\n"
+            f"instances:\n  - {{id: e1, url: \"http://127.0.0.1:{s}\", role: both}}\n")
+
+    def write(tenants):
+        with open(f.name, "w") as out:
+            out.write(base + "tenants:\n" + tenants)
+
+    def reload():
+        st, _, body, raw = t.post_json(port, "/admin/reload", {},
+                                       headers={"Authorization": "Bearer ka"})
+        return st, body, raw
+
+    f.close()
+    write("  - {name: a, api_keys: [ka], requests_per_minute: 3}\n"
+          "  - {name: b, api_keys: [kb]}\n")
+    p = t.Proc("pdgw-reload", [t.binary("pdgw"), "--config", f.name])
+    t.wait_http(port, "/health", proc=p)
+    assert [complete(port, "ka")[0] for _ in range(4)] == [200, 200, 200, 429]
+    assert complete(port, "ka2")[0] == 401  # not a key yet
+
+    write("  - {name: a, api_keys: [ka, ka2], requests_per_minute: 6}\n"
+          "  - {name: b, api_keys: [kb]}\n")
+    st, body, raw = reload()
+    assert st == 200 and body["result"] == "ok" and "tenants" in body["applied"], raw
+    # 3 of the 6 are spent: 3 more, whichever of a's keys asks; then both are refused
+    codes = [complete(port, k)[0] for k in ("ka", "ka2", "ka", "ka2")]
+    assert codes == [200, 200, 200, 429], codes
+    st, hdrs, _, raw = complete(port, "ka")
+    assert st == 429 and hdrs["x-ratelimit-limit-requests"] == "6", (st, hdrs, raw)
+    assert complete(port, "kb")[0] == 200
+
+    write("  - {name: a, api_keys: [ka, ka2], requests_per_minute: 6}\n"
+          "  - {name: b, api_keys: [kb]}\n  - {name: c, api_keys: [kc]}\n")
+    st, body, raw = reload()
+    assert st == 200 and body["result"] == "partial" and "tenants" in body["needs_restart"], raw
+    assert "adding or removing tenants" in p.output(), p.output()[-2000:]
+    assert complete(port, "ka")[1]["x-ratelimit-limit-requests"] == "6"
+
+    write("  - {name: a, api_keys: [ka], requests_per_minute: 6, weight: -1}\n"
+          "  - {name: b, api_keys: [kb]}\n")
+    st, body, raw = reload()
+    assert st == 400 and "weight" in body["error"]["message"], raw
+    assert complete(port, "kb")[0] == 200
+    p.kill()
+    os.unlink(f.name)
+
+
 def test_bad_input():
     s = sim("--zero-delay")
     keys = tempfile.NamedTemporaryFile("w", delete=False, suffix=".keys")
@@ -374,4 +429,5 @@ if __name__ == "__main__":
     t.run([test_two_replicas_enforce_one_budget, test_token_budget_reconciles_with_usage,
            test_token_budget_refuses_when_exhausted, test_store_lost_and_back,
            test_store_down_fail_closed, test_flooding_tenant_does_not_starve_another,
-           test_slo_deadline_orders_a_tenants_waiters, test_bad_input, test_pd_kv_bytes_by_tenant])
+           test_slo_deadline_orders_a_tenants_waiters, test_reload_applies_limits_and_keys,
+           test_bad_input, test_pd_kv_bytes_by_tenant])

@@ -7,6 +7,7 @@ runs; a test whose packages cannot be installed (no npm, registry unreachable) p
 `SKIP <why>` line and exits 0.
 """
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -33,6 +34,15 @@ def ensure(packages, timeout=600):
         sys.exit(0)
     root = cache_dir()
     bare = lambda p: p.rsplit("@", 1)[0] if p.rfind("@") > 0 else p
+    # Tests run side by side: two npm installs into one prefix rewrite its package.json and
+    # prune each other's packages, so one installs at a time and the next looks again.
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _install_missing(root, packages, bare, timeout)
+    return os.path.join(root, "node_modules")
+
+
+def _install_missing(root, packages, bare, timeout):
     missing = [p for p in packages if not _installed(root, bare(p))]
     if missing:
         if not os.path.isfile(os.path.join(root, "package.json")):
@@ -49,7 +59,6 @@ def ensure(packages, timeout=600):
             why = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["unknown error"]
             print(f"SKIP npm registry unreachable or package missing: {why[0]}")
             sys.exit(0)
-    return os.path.join(root, "node_modules")
 
 
 def node(script, modules, stdin_text, timeout=600):

@@ -1,8 +1,8 @@
 /*
  * Allocation failures from the base layer's wrapper: fail the Nth allocation for every N of
- * a whole scenario (build from JSON, admit, wait, usage JSON and Prometheus, free). Each run
- * must end cleanly - an error or a degraded answer, never a crash - and under ASan/LSan
- * nothing may leak.
+ * a whole scenario (build from JSON, admit, wait, reload, usage JSON and Prometheus, free). Each
+ * run must end cleanly - an error or a degraded answer, never a crash - and under ASan/LSan nothing
+ * may leak.
  */
 #include <stdlib.h>
 
@@ -52,6 +52,17 @@ static bool scenario(void)
             pdq_reconcile(t[i], 10, 5, 10);
             pdq_release(t[i]);
         }
+    /* a reload to the same tenants while one may wait: prepare fails cleanly or applies */
+    if (pdq_config_from_json(config, &c, err, sizeof(err)) == PDQ_OK) {
+        pdq_update_t *upd = NULL;
+        if (pdq_update_prepare(q, pdq_config_json_get(c), &upd, err, sizeof(err)) == PDQ_OK)
+            pdq_update_commit(q, upd);
+        else
+            clean = false;
+        pdq_config_json_free(c);
+    } else {
+        clean = false;
+    }
     if (ready)
         pdq_release(ready);
     else if (st[2] == PDQ_WAIT)
