@@ -425,6 +425,8 @@ static const pdgw_fwd_desc_t fwd_lmcache_desc = {
     .modes = PDGW_MODE_BATCH,
     .dispatch = PDGW_DISPATCH_SERIAL,
     .ops = &lmc_ops,
+    /* reads no `attrs:` (its instance fields are gateway keys: kv_port, ...) */
+    .instance_attrs = pdgw_fwd_attrs_none,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_lmcache_desc)

@@ -49,6 +49,8 @@ static const pdgw_fwd_desc_t fwd_neutral_desc = {
     .dispatch = PDGW_DISPATCH_SINGLE,
     .ops = &fwd_neutral_ops,
     .body_unread = 1,
+    /* reads no `attrs:` (its instance fields are gateway keys: kv_port, ...) */
+    .instance_attrs = pdgw_fwd_attrs_none,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_neutral_desc)

@@ -304,6 +304,8 @@ static const pdgw_fwd_desc_t fwd_sglang_desc = {
     .ops = &sgl_ops,
     .native_paths = sgl_native_paths,
     .prefill_answer_members = sgl_answer_members,
+    /* reads no `attrs:` (its instance fields are gateway keys: kv_port, ...) */
+    .instance_attrs = pdgw_fwd_attrs_none,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_sglang_desc)

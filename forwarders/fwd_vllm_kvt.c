@@ -203,6 +203,8 @@ static const pdgw_fwd_desc_t fwd_vllm_kvt_desc = {
     .modes = PDGW_MODE_BATCH | PDGW_MODE_STAGED,
     .dispatch = PDGW_DISPATCH_SINGLE | PDGW_DISPATCH_SERIAL,
     .ops = &kvtf_ops,
+    /* reads no `attrs:` (its instance fields are gateway keys: kv_port, ...) */
+    .instance_attrs = pdgw_fwd_attrs_none,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_vllm_kvt_desc)

@@ -371,6 +371,8 @@ static const pdgw_fwd_desc_t fwd_vllm_mooncake_desc = {
     .dispatch = PDGW_DISPATCH_SERIAL | PDGW_DISPATCH_PARALLEL,
     .ops = &mc_ops,
     .prefill_answer_members = mc_answer_members,
+    /* reads no `attrs:` (its instance fields are gateway keys: kv_port, ...) */
+    .instance_attrs = pdgw_fwd_attrs_none,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_vllm_mooncake_desc)

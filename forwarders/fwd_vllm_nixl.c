@@ -310,6 +310,8 @@ static const pdgw_fwd_desc_t fwd_vllm_nixl_desc = {
     .dispatch = PDGW_DISPATCH_SERIAL,
     .ops = &nixl_ops,
     .prefill_answer_members = nixl_answer_members,
+    /* reads no `attrs:` (its instance fields are gateway keys: kv_port, ...) */
+    .instance_attrs = pdgw_fwd_attrs_none,
 };
 
 PDGW_FORWARDER_REGISTER(fwd_vllm_nixl_desc)

@@ -399,6 +399,38 @@ typedef struct pdgw_fwd_option {
         NULL, (pdgw_fwd_opt_type_t)0, 0, 0, 0, 0, 0, NULL, NULL, NULL                              \
     }
 
+/* ---- instance attribute tables (ABI 4, later) ----
+ * The `attrs:` a forwarder reads of its instances (pdgw_fwd_instance_attr), declared beside it
+ * so that the gateway checks them where it checks instances (start-up, --check-config,
+ * reloads): an attribute the protocol does not declare, or a value of the wrong type, is an
+ * error naming the instance and the key instead of a setting silently ignored. */
+typedef enum {
+    PDGW_FWD_ATTR_INT = 1, /* an integer in [min, max] */
+    PDGW_FWD_ATTR_STR      /* non-empty text */
+} pdgw_fwd_attr_type_t;
+
+typedef struct pdgw_fwd_attr {
+    const char *name; /* NULL ends the table */
+    pdgw_fwd_attr_type_t type;
+    int64_t min, max; /* INT */
+    const char *help;
+} pdgw_fwd_attr_t;
+
+#define PDGW_FWD_ATTR_INT(name_, min_, max_, help_)                                                \
+    {                                                                                              \
+        (name_), PDGW_FWD_ATTR_INT, (min_), (max_), (help_)                                        \
+    }
+#define PDGW_FWD_ATTR_STR(name_, help_)                                                            \
+    {                                                                                              \
+        (name_), PDGW_FWD_ATTR_STR, 0, 0, (help_)                                                  \
+    }
+#define PDGW_FWD_ATTR_END                                                                          \
+    {                                                                                              \
+        NULL, (pdgw_fwd_attr_type_t)0, 0, 0, NULL                                                  \
+    }
+/* The table of a protocol that reads no attributes. */
+extern const pdgw_fwd_attr_t pdgw_fwd_attrs_none[];
+
 /* Descriptor: what the forwarder is. `abi_version` MUST stay the first field. */
 typedef struct pdgw_fwd_desc {
     unsigned abi_version; /* PDGW_FWD_ABI_VERSION at build time */
@@ -441,6 +473,10 @@ typedef struct pdgw_fwd_desc {
      * may validate a request on its text and leave body NULL instead of parsing it into a
      * tree. 0 = body is always the parsed tree. */
     int body_unread;
+    /* ABI 4, later field. The instance attributes this protocol reads (PDGW_FWD_ATTR_END-
+     * terminated; pdgw_fwd_attrs_none for none): any other `attrs:` key of its instances is
+     * refused. NULL = not declared: every attribute is accepted (plugins built before). */
+    const pdgw_fwd_attr_t *instance_attrs;
 } pdgw_fwd_desc_t;
 
 /* The versioning fields of a descriptor, first in its designated initializer:

@@ -221,46 +221,17 @@ static pdgw_mode_t config_mode(const pdgw_config_t *cfg)
  * starting threads: the forwarder's configure and plan (check-only), the instance pool, and
  * the protocol's needs of every configured instance. Instances found by discovery are not
  * known yet and are not checked. */
-static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *err, size_t errlen)
+/* The configured instances as the forwarder of <fs> sees them: its declared attributes and its
+ * check_instance op, every unusable one named (as many as fit). At start-up and in the deep
+ * check: a setting the protocol cannot use is an error before the first request, not then. */
+static pdgw_status_t check_config_instances(const pdgw_config_t *cfg, const pdgw_fwd_setup_t *fs,
+                                            char *err, size_t errlen)
 {
-    pdgw_fwd_setup_t fs;
     sched_pool_t *pool = NULL;
-    json_t *options;
     pdgw_status_t st;
     size_t i, used = 0, bad = 0;
-    (void)ctx;
 
-    options = options_json(cfg);
-    if (options == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return PDGW_ERR_NOMEM;
-    }
-    st = pdgw_fwd_setup(cfg->protocol, config_mode(cfg), options,
-                        (unsigned)pdgw_config_workers(cfg), true, NULL, &fs, err, errlen);
-    json_decref(options);
-    if (st != PDGW_OK)
-        return st;
-    st = pdgw_fwd_check_client_pd_fields(&fs, (pdgw_pd_fields_mode_t)cfg->client_pd_fields, err,
-                                         errlen);
-    if (st == PDGW_OK) {
-        pdgw_otel_config_t oc;
-        st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
-                                   cfg->tracing.sample_ratio, environ, &oc, err, errlen);
-    }
-    if (st == PDGW_OK) /* the tokenizers the gateway would load, loaded */
-        st = pdgw_tokenizers_check(&cfg->tokenizers, stderr, err, errlen);
-    if (st == PDGW_OK) {
-        /* tenants: their key files read, names, keys and the store's URL checked */
-        pdq_t *q = NULL;
-        pdgw_auth_t *auth = NULL;
-        st = pdgw_auth_from_config(cfg, &auth, err, errlen);
-        if (st == PDGW_OK)
-            st = pdgw_tenants_create(cfg, &q, err, errlen);
-        pdq_free(q);
-        pdgw_auth_destroy(auth);
-    }
-    if (st == PDGW_OK)
-        st = make_pool(cfg, true, &pool, err, errlen);
+    st = make_pool(cfg, true, &pool, err, errlen);
     if (st == PDGW_OK && cfg->n_instances > 0) {
         /* The static instances join a pool when it starts; add them by hand (in one step:
          * one by one copies the set once per instance) to get the scheduler's own view of
@@ -288,8 +259,7 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
         if (si == NULL)
             continue;
         pdgw_instance_view_from_sched(&view, si);
-        if (pdgw_fwd_check_instance(&fs, &view, why, sizeof(why)) != PDGW_OK) {
-            /* Name every unusable instance, as many as fit. */
+        if (pdgw_fwd_check_instance(fs, &view, why, sizeof(why)) != PDGW_OK) {
             if (used < errlen) {
                 int n = snprintf(err + used, errlen - used, "%sinstances[%zu] %s: %s",
                                  bad ? "; " : "", i, view.id, why);
@@ -303,6 +273,67 @@ static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *
     if (st == PDGW_OK && bad > 0)
         st = PDGW_ERR_INVALID;
     sched_pool_destroy(pool);
+    return st;
+}
+
+/* The forwarder set up as --check-config does (no services), for the checks above. */
+static pdgw_status_t check_setup(const pdgw_config_t *cfg, pdgw_fwd_setup_t *fs, char *err,
+                                 size_t errlen)
+{
+    json_t *options = options_json(cfg);
+    pdgw_status_t st;
+    if (options == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PDGW_ERR_NOMEM;
+    }
+    st = pdgw_fwd_setup(cfg->protocol, config_mode(cfg), options,
+                        (unsigned)pdgw_config_workers(cfg), true, NULL, fs, err, errlen);
+    json_decref(options);
+    return st;
+}
+
+/* Start-up's own instance check (the deep check runs it too): true when one is unusable, the
+ * reasons in <err>. */
+static bool config_instances_unusable(const pdgw_config_t *cfg, char *err, size_t errlen)
+{
+    pdgw_fwd_setup_t fs = {0};
+    pdgw_status_t st = check_setup(cfg, &fs, err, errlen);
+    if (st == PDGW_OK)
+        st = check_config_instances(cfg, &fs, err, errlen);
+    pdgw_fwd_teardown(&fs);
+    return st != PDGW_OK;
+}
+
+static pdgw_status_t main_deep_check(void *ctx, const pdgw_config_t *cfg, char *err, size_t errlen)
+{
+    pdgw_fwd_setup_t fs;
+    pdgw_status_t st;
+    (void)ctx;
+
+    st = check_setup(cfg, &fs, err, errlen);
+    if (st != PDGW_OK)
+        return st;
+    st = pdgw_fwd_check_client_pd_fields(&fs, (pdgw_pd_fields_mode_t)cfg->client_pd_fields, err,
+                                         errlen);
+    if (st == PDGW_OK) {
+        pdgw_otel_config_t oc;
+        st = pdgw_otel_config_load(cfg->tracing.otlp_endpoint, cfg->tracing.service_name,
+                                   cfg->tracing.sample_ratio, environ, &oc, err, errlen);
+    }
+    if (st == PDGW_OK) /* the tokenizers the gateway would load, loaded */
+        st = pdgw_tokenizers_check(&cfg->tokenizers, stderr, err, errlen);
+    if (st == PDGW_OK) {
+        /* tenants: their key files read, names, keys and the store's URL checked */
+        pdq_t *q = NULL;
+        pdgw_auth_t *auth = NULL;
+        st = pdgw_auth_from_config(cfg, &auth, err, errlen);
+        if (st == PDGW_OK)
+            st = pdgw_tenants_create(cfg, &q, err, errlen);
+        pdq_free(q);
+        pdgw_auth_destroy(auth);
+    }
+    if (st == PDGW_OK)
+        st = check_config_instances(cfg, &fs, err, errlen);
     pdgw_fwd_teardown(&fs);
     return st;
 }
@@ -596,6 +627,10 @@ int main(int argc, char **argv)
         goto out_pool;
     }
     if (pdgw_slo_config_create(&cfg, &slo, err, sizeof(err)) != PDGW_OK) {
+        pdgw_log_error("main", "%s", err);
+        goto out_pool;
+    }
+    if (config_instances_unusable(&cfg, err, sizeof(err))) {
         pdgw_log_error("main", "%s", err);
         goto out_pool;
     }

@@ -551,7 +551,9 @@ static const pdgw_config_option_t instance_options[] = {
      "None = learnt from the engine's GET /v1/models with each health probe.", I(models)},
     {"attrs", NULL, NULL, PDGW_OPT_MAP, NULL, 0, 0, NULL, "MAP",
      "Protocol attributes of the instance, opaque to the scheduler; forwarders read them with "
-     "pdgw_fwd_instance_attr() (a new protocol's fields need no new key here).",
+     "pdgw_fwd_instance_attr() (a new protocol's fields need no new key here). The protocol "
+     "declares the ones it reads: another key or a value of the wrong type is an error at "
+     "start-up, --check-config and reloads (the in-tree protocols read none).",
      I(attrs)},
     {"kv_engine", NULL, NULL, PDGW_OPT_ENUM, kv_engine_names, 0, 0, "lmcache", "ENGINE",
      "KV engine of the instance: `lmcache` (upstream; only LMCache's own control messages) "

@@ -4,7 +4,9 @@
  */
 #include "pdgw_fwd_setup.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pdgw_registry.h"
@@ -106,11 +108,89 @@ void pdgw_fwd_teardown(pdgw_fwd_setup_t *s)
     s->ctx = NULL;
 }
 
+const pdgw_fwd_attr_t pdgw_fwd_attrs_none[] = {PDGW_FWD_ATTR_END};
+
+/* The names <table> declares, "a, b" into out (for an error message). */
+static void attr_names(const pdgw_fwd_attr_t *table, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (const pdgw_fwd_attr_t *a = table; a->name != NULL && used < cap; a++) {
+        int n = snprintf(out + used, cap - used, "%s%s", used ? ", " : "", a->name);
+        if (n < 0)
+            break;
+        used += (size_t)n;
+    }
+}
+
+/* One `key=value` line of an instance's attrs against <table>. */
+static pdgw_status_t attr_check(const pdgw_fwd_desc_t *d, const char *key, const char *value,
+                                char *err, size_t errlen)
+{
+    const pdgw_fwd_attr_t *a;
+    char known[200];
+    for (a = d->instance_attrs; a->name != NULL; a++)
+        if (strcmp(a->name, key) == 0)
+            break;
+    if (a->name == NULL) {
+        attr_names(d->instance_attrs, known, sizeof(known));
+        if (known[0] != '\0')
+            snprintf(err, errlen, "attrs.%s: protocol %s reads no such attribute (it reads: %s)",
+                     key, d->name, known);
+        else
+            snprintf(err, errlen, "attrs.%s: protocol %s reads no instance attributes", key,
+                     d->name);
+        return PDGW_ERR_INVALID;
+    }
+    if (value[0] == '\0') {
+        snprintf(err, errlen, "attrs.%s: empty", key);
+        return PDGW_ERR_INVALID;
+    }
+    if (a->type == PDGW_FWD_ATTR_INT) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (*end != '\0' || errno != 0 || v < a->min || v > a->max) {
+            snprintf(err, errlen, "attrs.%s: '%s' is not an integer in [%lld, %lld]", key, value,
+                     (long long)a->min, (long long)a->max);
+            return PDGW_ERR_INVALID;
+        }
+    }
+    return PDGW_OK;
+}
+
+/* The instance's attrs ("key=value" lines) against the protocol's table, when it has one. */
+static pdgw_status_t attrs_check(const pdgw_fwd_desc_t *d, const char *attrs, char *err,
+                                 size_t errlen)
+{
+    const char *line = attrs;
+    if (d->instance_attrs == NULL || attrs == NULL)
+        return PDGW_OK;
+    while (*line != '\0') {
+        const char *nl = strchr(line, '\n'), *eq = strchr(line, '=');
+        size_t len = nl ? (size_t)(nl - line) : strlen(line);
+        char key[128], value[256];
+        if (eq != NULL && (size_t)(eq - line) < len) {
+            snprintf(key, sizeof(key), "%.*s", (int)(eq - line), line);
+            snprintf(value, sizeof(value), "%.*s", (int)(len - (size_t)(eq - line) - 1), eq + 1);
+            pdgw_status_t st = attr_check(d, key, value, err, errlen);
+            if (st != PDGW_OK)
+                return st;
+        }
+        line += len + (nl != NULL);
+    }
+    return PDGW_OK;
+}
+
 pdgw_status_t pdgw_fwd_check_instance(const pdgw_fwd_setup_t *s, const pdgw_instance_t *inst,
                                       char *err, size_t errlen)
 {
     char ferr[256] = "";
-    if (s->desc == NULL || s->desc->ops->check_instance == NULL)
+    if (s->desc == NULL)
+        return PDGW_OK;
+    if (attrs_check(s->desc, inst->attrs, err, errlen) != PDGW_OK)
+        return PDGW_ERR_INVALID;
+    if (s->desc->ops->check_instance == NULL)
         return PDGW_OK;
     if (s->desc->ops->check_instance(s->ctx, inst, ferr, sizeof(ferr)) == PDGW_FWD_OK)
         return PDGW_OK;

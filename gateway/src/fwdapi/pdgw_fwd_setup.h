@@ -42,8 +42,9 @@ pdgw_status_t pdgw_fwd_check_client_pd_fields(const pdgw_fwd_setup_t *s, pdgw_pd
 /* Free what pdgw_fwd_setup made (the forwarder's destroy). Safe on a zeroed struct. */
 void pdgw_fwd_teardown(pdgw_fwd_setup_t *s);
 
-/* Ask the forwarder whether <inst> has what the protocol needs. PDGW_OK when it has (or the
- * forwarder has no check_instance op); else PDGW_ERR_INVALID with the reason in <err>. */
+/* Whether <inst> has what the protocol needs: its `attrs:` against the protocol's declared
+ * instance attributes (when it declares them), then the forwarder's check_instance op.
+ * PDGW_OK when it has; else PDGW_ERR_INVALID with the reason in <err>. */
 pdgw_status_t pdgw_fwd_check_instance(const pdgw_fwd_setup_t *s, const pdgw_instance_t *inst,
                                       char *err, size_t errlen);
 

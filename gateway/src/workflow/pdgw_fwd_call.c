@@ -7,7 +7,9 @@
  * thread -> worker) and a second HTTP client; here it is an ordinary leg of the worker's
  * upstream client (kept-alive connections, the native client when the URL allows it). The
  * leg reports to this file (its owner), which wakes the request so its pending gate runs
- * again; a timer on the worker's heap bounds the call.
+ * again; a timer on the worker's heap bounds the call. A Mooncake prefill's bootstrap GET
+ * /query is one too, to another port of the instance's host (pdgw_fwd_call_get_port): the
+ * host and port come from the configuration, never from a client.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +61,7 @@ static void call_on_timer(pdgw_timer_t *t, uint64_t now)
     pdgw_fwd_waker_wake(c->waker);
 }
 
-/* A call of <wf>'s: <method> to <url> with <text> (taken; NULL for none). */
+/* A call on the workflow of <wk>: <method> to <url> with <text> (taken; NULL for none). */
 static pdgw_fwd_call_t *call_start(pdgw_fwd_waker_t *wk, const pdgw_instance_t *inst,
                                    const char *url, const char *method, char *text, size_t len,
                                    int64_t timeout_ms)

@@ -3,7 +3,8 @@
 - `pdgw --check-config` refuses what start-up refuses: a misspelled protocol option (the
   forwarder's configure runs, in check-only mode so it binds nothing), and configured
   instances that lack what the protocol needs of their role (every request through them
-  would fail) — and still accepts the shipped example configs.
+  would fail) or carry attributes it does not read — and still accepts the shipped example
+  configs.
 - `--listen 127.0.0.1:0` picks a free port and the start-up log names it.
 - A 405 names the allowed methods in `Allow`.
 - After PD requests, pdgw_phase_duration_seconds has observations for every phase its help
@@ -73,6 +74,9 @@ def test_check_config_runs_the_forwarder():
         ("protocol: vllm-nixl\nprotocol_options: {no_such: 1}\n", "", "", 1, "no_such"),
         ("protocol: vllm-nixl\nclient_pd_fields: pass\n", "", "", 1,
          "'pass' is only allowed for a plain-proxy protocol"),
+        # an attribute the protocol does not read is a mistake, not a silent no-op
+        ("protocol: vllm-nixl\n", ", attrs: {trt_port: 9000}", "", 1,
+         "p0: attrs.trt_port: protocol vllm-nixl reads no instance attributes"),
     ]
     for proto, pextra, dextra, want_rc, want in cases:
         text = 'listen: "127.0.0.1:0"\n' + proto + PD_INSTANCES % (pextra, dextra)
@@ -82,20 +86,27 @@ def test_check_config_runs_the_forwarder():
 
 
 def test_check_config_equals_startup():
-    """The option --check-config refuses also stops start-up, with the same words."""
-    text = ('listen: "127.0.0.1:0"\nprotocol: vllm-mooncake\n'
-            'protocol_options: {mooncake_dispach: parallel}\n' + PD_INSTANCES % ("", ""))
-    rc, out = check_config(text)
-    assert rc != 0, out
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(text)
-    try:
-        proc = subprocess.run([T.binary("pdgw"), "--config", f.name], capture_output=True,
-                              text=True, timeout=20)
-    finally:
-        os.unlink(f.name)
-    assert proc.returncode != 0
-    assert "unknown protocol option 'mooncake_dispach'" in proc.stdout + proc.stderr
+    """What --check-config refuses also stops start-up, with the same words: a protocol
+    option, and instances the protocol cannot use (a missing field, an undeclared attr)."""
+    cases = [
+        ("protocol: vllm-mooncake\nprotocol_options: {mooncake_dispach: parallel}\n", "",
+         "unknown protocol option 'mooncake_dispach'"),
+        ("protocol: vllm-kvt\n", "", "p0: prefill instance has no kv_port"),
+        ("protocol: vllm-nixl\n", ", attrs: {trt_port: 9000}", "attrs.trt_port"),
+    ]
+    for proto, pextra, want in cases:
+        text = 'listen: "127.0.0.1:0"\n' + proto + PD_INSTANCES % (pextra, "")
+        rc, out = check_config(text)
+        assert rc != 0 and want in out, out
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(text)
+        try:
+            proc = subprocess.run([T.binary("pdgw"), "--config", f.name], capture_output=True,
+                                  text=True, timeout=20)
+        finally:
+            os.unlink(f.name)
+        assert proc.returncode != 0, (proto, proc.stdout + proc.stderr)
+        assert want in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def test_check_config_binds_nothing():

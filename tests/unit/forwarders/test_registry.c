@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "pdgw_fwd_sdk.h"
+#include "pdgw_fwd_setup.h"
 #include "pdgw_log.h"
 #include "pdgw_registry.h"
 
@@ -283,6 +284,66 @@ static void test_instance_attrs(void **state)
     assert_int_equal(pdgw_fwd_instance_attr_int(&inst, "trt_port", -1), -1);
 }
 
+/* Declared instance attributes: an undeclared key or a value of the wrong type is refused by
+ * the instance check (start-up, --check-config, reloads) with the key named; a protocol that
+ * declares none refuses every one; a descriptor without a table accepts any (older plugins). */
+static void test_declared_instance_attrs(void **state)
+{
+    static const pdgw_fwd_attr_t attrs[] = {
+        PDGW_FWD_ATTR_INT("trt_port", 1, 65535, "side channel"),
+        PDGW_FWD_ATTR_STR("mode", "fast or slow"),
+        PDGW_FWD_ATTR_END,
+    };
+    static const pdgw_fwd_desc_t typed = {PDGW_FWD_DESC_HEADER,
+                                          .name = "t-attrs",
+                                          .summary = "attrs",
+                                          .modes = PDGW_MODE_BATCH,
+                                          .dispatch = PDGW_DISPATCH_SINGLE,
+                                          .ops = &dummy_ops,
+                                          .instance_attrs = attrs};
+    static const pdgw_fwd_desc_t untyped = {PDGW_FWD_DESC_HEADER,
+                                            .name = "t-attrs-any",
+                                            .summary = "attrs",
+                                            .modes = PDGW_MODE_BATCH,
+                                            .dispatch = PDGW_DISPATCH_SINGLE,
+                                            .ops = &dummy_ops};
+    pdgw_instance_t inst;
+    pdgw_fwd_setup_t fs = {0};
+    char err[256];
+    (void)state;
+    assert_int_equal(pdgw_fwd_register(&typed), 0);
+    assert_int_equal(pdgw_fwd_register(&untyped), 0);
+    memset(&inst, 0, sizeof(inst));
+    inst.id = "p1";
+
+    fs.desc = pdgw_registry_find("t-attrs");
+    inst.attrs = "trt_port=9000\nmode=fast\n";
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_OK);
+    inst.attrs = "trt_port=9000\nmdoe=fast\n";
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_ERR_INVALID);
+    assert_non_null(strstr(err, "attrs.mdoe"));
+    assert_non_null(strstr(err, "trt_port, mode")); /* what it reads instead */
+    inst.attrs = "trt_port=90000\n";
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_ERR_INVALID);
+    assert_non_null(strstr(err, "[1, 65535]"));
+    inst.attrs = "trt_port=9k\n";
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_ERR_INVALID);
+    inst.attrs = "mode=\n";
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_ERR_INVALID);
+    assert_non_null(strstr(err, "empty"));
+    inst.attrs = NULL;
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_OK);
+
+    fs.desc = pdgw_registry_find("t-attrs-any");
+    inst.attrs = "anything=1\n";
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_OK);
+
+    fs.desc = pdgw_registry_find("vllm-nixl"); /* in-tree: reads none */
+    assert_non_null(fs.desc);
+    assert_int_equal(pdgw_fwd_check_instance(&fs, &inst, err, sizeof(err)), PDGW_ERR_INVALID);
+    assert_non_null(strstr(err, "reads no instance attributes"));
+}
+
 static void test_plugin_loads_and_works(void **state)
 {
     char err[512] = "";
@@ -393,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_abi2_descriptor_loads),
         cmocka_unit_test(test_abi4_sizes_tables_and_arena),
         cmocka_unit_test(test_instance_attrs),
+        cmocka_unit_test(test_declared_instance_attrs),
         cmocka_unit_test(test_plugin_loads_and_works),
         cmocka_unit_test(test_plugin_wrong_abi),
         cmocka_unit_test(test_plugin_duplicate_and_missing),
