@@ -211,6 +211,15 @@ static void fetch_end(fwd_mc_boot_t *b, fwd_mc_fetch_t *f, int abandoned)
     json_decref(a);
 }
 
+/* Whether the request's call has ended (answered or failed). */
+static int fetch_finished(const fwd_mc_fetch_t *f)
+{
+    long status;
+    const char *data;
+    size_t len;
+    return pdgw_fwd_call_result(f->call, &status, &data, &len, NULL, 0) != 0;
+}
+
 /* Start the request's call for entry <e> (fetching set by the caller, lock not held). */
 static int fetch_start(fwd_mc_boot_t *b, fwd_mc_fetch_t *f, const pdgw_fwd_request_t *req,
                        const pdgw_instance_t *inst, const mc_entry_t *e)
@@ -267,8 +276,7 @@ pdgw_fwd_status_t fwd_mc_boot_lookup(fwd_mc_boot_t *b, fwd_mc_fetch_t *f,
     mc_entry_t *e;
 
     if (f->call != NULL) { /* this request's own fetch */
-        if (pdgw_fwd_call_result(f->call, &(long){0}, &(const char *){NULL}, &(size_t){0}, NULL,
-                                 0) == 0)
+        if (!fetch_finished(f))
             return PDGW_FWD_PENDING; /* woken by something else: its end wakes us again */
         fetch_end(b, f, 0);
     }
@@ -327,8 +335,7 @@ void fwd_mc_boot_settle(fwd_mc_boot_t *b, fwd_mc_fetch_t *f, int ending)
 {
     if (b == NULL || f == NULL || f->call == NULL)
         return;
-    if (pdgw_fwd_call_result(f->call, &(long){0}, &(const char *){NULL}, &(size_t){0}, NULL, 0) !=
-        0)
+    if (fetch_finished(f))
         fetch_end(b, f, 0);
     else if (ending)
         fetch_end(b, f, 1);

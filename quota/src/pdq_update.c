@@ -23,8 +23,7 @@ typedef struct upd_tenant {
 struct pdq_update {
     size_t n_tenants, n_models;
     upd_tenant_t *t;
-    pdb_map_t keys;
-    bool keys_ok;
+    pdb_map_t keys; /* buckets NULL until initialised */
     uint32_t shared_cap;
 };
 
@@ -47,7 +46,7 @@ void pdq_update_free(pdq_update_t *u)
         pdb_free(ut->has_model);
     }
     pdb_free(u->t);
-    if (u->keys_ok)
+    if (u->keys.buckets != NULL)
         pdb_map_fini(&u->keys, NULL);
     pdb_free(u);
 }
@@ -163,7 +162,6 @@ pdq_status_t pdq_update_prepare(pdq_t *q, const pdq_config_t *cfg, pdq_update_t 
     /* checked: reserved <= max_concurrent; q->max_concurrent only says whether there is one */
     u->shared_cap = cfg->max_concurrent - reserved;
     st = pdq_index_keys(&u->keys, cfg, err, errlen);
-    u->keys_ok = u->keys.buckets != NULL; /* initialised, whatever failed after */
     if (st == PDQ_ERR_NOMEM)
         goto nomem;
     if (st != PDQ_OK) {
