@@ -27,7 +27,7 @@ typedef struct booking_leg {
     uint64_t kv_prompt_charge; /* the prompt part of kv_charge (KV headroom learning) */
     /* The latency models' features as the leg was booked (what was queued and running on
      * its instance then), scored against the timings it finishes with. */
-    double x_ttft[SCHED_PREFILL_DIM], x_tpot[SCHED_TPOT_DIM];
+    double x_ttft[SCHED_PREFILL_DIM], x_tpot[SCHED_TPOT_DIM], x_handoff[SCHED_TRANSFER_DIM];
     /* What the models predicted then (means; 0 while a model was cold), and the prefill's
      * prediction cold or not (scored against the leg's time either way). */
     double pred_first_s, pred_tpot_s, pred_first_raw_s;
@@ -53,6 +53,7 @@ struct sched_booking {
     uint64_t *kv_keys; /* precise-prefix block keys of the prompt */
     size_t n_kv_keys;
     bool whole;        /* decode only: the decode runs the whole request (its prefill too) */
+    bool pd;           /* both legs booked together: the prefill is chosen with its decode */
     bool has_affinity; /* session affinity: rendezvous on affinity_hash */
     uint64_t affinity_hash;
     booking_leg_t legs[2];
@@ -228,9 +229,13 @@ static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const
     const sched_request_t *req = &b->req;
     uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
 
+    uint32_t running = atomic_load_explicit(&inst->inflight, RELAXED);
+
     leg_prompt_features(leg, inst, b, now_ms);
-    sched_tpot_features(leg->x_tpot, atomic_load_explicit(&inst->inflight, RELAXED),
+    sched_tpot_features(leg->x_tpot, running,
                         kv + (uint64_t)req->prompt_tokens + req->max_tokens / 2);
+    /* the others running beside it (its own slot is taken by now), as a pick sees them */
+    sched_transfer_features(leg->x_handoff, req->prompt_tokens, running > 0 ? running - 1 : 0);
     leg->pred_tpot_s = warm_mean(&inst->lat_tpot, leg->x_tpot);
 }
 
@@ -251,16 +256,17 @@ static void leg_answered(booking_leg_t *leg, const sched_result_t *r, uint64_t n
     leg->pq_id = 0;
 }
 
-/* Teach the instance's models what a successful leg took. */
-static void leg_learn(booking_leg_t *leg, const sched_result_t *r, uint64_t now_ms)
+/* Teach the instance's models what a successful leg took (<prefill>: the booking's prefill
+ * instance, for a decode leg's handoff). */
+static void leg_learn(booking_leg_t *leg, const sched_instance_t *prefill, const sched_result_t *r,
+                      uint64_t now_ms)
 {
     if (r->outcome != SCHED_OUTCOME_SUCCESS)
         return;
     if (r->first_token_s > 0.0 && leg->prompt_charge == 0 && leg->kv_charge > 0) {
         /* a PD decode leg: its first token waited for the KV handed over from the prefill */
-        double x[SCHED_TRANSFER_DIM];
-        sched_transfer_features(x, leg->kv_prompt_charge);
-        sched_latency_model_observe(&leg->inst->lat_handoff, x, r->first_token_s);
+        sched_handoff_observe(leg->inst, prefill ? prefill->uid : 0, leg->x_handoff,
+                              r->first_token_s, now_ms);
     } else if (r->first_token_s > 0.0) {
         double x[SCHED_PREFILL_DIM];
         if (leg->answer == SCHED_PQ_LEARNT) { /* in hindsight: the replay's steps to now */
@@ -311,6 +317,9 @@ static sched_status_t book_leg(sched_booking_t *b, sched_leg_t which)
     ctx.whole_request = b->whole && which == SCHED_LEG_DECODE;
     if (which == SCHED_LEG_DECODE) /* what it will hold: the headroom the picks look for */
         ctx.kv_need = (uint64_t)b->req.prompt_tokens + b->req.max_tokens;
+    ctx.pair_decodes = which == SCHED_LEG_PREFILL && b->pd && !b->has_affinity &&
+                       atomic_load(&pool->policy[SCHED_RIDX_DECODE]) == SCHED_POLICY_SLO;
+    ctx.pair_prefill_uid = pair ? pair->uid : 0;
 
     pthread_rwlock_rdlock(&pool->lock);
     for (int attempt = 0; attempt < PICK_ATTEMPTS; attempt++) {
@@ -407,6 +416,7 @@ static sched_status_t book(sched_pool_t *pool, const sched_request_t *req, book_
     if (status != SCHED_OK)
         return status;
     b->whole = kind == BOOK_D;
+    b->pd = kind == BOOK_PD;
     if (kind != BOOK_D) {
         status = book_leg(b, SCHED_LEG_PREFILL);
         if (status != SCHED_OK)
@@ -529,8 +539,8 @@ bool sched_booking_predict_pd(const sched_booking_t *b, sched_pd_prediction_t *o
 {
     const booking_leg_t *p, *d;
     sched_prediction_t handoff, tpot, own;
-    double x[SCHED_TRANSFER_DIM], per_ktok;
-    uint64_t n, uncached;
+    double per_ktok;
+    uint64_t uncached;
 
     if (!b || !out)
         return false;
@@ -538,9 +548,7 @@ bool sched_booking_predict_pd(const sched_booking_t *b, sched_pd_prediction_t *o
     d = &b->legs[SCHED_LEG_DECODE];
     if (!p->inst || !d->inst || !atomic_load(&p->open) || !atomic_load(&d->open))
         return false;
-    n = b->req.prompt_tokens;
-    sched_transfer_features(x, n);
-    sched_latency_model_predict(&d->inst->lat_handoff, x, &handoff);
+    sched_handoff_predict(d->inst, p->inst->uid, d->x_handoff, &handoff);
     sched_latency_model_predict(&d->inst->lat_tpot, d->x_tpot, &tpot);
     if (handoff.observed < SCHED_PREDICT_SCORED_AFTER ||
         tpot.observed < SCHED_PREDICT_SCORED_AFTER || p->pred_first_s <= 0.0)
@@ -610,7 +618,7 @@ sched_status_t sched_booking_finish(sched_booking_t *b, sched_leg_t which,
     leg_unload(leg);
     sched_breaker_report(b->pool, leg->inst, probe, now_ms, result);
     if (result)
-        leg_learn(leg, result, now_ms);
+        leg_learn(leg, b->legs[SCHED_LEG_PREFILL].inst, result, now_ms);
     if (which == SCHED_LEG_DECODE && result && result->outcome == SCHED_OUTCOME_SUCCESS &&
         (result->first_token_s > 0.0 || result->later_tokens > 0))
         sched_autoscale_note_output(b->pool, b->req.model, result->later_tokens + 1);

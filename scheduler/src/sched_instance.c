@@ -30,6 +30,7 @@ sched_status_t sched_instance_create(sched_pool_t *pool, const sched_instance_de
     sched_latency_model_init(&inst->lat_prefill, SCHED_PHASE_PREFILL, NULL);
     sched_latency_model_init(&inst->lat_tpot, SCHED_PHASE_TPOT, NULL);
     sched_latency_model_init(&inst->lat_handoff, SCHED_PHASE_TRANSFER, NULL);
+    sched_pair_table_init(&inst->pairs);
     sched_pq_init(&inst->pq, pool->prefill_step_tokens);
     inst->weight = inst->desc.weight;
     inst->inv_weight = ((1ull << 32) + inst->weight - 1) / inst->weight;
@@ -68,6 +69,7 @@ void sched_instance_unref(sched_instance_t *inst)
     sched_latency_model_fini(&inst->lat_prefill);
     sched_latency_model_fini(&inst->lat_tpot);
     sched_latency_model_fini(&inst->lat_handoff);
+    sched_pair_table_fini(&inst->pairs);
     sched_pq_fini(&inst->pq);
     sched_models_free(inst->learnt);
     sched_desc_free(&inst->desc);

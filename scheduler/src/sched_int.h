@@ -81,6 +81,22 @@ typedef struct sched_pq_steps {
     double start_ms, end_ms, elapsed_s;
 } sched_pq_steps_t;
 
+/* The KV handoff factors of the prefills a decode was last paired with (sched_pair.c). */
+#define SCHED_PAIR_SLOTS 16
+typedef struct sched_pair_slot {
+    _Atomic uint64_t prefill_uid; /* 0 = empty, or being rewritten */
+    _Atomic double factor;        /* what a pick multiplies the decode's prediction by */
+    /* under the table's mu: the running mean of ln(actual / the decode's prediction), the
+     * legs it was learnt from, when the pair was last seen */
+    double log_factor;
+    uint32_t n;
+    uint64_t seen_ms;
+} sched_pair_slot_t;
+typedef struct sched_pair_table {
+    pthread_mutex_t mu; /* writers */
+    sched_pair_slot_t slot[SCHED_PAIR_SLOTS];
+} sched_pair_table_t;
+
 struct sched_instance {
     /* ---- hot: everything a pick reads (first cache line + inv_weight) ---- */
     _Alignas(64) _Atomic uint32_t inflight;
@@ -133,6 +149,7 @@ struct sched_instance {
     sched_latency_model_t lat_tpot;    /* its time per output token after that */
     /* a PD decode leg's time to its first token: the KV handed over and its first step */
     sched_latency_model_t lat_handoff;
+    sched_pair_table_t pairs; /* how each prefill's path to it differs from lat_handoff */
     sched_prefill_queue_t pq; /* its open prefill work, for the replay (own lock) */
 
     /* ---- pool thread only ------------------------------------------ */
@@ -450,6 +467,10 @@ typedef struct sched_pick_ctx {
     bool any_exclude;   /* exclude_uids or req->exclude_ids non-empty */
     bool whole_request; /* a decode leg that runs the whole request (its prefill too) */
     uint64_t kv_need;   /* KV tokens the leg will hold (decode legs; 0 = no headroom test) */
+    /* slo: a prefill chosen together with the decode that will follow it (both legs booked
+     * at once, the decodes' policy slo too), and the prefill a decode follows (0 = none) */
+    bool pair_decodes;
+    uint64_t pair_prefill_uid;
 } sched_pick_ctx_t;
 
 /* Choose an instance for role index <ridx> from <snap> (read lock held).
@@ -464,6 +485,21 @@ sched_instance_t *sched_policy_least_in_zone(const sched_snapshot_t *snap, int r
 /* ---- sched_slo.c ---- */
 sched_instance_t *sched_slo_pick(sched_instance_t *const *arr, size_t n, int ridx,
                                  const sched_pick_ctx_t *ctx);
+/* ---- sched_pair.c ---- */
+void sched_pair_table_init(sched_pair_table_t *t);
+void sched_pair_table_fini(sched_pair_table_t *t);
+/* The handoff factor of the pair (<prefill_uid>, the table's decode): 1 when not learnt. */
+double sched_pair_factor(const sched_pair_table_t *t, uint64_t prefill_uid);
+/* The same for <n> prefills at once (out[k] for prefill_uids[k]; uid 0 matches none). */
+void sched_pair_factors(const sched_pair_table_t *t, const uint64_t *prefill_uids, size_t n,
+                        double *out);
+/* A PD decode leg's time to its first token on <decode> after a prefill on <prefill_uid>
+ * (0 = not known: the decode's model alone), features sched_transfer_features(). */
+void sched_handoff_predict(const sched_instance_t *decode, uint64_t prefill_uid, const double *x,
+                           sched_prediction_t *out);
+/* Learn what such a leg took: the decode's model and the pair's factor. */
+void sched_handoff_observe(sched_instance_t *decode, uint64_t prefill_uid, const double *x,
+                           double seconds, uint64_t now_ms);
 /* ---- sched_kv_headroom.c ---- */
 /* Where an instance's KV capacity comes from. */
 #define SCHED_KV_CAP_NONE     0u /* unknown: the headroom test passes */

@@ -152,17 +152,18 @@ void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv
     x[2] = (double)kv_tokens * 1e-4;
 }
 
-void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t prompt_tokens)
+void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t prompt_tokens, uint32_t running)
 {
     /* The KV an engine hands over grows with the prompt: its tokens stand for its bytes (the
      * bytes per token are a property of the model, the same for every pair). */
     x[0] = 1.0;
     x[1] = (double)prompt_tokens * 1e-3;
+    x[2] = (double)running * (1.0 / 16.0);
 }
 
 static const double prefill_prior[SCHED_PREFILL_DIM] = {0.020, 0.100};
 static const double tpot_prior[SCHED_TPOT_DIM] = {0.012, 0.002, 0.002};
-static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.005, 0.010};
+static const double transfer_prior[SCHED_TRANSFER_DIM] = {0.005, 0.010, 0.003};
 
 const double *sched_phase_prior(sched_phase_t phase)
 {

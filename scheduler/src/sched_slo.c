@@ -8,9 +8,16 @@
  *    proportionally less, one that holds a long queue is passed over, and one that holds
  *    the prompt's prefix is preferred by what it saves;
  *  - decode: among the decodes whose predicted time per output token (p90, with this
- *    request's KV running on them) meets the request's target, the least loaded; when none
- *    does, the fastest (best effort: whether to serve it at all is the caller's choice,
- *    sched_slo_estimate());
+ *    request's KV running on them) meets the request's target, the one its KV reaches
+ *    soonest from the booked prefill (the decode's handoff model with its running batch,
+ *    times the pair's factor: sched_pair.c), equal ones by load; without a prefill, the
+ *    least loaded; when none meets the target, the fastest (best effort: whether to serve it
+ *    at all is the caller's choice, sched_slo_estimate());
+ *  - the pair together: a request whose two legs are booked at once takes, of the
+ *    SLO_PAIR_PREFILLS best prefills, the one with the least ttft + handoff to its best
+ *    decode (llm-d's PD SLO pair optimiser adds the same parts; it scores all N x M pairs,
+ *    we the few prefills that can win, so a pick stays a few microseconds), and the decode
+ *    pick then finds that decode;
  *  - bounded load on both: an instance holding more than SLO_LOAD_BOUND times its share
  *    of the role's open legs is passed over while another is not, so one fast instance
  *    does not become the hot spot that its own queue then makes slow;
@@ -107,17 +114,116 @@ static void window_uncached(const slo_window_t *w, const sched_pick_ctx_t *ctx,
     }
 }
 
+/* What a decode is to a request: no room for its KV, a candidate (within the load bound and
+ * meeting its TPOT target, or untried), or only a fallback (over the bound or too slow). */
+typedef enum { DECODE_NOFIT, DECODE_MEETS, DECODE_FALLBACK } decode_fit_t;
+
+static decode_fit_t decode_fit(const sched_instance_t *c, const sched_pick_ctx_t *ctx,
+                               uint64_t kv_need, uint32_t bound, sched_prediction_t *tpot)
+{
+    const sched_request_t *req = ctx->req;
+    double target = req && req->slo_tpot_ms ? req->slo_tpot_ms / 1000.0 : 0.0;
+    uint64_t kv = req ? (uint64_t)req->prompt_tokens + req->max_tokens : 0;
+
+    if (!sched_kv_fits(c, kv_need))
+        return DECODE_NOFIT;
+    sched_instance_predict_tpot(c, kv, tpot);
+    if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 <= bound &&
+        (target == 0.0 || tpot->upper <= target || tpot->observed == 0))
+        return DECODE_MEETS;
+    return DECODE_FALLBACK;
+}
+
+/* The handoff to <c> of a request's KV after a prefill on <prefill_uid>, as its decode pick
+ * predicts it (the others running on it now). */
+static void handoff_to(const sched_instance_t *c, uint64_t prefill_uid, const sched_pick_ctx_t *ctx,
+                       sched_prediction_t *out)
+{
+    double x[SCHED_TRANSFER_DIM];
+
+    sched_transfer_features(x, ctx->req ? ctx->req->prompt_tokens : 0,
+                            atomic_load_explicit(&c->inflight, memory_order_relaxed));
+    sched_handoff_predict(c, prefill_uid, x, out);
+}
+
+/* Prefills whose pairings with the decodes are weighed (the best by their own score). */
+#define SLO_PAIR_PREFILLS 4
+
+/* The decodes a PD request's decode pick would take now (DECODE_MEETS over its window), for
+ * choosing the prefill together with them. 0 when none: the decode is best effort then and
+ * the prefill is chosen on its own. */
+static size_t pair_candidates(const sched_pick_ctx_t *ctx, sched_instance_t *out[SLO_WINDOW])
+{
+    const sched_snapshot_t *snap = ctx->pool->snap;
+    slo_window_t w = {.arr = snap->role[SCHED_RIDX_DECODE], .n = snap->n_role[SCHED_RIDX_DECODE]};
+    const sched_request_t *req = ctx->req;
+    uint64_t kv_need = req ? (uint64_t)req->prompt_tokens + req->max_tokens : 0;
+    uint32_t bound;
+    size_t n = 0;
+
+    if (w.n == 0)
+        return 0;
+    w.len = w.n < SLO_WINDOW ? w.n : SLO_WINDOW;
+    if (w.n > SLO_WINDOW)
+        w.start = (size_t)((sched_rng_next(ctx->rng) >> 11) % w.n);
+    bound = load_bound(&w);
+    for (size_t i = 0; i < w.len; i++) {
+        sched_instance_t *c = at(&w, i);
+        sched_prediction_t tpot;
+        if (sched_pick_allowed(c, ctx) && decode_fit(c, ctx, kv_need, bound, &tpot) == DECODE_MEETS)
+            out[n++] = c;
+    }
+    return n;
+}
+
+/* Of the best prefills by their own score, the one whose first token comes soonest with the
+ * KV handed to its best decode: min over (p, d) of ttft(p) + handoff(p, d), which is the
+ * pair a PD request is predicted to start soonest on (the decode pick then takes the d). */
+static sched_instance_t *pair_best(sched_instance_t *const *top, const double *top_s, size_t n_top,
+                                   const sched_pick_ctx_t *ctx)
+{
+    sched_instance_t *dec[SLO_WINDOW], *best = NULL;
+    uint64_t uids[SLO_PAIR_PREFILLS];
+    double h[SLO_PAIR_PREFILLS], best_j = 0.0;
+    size_t n_dec = pair_candidates(ctx, dec);
+
+    if (n_dec == 0)
+        return top[0];
+    for (size_t i = 0; i < n_top; i++) {
+        uids[i] = top[i]->uid;
+        h[i] = -1.0;
+    }
+    for (size_t d = 0; d < n_dec; d++) {
+        sched_prediction_t base; /* the decode's own; each pair's factor on it */
+        double f[SLO_PAIR_PREFILLS];
+        handoff_to(dec[d], 0, ctx, &base);
+        sched_pair_factors(&dec[d]->pairs, uids, n_top, f);
+        for (size_t i = 0; i < n_top; i++) {
+            if (h[i] < 0.0 || base.mean * f[i] < h[i])
+                h[i] = base.mean * f[i];
+        }
+    }
+    for (size_t i = 0; i < n_top; i++) {
+        if (best == NULL || top_s[i] + h[i] < best_j)
+            best = top[i], best_j = top_s[i] + h[i];
+    }
+    return best;
+}
+
 static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ctx_t *ctx)
 {
     uint32_t bound = load_bound(w);
-    sched_instance_t *best = NULL, *over = NULL;
-    double best_s = 0.0, over_s = 0.0;
+    sched_instance_t *over = NULL, *top[SLO_PAIR_PREFILLS];
+    double over_s = 0.0, top_s[SLO_PAIR_PREFILLS];
+    size_t n_top = 0, keep = ctx->pair_decodes ? SLO_PAIR_PREFILLS : 1;
     uint64_t uncached[SLO_WINDOW];
 
     window_uncached(w, ctx, uncached);
     for (size_t i = 0; i < w->len; i++) {
         sched_instance_t *c = at(w, i);
         sched_prediction_t p;
+        double s;
+        size_t k;
         if (!sched_pick_allowed(c, ctx))
             continue;
         sched_instance_predict_ttft_at(c, i < SLO_WINDOW ? uncached[i] : uncached[0], ctx->now_ms,
@@ -125,18 +231,44 @@ static sched_instance_t *pick_prefill(const slo_window_t *w, const sched_pick_ct
         if (atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 > bound) {
             if (better(p.upper, c, over_s, over))
                 over = c, over_s = p.upper;
-        } else if (better(explore_score(c, &p, p.upper), c, best_s, best)) {
-            best = c, best_s = explore_score(c, &p, p.upper);
+            continue;
+        }
+        /* kept in order, best first: the <keep> best by their own score */
+        s = explore_score(c, &p, p.upper);
+        for (k = n_top; k > 0 && better(s, c, top_s[k - 1], top[k - 1]); k--) {
+            if (k < keep) {
+                top[k] = top[k - 1];
+                top_s[k] = top_s[k - 1];
+            }
+        }
+        if (k < keep) {
+            top[k] = c;
+            top_s[k] = s;
+            if (n_top < keep)
+                n_top++;
         }
     }
-    return best ? best : over;
+    if (n_top == 0)
+        return over;
+    return n_top > 1 ? pair_best(top, top_s, n_top, ctx) : top[0];
+}
+
+/* Decode candidates compared by <s>; equal ones by what they hold, then by uid. */
+static bool better_decode(double s, const sched_instance_t *c, double best_s,
+                          const sched_instance_t *best, uint64_t now_ms)
+{
+    uint64_t a, b;
+
+    if (best == NULL || s != best_s)
+        return best == NULL || s < best_s;
+    a = sched_instance_score(c, now_ms);
+    b = sched_instance_score(best, now_ms);
+    return a < b || (a == b && c->uid < best->uid);
 }
 
 static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx_t *ctx)
 {
     uint32_t bound = load_bound(w);
-    double target = ctx->req && ctx->req->slo_tpot_ms ? ctx->req->slo_tpot_ms / 1000.0 : 0.0;
-    uint64_t kv = ctx->req ? (uint64_t)ctx->req->prompt_tokens + ctx->req->max_tokens : 0;
     uint64_t uncached[SLO_WINDOW];
     sched_instance_t *meets = NULL, *fastest = NULL, *full = NULL, *chosen;
     double meets_s = 0.0, fastest_s = 0.0, full_r = 0.0;
@@ -149,31 +281,36 @@ static sched_instance_t *pick_decode(const slo_window_t *w, const sched_pick_ctx
         sched_instance_t *c = at(w, i);
         sched_prediction_t p;
         double s;
-        bool in_bound;
+        decode_fit_t fit;
         if (!sched_pick_allowed(c, ctx))
             continue;
-        if (!sched_kv_fits(c, ctx->kv_need)) { /* no room: only the least-bad, if all full */
+        fit = decode_fit(c, ctx, ctx->kv_need, bound, &p);
+        if (fit == DECODE_NOFIT) { /* no room: only the least-bad, if all full */
             double r = sched_kv_fill_ratio(c, ctx->kv_need);
             if (full == NULL || r < full_r || (r == full_r && c->uid < full->uid))
                 full = c, full_r = r;
             nofit++;
             continue;
         }
-        sched_instance_predict_tpot(c, kv, &p);
-        in_bound = atomic_load_explicit(&c->inflight, memory_order_relaxed) + 1 <= bound;
         if (ctx->whole_request) {
             /* It runs the prefill too: the least predicted time to first token wins. */
             sched_prediction_t t;
             sched_instance_predict_ttft_at(c, i < SLO_WINDOW ? uncached[i] : uncached[0],
                                            ctx->now_ms, &t);
             s = explore_score(c, &t, t.upper);
+        } else if (p.observed < SCHED_PREDICT_SCORED_AFTER) {
+            s = 0.0; /* untried: try it */
+        } else if (ctx->pair_prefill_uid != 0) {
+            /* After its prefill: the soonest KV handoff from that prefill to a decode (its
+             * path, its running batch), which is this request's time to first token beyond
+             * the prefill's. */
+            sched_prediction_t h;
+            handoff_to(c, ctx->pair_prefill_uid, ctx, &h);
+            s = h.mean;
         } else {
             s = (double)sched_instance_score(c, ctx->now_ms);
-            if (p.observed < SCHED_PREDICT_SCORED_AFTER)
-                s = 0.0; /* untried: try it */
         }
-        if (in_bound && (target == 0.0 || p.upper <= target || p.observed == 0) &&
-            better(s, c, meets_s, meets))
+        if (fit == DECODE_MEETS && better_decode(s, c, meets_s, meets, ctx->now_ms))
             meets = c, meets_s = s;
         if (better(p.upper, c, fastest_s, fastest))
             fastest = c, fastest_s = p.upper;
@@ -218,12 +355,11 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
     sched_pick_ctx_t ctx;
     sched_slo_estimate_t e = {0};
     bool have[2] = {false, false};
-    double handoff_s = -1.0, hx[SCHED_TRANSFER_DIM];
-    uint64_t *keys = NULL;
+    double handoff_s = -1.0;
+    uint64_t *keys = NULL, prefill_uid = 0; /* the prefill a pick would choose, when known */
 
     if (!pool || !req || !out)
         return SCHED_ERR_INVALID;
-    sched_transfer_features(hx, req->prompt_tokens); /* the handoff's, for every decode */
     memset(&ctx, 0, sizeof(ctx));
     ctx.pool = pool;
     ctx.req = req;
@@ -258,6 +394,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
                 *best = p.mean;
                 have[r] = true;
                 e.cold = e.cold && p.observed == 0;
+                prefill_uid = c->uid;
             }
             continue;
         }
@@ -279,7 +416,7 @@ sched_status_t sched_slo_estimate(sched_pool_t *pool, const sched_request_t *req
                 sched_prediction_t h;
                 sched_instance_predict_tpot(c, (uint64_t)req->prompt_tokens + req->max_tokens, &p);
                 /* after a prefill, the KV handed over to this decode before its first token */
-                sched_latency_model_predict(&c->lat_handoff, hx, &h);
+                handoff_to(c, prefill_uid, &ctx, &h);
                 if (h.observed >= SCHED_PREDICT_SCORED_AFTER &&
                     (handoff_s < 0.0 || h.mean < handoff_s))
                     handoff_s = h.mean;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # B5 scheduler: median and p99 of one decode pick (choice + booking) per policy at
 # 10 / 100 / 1,000 / 10,000 instances (sched-pick), one prefill pick (least-load against
-# slo's queue replay) at 10 / 100 / 1,000 instances with 4 open prefill legs each, plus the
-# prefix-aware match of a 4,096-token prompt.
+# slo's queue replay) at 10 / 100 / 1,000 instances with 4 open prefill legs each, one PD
+# booking (both legs; slo weighs its best prefills with the decodes' pair handoffs) at 10 /
+# 100 / 1,000 instances per role, plus the prefix-aware match of a 4,096-token prompt.
 # Usage: b5_sched.sh [BIN_DIR]   env: QUICK=1 (fewer iterations per point)
 source "$(dirname "$0")/lib.sh"
 BIN_DIR=${1:-$BIN_DIR}
@@ -21,9 +22,14 @@ awk -v l="$load1" '/^one prefill pick/ || /^prefix-aware match/ { exit }
     NF == 4 && $2 ~ /^[0-9]+$/ { printf "%s,%s,%s,%s,%s\n", $1, $2, $3, $4, l }' <<<"$out" >>"$csv"
 pf_csv=$RESULTS_DIR/b5_prefill_pick.csv
 echo "policy,instances,median_us,p99_us,load1" >"$pf_csv"
-awk -v l="$load1" '/^prefix-aware match/ { exit }
+awk -v l="$load1" '/^one PD booking/ || /^prefix-aware match/ { exit }
     f && NF == 4 && $2 ~ /^[0-9]+$/ { printf "%s,%s,%s,%s,%s\n", $1, $2, $3, $4, l }
     /^one prefill pick/ { f = 1 }' <<<"$out" >>"$pf_csv"
+pd_csv=$RESULTS_DIR/b5_pd_pick.csv
+echo "policy,instances_per_role,median_us,p99_us,load1" >"$pd_csv"
+awk -v l="$load1" '/^prefix-aware match/ { exit }
+    f && NF == 4 && $2 ~ /^[0-9]+$/ { printf "%s,%s,%s,%s,%s\n", $1, $2, $3, $4, l }
+    /^one PD booking/ { f = 1 }' <<<"$out" >>"$pd_csv"
 match_csv=$RESULTS_DIR/b5_prefix_match.csv
 echo "case,blocks,median_us,p99_us,load1" >"$match_csv"
 awk -v l="$load1" 'f && NF == 4 && $2 ~ /^[0-9]+$/ { printf "%s,%s,%s,%s,%s\n", $1, $2, $3, $4, l }
@@ -56,6 +62,10 @@ pf_slo=$(awk -F, '$1 == "slo" && $2 == 1000 { print $3 }' "$pf_csv")
 pf_ll=$(awk -F, '$1 == "least-load" && $2 == 1000 { print $3 }' "$pf_csv")
 check_target b5 "slo prefill pick (queue replay) median at 1000 inst" "$pf_slo" le 5 us
 info_row b5 "least-load prefill pick median at 1000 inst" "$pf_ll" us
+pd_slo=$(awk -F, '$1 == "slo" && $2 == 1000 { print $3 }' "$pd_csv")
+pd_ll=$(awk -F, '$1 == "least-load" && $2 == 1000 { print $3 }' "$pd_csv")
+info_row b5 "slo PD booking (pair weighed) median at 1000 per role" "$pd_slo" us
+info_row b5 "least-load PD booking median at 1000 per role" "$pd_ll" us
 full=$(awk -F, '$1 == "full-hit" { print $3 }' "$match_csv")
 check_target b5 "prefix-aware match, 4096-token prompt (full hit)" "$full" le 5 us
 echo "machine: $(machine_line)"

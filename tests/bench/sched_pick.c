@@ -1,8 +1,9 @@
 /*
  * sched-pick: median and p99 latency of one scheduler pick (choice plus
  * booking of one decode leg) for every policy at 10 / 100 / 1,000 /
- * 10,000 instances with random loads, and of the prefix-aware match of a
- * 4,096-token prompt against a warm index.
+ * 10,000 instances with random loads, of one PD booking (both legs: slo weighs
+ * the prefills with the decodes' learnt pair handoffs), and of the prefix-aware
+ * match of a 4,096-token prompt against a warm index.
  *
  * Usage: sched-pick [--quick] [--policy NAME] [--instances N]
  *   --quick      fewer iterations
@@ -146,6 +147,76 @@ static void prefill_picks(size_t max_iter, int only_policy, size_t only_size)
     }
 }
 
+/* One PD booking (prefill and decode chosen, both legs booked) on <n> prefills and <n>
+ * decodes with random loads; every decode's handoff model warm and its pair table full (16
+ * prefills each), so slo weighs its few best prefills against every decode's pair factor. */
+static void pd_picks(size_t max_iter, int only_policy, size_t only_size)
+{
+    static const size_t sizes[] = {10, 100, 1000};
+    static const sched_policy_t pols[] = {SCHED_POLICY_LEAST_LOAD, SCHED_POLICY_SLO};
+
+    printf("\none PD booking (prefill + decode) per role size, microseconds\n");
+    printf("%-14s %7s %10s %10s\n", "policy", "inst", "median", "p99");
+    for (size_t k = 0; k < sizeof(pols) / sizeof(pols[0]); k++) {
+        if (only_policy >= 0 && (int)pols[k] != only_policy)
+            continue;
+        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+            size_t n = only_size ? only_size : sizes[s];
+            sched_pool_t *pool = make_pool_role(pols[k], n, 42, SCHED_ROLE_DECODE);
+            uint64_t *samples = malloc(max_iter * sizeof(uint64_t));
+            char err[256];
+            if (!samples) {
+                fprintf(stderr, "sched-pick: out of memory\n");
+                exit(1);
+            }
+            for (size_t i = 0; i < n; i++) {
+                sched_instance_desc_t d;
+                char id[32], url[64];
+                sched_instance_desc_init(&d);
+                snprintf(id, sizeof(id), "p%zu", i);
+                snprintf(url, sizeof(url), "http://10.200.%zu.%zu:8000", i >> 8, i & 255);
+                d.id = id;
+                d.url = url;
+                d.role = SCHED_ROLE_PREFILL;
+                if (sched_pool_add(pool, &d, err, sizeof(err)) != SCHED_OK) {
+                    fprintf(stderr, "sched-pick: add failed: %s\n", err);
+                    exit(1);
+                }
+            }
+            for (size_t i = 0; i < n; i++) {
+                char id[32];
+                double x[SCHED_TRANSFER_DIM];
+                sched_instance_t *dec;
+                snprintf(id, sizeof(id), "d%zu", i);
+                dec = sched_pool_get(pool, id);
+                sched_transfer_features(x, 1024, 8);
+                for (uint64_t u = 1; u <= 16 + 8; u++) /* its own model, then 16 pairs */
+                    sched_handoff_observe(dec, u <= 8 ? 0 : n + 1 + (u * 7 + i) % n, x,
+                                          0.02 + 0.001 * (double)(u % 5), u);
+                sched_instance_unref(dec);
+            }
+            for (size_t i = 0; i < max_iter + 100; i++) {
+                sched_request_t req = {.prompt_tokens = 1024, .max_tokens = 256};
+                sched_booking_t *b = NULL;
+                uint64_t t0 = now_ns(), t1;
+                if (sched_book_pd(pool, &req, &b) != SCHED_OK) {
+                    fprintf(stderr, "sched-pick: no PD pair\n");
+                    exit(1);
+                }
+                t1 = now_ns();
+                sched_booking_destroy(&b);
+                if (i >= 100)
+                    samples[i - 100] = t1 - t0;
+            }
+            report(sched_policy_name(pols[k]), n, samples, max_iter);
+            free(samples);
+            sched_pool_destroy(pool);
+            if (only_size)
+                break;
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const size_t sizes[] = {10, 100, 1000, 10000};
@@ -216,6 +287,7 @@ int main(int argc, char **argv)
     }
 
     prefill_picks(max_iter, only_policy, only_size);
+    pd_picks(max_iter, only_policy, only_size);
 
     /* Prefix match of a 4,096-token prompt (hash 256 blocks + longest match). */
     if (only_policy < 0) {

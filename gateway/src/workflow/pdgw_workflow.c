@@ -131,14 +131,18 @@ static void wf_sched_request(pdgw_wf_t *wf, sched_request_t *sr, const char **ex
 }
 
 /* What a successful leg took, for its instance's latency models (pdsched/predict.h): a
- * prefill leg's whole time (its answer is the first token); a decode leg's time from its
- * start to the first relayed token and the stream's later events (about one token each,
- * vLLM's stream interval aside) with the time they took. A whole (non-stream) answer
- * teaches the decode nothing: its time cannot be split into the two. */
+ * prefill leg's whole time (its answer is the first token); a decode leg's time to the
+ * first relayed token and the stream's later events (about one token each, vLLM's stream
+ * interval aside) with the time they took. A PD decode leg's first token waits for the KV
+ * handoff, which starts once the prefill answered: it counts from the later of its own
+ * start and that answer (both legs sent at once, the parallel protocols, would otherwise
+ * teach the handoff the prefill's time too). A whole (non-stream) answer teaches the
+ * decode nothing: its time cannot be split into the two. */
 static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_t *res)
 {
     const pdgw_leg_t *leg = &wf->legs[k];
-    uint64_t first_ms = wf->t_first_token_ns / 1000000u;
+    const pdgw_leg_t *prefill = &wf->legs[PDGW_LEG_PREFILL];
+    uint64_t first_ms = wf->t_first_token_ns / 1000000u, from_ms;
 
     if (k == PDGW_LEG_PREFILL) {
         if (leg->t_end_ms > leg->t_start_ms)
@@ -149,8 +153,11 @@ static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_
     }
     if (wf->t_first_token_ns == 0 || leg->t_start_ms == 0 || first_ms < leg->t_start_ms)
         return;
-    res->first_token_s = (double)(first_ms - leg->t_start_ms) / 1e3;
-    if (first_ms == leg->t_start_ms)
+    from_ms = leg->t_start_ms;
+    if (prefill->t_end_ms > from_ms) /* overlapping legs: from the prefill's answer */
+        from_ms = prefill->t_end_ms < first_ms ? prefill->t_end_ms : first_ms;
+    res->first_token_s = (double)(first_ms - from_ms) / 1e3;
+    if (first_ms == from_ms)
         res->first_token_s = 0.0005; /* within the loop's millisecond */
     if (wf->n_later_events > 0 && wf->t_last_token_ns > wf->t_first_token_ns) {
         res->later_tokens = wf->n_later_events;

@@ -75,17 +75,20 @@ typedef enum sched_phase {
 
 /* Features of each phase, scaled so that typical values are of order 1 (a well-conditioned
  * fit with one prior variance for all). */
-#define SCHED_PREFILL_DIM  2 /* engine steps, kTokens they compute (the replay's) */
-#define SCHED_TPOT_DIM     3 /* 1, running requests / 16, KV kTokens running / 10 */
-#define SCHED_TRANSFER_DIM 2 /* 1, kTokens of the prompt (the KV handed over) */
+#define SCHED_PREFILL_DIM 2 /* engine steps, kTokens they compute (the replay's) */
+#define SCHED_TPOT_DIM    3 /* 1, running requests / 16, KV kTokens running / 10 */
+/* 1, kTokens of the prompt (the KV handed over), requests running on the decode / 16 (its
+ * first step after the KV lands is a step of that batch) */
+#define SCHED_TRANSFER_DIM 3
 void sched_prefill_features(double x[SCHED_PREFILL_DIM], uint32_t steps, uint64_t tokens);
 void sched_tpot_features(double x[SCHED_TPOT_DIM], uint32_t running, uint64_t kv_tokens);
-void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t prompt_tokens);
+void sched_transfer_features(double x[SCHED_TRANSFER_DIM], uint64_t prompt_tokens,
+                             uint32_t running);
 
 /* The priors a cold instance starts from (seconds), before it has been observed: a prefill
  * step of 20 ms + 0.1 ms per token it computes, 12 ms per output token
  * at an empty batch, a KV handoff (transfer and the decode's first step) of 5 ms + 10 ms per
- * kToken. Deliberately rough: with the prior
+ * kToken + 3 ms per 16 running requests. Deliberately rough: with the prior
  * variance the first few observations replace them. */
 const double *sched_phase_prior(sched_phase_t phase);
 unsigned sched_phase_dim(sched_phase_t phase);

@@ -3,8 +3,10 @@
  * a slower prefill gets proportionally less, a decode whose predicted time per output token
  * misses the request's target is passed over, one very fast instance is not made the hot
  * spot, a cold fleet is filled deterministically, a prompt cached on one prefill (its KV
- * events) is predicted as what is left to compute there, and sched_slo_estimate says what the
- * fleet can do. The speeds are the test's own; the scheduler learns them from timings.
+ * events) is predicted as what is left to compute there, sched_slo_estimate says what the
+ * fleet can do, and a (prefill, decode) pair whose KV handoff is slower than the decode's others
+ * is learnt and avoided, the prefill and the decode chosen together. The speeds are the test's own;
+ * the scheduler learns them from timings.
  */
 #include <math.h>
 
@@ -20,7 +22,10 @@ static double law_ttft(uint32_t n, uint64_t queued, double speed)
 static double speed_of(const sched_instance_t *inst)
 {
     const char *id = sched_instance_id(inst);
-    return strncmp(id, "slow", 4) == 0 ? 0.4 : strncmp(id, "rocket", 6) == 0 ? 10.0 : 1.0;
+    return strncmp(id, "slow", 4) == 0     ? 0.4
+           : strncmp(id, "rocket", 6) == 0 ? 10.0
+           : strncmp(id, "brisk", 5) == 0  ? 1.1
+                                           : 1.0;
 }
 
 /* Decode: 10 ms per token, 40 ms on the ones called slow-*. */
@@ -266,6 +271,148 @@ static void test_estimate(void **s)
     sched_pool_destroy(pool);
 }
 
+/* The KV handoff of a PD decode leg (its time to the first token after the prefill answered):
+ * 5 ms + 10 ms per kToken, 4x on the path from slow_path_prefill to slow_path_decode. */
+static const char *slow_path_prefill, *slow_path_decode;
+static double law_handoff(const sched_instance_t *p, const sched_instance_t *d, uint32_t n)
+{
+    double t = 0.005 + 0.010 * n * 1e-3;
+    return strcmp(sched_instance_id(p), slow_path_prefill) == 0 &&
+                   strcmp(sched_instance_id(d), slow_path_decode) == 0
+               ? 4.0 * t
+               : t;
+}
+
+/* Like train(), the decode legs timing their first token too (the handoff). */
+static void train_pd(sched_pool_t *pool, int requests)
+{
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_ROUND_ROBIN),
+                     SCHED_OK);
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_ROUND_ROBIN),
+                     SCHED_OK);
+    for (int i = 0; i < requests; i++) {
+        uint32_t n = 200 + (uint32_t)((i * 7919) % 3800);
+        sched_request_t req = {.prompt_tokens = n, .max_tokens = 32};
+        sched_booking_t *b = NULL;
+        sched_result_t r = {.outcome = SCHED_OUTCOME_SUCCESS};
+        sched_instance_t *p, *d;
+        assert_int_equal(sched_book_pd(pool, &req, &b), SCHED_OK);
+        p = sched_booking_instance(b, SCHED_LEG_PREFILL);
+        d = sched_booking_instance(b, SCHED_LEG_DECODE);
+        r.first_token_s = law_ttft(n, 0, speed_of(p));
+        assert_int_equal(sched_booking_finish(b, SCHED_LEG_PREFILL, &r), SCHED_OK);
+        r.first_token_s = law_handoff(p, d, n);
+        r.later_tokens = 31;
+        r.later_tokens_s = 31 * law_tpot(d);
+        assert_int_equal(sched_booking_finish(b, SCHED_LEG_DECODE, &r), SCHED_OK);
+        sched_booking_destroy(&b);
+    }
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_SLO), SCHED_OK);
+    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_SLO), SCHED_OK);
+}
+
+/* Book <n> PD requests of 4000 tokens one after the other (each finished before the next:
+ * an idle fleet), counting the ones that went to <prefill> and to <decode>. */
+static void sequential_pd(sched_pool_t *pool, int n, const char *prefill, const char *decode,
+                          int *on_prefill, int *on_decode)
+{
+    *on_prefill = *on_decode = 0;
+    for (int i = 0; i < n; i++) {
+        sched_request_t req = {.prompt_tokens = 4000, .max_tokens = 32};
+        sched_booking_t *b = NULL;
+        assert_int_equal(sched_book_pd(pool, &req, &b), SCHED_OK);
+        *on_prefill +=
+            strcmp(sched_instance_id(sched_booking_instance(b, SCHED_LEG_PREFILL)), prefill) == 0;
+        *on_decode +=
+            strcmp(sched_instance_id(sched_booking_instance(b, SCHED_LEG_DECODE)), decode) == 0;
+        sched_booking_destroy(&b);
+    }
+}
+
+/* Two prefills, the brisk one 10 % faster, whose path to the only decode is 4x slower: at 4000
+ * tokens the prefill saves 0.11 s and the handoff costs 0.135 s more, so the pair through the
+ * other prefill starts sooner. Chosen one leg at a time, the brisk prefill would win every
+ * time (the control: the same fleet with the path normal). */
+static void test_pair_chosen_together(void **s)
+{
+    static const char *const p[] = {"brisk-1", "p-2"}, *const d[] = {"d-1"};
+    sched_pool_t *pool;
+    int on_p, on_d;
+    (void)s;
+    slow_path_prefill = "nobody";
+    slow_path_decode = "d-1";
+    pool = fleet(p, 2, d, 1);
+    train_pd(pool, 200);
+    sequential_pd(pool, 20, "brisk-1", "d-1", &on_p, &on_d);
+    assert_int_equal(on_p, 20); /* control: the faster prefill, the paths equal */
+    sched_pool_destroy(pool);
+
+    slow_path_prefill = "brisk-1";
+    pool = fleet(p, 2, d, 1);
+    train_pd(pool, 200);
+    sequential_pd(pool, 20, "brisk-1", "d-1", &on_p, &on_d);
+    print_message("brisk-1 (slow path) took %d of 20\n", on_p);
+    assert_int_equal(on_p, 0);
+    sched_pool_destroy(pool);
+}
+
+/* One prefill, two equal decodes, the path to d-1 4x slower: the decode pick after that
+ * prefill takes d-2 (least loaded alone would alternate or take the lower uid). */
+static void test_decode_by_pair_handoff(void **s)
+{
+    static const char *const p[] = {"p-1"}, *const d[] = {"d-1", "d-2"};
+    sched_pool_t *pool;
+    int on_p, on_d1;
+    (void)s;
+    slow_path_prefill = "p-1";
+    slow_path_decode = "d-1";
+    pool = fleet(p, 1, d, 2);
+    train_pd(pool, 200);
+    sequential_pd(pool, 20, "p-1", "d-1", &on_p, &on_d1);
+    print_message("d-1 (slow path) took %d of 20\n", on_d1);
+    assert_int_equal(on_d1, 0);
+    sched_pool_destroy(pool);
+}
+
+/* The pair table itself: a step change on one path is followed within a few legs, the other
+ * paths keep their factor, and a decode keeps the SCHED_PAIR_SLOTS prefills it saw last. */
+static void test_pair_factor_tracks_and_is_bounded(void **s)
+{
+    static const char *const p[] = {"p-1"}, *const d[] = {"d-1"};
+    sched_pool_t *pool = fleet(p, 1, d, 1);
+    sched_instance_t *dec = sched_pool_get(pool, "d-1");
+    double x[SCHED_TRANSFER_DIM];
+    uint64_t now = 1;
+    (void)s;
+    assert_non_null(dec);
+    sched_transfer_features(x, 2000, 0);
+    for (int i = 0; i < 40; i++) /* the decode's own model, through prefill 1 */
+        sched_handoff_observe(dec, 1, x, 0.025, now++);
+    assert_true(fabs(sched_pair_factor(&dec->pairs, 1) - 1.0) < 0.1);
+    for (int i = 0; i < 8; i++) /* prefill 2's path turns 3x slower */
+        sched_handoff_observe(dec, 2, x, 0.075, now++);
+    print_message("factor of the slow path %.2f\n", sched_pair_factor(&dec->pairs, 2));
+    assert_true(sched_pair_factor(&dec->pairs, 2) > 2.4);
+    assert_true(fabs(sched_pair_factor(&dec->pairs, 1) - 1.0) < 0.2);
+    {
+        sched_prediction_t h1, h2;
+        sched_handoff_predict(dec, 1, x, &h1);
+        sched_handoff_predict(dec, 2, x, &h2);
+        assert_true(fabs(h1.mean - 0.025) / 0.025 < 0.2);
+        assert_true(fabs(h2.mean - 0.075) / 0.075 < 0.2);
+    }
+    /* SCHED_PAIR_SLOTS more prefills, the last one's path 3x slower too */
+    for (uint64_t u = 100; u < 100 + SCHED_PAIR_SLOTS; u++)
+        for (int i = 0; i < 4; i++)
+            sched_handoff_observe(dec, u, x, u == 100 + SCHED_PAIR_SLOTS - 1 ? 0.075 : 0.025,
+                                  now++);
+    assert_true(sched_pair_factor(&dec->pairs, 2) == 1.0); /* the least recently seen: gone */
+    assert_true(sched_pair_factor(&dec->pairs, 100 + SCHED_PAIR_SLOTS - 1) > 2.0);
+    assert_true(fabs(sched_pair_factor(&dec->pairs, 100) - 1.0) < 0.2);
+    sched_instance_unref(dec);
+    sched_pool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -276,6 +423,9 @@ int main(void)
         cmocka_unit_test(test_large_role_window),
         cmocka_unit_test(test_cached_prefix_from_kv_events),
         cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_pair_chosen_together),
+        cmocka_unit_test(test_decode_by_pair_handoff),
+        cmocka_unit_test(test_pair_factor_tracks_and_is_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
