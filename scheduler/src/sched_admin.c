@@ -1,4 +1,5 @@
 /* Admin surface: instances as JSON, add from a JSON body. */
+#include <math.h>
 #include <string.h>
 
 #include "sched_int.h"
@@ -160,12 +161,14 @@ static void instance_latency_json(json_t *o, const sched_instance_t *inst)
     json_object_set_new(ttft, "p90_1k_tokens", json_real(t.upper));
     json_object_set_new(ttft, "observed", json_integer((json_int_t)t.observed));
     json_object_set_new(ttft, "error_ratio",
-                        t.observed > SCHED_PREDICT_SCORED_AFTER ? json_real(t.err) : json_null());
+                        t.observed > SCHED_PREDICT_SCORED_AFTER && !isnan(t.err) ? json_real(t.err)
+                                                                                 : json_null());
     json_object_set_new(tpot, "seconds", json_real(d.mean));
     json_object_set_new(tpot, "p90", json_real(d.upper));
     json_object_set_new(tpot, "observed", json_integer((json_int_t)d.observed));
     json_object_set_new(tpot, "error_ratio",
-                        d.observed > SCHED_PREDICT_SCORED_AFTER ? json_real(d.err) : json_null());
+                        d.observed > SCHED_PREDICT_SCORED_AFTER && !isnan(d.err) ? json_real(d.err)
+                                                                                 : json_null());
     json_object_set_new(lat, "ttft", ttft);
     json_object_set_new(lat, "tpot", tpot);
     json_object_set_new(o, "latency", lat);

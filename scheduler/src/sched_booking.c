@@ -256,6 +256,29 @@ static void leg_answered(booking_leg_t *leg, const sched_result_t *r, uint64_t n
     leg->pq_id = 0;
 }
 
+/* A decode leg's whole answer: its first token's time and its later tokens' together, the
+ * first token's model (the handoff after a prefill; its own prefill for a whole request) and
+ * the TPOT model learn the sum, each its share. */
+static void leg_learn_whole_answer(booking_leg_t *leg, const sched_instance_t *prefill,
+                                   const sched_result_t *r)
+{
+    double xb[SCHED_TPOT_DIM], later = (double)(r->answer_tokens - 1);
+
+    for (unsigned i = 0; i < SCHED_TPOT_DIM; i++)
+        xb[i] = leg->x_tpot[i] * later;
+    if (leg->prompt_charge == 0) { /* after a prefill: the handoff, as its pair sees it */
+        double xa[SCHED_TRANSFER_DIM];
+        double f = sched_pair_factor(&leg->inst->pairs, prefill ? prefill->uid : 0);
+        for (unsigned i = 0; i < SCHED_TRANSFER_DIM; i++)
+            xa[i] = leg->x_handoff[i] * f;
+        sched_latency_model_observe_sum(&leg->inst->lat_handoff, xa, &leg->inst->lat_tpot, xb,
+                                        r->answer_s);
+    } else { /* the whole request: its prompt as booked, behind the replay's elapsed part */
+        sched_latency_model_observe_sum(&leg->inst->lat_prefill, leg->x_ttft, &leg->inst->lat_tpot,
+                                        xb, leg->x_elapsed_s + r->answer_s);
+    }
+}
+
 /* Teach the instance's models what a successful leg took (<prefill>: the booking's prefill
  * instance, for a decode leg's handoff). */
 static void leg_learn(booking_leg_t *leg, const sched_instance_t *prefill, const sched_result_t *r,
@@ -286,6 +309,8 @@ static void leg_learn(booking_leg_t *leg, const sched_instance_t *prefill, const
     if (r->later_tokens > 0 && r->later_tokens_s > 0.0)
         sched_latency_model_observe(&leg->inst->lat_tpot, leg->x_tpot,
                                     r->later_tokens_s / r->later_tokens);
+    if (!(r->first_token_s > 0.0) && r->answer_s > 0.0 && r->answer_tokens > 0 && leg->kv_charge)
+        leg_learn_whole_answer(leg, prefill, r);
 }
 
 /* Choose and book <which> for <b>. Decode prefers the prefill's zone. */

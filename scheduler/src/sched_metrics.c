@@ -1,6 +1,7 @@
 /* Prometheus text of the scheduler (appended by the gateway to /metrics). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "sched_int.h"
@@ -144,9 +145,9 @@ static void emit_predictions(pdb_prom_t *p, sched_instance_t **arr, size_t n)
             const char *const labels[] = {"instance", arr[i]->desc.id, "phase", phase[k], NULL};
             uint64_t obs = atomic_load(&m[k]->observed);
             pdb_prom_sample_u64(p, "pdgw_predict_observations_total", NULL, labels, obs);
-            if (obs > SCHED_PREDICT_SCORED_AFTER)
-                pdb_prom_sample(p, "pdgw_predict_error_ratio", NULL, labels,
-                                atomic_load(&m[k]->err));
+            double err = atomic_load(&m[k]->err);
+            if (obs > SCHED_PREDICT_SCORED_AFTER && !isnan(err))
+                pdb_prom_sample(p, "pdgw_predict_error_ratio", NULL, labels, err);
         }
     }
 }

@@ -84,11 +84,39 @@ static void reopen(sched_fit_t *f)
     f->since_reset = 0;
 }
 
+/* After an observation: the covariance's trace bound (windup), the running error, the bias
+ * that reopens a changed law. <e> the residual, <ae> |e|. */
+static void observe_after(sched_fit_t *f, double y, double e, double ae)
+{
+    unsigned d = f->dim;
+    double trace = 0.0;
+
+    for (unsigned i = 0; i < d; i++)
+        trace += f->p[i][i];
+    if (trace > prior_trace(f)) {
+        double s = prior_trace(f) / trace;
+        for (unsigned i = 0; i < d; i++) {
+            for (unsigned j = 0; j < d; j++)
+                f->p[i][j] *= s;
+        }
+    }
+    f->abs_err = f->n == 0 ? ae : f->abs_err + MEAN_STEP * (ae - f->abs_err);
+    f->n++;
+    f->since_reset++;
+    if (y != 0.0) {
+        double rel = e / fabs(y);
+        rel = rel > 1.0 ? 1.0 : rel < -1.0 ? -1.0 : rel;
+        f->bias += BIAS_STEP * (rel - f->bias);
+    }
+    if (f->since_reset >= FIT_WARMUP && fabs(f->bias) > BIAS_RESET)
+        reopen(f);
+}
+
 void sched_fit_observe(sched_fit_t *f, const double *x, double y)
 {
     unsigned d = f->dim;
     double px[SCHED_FIT_MAX_DIM], k[SCHED_FIT_MAX_DIM];
-    double e, ae, w = 1.0, xpx = 0.0, denom, trace = 0.0;
+    double e, ae, w = 1.0, xpx = 0.0, denom;
 
     if (!isfinite(y) || !all_finite(x, d))
         return;
@@ -115,26 +143,51 @@ void sched_fit_observe(sched_fit_t *f, const double *x, double y)
             double v = (f->p[i][j] - k[i] * px[j]) / f->forget;
             f->p[i][j] = f->p[j][i] = v; /* kept symmetric against rounding */
         }
-        trace += f->p[i][i];
     }
-    /* Directions the data never excites grow by 1/forget per step: bound them (windup). */
-    if (trace > prior_trace(f)) {
-        double s = prior_trace(f) / trace;
-        for (unsigned i = 0; i < d; i++) {
-            for (unsigned j = 0; j < d; j++)
-                f->p[i][j] *= s;
+    observe_after(f, y, e, ae);
+}
+
+void sched_fit_observe_sum(sched_fit_t *a, const double *xa, sched_fit_t *b, const double *xb,
+                           double y)
+{
+    sched_fit_t *f[2] = {a, b};
+    const double *x[2] = {xa, xb};
+    double px[2][SCHED_FIT_MAX_DIM], xpx = 0.0, e, ae, w = 1.0, denom, scale;
+
+    if (!isfinite(y) || !all_finite(xa, a->dim) || !all_finite(xb, b->dim))
+        return;
+    e = y - sched_fit_predict(a, xa) - sched_fit_predict(b, xb);
+    ae = fabs(e);
+    /* the robust weight on the scale both fits' errors add up to */
+    scale = a->abs_err + b->abs_err;
+    if (a->since_reset >= FIT_WARMUP && b->since_reset >= FIT_WARMUP && scale > 0.0 &&
+        ae > FIT_HUBER_K * scale)
+        w = FIT_HUBER_K * scale / ae;
+    for (int m = 0; m < 2; m++) {
+        for (unsigned i = 0; i < f[m]->dim; i++) {
+            px[m][i] = 0.0;
+            for (unsigned j = 0; j < f[m]->dim; j++)
+                px[m][i] += f[m]->p[i][j] * x[m][j];
+            xpx += x[m][i] * px[m][i];
         }
     }
-    f->abs_err = f->n == 0 ? ae : f->abs_err + MEAN_STEP * (ae - f->abs_err);
-    f->n++;
-    f->since_reset++;
-    if (y != 0.0) {
-        double rel = e / fabs(y);
-        rel = rel > 1.0 ? 1.0 : rel < -1.0 ? -1.0 : rel;
-        f->bias += BIAS_STEP * (rel - f->bias);
+    /* The joint least-squares step over both coefficient vectors, their covariance taken as
+     * block diagonal (the two fits stay apart): each moves by its share of the uncertainty. */
+    denom = (a->forget + b->forget) * 0.5 + w * xpx;
+    if (!(denom > 0.0))
+        return;
+    for (int m = 0; m < 2; m++) {
+        sched_fit_t *fm = f[m];
+        for (unsigned i = 0; i < fm->dim; i++)
+            fm->theta[i] += w * px[m][i] / denom * e;
+        for (unsigned i = 0; i < fm->dim; i++) {
+            for (unsigned j = i; j < fm->dim; j++) {
+                double v = (fm->p[i][j] - w * px[m][i] * px[m][j] / denom) / fm->forget;
+                fm->p[i][j] = fm->p[j][i] = v;
+            }
+        }
+        observe_after(fm, y, e, ae);
     }
-    if (f->since_reset >= FIT_WARMUP && fabs(f->bias) > BIAS_RESET)
-        reopen(f);
 }
 
 /* ---------------------------------------------------------------- features, priors */
@@ -201,7 +254,8 @@ static void publish(sched_latency_model_t *m)
     for (unsigned i = 0; i < m->dim; i++)
         atomic_store_explicit(&m->coef[i], m->fit.theta[i], memory_order_relaxed);
     atomic_store_explicit(&m->spread, exp(m->q_log), memory_order_relaxed);
-    atomic_store_explicit(&m->err, m->rel_err, memory_order_relaxed);
+    /* NaN until a prediction was scored (a model taught only by sums has no error yet) */
+    atomic_store_explicit(&m->err, m->scored > 0 ? m->rel_err : NAN, memory_order_relaxed);
     atomic_store_explicit(&m->observed, m->fit.n, memory_order_relaxed);
     atomic_store_explicit(&m->seq, s + 2, memory_order_release);
 }
@@ -301,4 +355,21 @@ void sched_latency_model_observe_scored(sched_latency_model_t *m, const double *
         sched_fit_observe(&m->fit, x, y);
     publish(m);
     pthread_mutex_unlock(&m->mu);
+}
+
+void sched_latency_model_observe_sum(sched_latency_model_t *a, const double *xa,
+                                     sched_latency_model_t *b, const double *xb, double seconds)
+{
+    if (a == b || !(seconds > 0.0) || !isfinite(seconds) || !all_finite(xa, a->dim) ||
+        !all_finite(xb, b->dim))
+        return;
+    /* lock order: a before b (the callers pass the handoff or prefill model first, the TPOT
+     * model second; nothing locks them the other way) */
+    pthread_mutex_lock(&a->mu);
+    pthread_mutex_lock(&b->mu);
+    sched_fit_observe_sum(&a->fit, xa, &b->fit, xb, seconds);
+    publish(a);
+    publish(b);
+    pthread_mutex_unlock(&b->mu);
+    pthread_mutex_unlock(&a->mu);
 }

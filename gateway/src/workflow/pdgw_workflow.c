@@ -136,8 +136,9 @@ static void wf_sched_request(pdgw_wf_t *wf, sched_request_t *sr, const char **ex
  * interval aside) with the time they took. A PD decode leg's first token waits for the KV
  * handoff, which starts once the prefill answered: it counts from the later of its own
  * start and that answer (both legs sent at once, the parallel protocols, would otherwise
- * teach the handoff the prefill's time too). A whole (non-stream) answer teaches the
- * decode nothing: its time cannot be split into the two. */
+ * teach the handoff the prefill's time too). A whole (non-stream) answer gives its time and
+ * its output tokens (usage), from which the first token's model and the TPOT model learn
+ * together (sched_result_t answer_s). */
 static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_t *res)
 {
     const pdgw_leg_t *leg = &wf->legs[k];
@@ -151,7 +152,21 @@ static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_
             res->cached_tokens = (uint32_t)wf->prefill_cached;
         return;
     }
-    if (wf->t_first_token_ns == 0 || leg->t_start_ms == 0 || first_ms < leg->t_start_ms)
+    if (leg->t_start_ms == 0)
+        return;
+    if (wf->t_first_token_ns == 0) {
+        if (wf->req->info.stream || wf->req->info.n > 1 || !wf->usage_seen ||
+            wf->usage_completion <= 0 || wf->usage_completion > UINT32_MAX ||
+            leg->t_end_ms <= leg->t_start_ms)
+            return;
+        from_ms = leg->t_start_ms;
+        if (prefill->t_end_ms > from_ms && prefill->t_end_ms < leg->t_end_ms)
+            from_ms = prefill->t_end_ms; /* overlapping legs: from the prefill's answer */
+        res->answer_s = (double)(leg->t_end_ms - from_ms) / 1e3;
+        res->answer_tokens = (uint32_t)wf->usage_completion;
+        return;
+    }
+    if (first_ms < leg->t_start_ms)
         return;
     from_ms = leg->t_start_ms;
     if (prefill->t_end_ms > from_ms) /* overlapping legs: from the prefill's answer */

@@ -64,6 +64,11 @@ void sched_fit_init(sched_fit_t *f, unsigned dim, const double *prior, double pr
 void sched_fit_set_prior_var(sched_fit_t *f, unsigned i, double var);
 void sched_fit_observe(sched_fit_t *f, const double *x, double y);
 double sched_fit_predict(const sched_fit_t *f, const double *x);
+/* One observation of a sum, y = a.xa + b.xb, where only the sum was seen (a whole answer: its
+ * first token's time and its later tokens' together): one least-squares step of both fits,
+ * each by its share of their joint uncertainty. */
+void sched_fit_observe_sum(sched_fit_t *a, const double *xa, sched_fit_t *b, const double *xb,
+                           double y);
 
 /* The phases pdgw predicts. */
 typedef enum sched_phase {
@@ -127,10 +132,15 @@ void sched_latency_model_observe(sched_latency_model_t *m, const double *x, doub
 void sched_latency_model_observe_scored(sched_latency_model_t *m, const double *x, double y,
                                         double predicted, double actual);
 
+/* The same on two models of one instance (<a> the first token's, <b> the TPOT model with its
+ * features times the later tokens): learnt, not scored (neither phase was seen alone). */
+void sched_latency_model_observe_sum(sched_latency_model_t *a, const double *xa,
+                                     sched_latency_model_t *b, const double *xb, double seconds);
+
 typedef struct sched_prediction {
     double mean;  /* seconds; never below 0 */
     double upper; /* mean x spread: the tracked quantile */
-    double err;   /* the model's mean relative error (0 until SCHED_PREDICT_SCORED_AFTER) */
+    double err;   /* the model's mean relative error (NaN until a warm prediction was scored) */
     uint64_t observed;
 } sched_prediction_t;
 

@@ -521,6 +521,11 @@ typedef struct sched_result {
      * prompt_tokens_details.cached_tokens; 0 = none or not said): the prefill model learns
      * what was computed. */
     uint32_t cached_tokens;
+    /* A whole (non-stream) answer, where first_token_s is 0: its time (a decode leg's from
+     * the same start as first_token_s) and its output tokens (usage's completion_tokens).
+     * The first token's model and the TPOT model learn the sum of the two. */
+    double answer_s;
+    uint32_t answer_tokens;
 } sched_result_t;
 
 /*
