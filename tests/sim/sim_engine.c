@@ -21,6 +21,7 @@
  * waiting for tokens are suspended; the engine collects the ones to resume and resumes them
  * after dropping its lock.
  */
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,15 +221,23 @@ static uint64_t ms_to_ns(double ms)
     return ms > 0 ? (uint64_t)(ms * 1e6) : 0;
 }
 
+/* A factor on --speed set while running (POST /sim/speed): an engine that slows down. */
+static _Atomic double live_speed = 1.0;
+
+void sim_engine_set_live_speed(double f)
+{
+    atomic_store(&live_speed, f);
+}
+
 /* Speed factors of the two phases (< 1: slower). */
 static double prefill_factor(void)
 {
-    return sim_cfg.speed * sim_cfg.prefill_speed;
+    return sim_cfg.speed * atomic_load(&live_speed) * sim_cfg.prefill_speed;
 }
 
 static double decode_factor(void)
 {
-    return sim_cfg.speed * sim_cfg.decode_speed;
+    return sim_cfg.speed * atomic_load(&live_speed) * sim_cfg.decode_speed;
 }
 
 static int per_request_timing(void)

@@ -610,6 +610,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         snprintf(out, sizeof(out), "{\"generation\":%d}", sim_restart_bump());
         return send_buf(conn, 200, "application/json", strdup(out), NULL, -1);
     }
+    if (!strcmp(url, "/sim/speed")) {
+        /* the engine slows down (or recovers) while serving: a test's own knob */
+        const char *f = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "factor");
+        char *end = NULL, out[64];
+        double v = f ? strtod(f, &end) : 0.0;
+        if (!is_post)
+            return send_error(conn, NULL, 405, "Method Not Allowed", status_type(405), NULL, NULL);
+        if (!f || end == f || *end || !(v >= 0.01 && v <= 100.0))
+            return send_error(conn, NULL, 400, "factor: a number in 0.01..100", status_type(400),
+                              NULL, NULL);
+        sim_engine_set_live_speed(v);
+        snprintf(out, sizeof(out), "{\"factor\":%g}", v);
+        return send_buf(conn, 200, "application/json", strdup(out), NULL, -1);
+    }
     if (!strcmp(url, "/sim/requests")) {
         if (is_get) {
             const char *rid =

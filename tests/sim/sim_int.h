@@ -134,6 +134,8 @@ void sim_engine_id_of(int rank, char *out, size_t cap);
 int sim_engine_id_rank(const char *eid);
 /* Simulate a restart: new engine ids. Returns the new generation. */
 int sim_restart_bump(void);
+/* Scale every phase by <f> from now on (times --speed; POST /sim/speed?factor=F). */
+void sim_engine_set_live_speed(double f);
 /* GET http://host:port<path>: the body (malloc'd) of a 200 answer, or NULL with err. */
 char *sim_http_get(const char *host, int port, const char *path, int timeout_ms, char *err,
                    size_t errlen);

@@ -11,6 +11,9 @@ them, it learns both engines from its own leg timings):
   engine; requests without headers are served as before;
 - while the models are cold nothing is refused, whatever the target;
 - the slo policy tries each engine a few times, then sends the requests to the fast one;
+- of two equal engines under load, one slowed five times mid-run (`POST /sim/speed`, the
+  simulator's own knob) gets about a sixth of the requests within seconds, as its own
+  legs' timings say;
 - a request without headers gets its API key's targets (slo_keys), else its model's;
 - with slo_policy: reject, a target nobody is predicted to meet gets 429 `slo_unattainable`
   (a sheddable request - priority above 0 - as soon as it is predicted to miss at all)
@@ -21,6 +24,7 @@ import json
 import subprocess
 import os
 import tempfile
+import threading
 import time
 
 import pdgwtest as t
@@ -54,9 +58,9 @@ def served(port):
 
 
 class Fleet:
-    def __init__(self, extra):
+    def __init__(self, extra, engines=None):
         self.ports, self.sims = {}, []
-        for name, flags in ENGINES.items():
+        for name, flags in (engines or ENGINES).items():
             self.ports[name] = t.free_port()
             p = t.Proc(f"sim-{name}", [t.binary("pdgw-sim"), "--role", "both", "--port",
                                        str(self.ports[name]), "--model", MODEL] + flags)
@@ -168,6 +172,56 @@ def test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable():
         f.close()
 
 
+def test_slowed_engine_sheds_load():
+    flags = ["--ttft-ms", "30", "--prefill-ms-per-token", "0.1", "--tpot-ms", "5"]
+    f = Fleet([], engines={"a": flags, "b": flags})
+    stop = threading.Event()
+    errors = []
+
+    def client(k):
+        i = 0
+        while not stop.is_set():
+            status, _, body = completion(f.port, prompt=f"c{k} r{i} " + "words in a row " * 20)
+            if status != 200:
+                errors.append((status, body[:200]))
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    try:
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + 30
+        while served(f.ports["a"]) + served(f.ports["b"]) < 80:  # both learnt
+            assert time.monotonic() < deadline and not errors, errors
+            time.sleep(0.05)
+        a0, b0 = served(f.ports["a"]), served(f.ports["b"])
+        time.sleep(2.0)
+        a1, b1 = served(f.ports["a"]), served(f.ports["b"])
+        before = (a1 - a0) / max(1, (a1 - a0) + (b1 - b0))
+        for bad in ("abc", "0", "1e9", ""):
+            status, _, _ = t.request("POST", f.ports["a"], f"/sim/speed?factor={bad}", timeout=5)
+            assert status == 400, (bad, status)
+        status, _, body = t.request("POST", f.ports["a"], "/sim/speed?factor=0.2", timeout=5)
+        assert status == 200, body
+
+        time.sleep(3.0)  # the models follow (within seconds)
+        a2, b2 = served(f.ports["a"]), served(f.ports["b"])
+        time.sleep(3.0)
+        a3, b3 = served(f.ports["a"]), served(f.ports["b"])
+        after = (a3 - a2) / max(1, (a3 - a2) + (b3 - b2))
+        print(f"share of engine a: {before:.2f} before, {after:.2f} from "
+              f"3-6 s after it slowed five times "
+              f"({a3 - a2:.0f} of {(a3 - a2) + (b3 - b2):.0f})", flush=True)
+        assert not errors, errors[:3]
+        assert 0.3 < before < 0.7, before
+        assert after < 0.3, after  # equal speeds gave it half; five times slower, a sixth
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=30)
+        f.close()
+
+
 def test_defaults_per_api_key_then_model():
     """slo_keys gives one API key's requests their targets; other keys get their model's
     (slo_models); a header still wins. A malformed entry is refused at start without
@@ -218,7 +272,6 @@ def test_admission_queue_by_slo_deadline():
     """admission_order: slo_deadline serves the waiters by arrival + TTFT target (llm-d's
     slodeadline ordering: earliest first, requests without a target after all with one),
     not by arrival."""
-    import threading
     f = Fleet(["max_concurrent_requests: 1", "queue_size: 10", "admission_order: slo_deadline",
                "access_log: true", "log_format: json"])
     try:
@@ -256,6 +309,6 @@ def test_admission_queue_by_slo_deadline():
 
 
 if __name__ == "__main__":
-    t.run([test_bad_headers_and_plain_requests,
+    t.run([test_slowed_engine_sheds_load, test_bad_headers_and_plain_requests,
            test_slo_policy_learns_the_fast_engine_and_refuses_the_unattainable,
            test_defaults_per_api_key_then_model, test_admission_queue_by_slo_deadline])
