@@ -228,7 +228,6 @@ static void leg_features(booking_leg_t *leg, const sched_instance_t *inst, const
 {
     const sched_request_t *req = &b->req;
     uint64_t kv = atomic_load_explicit(&inst->kv_tokens, RELAXED);
-
     uint32_t running = atomic_load_explicit(&inst->inflight, RELAXED);
 
     leg_prompt_features(leg, inst, b, now_ms);

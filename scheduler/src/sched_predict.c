@@ -84,8 +84,9 @@ static void reopen(sched_fit_t *f)
     f->since_reset = 0;
 }
 
-/* After an observation: the covariance's trace bound (windup), the running error, the bias
- * that reopens a changed law. <e> the residual, <ae> |e|. */
+/* After an observation: the covariance's trace bound, the running error (<ae> = |e| when
+ * the residual <e> is this fit's alone; < 0 when it is of a sum, not its scale), the bias
+ * that reopens a changed law. */
 static void observe_after(sched_fit_t *f, double y, double e, double ae)
 {
     unsigned d = f->dim;
@@ -93,6 +94,7 @@ static void observe_after(sched_fit_t *f, double y, double e, double ae)
 
     for (unsigned i = 0; i < d; i++)
         trace += f->p[i][i];
+    /* Directions the data never excites grow by 1/forget per step: bound them (windup). */
     if (trace > prior_trace(f)) {
         double s = prior_trace(f) / trace;
         for (unsigned i = 0; i < d; i++) {
@@ -100,7 +102,8 @@ static void observe_after(sched_fit_t *f, double y, double e, double ae)
                 f->p[i][j] *= s;
         }
     }
-    f->abs_err = f->n == 0 ? ae : f->abs_err + MEAN_STEP * (ae - f->abs_err);
+    if (ae >= 0.0)
+        f->abs_err = f->n == 0 ? ae : f->abs_err + MEAN_STEP * (ae - f->abs_err);
     f->n++;
     f->since_reset++;
     if (y != 0.0) {
@@ -152,17 +155,13 @@ void sched_fit_observe_sum(sched_fit_t *a, const double *xa, sched_fit_t *b, con
 {
     sched_fit_t *f[2] = {a, b};
     const double *x[2] = {xa, xb};
-    double px[2][SCHED_FIT_MAX_DIM], xpx = 0.0, e, ae, w = 1.0, denom, scale;
+    double px[2][SCHED_FIT_MAX_DIM], xpx = 0.0, e, denom;
 
     if (!isfinite(y) || !all_finite(xa, a->dim) || !all_finite(xb, b->dim))
         return;
+    /* No robust weight: neither fit's error scale is that of a sum (the later tokens' part
+     * grows with their count). */
     e = y - sched_fit_predict(a, xa) - sched_fit_predict(b, xb);
-    ae = fabs(e);
-    /* the robust weight on the scale both fits' errors add up to */
-    scale = a->abs_err + b->abs_err;
-    if (a->since_reset >= FIT_WARMUP && b->since_reset >= FIT_WARMUP && scale > 0.0 &&
-        ae > FIT_HUBER_K * scale)
-        w = FIT_HUBER_K * scale / ae;
     for (int m = 0; m < 2; m++) {
         for (unsigned i = 0; i < f[m]->dim; i++) {
             px[m][i] = 0.0;
@@ -173,20 +172,20 @@ void sched_fit_observe_sum(sched_fit_t *a, const double *xa, sched_fit_t *b, con
     }
     /* The joint least-squares step over both coefficient vectors, their covariance taken as
      * block diagonal (the two fits stay apart): each moves by its share of the uncertainty. */
-    denom = (a->forget + b->forget) * 0.5 + w * xpx;
+    denom = (a->forget + b->forget) * 0.5 + xpx;
     if (!(denom > 0.0))
         return;
     for (int m = 0; m < 2; m++) {
         sched_fit_t *fm = f[m];
         for (unsigned i = 0; i < fm->dim; i++)
-            fm->theta[i] += w * px[m][i] / denom * e;
+            fm->theta[i] += px[m][i] / denom * e;
         for (unsigned i = 0; i < fm->dim; i++) {
             for (unsigned j = i; j < fm->dim; j++) {
-                double v = (fm->p[i][j] - w * px[m][i] * px[m][j] / denom) / fm->forget;
+                double v = (fm->p[i][j] - px[m][i] * px[m][j] / denom) / fm->forget;
                 fm->p[i][j] = fm->p[j][i] = v;
             }
         }
-        observe_after(fm, y, e, ae);
+        observe_after(fm, y, e, -1.0);
     }
 }
 
