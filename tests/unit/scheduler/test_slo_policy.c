@@ -9,6 +9,8 @@
  * the scheduler learns them from timings.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include "sched_kvev_int.h"
 #include "sched_test_util.h"
@@ -454,6 +456,49 @@ static void test_whole_pd_answers_teach_handoff_and_tpot(void **s)
     sched_pool_destroy(pool);
 }
 
+/* Picks read the pair table while legs rewrite it (slots taken over by other prefills): every
+ * factor read is one that was written (within [1/8, 8]), never a torn one. */
+typedef struct pair_race {
+    sched_instance_t *dec;
+    atomic_bool stop;
+} pair_race_t;
+
+static void *pair_writer(void *arg)
+{
+    pair_race_t *r = arg;
+    double x[SCHED_TRANSFER_DIM];
+    uint64_t now = 1;
+    sched_transfer_features(x, 1000, 0);
+    for (int i = 0; i < 20000; i++) /* 64 prefills through 16 slots: constant rewrites */
+        sched_handoff_observe(r->dec, 1 + (uint64_t)(i % 64), x, i % 64 < 32 ? 0.02 : 0.06, now++);
+    atomic_store(&r->stop, true);
+    return NULL;
+}
+
+static void test_pair_table_read_while_rewritten(void **s)
+{
+    static const char *const p[] = {"p-1"}, *const d[] = {"d-1"};
+    sched_pool_t *pool = fleet(p, 1, d, 1);
+    pair_race_t r = {.dec = sched_pool_get(pool, "d-1")};
+    pthread_t th;
+    uint64_t reads = 0;
+    (void)s;
+    atomic_init(&r.stop, false);
+    assert_int_equal(pthread_create(&th, NULL, pair_writer, &r), 0);
+    while (!atomic_load(&r.stop)) {
+        uint64_t uids[4] = {1, 17, 33, 63};
+        double f[4];
+        sched_pair_factors(&r.dec->pairs, uids, 4, f);
+        for (int k = 0; k < 4; k++)
+            assert_true(f[k] >= 0.124 && f[k] <= 8.01);
+        reads++;
+    }
+    pthread_join(th, NULL);
+    assert_true(reads > 0);
+    sched_instance_unref(r.dec);
+    sched_pool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_decode_by_pair_handoff),
         cmocka_unit_test(test_pair_factor_tracks_and_is_bounded),
         cmocka_unit_test(test_whole_pd_answers_teach_handoff_and_tpot),
+        cmocka_unit_test(test_pair_table_read_while_rewritten),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
