@@ -299,6 +299,13 @@ json_t *sched_admin_get(sched_pool_t *pool, const char *id)
 sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **created_out,
                                char *err, size_t err_len)
 {
+    return sched_admin_add_checked(pool, body, NULL, NULL, created_out, err, err_len);
+}
+
+sched_status_t sched_admin_add_checked(sched_pool_t *pool, const json_t *body,
+                                       sched_admin_check_fn check, void *arg, json_t **created_out,
+                                       char *err, size_t err_len)
+{
     sched_instance_desc_t d;
     sched_instance_t *inst;
     sched_status_t status;
@@ -310,6 +317,10 @@ sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **
     status = sched_instance_create(pool, &d, err, err_len, &inst);
     if (status != SCHED_OK)
         return status;
+    if (check && !check(inst, arg, err, err_len)) {
+        sched_instance_unref(inst);
+        return SCHED_ERR_INVALID;
+    }
     status = sched_pool_add(pool, &d, err, err_len);
     if (status == SCHED_OK && created_out) {
         json_t *o = sched_admin_get(pool, inst->desc.id);

@@ -4,9 +4,24 @@
  */
 
 #include "pdgw_fleet.h"
+#include "pdgw_fwd_setup.h"
 
 #include <stdio.h>
 #include <string.h>
+
+/* An instance added through the API gets the checks a configured one gets at start-up: what
+ * the protocol needs of it (its ports, its declared attrs). */
+static bool protocol_accepts(sched_instance_t *inst, void *arg, char *err, size_t err_len)
+{
+    const pdgw_server_t *srv = arg;
+    pdgw_fwd_setup_t fs = {.desc = srv->desc, .ctx = srv->fwd_ctx, .plan = srv->plan};
+    pdgw_instance_t view;
+
+    if (srv->desc == NULL)
+        return true;
+    pdgw_instance_view_from_sched(&view, inst);
+    return pdgw_fwd_check_instance(&fs, &view, err, err_len) == PDGW_OK;
+}
 
 void pdgw_admin_instances_serve(pdgw_req_t *r)
 {
@@ -29,7 +44,8 @@ void pdgw_admin_instances_serve(pdgw_req_t *r)
                                       "body is not valid JSON: %s", jerr.text);
                 return;
             }
-            st = sched_admin_add(pool, body, &created, err, sizeof(err));
+            st = sched_admin_add_checked(pool, body, protocol_accepts, r->w->srv, &created, err,
+                                         sizeof(err));
             json_decref(body);
             if (st == SCHED_OK) {
                 pdgw_req_reply_json(r, 201, created);

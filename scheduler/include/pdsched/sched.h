@@ -654,6 +654,13 @@ json_t *sched_admin_get(sched_pool_t *pool, const char *id);
  * instance's JSON. */
 sched_status_t sched_admin_add(sched_pool_t *pool, const json_t *body, json_t **created_out,
                                char *err, size_t err_len);
+/* The same, <check> asked of the instance before it joins the pool (the caller's own rules:
+ * what the configured protocol needs of an instance); false refuses it with
+ * SCHED_ERR_INVALID and the reason it wrote into <err>. */
+typedef bool (*sched_admin_check_fn)(sched_instance_t *inst, void *arg, char *err, size_t err_len);
+sched_status_t sched_admin_add_checked(sched_pool_t *pool, const json_t *body,
+                                       sched_admin_check_fn check, void *arg, json_t **created_out,
+                                       char *err, size_t err_len);
 
 /* Prometheus text: pdgw_instance_inflight{instance,role},
  * pdgw_instance_healthy{instance,role}, pdgw_breaker_state{instance},

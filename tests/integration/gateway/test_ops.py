@@ -189,6 +189,29 @@ def test_405_has_allow():
         assert hdrs.get("allow") == allow, (method, path, hdrs)
 
 
+def test_admin_added_instances_are_checked():
+    """An instance added through POST /admin/instances gets the protocol's checks a configured
+    one gets at start-up: refused with 400 naming what is missing, and never joins."""
+    gw, port = start_gw_config(
+        'listen: "127.0.0.1:0"\nprotocol: vllm-kvt\ninstances:\n'
+        '  - {id: p0, url: "http://127.0.0.1:1", role: prefill, kv_port: 7000}\n'
+        '  - {id: d0, url: "http://127.0.0.1:2", role: decode}\n')
+    try:
+        for inst, want in (({"id": "p1", "url": "http://127.0.0.1:3", "role": "prefill"},
+                            "no kv_port"),):
+            st, _, body, raw = T.post_json(port, "/admin/instances", inst)
+            assert st == 400 and want in raw.decode(), (st, raw)
+            assert body["error"]["code"] == "invalid_instance", body
+            st, _, _ = T.request("GET", port, f"/admin/instances/{inst['id']}")
+            assert st == 404, st
+        st, _, body, raw = T.post_json(port, "/admin/instances",
+                                       {"id": "p1", "url": "http://127.0.0.1:3",
+                                        "role": "prefill", "kv_port": 7001})
+        assert st == 201, raw
+    finally:
+        gw.kill()
+
+
 def pd_stack(tpot_ms="5"):
     kv = T.free_port()
     pre, pport = start_sim("prefill", ["--kv-port", str(kv), "--engine-id", "pre0",
@@ -357,5 +380,6 @@ def test_engine_load_gauges():
 if __name__ == "__main__":
     T.run([test_check_config_runs_the_forwarder, test_check_config_equals_startup,
            test_check_config_binds_nothing, test_shipped_configs_pass, test_listen_port_zero,
-           test_405_has_allow, test_phase_durations_observed, test_instance_inflight_gauge,
+           test_405_has_allow, test_admin_added_instances_are_checked,
+           test_phase_durations_observed, test_instance_inflight_gauge,
            test_no_usable_instance_wording, test_token_counters, test_engine_load_gauges])
