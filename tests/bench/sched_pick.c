@@ -93,6 +93,26 @@ static sched_pool_t *make_pool(sched_policy_t policy, size_t n, unsigned seed)
     return make_pool_role(policy, n, seed, SCHED_ROLE_DECODE);
 }
 
+/* <max_iter> bookings of a 1,024-token request by <book>, each destroyed at once, timed into
+ * <samples> (after 100 unmeasured ones). */
+typedef sched_status_t (*book_fn)(sched_pool_t *, const sched_request_t *, sched_booking_t **);
+static void time_bookings(sched_pool_t *pool, book_fn book, size_t max_iter, uint64_t *samples)
+{
+    for (size_t i = 0; i < max_iter + 100; i++) {
+        sched_request_t req = {.prompt_tokens = 1024, .max_tokens = 256};
+        sched_booking_t *b = NULL;
+        uint64_t t0 = now_ns(), t1;
+        if (book(pool, &req, &b) != SCHED_OK) {
+            fprintf(stderr, "sched-pick: no instance to book\n");
+            exit(1);
+        }
+        t1 = now_ns();
+        sched_booking_destroy(&b);
+        if (i >= 100)
+            samples[i - 100] = t1 - t0;
+    }
+}
+
 /* One prefill pick with prefill work open on the instances (4 legs each, booked by the
  * policy itself): least-load counts them, slo replays each candidate's queue in engine steps
  * to predict the new prompt's answer. */
@@ -122,19 +142,7 @@ static void prefill_picks(size_t max_iter, int only_policy, size_t only_size)
                     exit(1);
                 }
             }
-            for (size_t i = 0; i < max_iter + 100; i++) {
-                sched_request_t req = {.prompt_tokens = 1024, .max_tokens = 256};
-                sched_booking_t *b = NULL;
-                uint64_t t0 = now_ns(), t1;
-                if (sched_book_prefill(pool, &req, &b) != SCHED_OK) {
-                    fprintf(stderr, "sched-pick: no prefill instance\n");
-                    exit(1);
-                }
-                t1 = now_ns();
-                sched_booking_destroy(&b);
-                if (i >= 100)
-                    samples[i - 100] = t1 - t0;
-            }
+            time_bookings(pool, sched_book_prefill, max_iter, samples);
             report(sched_policy_name(pols[k]), n, samples, max_iter);
             for (size_t i = 0; i < held_n; i++)
                 sched_booking_destroy(&held[i]);
@@ -195,19 +203,7 @@ static void pd_picks(size_t max_iter, int only_policy, size_t only_size)
                                           0.02 + 0.001 * (double)(u % 5), u);
                 sched_instance_unref(dec);
             }
-            for (size_t i = 0; i < max_iter + 100; i++) {
-                sched_request_t req = {.prompt_tokens = 1024, .max_tokens = 256};
-                sched_booking_t *b = NULL;
-                uint64_t t0 = now_ns(), t1;
-                if (sched_book_pd(pool, &req, &b) != SCHED_OK) {
-                    fprintf(stderr, "sched-pick: no PD pair\n");
-                    exit(1);
-                }
-                t1 = now_ns();
-                sched_booking_destroy(&b);
-                if (i >= 100)
-                    samples[i - 100] = t1 - t0;
-            }
+            time_bookings(pool, sched_book_pd, max_iter, samples);
             report(sched_policy_name(pols[k]), n, samples, max_iter);
             free(samples);
             sched_pool_destroy(pool);

@@ -143,7 +143,8 @@ static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_
 {
     const pdgw_leg_t *leg = &wf->legs[k];
     const pdgw_leg_t *prefill = &wf->legs[PDGW_LEG_PREFILL];
-    uint64_t first_ms = wf->t_first_token_ns / 1000000u, from_ms;
+    uint64_t first_ms = wf->t_first_token_ns / 1000000u, from_ms, end_ms;
+    bool whole;
 
     if (k == PDGW_LEG_PREFILL) {
         if (leg->t_end_ms > leg->t_start_ms)
@@ -152,25 +153,21 @@ static void wf_leg_timings(const pdgw_wf_t *wf, pdgw_leg_kind_t k, sched_result_
             res->cached_tokens = (uint32_t)wf->prefill_cached;
         return;
     }
-    if (leg->t_start_ms == 0)
-        return;
-    if (wf->t_first_token_ns == 0) {
-        if (wf->req->info.stream || wf->req->info.n > 1 || !wf->usage_seen ||
-            wf->usage_completion <= 0 || wf->usage_completion > UINT32_MAX ||
-            leg->t_end_ms <= leg->t_start_ms)
-            return;
-        from_ms = leg->t_start_ms;
-        if (prefill->t_end_ms > from_ms && prefill->t_end_ms < leg->t_end_ms)
-            from_ms = prefill->t_end_ms; /* overlapping legs: from the prefill's answer */
-        res->answer_s = (double)(leg->t_end_ms - from_ms) / 1e3;
-        res->answer_tokens = (uint32_t)wf->usage_completion;
-        return;
-    }
-    if (first_ms < leg->t_start_ms)
+    whole = wf->t_first_token_ns == 0;
+    end_ms = whole ? leg->t_end_ms : first_ms;
+    if (leg->t_start_ms == 0 || end_ms < leg->t_start_ms)
         return;
     from_ms = leg->t_start_ms;
     if (prefill->t_end_ms > from_ms) /* overlapping legs: from the prefill's answer */
-        from_ms = prefill->t_end_ms < first_ms ? prefill->t_end_ms : first_ms;
+        from_ms = prefill->t_end_ms < end_ms ? prefill->t_end_ms : end_ms;
+    if (whole) {
+        if (wf->req->info.stream || wf->req->info.n > 1 || !wf->usage_seen ||
+            wf->usage_completion <= 0 || wf->usage_completion > UINT32_MAX || end_ms <= from_ms)
+            return;
+        res->answer_s = (double)(end_ms - from_ms) / 1e3;
+        res->answer_tokens = (uint32_t)wf->usage_completion;
+        return;
+    }
     res->first_token_s = (double)(first_ms - from_ms) / 1e3;
     if (first_ms == from_ms)
         res->first_token_s = 0.0005; /* within the loop's millisecond */

@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 
 #include "sched_kvev_int.h"
@@ -36,8 +37,24 @@ static double law_tpot(const sched_instance_t *inst)
     return speed_of(inst) < 1.0 ? 0.040 : 0.010;
 }
 
+/* The KV handoff of a PD decode leg (its time to the first token after the prefill answered):
+ * 5 ms + 10 ms per kToken, 4x on the path from slow_path_prefill to slow_path_decode. */
+static const char *slow_path_prefill = "", *slow_path_decode = "";
+static double law_handoff(const sched_instance_t *p, const sched_instance_t *d, uint32_t n)
+{
+    double t = 0.005 + 0.010 * n * 1e-3;
+    return strcmp(sched_instance_id(p), slow_path_prefill) == 0 &&
+                   strcmp(sched_instance_id(d), slow_path_decode) == 0
+               ? 4.0 * t
+               : t;
+}
+
+/* What a trained decode leg reports: its later tokens only, its first token too (the
+ * handoff after the prefill), or a whole answer (its time and output tokens only). */
+typedef enum { DECODE_LATER_TOKENS, DECODE_STREAMED, DECODE_WHOLE } decode_timing_t;
+
 /* Teach every instance: book each request (round-robin during training), finish it timed. */
-static void train(sched_pool_t *pool, int requests)
+static void train_as(sched_pool_t *pool, int requests, decode_timing_t timing)
 {
     assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_ROUND_ROBIN),
                      SCHED_OK);
@@ -54,14 +71,31 @@ static void train(sched_pool_t *pool, int requests)
         d = sched_booking_instance(b, SCHED_LEG_DECODE);
         r.first_token_s = law_ttft(n, 0, speed_of(p));
         assert_int_equal(sched_booking_finish(b, SCHED_LEG_PREFILL, &r), SCHED_OK);
-        r.first_token_s = 0.0;
+        r.first_token_s = timing == DECODE_LATER_TOKENS ? 0.0 : law_handoff(p, d, n);
         r.later_tokens = 31;
         r.later_tokens_s = 31 * law_tpot(d);
+        if (timing == DECODE_WHOLE) {
+            uint32_t out = 2 + (uint32_t)((i * 31) % 120);
+            r.answer_s = r.first_token_s + (out - 1) * law_tpot(d);
+            r.answer_tokens = out;
+            r.first_token_s = r.later_tokens_s = 0.0;
+            r.later_tokens = 0;
+        }
         assert_int_equal(sched_booking_finish(b, SCHED_LEG_DECODE, &r), SCHED_OK);
         sched_booking_destroy(&b);
     }
     assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_SLO), SCHED_OK);
     assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_SLO), SCHED_OK);
+}
+
+static void train(sched_pool_t *pool, int requests)
+{
+    train_as(pool, requests, DECODE_LATER_TOKENS);
+}
+
+static void train_pd(sched_pool_t *pool, int requests)
+{
+    train_as(pool, requests, DECODE_STREAMED);
 }
 
 static sched_pool_t *fleet(const char *const *prefills, size_t np, const char *const *decodes,
@@ -273,59 +307,6 @@ static void test_estimate(void **s)
     sched_pool_destroy(pool);
 }
 
-/* The KV handoff of a PD decode leg (its time to the first token after the prefill answered):
- * 5 ms + 10 ms per kToken, 4x on the path from slow_path_prefill to slow_path_decode. */
-static const char *slow_path_prefill, *slow_path_decode;
-static double law_handoff(const sched_instance_t *p, const sched_instance_t *d, uint32_t n)
-{
-    double t = 0.005 + 0.010 * n * 1e-3;
-    return strcmp(sched_instance_id(p), slow_path_prefill) == 0 &&
-                   strcmp(sched_instance_id(d), slow_path_decode) == 0
-               ? 4.0 * t
-               : t;
-}
-
-/* Like train(), the decode legs timing their first token too (the handoff); <whole>: each
- * decode leg a whole answer instead, its time and output tokens only. */
-static void train_pd_as(sched_pool_t *pool, int requests, bool whole)
-{
-    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_ROUND_ROBIN),
-                     SCHED_OK);
-    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_ROUND_ROBIN),
-                     SCHED_OK);
-    for (int i = 0; i < requests; i++) {
-        uint32_t n = 200 + (uint32_t)((i * 7919) % 3800);
-        sched_request_t req = {.prompt_tokens = n, .max_tokens = 32};
-        sched_booking_t *b = NULL;
-        sched_result_t r = {.outcome = SCHED_OUTCOME_SUCCESS};
-        sched_instance_t *p, *d;
-        assert_int_equal(sched_book_pd(pool, &req, &b), SCHED_OK);
-        p = sched_booking_instance(b, SCHED_LEG_PREFILL);
-        d = sched_booking_instance(b, SCHED_LEG_DECODE);
-        r.first_token_s = law_ttft(n, 0, speed_of(p));
-        assert_int_equal(sched_booking_finish(b, SCHED_LEG_PREFILL, &r), SCHED_OK);
-        r.first_token_s = law_handoff(p, d, n);
-        r.later_tokens = 31;
-        r.later_tokens_s = 31 * law_tpot(d);
-        if (whole) {
-            uint32_t out = 2 + (uint32_t)((i * 31) % 120);
-            r.answer_s = r.first_token_s + (out - 1) * law_tpot(d);
-            r.answer_tokens = out;
-            r.first_token_s = r.later_tokens_s = 0.0;
-            r.later_tokens = 0;
-        }
-        assert_int_equal(sched_booking_finish(b, SCHED_LEG_DECODE, &r), SCHED_OK);
-        sched_booking_destroy(&b);
-    }
-    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_PREFILL, SCHED_POLICY_SLO), SCHED_OK);
-    assert_int_equal(sched_pool_set_policy(pool, SCHED_ROLE_DECODE, SCHED_POLICY_SLO), SCHED_OK);
-}
-
-static void train_pd(sched_pool_t *pool, int requests)
-{
-    train_pd_as(pool, requests, false);
-}
-
 /* Book <n> PD requests of 4000 tokens one after the other (each finished before the next:
  * an idle fleet), counting the ones that went to <prefill> and to <decode>. */
 static void sequential_pd(sched_pool_t *pool, int n, const char *prefill, const char *decode,
@@ -442,7 +423,7 @@ static void test_whole_pd_answers_teach_handoff_and_tpot(void **s)
     slow_path_prefill = "p-1";
     slow_path_decode = "d-1";
     pool = fleet(p, 1, d, 2);
-    train_pd_as(pool, 400, true);
+    train_as(pool, 400, DECODE_WHOLE);
     d2 = sched_pool_get(pool, "d-2");
     sched_transfer_features(x, 4000, 0);
     sched_latency_model_predict(&d2->lat_handoff, x, &h);
@@ -460,7 +441,7 @@ static void test_whole_pd_answers_teach_handoff_and_tpot(void **s)
  * factor read is one that was written (within [1/8, 8]), never a torn one. */
 typedef struct pair_race {
     sched_instance_t *dec;
-    atomic_bool stop;
+    atomic_bool reading, stop;
 } pair_race_t;
 
 static void *pair_writer(void *arg)
@@ -469,6 +450,8 @@ static void *pair_writer(void *arg)
     double x[SCHED_TRANSFER_DIM];
     uint64_t now = 1;
     sched_transfer_features(x, 1000, 0);
+    while (!atomic_load(&r->reading)) /* overlap the reader, however the threads start */
+        sched_yield();
     for (int i = 0; i < 20000; i++) /* 64 prefills through 16 slots: constant rewrites */
         sched_handoff_observe(r->dec, 1 + (uint64_t)(i % 64), x, i % 64 < 32 ? 0.02 : 0.06, now++);
     atomic_store(&r->stop, true);
@@ -481,20 +464,19 @@ static void test_pair_table_read_while_rewritten(void **s)
     sched_pool_t *pool = fleet(p, 1, d, 1);
     pair_race_t r = {.dec = sched_pool_get(pool, "d-1")};
     pthread_t th;
-    uint64_t reads = 0;
     (void)s;
+    atomic_init(&r.reading, false);
     atomic_init(&r.stop, false);
     assert_int_equal(pthread_create(&th, NULL, pair_writer, &r), 0);
-    while (!atomic_load(&r.stop)) {
+    do {
         uint64_t uids[4] = {1, 17, 33, 63};
         double f[4];
         sched_pair_factors(&r.dec->pairs, uids, 4, f);
         for (int k = 0; k < 4; k++)
             assert_true(f[k] >= 0.124 && f[k] <= 8.01);
-        reads++;
-    }
+        atomic_store(&r.reading, true);
+    } while (!atomic_load(&r.stop));
     pthread_join(th, NULL);
-    assert_true(reads > 0);
     sched_instance_unref(r.dec);
     sched_pool_destroy(pool);
 }
