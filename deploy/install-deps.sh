@@ -18,7 +18,7 @@ BUILD_PKGS=(
     build-essential cmake pkg-config
     libmicrohttpd-dev libcurl4-openssl-dev libjansson-dev libzmq3-dev
     libmsgpack-dev libyaml-dev libibverbs-dev libxxhash-dev
-    libhiredis-dev libpcre2-dev libutf8proc-dev
+    libhiredis-dev libgnutls28-dev libpcre2-dev libutf8proc-dev
 )
 DEMO_PKGS=(curl procps python3)
 TEST_PKGS=(

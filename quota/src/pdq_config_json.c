@@ -73,6 +73,10 @@ static const opt_t store_opts[] = {
     {"lease_fraction", OPT_DOUBLE, offsetof(pdq_store_config_t, lease_fraction), 1},
     {"key_prefix", OPT_STR, offsetof(pdq_store_config_t, key_prefix), 0},
     {"password", OPT_STR, offsetof(pdq_store_config_t, password), 0},
+    {"tls_ca_file", OPT_STR, offsetof(pdq_store_config_t, tls_ca_file), 0},
+    {"tls_cert_file", OPT_STR, offsetof(pdq_store_config_t, tls_cert_file), 0},
+    {"tls_key_file", OPT_STR, offsetof(pdq_store_config_t, tls_key_file), 0},
+    {"tls_server_name", OPT_STR, offsetof(pdq_store_config_t, tls_server_name), 0},
     {"fail_mode", OPT_SPECIAL, 0, 0},
     {NULL, 0, 0, 0},
 };

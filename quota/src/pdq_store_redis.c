@@ -22,11 +22,10 @@
 #include <string.h>
 #include <time.h>
 
-#include <hiredis/hiredis.h>
-
 #include "pdb/pdb_alloc.h"
 #include "pdb/pdb_buf.h"
 #include "pdq_int.h"
+#include "pdq_redis_conn.h"
 #include "pdquota/pdq_store_url.h"
 
 /* KEYS: one bucket hash each. ARGV: cap, period_ms, delta per key (delta > 0 takes up to that
@@ -97,7 +96,8 @@ struct pdq_store {
     pthread_cond_t cond;
     bool stop;
 
-    redisContext *c; /* the thread's alone */
+    pdq_rconn_t *c;  /* the thread's alone */
+    pdq_rtls_t *tls; /* rediss://: credentials loaded at start-up */
     char bucket_sha[41], usage_sha[41];
     bool ever_connected, outage_logged;
     uint64_t next_usage_push;
@@ -126,13 +126,20 @@ pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t 
     pdq_status_t st = pdq_store_url_parse(cfg->url, &url, err, errlen);
     if (st != PDQ_OK)
         return st;
-    if (url.tls && !pdq_store_tls_supported()) {
+    pdq_rtls_config_t tls = {cfg->tls_ca_file, cfg->tls_cert_file, cfg->tls_key_file,
+                             cfg->tls_server_name};
+    const char *tls_key = tls.ca_file && tls.ca_file[0]           ? "tls_ca_file"
+                          : tls.cert_file && tls.cert_file[0]     ? "tls_cert_file"
+                          : tls.key_file && tls.key_file[0]       ? "tls_key_file"
+                          : tls.server_name && tls.server_name[0] ? "tls_server_name"
+                                                                  : NULL;
+    if (!url.tls && tls_key != NULL) {
         if (err && errlen)
             snprintf(err, errlen,
-                     "quota_store: rediss:// needs hiredis with TLS (hiredis_ssl), "
-                     "which this build lacks; use redis:// over a trusted network or a TLS "
-                     "tunnel");
-        return PDQ_ERR_UNSUPPORTED;
+                     "quota_store: %s is set but the URL is redis:// (plain); "
+                     "TLS needs rediss://",
+                     tls_key);
+        return PDQ_ERR_INVALID;
     }
     if (!(cfg->lease_fraction >= 0 && cfg->lease_fraction <= 1)) {
         if (err && errlen)
@@ -149,12 +156,24 @@ pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t 
     }
     s->q = q;
     s->url = url;
+    if (url.tls) {
+        char terr[320];
+        st = pdq_rtls_new(&tls, &s->tls, terr, sizeof(terr));
+        if (st != PDQ_OK) {
+            if (err && errlen)
+                snprintf(err, errlen, "%s", terr);
+            pdb_free(s->prefix);
+            pdb_free(s);
+            return st;
+        }
+    }
     if (cfg->password != NULL && cfg->password[0] != '\0') {
         /* a password kept out of the URL (a secret in the environment) wins */
         if (strlen(cfg->password) >= sizeof(s->url.password)) {
             if (err && errlen)
                 snprintf(err, errlen, "quota_store: password longer than %zu bytes",
                          sizeof(s->url.password) - 1);
+            pdq_rtls_free(s->tls);
             pdb_free(s->prefix);
             pdb_free(s);
             return PDQ_ERR_INVALID;
@@ -224,7 +243,7 @@ static void mark_up(pdq_store_t *s)
 static void mark_down(pdq_store_t *s, const char *why)
 {
     if (s->c) {
-        redisFree(s->c);
+        pdq_rconn_close(s->c);
         s->c = NULL;
     }
     atomic_fetch_add(&s->errors, 1);
@@ -242,10 +261,10 @@ static void mark_down(pdq_store_t *s, const char *why)
 }
 
 /* A reply that is an error (or none): its text for the log. */
-static const char *reply_error(redisContext *c, const redisReply *r)
+static const char *reply_error(const pdq_rconn_t *c, const redisReply *r)
 {
     if (r == NULL)
-        return c->errstr[0] ? c->errstr : "no reply";
+        return pdq_rconn_error(c);
     if (r->type == REDIS_REPLY_ERROR)
         return r->str;
     return NULL;
@@ -254,7 +273,7 @@ static const char *reply_error(redisContext *c, const redisReply *r)
 static bool simple_command(pdq_store_t *s, char *why, size_t whylen, int argc, const char **argv,
                            char *sha_out)
 {
-    redisReply *r = redisCommandArgv(s->c, argc, argv, NULL);
+    redisReply *r = pdq_rconn_command(s->c, argc, argv, NULL);
     const char *e = reply_error(s->c, r);
     bool ok = e == NULL;
     if (!ok)
@@ -273,17 +292,10 @@ static bool simple_command(pdq_store_t *s, char *why, size_t whylen, int argc, c
 
 static bool store_connect(pdq_store_t *s, char *why, size_t whylen)
 {
-    struct timeval ct = {s->connect_ms / 1000, (s->connect_ms % 1000) * 1000};
-    struct timeval cmd = {s->command_ms / 1000, (s->command_ms % 1000) * 1000};
-    s->c = redisConnectWithTimeout(s->url.host, s->url.port, ct);
-    if (s->c == NULL || s->c->err) {
-        snprintf(why, whylen, "connect: %s", s->c ? s->c->errstr : "out of memory");
-        goto err_free;
-    }
-    if (redisSetTimeout(s->c, cmd) != REDIS_OK) {
-        snprintf(why, whylen, "setting the command timeout failed");
-        goto err_free;
-    }
+    s->c =
+        pdq_rconn_open(s->url.host, s->url.port, s->tls, s->connect_ms, s->command_ms, why, whylen);
+    if (s->c == NULL)
+        return false;
     if (s->url.password[0]) {
         const char *auth[] = {"AUTH", s->url.user, s->url.password};
         bool ok = s->url.user[0] ? simple_command(s, why, whylen, 3, auth, NULL)
@@ -306,7 +318,7 @@ static bool store_connect(pdq_store_t *s, char *why, size_t whylen)
     return true;
 err_free:
     if (s->c)
-        redisFree(s->c);
+        pdq_rconn_close(s->c);
     s->c = NULL;
     return false;
 }
@@ -317,13 +329,13 @@ static redisReply *run_script(pdq_store_t *s, const char *sha, const char *body,
 {
     argv[0] = "EVALSHA";
     argv[1] = sha;
-    redisReply *r = redisCommandArgv(s->c, argc, argv, lens);
+    redisReply *r = pdq_rconn_command(s->c, argc, argv, lens);
     if (r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
         freeReplyObject(r);
         atomic_fetch_add(&s->noscript, 1);
         argv[0] = "EVAL";
         argv[1] = body;
-        r = redisCommandArgv(s->c, argc, argv, lens);
+        r = pdq_rconn_command(s->c, argc, argv, lens);
     }
     return r;
 }
@@ -599,7 +611,7 @@ static void *store_main(void *arg)
         /* Leases this replica holds go back to the fleet; usage is flushed. */
         (void)sync_leases(s, true, why, sizeof(why));
         (void)push_usage(s, why, sizeof(why));
-        redisFree(s->c);
+        pdq_rconn_close(s->c);
         s->c = NULL;
     }
     return NULL;
@@ -628,6 +640,7 @@ void pdq_store_free(pdq_store_t *s)
     }
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->lock);
+    pdq_rtls_free(s->tls);
     pdb_free(s->ops);
     pdb_free(s->prefix);
     pdb_free(s);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pdq_redis_conn.h"
 #include "pdquota/pdq_store_url.h"
 
 #define DEFAULT_PORT 6379
@@ -122,7 +123,5 @@ pdq_status_t pdq_store_url_parse(const char *url, pdq_store_url_t *out, char *er
 
 bool pdq_store_tls_supported(void)
 {
-    /* Debian's libhiredis-dev ships no hiredis_ssl (pkg-config knows only "hiredis"), so this
-     * build has no TLS to the store; rediss:// is refused with a message saying so. */
-    return false;
+    return pdq_rtls_available();
 }

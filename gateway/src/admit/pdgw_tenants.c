@@ -138,6 +138,15 @@ static json_t *store_json(const pdgw_config_t *c)
     }
     if (s != NULL && c->quota.password[0] != '\0')
         json_object_set_new(s, "password", json_string(c->quota.password));
+    const struct {
+        const char *key, *value;
+    } tls[] = {{"tls_ca_file", c->quota.tls_ca_file},
+               {"tls_cert_file", c->quota.tls_cert_file},
+               {"tls_key_file", c->quota.tls_key_file},
+               {"tls_server_name", c->quota.tls_server_name}};
+    for (size_t i = 0; s != NULL && i < sizeof(tls) / sizeof(tls[0]); i++)
+        if (tls[i].value[0] != '\0')
+            json_object_set_new(s, tls[i].key, json_string(tls[i].value));
     return s;
 }
 
@@ -223,6 +232,16 @@ pdgw_status_t pdgw_tenants_create(const pdgw_config_t *c, pdq_t **out, char *err
     pdgw_status_t st;
     pdq_status_t qs;
     *out = NULL;
+    const char *tls_set = c->quota.tls_ca_file[0]       ? "quota.tls_ca_file"
+                          : c->quota.tls_cert_file[0]   ? "quota.tls_cert_file"
+                          : c->quota.tls_key_file[0]    ? "quota.tls_key_file"
+                          : c->quota.tls_server_name[0] ? "quota.tls_server_name"
+                                                        : NULL;
+    if (tls_set != NULL && c->quota_store[0] == '\0') {
+        snprintf(err, errlen, "%s is set but quota_store is not: it applies to a rediss:// store",
+                 tls_set);
+        return PDGW_ERR_INVALID;
+    }
     if (!pdgw_tenants_configured(c)) {
         if (c->kv_bytes_per_token.count > 0)
             pdgw_log_warn("quota", "kv_bytes_per_token counts the KV of tenants' requests: "

@@ -426,11 +426,25 @@ static const pdgw_config_option_t options[] = {
      C(kv_bytes_per_token)},
     {"quota_store", "quota-store", "PDGW_QUOTA_STORE", PDGW_OPT_STRING, NULL, 0, 0, "", "URL",
      "Where the tenants' budgets and usage are shared by every replica: "
-     "`redis://[user:password@]HOST:PORT/DB`. \"\" = each replica keeps its own (budgets are "
-     "then per replica).", C(quota_store)},
+     "`redis://[user:password@]HOST:PORT/DB`, or `rediss://...` for TLS (`quota.tls_*`). "
+     "\"\" = each replica keeps its own (budgets are then per replica).", C(quota_store)},
     {"quota.password", "quota-password", "PDGW_QUOTA_PASSWORD", PDGW_OPT_STRING, NULL, 0, 0, "",
      "SECRET", "Password for the quota store (Redis AUTH), instead of one in the URL: keep it "
      "in a secret's environment variable.", C(quota.password)},
+    {"quota.tls_ca_file", "quota-tls-ca-file", "PDGW_QUOTA_TLS_CA_FILE", PDGW_OPT_STRING, NULL,
+     0, 0, "", "PATH", "`rediss://` only: PEM CA certificate(s) that sign the store's "
+     "certificate. \"\" = the system's trust store.", C(quota.tls_ca_file)},
+    {"quota.tls_cert_file", "quota-tls-cert-file", "PDGW_QUOTA_TLS_CERT_FILE", PDGW_OPT_STRING,
+     NULL, 0, 0, "", "PATH", "`rediss://` only: PEM client certificate shown to the store "
+     "(Redis asks for one unless its `tls-auth-clients` is `no`); with `quota.tls_key_file`.",
+     C(quota.tls_cert_file)},
+    {"quota.tls_key_file", "quota-tls-key-file", "PDGW_QUOTA_TLS_KEY_FILE", PDGW_OPT_STRING,
+     NULL, 0, 0, "", "PATH", "`rediss://` only: PEM private key of `quota.tls_cert_file` "
+     "(unencrypted).", C(quota.tls_key_file)},
+    {"quota.tls_server_name", "quota-tls-server-name", "PDGW_QUOTA_TLS_SERVER_NAME",
+     PDGW_OPT_STRING, NULL, 0, 0, "", "NAME", "`rediss://` only: the name (or IP address) the "
+     "store's certificate must carry, and the SNI sent. \"\" = the URL's host.",
+     C(quota.tls_server_name)},
     {"quota.fail_mode", "quota-fail-mode", "PDGW_QUOTA_FAIL_MODE", PDGW_OPT_ENUM,
      quota_fail_names, 0, 0, "open", "MODE", "The quota store unreachable: `open` serves on "
      "local limits (each budget / `quota.expected_replicas`), `closed` answers 503 "

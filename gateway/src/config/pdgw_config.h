@@ -245,6 +245,7 @@ typedef struct pdgw_config {
     char *quota_store;  /* redis://... or "" */
     struct {
         char *password;
+        char *tls_ca_file, *tls_cert_file, *tls_key_file, *tls_server_name; /* rediss:// */
         int fail_mode; /* pdq_fail_mode_t: open | closed */
         int expected_replicas;
         uint64_t sync_interval_ms;

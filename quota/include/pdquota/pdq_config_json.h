@@ -13,7 +13,8 @@
  *
  * Store keys: url, connect_timeout_ms, command_timeout_ms, sync_interval_ms,
  * usage_interval_ms, backoff_max_ms, lease_idle_ms, expected_replicas, lease_fraction,
- * fail_mode ("open" | "closed"), key_prefix, password (overrides the URL's). Unknown keys, wrong
+ * fail_mode ("open" | "closed"), key_prefix, password (overrides the URL's), and for
+ * rediss:// tls_ca_file, tls_cert_file, tls_key_file, tls_server_name. Unknown keys, wrong
  * types and out-of-range numbers are errors naming the key.
  */
 #ifndef PDQ_CONFIG_JSON_H

@@ -21,7 +21,7 @@ typedef enum pdq_status {
     PDQ_REFUSED = 2, /* pdq_admit: refused; the verdict says why and when to retry */
     PDQ_ERR_NOMEM = -1,
     PDQ_ERR_INVALID = -2,     /* bad argument or configuration */
-    PDQ_ERR_UNSUPPORTED = -3, /* e.g. rediss:// without TLS support in hiredis */
+    PDQ_ERR_UNSUPPORTED = -3, /* e.g. rediss:// in a build without GnuTLS */
     PDQ_ERR_STATE = -4,       /* call not valid in the object's state */
 } pdq_status_t;
 
@@ -77,6 +77,13 @@ typedef struct pdq_store_config {
     pdq_fail_mode_t fail_mode;
     const char *key_prefix; /* 0 = "pdq:" */
     const char *password;   /* NULL = the URL's; else AUTH with this one (kept out of URLs) */
+    /* rediss:// only (NULL/"" = unset): the CA bundle that signs the server's certificate
+     * (default: the system's trust store), a client certificate and key (Redis asks for one
+     * unless tls-auth-clients is off), the name to verify (default: the URL's host). */
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_server_name;
 } pdq_store_config_t;
 
 /* Messages for a human (store lost / back): the gateway's logger. level: 0 info, 1 warn. */

@@ -347,7 +347,12 @@ def test_bad_input():
          "tenants[1].requests_per_minute"),
         (f"api_key_file: {keys.name}\ntenants:\n  - {{name: a}}\n", "tenant 'nosuch'"),
         ("quota_store: redis://127.0.0.1:1/0\n", "no tenants are configured"),
-        ("tenants: [{name: a}]\nquota_store: rediss://127.0.0.1:1/0\n", "TLS"),
+        ("tenants: [{name: a}]\nquota_store: rediss://127.0.0.1:1/0\n"
+         "quota: {tls_ca_file: /nonexistent/ca.pem}\n", "/nonexistent/ca.pem"),
+        ("tenants: [{name: a}]\nquota_store: redis://127.0.0.1:1/0\n"
+         "quota: {tls_ca_file: /nonexistent/ca.pem}\n", "TLS needs rediss://"),
+        ("tenants: [{name: a}]\nquota: {tls_server_name: redis.internal}\n",
+         "quota.tls_server_name is set but quota_store is not"),
     ]:
         f = tempfile.NamedTemporaryFile("w", delete=False, suffix=".yaml")
         f.write(f"listen: 127.0.0.1:{port}\nprotocol: neutral\ninstances:\n"

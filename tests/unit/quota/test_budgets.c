@@ -271,9 +271,19 @@ static void test_bad_configs(void **state)
     cfg.default_tenant = "nobody";
     assert_int_equal(pdq_new(&cfg, &c, &q, err, sizeof(err)), PDQ_ERR_INVALID);
     cfg.default_tenant = NULL;
+    /* TLS files are read at start-up: a missing one is named there, not at the first sync */
     cfg.store.url = "rediss://cache:6380/0";
-    assert_int_equal(pdq_new(&cfg, &c, &q, err, sizeof(err)), PDQ_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err, "hiredis_ssl"));
+    cfg.store.tls_ca_file = "/nonexistent/ca.pem";
+    assert_int_equal(pdq_new(&cfg, &c, &q, err, sizeof(err)), PDQ_ERR_INVALID);
+    assert_non_null(strstr(err, "/nonexistent/ca.pem"));
+    cfg.store.tls_ca_file = NULL;
+    cfg.store.tls_cert_file = "client.pem"; /* a certificate without its key */
+    assert_int_equal(pdq_new(&cfg, &c, &q, err, sizeof(err)), PDQ_ERR_INVALID);
+    assert_non_null(strstr(err, "tls_key_file"));
+    cfg.store.url = "redis://cache:6380/0"; /* TLS settings on a plain URL would do nothing */
+    assert_int_equal(pdq_new(&cfg, &c, &q, err, sizeof(err)), PDQ_ERR_INVALID);
+    assert_non_null(strstr(err, "rediss://"));
+    cfg.store.tls_cert_file = NULL;
     cfg.store.url = "http://cache";
     assert_int_equal(pdq_new(&cfg, &c, &q, err, sizeof(err)), PDQ_ERR_INVALID);
     assert_null(q);

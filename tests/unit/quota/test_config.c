@@ -30,7 +30,7 @@ static void test_store_url(void **state)
     assert_true(u.tls);
     assert_string_equal(u.host, "::1");
     assert_int_equal(u.port, 6390);
-    assert_false(pdq_store_tls_supported());
+    assert_true(pdq_store_tls_supported()); /* GnuTLS is a build dependency */
 
     const char *bad[] = {
         "",
