@@ -5,7 +5,8 @@ Part 1, overhead. One pdgw-sim (--zero-delay, role both) behind two pdgw process
 alike (neutral, 1 worker), one of them with two tenants whose budgets are far above the
 load (nothing is refused, every request is charged, reconciled and released) and the
 quota store on a redis-server of its own on loopback. A keep-alive client runs at 1 and 16
-concurrent connections, alternating ROUNDS slices between the two gateways so that both
+concurrent connections (closed loop), then at 16 connections sending a fixed rate of half what
+the gateway without tenants served at 16 (point "16r"), alternating ROUNDS slices between the two gateways so that both
 meet the same moments of a shared machine. Per point: pdgw's CPU per request (utime +
 stime from /proc) with quota / without and the client's p50 with / without, each as the
 median over the rounds of that round's pair (one noisy slice moves a sum, not a median), and Redis's
@@ -18,7 +19,7 @@ clients of identical requests. Completed tokens per tenant per second are writte
 share of the weight-3 tenant over the backlogged window should be 3/4.
 
 Usage: b8_quota.py BIN_DIR RESULTS_DIR   env: DURATION (s per slice, 2), ROUNDS (6),
-FAIR_S (s of the fairness run, 12)
+FAIR_S (s of the fairness run, 12), OPEN_FRACTION (0.5)
 Writes b8_quota.csv (overhead points) and b8_quota_fair.csv (second, tenant, tokens).
 """
 
@@ -37,6 +38,7 @@ RESULTS = sys.argv[2] if len(sys.argv) > 2 else "."
 DURATION = float(os.environ.get("DURATION", "2"))
 ROUNDS = max(1, int(os.environ.get("ROUNDS", "6")))
 FAIR_S = float(os.environ.get("FAIR_S", "12"))
+OPEN_FRACTION = float(os.environ.get("OPEN_FRACTION", "0.5"))
 MODEL = "sim-model"
 PROCS = []
 
@@ -143,6 +145,49 @@ def closed_loop(port, clients, seconds, key, out_lat, payload):
     return errors[0]
 
 
+def open_loop(port, conns, rate, seconds, key, out_lat, payload):
+    """<conns> keep-alive connections sending <rate> requests/s in all, on a fixed schedule
+    (a request due while its connection is busy goes as soon as it is free). Below capacity
+    the latency is the gateway's and the engine's, not a queue's."""
+    lock = threading.Lock()
+    errors = [0]
+    start = time.perf_counter() + 0.05
+    stop = start + seconds
+    gap = conns / rate
+
+    def run(k):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        hdrs = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        mine, due = [], start + k * gap / conns
+        while due < stop:
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            due += gap
+            t0 = time.perf_counter()
+            try:
+                c.request("POST", "/v1/completions", body=payload, headers=hdrs)
+                r = c.getresponse()
+                r.read()
+                if r.status != 200:
+                    errors[0] += 1
+                    continue
+            except OSError:
+                errors[0] += 1
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                continue
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            out_lat.extend(mine)
+
+    ths = [threading.Thread(target=run, args=(k,)) for k in range(conns)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return errors[0]
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
@@ -173,9 +218,21 @@ def overhead():
         sys.exit("the quota store did not connect")
     payload = body()
     rows = []
-    for conc in (1, 16):
-        closed_loop(off_port, conc, 0.5, "k-a", [], payload)  # warm both
-        closed_loop(on_port, conc, 0.5, "k-a", [], payload)
+    # Closed loops at 1 and 16 connections, then 16 connections at a fixed rate of
+    # OPEN_FRACTION of what the gateway without tenants served closed-loop at 16: a saturated
+    # machine turns any CPU difference into queueing, so the fixed-rate point is where the
+    # added latency is the gateway's own.
+    open_rate = None
+    for conc in (1, 16, "16r"):
+        conns = 16 if conc == "16r" else conc
+
+        def drive(port, seconds, lat):
+            if conc == "16r":
+                return open_loop(port, conns, open_rate, seconds, "k-a", lat, payload)
+            return closed_loop(port, conns, seconds, "k-a", lat, payload)
+
+        drive(off_port, 0.5, [])  # warm both
+        drive(on_port, 0.5, [])
         res = {"off": {"lat": [], "cpu": 0.0}, "on": {"lat": [], "cpu": 0.0}}
         ratios, added = [], []  # per round: a paired comparison, robust to a noisy slice
         redis_cpu, errors = 0.0, 0
@@ -184,7 +241,7 @@ def overhead():
             per = {}
             for name, port, proc in order if rnd % 2 == 0 else order[::-1]:  # neither always first
                 c0, r0, lat = cpu_s(proc.pid), cpu_s(redis.pid), []
-                errors += closed_loop(port, conc, DURATION, "k-a", lat, payload)
+                errors += drive(port, DURATION, lat)
                 used = cpu_s(proc.pid) - c0
                 res[name]["cpu"] += used
                 res[name]["lat"] += lat
@@ -194,6 +251,8 @@ def overhead():
             ratios.append(per["on"][0] / per["off"][0] if per["off"][0] > 0 else float("nan"))
             added.append((per["on"][1] - per["off"][1]) * 1e6)
         n_off, n_on = len(res["off"]["lat"]), len(res["on"]["lat"])
+        if conc == 16:
+            open_rate = OPEN_FRACTION * n_off / (ROUNDS * DURATION)
         cpu_off = res["off"]["cpu"] / max(n_off, 1) * 1e6
         cpu_on = res["on"]["cpu"] / max(n_on, 1) * 1e6
         p50_off, p50_on = pct(res["off"]["lat"], 0.5) * 1e6, pct(res["on"]["lat"], 0.5) * 1e6
@@ -203,7 +262,8 @@ def overhead():
                "redis_cpu_us_per_req": redis_cpu / max(n_on, 1) * 1e6, "errors": errors,
                "load1": os.getloadavg()[0]}
         rows.append(row)
-        print(f"B8 c={conc}: pdgw CPU/request {cpu_on:.1f} us with tenants+Redis, {cpu_off:.1f} "
+        at = f" at {open_rate:.0f} req/s" if conc == "16r" else ""
+        print(f"B8 c={conc}{at}: pdgw CPU/request {cpu_on:.1f} us with tenants+Redis, {cpu_off:.1f} "
               f"us without (median of {ROUNDS} paired rounds x{row['cpu_ratio']:.3f}, rounds "
               f"{' '.join(f'{r:.2f}' for r in ratios)}); p50 {p50_on:.0f} / {p50_off:.0f} us "
               f"(added, median of rounds {row['p50_added_us']:+.0f} us); Redis CPU "
