@@ -253,7 +253,7 @@ static pdq_status_t collect_models(pdq_t *q, const pdq_config_t *cfg)
     return PDQ_OK;
 }
 
-static void tenant_fini(pdq_t *q, pdq_tenant_t *t)
+void pdq_tenant_fini(pdq_t *q, pdq_tenant_t *t)
 {
     if (t->model_budget)
         for (size_t m = 0; m < q->n_models; m++)
@@ -269,10 +269,10 @@ static void tenant_fini(pdq_t *q, pdq_tenant_t *t)
     pthread_mutex_destroy(&t->lock);
 }
 
-static pdq_status_t tenant_init(pdq_t *q, pdq_tenant_t *t, uint32_t idx,
-                                const pdq_tenant_config_t *tc, const char *name, double share,
-                                uint64_t now)
+pdq_status_t pdq_tenant_init(pdq_t *q, pdq_tenant_t *t, uint32_t idx, const pdq_tenant_config_t *tc,
+                             const char *name, uint64_t now)
 {
+    double share = q->local_share;
     pthread_mutex_init(&t->lock, NULL);
     t->idx = idx;
     t->name = pdb_strdup(name);
@@ -298,14 +298,16 @@ static pdq_status_t tenant_init(pdq_t *q, pdq_tenant_t *t, uint32_t idx,
     return PDQ_OK;
 }
 
-pdq_status_t pdq_index_keys(pdb_map_t *keys, const pdq_config_t *cfg, char *err, size_t errlen)
+pdq_status_t pdq_index_keys(pdb_map_t *keys, const pdq_config_t *cfg, const size_t *slot_of,
+                            char *err, size_t errlen)
 {
     if (pdb_map_init(keys, 16) != PDB_OK)
         return PDQ_ERR_NOMEM;
     for (size_t i = 0; i < cfg->n_tenants; i++)
         for (size_t k = 0; k < cfg->tenants[i].n_api_keys; k++) {
+            size_t slot = slot_of ? slot_of[i] : i;
             pdb_status_t st =
-                pdb_map_put(keys, cfg->tenants[i].api_keys[k], (void *)(uintptr_t)(i + 1));
+                pdb_map_put(keys, cfg->tenants[i].api_keys[k], (void *)(uintptr_t)(slot + 1));
             if (st == PDB_ERR_EXISTS) {
                 set_err(err, errlen, "quota: an api key is given to two tenants (tenant \"%s\")",
                         cfg->tenants[i].name);
@@ -335,20 +337,22 @@ pdq_status_t pdq_new(const pdq_config_t *cfg, const pdb_clock_t *clock, pdq_t **
     pthread_mutex_init(&q->fq_lock, NULL);
     pthread_rwlock_init(&q->keys_lock, NULL);
     q->max_concurrent = cfg->max_concurrent;
-    q->n_tenants = cfg->n_tenants + 1;
+    size_t n_tenants = cfg->n_tenants + 1;
     q->other_tenant = cfg->n_tenants;
     uint32_t reserved = 0;
+    atomic_init(&q->n_tenants, 0);
+    atomic_init(&q->default_tenant, 0);
     for (size_t i = 0; i < cfg->n_tenants; i++) {
         reserved += cfg->tenants[i].reserved;
         if (cfg->default_tenant && strcmp(cfg->tenants[i].name, cfg->default_tenant) == 0)
-            q->default_tenant = i;
+            atomic_init(&q->default_tenant, i);
     }
     if (cfg->other)
         reserved += cfg->other->reserved;
     atomic_init(&q->shared_cap, q->max_concurrent - reserved);
     if ((st = collect_models(q, cfg)) != PDQ_OK)
         goto err_free;
-    if ((st = pdq_index_keys(&q->keys, cfg, err, errlen)) != PDQ_OK)
+    if ((st = pdq_index_keys(&q->keys, cfg, NULL, err, errlen)) != PDQ_OK)
         goto err_free;
 
     double share = 1.0;
@@ -356,16 +360,16 @@ pdq_status_t pdq_new(const pdq_config_t *cfg, const pdb_clock_t *clock, pdq_t **
         share = 1.0 / cfg->store.expected_replicas;
     q->local_share = share;
     uint64_t now = pdq_now(q);
-    q->tenants = pdb_calloc(q->n_tenants, sizeof(*q->tenants));
-    double *weights = pdb_calloc(q->n_tenants, sizeof(double));
-    unsigned *prios = pdb_calloc(q->n_tenants, sizeof(unsigned));
+    q->tenants = pdb_calloc(PDQ_TENANT_SLOTS, sizeof(*q->tenants));
+    double *weights = pdb_calloc(PDQ_TENANT_SLOTS, sizeof(double));
+    unsigned *prios = pdb_calloc(PDQ_TENANT_SLOTS, sizeof(unsigned));
     if (q->tenants == NULL || weights == NULL || prios == NULL) {
         pdb_free(weights);
         pdb_free(prios);
         st = PDQ_ERR_NOMEM;
         goto err_free;
     }
-    for (size_t i = 0; i < q->n_tenants; i++) {
+    for (size_t i = 0; i < n_tenants; i++) {
         const pdq_tenant_config_t *tc = &cfg->tenants[i < cfg->n_tenants ? i : q->default_tenant];
         if (i == q->other_tenant && cfg->other)
             tc = cfg->other;
@@ -375,15 +379,14 @@ pdq_status_t pdq_new(const pdq_config_t *cfg, const pdb_clock_t *clock, pdq_t **
             copy.reserved = 0;
         weights[i] = copy.weight;
         prios[i] = copy.priority;
-        st = tenant_init(q, &q->tenants[i], (uint32_t)i, &copy,
-                         i == q->other_tenant ? OTHER : tc->name, share, now);
-        if (st != PDQ_OK) {
-            q->n_tenants = i + 1; /* free what was set up */
+        st = pdq_tenant_init(q, &q->tenants[i], (uint32_t)i, &copy,
+                             i == q->other_tenant ? OTHER : tc->name, now);
+        q->n_tenants = i + 1; /* pdq_free finishes what was set up */
+        if (st != PDQ_OK)
             break;
-        }
     }
     if (st == PDQ_OK)
-        st = pdq_fairq_init(&q->fq, q->n_tenants, weights, prios);
+        st = pdq_fairq_init(&q->fq, PDQ_TENANT_SLOTS, weights, prios);
     pdb_free(weights);
     pdb_free(prios);
     if (st != PDQ_OK)
@@ -415,7 +418,7 @@ void pdq_free(pdq_t *q)
         return;
     pdq_store_free(q->store);
     for (size_t i = 0; q->tenants && i < q->n_tenants; i++)
-        tenant_fini(q, &q->tenants[i]);
+        pdq_tenant_fini(q, &q->tenants[i]);
     pdb_free(q->tenants);
     pdq_fairq_fini(&q->fq);
     for (size_t m = 0; q->model_names && m < q->n_models; m++)

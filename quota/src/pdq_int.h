@@ -44,6 +44,7 @@ typedef struct pdq_tenant {
     uint32_t inflight, res_used; /* under lock */
     uint32_t waiting;            /* under the queue lock */
     bool leased;                 /* buckets are in leased mode */
+    atomic_bool removed;         /* dropped by a reload: no key leads here; what runs drains */
     pdq_bset_t budget;
     pdq_bset_t **model_budget; /* [n_models], NULL where none is configured */
     pdq_usage_slot_t *usage;   /* [n_models] */
@@ -79,9 +80,12 @@ typedef struct pdq_store pdq_store_t;
 
 struct pdq {
     pdb_clock_t clock;
+    /* Room for PDQ_MAX_TENANTS + 1 slots from the start (pages untouched until used), so a
+     * reload adds a tenant by publishing the next slot: readers index without a lock. */
     pdq_tenant_t *tenants;
-    size_t n_tenants; /* configured + "other" (the last) */
-    size_t default_tenant, other_tenant;
+    atomic_size_t n_tenants; /* published slots: the configured, "other", then reload-added */
+    atomic_size_t default_tenant;
+    size_t other_tenant;
     pdb_map_t keys;   /* API key -> tenant index + 1 */
     pdb_map_t models; /* model name -> index + 1 */
     char **model_names;
@@ -129,11 +133,17 @@ void pdq_store_get_stats(pdq_store_t *s, pdq_store_stats_t *out);
 void pdq_store_tune_bucket(const pdq_store_t *s, pdq_bucket_t *b);
 
 /* Shared by the constructor and reloads (pdq_core.c). */
+#define PDQ_TENANT_SLOTS (PDQ_MAX_TENANTS + 1u)
+pdq_status_t pdq_tenant_init(pdq_t *q, pdq_tenant_t *t, uint32_t idx, const pdq_tenant_config_t *tc,
+                             const char *name, uint64_t now);
+void pdq_tenant_fini(pdq_t *q, pdq_tenant_t *t);
 pdq_status_t pdq_config_check(const pdq_config_t *cfg, char *err, size_t errlen);
 void pdq_bset_init(pdq_bset_t *s, const pdq_budget_t *b, double share, uint64_t now);
 bool pdq_budget_any(const pdq_budget_t *b);
-/* The API key map of <cfg> (initialised here; pdb_map_fini it). */
-pdq_status_t pdq_index_keys(pdb_map_t *keys, const pdq_config_t *cfg, char *err, size_t errlen);
+/* The API key map of <cfg> (initialised here; pdb_map_fini it): tenant i of <cfg> is slot
+ * slot_of[i] (NULL: slot i). */
+pdq_status_t pdq_index_keys(pdb_map_t *keys, const pdq_config_t *cfg, const size_t *slot_of,
+                            char *err, size_t errlen);
 /* Hand free slots to waiters after limits grew (queue lock held; pdq_admit.c). */
 void pdq_dispatch_locked(pdq_t *q);
 

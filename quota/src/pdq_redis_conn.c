@@ -213,6 +213,27 @@ static bool tls_broken(pdq_rconn_t *c, const char *what, int rc)
 #endif
 
 #ifdef PDQ_HAVE_GNUTLS
+/* A write that failed: a server that refused us after the handshake (TLS 1.3: a missing client
+ * certificate) sent its alert and hung up, and our write met the reset. The alert is likely
+ * still in the socket: read it (briefly) so the log says why rather than "push error". */
+static bool tls_write_broken(pdq_rconn_t *c, int rc, uint64_t deadline)
+{
+    uint64_t until = now_ms() + 200;
+    char buf[512];
+    if (until > deadline)
+        until = deadline;
+    while (now_ms() < until) {
+        ssize_t n = gnutls_record_recv(c->tls, buf, sizeof(buf));
+        if (n == GNUTLS_E_FATAL_ALERT_RECEIVED || n == GNUTLS_E_WARNING_ALERT_RECEIVED)
+            return tls_broken(c, "write", (int)n);
+        if (n > 0)
+            continue; /* a reply to an earlier command: the alert may follow */
+        if ((n != GNUTLS_E_AGAIN && n != GNUTLS_E_INTERRUPTED) || !wait_fd(c->fd, POLLIN, until))
+            break;
+    }
+    return tls_broken(c, "write", rc);
+}
+
 /* Our own push and pull so a peer that went away is EPIPE, never SIGPIPE. */
 static ssize_t tls_push(gnutls_transport_ptr_t p, const void *buf, size_t n)
 {
@@ -327,7 +348,7 @@ static bool write_all(pdq_rconn_t *c, const char *buf, size_t len, uint64_t dead
                 n = -1;
                 errno = EAGAIN;
             } else if (n < 0) {
-                return tls_broken(c, "write", (int)n);
+                return tls_write_broken(c, (int)n, deadline);
             }
         } else
 #endif

@@ -484,7 +484,8 @@ static void usage_from(pdq_usage_t *u, const uint64_t v[PDQ_USAGE_FIELDS])
 static bool push_usage(pdq_store_t *s, char *why, size_t whylen)
 {
     pdq_t *q = s->q;
-    size_t n = q->n_tenants * q->n_models;
+    size_t nt = q->n_tenants; /* once: a reload may publish more while this runs */
+    size_t n = nt * q->n_models;
     size_t argc = 3 + n + n * PDQ_USAGE_FIELDS;
     const char **argv = pdb_calloc(argc, sizeof(char *));
     char *keys = pdb_malloc(n * 400);
@@ -496,7 +497,7 @@ static bool push_usage(pdq_store_t *s, char *why, size_t whylen)
     char nk[16];
     snprintf(nk, sizeof(nk), "%zu", n);
     argv[2] = nk;
-    for (size_t i = 0; i < q->n_tenants; i++) {
+    for (size_t i = 0; i < nt; i++) {
         pdq_tenant_t *t = &q->tenants[i];
         pthread_mutex_lock(&t->lock);
         for (size_t m = 0; m < q->n_models; m++) {
@@ -523,7 +524,7 @@ static bool push_usage(pdq_store_t *s, char *why, size_t whylen)
     ok = e == NULL && r->type == REDIS_REPLY_ARRAY && r->elements == n * PDQ_USAGE_FIELDS;
     if (!ok)
         snprintf(why, whylen, "usage script: %s", e ? e : "unexpected reply");
-    for (size_t i = 0; i < q->n_tenants; i++) {
+    for (size_t i = 0; i < nt; i++) {
         pdq_tenant_t *t = &q->tenants[i];
         pthread_mutex_lock(&t->lock);
         for (size_t m = 0; m < q->n_models; m++) {

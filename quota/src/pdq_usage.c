@@ -256,9 +256,11 @@ json_t *pdq_usage_json(pdq_t *q, uint32_t window_s, const char *tenant_filter,
             json_decref(to);
             goto err;
         }
-        /* set_new takes the value even when it fails: all three run, one check */
+        /* set_new takes the value even when it fails: all of them run, one check */
         int e = json_object_set_new(to, "total", tot);
         e |= json_object_set_new(to, "models", models);
+        if (atomic_load(&q->tenants[i].removed)) /* by a reload; its usage stays readable */
+            e |= json_object_set_new(to, "removed", json_true());
         e |= json_object_set_new(tenants, q->tenants[i].name, to);
         if (e)
             goto err;

@@ -102,9 +102,11 @@ static void tenants_commit(void *ctx, pdgw_reload_txn_t *txn, void *state)
     hooks_ctx_t *c = ctx;
     if (state == NULL)
         return;
-    pdq_update_commit(c->quota, state);
+    const char *summary = pdq_update_summary(state);
     if (pdgw_reload_txn_changed(txn, "tenants"))
-        pdgw_log_info("reload", "tenants: limits, weights and keys applied");
+        pdgw_log_info("reload", "tenants: limits, weights and keys applied%s%s",
+                      summary[0] ? "; " : "", summary);
+    pdq_update_commit(c->quota, state);
 }
 
 static void tenants_abort(void *ctx, void *state)

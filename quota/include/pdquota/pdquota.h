@@ -66,24 +66,31 @@ void pdq_free(pdq_t *q);
  * change only a new quota object can take (below), each with a message.
  * Applied live: every tenant's budgets (what was spent in the period counts against the new
  * size; a budget switched on starts full), concurrency limits, reserved slots, queue bound, weight,
- * priority and API keys (a key moved to another tenant counts there from the next request). Refused
- * (a restart applies them): tenants added, removed or renamed, another default tenant, a
- * budget for a model no tenant had one for, max_concurrent turned on or off
- * (another limit applies). The store settings are
- * not read (they stay the running ones). In-flight and queued requests keep their tickets;
- * usage accounting goes on.
+ * priority and API keys (a key moved to another tenant counts there from the next request), the
+ * default tenant, and tenants added or removed. Tenants are matched by name: a new name is a
+ * new tenant (it starts with full budgets); a name the new config lacks is removed (its keys
+ * stop leading to it, what it runs and queues finishes under its old limits, its usage stays
+ * readable; the same name later gets its slot back). A rename is a removal plus an addition.
+ * Refused (a restart applies them): a budget for a model no tenant had one for, max_concurrent
+ * turned on or off, more tenants than PDQ_MAX_TENANTS added over the object's life. The store
+ * settings are not read (they stay the running ones). In-flight and queued requests keep their
+ * tickets; usage accounting goes on. One update is prepared at a time.
  */
 typedef struct pdq_update pdq_update_t;
 pdq_status_t pdq_update_prepare(pdq_t *q, const pdq_config_t *cfg, pdq_update_t **out, char *err,
                                 size_t errlen);
 void pdq_update_commit(pdq_t *q, pdq_update_t *u); /* frees <u> */
 void pdq_update_free(pdq_update_t *u);
+/* What a prepared update adds, removes and brings back ("added \"c\", removed \"b\""), "" when
+ * the set of tenants stays. */
+const char *pdq_update_summary(const pdq_update_t *u);
 
 /* Tenant of an API key: NULL or "" = the default tenant, an unknown key = "other". */
 size_t pdq_tenant_by_key(const pdq_t *q, const char *api_key);
 /* Tenant by name, or (size_t)-1. */
 size_t pdq_tenant_by_name(const pdq_t *q, const char *name);
-/* Tenants including "other" (the last one), and a tenant's name (borrowed). */
+/* Tenant slots: the configured tenants, "other" (slot count at start - 1), then tenants added
+ * by reloads (a removed tenant keeps its slot); and a slot's name (borrowed). */
 size_t pdq_tenant_count(const pdq_t *q);
 const char *pdq_tenant_name(const pdq_t *q, size_t tenant);
 

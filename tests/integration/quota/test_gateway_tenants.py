@@ -282,8 +282,8 @@ def test_slo_deadline_orders_a_tenants_waiters():
 
 def test_reload_applies_limits_and_keys():
     """SIGHUP / POST /admin/reload applies a tenant's new budget (what was spent stays spent)
-    and a key added to it (it counts against that tenant, not as "other"); adding a tenant
-    keeps the running ones and names the restart; an invalid tenant refuses the reload."""
+    and a key added to it (it counts against that tenant, not as "other"); tenants added and
+    removed apply live; an invalid tenant refuses the reload."""
     s = sim("--zero-delay")
     port = t.free_port()
     f = tempfile.NamedTemporaryFile("w", prefix="pdgwtest-tenants-", suffix=".yaml",
@@ -319,12 +319,28 @@ def test_reload_applies_limits_and_keys():
     assert st == 429 and hdrs["x-ratelimit-limit-requests"] == "6", (st, hdrs, raw)
     assert complete(port, "kb")[0] == 200
 
+    # a tenant added and one removed by the same reload: the new one is served on its own
+    # budget at once, the removed one's key stops working, the others keep what they spent
+    assert complete(port, "kc")[0] == 401
     write("  - {name: a, api_keys: [ka, ka2], requests_per_minute: 6}\n"
-          "  - {name: b, api_keys: [kb]}\n  - {name: c, api_keys: [kc]}\n")
+          "  - {name: c, api_keys: [kc], requests_per_minute: 2}\n")
     st, body, raw = reload()
-    assert st == 200 and body["result"] == "partial" and "tenants" in body["needs_restart"], raw
-    assert "adding or removing tenants" in p.output(), p.output()[-2000:]
+    assert st == 200 and body["result"] == "ok" and "tenants" in body["applied"], raw
+    assert 'added "c", removed "b"' in p.output(), p.output()[-2000:]
+    assert [complete(port, "kc")[0] for _ in range(3)] == [200, 200, 429]
+    assert complete(port, "kb")[0] == 401
     assert complete(port, "ka")[1]["x-ratelimit-limit-requests"] == "6"
+    u = usage(port, "ka")
+    assert u["tenants"]["b"]["removed"] is True, u
+    assert u["tenants"]["c"]["total"]["requests"] == 2 and "removed" not in u["tenants"]["c"], u
+
+    # b comes back: its key works again
+    write("  - {name: a, api_keys: [ka, ka2], requests_per_minute: 6}\n"
+          "  - {name: b, api_keys: [kb]}\n  - {name: c, api_keys: [kc], requests_per_minute: 2}\n")
+    st, body, raw = reload()
+    assert st == 200 and body["result"] == "ok", raw
+    assert 'back "b"' in p.output(), p.output()[-2000:]
+    assert complete(port, "kb")[0] == 200
 
     write("  - {name: a, api_keys: [ka], requests_per_minute: 6, weight: -1}\n"
           "  - {name: b, api_keys: [kb]}\n")

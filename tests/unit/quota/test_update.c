@@ -1,8 +1,9 @@
 /*
  * Reloading the tenants of a running quota object (pdq_update_*): budgets keep what was spent
  * up to their new size, a budget switched on starts full, keys move between tenants, raised
- * limits let waiters in, weights change the shares of what waits from then on, and changes of
- * shape are refused with nothing changed.
+ * limits let waiters in, weights change the shares of what waits from then on, tenants are
+ * added and removed by name, and the changes a running object cannot take are refused with
+ * nothing changed.
  */
 #include "pdq_int.h"
 #include "pdq_test_util.h"
@@ -220,20 +221,10 @@ static void test_shape_changes_refused(void **state)
     (void)state;
     fake_clock_t fc = {0};
     pdq_model_budget_t mb = {.model = "m1", .budget = {.rpm = 5}};
-    pdq_tenant_config_t tc[3] = {{.name = "a", .models = &mb, .n_models = 1, .budget = {.rpm = 7}},
-                                 {.name = "b"},
-                                 {.name = "c"}};
+    pdq_tenant_config_t tc[2] = {{.name = "a", .models = &mb, .n_models = 1, .budget = {.rpm = 7}},
+                                 {.name = "b"}};
     pdq_config_t cfg = {.tenants = tc, .n_tenants = 2, .max_concurrent = 4};
     pdq_t *q = new_quota(&cfg, &fc);
-    pdq_config_t more = cfg;
-    more.n_tenants = 3;
-    update_refused(q, &more, PDQ_ERR_STATE, "adding or removing tenants");
-    tc[1].name = "bee";
-    update_refused(q, &cfg, PDQ_ERR_STATE, "\"bee\"");
-    tc[1].name = "b";
-    cfg.default_tenant = "b";
-    update_refused(q, &cfg, PDQ_ERR_STATE, "default tenant");
-    cfg.default_tenant = NULL;
     cfg.max_concurrent = 0;
     update_refused(q, &cfg, PDQ_ERR_STATE, "max_concurrent");
     cfg.max_concurrent = 4;
@@ -247,6 +238,96 @@ static void test_shape_changes_refused(void **state)
     pdq_free(q);
 }
 
+/* Tenants are matched by name: a new one is served on its own limits at once, a removed one
+ * loses its keys while what it runs and queues drains, and it gets its slot back later. */
+static void test_tenants_added_and_removed(void **state)
+{
+    (void)state;
+    fake_clock_t fc = {0};
+    const char *ka[] = {"key-a"}, *kb[] = {"key-b"}, *kc[] = {"key-c"};
+    pdq_tenant_config_t tc[3] = {
+        {.name = "a", .api_keys = ka, .n_api_keys = 1},
+        {.name = "b", .api_keys = kb, .n_api_keys = 1, .max_concurrent = 1},
+        {.name = "c", .api_keys = kc, .n_api_keys = 1, .budget = {.rpm = 3}}};
+    pdq_config_t cfg = {.tenants = tc, .n_tenants = 2};
+    pdq_t *q = new_quota(&cfg, &fc);
+    pdq_ticket_t *run, *waiter;
+    int ready = 0;
+    assert_int_equal(pdq_tenant_by_key(q, "key-b"), 1);
+    assert_int_equal(admit(q, 1, 1, 1, &run), PDQ_OK);
+    assert_int_equal(pdq_admit(q, 1, NULL, 1, 1, on_ready, &ready, &waiter, NULL), PDQ_WAIT);
+
+    /* drop b, add c */
+    pdq_tenant_config_t next[2] = {tc[0], tc[2]};
+    pdq_config_t cfg2 = {.tenants = next, .n_tenants = 2};
+    pdq_update_t *u = NULL;
+    char err[256] = "";
+    assert_int_equal(pdq_update_prepare(q, &cfg2, &u, err, sizeof(err)), PDQ_OK);
+    assert_string_equal(pdq_update_summary(u), "added \"c\", removed \"b\"");
+    assert_int_equal(pdq_tenant_count(q), 3); /* not before the commit */
+    assert_int_equal(pdq_tenant_by_key(q, "key-c"), 2);
+    pdq_update_commit(q, u);
+    assert_int_equal(pdq_tenant_count(q), 4);
+    size_t c = pdq_tenant_by_name(q, "c");
+    assert_int_equal(c, 3);
+    assert_int_equal(pdq_tenant_by_key(q, "key-c"), c);
+    assert_int_equal(pdq_tenant_by_key(q, "key-b"), 2); /* "other" now */
+    assert_int_equal(admitted_in_a_row(q, c, 0), 3);
+    /* b's running request ends and its waiter is served under b's old limit */
+    pdq_release(run);
+    assert_int_equal(ready, 1);
+    pdq_release(waiter);
+    json_t *usage = pdq_usage_json(q, 0, NULL, NULL);
+    assert_non_null(usage);
+    json_t *b = json_object_get(json_object_get(usage, "tenants"), "b");
+    assert_true(json_is_true(json_object_get(b, "removed")));
+    assert_null(
+        json_object_get(json_object_get(json_object_get(usage, "tenants"), "c"), "removed"));
+    json_decref(usage);
+
+    /* b comes back to its slot; c becomes the default tenant */
+    cfg.tenants = tc;
+    cfg.n_tenants = 3;
+    cfg.default_tenant = "c";
+    assert_int_equal(pdq_update_prepare(q, &cfg, &u, err, sizeof(err)), PDQ_OK);
+    assert_string_equal(pdq_update_summary(u), "back \"b\"");
+    pdq_update_commit(q, u);
+    assert_int_equal(pdq_tenant_count(q), 4);
+    assert_int_equal(pdq_tenant_by_key(q, "key-b"), 1);
+    assert_int_equal(pdq_tenant_by_key(q, NULL), c);
+    pdq_free(q);
+}
+
+/* A prepared update that adds a tenant and is dropped leaves nothing behind. */
+static void test_dropped_update_adds_nothing(void **state)
+{
+    (void)state;
+    fake_clock_t fc = {0};
+    const char *kc[] = {"key-c"};
+    pdq_model_budget_t mb = {.model = "m1", .budget = {.rpm = 5}};
+    pdq_tenant_config_t tc[2] = {{.name = "a", .models = &mb, .n_models = 1},
+                                 {.name = "c", .api_keys = kc, .n_api_keys = 1}};
+    pdq_config_t cfg = {.tenants = tc, .n_tenants = 1};
+    pdq_t *q = new_quota(&cfg, &fc);
+    pdq_update_t *u = NULL;
+    char err[256] = "";
+    cfg.n_tenants = 2;
+    assert_int_equal(pdq_update_prepare(q, &cfg, &u, err, sizeof(err)), PDQ_OK);
+    pdq_update_free(u);
+    assert_int_equal(pdq_tenant_count(q), 2);
+    assert_int_equal(pdq_tenant_by_key(q, "key-c"), 1); /* other */
+    /* refused after its slot was set up (a budget for a model nobody had): nothing either */
+    pdq_model_budget_t mb2 = {.model = "m2", .budget = {.rpm = 5}};
+    tc[1].models = &mb2;
+    tc[1].n_models = 1;
+    update_refused(q, &cfg, PDQ_ERR_STATE, "\"m2\"");
+    assert_int_equal(pdq_tenant_count(q), 2);
+    tc[1].n_models = 0;
+    update_ok(q, &cfg);
+    assert_int_equal(pdq_tenant_by_key(q, "key-c"), 2);
+    pdq_free(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +337,8 @@ int main(void)
         cmocka_unit_test(test_global_limit_moves),
         cmocka_unit_test(test_weights_change_shares),
         cmocka_unit_test(test_shape_changes_refused),
+        cmocka_unit_test(test_tenants_added_and_removed),
+        cmocka_unit_test(test_dropped_update_adds_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
