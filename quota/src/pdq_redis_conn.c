@@ -293,7 +293,7 @@ static bool tls_start(pdq_rconn_t *c, const pdq_rtls_t *t, const char *host, uin
             size_t n = out.data ? strlen((const char *)out.data) : 0;
             while (n > 0 && out.data[n - 1] == ' ')
                 out.data[--n] = '\0'; /* the printed status ends in a blank */
-            snprintf(c->error, sizeof(c->error), "TLS: the server's certificate for %s: %s", name,
+            snprintf(c->error, sizeof(c->error), "TLS: the server's certificate for %.64s: %s", name,
                      n ? (const char *)out.data : "not trusted");
             gnutls_free(out.data);
             return false;
