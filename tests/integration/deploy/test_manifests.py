@@ -817,10 +817,153 @@ def test_quota_redis_component_valid():
         shutil.rmtree(tmp)
 
 
+def _secret_mounts(spec, container):
+    """{mountPath: (secretName, readable by the container's user)} of <container>'s secret
+    volumes (a projected Secret file is root-owned: readable through its mode, or through
+    the group when the pod's fsGroup is set)."""
+    sc = spec.get("securityContext", {})
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    out = {}
+    for m in container.get("volumeMounts", []):
+        v = vols.get(m["name"], {})
+        if "secret" not in v:
+            continue
+        mode = v["secret"].get("defaultMode", 0o644)
+        readable = bool(mode & 0o004) or (bool(mode & 0o040) and "fsGroup" in sc)
+        out[m["mountPath"].rstrip("/")] = (v["secret"]["secretName"], readable)
+    return out
+
+
+def _from_secret(path, mounts):
+    """The (secret, readable) a file path is read from, or None."""
+    d, key = os.path.split(path)
+    return mounts.get(d) if key in ("tls.crt", "tls.key", "ca.crt") else None
+
+
+def test_quota_redis_tls_component_valid():
+    """components/quota-redis-tls on top of quota-redis: Redis serves TLS only on the port its
+    Service targets, reading its certificate, key and CA from a Secret it can read; the
+    gateway's store URL is rediss:// to that Service and its CA, certificate and key come
+    from a readable Secret. Then the rendered Redis arguments and the gateway's environment
+    are run for real (redis-server with certificates made here, pdgw with the same settings):
+    the store connects over TLS.
+
+    Redis facts (not pdgw's): --port 0 turns plain TCP off, --tls-port / --tls-cert-file /
+    --tls-key-file / --tls-ca-cert-file serve TLS and check client certificates (redis
+    TLS.md, "Running manually")."""
+    tmp, overlay = _broken_copy()
+    overlay = os.path.join(overlay, "..", "sim-2p2d")
+    try:
+        _edit(os.path.join(overlay, "kustomization.yaml"), "  - ../../components/hpa\n",
+              "  - ../../components/hpa\n  - ../../components/quota-redis\n"
+              "  - ../../components/quota-redis-tls\n")
+        with open(os.path.join(overlay, "pdgw.yaml"), "a") as f:
+            f.write("tenants:\n  - {name: team-a, api_keys: [ka], requests_per_minute: 600}\n")
+        objects, problems = validate_overlay("sim-2p2d", overlay)
+        assert not problems, problems
+        deps = {d["metadata"]["name"]: d for d in by_kind(objects, "Deployment")}
+        svc = [o for o in by_kind(objects, "Service") if o["metadata"]["name"] == "pdgw-redis"][0]
+        rspec = deps["pdgw-redis"]["spec"]["template"]["spec"]
+        redis = rspec["containers"][0]
+        args = redis["args"]
+        assert _flag(args, "--port") == "0", args
+        tls_port = int(_flag(args, "--tls-port"))
+        ports = {p["name"]: p["containerPort"] for p in redis["ports"]}
+        target = svc["spec"]["ports"][0]["targetPort"]
+        assert tls_port == (ports[target] if isinstance(target, str) else target), (args, svc)
+        rmounts = _secret_mounts(rspec, redis)
+        for flag in ("--tls-cert-file", "--tls-key-file", "--tls-ca-cert-file"):
+            src = _from_secret(_flag(args, flag), rmounts)
+            assert src and src[1], f"{flag} {_flag(args, flag)} is not a readable Secret file"
+        gspec = deps["pdgw"]["spec"]["template"]["spec"]
+        gw = gspec["containers"][0]
+        env = {e["name"]: e.get("value", "") for e in gw.get("env", [])}
+        url = env["PDGW_QUOTA_STORE"]
+        assert url.startswith("rediss://pdgw-redis:"), url
+        assert int(url.split(":")[2].split("/")[0]) == svc["spec"]["ports"][0]["port"], url
+        gmounts = _secret_mounts(gspec, gw)
+        files = {}
+        for k in ("PDGW_QUOTA_TLS_CA_FILE", "PDGW_QUOTA_TLS_CERT_FILE", "PDGW_QUOTA_TLS_KEY_FILE"):
+            src = _from_secret(env.get(k, ""), gmounts)
+            assert src and src[1], f"{k}={env.get(k)} is not a readable Secret file"
+            files[k] = env[k]
+        print(f"  quota-redis-tls: Redis TLS-only on {tls_port}, gateway {url}")
+        if not shutil.which("redis-server") or not shutil.which("openssl"):
+            print("  quota-redis-tls: live part skipped (needs redis-server and openssl)")
+            return
+        _run_rendered_tls_store(tmp, args, rmounts, env, files)
+    finally:
+        shutil.rmtree(tmp)
+
+
+def _openssl(*a):
+    subprocess.run(["openssl", *a], check=True, capture_output=True)
+
+
+def _run_rendered_tls_store(tmp, redis_args, rmounts, env, files):
+    """redis-server with the rendered arguments and pdgw with the rendered store settings,
+    the Secrets' mount paths replaced by directories of certificates made here."""
+    dirs = {}
+    for mount, (secret, _) in rmounts.items():
+        dirs[mount] = os.path.join(tmp, secret)
+    for k, path in files.items():
+        dirs[os.path.dirname(path)] = os.path.join(tmp, "gateway-secret")
+    ca = os.path.join(tmp, "ca")
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", ca + ".key", "-out", ca + ".crt", "-days", "2", "-subj", "/CN=test ca")
+    ext = os.path.join(tmp, "san.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=DNS:pdgw-redis\n")
+    for d in set(dirs.values()):
+        os.makedirs(d, exist_ok=True)
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-keyout", os.path.join(d, "tls.key"), "-out", os.path.join(d, "tls.csr"),
+                 "-subj", "/CN=pdgw-redis")
+        _openssl("x509", "-req", "-in", os.path.join(d, "tls.csr"), "-CA", ca + ".crt",
+                 "-CAkey", ca + ".key", "-CAcreateserial", "-out", os.path.join(d, "tls.crt"),
+                 "-days", "2", "-extfile", ext)
+        shutil.copy(ca + ".crt", os.path.join(d, "ca.crt"))
+
+    def local(path):
+        return os.path.join(dirs[os.path.dirname(path)], os.path.basename(path))
+
+    port = pdgwtest.free_port()
+    args = [a.replace("$(REDIS_PASSWORD)", "pw") for a in redis_args]
+    for flag in ("--tls-cert-file", "--tls-key-file", "--tls-ca-cert-file"):
+        i = args.index(flag)
+        args[i + 1] = local(args[i + 1])
+    args[args.index("--tls-port") + 1] = str(port)
+    assert args[0] == "redis-server", args
+    redis = pdgwtest.Proc("redis-rendered", ["redis-server", *args[1:], "--bind", "127.0.0.1"])
+    gw_port = pdgwtest.free_port()
+    db = env["PDGW_QUOTA_STORE"].rsplit("/", 1)[1]
+    cfg = os.path.join(tmp, "gw.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"listen: 127.0.0.1:{gw_port}\nprotocol: neutral\naccess_log: false\n"
+                f"instances:\n  - {{id: e1, url: \"http://127.0.0.1:1\", role: both}}\n"
+                "tenants:\n  - {name: team-a, api_keys: [ka]}\n"
+                f"quota_store: rediss://127.0.0.1:{port}/{db}\nquota:\n  password: pw\n"
+                "  tls_server_name: pdgw-redis\n"
+                f"  tls_ca_file: {local(files['PDGW_QUOTA_TLS_CA_FILE'])}\n"
+                f"  tls_cert_file: {local(files['PDGW_QUOTA_TLS_CERT_FILE'])}\n"
+                f"  tls_key_file: {local(files['PDGW_QUOTA_TLS_KEY_FILE'])}\n")
+    gw = pdgwtest.Proc("pdgw-rendered", [pdgwtest.binary("pdgw"), "--config", cfg])
+    try:
+        pdgwtest.wait_http(gw_port, "/health", proc=gw)
+        pdgwtest.wait_for(lambda: pdgwtest.metric_value(
+            pdgwtest.request("GET", gw_port, "/metrics")[2].decode(),
+            "pdgw_quota_store_connected") == 1, 10, "the gateway connected to the rendered Redis")
+        print("  quota-redis-tls: the rendered Redis and gateway settings connect over TLS")
+    finally:
+        gw.kill()
+        redis.kill()
+
+
 if __name__ == "__main__":
     pdgwtest.skip_unless_tools(
         "kubectl", why="the overlays are rendered with `kubectl kustomize` and Debian 12 has no "
         "recent kubectl (install it from the Kubernetes project to run this test)")
     pdgwtest.run([test_node_validator_installed, test_every_overlay_valid,
                   test_image_default_config_valid, test_broken_overlay_rejected,
-                  test_autoscale_component_valid, test_quota_redis_component_valid])
+                  test_autoscale_component_valid, test_quota_redis_component_valid,
+                  test_quota_redis_tls_component_valid])
