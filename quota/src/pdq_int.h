@@ -131,6 +131,8 @@ void pdq_store_free(pdq_store_t *s);
 void pdq_store_get_stats(pdq_store_t *s, pdq_store_stats_t *out);
 /* A bucket's lease slice and sync period from its cap (at start, and when a reload moves it). */
 void pdq_store_tune_bucket(const pdq_store_t *s, pdq_bucket_t *b);
+/* Every bucket of <t> (at start, and for a tenant a reload adds). */
+void pdq_store_tune_tenant(const pdq_store_t *s, pdq_tenant_t *t);
 
 /* Shared by the constructor and reloads (pdq_core.c). */
 #define PDQ_TENANT_SLOTS (PDQ_MAX_TENANTS + 1u)

@@ -119,6 +119,15 @@ void pdq_store_tune_bucket(const pdq_store_t *s, pdq_bucket_t *b)
     b->sync_ns = (uint64_t)s->sync_ms * PDB_NSEC_PER_MSEC;
 }
 
+void pdq_store_tune_tenant(const pdq_store_t *s, pdq_tenant_t *t)
+{
+    for (size_t m = 0; m <= s->q->n_models; m++) {
+        pdq_bset_t *set = m == s->q->n_models ? &t->budget : t->model_budget[m];
+        for (int k = 0; set && k < PDQ_B_COUNT; k++)
+            pdq_store_tune_bucket(s, &set->b[k]);
+    }
+}
+
 pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t **out, char *err,
                            size_t errlen)
 {
@@ -197,14 +206,8 @@ pdq_status_t pdq_store_new(pdq_t *q, const pdq_store_config_t *cfg, pdq_store_t 
     pthread_condattr_destroy(&ca);
     /* Until the first connection the store is down: local limits or refusal. */
     atomic_store(&q->refuse_all, s->fail_mode == PDQ_FAIL_CLOSED);
-    for (size_t i = 0; i < q->n_tenants; i++) {
-        pdq_tenant_t *t = &q->tenants[i];
-        for (size_t m = 0; m <= q->n_models; m++) {
-            pdq_bset_t *set = m == q->n_models ? &t->budget : t->model_budget[m];
-            for (int k = 0; set && k < PDQ_B_COUNT; k++)
-                pdq_store_tune_bucket(s, &set->b[k]);
-        }
-    }
+    for (size_t i = 0; i < q->n_tenants; i++)
+        pdq_store_tune_tenant(s, &q->tenants[i]);
     *out = s;
     return PDQ_OK;
 }

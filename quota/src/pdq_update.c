@@ -158,12 +158,8 @@ static pdq_status_t assign_slots(pdq_t *q, const pdq_config_t *cfg, pdq_update_t
                                               cfg->tenants[i].name, now);
             if (st != PDQ_OK)
                 return st;
-            for (size_t m = 0; q->store && m <= q->n_models; m++) {
-                pdq_bset_t *set =
-                    m == q->n_models ? &q->tenants[s].budget : q->tenants[s].model_budget[m];
-                for (int k = 0; set && k < PDQ_B_COUNT; k++)
-                    pdq_store_tune_bucket(q->store, &set->b[k]);
-            }
+            if (q->store != NULL)
+                pdq_store_tune_tenant(q->store, &q->tenants[s]);
             summary_add(u, "added", cfg->tenants[i].name);
         } else {
             u->t[s].kind = UPD_RETUNE;
@@ -194,18 +190,20 @@ pdq_status_t pdq_update_prepare(pdq_t *q, const pdq_config_t *cfg, pdq_update_t 
     }
     u = pdb_calloc(1, sizeof(*u));
     slot_of = pdb_calloc(cfg->n_tenants, sizeof(*slot_of));
-    if (u == NULL || slot_of == NULL)
-        goto nomem;
+    if (u == NULL || slot_of == NULL) {
+        st = PDQ_ERR_NOMEM;
+        goto fail;
+    }
     u->q = q;
     u->n_old = atomic_load(&q->n_tenants);
     u->n_models = q->n_models;
     st = assign_slots(q, cfg, u, slot_of, err, errlen);
     if (st != PDQ_OK)
         goto fail;
-    u->default_tenant = slot_of[0];
-    for (size_t i = 0; cfg->default_tenant && i < cfg->n_tenants; i++)
-        if (strcmp(cfg->tenants[i].name, cfg->default_tenant) == 0)
-            u->default_tenant = slot_of[i];
+    size_t def = 0; /* checked: a configured default tenant is one of cfg's */
+    while (cfg->default_tenant && strcmp(cfg->tenants[def].name, cfg->default_tenant) != 0)
+        def++;
+    u->default_tenant = slot_of[def];
     for (size_t i = 0; i < cfg->n_tenants; i++) {
         upd_tenant_t *ut = &u->t[slot_of[i]];
         st = prepare_tenant(q, &cfg->tenants[i], false, slot_of[i], ut, err, errlen);
@@ -215,14 +213,8 @@ pdq_status_t pdq_update_prepare(pdq_t *q, const pdq_config_t *cfg, pdq_update_t 
     }
     {
         /* "other": its own settings, else the default tenant's limits */
-        const pdq_tenant_config_t *oc = cfg->other;
-        bool borrows = oc == NULL;
-        if (borrows) {
-            size_t d = 0;
-            while (d < cfg->n_tenants && slot_of[d] != u->default_tenant)
-                d++;
-            oc = &cfg->tenants[d];
-        }
+        bool borrows = cfg->other == NULL;
+        const pdq_tenant_config_t *oc = borrows ? &cfg->tenants[def] : cfg->other;
         upd_tenant_t *ut = &u->t[q->other_tenant];
         st = prepare_tenant(q, oc, borrows, q->other_tenant, ut, err, errlen);
         if (st != PDQ_OK)
@@ -239,16 +231,11 @@ pdq_status_t pdq_update_prepare(pdq_t *q, const pdq_config_t *cfg, pdq_update_t 
     *out = u;
     return PDQ_OK;
 fail:
-    if (st != PDQ_ERR_NOMEM) {
-        pdb_free(slot_of);
-        pdq_update_free(u);
-        return st;
-    }
-nomem:
     pdb_free(slot_of);
     pdq_update_free(u);
-    set_err(err, errlen, "quota: out of memory%s", "");
-    return PDQ_ERR_NOMEM;
+    if (st == PDQ_ERR_NOMEM)
+        set_err(err, errlen, "quota: out of memory%s", "");
+    return st;
 }
 
 const char *pdq_update_summary(const pdq_update_t *u)
@@ -300,7 +287,11 @@ void pdq_update_commit(pdq_t *q, pdq_update_t *u)
         pdq_tenant_t *t = &q->tenants[i];
         upd_tenant_t *ut = &u->t[i];
         if (ut->kind == UPD_REMOVE) {
-            /* its limits stay: what it runs and queues drains under them */
+            /* its limits stay, so what it runs and queues drains under them; its reservation
+             * is in the shared count now, so its waiters take shared slots */
+            pthread_mutex_lock(&t->lock);
+            t->reserved = 0;
+            pthread_mutex_unlock(&t->lock);
             atomic_store(&t->removed, true);
             continue;
         }

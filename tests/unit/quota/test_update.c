@@ -328,6 +328,27 @@ static void test_dropped_update_adds_nothing(void **state)
     pdq_free(q);
 }
 
+/* A removed tenant's reserved slots go to the shared count: the others may use them. */
+static void test_removed_reservation_is_shared(void **state)
+{
+    (void)state;
+    fake_clock_t fc = {0};
+    pdq_tenant_config_t tc[2] = {{.name = "a"}, {.name = "b", .reserved = 1}};
+    pdq_config_t cfg = {.tenants = tc, .n_tenants = 2, .max_concurrent = 2};
+    pdq_t *q = new_quota(&cfg, &fc);
+    pdq_ticket_t *t1, *t2;
+    int ready = 0;
+    assert_int_equal(admit(q, 0, 1, 1, &t1), PDQ_OK);
+    /* b's slot is b's: a's second request waits */
+    assert_int_equal(pdq_admit(q, 0, NULL, 1, 1, on_ready, &ready, &t2, NULL), PDQ_WAIT);
+    cfg.n_tenants = 1;
+    update_ok(q, &cfg);
+    assert_int_equal(ready, 1);
+    pdq_release(t2);
+    pdq_release(t1);
+    pdq_free(q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -339,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_shape_changes_refused),
         cmocka_unit_test(test_tenants_added_and_removed),
         cmocka_unit_test(test_dropped_update_adds_nothing),
+        cmocka_unit_test(test_removed_reservation_is_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
